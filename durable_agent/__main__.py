@@ -1,0 +1,3 @@
+from durable_agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""Command line. argparse and lazy imports keep `durable-agent --help` fast: sqlalchemy,
+pydantic and openai load only when a command needs them.
+
+Exit codes (SPEC §2): 0 completed · 1 failed · 2 usage/config · 3 budget_exceeded ·
+4 cancelled · 5 blocked · 6 busy (another live process holds the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_USAGE = 2
+EXIT_BUSY = 6
+
+DESCRIPTION = """\
+A coding agent that cannot lose its work. Every step is checkpointed to a SQL database
+(SQLite by default); a run killed at any instant continues with `durable-agent resume ID`.
+"""
+
+EPILOG = """\
+exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exceeded,
+            4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process
+environment: OPENAI_API_KEY, OPENAI_BASE_URL, DURABLE_AGENT_MODEL, DURABLE_AGENT_DB,
+             DURABLE_AGENT_CONFIG (a TOML file with the same settings as the flags)
+try it offline: durable-agent demo
+"""
+
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="URL", help="SQLAlchemy URL of the store (default: SQLite in the user data dir)")
+
+
+def _add_budgets(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("budgets (checked before the action that would exceed them)")
+    g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed (default 50)")
+    g.add_argument("--max-tool-calls", type=int, metavar="N", help="tool calls allowed")
+    g.add_argument("--max-tokens", type=int, metavar="N", help="prompt + completion tokens allowed")
+    g.add_argument("--max-seconds", type=float, metavar="S", help="active seconds allowed, over all resumes")
+    g.add_argument("--max-repeats", type=int, metavar="N",
+                   help="the same tool call allowed N times in a row (default 3)")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print only one JSON object with the result on stdout")
+    p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="NAME",
+                   help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`")
+    p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"durable-agent {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("start", help="create a run and execute it in the foreground",
+                       description="Create a run and execute it; the run id is printed first so it can be resumed.")
+    p.add_argument("task", help="what the agent should do, in plain words")
+    p.add_argument("--workspace", metavar="DIR", help="directory the agent works in (default: current directory)")
+    _add_model(p)
+    _add_db(p)
+    _add_budgets(p)
+    p.add_argument("--shell", choices=["allow", "ask", "deny"],
+                   help="run_command policy: allow all, ask for unlisted commands (default), or no shell")
+    p.add_argument("--verify", metavar="CMD", help="finish gate: accept a final answer only once CMD exits 0")
+    p.add_argument("--run-id", metavar="ID", help="choose the run id (letters, digits, . _ -)")
+    p.add_argument("--durability", choices=["full", "fast"],
+                   help="full (default) survives power loss; fast may lose the last step on an OS crash")
+    p.add_argument("--detach", action="store_true", help="only enqueue the run (pending) for `durable-agent worker`")
+    _add_output(p)
+
+    p = sub.add_parser("resume", help="continue a run from its last verified step",
+                       description="Continue a run that is not completed. Budget flags raise its budgets.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _add_db(p)
+    _add_budgets(p)
+    _add_model(p)
+    p.add_argument("--shell", choices=["allow", "ask", "deny"], help="change the run_command policy")
+    _add_output(p)
+
+    p = sub.add_parser("list", help="runs, newest first")
+    _add_db(p)
+    p.add_argument("--status", help="only runs with this status")
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    p.add_argument("--json", action="store_true", help="JSON array on stdout")
+
+    p = sub.add_parser("show", help="one run: header and step timeline")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _add_db(p)
+    p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
+
+    p = sub.add_parser("cancel", help="request cancellation; a running loop stops at its next step")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _add_db(p)
+
+    p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--deny", action="store_true", help="deny instead: the model is told")
+    p.add_argument("--by", metavar="NAME", help="who decides (default: the current user)")
+    _add_db(p)
+
+    p = sub.add_parser("export", help="the run as a JSONL transcript on stdout")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _add_db(p)
+
+    p = sub.add_parser("demo", help="offline: run a bundled task, crash it on purpose, resume it")
+    _add_db(p)
+    p.add_argument("--keep", action="store_true", help="keep the demo workspace and print where it is")
+
+    p = sub.add_parser("db", help="the database: upgrade, current revision, path")
+    p.add_argument("action", choices=["upgrade", "current", "path"])
+    _add_db(p)
+
+    p = sub.add_parser("worker", help="claim queued and orphaned runs from the database and execute them")
+    _add_db(p)
+    p.add_argument("--concurrency", type=int, default=1, metavar="N", help="runs executed at once (default 1)")
+    p.add_argument("--lease-seconds", type=float, default=30.0, metavar="S", help="lease length (default 30)")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between claims when idle")
+    p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
+    p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
+    return parser
+
+
+def _version() -> str:
+    from durable_agent import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    from durable_agent import commands
+    from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy
+
+    try:
+        return int(getattr(commands, f"cmd_{args.command}")(args, dict(os.environ)))
+    except RunBusy as exc:
+        _error(str(exc))
+        return EXIT_BUSY
+    except LeaseLost as exc:
+        _error(str(exc))
+        return EXIT_BUSY
+    except DurableAgentError as exc:
+        _error(str(exc))
+        return EXIT_USAGE if _is_usage(exc) else 1
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 4
+    except BrokenPipeError:
+        return 0
+
+
+def _is_usage(exc: Any) -> bool:
+    from durable_agent.errors import UsageError
+
+    return isinstance(exc, UsageError)
+
+
+def _error(message: str) -> None:
+    print(f"durable-agent: error: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

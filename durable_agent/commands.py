@@ -1,0 +1,224 @@
+"""What each CLI command does. Parsing is in cli.py; printing helpers in render.py."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import signal
+import sys
+import threading
+from argparse import Namespace
+from typing import Any
+
+from durable_agent import render
+from durable_agent.errors import ConfigError, UsageError
+from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings
+from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {n: getattr(args, n, None) for n in names}
+
+
+def _store_settings(args: Namespace, env: dict[str, str]) -> Settings:
+    return load_settings(_flags(args, ("db",)), env)
+
+
+def _open(args: Namespace, env: dict[str, str]) -> Any:
+    from durable_agent.wiring import open_store
+
+    return open_store(_store_settings(args, env))
+
+
+class _Interrupts:
+    """First Ctrl-C: stop at the next step boundary (a running command is killed).
+    Second Ctrl-C: stop now."""
+
+    def __init__(self, cancel: threading.Event, quiet: bool) -> None:
+        self.cancel, self.quiet = cancel, quiet
+        self.previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _handle(self, _sig: int, _frame: Any) -> None:
+        if self.cancel.is_set():
+            raise KeyboardInterrupt
+        self.cancel.set()
+        if not self.quiet:
+            print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=sys.stderr)
+
+
+def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event) -> int:
+    with _Interrupts(cancel, args.quiet or args.json):
+        outcome = runner.execute(run_id)
+    run = runner.store.get_run(run_id)
+    if args.json:
+        print(json.dumps(render.result_json(run)))
+    else:
+        if not args.quiet:
+            render.summary(run, sys.stderr)
+        if outcome.answer:
+            print(outcome.answer)
+        elif outcome.error and not args.quiet:
+            print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=sys.stderr)
+    return EXIT_CODES[RunStatus(run.status)]
+
+
+def cmd_start(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.wiring import build_runner
+
+    if args.run_id is not None and not RUN_ID_RE.match(args.run_id):
+        raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-'")
+    if not args.task.strip():
+        raise UsageError("the task is empty: say what the agent should do")
+    names = ("workspace", "model", "base_url", "db", *BUDGET_FIELDS, "shell", "verify", "durability")
+    settings = load_settings(_flags(args, names), env)
+    cancel = threading.Event()
+    observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+    runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
+    run_id = runner.create(args.task, args.run_id)
+    if args.detach:
+        print(run_id)
+        return 0
+    if not args.json:
+        print(f"run {run_id} · {runner.model.name} · {settings.workspace}", file=sys.stderr)
+        print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
+    return _execute(runner, run_id, args, cancel)
+
+
+def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.wiring import build_runner
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    run = store.get_run(run_id)
+    if run.status == RunStatus.COMPLETED:
+        raise UsageError(f"run {run_id} is completed; nothing to resume")
+    if run.status not in RESUMABLE:
+        raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
+    recorded = dict(run.settings or {})
+    recorded.pop("db", None)
+    flags = _flags(args, ("db", "model", "base_url", "shell", *BUDGET_FIELDS))
+    settings = load_settings(flags, env, base=recorded)
+    changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
+               if k in recorded and k != "db" and recorded.get(k) != v]
+    cancel = threading.Event()
+    observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+    runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
+    if changes:
+        store.update_settings(run_id, settings.redacted_dict())
+        if not args.json:
+            print("resuming under different settings: " + "; ".join(changes), file=sys.stderr)
+    if not args.json:
+        print(f"run {run_id} · resuming from step {run.step_count} ({run.status})", file=sys.stderr)
+    return _execute(runner, run_id, args, cancel)
+
+
+def cmd_list(args: Namespace, env: dict[str, str]) -> int:
+    store = _open(args, env)
+    if args.status and args.status not in {s.value for s in RunStatus}:
+        raise UsageError(f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}")
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    runs = store.list_runs(status=args.status, limit=args.limit)
+    if args.json:
+        print(json.dumps([render.run_json(r) for r in runs], indent=2))
+    else:
+        render.run_table(runs, sys.stdout)
+    return 0
+
+
+def cmd_show(args: Namespace, env: dict[str, str]) -> int:
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    run, steps, approvals = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
+    if args.json:
+        doc = render.run_json(run)
+        doc["steps"] = [render.step_json(s) for s in steps]
+        doc["approvals"] = [render.row_json(a) for a in approvals]
+        print(json.dumps(doc, indent=2))
+    else:
+        render.show(run, steps, approvals, sys.stdout)
+    return 0
+
+
+def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    status = store.cancel(run_id)
+    if status == "requested":
+        print(f"cancellation requested: run {run_id} stops at its next step boundary")
+    else:
+        print(f"run {run_id} cancelled; `durable-agent resume {run_id}` continues it")
+    return 0
+
+
+def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    pending = store.pending_approval(run_id)
+    if pending is None:
+        raise UsageError(f"run {run_id} has no pending approval")
+    who = args.by or _user()
+    store.decide_approval(pending.id, approved=not args.deny, by=who)
+    what = f"`{pending.command}`" if pending.command else pending.tool_name
+    verb = "denied" if args.deny else "approved"
+    print(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}")
+    print(f"continue with: durable-agent resume {run_id}")
+    return 0
+
+
+def cmd_export(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.transcript import events
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    for event in events(store, run_id):
+        sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+    return 0
+
+
+def cmd_db(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.store.engine import current_revision, make_engine, upgrade
+
+    settings = _store_settings(args, env)
+    assert settings.db is not None
+    if args.action == "path":
+        print(settings.db)
+        return 0
+    engine = make_engine(settings.db, durability=settings.durability)
+    if args.action == "upgrade":
+        upgrade(engine)
+    print(current_revision(engine) or "empty (run `durable-agent db upgrade`)")
+    return 0
+
+
+def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.demo.story import run_demo
+
+    return run_demo(db=args.db, keep=args.keep, env=env)
+
+
+def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.worker import run_worker
+
+    if args.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    return run_worker(args, env)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

@@ -1,0 +1,43 @@
+"""Budgets and the repeated-action guard (pure: decisions from numbers, no I/O).
+
+Budgets are checked before the action that would exceed them: with max_steps=2 the
+third model call is never made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from durable_agent.status import StopReason
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int
+    max_tool_calls: int | None
+    max_tokens: int | None
+    max_seconds: float | None
+    max_repeats: int
+
+
+def before_model_call(limits: Limits, *, steps: int, tokens: int, active_ms: int) -> tuple[StopReason, str] | None:
+    if steps >= limits.max_steps:
+        return StopReason.MAX_STEPS, f"reached max_steps={limits.max_steps} model calls"
+    if limits.max_tokens is not None and tokens >= limits.max_tokens:
+        return StopReason.MAX_TOKENS, f"used {tokens} tokens of max_tokens={limits.max_tokens}"
+    return _time(limits, active_ms)
+
+
+def before_tool_call(limits: Limits, *, tool_calls: int, streak_if_run: int, active_ms: int) -> tuple[StopReason, str] | None:
+    if limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
+        return StopReason.MAX_TOOL_CALLS, f"reached max_tool_calls={limits.max_tool_calls}"
+    if streak_if_run > limits.max_repeats:
+        return (StopReason.REPEATED_ACTION,
+                f"the same tool call would run {streak_if_run} times in a row (max_repeats={limits.max_repeats})")
+    return _time(limits, active_ms)
+
+
+def _time(limits: Limits, active_ms: int) -> tuple[StopReason, str] | None:
+    if limits.max_seconds is not None and active_ms >= limits.max_seconds * 1000:
+        return StopReason.MAX_SECONDS, f"ran {active_ms / 1000:.1f} s of max_seconds={limits.max_seconds:g}"
+    return None

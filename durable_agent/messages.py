@@ -1,0 +1,110 @@
+"""The conversation: messages, tool calls and model turns, and their canonical JSON.
+
+Plain frozen dataclasses rather than pydantic models: they are built and hashed on every
+step (the hot path) and the CLI imports them before it knows it needs pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, UTF-8 kept: equal values give equal text (fingerprints, hashes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as an object; raises ValueError when they are not a JSON object."""
+        value = json.loads(self.arguments) if self.arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError("tool arguments must be a JSON object")
+        return value
+
+    def fingerprint(self) -> str:
+        """Name plus canonical arguments, ignoring the call id (repeat detection, idempotency)."""
+        try:
+            args: Any = self.parsed_arguments()
+            text = canonical_json(args)
+        except ValueError:
+            text = self.arguments
+        return f"{self.name}:{text}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        fn = d.get("function", d)
+        return cls(id=d["id"], name=fn["name"], arguments=fn.get("arguments", ""))
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        """The chat-completions wire form."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        return d
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """What one model call answered: text, tool calls, or both."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "usage": {"prompt_tokens": self.usage.prompt_tokens,
+                      "completion_tokens": self.usage.completion_tokens},
+        }
+
+
+class HistoryHash:
+    """A running digest of the messages: the request hash of turn t without rehashing history.
+
+    Hashing the whole history on every turn would make a 1000-step run quadratic; chaining
+    each message's canonical JSON onto the previous digest keeps it linear and still
+    changes if any earlier message changes.
+    """
+
+    def __init__(self) -> None:
+        self.digest = "0" * 64
+
+    def add(self, message: Message) -> None:
+        self.digest = sha256_text(self.digest + canonical_json(message.to_api()))

@@ -1,0 +1,73 @@
+"""A model that replays a JSON script of turns: offline demos and end-to-end tests.
+
+A script is a JSON list; turn i is answered on the i-th model call of the run:
+  {"content": "final answer"}
+  {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
+An "arguments" string is passed through raw (to script malformed JSON). An optional
+"delay_s" makes the call take that long (to crash a run mid-call in tests).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from durable_agent.errors import ConfigError
+from durable_agent.messages import Message, ModelTurn, ToolCall, Usage
+
+
+def load_script(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"script file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read script file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
+    return validate_script(data, str(path))
+
+
+def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(data, list):
+        raise ConfigError(f"script {where} must be a JSON list of turns")
+    for i, turn in enumerate(data):
+        if not isinstance(turn, dict) or not ({"content", "tool_calls"} & turn.keys()):
+            raise ConfigError(f"script {where}: turn {i} needs \"content\" or \"tool_calls\"")
+        for call in turn.get("tool_calls") or []:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise ConfigError(f"script {where}: turn {i} has a tool call without a \"name\"")
+    return data
+
+
+def demo_script() -> list[dict[str, Any]]:
+    text = resources.files("durable_agent.demo").joinpath("script.json").read_text(encoding="utf-8")
+    return validate_script(json.loads(text), "demo")
+
+
+class ScriptedModel:
+    def __init__(self, turns: list[dict[str, Any]], name: str) -> None:
+        self.turns = turns
+        self.name = name
+
+    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+        if turn >= len(self.turns):
+            return ModelTurn(content=f"The script is exhausted after {len(self.turns)} turns.",
+                             usage=Usage(prompt_tokens=10, completion_tokens=10))
+        spec = self.turns[turn]
+        if spec.get("delay_s"):
+            time.sleep(float(spec["delay_s"]))
+        calls = []
+        for i, call in enumerate(spec.get("tool_calls") or []):
+            args = call.get("arguments", {})
+            raw = args if isinstance(args, str) else json.dumps(args)
+            calls.append(ToolCall(id=f"call_{turn}_{i}", name=call["name"], arguments=raw))
+        content = spec.get("content")
+        last = messages[-1].content or "" if messages else ""
+        usage = Usage(prompt_tokens=20 + len(last) // 4,
+                      completion_tokens=5 + len(content or "") // 4 + 10 * len(calls))
+        return ModelTurn(content=content, tool_calls=tuple(calls), usage=usage)

@@ -1,0 +1,33 @@
+"""What the loop reports while it runs. The CLI renders it (render.py); tests may record it.
+
+Only notifications: an observer never changes what the loop does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    seq: int
+    turn: int
+    kind: str  # model | tool | verify
+    name: str  # model name, tool name or the verify command
+    detail: str = ""  # a short summary of the arguments or the answer
+    state: str = "started"  # started | completed | failed | reused | retry
+    duration_ms: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    attempts: int = 1
+    error: str | None = None
+
+
+class Observer:
+    """No-op base; override what you need."""
+
+    def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None: ...
+
+    def step(self, event: StepEvent) -> None: ...
+
+    def note(self, text: str) -> None: ...

@@ -1,0 +1,143 @@
+"""Secret redaction for everything that is stored or sent to the model.
+
+Two sources of secrets:
+
+- values of environment variables whose *names* say they are credentials
+  (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `DB_PASSWORD`, ...) -> `[REDACTED:NAME]`, so a
+  reader can still tell which credential leaked into an output;
+- well-known key *shapes* (OpenAI, Anthropic, GitHub, AWS, Slack, Google keys, JWTs,
+  PEM private keys, `Bearer` tokens, passwords in URLs) -> `[REDACTED]`.
+
+`Redactor.redact` runs on every stored message, so all of it is one precompiled
+alternation: a single scan of the text, however many secrets there are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# A credential-looking name: any of these anywhere in the name...
+_SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
+                      "CREDENTIAL", "PRIVATE")
+# ...or one of these as a whole `_`-separated word (as substrings they would also hit
+# PATH, AUTHOR, PATTERN: `GIT_AUTHOR_NAME` is not a secret, `NPM_AUTH` and `GH_PAT` are).
+_SECRET_NAME_WORDS = frozenset({"AUTH", "PASS", "PAT", "COOKIE", "DSN"})
+
+# Values too short or too common to redact: replacing every "true" or "1" in the
+# output would destroy it without protecting anything.
+MIN_SECRET_LENGTH = 6
+_BORING_VALUES = frozenset({"true", "false", "yes", "no", "none", "null", "unset", "changeme",
+                            "default", "enabled", "disabled"})
+
+# Key shapes that must start at a token boundary, so identifiers that merely contain a
+# prefix (`task-...` contains `sk-`) are left alone. The boundary is checked in
+# `_replace`, not with a leading `\b` or lookbehind: a pattern whose every branch starts
+# with a literal lets `re` jump from candidate to candidate instead of trying each one
+# at every position (five times faster on ordinary text).
+_BOUNDED_SHAPES = (
+    # OpenAI (sk-..., sk-proj-..., sk-svcacct-...) and Anthropic (sk-ant-...) keys; a real
+    # key has digits, kebab-case words like `sk-learn-model-selection-guide` do not.
+    r"sk-(?=[\w-]*\d)[\w-]{20,}",
+    r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub classic tokens
+    r"github_pat_\w{22,}",  # GitHub fine-grained tokens
+    r"(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+    r"xox[baprse]-[A-Za-z0-9-]{10,}",  # Slack
+    r"AIza[\w-]{35}",  # Google API keys
+    r"eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{8,}",  # JWTs
+    # Only the token is replaced, so the output still reads "Authorization: Bearer [REDACTED]".
+    r"Bearer\s+(?P<bearer>[A-Za-z0-9._~+/=-]{8,})",
+)
+_FREE_SHAPES = (
+    # A PEM private key, up to its END line, or to the end of a truncated text.
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+    # The password of a URL: postgres://me:[REDACTED]@db/app
+    r"://[^\s/:@]+:(?P<urlpass>[^\s/@]+)@",
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for environment variable names that hold credentials (case-insensitive)."""
+    upper = name.upper()
+    if any(part in upper for part in _SECRET_NAME_PARTS):
+        return True
+    return any(word in _SECRET_NAME_WORDS for word in upper.split("_"))
+
+
+def _worth_redacting(value: str) -> bool:
+    value = value.strip()
+    return len(value) >= MIN_SECRET_LENGTH and value.lower() not in _BORING_VALUES
+
+
+class Redactor:
+    """Replaces known secret values and key shapes in text.
+
+    Build it once per process (`Redactor.from_env(os.environ)`) and reuse it: construction
+    compiles the pattern, `redact` only scans.
+    """
+
+    __slots__ = ("_names", "_pattern")
+
+    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+        """`secrets` maps a name to a secret value; every value is redacted as-is."""
+        names: dict[str, str] = {}
+        for name, value in sorted((secrets or {}).items()):
+            if value:
+                names.setdefault(value, name)  # one value under two names: first name wins
+        self._names = names
+        # Longest first, so a secret that contains another is replaced whole.
+        literals = sorted(names, key=len, reverse=True)
+        parts = []
+        if literals:
+            parts.append("(?P<env>" + "|".join(re.escape(v) for v in literals) + ")")
+        parts.append("(?P<bounded>" + "|".join(_BOUNDED_SHAPES) + ")")
+        parts.extend(_FREE_SHAPES)
+        self._pattern = re.compile("|".join(parts))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Redactor:
+        """Redact the values of credential-named variables in `env` (and all key shapes)."""
+        return cls({name: value for name, value in env.items()
+                    if is_secret_name(name) and _worth_redacting(value)})
+
+    def _replace(self, match: re.Match[str]) -> str:
+        group = match.lastgroup
+        if group == "env":
+            return f"[REDACTED:{self._names[match.group()]}]"
+        if group == "bounded":
+            start = match.start()
+            if start and (match.string[start - 1].isalnum() or match.string[start - 1] in "_-"):
+                return match.group()  # inside a longer word: not a key
+            if match.group("bearer") is not None:
+                return _replace_group(match, "bearer")
+        elif group == "urlpass":
+            return _replace_group(match, "urlpass")
+        return "[REDACTED]"
+
+    def redact(self, text: str) -> str:
+        return self._pattern.sub(self._replace, text)
+
+    def redact_json(self, obj: T) -> T:
+        """A copy of a JSON-like value with every string (keys included) redacted."""
+        return self._redact_any(obj)  # type: ignore[no-any-return]
+
+    def _redact_any(self, obj: Any) -> Any:
+        if isinstance(obj, str):
+            return self.redact(obj)
+        if isinstance(obj, dict):
+            return {self._redact_any(k): self._redact_any(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._redact_any(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._redact_any(v) for v in obj)
+        return obj
+
+
+def _replace_group(match: re.Match[str], group: str) -> str:
+    """The match with only `group` replaced."""
+    start, end = match.start(group) - match.start(), match.end(group) - match.start()
+    text = match.group()
+    return text[:start] + "[REDACTED]" + text[end:]

@@ -1,0 +1,149 @@
+"""Settings: defaults < config file (TOML) < environment < command-line flags.
+
+Validated once, here. Nothing else in the package reads the environment for settings;
+`load_settings` is given the environment by the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from durable_agent.errors import ConfigError
+
+DEFAULT_ALLOWLIST = (
+    "ls", "cat", "head", "tail", "wc", "grep", "rg", "pwd", "echo", "true", "diff",
+    "git status", "git diff", "git log", "git show",
+    "pytest", "python -m pytest", "python3 -m pytest", "npm test", "cargo test", "go test",
+    "make test",
+)
+
+
+class Settings(BaseModel):
+    """Everything a run can be configured with. Each field documents itself."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    workspace: Path = Field(default_factory=Path.cwd)
+    """Directory the agent works in; every tool path is confined to it."""
+    model: str | None = None
+    """Model name: an endpoint model, `scripted:PATH` or `demo`."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint (default: the OpenAI API)."""
+    api_key: SecretStr | None = None
+    """API key; never stored, logged or shown."""
+    db: str | None = None
+    """SQLAlchemy URL of the store (default: SQLite in the user data directory)."""
+    max_steps: int = Field(50, ge=1)
+    """Model calls allowed in the run."""
+    max_tool_calls: int | None = Field(None, ge=0)
+    """Tool calls allowed in the run (unlimited when unset)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Prompt plus completion tokens allowed in the run."""
+    max_seconds: float | None = Field(None, gt=0)
+    """Active seconds allowed in the run, summed over resumes."""
+    max_repeats: int = Field(3, ge=1)
+    """Same tool call (name + arguments) allowed this many times in a row."""
+    shell: Literal["allow", "ask", "deny"] = "ask"
+    """run_command policy: run all, ask for what is not allowlisted, or no shell tool."""
+    shell_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWLIST))
+    """Command prefixes that run without approval under `--shell ask`."""
+    on_uncertain_exec: Literal["block", "tell_model"] = "block"
+    """A command cut off by a crash: block for a person, or tell the model it was interrupted."""
+    verify: str | None = None
+    """Finish gate: a command that must exit 0 before a final answer is accepted."""
+    command_timeout_s: float = Field(300.0, gt=0)
+    """Default timeout of one run_command."""
+    output_cap: int = Field(20_000, ge=200)
+    """Characters of one tool result sent to the model; the rest is marked as truncated."""
+    durability: Literal["full", "fast"] = "full"
+    """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""
+    lease_seconds: float = Field(30.0, gt=0)
+    """How long a lease lasts without a heartbeat."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Read timeout of one model request."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Connect timeout of one model request."""
+    retry_max_attempts: int = Field(6, ge=1)
+    """Tries of one model call, the first included."""
+    retry_max_seconds: float = Field(300.0, gt=0)
+    """Total time one model call may spend retrying."""
+    retry_max_wait_s: float = Field(30.0, gt=0)
+    """Longest backoff between two tries."""
+    tool_protocol: Literal["native", "text"] = "native"
+    """native function calling, or TOOL_CALL lines in text for models without it."""
+    temperature: float | None = None
+    """Sampling temperature passed to the model (provider default when unset)."""
+
+    def redacted_dict(self) -> dict[str, Any]:
+        """The settings recorded on a run: no key, paths as text."""
+        d = self.model_dump(mode="json", exclude={"api_key"})
+        return d
+
+
+# Budget flags that `resume` may raise; recorded settings are otherwise reused.
+BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats")
+
+ENV_VARS = {
+    "OPENAI_API_KEY": "api_key",
+    "OPENAI_BASE_URL": "base_url",
+    "DURABLE_AGENT_MODEL": "model",
+    "DURABLE_AGENT_DB": "db",
+}
+
+
+def default_config_path(env: Mapping[str, str]) -> Path | None:
+    if env.get("DURABLE_AGENT_CONFIG"):
+        return Path(env["DURABLE_AGENT_CONFIG"]).expanduser()
+    base = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    candidate = base / "durable-agent" / "config.toml"
+    return candidate if candidate.exists() else None
+
+
+def default_db_url(env: Mapping[str, str]) -> str:
+    base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    # Accept both a flat file and one with a [durable-agent] table.
+    return dict(data.get("durable-agent", data))
+
+
+def load_settings(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, *, base: Mapping[str, Any] | None = None
+) -> Settings:
+    """Merge the layers and validate once. `base` (recorded run settings) sits under flags."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    path = default_config_path(env)
+    if path is not None:
+        merged.update(read_config_file(path))
+    for var, key in ENV_VARS.items():
+        if env.get(var):
+            merged[key] = env[var]
+    if base:
+        merged.update({k: v for k, v in base.items() if v is not None})
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    if not merged.get("db"):
+        merged["db"] = default_db_url(env)
+    try:
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from None
+    return settings

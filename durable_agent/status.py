@@ -1,0 +1,87 @@
+"""The fixed vocabulary users script against (SPEC §3, §5): statuses, stop reasons, kinds."""
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+
+
+class StopReason(StrEnum):
+    FINISHED = "finished"
+    MAX_STEPS = "max_steps"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_TOKENS = "max_tokens"
+    MAX_SECONDS = "max_seconds"
+    REPEATED_ACTION = "repeated_action"
+    CANCELLED = "cancelled"
+    MODEL_ERROR = "model_error"
+    TOOL_ERROR = "tool_error"
+    APPROVAL_REQUIRED = "approval_required"
+    UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
+    VERIFICATION_FAILED = "verification_failed"
+
+
+class StepKind(StrEnum):
+    MODEL = "model"
+    TOOL = "tool"
+    VERIFY = "verify"
+
+
+class StepState(StrEnum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class EffectClass(StrEnum):
+    """How a tool touches the world; decides what resume does with an unfinished call."""
+
+    READ = "read"
+    WRITE = "write"
+    EXEC = "exec"
+
+
+# Status a stop reason ends the run with.
+STATUS_FOR_REASON: dict[StopReason, RunStatus] = {
+    StopReason.FINISHED: RunStatus.COMPLETED,
+    StopReason.MAX_STEPS: RunStatus.BUDGET_EXCEEDED,
+    StopReason.MAX_TOOL_CALLS: RunStatus.BUDGET_EXCEEDED,
+    StopReason.MAX_TOKENS: RunStatus.BUDGET_EXCEEDED,
+    StopReason.MAX_SECONDS: RunStatus.BUDGET_EXCEEDED,
+    StopReason.REPEATED_ACTION: RunStatus.BUDGET_EXCEEDED,
+    StopReason.CANCELLED: RunStatus.CANCELLED,
+    StopReason.MODEL_ERROR: RunStatus.FAILED,
+    StopReason.TOOL_ERROR: RunStatus.FAILED,
+    StopReason.APPROVAL_REQUIRED: RunStatus.BLOCKED,
+    StopReason.UNCERTAIN_SIDE_EFFECT: RunStatus.BLOCKED,
+    StopReason.VERIFICATION_FAILED: RunStatus.FAILED,
+}
+
+# Process exit code for each final status (SPEC §2).
+EXIT_CODES: dict[RunStatus, int] = {
+    RunStatus.COMPLETED: 0,
+    RunStatus.FAILED: 1,
+    RunStatus.BUDGET_EXCEEDED: 3,
+    RunStatus.CANCELLED: 4,
+    RunStatus.BLOCKED: 5,
+    RunStatus.PENDING: 0,
+    RunStatus.RUNNING: 6,
+}
+EXIT_USAGE = 2
+EXIT_BUSY = 6
+
+RESUMABLE = {
+    RunStatus.PENDING,
+    RunStatus.RUNNING,
+    RunStatus.FAILED,
+    RunStatus.BUDGET_EXCEEDED,
+    RunStatus.CANCELLED,
+    RunStatus.BLOCKED,
+}

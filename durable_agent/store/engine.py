@@ -1,0 +1,132 @@
+"""Connections: URL normalisation, SQLite pragmas and locking, automatic migrations.
+
+SQLite is shared by several processes (a `start`, a `cancel` from another shell, workers),
+so every connection gets WAL, a busy timeout and foreign keys, and every write
+transaction takes the lock up front (`BEGIN IMMEDIATE`): a deferred transaction that
+upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from durable_agent.errors import ConfigError
+from durable_agent.store.schema import HEAD_REVISION
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def normalize_url(url: str) -> str:
+    """Bare `postgresql://` means psycopg 3 here; a plain path means an SQLite file."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().absolute()}"
+    return url
+
+
+def make_engine(url: str, *, durability: str = "full") -> Engine:
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"not a database URL: {url!r} (e.g. sqlite:///path/to/file.db)") from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(url, parsed.database, durability)
+        return create_engine(url, pool_pre_ping=True)
+    except NoSuchModuleError:
+        raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"the driver for {parsed.drivername} is not installed ({exc.name}); "
+            "for PostgreSQL: pip install 'durable-agent[postgres]'"
+        ) from None
+
+
+def _sqlite_engine(url: str, database: str | None, durability: str) -> Engine:
+    if database and database != ":memory:":
+        try:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the database folder for {database}: {exc}") from None
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    synchronous = "FULL" if durability == "full" else "NORMAL"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module so we can BEGIN IMMEDIATE.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Readers (list, show, export) ask for a deferred transaction so they never block writers.
+        if conn.get_execution_options().get("readonly"):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def current_revision(engine: Engine) -> str | None:
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except OperationalError:
+        return None
+    except Exception as exc:  # ProgrammingError on PostgreSQL, when the table is missing
+        if "alembic_version" in str(exc):
+            return None
+        raise
+
+
+def migrations_dir() -> Path:
+    """Installed: durable_agent/migrations. Source checkout: the top-level alembic/ folder."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "migrations", package.parent / "alembic"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise ConfigError("the database migrations are missing from this installation; reinstall durable-agent")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    # Imported here: alembic is only needed when the schema is behind (first use, upgrades).
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Upgrade to head when behind; a cheap single SELECT when already there (every start)."""
+    try:
+        rev = current_revision(engine)
+    except OperationalError as exc:
+        raise ConfigError(f"cannot open the database: {exc.orig}") from None
+    if rev != HEAD_REVISION:
+        try:
+            upgrade(engine)
+        except OperationalError as exc:
+            raise ConfigError(f"cannot open the database: {exc.orig}") from None
+
+
+def open_store_engine(url: str, *, durability: str = "full") -> Engine:
+    engine = make_engine(url, durability=durability)
+    ensure_schema(engine)
+    return engine

@@ -1,0 +1,421 @@
+"""Checkpoints: runs, intent and outcome rows, messages, approvals, leases and fencing.
+
+All SQL of the package lives here. `Store` is what the CLI needs without a lease (create,
+list, show, cancel, approve); `Journal` writes for one run under one lease, and every
+write transaction first re-checks that lease (`lease_owner`, `lease_epoch`) in the same
+transaction, so a process that lost its lease commits nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, func, insert, select, update
+
+from durable_agent.errors import LeaseLost, RunBusy, RunNotFound, UsageError
+from durable_agent.messages import Message, ToolCall
+from durable_agent.status import RunStatus
+from durable_agent.store.schema import approvals, messages, runs, steps
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def new_owner() -> str:
+    """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True only when we can prove it: same host and that pid is gone."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Run totals, written as absolute values with every checkpoint (replay rebuilds them)."""
+
+    step_count: int
+    tool_call_count: int
+    prompt_tokens: int
+    completion_tokens: int
+    message_count: int
+    active_ms: int
+
+    def as_values(self) -> dict[str, int]:
+        return {
+            "step_count": self.step_count,
+            "tool_call_count": self.tool_call_count,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "message_count": self.message_count,
+            "active_ms": self.active_ms,
+        }
+
+
+@dataclass(frozen=True)
+class Loaded:
+    run: Row[Any]
+    messages: list[Message]
+    open_steps: list[Row[Any]]
+    next_seq: int
+
+
+def message_from_row(row: Row[Any]) -> Message:
+    calls = tuple(ToolCall.from_dict(c) for c in (row.tool_calls or ()))
+    return Message(role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id)
+
+
+def message_values(run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "seq": seq,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": [c.to_dict() for c in message.tool_calls] or None,
+        "tool_call_id": message.tool_call_id,
+        "step_seq": step_seq,
+        "created_at": now,
+    }
+
+
+class Store:
+    """Run-level reads and the few writes that need no lease."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _read(self) -> Connection:
+        return self.engine.connect().execution_options(readonly=True)
+
+    # -- runs ---------------------------------------------------------------------------
+    def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
+                   settings: dict[str, Any], first_messages: Sequence[Message]) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            conn.execute(insert(runs).values(
+                id=run_id, task=task, workspace=workspace, model=model,
+                status=RunStatus.PENDING.value, created_at=now, updated_at=now,
+                step_count=0, tool_call_count=0, prompt_tokens=0, completion_tokens=0,
+                lease_epoch=0, cancel_requested=False, settings=settings,
+                message_count=len(first_messages), active_ms=0, resume_count=0,
+            ))
+            conn.execute(insert(messages), [
+                message_values(run_id, i, m, None, now) for i, m in enumerate(first_messages)
+            ])
+
+    def run_exists(self, run_id: str) -> bool:
+        with self._read() as conn:
+            return conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None
+
+    def get_run(self, run_id: str) -> Row[Any]:
+        with self._read() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+        if row is None:
+            raise RunNotFound(run_id)
+        return row
+
+    def find_run_id(self, prefix: str) -> str:
+        """A full id, or a unique prefix of one (ids are long; people type the start)."""
+        with self._read() as conn:
+            if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
+                return prefix
+            ids = conn.execute(
+                select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
+            ).scalars().all()
+        if len(ids) == 1:
+            return ids[0]
+        raise RunNotFound(prefix)
+
+    def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Row[Any]]:
+        query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        if status:
+            query = query.where(runs.c.status == status)
+        with self._read() as conn:
+            return list(conn.execute(query).all())
+
+    def steps(self, run_id: str) -> list[Row[Any]]:
+        with self._read() as conn:
+            return list(conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)).all())
+
+    def messages(self, run_id: str) -> list[Row[Any]]:
+        with self._read() as conn:
+            return list(conn.execute(
+                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq)).all())
+
+    def approvals(self, run_id: str) -> list[Row[Any]]:
+        with self._read() as conn:
+            return list(conn.execute(
+                select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id)).all())
+
+    def request_cancel(self, run_id: str) -> Row[Any]:
+        with self.engine.begin() as conn:
+            res = conn.execute(update(runs).where(runs.c.id == run_id)
+                               .values(cancel_requested=True, updated_at=utcnow()))
+            if res.rowcount != 1:
+                raise RunNotFound(run_id)
+        return self.get_run(run_id)
+
+    def cancel(self, run_id: str) -> str:
+        """Flag a live run ("requested": it stops at its next boundary); end any other at once."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
+                               .where(runs.c.id == run_id).with_for_update()).first()
+            if row is None:
+                raise RunNotFound(run_id)
+            if row.status == RunStatus.COMPLETED:
+                raise UsageError(f"run {run_id} is already completed")
+            live = (row.status == RunStatus.RUNNING and row.lease_owner is not None
+                    and row.lease_expires_at is not None and row.lease_expires_at > now
+                    and not owner_is_dead(row.lease_owner))
+            if live:
+                conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True, updated_at=now))
+                return "requested"
+            conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status=RunStatus.CANCELLED.value, stop_reason="cancelled", finished_at=now, updated_at=now,
+                cancel_requested=False, lease_owner=None, lease_expires_at=None))
+            return "cancelled"
+
+    def pending_approval(self, run_id: str) -> Row[Any] | None:
+        with self._read() as conn:
+            return conn.execute(
+                select(approvals).where(approvals.c.run_id == run_id, approvals.c.decision.is_(None))
+                .order_by(approvals.c.id.desc())
+            ).first()
+
+    def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
+                decision="approved" if approved else "denied", decided_by=by, decided_at=utcnow()))
+
+    def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
+
+    # -- leases -------------------------------------------------------------------------
+    def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:
+        """Take the run's lease and return the new epoch; RunBusy if a live owner holds it."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(runs.c.lease_owner, runs.c.lease_expires_at, runs.c.lease_epoch)
+                .where(runs.c.id == run_id).with_for_update()
+            ).first()
+            if row is None:
+                raise RunNotFound(run_id)
+            held = (row.lease_owner is not None and row.lease_expires_at is not None
+                    and row.lease_expires_at > now)
+            if held and not owner_is_dead(row.lease_owner):
+                raise RunBusy(run_id, row.lease_owner)
+            epoch = row.lease_epoch + 1
+            conn.execute(update(runs).where(runs.c.id == run_id).values(
+                lease_owner=owner, lease_epoch=epoch,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                status=RunStatus.RUNNING.value, stop_reason=None, error=None,
+                finished_at=None, cancel_requested=False, updated_at=now,
+                resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0),
+            ))
+        return epoch
+
+
+class Journal:
+    """Writes for one run under one lease. Every transaction is fenced on the epoch."""
+
+    def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.owner = owner
+        self.epoch = epoch
+        self.lease = timedelta(seconds=lease_seconds)
+
+    def _fence(self, conn: Connection, now: datetime, **values: Any) -> None:
+        # The first statement of every write: extends the lease and proves we still own it.
+        # On SQLite the transaction already holds the write lock (BEGIN IMMEDIATE); on
+        # PostgreSQL the UPDATE locks the run row until commit. Either way no other owner
+        # can slip in between this check and our commit.
+        res = conn.execute(
+            update(runs)
+            .where(runs.c.id == self.run_id, runs.c.lease_owner == self.owner,
+                   runs.c.lease_epoch == self.epoch)
+            .values(updated_at=now, lease_expires_at=now + self.lease, **values)
+        )
+        if res.rowcount != 1:
+            raise LeaseLost(self.run_id)
+
+    # -- reads for replay -------------------------------------------------------------------
+    def load(self) -> Loaded:
+        """The run row, its messages and the steps that matter for resume (not completed)."""
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            run = conn.execute(select(runs).where(runs.c.id == self.run_id)).first()
+            if run is None:
+                raise RunNotFound(self.run_id)
+            msgs = [message_from_row(r) for r in conn.execute(
+                select(messages.c.role, messages.c.content, messages.c.tool_calls, messages.c.tool_call_id)
+                .where(messages.c.run_id == self.run_id).order_by(messages.c.seq))]
+            open_steps = list(conn.execute(
+                select(steps).where(steps.c.run_id == self.run_id,
+                                    steps.c.state != "completed")).all())
+            max_seq = conn.execute(select(func.max(steps.c.seq)).where(steps.c.run_id == self.run_id)).scalar()
+        return Loaded(run=run, messages=msgs, open_steps=open_steps,
+                      next_seq=0 if max_seq is None else max_seq + 1)
+
+    def step_by_key(self, key: str) -> Row[Any] | None:
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return conn.execute(select(steps).where(steps.c.run_id == self.run_id,
+                                                    steps.c.idempotency_key == key)).first()
+
+    def verify_result(self, turn: int) -> Row[Any] | None:
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return conn.execute(select(steps).where(
+                steps.c.run_id == self.run_id, steps.c.kind == "verify", steps.c.turn == turn,
+                steps.c.state == "completed")).first()
+
+    def cancel_requested(self) -> bool:
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
+
+    def approval_for(self, call_id: str, kind: str) -> Row[Any] | None:
+        """The latest decided, not yet used approval of this call, or a pending one."""
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return conn.execute(
+                select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
+                                        approvals.c.kind == kind, approvals.c.used_at.is_(None))
+                .order_by(approvals.c.id.desc())
+            ).first()
+
+    # -- writes ----------------------------------------------------------------------------
+    def start_step(self, *, seq: int, kind: str, key: str, turn: int, input: Any,
+                   call_id: str | None = None, tool_name: str | None = None,
+                   effect: str | None = None, attempts: int = 1,
+                   use_approval: int | None = None) -> datetime:
+        """The intent row, committed before the effect."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            conn.execute(insert(steps).values(
+                run_id=self.run_id, seq=seq, kind=kind, state="started", idempotency_key=key,
+                call_id=call_id, tool_name=tool_name, input=input, attempts=attempts,
+                started_at=now, turn=turn, effect=effect, lease_epoch=self.epoch))
+            if use_approval is not None:
+                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+        return now
+
+    def restart_step(self, seq: int, *, attempts: int, input: Any | None = None,
+                     use_approval: int | None = None) -> datetime:
+        """An unfinished or failed step tried again: same row, one more attempt."""
+        now = utcnow()
+        values: dict[str, Any] = {"state": "started", "attempts": attempts, "started_at": now,
+                                  "finished_at": None, "error": None, "lease_epoch": self.epoch}
+        if input is not None:
+            values["input"] = input
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
+            if use_approval is not None:
+                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+        return now
+
+    def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq)
+                         .values(attempts=attempts, error=error))
+
+    def set_pgid(self, seq: int, pgid: int) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(pgid=pgid))
+
+    def finish_step(self, *, seq: int, state: str, started_at: datetime, output: Any, error: str | None,
+                    counters: Counters, new_messages: Iterable[tuple[int, Message]],
+                    attempts: int | None = None, prompt_tokens: int | None = None,
+                    completion_tokens: int | None = None, intent: dict[str, Any] | None = None,
+                    use_approval: int | None = None) -> None:
+        """The outcome and the messages it produces, in one transaction.
+
+        With `intent` the step row is inserted here already finished: for read-only tools,
+        whose intent row would protect nothing (resume simply runs them again).
+        """
+        now = utcnow()
+        duration = int((now - started_at).total_seconds() * 1000)
+        outcome: dict[str, Any] = {"state": state, "output": output, "error": error, "finished_at": now,
+                                   "duration_ms": duration, "prompt_tokens": prompt_tokens,
+                                   "completion_tokens": completion_tokens}
+        if attempts is not None:
+            outcome["attempts"] = attempts
+        with self.engine.begin() as conn:
+            self._fence(conn, now, **counters.as_values())
+            if intent is not None:
+                conn.execute(insert(steps).values(
+                    run_id=self.run_id, seq=seq, started_at=started_at, lease_epoch=self.epoch,
+                    attempts=attempts or 1, **intent, **{k: v for k, v in outcome.items() if k != "attempts"}))
+            else:
+                conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**outcome))
+            rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
+            if rows:
+                conn.execute(insert(messages), rows)
+            if use_approval is not None:
+                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+
+    def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now, **counters.as_values())
+            conn.execute(insert(messages), [message_values(self.run_id, s, m, None, now) for s, m in new_messages])
+
+    def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
+                         reason: str, step_seq: int | None) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            pending = conn.execute(select(approvals.c.id).where(
+                approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
+                approvals.c.kind == kind, approvals.c.decision.is_(None))).first()
+            if pending is None:
+                conn.execute(insert(approvals).values(
+                    run_id=self.run_id, call_id=call_id, kind=kind, tool_name=tool_name,
+                    command=command, reason=reason, step_seq=step_seq, requested_at=now))
+
+    def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
+                   counters: Counters) -> None:
+        """The run's end: status, reason, answer; the lease is released in the same write."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now, **counters.as_values())
+            conn.execute(update(runs).where(runs.c.id == self.run_id).values(
+                status=status, stop_reason=stop_reason, answer=answer, error=error,
+                finished_at=now, lease_owner=None, lease_expires_at=None))
+
+    def heartbeat(self) -> bool:
+        """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            self._fence(conn, now)
+            return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
+
+    def release(self) -> None:
+        """Give the lease up without ending the run (lost process, worker shutdown)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id == self.run_id, runs.c.lease_owner == self.owner,
+                                            runs.c.lease_epoch == self.epoch)
+                         .values(lease_owner=None, lease_expires_at=None, updated_at=utcnow()))

@@ -1,0 +1,135 @@
+"""Tables (SPEC §7). The schema is created and changed only by the Alembic migrations in
+alembic/versions; this module mirrors the head revision for the queries in journal.py.
+
+JSON columns hold JSON text on SQLite (readable with json_extract) and jsonb on PostgreSQL.
+Times are naive UTC.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+# The Alembic revision this code expects; engine.py upgrades any database behind it.
+HEAD_REVISION = "0001"
+
+metadata = MetaData()
+
+
+def json_type() -> JSON:
+    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("task", Text, nullable=False),
+    Column("workspace", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("stop_reason", String(32)),
+    Column("answer", Text),
+    Column("error", Text),
+    Column("created_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+    Column("finished_at", DateTime),
+    Column("step_count", Integer, nullable=False, default=0),
+    Column("tool_call_count", Integer, nullable=False, default=0),
+    Column("prompt_tokens", BigInteger, nullable=False, default=0),
+    Column("completion_tokens", BigInteger, nullable=False, default=0),
+    Column("lease_owner", String(200)),
+    Column("lease_expires_at", DateTime),
+    Column("lease_epoch", Integer, nullable=False, default=0),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    # Beyond the fixed names:
+    Column("settings", json_type()),  # the run's recorded settings (never the API key)
+    Column("message_count", Integer, nullable=False, default=0),
+    Column("active_ms", BigInteger, nullable=False, default=0),  # summed over resumes
+    Column("resume_count", Integer, nullable=False, default=0),
+)
+Index("ix_runs_status_created", runs.c.status, runs.c.created_at)
+Index("ix_runs_created", runs.c.created_at)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("idempotency_key", String(200), nullable=False),
+    Column("call_id", String(200)),
+    Column("tool_name", String(100)),
+    Column("input", json_type()),
+    Column("output", json_type()),
+    Column("error", Text),
+    Column("attempts", Integer, nullable=False, default=1),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("started_at", DateTime, nullable=False),
+    Column("finished_at", DateTime),
+    Column("duration_ms", Integer),
+    # Beyond the fixed names:
+    Column("turn", Integer),  # the model turn this step belongs to
+    Column("effect", String(8)),  # read | write | exec for tools
+    Column("pgid", Integer),  # process group of a running command, for resume to check
+    Column("lease_epoch", Integer),  # the epoch that wrote the intent
+    UniqueConstraint("run_id", "seq", name="uq_steps_run_seq"),
+    UniqueConstraint("run_id", "idempotency_key", name="uq_steps_run_key"),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("content", Text),
+    Column("tool_calls", json_type()),
+    Column("tool_call_id", String(200)),
+    Column("step_seq", Integer),  # the step that produced it
+    Column("created_at", DateTime, nullable=False),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("call_id", String(200), nullable=False),
+    Column("step_seq", Integer),
+    Column("kind", String(32), nullable=False),  # approval_required | uncertain_side_effect
+    Column("tool_name", String(100)),
+    Column("command", Text),
+    Column("reason", Text),
+    Column("requested_at", DateTime, nullable=False),
+    Column("decision", String(16)),  # NULL while pending, then approved | denied
+    Column("decided_by", String(200)),
+    Column("decided_at", DateTime),
+    Column("used_at", DateTime),  # when resume acted on the decision
+)
+Index("ix_approvals_run", approvals.c.run_id, approvals.c.call_id)
+
+RUN_TIMELINE_SQL = """
+CREATE VIEW run_timeline AS
+SELECT s.run_id, s.seq, s.turn, s.kind, s.tool_name, s.state, s.attempts,
+       s.duration_ms, s.prompt_tokens, s.completion_tokens,
+       s.started_at, s.finished_at, s.error, s.idempotency_key
+FROM steps s
+"""

@@ -1,0 +1,85 @@
+"""The guard between the harness and one shell command (Linux). Run by `process.py` as
+
+    python -I -S _guard.py WATCH_FD STATUS_FD SHELL COMMAND
+
+It is started in a new session, so it leads the process group that the command and
+everything the command forks belong to (pgid == the guard's pid, known at spawn time).
+
+Why a guard process and a pipe, and not only `prctl(PR_SET_PDEATHSIG)` on the command:
+
+- PDEATHSIG fires when the *thread* that forked the child exits, not the process; a
+  harness that runs commands from worker threads could kill a command mid-run;
+- it only signals the direct child; grandchildren (`sleep 100 &`) are not told;
+- it is cleared when the child execs a set-uid binary (`sudo`, `ping` on some systems).
+
+The pipe is the kernel's own, process-wide "the harness is gone" signal: the harness
+holds the only write end (close-on-exec, never inherited), so `read` on WATCH_FD
+returns EOF exactly when the harness process has died, however it died (SIGKILL, OOM).
+The guard then SIGKILLs its whole process group, itself included.
+
+Protocol: the harness writes one byte `g` to WATCH_FD once it has recorded the pgid;
+only then does the command start, so an effect never begins before its pgid is durable.
+When the command's shell exits, the guard writes `exit N` (N as in
+`os.waitstatus_to_exitcode`: negative for a signal) to STATUS_FD and SIGKILLs the group,
+so background leftovers (`server &`) never outlive the call unsupervised.
+
+Only the standard library, and as little of it as possible: this starts on every call.
+A command that leaves the group on purpose (`setsid`, double-forking daemons) escapes it.
+"""
+
+import os
+import signal
+import sys
+import threading
+
+
+def _kill_group() -> None:
+    os.killpg(0, signal.SIGKILL)  # the whole group, this guard included
+
+
+def _watch_harness(fd: int) -> None:
+    try:
+        while os.read(fd, 64):  # the harness never writes after `g`: this waits for EOF
+            pass
+    except OSError:
+        pass
+    _kill_group()
+
+
+def main(argv: list[str]) -> int:
+    watch_fd, status_fd = int(argv[1]), int(argv[2])
+    shell, command = argv[3], argv[4]
+    # The command must not hold these: a copy of STATUS_FD would delay the harness's EOF.
+    os.set_inheritable(watch_fd, False)
+    os.set_inheritable(status_fd, False)
+    # The harness's timeout/cancel SIGTERM goes to the whole group. The guard survives it,
+    # so that it still kills the group if the harness dies during the grace period.
+    # (The command gets SIGTERM's default back through `setsigdef`.)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    if os.read(watch_fd, 1) != b"g":
+        return 0  # the harness died or gave up before the effect began: never start it
+    threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()
+
+    try:
+        pid = os.posix_spawn(
+            shell, [shell, "-c", command], os.environ,
+            # Python ignores SIGPIPE/SIGXFSZ; a shell must start with the defaults, or
+            # `yes | head` would never end and trapped signals would behave oddly.
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
+            setsigmask=(),
+        )
+    except OSError as exc:
+        os.write(2, f"durable-agent: cannot start {shell}: {exc}\n".encode())
+        os.write(status_fd, b"exit 127\n")
+        _kill_group()
+        return 127
+
+    _, wait_status = os.waitpid(pid, 0)
+    os.write(status_fd, f"exit {os.waitstatus_to_exitcode(wait_status)}\n".encode())
+    _kill_group()
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

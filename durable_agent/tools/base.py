@@ -1,0 +1,81 @@
+"""What a tool is: a pydantic argument model, an effect class and a `run`.
+
+Write tools also `plan` their effect before it happens (the file's hash before and the
+hash it will have after), so resume can tell whether an interrupted write landed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from durable_agent.status import EffectClass
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    workspace: Path
+    run_id: str
+    call_id: str
+    output_cap: int = 20_000
+    env: Mapping[str, str] = field(default_factory=dict)
+    command_timeout_s: float = 300.0
+    cancel: threading.Event | None = None
+    on_process_start: Callable[[int], None] | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """An observation. `error` set means the call failed; the model is told either way."""
+
+    output: str = ""
+    error: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def for_model(self) -> str:
+        if self.error is None:
+            return self.output
+        return f"Error: {self.error}" + (f"\n{self.output}" if self.output else "")
+
+
+class ToolFailure(Exception):
+    """Raised inside a tool for an expected failure; becomes an error observation."""
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """A write's postcondition, recorded in the intent row before the write happens."""
+
+    path: str
+    before_sha: str | None  # None: the file did not exist
+    after_sha: str
+
+
+class Tool(Protocol):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    args_model: ClassVar[type[BaseModel]]
+    effect: ClassVar[EffectClass]
+
+    def run(self, args: Any, ctx: ToolContext) -> ToolResult: ...
+
+
+class WriteTool(Tool, Protocol):
+    def plan(self, args: Any, ctx: ToolContext) -> WritePlan: ...
+
+    def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None: ...
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI function-calling schema, generated from the argument model."""
+    params = tool.args_model.model_json_schema()
+    params.pop("title", None)
+    for prop in params.get("properties", {}).values():
+        prop.pop("title", None)
+    return {"type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": params}}

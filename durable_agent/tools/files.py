@@ -1,0 +1,253 @@
+"""File tools: list, read, search (read effects) and write, edit (idempotent writes)."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
+from durable_agent.tools.limits import cap_text, describe_binary, looks_binary
+from durable_agent.tools.sandbox import relative, resolve
+
+SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+MAX_LIST_ENTRIES = 1000
+MAX_MATCHES = 200
+MAX_SEARCH_FILE_BYTES = 2_000_000
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha(path: Path) -> str | None:
+    try:
+        return sha256_bytes(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return "directory"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, fsync, rename: a crash leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_text(path: Path, display: str) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ToolFailure(f"file not found: {display}") from None
+    except IsADirectoryError:
+        raise ToolFailure(f"{display} is a directory; use list_files") from None
+    if looks_binary(data[:8192]):
+        raise ToolFailure(describe_binary(display, len(data), data[:16]))
+    return data.decode("utf-8", errors="replace")
+
+
+# -- list_files ------------------------------------------------------------------------------
+class ListFilesArgs(BaseModel):
+    path: str = Field(".", description="Directory relative to the workspace.")
+    max_depth: int = Field(2, ge=1, le=10, description="How many levels to descend.")
+
+
+class ListFiles:
+    name: ClassVar[str] = "list_files"
+    description: ClassVar[str] = "List files and directories (directories end with /)."
+    args_model: ClassVar[type[BaseModel]] = ListFilesArgs
+    effect: ClassVar[EffectClass] = EffectClass.READ
+
+    def run(self, args: ListFilesArgs, ctx: ToolContext) -> ToolResult:
+        root = resolve(ctx.workspace, args.path)
+        if not root.is_dir():
+            raise ToolFailure(f"not a directory: {args.path}")
+        lines: list[str] = []
+        base_depth = len(root.parts)
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            depth = len(here.parts) - base_depth
+            if depth >= args.max_depth:
+                dirnames[:] = []
+            for d in dirnames:
+                lines.append(relative(ctx.workspace, here / d) + "/")
+            for f in sorted(filenames):
+                lines.append(relative(ctx.workspace, here / f))
+            if len(lines) > MAX_LIST_ENTRIES:
+                break
+        lines.sort()
+        extra = len(lines) - MAX_LIST_ENTRIES
+        shown = lines[:MAX_LIST_ENTRIES]
+        if extra > 0:
+            shown.append(f"[... {extra} more entries not shown ...]")
+        return ToolResult(output="\n".join(shown) or "(empty directory)", data={"entries": len(lines)})
+
+
+# -- read_file -------------------------------------------------------------------------------
+class ReadFileArgs(BaseModel):
+    path: str = Field(description="File relative to the workspace.")
+    offset: int = Field(0, ge=0, description="First line to return (0-based).")
+    limit: int | None = Field(None, ge=1, description="Number of lines to return (all when omitted).")
+
+
+class ReadFile:
+    name: ClassVar[str] = "read_file"
+    description: ClassVar[str] = "Read a text file, optionally a range of lines."
+    args_model: ClassVar[type[BaseModel]] = ReadFileArgs
+    effect: ClassVar[EffectClass] = EffectClass.READ
+
+    def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
+        path = resolve(ctx.workspace, args.path)
+        text = read_text(path, args.path)
+        lines = text.splitlines(keepends=True)
+        end = len(lines) if args.limit is None else args.offset + args.limit
+        chunk = "".join(lines[args.offset:end])
+        note = ""
+        if args.offset or end < len(lines):
+            note = f"\n[lines {args.offset}-{min(end, len(lines))} of {len(lines)}]"
+        return ToolResult(output=cap_text(chunk, ctx.output_cap) + note,
+                          data={"lines": len(lines), "bytes": len(text)})
+
+
+# -- search_text -----------------------------------------------------------------------------
+class SearchTextArgs(BaseModel):
+    pattern: str = Field(description="Regular expression (Python syntax).")
+    path: str = Field(".", description="File or directory to search in.")
+    glob: str | None = Field(None, description="Only files whose name or path matches, e.g. *.py")
+
+
+class SearchText:
+    name: ClassVar[str] = "search_text"
+    description: ClassVar[str] = "Search files for a regular expression; prints path:line: text."
+    args_model: ClassVar[type[BaseModel]] = SearchTextArgs
+    effect: ClassVar[EffectClass] = EffectClass.READ
+
+    def run(self, args: SearchTextArgs, ctx: ToolContext) -> ToolResult:
+        try:
+            regex = re.compile(args.pattern)
+        except re.error as exc:
+            raise ToolFailure(f"invalid regular expression: {exc}") from None
+        root = resolve(ctx.workspace, args.path)
+        files = [root] if root.is_file() else self._files(root)
+        matches: list[str] = []
+        total = 0
+        for file in files:
+            rel = relative(ctx.workspace, file)
+            if args.glob and not (fnmatch.fnmatch(file.name, args.glob) or fnmatch.fnmatch(rel, args.glob)):
+                continue
+            try:
+                if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
+                    continue
+                data = file.read_bytes()
+            except OSError:
+                continue
+            if looks_binary(data[:8192]):
+                continue
+            for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+                if regex.search(line):
+                    total += 1
+                    if len(matches) < MAX_MATCHES:
+                        matches.append(f"{rel}:{n}: {line[:300]}")
+        if total > len(matches):
+            matches.append(f"[... {total - len(matches)} more matches not shown ...]")
+        out = "\n".join(matches) if matches else "no matches"
+        return ToolResult(output=cap_text(out, ctx.output_cap), data={"matches": total})
+
+    @staticmethod
+    def _files(root: Path) -> list[Path]:
+        found: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            found.extend(Path(dirpath) / f for f in sorted(filenames))
+        return found
+
+
+# -- write_file ------------------------------------------------------------------------------
+class WriteFileArgs(BaseModel):
+    path: str = Field(description="File relative to the workspace; folders are created.")
+    content: str = Field(description="The whole new content of the file.")
+
+
+class WriteFile:
+    name: ClassVar[str] = "write_file"
+    description: ClassVar[str] = "Create or overwrite a file with the given content."
+    args_model: ClassVar[type[BaseModel]] = WriteFileArgs
+    effect: ClassVar[EffectClass] = EffectClass.WRITE
+
+    def plan(self, args: WriteFileArgs, ctx: ToolContext) -> WritePlan:
+        path = resolve(ctx.workspace, args.path, for_write=True)
+        return WritePlan(path=relative(ctx.workspace, path), before_sha=file_sha(path),
+                         after_sha=sha256_bytes(args.content.encode("utf-8")))
+
+    def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
+        return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+
+    def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
+        path = resolve(ctx.workspace, args.path, for_write=True)
+        data = args.content.encode("utf-8")
+        existed = path.exists()
+        atomic_write(path, data)
+        verb = "overwrote" if existed else "created"
+        return ToolResult(output=f"{verb} {args.path} ({len(data)} bytes)", data={"bytes": len(data)})
+
+
+# -- edit_file -------------------------------------------------------------------------------
+class EditFileArgs(BaseModel):
+    path: str = Field(description="File relative to the workspace.")
+    old_string: str = Field(description="Exact text to replace; must occur exactly once.")
+    new_string: str = Field(description="Replacement text.")
+
+
+class EditFile:
+    name: ClassVar[str] = "edit_file"
+    description: ClassVar[str] = "Replace one exact occurrence of old_string with new_string in a file."
+    args_model: ClassVar[type[BaseModel]] = EditFileArgs
+    effect: ClassVar[EffectClass] = EffectClass.WRITE
+
+    def _edited(self, args: EditFileArgs, ctx: ToolContext) -> tuple[Path, bytes, bytes]:
+        path = resolve(ctx.workspace, args.path, for_write=True)
+        text = read_text(path, args.path)
+        if not args.old_string:
+            raise ToolFailure("old_string is empty; use write_file to create a file")
+        count = text.count(args.old_string)
+        if count != 1:
+            where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
+            raise ToolFailure(f"old_string {where} in {args.path}")
+        new = text.replace(args.old_string, args.new_string, 1)
+        return path, text.encode("utf-8"), new.encode("utf-8")
+
+    def plan(self, args: EditFileArgs, ctx: ToolContext) -> WritePlan:
+        path, before, after = self._edited(args, ctx)
+        return WritePlan(path=relative(ctx.workspace, path), before_sha=sha256_bytes(before),
+                         after_sha=sha256_bytes(after))
+
+    def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
+        return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+
+    def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
+        path, _before, after = self._edited(args, ctx)
+        atomic_write(path, after)
+        delta = args.new_string.count("\n") - args.old_string.count("\n")
+        return ToolResult(output=f"edited {args.path} ({delta:+d} lines)", data={"bytes": len(after)})

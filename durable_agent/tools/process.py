@@ -1,0 +1,373 @@
+"""Run one shell command in its own process group, and never let it outlive the harness.
+
+    harness (run_process) ──pipe──> guard (_guard.py, session + group leader)
+                                      └── /bin/bash -c COMMAND ── grandchildren ...
+
+The pgid is the guard's pid. `on_start(pgid)` lets the caller record it before the command
+starts; timeout, cancel, an exception in the caller or the death of the harness (even by
+SIGKILL, see `_guard.py`) kill the whole group. When the shell exits, leftovers in the
+group are killed too: a call's effects end with the call.
+
+Linux only. Use `kill_process_group` / `process_group_alive` on resume to make sure
+nothing of a recorded group still runs before reconciling its step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from durable_agent.redact import is_secret_name
+
+GUARD_SCRIPT = Path(__file__).with_name("_guard.py")
+KILL_GRACE_S = 2.0
+"""Between SIGTERM and SIGKILL on timeout or cancel: time for a test runner to clean up."""
+_POLL_S = 0.05  # how often the cancel event is checked: it cannot wake a select()
+_DRAIN_S = 0.5  # after the guard is gone, how long to wait for pipes held by escapees
+_READ_CHUNK = 65536
+
+# Set for every command: nothing may wait for a terminal that is not there.
+_NON_INTERACTIVE_ENV = {
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "MANPAGER": "cat",
+    "SYSTEMD_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_EDITOR": "true",  # `git commit` without -m aborts instead of waiting for an editor
+    "TERM": "dumb",
+    "NO_COLOR": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PIP_NO_INPUT": "1",
+    "DEBIAN_FRONTEND": "noninteractive",
+}
+_DROPPED_ENV = ("FORCE_COLOR", "CLICOLOR_FORCE")  # would fight NO_COLOR
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """What happened. `exit_code` is None unless the command ended by itself (it is None
+    after a timeout or cancel); negative means killed by that signal, as in subprocess."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    cancelled: bool
+    duration_ms: int
+    pgid: int
+    stdout_bytes: int  # sizes before truncation
+    stderr_bytes: int
+
+
+def default_shell() -> str:
+    for candidate in ("/bin/bash", "/usr/bin/bash"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return "/bin/sh"
+
+
+def command_env(parent: Mapping[str, str], *, run_id: str, call_id: str) -> dict[str, str]:
+    """The environment for a command: `parent` without credentials, made non-interactive,
+    plus the run and call ids (so a command, or a resume, can tell whose it is)."""
+    env = {name: value for name, value in parent.items()
+           if not is_secret_name(name) and not _has_url_password(value)
+           and name not in _DROPPED_ENV}
+    env.update(_NON_INTERACTIVE_ENV)
+    env["DURABLE_AGENT_RUN_ID"] = run_id
+    env["DURABLE_AGENT_CALL_ID"] = call_id
+    return env
+
+
+def _has_url_password(value: str) -> bool:
+    """`postgresql://user:pw@host/db` in DATABASE_URL-like variables."""
+    scheme_end = value.find("://")
+    if scheme_end < 0:
+        return False
+    authority = value[scheme_end + 3:].split("/", 1)[0]
+    return "@" in authority and ":" in authority.rsplit("@", 1)[0]
+
+
+def run_process(
+    command: str,
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    output_cap: int = 30_000,
+    on_start: Callable[[int], None] | None = None,
+    cancel: threading.Event | None = None,
+    kill_grace_s: float = KILL_GRACE_S,
+) -> ProcessOutcome:
+    """Run `command` with the shell in `cwd` under exactly `env`, stdin from /dev/null.
+
+    Output of each stream is capped at `output_cap` characters (head and tail kept).
+    Raises OSError if the command cannot be started (e.g. `cwd` does not exist) and
+    whatever `on_start` raises; in both cases the command has not run.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if not sys.executable:
+        raise RuntimeError("cannot locate the Python interpreter to run the process guard")
+    watch_r, watch_w = os.pipe()
+    status_r, status_w = os.pipe()
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            # -I -S: the guard must not be affected by the command's PYTHON* variables,
+            # and should start fast.
+            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w),
+             default_shell(), command],
+            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
+            pass_fds=(watch_r, status_w),
+        )
+    except BaseException:
+        os.close(watch_w)
+        os.close(status_r)
+        raise
+    finally:
+        # Our copies of the guard's ends: status EOF must mean the guard is gone.
+        os.close(watch_r)
+        os.close(status_w)
+
+    pgid = proc.pid
+    watch = _Supervision(proc, status_r, output_cap)
+    try:
+        if on_start is not None:
+            on_start(pgid)
+        os.write(watch_w, b"g")  # the guard starts the command only now
+        watch.run(started + timeout_s, cancel, kill_grace_s)
+    finally:
+        # Also on exceptions (KeyboardInterrupt included): nothing of the group may survive
+        # this call. Killed before the guard is reaped, so the pgid cannot have been reused.
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait()
+        os.close(watch_w)
+        watch.close()
+
+    return ProcessOutcome(
+        exit_code=None if watch.timed_out or watch.cancelled else watch.exit_code(),
+        stdout=watch.stdout.text(),
+        stderr=watch.stderr.text(),
+        timed_out=watch.timed_out,
+        cancelled=watch.cancelled,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        pgid=pgid,
+        stdout_bytes=watch.stdout.total,
+        stderr_bytes=watch.stderr.total,
+    )
+
+
+class _Capture:
+    """One output stream: counts every byte, keeps only a bounded head and tail, so a
+    command printing gigabytes costs neither memory nor disk."""
+
+    def __init__(self, cap_chars: int) -> None:
+        self.cap = max(cap_chars, 0)
+        self._keep = 4 * self.cap  # bytes: enough for cap_chars of any UTF-8
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._keep - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self._keep:
+                del self.tail[:len(self.tail) - self._keep]
+
+    def text(self) -> str:
+        dropped = self.total - len(self.head) - len(self.tail)
+        if dropped == 0:
+            full = (self.head + self.tail).decode("utf-8", errors="replace")
+            if len(full) <= self.cap:
+                return full
+            head_text, tail_text = full, full
+        else:
+            head_text = self.head.decode("utf-8", errors="replace")
+            tail_text = self.tail.decode("utf-8", errors="replace")
+        return truncate_middle(head_text, tail_text, self.total, self.cap)
+
+
+def truncate_middle(head_text: str, tail_text: str, total_bytes: int, cap: int) -> str:
+    """The start of `head_text` and the end of `tail_text` within `cap` characters in all,
+    with a marker saying how many of `total_bytes` were left out."""
+    # Size the marker with the largest number it can show, so the result never exceeds cap.
+    budget = max(cap - len(_marker(total_bytes, total_bytes)), 0)
+    head = head_text[:budget // 2]
+    tail_len = budget - len(head)
+    tail = tail_text[max(len(tail_text) - tail_len, 0):] if tail_len > 0 else ""
+    kept = len(head.encode()) + len(tail.encode())
+    return head + _marker(max(total_bytes - kept, 0), total_bytes) + tail
+
+
+def _marker(omitted: int, total: int) -> str:
+    return f"\n[... truncated {omitted} of {total} bytes ...]\n"
+
+
+class _Supervision:
+    """Reads the guard's stdout, stderr and status pipes in one thread (no deadlock on
+    large outputs, no reader threads), and enforces the deadline and the cancel event."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], status_fd: int, cap: int) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.pgid = proc.pid
+        self.stdout = _Capture(cap)
+        self.stderr = _Capture(cap)
+        self.status = bytearray()
+        self.timed_out = False
+        self.cancelled = False
+        self._status_fd = status_fd
+        self._guard_gone_at: float | None = None
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(proc.stdout, selectors.EVENT_READ, self.stdout)
+        self._selector.register(proc.stderr, selectors.EVENT_READ, self.stderr)
+        self._selector.register(status_fd, selectors.EVENT_READ, None)
+        self._files = (proc.stdout, proc.stderr)
+
+    def run(self, deadline: float, cancel: threading.Event | None, grace_s: float) -> None:
+        escalate_at: float | None = None  # when SIGTERM turns into SIGKILL
+        while self._selector.get_map():
+            now = time.monotonic()
+            if self._guard_gone_at is not None and now >= self._guard_gone_at + _DRAIN_S:
+                break  # someone left the group but kept our pipes: stop reading
+            if escalate_at is None:
+                cancelled = cancel is not None and cancel.is_set()
+                if cancelled or now >= deadline:
+                    # Racing a command that just ended by itself: it keeps its exit code.
+                    if not self._finished():
+                        self.cancelled, self.timed_out = cancelled, not cancelled
+                    _signal_group(self.pgid, signal.SIGTERM)
+                    escalate_at = now + grace_s
+            elif now >= escalate_at:
+                _signal_group(self.pgid, signal.SIGKILL)
+                escalate_at = float("inf")
+            wakeups = [self._guard_gone_at + _DRAIN_S] if self._guard_gone_at is not None else []
+            if escalate_at is None:
+                wakeups.append(deadline if cancel is None else min(deadline, now + _POLL_S))
+            elif escalate_at != float("inf"):
+                wakeups.append(escalate_at)
+            timeout = max(min(wakeups) - now, 0.0) if wakeups else None
+            for key, _ in self._selector.select(timeout):
+                self._read(key)
+
+    def _finished(self) -> bool:
+        """The command has ended by itself (its status is in) or the guard is gone."""
+        return b"\n" in self.status or self._guard_gone_at is not None
+
+    def _read(self, key: selectors.SelectorKey) -> None:
+        data = os.read(key.fd, _READ_CHUNK)
+        if not data:
+            self._selector.unregister(key.fileobj)
+            if key.fd == self._status_fd:
+                self._guard_gone_at = time.monotonic()
+        elif key.data is None:
+            self.status += data
+        else:
+            key.data.feed(data)
+
+    def exit_code(self) -> int | None:
+        line = bytes(self.status).split(b"\n", 1)[0]
+        if line.startswith(b"exit "):
+            try:
+                return int(line[5:])
+            except ValueError:
+                return None
+        return None  # the guard was killed before the command ended
+
+    def close(self) -> None:
+        self._selector.close()
+        for f in self._files:
+            f.close()
+        os.close(self._status_fd)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(pgid, sig)
+
+
+# --- resume: what is left of a recorded group ------------------------------------------
+
+
+def process_group_alive(pgid: int, *, call_id: str | None = None) -> bool:
+    """Does any live (non-zombie) process of group `pgid` remain?
+
+    With `call_id`, only if one of them carries `DURABLE_AGENT_CALL_ID=call_id` in its
+    environment: after a reboot the number may belong to someone else's group.
+    """
+    members = _live_members(_check_pgid(pgid))
+    if call_id is not None:
+        return any(_has_call_id(pid, call_id) for pid in members)
+    return bool(members)
+
+
+def kill_process_group(pgid: int, *, call_id: str | None = None,
+                       grace_s: float = 1.0, wait_s: float = 5.0) -> bool:
+    """SIGTERM group `pgid`, SIGKILL what is left after `grace_s`, and wait (up to `wait_s`)
+    until no member remains. Returns True if live members were found and signalled.
+    `call_id` as in `process_group_alive`: a group that is not ours is left alone."""
+    if not process_group_alive(pgid, call_id=call_id):
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    if not _wait_until_gone(pgid, grace_s):
+        _signal_group(pgid, signal.SIGKILL)
+        _wait_until_gone(pgid, wait_s)
+    return True
+
+
+def _wait_until_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _live_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _check_pgid(pgid: int) -> int:
+    # killpg(0) and killpg(1) mean "my own group" and "init's": never what a record means.
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise ValueError(f"refusing to touch process group {pgid}")
+    return pgid
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Pids in group `pgid`, zombies excluded (an unreaped zombie runs nothing; in
+    containers whose init does not reap, `killpg(pgid, 0)` would see them forever)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _has_call_id(pid: int, call_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"DURABLE_AGENT_CALL_ID={call_id}".encode() in environ

@@ -1,0 +1,34 @@
+"""Workspace confinement: every path a tool touches resolves inside the workspace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from durable_agent.tools.base import ToolFailure
+
+
+def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
+    """The real path of `path` inside `workspace`, or ToolFailure.
+
+    Symlinks are resolved before the check, so a link that points outside is refused
+    just like `..` or an absolute path elsewhere.
+    """
+    if "\x00" in path:
+        raise ToolFailure("path contains a NUL byte")
+    root = workspace.resolve()
+    candidate = Path(path)
+    target = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if target != root and root not in target.parents:
+        raise ToolFailure(f"path {path!r} is outside the workspace; use a path relative to it")
+    if for_write:
+        rel = target.relative_to(root)
+        if rel.parts and rel.parts[0] == ".git":
+            raise ToolFailure("refusing to write inside .git/: use git commands instead")
+        if target == root or target.is_dir():
+            raise ToolFailure(f"{path!r} is a directory")
+    return target
+
+
+def relative(workspace: Path, target: Path) -> str:
+    rel = target.relative_to(workspace.resolve())
+    return rel.as_posix() or "."

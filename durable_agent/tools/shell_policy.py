@@ -1,0 +1,270 @@
+"""Which shell commands may run without a person saying yes (`--shell ask`).
+
+A command line is allowed only if every simple command in it (split on `;`, `&&`, `||`,
+`|`, `&`, newlines, parentheses) starts with an allowlisted prefix, word for word, and
+nothing in it looks destructive. Anything the parser cannot vouch for -- command
+substitution, writes through redirections, `sudo`, unbalanced quotes -- is ASK.
+
+This is a tripwire, not a sandbox: `pytest` and `make test` run code from the workspace,
+which the agent can edit. It keeps a person in the loop for what is plainly irreversible
+or unreviewed. Mistakes must only ever go one way: when unsure, ASK.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ShellDecision(StrEnum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+DEFAULT_ALLOWLIST: tuple[str, ...] = (
+    # read-only
+    "ls", "cat", "head", "tail", "wc", "grep", "rg", "find", "pwd", "echo", "printf", "true",
+    "cd", "tree", "file", "stat", "du", "diff", "cmp", "sort", "cut", "which", "basename", "dirname",
+    "realpath", "date", "whoami", "uname",
+    "git status", "git diff", "git log", "git show", "git blame", "git grep", "git ls-files",
+    "git rev-parse", "git branch --show-current",
+    # tests and checks
+    "pytest", "python -m pytest", "python3 -m pytest", ".venv/bin/pytest",
+    ".venv/bin/python -m pytest", "uv run pytest", "npm test", "npm run test", "yarn test",
+    "pnpm test", "cargo test", "cargo check", "go test", "go vet", "make test", "make check",
+    "ruff check", "mypy",
+)
+
+_SEPARATOR_CHARS = " \t\n;&|()"
+_SEG = r"[^;&|\n]*"  # the rest of the same simple command
+_GIT = r"\bgit(?:\s+-{1,2}[\w.-]+(?:[= ][^\s;&|]+)?)*\s+"  # `git`, then global options
+DEFAULT_DESTRUCTIVE: tuple[str, ...] = (
+    rf"\brm\s{_SEG}(?<=\s)(?:-[a-zA-Z]*[rR][a-zA-Z]*|--recursive|--no-preserve-root)\b",
+    rf"{_GIT}reset\s{_SEG}--hard\b",
+    rf"{_GIT}clean\b",
+    rf"{_GIT}push\s{_SEG}(?<=\s)(?:--force\b|--force-with-lease\b|-f\b|\+)",
+    rf"{_GIT}checkout\s+(?:\S+\s+)?(?:--\s+)?\.(?:\s|$)",
+    rf"{_GIT}(?:restore|stash\s+(?:drop|clear))\b",
+    rf"{_GIT}branch\s{_SEG}(?<=\s)(?:-D\b|--delete\s+--force\b)",
+    r"\bmkfs(?:\.\w+)?\b",
+    rf"\bdd\s{_SEG}\bof=",
+    rf"\b(?:chmod|chown|chgrp)\s{_SEG}(?<=\s)(?:-[a-zA-Z]*R[a-zA-Z]*|--recursive)\b",
+    r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|disk)",
+    r":\s*\(\s*\)\s*\{[^}]*:\s*\|\s*:",  # :(){ :|:& };:
+    r"(?:^|[;&|\n(]|\bsudo)\s*(?:shutdown|reboot|halt|poweroff)\b",  # as a command, not a word
+    r"\b(?:curl|wget)\b[^;&\n]*\|\s*(?:sudo\s+)?(?:ba|da|z|k)?sh\b",
+    rf"\bfind\s{_SEG}(?<=\s)-delete\b",
+    r"\bshred\b",
+)
+
+# Options that make an allowlisted read-only command write, delete or run something else.
+_RISKY_OPTIONS: dict[str, frozenset[str]] = {
+    "find": frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0",
+                       "-fprintf", "-fls"}),
+    "rg": frozenset({"--pre"}),
+    "git": frozenset({"--output", "--ext-diff", "--exec-path"}),
+    "sort": frozenset({"-o", "--output"}),
+    "tree": frozenset({"-o"}),
+    "ruff": frozenset({"--fix", "--fix-only", "--unsafe-fixes"}),
+}
+_PRIVILEGE = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
+# `NAME=value cmd` is fine (`PYTHONPATH=src pytest`), except names that change which
+# program runs or inject code into it.
+_RISKY_ASSIGNMENT = re.compile(r"LD_\w*|PATH|BASH_ENV|ENV|IFS|SHELLOPTS|BASHOPTS|GIT_\w*|"
+                               r"PAGER|EDITOR|VISUAL|PROMPT_COMMAND|PYTHONSTARTUP")
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
+_HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+
+
+def decide(command: str, mode: str, allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
+           destructive: Sequence[str] = DEFAULT_DESTRUCTIVE) -> tuple[ShellDecision, str]:
+    """Decide whether `command` runs under shell mode `mode` ("allow", "ask" or "deny").
+
+    Returns the decision and a reason for the person (or model) who sees it.
+    """
+    if mode == "allow":
+        return ShellDecision.ALLOW, "shell mode is allow"
+    if mode == "deny":
+        return ShellDecision.DENY, "shell mode is deny: commands are disabled"
+    if mode != "ask":
+        raise ValueError(f"unknown shell mode {mode!r} (allow, ask or deny)")
+
+    for pattern in destructive:
+        found = re.search(pattern, command)
+        if found:
+            return ShellDecision.ASK, f"destructive: `{found.group().strip(_SEPARATOR_CHARS)}`"
+    scan = _scan(command)
+    if scan.problem:
+        return ShellDecision.ASK, scan.problem
+    prefixes = [shlex.split(entry) for entry in allowlist]
+    for segment in scan.segments:
+        problem = _check_simple_command(segment, prefixes)
+        if problem:
+            return ShellDecision.ASK, problem
+    return ShellDecision.ALLOW, "allowlisted"
+
+
+def _check_simple_command(segment: str, prefixes: list[list[str]]) -> str | None:
+    words = shlex.split(segment)  # balanced: _scan checked the quotes
+    while words and (assignment := _ASSIGNMENT.match(words[0])):
+        if _RISKY_ASSIGNMENT.fullmatch(assignment.group(1)):
+            return f"sets {assignment.group(1)}: `{segment}`"
+        words.pop(0)
+    if not words:
+        return None  # only assignments: sets a shell variable, runs nothing
+    if words[0] in _PRIVILEGE:
+        return f"privilege escalation: `{segment}`"
+    if words[0].startswith("./") and "/" in words[0][2:]:
+        words[0] = words[0][2:]  # ./.venv/bin/pytest; but never ./ls, a workspace file
+    words = _without_git_globals(words)
+    if not any(words[:len(prefix)] == prefix for prefix in prefixes):
+        return f"not in the allowlist: `{segment}`"
+    risky = _RISKY_OPTIONS.get(words[0], frozenset())
+    for word in words[1:]:
+        option = word.split("=", 1)[0]
+        glued = len(option) > 2 and option[:2] in risky and option[1] != "-"  # sort -ofile
+        if option in risky or glued:
+            return f"`{option}` can modify files or run programs: `{segment}`"
+    return None
+
+
+def _without_git_globals(words: list[str]) -> list[str]:
+    """`git --no-pager -C dir log` is `git log`. (`-c key=value` is kept: it can name a
+    program to run, so it stays visible to the risky-option check.)"""
+    if words[0] != "git":
+        return words
+    rest = words[1:]
+    while rest:
+        if rest[0] == "--no-pager":
+            rest = rest[1:]
+        elif rest[0] == "-C" and len(rest) > 1:
+            rest = rest[2:]
+        else:
+            break
+    return ["git", *rest]
+
+
+@dataclass
+class _Scan:
+    segments: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+_SEPARATORS = ("&&", "||", "|&", ";", "|", "&", "\n", "(", ")")
+_REDIRECTIONS = ("&>>", "&>", ">>", ">|", ">&", "<<<", "<<", "<&", "<>", ">", "<")
+_WORD_END = " \t\n;&|<>()"
+
+
+def _scan(command: str) -> _Scan:
+    """Split a line into simple commands the way the shell would (quotes respected),
+    dropping redirections after checking them. Sets `problem` for what it will not pass."""
+    scan = _Scan()
+    current: list[str] = []
+    i, n = 0, len(command)
+
+    def end_segment() -> None:
+        text = "".join(current).strip()
+        if text:
+            scan.segments.append(text)
+        current.clear()
+
+    while i < n:
+        c = command[i]
+        if c in "'\"":
+            end = _quote_end(command, i)
+            if end < 0:
+                scan.problem = "unbalanced quotes"
+                return scan
+            quoted = command[i:end]
+            if c == '"' and _has_substitution(quoted):
+                scan.problem = f"command substitution: {quoted}"
+                return scan
+            current.append(quoted)
+            i = end
+        elif c == "\\":
+            current.append(command[i:i + 2] if command[i + 1:i + 2] != "\n" else " ")
+            i += 2
+        elif c == "`" or command.startswith(("$(", "<(", ">("), i):
+            scan.problem = f"command substitution: `{command[i:i + 24]}`"
+            return scan
+        elif c == "#" and (not current or current[-1][-1:] in " \t"):
+            while i < n and command[i] != "\n":  # a comment: not executed
+                i += 1
+        elif op := next((r for r in _REDIRECTIONS if command.startswith(r, i)), None):
+            _drop_fd_number(current)
+            i, target = _read_word(command, i + len(op))
+            problem = _redirection_problem(op, target)
+            if problem:
+                scan.problem = problem
+                return scan
+        elif sep := next((s for s in _SEPARATORS if command.startswith(s, i)), None):
+            end_segment()
+            i += len(sep)
+        else:
+            current.append(c)
+            i += 1
+    end_segment()
+    return scan
+
+
+def _has_substitution(text: str) -> bool:
+    return "$(" in text or "`" in text
+
+
+def _quote_end(text: str, start: int) -> int:
+    """Index just past the quote opened at `start`, or -1 if it is never closed."""
+    quote = text[start]
+    i = start + 1
+    while i < len(text):
+        if text[i] == "\\" and quote == '"':
+            i += 2
+            continue
+        if text[i] == quote:
+            return i + 1
+        i += 1
+    return -1
+
+
+def _read_word(text: str, i: int) -> tuple[int, str]:
+    """The redirection target starting at `i` (after blanks), as written."""
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    start = i
+    while i < len(text) and text[i] not in _WORD_END:
+        if text[i] in "'\"":
+            end = _quote_end(text, i)
+            i = end if end > 0 else len(text)
+        else:
+            i += 1
+    return i, text[start:i]
+
+
+def _drop_fd_number(current: list[str]) -> None:
+    """`2>/dev/null`: the 2 belongs to the redirection, not to the command's words."""
+    digits = 0
+    while digits < len(current) and current[-1 - digits].isdigit():
+        digits += 1
+    if digits and (digits == len(current) or current[-1 - digits] in " \t"):
+        del current[len(current) - digits:]
+
+
+def _redirection_problem(op: str, raw_target: str) -> str | None:
+    if _has_substitution(raw_target):
+        return f"command substitution in a redirection: `{op}{raw_target}`"
+    if op in ("<", "<<<"):
+        return None  # reads a file, or a string, into the command
+    if op == "<<":
+        return "here-document: use write_file for file contents"
+    try:
+        target = " ".join(shlex.split(raw_target))
+    except ValueError:
+        target = raw_target
+    if op in (">&", "<&") and (target.isdigit() or target == "-"):
+        return None  # 2>&1: duplicates a stream, writes nothing
+    if op != "<>" and target in _HARMLESS_TARGETS:
+        return None
+    return f"redirection writes to a file: `{op}{raw_target}`"

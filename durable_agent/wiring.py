@@ -1,0 +1,73 @@
+"""The one place concrete classes are chosen: settings in, a ready Runner out."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from durable_agent.errors import ConfigError
+from durable_agent.models import ModelClient
+from durable_agent.observer import Observer
+from durable_agent.redact import Redactor
+from durable_agent.runner import Runner
+from durable_agent.settings import Settings
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.journal import Store
+from durable_agent.tools import build_tools
+
+
+def open_store(settings: Settings) -> Store:
+    assert settings.db is not None
+    return Store(open_store_engine(settings.db, durability=settings.durability))
+
+
+def build_model(settings: Settings) -> ModelClient:
+    name = settings.model
+    if not name:
+        raise ConfigError(
+            "no model configured: pass --model NAME (or set DURABLE_AGENT_MODEL) and set "
+            "OPENAI_API_KEY for the OpenAI API, or --base-url for a local server; "
+            "`--model demo` runs offline"
+        )
+    if name == "demo":
+        from durable_agent.models.scripted import ScriptedModel, demo_script
+
+        return ScriptedModel(demo_script(), "demo")
+    if name.startswith("scripted:"):
+        from durable_agent.models.scripted import ScriptedModel, load_script
+
+        path = Path(name.removeprefix("scripted:")).expanduser()
+        return ScriptedModel(load_script(path), name)
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    if not key:
+        if not settings.base_url:
+            raise ConfigError(
+                f"model {name!r} needs an API key: set OPENAI_API_KEY (or pass --base-url for a "
+                "local OpenAI-compatible server that needs none)"
+            )
+        key = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore it, the client wants one
+    from durable_agent.models.openai_chat import OpenAIChatModel
+
+    return OpenAIChatModel(name, api_key=key, base_url=settings.base_url,
+                           read_timeout=settings.request_timeout_s,
+                           connect_timeout=settings.connect_timeout_s, temperature=settings.temperature)
+
+
+def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
+    from durable_agent.models.retry import RetryPolicy
+
+    return RetryPolicy(max_attempts=settings.retry_max_attempts, max_total_seconds=settings.retry_max_seconds,
+                       max_wait=settings.retry_max_wait_s)
+
+
+def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
+                 observer: Observer | None = None, cancel: threading.Event | None = None) -> Runner:
+    workspace = settings.workspace.expanduser().resolve()
+    if not workspace.is_dir():
+        raise ConfigError(f"workspace is not a directory: {settings.workspace}")
+    settings.workspace = workspace
+    model = build_model(settings)
+    return Runner(store=store or open_store(settings), settings=settings, model=model,
+                  tools=build_tools(settings.shell), env=env, redactor=Redactor.from_env(env),
+                  observer=observer, cancel=cancel, retry_policy=retry_policy(settings))

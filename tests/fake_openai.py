@@ -1,0 +1,365 @@
+"""A small OpenAI-compatible chat-completions server for tests (stdlib only).
+
+In-process, as a context manager:
+
+    with FakeOpenAI(script=[{"content": "done"}], faults=[{"status": 503}]) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+        client.chat.completions.create(model="m", messages=[...])  # -> openai.InternalServerError
+        client.chat.completions.create(model="m", messages=[...])  # -> "done"
+        assert [r["attempt"] for r in server.requests] == [1, 2]
+
+As a separate process, so a crash test can kill the client while the server lives on
+(`spawn_fake_openai` below does this and waits for the port):
+
+    python tests/fake_openai.py --port-file PORT --script S.json [--faults F.json] [--log L.jsonl]
+
+It writes its port to PORT once it listens and serves until SIGTERM/SIGINT.
+
+Endpoints: `POST /v1/chat/completions` and `POST /chat/completions`; `server.url` is the
+base URL ending in `/v1`. Anything else is a 404 with an OpenAI-style error body.
+
+Turns. The script is the project's format: a JSON list whose items are
+`{"content": "final answer"}` or `{"tool_calls": [{"name": "read_file", "arguments":
+{"path": "a.txt"}}]}` (a string `arguments` is sent raw, so malformed JSON can be scripted).
+The turn is decided FROM THE REQUEST: turn = the number of assistant messages already in
+`messages` (0-based, so turn i is script[i]). A resumed client therefore gets the same
+turn. Tool-call ids are `call_<turn>_<i>`. Past the end: content "script exhausted".
+Usage: prompt_tokens = len(json.dumps(messages)) // 4, completion_tokens = 5.
+
+Faults. A list of dicts, each used at most `times` times (default 1). A request takes the
+first fault, in list order, whose selectors all match; a fault without selectors matches
+any request, so plain faults are consumed in order by the next requests. Selectors:
+`"request": n` (1-based request number on this server), `"turn": t` (0-based),
+`"attempt": a` (1-based count of requests for that turn, across client restarts).
+Actions, combinable in this order:
+
+    {"delay": 5.0}                              sleep, then go on (answer normally if nothing else)
+    {"drop": true}                              close the socket without a response
+    {"status": 429, "headers": {"Retry-After": "2"}, "body": {"error": {...}}}
+                                                an error response; body defaults to an
+                                                OpenAI-style error, a string body is sent raw
+    e.g. {"turn": 2, "attempt": 1, "status": 503}   first attempt of turn 2 gets a 503
+
+Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
+file, flushed per line) as `{"request", "turn", "attempt", "path", "headers" (lower-case
+names, Authorization included), "body", "fault"}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+_SELECTORS = ("request", "turn", "attempt")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a handler stuck in a delay must not block shutdown
+    fake: FakeOpenAI
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that time out or get dropped close their end; that is the point of the
+        # faults, not an error worth a traceback on stderr.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class FakeOpenAI:
+    """The server. `start()`/`stop()` or use it as a context manager."""
+
+    def __init__(
+        self,
+        script: list[Json] | None = None,
+        faults: list[Json] | None = None,
+        *,
+        log_path: str | os.PathLike[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.script: list[Json] = list(script or [])
+        self.requests: list[Json] = []
+        self._faults: list[Json] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._httpd = _HTTPServer((host, port), _Handler)
+        self._httpd.fake = self
+        self._thread: threading.Thread | None = None
+        self.add_faults(faults or [])
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def add_faults(self, faults: list[Json]) -> None:
+        with self._lock:
+            for fault in faults:
+                self._faults.append({"times": 1, **fault})
+
+    def start(self) -> FakeOpenAI:
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        # A short poll makes stop() quick: shutdown() waits for the loop's next poll.
+        self._httpd.serve_forever(poll_interval=0.05)
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping in a delay fault
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- used by the handler ---------------------------------------------------------------
+
+    def _record(self, path: str, headers: dict[str, str], body: Json) -> Json:
+        turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        with self._lock:
+            number = len(self.requests) + 1
+            attempt = 1 + sum(1 for r in self.requests if r["turn"] == turn)
+            fault = self._take_fault({"request": number, "turn": turn, "attempt": attempt})
+            entry = {
+                "request": number,
+                "turn": turn,
+                "attempt": attempt,
+                "path": path,
+                "headers": headers,
+                "body": body,
+                "fault": fault,
+            }
+            self.requests.append(entry)
+            if self._log_path is not None:
+                with self._log_path.open("a", encoding="utf-8") as log:
+                    log.write(json.dumps(entry) + "\n")
+        return entry
+
+    def _take_fault(self, where: dict[str, int]) -> Json | None:
+        for fault in self._faults:
+            if fault["times"] > 0 and all(
+                fault[key] == where[key] for key in _SELECTORS if key in fault
+            ):
+                fault["times"] -= 1
+                return {k: v for k, v in fault.items() if k != "times"}
+        return None
+
+    def _completion(self, turn: int, body: Json) -> Json:
+        step = self.script[turn] if turn < len(self.script) else {"content": "script exhausted"}
+        tool_calls = [
+            {
+                "id": f"call_{turn}_{i}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": call["arguments"]
+                    if isinstance(call.get("arguments"), str)
+                    else json.dumps(call.get("arguments") or {}),
+                },
+            }
+            for i, call in enumerate(step.get("tool_calls") or [])
+        ]
+        message: Json = {"role": "assistant", "content": step.get("content"), "refusal": None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        prompt_tokens = len(json.dumps(body.get("messages") or [])) // 4
+        return {
+            "id": f"chatcmpl-fake-{turn}-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or "fake-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if tool_calls else "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 5,
+                "total_tokens": prompt_tokens + 5,
+            },
+        }
+
+
+def _error_body(status: int, message: str) -> Json:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the request log is the record; keep test output clean
+
+    def do_POST(self) -> None:
+        fake = self.server.fake
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/chat/completions", "/chat/completions"):
+            self._send(404, _error_body(404, f"unknown path {path}"))
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send(400, _error_body(400, "request body is not JSON"))
+            return
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        entry = fake._record(path, headers, body)
+        fault = entry["fault"] or {}
+
+        if fault.get("delay"):
+            fake._stopping.wait(float(fault["delay"]))
+        if fault.get("drop"):
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if "status" in fault:
+            status = int(fault["status"])
+            default = _error_body(status, f"fake error {status}")
+            self._send(status, fault.get("body", default), fault.get("headers") or {})
+            return
+        self._send(200, fake._completion(entry["turn"], body))
+
+    def do_GET(self) -> None:
+        self._send(404, _error_body(404, f"unknown path {self.path}"))
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, str(value))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+# --- separate-process mode ----------------------------------------------------------------
+
+
+def read_log(path: str | os.PathLike[str]) -> list[Json]:
+    """The requests logged to a JSONL file so far."""
+    log = Path(path)
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
+@dataclass
+class FakeOpenAIProcess:
+    """A fake server running in its own process; `requests()` reads its JSONL log."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    workdir: Path = field(repr=False)
+
+    def requests(self) -> list[Json]:
+        return read_log(self.log_path)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def spawn_fake_openai(
+    workdir: str | os.PathLike[str],
+    script: list[Json],
+    faults: list[Json] | None = None,
+    *,
+    timeout: float = 10.0,
+) -> Iterator[FakeOpenAIProcess]:
+    """Run the fake in a child process (files go to `workdir`); stops it on exit."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    script_path, faults_path = work / "fake_script.json", work / "fake_faults.json"
+    port_path, log_path = work / "fake_port", work / "fake_requests.jsonl"
+    script_path.write_text(json.dumps(script), encoding="utf-8")
+    faults_path.write_text(json.dumps(faults or []), encoding="utf-8")
+    port_path.unlink(missing_ok=True)
+    args = [sys.executable, __file__, "--port-file", str(port_path), "--script", str(script_path)]
+    args += ["--faults", str(faults_path), "--log", str(log_path)]
+    proc = subprocess.Popen(args)
+    server = FakeOpenAIProcess(proc, "", log_path, work)
+    try:
+        deadline = time.monotonic() + timeout
+        while not port_path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fake OpenAI server did not start (exit {proc.poll()})")
+            time.sleep(0.02)
+        server.url = f"http://127.0.0.1:{int(port_path.read_text())}/v1"
+        yield server
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible server for tests.")
+    parser.add_argument("--port-file", required=True, help="write the listening port here")
+    parser.add_argument("--script", help="JSON list of turns")
+    parser.add_argument("--faults", help="JSON list of faults")
+    parser.add_argument("--log", help="append every request to this JSONL file")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    def load(path: str | None) -> list[Json]:
+        return json.loads(Path(path).read_text(encoding="utf-8")) if path else []
+
+    server = FakeOpenAI(load(args.script), load(args.faults), log_path=args.log, port=args.port)
+
+    def on_signal(signum: int, frame: object) -> None:
+        # shutdown() waits for serve_forever, which runs in this thread: call it from another.
+        threading.Thread(target=server._httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # Write then rename, so a reader polling for the file never sees it half written.
+    port_file = Path(args.port_file)
+    tmp = port_file.with_name(port_file.name + ".tmp")
+    tmp.write_text(str(server.port), encoding="utf-8")
+    tmp.replace(port_file)
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""Model failure classification and the retry policy, against the real openai client.
+
+The exceptions under test are real ones: the openai client talks HTTP to tests/fake_openai.py,
+which injects the faults. Sleeping is injected, so no test waits for a backoff.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+# tests/ is not a package: pytest puts it on sys.path (the default "prepend" import mode).
+from fake_openai import FakeOpenAI, spawn_fake_openai
+
+from durable_agent.models.retry import (
+    MAPPED_TYPES,
+    Failure,
+    FailureKind,
+    ModelCallError,
+    RetryPolicy,
+    call_with_retries,
+    classify,
+    is_classified,
+)
+
+KEY = "sk-test-0123456789abcdef"
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(script=[{"content": "ok"}]) as fake:
+        yield fake
+
+
+def make_client(server: FakeOpenAI, api_key: str = KEY, timeout: float = 5.0) -> openai.OpenAI:
+    # max_retries=0: the policy under test must be the only retry layer.
+    return openai.OpenAI(base_url=server.url, api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def chat(client: openai.OpenAI) -> Callable[[], str | None]:
+    return lambda: (
+        client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
+    )
+
+
+def failure_of(server: FakeOpenAI, fault: dict[str, Any], timeout: float = 5.0) -> Failure:
+    server.add_faults([fault])
+    with pytest.raises(openai.OpenAIError) as caught:
+        chat(make_client(server, timeout=timeout))()
+    return classify(caught.value)
+
+
+# --- (a) the table is exhaustive -----------------------------------------------------------
+
+
+def exported_openai_errors() -> list[type[BaseException]]:
+    """Every public exception class under OpenAIError that the openai package exports."""
+    found: set[type[BaseException]] = set()
+    stack: list[type[BaseException]] = [openai.OpenAIError]
+    while stack:
+        cls = stack.pop()
+        if cls not in found:
+            found.add(cls)
+            stack.extend(cls.__subclasses__())
+    return sorted(
+        (
+            cls
+            for cls in found
+            if not cls.__name__.startswith("_") and getattr(openai, cls.__name__, None) is cls
+        ),
+        key=lambda cls: cls.__name__,
+    )
+
+
+def test_every_exported_openai_error_has_its_own_entry() -> None:
+    classes = exported_openai_errors()
+    # Guard the walk itself: an empty walk would make the check below vacuous.
+    assert {openai.APIError, openai.RateLimitError, openai.APITimeoutError} <= set(classes)
+    unmapped = [cls.__name__ for cls in classes if not is_classified(cls)]
+    assert unmapped == [], f"openai exception classes missing from retry._TABLE: {unmapped}"
+    assert set(classes) <= MAPPED_TYPES
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "reason"),
+    [
+        (ConnectionResetError("reset by peer"), RETRYABLE, "connection"),
+        (TimeoutError("timed out"), RETRYABLE, "timeout"),
+        (OSError("network is unreachable"), RETRYABLE, "os_error"),
+        (httpx2.ConnectError("refused"), RETRYABLE, "connection"),
+        (httpx2.ReadTimeout("slow"), RETRYABLE, "timeout"),
+        (openai.OpenAIError("The api_key client option must be set"), PERMANENT, "client_error"),
+        (ValueError("bug"), PERMANENT, "unexpected"),
+        (KeyboardInterrupt(), PERMANENT, "unexpected"),
+    ],
+)
+def test_exceptions_outside_http_responses(
+    exc: BaseException, kind: FailureKind, reason: str
+) -> None:
+    failure = classify(exc)
+    assert (failure.kind, failure.reason, failure.status) == (kind, reason, None)
+
+
+# --- (b) SPEC section 6 examples, as raised by the real client ------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_server_errors_are_retryable(server: FakeOpenAI, status: int) -> None:
+    failure = failure_of(server, {"status": status})
+    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "server_error", status)
+    assert failure.message == f"fake error {status}"  # the provider's message, not a repr
+
+
+@pytest.mark.parametrize(("status", "reason"), [(408, "timeout"), (409, "conflict")])
+def test_other_retryable_statuses(server: FakeOpenAI, status: int, reason: str) -> None:
+    failure = failure_of(server, {"status": status})
+    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, reason, status)
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [({"Retry-After": "2"}, 2.0), ({"retry-after-ms": "1500"}, 1.5), ({}, None)],
+)
+def test_rate_limit_is_retryable_with_retry_after(
+    server: FakeOpenAI, headers: dict[str, str], seconds: float | None
+) -> None:
+    body = {
+        "error": {
+            "message": "Rate limit reached",
+            "type": "requests",
+            "code": "rate_limit_exceeded",
+        }
+    }
+    failure = failure_of(server, {"status": 429, "headers": headers, "body": body})
+    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "rate_limit", 429)
+    assert failure.retry_after == seconds
+    assert failure.message == "Rate limit reached"
+
+
+def test_retry_after_as_http_date(server: FakeOpenAI) -> None:
+    when = datetime.now(UTC) + timedelta(seconds=30)
+    header = email.utils.format_datetime(when, usegmt=True)
+    failure = failure_of(server, {"status": 429, "headers": {"Retry-After": header}})
+    assert failure.retry_after is not None and 25 < failure.retry_after <= 30
+
+
+def test_dropped_connection_is_retryable(server: FakeOpenAI) -> None:
+    failure = failure_of(server, {"drop": True})
+    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "connection", None)
+
+
+def test_timeout_is_retryable(server: FakeOpenAI) -> None:
+    # The server answers after 2 s (it is woken early on stop); the client gives up at 0.2 s.
+    failure = failure_of(server, {"delay": 2.0}, timeout=0.2)
+    assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
+
+
+def _error(message: str, code: str | None = None, kind: str = "invalid_request_error") -> Any:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "reason", "hint_mentions"),
+    [
+        (401, _error("Incorrect API key provided", "invalid_api_key"), "auth", "OPENAI_API_KEY"),
+        (403, _error("You are not allowed to use this model"), "permission", "--model"),
+        (404, _error("The model `nope` does not exist", "model_not_found"), "not_found", "--model"),
+        (422, _error("Unprocessable entity"), "unprocessable", "message"),
+        (400, _error("Invalid value for 'tool_choice'"), "bad_request", "message"),
+        (
+            400,
+            _error(
+                "This model's maximum context length is 8192 tokens. However, your messages "
+                "resulted in 9000 tokens.",
+                "context_length_exceeded",
+            ),
+            "context_length",
+            "context",
+        ),
+        # Some compatible servers say it only in words, without the code.
+        (
+            400,
+            _error("prompt is too long: 9000 tokens > 8192 maximum"),
+            "context_length",
+            "context",
+        ),
+        (
+            429,
+            _error("You exceeded your current quota", "insufficient_quota", "insufficient_quota"),
+            "insufficient_quota",
+            "quota",
+        ),
+    ],
+)
+def test_permanent_failures(
+    server: FakeOpenAI, status: int, body: Any, reason: str, hint_mentions: str
+) -> None:
+    failure = failure_of(server, {"status": status, "body": body})
+    assert (failure.kind, failure.reason, failure.status) == (PERMANENT, reason, status)
+    assert failure.message == body["error"]["message"]
+    assert hint_mentions in failure.hint
+
+
+# --- (c) call_with_retries ------------------------------------------------------------------
+
+
+class FakeSleep:
+    """Records the waits instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def test_retries_until_success_and_counts_attempts(server: FakeOpenAI) -> None:
+    server.add_faults([{"status": 503}, {"status": 503}])
+    sleep, seen = FakeSleep(), []
+    result, attempts = call_with_retries(
+        chat(make_client(server)),
+        RetryPolicy(),
+        sleep=sleep,
+        on_attempt=lambda n, failure: seen.append((n, failure and failure.reason)),
+    )
+    assert (result, attempts) == ("ok", 3)
+    assert len(server.requests) == 3
+    assert len(sleep.delays) == 2
+    assert seen == [(1, "server_error"), (2, "server_error"), (3, None)]
+
+
+@pytest.mark.parametrize(("header", "expected"), [("7", 7.0), ("500", 60.0)])
+def test_retry_after_is_honoured_up_to_the_cap(
+    server: FakeOpenAI, header: str, expected: float
+) -> None:
+    server.add_faults([{"status": 429, "headers": {"Retry-After": header}}])
+    sleep = FakeSleep()
+    policy = RetryPolicy(max_retry_after=60.0, max_total_seconds=120.0)
+    result, attempts = call_with_retries(chat(make_client(server)), policy, sleep=sleep)
+    assert (result, attempts) == ("ok", 2)
+    assert sleep.delays == [expected]
+
+
+def test_gives_up_after_max_attempts(server: FakeOpenAI) -> None:
+    server.add_faults([{"status": 500, "times": 10}])
+    sleep = FakeSleep()
+    with pytest.raises(ModelCallError) as caught:
+        call_with_retries(chat(make_client(server)), RetryPolicy(max_attempts=3), sleep=sleep)
+    err = caught.value
+    assert (err.attempts, err.failure.reason, err.permanent) == (3, "server_error", False)
+    assert len(server.requests) == 3
+    assert len(sleep.delays) == 2
+    assert str(err).startswith("model call failed after 3 attempts: server_error (500): ")
+    assert isinstance(err.__cause__, openai.InternalServerError)
+
+
+def test_gives_up_before_a_wait_that_passes_the_total_time(server: FakeOpenAI) -> None:
+    server.add_faults([{"status": 429, "headers": {"Retry-After": "4"}, "times": 10}])
+    sleep = FakeSleep()
+    policy = RetryPolicy(max_attempts=10, max_total_seconds=10.0)
+    with pytest.raises(ModelCallError) as caught:
+        call_with_retries(chat(make_client(server)), policy, sleep=sleep)
+    # waits 4 and 4; a third wait would end at 12 s > 10 s, so it stops after 3 attempts
+    assert sleep.delays == [4.0, 4.0]
+    assert caught.value.attempts == 3 == len(server.requests)
+
+
+def always_timing_out() -> None:
+    raise TimeoutError("timed out")
+
+
+def test_backoff_grows_exponentially_up_to_max_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pin the jitter to the top of its window to see the window itself.
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+    sleep = FakeSleep()
+    policy = RetryPolicy(max_attempts=6, initial_wait=0.5, max_wait=3.0)
+    with pytest.raises(ModelCallError):
+        call_with_retries(always_timing_out, policy, sleep=sleep)
+    assert sleep.delays == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_backoff_is_jittered_within_its_window() -> None:
+    sleep = FakeSleep()
+    policy = RetryPolicy(max_attempts=12, initial_wait=1.0, max_wait=8.0, max_total_seconds=1e6)
+    with pytest.raises(ModelCallError) as caught:
+        call_with_retries(always_timing_out, policy, sleep=sleep)
+    assert caught.value.attempts == 12
+    windows = [min(1.0 * 2**i, 8.0) for i in range(11)]
+    assert all(0 <= d <= w for d, w in zip(sleep.delays, windows, strict=True)), sleep.delays
+    assert len(set(sleep.delays)) > 1  # random, not a fixed schedule
+
+
+def test_permanent_failure_is_not_retried(server: FakeOpenAI) -> None:
+    server.add_faults([{"status": 401, "body": _error("Incorrect API key", "invalid_api_key")}])
+    sleep, seen = FakeSleep(), []
+    with pytest.raises(ModelCallError) as caught:
+        call_with_retries(
+            chat(make_client(server)),
+            RetryPolicy(),
+            sleep=sleep,
+            on_attempt=lambda n, failure: seen.append(n),
+        )
+    assert len(server.requests) == 1
+    assert (caught.value.attempts, caught.value.permanent, sleep.delays, seen) == (1, True, [], [1])
+    assert str(caught.value) == (
+        "model call failed after 1 attempt: auth (401): Incorrect API key. "
+        + caught.value.failure.hint
+    )
+
+
+@pytest.mark.parametrize("key", [KEY, "local-deployment-secret-987654"])
+def test_the_api_key_never_appears_in_the_error(server: FakeOpenAI, key: str) -> None:
+    # A provider that echoes the whole key back, as some compatible servers do.
+    echo = _error(f"Incorrect API key provided: {key}", "invalid_api_key")
+    server.add_faults([{"status": 401, "body": echo}])
+    with pytest.raises(ModelCallError) as caught:
+        call_with_retries(chat(make_client(server, api_key=key)), RetryPolicy(), sleep=FakeSleep())
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {key}"  # it was sent
+    failure = caught.value.failure
+    for text in (str(caught.value), failure.message, failure.hint, repr(failure)):
+        assert key not in text
+    assert "[REDACTED]" in failure.message
+
+
+def test_key_shaped_strings_are_redacted_even_when_not_the_one_sent(server: FakeOpenAI) -> None:
+    other = "sk-proj-Abc123Def456Ghi789"
+    failure = failure_of(server, {"status": 401, "body": _error(f"Key {other} was revoked")})
+    assert other not in failure.message
+    assert failure.message == "Key [REDACTED] was revoked"
+
+
+def test_keyboard_interrupt_is_not_wrapped() -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        call_with_retries(interrupted, RetryPolicy(), sleep=FakeSleep())
+
+
+# --- the fake server itself -----------------------------------------------------------------
+
+
+def test_fake_turn_comes_from_the_request_and_faults_key_on_turn_and_attempt() -> None:
+    script: list[dict[str, Any]] = [
+        {
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "a.txt"}},
+                {"name": "run_command", "arguments": "{not json"},
+            ]
+        },
+        {"content": "done"},
+    ]
+    with FakeOpenAI(script, [{"turn": 1, "attempt": 1, "status": 503}]) as fake:
+        client = make_client(fake)
+        first = client.chat.completions.create(model="m", messages=MESSAGES)
+        calls = first.choices[0].message.tool_calls or []
+        assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [  # type: ignore[union-attr]
+            ("call_0_0", "read_file", '{"path": "a.txt"}'),
+            ("call_0_1", "run_command", "{not json"),
+        ]
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert first.usage is not None and first.usage.completion_tokens == 5
+
+        history: list[Any] = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True)]
+        history += [{"role": "tool", "tool_call_id": c.id, "content": "x"} for c in calls]
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="m", messages=history)
+        second = client.chat.completions.create(model="m", messages=history)
+        assert second.choices[0].message.content == "done"
+        # Replaying turn 0 (a resumed client) gets turn 0 again; past the end it is exhausted.
+        again = client.chat.completions.create(model="m", messages=MESSAGES)
+        assert again.choices[0].message.tool_calls is not None
+        beyond = history + [
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "?"},
+        ]
+        exhausted = client.chat.completions.create(model="m", messages=beyond)
+        assert exhausted.choices[0].message.content == "script exhausted"
+    assert [(r["turn"], r["attempt"]) for r in fake.requests] == [
+        (0, 1),
+        (1, 1),
+        (1, 2),
+        (0, 2),
+        (2, 1),
+    ]
+
+
+def test_fake_runs_as_a_separate_process(tmp_path: Any) -> None:
+    with spawn_fake_openai(tmp_path, [{"content": "from the child"}], [{"status": 502}]) as fake:
+        client = openai.OpenAI(base_url=fake.url, api_key=KEY, max_retries=0, timeout=5.0)
+        result, attempts = call_with_retries(chat(client), RetryPolicy(), sleep=FakeSleep())
+        assert (result, attempts) == ("from the child", 2)
+        log = fake.requests()
+    assert [(r["attempt"], (r["fault"] or {}).get("status")) for r in log] == [(1, 502), (2, None)]
+    assert fake.proc.returncode is not None  # stopped on exit
