@@ -39,6 +39,14 @@ class Outcome:
     error: str | None
 
 
+class RunReleased(Exception):
+    """The run stopped between two steps because its worker shuts down (`Runner.release`).
+
+    Not an end: nothing is finished or recorded, the worker gives the lease back and the run
+    waits, `pending`, for another worker.
+    """
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -80,13 +88,16 @@ class Runner:
     def __init__(self, *, store: Store, settings: Settings, model: ModelClient, tools: dict[str, Tool],
                  env: Mapping[str, str], redactor: Redactor, observer: Observer | None = None,
                  cancel: threading.Event | None = None, sleep: Callable[[float], None] = time.sleep,
-                 retry_policy: Any = None) -> None:
+                 retry_policy: Any = None, crash_after_commits: int | None = None) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
         self.env, self.redactor = env, redactor
         self.observer = observer or Observer()
         self.cancel = cancel or threading.Event()
         self.sleep = sleep
         self.retry_policy = retry_policy
+        self.crash_after_commits = crash_after_commits
+        # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
+        self.release = threading.Event()
         self.schemas = [tool_schema(t) for t in tools.values()]
         self.limits = guard.Limits(settings.max_steps, settings.max_tool_calls, settings.max_tokens,
                                    settings.max_seconds, settings.max_repeats)
@@ -103,11 +114,18 @@ class Runner:
                               first_messages=first)
         return run_id
 
-    def execute(self, run_id: str) -> Outcome:
-        """Take the lease and drive the run until it ends or stops; resume uses this too."""
-        owner = new_owner()
-        epoch = self.store.acquire_lease(run_id, owner, self.settings.lease_seconds)
-        journal = Journal(self.store.engine, run_id, owner, epoch, self.settings.lease_seconds)
+    def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
+        """Take the lease and drive the run until it ends or stops; resume uses this too.
+
+        `lease`: the (owner, epoch) a worker already took when it claimed the run.
+        """
+        if lease is None:
+            owner = new_owner()
+            epoch = self.store.acquire_lease(run_id, owner, self.settings.lease_seconds)
+        else:
+            owner, epoch = lease
+        journal = Journal(self.store.engine, run_id, owner, epoch, self.settings.lease_seconds,
+                          crash_after_commits=self.crash_after_commits)
         interval = max(0.2, self.settings.lease_seconds / 3)
         with Heartbeat(journal, interval, self.cancel) as beat:
             try:
@@ -145,6 +163,8 @@ class _Drive:
         return seq
 
     def check_cancel(self) -> None:
+        if self.r.release.is_set():
+            raise RunReleased(self.state.run_id)
         if self.r.cancel.is_set() or self.journal.cancel_requested():
             raise LoopExit(StopReason.CANCELLED, "cancelled by request")
 
@@ -188,6 +208,10 @@ class _Drive:
         s = self.state
         stop = guard.before_model_call(self.r.limits, steps=s.step_count,
                                        tokens=s.prompt_tokens + s.completion_tokens, active_ms=self.active_ms())
+        if stop is None:  # --max-cost: the tokens so far at the model's configured price
+            price = self.settings.prices.get(self.settings.model or "")
+            spent = price.cost(s.prompt_tokens, s.completion_tokens) if price else None
+            stop = guard.before_model_cost(self.settings.max_cost, spent)
         if stop is not None:
             reason, detail = stop
             if s.messages[-1].role == "user" and s.step_count > 0:
@@ -228,7 +252,8 @@ class _Drive:
                 self.r.retry_policy, sleep=self.r.sleep, on_attempt=on_attempt)
         except ModelCallError as exc:
             self.journal.finish_step(seq=seq, state="failed", started_at=started_at, output=None,
-                                     error=str(exc), attempts=earlier + exc.attempts, counters=self.counters())
+                                     error=str(exc), attempts=earlier + exc.attempts, counters=self.counters(),
+                                     new_messages=())  # a failed call adds nothing to the history
             raise
         turn_out: ModelTurn = result
         calls = self._call_ids(turn_out.tool_calls, turn)

@@ -23,6 +23,15 @@ def open_store(settings: Settings) -> Store:
 
 
 def build_model(settings: Settings) -> ModelClient:
+    model = _endpoint_or_script(settings)
+    if settings.tool_protocol == "text":
+        from durable_agent.models.text_protocol import TextProtocolModel
+
+        return TextProtocolModel(model)
+    return model
+
+
+def _endpoint_or_script(settings: Settings) -> ModelClient:
     name = settings.model
     if not name:
         raise ConfigError(
@@ -58,7 +67,8 @@ def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
     from durable_agent.models.retry import RetryPolicy
 
     return RetryPolicy(max_attempts=settings.retry_max_attempts, max_total_seconds=settings.retry_max_seconds,
-                       max_wait=settings.retry_max_wait_s)
+                       max_wait=settings.retry_max_wait_s, initial_wait=settings.retry_initial_wait_s,
+                       max_retry_after=settings.retry_after_cap_s)
 
 
 def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
@@ -68,6 +78,8 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
     settings.workspace = workspace
     model = build_model(settings)
+    crash = env.get("DURABLE_AGENT_CRASH_AFTER")  # crash tests and the demo: SIGKILL at commit N
     return Runner(store=store or open_store(settings), settings=settings, model=model,
                   tools=build_tools(settings.shell), env=env, redactor=Redactor.from_env(env),
-                  observer=observer, cancel=cancel, retry_policy=retry_policy(settings))
+                  observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
+                  crash_after_commits=int(crash) if crash and crash.isdigit() else None)

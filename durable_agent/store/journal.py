@@ -9,9 +9,11 @@ transaction, so a process that lost its lease commits nothing more.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -235,16 +237,45 @@ class Store:
             ))
         return epoch
 
+    # -- SQL written for people --------------------------------------------------------------
+    def query(self, statement: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """One read-only statement as a user would type it (the demo's proof, docs/queries.md):
+        its column names and rows. Not for the package's own reads: those are typed methods."""
+        from sqlalchemy import text  # local: only the demo needs raw SQL text
+
+        with self._read() as conn:
+            result = conn.execute(text(statement), params or {})
+            return list(result.keys()), [tuple(row) for row in result]
+
 
 class Journal:
     """Writes for one run under one lease. Every transaction is fenced on the epoch."""
 
-    def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float) -> None:
+    def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float,
+                 *, crash_after_commits: int | None = None) -> None:
         self.engine = engine
         self.run_id = run_id
         self.owner = owner
         self.epoch = epoch
         self.lease = timedelta(seconds=lease_seconds)
+        self.crash_after = crash_after_commits
+        self._ticks = 0
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """A write transaction, with the crash points that tests and the demo use."""
+        with self.engine.begin() as conn:
+            yield conn
+            self._crash_point()  # the effect happened, its record is not committed
+        self._crash_point()  # committed, the next effect has not started
+
+    def _crash_point(self) -> None:
+        # Set by DURABLE_AGENT_CRASH_AFTER (see wiring.py): a real SIGKILL of this process at
+        # the Nth checkpoint boundary, so crash tests can hit every window deterministically.
+        if self.crash_after is not None:
+            self._ticks += 1
+            if self._ticks >= self.crash_after:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def _fence(self, conn: Connection, now: datetime, **values: Any) -> None:
         # The first statement of every write: extends the lease and proves we still own it.
@@ -308,7 +339,7 @@ class Journal:
                    use_approval: int | None = None) -> datetime:
         """The intent row, committed before the effect."""
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now)
             conn.execute(insert(steps).values(
                 run_id=self.run_id, seq=seq, kind=kind, state="started", idempotency_key=key,
@@ -326,7 +357,7 @@ class Journal:
                                   "finished_at": None, "error": None, "lease_epoch": self.epoch}
         if input is not None:
             values["input"] = input
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now)
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
             if use_approval is not None:
@@ -335,14 +366,14 @@ class Journal:
 
     def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now)
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq)
                          .values(attempts=attempts, error=error))
 
     def set_pgid(self, seq: int, pgid: int) -> None:
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now)
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(pgid=pgid))
 
@@ -363,7 +394,7 @@ class Journal:
                                    "completion_tokens": completion_tokens}
         if attempts is not None:
             outcome["attempts"] = attempts
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now, **counters.as_values())
             if intent is not None:
                 conn.execute(insert(steps).values(
@@ -379,14 +410,14 @@ class Journal:
 
     def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now, **counters.as_values())
             conn.execute(insert(messages), [message_values(self.run_id, s, m, None, now) for s, m in new_messages])
 
     def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
                          reason: str, step_seq: int | None) -> None:
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now)
             pending = conn.execute(select(approvals.c.id).where(
                 approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
@@ -400,7 +431,7 @@ class Journal:
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self._tx() as conn:
             self._fence(conn, now, **counters.as_values())
             conn.execute(update(runs).where(runs.c.id == self.run_id).values(
                 status=status, stop_reason=stop_reason, answer=answer, error=error,
@@ -409,7 +440,7 @@ class Journal:
     def heartbeat(self) -> bool:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
         now = utcnow()
-        with self.engine.begin() as conn:
+        with self.engine.begin() as conn:  # not a crash point: it runs on its own thread's clock
             self._fence(conn, now)
             return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import glob
 import hashlib
 import os
 import re
@@ -40,7 +41,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename: a crash leaves the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix = f".{path.name}.da-"
+    # A write killed before its rename leaves its temp file; resume re-applies the write
+    # (the file still has its "before" hash), and this is where the leftover goes.
+    for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -1,0 +1,118 @@
+"""Shared fixtures: a real SQLite file per test, a real temp workspace, the real CLI.
+
+`cli(...)` runs the CLI in a subprocess (what users run; crash tests kill it);
+`cli_inproc(...)` calls `main()` in this process (faster, for output and exit codes).
+Both get an isolated environment: a fresh XDG data dir, no OPENAI_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # helper modules (fake_openai, scripts) import by name
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
+    e["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
+    e["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")
+    e["DURABLE_AGENT_DB"] = f"sqlite:///{tmp_path / 'store.db'}"
+    return e
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
+    """Write a scripted-model JSON file; returns the `--model` value for it."""
+    counter = iter(range(1_000_000))
+
+    def make(turns: list[dict[str, Any]]) -> str:
+        path = tmp_path / f"script{next(counter)}.json"
+        path.write_text(json.dumps(turns))
+        return f"scripted:{path}"
+
+    return make
+
+
+@pytest.fixture
+def cli(env: dict[str, str], workspace: Path) -> Callable[..., Result]:
+    def run(*args: str, extra_env: dict[str, str] | None = None, timeout: float = 120,
+            cwd: Path | None = None) -> Result:
+        proc = subprocess.run(
+            [sys.executable, "-m", "durable_agent", *args],
+            cwd=cwd or workspace, env={**env, **(extra_env or {})}, capture_output=True,
+            text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def cli_inproc(env: dict[str, str], workspace: Path, monkeypatch: pytest.MonkeyPatch,
+               capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    from durable_agent.cli import main
+
+    def run(*args: str) -> Result:
+        for k in list(os.environ):
+            if k.startswith(("OPENAI_", "DURABLE_AGENT_")):
+                monkeypatch.delenv(k)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.chdir(workspace)
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture
+def sql(db_path: Path) -> Iterator[Callable[..., list[Any]]]:
+    """Plain sqlite3 queries against the test's store, as a user would inspect it."""
+    import sqlite3
+
+    conns: list[sqlite3.Connection] = []
+
+    def query(statement: str, *params: Any) -> list[Any]:
+        if not conns:
+            conns.append(sqlite3.connect(db_path))
+        return conns[0].execute(statement, params).fetchall()
+
+    yield query
+    for c in conns:
+        c.close()

@@ -1,0 +1,223 @@
+"""The loop through the real CLI with scripted models: budgets, observations, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+WRITE = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello\n"}}]}
+DONE = {"content": "all done"}
+
+
+def read(path: str, **extra: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "read_file", "arguments": {"path": path, **extra}}]}
+
+
+def model_steps(sql, run_id: str) -> int:  # type: ignore[no-untyped-def]
+    return sql("SELECT COUNT(*) FROM steps WHERE run_id=? AND kind='model'", run_id)[0][0]
+
+
+def history_is_valid(sql, run_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Every assistant tool call has exactly one tool result before the next model call."""
+    rows = sql("SELECT role, tool_calls, tool_call_id FROM messages WHERE run_id=? ORDER BY seq", run_id)
+    open_ids: list[str] = []
+    for role, calls, call_id in rows:
+        if role == "assistant":
+            assert not open_ids, f"model called again with unanswered calls {open_ids}"
+            open_ids = [c["id"] for c in json.loads(calls or "[]")]
+        elif role == "tool":
+            assert call_id in open_ids, f"tool result {call_id} answers no open call"
+            open_ids.remove(call_id)
+
+
+def test_completed_run_prints_id_first_answer_on_stdout(cli_inproc, write_script, workspace, sql) -> None:
+    r = cli_inproc("start", "write a file", "--model", write_script([WRITE, DONE]), "--run-id", "r1")
+    assert r.code == 0
+    assert r.stdout.strip() == "all done"
+    assert r.stderr.splitlines()[0].startswith("run r1")
+    assert "Step 1" in r.stderr and "write_file" in r.stderr
+    assert (workspace / "out.txt").read_text() == "hello\n"
+    status, reason, steps, tools = sql("SELECT status, stop_reason, step_count, tool_call_count FROM runs")[0]
+    assert (status, reason, steps, tools) == ("completed", "finished", 2, 1)
+    history_is_valid(sql, "r1")
+
+
+def test_json_output_is_one_object(cli_inproc, write_script) -> None:
+    r = cli_inproc("start", "t", "--model", write_script([WRITE, DONE]), "--json")
+    assert r.code == 0
+    doc = json.loads(r.stdout)
+    for key in ("run_id", "status", "stop_reason", "answer", "steps", "tool_calls", "prompt_tokens",
+                "completion_tokens", "duration_ms"):
+        assert key in doc
+    assert doc["status"] == "completed" and doc["steps"] == 2 and doc["tool_calls"] == 1
+    assert doc["prompt_tokens"] > 0 and doc["completion_tokens"] > 0
+
+
+def test_max_steps_allows_exactly_that_many_model_calls_and_resume_raises_it(cli_inproc, write_script, sql) -> None:
+    script = write_script([read("a.txt"), read("b.txt"), read("c.txt"), DONE])
+    r = cli_inproc("start", "t", "--model", script, "--max-steps", "2", "--run-id", "ms")
+    assert r.code == 3
+    assert model_steps(sql, "ms") == 2
+    assert sql("SELECT status, stop_reason FROM runs")[0] == ("budget_exceeded", "max_steps")
+    history_is_valid(sql, "ms")
+    again = cli_inproc("resume", "ms")  # same budget: stops before any new call
+    assert again.code == 3 and model_steps(sql, "ms") == 2
+    raised = cli_inproc("resume", "ms", "--max-steps", "10")
+    assert raised.code == 0, raised.stderr
+    assert model_steps(sql, "ms") == 4
+    assert sql("SELECT step_count, tool_call_count FROM runs")[0] == (4, 3)
+
+
+def test_max_tool_calls_and_max_tokens(cli_inproc, write_script, sql) -> None:
+    script = write_script([read("a"), read("b"), read("c"), DONE])
+    assert cli_inproc("start", "t", "--model", script, "--max-tool-calls", "2", "--run-id", "tc").code == 3
+    assert sql("SELECT stop_reason, tool_call_count FROM runs WHERE id='tc'")[0] == ("max_tool_calls", 2)
+    assert cli_inproc("start", "t", "--model", script, "--max-tokens", "30", "--run-id", "tk").code == 3
+    reason, p, c = sql("SELECT stop_reason, prompt_tokens, completion_tokens FROM runs WHERE id='tk'")[0]
+    assert reason == "max_tokens" and p + c >= 30
+    assert model_steps(sql, "tk") < 4
+
+
+def test_repeated_action_stops_before_the_extra_call_and_is_resumable(cli_inproc, write_script, sql, workspace) -> None:
+    (workspace / "a.txt").write_text("x")
+    same = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt", "offset": 0}}]}
+    same_reordered = {"tool_calls": [{"name": "read_file", "arguments": {"offset": 0, "path": "a.txt"}}]}
+    script = write_script([same, same_reordered, same, same, DONE])
+    r = cli_inproc("start", "t", "--model", script, "--run-id", "rep", "--max-repeats", "3")
+    assert r.code == 3
+    assert sql("SELECT status, stop_reason FROM runs")[0] == ("budget_exceeded", "repeated_action")
+    assert sql("SELECT COUNT(*) FROM steps WHERE kind='tool'")[0][0] == 3
+    assert cli_inproc("resume", "rep", "--max-repeats", "4").code == 0
+    assert sql("SELECT COUNT(*) FROM steps WHERE kind='tool'")[0][0] == 4
+
+
+def test_bad_calls_are_observations_and_the_loop_goes_on(cli_inproc, write_script, sql) -> None:
+    script = write_script([
+        {"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
+        {"tool_calls": [{"name": "read_file", "arguments": "{not json"}]},
+        {"tool_calls": [{"name": "read_file", "arguments": {"offset": 3}}]},
+        read("missing.txt"),
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "../../etc/passwd"}}]},
+        DONE,
+    ])
+    r = cli_inproc("start", "t", "--model", script, "--run-id", "obs")
+    assert r.code == 0
+    results = [c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq")]
+    assert len(results) == 5
+    assert "unknown tool 'no_such_tool'" in results[0]
+    assert "not valid JSON" in results[1]
+    assert "path" in results[2] and "Field required" in results[2]
+    assert "file not found" in results[3]
+    assert "outside the workspace" in results[4]
+    assert all(c.startswith("Error:") for c in results)
+    assert sql("SELECT COUNT(*) FROM steps WHERE kind='tool' AND state='failed'")[0][0] == 5
+    history_is_valid(sql, "obs")
+
+
+def test_each_message_is_stored_once(cli_inproc, write_script, sql) -> None:
+    script = write_script([read("a"), read("b"), read("c"), DONE])
+    cli_inproc("start", "t", "--model", script, "--run-id", "once")
+    count, stored = sql("SELECT message_count, (SELECT COUNT(*) FROM messages) FROM runs")[0]
+    # system + task + 4 assistant + 3 tool results, no copies
+    assert count == stored == 9
+    assert sql("SELECT COUNT(DISTINCT seq) FROM messages")[0][0] == 9
+
+
+def test_duplicate_provider_call_ids_are_replaced(cli_inproc, write_script, sql) -> None:
+    two = {"tool_calls": [{"name": "list_files", "arguments": {}}, {"name": "list_files", "arguments": {"path": "."}}]}
+    cli_inproc("start", "t", "--model", write_script([two, two, DONE]), "--run-id", "ids")
+    ids = [r[0] for r in sql("SELECT call_id FROM steps WHERE kind='tool'")]
+    assert len(ids) == len(set(ids)) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["resume", "nope"], "no run with id 'nope'"),
+        (["show", "nope"], "no run with id 'nope'"),
+        (["start", "t"], "OPENAI_API_KEY"),
+        (["start", "t", "--model", "gpt-4.1-mini"], "OPENAI_API_KEY"),
+        (["start", "t", "--model", "scripted:/no/such/file.json"], "script file not found"),
+        (["start", "t", "--model", "demo", "--max-steps", "0"], "max_steps"),
+        (["start", "t", "--model", "demo", "--workspace", "/no/such/dir"], "workspace is not a directory"),
+        (["start", "t", "--model", "demo", "--run-id", "bad id!"], "--run-id"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(cli_inproc, args, needle) -> None:
+    r = cli_inproc(*args)
+    assert r.code == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bad_flag_exits_2(cli) -> None:
+    r = cli("start", "t", "--max-steps", "many")
+    assert r.code == 2 and "invalid int value" in r.stderr
+
+
+def test_unreadable_script_is_a_clear_error(cli_inproc, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = cli_inproc("start", "t", "--model", f"scripted:{bad}")
+    assert r.code == 2 and "not valid JSON" in r.stderr
+
+
+def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
+    assert cli_inproc("start", "t", "--model", write_script([DONE]), "--run-id", "c1").code == 0
+    r = cli_inproc("resume", "c1")
+    assert r.code == 2 and "completed; nothing to resume" in r.stderr
+
+
+def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.journal import Store
+
+    cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "L", "--max-steps", "1")
+    store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))
+    store.acquire_lease("L", f"{socket.gethostname()}:{os.getpid()}:live", 60)  # this test process is alive
+    r = cli_inproc("resume", "L", "--max-steps", "5")
+    assert r.code == 6 and "another live process" in r.stderr
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.engine.dispose()
+    from sqlalchemy import text
+
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET lease_owner=:o WHERE id='L'"),
+                     {"o": f"{socket.gethostname()}:{dead.pid}:gone"})
+    r = cli_inproc("resume", "L", "--max-steps", "5")
+    assert r.code == 0, r.stderr
+    epochs = sorted({e for (e,) in sql("SELECT lease_epoch FROM steps WHERE run_id='L'")})
+    assert len(epochs) == 2  # first session's steps, then the takeover's
+
+
+def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> None:
+    r = cli("start", "t", "--model", write_script([DONE]), "--detach")
+    run_id = r.stdout.strip()
+    assert cli("cancel", run_id).code == 0
+    assert sql("SELECT status FROM runs WHERE id=?", run_id)[0][0] == "cancelled"
+
+    slow = write_script([{"delay_s": 0.3, **read("a")}] * 200)
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", slow,
+                             "--run-id", "live", "--max-repeats", "1000", "--quiet"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = sql("SELECT step_count FROM runs WHERE id='live'") if Path(env["DURABLE_AGENT_DB"][10:]).exists() else []
+        if rows and rows[0][0] >= 1:
+            break
+        time.sleep(0.05)
+    assert cli("cancel", "live").stdout.startswith("cancellation requested")
+    assert proc.wait(timeout=30) == 4
+    status, reason, steps = sql("SELECT status, stop_reason, step_count FROM runs WHERE id='live'")[0]
+    assert (status, reason) == ("cancelled", "cancelled") and steps < 200
+    history_is_valid(sql, "live")
