@@ -1,0 +1,123 @@
+"""File tools: confinement, atomic idempotent writes, caps, binary files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from durable_agent.tools import build_tools
+from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, tool_schema
+from durable_agent.tools.files import EditFile, WriteFile, file_sha
+
+
+def call(ws: Path, name: str, cap: int = 20_000, **args: object) -> ToolResult:
+    tool = build_tools("deny")[name]
+    ctx = ToolContext(workspace=ws, run_id="r", call_id="c", output_cap=cap)
+    try:
+        return tool.run(tool.args_model.model_validate(args), ctx)
+    except ToolFailure as exc:
+        return ToolResult(error=str(exc))
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../x", "link/secret.txt", "link2"])
+def test_paths_that_escape_are_refused(workspace: Path, tmp_path: Path, path: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s3cret")
+    (workspace / "sub").mkdir()
+    (workspace / "link").symlink_to(outside)
+    (workspace / "link2").symlink_to(outside / "secret.txt")
+    for name, extra in (("read_file", {}), ("write_file", {"content": "x"}), ("list_files", {})):
+        result = call(workspace, name, path=path, **extra)
+        assert result.error and "outside the workspace" in result.error, (name, result)
+    assert (outside / "secret.txt").read_text() == "s3cret"
+
+
+def test_symlink_inside_the_workspace_is_fine(workspace: Path) -> None:
+    (workspace / "real.txt").write_text("ok\n")
+    (workspace / "alias.txt").symlink_to(workspace / "real.txt")
+    assert call(workspace, "read_file", path="alias.txt").output.startswith("ok")
+
+
+def test_writes_refuse_git_internals_and_directories(workspace: Path) -> None:
+    (workspace / ".git").mkdir()
+    assert ".git" in (call(workspace, "write_file", path=".git/config", content="x").error or "")
+    assert "directory" in (call(workspace, "write_file", path=".", content="x").error or "")
+
+
+def test_write_is_atomic_keeps_mode_and_leaves_no_temp_files(workspace: Path) -> None:
+    target = workspace / "bin" / "run.sh"
+    assert call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\n").error is None
+    os.chmod(target, 0o755)
+    (target.parent / ".run.sh.da-leftover.tmp").write_text("from a killed write")
+    assert call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\necho hi\n").error is None
+    assert target.read_text() == "#!/bin/sh\necho hi\n"
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in target.parent.iterdir()) == ["run.sh"]
+
+
+def test_write_plan_records_before_and_after_hashes(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("old")
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    tool = WriteFile()
+    args = tool.args_model.model_validate({"path": "a.txt", "content": "new"})
+    plan = tool.plan(args, ctx)
+    assert plan.before_sha == file_sha(workspace / "a.txt")
+    tool.run(args, ctx)
+    assert tool.current_sha(plan, ctx) == plan.after_sha == file_sha(workspace / "a.txt")
+    fresh = tool.plan(tool.args_model.model_validate({"path": "b.txt", "content": "x"}), ctx)
+    assert fresh.before_sha is None
+
+
+def test_edit_must_match_exactly_once(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\ny = 1\n")
+    assert "found 2 times" in (call(workspace, "edit_file", path="a.py", old_string="= 1", new_string="= 2").error or "")
+    assert "not found" in (call(workspace, "edit_file", path="a.py", old_string="z", new_string="q").error or "")
+    ok = call(workspace, "edit_file", path="a.py", old_string="y = 1", new_string="y = 2")
+    assert ok.error is None and (workspace / "a.py").read_text() == "x = 1\ny = 2\n"
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    edit = EditFile()
+    plan = edit.plan(edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 3"}), ctx)
+    assert plan.before_sha == file_sha(workspace / "a.py") != plan.after_sha
+
+
+def test_read_output_is_capped_with_a_visible_marker(workspace: Path) -> None:
+    (workspace / "big.txt").write_text("".join(f"line {i}\n" for i in range(10_000)))
+    out = call(workspace, "read_file", cap=1000, path="big.txt").output
+    assert len(out) < 1200
+    assert "[... truncated" in out and "line 0" in out and "line 9999" in out
+    ranged = call(workspace, "read_file", path="big.txt", offset=10, limit=2).output
+    assert ranged.startswith("line 10\nline 11\n") and "[lines 10-12 of 10000]" in ranged
+
+
+def test_binary_files_are_described_not_dumped(workspace: Path) -> None:
+    (workspace / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 10)
+    result = call(workspace, "read_file", path="img.png")
+    assert result.error and "PNG image" in result.error and "2568 bytes" in result.error
+    (workspace / "t.txt").write_text("needle here\n")
+    found = call(workspace, "search_text", pattern="needle|PNG").output
+    assert found == "t.txt:1: needle here"
+
+
+def test_list_and_search(workspace: Path) -> None:
+    (workspace / "src" / "pkg").mkdir(parents=True)
+    (workspace / "src" / "pkg" / "m.py").write_text("def add(a, b):\n    return a - b\n")
+    (workspace / "README.md").write_text("def add in docs\n")
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "HEAD").write_text("def add")
+    listing = call(workspace, "list_files", path=".", max_depth=3).output.splitlines()
+    assert "src/" in listing and "src/pkg/m.py" in listing and not any(".git" in x for x in listing)
+    assert call(workspace, "list_files", path=".", max_depth=1).output.splitlines() == ["README.md", "src/"]
+    assert call(workspace, "search_text", pattern=r"def add", glob="*.py").output == "src/pkg/m.py:1: def add(a, b):"
+    assert "invalid regular expression" in (call(workspace, "search_text", pattern="(").error or "")
+
+
+def test_schemas_come_from_the_argument_models() -> None:
+    tools = build_tools("allow")
+    assert set(tools) == {"list_files", "read_file", "search_text", "write_file", "edit_file", "run_command"}
+    assert "run_command" not in build_tools("deny")
+    schema = tool_schema(tools["edit_file"])["function"]
+    assert schema["name"] == "edit_file"
+    assert set(schema["parameters"]["required"]) == {"path", "old_string", "new_string"}
