@@ -18,12 +18,30 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, insert, select, update
+from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select, update
 
 from durable_agent.errors import LeaseLost, RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message, ToolCall
 from durable_agent.status import RunStatus
 from durable_agent.store.schema import approvals, messages, runs, steps
+
+
+# Hot-path statements, built once: constructing a Core statement per checkpoint costs more
+# CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
+# with the column names that the SET clause takes from the parameters.
+_COUNTERS = ("step_count", "tool_call_count", "prompt_tokens", "completion_tokens", "message_count", "active_ms")
+_FENCE_WHERE = (runs.c.id == bindparam("b_id"), runs.c.lease_owner == bindparam("b_owner"),
+                runs.c.lease_epoch == bindparam("b_epoch"))
+_FENCE = (update(runs).where(*_FENCE_WHERE)
+          .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
+          .returning(runs.c.cancel_requested))
+_FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
+                   .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
+                           **{c: bindparam(f"b_{c}") for c in _COUNTERS})
+                   .returning(runs.c.cancel_requested))
+_UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
+_INSERT_STEP = insert(steps)
+_INSERT_MESSAGES = insert(messages)
 
 
 def utcnow() -> datetime:
@@ -260,14 +278,29 @@ class Journal:
         self.lease = timedelta(seconds=lease_seconds)
         self.crash_after = crash_after_commits
         self._ticks = 0
+        self._deferred: list[tuple[Any, Any]] = []  # writes that ride along with the next commit
+        self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
+
+    @property
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """A write transaction, with the crash points that tests and the demo use."""
         with self.engine.begin() as conn:
             yield conn
+            for statement, params in self._deferred:
+                conn.execute(statement, params)
             self._crash_point()  # the effect happened, its record is not committed
+        self._deferred.clear()
         self._crash_point()  # committed, the next effect has not started
+
+    def flush(self) -> None:
+        """Commit deferred writes now (the loop is about to wait or stop)."""
+        if self._deferred:
+            with self._tx() as conn:
+                self._fence(conn, utcnow())
 
     def _crash_point(self) -> None:
         # Set by DURABLE_AGENT_CRASH_AFTER (see wiring.py): a real SIGKILL of this process at
@@ -282,14 +315,21 @@ class Journal:
         # On SQLite the transaction already holds the write lock (BEGIN IMMEDIATE); on
         # PostgreSQL the UPDATE locks the run row until commit. Either way no other owner
         # can slip in between this check and our commit.
-        res = conn.execute(
-            update(runs)
-            .where(runs.c.id == self.run_id, runs.c.lease_owner == self.owner,
-                   runs.c.lease_epoch == self.epoch)
-            .values(updated_at=now, lease_expires_at=now + self.lease, **values)
-        )
-        if res.rowcount != 1:
+        params: dict[str, Any] = {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch,
+                                  "b_now": now, "b_expires": now + self.lease}
+        if not values:
+            statement = _FENCE
+        elif values.keys() == set(_COUNTERS):
+            statement = _FENCE_COUNTERS
+            params.update({f"b_{k}": v for k, v in values.items()})
+        else:
+            statement = update(runs).where(*_FENCE_WHERE).values(
+                updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"), **values
+            ).returning(runs.c.cancel_requested)
+        row = conn.execute(statement, params).first()
+        if row is None:
             raise LeaseLost(self.run_id)
+        self.cancel_seen = bool(row[0])
 
     # -- reads for replay -------------------------------------------------------------------
     def load(self) -> Loaded:
@@ -341,10 +381,10 @@ class Journal:
         now = utcnow()
         with self._tx() as conn:
             self._fence(conn, now)
-            conn.execute(insert(steps).values(
-                run_id=self.run_id, seq=seq, kind=kind, state="started", idempotency_key=key,
-                call_id=call_id, tool_name=tool_name, input=input, attempts=attempts,
-                started_at=now, turn=turn, effect=effect, lease_epoch=self.epoch))
+            conn.execute(_INSERT_STEP, {
+                "run_id": self.run_id, "seq": seq, "kind": kind, "state": "started", "idempotency_key": key,
+                "call_id": call_id, "tool_name": tool_name, "input": input, "attempts": attempts,
+                "started_at": now, "turn": turn, "effect": effect, "lease_epoch": self.epoch})
             if use_approval is not None:
                 conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
         return now
@@ -378,35 +418,43 @@ class Journal:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(pgid=pgid))
 
     def finish_step(self, *, seq: int, state: str, started_at: datetime, output: Any, error: str | None,
-                    counters: Counters, new_messages: Iterable[tuple[int, Message]],
+                    counters: Counters, new_messages: Iterable[tuple[int, Message]] = (),
                     attempts: int | None = None, prompt_tokens: int | None = None,
                     completion_tokens: int | None = None, intent: dict[str, Any] | None = None,
-                    use_approval: int | None = None) -> None:
+                    use_approval: int | None = None, defer: bool = False) -> None:
         """The outcome and the messages it produces, in one transaction.
 
         With `intent` the step row is inserted here already finished: for read-only tools,
-        whose intent row would protect nothing (resume simply runs them again).
+        whose intent row would protect nothing (resume simply runs them again). With
+        `defer` the write waits for the next commit (the next step's intent): a crash
+        before then loses only a read, which resume runs again.
         """
         now = utcnow()
         duration = int((now - started_at).total_seconds() * 1000)
         outcome: dict[str, Any] = {"state": state, "output": output, "error": error, "finished_at": now,
                                    "duration_ms": duration, "prompt_tokens": prompt_tokens,
                                    "completion_tokens": completion_tokens}
-        if attempts is not None:
-            outcome["attempts"] = attempts
+        writes: list[tuple[Any, Any]] = []
+        if intent is not None:
+            writes.append((_INSERT_STEP, {"run_id": self.run_id, "seq": seq, "started_at": started_at,
+                                          "lease_epoch": self.epoch, "attempts": attempts or 1,
+                                          **intent, **outcome}))
+        else:
+            if attempts is not None:
+                outcome["attempts"] = attempts
+            writes.append((_UPDATE_STEP, {"b_run": self.run_id, "b_seq": seq, **outcome}))
+        rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
+        if rows:
+            writes.append((_INSERT_MESSAGES, rows))
+        if use_approval is not None:
+            writes.append((update(approvals).where(approvals.c.id == use_approval), {"used_at": now}))
+        if defer:
+            self._deferred.extend(writes)
+            return
         with self._tx() as conn:
             self._fence(conn, now, **counters.as_values())
-            if intent is not None:
-                conn.execute(insert(steps).values(
-                    run_id=self.run_id, seq=seq, started_at=started_at, lease_epoch=self.epoch,
-                    attempts=attempts or 1, **intent, **{k: v for k, v in outcome.items() if k != "attempts"}))
-            else:
-                conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**outcome))
-            rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
-            if rows:
-                conn.execute(insert(messages), rows)
-            if use_approval is not None:
-                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+            for statement, params in writes:
+                conn.execute(statement, params)
 
     def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
         now = utcnow()

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Benchmark: the harness against the physical floor (SPEC §8).
+
+Everything is measured side by side in one process run, because these machines are noisy:
+ratios against baselines from the same run mean more than absolute times.
+
+    floor A   the same loop (scripted model, read tool, messages) with no persistence
+    floor B   raw sqlite3, WAL + the same synchronous setting, the same number of commits
+              per step as durable-agent made, one small row each
+    agent     durable-agent's real loop through its real store
+
+Usage: scripts/bench.py [--steps 50,200,1000] [--repeat 3] [--json FILE] [--durability full|fast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+from durable_agent.messages import Message
+from durable_agent.models.scripted import ScriptedModel
+from durable_agent.redact import Redactor
+from durable_agent.runner import Runner
+from durable_agent.settings import Settings
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.journal import Store
+from durable_agent.tools import build_tools
+from durable_agent.tools.base import ToolContext
+
+PAYLOAD = "".join(f"line {i:04d} of the benchmark payload, padded to about sixty bytes..\n" for i in range(16))[:1024]
+
+
+def script(n: int) -> list[dict[str, Any]]:
+    """n model steps: n-1 turns that read the 1 KB file, then the final answer.
+
+    The read alternates between two offsets so the repeated-action guard stays quiet.
+    """
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "payload.txt", "offset": i % 2}}]}
+        for i in range(n - 1)
+    ]
+    turns.append({"content": "done"})
+    return turns
+
+
+def make_workspace(root: Path) -> Path:
+    ws = root / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    (ws / "payload.txt").write_text(PAYLOAD)
+    return ws
+
+
+# -- floor A: the loop without persistence ----------------------------------------------------
+def floor_a(n: int, ws: Path) -> float:
+    model = ScriptedModel(script(n), "bench")
+    tools = build_tools("deny")
+    read = tools["read_file"]
+    messages = [Message("system", "s"), Message("user", "t")]
+    start = time.perf_counter()
+    for turn in range(n):
+        out = model.complete(messages, [], turn)
+        messages.append(Message("assistant", out.content, tool_calls=out.tool_calls))
+        for call in out.tool_calls:
+            args = read.args_model.model_validate(call.parsed_arguments())
+            result = read.run(args, ToolContext(workspace=ws, run_id="a", call_id=call.id))
+            messages.append(Message("tool", result.for_model(), tool_call_id=call.id))
+    return time.perf_counter() - start
+
+
+# -- floor B: raw sqlite3 commits -------------------------------------------------------------
+def floor_b(commits: int, root: Path, synchronous: str) -> float:
+    path = root / "floor_b.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, run TEXT, seq INTEGER, body TEXT)")
+    start = time.perf_counter()
+    for i in range(commits):
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t (run, seq, body) VALUES (?, ?, ?)", ("r", i, "x" * 64))
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    db.close()
+    return elapsed
+
+
+# -- durable-agent ------------------------------------------------------------------------------
+def agent_runner(db_url: str, ws: Path, n: int, max_steps: int, durability: str) -> tuple[Runner, dict[str, int]]:
+    settings = Settings(workspace=ws, model="bench", db=db_url, max_steps=max_steps, max_repeats=n + 1,
+                        shell="deny", durability=durability)
+    engine = open_store_engine(db_url, durability=durability)
+    counts = {"commits": 0}
+
+    @event.listens_for(engine, "commit")
+    def _count(_conn: Any) -> None:
+        if threading.current_thread() is threading.main_thread():  # not the lease heartbeat
+            counts["commits"] += 1
+
+    runner = Runner(store=Store(engine), settings=settings, model=ScriptedModel(script(n), "bench"),
+                    tools=build_tools("deny"), env={}, redactor=Redactor.from_env({}))
+    return runner, counts
+
+
+def agent_run(n: int, root: Path, durability: str) -> dict[str, Any]:
+    db_path = root / f"agent-{n}.db"
+    url = f"sqlite:///{db_path}"
+    ws = make_workspace(root)
+    runner, counts = agent_runner(url, ws, n, n, durability)
+    run_id = runner.create("bench")
+    counts["commits"] = 0
+    tracemalloc.start()
+    start = time.perf_counter()
+    outcome = runner.execute(run_id)
+    elapsed = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert outcome.status == "completed", outcome
+    commits = counts["commits"]
+    runner.store.engine.dispose()
+    return {"seconds": elapsed, "commits": commits, "peak_mb": peak / 1e6, "db": db_path, "url": url}
+
+
+def bytes_per_step(db_path: Path, n: int) -> float:
+    db = sqlite3.connect(db_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("VACUUM")
+    db.close()
+    return os.path.getsize(db_path) / n
+
+
+def resume_time(n: int, root: Path, durability: str) -> float:
+    """A run of n steps stopped at its last step; time to open, rebuild and run one new step."""
+    url = f"sqlite:///{root / f'resume-{n}.db'}"
+    ws = make_workspace(root)
+    runner, _ = agent_runner(url, ws, n + 2, n, durability)
+    run_id = runner.create("bench")
+    assert runner.execute(run_id).status == "budget_exceeded"
+    runner.store.engine.dispose()
+    start = time.perf_counter()
+    again, _ = agent_runner(url, ws, n + 2, n + 1, durability)
+    outcome = again.execute(run_id)
+    elapsed = time.perf_counter() - start
+    assert outcome.status == "budget_exceeded" and again.store.get_run(run_id).step_count == n + 1
+    again.store.engine.dispose()
+    return elapsed
+
+
+def cold_start(args: list[str], cwd: Path, env: dict[str, str], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", default="50,200,1000", help="comma-separated run lengths")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument("--durability", choices=["full", "fast"], default="full")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    opts = parser.parse_args()
+    sizes = [int(s) for s in opts.steps.split(",")]
+    synchronous = "FULL" if opts.durability == "full" else "NORMAL"
+    results: dict[str, Any] = {"durability": opts.durability, "python": sys.version.split()[0], "sizes": []}
+    root = Path(tempfile.mkdtemp(prefix="da-bench-"))
+    try:
+        for n in sizes:
+            rows = []
+            for rep in range(opts.repeat):
+                base = root / f"n{n}-{rep}"
+                base.mkdir()
+                ws = make_workspace(base)
+                a = floor_a(n, ws)
+                agent = agent_run(n, base, opts.durability)
+                b = floor_b(agent["commits"], base, synchronous)
+                rows.append({"a": a, "b": b, **agent})
+            med = {k: statistics.median(r[k] for r in rows) for k in ("a", "b", "seconds", "commits", "peak_mb")}
+            overhead = (med["seconds"] - med["a"]) / n * 1000
+            floor_b_ms = med["b"] / n * 1000
+            res = {
+                "steps": n,
+                "wall_s": round(med["seconds"], 4),
+                "floor_a_s": round(med["a"], 4),
+                "floor_b_s": round(med["b"], 4),
+                "overhead_ms_per_step": round(overhead, 3),
+                "floor_b_ms_per_step": round(floor_b_ms, 3),
+                "overhead_vs_floor_b": round(overhead / floor_b_ms, 2) if floor_b_ms else None,
+                "commits_per_step": round(med["commits"] / n, 2),
+                "bytes_per_step": round(bytes_per_step(rows[-1]["db"], n)),
+                "resume_ms": round(statistics.median(resume_time(n, root / f"r{n}-{i}", opts.durability)
+                                                     for i in range(opts.repeat)) * 1000, 1),
+                "peak_mb": round(med["peak_mb"], 2),
+            }
+            results["sizes"].append(res)
+            print(f"measured N={n}", file=sys.stderr)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
+        env["DURABLE_AGENT_DB"] = f"sqlite:///{root / 'cold.db'}"
+        ws = make_workspace(root / "cold")
+        one = root / "one.json"
+        one.write_text(json.dumps([{"content": "done"}]))
+        subprocess.run([sys.executable, "-m", "durable_agent", "db", "upgrade"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        results["cold_help_ms"] = round(cold_start(["--help"], ws, env, max(5, opts.repeat)) * 1000, 1)
+        results["cold_start_1_step_ms"] = round(
+            cold_start(["start", "t", "--model", f"scripted:{one}", "--quiet"], ws, env, max(5, opts.repeat)) * 1000, 1)
+        bare = []
+        for _ in range(max(5, opts.repeat)):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            bare.append(time.perf_counter() - t)
+        results["bare_python_ms"] = round(statistics.median(bare) * 1000, 1)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print_table(results)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def print_table(r: dict[str, Any]) -> None:
+    head = (f"{'N':>5} {'wall s':>8} {'floorA s':>9} {'floorB s':>9} {'ovh ms/step':>12} {'floorB ms/step':>15} "
+            f"{'ovh/floorB':>10} {'commits/step':>13} {'bytes/step':>11} {'resume ms':>10} {'peak MB':>8}")
+    print(f"durability={r['durability']}  python {r['python']}")
+    print(head)
+    for s in r["sizes"]:
+        print(f"{s['steps']:>5} {s['wall_s']:>8} {s['floor_a_s']:>9} {s['floor_b_s']:>9} "
+              f"{s['overhead_ms_per_step']:>12} {s['floor_b_ms_per_step']:>15} {s['overhead_vs_floor_b']:>10} "
+              f"{s['commits_per_step']:>13} {s['bytes_per_step']:>11} {s['resume_ms']:>10} {s['peak_mb']:>8}")
+    print(f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
+          f"· bare python {r['bare_python_ms']} ms")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
