@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Write config/default.toml from the Settings model, so the documented defaults cannot drift.
+
+Usage: scripts/gen_default_config.py [--check]   (--check: exit 1 if the file is out of date)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from durable_agent.settings import Settings
+
+TARGET = Path(__file__).resolve().parent.parent / "config" / "default.toml"
+SKIP = {"workspace", "api_key"}  # per run (a flag) and a secret (the environment)
+EXAMPLES = {
+    "model": '"gpt-4.1-mini"', "base_url": '"http://localhost:11434/v1"',
+    "db": '"sqlite:////path/to/durable-agent.db"', "max_tool_calls": "200", "max_tokens": "2000000",
+    "max_seconds": "3600", "verify": '"python -m pytest -q"', "temperature": "0.2", "max_cost": "5.0",
+    "max_running_runs": "8",
+}
+
+
+def render() -> str:
+    out = [
+        "# durable-agent settings: every setting, its default and what it does.",
+        "# Generated from durable_agent/settings.py by scripts/gen_default_config.py.",
+        "# Copy to ~/.config/durable-agent/config.toml, or point DURABLE_AGENT_CONFIG at a file.",
+        "# Precedence: defaults < config file < environment < command-line flags.",
+        "# Settings that are unset by default are shown commented out.",
+        "",
+    ]
+    tables: list[str] = []
+    for name, field in Settings.model_fields.items():
+        if name in SKIP:
+            continue
+        doc = [f"# {line}".rstrip() for line in (field.description or "").splitlines()]
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, dict):  # TOML tables must follow the plain keys
+            tables += [*doc, f'# [{name}."gpt-4.1-mini"]', "# input_per_mtok = 0.40",
+                       "# output_per_mtok = 1.60", ""]
+            continue
+        out += doc
+        out.append(f"# {name} = {EXAMPLES.get(name, '...')}" if default is None
+                   else f"{name} = {json.dumps(default)}")
+        out.append("")
+    return "\n".join(out + tables).rstrip() + "\n"
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        if TARGET.read_text() != text:
+            print(f"{TARGET} is out of date: run scripts/gen_default_config.py", file=sys.stderr)
+            return 1
+        return 0
+    TARGET.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+"""Settings layers and the documented defaults."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from durable_agent.errors import ConfigError
+from durable_agent.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_toml_is_current_and_loads() -> None:
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_default_config.py"), "--check"])
+    assert check.returncode == 0
+    data = tomllib.loads((ROOT / "config" / "default.toml").read_text())
+    assert Settings(**data).model_dump(exclude={"workspace"}) == Settings().model_dump(exclude={"workspace"})
+
+
+def test_layers_defaults_config_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('max_steps = 7\nmodel = "from-config"\nmax_repeats = 9\n')
+    env = {"DURABLE_AGENT_CONFIG": str(cfg), "DURABLE_AGENT_MODEL": "from-env", "HOME": str(tmp_path)}
+    s = load_settings({"max_repeats": 2}, env)
+    assert (s.max_steps, s.model, s.max_repeats) == (7, "from-env", 2)
+    assert s.db and s.db.endswith("durable-agent/durable-agent.db")
+
+
+def test_api_key_is_never_in_the_recorded_settings() -> None:
+    s = load_settings({}, {"OPENAI_API_KEY": "sk-secret-value-123", "HOME": "/tmp"})
+    assert s.api_key is not None and "sk-secret" not in repr(s)
+    assert "sk-secret" not in str(s.redacted_dict())
+
+
+@pytest.mark.parametrize(("content", "needle"), [("max_steps = 'x'", "max_steps"), ("nonsense = 1", "nonsense"),
+                                                 ("not toml", "cannot read config")])
+def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(content)
+    with pytest.raises(ConfigError, match=needle):
+        load_settings({}, {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)})
