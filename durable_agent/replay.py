@@ -85,5 +85,8 @@ def rebuild(run: Any, messages: list[Message], open_steps: list[Any], next_seq: 
             f"run {run.id}: {assistant_turns} model answers are recorded but step_count is "
             f"{run.step_count}; the database was changed by hand, refusing to guess"
         )
+    # Derived from the history, not trusted from the counter: the two always commit together,
+    # and the history is what the model saw.
+    state.tool_call_count = len(answered)
     state.open_steps = {s.idempotency_key: s for s in open_steps}
     return state

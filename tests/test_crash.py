@@ -63,6 +63,11 @@ def check_ledger(sql, run_id: str, turns: int) -> None:  # type: ignore[no-untyp
                    "GROUP BY turn ORDER BY turn", run_id)
     assert per_turn == [(t, 1) for t in range(turns)], "each model turn completed exactly once"
     assert sql("SELECT COUNT(*) FROM steps WHERE run_id=? AND state != 'completed'", run_id) == [(0,)]
+    # The run's totals agree with its history.
+    assert sql("SELECT step_count, tool_call_count, message_count FROM runs WHERE id=?", run_id) == [(
+        turns,
+        sql("SELECT COUNT(*) FROM messages WHERE run_id=? AND role='tool'", run_id)[0][0],
+        sql("SELECT COUNT(*) FROM messages WHERE run_id=?", run_id)[0][0])]
     # One tool message per call, no call answered twice.
     assert sql("SELECT tool_call_id, COUNT(*) FROM messages WHERE run_id=? AND role='tool' "
                "GROUP BY 1 HAVING COUNT(*) > 1", run_id) == []

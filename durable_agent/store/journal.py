@@ -279,6 +279,7 @@ class Journal:
         self.crash_after = crash_after_commits
         self._ticks = 0
         self._deferred: list[tuple[Any, Any]] = []  # writes that ride along with the next commit
+        self._deferred_counters: Counters | None = None  # the run totals that go with them
         self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
 
     @property
@@ -294,6 +295,7 @@ class Journal:
                 conn.execute(statement, params)
             self._crash_point()  # the effect happened, its record is not committed
         self._deferred.clear()
+        self._deferred_counters = None
         self._crash_point()  # committed, the next effect has not started
 
     def flush(self) -> None:
@@ -317,6 +319,8 @@ class Journal:
         # can slip in between this check and our commit.
         params: dict[str, Any] = {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch,
                                   "b_now": now, "b_expires": now + self.lease}
+        if not values and self._deferred_counters is not None:
+            values = self._deferred_counters.as_values()  # deferred rows commit with their totals
         if not values:
             statement = _FENCE
         elif values.keys() == set(_COUNTERS):
@@ -450,6 +454,7 @@ class Journal:
             writes.append((update(approvals).where(approvals.c.id == use_approval), {"used_at": now}))
         if defer:
             self._deferred.extend(writes)
+            self._deferred_counters = counters
             return
         with self._tx() as conn:
             self._fence(conn, now, **counters.as_values())
