@@ -42,6 +42,8 @@ def _add_budgets(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-seconds", type=float, metavar="S", help="active seconds allowed, over all resumes")
     g.add_argument("--max-repeats", type=int, metavar="N",
                    help="the same tool call allowed N times in a row (default 3)")
+    g.add_argument("--max-cost", type=float, metavar="AMOUNT",
+                   help="spend allowed, at the model's price from the config file's `prices`")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -53,6 +55,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME",
                    help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`")
     p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
+    p.add_argument("--tool-protocol", choices=["native", "text"],
+                   help="native function calling (default), or TOOL_CALL lines for models without it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,13 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shell", choices=["allow", "ask", "deny"], help="change the run_command policy")
     _add_output(p)
 
-    p = sub.add_parser("list", help="runs, newest first")
+    p = sub.add_parser("list", help="runs, newest first",
+                       description="Runs, newest first: id, status, model steps, tokens, age, task.")
     _add_db(p)
-    p.add_argument("--status", help="only runs with this status")
+    p.add_argument("--status", help="only runs with this status (pending, running, completed, failed, "
+                                    "budget_exceeded, cancelled, blocked)")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
 
-    p = sub.add_parser("show", help="one run: header and step timeline")
+    p = sub.add_parser("show", help="one run: header and step timeline",
+                       description="One run: its header, then every step with its state, duration, tokens, "
+                                   "attempts and error, then its approvals. RUN_ID may be a unique prefix.")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
     p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
@@ -107,12 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", metavar="NAME", help="who decides (default: the current user)")
     _add_db(p)
 
-    p = sub.add_parser("export", help="the run as a JSONL transcript on stdout")
+    p = sub.add_parser("export", help="the run as a JSONL transcript on stdout",
+                       description="The run as JSON lines, one event each, in order: run_started, "
+                                   "model_completed, tool_started, tool_completed, approval_requested, "
+                                   "run_resumed, run_finished (docs/schema.md describes them).")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
 
-    p = sub.add_parser("demo", help="offline: run a bundled task, crash it on purpose, resume it")
-    _add_db(p)
+    p = sub.add_parser("demo", help="offline: run a bundled task, crash it on purpose, resume it",
+                       description="Offline, no API key: copies a tiny buggy project to a temporary folder, "
+                                   "runs the bundled scripted task in a child process that is killed with "
+                                   "SIGKILL mid-run, resumes it in another, and shows from the database that "
+                                   "nothing ran twice. Uses a temporary SQLite database unless --db is given.")
+    p.add_argument("--db", metavar="URL", help="record the demo run in this store (default: a temporary SQLite file)")
     p.add_argument("--keep", action="store_true", help="keep the demo workspace and print where it is")
 
     p = sub.add_parser("db", help="the database: upgrade, current revision, path")
@@ -124,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="runs executed at once (default 1)")
     p.add_argument("--lease-seconds", type=float, default=30.0, metavar="S", help="lease length (default 30)")
     p.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between claims when idle")
+    p.add_argument("--max-running", type=int, metavar="N", dest="max_running_runs",
+                   help="global limit: claim nothing while N runs hold live leases (all workers)")
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
     return parser

@@ -34,21 +34,24 @@ def _open(args: Namespace, env: dict[str, str]) -> Any:
 
 
 class _Interrupts:
-    """First Ctrl-C: stop at the next step boundary (a running command is killed).
-    Second Ctrl-C: stop now."""
+    """First Ctrl-C (or SIGTERM): stop at the next step boundary (a running command is
+    killed), status `cancelled`, resumable. Second one: stop now."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, cancel: threading.Event, quiet: bool) -> None:
         self.cancel, self.quiet = cancel, quiet
-        self.previous: Any = None
+        self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Interrupts:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, _sig: int, _frame: Any) -> None:
         if self.cancel.is_set():
@@ -59,8 +62,13 @@ class _Interrupts:
 
 
 def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event) -> int:
-    with _Interrupts(cancel, args.quiet or args.json):
-        outcome = runner.execute(run_id)
+    try:
+        with _Interrupts(cancel, args.quiet or args.json):
+            outcome = runner.execute(run_id)
+    finally:
+        close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
+        if close is not None:
+            close()
     run = runner.store.get_run(run_id)
     if args.json:
         print(json.dumps(render.result_json(run)))
@@ -81,7 +89,8 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-'")
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
-    names = ("workspace", "model", "base_url", "db", *BUDGET_FIELDS, "shell", "verify", "durability")
+    names = ("workspace", "model", "base_url", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
+             "durability")
     settings = load_settings(_flags(args, names), env)
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
@@ -108,7 +117,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = dict(run.settings or {})
     recorded.pop("db", None)
-    flags = _flags(args, ("db", "model", "base_url", "shell", *BUDGET_FIELDS))
+    flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS))
     settings = load_settings(flags, env, base=recorded)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
                if k in recorded and k != "db" and recorded.get(k) != v]
@@ -132,9 +141,10 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("--limit must be at least 1")
     runs = store.list_runs(status=args.status, limit=args.limit)
     if args.json:
-        print(json.dumps([render.run_json(r) for r in runs], indent=2))
+        # The recorded settings are long and the same for most runs: `show --json` has them.
+        print(json.dumps([render.run_json(r, settings=False) for r in runs], indent=2))
     else:
-        render.run_table(runs, sys.stdout)
+        render.run_table(runs, sys.stdout, status=args.status)
     return 0
 
 
@@ -143,10 +153,7 @@ def cmd_show(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     run, steps, approvals = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
     if args.json:
-        doc = render.run_json(run)
-        doc["steps"] = [render.step_json(s) for s in steps]
-        doc["approvals"] = [render.row_json(a) for a in approvals]
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(render.show_json(run, steps, approvals), indent=2))
     else:
         render.show(run, steps, approvals, sys.stdout)
     return 0
@@ -168,6 +175,13 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     pending = store.pending_approval(run_id)
     if pending is None:
+        # A second `approve` before the resume: say what was decided instead of a bare "no".
+        unused = [a for a in store.approvals(run_id) if a.decision is not None and a.used_at is None]
+        if unused:
+            last = unused[-1]
+            what = f"`{last.command}`" if last.command else last.tool_name
+            raise UsageError(f"run {run_id}: {what} (call {last.call_id}) is already {last.decision}; "
+                             f"continue with: durable-agent resume {run_id}")
         raise UsageError(f"run {run_id} has no pending approval")
     who = args.by or _user()
     store.decide_approval(pending.id, approved=not args.deny, by=who)

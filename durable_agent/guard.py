@@ -28,6 +28,19 @@ def before_model_call(limits: Limits, *, steps: int, tokens: int, active_ms: int
     return _time(limits, active_ms)
 
 
+def before_model_cost(max_cost: float | None, spent: float | None) -> tuple[StopReason, str] | None:
+    """The cost budget (`--max-cost`), checked with the other budgets before a model call.
+
+    SPEC's stop reasons are a fixed vocabulary with no cost entry; spending money is spending
+    tokens at a price, so a cost stop ends `budget_exceeded` / `max_tokens` and the detail
+    says it was the cost. The cost of the next call is unknown until it is made, so the run
+    stops once the spend reaches the budget: the last call may overshoot it by one call.
+    """
+    if max_cost is None or spent is None or spent < max_cost:
+        return None
+    return StopReason.MAX_TOKENS, f"cost budget: spent {spent:.4f} of max_cost={max_cost:g}"
+
+
 def before_tool_call(limits: Limits, *, tool_calls: int, streak_if_run: int, active_ms: int) -> tuple[StopReason, str] | None:
     if limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
         return StopReason.MAX_TOOL_CALLS, f"reached max_tool_calls={limits.max_tool_calls}"

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
-from durable_agent.store.journal import utcnow
+from durable_agent.store.journal import owner_is_dead, utcnow
+from durable_agent.transcript import iso_utc
 
 
 def fmt_ms(ms: int | None) -> str:
@@ -30,11 +35,117 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-class Timeline(Observer):
-    """One line per finished step on stderr: `Step 3 · tool · edit_file src/app.py · 12 ms`."""
+def _short(text: str | None, width: int) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
-    def __init__(self, out: TextIO) -> None:
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _is_tty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+# -- live output ---------------------------------------------------------------------------
+class StatusLine:
+    """One terminal line, redrawn by a thread, saying what is in progress and for how long.
+
+    Only for a TTY: the carriage returns and erase codes would litter a pipe or a log file.
+    Every write holds one lock, so a timeline line never lands in the middle of a redraw.
+    """
+
+    ERASE = "\r\x1b[2K"
+
+    def __init__(self, out: TextIO, *, interval: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out, self.interval, self.clock = out, interval, clock
+        utf8 = (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8"
+        self.frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" if utf8 else "|/-\\"
+        self._lock = threading.Lock()
+        self._label: str | None = None
+        self._detail = ""
+        self._since = 0.0
+        self._tick = 0
+        self._shown = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def show(self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True) -> None:
+        """`⠹ {label} {elapsed} s · {detail}` until the next clear() or show().
+
+        `draw=False` when a print() follows at once: it draws the new label itself."""
+        with self._lock:
+            self._label, self._detail = label, detail
+            if restart_clock:
+                self._since = self.clock()
+            if draw:
+                self._draw()
+        if self._thread is None:  # started on first use: a run with no steps costs no thread
+            self._thread = threading.Thread(target=self._loop, name="status-line", daemon=True)
+            self._thread.start()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._label = None
+            self._erase()
+
+    def print(self, text: str) -> None:
+        """A permanent line above the status line (which is redrawn after it, if any)."""
+        with self._lock:
+            self._erase()
+            self.out.write(text + "\n")
+            self._draw()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                self._tick += 1
+                self._draw()
+
+    def _draw(self) -> None:
+        if self._label is None:
+            self.out.flush()
+            return
+        head = self.frames[self._tick % len(self.frames)] + " "
+        tail = f" {self.clock() - self._since:.1f} s" + (f" · {self._detail}" if self._detail else "")
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
+        label = _short(self._label, max(width - len(head) - len(tail), 12))
+        self.out.write(self.ERASE + _short(head + label + tail, width))
+        self.out.flush()
+        self._shown = True
+
+    def _erase(self) -> None:
+        if self._shown:
+            self.out.write(self.ERASE)
+            self._shown = False
+
+
+class Timeline(Observer):
+    """One line per finished step: `Step 3 · tool · edit_file src/app.py · 12 ms`.
+
+    On a terminal, a status line below it shows what is running and for how long; when
+    `out` is a pipe or a file (or `live=False`), only the plain lines are written.
+    Call `close()` when the run returns, so the status line is erased before the summary.
+    """
+
+    def __init__(self, out: TextIO, *, live: bool | None = None, interval: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.out = out
+        live = _is_tty(out) if live is None else live
+        self.status = StatusLine(out, interval=interval, clock=clock) if live else None
+        self.tokens = 0  # used by this process; a resume starts from 0
 
     def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None:
         if resumed:
@@ -42,47 +153,89 @@ class Timeline(Observer):
 
     def step(self, e: StepEvent) -> None:
         if e.state == "started":
+            if self.status is not None:
+                self.status.show(self._activity(e), self._so_far())
             return
         if e.state == "retry":
+            if self.status is not None:  # still the same step: keep its clock running
+                self.status.show(self._activity(e), f"retrying: attempt {e.attempts + 1}",
+                                 restart_clock=False, draw=False)
             self._line(f"  ↺ {e.kind} {e.name}: attempt {e.attempts} failed: {e.error}")
             return
-        parts = [f"Step {e.seq + 1}", e.kind, f"{e.name} {e.detail}".strip()]
-        parts.append(fmt_ms(e.duration_ms))
-        if e.prompt_tokens is not None:
-            parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
-        if e.attempts > 1:
-            parts.append(f"{e.attempts} attempts")
-        if e.state == "failed":
-            parts.append(f"error: {(e.error or '').splitlines()[0][:100] if e.error else 'failed'}")
-        self._line(" · ".join(parts))
+        self.tokens += (e.prompt_tokens or 0) + (e.completion_tokens or 0)
+        if self.status is not None:
+            self.status.clear()  # the step is over: its status line goes, its timeline line stays
+        self._line(step_line(e))
 
     def note(self, text: str) -> None:
         self._line(f"  {text}")
 
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.close()
+
+    def _activity(self, e: StepEvent) -> str:
+        if e.kind == "model":
+            text = f"model {_short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
+        elif e.kind == "verify":
+            text = f"verifying `{_short(e.name, 50)}`"
+        else:
+            text = f"{e.name} {_short(e.detail, 50)}".strip() + " running"
+        return text
+
+    def _so_far(self) -> str:
+        return f"{self.tokens} tokens so far" if self.tokens else ""
+
     def _line(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        if self.status is not None:
+            self.status.print(text)
+        else:
+            print(text, file=self.out, flush=True)
+
+
+def step_line(e: StepEvent) -> str:
+    head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
+    what = f"{e.name} → {e.detail}" if e.kind == "model" and e.detail else f"{e.name} {e.detail}".strip()
+    parts = [head, e.kind, what, fmt_ms(e.duration_ms)]
+    if e.prompt_tokens is not None:
+        parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
+    if e.attempts > 1:
+        parts.append(f"{e.attempts} attempts")
+    if e.state == "reused":
+        parts.append("recorded earlier, not run again")
+    if e.state == "failed":
+        first = (e.error or "failed").splitlines()[0] if e.error else "failed"
+        parts.append(f"error: {first[:100]}")
+    return " · ".join(parts)
 
 
 def summary(run: Any, out: TextIO) -> None:
+    """`9 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) · 0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
-    print(f"{run.status} ({run.stop_reason}) · {run.step_count} steps · {run.tool_call_count} tool calls · "
-          f"{run.message_count} messages · {tokens} tokens · {fmt_ms(run.active_ms)}", file=out)
+    print(f"{_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+          f"{_n(run.message_count, 'message')} · "
+          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out) · {fmt_ms(run.active_ms)} · "
+          f"{run.status} ({run.stop_reason})", file=out)
     if run.error and run.status != "completed":
         print(f"  {run.error}", file=out)
     if run.status != "completed":
         print(f"  continue with: durable-agent resume {run.id}", file=out)
 
 
+# -- JSON shapes ---------------------------------------------------------------------------
 def _iso(value: Any) -> Any:
-    return value.isoformat() + "Z" if isinstance(value, datetime) else value
+    return iso_utc(value) if isinstance(value, datetime) else value
 
 
 def row_json(row: Any) -> dict[str, Any]:
     return {k: _iso(v) for k, v in row._mapping.items()}
 
 
-def run_json(run: Any) -> dict[str, Any]:
-    return row_json(run)
+def run_json(run: Any, *, settings: bool = True) -> dict[str, Any]:
+    doc = row_json(run)
+    if not settings:
+        doc.pop("settings", None)
+    return doc
 
 
 def step_json(step: Any) -> dict[str, Any]:
@@ -90,23 +243,27 @@ def step_json(step: Any) -> dict[str, Any]:
 
 
 def result_json(run: Any) -> dict[str, Any]:
-    duration = run.active_ms
     return {"run_id": run.id, "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer,
             "steps": run.step_count, "tool_calls": run.tool_call_count, "prompt_tokens": run.prompt_tokens,
-            "completion_tokens": run.completion_tokens, "duration_ms": duration, "error": run.error}
+            "completion_tokens": run.completion_tokens, "duration_ms": run.active_ms, "error": run.error}
 
 
-def _short(text: str | None, width: int) -> str:
-    text = (text or "").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+def show_json(run: Any, steps: list[Any], approvals: list[Any]) -> dict[str, Any]:
+    doc = run_json(run)
+    doc["steps"] = [step_json(s) for s in steps]
+    doc["approvals"] = [row_json(a) for a in approvals]
+    return doc
 
 
-def run_table(runs: list[Any], out: TextIO) -> None:
+# -- list and show -------------------------------------------------------------------------
+def run_table(runs: list[Any], out: TextIO, *, status: str | None = None) -> None:
     if not runs:
-        print("no runs yet: try `durable-agent demo` or `durable-agent start \"…\"`", file=out)
+        if status:
+            print(f"no runs with status {status}", file=out)
+        else:
+            print("no runs yet: try `durable-agent demo` or `durable-agent start \"…\"`", file=out)
         return
-    header = f"{'ID':<16}  {'STATUS':<15}  {'STEPS':>5}  {'TOKENS':>8}  {'AGE':>8}  TASK"
-    print(header, file=out)
+    print(f"{'ID':<16}  {'STATUS':<15}  {'STEPS':>5}  {'TOKENS':>8}  {'AGE':>8}  TASK", file=out)
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
         print(f"{r.id:<16}  {r.status:<15}  {r.step_count:>5}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
@@ -114,7 +271,9 @@ def run_table(runs: list[Any], out: TextIO) -> None:
 
 
 def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
-    p = lambda text="": print(text, file=out)  # noqa: E731
+    def p(text: str = "") -> None:
+        print(text, file=out)
+
     p(f"run        {run.id}")
     p(f"status     {run.status}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
     p(f"task       {_short(run.task, 100)}")
@@ -123,7 +282,14 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
     p(f"created    {_iso(run.created_at)} ({fmt_age(run.created_at)})")
     if run.finished_at:
         p(f"finished   {_iso(run.finished_at)}")
-    p(f"totals     {run.step_count} steps · {run.tool_call_count} tool calls · {run.message_count} messages · "
+    live = _executing(run)
+    if live:
+        p(f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})")
+    elif run.status == "running":
+        p(f"lease      its process ({run.lease_owner or 'none'}) is gone: "
+          f"`durable-agent resume {run.id}` continues the run")
+    p(f"totals     {_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+      f"{_n(run.message_count, 'message')} · "
       f"{run.prompt_tokens}+{run.completion_tokens} tokens · {fmt_ms(run.active_ms)} active"
       + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
     if run.error:
@@ -133,17 +299,58 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
     p()
     if not steps:
         p("no steps recorded yet")
+    else:
+        _step_table(run, steps, p, live=live)
+    if approvals:
+        p()
+        p("approvals")
+        for a in approvals:
+            decision = a.decision or "PENDING"
+            by = f" by {a.decided_by}" if a.decided_by else ""
+            p(f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {_short(a.command or a.tool_name, 60)}")
+            if a.reason:
+                p(f"      {_short(a.reason, 120)}")
+        if any(a.decision is None for a in approvals):
+            p(f"  answer with: durable-agent approve {run.id} [--deny], then durable-agent resume {run.id}")
+
+
+def _executing(run: Any) -> bool:
+    """Running under a live lease: its process is still at work (a crashed run is `running` too)."""
+    if run.status != "running" or run.lease_owner is None or run.lease_expires_at is None:
+        return False
+    return bool(run.lease_expires_at > utcnow() and not owner_is_dead(run.lease_owner))
+
+
+def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: bool) -> None:
+    p(f"{'#':>4}  {'KIND':<6} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
+    epoch = steps[0].lease_epoch
     for s in steps:
-        name = s.tool_name or (run.model if s.kind == "model" else "")
-        detail = ""
-        if s.kind == "tool" and isinstance(s.input, dict):
-            args = s.input.get("arguments")
-            detail = _short(json.dumps(args, ensure_ascii=False) if not isinstance(args, str) else args, 60)
-        tokens = f" · {s.prompt_tokens}+{s.completion_tokens} tokens" if s.prompt_tokens is not None else ""
-        attempts = f" · {s.attempts} attempts" if s.attempts > 1 else ""
-        err = f" · error: {_short(s.error, 80)}" if s.error else ""
-        p(f"{s.seq + 1:>4}  {s.kind:<6} {s.state:<9} {name} {detail} · {fmt_ms(s.duration_ms)}{tokens}{attempts}{err}")
-    for a in approvals:
-        decision = a.decision or "PENDING"
-        by = f" by {a.decided_by}" if a.decided_by else ""
-        p(f"approval  {a.kind} · {decision}{by} · call {a.call_id} · {_short(a.command or a.tool_name, 60)}")
+        if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
+            p(f"{'':>4}  ── resumed (lease epoch {s.lease_epoch}) ──")
+        epoch = s.lease_epoch if s.lease_epoch is not None else epoch
+        tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
+        state = s.state
+        if state == "started" and not live:
+            state = "cut off"  # an intent without an outcome: the next resume settles it
+        p(f"{s.seq + 1:>4}  {s.kind:<6} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+          f"{step_what(run, s)}")
+        if s.error:
+            p(f"{'':>4}  error: {_short(s.error, 110)}")
+
+
+def step_what(run: Any, s: Any) -> str:
+    """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
+    if s.kind == "model":
+        out = s.output if isinstance(s.output, dict) else {}
+        names = [c.get("function", c).get("name", "?") for c in out.get("tool_calls") or []]
+        if names:
+            return "→ " + ", ".join(names)
+        if out.get("content"):
+            return "→ answer: " + _short(out["content"], 60)
+        return str(run.model)
+    if s.kind == "verify":
+        command = s.input.get("command") if isinstance(s.input, dict) else None
+        return f"verify `{_short(command, 60)}`"
+    args = s.input.get("arguments") if isinstance(s.input, dict) else None
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return f"{s.tool_name} {_short(text, 70)}"

@@ -165,7 +165,9 @@ class _Drive:
     def check_cancel(self) -> None:
         if self.r.release.is_set():
             raise RunReleased(self.state.run_id)
-        if self.r.cancel.is_set() or self.journal.cancel_requested():
+        # cancel_seen comes back with every checkpoint (no extra query per step); the
+        # heartbeat sets the event while a long call or command runs.
+        if self.r.cancel.is_set() or self.journal.cancel_seen:
             raise LoopExit(StopReason.CANCELLED, "cancelled by request")
 
     # -- the loop ----------------------------------------------------------------------------
@@ -244,12 +246,12 @@ class _Drive:
                 obs.step(StepEvent(seq, turn, "model", self.r.model.name, state="retry",
                                    attempts=earlier + n, error=failure.describe()))
 
-        from durable_agent.models.retry import ModelCallError, call_with_retries
+        from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
 
         try:
             result, attempts = call_with_retries(
                 lambda: self.r.model.complete(s.messages, self.r.schemas, turn),
-                self.r.retry_policy, sleep=self.r.sleep, on_attempt=on_attempt)
+                self.r.retry_policy or RetryPolicy(), sleep=self.r.sleep, on_attempt=on_attempt)
         except ModelCallError as exc:
             self.journal.finish_step(seq=seq, state="failed", started_at=started_at, output=None,
                                      error=str(exc), attempts=earlier + exc.attempts, counters=self.counters(),

@@ -7,27 +7,44 @@ Validated once, here. Nothing else in the package reads the environment for sett
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from durable_agent.errors import ConfigError
+from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 
-DEFAULT_ALLOWLIST = (
-    "ls", "cat", "head", "tail", "wc", "grep", "rg", "pwd", "echo", "true", "diff",
-    "git status", "git diff", "git log", "git show",
-    "pytest", "python -m pytest", "python3 -m pytest", "npm test", "cargo test", "go test",
-    "make test",
-)
+
+class ModelPrice(BaseModel):
+    """What one model costs, per million tokens (any currency; USD for the hosted APIs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_mtok: float = Field(ge=0)
+    """Price of one million prompt tokens."""
+    output_per_mtok: float = Field(ge=0)
+    """Price of one million completion tokens."""
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6
 
 
 class Settings(BaseModel):
     """Everything a run can be configured with. Each field documents itself."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
     workspace: Path = Field(default_factory=Path.cwd)
     """Directory the agent works in; every tool path is confined to it."""
@@ -52,7 +69,10 @@ class Settings(BaseModel):
     shell: Literal["allow", "ask", "deny"] = "ask"
     """run_command policy: run all, ask for what is not allowlisted, or no shell tool."""
     shell_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWLIST))
-    """Command prefixes that run without approval under `--shell ask`."""
+    """Command prefixes that run without approval under `--shell ask` (replaces the default list)."""
+    shell_always_ask: list[str] = Field(default_factory=list)
+    """Extra regular expressions: a matching command always asks under `--shell ask`, on top of
+    the built-in destructive patterns (`rm -rf`, `git reset --hard`, `git clean`, force-push…)."""
     on_uncertain_exec: Literal["block", "tell_model"] = "block"
     """A command cut off by a crash: block for a person, or tell the model it was interrupted."""
     verify: str | None = None
@@ -65,6 +85,8 @@ class Settings(BaseModel):
     """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""
     lease_seconds: float = Field(30.0, gt=0)
     """How long a lease lasts without a heartbeat."""
+    max_running_runs: int | None = Field(None, ge=1)
+    """Workers: runs executing at once over all workers sharing the database (no limit when unset)."""
     request_timeout_s: float = Field(600.0, gt=0)
     """Read timeout of one model request."""
     connect_timeout_s: float = Field(10.0, gt=0)
@@ -75,10 +97,38 @@ class Settings(BaseModel):
     """Total time one model call may spend retrying."""
     retry_max_wait_s: float = Field(30.0, gt=0)
     """Longest backoff between two tries."""
+    retry_initial_wait_s: float = Field(1.0, gt=0)
+    """Upper bound of the first random backoff; it doubles per retry up to retry_max_wait_s."""
+    retry_after_cap_s: float = Field(60.0, ge=0)
+    """A provider's Retry-After is honoured up to this many seconds."""
+    max_cost: float | None = Field(None, gt=0)
+    """Spend allowed in the run, in the currency of `prices` (needs a price for the model)."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}}."""
     tool_protocol: Literal["native", "text"] = "native"
     """native function calling, or TOOL_CALL lines in text for models without it."""
     temperature: float | None = None
     """Sampling temperature passed to the model (provider default when unset)."""
+
+    @field_validator("shell_always_ask")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _cost_budget_needs_a_price(self) -> Settings:
+        if self.max_cost is not None and self.model and self.model not in self.prices:
+            raise ValueError(
+                f"--max-cost needs a price for model {self.model!r}: add "
+                f'prices."{self.model}" = {{input_per_mtok = ..., output_per_mtok = ...}} '
+                "to the config file"
+            )
+        return self
 
     def redacted_dict(self) -> dict[str, Any]:
         """The settings recorded on a run: no key, paths as text."""
@@ -87,7 +137,8 @@ class Settings(BaseModel):
 
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
-BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats")
+BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats",
+                 "max_cost")
 
 ENV_VARS = {
     "OPENAI_API_KEY": "api_key",

@@ -11,6 +11,10 @@ model stays valid.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
 
 APPROVAL = "approval_required"
 UNCERTAIN = "uncertain_side_effect"
+CANCEL_POLL_S = 0.5  # how soon a running command notices `durable-agent cancel`
+VERIFY_TAIL = 4000  # characters of the verify command's output kept as evidence and shown to the model
 
 
 def tool_key(call: ToolCall) -> str:
@@ -81,7 +87,7 @@ class ToolSteps:
         result = self._invoke(tool, args, call)
         if prior is not None:  # an intent left by a crash: finish that row
             return self._record(call, prior.seq, started, result, attempts=prior.attempts + 1)
-        self._record(call, self.d.next_seq(), started, result,
+        self._record(call, self.d.next_seq(), started, result, defer=True,
                      intent=self._intent(call, key, tool.effect, {"arguments": _args_json(call)}))
 
     def _write(self, call: ToolCall, key: str, tool: Any, args: Any, prior: Any) -> None:
@@ -108,7 +114,8 @@ class ToolSteps:
         if current != plan.before_sha:
             approval = self._approval(call, UNCERTAIN, None,
                                       f"{plan.path} changed since the interrupted write (drift): it has "
-                                      "neither the content before nor the content after the write")
+                                      "neither the content before nor the content after the write",
+                                      step_seq=prior.seq)
             if approval.decision == "denied":
                 return self._record(call, prior.seq, prior.started_at, ToolResult(
                     error=f"the write to {plan.path} was interrupted and the file changed since; "
@@ -127,8 +134,8 @@ class ToolSteps:
                     error="the command was interrupted by a crash; its outcome is unknown and it was "
                           "not run again. Check the workspace before relying on it."))
             approval = self._approval(call, UNCERTAIN, command,
-                                      f"`{command}` was interrupted by a crash; running it again may repeat "
-                                      "its side effects")
+                                      "it was interrupted by a crash and may have partly or fully run; "
+                                      "running it again may repeat its side effects", step_seq=prior.seq)
             if approval.decision == "denied":
                 return self._record(call, prior.seq, prior.started_at, ToolResult(
                     error="the command was interrupted by a crash; its outcome is unknown and the user "
@@ -152,24 +159,63 @@ class ToolSteps:
                 tool_name=call.name, effect=tool.effect, input={"arguments": _args_json(call)},
                 use_approval=use)
         self._event(call, "started")
-        self._record(call, seq, started, self._invoke(tool, args, call, seq=seq))
+        try:
+            with self._watch_cancel():
+                result = self._invoke(tool, args, call, seq=seq)
+        except KeyboardInterrupt:
+            # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
+            # Record that before stopping, so the history stays valid and resume does not have
+            # to ask a person about a command we know was cut short.
+            self._record(call, seq, started, ToolResult(
+                error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"))
+            raise
+        self._record(call, seq, started, result)
+
+    @contextlib.contextmanager
+    def _watch_cancel(self) -> Iterator[None]:
+        """While a command runs: turn `durable-agent cancel` (a database flag) into the cancel
+        event at once. The lease heartbeat notices it too, but only every lease_seconds/3."""
+        cancel, stop = self.d.r.cancel, threading.Event()
+        journal = self.journal
+
+        def poll() -> None:
+            while not stop.wait(CANCEL_POLL_S) and not cancel.is_set():
+                try:
+                    if journal.cancel_requested():
+                        cancel.set()
+                except Exception:  # noqa: BLE001 - a busy database is asked again next time
+                    continue
+
+        watcher = threading.Thread(target=poll, name="cancel-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
 
     def _policy(self, tool_name: str, command: str) -> tuple[str, str]:
         mode = self.settings.shell
         if tool_name != "run_command":
             return ("allow", "") if mode == "allow" else ("ask", f"{tool_name} runs a side effect")
-        from durable_agent.tools.shell_policy import decide
+        from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, decide
 
-        verdict, why = decide(command, mode, self.settings.shell_allowlist)
+        destructive = (*DEFAULT_DESTRUCTIVE, *self.settings.shell_always_ask)
+        verdict, why = decide(command, mode, self.settings.shell_allowlist, destructive)
         return verdict.value, why
 
-    def _approval(self, call: ToolCall, kind: str, command: str | None, reason: str) -> Any:
+    def _approval(self, call: ToolCall, kind: str, command: str | None, reason: str,
+                  step_seq: int | None = None) -> Any:
         """A decided approval of this call, or record the request and stop the run `blocked`."""
         approval = self.journal.approval_for(call.id, kind)
         if approval is not None and approval.decision is not None:
             return approval
+        # The command comes from the model and is shown to people: no secret in it is stored.
+        redact = self.d.r.redactor.redact
+        command = redact(command) if command else command
+        reason = redact(reason)
         self.journal.request_approval(call_id=call.id, kind=kind, tool_name=call.name,
-                                      command=command, reason=reason, step_seq=None)
+                                      command=command, reason=reason, step_seq=step_seq)
         stop = StopReason.APPROVAL_REQUIRED if kind == APPROVAL else StopReason.UNCERTAIN_SIDE_EFFECT
         what = f"`{command}`" if command else call.name
         raise LoopExit(stop, f"{what} needs approval: {reason}. "
@@ -181,8 +227,10 @@ class ToolSteps:
         """A call that ran nothing (unknown tool, bad arguments, refused): one row, one message."""
         if prior is not None:  # recorded as started under other settings: close that row
             return self._record(call, prior.seq, prior.started_at, ToolResult(error=error))
+        # Nothing ran, so like a read it may ride along with the next commit.
         self._record(call, self.d.next_seq(), utcnow(), ToolResult(error=error), use_approval=use_approval,
-                     intent=self._intent(call, key, effect, {"arguments": _args_json(call)}))
+                     intent=self._intent(call, key, effect, {"arguments": _args_json(call)}),
+                     defer=use_approval is None)
 
     def _intent(self, call: ToolCall, key: str, effect: EffectClass | None, input: Any) -> dict[str, Any]:
         return {"kind": StepKind.TOOL.value, "idempotency_key": key, "call_id": call.id,
@@ -191,10 +239,11 @@ class ToolSteps:
 
     def _record(self, call: ToolCall, seq: int, started: Any, result: ToolResult, *,
                 intent: dict[str, Any] | None = None, attempts: int | None = None,
-                use_approval: int | None = None) -> None:
+                use_approval: int | None = None, defer: bool = False) -> None:
         s = self.state
         redact = self.d.r.redactor.redact
-        text = redact(cap_text(result.for_model(), self.settings.output_cap))
+        # Redact first, then cap: a cut through the middle of a secret would leave half of it.
+        text = cap_text(redact(result.for_model()), self.settings.output_cap)
         message = Message("tool", text, tool_call_id=call.id)
         s.tool_call_count += 1
         s.note_tool_call(call)
@@ -202,9 +251,10 @@ class ToolSteps:
         state = "completed" if result.error is None else "failed"
         error = redact(result.error) if result.error else None
         self.journal.finish_step(seq=seq, state=state, started_at=started,
-                                 output={"result": text, "data": result.data}, error=error,
+                                 output={"result": text, "data": self.d.r.redactor.redact_json(result.data)},
+                                 error=error,
                                  counters=self.d.counters(), new_messages=[(mseq, message)],
-                                 attempts=attempts, intent=intent, use_approval=use_approval)
+                                 attempts=attempts, intent=intent, use_approval=use_approval, defer=defer)
         self._event(call, state, started=started, error=error, seq=seq)
 
     def _ctx(self, call: ToolCall, seq: int | None = None) -> ToolContext:
@@ -243,7 +293,11 @@ class ToolSteps:
         from durable_agent.tools.process import kill_process_group, process_group_alive
 
         for step in self.state.open_steps.values():
-            if step.pgid and process_group_alive(step.pgid, call_id=step.call_id):
+            # Only with the call id to match: a bare number may name someone else's group by now
+            # (after a reboot), and our own group is never the command's.
+            if not step.pgid or not step.call_id or step.pgid <= 1 or step.pgid == os.getpgrp():
+                continue
+            if process_group_alive(step.pgid, call_id=step.call_id):
                 kill_process_group(step.pgid, call_id=step.call_id)
                 self.d.r.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
 
@@ -268,25 +322,36 @@ class ToolSteps:
                                               input={"command": command}, tool_name="verify")
         obs = self.d.r.observer
         obs.step(StepEvent(seq, turn, "verify", command))
-        out = run_process(command, cwd=self.settings.workspace, timeout_s=self.settings.command_timeout_s,
-                          env=command_env(self.d.r.env, run_id=self.state.run_id, call_id=key),
-                          output_cap=self.settings.output_cap // 2, cancel=self.d.r.cancel)
+        with self._watch_cancel():
+            out = run_process(command, cwd=self.settings.workspace, timeout_s=self.settings.command_timeout_s,
+                              env=command_env(self.d.r.env, run_id=self.state.run_id, call_id=key),
+                              output_cap=self.settings.output_cap // 2, cancel=self.d.r.cancel)
         redact = self.d.r.redactor.redact
-        tail = redact(cap_text((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip(), 4000))
+        # The end of a test run's output says what failed: keep the tail, not the head.
+        text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())
+        tail = text if len(text) <= VERIFY_TAIL else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
         passed = out.exit_code == 0
+        if out.timed_out:
+            failure = f"timed out after {self.settings.command_timeout_s:g} s"
+        elif out.cancelled:
+            failure = "cancelled"
+        else:
+            failure = f"exit code {out.exit_code}"
         output = {"command": command, "exit_code": out.exit_code, "timed_out": out.timed_out,
                   "output_tail": tail, "passed": passed}
         new: list[tuple[int, Message]] = []
-        if not passed:
-            note = (f"Verification failed: `{command}` exited with {out.exit_code}. Your final answer was not "
+        if not passed and not out.cancelled:
+            # A cancelled check proved nothing about the answer: it is run again on resume
+            # (the step stays open as failed), and the model is not told about it.
+            note = (f"Verification failed: `{command}` {failure}. Your final answer was not "
                     f"accepted. Fix the problem, then answer again.\n{tail}")
             msg = Message("user", note)
             new.append((self.state.append(msg), msg))
         self.journal.finish_step(seq=seq, state="completed" if passed else "failed", started_at=started,
-                                 output=output, error=None if passed else f"exit code {out.exit_code}",
+                                 output=output, error=None if passed else failure,
                                  counters=self.d.counters(), new_messages=new)
         obs.step(StepEvent(seq, turn, "verify", command, state="completed" if passed else "failed",
-                           duration_ms=out.duration_ms, error=None if passed else f"exit {out.exit_code}"))
+                           duration_ms=out.duration_ms, error=None if passed else failure))
         if out.cancelled:
             raise LoopExit(StopReason.CANCELLED, "cancelled during verification")
         return passed

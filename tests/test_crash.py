@@ -48,7 +48,7 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | 
     if crash_after is not None:
         e["DURABLE_AGENT_CRASH_AFTER"] = str(crash_after)
     proc = subprocess.run([sys.executable, "-m", "durable_agent", *args, "--quiet"], env=e, cwd=cwd,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     if proc.returncode not in (0, -signal.SIGKILL):
         print(proc.stdout, proc.stderr)  # shown by pytest when the test fails
     return proc.returncode

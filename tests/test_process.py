@@ -3,6 +3,7 @@ killed with SIGKILL that must not leave its command running."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,8 +11,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,16 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0, what: str =
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout_s}s waiting for {what or condition}")
         time.sleep(0.02)
+
+
+def stays_false(condition: Callable[[], bool], for_s: float) -> bool:
+    """For negative checks: `condition` never became true during `for_s` seconds."""
+    deadline = time.monotonic() + for_s
+    while time.monotonic() < deadline:
+        if condition():
+            return False
+        time.sleep(0.02)
+    return not condition()
 
 
 def pid_alive(pid: int) -> bool:
@@ -57,10 +69,29 @@ def read_pid(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def run(command: str, cwd: Path, **kwargs: object) -> ProcessOutcome:
+_started_groups: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    """Even when a test fails (or the code under test is broken), kill what it started."""
+    yield
+    while _started_groups:  # not with the code under test: it may be what is broken
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(_started_groups.pop(), signal.SIGKILL)
+
+
+def run(command: str, cwd: Path, **kwargs: Any) -> ProcessOutcome:
+    on_start = kwargs.pop("on_start", None)
+
+    def record(pgid: int) -> None:
+        _started_groups.append(pgid)
+        if on_start is not None:
+            on_start(pgid)
+
     kwargs.setdefault("timeout_s", 20.0)
     kwargs.setdefault("env", dict(os.environ))
-    return run_process(command, cwd=cwd, **kwargs)  # type: ignore[arg-type]
+    return run_process(command, cwd=cwd, on_start=record, **kwargs)
 
 
 def test_exit_code_stdout_and_stderr_are_captured_separately(tmp_path: Path) -> None:
@@ -170,6 +201,15 @@ def test_cancel_event_kills_the_group(tmp_path: Path) -> None:
     wait_for(lambda: not pid_alive(bg), 5, "the background sleep to die")
 
 
+def test_cancelled_before_the_start_never_runs(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    out = run("touch ran", tmp_path, cancel=cancel)
+    assert out.cancelled and out.exit_code is None
+    assert not (tmp_path / "ran").exists()
+    assert out.duration_ms < 2_000  # no SIGTERM grace period for a command never started
+
+
 def test_background_leftovers_are_killed_when_the_command_ends(tmp_path: Path) -> None:
     out = run("sleep 100 & echo $! > bg.pid; echo started", tmp_path, timeout_s=30)
     assert out.exit_code == 0 and out.stdout == "started\n"
@@ -180,23 +220,30 @@ def test_background_leftovers_are_killed_when_the_command_ends(tmp_path: Path) -
 
 
 def test_on_start_gets_the_pgid_before_the_command_runs(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
     seen: list[tuple[int, bool]] = []
-    out = run("touch ran", tmp_path,
-              on_start=lambda pgid: seen.append((pgid, (tmp_path / "ran").exists())))
-    assert seen == [(out.pgid, False)]
-    assert (tmp_path / "ran").exists()
+
+    def record(pgid: int) -> None:
+        # Slow enough for an ungated guard to have started the command by now.
+        seen.append((pgid, stays_false(ran.exists, 0.5)))
+
+    out = run("touch ran", tmp_path, on_start=record)
+    assert seen == [(out.pgid, True)]
+    assert ran.exists()
 
 
 def test_failing_on_start_means_the_command_never_runs(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
     pgids: list[int] = []
 
     def record(pgid: int) -> None:
         pgids.append(pgid)
+        assert stays_false(ran.exists, 0.5)
         raise RuntimeError("database is down")
 
     with pytest.raises(RuntimeError, match="database is down"):
         run("touch ran", tmp_path, on_start=record)
-    assert not (tmp_path / "ran").exists()
+    assert not ran.exists()
     assert not process_group_alive(pgids[0])
 
 
@@ -204,10 +251,11 @@ def test_command_env_drops_credentials_and_adds_ids(tmp_path: Path) -> None:
     parent = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MY_API_KEY": "k-123456",
               "GITHUB_TOKEN": "t", "aws_secret_access_key": "s", "DB_PASSWORD": "p",
               "DATABASE_URL": "postgresql://u:hunter2@db/app", "GIT_AUTHOR_NAME": "Ada",
-              "PAGER": "less", "FORCE_COLOR": "1"}
+              "PAGER": "less", "FORCE_COLOR": "1", "DURABLE_AGENT_CRASH_AFTER": "3",
+              "DURABLE_AGENT_DB": "sqlite:////tmp/x.db", "DURABLE_AGENT_CALL_ID": "outer"}
     env = command_env(parent, run_id="run-1", call_id="call-9")
     for name in ("MY_API_KEY", "GITHUB_TOKEN", "aws_secret_access_key", "DB_PASSWORD",
-                 "DATABASE_URL", "FORCE_COLOR"):
+                 "DATABASE_URL", "FORCE_COLOR", "DURABLE_AGENT_CRASH_AFTER", "DURABLE_AGENT_DB"):
         assert name not in env
     assert env["GIT_AUTHOR_NAME"] == "Ada" and env["HOME"] == str(tmp_path)
     assert env["PAGER"] == env["GIT_PAGER"] == "cat"
@@ -229,6 +277,7 @@ def test_kill_process_group_for_resume(tmp_path: Path) -> None:
     # A group that outlived its recorder, as resume may find one.
     proc = subprocess.Popen(["sleep", "100"], start_new_session=True,
                             env=dict(os.environ, DURABLE_AGENT_CALL_ID="call-1"))
+    _started_groups.append(proc.pid)
     try:
         assert process_group_alive(proc.pid)
         assert process_group_alive(proc.pid, call_id="call-1")
@@ -279,16 +328,17 @@ def test_command_dies_with_a_harness_killed_by_sigkill(tmp_path: Path) -> None:
         pgid = read_pid(tmp_path / "pgid")
         assert child is not None and pgid is not None
         assert pid_alive(child) and process_group_alive(pgid)
+        recorded_pgid = pgid
 
         harness.send_signal(signal.SIGKILL)
         assert harness.wait(timeout=5) == -signal.SIGKILL
 
         wait_for(lambda: not pid_alive(child), 5, "the grandchild sleep to die with the harness")
-        wait_for(lambda: not process_group_alive(pgid), 5, "the whole group to be gone")
+        wait_for(lambda: not process_group_alive(recorded_pgid), 5, "the whole group to be gone")
         assert not (tmp_path / "harness-finished").exists()
     finally:
         harness.kill()
         harness.wait()
         pgid = read_pid(tmp_path / "pgid")
-        if pgid is not None and process_group_alive(pgid):
-            kill_process_group(pgid, grace_s=0)
+        if pgid is not None:
+            _started_groups.append(pgid)

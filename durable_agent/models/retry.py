@@ -1,7 +1,8 @@
 """Model failures: classified once, here, and retried by one tenacity policy.
 
 Every exception a model call can raise goes through `classify`, which looks its class up
-in `_TABLE` (most specific class in the MRO wins) and returns a `Failure`:
+in one table (most specific class in the MRO wins; built on first use, see `_table`) and
+returns a `Failure`:
 
     exception                               kind        reason
     openai.OpenAIError                      permanent   client_error (e.g. no API key set)
@@ -52,9 +53,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import openai
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -66,6 +66,9 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from durable_agent.errors import ModelError
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = [
     "MAPPED_TYPES",
@@ -110,7 +113,8 @@ class Failure:
     def describe(self) -> str:
         """`reason (status): message. hint` — the one-line form used in errors and logs."""
         status = f" ({self.status})" if self.status is not None else ""
-        return f"{self.reason}{status}: {self.message}. {self.hint}"
+        message = self.message.rstrip().rstrip(".")  # providers end sentences too: no ".."
+        return f"{self.reason}{status}: {message}. {self.hint}"
 
 
 class ModelCallError(ModelError):
@@ -302,7 +306,7 @@ def _from_model_call_error(exc: BaseException) -> Failure:
     return exc.failure
 
 
-def _optional_openai(*names: str) -> list[type[BaseException]]:
+def _optional_openai(openai: ModuleType, *names: str) -> list[type[BaseException]]:
     """Exception classes that only some openai versions define (we support >=1.40)."""
     found = (getattr(openai, name, None) for name in names)
     return [cls for cls in found if isinstance(cls, type) and issubclass(cls, BaseException)]
@@ -324,48 +328,82 @@ RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 # The one mapping table. `classify` takes the first class of the exception's MRO found
 # here, so a subclass entry overrides its base. tests/test_retry.py checks that every
 # exception class the openai package exports has its own entry.
-_TABLE: dict[type[BaseException], Handler] = {
-    openai.OpenAIError: _fixed(PERMANENT, "client_error"),
-    openai.APIError: _from_api_error,
-    openai.APIConnectionError: _fixed(RETRYABLE, "connection"),
-    openai.APITimeoutError: _fixed(RETRYABLE, "timeout"),
-    openai.APIResponseValidationError: _fixed(PERMANENT, "invalid_response"),
-    openai.APIStatusError: _from_status,
-    openai.BadRequestError: _from_status,
-    openai.AuthenticationError: _from_status,
-    openai.PermissionDeniedError: _from_status,
-    openai.NotFoundError: _from_status,
-    openai.ConflictError: _from_status,
-    openai.UnprocessableEntityError: _from_status,
-    openai.RateLimitError: _from_status,
-    openai.InternalServerError: _from_status,
-    openai.LengthFinishReasonError: _fixed(PERMANENT, "length"),
-    openai.ContentFilterFinishReasonError: _fixed(PERMANENT, "content_filter"),
-    **{cls: _from_status for cls in _optional_openai("OAuthError")},
-    **{cls: _fixed(PERMANENT, "auth") for cls in _optional_openai("SubjectTokenProviderError")},
-    **{
-        cls: _fixed(PERMANENT, "websocket")
-        for cls in _optional_openai("WebSocketConnectionClosedError", "WebSocketQueueFullError")
-    },
-    **_transport_errors(),
+#
+# It is built on first use, not at import: `import openai` costs ~0.4 s, and a scripted
+# (offline) run must not pay it. Until something has imported openai, no openai
+# exception can exist, so the stdlib part of the table is enough to classify anything.
+_BASE_TABLE: dict[type[BaseException], Handler] = {
     TimeoutError: _fixed(RETRYABLE, "timeout"),
     ConnectionError: _fixed(RETRYABLE, "connection"),
     OSError: _fixed(RETRYABLE, "os_error"),
     ModelCallError: _from_model_call_error,
 }
+_full_table: dict[type[BaseException], Handler] | None = None
 
-MAPPED_TYPES: frozenset[type[BaseException]] = frozenset(_TABLE)
+MAPPED_TYPES: frozenset[type[BaseException]]
+"""Every class with its own entry; computed on access by `__getattr__` (imports openai)."""
+
+
+def _openai_table() -> dict[type[BaseException], Handler]:
+    """The whole table, openai classes included (imports openai on the first call)."""
+    global _full_table
+    if _full_table is None:
+        import openai
+
+        _full_table = {
+            openai.OpenAIError: _fixed(PERMANENT, "client_error"),
+            openai.APIError: _from_api_error,
+            openai.APIConnectionError: _fixed(RETRYABLE, "connection"),
+            openai.APITimeoutError: _fixed(RETRYABLE, "timeout"),
+            openai.APIResponseValidationError: _fixed(PERMANENT, "invalid_response"),
+            openai.APIStatusError: _from_status,
+            openai.BadRequestError: _from_status,
+            openai.AuthenticationError: _from_status,
+            openai.PermissionDeniedError: _from_status,
+            openai.NotFoundError: _from_status,
+            openai.ConflictError: _from_status,
+            openai.UnprocessableEntityError: _from_status,
+            openai.RateLimitError: _from_status,
+            openai.InternalServerError: _from_status,
+            openai.LengthFinishReasonError: _fixed(PERMANENT, "length"),
+            openai.ContentFilterFinishReasonError: _fixed(PERMANENT, "content_filter"),
+            **{cls: _from_status for cls in _optional_openai(openai, "OAuthError")},
+            **{cls: _fixed(PERMANENT, "auth")
+               for cls in _optional_openai(openai, "SubjectTokenProviderError")},
+            **{
+                cls: _fixed(PERMANENT, "websocket")
+                for cls in _optional_openai(
+                    openai, "WebSocketConnectionClosedError", "WebSocketQueueFullError")
+            },
+            **_transport_errors(),  # after `import openai`, so its HTTP library is loaded
+            **_BASE_TABLE,
+        }
+    return _full_table
+
+
+def _table() -> dict[type[BaseException], Handler]:
+    if _full_table is None and "openai" not in sys.modules:
+        return _BASE_TABLE
+    return _openai_table()
+
+
+def __getattr__(name: str) -> Any:
+    # MAPPED_TYPES stays importable by name without importing openai at module import.
+    if name == "MAPPED_TYPES":
+        return frozenset(_openai_table())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_classified(exc_type: type[BaseException]) -> bool:
     """True when `exc_type` has its own entry in the table (not only through a base class)."""
-    return exc_type in _TABLE
+    return exc_type in _openai_table()
 
 
 def classify(exc: BaseException) -> Failure:
     """Classify any exception raised by a model call. Never raises."""
+    table = _table()
     for cls in type(exc).__mro__:
-        handler = _TABLE.get(cls)
+        handler = table.get(cls)
         if handler is not None:
             return handler(exc)
     return _failure(exc, PERMANENT, "unexpected")

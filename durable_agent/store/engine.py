@@ -30,16 +30,19 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, durability: str = "full") -> Engine:
+def make_engine(url: str, *, durability: str = "full", pool_size: int | None = None) -> Engine:
+    """`pool_size`: connections kept open; a worker running N runs at once (each with a
+    heartbeat thread) needs about 2N + 2, more than the default 5 + 10 overflow."""
     url = normalize_url(url)
+    pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": pool_size}
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise ConfigError(f"not a database URL: {url!r} (e.g. sqlite:///path/to/file.db)") from None
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _sqlite_engine(url, parsed.database, durability)
-        return create_engine(url, pool_pre_ping=True)
+            return _sqlite_engine(url, parsed.database, durability, pool)
+        return create_engine(url, pool_pre_ping=True, **pool)
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
     except ModuleNotFoundError as exc:
@@ -49,13 +52,14 @@ def make_engine(url: str, *, durability: str = "full") -> Engine:
         ) from None
 
 
-def _sqlite_engine(url: str, database: str | None, durability: str) -> Engine:
+def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[str, int]) -> Engine:
     if database and database != ":memory:":
         try:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the database folder for {database}: {exc}") from None
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+                           **(pool if database and database != ":memory:" else {}))
     synchronous = "FULL" if durability == "full" else "NORMAL"
 
     @event.listens_for(engine, "connect")
@@ -103,8 +107,9 @@ def migrations_dir() -> Path:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     # Imported here: alembic is only needed when the schema is behind (first use, upgrades).
-    from alembic import command
     from alembic.config import Config
+
+    from alembic import command
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
@@ -126,7 +131,7 @@ def ensure_schema(engine: Engine) -> None:
             raise ConfigError(f"cannot open the database: {exc.orig}") from None
 
 
-def open_store_engine(url: str, *, durability: str = "full") -> Engine:
-    engine = make_engine(url, durability=durability)
+def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None) -> Engine:
+    engine = make_engine(url, durability=durability, pool_size=pool_size)
     ensure_schema(engine)
     return engine

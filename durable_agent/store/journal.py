@@ -25,7 +25,6 @@ from durable_agent.messages import Message, ToolCall
 from durable_agent.status import RunStatus
 from durable_agent.store.schema import approvals, messages, runs, steps
 
-
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
 # CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
 # with the column names that the SET clause takes from the parameters.
@@ -98,7 +97,7 @@ class Loaded:
     next_seq: int
 
 
-def message_from_row(row: Row[Any]) -> Message:
+def message_from_row(row: Any) -> Message:
     calls = tuple(ToolCall.from_dict(c) for c in (row.tool_calls or ()))
     return Message(role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id)
 
@@ -161,7 +160,7 @@ class Store:
                 select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
             ).scalars().all()
         if len(ids) == 1:
-            return ids[0]
+            return str(ids[0])
         raise RunNotFound(prefix)
 
     def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Row[Any]]:
@@ -253,7 +252,7 @@ class Store:
                 finished_at=None, cancel_requested=False, updated_at=now,
                 resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0),
             ))
-        return epoch
+        return int(epoch)
 
     # -- SQL written for people --------------------------------------------------------------
     def query(self, statement: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:

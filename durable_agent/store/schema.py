@@ -21,11 +21,12 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 # The Alembic revision this code expects; engine.py upgrades any database behind it.
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0003"
 
 metadata = MetaData()
 
@@ -62,8 +63,12 @@ runs = Table(
     Column("active_ms", BigInteger, nullable=False, default=0),  # summed over resumes
     Column("resume_count", Integer, nullable=False, default=0),
 )
-Index("ix_runs_status_created", runs.c.status, runs.c.created_at)
-Index("ix_runs_created", runs.c.created_at)
+# 0003: `list` pages in (created_at, id) order; workers claim from the small partial index.
+Index("ix_runs_created_id", runs.c.created_at, runs.c.id)
+Index("ix_runs_status_created_id", runs.c.status, runs.c.created_at, runs.c.id)
+Index("ix_runs_claimable", runs.c.created_at, runs.c.id,
+      postgresql_where=text("status IN ('pending', 'running')"),
+      sqlite_where=text("status IN ('pending', 'running')"))
 
 steps = Table(
     "steps",

@@ -60,12 +60,11 @@ def main(argv: list[str]) -> int:
     if os.read(watch_fd, 1) != b"g":
         return 0  # the harness died or gave up before the effect began: never start it
     threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()
-
     try:
         pid = os.posix_spawn(
             shell, [shell, "-c", command], os.environ,
-            # Python ignores SIGPIPE/SIGXFSZ; a shell must start with the defaults, or
-            # `yes | head` would never end and trapped signals would behave oddly.
+            # Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive exec: the
+            # command must start with the defaults, as from a terminal (`yes | head`).
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
             setsigmask=(),
         )
@@ -73,13 +72,14 @@ def main(argv: list[str]) -> int:
         os.write(2, f"durable-agent: cannot start {shell}: {exc}\n".encode())
         os.write(status_fd, b"exit 127\n")
         _kill_group()
-        return 127
-
-    _, wait_status = os.waitpid(pid, 0)
-    os.write(status_fd, f"exit {os.waitstatus_to_exitcode(wait_status)}\n".encode())
-    _kill_group()
+        return 127  # not reached
+    try:
+        _, wait_status = os.waitpid(pid, 0)
+        os.write(status_fd, f"exit {os.waitstatus_to_exitcode(wait_status)}\n".encode())
+    finally:
+        # Even if the write fails (the harness died a moment ago): leftovers must go.
+        _kill_group()
     return 0  # not reached
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

@@ -15,6 +15,7 @@ nothing of a recorded group still runs before reconciling its step.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import selectors
 import signal
@@ -33,6 +34,7 @@ KILL_GRACE_S = 2.0
 """Between SIGTERM and SIGKILL on timeout or cancel: time for a test runner to clean up."""
 _POLL_S = 0.05  # how often the cancel event is checked: it cannot wake a select()
 _DRAIN_S = 0.5  # after the guard is gone, how long to wait for pipes held by escapees
+_DIE_WAIT_S = 5.0  # for SIGKILLed processes to actually exit
 _READ_CHUNK = 65536
 
 # Set for every command: nothing may wait for a terminal that is not there.
@@ -80,7 +82,10 @@ def command_env(parent: Mapping[str, str], *, run_id: str, call_id: str) -> dict
     plus the run and call ids (so a command, or a resume, can tell whose it is)."""
     env = {name: value for name, value in parent.items()
            if not is_secret_name(name) and not _has_url_password(value)
-           and name not in _DROPPED_ENV}
+           and name not in _DROPPED_ENV
+           # The harness's own knobs (its database, config, crash switch) are not the
+           # command's: a `durable-agent` or test suite it runs must not act on them.
+           and not name.startswith("DURABLE_AGENT_")}
     env.update(_NON_INTERACTIVE_ENV)
     env["DURABLE_AGENT_RUN_ID"] = run_id
     env["DURABLE_AGENT_CALL_ID"] = call_id
@@ -144,8 +149,11 @@ def run_process(
     try:
         if on_start is not None:
             on_start(pgid)
-        os.write(watch_w, b"g")  # the guard starts the command only now
-        watch.run(started + timeout_s, cancel, kill_grace_s)
+        if cancel is not None and cancel.is_set():
+            watch.cancelled = True  # cancelled before it began: it never runs
+        else:
+            os.write(watch_w, b"g")  # the guard starts the command only now
+            watch.run(started + timeout_s, cancel, kill_grace_s)
     finally:
         # Also on exceptions (KeyboardInterrupt included): nothing of the group may survive
         # this call. Killed before the guard is reaped, so the pgid cannot have been reused.
@@ -153,6 +161,10 @@ def run_process(
         proc.wait()
         os.close(watch_w)
         watch.close()
+        # SIGKILL is delivered asynchronously: wait until the last member has died, so a
+        # caller never sees a "finished" command whose processes are still running.
+        if _group_exists(pgid):
+            _wait_until_gone(pgid, _DIE_WAIT_S)
 
     return ProcessOutcome(
         exit_code=None if watch.timed_out or watch.cancelled else watch.exit_code(),
@@ -254,14 +266,14 @@ class _Supervision:
                     escalate_at = now + grace_s
             elif now >= escalate_at:
                 _signal_group(self.pgid, signal.SIGKILL)
-                escalate_at = float("inf")
-            wakeups = [self._guard_gone_at + _DRAIN_S] if self._guard_gone_at is not None else []
-            if escalate_at is None:
-                wakeups.append(deadline if cancel is None else min(deadline, now + _POLL_S))
-            elif escalate_at != float("inf"):
-                wakeups.append(escalate_at)
-            timeout = max(min(wakeups) - now, 0.0) if wakeups else None
-            for key, _ in self._selector.select(timeout):
+                escalate_at = math.inf
+            wakeups = [escalate_at if escalate_at is not None else deadline]
+            if escalate_at is None and cancel is not None:
+                wakeups.append(now + _POLL_S)
+            if self._guard_gone_at is not None:
+                wakeups.append(self._guard_gone_at + _DRAIN_S)
+            wait = min(wakeups) - now
+            for key, _ in self._selector.select(None if wait == math.inf else max(wait, 0.0)):
                 self._read(key)
 
     def _finished(self) -> bool:
@@ -335,6 +347,17 @@ def _wait_until_gone(pgid: int, timeout_s: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+    return True
+
+
+def _group_exists(pgid: int) -> bool:
+    """Cheap first check (no /proc scan); zombies count, so True may be a false alarm."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, it is just not ours to signal
     return True
 
 

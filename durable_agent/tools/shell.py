@@ -12,7 +12,7 @@ from durable_agent.tools.process import command_env, run_process
 
 
 class RunCommandArgs(BaseModel):
-    command: str = Field(description="Shell command, run with /bin/sh in the workspace.")
+    command: str = Field(description="Shell command line, run with bash -c in the workspace.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Seconds before the command is killed.")
 
 
@@ -35,7 +35,9 @@ class RunCommand:
             on_start=ctx.on_process_start,
             cancel=ctx.cancel,
         )
-        parts = [f"exit code: {outcome.exit_code}"]
+        # No exit code after a timeout or cancel: say so rather than print "None".
+        code = "none (killed)" if outcome.exit_code is None else str(outcome.exit_code)
+        parts = [f"exit code: {code}"]
         if outcome.stdout:
             parts.append(f"stdout:\n{outcome.stdout}")
         if outcome.stderr:

@@ -1,0 +1,163 @@
+"""The queue of runs that `durable-agent worker` drains: claim, global limit, release.
+
+There is no coordinator process: the database is the queue. A run is claimable when it is
+`pending` (created with `start --detach`, or given back by a worker that shut down) or
+`running` under a lease that has expired or was dropped (its worker crashed, stalled or
+was cut off). One transaction picks the oldest claimable row with
+`SELECT … FOR UPDATE SKIP LOCKED` and takes its lease with a new `lease_epoch`, so two
+workers never get the same run, and the previous holder, if it still lives, is fenced out:
+every Journal write checks (`lease_owner`, `lease_epoch`).
+
+On SQLite the same code runs: `FOR UPDATE SKIP LOCKED` is dropped by SQLAlchemy, and the
+write transaction (`BEGIN IMMEDIATE`) already serializes every claimer.
+
+Lease times use the workers' clocks (naive UTC, like the Journal's fence): keep the
+machines' clocks in sync (NTP) and `lease_seconds` well above their skew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
+
+from durable_agent.status import RunStatus
+from durable_agent.store.journal import utcnow
+from durable_agent.store.schema import runs
+
+# Key of the PostgreSQL advisory lock that serializes claims only while a global limit is
+# set: counting live leases and taking one must be atomic, and under READ COMMITTED two
+# concurrent claimers would both see "one slot left". Without a limit, claims never wait
+# for each other (SKIP LOCKED).
+CLAIM_LOCK_KEY = 727_275
+
+# How many claimable rows one claim looks at before giving up when this worker rejects
+# them (workspace not reachable here); the rejected ones are excluded next time.
+MAX_CANDIDATES = 16
+
+CLAIMABLE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run whose lease this worker now holds, with what it needs to execute it."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    workspace: str
+    settings: dict[str, Any]
+    takeover: bool  # it was `running`: a lease that expired or was dropped, not a queued run
+    previous_owner: str | None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    run_id: str
+    workspace: str
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim | None = None
+    rejected: list[Rejected] = field(default_factory=list)
+    at_limit: bool = False  # the global limit of running runs is reached: try again later
+
+
+def claimable(now: datetime) -> Any:
+    """The SQL condition of a claimable run (kept in step with the ix_runs_claimable index)."""
+    return and_(runs.c.status.in_(CLAIMABLE),
+                or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now))
+
+
+class Queue:
+    """Claims and releases runs for workers. Only leases change here; the loop is Journal's."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def claim(self, owner: str, lease_seconds: float, *, max_running: int | None = None,
+              exclude: Collection[str] = (),
+              accept: Callable[[str], bool] = lambda _workspace: True) -> ClaimResult:
+        """Take the lease of the oldest claimable run that `accept`s its workspace.
+
+        `exclude`: run ids this worker already turned down. `accept` is called inside the
+        transaction, with the candidate row locked: keep it cheap (a stat of a path).
+        """
+        now = utcnow()
+        skipped = set(exclude)
+        rejected: list[Rejected] = []
+        with self.engine.begin() as conn:
+            if max_running is not None and self._live_leases(conn, now) >= max_running:
+                return ClaimResult(at_limit=True)
+            for _ in range(MAX_CANDIDATES):
+                query = (select(runs.c.id, runs.c.status, runs.c.workspace, runs.c.settings,
+                                runs.c.lease_owner, runs.c.lease_epoch)
+                         .where(claimable(now))
+                         .order_by(runs.c.created_at, runs.c.id)
+                         .limit(1)
+                         .with_for_update(skip_locked=True))
+                if skipped:
+                    query = query.where(runs.c.id.not_in(skipped))
+                row = conn.execute(query).first()
+                if row is None:
+                    break
+                if not accept(row.workspace):
+                    skipped.add(row.id)
+                    rejected.append(Rejected(row.id, row.workspace))
+                    continue
+                epoch = row.lease_epoch + 1
+                # cancel_requested is kept: a cancel that reached a worker which then died
+                # must still stop the run (the loop checks it first). `resume` is different:
+                # a person asked for the run to go on, so acquire_lease clears it.
+                res = conn.execute(
+                    update(runs)
+                    .where(runs.c.id == row.id, runs.c.lease_epoch == row.lease_epoch)
+                    .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
+                            lease_expires_at=now + timedelta(seconds=lease_seconds),
+                            stop_reason=None, error=None, finished_at=None, updated_at=now,
+                            resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0)))
+                if res.rowcount != 1:  # cannot happen under the row lock; never run it twice
+                    break
+                return ClaimResult(claim=Claim(
+                    run_id=row.id, owner=owner, epoch=epoch, workspace=row.workspace,
+                    settings=dict(row.settings or {}), takeover=row.status == RunStatus.RUNNING,
+                    previous_owner=row.lease_owner), rejected=rejected)
+        return ClaimResult(rejected=rejected)
+
+    def _live_leases(self, conn: Connection, now: datetime) -> int:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
+        return int(conn.execute(
+            select(func.count()).select_from(runs).where(
+                runs.c.status == RunStatus.RUNNING.value, runs.c.lease_owner.is_not(None),
+                runs.c.lease_expires_at > now)
+        ).scalar_one())
+
+    def live_leases(self) -> int:
+        """Runs executing right now anywhere (live leases), for status lines and tests."""
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return int(conn.execute(
+                select(func.count()).select_from(runs).where(
+                    runs.c.status == RunStatus.RUNNING.value, runs.c.lease_owner.is_not(None),
+                    runs.c.lease_expires_at > utcnow())
+            ).scalar_one())
+
+    def release(self, run_id: str, owner: str, epoch: int, *, note: str | None = None) -> bool:
+        """Give a run back to the queue (`pending`, no lease) without ending it.
+
+        For a worker that stops between two steps (SIGTERM) or cannot execute the run here.
+        Fenced like every Journal write: False when the lease was no longer ours.
+        `note` goes to `runs.error` so `show` says why the run is waiting.
+        """
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.lease_owner == owner, runs.c.lease_epoch == epoch,
+                       runs.c.status == RunStatus.RUNNING.value)
+                .values(status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None,
+                        error=note, updated_at=utcnow()))
+            return res.rowcount == 1

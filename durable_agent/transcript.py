@@ -1,0 +1,207 @@
+"""A run as a JSONL transcript of events (SPEC §9), rebuilt from the recorded rows.
+
+The store keeps state (runs, steps, messages, approvals), not an event log, so the events
+are derived; exporting the same run twice gives the same lines.
+
+    type                where it comes from                                `at`
+    run_started         the runs row: task, model, workspace, settings     created_at
+    model_completed     a model step with an outcome: content, tool calls,  finished_at
+                        usage (a failed one has state "failed" and error)
+    tool_started        a tool or verify step's intent: arguments          started_at
+    tool_completed      its outcome: the result (truncated), error, data   finished_at
+    approval_requested  an approvals row, with its decision if made        requested_at
+    run_resumed         a new lease epoch (a resume) began                 its first event
+    run_finished        the run's end, when it has one                     finished_at
+
+Every event has `type`, `run_id`, `seq` (0, 1, 2, … in the order printed) and `at` (UTC,
+ISO 8601); the payload fields sit beside them, and `step_seq` links an event to its steps row.
+
+Where resumes go: every step row carries the `lease_epoch` of the session that wrote its
+intent, and each resume takes a new epoch, so a larger epoch on the next step means a resume
+came in between. An approval request always ends its session (the run stops `blocked`), and
+an `uncertain_side_effect` request is always made by a resumed session. A step that a crash
+interrupted and the resumed session settled without running it again keeps the epoch of its
+intent: its `tool_completed` is listed before that `run_resumed` (its `at` is exact).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
+               "approval_requested", "run_resumed", "run_finished")
+
+RESULT_CAP = 2000  # characters of a tool result kept in a transcript line
+ENDED = {"completed", "failed", "budget_exceeded", "cancelled", "blocked"}
+UNCERTAIN = "uncertain_side_effect"
+
+
+def iso_utc(value: datetime | None) -> str | None:
+    """Times are stored as naive UTC; say so in the text."""
+    return None if value is None else value.isoformat() + "Z"
+
+
+def events(store: Any, run_id: str) -> Iterator[dict[str, Any]]:
+    """The transcript of one run, read from `store` (a journal.Store)."""
+    run = store.get_run(run_id)
+    yield from build_events(run, store.steps(run_id), store.approvals(run_id))
+
+
+def build_events(run: Any, steps: list[Any], approvals: list[Any]) -> list[dict[str, Any]]:
+    """Pure: rows in, numbered events out (tests call it with rows from a real store)."""
+    body = _merge(_step_events(run, steps), [_approval_event(a) for a in approvals])
+    body = _place_resumes(body, run)
+    out = [_run_started(run), *body]
+    if run.status in ENDED:
+        out.append(_run_finished(run))
+    for seq, event in enumerate(out):
+        event["seq"] = seq
+        event["run_id"] = run.id
+    # Fixed key order: type, run_id, seq, at, then the payload (readable with `head`).
+    return [{"type": e.pop("type"), "run_id": e.pop("run_id"), "seq": e.pop("seq"), "at": e.pop("at"), **e}
+            for e in out]
+
+
+# -- one event per row ---------------------------------------------------------------------
+def _run_started(run: Any) -> dict[str, Any]:
+    return {"type": "run_started", "at": iso_utc(run.created_at), "task": run.task, "model": run.model,
+            "workspace": run.workspace, "settings": run.settings}
+
+
+def _run_finished(run: Any) -> dict[str, Any]:
+    return {"type": "run_finished", "at": iso_utc(run.finished_at or run.updated_at),
+            "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer, "error": run.error,
+            "model_calls": run.step_count, "tool_calls": run.tool_call_count,
+            "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
+            "messages": run.message_count, "active_ms": run.active_ms, "resume_count": run.resume_count}
+
+
+def _step_events(run: Any, steps: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for s in steps:
+        common = {"step_seq": s.seq, "turn": s.turn, "attempts": s.attempts, "_epoch": s.lease_epoch,
+                  "_time": s.started_at}
+        if s.kind == "model":
+            if s.finished_at is None:
+                continue  # a call in flight (or cut off by a crash): nothing came back yet
+            out.append({"type": "model_completed", "at": iso_utc(s.finished_at), **common,
+                        "state": s.state, "model": (s.input or {}).get("model", run.model),
+                        **_model_payload(s), "duration_ms": s.duration_ms, "error": s.error})
+            continue
+        tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
+        out.append({"type": "tool_started", "at": iso_utc(s.started_at), **common, **tool,
+                    "effect": s.effect, "arguments": _arguments(s)})
+        if s.finished_at is not None:
+            out.append({"type": "tool_completed", "at": iso_utc(s.finished_at), **common, **tool,
+                        "_time": s.finished_at, "state": s.state, **_result_payload(s.output),
+                        "error": s.error, "duration_ms": s.duration_ms})
+    return out
+
+
+def _model_payload(step: Any) -> dict[str, Any]:
+    output = step.output if isinstance(step.output, dict) else {}
+    calls = []
+    for c in output.get("tool_calls") or []:
+        fn = c.get("function", c)
+        calls.append({"id": c.get("id"), "name": fn.get("name"), "arguments": _maybe_json(fn.get("arguments"))})
+    usage = output.get("usage") or {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
+    return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
+
+
+def _arguments(step: Any) -> Any:
+    data = step.input if isinstance(step.input, dict) else {}
+    if step.kind == "verify":
+        return {"command": data.get("command")}
+    return data.get("arguments")
+
+
+def _result_payload(output: Any) -> dict[str, Any]:
+    if not isinstance(output, dict):
+        return {"result": None, "result_chars": 0, "truncated": False, "data": None}
+    data: Any
+    if "result" not in output:  # a verify step records its check, not a tool result
+        text = output.get("output_tail") or ""
+        data = {k: v for k, v in output.items() if k != "output_tail"}
+    else:
+        text, data = output.get("result") or "", output.get("data")
+    kept = text if len(text) <= RESULT_CAP else text[:RESULT_CAP] + f"…[truncated: {len(text)} chars in all]"
+    return {"result": kept, "result_chars": len(text), "truncated": len(text) > RESULT_CAP, "data": data}
+
+
+def _approval_event(a: Any) -> dict[str, Any]:
+    return {"type": "approval_requested", "at": iso_utc(a.requested_at), "_time": a.requested_at,
+            "approval_id": a.id, "approval_kind": a.kind, "call_id": a.call_id, "tool_name": a.tool_name,
+            "command": a.command, "reason": a.reason, "decision": a.decision, "decided_by": a.decided_by,
+            "decided_at": iso_utc(a.decided_at), "used_at": iso_utc(a.used_at)}
+
+
+def _maybe_json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # malformed arguments are part of the story: keep them as written
+
+
+# -- ordering ------------------------------------------------------------------------------
+def _merge(step_events: list[dict[str, Any]], approval_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps keep their seq order (the truth); each approval goes before the first step event
+    that happened after it was requested."""
+    out: list[dict[str, Any]] = []
+    pending = sorted(approval_events, key=lambda e: (e["_time"], e["approval_id"]))
+    for event in step_events:
+        while pending and pending[0]["_time"] <= event["_time"]:
+            out.append(pending.pop(0))
+        out.append(event)
+    return out + pending
+
+
+def _place_resumes(body: list[dict[str, Any]], run: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    epoch = 1  # the session the walk is in; the first lease is epoch 1
+    fresh = False  # a run_resumed was just emitted and nothing of its session followed yet
+    blocked = False  # an approval request ended the session
+
+    def resume() -> None:
+        nonlocal epoch, fresh, blocked
+        epoch += 1
+        out.append({"type": "run_resumed", "at": None, "lease_epoch": epoch, "resume": epoch - 1,
+                    "after_step_seq": _last_step_seq(out)})
+        fresh, blocked = True, False
+
+    for event in body:
+        if event["type"] == "approval_requested":
+            if event["approval_kind"] == UNCERTAIN and not fresh and epoch < run.lease_epoch:
+                resume()  # only a resume finds a crash's unfinished step
+            blocked, fresh = True, False
+        else:
+            row_epoch = event.get("_epoch") or epoch
+            if blocked and epoch < run.lease_epoch:
+                resume()
+            while epoch < row_epoch:
+                resume()
+            fresh = False
+        out.append(event)
+    while epoch < run.lease_epoch:  # resumes that wrote no step of their own
+        resume()
+    # A resume happened just before the first thing its session recorded: date it by that
+    # (a step's start, not its end), or by the run's last write when it recorded no step.
+    next_at = iso_utc(run.finished_at or run.updated_at)
+    for event in reversed(out):
+        if event["type"] == "run_resumed" and event["at"] is None:
+            event["at"] = next_at
+        began = event.pop("_time", None)
+        next_at = iso_utc(began) if began is not None else event["at"]
+        event.pop("_epoch", None)
+    return out
+
+
+def _last_step_seq(events_so_far: list[dict[str, Any]]) -> int | None:
+    for event in reversed(events_so_far):
+        if "step_seq" in event:
+            return int(event["step_seq"])
+    return None

@@ -1,0 +1,343 @@
+"""`durable-agent worker`: claim queued and orphaned runs from the database and execute them.
+
+    main thread    claim (store/queue.py) ──> one thread per run, at most --concurrency
+                   sleeps --poll between claims when idle; signals only set events here
+    run thread     rebuild the run's recorded settings ──> build_runner ──> Runner.execute
+                   with the lease taken in the claim (its Heartbeat thread renews it)
+
+Threads, not processes: a run spends its time waiting on the model or on a command, each
+run has its own Runner, and the engine's pool is sized for a run thread plus a heartbeat
+thread per run.
+
+Shutdown (SIGTERM or Ctrl-C): stop claiming, let every run finish the step it is in, then
+give it back (`pending`, lease released) for another worker. A second signal exits at
+once; those runs are taken over by other workers when their leases expire.
+
+A run whose workspace is not a directory on this machine, or whose settings cannot be
+built here (a scripted model file missing, no API key), is not executed and not failed: the
+worker says so on stderr, leaves it queued for a worker that can run it, and does not look
+at it again for SKIP_SECONDS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from argparse import Namespace
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from durable_agent import render
+from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost
+from durable_agent.runner import RunReleased
+from durable_agent.settings import Settings, load_settings
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.journal import Store, new_owner
+from durable_agent.store.queue import Claim, Queue
+from durable_agent.wiring import build_runner
+
+# How long a worker leaves alone a run it could not execute (workspace not mounted here,
+# settings it cannot build): long enough not to spam the log, short enough to notice a
+# filesystem that was mounted in the meantime.
+SKIP_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    db: str
+    concurrency: int = 1
+    lease_seconds: float = 30.0
+    poll_s: float = 1.0
+    once: bool = False
+    quiet: bool = False
+    max_running: int | None = None
+
+
+class Log:
+    """Whole lines on stderr from many threads, never interleaved mid-line."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        with self._lock:
+            try:
+                self.out.write(f"{stamp} {text}\n")
+                self.out.flush()
+            except (OSError, ValueError):  # stderr closed (a pipe reader went away): runs go on
+                pass
+
+
+class _RunStream:
+    """A text stream for render.Timeline that prefixes each line with the run id, so the
+    timelines of concurrent runs stay readable."""
+
+    def __init__(self, log: Log, run_id: str) -> None:
+        self.log, self.prefix, self._buf = log, f"  {run_id[:8]} ", ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self.log.line(self.prefix + line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def run_worker(args: Namespace, env: Mapping[str, str]) -> int:
+    """The CLI entry (cli.py declares the flags)."""
+    base = load_settings({"db": args.db, "lease_seconds": args.lease_seconds,
+                          "max_running_runs": getattr(args, "max_running_runs", None)}, env)
+    assert base.db is not None
+    if args.poll <= 0:
+        raise ConfigError("--poll must be a positive number of seconds")
+    options = WorkerOptions(db=base.db, concurrency=args.concurrency, lease_seconds=base.lease_seconds,
+                            poll_s=args.poll, once=args.once, quiet=args.quiet,
+                            max_running=base.max_running_runs)
+    engine = open_store_engine(base.db, durability=base.durability, pool_size=2 * args.concurrency + 2)
+    try:
+        return Worker(Store(engine), options, env, Log(sys.stderr)).run()
+    finally:
+        engine.dispose()
+
+
+class Worker:
+    def __init__(self, store: Store, options: WorkerOptions, env: Mapping[str, str], log: Log) -> None:
+        self.store, self.options, self.env, self.log = store, options, env, log
+        self.queue = Queue(store.engine)
+        self.name = new_owner().rsplit(":", 1)[0]  # host:pid; each claim gets its own owner
+        self.stopping = threading.Event()  # shared by every Runner as its `release` event
+        self.wake = threading.Event()  # a run thread ended, or a signal came
+        self.counts: Counter[str] = Counter()  # updated by run threads: only through _count
+        self._active: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._skip: dict[str, float] = {}  # run id -> monotonic time until which we leave it
+        self._signals = 0
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        o = self.options
+        url = make_url(self.store.engine.url).render_as_string(hide_password=True)
+        limit = f" · global limit {o.max_running}" if o.max_running else ""
+        self.log.line(f"worker {self.name} · {url} · concurrency {o.concurrency} · "
+                      f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}")
+        with _Signals(self._on_signal):
+            reason = self._loop()
+            self._drain()
+        c = self.counts
+        done = ", ".join(f"{n} {k}" for k, n in sorted(c.items()) if k not in {"claimed"})
+        self.log.line(f"worker {self.name} stopped ({reason}) · {c['claimed']} claimed"
+                      + (f" · {done}" if done else ""))
+        left = self._skipped_now()
+        if left:
+            self.log.line(f"left for other workers: {len(left)} run(s) this worker cannot execute: "
+                          + ", ".join(sorted(left)))
+        return 0
+
+    def _loop(self) -> str:
+        o = self.options
+        while not self.stopping.is_set():
+            if self._running_count() < o.concurrency:
+                try:
+                    result = self.queue.claim(self._new_owner(), o.lease_seconds, max_running=o.max_running,
+                                              exclude=self._skipped_now(), accept=_reachable)
+                except DBAPIError as exc:  # the server restarted, a network blip: claim again later
+                    self.log.line(f"cannot claim: database error: {str(exc.orig or exc).strip()[:200]}")
+                    result = None
+                if result is not None:
+                    for rej in result.rejected:
+                        self._skip_run(rej.run_id, f"its workspace {rej.workspace} is not a directory on "
+                                                   "this machine; left queued for a worker that can reach it")
+                    if result.claim is not None:
+                        self._start(result.claim)
+                        continue  # fill the free slots before sleeping
+                    if o.once and not result.at_limit and self._running_count() == 0:
+                        return "nothing left to claim"
+            self.wake.wait(o.poll_s)
+            self.wake.clear()
+        return "signal"
+
+    def _new_owner(self) -> str:
+        return new_owner()
+
+    def _running_count(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _skipped_now(self) -> set[str]:
+        now = time.monotonic()
+        with self._lock:
+            self._skip = {k: t for k, t in self._skip.items() if t > now}
+            return set(self._skip)
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def _skip_run(self, run_id: str, why: str) -> None:
+        with self._lock:
+            self._skip[run_id] = time.monotonic() + SKIP_SECONDS
+        self._count("skipped")
+        self.log.line(f"skipped run {run_id}: {why}")
+
+    def _start(self, claim: Claim) -> None:
+        self._count("claimed")
+        if claim.takeover:
+            was = f"took over run {claim.run_id} from {claim.previous_owner or 'a released lease'}"
+        else:
+            was = f"claimed run {claim.run_id}"
+        self.log.line(f"{was} (epoch {claim.epoch})")
+        thread = threading.Thread(target=self._execute, args=(claim,), name=f"run-{claim.run_id}", daemon=True)
+        with self._lock:
+            self._active[claim.run_id] = thread
+        thread.start()
+
+    def _drain(self) -> None:
+        with self._lock:
+            threads = list(self._active.values())
+        if threads and self.stopping.is_set():
+            self.log.line(f"stopping: {len(threads)} run(s) finish their current step, then go back to "
+                          "the queue (signal again to exit at once)")
+        for t in threads:
+            t.join()
+
+    def _on_signal(self, signum: int) -> None:
+        # Runs in the main thread between two bytecodes: only set events and write with
+        # os.write, never take a lock (the main thread may hold it: a deadlock).
+        self._signals += 1
+        if self._signals > 1:
+            with contextlib.suppress(OSError):
+                os.write(2, b"second signal: exiting now; other workers take the runs over when "
+                            b"their leases expire\n")
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        self.stopping.set()
+        self.wake.set()
+
+    # -- one run, in its own thread -----------------------------------------------------------
+    def _execute(self, claim: Claim) -> None:
+        started = time.monotonic()
+        try:
+            self._execute_claim(claim, started)
+        finally:
+            with self._lock:
+                self._active.pop(claim.run_id, None)
+            self.wake.set()
+
+    def _execute_claim(self, claim: Claim, started: float) -> None:
+        rid = claim.run_id
+        try:
+            settings = self._run_settings(claim)
+            observer = None if self.options.quiet else render.Timeline(_RunStream(self.log, rid))  # type: ignore[arg-type]
+            runner = build_runner(settings, env=self.env, store=self.store, observer=observer,
+                                  cancel=threading.Event())
+        except DurableAgentError as exc:  # e.g. a scripted model file or an API key missing here
+            self._give_back(claim, f"cannot execute it on worker {self.name}: {exc}")
+            self._skip_run(rid, f"{exc}; left queued for another worker")
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
+            return self._unexpected(claim, exc)
+        runner.release = self.stopping  # SIGTERM: stop at the next step boundary
+        try:
+            outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
+        except RunReleased:
+            self._count("released")
+            if self._give_back(claim, None):
+                self.log.line(f"released run {rid} between two steps; it is pending for another worker")
+            return
+        except LeaseLost:
+            # Another worker took the lease (ours expired: this process stalled or lost the
+            # database for longer than the lease). The fence made sure we wrote nothing more.
+            self._count("lost")
+            self.log.line(f"lost run {rid}: its lease was taken over by another worker; "
+                          "this worker wrote nothing more to it")
+            return
+        except DBAPIError as exc:
+            # The database went away mid-run. Nothing is lost (the last checkpoint is
+            # committed); the run is claimable again once the lease expires, by any worker.
+            self._count("interrupted")
+            self.log.line(f"run {rid} interrupted by a database error: {str(exc.orig or exc).strip()[:200]}; "
+                          "it is claimable again when its lease expires")
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
+            return self._unexpected(claim, exc)
+        self._count(outcome.status.value)
+        secs = time.monotonic() - started
+        tail = f": {outcome.error.splitlines()[0][:120]}" if outcome.error else ""
+        try:
+            run = self.store.get_run(rid)
+            counts = f" · {run.step_count} steps · {run.tool_call_count} tool calls"
+        except DBAPIError:
+            counts = ""
+        self.log.line(f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
+                      f"{secs:.1f}s{tail}")
+
+    def _unexpected(self, claim: Claim, exc: Exception) -> None:
+        """A bug, most likely: say everything, give the run back, and leave it alone for a while
+        here (another worker, or a fixed version, may do better)."""
+        self._count("crashed")
+        self.log.line(f"run {claim.run_id} stopped on an unexpected error: {exc!r}\n"
+                      + traceback.format_exc().rstrip())
+        self._give_back(claim, f"worker {self.name} hit an unexpected error: {exc!r}")
+        self._skip_run(claim.run_id, "unexpected error (see above); left queued for another worker")
+
+    def _run_settings(self, claim: Claim) -> Settings:
+        # Like `resume`: the run's recorded settings, with this worker's database and lease.
+        recorded = dict(claim.settings)
+        recorded.pop("db", None)
+        return load_settings({"db": self.options.db, "lease_seconds": self.options.lease_seconds},
+                             self.env, base=recorded)
+
+    def _give_back(self, claim: Claim, note: str | None) -> bool:
+        try:
+            return self.queue.release(claim.run_id, claim.owner, claim.epoch, note=note)
+        except DBAPIError as exc:  # the lease then simply expires and someone takes it over
+            self.log.line(f"could not release run {claim.run_id} ({exc.orig}); it is claimable "
+                          "when its lease expires")
+            return False
+
+
+def _reachable(workspace: str) -> bool:
+    """Can this machine execute a run in `workspace`? Paths are compared as recorded: a shared
+    filesystem must be mounted at the same path on every worker."""
+    try:
+        return Path(workspace).is_dir()
+    except OSError:
+        return False
+
+
+class _Signals:
+    """SIGTERM and SIGINT call `handler` (in the main thread only: Python's rule)."""
+
+    def __init__(self, handler: Callable[[int], None]) -> None:
+        self.handler = handler
+        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for sig, prev in self.previous.items():
+            signal.signal(sig, prev)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.handler(signum)

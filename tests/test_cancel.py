@@ -1,0 +1,179 @@
+"""Cancellation (SPEC §3): Ctrl-C in the foreground and `durable-agent cancel` from another
+shell stop the run `cancelled` (exit 4), kill a running command with its whole process
+group (grandchildren included), leave a valid history, and the run can be resumed."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from side_effects_support import (
+    Spawned,
+    assert_history_valid,
+    pid_alive,
+    poll_query,
+    query,
+    spawn,
+    wait_for,
+)
+
+from durable_agent.tools.process import process_group_alive
+
+# The shell writes its pid, starts a grandchild in the background and writes that pid,
+# then waits: both must be gone after the cancel, long before 30 s.
+SLEEPER = "echo $$ > shell.pid; sleep 30 & echo $! > child.pid; sleep 30"
+SCRIPT = [{"tool_calls": [{"name": "run_command", "arguments": {"command": SLEEPER}}]},
+          {"content": "done after resume"}]
+
+
+def _start_sleeper(env: dict[str, str], workspace: Path, db: Path, tmp_path: Path, script: str,
+                   command_started: bool = True) -> tuple[Spawned, int, list[int]]:
+    cli = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", script, "--shell", "allow",
+                "--run-id", "c")
+    pgid = wait_for(lambda: poll_query(db, "SELECT pgid FROM steps WHERE tool_name='run_command' "
+                                           "AND state='started' AND pgid IS NOT NULL"),
+                    what="the running command's pgid")[0][0]
+    pids = wait_for(lambda: _pids(workspace), what="the command's pid files")
+    assert all(pid_alive(p) for p in pids) and process_group_alive(pgid)
+    return cli, pgid, pids
+
+
+def _pids(workspace: Path) -> list[int] | None:
+    files = [workspace / "shell.pid", workspace / "child.pid"]
+    try:
+        texts = [f.read_text().strip() for f in files]
+    except FileNotFoundError:
+        return None
+    return [int(t) for t in texts] if all(texts) else None
+
+
+def _assert_cancelled_and_clean(cli: Spawned, pgid: int, pids: list[int], db: Path, started: float) -> None:
+    assert cli.wait(timeout=25) == 4, cli.stderr()
+    assert time.monotonic() - started < 20, "the command was waited for instead of killed"
+    # Nothing of the command survives: not the shell, not its background grandchild.
+    wait_for(lambda: not process_group_alive(pgid), timeout_s=5, what=f"group {pgid} to be gone")
+    for pid in pids:
+        assert not pid_alive(pid), f"pid {pid} of the cancelled command still runs"
+    assert query(db, "SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
+    # The interrupted call got an honest error result; the history stays valid.
+    assert query(db, "SELECT state FROM steps WHERE tool_name='run_command'") == [("failed",)]
+    told = query(db, "SELECT content FROM messages WHERE role='tool' AND tool_call_id='call_0_0'")
+    assert len(told) == 1 and told[0][0].startswith("Error:") and "killed" in told[0][0]
+    assert_history_valid(db, "c")
+
+
+def test_ctrl_c_kills_the_command_group_and_resume_continues(
+        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, write_script(SCRIPT))
+    started = time.monotonic()
+    try:
+        proc.proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+        _assert_cancelled_and_clean(proc, pgid, pids, db_path, started)
+    finally:
+        proc.kill()
+    assert "cancelling at the next step boundary" in proc.stderr()
+
+    r = cli("resume", "c")
+    assert r.code == 0, r.stderr
+    assert r.stdout.strip() == "done after resume"
+    assert query(db_path, "SELECT status, step_count FROM runs") == [("completed", 2)]
+    assert_history_valid(db_path, "c")
+
+
+def test_cancel_from_another_shell_kills_the_command_promptly(
+        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, write_script(SCRIPT))
+    started = time.monotonic()
+    try:
+        r = cli("cancel", "c")
+        assert r.code == 0 and r.stdout.startswith("cancellation requested"), r.stdout + r.stderr
+        # Not only at the next lease heartbeat (every 10 s by default): within a second or so.
+        wait_for(lambda: not process_group_alive(pgid), timeout_s=8, what="the command to be killed")
+        _assert_cancelled_and_clean(proc, pgid, pids, db_path, started)
+    finally:
+        proc.kill()
+    assert cli("resume", "c").code == 0
+    assert query(db_path, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_second_ctrl_c_stops_now_and_still_records_the_call(
+        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The shell ignores SIGTERM, so after the first Ctrl-C the command lingers in its grace
+    # period (SIGKILL comes 2 s later): the second Ctrl-C lands while it still runs.
+    stubborn = "trap '' TERM; " + SLEEPER.replace("sleep 30 &", "(trap '' TERM; sleep 30) &")
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": stubborn}}]},
+                           {"content": "done after resume"}])
+    proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, script)
+    started = time.monotonic()
+    try:
+        proc.proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "cancelling at the next step boundary" in proc.stderr(), what="the first Ctrl-C")
+        proc.proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=25) == 4, proc.stderr()
+    finally:
+        proc.kill()
+    assert time.monotonic() - started < 20
+    wait_for(lambda: not process_group_alive(pgid), timeout_s=5, what=f"group {pgid} to be gone")
+    assert not any(pid_alive(p) for p in pids)
+    assert query(db_path, "SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
+    # The second Ctrl-C ended the command (the first would have needed the 2 s grace
+    # period): the call still has its result, saying what happened.
+    told = query(db_path, "SELECT content FROM messages WHERE role='tool'")
+    assert len(told) == 1 and "interrupted by the user (Ctrl-C)" in told[0][0], told
+    assert query(db_path, "SELECT state FROM steps WHERE tool_name='run_command'") == [("failed",)]
+    assert_history_valid(db_path, "c")
+    assert cli("resume", "c").code == 0
+
+
+def test_ctrl_c_during_verification_is_not_a_failed_check(
+        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (workspace / "slow").write_text("")
+    verify = "echo $$ > shell.pid; echo $$ > child.pid; if [ -f slow ]; then sleep 30; fi"
+    proc = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", write_script([{"content": "done"}]),
+                 "--verify", verify, "--run-id", "c")
+    try:
+        wait_for(lambda: poll_query(db_path, "SELECT 1 FROM steps WHERE kind='verify' AND state='started'"),
+                 what="the verify step")
+        pid = wait_for(lambda: _pids(workspace), what="the verify command")[0]
+        proc.proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=25) == 4, proc.stderr()
+    finally:
+        proc.kill()
+    assert not pid_alive(pid)
+    # A cancelled check says nothing about the answer: the model is not told it failed,
+    # and resume runs the check again on the same step.
+    assert query(db_path, "SELECT state, error FROM steps WHERE kind='verify'") == [("failed", "cancelled")]
+    assert query(db_path, "SELECT count(*) FROM messages WHERE content LIKE 'Verification failed%'") == [(0,)]
+    (workspace / "slow").unlink()
+    r = cli("resume", "c")
+    assert r.code == 0 and r.stdout.strip() == "done", r.stderr
+    assert query(db_path, "SELECT state, attempts FROM steps WHERE kind='verify'") == [("completed", 2)]
+    assert query(db_path, "SELECT step_count FROM runs") == [(1,)]
+
+
+def test_sigterm_cancels_like_ctrl_c(env, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    """A service manager's stop (SIGTERM) ends the run `cancelled` and resumable, not blocked."""
+    import signal as _signal
+    import subprocess as _subprocess
+    import sys as _sys
+    import time as _time
+
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 30"}}]},
+                           {"content": "done"}])
+    proc = _subprocess.Popen([_sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
+                              "--shell", "allow", "--run-id", "term", "--quiet"], env=env, cwd=workspace,
+                             stdout=_subprocess.DEVNULL, stderr=_subprocess.DEVNULL)
+    deadline = _time.monotonic() + 30
+    while _time.monotonic() < deadline:
+        try:
+            if sql("SELECT pgid FROM steps WHERE tool_name='run_command' AND pgid IS NOT NULL"):
+                break
+        except Exception:  # the store is not created yet
+            pass
+        _time.sleep(0.05)
+    proc.send_signal(_signal.SIGTERM)
+    assert proc.wait(timeout=30) == 4
+    assert sql("SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
+    content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
+    assert "cancelled" in content

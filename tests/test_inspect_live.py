@@ -1,0 +1,181 @@
+"""The live output of start/resume: plain timeline lines on a pipe, a redrawn status line
+with the elapsed time on a terminal (a real pty for the CLI), only JSON with --json, and
+the summary line."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from durable_agent.observer import StepEvent
+from durable_agent.render import StatusLine, Timeline, summary
+
+ERASE = StatusLine.ERASE
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("timed out waiting for the status line to be redrawn")
+        time.sleep(0.01)
+
+
+class Locked(io.StringIO):
+    """A StringIO whose reads and the status thread's writes do not interleave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def write(self, s: str) -> int:
+        with self.lock:
+            return super().write(s)
+
+    def text(self) -> str:
+        with self.lock:
+            return self.getvalue()
+
+
+def model(state: str, **kw: object) -> StepEvent:
+    return StepEvent(0, 0, "model", "m", state=state, **kw)  # type: ignore[arg-type]
+
+
+def test_not_a_tty_gets_plain_lines_only() -> None:
+    out = io.StringIO()
+    t = Timeline(out)  # a StringIO is not a terminal
+    t.step(model("started"))
+    t.step(model("completed", detail="read_file", duration_ms=5, prompt_tokens=10, completion_tokens=2))
+    t.step(StepEvent(-1, 1, "tool", "read_file", detail="a.txt"))
+    t.step(StepEvent(1, 1, "tool", "read_file", detail="a.txt", state="failed", duration_ms=1,
+                     error="file not found: a.txt\nmore"))
+    t.close()
+    assert t.status is None
+    assert out.getvalue() == (
+        "Step 1 · model · m → read_file · 5 ms · 10+2 tokens\n"
+        "Step 2 · tool · read_file a.txt · 1 ms · error: file not found: a.txt\n"
+    )
+
+
+def test_on_a_tty_the_status_line_is_erased_before_each_timeline_line() -> None:
+    out, clock = Locked(), FakeClock()
+    t = Timeline(out, live=True, interval=3600, clock=clock)  # the thread never ticks here
+    t.step(model("started"))
+    assert out.text() == ERASE + "| model m thinking 0.0 s"
+    clock.now += 1.5
+    t.step(model("completed", detail="edit_file", duration_ms=1500, prompt_tokens=7, completion_tokens=3))
+    t.step(StepEvent(-1, 1, "tool", "edit_file", detail="src/app.py"))
+    clock.now += 0.25
+    t.step(StepEvent(1, 1, "tool", "edit_file", detail="src/app.py", state="completed", duration_ms=12))
+    t.close()
+    assert out.text() == (
+        ERASE + "| model m thinking 0.0 s"
+        + ERASE + "Step 1 · model · m → edit_file · 1.5 s · 7+3 tokens\n"
+        + ERASE + "| edit_file src/app.py running 0.0 s · 10 tokens so far"
+        + ERASE + "Step 2 · tool · edit_file src/app.py · 12 ms\n"
+    )
+
+
+def test_the_thread_redraws_the_elapsed_time_and_close_erases_it() -> None:
+    out, clock = Locked(), FakeClock()
+    t = Timeline(out, live=True, interval=0.005, clock=clock)
+    t.step(StepEvent(-1, 1, "tool", "run_command", detail="make test"))
+    clock.now += 42.0
+    wait_for(lambda: "make test running 42.0 s" in out.text())
+    t.close()
+    assert t.status is not None and t.status._thread is not None
+    assert not t.status._thread.is_alive()
+    assert out.text().endswith(ERASE)
+    final = len(out.text())
+    clock.now += 1
+    assert len(out.text()) == final  # closed: nothing is drawn any more
+
+
+def test_a_retry_is_a_line_and_the_step_keeps_its_clock() -> None:
+    out, clock = Locked(), FakeClock()
+    t = Timeline(out, live=True, interval=3600, clock=clock)
+    t.step(model("started"))
+    clock.now += 2
+    t.step(model("retry", attempts=1, error="429 rate limited"))
+    assert out.text().endswith(
+        ERASE + "  ↺ model m: attempt 1 failed: 429 rate limited\n"
+        + ERASE + "| model m thinking 2.0 s · retrying: attempt 2")
+    t.close()
+
+
+def test_summary_line() -> None:
+    run = SimpleNamespace(id="r1", status="completed", stop_reason="finished", step_count=9, tool_call_count=1,
+                          message_count=19, prompt_tokens=329, completion_tokens=156, active_ms=1324, error=None)
+    out = io.StringIO()
+    summary(run, out)
+    assert out.getvalue() == ("9 steps · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "
+                              "completed (finished)\n")
+    run.status, run.stop_reason, run.error = "budget_exceeded", "max_steps", "the step budget (9) is used up"
+    out = io.StringIO()
+    summary(run, out)
+    assert out.getvalue().splitlines()[1:] == ["  the step budget (9) is used up",
+                                               "  continue with: durable-agent resume r1"]
+
+
+SLOW = [{"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]}, {"content": "done"}]
+
+
+def test_cli_on_a_pipe_has_no_control_codes_and_json_is_alone(cli, write_script) -> None:
+    script = write_script(SLOW)
+    r = cli("start", "t", "--model", script, "--shell", "allow")
+    assert r.code == 0
+    assert "\r" not in r.stderr and "\x1b" not in r.stderr
+    assert "Step 2 · tool · run_command echo hi" in r.stderr
+    assert r.stderr.splitlines()[-1].endswith("completed (finished)")
+    assert r.stdout == "done\n"
+
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--json")
+    assert r.code == 0 and r.stderr == ""
+    assert set(r.json()) >= {"run_id", "status", "stop_reason", "answer", "steps", "tool_calls",
+                             "prompt_tokens", "completion_tokens", "duration_ms"}
+
+
+def test_cli_on_a_terminal_shows_what_runs_and_erases_it(env, workspace: Path, write_script) -> None:
+    script = write_script(SLOW)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
+                             "--shell", "allow"], cwd=workspace, env=env,
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:  # until the child closes its end of the terminal
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the child is gone
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = b"".join(chunks).decode()
+    assert ERASE + "⠋ model " in text and " thinking 0.0 s" in text  # the label is cut, never the time
+    assert "run_command echo hi running" in text
+    # Every timeline line starts on a cleared line: no status text is left in front of it.
+    for line in text.split("\r\n"):
+        if "Step " in line:
+            assert (ERASE + "Step ") in line and line.rsplit(ERASE, 1)[1].startswith("Step ")
+    assert "completed (finished)\r\ndone\r\n" in text

@@ -1,0 +1,130 @@
+"""Secrets never reach the database or the model: env values and well-known key shapes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from durable_agent.redact import Redactor, is_secret_name
+
+OPENAI = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"
+ENV = {
+    "OPENAI_API_KEY": OPENAI,
+    "GITHUB_TOKEN": "gh-internal-7f3a9c2e",
+    "DB_PASSWORD": "correct-horse-battery",
+    "aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCY",
+    "SHORT_KEY": "abc12",  # too short to redact without destroying ordinary text
+    "FEATURE_TOKEN": "true",  # boring
+    "HOME": "/home/ada",
+    "EDITOR": "vim-tiny-editor",
+}
+
+
+@pytest.fixture
+def redactor() -> Redactor:
+    return Redactor.from_env(ENV)
+
+
+def test_env_secrets_are_named_in_the_replacement(redactor: Redactor) -> None:
+    text = (f"key={OPENAI}\ntoken: gh-internal-7f3a9c2e, pw correct-horse-battery "
+            "aws wJalrXUtnFEMI/K7MDENG/bPxRfiCY.")
+    assert redactor.redact(text) == (
+        "key=[REDACTED:OPENAI_API_KEY]\ntoken: [REDACTED:GITHUB_TOKEN], "
+        "pw [REDACTED:DB_PASSWORD] aws [REDACTED:aws_secret_access_key].")
+
+
+def test_secret_inside_a_longer_string_is_still_redacted(redactor: Redactor) -> None:
+    assert redactor.redact("x=correct-horse-battery-staple") == "x=[REDACTED:DB_PASSWORD]-staple"
+
+
+def test_non_secrets_are_untouched(redactor: Redactor) -> None:
+    text = ("HOME is /home/ada, editor vim-tiny-editor, true, abc12, 1\n"
+            "task-runner-configuration-for-the-build sk-learn-model-selection-guide\n"
+            "def get_api_key(): return os.environ['OPENAI_API_KEY']\n"
+            "https://example.com/path?q=1 and git@github.com:org/repo.git\n"
+            "Bearer\n")
+    assert redactor.redact(text) == text
+
+
+@pytest.mark.parametrize("secret", [
+    "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v2W3x4",  # OpenAI legacy
+    OPENAI.replace("Ab3", "Zz9"),  # OpenAI project key (not from the environment)
+    "sk-ant-api03-" + "Xy9_" * 20 + "AA",  # Anthropic
+    "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",  # GitHub classic
+    "gho_" + "Q" * 36,
+    "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",  # GitHub fine-grained
+    "AKIAIOSFODNN7EXAMPLE",  # AWS
+    "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",  # Slack
+    "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",  # Google
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0",
+])
+def test_key_shapes_are_redacted(secret: str) -> None:
+    redacted = Redactor().redact(f"config: {secret} (copied)")
+    assert redacted == "config: [REDACTED] (copied)"
+
+
+def test_shape_must_start_a_word() -> None:
+    text = "xAKIAIOSFODNN7EXAMPLE and disk-" + "a1" * 15
+    assert Redactor().redact(text) == text
+
+
+def test_bearer_and_url_passwords_keep_the_readable_part() -> None:
+    r = Redactor()
+    assert r.redact("Authorization: Bearer abc123.def456-ghi") == \
+        "Authorization: Bearer [REDACTED]"
+    assert r.redact("DATABASE_URL=postgresql://app:s3cr3t!@db:5432/prod") == \
+        "DATABASE_URL=postgresql://app:[REDACTED]@db:5432/prod"
+
+
+def test_private_keys_are_redacted_whole_even_when_truncated() -> None:
+    pem = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nQUFBQUFB\n"
+           "-----END OPENSSH PRIVATE KEY-----")
+    r = Redactor()
+    assert r.redact(f"before\n{pem}\nafter") == "before\n[REDACTED]\nafter"
+    assert r.redact("cat id_rsa:\n" + pem[:60]) == "cat id_rsa:\n[REDACTED]"
+    public = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkq\n-----END PUBLIC KEY-----"
+    assert r.redact(public) == public
+
+
+def test_longest_secret_wins_when_one_contains_another() -> None:
+    r = Redactor({"A_KEY": "abcdef123", "B_KEY": "abcdef123456"})
+    assert r.redact("abcdef123456 abcdef123") == "[REDACTED:B_KEY] [REDACTED:A_KEY]"
+
+
+def test_regex_metacharacters_in_secrets_are_literal() -> None:
+    r = Redactor({"X_SECRET": "a.b*c+d(e)"})
+    assert r.redact("a.b*c+d(e) axbbbcdde") == "[REDACTED:X_SECRET] axbbbcdde"
+
+
+def test_redact_json_walks_nested_values_and_keys(redactor: Redactor) -> None:
+    obj: dict[str, Any] = {"args": {"command": f"curl -H 'Authorization: Bearer {OPENAI}'", "n": 3},
+           "list": ["ok", ("correct-horse-battery", None, 1.5, True)],
+           "correct-horse-battery": "key as well"}
+    assert redactor.redact_json(obj) == {
+        "args": {"command": "curl -H 'Authorization: Bearer [REDACTED]'", "n": 3},
+        "list": ["ok", ("[REDACTED:DB_PASSWORD]", None, 1.5, True)],
+        "[REDACTED:DB_PASSWORD]": "key as well"}
+    assert obj["list"][1][0] == "correct-horse-battery"  # a copy: the input is unchanged
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("OPENAI_API_KEY", True), ("api_key", True), ("GH_TOKEN", True), ("AWS_SESSION_TOKEN", True),
+    ("CLIENT_SECRET", True), ("PGPASSWORD", True), ("SMTP_PASSWD", True), ("NPM_AUTH", True),
+    ("GOOGLE_APPLICATION_CREDENTIALS", True), ("SENTRY_DSN", True), ("GH_PAT", True),
+    ("PATH", False), ("HOME", False), ("GIT_AUTHOR_NAME", False), ("PWD", False),
+    ("PYTHONPATH", False), ("TERM", False), ("LANG", False),
+])
+def test_secret_names(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+
+
+def test_a_large_output_is_redacted_quickly() -> None:
+    # It runs on every stored message; this text is 30x the default output cap.
+    env = {f"SERVICE_{i}_TOKEN": f"tok-{i:03d}-9f8e7d6c5b4a" for i in range(30)}
+    r = Redactor.from_env(env)
+    text = "lorem ipsum dolor sit amet, consectetur adipiscing elit 12345 foo_bar baz\n" * 12_000
+    started = time.perf_counter()
+    assert r.redact(text + "tok-007-9f8e7d6c5b4a") == text + "[REDACTED:SERVICE_7_TOKEN]"
+    assert time.perf_counter() - started < 1.0

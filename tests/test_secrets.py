@@ -1,0 +1,83 @@
+"""Secrets (SPEC §4): values of credential-named environment variables and well-known key
+shapes are redacted before anything is stored or sent, and commands never see the
+credential-named variables at all.
+
+Checked where it matters: the raw bytes of the database files (main file, WAL, shared
+memory) and every request body the model server received."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+from fake_openai import FakeOpenAI
+from side_effects_support import assert_history_valid
+
+
+def _db_bytes(db: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"))
+                    if p.exists())
+
+
+def test_secrets_reach_neither_the_database_nor_the_model(cli, workspace, db_path) -> None:  # type: ignore[no-untyped-def]
+    token = "tok-" + secrets.token_hex(16)  # named like a credential, no known shape
+    api_key = "sk-" + secrets.token_hex(20)
+    github = "ghp_" + secrets.token_hex(18)  # a key shape, in no variable at all
+    (workspace / "notes.txt").write_text(f"service token: {token}\nopenai: {api_key}\ngithub: {github}\n")
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": "echo token=${MY_SERVICE_TOKEN:-unset} key=${OPENAI_API_KEY:-unset}; env"}}]},
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat notes.txt"}}]},
+        {"content": "done"},
+    ]
+    with FakeOpenAI(script=script) as server:
+        r = cli("start", f"use the token {token} carefully", "--model", "m", "--base-url", server.url,
+                "--shell", "allow", "--run-id", "s", "--verify", "cat notes.txt",
+                extra_env={"MY_SERVICE_TOKEN": token, "OPENAI_API_KEY": api_key})
+        requests = list(server.requests)
+    assert r.code == 0, r.stderr
+    assert len(requests) == 4
+
+    # The key did reach the server, where it belongs: in the Authorization header only.
+    assert all(req["headers"]["authorization"] == f"Bearer {api_key}" for req in requests)
+    bodies = json.dumps([req["body"] for req in requests])
+    for secret in (token, api_key, github):
+        assert secret not in bodies
+        assert not any(secret in v for req in requests for k, v in req["headers"].items() if k != "authorization")
+    stored = _db_bytes(db_path)
+    assert stored, "no database file to check"
+    for secret in (token, api_key, github):
+        assert secret.encode() not in stored
+
+    # Positive controls: the redaction happened (the model saw markers, not nothing), and
+    # the command ran with its own variables but without the credential-named ones.
+    last = requests[-1]["body"]["messages"]
+    tool_texts = [m["content"] for m in last if m["role"] == "tool"]
+    env_dump = tool_texts[0]
+    assert "token=unset key=unset" in env_dump
+    assert "DURABLE_AGENT_CALL_ID=call_0_0" in env_dump and "PAGER=cat" in env_dump
+    assert "MY_SERVICE_TOKEN" not in env_dump and "OPENAI_API_KEY" not in env_dump
+    assert "[REDACTED:MY_SERVICE_TOKEN]" in tool_texts[1] and "[REDACTED:OPENAI_API_KEY]" in tool_texts[1]
+    assert "github: [REDACTED]" in tool_texts[1]
+    assert "[REDACTED:MY_SERVICE_TOKEN]" in tool_texts[2]
+    assert "[REDACTED:MY_SERVICE_TOKEN]" in last[1]["content"]  # the task as the model got it
+    assert_history_valid(db_path, "s")
+
+
+def test_a_command_cannot_print_a_credential_variable_it_was_given(cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    # Even a variable the command sets itself from a file is caught by its value, as long as
+    # the value is a credential the harness knows about.
+    token = "tok-" + secrets.token_hex(16)
+    (workspace / "t.txt").write_text(token)
+    script = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "X=$(cat t.txt); echo \"got $X\" >&2"}}]},
+        {"content": "done"}])
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "e",
+            extra_env={"DEPLOY_PASSWORD": token})
+    assert r.code == 0, r.stderr
+    out = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
+    assert "got [REDACTED:DEPLOY_PASSWORD]" in out
+    assert token not in json.dumps(sql("SELECT output, error FROM steps"))

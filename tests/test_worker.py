@@ -1,0 +1,152 @@
+"""`durable-agent worker` on SQLite (the same code path as on PostgreSQL): draining the
+queue, runs it cannot reach, SIGTERM between two steps, and a lease lost mid-command."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Result
+from scale_helpers import Workers, wait_for
+
+
+@pytest.fixture
+def workers(env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(env, env["DURABLE_AGENT_DB"], tmp_path / "logs")
+    yield w
+    w.kill_all()
+
+
+def enqueue(cli_inproc: Callable[..., Result], model: str, workspace: Path, task: str = "task") -> str:
+    res = cli_inproc("start", task, "--model", model, "--shell", "allow", "--workspace", str(workspace),
+                     "--detach")
+    assert res.code == 0, res.stderr
+    return res.stdout.strip()
+
+
+def query(db: Path, sql: str, *params: Any) -> list[Any]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def ledger(workspace: Path) -> list[str]:
+    path = workspace / "ledger.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def command_turn(command: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]}
+
+
+LOG = 'echo "$DURABLE_AGENT_CALL_ID" >> ledger.txt'
+
+
+def test_worker_once_drains_the_queue_and_exits(cli_inproc: Callable[..., Result], cli: Callable[..., Result],
+                                                 write_script: Callable[..., str], tmp_path: Path,
+                                                 db_path: Path) -> None:
+    model = write_script([command_turn(f"{LOG} # 1"), command_turn(f"{LOG} # 2"), {"content": "done"}])
+    spaces = [tmp_path / f"ws{i}" for i in range(4)]
+    ids = []
+    for ws in spaces:
+        ws.mkdir()
+        ids.append(enqueue(cli_inproc, model, ws))
+    assert {r[0] for r in query(db_path, "SELECT status FROM runs")} == {"pending"}
+
+    res = cli("worker", "--once", "--concurrency", "2", "--quiet", "--poll", "0.1")
+    assert res.code == 0, res.stderr
+    for rid in ids:
+        assert f"claimed run {rid} (epoch 1)" in res.stderr
+        assert f"finished run {rid} · completed (finished)" in res.stderr
+    assert "stopped (nothing left to claim) · 4 claimed · 4 completed" in res.stderr
+    rows = query(db_path, "SELECT status, answer, lease_owner, lease_epoch FROM runs")
+    assert rows == [("completed", "done", None, 1)] * 4
+    assert all(ledger(ws) == ["call_0_0", "call_1_0"] for ws in spaces)
+
+    again = cli("worker", "--once", "--quiet")
+    assert again.code == 0 and "0 claimed" in again.stderr
+
+
+def test_a_run_whose_workspace_is_missing_here_is_left_queued(
+        cli_inproc: Callable[..., Result], cli: Callable[..., Result], tmp_path: Path, db_path: Path) -> None:
+    gone = tmp_path / "mounted-elsewhere"
+    gone.mkdir()
+    rid = enqueue(cli_inproc, "demo", gone)
+    gone.rmdir()  # e.g. a shared filesystem that this worker's machine does not mount
+    res = cli("worker", "--once", "--quiet")
+    assert res.code == 0, res.stderr
+    assert f"skipped run {rid}: its workspace {gone} is not a directory on this machine" in res.stderr
+    assert f"left for other workers: 1 run(s) this worker cannot execute: {rid}" in res.stderr
+    assert query(db_path, "SELECT status, lease_owner, lease_epoch, step_count FROM runs") == [
+        ("pending", None, 0, 0)]
+
+
+def test_sigterm_finishes_the_current_step_then_gives_the_run_back(
+        cli_inproc: Callable[..., Result], cli: Callable[..., Result], write_script: Callable[..., str],
+        workspace: Path, db_path: Path, workers: Workers) -> None:
+    model = write_script([command_turn(f"{LOG}; sleep 1.5"), command_turn(f"{LOG} # 2"), {"content": "done"}])
+    rid = enqueue(cli_inproc, model, workspace)
+    proc = workers.start("--poll", "0.1")
+    wait_for(lambda: ledger(workspace) == ["call_0_0"], 30, "the first command to run")
+    assert workers.stop(proc, timeout_s=30) == 0
+    log = workers.log(proc)
+    assert f"released run {rid} between two steps" in log
+    assert "stopped (signal) · 1 claimed · 1 released" in log
+    # The command that was running when SIGTERM came was finished and recorded, not cut off.
+    steps = query(db_path, "SELECT seq, kind, state, call_id FROM steps ORDER BY seq")
+    assert steps == [(0, "model", "completed", None), (1, "tool", "completed", "call_0_0")]
+    assert query(db_path, "SELECT status, lease_owner, lease_expires_at, lease_epoch FROM runs") == [
+        ("pending", None, None, 1)]
+
+    res = cli("worker", "--once", "--quiet")
+    assert res.code == 0, res.stderr
+    assert f"claimed run {rid} (epoch 2)" in res.stderr
+    assert query(db_path, "SELECT status, answer, lease_epoch FROM runs") == [("completed", "done", 2)]
+    assert ledger(workspace) == ["call_0_0", "call_1_0"]  # nothing ran twice
+
+
+def test_a_worker_that_loses_its_lease_mid_command_writes_nothing_more(
+        cli_inproc: Callable[..., Result], write_script: Callable[..., str], workspace: Path,
+        db_path: Path, workers: Workers) -> None:
+    slow = 'echo "start-$DURABLE_AGENT_CALL_ID" >> ledger.txt; sleep 5; echo "end-$DURABLE_AGENT_CALL_ID" >> ledger.txt'
+    model = write_script([command_turn(slow), {"content": "done"}])
+    rid = enqueue(cli_inproc, model, workspace)
+    proc = workers.start("--once", "--quiet", "--lease-seconds", "1", "--poll", "0.1")
+    wait_for(lambda: ledger(workspace) == ["start-call_0_0"], 30, "the command to start")
+    # Another worker takes the run over (as if this one had stalled past its lease).
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET lease_owner = 'elsewhere:1:thief', lease_epoch = lease_epoch + 1, "
+                     "lease_expires_at = datetime('now', '+60 seconds')")
+    assert proc.wait(timeout=30) == 0  # --once: the run is not claimable (a live lease), so it exits
+    log = workers.log(proc)
+    assert f"lost run {rid}: its lease was taken over by another worker" in log
+    # The heartbeat noticed, the command was killed (its group is gone once the worker has
+    # returned from it), and no outcome was recorded under the lost lease.
+    assert ledger(workspace) == ["start-call_0_0"]
+    assert query(db_path, "SELECT seq, state, lease_epoch FROM steps ORDER BY seq") == [
+        (0, "completed", 1), (1, "started", 1)]
+    assert query(db_path, "SELECT status, lease_owner, lease_epoch FROM runs") == [
+        ("running", "elsewhere:1:thief", 2)]
+
+
+def test_a_second_sigterm_exits_at_once_and_leaves_the_lease_to_expire(
+        cli_inproc: Callable[..., Result], write_script: Callable[..., str], workspace: Path,
+        db_path: Path, workers: Workers) -> None:
+    slow = 'echo "start-$DURABLE_AGENT_CALL_ID" >> ledger.txt; sleep 30; echo "end" >> ledger.txt'
+    rid = enqueue(cli_inproc, write_script([command_turn(slow), {"content": "done"}]), workspace)
+    proc = workers.start("--poll", "0.1", "--lease-seconds", "5")
+    wait_for(lambda: ledger(workspace) == ["start-call_0_0"], 30, "the command to start")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping: 1 run(s) finish their current step" in workers.log(proc), 10,
+             "the worker to start draining")
+    assert proc.poll() is None  # still finishing the step (the command sleeps 30 s)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+    assert "second signal: exiting now" in workers.log(proc)
+    # Not released: the run keeps its lease until it expires, then any worker takes it over.
+    ((status, owner, epoch),) = query(db_path, "SELECT status, lease_owner, lease_epoch FROM runs WHERE id = ?", rid)
+    assert (status, epoch) == ("running", 1) and owner is not None
+    assert query(db_path, "SELECT state FROM steps WHERE call_id = 'call_0_0'") == [("started",)]
