@@ -61,10 +61,11 @@ class _Interrupts:
             print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=sys.stderr)
 
 
-def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event) -> int:
+def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
+             lease: tuple[str, int] | None = None) -> int:
     try:
         with _Interrupts(cancel, args.quiet or args.json):
-            outcome = runner.execute(run_id)
+            outcome = runner.execute(run_id, lease=lease)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
         if close is not None:
@@ -95,14 +96,18 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
-    run_id = runner.create(args.task, args.run_id)
     if args.detach:
-        print(run_id)
+        print(runner.create(args.task, args.run_id))
         return 0
+    # Created already leased to us: a worker sharing the database cannot claim it first.
+    from durable_agent.store.rows import new_owner
+
+    owner = new_owner()
+    run_id = runner.create(args.task, args.run_id, lease_owner=owner)
     if not args.json:
         print(f"run {run_id} · {runner.model.name} · {settings.workspace}", file=sys.stderr)
         print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
-    return _execute(runner, run_id, args, cancel)
+    return _execute(runner, run_id, args, cancel, lease=(owner, 1))
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
-from durable_agent.store.journal import owner_is_dead, utcnow
+from durable_agent.store.rows import owner_is_dead, utcnow
 from durable_agent.transcript import iso_utc
 
 

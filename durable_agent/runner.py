@@ -25,7 +25,9 @@ from durable_agent.redact import Redactor
 from durable_agent.replay import RunState, rebuild
 from durable_agent.settings import Settings
 from durable_agent.status import STATUS_FOR_REASON, RunStatus, StepKind, StopReason
-from durable_agent.store.journal import Counters, Journal, Store, new_owner
+from durable_agent.store.journal import Counters, Journal
+from durable_agent.store.rows import new_owner
+from durable_agent.store.runs import Store
 from durable_agent.tool_steps import ToolSteps
 from durable_agent.tools.base import Tool, tool_schema
 
@@ -103,15 +105,20 @@ class Runner:
                                    settings.max_seconds, settings.max_repeats)
 
     # -- entry points ------------------------------------------------------------------------
-    def create(self, task: str, run_id: str | None = None) -> str:
-        """Record a new `pending` run with its first messages; returns its id."""
+    def create(self, task: str, run_id: str | None = None, *, lease_owner: str | None = None) -> str:
+        """Record a new run with its first messages; returns its id.
+
+        Without `lease_owner` it is `pending` (queued for workers); with one it is created
+        already leased to that owner at epoch 1 (`execute(run_id, lease=(owner, 1))`).
+        """
         run_id = run_id or new_run_id()
         if self.store.run_exists(run_id):
             raise UsageError(f"a run with id {run_id!r} already exists; resume it or pick another id")
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]
+        lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
         self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
                               model=self.model.name, settings=self.settings.redacted_dict(),
-                              first_messages=first)
+                              first_messages=first, lease=lease)
         return run_id
 
     def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
@@ -290,7 +297,7 @@ class _Drive:
 
 
 def _ms_since(started_at: Any) -> int:
-    from durable_agent.store.journal import utcnow
+    from durable_agent.store.rows import utcnow
 
     return int((utcnow() - started_at).total_seconds() * 1000)
 

@@ -24,7 +24,7 @@ from durable_agent.errors import LoopExit
 from durable_agent.messages import Message, ToolCall, canonical_json, sha256_text
 from durable_agent.observer import StepEvent
 from durable_agent.status import EffectClass, StepKind, StopReason
-from durable_agent.store.journal import utcnow
+from durable_agent.store.rows import utcnow
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
 from durable_agent.tools.limits import cap_text
 
@@ -297,8 +297,8 @@ class ToolSteps:
             # (after a reboot), and our own group is never the command's.
             if not step.pgid or not step.call_id or step.pgid <= 1 or step.pgid == os.getpgrp():
                 continue
-            if process_group_alive(step.pgid, call_id=step.call_id):
-                kill_process_group(step.pgid, call_id=step.call_id)
+            if process_group_alive(step.pgid, call_id=step.call_id, run_id=step.run_id):
+                kill_process_group(step.pgid, call_id=step.call_id, run_id=step.run_id)
                 self.d.r.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
 
     def verified(self, answer: str) -> bool:

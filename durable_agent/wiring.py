@@ -13,7 +13,7 @@ from durable_agent.redact import Redactor
 from durable_agent.runner import Runner
 from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
-from durable_agent.store.journal import Store
+from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
 
 

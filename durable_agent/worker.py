@@ -44,8 +44,9 @@ from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost
 from durable_agent.runner import RunReleased
 from durable_agent.settings import Settings, load_settings
 from durable_agent.store.engine import open_store_engine
-from durable_agent.store.journal import Store, new_owner
 from durable_agent.store.queue import Claim, Queue
+from durable_agent.store.rows import new_owner
+from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
 
 # How long a worker leaves alone a run it could not execute (workspace not mounted here,

@@ -37,7 +37,7 @@ from sqlalchemy import func, select, text
 from durable_agent.settings import load_settings
 from durable_agent.store import schema
 from durable_agent.store.engine import open_store_engine
-from durable_agent.store.journal import Store
+from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
 
 DEFAULT_PG = os.environ.get("DURABLE_AGENT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -179,7 +179,7 @@ def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
 
 def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
     from durable_agent.store.engine import open_store_engine
-    from durable_agent.store.journal import Store
+    from durable_agent.store.runs import Store
 
     cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "L", "--max-steps", "1")
     store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))

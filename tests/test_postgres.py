@@ -19,8 +19,10 @@ from sqlalchemy import Engine, text, update
 from durable_agent.errors import LeaseLost
 from durable_agent.messages import Message
 from durable_agent.store.engine import current_revision, open_store_engine, upgrade
-from durable_agent.store.journal import Counters, Journal, Store, utcnow
+from durable_agent.store.journal import Counters, Journal
 from durable_agent.store.queue import Queue
+from durable_agent.store.rows import utcnow
+from durable_agent.store.runs import Store
 from durable_agent.store.schema import HEAD_REVISION, runs
 
 # Owners on another "host": the same-host dead-pid takeover of acquire_lease must not
@@ -322,3 +324,16 @@ def test_a_stolen_lease_fences_every_write_of_the_old_owner(engine: Engine, tmp_
     current.start_step(seq=1, kind="tool", key="tool:c1:x", turn=0, input={})
     assert [(s.seq, s.state, s.lease_epoch) for s in store.steps(rid)] == [
         (0, "completed", epoch_a), (1, "started", claim.epoch)]
+
+
+def test_a_foreground_start_is_created_leased_so_no_worker_can_claim_it(engine: Engine, tmp_path: Path) -> None:
+    store, queue = Store(engine), Queue(engine)
+    store.create_run("fg", task="t", workspace=str(tmp_path), model="demo", settings={},
+                     first_messages=[Message("user", "t")], lease=(OWNER_A, 60))
+    assert queue.claim(OWNER_B, 60).claim is None
+    run = store.get_run("fg")
+    assert (run.status, run.lease_owner, run.lease_epoch) == ("running", OWNER_A, 1)
+    journal = Journal(engine, "fg", OWNER_A, 1, 60)  # the starter writes under that lease
+    journal.finish_run(status="completed", stop_reason="finished", answer="ok", error=None,
+                       counters=Counters(0, 0, 0, 0, 1, 0))
+    assert store.get_run("fg").status == "completed"

@@ -32,7 +32,7 @@ from sqlalchemy import Engine, text
 
 from durable_agent.settings import load_settings
 from durable_agent.store.engine import open_store_engine
-from durable_agent.store.journal import Store
+from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
 
 RUNS = 30

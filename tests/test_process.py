@@ -276,11 +276,14 @@ def test_the_guard_ignores_the_commands_python_settings(tmp_path: Path) -> None:
 def test_kill_process_group_for_resume(tmp_path: Path) -> None:
     # A group that outlived its recorder, as resume may find one.
     proc = subprocess.Popen(["sleep", "100"], start_new_session=True,
-                            env=dict(os.environ, DURABLE_AGENT_CALL_ID="call-1"))
+                            env=dict(os.environ, DURABLE_AGENT_CALL_ID="call-1", DURABLE_AGENT_RUN_ID="run-a"))
     _started_groups.append(proc.pid)
     try:
         assert process_group_alive(proc.pid)
         assert process_group_alive(proc.pid, call_id="call-1")
+        assert process_group_alive(proc.pid, call_id="call-1", run_id="run-a")
+        assert not process_group_alive(proc.pid, call_id="call-1", run_id="run-b")  # same call id, other run
+        assert not kill_process_group(proc.pid, call_id="call-1", run_id="run-b")
         assert not process_group_alive(proc.pid, call_id="someone-else")
         assert not kill_process_group(proc.pid, call_id="someone-else")  # not ours: untouched
         assert proc.poll() is None

@@ -244,7 +244,7 @@ def _witness(workspace: Path) -> Counter[str]:
 
 def _open_store(url: str) -> Any:
     from durable_agent.store.engine import open_store_engine
-    from durable_agent.store.journal import Store
+    from durable_agent.store.runs import Store
 
     return Store(open_store_engine(url))
 

@@ -1,28 +1,25 @@
-"""Checkpoints: runs, intent and outcome rows, messages, approvals, leases and fencing.
+"""Checkpoints: intent and outcome rows, messages, approvals, written under a lease.
 
-All SQL of the package lives here. `Store` is what the CLI needs without a lease (create,
-list, show, cancel, approve); `Journal` writes for one run under one lease, and every
-write transaction first re-checks that lease (`lease_owner`, `lease_epoch`) in the same
-transaction, so a process that lost its lease commits nothing more.
+`Journal` writes for one run under one lease, and every write transaction first re-checks
+that lease (`lease_owner`, `lease_epoch`) in the same transaction, so a process that lost
+its lease commits nothing more. Run-level reads and writes without a lease are in runs.py.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select, update
 
-from durable_agent.errors import LeaseLost, RunBusy, RunNotFound, UsageError
-from durable_agent.messages import Message, ToolCall
-from durable_agent.status import RunStatus
+from durable_agent.errors import LeaseLost, RunNotFound
+from durable_agent.messages import Message
+from durable_agent.store.rows import message_from_row, message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
@@ -41,30 +38,6 @@ _FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
 _UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
 _INSERT_STEP = insert(steps)
 _INSERT_MESSAGES = insert(messages)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-def new_owner() -> str:
-    """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True only when we can prove it: same host and that pid is gone."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 @dataclass(frozen=True)
@@ -95,174 +68,6 @@ class Loaded:
     messages: list[Message]
     open_steps: list[Row[Any]]
     next_seq: int
-
-
-def message_from_row(row: Any) -> Message:
-    calls = tuple(ToolCall.from_dict(c) for c in (row.tool_calls or ()))
-    return Message(role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id)
-
-
-def message_values(run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "seq": seq,
-        "role": message.role,
-        "content": message.content,
-        "tool_calls": [c.to_dict() for c in message.tool_calls] or None,
-        "tool_call_id": message.tool_call_id,
-        "step_seq": step_seq,
-        "created_at": now,
-    }
-
-
-class Store:
-    """Run-level reads and the few writes that need no lease."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def _read(self) -> Connection:
-        return self.engine.connect().execution_options(readonly=True)
-
-    # -- runs ---------------------------------------------------------------------------
-    def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
-                   settings: dict[str, Any], first_messages: Sequence[Message]) -> None:
-        now = utcnow()
-        with self.engine.begin() as conn:
-            conn.execute(insert(runs).values(
-                id=run_id, task=task, workspace=workspace, model=model,
-                status=RunStatus.PENDING.value, created_at=now, updated_at=now,
-                step_count=0, tool_call_count=0, prompt_tokens=0, completion_tokens=0,
-                lease_epoch=0, cancel_requested=False, settings=settings,
-                message_count=len(first_messages), active_ms=0, resume_count=0,
-            ))
-            conn.execute(insert(messages), [
-                message_values(run_id, i, m, None, now) for i, m in enumerate(first_messages)
-            ])
-
-    def run_exists(self, run_id: str) -> bool:
-        with self._read() as conn:
-            return conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None
-
-    def get_run(self, run_id: str) -> Row[Any]:
-        with self._read() as conn:
-            row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
-        if row is None:
-            raise RunNotFound(run_id)
-        return row
-
-    def find_run_id(self, prefix: str) -> str:
-        """A full id, or a unique prefix of one (ids are long; people type the start)."""
-        with self._read() as conn:
-            if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
-                return prefix
-            ids = conn.execute(
-                select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
-            ).scalars().all()
-        if len(ids) == 1:
-            return str(ids[0])
-        raise RunNotFound(prefix)
-
-    def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Row[Any]]:
-        query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-        if status:
-            query = query.where(runs.c.status == status)
-        with self._read() as conn:
-            return list(conn.execute(query).all())
-
-    def steps(self, run_id: str) -> list[Row[Any]]:
-        with self._read() as conn:
-            return list(conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)).all())
-
-    def messages(self, run_id: str) -> list[Row[Any]]:
-        with self._read() as conn:
-            return list(conn.execute(
-                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq)).all())
-
-    def approvals(self, run_id: str) -> list[Row[Any]]:
-        with self._read() as conn:
-            return list(conn.execute(
-                select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id)).all())
-
-    def request_cancel(self, run_id: str) -> Row[Any]:
-        with self.engine.begin() as conn:
-            res = conn.execute(update(runs).where(runs.c.id == run_id)
-                               .values(cancel_requested=True, updated_at=utcnow()))
-            if res.rowcount != 1:
-                raise RunNotFound(run_id)
-        return self.get_run(run_id)
-
-    def cancel(self, run_id: str) -> str:
-        """Flag a live run ("requested": it stops at its next boundary); end any other at once."""
-        now = utcnow()
-        with self.engine.begin() as conn:
-            row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
-                               .where(runs.c.id == run_id).with_for_update()).first()
-            if row is None:
-                raise RunNotFound(run_id)
-            if row.status == RunStatus.COMPLETED:
-                raise UsageError(f"run {run_id} is already completed")
-            live = (row.status == RunStatus.RUNNING and row.lease_owner is not None
-                    and row.lease_expires_at is not None and row.lease_expires_at > now
-                    and not owner_is_dead(row.lease_owner))
-            if live:
-                conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True, updated_at=now))
-                return "requested"
-            conn.execute(update(runs).where(runs.c.id == run_id).values(
-                status=RunStatus.CANCELLED.value, stop_reason="cancelled", finished_at=now, updated_at=now,
-                cancel_requested=False, lease_owner=None, lease_expires_at=None))
-            return "cancelled"
-
-    def pending_approval(self, run_id: str) -> Row[Any] | None:
-        with self._read() as conn:
-            return conn.execute(
-                select(approvals).where(approvals.c.run_id == run_id, approvals.c.decision.is_(None))
-                .order_by(approvals.c.id.desc())
-            ).first()
-
-    def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
-                decision="approved" if approved else "denied", decided_by=by, decided_at=utcnow()))
-
-    def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
-
-    # -- leases -------------------------------------------------------------------------
-    def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:
-        """Take the run's lease and return the new epoch; RunBusy if a live owner holds it."""
-        now = utcnow()
-        with self.engine.begin() as conn:
-            row = conn.execute(
-                select(runs.c.lease_owner, runs.c.lease_expires_at, runs.c.lease_epoch)
-                .where(runs.c.id == run_id).with_for_update()
-            ).first()
-            if row is None:
-                raise RunNotFound(run_id)
-            held = (row.lease_owner is not None and row.lease_expires_at is not None
-                    and row.lease_expires_at > now)
-            if held and not owner_is_dead(row.lease_owner):
-                raise RunBusy(run_id, row.lease_owner)
-            epoch = row.lease_epoch + 1
-            conn.execute(update(runs).where(runs.c.id == run_id).values(
-                lease_owner=owner, lease_epoch=epoch,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                status=RunStatus.RUNNING.value, stop_reason=None, error=None,
-                finished_at=None, cancel_requested=False, updated_at=now,
-                resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0),
-            ))
-        return int(epoch)
-
-    # -- SQL written for people --------------------------------------------------------------
-    def query(self, statement: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """One read-only statement as a user would type it (the demo's proof, docs/queries.md):
-        its column names and rows. Not for the package's own reads: those are typed methods."""
-        from sqlalchemy import text  # local: only the demo needs raw SQL text
-
-        with self._read() as conn:
-            result = conn.execute(text(statement), params or {})
-            return list(result.keys()), [tuple(row) for row in result]
 
 
 class Journal:

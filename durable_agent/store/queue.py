@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
 
 from durable_agent.status import RunStatus
-from durable_agent.store.journal import utcnow
+from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import runs
 
 # Key of the PostgreSQL advisory lock that serializes claims only while a global limit is

@@ -315,24 +315,26 @@ def _signal_group(pgid: int, sig: int) -> None:
 # --- resume: what is left of a recorded group ------------------------------------------
 
 
-def process_group_alive(pgid: int, *, call_id: str | None = None) -> bool:
+def process_group_alive(pgid: int, *, call_id: str | None = None, run_id: str | None = None) -> bool:
     """Does any live (non-zombie) process of group `pgid` remain?
 
-    With `call_id`, only if one of them carries `DURABLE_AGENT_CALL_ID=call_id` in its
-    environment: after a reboot the number may belong to someone else's group.
+    With `call_id` (and `run_id`), only if one of them carries `DURABLE_AGENT_CALL_ID=call_id`
+    (and `DURABLE_AGENT_RUN_ID=run_id`) in its environment: after a reboot, or on another
+    machine that took the run over, the number may belong to someone else's group, and call
+    ids like `call_1_0` repeat across runs.
     """
     members = _live_members(_check_pgid(pgid))
     if call_id is not None:
-        return any(_has_call_id(pid, call_id) for pid in members)
+        return any(_has_ids(pid, call_id, run_id) for pid in members)
     return bool(members)
 
 
-def kill_process_group(pgid: int, *, call_id: str | None = None,
+def kill_process_group(pgid: int, *, call_id: str | None = None, run_id: str | None = None,
                        grace_s: float = 1.0, wait_s: float = 5.0) -> bool:
     """SIGTERM group `pgid`, SIGKILL what is left after `grace_s`, and wait (up to `wait_s`)
     until no member remains. Returns True if live members were found and signalled.
     `call_id` as in `process_group_alive`: a group that is not ours is left alone."""
-    if not process_group_alive(pgid, call_id=call_id):
+    if not process_group_alive(pgid, call_id=call_id, run_id=run_id):
         return False
     _signal_group(pgid, signal.SIGTERM)
     if not _wait_until_gone(pgid, grace_s):
@@ -387,10 +389,12 @@ def _live_members(pgid: int) -> list[int]:
     return members
 
 
-def _has_call_id(pid: int, call_id: str) -> bool:
+def _has_ids(pid: int, call_id: str, run_id: str | None) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read().split(b"\0")
     except OSError:
         return False
-    return f"DURABLE_AGENT_CALL_ID={call_id}".encode() in environ
+    if f"DURABLE_AGENT_CALL_ID={call_id}".encode() not in environ:
+        return False
+    return run_id is None or f"DURABLE_AGENT_RUN_ID={run_id}".encode() in environ
