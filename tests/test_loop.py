@@ -221,3 +221,16 @@ def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> Non
     status, reason, steps = sql("SELECT status, stop_reason, step_count FROM runs WHERE id='live'")[0]
     assert (status, reason) == ("cancelled", "cancelled") and steps < 200
     history_is_valid(sql, "live")
+
+
+def test_max_seconds_counts_active_time_across_resumes(cli_inproc, write_script, sql) -> None:
+    slow = {"delay_s": 0.2, **read("a")}
+    script = write_script([slow, dict(slow, tool_calls=[{"name": "read_file", "arguments": {"path": "b"}}]),
+                           slow, slow, slow, DONE])
+    r = cli_inproc("start", "t", "--model", script, "--max-seconds", "0.3", "--run-id", "secs", "--max-repeats", "9")
+    assert r.code == 3
+    reason, steps, active = sql("SELECT stop_reason, step_count, active_ms FROM runs")[0]
+    assert reason == "max_seconds" and 1 <= steps < 6 and active >= 300
+    again = cli_inproc("resume", "secs")  # the time already spent still counts
+    assert again.code == 3 and sql("SELECT step_count FROM runs")[0][0] == steps
+    assert cli_inproc("resume", "secs", "--max-seconds", "60").code == 0
