@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budgets(p)
     _add_model(p)
     p.add_argument("--shell", choices=["allow", "ask", "deny"], help="change the run_command policy")
+    p.add_argument("--detach", action="store_true",
+                   help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`")
     _add_output(p)
 
     p = sub.add_parser("list", help="runs, newest first",

@@ -126,6 +126,12 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     settings = load_settings(flags, env, base=recorded)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
                if k in recorded and k != "db" and recorded.get(k) != v]
+    if args.detach:  # a worker continues it, under the settings recorded now
+        if changes:
+            store.update_settings(run_id, settings.redacted_dict())
+        store.requeue(run_id)
+        print(run_id)
+        return 0
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)

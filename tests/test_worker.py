@@ -150,3 +150,24 @@ def test_a_second_sigterm_exits_at_once_and_leaves_the_lease_to_expire(
     ((status, owner, epoch),) = query(db_path, "SELECT status, lease_owner, lease_epoch FROM runs WHERE id = ?", rid)
     assert (status, epoch) == ("running", 1) and owner is not None
     assert query(db_path, "SELECT state FROM steps WHERE call_id = 'call_0_0'") == [("started",)]
+
+
+def test_a_blocked_run_goes_back_to_the_workers_after_approve(cli_inproc: Callable[..., Result],
+                                                               cli: Callable[..., Result],
+                                                               write_script: Callable[..., str],
+                                                               tmp_path: Path, db_path: Path) -> None:
+    ws = tmp_path / "wsq"
+    ws.mkdir()
+    model = write_script([command_turn("touch made.txt"), {"content": "done"}])
+    res = cli_inproc("start", "t", "--model", model, "--workspace", str(ws), "--detach")  # --shell ask
+    rid = res.stdout.strip()
+    assert cli("worker", "--once", "--quiet", "--poll", "0.1").code == 0
+    assert query(db_path, "SELECT status, stop_reason FROM runs") == [("blocked", "approval_required")]
+    assert not (ws / "made.txt").exists()
+    assert cli("approve", rid).code == 0
+    queued = cli("resume", rid, "--detach")
+    assert queued.code == 0 and queued.stdout.strip() == rid
+    assert query(db_path, "SELECT status, lease_owner FROM runs") == [("pending", None)]
+    done = cli("worker", "--once", "--quiet", "--poll", "0.1")
+    assert done.code == 0 and f"finished run {rid} · completed (finished)" in done.stderr
+    assert (ws / "made.txt").exists()

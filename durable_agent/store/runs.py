@@ -122,6 +122,21 @@ class Store:
                 cancel_requested=False, lease_owner=None, lease_expires_at=None))
             return "cancelled"
 
+    def requeue(self, run_id: str) -> None:
+        """Put a stopped run back in the workers' queue (`pending`, no lease)."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
+                               .where(runs.c.id == run_id).with_for_update()).first()
+            if row is None:
+                raise RunNotFound(run_id)
+            if (row.lease_owner is not None and row.lease_expires_at is not None
+                    and row.lease_expires_at > now and not owner_is_dead(row.lease_owner)):
+                raise RunBusy(run_id, row.lease_owner)
+            conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
+                cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now))
+
     def pending_approval(self, run_id: str) -> Row[Any] | None:
         with self._read() as conn:
             return conn.execute(
