@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 
@@ -21,6 +22,24 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# The loop looks at a call's arguments about seven times while it runs the call. A small
+# cache, not a field: a cached value on every ToolCall in the history would cost memory
+# for the whole run.
+@lru_cache(maxsize=16)
+def _parse_object(arguments: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@lru_cache(maxsize=16)
+def _canonical_arguments(arguments: str) -> str:
+    value = _parse_object(arguments)
+    return arguments if value is None else canonical_json(value)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
@@ -30,20 +49,23 @@ class ToolCall:
     arguments: str
 
     def parsed_arguments(self) -> dict[str, Any]:
-        """The arguments as an object; raises ValueError when they are not a JSON object."""
-        value = json.loads(self.arguments) if self.arguments.strip() else {}
-        if not isinstance(value, dict):
-            raise ValueError("tool arguments must be a JSON object")
-        return value
+        """The arguments as an object; raises ValueError when they are not a JSON object.
+
+        Shared with other callers (see `_parse_object`): do not mutate the result.
+        """
+        value = _parse_object(self.arguments)
+        if value is not None:
+            return value
+        json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+        raise ValueError("tool arguments must be a JSON object")
+
+    def canonical_arguments(self) -> str:
+        """The arguments as canonical JSON, or as written when they are not a JSON object."""
+        return _canonical_arguments(self.arguments)
 
     def fingerprint(self) -> str:
         """Name plus canonical arguments, ignoring the call id (repeat detection, idempotency)."""
-        try:
-            args: Any = self.parsed_arguments()
-            text = canonical_json(args)
-        except ValueError:
-            text = self.arguments
-        return f"{self.name}:{text}"
+        return f"{self.name}:{self.canonical_arguments()}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",

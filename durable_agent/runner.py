@@ -134,12 +134,15 @@ class Runner:
         journal = Journal(self.store.engine, run_id, owner, epoch, self.settings.lease_seconds,
                           crash_after_commits=self.crash_after_commits)
         interval = max(0.2, self.settings.lease_seconds / 3)
-        with Heartbeat(journal, interval, self.cancel) as beat:
-            try:
-                return _Drive(self, journal).run()
-            except LeaseLost:
-                beat.lost = True
-                raise
+        try:
+            with Heartbeat(journal, interval, self.cancel) as beat:
+                try:
+                    return _Drive(self, journal).run()
+                except LeaseLost:
+                    beat.lost = True
+                    raise
+        finally:
+            journal.close()
 
 
 class _Drive:

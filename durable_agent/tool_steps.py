@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from durable_agent import guard
 from durable_agent.errors import LoopExit
-from durable_agent.messages import Message, ToolCall, canonical_json, sha256_text
+from durable_agent.messages import Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
 from durable_agent.status import EffectClass, StepKind, StopReason
 from durable_agent.store.rows import utcnow
@@ -38,11 +38,7 @@ VERIFY_TAIL = 4000  # characters of the verify command's output kept as evidence
 
 
 def tool_key(call: ToolCall) -> str:
-    try:
-        args = canonical_json(call.parsed_arguments())
-    except ValueError:
-        args = call.arguments
-    return f"tool:{call.id}:{sha256_text(call.name + args)[:32]}"
+    return f"tool:{call.id}:{sha256_text(call.name + call.canonical_arguments())[:32]}"
 
 
 class ToolSteps:

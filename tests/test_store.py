@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from durable_agent.store.engine import make_engine, migrations_dir, open_store_engine, upgrade
@@ -56,17 +57,18 @@ def test_first_use_creates_the_schema_and_sets_sqlite_pragmas(tmp_path: Path) ->
 
 
 def test_writers_take_the_lock_up_front(tmp_path: Path) -> None:
-    engine = open_store_engine(f"sqlite:///{tmp_path / 'c.db'}")
-    seen: list[str] = []
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def capture(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
-        seen.append(statement)
-
+    path = tmp_path / "c.db"
+    engine = open_store_engine(f"sqlite:///{path}")
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
     with engine.begin() as conn:
-        conn.execute(text("SELECT 1"))
-    assert "BEGIN IMMEDIATE" in seen
+        conn.execute(text("SELECT 1"))  # has written nothing yet, and already holds the write lock
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+    with engine.connect().execution_options(readonly=True) as reader, reader.begin():
+        reader.execute(text("SELECT 1"))  # readers never block a writer
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    other.close()
 
 
 def test_db_commands(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,17 @@ _FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
 _UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
 _INSERT_STEP = insert(steps)
 _INSERT_MESSAGES = insert(messages)
+# Every step row names the same columns, so the rows of one transaction (a deferred read
+# and the next intent) go in one executemany. Not id (generated) nor pgid (set_pgid sets it).
+_STEP_COLUMNS = tuple(c.name for c in steps.c if c.name not in ("id", "pgid"))
+
+KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
+
+
+def _step_row(**values: Any) -> dict[str, Any]:
+    row = dict.fromkeys(_STEP_COLUMNS)
+    row.update(values)
+    return row
 
 
 @dataclass(frozen=True)
@@ -51,14 +63,15 @@ class Counters:
     message_count: int
     active_ms: int
 
-    def as_values(self) -> dict[str, int]:
+    def as_params(self) -> dict[str, int]:
+        """The parameters of the fence that writes them."""
         return {
-            "step_count": self.step_count,
-            "tool_call_count": self.tool_call_count,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "message_count": self.message_count,
-            "active_ms": self.active_ms,
+            "b_step_count": self.step_count,
+            "b_tool_call_count": self.tool_call_count,
+            "b_prompt_tokens": self.prompt_tokens,
+            "b_completion_tokens": self.completion_tokens,
+            "b_message_count": self.message_count,
+            "b_active_ms": self.active_ms,
         }
 
 
@@ -71,7 +84,11 @@ class Loaded:
 
 
 class Journal:
-    """Writes for one run under one lease. Every transaction is fenced on the epoch."""
+    """Writes for one run under one lease. Every transaction is fenced on the epoch.
+
+    The thread that drives the run writes through one connection of its own (`close` gives
+    it back); the heartbeat and the cancel watcher take theirs from the pool.
+    """
 
     def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float,
                  *, crash_after_commits: int | None = None) -> None:
@@ -82,31 +99,72 @@ class Journal:
         self.lease = timedelta(seconds=lease_seconds)
         self.crash_after = crash_after_commits
         self._ticks = 0
-        self._deferred: list[tuple[Any, Any]] = []  # writes that ride along with the next commit
-        self._deferred_counters: Counters | None = None  # the run totals that go with them
+        self._conn: Connection | None = None
+        self._last_used = 0.0  # time.monotonic() at the end of our last transaction
+        # Finished read steps and their messages that ride along with the next commit, and
+        # the run totals that go with them.
+        self._deferred_steps: list[dict[str, Any]] = []
+        self._deferred_messages: list[dict[str, Any]] = []
+        self._deferred_counters: Counters | None = None
         self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
 
     @property
     def has_deferred(self) -> bool:
-        return bool(self._deferred)
+        return bool(self._deferred_steps or self._deferred_messages)
+
+    def close(self) -> None:
+        """Give the writing connection back to the pool (the session is over)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> Connection:
+        # A pool checkout per checkpoint (and its reset on return) costs more CPU than the
+        # statements; keep one while the loop is busy. After a longer pause go through the
+        # pool again, whose pre-ping (PostgreSQL) replaces a connection the server or a
+        # firewall dropped while a slow model call or command ran.
+        if self._conn is not None and time.monotonic() - self._last_used > KEEP_CONNECTION_S:
+            self.close()
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        return self._conn
 
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        """A write transaction, with the crash points that tests and the demo use."""
-        with self.engine.begin() as conn:
-            yield conn
-            for statement, params in self._deferred:
-                conn.execute(statement, params)
-            self._crash_point()  # the effect happened, its record is not committed
-        self._deferred.clear()
+    def _tx(self, now: datetime, counters: Counters | None = None, *,
+            step_rows: Iterable[dict[str, Any]] = (),
+            message_rows: Iterable[dict[str, Any]] = ()) -> Iterator[Connection]:
+        """A fenced write transaction, with the crash points that tests and the demo use.
+
+        The fence comes first; then the new step and message rows, the deferred ones with
+        them (one executemany per table); then whatever the body executes.
+        """
+        conn = self._connection()
+        try:
+            with conn.begin():
+                self._fence(conn, now, counters or self._deferred_counters)
+                all_steps = [*self._deferred_steps, *step_rows]
+                if all_steps:
+                    conn.execute(_INSERT_STEP, all_steps)
+                all_messages = [*self._deferred_messages, *message_rows]
+                if all_messages:
+                    conn.execute(_INSERT_MESSAGES, all_messages)
+                yield conn
+                self._crash_point()  # the effect happened, its record is not committed
+        except BaseException:
+            self.close()  # it may be broken (a dropped server connection): the next write starts afresh
+            raise
+        finally:
+            self._last_used = time.monotonic()
+        self._deferred_steps.clear()
+        self._deferred_messages.clear()
         self._deferred_counters = None
         self._crash_point()  # committed, the next effect has not started
 
     def flush(self) -> None:
         """Commit deferred writes now (the loop is about to wait or stop)."""
-        if self._deferred:
-            with self._tx() as conn:
-                self._fence(conn, utcnow())
+        if self.has_deferred:
+            with self._tx(utcnow()):
+                pass
 
     def _crash_point(self) -> None:
         # Set by DURABLE_AGENT_CRASH_AFTER (see wiring.py): a real SIGKILL of this process at
@@ -116,24 +174,17 @@ class Journal:
             if self._ticks >= self.crash_after:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    def _fence(self, conn: Connection, now: datetime, **values: Any) -> None:
+    def _fence(self, conn: Connection, now: datetime, counters: Counters | None = None) -> None:
         # The first statement of every write: extends the lease and proves we still own it.
         # On SQLite the transaction already holds the write lock (BEGIN IMMEDIATE); on
         # PostgreSQL the UPDATE locks the run row until commit. Either way no other owner
         # can slip in between this check and our commit.
         params: dict[str, Any] = {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch,
                                   "b_now": now, "b_expires": now + self.lease}
-        if not values and self._deferred_counters is not None:
-            values = self._deferred_counters.as_values()  # deferred rows commit with their totals
-        if not values:
-            statement = _FENCE
-        elif values.keys() == set(_COUNTERS):
+        statement = _FENCE
+        if counters is not None:  # run totals, written with the rows that change them
             statement = _FENCE_COUNTERS
-            params.update({f"b_{k}": v for k, v in values.items()})
-        else:
-            statement = update(runs).where(*_FENCE_WHERE).values(
-                updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"), **values
-            ).returning(runs.c.cancel_requested)
+            params.update(counters.as_params())
         row = conn.execute(statement, params).first()
         if row is None:
             raise LeaseLost(self.run_id)
@@ -187,12 +238,10 @@ class Journal:
                    use_approval: int | None = None) -> datetime:
         """The intent row, committed before the effect."""
         now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now)
-            conn.execute(_INSERT_STEP, {
-                "run_id": self.run_id, "seq": seq, "kind": kind, "state": "started", "idempotency_key": key,
-                "call_id": call_id, "tool_name": tool_name, "input": input, "attempts": attempts,
-                "started_at": now, "turn": turn, "effect": effect, "lease_epoch": self.epoch})
+        row = _step_row(run_id=self.run_id, seq=seq, kind=kind, state="started", idempotency_key=key,
+                        call_id=call_id, tool_name=tool_name, input=input, attempts=attempts,
+                        started_at=now, turn=turn, effect=effect, lease_epoch=self.epoch)
+        with self._tx(now, step_rows=[row]) as conn:
             if use_approval is not None:
                 conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
         return now
@@ -205,24 +254,19 @@ class Journal:
                                   "finished_at": None, "error": None, "lease_epoch": self.epoch}
         if input is not None:
             values["input"] = input
-        with self._tx() as conn:
-            self._fence(conn, now)
+        with self._tx(now) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
             if use_approval is not None:
                 conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
         return now
 
     def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
-        now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now)
+        with self._tx(utcnow()) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq)
                          .values(attempts=attempts, error=error))
 
     def set_pgid(self, seq: int, pgid: int) -> None:
-        now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now)
+        with self._tx(utcnow()) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(pgid=pgid))
 
     def finish_step(self, *, seq: int, state: str, started_at: datetime, output: Any, error: str | None,
@@ -234,48 +278,46 @@ class Journal:
 
         With `intent` the step row is inserted here already finished: for read-only tools,
         whose intent row would protect nothing (resume simply runs them again). With
-        `defer` the write waits for the next commit (the next step's intent): a crash
-        before then loses only a read, which resume runs again.
+        `defer` (which needs `intent`) the write waits for the next commit (the next step's
+        intent): a crash before then loses only a read, which resume runs again.
         """
         now = utcnow()
         duration = int((now - started_at).total_seconds() * 1000)
         outcome: dict[str, Any] = {"state": state, "output": output, "error": error, "finished_at": now,
                                    "duration_ms": duration, "prompt_tokens": prompt_tokens,
                                    "completion_tokens": completion_tokens}
-        writes: list[tuple[Any, Any]] = []
-        if intent is not None:
-            writes.append((_INSERT_STEP, {"run_id": self.run_id, "seq": seq, "started_at": started_at,
-                                          "lease_epoch": self.epoch, "attempts": attempts or 1,
-                                          **intent, **outcome}))
-        else:
-            if attempts is not None:
-                outcome["attempts"] = attempts
-            writes.append((_UPDATE_STEP, {"b_run": self.run_id, "b_seq": seq, **outcome}))
         rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
-        if rows:
-            writes.append((_INSERT_MESSAGES, rows))
-        if use_approval is not None:
-            writes.append((update(approvals).where(approvals.c.id == use_approval), {"used_at": now}))
         if defer:
-            self._deferred.extend(writes)
+            if intent is None or use_approval is not None:
+                raise ValueError("only a finished step without an approval can wait for the next commit")
+            self._deferred_steps.append(_step_row(run_id=self.run_id, seq=seq, started_at=started_at,
+                                                  lease_epoch=self.epoch, attempts=attempts or 1,
+                                                  **intent, **outcome))
+            self._deferred_messages.extend(rows)
             self._deferred_counters = counters
             return
-        with self._tx() as conn:
-            self._fence(conn, now, **counters.as_values())
-            for statement, params in writes:
-                conn.execute(statement, params)
+        step_rows = []
+        if intent is not None:
+            step_rows.append(_step_row(run_id=self.run_id, seq=seq, started_at=started_at,
+                                       lease_epoch=self.epoch, attempts=attempts or 1, **intent, **outcome))
+        elif attempts is not None:
+            outcome["attempts"] = attempts
+        with self._tx(now, counters, step_rows=step_rows, message_rows=rows) as conn:
+            if intent is None:
+                conn.execute(_UPDATE_STEP, {"b_run": self.run_id, "b_seq": seq, **outcome})
+            if use_approval is not None:
+                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
 
     def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
         now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now, **counters.as_values())
-            conn.execute(insert(messages), [message_values(self.run_id, s, m, None, now) for s, m in new_messages])
+        with self._tx(now, counters, message_rows=[message_values(self.run_id, s, m, None, now)
+                                                   for s, m in new_messages]):
+            pass
 
     def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
                          reason: str, step_seq: int | None) -> None:
         now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now)
+        with self._tx(now) as conn:
             pending = conn.execute(select(approvals.c.id).where(
                 approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
                 approvals.c.kind == kind, approvals.c.decision.is_(None))).first()
@@ -288,8 +330,7 @@ class Journal:
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         now = utcnow()
-        with self._tx() as conn:
-            self._fence(conn, now, **counters.as_values())
+        with self._tx(now, counters) as conn:
             conn.execute(update(runs).where(runs.c.id == self.run_id).values(
                 status=status, stop_reason=stop_reason, answer=answer, error=error,
                 finished_at=now, lease_owner=None, lease_expires_at=None))
@@ -297,7 +338,9 @@ class Journal:
     def heartbeat(self) -> bool:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
         now = utcnow()
-        with self.engine.begin() as conn:  # not a crash point: it runs on its own thread's clock
+        # Its own pooled connection, not the writer's: it runs on another thread, and is not a
+        # crash point (it runs on its own thread's clock).
+        with self.engine.begin() as conn:
             self._fence(conn, now)
             return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from durable_agent.tools.base import ToolFailure
@@ -15,11 +16,13 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
     """
     if "\x00" in path:
         raise ToolFailure("path contains a NUL byte")
-    root = workspace.resolve()
-    candidate = Path(path)
-    target = (candidate if candidate.is_absolute() else root / candidate).resolve()
-    if target != root and root not in target.parents:
+    # On strings: every file tool call comes here, and Path.resolve and Path.parents cost
+    # more than the lstat calls that do the work.
+    real_root = os.path.realpath(workspace)
+    real = os.path.realpath(os.path.join(real_root, path))  # an absolute `path` replaces the root
+    if real != real_root and not real.startswith(os.path.join(real_root, "")):
         raise ToolFailure(f"path {path!r} is outside the workspace; use a path relative to it")
+    root, target = Path(real_root), Path(real)
     if for_write:
         rel = target.relative_to(root)
         if rel.parts and rel.parts[0] == ".git":
