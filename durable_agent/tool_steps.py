@@ -149,6 +149,8 @@ class ToolSteps:
                     return self._reject(call, key, "the user denied this command; do not run it again",
                                         effect=tool.effect, use_approval=approval.id)
                 use = approval.id
+            else:
+                use = self._settle_by_policy(call)
             seq = self.d.next_seq()
             started = self.journal.start_step(
                 seq=seq, kind=StepKind.TOOL, key=key, turn=self.state.turn, call_id=call.id,
@@ -189,6 +191,15 @@ class ToolSteps:
         finally:
             stop.set()
             watcher.join()
+
+    def _settle_by_policy(self, call: ToolCall) -> int | None:
+        """A question asked under `--shell ask` that the policy now answers (resumed with
+        `--shell allow`): record it as approved by the policy, not left pending forever."""
+        pending = self.journal.approval_for(call.id, APPROVAL)
+        if pending is None or pending.decision is not None:
+            return None
+        self.d.r.store.decide_approval(pending.id, approved=True, by=f"policy (--shell {self.settings.shell})")
+        return int(pending.id)
 
     def _policy(self, tool_name: str, command: str) -> tuple[str, str]:
         mode = self.settings.shell

@@ -122,3 +122,14 @@ def test_shell_deny_does_not_offer_the_tool(cli, env) -> None:  # type: ignore[n
     assert "run_command" not in _tool_names(bodies[0]) and "read_file" in _tool_names(bodies[0])
     assert "run_command" in _tool_names(bodies[1])  # the control: offered under the default `ask`
     assert json.dumps(bodies[0]).count("run_command") == 0  # not even mentioned
+
+
+def test_resuming_with_shell_allow_settles_the_pending_question(cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": "touch made.txt"}}]},
+                           {"content": "done"}])
+    assert cli("start", "t", "--model", script, "--run-id", "pol").code == 5
+    assert sql("SELECT decision FROM approvals") == [(None,)]
+    assert cli("resume", "pol", "--shell", "allow").code == 0
+    assert (workspace / "made.txt").exists()
+    decision, by, used = sql("SELECT decision, decided_by, used_at IS NOT NULL FROM approvals")[0]
+    assert (decision, by, used) == ("approved", "policy (--shell allow)", 1)

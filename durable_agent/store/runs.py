@@ -4,7 +4,7 @@ and taking a run's lease. The checkpoints written under a lease are in journal.p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, insert, select, text, update
@@ -14,6 +14,12 @@ from durable_agent.messages import Message
 from durable_agent.status import RunStatus
 from durable_agent.store.rows import message_values, owner_is_dead, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
+
+
+def lease_is_live(row: Any, now: datetime) -> bool:
+    """Held and not expired, by an owner not proven dead (same host, pid gone)."""
+    return (row.lease_owner is not None and row.lease_expires_at is not None
+            and row.lease_expires_at > now and not owner_is_dead(row.lease_owner))
 
 
 class Store:
@@ -111,10 +117,7 @@ class Store:
                 raise RunNotFound(run_id)
             if row.status == RunStatus.COMPLETED:
                 raise UsageError(f"run {run_id} is already completed")
-            live = (row.status == RunStatus.RUNNING and row.lease_owner is not None
-                    and row.lease_expires_at is not None and row.lease_expires_at > now
-                    and not owner_is_dead(row.lease_owner))
-            if live:
+            if row.status == RunStatus.RUNNING and lease_is_live(row, now):
                 conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True, updated_at=now))
                 return "requested"
             conn.execute(update(runs).where(runs.c.id == run_id).values(
@@ -130,8 +133,7 @@ class Store:
                                .where(runs.c.id == run_id).with_for_update()).first()
             if row is None:
                 raise RunNotFound(run_id)
-            if (row.lease_owner is not None and row.lease_expires_at is not None
-                    and row.lease_expires_at > now and not owner_is_dead(row.lease_owner)):
+            if lease_is_live(row, now):
                 raise RunBusy(run_id, row.lease_owner)
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
@@ -164,9 +166,7 @@ class Store:
             ).first()
             if row is None:
                 raise RunNotFound(run_id)
-            held = (row.lease_owner is not None and row.lease_expires_at is not None
-                    and row.lease_expires_at > now)
-            if held and not owner_is_dead(row.lease_owner):
+            if lease_is_live(row, now):
                 raise RunBusy(run_id, row.lease_owner)
             epoch = row.lease_epoch + 1
             conn.execute(update(runs).where(runs.c.id == run_id).values(

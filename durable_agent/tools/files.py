@@ -37,6 +37,11 @@ def file_sha(path: Path) -> str | None:
         return "directory"
 
 
+def planned_file_sha(plan: WritePlan, ctx: ToolContext) -> str | None:
+    """The hash the planned file has now: what resume compares with the recorded before/after."""
+    return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename: a crash leaves the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +213,7 @@ class WriteFile:
                          after_sha=sha256_bytes(args.content.encode("utf-8")))
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
-        return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+        return planned_file_sha(plan, ctx)
 
     def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
         path = resolve(ctx.workspace, args.path, for_write=True)
@@ -250,7 +255,7 @@ class EditFile:
                          after_sha=sha256_bytes(after))
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
-        return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+        return planned_file_sha(plan, ctx)
 
     def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         path, _before, after = self._edited(args, ctx)
