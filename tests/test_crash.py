@@ -103,6 +103,7 @@ def test_crash_at_every_kth_checkpoint_then_resume(every, tmp_path, env, workspa
             assert code == 0
             break
         crashes += 1
+    print(f"every={every}: {crashes} SIGKILLs before the run completed")
     assert crashes > 30, "the crashes should be spread over the whole run"
     assert tree(workspace) == reference
     check_ledger(sql, "crashy", turns)
@@ -136,6 +137,7 @@ def test_kill_from_outside_at_arbitrary_moments(tmp_path, env, workspace, script
         assert code == -signal.SIGKILL
         if status:  # killed before the run was created: start again
             args = ["resume", "outside", "--quiet"]
+    print(f"{kills} SIGKILLs from outside before the run completed")
     assert kills >= 5
     assert tree(workspace) == reference
     check_ledger(sql, "outside", turns)

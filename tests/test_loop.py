@@ -234,3 +234,12 @@ def test_max_seconds_counts_active_time_across_resumes(cli_inproc, write_script,
     again = cli_inproc("resume", "secs")  # the time already spent still counts
     assert again.code == 3 and sql("SELECT step_count FROM runs")[0][0] == steps
     assert cli_inproc("resume", "secs", "--max-seconds", "60").code == 0
+
+
+def test_run_ids_can_be_abbreviated_unless_ambiguous(cli_inproc, write_script) -> None:
+    script = write_script([DONE])
+    cli_inproc("start", "t", "--model", script, "--run-id", "abc-one")
+    cli_inproc("start", "t", "--model", script, "--run-id", "abc-two")
+    assert cli_inproc("show", "abc-o").stdout.count("abc-one") >= 1
+    r = cli_inproc("show", "abc")
+    assert r.code == 2 and "ambiguous" in r.stderr and "abc-one" in r.stderr

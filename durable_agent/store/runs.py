@@ -72,10 +72,13 @@ class Store:
             if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
                 return prefix
             ids = conn.execute(
-                select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(2)
+                select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(3)
             ).scalars().all()
         if len(ids) == 1:
             return str(ids[0])
+        if ids:
+            raise UsageError(f"run id prefix {prefix!r} is ambiguous: {', '.join(ids)}"
+                             f"{', …' if len(ids) > 2 else ''}; type more of it")
         raise RunNotFound(prefix)
 
     def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Row[Any]]:
