@@ -209,13 +209,30 @@ def step_line(e: StepEvent) -> str:
     return " · ".join(parts)
 
 
+def run_cost(run: Any) -> float | None:
+    """The run's cost at the price recorded in its settings for its model, if one was set."""
+    price = ((run.settings or {}).get("prices") or {}).get(run.model)
+    if not isinstance(price, dict):
+        return None
+    try:
+        return float(run.prompt_tokens * price["input_per_mtok"]
+                     + run.completion_tokens * price["output_per_mtok"]) / 1e6
+    except (KeyError, TypeError):
+        return None
+
+
+def _cost_text(run: Any) -> str:
+    cost = run_cost(run)
+    return "" if cost is None else f" · cost {cost:.4f}"
+
+
 def summary(run: Any, out: TextIO) -> None:
     """`9 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) · 0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
     print(f"{_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
           f"{_n(run.message_count, 'message')} · "
-          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out) · {fmt_ms(run.active_ms)} · "
-          f"{run.status} ({run.stop_reason})", file=out)
+          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_cost_text(run)} · "
+          f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
     if run.error and run.status != "completed":
         print(f"  {run.error}", file=out)
     if run.status != "completed":
@@ -290,7 +307,7 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
           f"`durable-agent resume {run.id}` continues the run")
     p(f"totals     {_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
       f"{_n(run.message_count, 'message')} · "
-      f"{run.prompt_tokens}+{run.completion_tokens} tokens · {fmt_ms(run.active_ms)} active"
+      f"{run.prompt_tokens}+{run.completion_tokens} tokens{_cost_text(run)} · {fmt_ms(run.active_ms)} active"
       + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
     if run.error:
         p(f"error      {run.error}")

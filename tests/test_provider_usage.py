@@ -91,6 +91,11 @@ def test_max_cost_stops_as_budget_exceeded_max_tokens_with_a_cost_message(
     # The raised budget is recorded on the run, like the other budgets.
     recorded = sql("SELECT json_extract(settings, '$.max_cost') FROM runs")
     assert recorded == [(100.0,)]
+    # `show` prints what the run cost at the recorded price.
+    total = second.json()
+    cost = (total["prompt_tokens"] * 1000.0 + total["completion_tokens"] * 2000.0) / 1e6
+    shown = api.cli("show", out["run_id"])
+    assert f"cost {cost:.4f}" in shown.stdout
 
 
 def test_max_cost_without_a_price_for_the_model_is_a_configuration_error(api: Endpoint) -> None:
