@@ -78,7 +78,7 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
             render.summary(run, sys.stderr)
         if outcome.answer:
             print(outcome.answer)
-        elif outcome.error and not args.quiet:
+        elif outcome.error and args.quiet:  # the summary above says it otherwise
             print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=sys.stderr)
     return EXIT_CODES[RunStatus(run.status)]
 

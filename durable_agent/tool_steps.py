@@ -225,6 +225,8 @@ class ToolSteps:
                                       command=command, reason=reason, step_seq=step_seq)
         stop = StopReason.APPROVAL_REQUIRED if kind == APPROVAL else StopReason.UNCERTAIN_SIDE_EFFECT
         what = f"`{command}`" if command else call.name
+        if what in reason:  # the policy's reason names the command already
+            what = call.name
         raise LoopExit(stop, f"{what} needs approval: {reason}. "
                              f"Run `durable-agent approve {self.state.run_id}` (or --deny), then resume.")
 
