@@ -337,3 +337,21 @@ def test_a_foreground_start_is_created_leased_so_no_worker_can_claim_it(engine: 
     journal.finish_run(status="completed", stop_reason="finished", answer="ok", error=None,
                        counters=Counters(0, 0, 0, 0, 1, 0))
     assert store.get_run("fg").status == "completed"
+
+
+def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(engine: Engine, tmp_path: Path) -> None:
+    import os
+    import socket
+
+    store, queue = Store(engine), Queue(engine)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid is provably dead
+    dead_owner = f"{socket.gethostname()}:{gone.pid}:dead"
+    alive_owner = f"{socket.gethostname()}:{os.getpid()}:alive"
+    for rid, holder in (("orphan", dead_owner), ("held", alive_owner)):
+        store.create_run(rid, task="t", workspace=str(tmp_path), model="demo", settings={},
+                         first_messages=[Message("user", "t")], lease=(holder, 600))
+    claim = queue.claim(OWNER_B, 60).claim
+    assert claim is not None and (claim.run_id, claim.epoch, claim.takeover) == ("orphan", 2, True)
+    assert claim.previous_owner == dead_owner
+    assert queue.claim(OWNER_C, 60).claim is None  # the live owner keeps its run

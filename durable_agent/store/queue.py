@@ -17,6 +17,7 @@ machines' clocks in sync (NTP) and `lease_seconds` well above their skew.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,7 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
 
 from durable_agent.status import RunStatus
-from durable_agent.store.rows import utcnow
+from durable_agent.store.rows import owner_is_dead, utcnow
 from durable_agent.store.schema import runs
 
 # Key of the PostgreSQL advisory lock that serializes claims only while a global limit is
@@ -39,6 +40,9 @@ CLAIM_LOCK_KEY = 727_275
 MAX_CANDIDATES = 16
 
 CLAIMABLE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+_CANDIDATE_COLUMNS = (runs.c.id, runs.c.status, runs.c.workspace, runs.c.settings,
+                      runs.c.lease_owner, runs.c.lease_epoch)
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,7 @@ class Queue:
             if max_running is not None and self._live_leases(conn, now) >= max_running:
                 return ClaimResult(at_limit=True)
             for _ in range(MAX_CANDIDATES):
-                query = (select(runs.c.id, runs.c.status, runs.c.workspace, runs.c.settings,
-                                runs.c.lease_owner, runs.c.lease_epoch)
+                query = (select(*_CANDIDATE_COLUMNS)
                          .where(claimable(now))
                          .order_by(runs.c.created_at, runs.c.id)
                          .limit(1)
@@ -109,24 +112,42 @@ class Queue:
                     skipped.add(row.id)
                     rejected.append(Rejected(row.id, row.workspace))
                     continue
-                epoch = row.lease_epoch + 1
-                # cancel_requested is kept: a cancel that reached a worker which then died
-                # must still stop the run (the loop checks it first). `resume` is different:
-                # a person asked for the run to go on, so acquire_lease clears it.
-                res = conn.execute(
-                    update(runs)
-                    .where(runs.c.id == row.id, runs.c.lease_epoch == row.lease_epoch)
-                    .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
-                            lease_expires_at=now + timedelta(seconds=lease_seconds),
-                            stop_reason=None, error=None, finished_at=None, updated_at=now,
-                            resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0)))
-                if res.rowcount != 1:  # cannot happen under the row lock; never run it twice
-                    break
-                return ClaimResult(claim=Claim(
-                    run_id=row.id, owner=owner, epoch=epoch, workspace=row.workspace,
-                    settings=dict(row.settings or {}), takeover=row.status == RunStatus.RUNNING,
-                    previous_owner=row.lease_owner), rejected=rejected)
+                return ClaimResult(claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected)
+            # Nothing expired: a lease held by a process of this machine that is gone (killed
+            # worker, crashed `start`) is taken over at once, like `resume` does, instead of
+            # waiting for it to expire. Only this host can prove a pid dead.
+            orphans = conn.execute(
+                select(*_CANDIDATE_COLUMNS)
+                .where(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_expires_at > now,
+                       runs.c.lease_owner.startswith(f"{socket.gethostname()}:", autoescape=True))
+                .order_by(runs.c.created_at, runs.c.id)
+                .limit(MAX_CANDIDATES)
+                .with_for_update(skip_locked=True)).all()
+            for row in orphans:
+                if row.id in skipped or not owner_is_dead(row.lease_owner) or not accept(row.workspace):
+                    continue
+                return ClaimResult(claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected)
         return ClaimResult(rejected=rejected)
+
+    @staticmethod
+    def _take(conn: Connection, row: Any, owner: str, lease_seconds: float, now: datetime) -> Claim:
+        """Take the locked candidate's lease with a new epoch."""
+        epoch = row.lease_epoch + 1
+        # cancel_requested is kept: a cancel that reached a worker which then died
+        # must still stop the run (the loop checks it first). `resume` is different:
+        # a person asked for the run to go on, so acquire_lease clears it.
+        res = conn.execute(
+            update(runs)
+            .where(runs.c.id == row.id, runs.c.lease_epoch == row.lease_epoch)
+            .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
+                    lease_expires_at=now + timedelta(seconds=lease_seconds),
+                    stop_reason=None, error=None, finished_at=None, updated_at=now,
+                    resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0)))
+        if res.rowcount != 1:  # cannot happen under the row lock; never run it twice
+            raise RuntimeError(f"run {row.id} changed under its row lock")
+        return Claim(run_id=row.id, owner=owner, epoch=epoch, workspace=row.workspace,
+                     settings=dict(row.settings or {}), takeover=row.status == RunStatus.RUNNING,
+                     previous_owner=row.lease_owner)
 
     def _live_leases(self, conn: Connection, now: datetime) -> int:
         if conn.dialect.name == "postgresql":
