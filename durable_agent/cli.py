@@ -13,8 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_USAGE = 2
-EXIT_BUSY = 6
+from durable_agent.status import EXIT_BUSY, EXIT_USAGE  # tiny module: keeps --help fast
 
 DESCRIPTION = """\
 A coding agent that cannot lose its work. Every step is checkpointed to a SQL database

@@ -13,7 +13,7 @@ from typing import Any
 
 from durable_agent import render
 from durable_agent.errors import ConfigError, UsageError
-from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings
+from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -120,28 +120,30 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"run {run_id} is completed; nothing to resume")
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
-    recorded = dict(run.settings or {})
-    recorded.pop("db", None)
+    recorded = recorded_settings(run.settings)
     flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS))
     settings = load_settings(flags, env, base=recorded)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
                if k in recorded and k != "db" and recorded.get(k) != v]
     if args.detach:  # a worker continues it, under the settings recorded now
-        if changes:
-            store.update_settings(run_id, settings.redacted_dict())
-        store.requeue(run_id)
+        store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         print(run_id)
         return 0
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
+    # Take the lease first: a run another live process executes keeps its settings (exit 6).
+    from durable_agent.store.rows import new_owner
+
+    owner = new_owner()
+    epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
     if changes:
         store.update_settings(run_id, settings.redacted_dict())
         if not args.json:
             print("resuming under different settings: " + "; ".join(changes), file=sys.stderr)
     if not args.json:
         print(f"run {run_id} · resuming from step {run.step_count} ({run.status})", file=sys.stderr)
-    return _execute(runner, run_id, args, cancel)
+    return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
 
 
 def cmd_list(args: Namespace, env: dict[str, str]) -> int:

@@ -10,7 +10,7 @@
     └── ModelError               the model call failed (classified in models/retry.py)
 
 Loop exits are not errors: `LoopExit` carries the stop reason out of the loop and is
-caught in exactly one place, `Runner._drive`.
+caught in exactly one place, `runner._Drive.run`.
 """
 
 from __future__ import annotations

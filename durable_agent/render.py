@@ -211,7 +211,8 @@ def step_line(e: StepEvent) -> str:
 
 def run_cost(run: Any) -> float | None:
     """The run's cost at the price recorded in its settings for its model, if one was set."""
-    price = ((run.settings or {}).get("prices") or {}).get(run.model)
+    settings = getattr(run, "settings", None) or {}
+    price = (settings.get("prices") or {}).get(getattr(run, "model", None))
     if not isinstance(price, dict):
         return None
     try:

@@ -3,7 +3,7 @@
 Start and resume are the same code: `_drive` rebuilds the run from the database and asks
 the recorded history what comes next (tool calls without results, a final answer to
 verify, or the next model call). Every branch either records new state or raises a
-`LoopExit`, which is caught in exactly one place and ends the run.
+`LoopExit`, which is caught in exactly one place (`_Drive.run`) and ends the run.
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ class _Drive:
         self.journal = journal
         self.session_start = time.monotonic()
         loaded = journal.load()
+        journal.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
         self.state: RunState = rebuild(loaded.run, loaded.messages, loaded.open_steps, loaded.next_seq)
         self.resumed = loaded.run.resume_count > 0 or loaded.run.step_count > 0
         self.tool_steps = ToolSteps(self)
@@ -205,7 +206,18 @@ class _Drive:
         except HistoryDiverged as exc:
             return self.finish(StopReason.MODEL_ERROR, error=f"history diverged: {exc}")
         except KeyboardInterrupt:
+            # "Stop now" can land between a change of the in-memory state and its commit:
+            # end the run with what the database holds, not with what was in flight.
+            self.journal.discard_deferred()
+            loaded = self.journal.load()
+            self.state = rebuild(loaded.run, loaded.messages, loaded.open_steps, loaded.next_seq)
             return self.finish(StopReason.CANCELLED, error="interrupted (Ctrl-C)")
+        except (LeaseLost, RunReleased):
+            raise
+        except Exception as exc:
+            # A bug or an unexpected failure of a tool or the store: the run ends failed and
+            # resumable, with the reason, instead of staying `running` with a traceback.
+            return self.finish(StopReason.TOOL_ERROR, error=f"unexpected {type(exc).__name__}: {exc}")
 
     def finish(self, reason: StopReason, *, answer: str | None = None, error: str | None = None) -> Outcome:
         status = STATUS_FOR_REASON[reason]
@@ -269,7 +281,9 @@ class _Drive:
             raise
         turn_out: ModelTurn = result
         calls = self._call_ids(turn_out.tool_calls, turn)
-        message = Message("assistant", self.r.redactor.redact(turn_out.content) if turn_out.content else turn_out.content, tool_calls=calls)
+        redact = self.r.redactor.redact
+        message = Message("assistant", redact(turn_out.content) if turn_out.content else turn_out.content,
+                          tool_calls=calls)
         s.step_count += 1
         s.prompt_tokens += turn_out.usage.prompt_tokens
         s.completion_tokens += turn_out.usage.completion_tokens
@@ -286,7 +300,11 @@ class _Drive:
                            completion_tokens=turn_out.usage.completion_tokens))
 
     def _call_ids(self, calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
-        """Keep the provider's ids; derive one from turn and position where it is missing or reused."""
+        """Keep the provider's ids; derive one from turn and position where it is missing or reused.
+
+        The arguments are redacted here, once: what is stored, what runs and what the model
+        sees again are then the same text, and no secret the model wrote reaches the store.
+        """
         fixed = []
         for i, call in enumerate(calls):
             cid = call.id
@@ -295,7 +313,7 @@ class _Drive:
                 while cid in self.state.used_call_ids:
                     cid += "_"
             self.state.used_call_ids.add(cid)
-            fixed.append(ToolCall(id=cid, name=call.name, arguments=call.arguments))
+            fixed.append(ToolCall(id=cid, name=call.name, arguments=self.r.redactor.redact(call.arguments)))
         return tuple(fixed)
 
 

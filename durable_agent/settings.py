@@ -12,6 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -131,9 +132,27 @@ class Settings(BaseModel):
         return self
 
     def redacted_dict(self) -> dict[str, Any]:
-        """The settings recorded on a run: no key, paths as text."""
-        d = self.model_dump(mode="json", exclude={"api_key"})
+        """The settings recorded on a run: paths as text, no secrets. The key is left out, and
+        so is the store URL (it can hold a password; resume and workers bring their own), and a
+        password in base_url is masked."""
+        d = self.model_dump(mode="json", exclude={"api_key", "db"})
+        if d.get("base_url"):
+            d["base_url"] = mask_url_password(d["base_url"])
         return d
+
+
+def mask_url_password(url: str) -> str:
+    """`http://user:pw@host/v1` -> `http://user:***@host/v1`; other URLs unchanged."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not parseable (e.g. a bad port): keep nothing that could be a secret
+        return "***" if "@" in url else url
+    if password is None:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
@@ -146,6 +165,17 @@ ENV_VARS = {
     "DURABLE_AGENT_MODEL": "model",
     "DURABLE_AGENT_DB": "db",
 }
+
+
+def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's recorded settings, as a base to rebuild its Settings from: without what was
+    never recorded in full (the store URL; a base URL whose password was masked), so the
+    environment or the flags supply those again."""
+    recorded = dict(stored or {})
+    recorded.pop("db", None)
+    if ":***@" in str(recorded.get("base_url") or ""):
+        recorded.pop("base_url")
+    return recorded
 
 
 def default_config_path(env: Mapping[str, str]) -> Path | None:

@@ -34,12 +34,6 @@ class StepKind(StrEnum):
     VERIFY = "verify"
 
 
-class StepState(StrEnum):
-    STARTED = "started"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
 class EffectClass(StrEnum):
     """How a tool touches the world; decides what resume does with an unfinished call."""
 
@@ -74,8 +68,8 @@ EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.PENDING: 0,
     RunStatus.RUNNING: 6,
 }
-EXIT_USAGE = 2
-EXIT_BUSY = 6
+EXIT_USAGE = 2  # bad flag, bad configuration, unknown run id, nothing to resume
+EXIT_BUSY = 6  # another live process holds the run's lease
 
 RESUMABLE = {
     RunStatus.PENDING,

@@ -62,6 +62,12 @@ class ToolSteps:
         key = tool_key(call)
         prior = s.open_steps.pop(key, None)
         tool = self.tools.get(call.name)
+        if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
+            # A command cut off by a crash, resumed where the tool is not offered (--shell deny):
+            # say what is true, not "unknown tool".
+            return self._record(call, prior.seq, prior.started_at, ToolResult(
+                error="the command was interrupted by a crash; its outcome is unknown and it was not run "
+                      "again (running commands is not allowed now)"))
         if tool is None:
             known = ", ".join(sorted(self.tools))
             return self._reject(call, key, f"unknown tool {call.name!r}; available tools: {known}", prior=prior)
@@ -90,8 +96,9 @@ class ToolSteps:
         if prior is None:
             try:
                 plan = tool.plan(args, self._ctx(call))
-            except ToolFailure as exc:  # nothing was written: an ordinary error observation
-                return self._reject(call, key, str(exc), effect=tool.effect)
+            except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
+                message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
+                return self._reject(call, key, message, effect=tool.effect)
             seq = self.d.next_seq()
             started = self.journal.start_step(
                 seq=seq, kind=StepKind.TOOL, key=key, turn=self.state.turn, call_id=call.id,
@@ -101,7 +108,10 @@ class ToolSteps:
             return self._record(call, seq, started, self._invoke(tool, args, call))
         # Interrupted write: did it land? The recorded hashes decide, not a guess.
         plan = WritePlan(**prior.input["plan"])
-        current = tool.current_sha(plan, self._ctx(call))
+        try:
+            current = tool.current_sha(plan, self._ctx(call))
+        except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after, so drift
+            current = f"unreadable: {exc}"
         if current == plan.after_sha:
             result = ToolResult(output=f"{plan.path} already has the intended content "
                                        "(the write completed before the interruption)")
@@ -285,7 +295,7 @@ class ToolSteps:
             return result
         except ToolFailure as exc:
             return ToolResult(error=str(exc))
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
             return ToolResult(error=f"{type(exc).__name__}: {exc}")
 
     def _event(self, call: ToolCall, state: str, *, started: Any = None, error: str | None = None,

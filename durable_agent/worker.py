@@ -42,7 +42,7 @@ from sqlalchemy.exc import DBAPIError
 from durable_agent import render
 from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost
 from durable_agent.runner import RunReleased
-from durable_agent.settings import Settings, load_settings
+from durable_agent.settings import Settings, load_settings, recorded_settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.queue import Claim, Queue
 from durable_agent.store.rows import new_owner
@@ -300,8 +300,7 @@ class Worker:
 
     def _run_settings(self, claim: Claim) -> Settings:
         # Like `resume`: the run's recorded settings, with this worker's database and lease.
-        recorded = dict(claim.settings)
-        recorded.pop("db", None)
+        recorded = recorded_settings(claim.settings)
         return load_settings({"db": self.options.db, "lease_seconds": self.options.lease_seconds},
                              self.env, base=recorded)
 

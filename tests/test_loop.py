@@ -243,3 +243,40 @@ def test_run_ids_can_be_abbreviated_unless_ambiguous(cli_inproc, write_script) -
     assert cli_inproc("show", "abc-o").stdout.count("abc-one") >= 1
     r = cli_inproc("show", "abc")
     assert r.code == 2 and "ambiguous" in r.stderr and "abc-one" in r.stderr
+
+
+def test_a_tool_that_raises_is_an_observation_not_a_crash(cli_inproc, write_script, workspace, sql) -> None:
+    from typing import ClassVar
+
+    from pydantic import BaseModel
+
+    from durable_agent import tools as registry
+    from durable_agent.status import EffectClass
+
+    class NoArgs(BaseModel):
+        pass
+
+    class Broken:
+        name: ClassVar[str] = "broken"
+        description: ClassVar[str] = "always fails"
+        args_model: ClassVar[type[BaseModel]] = NoArgs
+        effect: ClassVar[EffectClass] = EffectClass.READ
+
+        def run(self, args: NoArgs, ctx: object) -> None:
+            raise RuntimeError("boom inside the tool")
+
+    (workspace / "a.txt").write_text("a file, not a folder\n")
+    registry.register_tool(Broken())
+    try:
+        script = write_script([
+            {"tool_calls": [{"name": "broken", "arguments": {}}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt/x", "content": "x"}}]},
+            DONE])
+        r = cli_inproc("start", "t", "--model", script, "--run-id", "boom")
+    finally:
+        registry._custom.pop("broken", None)
+    assert r.code == 0, r.stderr
+    results = [c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq")]
+    assert results[0] == "Error: RuntimeError: boom inside the tool"
+    assert results[1].startswith("Error:") and "a.txt" in results[1]
+    assert (workspace / "a.txt").read_text() == "a file, not a folder\n"

@@ -81,3 +81,15 @@ def test_a_command_cannot_print_a_credential_variable_it_was_given(cli, write_sc
     out = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
     assert "got [REDACTED:DEPLOY_PASSWORD]" in out
     assert token not in json.dumps(sql("SELECT output, error FROM steps"))
+
+
+def test_a_secret_the_model_writes_into_tool_arguments_is_not_stored(cli, write_script, workspace, db_path) -> None:  # type: ignore[no-untyped-def]
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    script = write_script([
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "conf.txt", "content": f"token={token}\n"}}]},
+        {"content": "done"},
+    ])
+    assert cli("start", "t", "--model", script, "--run-id", "argsecret").code == 0
+    stored = b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*"))
+    assert token.encode() not in stored
+    assert (workspace / "conf.txt").read_text() == "token=[REDACTED]\n"  # what ran is what was recorded

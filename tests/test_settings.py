@@ -44,3 +44,23 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) 
     cfg.write_text(content)
     with pytest.raises(ConfigError, match=needle):
         load_settings({}, {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)})
+
+
+def test_no_password_is_in_the_recorded_settings() -> None:
+    s = Settings(db="postgresql://u:secret@h/d", base_url="http://u:pw@host/v1")
+    recorded = s.redacted_dict()
+    text = str({k: v for k, v in recorded.items() if k != "shell_allowlist"})  # it has `pwd`
+    assert "secret" not in text and "pw" not in text
+    assert "db" not in recorded  # resume and workers bring their own store URL
+    assert recorded["base_url"] == "http://u:***@host/v1"
+    plain = Settings(base_url="http://127.0.0.1:8080/v1").redacted_dict()
+    assert plain["base_url"] == "http://127.0.0.1:8080/v1"
+
+
+def test_recorded_settings_leave_out_what_was_never_stored_in_full() -> None:
+    from durable_agent.settings import recorded_settings
+
+    stored = Settings(db="postgresql://u:secret@h/d", base_url="http://u:pw@host/v1").redacted_dict()
+    base = recorded_settings(stored)
+    assert "db" not in base and "base_url" not in base  # the env or flags supply them again
+    assert recorded_settings({"base_url": "http://localhost:11434/v1"})["base_url"] == "http://localhost:11434/v1"

@@ -47,6 +47,24 @@ ALLOWED = [
     "ls # a comment",
     "grep -rn reboot src",  # a word, not the command
     "pytest; git status\ngit diff",
+    # paths and options that stay inside the workspace
+    "cat /dev/null",
+    "diff a.txt /dev/null",
+    "grep -rn x src 2>/dev/null",
+    "git log HEAD~3..HEAD -- src",  # `..` in a revision range, not a path
+    "git grep -n foo",
+    "git --no-pager log -n 1",
+    "sort -n -k2 data.txt",
+    "sort -S 1k big.txt",
+    "rg --hidden --glob=*.py x",
+    "rg -n --no-config x src",
+    "echo /etc/passwd ~ ..",  # echo prints, it reads nothing
+    "dirname /a/b/c",
+    "ls sub/./x",
+    "go test -count=1 -run=TestX ./...",
+    "cargo test --bin app",
+    "grep --binary-files=text x f",
+    "git diff --no-ext-diff",
 ]
 
 
@@ -91,6 +109,41 @@ ASKED = [
     ("sort -o sorted.txt data", "-o"),
     ("ruff check --fix", "--fix"),
     ("echo 'unclosed", "unbalanced"),
+    # options that run a program
+    ('git grep --open-files-in-pager="touch X" foo', "--open-files-in-pager"),
+    ("git grep -O foo", "-O"),
+    ("git grep -Opython3 foo", "-O"),  # glued value
+    ("git grep -iOless foo", "-O"),  # inside a cluster
+    ("git grep --open-files=vim foo", "--open-files"),  # git accepts abbreviations
+    ("sort --compress-program=./evil -S 1k big.txt", "--compress-program"),
+    ("sort --compress-program ./evil big.txt", "--compress-program"),
+    ("sort --compress=./evil big.txt", "--compress"),
+    ("sort -uo out.txt data", "-o"),
+    ("rg --hostname-bin=./evil x", "--hostname-bin"),
+    ("rg --pre=./evil x", "--pre"),
+    ("mypy --python-executable=./evil", "--python-executable"),
+    ("pytest --some-pager=less", "--some-pager"),
+    ("pytest --run-command=x", "--run-command"),
+    ("pytest --editor vim", "--editor"),
+    ("npm test --script-shell=./evil", "--script-shell"),
+    ("go test -exec ./evil ./...", "-exec"),
+    ("go vet -vettool=./evil ./...", "-vettool"),
+    ("make test --eval='x:=1'", "--eval"),
+    # reads outside the workspace
+    ("cat ~/.ssh/id_rsa", "reads outside the workspace: ~/.ssh/id_rsa"),
+    ("cat /etc/passwd", "reads outside the workspace: /etc/passwd"),
+    ("head ../other/secret.txt", "reads outside the workspace: ../other/secret.txt"),
+    ("cat sub/../../x", "reads outside the workspace: sub/../../x"),
+    ("grep --file=/etc/x y", "reads outside the workspace: --file=/etc/x"),
+    ("grep -f/etc/x y", "reads outside the workspace: -f/etc/x"),
+    ("rg secret ~", "reads outside the workspace: ~"),
+    ("ls ..", "reads outside the workspace: .."),
+    ("cd / && ls", "reads outside the workspace: /"),
+    ("git -C ../other log", "reads outside the workspace: ../other"),
+    ("find / -name id_rsa", "reads outside the workspace: /"),
+    ("PYTHONPATH=/tmp/evil pytest", "reads outside the workspace: /tmp/evil"),
+    ("cat < ~/.ssh/id_rsa", "reads outside the workspace: ~/.ssh/id_rsa"),
+    ("cat /dev/null ~/.netrc", "reads outside the workspace: ~/.netrc"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,69 @@ def test_schemas_come_from_the_argument_models() -> None:
     schema = tool_schema(tools["edit_file"])["function"]
     assert schema["name"] == "edit_file"
     assert set(schema["parameters"]["required"]) == {"path", "old_string", "new_string"}
+
+
+def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: Path) -> None:
+    # Valid UTF-8 for the first 8 KiB (the binary sniff), then one Latin-1 byte.
+    original = b"x = 1\n" + b"# padding\n" * 900 + b"name = 'caf\xe9'\n"
+    (workspace / "a.py").write_bytes(original)
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    edit = EditFile()
+    args = edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"})
+    with pytest.raises(ToolFailure, match="a.py is not UTF-8 text; use write_file"):
+        edit.plan(args, ctx)
+    result = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = 2")
+    assert result.error and "not UTF-8" in result.error
+    assert (workspace / "a.py").read_bytes() == original  # no U+FFFD written over the \xe9
+    # read_file still shows it, with a replacement character for display only.
+    assert "caf\ufffd" in call(workspace, "read_file", path="a.py").output
+
+
+def test_edit_plan_hashes_the_files_bytes(workspace: Path) -> None:
+    original = "\ufeffx = 1\r\ny = 'é'\r\n".encode()  # BOM, CRLF, multi-byte: kept as they are
+    (workspace / "a.py").write_bytes(original)
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    edit = EditFile()
+    args = edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"})
+    plan = edit.plan(args, ctx)
+    assert plan.before_sha == file_sha(workspace / "a.py") == sha256(original).hexdigest()
+    edit.run(args, ctx)
+    assert (workspace / "a.py").read_bytes() == original.replace(b"x = 1", b"x = 2")
+    assert edit.current_sha(plan, ctx) == plan.after_sha
+
+
+def test_binary_file_is_described_to_edit_too(workspace: Path) -> None:
+    (workspace / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    result = call(workspace, "edit_file", path="img.png", old_string="PNG", new_string="GIF")
+    assert result.error and "PNG image" in result.error
+
+
+def test_a_file_in_the_way_of_a_folder_is_an_error_not_an_exception(workspace: Path) -> None:
+    (workspace / "README.md").write_text("a file\n")
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    write = WriteFile()
+    with pytest.raises(ToolFailure, match="README.md/x: README.md is a file, not a directory"):
+        write.plan(write.args_model.model_validate({"path": "README.md/x", "content": "x"}), ctx)
+    read = call(workspace, "read_file", path="README.md/x/y")
+    assert read.error == "README.md/x/y: README.md is a file, not a directory"
+    with pytest.raises(ToolFailure, match="is a file, not a directory"):
+        file_sha(workspace / "README.md" / "x")
+    assert (workspace / "README.md").read_text() == "a file\n"
+
+
+def test_an_unreadable_file_is_an_error_not_an_exception(workspace: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (workspace / "locked.txt").write_text("x")
+    real_read_bytes = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self.name == "locked.txt":  # chmod 0 does not stop root, who may run the tests
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    write = WriteFile()
+    with pytest.raises(ToolFailure, match="locked.txt: permission denied"):
+        write.plan(write.args_model.model_validate({"path": "locked.txt", "content": "y"}), ctx)
+    assert call(workspace, "read_file", path="locked.txt").error == "locked.txt: permission denied"

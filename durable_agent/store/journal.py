@@ -108,10 +108,6 @@ class Journal:
         self._deferred_counters: Counters | None = None
         self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
 
-    @property
-    def has_deferred(self) -> bool:
-        return bool(self._deferred_steps or self._deferred_messages)
-
     def close(self) -> None:
         """Give the writing connection back to the pool (the session is over)."""
         if self._conn is not None:
@@ -155,16 +151,14 @@ class Journal:
             raise
         finally:
             self._last_used = time.monotonic()
+        self.discard_deferred()  # committed now
+        self._crash_point()  # committed, the next effect has not started
+
+    def discard_deferred(self) -> None:
+        """Forget writes not yet committed (the loop stops without them: resume re-runs reads)."""
         self._deferred_steps.clear()
         self._deferred_messages.clear()
         self._deferred_counters = None
-        self._crash_point()  # committed, the next effect has not started
-
-    def flush(self) -> None:
-        """Commit deferred writes now (the loop is about to wait or stop)."""
-        if self.has_deferred:
-            with self._tx(utcnow()):
-                pass
 
     def _crash_point(self) -> None:
         # Set by DURABLE_AGENT_CRASH_AFTER (see wiring.py): a real SIGKILL of this process at
@@ -206,11 +200,6 @@ class Journal:
             max_seq = conn.execute(select(func.max(steps.c.seq)).where(steps.c.run_id == self.run_id)).scalar()
         return Loaded(run=run, messages=msgs, open_steps=open_steps,
                       next_seq=0 if max_seq is None else max_seq + 1)
-
-    def step_by_key(self, key: str) -> Row[Any] | None:
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return conn.execute(select(steps).where(steps.c.run_id == self.run_id,
-                                                    steps.c.idempotency_key == key)).first()
 
     def verify_result(self, turn: int) -> Row[Any] | None:
         with self.engine.connect().execution_options(readonly=True) as conn:
@@ -341,12 +330,5 @@ class Journal:
         # Its own pooled connection, not the writer's: it runs on another thread, and is not a
         # crash point (it runs on its own thread's clock).
         with self.engine.begin() as conn:
-            self._fence(conn, now)
-            return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
-
-    def release(self) -> None:
-        """Give the lease up without ending the run (lost process, worker shutdown)."""
-        with self.engine.begin() as conn:
-            conn.execute(update(runs).where(runs.c.id == self.run_id, runs.c.lease_owner == self.owner,
-                                            runs.c.lease_epoch == self.epoch)
-                         .values(lease_owner=None, lease_expires_at=None, updated_at=utcnow()))
+            self._fence(conn, now)  # also reads cancel_requested
+        return self.cancel_seen

@@ -128,8 +128,9 @@ class Store:
                 cancel_requested=False, lease_owner=None, lease_expires_at=None))
             return "cancelled"
 
-    def requeue(self, run_id: str) -> None:
-        """Put a stopped run back in the workers' queue (`pending`, no lease)."""
+    def requeue(self, run_id: str, *, settings: dict[str, Any] | None = None) -> None:
+        """Put a stopped run back in the workers' queue (`pending`, no lease), with new
+        recorded `settings` if given (written only once the run is known not to be live)."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
@@ -138,9 +139,10 @@ class Store:
                 raise RunNotFound(run_id)
             if lease_is_live(row, now):
                 raise RunBusy(run_id, row.lease_owner)
+            extra = {} if settings is None else {"settings": settings}
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
-                cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now))
+                cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now, **extra))
 
     def pending_approval(self, run_id: str) -> Row[Any] | None:
         with self._read() as conn:

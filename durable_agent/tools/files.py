@@ -28,18 +28,35 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha(path: Path) -> str | None:
+def file_sha(path: Path, shown: str | None = None) -> str | None:
+    """The hash of the file's bytes; None when it does not exist, "directory" for a folder.
+
+    `shown` is the workspace-relative path for messages (ToolFailure when it cannot be read).
+    """
+    shown = shown or path.as_posix()
     try:
         return sha256_bytes(path.read_bytes())
     except FileNotFoundError:
         return None
     except IsADirectoryError:
         return "directory"
+    except NotADirectoryError:
+        raise ToolFailure(_not_a_directory(path, shown)) from None
+    except PermissionError:
+        raise ToolFailure(f"{shown}: permission denied") from None
+
+
+def _not_a_directory(path: Path, shown: str) -> str:
+    """`README.md/x` when README.md is a file: name the part that is in the way."""
+    blocker = next((p for p in path.parents if p.exists()), None)  # the nearest that exists
+    if blocker is not None and not blocker.is_dir():
+        return f"{shown}: {blocker.name} is a file, not a directory"
+    return f"{shown}: a parent of it is not a directory"
 
 
 def planned_file_sha(plan: WritePlan, ctx: ToolContext) -> str | None:
     """The hash the planned file has now: what resume compares with the recorded before/after."""
-    return file_sha(resolve(ctx.workspace, plan.path, for_write=True))
+    return file_sha(resolve(ctx.workspace, plan.path, for_write=True), plan.path)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -66,16 +83,26 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def read_text(path: Path, display: str) -> str:
+def read_bytes(path: Path, display: str) -> bytes:
+    """The file's bytes, refusing binary files with a description of them."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise ToolFailure(f"file not found: {display}") from None
     except IsADirectoryError:
         raise ToolFailure(f"{display} is a directory; use list_files") from None
+    except NotADirectoryError:
+        raise ToolFailure(_not_a_directory(path, display)) from None
+    except PermissionError:
+        raise ToolFailure(f"{display}: permission denied") from None
     if looks_binary(data[:8192]):
         raise ToolFailure(describe_binary(display, len(data), data[:16]))
-    return data.decode("utf-8", errors="replace")
+    return data
+
+
+def read_text(path: Path, display: str) -> str:
+    """For showing: bytes that are not UTF-8 past the binary sniff appear as U+FFFD."""
+    return read_bytes(path, display).decode("utf-8", errors="replace")
 
 
 # -- list_files ------------------------------------------------------------------------------
@@ -209,7 +236,8 @@ class WriteFile:
 
     def plan(self, args: WriteFileArgs, ctx: ToolContext) -> WritePlan:
         path = resolve(ctx.workspace, args.path, for_write=True)
-        return WritePlan(path=relative(ctx.workspace, path), before_sha=file_sha(path),
+        shown = relative(ctx.workspace, path)
+        return WritePlan(path=shown, before_sha=file_sha(path, shown),
                          after_sha=sha256_bytes(args.content.encode("utf-8")))
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
@@ -238,8 +266,14 @@ class EditFile:
     effect: ClassVar[EffectClass] = EffectClass.WRITE
 
     def _edited(self, args: EditFileArgs, ctx: ToolContext) -> tuple[Path, bytes, bytes]:
+        """The file's bytes as they are and as they will be. Decoded strictly: a lossy decode
+        would write U+FFFD over bytes the edit never touched, and hash text the file is not."""
         path = resolve(ctx.workspace, args.path, for_write=True)
-        text = read_text(path, args.path)
+        before = read_bytes(path, args.path)
+        try:
+            text = before.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it") from None
         if not args.old_string:
             raise ToolFailure("old_string is empty; use write_file to create a file")
         count = text.count(args.old_string)
@@ -247,7 +281,7 @@ class EditFile:
             where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
             raise ToolFailure(f"old_string {where} in {args.path}")
         new = text.replace(args.old_string, args.new_string, 1)
-        return path, text.encode("utf-8"), new.encode("utf-8")
+        return path, before, new.encode("utf-8")
 
     def plan(self, args: EditFileArgs, ctx: ToolContext) -> WritePlan:
         path, before, after = self._edited(args, ctx)

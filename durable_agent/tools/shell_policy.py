@@ -3,7 +3,8 @@
 A command line is allowed only if every simple command in it (split on `;`, `&&`, `||`,
 `|`, `&`, newlines, parentheses) starts with an allowlisted prefix, word for word, and
 nothing in it looks destructive. Anything the parser cannot vouch for -- command
-substitution, writes through redirections, `sudo`, unbalanced quotes -- is ASK.
+substitution, writes through redirections, `sudo`, unbalanced quotes, options that name a
+program to run, paths outside the workspace (absolute, `~`, `..`) -- is ASK.
 
 This is a tripwire, not a sandbox: `pytest` and `make test` run code from the workspace,
 which the agent can edit. It keeps a person in the loop for what is plainly irreversible
@@ -62,15 +63,29 @@ DEFAULT_DESTRUCTIVE: tuple[str, ...] = (
 )
 
 # Options that make an allowlisted read-only command write, delete or run something else.
+# Long options are also matched by their unambiguous abbreviations (`sort --compress=prog`:
+# getopt and git accept those), and single letters inside a cluster (`sort -uo out`).
 _RISKY_OPTIONS: dict[str, frozenset[str]] = {
     "find": frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0",
                        "-fprintf", "-fls"}),
-    "rg": frozenset({"--pre"}),
-    "git": frozenset({"--output", "--ext-diff", "--exec-path"}),
-    "sort": frozenset({"-o", "--output"}),
+    "rg": frozenset({"--pre", "--hostname-bin"}),
+    "git": frozenset({"--output", "--ext-diff", "--exec-path", "-O", "--open-files-in-pager"}),
+    "sort": frozenset({"-o", "--output", "--compress-program"}),
     "tree": frozenset({"-o"}),
     "ruff": frozenset({"--fix", "--fix-only", "--unsafe-fixes"}),
+    "go": frozenset({"-exec", "-toolexec", "-vettool", "-o"}),
+    "make": frozenset({"--eval", "-E"}),
+    "cargo": frozenset({"--config"}),
 }
+# Commands whose options are long names after a single dash (`find -exec`, `go test -exec`):
+# their words are not clusters of letters, and `--name` means the same as `-name`.
+_SINGLE_DASH_LONG = frozenset({"find", "go"})
+# Any long option with one of these in its name can name a program to run (`--compress-program`,
+# `--open-files-in-pager`, `--hostname-bin`, `--python-executable`, `npm --script-shell`).
+_PROGRAM_OPTION = re.compile(r"program|pager|-bin(?:-|$)|exec|command|editor|shell")
+# Commands that only print their arguments: a path there is text, not a file read.
+_NO_FILE_ARGUMENTS = frozenset({"echo", "printf", "true", "pwd", "basename", "dirname", "which",
+                                "whoami", "uname"})
 _PRIVILEGE = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
 # `NAME=value cmd` is fine (`PYTHONPATH=src pytest`), except names that change which
 # program runs or inject code into it.
@@ -78,6 +93,7 @@ _RISKY_ASSIGNMENT = re.compile(r"LD_\w*|PATH|BASH_ENV|ENV|IFS|SHELLOPTS|BASHOPTS
                                r"PAGER|EDITOR|VISUAL|PROMPT_COMMAND|PYTHONSTARTUP")
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 _HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+_HARMLESS_PATHS = frozenset({"/dev/null", "/dev/stdin"})  # arguments that read nothing outside
 
 
 def decide(command: str, mode: str, allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
@@ -110,25 +126,70 @@ def decide(command: str, mode: str, allowlist: Sequence[str] = DEFAULT_ALLOWLIST
 
 def _check_simple_command(segment: str, prefixes: list[list[str]]) -> str | None:
     words = shlex.split(segment)  # balanced: _scan checked the quotes
+    assigned: list[str] = []
     while words and (assignment := _ASSIGNMENT.match(words[0])):
         if _RISKY_ASSIGNMENT.fullmatch(assignment.group(1)):
             return f"sets {assignment.group(1)}: `{segment}`"
-        words.pop(0)
+        assigned.append(words.pop(0)[assignment.end():])
     if not words:
         return None  # only assignments: sets a shell variable, runs nothing
     if words[0] in _PRIVILEGE:
         return f"privilege escalation: `{segment}`"
     if words[0].startswith("./") and "/" in words[0][2:]:
         words[0] = words[0][2:]  # ./.venv/bin/pytest; but never ./ls, a workspace file
+    arguments = words[1:]  # before git's globals go: `git -C ../other log` reads elsewhere
     words = _without_git_globals(words)
     if not any(words[:len(prefix)] == prefix for prefix in prefixes):
         return f"not in the allowlist: `{segment}`"
-    risky = _RISKY_OPTIONS.get(words[0], frozenset())
     for word in words[1:]:
-        option = word.split("=", 1)[0]
-        glued = len(option) > 2 and option[:2] in risky and option[1] != "-"  # sort -ofile
-        if option in risky or glued:
+        option = _risky_option(words[0], word)
+        if option:
             return f"`{option}` can modify files or run programs: `{segment}`"
+    if words[0] not in _NO_FILE_ARGUMENTS:
+        for word in (*assigned, *arguments):
+            outside = _outside_path(word, single_dash_long=words[0] in _SINGLE_DASH_LONG)
+            if outside:
+                return f"reads outside the workspace: {outside}"
+    return None
+
+
+def _risky_option(command: str, word: str) -> str | None:
+    """The option in `word` that can write or run a program for `command`, if any."""
+    if not word.startswith("-") or word in ("-", "--"):
+        return None
+    risky = _RISKY_OPTIONS.get(command, frozenset())
+    option = word.split("=", 1)[0]
+    if option in risky:
+        return option
+    if command in _SINGLE_DASH_LONG:
+        name = option.lstrip("-")
+        if f"-{name}" in risky:
+            return option
+    elif not option.startswith("--"):  # a cluster of letters: -uo, -Opager, -iOless
+        letters = (f"-{c}" for c in word[1:])
+        return next((letter for letter in letters if letter in risky), None)
+    else:
+        name = option[2:]
+        if any(long.startswith("--") and long.startswith(option) for long in risky):
+            return option  # an abbreviation: `--compress` for `--compress-program`
+    if not name.startswith("no-") and _PROGRAM_OPTION.search(name):
+        return option
+    return None
+
+
+def _outside_path(word: str, *, single_dash_long: bool = False) -> str | None:
+    """`word` (or an option's value in it) if it names a path outside the workspace:
+    absolute, from a home directory (`~`), or going up (`..`)."""
+    candidates = [word]
+    if "=" in word:
+        candidates.append(word.split("=", 1)[1])  # --file=/etc/x, DIR=../x
+    if word.startswith("-") and not word.startswith("--") and not single_dash_long:
+        candidates.extend(word[i:] for i in range(2, len(word)))  # -f/etc/x, -I../include
+    for candidate in candidates:
+        if candidate in _HARMLESS_PATHS:
+            continue
+        if candidate.startswith(("/", "~")) or ".." in candidate.split("/"):
+            return word
     return None
 
 
@@ -255,14 +316,17 @@ def _drop_fd_number(current: list[str]) -> None:
 def _redirection_problem(op: str, raw_target: str) -> str | None:
     if _has_substitution(raw_target):
         return f"command substitution in a redirection: `{op}{raw_target}`"
-    if op in ("<", "<<<"):
-        return None  # reads a file, or a string, into the command
+    if op == "<<<":
+        return None  # a string
     if op == "<<":
         return "here-document: use write_file for file contents"
     try:
         target = " ".join(shlex.split(raw_target))
     except ValueError:
         target = raw_target
+    if op == "<":  # reads a file into the command: `cat < ~/.ssh/id_rsa` is `cat ~/.ssh/id_rsa`
+        outside = _outside_path(target)
+        return f"reads outside the workspace: {outside}" if outside else None
     if op in (">&", "<&") and (target.isdigit() or target == "-"):
         return None  # 2>&1: duplicates a stream, writes nothing
     if op != "<>" and target in _HARMLESS_TARGETS:
