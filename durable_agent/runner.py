@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from durable_agent import guard
+from durable_agent import finish_gate, guard
 from durable_agent.errors import HistoryDiverged, LeaseLost, LoopExit, ModelError, UsageError
 from durable_agent.messages import Message, ModelTurn, ToolCall
 from durable_agent.models import ModelClient
@@ -195,7 +195,7 @@ class _Drive:
                     continue
                 answer = self.state.final_answer()
                 if answer is not None:
-                    if self.tool_steps.verified(answer):
+                    if finish_gate.verified(self, answer):
                         raise LoopExit(StopReason.FINISHED, answer=answer)
                     continue
                 self.model_step()

@@ -1,4 +1,4 @@
-"""Executing one tool call durably, by effect class, and the finish gate (`--verify`).
+"""Executing one tool call durably, by effect class.
 
     read   no intent row: run, then intent+outcome in one transaction (a crash re-runs it)
     write  intent with the file's before/after hashes, write, outcome; resume compares hashes
@@ -30,11 +30,34 @@ from durable_agent.tools.limits import cap_text
 
 if TYPE_CHECKING:
     from durable_agent.runner import _Drive
+    from durable_agent.store.journal import Journal
 
 APPROVAL = "approval_required"
 UNCERTAIN = "uncertain_side_effect"
 CANCEL_POLL_S = 0.5  # how soon a running command notices `durable-agent cancel`
-VERIFY_TAIL = 4000  # characters of the verify command's output kept as evidence and shown to the model
+
+
+@contextlib.contextmanager
+def watch_cancel(cancel: threading.Event, journal: Journal) -> Iterator[None]:
+    """While a command runs: turn `durable-agent cancel` (a database flag) into the cancel
+    event at once. The lease heartbeat notices it too, but only every lease_seconds/3."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(CANCEL_POLL_S) and not cancel.is_set():
+            try:
+                if journal.cancel_requested():
+                    cancel.set()
+            except Exception:  # noqa: BLE001 - a busy database is asked again next time
+                continue
+
+    watcher = threading.Thread(target=poll, name="cancel-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def tool_key(call: ToolCall) -> str:
@@ -168,7 +191,7 @@ class ToolSteps:
                 use_approval=use)
         self._event(call, "started")
         try:
-            with self._watch_cancel():
+            with watch_cancel(self.d.r.cancel, self.journal):
                 result = self._invoke(tool, args, call, seq=seq)
         except KeyboardInterrupt:
             # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
@@ -178,29 +201,6 @@ class ToolSteps:
                 error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"))
             raise
         self._record(call, seq, started, result)
-
-    @contextlib.contextmanager
-    def _watch_cancel(self) -> Iterator[None]:
-        """While a command runs: turn `durable-agent cancel` (a database flag) into the cancel
-        event at once. The lease heartbeat notices it too, but only every lease_seconds/3."""
-        cancel, stop = self.d.r.cancel, threading.Event()
-        journal = self.journal
-
-        def poll() -> None:
-            while not stop.wait(CANCEL_POLL_S) and not cancel.is_set():
-                try:
-                    if journal.cancel_requested():
-                        cancel.set()
-                except Exception:  # noqa: BLE001 - a busy database is asked again next time
-                    continue
-
-        watcher = threading.Thread(target=poll, name="cancel-watch", daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            watcher.join()
 
     def _settle_by_policy(self, call: ToolCall) -> int | None:
         """A question asked under `--shell ask` that the policy now answers (resumed with
@@ -314,66 +314,12 @@ class ToolSteps:
         for step in self.state.open_steps.values():
             # Only with the call id to match: a bare number may name someone else's group by now
             # (after a reboot), and our own group is never the command's.
-            if not step.pgid or not step.call_id or step.pgid <= 1 or step.pgid == os.getpgrp():
+            if (step.state != "started" or not step.pgid or not step.call_id or step.pgid <= 1
+                    or step.pgid == os.getpgrp()):
                 continue
             if process_group_alive(step.pgid, call_id=step.call_id, run_id=step.run_id):
                 kill_process_group(step.pgid, call_id=step.call_id, run_id=step.run_id)
                 self.d.r.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
-
-    def verified(self, answer: str) -> bool:
-        """The finish gate: with --verify, a final answer counts only once the command exits 0."""
-        command = self.settings.verify
-        if not command:
-            return True
-        turn = self.state.turn
-        if self.journal.verify_result(turn) is not None:
-            return True  # it passed before a crash hit the finish
-        from durable_agent.tools.process import command_env, run_process
-
-        key = f"verify:{turn}"
-        prior = self.state.open_steps.pop(key, None)
-        if prior is not None:  # a check, not a side effect: running it again is safe
-            seq = prior.seq
-            started = self.journal.restart_step(seq, attempts=prior.attempts + 1)
-        else:
-            seq = self.d.next_seq()
-            started = self.journal.start_step(seq=seq, kind=StepKind.VERIFY, key=key, turn=turn,
-                                              input={"command": command}, tool_name="verify")
-        obs = self.d.r.observer
-        obs.step(StepEvent(seq, turn, "verify", command))
-        with self._watch_cancel():
-            out = run_process(command, cwd=self.settings.workspace, timeout_s=self.settings.command_timeout_s,
-                              env=command_env(self.d.r.env, run_id=self.state.run_id, call_id=key),
-                              output_cap=self.settings.output_cap // 2, cancel=self.d.r.cancel)
-        redact = self.d.r.redactor.redact
-        # The end of a test run's output says what failed: keep the tail, not the head.
-        text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())
-        tail = text if len(text) <= VERIFY_TAIL else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
-        passed = out.exit_code == 0
-        if out.timed_out:
-            failure = f"timed out after {self.settings.command_timeout_s:g} s"
-        elif out.cancelled:
-            failure = "cancelled"
-        else:
-            failure = f"exit code {out.exit_code}"
-        output = {"command": command, "exit_code": out.exit_code, "timed_out": out.timed_out,
-                  "output_tail": tail, "passed": passed}
-        new: list[tuple[int, Message]] = []
-        if not passed and not out.cancelled:
-            # A cancelled check proved nothing about the answer: it is run again on resume
-            # (the step stays open as failed), and the model is not told about it.
-            note = (f"Verification failed: `{command}` {failure}. Your final answer was not "
-                    f"accepted. Fix the problem, then answer again.\n{tail}")
-            msg = Message("user", note)
-            new.append((self.state.append(msg), msg))
-        self.journal.finish_step(seq=seq, state="completed" if passed else "failed", started_at=started,
-                                 output=output, error=None if passed else failure,
-                                 counters=self.d.counters(), new_messages=new)
-        obs.step(StepEvent(seq, turn, "verify", command, state="completed" if passed else "failed",
-                           duration_ms=out.duration_ms, error=None if passed else failure))
-        if out.cancelled:
-            raise LoopExit(StopReason.CANCELLED, "cancelled during verification")
-        return passed
 
 
 def _args_json(call: ToolCall) -> Any:
