@@ -120,13 +120,30 @@ class ModelTurn:
 class HistoryHash:
     """A running digest of the messages: the request hash of turn t without rehashing history.
 
-    Hashing the whole history on every turn would make a 1000-step run quadratic; chaining
-    each message's canonical JSON onto the previous digest keeps it linear and still
-    changes if any earlier message changes.
+    Hashing the whole history on every turn would make a 1000-step run quadratic; one
+    streaming SHA-256 over every message's fields, each length-prefixed so that no two
+    different histories feed it the same bytes, keeps it linear (resume rebuilds it for
+    thousands of messages, so no JSON is built here) and still changes if any earlier
+    message changes.
     """
 
     def __init__(self) -> None:
-        self.digest = "0" * 64
+        self._sha = hashlib.sha256()
 
     def add(self, message: Message) -> None:
-        self.digest = sha256_text(self.digest + canonical_json(message.to_api()))
+        fields = [message.role, message.content, message.tool_call_id]
+        for call in message.tool_calls:
+            fields += [call.id, call.name, call.arguments]
+        update = self._sha.update
+        update(len(fields).to_bytes(4, "big"))
+        for text in fields:
+            if text is None:
+                update(b"\xff\xff\xff\xff")  # None differs from ""
+                continue
+            data = text.encode("utf-8")
+            update(len(data).to_bytes(4, "big"))
+            update(data)
+
+    @property
+    def digest(self) -> str:
+        return self._sha.copy().hexdigest()
