@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from side_effects_support import assert_history_valid
 
 WRITE = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello\n"}}]}
 DONE = {"content": "all done"}
@@ -27,15 +28,8 @@ def model_steps(sql, run_id: str) -> int:  # type: ignore[no-untyped-def]
 
 def history_is_valid(sql, run_id: str) -> None:  # type: ignore[no-untyped-def]
     """Every assistant tool call has exactly one tool result before the next model call."""
-    rows = sql("SELECT role, tool_calls, tool_call_id FROM messages WHERE run_id=? ORDER BY seq", run_id)
-    open_ids: list[str] = []
-    for role, calls, call_id in rows:
-        if role == "assistant":
-            assert not open_ids, f"model called again with unanswered calls {open_ids}"
-            open_ids = [c["id"] for c in json.loads(calls or "[]")]
-        elif role == "tool":
-            assert call_id in open_ids, f"tool result {call_id} answers no open call"
-            open_ids.remove(call_id)
+    db = sql("PRAGMA database_list")[0][2]
+    assert_history_valid(Path(db), run_id)
 
 
 def test_completed_run_prints_id_first_answer_on_stdout(cli_inproc, write_script, workspace, sql) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from side_effects_support import pid_alive
 
 from durable_agent.tools.process import (
     ProcessOutcome,
@@ -45,20 +46,6 @@ def stays_false(condition: Callable[[], bool], for_s: float) -> bool:
             return False
         time.sleep(0.02)
     return not condition()
-
-
-def pid_alive(pid: int) -> bool:
-    """Running, and not a zombie (an unreaped zombie runs nothing, but kill(pid, 0)
-    still succeeds on it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def read_pid(path: Path) -> int | None:

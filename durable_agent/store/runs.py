@@ -22,6 +22,15 @@ def lease_is_live(row: Any, now: datetime) -> bool:
             and row.lease_expires_at > now and not owner_is_dead(row.lease_owner))
 
 
+def _locked_run(conn: Connection, run_id: str) -> Any:
+    """The run's status and lease, locked until the transaction ends; RunNotFound if none."""
+    row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
+                       .where(runs.c.id == run_id).with_for_update()).first()
+    if row is None:
+        raise RunNotFound(run_id)
+    return row
+
+
 class Store:
     """Run-level reads and the few writes that need no lease."""
 
@@ -114,10 +123,7 @@ class Store:
         """Flag a live run ("requested": it stops at its next boundary); end any other at once."""
         now = utcnow()
         with self.engine.begin() as conn:
-            row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
-                               .where(runs.c.id == run_id).with_for_update()).first()
-            if row is None:
-                raise RunNotFound(run_id)
+            row = _locked_run(conn, run_id)
             if row.status == RunStatus.COMPLETED:
                 raise UsageError(f"run {run_id} is already completed")
             if row.status == RunStatus.RUNNING and lease_is_live(row, now):
@@ -133,10 +139,7 @@ class Store:
         recorded `settings` if given (written only once the run is known not to be live)."""
         now = utcnow()
         with self.engine.begin() as conn:
-            row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
-                               .where(runs.c.id == run_id).with_for_update()).first()
-            if row is None:
-                raise RunNotFound(run_id)
+            row = _locked_run(conn, run_id)
             if lease_is_live(row, now):
                 raise RunBusy(run_id, row.lease_owner)
             extra = {} if settings is None else {"settings": settings}
