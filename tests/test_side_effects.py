@@ -259,3 +259,13 @@ def test_run_command_results_are_observations(cli, write_script, workspace, sql)
     assert not pid_alive(int((workspace / "bg.pid").read_text()))  # the background child went too
     assert "truncated" in big and "200000" in big and len(big) <= 20_000
     assert sql("SELECT state FROM steps WHERE kind='tool' ORDER BY seq") == [("completed",), ("failed",), ("completed",)]
+
+
+def test_a_long_command_output_is_cut_once_with_one_marker(cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    script = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "seq 1 200000; seq 1 50000 >&2"}}]},
+        {"content": "done"}])
+    assert cli("start", "t", "--model", script, "--shell", "allow").code == 0
+    content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
+    assert content.count("truncated") == 2  # one marker per stream, none from a second cap
+    assert "stdout:\n1\n" in content and "200000" in content and "50000" in content

@@ -10,6 +10,8 @@ from durable_agent.status import EffectClass
 from durable_agent.tools.base import ToolContext, ToolResult
 from durable_agent.tools.process import command_env, run_process
 
+HEADER_ROOM = 200  # "exit code: …", "stdout:", "stderr:" and the line breaks
+
 
 class RunCommandArgs(BaseModel):
     command: str = Field(description="Shell command line, run with bash -c in the workspace.")
@@ -31,7 +33,8 @@ class RunCommand:
             cwd=ctx.workspace,
             env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
             timeout_s=args.timeout_s or ctx.command_timeout_s,
-            output_cap=ctx.output_cap // 2,
+            # Both streams and the header fit the result cap, so only one truncation marker shows.
+            output_cap=max(100, (ctx.output_cap - HEADER_ROOM) // 2),
             on_start=ctx.on_process_start,
             cancel=ctx.cancel,
         )
