@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,18 +43,6 @@ def toml_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"no TOML for {value!r}")
-
-
-def wait_for(what: str, condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll until `condition()` is truthy; fail with `what` at the deadline (no sleep-and-hope)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass
@@ -110,3 +98,12 @@ class Endpoint:
 def database_bytes(db_path: Path) -> bytes:
     """The SQLite file and its WAL and shared-memory files: everything the store wrote."""
     return b"".join(p.read_bytes() for p in sorted(db_path.parent.glob(db_path.name + "*")))
+
+
+@contextmanager
+def serve(cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path,
+          script: list[dict[str, Any]]) -> Iterator[Endpoint]:
+    """A fake endpoint serving `script`, with the workspace's notes file the scripts read."""
+    (workspace / "notes.txt").write_text("remember the milk\n")
+    with FakeOpenAI(script=script) as server:
+        yield Endpoint(cli, server, env, workspace, tmp_path / "config.toml")

@@ -65,7 +65,8 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(f"{reason} (set DURABLE_AGENT_TEST_PG_URL or start it: {PG_START_HINT})")
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "",
+             interval_s: float = 0.02) -> Any:
     """Poll until `condition()` is truthy and return it; fail the test at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -73,7 +74,7 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
         if value:
             return value
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what or condition}")
         time.sleep(interval_s)
 
 

@@ -12,13 +12,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from scale_helpers import wait_for  # noqa: F401 - one poller for all test helpers
 
 
 @dataclass
@@ -65,18 +63,6 @@ def spawn(env: dict[str, str], cwd: Path, logs: Path, *args: str) -> Spawned:
         proc = subprocess.Popen([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=o, stderr=e)
     return Spawned(proc, out, err)
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    """Poll until `condition()` is truthy and return its value; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what or condition}")
-        time.sleep(0.02)
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,12 +10,10 @@ import pty
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
+from scale_helpers import wait_for
 
 from durable_agent.observer import StepEvent
 from durable_agent.render import StatusLine, Timeline, summary
@@ -29,14 +27,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("timed out waiting for the status line to be redrawn")
-        time.sleep(0.01)
 
 
 class Locked(io.StringIO):
@@ -99,7 +89,7 @@ def test_the_thread_redraws_the_elapsed_time_and_close_erases_it() -> None:
     t = Timeline(out, live=True, interval=0.005, clock=clock)
     t.step(StepEvent(-1, 1, "tool", "run_command", detail="make test"))
     clock.now += 42.0
-    wait_for(lambda: "make test running 42.0 s" in out.text())
+    wait_for(lambda: "make test running 42.0 s" in out.text(), 5, "the status line to be redrawn")
     t.close()
     assert t.status is not None and t.status._thread is not None
     assert not t.status._thread.is_alive()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scale_helpers import wait_for
 from side_effects_support import pid_alive
 
 from durable_agent.tools.process import (
@@ -27,15 +28,6 @@ from durable_agent.tools.process import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll `condition` until true; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what or condition}")
-        time.sleep(0.02)
 
 
 def stays_false(condition: Callable[[], bool], for_s: float) -> bool:

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx2
 import pytest
-from fake_openai import FakeOpenAI
-from provider_support import KEY, MODEL, Endpoint, database_bytes, wait_for
+from provider_support import KEY, MODEL, Endpoint, database_bytes, serve
+from scale_helpers import wait_for
 
 from durable_agent.models.openai_chat import OpenAIChatModel
 from durable_agent.settings import load_settings
@@ -35,9 +35,8 @@ SCRIPT: list[dict[str, Any]] = [
 @pytest.fixture
 def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
         tmp_path: Path) -> Iterator[Endpoint]:
-    (workspace / "notes.txt").write_text("remember the milk\n")
-    with FakeOpenAI(script=SCRIPT) as server:
-        yield Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
+    with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
+        yield endpoint
 
 
 def model_step(sql: Callable[..., list[Any]], turn: int) -> tuple[str, int, str | None]:
@@ -222,8 +221,8 @@ def test_kill_during_a_slow_model_call_then_resume_requests_only_that_turn_again
     api.server.add_faults([{"turn": slow_turn, "attempt": 1, "delay": 60.0}])
     proc = api.popen("--run-id", "killed-run", "--quiet")
     try:
-        wait_for(f"the request of turn {slow_turn}",
-                 lambda: any(r["turn"] == slow_turn for r in api.server.requests))
+        wait_for(lambda: any(r["turn"] == slow_turn for r in api.server.requests),
+                 what=f"the request of turn {slow_turn}")
         # The intent row is committed before the request is sent: the step is in flight.
         assert model_step(sql, slow_turn)[:2] == ("started", 1)
         os.kill(proc.pid, signal.SIGKILL)

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai import FakeOpenAI
-from provider_support import MODEL, Endpoint
+from provider_support import MODEL, Endpoint, serve
 
 from durable_agent import guard
 from durable_agent.settings import ModelPrice
@@ -30,9 +29,8 @@ PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0}  # absurd, so cent
 @pytest.fixture
 def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
         tmp_path: Path) -> Iterator[Endpoint]:
-    (workspace / "notes.txt").write_text("remember the milk\n")
-    with FakeOpenAI(script=SCRIPT) as server:
-        yield Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
+    with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
+        yield endpoint
 
 
 def reported_prompt_tokens(request: dict[str, Any]) -> int:

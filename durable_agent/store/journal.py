@@ -39,6 +39,8 @@ _FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
 _UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
 _INSERT_STEP = insert(steps)
 _INSERT_MESSAGES = insert(messages)
+# A decided approval is acted on once: marked used in the transaction that acts on it.
+_USE_APPROVAL = update(approvals).where(approvals.c.id == bindparam("b_id"))
 # Every step row names the same columns, so the rows of one transaction (a deferred read
 # and the next intent) go in one executemany. Not id (generated) nor pgid (set_pgid sets it).
 _STEP_COLUMNS = tuple(c.name for c in steps.c if c.name not in ("id", "pgid"))
@@ -232,7 +234,7 @@ class Journal:
                         started_at=now, turn=turn, effect=effect, lease_epoch=self.epoch)
         with self._tx(now, step_rows=[row]) as conn:
             if use_approval is not None:
-                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
         return now
 
     def restart_step(self, seq: int, *, attempts: int, input: Any | None = None,
@@ -246,7 +248,7 @@ class Journal:
         with self._tx(now) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
             if use_approval is not None:
-                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
         return now
 
     def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
@@ -295,7 +297,7 @@ class Journal:
             if intent is None:
                 conn.execute(_UPDATE_STEP, {"b_run": self.run_id, "b_seq": seq, **outcome})
             if use_approval is not None:
-                conn.execute(update(approvals).where(approvals.c.id == use_approval).values(used_at=now))
+                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
 
     def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
         now = utcnow()
