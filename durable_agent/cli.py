@@ -2,7 +2,7 @@
 pydantic and openai load only when a command needs them.
 
 Exit codes (SPEC §2): 0 completed · 1 failed · 2 usage/config · 3 budget_exceeded ·
-4 cancelled · 5 blocked · 6 busy (another live process holds the run).
+4 cancelled · 5 blocked · 6 busy (another live process holds the run) · 7 store unavailable.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from durable_agent.status import EXIT_BUSY, EXIT_USAGE  # tiny module: keeps --help fast
+from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE  # tiny module: keeps --help fast
 
 DESCRIPTION = """\
 A coding agent that cannot lose its work. Every step is checkpointed to a SQL database
@@ -22,7 +22,8 @@ A coding agent that cannot lose its work. Every step is checkpointed to a SQL da
 
 EPILOG = """\
 exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exceeded,
-            4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process
+            4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process,
+            7 the store is unavailable (connection lost, disk full): resumable once it is back
 environment: OPENAI_API_KEY, OPENAI_BASE_URL, DURABLE_AGENT_MODEL, DURABLE_AGENT_DB,
              DURABLE_AGENT_CONFIG (a TOML file with the same settings as the flags)
 try it offline: durable-agent demo
@@ -159,11 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    if any(os.environ.get(name) for name in ("DURABLE_AGENT_CRASH_AFTER", "DURABLE_AGENT_FAULT_AT")):
+        from durable_agent import fault_injection  # the crash and fault suites' real faults
+
+        fault_injection.install(os.environ)
     from durable_agent import commands
-    from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy
+    from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy, StoreUnavailable
 
     try:
         return int(getattr(commands, f"cmd_{args.command}")(args, dict(os.environ)))
+    except StoreUnavailable as exc:
+        _error(str(exc))
+        return EXIT_STORE
     except RunBusy as exc:
         _error(str(exc))
         return EXIT_BUSY

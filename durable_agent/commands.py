@@ -100,12 +100,12 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         print(runner.create(args.task, args.run_id))
         return 0
     # Created already leased to us: a worker sharing the database cannot claim it first.
-    from durable_agent.store.rows import new_owner
+    from durable_agent.store.leases import new_owner
 
     owner = new_owner()
     run_id = runner.create(args.task, args.run_id, lease_owner=owner)
     if not args.json:
-        print(f"run {run_id} · {runner.model.name} · {settings.workspace}", file=sys.stderr)
+        print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=sys.stderr)
         print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, 1))
 
@@ -133,7 +133,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
     # Take the lease first: a run another live process executes keeps its settings (exit 6).
-    from durable_agent.store.rows import new_owner
+    from durable_agent.store.leases import new_owner
 
     owner = new_owner()
     epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)

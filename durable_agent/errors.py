@@ -7,6 +7,9 @@
     ├── RunBusy                  another live process holds the run's lease (exit 6)
     ├── LeaseLost                our lease was taken over: write nothing more
     ├── HistoryDiverged          recorded history does not match what replay rebuilt
+    │   └── StepMismatch         a recorded step has another key than the one being run
+    ├── StoreError               a database error, translated at the store boundary
+    │   └── StoreUnavailable     connection lost, disk full, I/O error beyond retries (exit 7)
     └── ModelError               the model call failed (classified in models/retry.py)
 
 Loop exits are not errors: `LoopExit` carries the stop reason out of the loop and is
@@ -57,6 +60,38 @@ class LeaseLost(DurableAgentError):
 
 class HistoryDiverged(DurableAgentError):
     pass
+
+
+class StepMismatch(HistoryDiverged):
+    """Resume found a recorded step in the place of the one it is about to run, under
+    another idempotency key: the history that led here is not the one recorded."""
+
+    def __init__(self, run_id: str, seq: int, expected_key: str, recorded_key: str) -> None:
+        super().__init__(
+            f"run {run_id}: step {seq} was recorded as {recorded_key!r} but resume would run "
+            f"{expected_key!r}; the recorded history differs from what replay rebuilt, so "
+            "nothing more was run (inspect it with `durable-agent show`)"
+        )
+        self.run_id = run_id
+        self.seq = seq
+        self.expected_key = expected_key
+        self.recorded_key = recorded_key
+
+
+class StoreError(DurableAgentError):
+    """The database refused or failed a statement (translated from the driver's error)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or written (connection lost, server restarting, disk
+    full, I/O error) and retries did not help. Nothing past the last commit happened; the
+    run is resumable once the store is back."""
+
+    def __init__(self, detail: str, run_id: str | None = None) -> None:
+        then = f"; the run is resumable: `durable-agent resume {run_id}`" if run_id else ""
+        super().__init__(f"the store is unavailable: {detail}{then}")
+        self.detail = detail
+        self.run_id = run_id
 
 
 class ModelError(DurableAgentError):

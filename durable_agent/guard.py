@@ -18,14 +18,18 @@ class Limits:
     max_tokens: int | None
     max_seconds: float | None
     max_repeats: int
+    max_cost: float | None = None
 
 
-def before_model_call(limits: Limits, *, steps: int, tokens: int, active_ms: int) -> tuple[StopReason, str] | None:
+def before_model_call(limits: Limits, *, steps: int, tokens: int, active_ms: int,
+                      spent: float | None = None) -> tuple[StopReason, str] | None:
+    """`spent`: the cost so far at the model's configured price (None: no price known)."""
     if steps >= limits.max_steps:
         return StopReason.MAX_STEPS, f"reached max_steps={limits.max_steps} model calls"
     if limits.max_tokens is not None and tokens >= limits.max_tokens:
         return StopReason.MAX_TOKENS, f"used {tokens} tokens of max_tokens={limits.max_tokens}"
-    return _time(limits, active_ms)
+    return _time(limits, active_ms) or before_model_cost(limits.max_cost, spent)
+
 
 
 def before_model_cost(max_cost: float | None, spent: float | None) -> tuple[StopReason, str] | None:

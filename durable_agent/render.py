@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -11,7 +12,8 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
-from durable_agent.store.rows import owner_is_dead, utcnow
+from durable_agent.store import leases
+from durable_agent.store.rows import utcnow
 from durable_agent.transcript import iso_utc
 
 
@@ -246,7 +248,7 @@ def _iso(value: Any) -> Any:
 
 
 def row_json(row: Any) -> dict[str, Any]:
-    return {k: _iso(v) for k, v in row._mapping.items()}
+    return {f.name: _iso(getattr(row, f.name)) for f in dataclasses.fields(row)}
 
 
 def run_json(run: Any, *, settings: bool = True) -> dict[str, Any]:
@@ -334,9 +336,7 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
 
 def _executing(run: Any) -> bool:
     """Running under a live lease: its process is still at work (a crashed run is `running` too)."""
-    if run.status != "running" or run.lease_owner is None or run.lease_expires_at is None:
-        return False
-    return bool(run.lease_expires_at > utcnow() and not owner_is_dead(run.lease_owner))
+    return leases.is_executing(run, utcnow())
 
 
 def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: bool) -> None:

@@ -2,15 +2,14 @@
 
 The process holds nothing that cannot be rebuilt from the database: the messages, the
 counters, the request hash chain, the repeat streak and the tool calls still waiting
-for a result all come from what was committed.
+for a result all come from what was committed. (The step rows themselves — which step
+is open, the next seq — are the Journal's.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from durable_agent.errors import HistoryDiverged
 from durable_agent.messages import HistoryHash, Message, ToolCall
 
 
@@ -19,7 +18,6 @@ class RunState:
     run_id: str
     messages: list[Message]
     history: HistoryHash
-    next_step_seq: int
     step_count: int
     tool_call_count: int
     prompt_tokens: int
@@ -28,7 +26,6 @@ class RunState:
     last_fingerprint: str | None = None
     repeat_streak: int = 0
     used_call_ids: set[str] = field(default_factory=set)
-    open_steps: dict[str, Any] = field(default_factory=dict)  # idempotency key -> step row
 
     @property
     def turn(self) -> int:
@@ -63,30 +60,23 @@ class RunState:
         return None
 
 
-def rebuild(run: Any, messages: list[Message], open_steps: list[Any], next_seq: int) -> RunState:
+def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_tokens: tuple[int, int]) -> RunState:
+    """The state after the recorded messages. Totals are derived from the rows, never
+    trusted from the run's counters: those are a cache for people's queries, and a counter
+    written from memory after a failed commit must not make a run unresumable."""
     state = RunState(
-        run_id=run.id, messages=[], history=HistoryHash(), next_step_seq=next_seq,
-        step_count=run.step_count, tool_call_count=run.tool_call_count,
-        prompt_tokens=run.prompt_tokens, completion_tokens=run.completion_tokens,
-        active_ms=run.active_ms,
+        run_id=run_id, messages=[], history=HistoryHash(),
+        step_count=0, tool_call_count=0, prompt_tokens=model_tokens[0],
+        completion_tokens=model_tokens[1], active_ms=active_ms,
     )
     answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
-    assistant_turns = 0
     for m in messages:
         state.append(m)
         if m.role == "assistant":
-            assistant_turns += 1
+            state.step_count += 1  # one model call per assistant message
             for call in m.tool_calls:
                 state.used_call_ids.add(call.id)
                 if call.id in answered:
                     state.note_tool_call(call)
-    if assistant_turns != run.step_count:
-        raise HistoryDiverged(
-            f"run {run.id}: {assistant_turns} model answers are recorded but step_count is "
-            f"{run.step_count}; the database was changed by hand, refusing to guess"
-        )
-    # Derived from the history, not trusted from the counter: the two always commit together,
-    # and the history is what the model saw.
     state.tool_call_count = len(answered)
-    state.open_steps = {s.idempotency_key: s for s in open_steps}
     return state

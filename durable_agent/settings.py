@@ -86,6 +86,10 @@ class Settings(BaseModel):
     """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""
     lease_seconds: float = Field(30.0, gt=0)
     """How long a lease lasts without a heartbeat."""
+    store_retry_attempts: int = Field(12, ge=1)
+    """Tries of one checkpoint when the database fails transiently (lost connection, locked, I/O)."""
+    store_retry_seconds: float = Field(60.0, gt=0)
+    """How long a run waits for its database to come back before it stops (exit 7, resumable)."""
     max_running_runs: int | None = Field(None, ge=1)
     """Workers: runs executing at once over all workers sharing the database (no limit when unset)."""
     request_timeout_s: float = Field(600.0, gt=0)

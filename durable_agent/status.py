@@ -26,6 +26,7 @@ class StopReason(StrEnum):
     APPROVAL_REQUIRED = "approval_required"
     UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
     VERIFICATION_FAILED = "verification_failed"
+    STEP_MISMATCH = "step_mismatch"  # a recorded step differs from the one resume would run
 
 
 class StepKind(StrEnum):
@@ -56,6 +57,7 @@ STATUS_FOR_REASON: dict[StopReason, RunStatus] = {
     StopReason.APPROVAL_REQUIRED: RunStatus.BLOCKED,
     StopReason.UNCERTAIN_SIDE_EFFECT: RunStatus.BLOCKED,
     StopReason.VERIFICATION_FAILED: RunStatus.FAILED,
+    StopReason.STEP_MISMATCH: RunStatus.FAILED,
 }
 
 # Process exit code for each final status (SPEC §2).
@@ -70,6 +72,7 @@ EXIT_CODES: dict[RunStatus, int] = {
 }
 EXIT_USAGE = 2  # bad flag, bad configuration, unknown run id, nothing to resume
 EXIT_BUSY = 6  # another live process holds the run's lease
+EXIT_STORE = 7  # the store is unavailable (connection lost, disk full, I/O error): resumable
 
 RESUMABLE = {
     RunStatus.PENDING,

@@ -13,13 +13,14 @@ from durable_agent.redact import Redactor
 from durable_agent.runner import Runner
 from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
+from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
 
 
 def open_store(settings: Settings) -> Store:
     assert settings.db is not None
-    return Store(open_store_engine(settings.db, durability=settings.durability))
+    return Store(open_store_engine(settings.db, durability=settings.durability), store_policy(settings))
 
 
 def build_model(settings: Settings) -> ModelClient:
@@ -71,15 +72,18 @@ def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
                        max_retry_after=settings.retry_after_cap_s)
 
 
+def store_policy(settings: Settings) -> StorePolicy:
+    return StorePolicy(max_attempts=settings.store_retry_attempts, max_seconds=settings.store_retry_seconds)
+
+
 def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
                  observer: Observer | None = None, cancel: threading.Event | None = None) -> Runner:
+    """A Runner for `settings` (not changed: the resolved workspace goes into a copy)."""
     workspace = settings.workspace.expanduser().resolve()
     if not workspace.is_dir():
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
-    settings.workspace = workspace
-    model = build_model(settings)
-    crash = env.get("DURABLE_AGENT_CRASH_AFTER")  # crash tests and the demo: SIGKILL at commit N
-    return Runner(store=store or open_store(settings), settings=settings, model=model,
+    settings = settings.model_copy(update={"workspace": workspace})
+    return Runner(store=store or open_store(settings), settings=settings, model=build_model(settings),
                   tools=build_tools(settings.shell), env=env, redactor=Redactor.from_env(env),
                   observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
-                  crash_after_commits=int(crash) if crash and crash.isdigit() else None)
+                  store_policy=store_policy(settings))

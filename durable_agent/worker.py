@@ -37,15 +37,14 @@ from types import FrameType
 from typing import TextIO
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 
 from durable_agent import render
-from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost
+from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError
 from durable_agent.runner import RunReleased
 from durable_agent.settings import Settings, load_settings, recorded_settings
 from durable_agent.store.engine import open_store_engine
+from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
-from durable_agent.store.rows import new_owner
 from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
 
@@ -158,8 +157,8 @@ class Worker:
                 try:
                     result = self.queue.claim(self._new_owner(), o.lease_seconds, max_running=o.max_running,
                                               exclude=self._skipped_now(), accept=_reachable)
-                except DBAPIError as exc:  # the server restarted, a network blip: claim again later
-                    self.log.line(f"cannot claim: database error: {str(exc.orig or exc).strip()[:200]}")
+                except StoreError as exc:  # the server restarted, a network blip: claim again later
+                    self.log.line(f"cannot claim: {exc}")
                     result = None
                 if result is not None:
                     for rej in result.rejected:
@@ -269,12 +268,11 @@ class Worker:
             self.log.line(f"lost run {rid}: its lease was taken over by another worker; "
                           "this worker wrote nothing more to it")
             return
-        except DBAPIError as exc:
+        except StoreError as exc:
             # The database went away mid-run. Nothing is lost (the last checkpoint is
             # committed); the run is claimable again once the lease expires, by any worker.
             self._count("interrupted")
-            self.log.line(f"run {rid} interrupted by a database error: {str(exc.orig or exc).strip()[:200]}; "
-                          "it is claimable again when its lease expires")
+            self.log.line(f"run {rid} interrupted: {exc}; it is claimable again when its lease expires")
             return
         except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
             return self._unexpected(claim, exc)
@@ -284,7 +282,7 @@ class Worker:
         try:
             run = self.store.get_run(rid)
             counts = f" · {run.step_count} steps · {run.tool_call_count} tool calls"
-        except DBAPIError:
+        except StoreError:
             counts = ""
         self.log.line(f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
                       f"{secs:.1f}s{tail}")
@@ -307,8 +305,8 @@ class Worker:
     def _give_back(self, claim: Claim, note: str | None) -> bool:
         try:
             return self.queue.release(claim.run_id, claim.owner, claim.epoch, note=note)
-        except DBAPIError as exc:  # the lease then simply expires and someone takes it over
-            self.log.line(f"could not release run {claim.run_id} ({exc.orig}); it is claimable "
+        except StoreError as exc:  # the lease then simply expires and someone takes it over
+            self.log.line(f"could not release run {claim.run_id} ({exc}); it is claimable "
                           "when its lease expires")
             return False
 

@@ -90,6 +90,7 @@ def reference(tmp_path: Path, env: dict[str, str], scripted: tuple[str, int]) ->
     return tree(ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [6, 7])  # odd: just before a commit; even: just after
 def test_crash_at_every_kth_checkpoint_then_resume(every, tmp_path, env, workspace, scripted, reference, sql) -> None:  # type: ignore[no-untyped-def]
     model, turns = scripted
@@ -110,6 +111,7 @@ def test_crash_at_every_kth_checkpoint_then_resume(every, tmp_path, env, workspa
     assert sql("SELECT resume_count FROM runs")[0][0] in (crashes - 1, crashes)
 
 
+@pytest.mark.slow
 def test_kill_from_outside_at_arbitrary_moments(tmp_path, env, workspace, scripted, reference, sql) -> None:  # type: ignore[no-untyped-def]
     model, turns = scripted
     # Slow each model turn a little so kills land in calls, tool steps and commits alike.

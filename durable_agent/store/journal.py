@@ -1,25 +1,42 @@
-"""Checkpoints: intent and outcome rows, messages, approvals, written under a lease.
+"""Checkpoints of one run under one lease, and the one step primitive.
 
-`Journal` writes for one run under one lease, and every write transaction first re-checks
-that lease (`lease_owner`, `lease_epoch`) in the same transaction, so a process that lost
-its lease commits nothing more. Run-level reads and writes without a lease are in runs.py.
+    with journal.step(key, kind, input, turn=t) as step:   # find or start; restart counts
+        result = do_the_effect()
+        step.complete(output, messages=[...], counters=c)   # or step.fail(error, ...)
+
+`Journal.find(key, ...)` returns a `Step` without writing anything, for callers that must
+decide between finding and starting (a write's hashes, an approval): `step.start()` then
+commits the intent row (a new row, or the recorded one restarted with one more attempt).
+A step that ends without an intent row (reads, refusals: nothing to protect) rides along
+with the next commit; a crash before it only means resume runs the read again.
+
+Every write transaction first re-checks the lease (`lease_owner`, `lease_epoch`), so a
+process that lost its lease commits nothing more. Each transaction is built as a list of
+statements and run whole, with transient database faults retried on a fresh connection
+(store/retrying.py); a COMMIT cut off mid-flight is settled by reading back the token the
+transaction wrote into its run row. The caller's memory never runs ahead of the store: a
+write that finally fails raises, and the session that made it ends without writing more.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import contextlib
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
 
-from durable_agent.errors import LeaseLost, RunNotFound
+from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
+from durable_agent.store import retrying
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import message_from_row, message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 
@@ -29,11 +46,16 @@ from durable_agent.store.schema import approvals, messages, runs, steps
 _COUNTERS = ("step_count", "tool_call_count", "prompt_tokens", "completion_tokens", "message_count", "active_ms")
 _FENCE_WHERE = (runs.c.id == bindparam("b_id"), runs.c.lease_owner == bindparam("b_owner"),
                 runs.c.lease_epoch == bindparam("b_epoch"))
+_HEARTBEAT = (update(runs).where(*_FENCE_WHERE)
+              .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
+              .returning(runs.c.cancel_requested))
 _FENCE = (update(runs).where(*_FENCE_WHERE)
-          .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
+          .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
+                  last_checkpoint=bindparam("b_token"))
           .returning(runs.c.cancel_requested))
 _FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
                    .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
+                           last_checkpoint=bindparam("b_token"),
                            **{c: bindparam(f"b_{c}") for c in _COUNTERS})
                    .returning(runs.c.cancel_requested))
 _UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
@@ -42,16 +64,15 @@ _INSERT_MESSAGES = insert(messages)
 # A decided approval is acted on once: marked used in the transaction that acts on it.
 _USE_APPROVAL = update(approvals).where(approvals.c.id == bindparam("b_id"))
 # Every step row names the same columns, so the rows of one transaction (a deferred read
-# and the next intent) go in one executemany. Not id (generated) nor pgid (set_pgid sets it).
-_STEP_COLUMNS = tuple(c.name for c in steps.c if c.name not in ("id", "pgid"))
+# and the next intent) go in one executemany. Not id (generated).
+_STEP_COLUMNS = tuple(c.name for c in steps.c if c.name != "id")
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
 
-
-def _step_row(**values: Any) -> dict[str, Any]:
-    row = dict.fromkeys(_STEP_COLUMNS)
-    row.update(values)
-    return row
+Statement = tuple[Executable, Any]
+# Test and demo hook (durable_agent/fault_injection.py): called with "before_commit" when a
+# checkpoint's statements have run and "after_commit" once it is durable. Empty in production.
+BOUNDARY_HOOKS: list[Callable[[str], None]] = []
 
 
 @dataclass(frozen=True)
@@ -66,23 +87,129 @@ class Counters:
     active_ms: int
 
     def as_params(self) -> dict[str, int]:
-        """The parameters of the fence that writes them."""
-        return {
-            "b_step_count": self.step_count,
-            "b_tool_call_count": self.tool_call_count,
-            "b_prompt_tokens": self.prompt_tokens,
-            "b_completion_tokens": self.completion_tokens,
-            "b_message_count": self.message_count,
-            "b_active_ms": self.active_ms,
-        }
+        return {f"b_{name}": getattr(self, name) for name in _COUNTERS}
 
 
 @dataclass(frozen=True)
 class Loaded:
-    run: Row[Any]
+    run: RunRecord
     messages: list[Message]
-    open_steps: list[Row[Any]]
+    open_steps: list[StepRecord]
     next_seq: int
+    model_tokens: tuple[int, int]  # prompt, completion: summed over completed model steps
+
+
+class Step:
+    """One step of the run: its row, from intent to outcome. Made by `Journal.find`/`step`."""
+
+    def __init__(self, journal: Journal, *, key: str, kind: str, turn: int, prior: StepRecord | None,
+                 call_id: str | None, tool_name: str | None, effect: str | None) -> None:
+        self.journal, self.key, self.kind, self.turn, self.prior = journal, key, kind, turn, prior
+        self.call_id, self.tool_name, self.effect = call_id, tool_name, effect
+        self.seq = prior.seq if prior is not None else -1
+        self.attempts = prior.attempts if prior is not None else 0
+        self.started_at = prior.started_at if prior is not None else utcnow()
+        self.input: Any = prior.input if prior is not None else None
+        self._has_row = prior is not None
+        self._ended = False
+
+    # -- intent ------------------------------------------------------------------------------
+    def start(self, input: Any = None, *, use_approval: int | None = None, durable: bool = True) -> Step:
+        """Begin an attempt. `durable`: commit the intent row before the effect (a new row,
+        or the recorded one restarted); otherwise only count the attempt (reads)."""
+        j = self.journal
+        self.attempts += 1
+        self.started_at = utcnow()
+        if input is not None:
+            self.input = input
+        if not durable:
+            return self
+        if self.seq < 0:
+            self.seq = j.take_seq()
+        if self._has_row:
+            values: dict[str, Any] = {"state": StepState.STARTED.value, "attempts": self.attempts,
+                                      "started_at": self.started_at, "finished_at": None, "error": None,
+                                      "lease_epoch": j.epoch, "input": self.input}
+            statements: list[Statement] = [(_UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})]
+            rows: list[dict[str, Any]] = []
+        else:
+            statements, rows = [], [self._row(state=StepState.STARTED.value)]
+        if use_approval is not None:
+            statements.append((_USE_APPROVAL, {"b_id": use_approval, "used_at": self.started_at}))
+        j.commit(statements, step_rows=rows)
+        self._has_row = True
+        return self
+
+    def set_attempts(self, attempts: int, error: str | None) -> None:
+        """A retry inside the step (model call): visible on the row while it goes on."""
+        self.attempts = attempts
+        self.journal.commit([(_UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq,
+                                             "attempts": attempts, "error": error})])
+
+    def set_pgid(self, pgid: int) -> None:
+        """The command's process group, committed before the command starts."""
+        self.journal.commit([(_UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": pgid})])
+
+    # -- outcome -----------------------------------------------------------------------------
+    def complete(self, output: Any, *, counters: Counters, messages: Sequence[Message] = (),
+                 tokens: tuple[int, int] | None = None, use_approval: int | None = None) -> None:
+        self._end(StepState.COMPLETED, output, None, messages, counters, tokens, use_approval)
+
+    def fail(self, error: str, *, counters: Counters, output: Any = None, messages: Sequence[Message] = (),
+             use_approval: int | None = None) -> None:
+        self._end(StepState.FAILED, output, error, messages, counters, None, use_approval)
+
+    def _end(self, state: StepState, output: Any, error: str | None, new_messages: Sequence[Message],
+             counters: Counters, tokens: tuple[int, int] | None, use_approval: int | None) -> None:
+        j = self.journal
+        now = utcnow()
+        if self.seq < 0:
+            self.seq = j.take_seq()
+        outcome: dict[str, Any] = {
+            "state": state.value, "output": output, "error": error, "finished_at": now,
+            "duration_ms": int((now - self.started_at).total_seconds() * 1000),
+            "prompt_tokens": tokens[0] if tokens else None, "completion_tokens": tokens[1] if tokens else None,
+            "attempts": max(self.attempts, 1),
+        }
+        first = j.message_count + len(j.pending_messages)
+        message_rows = [message_values(j.run_id, first + i, m, self.seq, now) for i, m in enumerate(new_messages)]
+        statements: list[Statement] = []
+        step_rows: list[dict[str, Any]] = []
+        if self._has_row:
+            statements.append((_UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **outcome}))
+        else:
+            step_rows.append(self._row(**outcome))
+        if use_approval is not None:
+            statements.append((_USE_APPROVAL, {"b_id": use_approval, "used_at": now}))
+        self._ended = True
+        j.forget_open(self.key)
+        if state is StepState.FAILED:
+            j.failed_keys.add(self.key)
+        if not self._has_row and not statements:
+            j.defer(step_rows, message_rows, counters)  # nothing ran that needs protecting
+            return
+        j.commit(statements, step_rows=step_rows, message_rows=message_rows, counters=counters)
+
+    def _row(self, **values: Any) -> dict[str, Any]:
+        j = self.journal
+        row: dict[str, Any] = dict.fromkeys(_STEP_COLUMNS)
+        row.update(run_id=j.run_id, seq=self.seq, kind=self.kind, idempotency_key=self.key,
+                   call_id=self.call_id, tool_name=self.tool_name, input=self.input,
+                   attempts=self.attempts, started_at=self.started_at, turn=self.turn,
+                   effect=self.effect, lease_epoch=j.epoch)
+        row.update(values)
+        return row
+
+    # -- `with journal.step(...) as step:` ------------------------------------------------------
+    def __enter__(self) -> Step:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # On an exception the row stays as it is (`started`): resume reconciles it. Leaving
+        # the block normally without an outcome is a bug that would leave the step open.
+        if kind is None and not self._ended:
+            raise RuntimeError(f"step {self.key} left without complete() or fail()")
 
 
 class Journal:
@@ -93,91 +220,155 @@ class Journal:
     """
 
     def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float,
-                 *, crash_after_commits: int | None = None) -> None:
-        self.engine = engine
-        self.run_id = run_id
-        self.owner = owner
-        self.epoch = epoch
+                 *, policy: retrying.StorePolicy | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.engine, self.run_id, self.owner, self.epoch = engine, run_id, owner, epoch
         self.lease = timedelta(seconds=lease_seconds)
-        self.crash_after = crash_after_commits
-        self._ticks = 0
+        self.policy = policy or retrying.StorePolicy()
+        self.sleep = sleep
         self._conn: Connection | None = None
         self._last_used = 0.0  # time.monotonic() at the end of our last transaction
-        # Finished read steps and their messages that ride along with the next commit, and
-        # the run totals that go with them.
+        # Finished reads and refusals, their messages and totals: they ride with the next commit.
         self._deferred_steps: list[dict[str, Any]] = []
-        self._deferred_messages: list[dict[str, Any]] = []
+        self.pending_messages: list[dict[str, Any]] = []
         self._deferred_counters: Counters | None = None
+        self.message_count = 0  # messages committed: the next one's seq follows them
         self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
+        self.next_seq = 0
+        self.open_steps: dict[str, StepRecord] = {}
+        self.failed_keys: set[str] = set()
 
+    # -- steps ---------------------------------------------------------------------------------
+    def find(self, key: str, kind: str, *, turn: int, call_id: str | None = None,
+             tool_name: str | None = None, effect: str | None = None) -> Step:
+        """The step with this key: the recorded unfinished one (`step.prior`), or a new one.
+
+        A recorded unfinished step of the same kind in the same place (turn, call) under
+        another key means the history differs from the recorded one: `StepMismatch`.
+        """
+        prior = self.open_steps.get(key)
+        if prior is None:
+            for other in self.open_steps.values():
+                if other.kind == kind and other.turn == turn and other.call_id == call_id:
+                    raise StepMismatch(self.run_id, other.seq, key, other.idempotency_key)
+        return Step(self, key=key, kind=kind, turn=turn, prior=prior, call_id=call_id,
+                    tool_name=tool_name, effect=effect)
+
+    def step(self, key: str, kind: str, input: Any, *, turn: int, tool_name: str | None = None) -> Step:
+        """Find or start: the intent is committed (a restart counts the attempt)."""
+        return self.find(key, kind, turn=turn, tool_name=tool_name).start(input)
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def forget_open(self, key: str) -> None:
+        self.open_steps.pop(key, None)
+
+    def step_failed(self, key: str) -> bool:
+        """A step with this key ended failed (in this session or a recorded one)."""
+        return key in self.failed_keys
+
+    # -- transactions --------------------------------------------------------------------------
     def close(self) -> None:
-        """Give the writing connection back to the pool (the session is over)."""
+        """Give the writing connection back to the pool (the session is over, or it broke)."""
         if self._conn is not None:
-            self._conn.close()
+            with contextlib.suppress(Exception):  # a dead connection may fail to close: it is dropped
+                self._conn.close()
             self._conn = None
 
     def _connection(self) -> Connection:
         # A pool checkout per checkpoint (and its reset on return) costs more CPU than the
         # statements; keep one while the loop is busy. After a longer pause go through the
-        # pool again, whose pre-ping (PostgreSQL) replaces a connection the server or a
-        # firewall dropped while a slow model call or command ran.
+        # pool again, whose pre-ping (PostgreSQL) replaces a connection the server dropped.
         if self._conn is not None and time.monotonic() - self._last_used > KEEP_CONNECTION_S:
             self.close()
         if self._conn is None:
             self._conn = self.engine.connect()
         return self._conn
 
-    @contextmanager
-    def _tx(self, now: datetime, counters: Counters | None = None, *,
-            step_rows: Iterable[dict[str, Any]] = (),
-            message_rows: Iterable[dict[str, Any]] = ()) -> Iterator[Connection]:
-        """A fenced write transaction, with the crash points that tests and the demo use.
-
-        The fence comes first; then the new step and message rows, the deferred ones with
-        them (one executemany per table); then whatever the body executes.
-        """
-        conn = self._connection()
-        try:
-            with conn.begin():
-                self._fence(conn, now, counters or self._deferred_counters)
-                all_steps = [*self._deferred_steps, *step_rows]
-                if all_steps:
-                    conn.execute(_INSERT_STEP, all_steps)
-                all_messages = [*self._deferred_messages, *message_rows]
-                if all_messages:
-                    conn.execute(_INSERT_MESSAGES, all_messages)
-                yield conn
-                self._crash_point()  # the effect happened, its record is not committed
-        except BaseException:
-            self.close()  # it may be broken (a dropped server connection): the next write starts afresh
-            raise
-        finally:
-            self._last_used = time.monotonic()
-        self.discard_deferred()  # committed now
-        self._crash_point()  # committed, the next effect has not started
+    def defer(self, step_rows: list[dict[str, Any]], message_rows: list[dict[str, Any]],
+              counters: Counters) -> None:
+        self._deferred_steps.extend(step_rows)
+        self.pending_messages.extend(message_rows)
+        self._deferred_counters = counters
 
     def discard_deferred(self) -> None:
         """Forget writes not yet committed (the loop stops without them: resume re-runs reads)."""
         self._deferred_steps.clear()
-        self._deferred_messages.clear()
+        self.pending_messages.clear()
         self._deferred_counters = None
 
-    def _crash_point(self) -> None:
-        # Set by DURABLE_AGENT_CRASH_AFTER (see wiring.py): a real SIGKILL of this process at
-        # the Nth checkpoint boundary, so crash tests can hit every window deterministically.
-        if self.crash_after is not None:
-            self._ticks += 1
-            if self._ticks >= self.crash_after:
-                os.kill(os.getpid(), signal.SIGKILL)
+    def commit(self, statements: Iterable[Statement] = (), *, step_rows: Sequence[dict[str, Any]] = (),
+               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None) -> None:
+        """One fenced checkpoint: the fence, the deferred and new rows, then `statements`.
 
-    def _fence(self, conn: Connection, now: datetime, counters: Counters | None = None) -> None:
+        Retried whole on transient faults. Raises LeaseLost (fenced out), StoreUnavailable
+        (faults persisted) or StoreError (refused); after any of them nothing of it is
+        committed, and the deferred rows are kept for the caller to drop with the session.
+        """
+        statements = list(statements)
+        counters = counters or self._deferred_counters
+        all_steps = [*self._deferred_steps, *step_rows]
+        all_messages = [*self.pending_messages, *message_rows]
+        token = uuid.uuid4().hex
+        now = utcnow()
+
+        def attempt() -> None:
+            conn = self._connection()
+            in_commit = False
+            try:
+                with conn.begin():
+                    self._fence(conn, now, counters, token)
+                    if all_steps:
+                        conn.execute(_INSERT_STEP, all_steps)
+                    if all_messages:
+                        conn.execute(_INSERT_MESSAGES, all_messages)
+                    for statement, params in statements:
+                        conn.execute(statement, params)
+                    for hook in BOUNDARY_HOOKS:
+                        hook("before_commit")
+                    in_commit = True
+            except DBAPIError:
+                self.close()  # it may be broken: the next try starts on a fresh connection
+                if in_commit and self._landed(token):
+                    return  # the COMMIT went through before the connection died
+                raise
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                self._last_used = time.monotonic()
+
+        retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
+        self.message_count += len(all_messages)
+        self._deferred_steps.clear()
+        self.pending_messages.clear()
+        self._deferred_counters = None
+        for hook in BOUNDARY_HOOKS:
+            hook("after_commit")
+
+    def _landed(self, token: str) -> bool:
+        """Did the transaction that wrote `token` commit? Read it back on a new connection."""
+        def read() -> bool:
+            with self.engine.connect() as conn:
+                value = conn.execute(select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)).scalar()
+            return bool(value == token)
+
+        return retrying.run(read, self.policy, run_id=self.run_id, sleep=self.sleep)
+
+    def _fence(self, conn: Connection, now: datetime, counters: Counters | None, token: str | None) -> None:
         # The first statement of every write: extends the lease and proves we still own it.
         # On SQLite the transaction already holds the write lock (BEGIN IMMEDIATE); on
         # PostgreSQL the UPDATE locks the run row until commit. Either way no other owner
         # can slip in between this check and our commit.
         params: dict[str, Any] = {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch,
                                   "b_now": now, "b_expires": now + self.lease}
-        statement = _FENCE
+        statement = _HEARTBEAT
+        if token is not None:
+            statement = _FENCE
+            params["b_token"] = token
         if counters is not None:  # run totals, written with the rows that change them
             statement = _FENCE_COUNTERS
             params.update(counters.as_params())
@@ -186,151 +377,96 @@ class Journal:
             raise LeaseLost(self.run_id)
         self.cancel_seen = bool(row[0])
 
-    # -- reads for replay -------------------------------------------------------------------
+    def _read(self, query: Callable[[Connection], Any]) -> Any:
+        def attempt() -> Any:
+            with self.engine.connect().execution_options(readonly=True) as conn:
+                return query(conn)
+
+        return retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
+
+    # -- reads ---------------------------------------------------------------------------------
     def load(self) -> Loaded:
         """The run row, its messages and the steps that matter for resume (not completed)."""
-        with self.engine.connect().execution_options(readonly=True) as conn:
+        def query(conn: Connection) -> Loaded:
             run = conn.execute(select(runs).where(runs.c.id == self.run_id)).first()
             if run is None:
                 raise RunNotFound(self.run_id)
             msgs = [message_from_row(r) for r in conn.execute(
                 select(messages.c.role, messages.c.content, messages.c.tool_calls, messages.c.tool_call_id)
                 .where(messages.c.run_id == self.run_id).order_by(messages.c.seq))]
-            open_steps = list(conn.execute(
-                select(steps).where(steps.c.run_id == self.run_id,
-                                    steps.c.state != "completed")).all())
-            max_seq = conn.execute(select(func.max(steps.c.seq)).where(steps.c.run_id == self.run_id)).scalar()
-        return Loaded(run=run, messages=msgs, open_steps=open_steps,
-                      next_seq=0 if max_seq is None else max_seq + 1)
+            open_steps = [StepRecord.from_row(r) for r in conn.execute(
+                select(steps).where(steps.c.run_id == self.run_id, steps.c.state != StepState.COMPLETED.value))]
+            max_seq, prompt, completion = conn.execute(
+                select(func.max(steps.c.seq),
+                       func.sum(steps.c.prompt_tokens).filter(steps.c.kind == "model"),
+                       func.sum(steps.c.completion_tokens).filter(steps.c.kind == "model"))
+                .where(steps.c.run_id == self.run_id)).one()
+            return Loaded(run=RunRecord.from_row(run), messages=msgs, open_steps=open_steps,
+                          next_seq=0 if max_seq is None else max_seq + 1,
+                          model_tokens=(int(prompt or 0), int(completion or 0)))
 
-    def verify_result(self, turn: int) -> Row[Any] | None:
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return conn.execute(select(steps).where(
-                steps.c.run_id == self.run_id, steps.c.kind == "verify", steps.c.turn == turn,
-                steps.c.state == "completed")).first()
+        loaded: Loaded = self._read(query)
+        self.next_seq = loaded.next_seq
+        self.open_steps = {s.idempotency_key: s for s in loaded.open_steps}
+        self.failed_keys = {s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED}
+        self.message_count = len(loaded.messages)
+        self.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
+        self.discard_deferred()
+        return loaded
+
+    def completed(self, key: str) -> StepRecord | None:
+        """The completed step with this key, if one was recorded (e.g. a passed verification)."""
+        row = self._read(lambda conn: conn.execute(select(steps).where(
+            steps.c.run_id == self.run_id, steps.c.idempotency_key == key,
+            steps.c.state == StepState.COMPLETED.value)).first())
+        return None if row is None else StepRecord.from_row(row)
 
     def cancel_requested(self) -> bool:
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
+        return bool(self._read(lambda conn: conn.execute(
+            select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar()))
 
-    def approval_for(self, call_id: str, kind: str) -> Row[Any] | None:
+    def approval_for(self, call_id: str, kind: str) -> ApprovalRecord | None:
         """The latest decided, not yet used approval of this call, or a pending one."""
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return conn.execute(
-                select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
-                                        approvals.c.kind == kind, approvals.c.used_at.is_(None))
-                .order_by(approvals.c.id.desc())
-            ).first()
+        row = self._read(lambda conn: conn.execute(
+            select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
+                                    approvals.c.kind == kind, approvals.c.used_at.is_(None))
+            .order_by(approvals.c.id.desc())).first())
+        return None if row is None else ApprovalRecord.from_row(row)
 
-    # -- writes ----------------------------------------------------------------------------
-    def start_step(self, *, seq: int, kind: str, key: str, turn: int, input: Any,
-                   call_id: str | None = None, tool_name: str | None = None,
-                   effect: str | None = None, attempts: int = 1,
-                   use_approval: int | None = None) -> datetime:
-        """The intent row, committed before the effect."""
-        now = utcnow()
-        row = _step_row(run_id=self.run_id, seq=seq, kind=kind, state="started", idempotency_key=key,
-                        call_id=call_id, tool_name=tool_name, input=input, attempts=attempts,
-                        started_at=now, turn=turn, effect=effect, lease_epoch=self.epoch)
-        with self._tx(now, step_rows=[row]) as conn:
-            if use_approval is not None:
-                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
-        return now
-
-    def restart_step(self, seq: int, *, attempts: int, input: Any | None = None,
-                     use_approval: int | None = None) -> datetime:
-        """An unfinished or failed step tried again: same row, one more attempt."""
-        now = utcnow()
-        values: dict[str, Any] = {"state": "started", "attempts": attempts, "started_at": now,
-                                  "finished_at": None, "error": None, "lease_epoch": self.epoch}
-        if input is not None:
-            values["input"] = input
-        with self._tx(now) as conn:
-            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
-            if use_approval is not None:
-                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
-        return now
-
-    def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
-        with self._tx(utcnow()) as conn:
-            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq)
-                         .values(attempts=attempts, error=error))
-
-    def set_pgid(self, seq: int, pgid: int) -> None:
-        with self._tx(utcnow()) as conn:
-            conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(pgid=pgid))
-
-    def finish_step(self, *, seq: int, state: str, started_at: datetime, output: Any, error: str | None,
-                    counters: Counters, new_messages: Iterable[tuple[int, Message]] = (),
-                    attempts: int | None = None, prompt_tokens: int | None = None,
-                    completion_tokens: int | None = None, intent: dict[str, Any] | None = None,
-                    use_approval: int | None = None, defer: bool = False) -> None:
-        """The outcome and the messages it produces, in one transaction.
-
-        With `intent` the step row is inserted here already finished: for read-only tools,
-        whose intent row would protect nothing (resume simply runs them again). With
-        `defer` (which needs `intent`) the write waits for the next commit (the next step's
-        intent): a crash before then loses only a read, which resume runs again.
-        """
-        now = utcnow()
-        duration = int((now - started_at).total_seconds() * 1000)
-        outcome: dict[str, Any] = {"state": state, "output": output, "error": error, "finished_at": now,
-                                   "duration_ms": duration, "prompt_tokens": prompt_tokens,
-                                   "completion_tokens": completion_tokens}
-        rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
-        if defer:
-            if intent is None or use_approval is not None:
-                raise ValueError("only a finished step without an approval can wait for the next commit")
-            self._deferred_steps.append(_step_row(run_id=self.run_id, seq=seq, started_at=started_at,
-                                                  lease_epoch=self.epoch, attempts=attempts or 1,
-                                                  **intent, **outcome))
-            self._deferred_messages.extend(rows)
-            self._deferred_counters = counters
-            return
-        step_rows = []
-        if intent is not None:
-            step_rows.append(_step_row(run_id=self.run_id, seq=seq, started_at=started_at,
-                                       lease_epoch=self.epoch, attempts=attempts or 1, **intent, **outcome))
-        elif attempts is not None:
-            outcome["attempts"] = attempts
-        with self._tx(now, counters, step_rows=step_rows, message_rows=rows) as conn:
-            if intent is None:
-                conn.execute(_UPDATE_STEP, {"b_run": self.run_id, "b_seq": seq, **outcome})
-            if use_approval is not None:
-                conn.execute(_USE_APPROVAL, {"b_id": use_approval, "used_at": now})
-
-    def add_messages(self, new_messages: Iterable[tuple[int, Message]], counters: Counters) -> None:
-        now = utcnow()
-        with self._tx(now, counters, message_rows=[message_values(self.run_id, s, m, None, now)
-                                                   for s, m in new_messages]):
-            pass
-
+    # -- run-level writes ----------------------------------------------------------------------
     def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
                          reason: str, step_seq: int | None) -> None:
-        now = utcnow()
-        with self._tx(now) as conn:
-            pending = conn.execute(select(approvals.c.id).where(
-                approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
-                approvals.c.kind == kind, approvals.c.decision.is_(None))).first()
-            if pending is None:
-                conn.execute(insert(approvals).values(
-                    run_id=self.run_id, call_id=call_id, kind=kind, tool_name=tool_name,
-                    command=command, reason=reason, step_seq=step_seq, requested_at=now))
+        pending = self.approval_for(call_id, kind)
+        if pending is not None and pending.decision is None:
+            return
+        self.commit([(insert(approvals).values(
+            run_id=self.run_id, call_id=call_id, kind=kind, tool_name=tool_name,
+            command=command, reason=reason, step_seq=step_seq, requested_at=utcnow()), {})])
+
+    def settle_approval(self, approval_id: int, *, by: str) -> None:
+        """A pending question that the policy now answers: approved, by the policy."""
+        self.commit([(update(approvals).where(approvals.c.id == approval_id).values(
+            decision="approved", decided_by=by, decided_at=utcnow()), {})])
 
     def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         now = utcnow()
-        with self._tx(now, counters) as conn:
-            conn.execute(update(runs).where(runs.c.id == self.run_id).values(
-                status=status, stop_reason=stop_reason, answer=answer, error=error,
-                finished_at=now, lease_owner=None, lease_expires_at=None))
+        self.commit([(update(runs).where(runs.c.id == self.run_id).values(
+            status=status, stop_reason=stop_reason, answer=answer, error=error,
+            finished_at=now, lease_owner=None, lease_expires_at=None), {})], counters=counters)
+
+    def release_lease(self) -> None:
+        """Best effort, one try: after a store failure let the next owner in without waiting
+        for the lease to expire. The run keeps its status; resume takes it from there."""
+        with contextlib.suppress(Exception), self.engine.begin() as conn:  # down: the lease runs out
+            conn.execute(update(runs).where(*_FENCE_WHERE).values(lease_expires_at=utcnow()),
+                         {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch})
 
     def heartbeat(self) -> bool:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
-        now = utcnow()
-        # Its own pooled connection, not the writer's: it runs on another thread, and is not a
-        # crash point (it runs on its own thread's clock).
+        # Its own pooled connection, not the writer's: it runs on another thread. Not retried
+        # here: a failed renewal is tried again at the next beat.
         with self.engine.begin() as conn:
-            self._fence(conn, now)  # also reads cancel_requested
+            self._fence(conn, utcnow(), None, None)
         return self.cancel_seen

@@ -20,13 +20,14 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
 
 from durable_agent.status import RunStatus
-from durable_agent.store.rows import owner_is_dead, utcnow
+from durable_agent.store import leases, retrying
+from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import runs
 
 # Key of the PostgreSQL advisory lock that serializes claims only while a global limit is
@@ -80,8 +81,9 @@ def claimable(now: datetime) -> Any:
 class Queue:
     """Claims and releases runs for workers. Only leases change here; the loop is Journal's."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
         self.engine = engine
+        self.policy = policy or retrying.StorePolicy(max_attempts=3, max_seconds=5.0)
 
     def claim(self, owner: str, lease_seconds: float, *, max_running: int | None = None,
               exclude: Collection[str] = (),
@@ -90,7 +92,12 @@ class Queue:
 
         `exclude`: run ids this worker already turned down. `accept` is called inside the
         transaction, with the candidate row locked: keep it cheap (a stat of a path).
+        Database faults come out as StoreError / StoreUnavailable (retried briefly first).
         """
+        return retrying.run(lambda: self._claim(owner, lease_seconds, max_running, exclude, accept), self.policy)
+
+    def _claim(self, owner: str, lease_seconds: float, max_running: int | None,
+               exclude: Collection[str], accept: Callable[[str], bool]) -> ClaimResult:
         now = utcnow()
         skipped = set(exclude)
         rejected: list[Rejected] = []
@@ -124,7 +131,7 @@ class Queue:
                 .limit(MAX_CANDIDATES)
                 .with_for_update(skip_locked=True)).all()
             for row in orphans:
-                if row.id in skipped or not owner_is_dead(row.lease_owner) or not accept(row.workspace):
+                if row.id in skipped or not leases.owner_is_dead(row.lease_owner) or not accept(row.workspace):
                     continue
                 return ClaimResult(claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected)
         return ClaimResult(rejected=rejected)
@@ -132,19 +139,8 @@ class Queue:
     @staticmethod
     def _take(conn: Connection, row: Any, owner: str, lease_seconds: float, now: datetime) -> Claim:
         """Take the locked candidate's lease with a new epoch."""
-        epoch = row.lease_epoch + 1
-        # cancel_requested is kept: a cancel that reached a worker which then died
-        # must still stop the run (the loop checks it first). `resume` is different:
-        # a person asked for the run to go on, so acquire_lease clears it.
-        res = conn.execute(
-            update(runs)
-            .where(runs.c.id == row.id, runs.c.lease_epoch == row.lease_epoch)
-            .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
-                    lease_expires_at=now + timedelta(seconds=lease_seconds),
-                    stop_reason=None, error=None, finished_at=None, updated_at=now,
-                    resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0)))
-        if res.rowcount != 1:  # cannot happen under the row lock; never run it twice
-            raise RuntimeError(f"run {row.id} changed under its row lock")
+        epoch = leases.take(conn, row.id, previous_epoch=row.lease_epoch, owner=owner,
+                            lease_seconds=lease_seconds, now=now, clear_cancel=False)
         return Claim(run_id=row.id, owner=owner, epoch=epoch, workspace=row.workspace,
                      settings=dict(row.settings or {}), takeover=row.status == RunStatus.RUNNING,
                      previous_owner=row.lease_owner)
@@ -158,15 +154,6 @@ class Queue:
                 runs.c.lease_expires_at > now)
         ).scalar_one())
 
-    def live_leases(self) -> int:
-        """Runs executing right now anywhere (live leases), for status lines and tests."""
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return int(conn.execute(
-                select(func.count()).select_from(runs).where(
-                    runs.c.status == RunStatus.RUNNING.value, runs.c.lease_owner.is_not(None),
-                    runs.c.lease_expires_at > utcnow())
-            ).scalar_one())
-
     def release(self, run_id: str, owner: str, epoch: int, *, note: str | None = None) -> bool:
         """Give a run back to the queue (`pending`, no lease) without ending it.
 
@@ -174,6 +161,9 @@ class Queue:
         Fenced like every Journal write: False when the lease was no longer ours.
         `note` goes to `runs.error` so `show` says why the run is waiting.
         """
+        return retrying.run(lambda: self._release(run_id, owner, epoch, note), self.policy)
+
+    def _release(self, run_id: str, owner: str, epoch: int, note: str | None) -> bool:
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(runs)

@@ -1,10 +1,7 @@
-"""Small helpers shared by the store modules: the clock, lease owners, message rows."""
+"""Small helpers shared by the store modules: the clock and message rows."""
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,26 +10,6 @@ from durable_agent.messages import Message, ToolCall
 
 def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
-
-
-def new_owner() -> str:
-    """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """True only when we can prove it: same host and that pid is gone."""
-    host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def message_from_row(row: Any) -> Message:

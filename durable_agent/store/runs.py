@@ -1,46 +1,68 @@
 """Run-level reads and writes that need no lease: create, list, show, cancel, approve,
-and taking a run's lease. The checkpoints written under a lease are in journal.py."""
+and taking a run's lease. The checkpoints written under a lease are in journal.py.
+
+Every method returns typed records (store/records.py) and runs whole under the store's
+retry policy: transient database faults are retried, and what persists comes out as the
+package's `StoreUnavailable` / `StoreError`, never as a driver exception."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, Row, insert, select, text, update
+from sqlalchemy import Connection, Engine, insert, select, text, update
 
 from durable_agent.errors import RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message
 from durable_agent.status import RunStatus
-from durable_agent.store.rows import message_values, owner_is_dead, utcnow
+from durable_agent.store import leases, retrying
+from durable_agent.store.records import (
+    ApprovalRecord,
+    Decision,
+    MessageRecord,
+    RunRecord,
+    StepRecord,
+)
+from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 
-
-def lease_is_live(row: Any, now: datetime) -> bool:
-    """Held and not expired, by an owner not proven dead (same host, pid gone)."""
-    return (row.lease_owner is not None and row.lease_expires_at is not None
-            and row.lease_expires_at > now and not owner_is_dead(row.lease_owner))
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _locked_run(conn: Connection, run_id: str) -> Any:
     """The run's status and lease, locked until the transaction ends; RunNotFound if none."""
-    row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at)
+    row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at, runs.c.lease_epoch)
                        .where(runs.c.id == run_id).with_for_update()).first()
     if row is None:
         raise RunNotFound(run_id)
     return row
 
 
+def _retried(method: Callable[P, T]) -> Callable[P, T]:
+    """Run the whole method again on a transient fault; each is one transaction or one read."""
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        store = args[0]
+        assert isinstance(store, Store)
+        return retrying.run(lambda: method(*args, **kwargs), store.policy)
+    return wrapper
+
+
 class Store:
     """Run-level reads and the few writes that need no lease."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
         self.engine = engine
+        self.policy = policy or retrying.StorePolicy()
 
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(readonly=True)
 
     # -- runs ---------------------------------------------------------------------------
+    @_retried
     def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
                    settings: dict[str, Any], first_messages: Sequence[Message],
                    lease: tuple[str, float] | None = None) -> None:
@@ -64,17 +86,20 @@ class Store:
                 message_values(run_id, i, m, None, now) for i, m in enumerate(first_messages)
             ])
 
+    @_retried
     def run_exists(self, run_id: str) -> bool:
         with self._read() as conn:
             return conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None
 
-    def get_run(self, run_id: str) -> Row[Any]:
+    @_retried
+    def get_run(self, run_id: str) -> RunRecord:
         with self._read() as conn:
             row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
         if row is None:
             raise RunNotFound(run_id)
-        return row
+        return RunRecord.from_row(row)
 
+    @_retried
     def find_run_id(self, prefix: str) -> str:
         """A full id, or a unique prefix of one (ids are long; people type the start)."""
         with self._read() as conn:
@@ -90,35 +115,33 @@ class Store:
                              f"{', …' if len(ids) > 2 else ''}; type more of it")
         raise RunNotFound(prefix)
 
-    def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Row[Any]]:
+    @_retried
+    def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[RunRecord]:
         query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
         if status:
             query = query.where(runs.c.status == status)
         with self._read() as conn:
-            return list(conn.execute(query).all())
+            return [RunRecord.from_row(r) for r in conn.execute(query)]
 
-    def steps(self, run_id: str) -> list[Row[Any]]:
+    @_retried
+    def steps(self, run_id: str) -> list[StepRecord]:
         with self._read() as conn:
-            return list(conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)).all())
+            return [StepRecord.from_row(r) for r in
+                    conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq))]
 
-    def messages(self, run_id: str) -> list[Row[Any]]:
+    @_retried
+    def messages(self, run_id: str) -> list[MessageRecord]:
         with self._read() as conn:
-            return list(conn.execute(
-                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq)).all())
+            return [MessageRecord.from_row(r) for r in conn.execute(
+                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq))]
 
-    def approvals(self, run_id: str) -> list[Row[Any]]:
+    @_retried
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
         with self._read() as conn:
-            return list(conn.execute(
-                select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id)).all())
+            return [ApprovalRecord.from_row(r) for r in conn.execute(
+                select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id))]
 
-    def request_cancel(self, run_id: str) -> Row[Any]:
-        with self.engine.begin() as conn:
-            res = conn.execute(update(runs).where(runs.c.id == run_id)
-                               .values(cancel_requested=True, updated_at=utcnow()))
-            if res.rowcount != 1:
-                raise RunNotFound(run_id)
-        return self.get_run(run_id)
-
+    @_retried
     def cancel(self, run_id: str) -> str:
         """Flag a live run ("requested": it stops at its next boundary); end any other at once."""
         now = utcnow()
@@ -126,7 +149,7 @@ class Store:
             row = _locked_run(conn, run_id)
             if row.status == RunStatus.COMPLETED:
                 raise UsageError(f"run {run_id} is already completed")
-            if row.status == RunStatus.RUNNING and lease_is_live(row, now):
+            if leases.is_executing(row, now):
                 conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True, updated_at=now))
                 return "requested"
             conn.execute(update(runs).where(runs.c.id == run_id).values(
@@ -134,59 +157,57 @@ class Store:
                 cancel_requested=False, lease_owner=None, lease_expires_at=None))
             return "cancelled"
 
+    @_retried
     def requeue(self, run_id: str, *, settings: dict[str, Any] | None = None) -> None:
         """Put a stopped run back in the workers' queue (`pending`, no lease), with new
         recorded `settings` if given (written only once the run is known not to be live)."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
-            if lease_is_live(row, now):
+            if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
             extra = {} if settings is None else {"settings": settings}
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
                 cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now, **extra))
 
-    def pending_approval(self, run_id: str) -> Row[Any] | None:
+    @_retried
+    def pending_approval(self, run_id: str) -> ApprovalRecord | None:
         with self._read() as conn:
-            return conn.execute(
+            row = conn.execute(
                 select(approvals).where(approvals.c.run_id == run_id, approvals.c.decision.is_(None))
                 .order_by(approvals.c.id.desc())
             ).first()
+        return None if row is None else ApprovalRecord.from_row(row)
 
+    @_retried
     def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
-                decision="approved" if approved else "denied", decided_by=by, decided_at=utcnow()))
+                decision=(Decision.APPROVED if approved else Decision.DENIED).value,
+                decided_by=by, decided_at=utcnow()))
 
+    @_retried
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
 
     # -- leases -------------------------------------------------------------------------
+    @_retried
     def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:
         """Take the run's lease and return the new epoch; RunBusy if a live owner holds it."""
         now = utcnow()
         with self.engine.begin() as conn:
-            row = conn.execute(
-                select(runs.c.lease_owner, runs.c.lease_expires_at, runs.c.lease_epoch)
-                .where(runs.c.id == run_id).with_for_update()
-            ).first()
-            if row is None:
-                raise RunNotFound(run_id)
-            if lease_is_live(row, now):
+            row = _locked_run(conn, run_id)
+            if row.lease_owner == owner:  # a retry after a COMMIT whose answer was lost: it landed
+                return int(row.lease_epoch)
+            if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
-            epoch = row.lease_epoch + 1
-            conn.execute(update(runs).where(runs.c.id == run_id).values(
-                lease_owner=owner, lease_epoch=epoch,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                status=RunStatus.RUNNING.value, stop_reason=None, error=None,
-                finished_at=None, cancel_requested=False, updated_at=now,
-                resume_count=runs.c.resume_count + (1 if row.lease_epoch > 0 else 0),
-            ))
-        return int(epoch)
+            return leases.take(conn, run_id, previous_epoch=row.lease_epoch, owner=owner,
+                               lease_seconds=lease_seconds, now=now, clear_cancel=True)
 
     # -- SQL written for people --------------------------------------------------------------
+    @_retried
     def query(self, statement: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
         """One read-only statement as a user would type it (the demo's proof, docs/queries.md):
         its column names and rows. Not for the package's own reads: those are typed methods."""

@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 # The Alembic revision this code expects; engine.py upgrades any database behind it.
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 
 metadata = MetaData()
 
@@ -62,6 +62,7 @@ runs = Table(
     Column("message_count", Integer, nullable=False, default=0),
     Column("active_ms", BigInteger, nullable=False, default=0),  # summed over resumes
     Column("resume_count", Integer, nullable=False, default=0),
+    Column("last_checkpoint", String(32)),  # 0004: token of the last committed checkpoint
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index.
 Index("ix_runs_created_id", runs.c.created_at, runs.c.id)
@@ -130,11 +131,3 @@ approvals = Table(
     Column("used_at", DateTime),  # when resume acted on the decision
 )
 Index("ix_approvals_run", approvals.c.run_id, approvals.c.call_id)
-
-RUN_TIMELINE_SQL = """
-CREATE VIEW run_timeline AS
-SELECT s.run_id, s.seq, s.turn, s.kind, s.tool_name, s.state, s.attempts,
-       s.duration_ms, s.prompt_tokens, s.completion_tokens,
-       s.started_at, s.finished_at, s.error, s.idempotency_key
-FROM steps s
-"""

@@ -1,0 +1,62 @@
+"""Who decides: the shell policy for commands, and the questions a run asks a person.
+
+A question is a row in `approvals`; asking stops the run `blocked` with a `LoopExit` that
+says how to answer. An answered question is used once, in the transaction of the step that
+acts on it. The shell policy decides only which commands need a person; it is not what
+contains them.
+"""
+
+from __future__ import annotations
+
+from durable_agent.errors import LoopExit
+from durable_agent.messages import ToolCall
+from durable_agent.status import StopReason
+from durable_agent.step_context import StepContext
+from durable_agent.store.records import ApprovalKind, ApprovalRecord, Decision
+
+
+def policy(ctx: StepContext, tool_name: str, command: str) -> tuple[str, str]:
+    """("allow" | "ask" | "deny", why) for an exec tool call under `--shell`."""
+    mode = ctx.settings.shell
+    if tool_name != "run_command":
+        return ("allow", "") if mode == "allow" else ("ask", f"{tool_name} runs a side effect")
+    from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, decide
+
+    destructive = (*DEFAULT_DESTRUCTIVE, *ctx.settings.shell_always_ask)
+    verdict, why = decide(command, mode, ctx.settings.shell_allowlist, destructive)
+    return verdict.value, why
+
+
+def decided(ctx: StepContext, call: ToolCall, kind: ApprovalKind, command: str | None, reason: str,
+            step_seq: int | None = None) -> ApprovalRecord:
+    """A decided approval of this call, or record the question and stop the run `blocked`."""
+    approval = ctx.journal.approval_for(call.id, kind)
+    if approval is not None and approval.decision is not None:
+        return approval
+    # The command comes from the model and is shown to people: no secret in it is stored.
+    redact = ctx.redactor.redact
+    command = redact(command) if command else command
+    reason = redact(reason)
+    ctx.journal.request_approval(call_id=call.id, kind=kind, tool_name=call.name,
+                                 command=command, reason=reason, step_seq=step_seq)
+    stop = (StopReason.APPROVAL_REQUIRED if kind is ApprovalKind.APPROVAL_REQUIRED
+            else StopReason.UNCERTAIN_SIDE_EFFECT)
+    what = f"`{command}`" if command else call.name
+    if what in reason:  # the policy's reason names the command already
+        what = call.name
+    raise LoopExit(stop, f"{what} needs approval: {reason}. "
+                         f"Run `durable-agent approve {ctx.state.run_id}` (or --deny), then resume.")
+
+
+def denied(approval: ApprovalRecord | None) -> bool:
+    return approval is not None and approval.decision == Decision.DENIED
+
+
+def settle_by_policy(ctx: StepContext, call: ToolCall) -> int | None:
+    """A question asked under `--shell ask` that the policy now answers (resumed with
+    `--shell allow`): record it as approved by the policy, not left pending forever."""
+    pending = ctx.journal.approval_for(call.id, ApprovalKind.APPROVAL_REQUIRED)
+    if pending is None or pending.decision is not None:
+        return None
+    ctx.journal.settle_approval(pending.id, by=f"policy (--shell {ctx.settings.shell})")
+    return pending.id

@@ -1,0 +1,52 @@
+"""What every step needs, in one frozen value: the leaf that the step modules import.
+
+`model_step`, `tool_step` and `finish_gate` take a `StepContext` and import nothing of the
+runner, so the loop's pieces can be read (and tested) one at a time. The context is
+frozen; what changes while the run goes on lives in `state` (the conversation, rebuilt from
+the rows) and in `journal` (the step rows, the lease).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durable_agent.guard import Limits
+from durable_agent.models import ModelClient
+from durable_agent.observer import Observer
+from durable_agent.redact import Redactor
+from durable_agent.replay import RunState
+from durable_agent.settings import Settings
+from durable_agent.store.journal import Counters, Journal
+from durable_agent.tools.base import Tool
+
+
+@dataclass(frozen=True)
+class StepContext:
+    journal: Journal
+    state: RunState
+    settings: Settings
+    model: ModelClient
+    tools: Mapping[str, Tool]
+    schemas: list[dict[str, Any]]
+    redactor: Redactor
+    observer: Observer
+    cancel: threading.Event
+    env: Mapping[str, str]
+    limits: Limits
+    clock: Callable[[], float]  # monotonic seconds: active time
+    sleep: Callable[[float], None]  # between model retries
+    session_start: float  # clock() when this session took the run
+    retry_policy: Any = None
+    resumed: bool = False  # the run had a session before this one
+
+    def active_ms(self) -> int:
+        """Active time over all sessions of the run, this one included."""
+        return self.state.active_ms + int((self.clock() - self.session_start) * 1000)
+
+    def counters(self) -> Counters:
+        s = self.state
+        return Counters(s.step_count, s.tool_call_count, s.prompt_tokens, s.completion_tokens,
+                        len(s.messages), self.active_ms())

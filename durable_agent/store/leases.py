@@ -1,0 +1,74 @@
+"""Leases: who may execute a run right now. Take, renew (the Journal's fence), is-live.
+
+A lease is (`lease_owner`, `lease_expires_at`, `lease_epoch`) on `runs`. The owner is
+`host:pid:nonce`, so a process on the same host can prove a holder dead (its pid is gone)
+and take the run over at once instead of waiting for the lease to expire. Resume, the
+worker's queue and the renderers all ask the same question here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, update
+
+from durable_agent.status import RunStatus
+from durable_agent.store.schema import runs
+
+
+def new_owner() -> str:
+    """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True only when we can prove it: same host and that pid is gone."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def is_live(owner: str | None, expires_at: datetime | None, now: datetime) -> bool:
+    """Held and not expired, by an owner not proven dead (same host, pid gone)."""
+    return (owner is not None and expires_at is not None and expires_at > now
+            and not owner_is_dead(owner))
+
+
+def is_executing(run: Any, now: datetime) -> bool:
+    """`running` under a live lease: its process is still at work (a crashed run is
+    `running` too, with an owner that is gone or a lease that ran out)."""
+    return run.status == RunStatus.RUNNING and is_live(run.lease_owner, run.lease_expires_at, now)
+
+
+def take(conn: Connection, run_id: str, *, previous_epoch: int, owner: str, lease_seconds: float,
+         now: datetime, clear_cancel: bool) -> int:
+    """Take the lease of a run whose row the caller has locked; returns the new epoch.
+
+    The new epoch fences out the previous holder, should it still live: every Journal write
+    checks (owner, epoch). `clear_cancel`: a person asked the run to go on (`resume`); a
+    worker keeps a cancel that reached a worker which then died.
+    """
+    epoch = previous_epoch + 1
+    extra: dict[str, Any] = {"cancel_requested": False} if clear_cancel else {}
+    res = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.lease_epoch == previous_epoch)
+        .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                stop_reason=None, error=None, finished_at=None, updated_at=now,
+                resume_count=runs.c.resume_count + (1 if previous_epoch > 0 else 0), **extra))
+    if res.rowcount != 1:  # cannot happen under the row lock; never run a run twice
+        raise RuntimeError(f"run {run_id} changed under its row lock")
+    return epoch

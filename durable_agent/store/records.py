@@ -1,0 +1,126 @@
+"""Typed records: what crosses the `store/` boundary instead of SQLAlchemy rows.
+
+Frozen dataclasses with the column names as fields, built once from a row (`from_row`),
+so code above the store never handles `Row[Any]` and a misspelt column is a type error.
+The string enums compare equal to the text stored in the columns users query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Self
+
+
+class StepState(StrEnum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class Decision(StrEnum):
+    APPROVED = "approved"
+    DENIED = "denied"
+
+
+class ApprovalKind(StrEnum):
+    """Why a person is asked: a command the policy will not run alone, or an effect cut off."""
+
+    APPROVAL_REQUIRED = "approval_required"
+    UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
+
+
+class _Record:
+    @classmethod
+    def from_row(cls, row: Any) -> Self:
+        """Build from a row (or any object) that has at least the record's columns."""
+        mapping = row._mapping if hasattr(row, "_mapping") else row
+        return cls(**{f.name: _get(mapping, f.name) for f in fields(cls)})  # type: ignore[arg-type]
+
+
+def _get(mapping: Any, name: str) -> Any:
+    try:
+        return mapping[name]
+    except (KeyError, TypeError):
+        return getattr(mapping, name, None)
+
+
+@dataclass(frozen=True)
+class RunRecord(_Record):
+    id: str
+    task: str
+    workspace: str
+    model: str
+    status: str
+    stop_reason: str | None
+    answer: str | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    step_count: int
+    tool_call_count: int
+    prompt_tokens: int
+    completion_tokens: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    lease_epoch: int
+    cancel_requested: bool
+    settings: dict[str, Any] | None
+    message_count: int
+    active_ms: int
+    resume_count: int
+
+
+@dataclass(frozen=True)
+class StepRecord(_Record):
+    run_id: str
+    seq: int
+    kind: str
+    state: str
+    idempotency_key: str
+    call_id: str | None
+    tool_name: str | None
+    input: Any
+    output: Any
+    error: str | None
+    attempts: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    duration_ms: int | None
+    turn: int | None
+    effect: str | None
+    pgid: int | None
+    lease_epoch: int | None
+
+
+@dataclass(frozen=True)
+class ApprovalRecord(_Record):
+    id: int
+    run_id: str
+    call_id: str
+    step_seq: int | None
+    kind: str
+    tool_name: str | None
+    command: str | None
+    reason: str | None
+    requested_at: datetime
+    decision: str | None
+    decided_by: str | None
+    decided_at: datetime | None
+    used_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MessageRecord(_Record):
+    run_id: str
+    seq: int
+    role: str
+    content: str | None
+    tool_calls: Any
+    tool_call_id: str | None
+    step_seq: int | None
+    created_at: datetime

@@ -1,0 +1,113 @@
+"""Database faults: classified once, here, and retried with tenacity like model faults.
+
+    driver error (via SQLAlchemy's DBAPIError)         kind
+    connection invalidated / closed / reset             transient  (reconnect, retry)
+    PostgreSQL class 08 (connection), 57P01–57P03       transient  (server killed us, restarting)
+    PostgreSQL 40001, 40P01 (serialization, deadlock)   transient  (retry the transaction)
+    SQLite BUSY / LOCKED (beyond busy_timeout)          transient
+    SQLite IOERR, FULL, CANTOPEN, PROTOCOL              transient  (a full disk may be freed)
+    anything else (integrity, data, programming)        permanent  (a bug or bad data: no retry)
+
+`run` retries transient faults under a `StorePolicy` (full-jitter backoff, bounded attempts
+and total time) and raises `StoreUnavailable` when they persist, `StoreError` at once for
+permanent ones. The caller makes each try a whole transaction, so a retry replays all of
+it on a fresh connection; a commit whose outcome is unknown is settled by the caller
+(Journal reads back its checkpoint token) before it is tried again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy.exc import DBAPIError
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from durable_agent.errors import StoreError, StoreUnavailable
+
+T = TypeVar("T")
+
+_PG_TRANSIENT = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03", "53300"}
+_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN",
+                     "SQLITE_PROTOCOL")
+# Messages of drivers that carry no code (a socket that died under psycopg, sqlite3's text).
+_TRANSIENT_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
+                   "connection refused", "could not connect", "connection reset", "broken pipe",
+                   "database is locked", "disk i/o error", "database or disk is full",
+                   "the database system is", "consuming input failed", "connection timed out",
+                   "ssl syscall error", "no connection to the server", "the connection is lost")
+
+
+@dataclass(frozen=True)
+class StorePolicy:
+    """How long a run waits for its store before it stops (exit 7, resumable)."""
+
+    max_attempts: int = 12
+    max_seconds: float = 60.0
+    max_wait: float = 5.0
+    initial_wait: float = 0.05
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A fault that a new connection or a little patience may cure."""
+    if not isinstance(exc, DBAPIError):
+        return isinstance(exc, (ConnectionError, TimeoutError))
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_TRANSIENT):
+        return True
+    name = getattr(orig, "sqlite_errorname", None)
+    if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
+        return True
+    text = str(orig).lower()
+    return any(t in text for t in _TRANSIENT_TEXT)
+
+
+def describe(exc: BaseException) -> str:
+    """One line, the driver's words without SQL text or parameters."""
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return f"{type(orig).__name__}: {first}"
+
+
+def translate(exc: BaseException, run_id: str | None = None) -> StoreError:
+    """The package's error for a driver error (the httpx habit, applied to SQL)."""
+    if is_transient(exc):
+        return StoreUnavailable(describe(exc), run_id)
+    return StoreError(f"the database refused a statement: {describe(exc)}")
+
+
+def run(attempt: Callable[[], T], policy: StorePolicy, *, run_id: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        on_retry: Callable[[BaseException], None] | None = None) -> T:
+    """Call `attempt` until it succeeds, retrying transient database faults.
+
+    Only `DBAPIError` (and bare connection errors) are looked at; anything else, the
+    package's own errors included (LeaseLost), passes through untouched.
+    """
+
+    def before_sleep(state: object) -> None:
+        outcome = getattr(state, "outcome", None)
+        if on_retry is not None and outcome is not None and outcome.exception() is not None:
+            on_retry(outcome.exception())
+
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.max_seconds),
+        wait=wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
+        sleep=sleep, reraise=True, before_sleep=before_sleep,
+    )
+    try:
+        return retrying(attempt)
+    except (DBAPIError, ConnectionError, TimeoutError) as exc:
+        raise translate(exc, run_id) from exc

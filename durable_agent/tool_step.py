@@ -1,0 +1,237 @@
+"""Executing one tool call durably, by effect class.
+
+    read   no intent row: run, then the outcome rides with the next commit (a crash re-runs it)
+    write  intent with the file's before/after hashes, write, outcome; resume compares hashes
+    exec   policy check (maybe `blocked`), intent, process group recorded, run, outcome;
+           resume never re-runs an interrupted command without a person's approval
+
+Every call ends with exactly one tool message, error or not, so the history sent to the
+model stays valid. Store failures are not tool failures: they propagate and end the session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from durable_agent import approvals, guard
+from durable_agent.errors import DurableAgentError, LoopExit
+from durable_agent.heartbeat import watch_cancel
+from durable_agent.messages import Message, ToolCall, sha256_text
+from durable_agent.observer import StepEvent
+from durable_agent.status import EffectClass, StepKind
+from durable_agent.step_context import StepContext
+from durable_agent.store.journal import Step
+from durable_agent.store.records import ApprovalKind, StepState
+from durable_agent.store.rows import utcnow
+from durable_agent.tools.base import Tool, ToolContext, ToolFailure, ToolResult, WritePlan
+from durable_agent.tools.limits import cap_text
+
+UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
+
+
+def tool_key(call: ToolCall) -> str:
+    return f"tool:{call.id}:{sha256_text(call.name + call.canonical_arguments())[:32]}"
+
+
+def run_tool(ctx: StepContext, call: ToolCall) -> None:
+    """Check budgets and repeats, then run the call by its tool's effect class."""
+    s = ctx.state
+    streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
+    stop = guard.before_tool_call(ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak,
+                                  active_ms=ctx.active_ms())
+    if stop is not None:
+        raise LoopExit(*stop)
+    tool = ctx.tools.get(call.name)
+    step = ctx.journal.find(tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name,
+                            effect=tool.effect.value if tool else None)
+    step.input = step.input or {"arguments": _args_json(call)}
+    prior = step.prior
+    if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
+        # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
+        return _record(ctx, call, step, ToolResult(
+            error="the command was interrupted by a crash; its outcome is unknown and it was not run "
+                  "again (running commands is not allowed now)"))
+    if tool is None:
+        known = ", ".join(sorted(ctx.tools))
+        return _record(ctx, call, step, ToolResult(error=f"unknown tool {call.name!r}; available tools: {known}"))
+    try:
+        args = tool.args_model.model_validate(call.parsed_arguments())
+    except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
+        detail = _validation_text(exc) if isinstance(exc, ValidationError) else f"arguments are not valid JSON: {exc}"
+        return _record(ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}"))
+    if tool.effect is EffectClass.READ:
+        step.start(durable=False)
+        _event(ctx, call, "started")
+        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
+    if tool.effect is EffectClass.WRITE:
+        return _write(ctx, call, step, tool, args)
+    return _exec(ctx, call, step, tool, args)
+
+
+def _write(ctx: StepContext, call: ToolCall, step: Step, tool: Any, args: BaseModel) -> None:
+    prior = step.prior
+    if prior is None:
+        try:
+            plan = tool.plan(args, _tool_ctx(ctx, call))
+        except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
+            message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
+            return _record(ctx, call, step, ToolResult(error=message))
+        step.start({"arguments": _args_json(call), "plan": plan.__dict__})
+        _event(ctx, call, "started")
+        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
+    # Interrupted write: did it land? The recorded hashes decide, not a guess.
+    plan = WritePlan(**prior.input["plan"])
+    try:
+        current = tool.current_sha(plan, _tool_ctx(ctx, call))
+    except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after, so drift
+        current = f"unreadable: {exc}"
+    if current == plan.after_sha:
+        return _record(ctx, call, step, ToolResult(
+            output=f"{plan.path} already has the intended content (the write completed before the interruption)"))
+    use = None
+    if current != plan.before_sha:
+        approval = approvals.decided(ctx, call, UNCERTAIN, None,
+                                     f"{plan.path} changed since the interrupted write (drift): it has "
+                                     "neither the content before nor the content after the write",
+                                     step_seq=prior.seq)
+        if approvals.denied(approval):
+            return _record(ctx, call, step, ToolResult(
+                error=f"the write to {plan.path} was interrupted and the file changed since; "
+                      "the user chose not to apply it again"), use_approval=approval.id)
+        use = approval.id
+    step.start(use_approval=use)
+    _event(ctx, call, "started")
+    _record(ctx, call, step, _invoke(ctx, tool, args, call))
+
+
+def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Any, args: BaseModel) -> None:
+    command = getattr(args, "command", None) or call.arguments
+    prior = step.prior
+    use: int | None = None
+    if prior is not None and prior.state == StepState.STARTED:
+        # The crash hit while it ran: its outcome is unknown and it is not idempotent.
+        if ctx.settings.on_uncertain_exec == "tell_model":
+            return _record(ctx, call, step, ToolResult(
+                error="the command was interrupted by a crash; its outcome is unknown and it was "
+                      "not run again. Check the workspace before relying on it."))
+        approval = approvals.decided(ctx, call, UNCERTAIN, command,
+                                     "it was interrupted by a crash and may have partly or fully run; "
+                                     "running it again may repeat its side effects", step_seq=prior.seq)
+        if approvals.denied(approval):
+            return _record(ctx, call, step, ToolResult(
+                error="the command was interrupted by a crash; its outcome is unknown and the user "
+                      "chose not to run it again"), use_approval=approval.id)
+        use = approval.id
+    else:
+        verdict, why = approvals.policy(ctx, call.name, command)
+        if verdict == "deny":
+            return _record(ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)"))
+        if verdict == "ask":
+            approval = approvals.decided(ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why)
+            if approvals.denied(approval):
+                return _record(ctx, call, step, ToolResult(error="the user denied this command; do not run it again"),
+                               use_approval=approval.id)
+            use = approval.id
+        else:
+            use = approvals.settle_by_policy(ctx, call)
+    step.start(use_approval=use)
+    _event(ctx, call, "started")
+    try:
+        with watch_cancel(ctx.cancel, ctx.journal):
+            result = _invoke(ctx, tool, args, call, step=step)
+    except KeyboardInterrupt:
+        # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
+        # Record that before stopping, so the history stays valid and resume does not have
+        # to ask a person about a command we know was cut short.
+        _record(ctx, call, step, ToolResult(
+            error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"))
+        raise
+    _record(ctx, call, step, result)
+
+
+def _record(ctx: StepContext, call: ToolCall, step: Step, result: ToolResult, *,
+            use_approval: int | None = None) -> None:
+    """The call's one tool message and its step outcome, in one write (or with the next one)."""
+    s = ctx.state
+    redact = ctx.redactor.redact
+    # Redact first, then cap: a cut through the middle of a secret would leave half of it.
+    text = cap_text(redact(result.for_model()), ctx.settings.output_cap)
+    message = Message("tool", text, tool_call_id=call.id)
+    s.tool_call_count += 1
+    s.note_tool_call(call)
+    s.append(message)
+    output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
+    if result.error is None:
+        step.complete(output, messages=[message], counters=ctx.counters(), use_approval=use_approval)
+    else:
+        step.fail(redact(result.error), output=output, messages=[message], counters=ctx.counters(),
+                  use_approval=use_approval)
+    _event(ctx, call, "completed" if result.error is None else "failed", step=step,
+           error=redact(result.error) if result.error else None)
+
+
+def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> ToolContext:
+    # Before the command starts: resume can then find its group (and knows it started).
+    on_start = step.set_pgid if step is not None else None
+    return ToolContext(workspace=ctx.settings.workspace, run_id=ctx.state.run_id, call_id=call.id,
+                       output_cap=ctx.settings.output_cap, env=ctx.env,
+                       command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
+                       on_process_start=on_start)
+
+
+def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None) -> ToolResult:
+    try:
+        result: ToolResult = tool.run(args, _tool_ctx(ctx, call, step))
+        return result
+    except ToolFailure as exc:
+        return ToolResult(error=str(exc))
+    except DurableAgentError:
+        raise  # the store failed (recording the process group): not the tool's result
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
+        return ToolResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def _event(ctx: StepContext, call: ToolCall, state: str, *, step: Step | None = None,
+           error: str | None = None) -> None:
+    duration = int((utcnow() - step.started_at).total_seconds() * 1000) if step is not None else None
+    ctx.observer.step(StepEvent(step.seq if step is not None else -1, ctx.state.turn, "tool", call.name,
+                                detail=_brief(call), state=state, duration_ms=duration, error=error))
+
+
+def stop_leftover_processes(ctx: StepContext) -> None:
+    """Before reconciling: nothing of a command recorded as started may still run."""
+    from durable_agent.tools.process import kill_process_group, process_group_alive
+
+    for step in ctx.journal.open_steps.values():
+        # Only with the call id to match: a bare number may name someone else's group by now
+        # (after a reboot), and our own group is never the command's.
+        if (step.state != StepState.STARTED or not step.pgid or not step.call_id or step.pgid <= 1
+                or step.pgid == os.getpgrp()):
+            continue
+        if process_group_alive(step.pgid, call_id=step.call_id, run_id=step.run_id):
+            kill_process_group(step.pgid, call_id=step.call_id, run_id=step.run_id)
+            ctx.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
+
+
+def _args_json(call: ToolCall) -> Any:
+    try:
+        return call.parsed_arguments()
+    except ValueError:
+        return call.arguments
+
+
+def _validation_text(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors())
+
+
+def _brief(call: ToolCall) -> str:
+    try:
+        args = call.parsed_arguments()
+    except ValueError:
+        return call.arguments[:60]
+    first = next(iter(args.values()), "") if args else ""
+    text = str(first).replace("\n", " ")
+    return text[:60] + ("…" if len(text) > 60 else "")
