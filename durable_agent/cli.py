@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE  # tiny module: keeps --help fast
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="only enqueue the run (pending) for `durable-agent worker`")
     _add_output(p)
 
+    p.set_defaults(func=_command("cmd_start"))
     p = sub.add_parser("resume", help="continue a run from its last verified step",
                        description="Continue a run that is not completed. Budget flags raise its budgets.")
     p.add_argument("run_id", metavar="RUN_ID")
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`")
     _add_output(p)
 
+    p.set_defaults(func=_command("cmd_resume"))
     p = sub.add_parser("list", help="runs, newest first",
                        description="Runs, newest first: id, status, model steps, tokens, age, task.")
     _add_db(p)
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
 
+    p.set_defaults(func=_command("cmd_list"))
     p = sub.add_parser("show", help="one run: header and step timeline",
                        description="One run: its header, then every step with its state, duration, tokens, "
                                    "attempts and error, then its approvals. RUN_ID may be a unique prefix.")
@@ -107,16 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
 
+    p.set_defaults(func=_command("cmd_show"))
     p = sub.add_parser("cancel", help="request cancellation; a running loop stops at its next step")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
 
+    p.set_defaults(func=_command("cmd_cancel"))
     p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--deny", action="store_true", help="deny instead: the model is told")
     p.add_argument("--by", metavar="NAME", help="who decides (default: the current user)")
     _add_db(p)
 
+    p.set_defaults(func=_command("cmd_approve"))
     p = sub.add_parser("export", help="the run as a JSONL transcript on stdout",
                        description="The run as JSON lines, one event each, in order: run_started, "
                                    "model_completed, tool_started, tool_completed, approval_requested, "
@@ -124,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
 
+    p.set_defaults(func=_command("cmd_export"))
     p = sub.add_parser("demo", help="offline: run a bundled task, crash it on purpose, resume it",
                        description="Offline, no API key: copies a tiny buggy project to a temporary folder, "
                                    "runs the bundled scripted task in a child process that is killed with "
@@ -132,20 +139,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", metavar="URL", help="record the demo run in this store (default: a temporary SQLite file)")
     p.add_argument("--keep", action="store_true", help="keep the demo workspace and print where it is")
 
+    p.set_defaults(func=_command("cmd_demo"))
     p = sub.add_parser("db", help="the database: upgrade, current revision, path")
     p.add_argument("action", choices=["upgrade", "current", "path"])
     _add_db(p)
 
+    p.set_defaults(func=_command("cmd_db"))
     p = sub.add_parser("worker", help="claim queued and orphaned runs from the database and execute them")
     _add_db(p)
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="runs executed at once (default 1)")
-    p.add_argument("--lease-seconds", type=float, default=30.0, metavar="S", help="lease length (default 30)")
+    p.add_argument("--lease-seconds", type=float, metavar="S",
+                   help="lease length (default: the config's lease_seconds, 30)")
     p.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between claims when idle")
     p.add_argument("--max-running", type=int, metavar="N", dest="max_running_runs",
                    help="global limit: claim nothing while N runs hold live leases (all workers)")
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
+    p.set_defaults(func=_command("cmd_worker"))
     return parser
+
+
+def _command(name: str) -> Callable[[argparse.Namespace, dict[str, str]], int]:
+    """The handler of a subcommand, imported when it runs (commands.py pulls in the store)."""
+
+    def run(args: argparse.Namespace, env: dict[str, str]) -> int:
+        from durable_agent import commands
+
+        return int(getattr(commands, name)(args, env))
+
+    return run
 
 
 def _version() -> str:
@@ -164,11 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from durable_agent import fault_injection  # the crash and fault suites' real faults
 
         fault_injection.install(os.environ)
-    from durable_agent import commands
     from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy, StoreUnavailable
 
     try:
-        return int(getattr(commands, f"cmd_{args.command}")(args, dict(os.environ)))
+        return int(args.func(args, dict(os.environ)))
     except StoreUnavailable as exc:
         _error(str(exc))
         return EXIT_STORE

@@ -5,7 +5,6 @@ from __future__ import annotations
 import getpass
 import json
 import re
-import signal
 import sys
 import threading
 from argparse import Namespace
@@ -13,6 +12,7 @@ from typing import Any
 
 from durable_agent import render
 from durable_agent.errors import ConfigError, UsageError
+from durable_agent.interrupts import Interrupts
 from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
 
@@ -33,38 +33,25 @@ def _open(args: Namespace, env: dict[str, str]) -> Any:
     return open_store(_store_settings(args, env))
 
 
-class _Interrupts:
+def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
     """First Ctrl-C (or SIGTERM): stop at the next step boundary (a running command is
     killed), status `cancelled`, resumable. Second one: stop now."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, cancel: threading.Event, quiet: bool) -> None:
-        self.cancel, self.quiet = cancel, quiet
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, _sig: int, _frame: Any) -> None:
-        if self.cancel.is_set():
-            raise KeyboardInterrupt
-        self.cancel.set()
-        if not self.quiet:
+    def first(_sig: int) -> None:
+        cancel.set()
+        if not quiet:
             print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=sys.stderr)
+
+    def second(_sig: int) -> None:
+        raise KeyboardInterrupt
+
+    return Interrupts(first, second)
 
 
 def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
              lease: tuple[str, int] | None = None) -> int:
     try:
-        with _Interrupts(cancel, args.quiet or args.json):
+        with _interrupts(cancel, args.quiet or args.json):
             outcome = runner.execute(run_id, lease=lease)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
@@ -237,11 +224,19 @@ def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.worker import run_worker
+    from durable_agent.worker import WorkerOptions, run_worker
 
     if args.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
-    return run_worker(args, env)
+    if args.poll <= 0:
+        raise ConfigError("--poll must be a positive number of seconds")
+    # Flags the config can also set are None unless given: the config file is never overridden.
+    settings = load_settings(_flags(args, ("db", "lease_seconds", "max_running_runs")), env)
+    assert settings.db is not None
+    options = WorkerOptions(db=settings.db, concurrency=args.concurrency, lease_seconds=settings.lease_seconds,
+                            poll_s=args.poll, once=args.once, quiet=args.quiet,
+                            max_running=settings.max_running_runs)
+    return run_worker(settings, options, env)
 
 
 def _user() -> str:

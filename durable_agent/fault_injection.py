@@ -17,6 +17,8 @@ only when one of these variables is set (the demo's crashing child sets the firs
                                          locked      SQLite: "database is locked"
     DURABLE_AGENT_FAULT_REPEAT=K       the fault hits K statements in a row (default 1): a
                                        store that stays away longer than the retries last
+    DURABLE_AGENT_FAULT_LOG=PATH       append "fault N" for each fault injected and, at exit,
+                                       "statements N": how many the run's thread executed
 
 Only the thread that drives the run counts statements (heartbeats run on their own clock),
 so the N-th statement is the same one in every run of the same script.
@@ -24,6 +26,7 @@ so the N-th statement is the same one in every run of the same script.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sqlite3
@@ -46,7 +49,8 @@ def install(env: Mapping[str, str]) -> None:
     if at.isdigit():
         kind = env.get("DURABLE_AGENT_FAULT", "terminate")
         repeat = env.get("DURABLE_AGENT_FAULT_REPEAT", "1")
-        _statement_fault(int(at), kind, int(repeat) if repeat.isdigit() else 1)
+        _statement_fault(int(at), kind, int(repeat) if repeat.isdigit() else 1,
+                         env.get("DURABLE_AGENT_FAULT_LOG"))
 
 
 def _crash_after(n: int) -> None:
@@ -62,17 +66,27 @@ def _crash_after(n: int) -> None:
     BOUNDARY_HOOKS.append(boundary)
 
 
-def _statement_fault(at: int, kind: str, repeat: int) -> None:
+def _statement_fault(at: int, kind: str, repeat: int, log: str | None) -> None:
     from sqlalchemy import Engine, event
 
     count = [0]
     main = threading.main_thread()
 
+    def note(line: str) -> None:
+        if log:
+            with open(log, "a") as f:
+                f.write(line + "\n")
+
     def hit() -> bool:
         if threading.current_thread() is not main:
             return False
         count[0] += 1
-        return at <= count[0] < at + repeat
+        if at <= count[0] < at + repeat:
+            note(f"fault {count[0]}")
+            return True
+        return False
+
+    atexit.register(lambda: note(f"statements {count[0]}"))
 
     if kind == "terminate":
         def after(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:

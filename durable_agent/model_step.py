@@ -15,8 +15,8 @@ from durable_agent.messages import Message, ModelTurn, ToolCall
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
-from durable_agent.store.journal import Step
 from durable_agent.store.rows import utcnow
+from durable_agent.store.step import Step
 
 
 def model_step(ctx: StepContext) -> None:

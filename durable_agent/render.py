@@ -37,7 +37,8 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-def _short(text: str | None, width: int) -> str:
+def short(text: str | None, width: int) -> str:
+    """One line, at most `width` characters (an ellipsis marks the cut)."""
     text = (text or "").replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -123,8 +124,8 @@ class StatusLine:
         tail = f" {self.clock() - self._since:.1f} s" + (f" · {self._detail}" if self._detail else "")
         width = shutil.get_terminal_size((100, 20)).columns - 1
         # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
-        label = _short(self._label, max(width - len(head) - len(tail), 12))
-        self.out.write(self.ERASE + _short(head + label + tail, width))
+        label = short(self._label, max(width - len(head) - len(tail), 12))
+        self.out.write(self.ERASE + short(head + label + tail, width))
         self.out.flush()
         self._shown = True
 
@@ -178,11 +179,11 @@ class Timeline(Observer):
 
     def _activity(self, e: StepEvent) -> str:
         if e.kind == "model":
-            text = f"model {_short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
+            text = f"model {short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
         elif e.kind == "verify":
-            text = f"verifying `{_short(e.name, 50)}`"
+            text = f"verifying `{short(e.name, 50)}`"
         else:
-            text = f"{e.name} {_short(e.detail, 50)}".strip() + " running"
+            text = f"{e.name} {short(e.detail, 50)}".strip() + " running"
         return text
 
     def _so_far(self) -> str:
@@ -258,10 +259,6 @@ def run_json(run: Any, *, settings: bool = True) -> dict[str, Any]:
     return doc
 
 
-def step_json(step: Any) -> dict[str, Any]:
-    return row_json(step)
-
-
 def result_json(run: Any) -> dict[str, Any]:
     return {"run_id": run.id, "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer,
             "steps": run.step_count, "tool_calls": run.tool_call_count, "prompt_tokens": run.prompt_tokens,
@@ -270,7 +267,7 @@ def result_json(run: Any) -> dict[str, Any]:
 
 def show_json(run: Any, steps: list[Any], approvals: list[Any]) -> dict[str, Any]:
     doc = run_json(run)
-    doc["steps"] = [step_json(s) for s in steps]
+    doc["steps"] = [row_json(s) for s in steps]
     doc["approvals"] = [row_json(a) for a in approvals]
     return doc
 
@@ -286,23 +283,23 @@ def run_table(runs: list[Any], out: TextIO, *, status: str | None = None) -> Non
     print(f"{'ID':<16}  {'STATUS':<15}  {'STEPS':>5}  {'TOKENS':>8}  {'AGE':>8}  TASK", file=out)
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
-        print(f"{r.id:<16}  {r.status:<15}  {r.step_count:>5}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
-              f"{_short(r.task, 50)}", file=out)
+        print(f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>5}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
+              f"{short(r.task, 50)}", file=out)
 
 
 def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
     def p(text: str = "") -> None:
         print(text, file=out)
 
+    live = _executing(run)
     p(f"run        {run.id}")
-    p(f"status     {run.status}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
-    p(f"task       {_short(run.task, 100)}")
+    p(f"status     {_status(run, live)}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
+    p(f"task       {short(run.task, 100)}")
     p(f"model      {run.model}")
     p(f"workspace  {run.workspace}")
     p(f"created    {_iso(run.created_at)} ({fmt_age(run.created_at)})")
     if run.finished_at:
         p(f"finished   {_iso(run.finished_at)}")
-    live = _executing(run)
     if live:
         p(f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})")
     elif run.status == "running":
@@ -315,7 +312,7 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
     if run.error:
         p(f"error      {run.error}")
     if run.answer:
-        p(f"answer     {_short(run.answer, 200)}")
+        p(f"answer     {short(run.answer, 200)}")
     p()
     if not steps:
         p("no steps recorded yet")
@@ -327,11 +324,18 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
         for a in approvals:
             decision = a.decision or "PENDING"
             by = f" by {a.decided_by}" if a.decided_by else ""
-            p(f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {_short(a.command or a.tool_name, 60)}")
+            p(f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {short(a.command or a.tool_name, 60)}")
             if a.reason:
-                p(f"      {_short(a.reason, 120)}")
+                p(f"      {short(a.reason, 120)}")
         if any(a.decision is None for a in approvals):
             p(f"  answer with: durable-agent approve {run.id} [--deny], then durable-agent resume {run.id}")
+
+
+def _status(run: Any, live: bool, *, short: bool = False) -> str:
+    """`running` only while a process executes it; a run whose process is gone says so."""
+    if run.status == "running" and not live:
+        return "running (dead)" if short else "running (its process is gone: resume it)"
+    return str(run.status)
 
 
 def _executing(run: Any) -> bool:
@@ -353,7 +357,7 @@ def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: b
         p(f"{s.seq + 1:>4}  {s.kind:<6} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
           f"{step_what(run, s)}")
         if s.error:
-            p(f"{'':>4}  error: {_short(s.error, 110)}")
+            p(f"{'':>4}  error: {short(s.error, 110)}")
 
 
 def step_what(run: Any, s: Any) -> str:
@@ -364,11 +368,11 @@ def step_what(run: Any, s: Any) -> str:
         if names:
             return "→ " + ", ".join(names)
         if out.get("content"):
-            return "→ answer: " + _short(out["content"], 60)
+            return "→ answer: " + short(out["content"], 60)
         return str(run.model)
     if s.kind == "verify":
         command = s.input.get("command") if isinstance(s.input, dict) else None
-        return f"verify `{_short(command, 60)}`"
+        return f"verify `{short(command, 60)}`"
     args = s.input.get("arguments") if isinstance(s.input, dict) else None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return f"{s.tool_name} {_short(text, 70)}"
+    return f"{s.tool_name} {short(text, 70)}"

@@ -1,10 +1,9 @@
 """The loop: preflight → model call → tool calls → record → … until an answer or a stop.
 
 Start and resume are the same code: `execute` rebuilds the run from the database and asks
-the recorded history what comes next (tool calls without results, a final answer to
-verify, or the next model call). Every branch records new state or raises a `LoopExit`,
-caught in exactly one place (`_drive`), which ends the run.
-"""
+the recorded history what comes next (tool calls without results, a final answer to verify,
+or the next model call). Every branch records new state or raises a `LoopExit`, caught in
+exactly one place (`_drive`), which ends the run."""
 
 from __future__ import annotations
 
@@ -12,51 +11,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from durable_agent import finish_gate, guard
-from durable_agent.errors import (
-    HistoryDiverged,
-    LeaseLost,
-    LoopExit,
-    ModelError,
-    StoreError,
-    UsageError,
-)
+from durable_agent import errors, finish_gate, guard
 from durable_agent.heartbeat import Heartbeat
 from durable_agent.messages import Message
 from durable_agent.model_step import model_step
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
+from durable_agent.outcome import Outcome, RunReleased, finish
 from durable_agent.prompts import SYSTEM_PROMPT
 from durable_agent.redact import Redactor
 from durable_agent.replay import rebuild
 from durable_agent.settings import Settings
-from durable_agent.status import STATUS_FOR_REASON, RunStatus, StopReason
+from durable_agent.status import StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
 from durable_agent.tool_step import run_tool, stop_leftover_processes
 from durable_agent.tools.base import Tool, tool_schema
-
-
-@dataclass(frozen=True)
-class Outcome:
-    run_id: str
-    status: RunStatus
-    stop_reason: str | None
-    answer: str | None
-    error: str | None
-
-
-class RunReleased(Exception):
-    """The run stopped between two steps because its worker shuts down (`Runner.release`).
-
-    Not an end: nothing is finished or recorded, the worker gives the lease back and the run
-    waits, `pending`, for another worker.
-    """
 
 
 def new_run_id() -> str:
@@ -81,7 +55,7 @@ class Runner:
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
         run_id = run_id or new_run_id()
         if self.store.run_exists(run_id):
-            raise UsageError(f"a run with id {run_id!r} already exists; resume it or pick another id")
+            raise errors.UsageError(f"a run with id {run_id!r} already exists; resume it or pick another id")
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]
         lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
         self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
@@ -100,10 +74,10 @@ class Runner:
             with Heartbeat(journal, max(0.2, self.settings.lease_seconds / 3), self.cancel) as beat:
                 try:
                     return self._drive(journal)
-                except LeaseLost:
+                except errors.LeaseLost:
                     beat.lost = True
                     raise
-                except StoreError:
+                except errors.StoreError:
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:
@@ -139,25 +113,25 @@ class Runner:
                 answer = ctx.state.final_answer()
                 if answer is not None:
                     if finish_gate.verify(ctx, answer):
-                        raise LoopExit(StopReason.FINISHED, answer=answer)
+                        raise errors.LoopExit(StopReason.FINISHED, answer=answer)
                     continue
                 model_step(ctx)
-        except LoopExit as stop:
-            return _finish(ctx, stop.reason, answer=stop.answer, error=stop.detail or None)
-        except ModelError as exc:
-            return _finish(ctx, StopReason.MODEL_ERROR, error=str(exc))
-        except HistoryDiverged as exc:
-            return _finish(ctx, StopReason.STEP_MISMATCH, error=str(exc))
+        except errors.LoopExit as stop:
+            return finish(ctx, stop.reason, answer=stop.answer, error=stop.detail or None)
+        except errors.ModelError as exc:
+            return finish(ctx, StopReason.MODEL_ERROR, error=str(exc))
+        except errors.HistoryDiverged as exc:
+            return finish(ctx, StopReason.STEP_MISMATCH, error=str(exc))
         except KeyboardInterrupt:
             # "Stop now" can land between a change of the in-memory state and its commit:
             # end the run with what the database holds, not with what was in flight.
-            return _finish(self._context(journal, start), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
-        except (LeaseLost, RunReleased, StoreError):
+            return finish(self._context(journal, start), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
+        except (errors.LeaseLost, RunReleased, errors.StoreError):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,
             # with the reason, instead of staying `running` with a traceback.
-            return _finish(self._context(journal, start), StopReason.TOOL_ERROR,
+            return finish(self._context(journal, start), StopReason.TOOL_ERROR,
                            error=f"unexpected {type(exc).__name__}: {exc}")
 
     def _check_cancel(self, ctx: StepContext) -> None:
@@ -166,14 +140,4 @@ class Runner:
         # cancel_seen comes back with every checkpoint (no extra query per step); the
         # heartbeat sets the event while a long call or command runs.
         if self.cancel.is_set() or ctx.journal.cancel_seen:
-            raise LoopExit(StopReason.CANCELLED, "cancelled by request")
-
-
-def _finish(ctx: StepContext, reason: StopReason, *, answer: str | None = None,
-            error: str | None = None) -> Outcome:
-    status = STATUS_FOR_REASON[reason]
-    if reason is StopReason.FINISHED:
-        error = None
-    ctx.journal.finish_run(status=status.value, stop_reason=reason.value, answer=answer, error=error,
-                           counters=ctx.counters())
-    return Outcome(ctx.state.run_id, status, reason.value, answer, error)
+            raise errors.LoopExit(StopReason.CANCELLED, "cancelled by request")

@@ -19,7 +19,8 @@ from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
 from durable_agent.replay import RunState
 from durable_agent.settings import Settings
-from durable_agent.store.journal import Counters, Journal
+from durable_agent.store.journal import Journal
+from durable_agent.store.step import Counters
 from durable_agent.tools.base import Tool
 
 

@@ -12,7 +12,7 @@ model stays valid. Store failures are not tool failures: they propagate and end 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,10 +23,17 @@ from durable_agent.messages import Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
 from durable_agent.status import EffectClass, StepKind
 from durable_agent.step_context import StepContext
-from durable_agent.store.journal import Step
 from durable_agent.store.records import ApprovalKind, StepState
 from durable_agent.store.rows import utcnow
-from durable_agent.tools.base import Tool, ToolContext, ToolFailure, ToolResult, WritePlan
+from durable_agent.store.step import Step
+from durable_agent.tools.base import (
+    Tool,
+    ToolContext,
+    ToolFailure,
+    ToolResult,
+    WritePlan,
+    WriteTool,
+)
 from durable_agent.tools.limits import cap_text
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
@@ -67,11 +74,11 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     if tool.effect is EffectClass.WRITE:
-        return _write(ctx, call, step, tool, args)
+        return _write(ctx, call, step, cast(WriteTool, tool), args)
     return _exec(ctx, call, step, tool, args)
 
 
-def _write(ctx: StepContext, call: ToolCall, step: Step, tool: Any, args: BaseModel) -> None:
+def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: BaseModel) -> None:
     prior = step.prior
     if prior is None:
         try:
@@ -107,7 +114,7 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: Any, args: BaseMo
     _record(ctx, call, step, _invoke(ctx, tool, args, call))
 
 
-def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Any, args: BaseModel) -> None:
+def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseModel) -> None:
     command = getattr(args, "command", None) or call.arguments
     prior = step.prior
     use: int | None = None

@@ -20,7 +20,8 @@ from durable_agent.tools import build_tools
 
 def open_store(settings: Settings) -> Store:
     assert settings.db is not None
-    return Store(open_store_engine(settings.db, durability=settings.durability), store_policy(settings))
+    policy = store_policy(settings)
+    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy), policy)
 
 
 def build_model(settings: Settings) -> ModelClient:

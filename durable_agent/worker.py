@@ -28,25 +28,24 @@ import sys
 import threading
 import time
 import traceback
-from argparse import Namespace
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
 
 from sqlalchemy.engine import make_url
 
 from durable_agent import render
-from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError
-from durable_agent.runner import RunReleased
+from durable_agent.errors import DurableAgentError, LeaseLost, StoreError
+from durable_agent.interrupts import Interrupts
+from durable_agent.outcome import RunReleased
 from durable_agent.settings import Settings, load_settings, recorded_settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
 from durable_agent.store.runs import Store
-from durable_agent.wiring import build_runner
+from durable_agent.wiring import build_runner, store_policy
 
 # How long a worker leaves alone a run it could not execute (workspace not mounted here,
 # settings it cannot build): long enough not to spam the log, short enough to notice a
@@ -100,19 +99,14 @@ class _RunStream:
         pass
 
 
-def run_worker(args: Namespace, env: Mapping[str, str]) -> int:
-    """The CLI entry (cli.py declares the flags)."""
-    base = load_settings({"db": args.db, "lease_seconds": args.lease_seconds,
-                          "max_running_runs": getattr(args, "max_running_runs", None)}, env)
-    assert base.db is not None
-    if args.poll <= 0:
-        raise ConfigError("--poll must be a positive number of seconds")
-    options = WorkerOptions(db=base.db, concurrency=args.concurrency, lease_seconds=base.lease_seconds,
-                            poll_s=args.poll, once=args.once, quiet=args.quiet,
-                            max_running=base.max_running_runs)
-    engine = open_store_engine(base.db, durability=base.durability, pool_size=2 * args.concurrency + 2)
+def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str]) -> int:
+    """Run a worker on `settings.db` until it is told to stop (or, with `once`, runs out)."""
+    assert settings.db is not None
+    policy = store_policy(settings)
+    engine = open_store_engine(settings.db, durability=settings.durability,
+                               pool_size=2 * options.concurrency + 2, policy=policy)
     try:
-        return Worker(Store(engine), options, env, Log(sys.stderr)).run()
+        return Worker(Store(engine, policy), options, env, Log(sys.stderr)).run()
     finally:
         engine.dispose()
 
@@ -128,7 +122,6 @@ class Worker:
         self._active: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._skip: dict[str, float] = {}  # run id -> monotonic time until which we leave it
-        self._signals = 0
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -137,7 +130,7 @@ class Worker:
         limit = f" · global limit {o.max_running}" if o.max_running else ""
         self.log.line(f"worker {self.name} · {url} · concurrency {o.concurrency} · "
                       f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}")
-        with _Signals(self._on_signal):
+        with Interrupts(self._first_signal, self._second_signal):
             reason = self._loop()
             self._drain()
         c = self.counts
@@ -155,7 +148,7 @@ class Worker:
         while not self.stopping.is_set():
             if self._running_count() < o.concurrency:
                 try:
-                    result = self.queue.claim(self._new_owner(), o.lease_seconds, max_running=o.max_running,
+                    result = self.queue.claim(new_owner(), o.lease_seconds, max_running=o.max_running,
                                               exclude=self._skipped_now(), accept=_reachable)
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
@@ -172,9 +165,6 @@ class Worker:
             self.wake.wait(o.poll_s)
             self.wake.clear()
         return "signal"
-
-    def _new_owner(self) -> str:
-        return new_owner()
 
     def _running_count(self) -> int:
         with self._lock:
@@ -217,18 +207,18 @@ class Worker:
         for t in threads:
             t.join()
 
-    def _on_signal(self, signum: int) -> None:
-        # Runs in the main thread between two bytecodes: only set events and write with
-        # os.write, never take a lock (the main thread may hold it: a deadlock).
-        self._signals += 1
-        if self._signals > 1:
-            with contextlib.suppress(OSError):
-                os.write(2, b"second signal: exiting now; other workers take the runs over when "
-                            b"their leases expire\n")
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
+    # Signal handlers run in the main thread between two bytecodes: only set events and write
+    # with os.write, never take a lock (the main thread may hold it: a deadlock).
+    def _first_signal(self, _signum: int) -> None:
         self.stopping.set()
         self.wake.set()
+
+    def _second_signal(self, signum: int) -> None:
+        with contextlib.suppress(OSError):
+            os.write(2, b"second signal: exiting now; other workers take the runs over when "
+                        b"their leases expire\n")
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
     # -- one run, in its own thread -----------------------------------------------------------
     def _execute(self, claim: Claim) -> None:
@@ -318,24 +308,3 @@ def _reachable(workspace: str) -> bool:
         return Path(workspace).is_dir()
     except OSError:
         return False
-
-
-class _Signals:
-    """SIGTERM and SIGINT call `handler` (in the main thread only: Python's rule)."""
-
-    def __init__(self, handler: Callable[[int], None]) -> None:
-        self.handler = handler
-        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        for sig, prev in self.previous.items():
-            signal.signal(sig, prev)
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.handler(signum)

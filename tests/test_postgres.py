@@ -19,11 +19,12 @@ from sqlalchemy import Engine, text, update
 from durable_agent.errors import LeaseLost
 from durable_agent.messages import Message
 from durable_agent.store.engine import current_revision, open_store_engine, upgrade
-from durable_agent.store.journal import Counters, Journal
+from durable_agent.store.journal import Journal
 from durable_agent.store.queue import Queue
 from durable_agent.store.rows import utcnow
 from durable_agent.store.runs import Store
 from durable_agent.store.schema import HEAD_REVISION, runs
+from durable_agent.store.step import Counters
 
 # Owners on another "host": the same-host dead-pid takeover of acquire_lease must not
 # kick in, only lease expiry.

@@ -35,7 +35,7 @@ from typing import Any
 
 import durable_agent
 from durable_agent.demo.checks import Verdict, check_story
-from durable_agent.render import fmt_ms, step_what
+from durable_agent.render import fmt_ms, short, step_what
 
 TASK = "inspect the repo and fix the bug"
 
@@ -148,7 +148,7 @@ class _Demo:
             f"{sum(1 for s in done if s.kind == 'tool')} tool results")
         for s in steps:
             if s.state == "started":
-                say(f"   step {s.seq + 1}, {_short(step_what(run, s), 40)}: intent recorded, "
+                say(f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
                     "outcome never committed")
         edited = "return a + b" in (self.workspace / "calc.py").read_text(encoding="utf-8")
         say(f"   calc.py on disk: {'already edited (the write happened)' if edited else 'not edited yet'}")
@@ -204,7 +204,7 @@ def _side_by_side(run: Any, before: list[Any], after: list[Any], pid1: int, pid2
     for s in after:
         old = earlier.get(s.seq)
         what = f"{s.kind} {step_what(run, s)}" if s.kind == "model" else step_what(run, s)
-        rows.append((str(s.seq + 1), _short(what, 36), _before(old), _after(old, s)))
+        rows.append((str(s.seq + 1), short(what, 36), _before(old), _after(old, s)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         say(f"   {r[0]:>{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
@@ -224,15 +224,10 @@ def _after(old: Any, new: Any) -> str:
         return f"ran: {new.state} · {fmt_ms(new.duration_ms)}"
     if old.state == "started":
         result = (new.output or {}).get("result") if isinstance(new.output, dict) else None
-        return f"settled, attempts {new.attempts}: {_short(result or new.state, 60)}"
+        return f"settled, attempts {new.attempts}: {short(result or new.state, 60)}"
     if (old.finished_at, old.attempts, old.state) == (new.finished_at, new.attempts, new.state):
         return "kept as recorded, not run again"
     return f"{old.state} → {new.state}, attempts {old.attempts} → {new.attempts}"
-
-
-def _short(text: str, width: int) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _witness(workspace: Path) -> Counter[str]:

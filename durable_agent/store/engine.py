@@ -14,9 +14,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from durable_agent.errors import ConfigError
+from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
+from durable_agent.store import retrying
 from durable_agent.store.schema import HEAD_REVISION
 
 BUSY_TIMEOUT_MS = 30_000
@@ -89,13 +90,14 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
 
 
 def current_revision(engine: Engine) -> str | None:
+    """The schema's Alembic revision; None for a database without one (a new store)."""
     try:
         with engine.connect() as conn:
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except OperationalError:
-        return None
-    except Exception as exc:  # ProgrammingError on PostgreSQL, when the table is missing
-        if "alembic_version" in str(exc):
+    except DBAPIError as exc:
+        # "no such table" (SQLite) / UndefinedTable (PostgreSQL): nothing created yet.
+        # Anything else (I/O error, connection refused, not a database) is a real fault.
+        if "alembic_version" in str(exc.orig) and not retrying.is_transient(exc):
             return None
         raise
 
@@ -122,20 +124,26 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
-def ensure_schema(engine: Engine) -> None:
-    """Upgrade to head when behind; a cheap single SELECT when already there (every start)."""
+def ensure_schema(engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
+    """Upgrade to head when behind; a cheap single SELECT when already there (every start).
+
+    A store that is not there yet (server restarting, connection refused, locked) is waited
+    for under the store policy, then StoreUnavailable (exit 7); one that cannot be a store
+    (not a database, no permission, a bad schema) is a ConfigError (exit 2).
+    """
+    policy = policy or retrying.StorePolicy()
     try:
-        rev = current_revision(engine)
-    except OperationalError as exc:
-        raise ConfigError(f"cannot open the database: {exc.orig}") from None
-    if rev != HEAD_REVISION:
-        try:
-            upgrade(engine)
-        except OperationalError as exc:
-            raise ConfigError(f"cannot open the database: {exc.orig}") from None
+        rev = retrying.run(lambda: current_revision(engine), policy)
+        if rev != HEAD_REVISION:
+            retrying.run(lambda: upgrade(engine), policy)
+    except StoreUnavailable:
+        raise
+    except StoreError as exc:
+        raise ConfigError(f"cannot open the database: {str(exc).removeprefix('the database refused a statement: ')}") from None
 
 
-def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None) -> Engine:
+def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None,
+                      policy: retrying.StorePolicy | None = None) -> Engine:
     engine = make_engine(url, durability=durability, pool_size=pool_size)
-    ensure_schema(engine)
+    ensure_schema(engine, policy)
     return engine

@@ -1,0 +1,36 @@
+"""How a session of a run ends: an `Outcome` (the run stopped, recorded) or `RunReleased`
+(a worker gives the run back between two steps, nothing recorded)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from durable_agent.status import STATUS_FOR_REASON, RunStatus, StopReason
+from durable_agent.step_context import StepContext
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run_id: str
+    status: RunStatus
+    stop_reason: str | None
+    answer: str | None
+    error: str | None
+
+
+class RunReleased(Exception):
+    """The run stopped between two steps because its worker shuts down (`Runner.release`).
+
+    Not an end: nothing is finished or recorded, the worker gives the lease back and the run
+    waits, `pending`, for another worker.
+    """
+
+
+def finish(ctx: StepContext, reason: StopReason, *, answer: str | None = None,
+            error: str | None = None) -> Outcome:
+    status = STATUS_FOR_REASON[reason]
+    if reason is StopReason.FINISHED:
+        error = None
+    ctx.journal.finish_run(status=status.value, stop_reason=reason.value, answer=answer, error=error,
+                           counters=ctx.counters())
+    return Outcome(ctx.state.run_id, status, reason.value, answer, error)

@@ -1,0 +1,158 @@
+"""One step of a run, from intent to outcome: the step primitive's row (see journal.py).
+
+A `Step` is made by `Journal.find` / `Journal.step`; it writes through its journal, so every
+one of its writes is fenced on the lease and retried like any checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, update
+
+from durable_agent.messages import Message
+from durable_agent.store.records import StepRecord, StepState
+from durable_agent.store.rows import message_values, utcnow
+from durable_agent.store.schema import approvals, steps
+
+if TYPE_CHECKING:
+    from durable_agent.store.journal import Journal, Statement
+
+COUNTERS = ("step_count", "tool_call_count", "prompt_tokens", "completion_tokens", "message_count", "active_ms")
+UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
+# A decided approval is acted on once: marked used in the transaction that acts on it.
+USE_APPROVAL = update(approvals).where(approvals.c.id == bindparam("b_id"))
+# Every step row names the same columns, so the rows of one transaction (a deferred read
+# and the next intent) go in one executemany. Not id (generated).
+STEP_COLUMNS = tuple(c.name for c in steps.c if c.name != "id")
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Run totals, written as absolute values with every checkpoint (replay rebuilds them)."""
+
+    step_count: int
+    tool_call_count: int
+    prompt_tokens: int
+    completion_tokens: int
+    message_count: int
+    active_ms: int
+
+    def as_params(self) -> dict[str, int]:
+        return {f"b_{name}": getattr(self, name) for name in COUNTERS}
+
+
+class Step:
+    """One step of the run: its row, from intent to outcome. Made by `Journal.find`/`step`."""
+
+    def __init__(self, journal: Journal, *, key: str, kind: str, turn: int, prior: StepRecord | None,
+                 call_id: str | None, tool_name: str | None, effect: str | None) -> None:
+        self.journal, self.key, self.kind, self.turn, self.prior = journal, key, kind, turn, prior
+        self.call_id, self.tool_name, self.effect = call_id, tool_name, effect
+        self.seq = prior.seq if prior is not None else -1
+        self.attempts = prior.attempts if prior is not None else 0
+        self.started_at = prior.started_at if prior is not None else utcnow()
+        self.input: Any = prior.input if prior is not None else None
+        self._has_row = prior is not None
+        self._ended = False
+
+    # -- intent ------------------------------------------------------------------------------
+    def start(self, input: Any = None, *, use_approval: int | None = None, durable: bool = True) -> Step:
+        """Begin an attempt. `durable`: commit the intent row before the effect (a new row,
+        or the recorded one restarted); otherwise only count the attempt (reads)."""
+        j = self.journal
+        self.attempts += 1
+        self.started_at = utcnow()
+        if input is not None:
+            self.input = input
+        if not durable:
+            return self
+        if self.seq < 0:
+            self.seq = j.take_seq()
+        if self._has_row:
+            values: dict[str, Any] = {"state": StepState.STARTED.value, "attempts": self.attempts,
+                                      "started_at": self.started_at, "finished_at": None, "error": None,
+                                      "lease_epoch": j.epoch, "input": self.input}
+            statements: list[Statement] = [(UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})]
+            rows: list[dict[str, Any]] = []
+        else:
+            statements, rows = [], [self._row(state=StepState.STARTED.value)]
+        if use_approval is not None:
+            statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": self.started_at}))
+        j.commit(statements, step_rows=rows)
+        self._has_row = True
+        return self
+
+    def set_attempts(self, attempts: int, error: str | None) -> None:
+        """A retry inside the step (model call): visible on the row while it goes on."""
+        self.attempts = attempts
+        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq,
+                                             "attempts": attempts, "error": error})])
+
+    def set_pgid(self, pgid: int) -> None:
+        """The command's process group, committed before the command starts."""
+        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": pgid})])
+
+    # -- outcome -----------------------------------------------------------------------------
+    def complete(self, output: Any, *, counters: Counters, messages: Sequence[Message] = (),
+                 tokens: tuple[int, int] | None = None, use_approval: int | None = None) -> None:
+        self._end(StepState.COMPLETED, output, None, messages, counters, tokens, use_approval)
+
+    def fail(self, error: str, *, counters: Counters, output: Any = None, messages: Sequence[Message] = (),
+             use_approval: int | None = None) -> None:
+        self._end(StepState.FAILED, output, error, messages, counters, None, use_approval)
+
+    def _end(self, state: StepState, output: Any, error: str | None, new_messages: Sequence[Message],
+             counters: Counters, tokens: tuple[int, int] | None, use_approval: int | None) -> None:
+        j = self.journal
+        now = utcnow()
+        if self.seq < 0:
+            self.seq = j.take_seq()
+        outcome: dict[str, Any] = {
+            "state": state.value, "output": output, "error": error, "finished_at": now,
+            "duration_ms": int((now - self.started_at).total_seconds() * 1000),
+            "prompt_tokens": tokens[0] if tokens else None, "completion_tokens": tokens[1] if tokens else None,
+            "attempts": max(self.attempts, 1),
+        }
+        first = j.message_count + len(j.pending_messages)
+        message_rows = [message_values(j.run_id, first + i, m, self.seq, now) for i, m in enumerate(new_messages)]
+        statements: list[Statement] = []
+        step_rows: list[dict[str, Any]] = []
+        if self._has_row:
+            statements.append((UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **outcome}))
+        else:
+            step_rows.append(self._row(**outcome))
+        if use_approval is not None:
+            statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": now}))
+        self._ended = True
+        j.forget_open(self.key)
+        if state is StepState.FAILED:
+            j.failed_keys.add(self.key)
+        if not self._has_row and not statements:
+            j.defer(step_rows, message_rows, counters)  # nothing ran that needs protecting
+            return
+        j.commit(statements, step_rows=step_rows, message_rows=message_rows, counters=counters)
+
+    def _row(self, **values: Any) -> dict[str, Any]:
+        j = self.journal
+        row: dict[str, Any] = dict.fromkeys(STEP_COLUMNS)
+        row.update(run_id=j.run_id, seq=self.seq, kind=self.kind, idempotency_key=self.key,
+                   call_id=self.call_id, tool_name=self.tool_name, input=self.input,
+                   attempts=self.attempts, started_at=self.started_at, turn=self.turn,
+                   effect=self.effect, lease_epoch=j.epoch)
+        row.update(values)
+        return row
+
+    # -- `with journal.step(...) as step:` ------------------------------------------------------
+    def __enter__(self) -> Step:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # On an exception the row stays as it is (`started`): resume reconciles it. Leaving
+        # the block normally without an outcome is a bug that would leave the step open.
+        if kind is None and not self._ended:
+            raise RuntimeError(f"step {self.key} left without complete() or fail()")

@@ -1,0 +1,359 @@
+"""No run is lost to its store: real faults at every statement, real dropped connections,
+a real full disk (SPEC §5, §2 exit 7; issue: database faults).
+
+Each scenario runs the real CLI on a 20-step script with writes, edits, reads and commands
+(each command appends its call id to a ledger file: the ground truth of how often it ran),
+with a fault injected by `durable_agent/fault_injection.py`:
+
+- SQLite: the N-th statement of the run fails with a driver error (disk I/O error,
+  database is full, database is locked), once (retried in place) or for good (exit 7);
+- PostgreSQL: the run's own server backend is terminated right after its N-th statement
+  (`pg_terminate_backend`), and, separately, at random moments from outside;
+- a real full disk: the SQLite file on a 1 MiB tmpfs (root only), grown afterwards.
+
+After each, the run is resumed until it completes and must equal an uninterrupted run:
+same workspace bytes, each command's ledger line exactly once, one step row per tool call,
+run totals equal to the rows, a valid history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scale_helpers import pg_schema
+from side_effects_support import run_cli
+from sqlalchemy import create_engine, text
+
+TURNS = 20
+
+
+def script() -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    for i in range(TURNS):
+        kind = i % 5
+        if kind == 0:
+            call = {"name": "write_file", "arguments": {"path": f"f{i}.txt", "content": f"line {i}\n"}}
+        elif kind == 1:
+            call = {"name": "run_command", "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"}}
+        elif kind == 2:
+            call = {"name": "edit_file", "arguments": {"path": f"f{i - 2}.txt", "old_string": f"line {i - 2}",
+                                                       "new_string": f"edited {i - 2}"}}
+        elif kind == 3:
+            call = {"name": "read_file", "arguments": {"path": f"f{i - 3}.txt"}}
+        else:
+            call = {"name": "run_command",
+                    "arguments": {"command": "printf 'a\\tb' > out_$DURABLE_AGENT_CALL_ID.txt; "
+                                             "echo $DURABLE_AGENT_CALL_ID >> ledger"}}
+        turns.append({"tool_calls": [call, {"name": "list_files", "arguments": {}}] if kind == 3 else [call]})
+    turns.append({"content": "done"})
+    return turns
+
+
+COMMANDS = [f"call_{i}_0" for i in range(TURNS) if i % 5 in (1, 4)]
+
+
+class Scenario:
+    """One run in its own workspace (and, on SQLite, its own database file)."""
+
+    def __init__(self, root: Path, env: dict[str, str], url: str, run_id: str) -> None:
+        self.root, self.url, self.run_id = root, url, run_id
+        self.ws = root / "ws"
+        self.ws.mkdir(parents=True)
+        (root / "script.json").write_text(json.dumps(script()))
+        (root / "config.toml").write_text("store_retry_attempts = 4\nstore_retry_seconds = 3\n")
+        self.env = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(root / "config.toml")}
+        self.codes: list[int] = []
+        self.stderr: list[str] = []
+        self.decisions: list[str] = []
+
+    def start(self, fault: dict[str, str]) -> int:
+        r = run_cli({**self.env, **fault, "DURABLE_AGENT_FAULT_LOG": str(self.root / "faults.log")}, self.ws,
+                    "start", "t", "--model", f"scripted:{self.root / 'script.json'}", "--shell", "allow",
+                    "--max-steps", "30", "--run-id", self.run_id, "--quiet")
+        self.codes.append(r.code)
+        self.stderr.append(r.stderr)
+        return r.code
+
+    def resume_to_the_end(self, sessions: int = 6) -> None:
+        for _ in range(sessions):
+            if self.status() == "completed":
+                return
+            r = run_cli(self.env, self.ws, "resume", self.run_id, "--quiet")
+            self.codes.append(r.code)
+            self.stderr.append(r.stderr)
+            assert r.code in (0, 5, 7), (self.codes, r.stderr)
+            if r.code == 5:
+                self.decide()
+        assert self.status() == "completed", (self.codes, self.stderr[-1])
+
+    def decide(self) -> None:
+        """Answer an `uncertain_side_effect` question as the person it asks would: look at
+        the workspace. The store failed around a command (its process group or its outcome
+        could not be recorded), so the harness cannot know whether it ran; the ledger can."""
+        ((call_id, kind),) = self.rows("SELECT call_id, kind FROM approvals WHERE run_id = :rid "
+                                       "AND decision IS NULL")
+        assert kind == "uncertain_side_effect"
+        ran = call_id in (self.ws / "ledger").read_text().split() if (self.ws / "ledger").exists() else False
+        r = run_cli(self.env, self.ws, "approve", self.run_id, *(["--deny"] if ran else []), "--by", "tester")
+        assert r.code == 0, r.stderr
+        self.decisions.append("denied" if ran else "approved")
+
+    def faults(self) -> list[str]:
+        log = self.root / "faults.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def rows(self, statement: str, **params: Any) -> list[Any]:
+        engine = create_engine(self.url.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(text(statement), {"rid": self.run_id, **params}).all())
+        finally:
+            engine.dispose()
+
+    def status(self) -> str | None:
+        found = self.rows("SELECT status FROM runs WHERE id = :rid")
+        return found[0][0] if found else None
+
+
+def files(ws: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(ws)): p.read_bytes() for p in sorted(ws.rglob("*")) if p.is_file()}
+
+
+def check(s: Scenario, reference: dict[str, bytes]) -> None:
+    """What must hold after any fault and any number of resumes."""
+    assert s.rows("SELECT status, stop_reason FROM runs WHERE id = :rid") == [("completed", "finished")]
+    assert files(s.ws) == reference
+    assert Counter((s.ws / "ledger").read_text().split()) == Counter(COMMANDS)  # each exactly once
+    tool_rows = s.rows("SELECT call_id, state FROM steps WHERE run_id = :rid AND kind = 'tool'")
+    assert sorted(c for c, _ in tool_rows) == sorted(set(c for c, _ in tool_rows)), "a call has two step rows"
+    assert all(state in ("completed", "failed") for _, state in tool_rows)
+    keys = s.rows("SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id = :rid GROUP BY idempotency_key "
+                  "HAVING COUNT(*) > 1")
+    assert keys == []
+    model_done = s.rows("SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' "
+                        "AND state = 'completed'")[0][0]
+    assert model_done == TURNS + 1  # each model turn paid for exactly once
+    (run,) = s.rows("SELECT step_count, tool_call_count, prompt_tokens, completion_tokens, message_count "
+                    "FROM runs WHERE id = :rid")
+    roles = dict(s.rows("SELECT role, COUNT(*) FROM messages WHERE run_id = :rid GROUP BY role"))
+    tokens = s.rows("SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM steps "
+                    "WHERE run_id = :rid AND kind = 'model'")[0]
+    assert tuple(run) == (roles["assistant"], roles["tool"], tokens[0], tokens[1], sum(roles.values()))
+    open_calls: list[str] = []
+    for role, calls, call_id in s.rows("SELECT role, tool_calls, tool_call_id FROM messages "
+                                       "WHERE run_id = :rid ORDER BY seq"):
+        if role == "assistant":
+            assert not open_calls, f"calls {open_calls} have no result"
+            calls = json.loads(calls) if isinstance(calls, str) else calls
+            open_calls = [c["id"] for c in calls or []]
+        elif role == "tool":
+            open_calls.remove(call_id)
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An upgraded, empty store to copy: the faults then hit the run, not the migrations."""
+    db = tmp_path_factory.mktemp("template") / "store.db"
+    r = run_cli({**os.environ, "DURABLE_AGENT_DB": f"sqlite:///{db}"}, db.parent, "db", "upgrade")
+    assert r.code == 0, r.stderr
+    return db
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> tuple[dict[str, bytes], int]:
+    """An uninterrupted run's workspace, and how many statements its thread executes."""
+    root = tmp_path_factory.mktemp("reference")
+    s = _sqlite(root, dict(os.environ), sqlite_template)
+    assert s.start({"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "io_error"}) == 0
+    (count,) = [int(line.split()[1]) for line in s.faults() if line.startswith("statements")]
+    return files(s.ws), count
+
+
+def _sqlite(root: Path, env: dict[str, str], template: Path, run_id: str = "r") -> Scenario:
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(template, root / "store.db")
+    return Scenario(root, env, f"sqlite:///{root / 'store.db'}", run_id)
+
+
+def _sqlite_fault(tmp: Path, env: dict[str, str], template: Path, reference: dict[str, bytes],
+                  at: int, kind: str, repeat: int = 1) -> Scenario:
+    s = _sqlite(tmp / f"{kind}-{at}-{repeat}", env, template)
+    code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": kind,
+                    "DURABLE_AGENT_FAULT_REPEAT": str(repeat)})
+    assert code in (0, 7), (at, kind, code, s.stderr[-1])
+    if code == 7:
+        lines = s.stderr[-1].strip().splitlines()
+        assert "Traceback" not in s.stderr[-1]
+        assert lines[-1].startswith("durable-agent: error: the store is unavailable: ")
+        assert lines[-1].endswith(f"the run is resumable: `durable-agent resume {s.run_id}`") or s.status() is None
+    s.resume_to_the_end() if s.status() is not None else _restart(s)
+    check(s, reference)
+    return s
+
+
+def _restart(s: Scenario) -> None:
+    """The fault hit before the run was created: nothing to resume, start it again."""
+    assert s.start({}) == 0, s.stderr[-1]
+
+
+# -- SQLite -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["io_error", "full", "locked"])
+def test_one_failed_statement_is_retried_in_place(kind: str, tmp_path: Path, env: dict[str, str],
+                                                   sqlite_template: Path, reference: Any) -> None:
+    files_ref, count = reference
+    for at in (1, count // 3, count // 2, count - 1):
+        s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, kind)
+        assert s.codes[0] == 0, (at, s.stderr[0])  # retried: the run never stopped
+        assert s.faults()[0] == f"fault {at}"
+
+
+def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
+        tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any) -> None:
+    files_ref, count = reference
+    for at in (2, count // 4, count // 2, count - 3):
+        s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, "io_error", repeat=10_000)
+        assert s.codes[0] == 7, (at, s.codes)
+        assert len(s.codes) >= 2 and s.codes[-1] == 0
+
+
+@pytest.mark.slow
+def test_a_fault_at_every_statement_of_a_20_step_run(tmp_path: Path, env: dict[str, str],
+                                                     sqlite_template: Path, reference: Any) -> None:
+    files_ref, count = reference
+
+    def one(at: int) -> tuple[int, list[int]]:
+        repeat = 10_000 if at % 2 else 1  # odd: the store stays away (exit 7); even: one blip
+        s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, "io_error", repeat)
+        return at, s.codes
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(pool.map(one, range(1, count + 1)))
+    stopped = sum(1 for codes in results.values() if codes[0] == 7)
+    print(f"SQLite: {count} statement boundaries, {count} faults injected, {stopped} runs stopped "
+          f"with exit 7 and resumed, {count - stopped} recovered in place, 0 duplicates")
+    assert len(results) == count
+
+
+def test_a_full_disk_stops_the_run_with_exit_7_and_it_resumes_once_there_is_room(
+        tmp_path: Path, env: dict[str, str], sqlite_template: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        shutil.copy(sqlite_template, disk / "store.db")
+        root = tmp_path / "run"
+        s = Scenario(root, env, f"sqlite:///{disk / 'store.db'}", "full")
+        for i in range(60):  # outputs that fill 1 MiB long before the script ends
+            (s.ws / f"big{i}.txt").write_text(f"{i} " + "x" * 15_000)
+        turns = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]} for i in range(60)]
+        (root / "script.json").write_text(json.dumps([*turns, {"content": "done"}]))
+        r = run_cli(s.env, s.ws, "start", "t", "--model", f"scripted:{root / 'script.json'}", "--max-steps", "70",
+                    "--run-id", "full", "--quiet")
+        assert r.code == 7, r.stderr
+        assert "Traceback" not in r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("durable-agent: error: the store is unavailable: ") and "full" in last, last
+        shown = run_cli(s.env, s.ws, "show", "full")
+        assert shown.code == 0 and "its process is gone" in shown.stdout
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        s.resume_to_the_end()
+        assert s.rows("SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' "
+                      "AND state = 'completed'")[0][0] == 61
+        assert s.rows("SELECT step_count, tool_call_count FROM runs WHERE id = :rid") == [(61, 60)]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+@pytest.fixture
+def pg_url() -> Any:
+    with pg_schema() as url:
+        r = run_cli({**os.environ, "DURABLE_AGENT_DB": url}, Path.cwd(), "db", "upgrade")
+        assert r.code == 0, r.stderr
+        yield url
+
+
+def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:
+    s = Scenario(tmp / f"pg-{at}", env, url, f"pg{at}")
+    code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate"})
+    assert code in (0, 7), (at, code, s.stderr[-1])
+    s.resume_to_the_end() if s.status() is not None else _restart(s)
+    check(s, reference)
+    return s
+
+
+@pytest.mark.postgres
+def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
+        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any) -> None:
+    files_ref, count = reference
+    for at in (3, count // 3, count // 2, count - 2):
+        s = _pg_fault(tmp_path, env, pg_url, files_ref, at)
+        assert s.codes[0] == 0, (at, s.stderr[0])
+        assert f"fault {at}" in s.faults()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_terminated_connection_at_every_statement_of_a_20_step_run(
+        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any) -> None:
+    files_ref, count = reference
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda at: _pg_fault(tmp_path, env, pg_url, files_ref, at), range(1, count + 1)))
+    hit = sum(1 for s in results if s.faults() and s.faults()[0].startswith("fault"))
+    print(f"PostgreSQL: {count} statement boundaries, {hit} backends terminated, "
+          f"{sum(1 for s in results if s.codes[0] != 0)} runs stopped and resumed, 0 duplicates")
+    assert hit == count
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_connections_terminated_from_outside_at_random_moments(
+        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any) -> None:
+    import psycopg
+
+    files_ref, _ = reference
+    rng = random.Random(20261130)
+    admin_url = pg_url.split("?")[0]
+    terminated = 0
+    for n in range(6):
+        app = f"da_fault_{os.getpid()}_{n}"
+        s = Scenario(tmp_path / f"random-{n}", env, f"{pg_url}&application_name={app}", f"rnd{n}")
+        stop = threading.Event()
+
+        def killer(stop: threading.Event = stop, app: str = app) -> None:
+            nonlocal terminated
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                while not stop.wait(rng.uniform(0.05, 0.4)):
+                    got = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                        "WHERE application_name = %s", (app,)).fetchall()
+                    terminated += len(got)
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            code = s.start({})
+            assert code in (0, 7), s.stderr[-1]
+            if s.status() != "completed":
+                s.resume_to_the_end(sessions=10)
+        finally:
+            stop.set()
+            thread.join()
+        s.resume_to_the_end()
+        check(s, files_ref)
+    print(f"PostgreSQL: {terminated} connections terminated from outside over 6 runs, all completed")
+    assert terminated > 0

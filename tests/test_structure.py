@@ -1,0 +1,104 @@
+"""The shape of the package, as a test that can fail: no import cycle, small modules, a
+loop that fits on one screen (DESIGN.md, "The next shape")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "durable_agent"
+MAX_LINES = 400
+RUNNER_MAX_LINES = 150
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "demo/project" in path.as_posix():
+            continue  # the demo's bundled sample project is data, not the package
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """Package modules `name` imports anywhere (lazy imports too), except for type checking."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        out.update(t for t in targets if t in modules and t != name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    graph = _graph()
+    # A package imports its own submodules only for re-export; that is not a dependency back.
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_modules_stay_small_and_the_loop_fits_on_a_screen() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    too_long = {n: lines for n, lines in sizes.items() if lines > MAX_LINES}
+    assert not too_long, too_long
+    assert sizes["durable_agent.runner"] <= RUNNER_MAX_LINES
+
+
+def test_step_modules_do_not_import_the_runner() -> None:
+    graph = _graph()
+    for name in ("durable_agent.model_step", "durable_agent.tool_step", "durable_agent.finish_gate",
+                 "durable_agent.step_context", "durable_agent.approvals"):
+        assert "durable_agent.runner" not in graph[name], name
+    assert not any(t.startswith("durable_agent.") and t not in {
+        "durable_agent.guard", "durable_agent.models", "durable_agent.observer", "durable_agent.redact",
+        "durable_agent.replay", "durable_agent.settings", "durable_agent.store.journal", "durable_agent.store.step",
+        "durable_agent.tools.base"} for t in graph["durable_agent.step_context"])
