@@ -59,6 +59,13 @@ class ToolCall:
         json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
         raise ValueError("tool arguments must be a JSON object")
 
+    def arguments_or_text(self) -> Any:
+        """The arguments as an object, or the text as written when it is not one (for records)."""
+        try:
+            return self.parsed_arguments()
+        except ValueError:
+            return self.arguments
+
     def canonical_arguments(self) -> str:
         """The arguments as canonical JSON, or as written when they are not a JSON object."""
         return _canonical_arguments(self.arguments)

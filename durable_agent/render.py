@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.store import leases
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import iso_utc
 
@@ -212,25 +213,25 @@ def step_line(e: StepEvent) -> str:
     return " · ".join(parts)
 
 
-def run_cost(run: Any) -> float | None:
+def run_cost(run: RunRecord) -> float | None:
     """The run's cost at the price recorded in its settings for its model, if one was set."""
-    settings = getattr(run, "settings", None) or {}
-    price = (settings.get("prices") or {}).get(getattr(run, "model", None))
-    if not isinstance(price, dict):
-        return None
+    from pydantic import ValidationError
+
+    from durable_agent.settings import ModelPrice
+
+    price = ((run.settings or {}).get("prices") or {}).get(run.model)
     try:
-        return float(run.prompt_tokens * price["input_per_mtok"]
-                     + run.completion_tokens * price["output_per_mtok"]) / 1e6
-    except (KeyError, TypeError):
+        return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
+    except ValidationError:  # no price recorded, or one this version cannot read
         return None
 
 
-def _cost_text(run: Any) -> str:
+def _cost_text(run: RunRecord) -> str:
     cost = run_cost(run)
     return "" if cost is None else f" · cost {cost:.4f}"
 
 
-def summary(run: Any, out: TextIO) -> None:
+def summary(run: RunRecord, out: TextIO) -> None:
     """`9 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) · 0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
     print(f"{_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
@@ -252,20 +253,20 @@ def row_json(row: Any) -> dict[str, Any]:
     return {f.name: _iso(getattr(row, f.name)) for f in dataclasses.fields(row)}
 
 
-def run_json(run: Any, *, settings: bool = True) -> dict[str, Any]:
+def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:
     doc = row_json(run)
     if not settings:
         doc.pop("settings", None)
     return doc
 
 
-def result_json(run: Any) -> dict[str, Any]:
+def result_json(run: RunRecord) -> dict[str, Any]:
     return {"run_id": run.id, "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer,
             "steps": run.step_count, "tool_calls": run.tool_call_count, "prompt_tokens": run.prompt_tokens,
             "completion_tokens": run.completion_tokens, "duration_ms": run.active_ms, "error": run.error}
 
 
-def show_json(run: Any, steps: list[Any], approvals: list[Any]) -> dict[str, Any]:
+def show_json(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]) -> dict[str, Any]:
     doc = run_json(run)
     doc["steps"] = [row_json(s) for s in steps]
     doc["approvals"] = [row_json(a) for a in approvals]
@@ -273,7 +274,7 @@ def show_json(run: Any, steps: list[Any], approvals: list[Any]) -> dict[str, Any
 
 
 # -- list and show -------------------------------------------------------------------------
-def run_table(runs: list[Any], out: TextIO, *, status: str | None = None) -> None:
+def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) -> None:
     if not runs:
         if status:
             print(f"no runs with status {status}", file=out)
@@ -287,7 +288,7 @@ def run_table(runs: list[Any], out: TextIO, *, status: str | None = None) -> Non
               f"{short(r.task, 50)}", file=out)
 
 
-def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
+def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO) -> None:
     def p(text: str = "") -> None:
         print(text, file=out)
 
@@ -331,19 +332,19 @@ def show(run: Any, steps: list[Any], approvals: list[Any], out: TextIO) -> None:
             p(f"  answer with: durable-agent approve {run.id} [--deny], then durable-agent resume {run.id}")
 
 
-def _status(run: Any, live: bool, *, short: bool = False) -> str:
+def _status(run: RunRecord, live: bool, *, short: bool = False) -> str:
     """`running` only while a process executes it; a run whose process is gone says so."""
     if run.status == "running" and not live:
         return "running (dead)" if short else "running (its process is gone: resume it)"
     return str(run.status)
 
 
-def _executing(run: Any) -> bool:
+def _executing(run: RunRecord) -> bool:
     """Running under a live lease: its process is still at work (a crashed run is `running` too)."""
     return leases.is_executing(run, utcnow())
 
 
-def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: bool) -> None:
+def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool) -> None:
     p(f"{'#':>4}  {'KIND':<6} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
     epoch = steps[0].lease_epoch
     for s in steps:
@@ -360,7 +361,7 @@ def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: b
             p(f"{'':>4}  error: {short(s.error, 110)}")
 
 
-def step_what(run: Any, s: Any) -> str:
+def step_what(run: RunRecord, s: StepRecord) -> str:
     """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
     if s.kind == "model":
         out = s.output if isinstance(s.output, dict) else {}

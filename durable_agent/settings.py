@@ -227,8 +227,10 @@ def load_settings(
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(f"invalid settings: {problems}") from None
+        raise ConfigError(f"invalid settings: {validation_text(exc, 'settings')}") from None
     return settings
+
+
+def validation_text(exc: ValidationError, root: str) -> str:
+    """pydantic's errors in one line: `field.sub: message; ...` (`root` names the whole)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in exc.errors())

@@ -12,7 +12,7 @@ model stays valid. Store failures are not tool failures: they propagate and end 
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from typing import cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,6 +21,7 @@ from durable_agent.errors import DurableAgentError, LoopExit
 from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
+from durable_agent.settings import validation_text
 from durable_agent.status import EffectClass, StepKind
 from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, StepState
@@ -54,7 +55,7 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
     tool = ctx.tools.get(call.name)
     step = ctx.journal.find(tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name,
                             effect=tool.effect.value if tool else None)
-    step.input = step.input or {"arguments": _args_json(call)}
+    step.input = step.input or {"arguments": call.arguments_or_text()}
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
@@ -67,7 +68,8 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
     try:
         args = tool.args_model.model_validate(call.parsed_arguments())
     except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
-        detail = _validation_text(exc) if isinstance(exc, ValidationError) else f"arguments are not valid JSON: {exc}"
+        detail = (validation_text(exc, "arguments") if isinstance(exc, ValidationError)
+                  else f"arguments are not valid JSON: {exc}")
         return _record(ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}"))
     if tool.effect is EffectClass.READ:
         step.start(durable=False)
@@ -86,7 +88,7 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             return _record(ctx, call, step, ToolResult(error=message))
-        step.start({"arguments": _args_json(call), "plan": plan.__dict__})
+        step.start({"arguments": call.arguments_or_text(), "plan": plan.__dict__})
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
@@ -223,21 +225,9 @@ def stop_leftover_processes(ctx: StepContext) -> None:
             ctx.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
 
 
-def _args_json(call: ToolCall) -> Any:
-    try:
-        return call.parsed_arguments()
-    except ValueError:
-        return call.arguments
-
-
-def _validation_text(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors())
-
-
 def _brief(call: ToolCall) -> str:
-    try:
-        args = call.parsed_arguments()
-    except ValueError:
+    args = call.arguments_or_text()
+    if not isinstance(args, dict):
         return call.arguments[:60]
     first = next(iter(args.values()), "") if args else ""
     text = str(first).replace("\n", " ")

@@ -31,6 +31,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.runs import Store
+
 EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
                "approval_requested", "run_resumed", "run_finished")
 
@@ -44,13 +47,13 @@ def iso_utc(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat() + "Z"
 
 
-def events(store: Any, run_id: str) -> Iterator[dict[str, Any]]:
+def events(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     """The transcript of one run, read from `store` (a journal.Store)."""
     run = store.get_run(run_id)
     yield from build_events(run, store.steps(run_id), store.approvals(run_id))
 
 
-def build_events(run: Any, steps: list[Any], approvals: list[Any]) -> list[dict[str, Any]]:
+def build_events(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]) -> list[dict[str, Any]]:
     """Pure: rows in, numbered events out (tests call it with rows from a real store)."""
     body = _merge(_step_events(run, steps), [_approval_event(a) for a in approvals])
     body = _place_resumes(body, run)
@@ -66,12 +69,12 @@ def build_events(run: Any, steps: list[Any], approvals: list[Any]) -> list[dict[
 
 
 # -- one event per row ---------------------------------------------------------------------
-def _run_started(run: Any) -> dict[str, Any]:
+def _run_started(run: RunRecord) -> dict[str, Any]:
     return {"type": "run_started", "at": iso_utc(run.created_at), "task": run.task, "model": run.model,
             "workspace": run.workspace, "settings": run.settings}
 
 
-def _run_finished(run: Any) -> dict[str, Any]:
+def _run_finished(run: RunRecord) -> dict[str, Any]:
     return {"type": "run_finished", "at": iso_utc(run.finished_at or run.updated_at),
             "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer, "error": run.error,
             "model_calls": run.step_count, "tool_calls": run.tool_call_count,
@@ -79,7 +82,7 @@ def _run_finished(run: Any) -> dict[str, Any]:
             "messages": run.message_count, "active_ms": run.active_ms, "resume_count": run.resume_count}
 
 
-def _step_events(run: Any, steps: list[Any]) -> list[dict[str, Any]]:
+def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in steps:
         common = {"step_seq": s.seq, "turn": s.turn, "attempts": s.attempts, "_epoch": s.lease_epoch,
@@ -101,7 +104,7 @@ def _step_events(run: Any, steps: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _model_payload(step: Any) -> dict[str, Any]:
+def _model_payload(step: StepRecord) -> dict[str, Any]:
     output = step.output if isinstance(step.output, dict) else {}
     calls = []
     for c in output.get("tool_calls") or []:
@@ -111,7 +114,7 @@ def _model_payload(step: Any) -> dict[str, Any]:
     return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
 
 
-def _arguments(step: Any) -> Any:
+def _arguments(step: StepRecord) -> Any:
     data = step.input if isinstance(step.input, dict) else {}
     if step.kind == "verify":
         return {"command": data.get("command")}
@@ -131,7 +134,7 @@ def _result_payload(output: Any) -> dict[str, Any]:
     return {"result": kept, "result_chars": len(text), "truncated": len(text) > RESULT_CAP, "data": data}
 
 
-def _approval_event(a: Any) -> dict[str, Any]:
+def _approval_event(a: ApprovalRecord) -> dict[str, Any]:
     return {"type": "approval_requested", "at": iso_utc(a.requested_at), "_time": a.requested_at,
             "approval_id": a.id, "approval_kind": a.kind, "call_id": a.call_id, "tool_name": a.tool_name,
             "command": a.command, "reason": a.reason, "decision": a.decision, "decided_by": a.decided_by,
@@ -160,7 +163,7 @@ def _merge(step_events: list[dict[str, Any]], approval_events: list[dict[str, An
     return out + pending
 
 
-def _place_resumes(body: list[dict[str, Any]], run: Any) -> list[dict[str, Any]]:
+def _place_resumes(body: list[dict[str, Any]], run: RunRecord) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     epoch = 1  # the session the walk is in; the first lease is epoch 1
     fresh = False  # a run_resumed was just emitted and nothing of its session followed yet

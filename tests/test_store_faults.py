@@ -137,6 +137,10 @@ def check(s: Scenario, reference: dict[str, bytes]) -> None:
     tool_rows = s.rows("SELECT call_id, state FROM steps WHERE run_id = :rid AND kind = 'tool'")
     assert sorted(c for c, _ in tool_rows) == sorted(set(c for c, _ in tool_rows)), "a call has two step rows"
     assert all(state in ("completed", "failed") for _, state in tool_rows)
+    # A store failure is never recorded as a tool's result (the old bug: SQL text as the output).
+    for (output, error) in s.rows("SELECT output, error FROM steps WHERE run_id = :rid AND kind = 'tool'"):
+        text_seen = f"{output} {error}".lower()
+        assert not any(w in text_seen for w in ("operationalerror", "disk i/o", "sqlalchemy", "terminating"))
     keys = s.rows("SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id = :rid GROUP BY idempotency_key "
                   "HAVING COUNT(*) > 1")
     assert keys == []
@@ -225,6 +229,24 @@ def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
         s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, "io_error", repeat=10_000)
         assert s.codes[0] == 7, (at, s.codes)
         assert len(s.codes) >= 2 and s.codes[-1] == 0
+
+
+def test_run_totals_are_derived_from_the_rows_not_trusted(tmp_path: Path, env: dict[str, str],
+                                                         sqlite_template: Path, reference: Any) -> None:
+    """A counter that disagrees with the rows (a total written from memory after a failed
+    commit, or a hand edit) is corrected, never a reason to refuse the run."""
+    files_ref, count = reference
+    s = _sqlite(tmp_path / "totals", env, sqlite_template)
+    code = s.start({"DURABLE_AGENT_FAULT_AT": str(count // 2), "DURABLE_AGENT_FAULT": "io_error",
+                    "DURABLE_AGENT_FAULT_REPEAT": "10000"})
+    assert code == 7
+    engine = create_engine(s.url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET step_count = step_count + 5, tool_call_count = 999, "
+                          "prompt_tokens = 7, message_count = 1 WHERE id = 'r'"))
+    engine.dispose()
+    s.resume_to_the_end()
+    check(s, files_ref)  # check() compares every total with the rows
 
 
 @pytest.mark.slow

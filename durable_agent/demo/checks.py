@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+
+from durable_agent.store.records import RunRecord, StepRecord
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Verdict:
         return not self.problems
 
 
-def check_story(*, run: Any, before: list[Any], after: list[Any], resumed_code: int,
+def check_story(*, run: RunRecord, before: list[StepRecord], after: list[StepRecord], resumed_code: int,
                 witness_before: Counter[str], witness: Counter[str], calc_py: str) -> Verdict:
     v = Verdict()
     if resumed_code != 0 or run.status != "completed":
@@ -35,7 +36,7 @@ def check_story(*, run: Any, before: list[Any], after: list[Any], resumed_code: 
     return v
 
 
-def _check_once(v: Verdict, before: list[Any], after: list[Any]) -> None:
+def _check_once(v: Verdict, before: list[StepRecord], after: list[StepRecord]) -> None:
     keys = Counter(s.idempotency_key for s in after)
     twice = [k for k, n in keys.items() if n > 1]
     if twice:
@@ -51,7 +52,7 @@ def _check_once(v: Verdict, before: list[Any], after: list[Any]) -> None:
             _describe_settled(v, old, new)
 
 
-def _describe_settled(v: Verdict, old: Any, new: Any) -> None:
+def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
     what = f"{new.tool_name or new.kind} (step {new.seq + 1})"
     if new.state == "started":
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
@@ -64,7 +65,7 @@ def _describe_settled(v: Verdict, old: Any, new: Any) -> None:
                        "which the recorded before/after state allowed")
 
 
-def _check_models(v: Verdict, run: Any, before: list[Any], after: list[Any]) -> None:
+def _check_models(v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]) -> None:
     answered_before = {s.seq for s in before if s.kind == "model" and s.state == "completed"}
     models = [s for s in after if s.kind == "model"]
     made_after = [s for s in models if s.seq not in answered_before]
@@ -79,8 +80,8 @@ def _check_models(v: Verdict, run: Any, before: list[Any], after: list[Any]) -> 
                    f"database, {len(made_after)} made after; {total} tokens in all, each paid once")
 
 
-def _check_commands(v: Verdict, after: list[Any], witness_before: Counter[str], witness: Counter[str]) -> None:
-    calls = [s.call_id for s in after if s.tool_name == "run_command"]
+def _check_commands(v: Verdict, after: list[StepRecord], witness_before: Counter[str], witness: Counter[str]) -> None:
+    calls = [s.call_id or "" for s in after if s.tool_name == "run_command"]
     runs = ", ".join(f"{cid} ×{witness[cid]}" + (" (before the crash)" if witness_before[cid] else " (after)")
                      for cid in calls)
     v.lines.append(f"test_calc.py logged {sum(witness.values())} runs in the workspace, by call: {runs or 'none'}")

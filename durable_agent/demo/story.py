@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
 
 import durable_agent
 from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.render import fmt_ms, short, step_what
+from durable_agent.store.records import RunRecord, StepRecord
+from durable_agent.store.runs import Store
 
 TASK = "inspect the repo and fix the bug"
 
@@ -138,7 +139,7 @@ class _Demo:
             watchdog.cancel()
         return Child(proc.pid, code, hung.is_set())
 
-    def _after_crash(self, run: Any, steps: list[Any], pid: int) -> None:
+    def _after_crash(self, run: RunRecord, steps: list[StepRecord], pid: int) -> None:
         say("2. what the database holds after the crash")
         done = [s for s in steps if s.state != "started"]
         say(f"   run {run.id}: status {run.status}, its lease still held by {run.lease_owner} "
@@ -154,7 +155,7 @@ class _Demo:
         say(f"   calc.py on disk: {'already edited (the write happened)' if edited else 'not edited yet'}")
         say()
 
-    def _proof(self, store: Any, verdict: Verdict) -> None:
+    def _proof(self, store: Store, verdict: Verdict) -> None:
         say("5. proof: nothing ran twice")
         self._query(store, "every step is recorded once: duplicated idempotency keys",
                     "SELECT idempotency_key, COUNT(*) AS n FROM steps WHERE run_id = :run_id "
@@ -168,7 +169,7 @@ class _Demo:
         say("✓ crashed with SIGKILL, resumed, finished; nothing ran twice" if verdict.ok
             else "✗ the demo did not go as described above: " + "; ".join(verdict.problems))
 
-    def _query(self, store: Any, title: str, sql: str) -> None:
+    def _query(self, store: Store, title: str, sql: str) -> None:
         shown = sql.replace(":run_id", f"'{self.run_id}'")
         say(f"   -- {title}")
         if self.db_file is not None:
@@ -197,7 +198,7 @@ class _Demo:
             say("(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps them)")
 
 
-def _side_by_side(run: Any, before: list[Any], after: list[Any], pid1: int, pid2: int) -> None:
+def _side_by_side(run: RunRecord, before: list[StepRecord], after: list[StepRecord], pid1: int, pid2: int) -> None:
     say("4. side by side: what was recorded before the crash, and what the resume did")
     earlier = {s.seq: s for s in before}
     rows = [("#", "step", f"before the crash (pid {pid1})", f"after the resume (pid {pid2})")]
@@ -211,7 +212,7 @@ def _side_by_side(run: Any, before: list[Any], after: list[Any], pid1: int, pid2
     say()
 
 
-def _before(old: Any) -> str:
+def _before(old: StepRecord | None) -> str:
     if old is None:
         return "—"
     if old.state == "started":
@@ -219,7 +220,7 @@ def _before(old: Any) -> str:
     return str(old.state)
 
 
-def _after(old: Any, new: Any) -> str:
+def _after(old: StepRecord | None, new: StepRecord) -> str:
     if old is None:
         return f"ran: {new.state} · {fmt_ms(new.duration_ms)}"
     if old.state == "started":
@@ -237,9 +238,8 @@ def _witness(workspace: Path) -> Counter[str]:
     return Counter(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
-def _open_store(url: str) -> Any:
+def _open_store(url: str) -> Store:
     from durable_agent.store.engine import open_store_engine
-    from durable_agent.store.runs import Store
 
     return Store(open_store_engine(url))
 
