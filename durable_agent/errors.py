@@ -7,7 +7,7 @@
     ├── RunBusy                  another live process holds the run's lease (exit 6)
     ├── LeaseLost                our lease was taken over: write nothing more
     ├── HistoryDiverged          recorded history does not match what replay rebuilt
-    └── ModelError               the model call failed (classified in models/retry.py)
+    └── ModelError               the model call failed (classified in models/failures.py)
 
 Loop exits are not errors: `LoopExit` carries the stop reason out of the loop and is
 caught in exactly one place, `runner._Drive.run`.

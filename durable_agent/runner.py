@@ -290,6 +290,8 @@ class _Drive:
         mseq = s.append(message)
         output = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
                   "usage": turn_out.to_dict()["usage"]}
+        if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
+            output["raw"] = redact(turn_out.raw)
         self.journal.finish_step(seq=seq, state="completed", started_at=started_at, output=output, error=None,
                                  attempts=earlier + attempts, prompt_tokens=turn_out.usage.prompt_tokens,
                                  completion_tokens=turn_out.usage.completion_tokens,
