@@ -11,11 +11,11 @@ import importlib
 import json
 import subprocess
 import sys
-from types import ModuleType
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from fake_openai import FakeOpenAI
