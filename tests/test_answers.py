@@ -185,3 +185,15 @@ def test_any_stored_tool_call_can_be_replayed_shown_and_hashed(value: Any) -> No
 def test_well_formed_calls_round_trip(name: str, call_id: str, arguments: str) -> None:
     call = ToolCall(call_id, name, arguments)
     assert ToolCall.from_wire(call.to_dict()) == (call, None)
+
+
+def test_lone_surrogates_in_an_answer_become_replacement_characters() -> None:
+    # JSON escapes: a lone high surrogate, and a proper pair (an emoji) that must survive.
+    body = (b'{"choices": [{"message": {"content": "a\\ud800b \\ud83d\\ude00", "tool_calls": '
+            b'[{"id": "c\\udc00", "function": {"name": "read_file", "arguments": {"path": "x\\ud800"}}}]}}]}')
+    turn = parse(body)
+    assert turn.content == "a\ufffdb \U0001f600"
+    (call,) = turn.tool_calls
+    assert (call.id, call.parsed_arguments()) == ("c\ufffd", {"path": "x\ufffd"})
+    for text in (turn.content, call.id, call.arguments):
+        text.encode("utf-8")  # storable and sendable

@@ -45,6 +45,8 @@ _TRANSIENT_TYPES = frozenset({"server_error", "internal_error", "internal_server
 _RATE_TYPES = frozenset({"rate_limit_exceeded", "rate_limit_error", "rate_limit", "requests",
                          "tokens"})
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only then can json.loads make one
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 Scrub = Callable[[str], str]
 
@@ -82,7 +84,7 @@ def _json(text: str, content_type: str, scrub: Scrub) -> Any:
         _fail(PERMANENT, "invalid_response", "the endpoint answered with a server-sent event stream "
               f"although none was requested: {_snippet(text, scrub)}")
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except (ValueError, RecursionError) as exc:
         if "html" in content_type or stripped.startswith("<"):
             title = _TITLE.search(text)
@@ -94,6 +96,19 @@ def _json(text: str, content_type: str, scrub: Scrub) -> Any:
             _fail(RETRYABLE, "truncated_response", f"the response ends inside its JSON after "
                   f"{len(text.encode())} bytes: ...{scrub(stripped[-80:])}")
         _fail(PERMANENT, "invalid_response", f"the response is not JSON ({exc}): {_snippet(text, scrub)}")
+    return _without_lone_surrogates(data) if _SURROGATE_ESCAPE.search(text) else data
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """Lone surrogates (a `\\ud800` escape without its pair) become U+FFFD: no UTF-8 store,
+    request or file can carry them, and a paid answer must not make the run unresumable."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _unfinished(text: str) -> bool:
