@@ -197,3 +197,8 @@ def test_lone_surrogates_in_an_answer_become_replacement_characters() -> None:
     assert (call.id, call.parsed_arguments()) == ("c\ufffd", {"path": "x\ufffd"})
     for text in (turn.content, call.id, call.arguments):
         text.encode("utf-8")  # storable and sendable
+
+
+def test_a_json_answer_under_a_wrong_content_type_is_still_read() -> None:
+    assert parse(completion({"role": "assistant", "content": "ok"}), "text/html").content == "ok"
+    assert parse(completion({"role": "assistant", "content": "ok"}), "text/event-stream").content == "ok"

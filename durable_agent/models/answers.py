@@ -80,15 +80,15 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
 
 def _json(text: str, content_type: str, scrub: Scrub) -> Any:
     stripped = text.strip()
-    if "text/event-stream" in content_type or stripped.startswith(("data:", "event:")):
-        _fail(PERMANENT, "invalid_response", "the endpoint answered with a server-sent event stream "
-              f"although none was requested: {_snippet(text, scrub)}")
     try:
-        data = json.loads(text)
+        data = json.loads(text)  # first: a JSON body under a wrong Content-Type is still read
     except (ValueError, RecursionError) as exc:
+        if "text/event-stream" in content_type or stripped.startswith(("data:", "event:")):
+            _fail(PERMANENT, "invalid_response", "the endpoint answered with a server-sent event "
+                  f"stream although none was requested: {_snippet(text, scrub)}")
         if "html" in content_type or stripped.startswith("<"):
             title = _TITLE.search(text)
-            shown = f"({title.group(1).strip()!r})" if title else _snippet(text, scrub)
+            shown = f"({scrub(title.group(1).strip())!r})" if title else _snippet(text, scrub)
             _fail(PERMANENT, "invalid_response", f"the endpoint answered with an HTML page, not JSON: {shown}")
         if not stripped:
             _fail(RETRYABLE, "truncated_response", "the response body is empty")
