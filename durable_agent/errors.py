@@ -10,10 +10,10 @@
     │   └── StepMismatch         a recorded step has another key than the one being run
     ├── StoreError               a database error, translated at the store boundary
     │   └── StoreUnavailable     connection lost, disk full, I/O error beyond retries (exit 7)
-    └── ModelError               the model call failed (classified in models/retry.py)
+    └── ModelError               the model call failed (classified in models/failures.py)
 
 Loop exits are not errors: `LoopExit` carries the stop reason out of the loop and is
-caught in exactly one place, `runner._Drive.run`.
+caught in exactly one place, `Runner._drive`.
 """
 
 from __future__ import annotations

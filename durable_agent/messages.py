@@ -40,6 +40,25 @@ def _canonical_arguments(arguments: str) -> str:
     return arguments if value is None else canonical_json(value)
 
 
+UNNAMED_TOOL = "unnamed_tool_call"
+"""The name given to a tool call that came without a usable one. No tool has it, so the
+tool layer answers with an "unknown tool" error observation, and it is a valid function
+name, so the history that carries it back to the provider is still accepted."""
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value is described in a problem: `null`, `a number`, `"text"`..."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "empty" if not value.strip() else "text"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else "not JSON"
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
@@ -79,9 +98,45 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
-        fn = d.get("function", d)
-        return cls(id=d["id"], name=fn["name"], arguments=fn.get("arguments", ""))
+    def from_dict(cls, d: Any) -> ToolCall:
+        """A call from its stored (or wire) form. Never raises: see `from_wire`."""
+        return cls.from_wire(d)[0]
+
+    @classmethod
+    def from_wire(cls, d: Any) -> tuple[ToolCall, str | None]:
+        """A call from any JSON value, and what was wrong with it (None: nothing).
+
+        Providers and old rows hold every shape: `function` null or missing, a name that is
+        null, arguments given as an object. A paid answer must not be lost nor a stored row
+        make a run unresumable, so nothing here raises: a missing name becomes
+        UNNAMED_TOOL (the tool layer answers "unknown tool", an error observation), an
+        object is taken as the object (canonical JSON text), anything else that is not text
+        is kept as its JSON text, which the tool layer rejects as "not a JSON object".
+        A missing id is "": the runner derives one from the turn and position.
+        """
+        if not isinstance(d, dict):
+            return cls("", UNNAMED_TOOL, ""), f"a tool call is {_kind(d)}, not an object"
+        fn = d.get("function")
+        if not isinstance(fn, dict):
+            # The flat form {"name", "arguments"} of scripts and of the legacy function_call.
+            fn = d if "function" not in d and "name" in d else None
+        call_id = d["id"] if isinstance(d.get("id"), str) else ""
+        if fn is None:
+            return cls(call_id, UNNAMED_TOOL, ""), f"a tool call has `function` {_kind(d.get('function'))}"
+        name, args = fn.get("name"), fn.get("arguments")
+        problem = None
+        if not isinstance(name, str) or not name.strip():
+            problem = f"a tool call has no function name (`name` is {_kind(name)})"
+            name = UNNAMED_TOOL
+        if isinstance(args, str):
+            arguments = args
+        elif args is None:
+            arguments = ""
+        else:
+            arguments = canonical_json(args)
+            if not isinstance(args, dict):
+                problem = problem or f"the arguments of {name} are {_kind(args)}, not an object"
+        return cls(call_id, name, arguments), problem
 
 
 @dataclass(frozen=True)
@@ -114,14 +169,20 @@ class ModelTurn:
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
+    raw: str | None = field(default=None, compare=False)
+    """The provider's message as it came (JSON text), kept only when part of it could not
+    be used (a tool call without a name...): the step's output keeps the evidence."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "content": self.content,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
             "usage": {"prompt_tokens": self.usage.prompt_tokens,
                       "completion_tokens": self.usage.completion_tokens},
         }
+        if self.raw is not None:
+            d["raw"] = self.raw
+        return d
 
 
 class HistoryHash:

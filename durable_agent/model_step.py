@@ -58,9 +58,11 @@ def model_step(ctx: StepContext) -> None:
         s.completion_tokens += usage.completion_tokens
         s.append(message)
         step.attempts = earlier + attempts
-        step.complete({"content": message.content, "tool_calls": [c.to_dict() for c in calls],
-                       "usage": turn_out.to_dict()["usage"]},
-                      messages=[message], counters=ctx.counters(),
+        output = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
+                  "usage": turn_out.to_dict()["usage"]}
+        if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
+            output["raw"] = redact(turn_out.raw)
+        step.complete(output, messages=[message], counters=ctx.counters(),
                       tokens=(usage.prompt_tokens, usage.completion_tokens))
     obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message),
                        attempts=step.attempts, duration_ms=_ms_since(step), prompt_tokens=usage.prompt_tokens,

@@ -68,9 +68,7 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
 def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
     from durable_agent.models.retry import RetryPolicy
 
-    return RetryPolicy(max_attempts=settings.retry_max_attempts, max_total_seconds=settings.retry_max_seconds,
-                       max_wait=settings.retry_max_wait_s, initial_wait=settings.retry_initial_wait_s,
-                       max_retry_after=settings.retry_after_cap_s)
+    return RetryPolicy.from_settings(settings)
 
 
 def store_policy(settings: Settings) -> StorePolicy:

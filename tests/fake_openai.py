@@ -39,6 +39,11 @@ Actions, combinable in this order:
                                                 an error response; body defaults to an
                                                 OpenAI-style error, a string body is sent raw
     e.g. {"turn": 2, "attempt": 1, "status": 503}   first attempt of turn 2 gets a 503
+    {"message": {...}}                          the normal answer, with this raw assistant
+                                                message in choices[0] (odd provider shapes)
+    {"content_type": "text/html"}               with "status": the Content-Type sent
+    {"truncate": n}                             send only the first n bytes of the body,
+                                                without Content-Length, then close
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
 file, flushed per line) as `{"request", "turn", "attempt", "path", "headers" (lower-case
@@ -247,18 +252,30 @@ class _Handler(BaseHTTPRequestHandler):
         if "status" in fault:
             status = int(fault["status"])
             default = _error_body(status, f"fake error {status}")
-            self._send(status, fault.get("body", default), fault.get("headers") or {})
+            self._send(status, fault.get("body", default), fault.get("headers") or {},
+                       content_type=fault.get("content_type"), truncate=fault.get("truncate"))
             return
-        self._send(200, fake._completion(entry["turn"], body))
+        completion = fake._completion(entry["turn"], body)
+        if "message" in fault:
+            completion["choices"][0]["message"] = fault["message"]
+        self._send(200, completion, truncate=fault.get("truncate"))
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))
 
-    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
+              content_type: str | None = None, truncate: int | None = None) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Type", content_type or "application/json")
+        if truncate is None:
+            self.send_header("Content-Length", str(len(data)))
+        else:
+            # No length and no chunking: the body ends where the connection closes, so the
+            # client cannot tell the cut from the end (a proxy dying mid-answer).
+            data = data[:truncate]
+            self.send_header("Connection", "close")
+            self.close_connection = True
         for name, value in (headers or {}).items():
             self.send_header(name, str(value))
         self.end_headers()

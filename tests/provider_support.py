@@ -7,6 +7,7 @@ a user would pass: `--base-url`, `--model`, `OPENAI_API_KEY`, `DURABLE_AGENT_CON
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from fake_openai import FakeOpenAI
@@ -93,6 +95,19 @@ class Endpoint:
             if not r["fault"]:
                 counts[r["turn"]] = counts.get(r["turn"], 0) + 1
         return counts
+
+
+def http_library() -> ModuleType:
+    """The HTTP library the installed openai client uses: httpx2 (openai 3.x) or httpx.
+
+    The tests name its classes through this, so they run on every supported openai.
+    """
+    import openai
+
+    client = openai.OpenAI(api_key="sk-unused", base_url="http://127.0.0.1:9/v1")
+    # openai wraps the library's Client in a subclass of its own: take the library's base.
+    roots = (cls.__module__.partition(".")[0] for cls in type(client._client).__mro__)
+    return importlib.import_module(next(r for r in roots if r.startswith("httpx")))
 
 
 def database_bytes(db_path: Path) -> bytes:

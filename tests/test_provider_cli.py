@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
-from provider_support import KEY, MODEL, Endpoint, database_bytes, serve
+from provider_support import KEY, MODEL, Endpoint, database_bytes, http_library, serve
 from scale_helpers import wait_for
 
 from durable_agent.models.openai_chat import OpenAIChatModel
@@ -119,7 +118,7 @@ def test_both_timeouts_reach_the_client_and_the_sdk_does_not_retry(env: dict[str
     model = build_model(settings)
     assert isinstance(model, OpenAIChatModel)
     timeout = model.client.timeout
-    assert isinstance(timeout, httpx2.Timeout)
+    assert isinstance(timeout, http_library().Timeout)
     assert (timeout.connect, timeout.read, timeout.write) == (1.5, 7.5, 7.5)
     assert model.client.max_retries == 0  # one retry layer: ours
 

@@ -1,7 +1,8 @@
 """Model failure classification and the retry policy, against the real openai client.
 
-The exceptions under test are real ones: the openai client talks HTTP to tests/fake_openai.py,
-which injects the faults. Sleeping is injected, so no test waits for a backoff.
+The exceptions under test are real ones: `OpenAIChatModel` (the real openai client inside)
+talks HTTP to tests/fake_openai.py, which injects the faults, and maps them at its
+boundary. Sleeping is injected, so no test waits for a backoff.
 """
 
 from __future__ import annotations
@@ -12,26 +13,34 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 
 # tests/ is not a package: pytest puts it on sys.path (the default "prepend" import mode).
 from fake_openai import FakeOpenAI, spawn_fake_openai
+from provider_support import http_library
 
-from durable_agent.models.retry import (
+from durable_agent.messages import Message
+from durable_agent.models.failures import ProviderError
+from durable_agent.models.openai_chat import (
     MAPPED_TYPES,
+    OpenAIChatModel,
+    is_classified,
+    map_exception,
+)
+from durable_agent.models.retry import (
     Failure,
     FailureKind,
     ModelCallError,
     RetryPolicy,
     call_with_retries,
     classify,
-    is_classified,
 )
+from durable_agent.settings import load_settings
 
 KEY = "sk-test-0123456789abcdef"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+HI = [Message("user", "hi")]
 RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 
 
@@ -46,17 +55,21 @@ def make_client(server: FakeOpenAI, api_key: str = KEY, timeout: float = 5.0) ->
     return openai.OpenAI(base_url=server.url, api_key=api_key, max_retries=0, timeout=timeout)
 
 
-def chat(client: openai.OpenAI) -> Callable[[], str | None]:
-    return lambda: (
-        client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
-    )
+def make_model(server: FakeOpenAI, api_key: str = KEY, timeout: float = 5.0) -> OpenAIChatModel:
+    return OpenAIChatModel("m", api_key=api_key, base_url=server.url, read_timeout=timeout,
+                           connect_timeout=timeout)
+
+
+def chat(model: OpenAIChatModel) -> Callable[[], str | None]:
+    return lambda: model.complete(HI, [], 0).content
 
 
 def failure_of(server: FakeOpenAI, fault: dict[str, Any], timeout: float = 5.0) -> Failure:
     server.add_faults([fault])
-    with pytest.raises(openai.OpenAIError) as caught:
-        chat(make_client(server, timeout=timeout))()
-    return classify(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        chat(make_model(server, timeout=timeout))()
+    assert isinstance(caught.value.__cause__, openai.OpenAIError)  # mapped at the boundary
+    return caught.value.failure
 
 
 # --- (a) the table is exhaustive -----------------------------------------------------------
@@ -86,7 +99,7 @@ def test_every_exported_openai_error_has_its_own_entry() -> None:
     # Guard the walk itself: an empty walk would make the check below vacuous.
     assert {openai.APIError, openai.RateLimitError, openai.APITimeoutError} <= set(classes)
     unmapped = [cls.__name__ for cls in classes if not is_classified(cls)]
-    assert unmapped == [], f"openai exception classes missing from retry._TABLE: {unmapped}"
+    assert unmapped == [], f"openai exception classes missing from openai_chat._TABLE: {unmapped}"
     assert set(classes) <= MAPPED_TYPES
 
 
@@ -96,9 +109,6 @@ def test_every_exported_openai_error_has_its_own_entry() -> None:
         (ConnectionResetError("reset by peer"), RETRYABLE, "connection"),
         (TimeoutError("timed out"), RETRYABLE, "timeout"),
         (OSError("network is unreachable"), RETRYABLE, "os_error"),
-        (httpx2.ConnectError("refused"), RETRYABLE, "connection"),
-        (httpx2.ReadTimeout("slow"), RETRYABLE, "timeout"),
-        (openai.OpenAIError("The api_key client option must be set"), PERMANENT, "client_error"),
         (ValueError("bug"), PERMANENT, "unexpected"),
         (KeyboardInterrupt(), PERMANENT, "unexpected"),
     ],
@@ -108,6 +118,35 @@ def test_exceptions_outside_http_responses(
 ) -> None:
     failure = classify(exc)
     assert (failure.kind, failure.reason, failure.status) == (kind, reason, None)
+    assert map_exception(exc) is None  # not openai's: the boundary lets it through
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "reason"),
+    [
+        (lambda http: http.ConnectError("refused"), RETRYABLE, "connection"),
+        (lambda http: http.ReadTimeout("slow"), RETRYABLE, "timeout"),
+        (lambda http: openai.OpenAIError("The api_key client option must be set"), PERMANENT,
+         "client_error"),
+    ],
+)
+def test_client_exceptions_are_mapped_at_the_boundary(
+    make: Callable[[Any], BaseException], kind: FailureKind, reason: str
+) -> None:
+    # The HTTP library is whichever the installed openai uses (httpx2 or httpx).
+    failure = map_exception(make(http_library()))
+    assert failure is not None
+    assert (failure.kind, failure.reason, failure.status) == (kind, reason, None)
+    assert classify(ProviderError(failure)) is failure
+
+
+def test_policy_defaults_are_the_settings_defaults(tmp_path: Any) -> None:
+    settings = load_settings({"db": f"sqlite:///{tmp_path / 'x.db'}"}, {})
+    assert RetryPolicy() == RetryPolicy.from_settings(settings)
+    assert RetryPolicy().max_total_seconds == settings.retry_max_seconds
+    custom = load_settings({"db": "sqlite://", "retry_max_seconds": 7.0, "retry_max_attempts": 2}, {})
+    assert (RetryPolicy.from_settings(custom).max_total_seconds,
+            RetryPolicy.from_settings(custom).max_attempts) == (7.0, 2)
 
 
 # --- (b) SPEC section 6 examples, as raised by the real client ------------------------------
@@ -227,7 +266,7 @@ def test_retries_until_success_and_counts_attempts(server: FakeOpenAI) -> None:
     server.add_faults([{"status": 503}, {"status": 503}])
     sleep, seen = FakeSleep(), []
     result, attempts = call_with_retries(
-        chat(make_client(server)),
+        chat(make_model(server)),
         RetryPolicy(),
         sleep=sleep,
         on_attempt=lambda n, failure: seen.append((n, failure and failure.reason)),
@@ -245,7 +284,7 @@ def test_retry_after_is_honoured_up_to_the_cap(
     server.add_faults([{"status": 429, "headers": {"Retry-After": header}}])
     sleep = FakeSleep()
     policy = RetryPolicy(max_retry_after=60.0, max_total_seconds=120.0)
-    result, attempts = call_with_retries(chat(make_client(server)), policy, sleep=sleep)
+    result, attempts = call_with_retries(chat(make_model(server)), policy, sleep=sleep)
     assert (result, attempts) == ("ok", 2)
     assert sleep.delays == [expected]
 
@@ -254,13 +293,14 @@ def test_gives_up_after_max_attempts(server: FakeOpenAI) -> None:
     server.add_faults([{"status": 500, "times": 10}])
     sleep = FakeSleep()
     with pytest.raises(ModelCallError) as caught:
-        call_with_retries(chat(make_client(server)), RetryPolicy(max_attempts=3), sleep=sleep)
+        call_with_retries(chat(make_model(server)), RetryPolicy(max_attempts=3), sleep=sleep)
     err = caught.value
     assert (err.attempts, err.failure.reason, err.permanent) == (3, "server_error", False)
     assert len(server.requests) == 3
     assert len(sleep.delays) == 2
     assert str(err).startswith("model call failed after 3 attempts: server_error (500): ")
-    assert isinstance(err.__cause__, openai.InternalServerError)
+    assert isinstance(err.__cause__, ProviderError)
+    assert isinstance(err.__cause__.__cause__, openai.InternalServerError)
 
 
 def test_gives_up_before_a_wait_that_passes_the_total_time(server: FakeOpenAI) -> None:
@@ -268,7 +308,7 @@ def test_gives_up_before_a_wait_that_passes_the_total_time(server: FakeOpenAI) -
     sleep = FakeSleep()
     policy = RetryPolicy(max_attempts=10, max_total_seconds=10.0)
     with pytest.raises(ModelCallError) as caught:
-        call_with_retries(chat(make_client(server)), policy, sleep=sleep)
+        call_with_retries(chat(make_model(server)), policy, sleep=sleep)
     # waits 4 and 4; a third wait would end at 12 s > 10 s, so it stops after 3 attempts
     assert sleep.delays == [4.0, 4.0]
     assert caught.value.attempts == 3 == len(server.requests)
@@ -304,7 +344,7 @@ def test_permanent_failure_is_not_retried(server: FakeOpenAI) -> None:
     sleep, seen = FakeSleep(), []
     with pytest.raises(ModelCallError) as caught:
         call_with_retries(
-            chat(make_client(server)),
+            chat(make_model(server)),
             RetryPolicy(),
             sleep=sleep,
             on_attempt=lambda n, failure: seen.append(n),
@@ -323,7 +363,7 @@ def test_the_api_key_never_appears_in_the_error(server: FakeOpenAI, key: str) ->
     echo = _error(f"Incorrect API key provided: {key}", "invalid_api_key")
     server.add_faults([{"status": 401, "body": echo}])
     with pytest.raises(ModelCallError) as caught:
-        call_with_retries(chat(make_client(server, api_key=key)), RetryPolicy(), sleep=FakeSleep())
+        call_with_retries(chat(make_model(server, api_key=key)), RetryPolicy(), sleep=FakeSleep())
     assert server.requests[0]["headers"]["authorization"] == f"Bearer {key}"  # it was sent
     failure = caught.value.failure
     for text in (str(caught.value), failure.message, failure.hint, repr(failure)):
@@ -396,8 +436,9 @@ def test_fake_turn_comes_from_the_request_and_faults_key_on_turn_and_attempt() -
 
 def test_fake_runs_as_a_separate_process(tmp_path: Any) -> None:
     with spawn_fake_openai(tmp_path, [{"content": "from the child"}], [{"status": 502}]) as fake:
-        client = openai.OpenAI(base_url=fake.url, api_key=KEY, max_retries=0, timeout=5.0)
-        result, attempts = call_with_retries(chat(client), RetryPolicy(), sleep=FakeSleep())
+        model = OpenAIChatModel("m", api_key=KEY, base_url=fake.url, read_timeout=5.0,
+                                connect_timeout=5.0)
+        result, attempts = call_with_retries(chat(model), RetryPolicy(), sleep=FakeSleep())
         assert (result, attempts) == ("from the child", 2)
         log = fake.requests()
     assert [(r["attempt"], (r["fault"] or {}).get("status")) for r in log] == [(1, 502), (2, None)]

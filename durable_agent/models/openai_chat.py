@@ -1,28 +1,78 @@
 """Any OpenAI-compatible chat-completions endpoint, with native tool calling.
 
-The client is built with max_retries=0: retries belong to the one classified policy in
-retry.py, not to a second layer hidden in the SDK.
+This module is the boundary to `openai` (the httpx `map_httpcore_exceptions` habit):
+nothing leaves `complete` but a `ModelTurn` or a `ProviderError` carrying a classified
+`Failure`. The response body is read by `answers.parse_completion`, not by the SDK's
+models, so odd answers are classified too. Exceptions are mapped by one table, `_TABLE`
+(most specific class in the MRO wins):
+
+    exception                               kind        reason
+    openai.OpenAIError                      permanent   client_error (e.g. no API key set)
+    ├── APIError                            retryable if its error type says server_error /
+    │   │                                   rate_limit, else permanent api_error
+    │   ├── APIConnectionError              retryable   connection
+    │   │   └── APITimeoutError             retryable   timeout
+    │   ├── APIResponseValidationError      permanent   invalid_response
+    │   └── APIStatusError                  by status (failures.failure_for_status)
+    │       ├── BadRequestError        400  permanent   bad_request | context_length
+    │       ├── AuthenticationError    401  permanent   auth
+    │       │   └── OAuthError         401  permanent   auth
+    │       ├── PermissionDeniedError  403  permanent   permission
+    │       ├── NotFoundError          404  permanent   not_found
+    │       ├── ConflictError          409  retryable   conflict
+    │       ├── UnprocessableEntityError 422 permanent  unprocessable
+    │       ├── RateLimitError         429  retryable   rate_limit | permanent insufficient_quota
+    │       └── InternalServerError    5xx  retryable   server_error
+    ├── LengthFinishReasonError             permanent   length
+    ├── ContentFilterFinishReasonError      permanent   content_filter
+    ├── SubjectTokenProviderError           permanent   auth
+    └── WebSocket*Error                     permanent   websocket
+    httpx2 / httpx TransportError           retryable   connection | timeout
+    anything else                           not caught: a bug, `unexpected` (failures.classify)
+
+tests/test_retry.py walks every exception class openai exports and fails if one has no
+entry here. The client is built with max_retries=0: retries belong to retry.py alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import email.utils
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
-from durable_agent.messages import Message, ModelTurn, ToolCall, Usage
+import openai
+
+from durable_agent.messages import Message, ModelTurn
+from durable_agent.models.answers import parse_completion
+from durable_agent.models.failures import (
+    Failure,
+    FailureKind,
+    ProviderError,
+    failure_for_status,
+    scrubber,
+)
+
+__all__ = ["MAPPED_TYPES", "OpenAIChatModel", "is_classified", "map_exception", "parse_retry_after"]
+
+Scrub = Callable[[str], str]
+Handler = Callable[[BaseException, Scrub], Failure]
+RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 
 
 class OpenAIChatModel:
     def __init__(self, model: str, *, api_key: str, base_url: str | None,
                  read_timeout: float, connect_timeout: float, temperature: float | None = None) -> None:
-        import openai  # imported here: only runs against a real endpoint pay for it
-
         self.name = model
         self.temperature = temperature
         self.client = openai.OpenAI(
             api_key=api_key, base_url=base_url, max_retries=0,
             timeout=openai.Timeout(read_timeout, connect=connect_timeout),
         )
+        self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
         kwargs: dict[str, Any] = {"model": self.name, "messages": [m.to_api() for m in messages]}
@@ -30,15 +80,142 @@ class OpenAIChatModel:
             kwargs["tools"] = list(tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
-        response = self.client.chat.completions.create(**kwargs)
-        message = response.choices[0].message
-        calls = tuple(
-            ToolCall(id=c.id or "", name=c.function.name, arguments=c.function.arguments or "")
-            for c in (message.tool_calls or [])
-            if getattr(c, "function", None) is not None
-        )
-        usage = Usage()
-        if response.usage is not None:
-            usage = Usage(prompt_tokens=response.usage.prompt_tokens or 0,
-                          completion_tokens=response.usage.completion_tokens or 0)
-        return ModelTurn(content=message.content, tool_calls=calls, usage=usage)
+        with mapped_errors(self._scrub):
+            # The raw response: the body is ours to read, whatever shape it has.
+            response = self.client.chat.completions.with_raw_response.create(**kwargs).http_response
+            body = response.content
+        return parse_completion(body, response.headers.get("content-type", ""), self._scrub)
+
+
+@contextmanager
+def mapped_errors(scrub: Scrub) -> Iterator[None]:
+    """Re-raise every mapped exception as a `ProviderError`; let the rest (bugs) through."""
+    try:
+        yield
+    except Exception as exc:
+        failure = map_exception(exc, scrub)
+        if failure is None:
+            raise
+        raise ProviderError(failure) from exc
+
+
+def map_exception(exc: BaseException, scrub: Scrub | None = None) -> Failure | None:
+    """The failure for an exception of openai or its HTTP library; None when not one of them."""
+    scrub = scrub or scrubber()
+    for cls in type(exc).__mro__:
+        handler = _TABLE.get(cls)
+        if handler is not None:
+            return handler(exc, scrub)
+    return None
+
+
+def is_classified(exc_type: type[BaseException]) -> bool:
+    """True when `exc_type` has its own entry in the table (not only through a base class)."""
+    return exc_type in _TABLE
+
+
+# --- handlers -----------------------------------------------------------------------------
+
+
+def _error_fields(exc: BaseException) -> tuple[str, str, str]:
+    """(message, code, type) from an openai APIError body, falling back to str(exc)."""
+    body = getattr(exc, "body", None)
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
+        message = body["message"]
+    return message, str(getattr(exc, "code", None) or ""), str(getattr(exc, "type", None) or "")
+
+
+def parse_retry_after(headers: Any) -> float | None:
+    """Seconds from `retry-after-ms` or `Retry-After` (seconds or an HTTP date), else None."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw) / scale
+        except ValueError:
+            if scale != 1.0:
+                continue
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError):
+                continue
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            seconds = (when - datetime.now(UTC)).total_seconds()
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return None
+
+
+def _fixed(kind: FailureKind, reason: str) -> Handler:
+    return lambda exc, scrub: Failure(kind, reason, scrub(_error_fields(exc)[0]))
+
+
+def _from_transport(exc: BaseException, scrub: Scrub) -> Failure:
+    is_timeout = "Timeout" in type(exc).__name__  # httpx(2).TimeoutException and subclasses
+    return Failure(RETRYABLE, "timeout" if is_timeout else "connection",
+                   scrub(str(exc) or type(exc).__name__))
+
+
+def _from_status(exc: BaseException, scrub: Scrub) -> Failure:
+    status = getattr(exc, "status_code", None)
+    message, code, kind = _error_fields(exc)
+    if not isinstance(status, int):
+        return Failure(PERMANENT, "http_error", scrub(message))
+    retry_after = parse_retry_after(getattr(getattr(exc, "response", None), "headers", None))
+    return failure_for_status(status, scrub(message), code, kind, retry_after)
+
+
+def _from_api_error(exc: BaseException, scrub: Scrub) -> Failure:
+    # A bare APIError comes from an error event inside a 200 response (streaming); its
+    # type is the only hint whether the provider was overloaded or the request was bad.
+    message, code, kind = _error_fields(exc)
+    if {"server_error", "rate_limit_exceeded", "overloaded_error"} & {code, kind}:
+        return Failure(RETRYABLE, "server_error", scrub(message))
+    return Failure(PERMANENT, "api_error", scrub(message))
+
+
+def _optional(*names: str) -> list[type[BaseException]]:
+    """Exception classes that only some openai versions define (we support >= 1.55.3)."""
+    found = (getattr(openai, name, None) for name in names)
+    return [cls for cls in found if isinstance(cls, type) and issubclass(cls, BaseException)]
+
+
+def _transport_errors() -> dict[type[BaseException], Handler]:
+    # The HTTP library openai loaded (httpx2 for openai 3.x, httpx before; 3.x also accepts
+    # an httpx client): we never import one just to map it.
+    return {module.TransportError: _from_transport
+            for module in (sys.modules.get(name) for name in ("httpx2", "httpx")) if module is not None}
+
+
+# The one mapping table; a subclass entry overrides its base (see `map_exception`).
+_TABLE: dict[type[BaseException], Handler] = {
+    openai.OpenAIError: _fixed(PERMANENT, "client_error"),
+    openai.APIError: _from_api_error,
+    openai.APIConnectionError: _fixed(RETRYABLE, "connection"),
+    openai.APITimeoutError: _fixed(RETRYABLE, "timeout"),
+    openai.APIResponseValidationError: _fixed(PERMANENT, "invalid_response"),
+    openai.APIStatusError: _from_status,
+    openai.BadRequestError: _from_status,
+    openai.AuthenticationError: _from_status,
+    openai.PermissionDeniedError: _from_status,
+    openai.NotFoundError: _from_status,
+    openai.ConflictError: _from_status,
+    openai.UnprocessableEntityError: _from_status,
+    openai.RateLimitError: _from_status,
+    openai.InternalServerError: _from_status,
+    openai.LengthFinishReasonError: _fixed(PERMANENT, "length"),
+    openai.ContentFilterFinishReasonError: _fixed(PERMANENT, "content_filter"),
+    **dict.fromkeys(_optional("OAuthError"), _from_status),
+    **dict.fromkeys(_optional("SubjectTokenProviderError"), _fixed(PERMANENT, "auth")),
+    **dict.fromkeys(_optional("WebSocketConnectionClosedError", "WebSocketQueueFullError"),
+                    _fixed(PERMANENT, "websocket")),
+    **_transport_errors(),
+}
+
+MAPPED_TYPES: frozenset[type[BaseException]] = frozenset(_TABLE)
+"""Every class with its own entry in the table."""
