@@ -113,7 +113,8 @@ def test_a_retry_is_a_line_and_the_step_keeps_its_clock() -> None:
 
 def test_summary_line() -> None:
     run = SimpleNamespace(id="r1", status="completed", stop_reason="finished", step_count=9, tool_call_count=1,
-                          message_count=19, prompt_tokens=329, completion_tokens=156, active_ms=1324, error=None)
+                          message_count=19, prompt_tokens=329, completion_tokens=156, active_ms=1324, error=None,
+                          model="m", settings=None)
     out = io.StringIO()
     summary(run, out)
     assert out.getvalue() == ("9 steps · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "

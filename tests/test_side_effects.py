@@ -125,6 +125,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_crash_at_every_boundary_then_resume_runs_each_command_once_unless_approved(
         env: dict[str, str], tmp_path: Path) -> None:
     def scenario(n: int) -> tuple[int, Counter[str], list[Any]]:
