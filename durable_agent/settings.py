@@ -31,7 +31,7 @@ from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept
 class ModelPrice(BaseModel):
     """What one model costs, per million tokens (any currency; USD for the hosted APIs)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     input_per_mtok: float = Field(ge=0)
     """Price of one million prompt tokens."""
@@ -45,7 +45,10 @@ class ModelPrice(BaseModel):
 class Settings(BaseModel):
     """Everything a run can be configured with. Each field documents itself."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # allow_inf_nan=False: `--max-seconds inf` would be recorded as the JSON `Infinity`, which
+    # neither json_extract nor jsonb reads; "no limit" is an unset budget, not infinity.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
 
     workspace: Path = Field(default_factory=Path.cwd)
     """Directory the agent works in; every tool path is confined to it."""
@@ -218,6 +221,9 @@ def load_settings(
     if base:
         merged.update({k: v for k, v in base.items() if v is not None})
     merged.update({k: v for k, v in flags.items() if v is not None})
+    if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
+        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
+                          "for the default store")
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
     try:

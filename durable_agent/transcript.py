@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from durable_agent.store.storable import storable
+
 EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
                "approval_requested", "run_resumed", "run_finished")
 
@@ -142,7 +144,7 @@ def _maybe_json(text: Any) -> Any:
     if not isinstance(text, str):
         return text
     try:
-        return json.loads(text)
+        return storable(json.loads(text))  # JSON text may spell a lone surrogate or NUL
     except ValueError:
         return text  # malformed arguments are part of the story: keep them as written
 

@@ -106,7 +106,7 @@ def run_worker(args: Namespace, env: Mapping[str, str]) -> int:
     base = load_settings({"db": args.db, "lease_seconds": args.lease_seconds,
                           "max_running_runs": getattr(args, "max_running_runs", None)}, env)
     assert base.db is not None
-    if args.poll <= 0:
+    if not args.poll > 0 or args.poll == float("inf"):  # also NaN
         raise ConfigError("--poll must be a positive number of seconds")
     options = WorkerOptions(db=base.db, concurrency=args.concurrency, lease_seconds=base.lease_seconds,
                             poll_s=args.poll, once=args.once, quiet=args.quiet,

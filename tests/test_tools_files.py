@@ -136,8 +136,9 @@ def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: 
     result = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = 2")
     assert result.error and "not UTF-8" in result.error
     assert (workspace / "a.py").read_bytes() == original  # no U+FFFD written over the \xe9
-    # read_file still shows it, with a replacement character for display only.
-    assert "caf\ufffd" in call(workspace, "read_file", path="a.py").output
+    # read_file still shows it: no multi-byte UTF-8 in it, so it is Latin-1 text, said so.
+    shown = call(workspace, "read_file", path="a.py").output
+    assert "name = 'café'" in shown and "[decoded as latin-1" in shown
 
 
 def test_edit_plan_hashes_the_files_bytes(workspace: Path) -> None:

@@ -8,6 +8,8 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 
 from __future__ import annotations
 
+import functools
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,21 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 
 from durable_agent.errors import ConfigError
 from durable_agent.store.schema import HEAD_REVISION
+from durable_agent.store.storable import storable
 
 BUSY_TIMEOUT_MS = 30_000
+# Reading a row must never fail, whatever was written into it by hand: SQLite text that is
+# not UTF-8 reads with U+FFFD (not "Could not decode to UTF-8 column"), and a JSON column
+# that is not JSON reads as its text.
+_LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
+
+
+def _read_json(text: str) -> object:
+    try:
+        # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
+        return storable(json.loads(text))
+    except ValueError:
+        return text
 
 
 def normalize_url(url: str) -> str:
@@ -43,7 +58,7 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(url, parsed.database, durability, pool)
-        return create_engine(url, pool_pre_ping=True, **pool)
+        return create_engine(url, pool_pre_ping=True, json_deserializer=_read_json, **pool)
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
     except ModuleNotFoundError as exc:
@@ -59,7 +74,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the database folder for {database}: {exc}") from None
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=_read_json,
                            **(pool if database and database != ":memory:" else {}))
     synchronous = "FULL" if durability == "full" else "NORMAL"
 
@@ -67,6 +82,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module so we can BEGIN IMMEDIATE.
         dbapi_conn.isolation_level = None
+        dbapi_conn.text_factory = _LENIENT_TEXT
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")

@@ -22,6 +22,7 @@ from durable_agent.errors import LeaseLost, RunNotFound
 from durable_agent.messages import Message
 from durable_agent.store.rows import message_from_row, message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
+from durable_agent.store.storable import storable
 
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
 # CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
@@ -50,7 +51,7 @@ KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between tran
 
 def _step_row(**values: Any) -> dict[str, Any]:
     row = dict.fromkeys(_STEP_COLUMNS)
-    row.update(values)
+    row.update(storable(values))  # no value may fail the write on either dialect
     return row
 
 
@@ -244,7 +245,7 @@ class Journal:
         values: dict[str, Any] = {"state": "started", "attempts": attempts, "started_at": now,
                                   "finished_at": None, "error": None, "lease_epoch": self.epoch}
         if input is not None:
-            values["input"] = input
+            values["input"] = storable(input)
         with self._tx(now) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq).values(**values))
             if use_approval is not None:
@@ -252,6 +253,7 @@ class Journal:
         return now
 
     def set_attempts(self, seq: int, attempts: int, error: str | None) -> None:
+        error = storable(error)
         with self._tx(utcnow()) as conn:
             conn.execute(update(steps).where(steps.c.run_id == self.run_id, steps.c.seq == seq)
                          .values(attempts=attempts, error=error))
@@ -277,6 +279,7 @@ class Journal:
         outcome: dict[str, Any] = {"state": state, "output": output, "error": error, "finished_at": now,
                                    "duration_ms": duration, "prompt_tokens": prompt_tokens,
                                    "completion_tokens": completion_tokens}
+        outcome = storable(outcome)
         rows = [message_values(self.run_id, mseq, m, seq, now) for mseq, m in new_messages]
         if defer:
             if intent is None or use_approval is not None:
@@ -307,6 +310,7 @@ class Journal:
 
     def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
                          reason: str, step_seq: int | None) -> None:
+        command, reason = storable((command, reason))
         now = utcnow()
         with self._tx(now) as conn:
             pending = conn.execute(select(approvals.c.id).where(
@@ -320,6 +324,7 @@ class Journal:
     def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
+        answer, error = storable((answer, error))
         now = utcnow()
         with self._tx(now, counters) as conn:
             conn.execute(update(runs).where(runs.c.id == self.run_id).values(

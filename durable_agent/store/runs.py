@@ -14,6 +14,7 @@ from durable_agent.messages import Message
 from durable_agent.status import RunStatus
 from durable_agent.store.rows import message_values, owner_is_dead, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
+from durable_agent.store.storable import storable
 
 
 def lease_is_live(row: Any, now: datetime) -> bool:
@@ -47,6 +48,7 @@ class Store:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
+        task, workspace, settings = storable((task, workspace, settings))
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
         if lease is not None:
@@ -142,7 +144,7 @@ class Store:
             row = _locked_run(conn, run_id)
             if lease_is_live(row, now):
                 raise RunBusy(run_id, row.lease_owner)
-            extra = {} if settings is None else {"settings": settings}
+            extra = {} if settings is None else {"settings": storable(settings)}
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
                 cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now, **extra))
@@ -160,6 +162,7 @@ class Store:
                 decision="approved" if approved else "denied", decided_by=by, decided_at=utcnow()))
 
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
+        settings = storable(settings)
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
 
