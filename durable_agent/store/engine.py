@@ -11,12 +11,20 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    NoSuchModuleError,
+    OperationalError,
+    ProgrammingError,
+)
 
 from durable_agent.errors import ConfigError
 from durable_agent.store.schema import HEAD_REVISION
@@ -104,16 +112,30 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
     return engine
 
 
-def current_revision(engine: Engine) -> str | None:
+@contextmanager
+def _opening(engine: Engine) -> Iterator[None]:
+    """A store that cannot be used at all (a text file, a truncated or read-only database, a
+    folder we cannot write): one line that names it, exit 2, instead of a driver traceback."""
     try:
-        with engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except OperationalError:
-        return None
-    except Exception as exc:  # ProgrammingError on PostgreSQL, when the table is missing
-        if "alembic_version" in str(exc):
-            return None
-        raise
+        yield
+    except DBAPIError as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        hint = ""
+        if engine.url.get_backend_name() == "sqlite":
+            hint = " (--db must be a durable-agent SQLite file, or a new path in a writable folder)"
+        raise ConfigError(f"cannot use the store {where}: {reason}{hint}") from None
+
+
+def current_revision(engine: Engine) -> str | None:
+    with _opening(engine):
+        try:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except (OperationalError, ProgrammingError) as exc:
+            if "alembic_version" in str(exc):  # a new, empty database: no table yet
+                return None
+            raise
 
 
 def migrations_dir() -> Path:
@@ -128,27 +150,24 @@ def migrations_dir() -> Path:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     # Imported here: alembic is only needed when the schema is behind (first use, upgrades).
     from alembic.config import Config
+    from alembic.util import CommandError
 
     from alembic import command
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    with engine.begin() as conn:
+    with _opening(engine), engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        try:
+            command.upgrade(cfg, revision)
+        except CommandError as exc:  # e.g. a revision from a newer durable-agent
+            raise ConfigError(f"cannot upgrade the store: {exc}") from None
 
 
 def ensure_schema(engine: Engine) -> None:
     """Upgrade to head when behind; a cheap single SELECT when already there (every start)."""
-    try:
-        rev = current_revision(engine)
-    except OperationalError as exc:
-        raise ConfigError(f"cannot open the database: {exc.orig}") from None
-    if rev != HEAD_REVISION:
-        try:
-            upgrade(engine)
-        except OperationalError as exc:
-            raise ConfigError(f"cannot open the database: {exc.orig}") from None
+    if current_revision(engine) != HEAD_REVISION:
+        upgrade(engine)
 
 
 def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None) -> Engine:
