@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.store.rows import owner_is_dead, utcnow
-from durable_agent.transcript import iso_utc
+from durable_agent.transcript import as_dict, iso_utc, recorded_calls
 
 
 def fmt_ms(ms: int | None) -> str:
@@ -35,8 +35,10 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-def _short(text: str | None, width: int) -> str:
-    text = (text or "").replace("\n", " ")
+def _short(text: Any, width: int) -> str:
+    if not isinstance(text, str):  # a stored value of another shape (see transcript.as_dict)
+        text = "" if text is None else json.dumps(text, ensure_ascii=False)
+    text = text.replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -211,14 +213,13 @@ def step_line(e: StepEvent) -> str:
 
 def run_cost(run: Any) -> float | None:
     """The run's cost at the price recorded in its settings for its model, if one was set."""
-    settings = getattr(run, "settings", None) or {}
-    price = (settings.get("prices") or {}).get(getattr(run, "model", None))
+    price = as_dict(as_dict(getattr(run, "settings", None)).get("prices")).get(getattr(run, "model", None))
     if not isinstance(price, dict):
         return None
     try:
         return float(run.prompt_tokens * price["input_per_mtok"]
                      + run.completion_tokens * price["output_per_mtok"]) / 1e6
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -359,8 +360,8 @@ def _step_table(run: Any, steps: list[Any], p: Callable[[str], None], *, live: b
 def step_what(run: Any, s: Any) -> str:
     """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
     if s.kind == "model":
-        out = s.output if isinstance(s.output, dict) else {}
-        names = [c.get("function", c).get("name", "?") for c in out.get("tool_calls") or []]
+        out = as_dict(s.output)
+        names = [_short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
         if names:
             return "→ " + ", ".join(names)
         if out.get("content"):
