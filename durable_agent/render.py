@@ -35,10 +35,9 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-def _short(text: Any, width: int) -> str:
-    if not isinstance(text, str):  # a stored value of another shape (see transcript.as_dict)
-        text = "" if text is None else json.dumps(text, ensure_ascii=False)
-    text = text.replace("\n", " ")
+def _short(value: Any, width: int) -> str:
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", " ")  # not a str: a stored value of another shape (transcript.as_dict)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -213,7 +212,7 @@ def step_line(e: StepEvent) -> str:
 
 def run_cost(run: Any) -> float | None:
     """The run's cost at the price recorded in its settings for its model, if one was set."""
-    price = as_dict(as_dict(getattr(run, "settings", None)).get("prices")).get(getattr(run, "model", None))
+    price = as_dict(as_dict(getattr(run, "settings", None)).get("prices")).get(str(getattr(run, "model", "")))
     if not isinstance(price, dict):
         return None
     try:
