@@ -211,3 +211,50 @@ def test_the_worst_case_run_in_a_real_process_on_both_stores(store_url: str, tmp
     assert "binary file, not shown" in shifted["call_2_2"]
     assert "naïve \\xff" in shifted["call_2_3"]
     assert "a\\x00b" in shifted["call_4_0"]  # NUL in command output, visible and storable
+
+
+# -- killed anywhere with the poison in its history, then resumed -------------------------------
+@pytest.mark.parametrize("crash_after", [1, 4, 7, 11, 16, 22, 29, 37, 45, 53])
+def test_a_poisoned_run_killed_at_a_checkpoint_resumes_to_completion(
+        store_url: str, tmp_path: Path, env: dict[str, str], crash_after: int) -> None:
+    """SIGKILL at the k-th checkpoint boundary (test_crash.py's switch), then resume: the
+    history read back must hash to the keys recorded before the kill (a model step cut off
+    is matched by its request hash, a tool step by its arguments), or resume would refuse."""
+    if store_url.startswith("postgresql") and crash_after % 2 == 0:
+        pytest.skip("half the points on PostgreSQL: the windows are the same code")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    names = [b"bad\xff\xfename.txt", b"latin.txt", b"nul.bin"]
+    contents = [b"hello\n", "café\n".encode("latin-1"), b"a\x00b\n"]
+    make_workspace(workspace, names, contents)
+    script = tmp_path / "script.json"
+    text = "x\ud800y\x00z\udcff"
+    script.write_text(json.dumps(poison_script(names, contents, b"a\x00b\xff", text)))
+    config = tmp_path / "config.toml"
+    config.write_text('on_uncertain_exec = "tell_model"\n')  # a cut-off command: tell, do not block
+    e = {**env, "DURABLE_AGENT_CONFIG": str(config)}
+
+    def cli(*args: str, crash: int | None = None) -> subprocess.CompletedProcess[str]:
+        extra = {} if crash is None else {"DURABLE_AGENT_CRASH_AFTER": str(crash)}
+        return subprocess.run([sys.executable, "-m", "durable_agent", *args, "--db", store_url, "--quiet"],
+                              env={**e, **extra}, cwd=workspace, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+
+    first = cli("start", "poison", "--model", f"scripted:{script}", "--shell", "allow", "--run-id", "p1",
+                crash=crash_after)
+    assert first.returncode == -9, first.stderr  # killed mid-run (the run has about 55 boundaries)
+    for _ in range(3):  # a kill can leave a command cut off: that is one resume each
+        resumed = cli("resume", "p1")
+        if resumed.returncode == 0 or "already completed" in resumed.stderr:
+            break
+    assert "Traceback" not in resumed.stderr
+    engine = open_store_engine(store_url)
+    try:
+        run = Store(engine).get_run("p1")
+        assert (run.status, run.answer) == ("completed", storable(f"done {text}"))
+        seen = observations(Store(engine), "p1")
+    finally:
+        engine.dispose()
+    assert "bad\\xff\\xfename.txt" in seen["call_0_0"]
+    with open(os.fsencode(workspace) + b"/new\xff\xfe.txt", "rb") as f:
+        assert f.read() == encode_content(text)[0]
