@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from durable_agent.errors import ConfigError
+from durable_agent.tools.encoding import name_from_arg
 from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 
 
@@ -178,6 +179,8 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     recorded.pop("db", None)
     if ":***@" in str(recorded.get("base_url") or ""):
         recorded.pop("base_url")
+    if isinstance(recorded.get("workspace"), str):  # stored with `\xHH` for bytes that are not UTF-8
+        recorded["workspace"] = name_from_arg("/", recorded["workspace"])
     return recorded
 
 

@@ -258,3 +258,21 @@ def test_a_poisoned_run_killed_at_a_checkpoint_resumes_to_completion(
     assert "bad\\xff\\xfename.txt" in seen["call_0_0"]
     with open(os.fsencode(workspace) + b"/new\xff\xfe.txt", "rb") as f:
         assert f.read() == encode_content(text)[0]
+
+
+def test_a_workspace_whose_own_path_is_not_utf8_resumes(tmp_path: Path, env: dict[str, str],
+                                                         write_script: Callable[..., str]) -> None:
+    workspace = os.fsencode(tmp_path) + b"/w\xffs"
+    os.mkdir(workspace)
+    model = write_script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "x"}}]},
+                          {"content": "ok"}])
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "durable_agent", *args, "--quiet"], env=env, cwd=workspace,
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    assert cli("start", "t", "--model", model, "--max-steps", "1", "--run-id", "w").returncode == 3
+    # The recorded workspace is `...w\xffs` (storable); resume finds the folder it names.
+    resumed = cli("resume", "w", "--max-steps", "5")
+    assert resumed.returncode == 0, resumed.stderr
+    assert os.path.exists(workspace + b"/a")
