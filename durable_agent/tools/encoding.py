@@ -80,19 +80,29 @@ def _is_utf8(sample: bytes) -> bool:
     return True
 
 
-def decode_text(data: bytes) -> tuple[str, str | None]:
-    """The text of `data` and a note when it was not UTF-8 (rule in the module docstring)."""
+def text_encoding(data: bytes) -> str:
+    """"utf-8", "latin-1" or "mixed" (UTF-8 with some bad bytes): the rule in the module docstring."""
     try:
-        text = data.decode("utf-8")
-        note = None
+        data.decode("utf-8")
     except UnicodeDecodeError:
         text = data.decode("utf-8", errors="surrogateescape")  # each bad byte: one surrogate
         bad = len(_UNDECODABLE.findall(text))
         good = sum(1 for ch in text if ord(ch) > 0x7F) - bad
-        if bad > good:
-            text, note = data.decode("latin-1"), "decoded as latin-1: the text is not UTF-8"
-        else:
-            text, note = show_name(text), f"{bad} byte(s) that are not UTF-8 shown as \\xHH"
+        return "latin-1" if bad > good else "mixed"
+    return "utf-8"
+
+
+def decode_text(data: bytes) -> tuple[str, str | None]:
+    """The text of `data` and a note when it was not UTF-8 (rule in the module docstring)."""
+    encoding, note = text_encoding(data), None
+    if encoding == "utf-8":
+        text = data.decode("utf-8")
+    elif encoding == "latin-1":
+        text, note = data.decode("latin-1"), "decoded as latin-1: the text is not UTF-8"
+    else:
+        text = data.decode("utf-8", errors="surrogateescape")
+        note = f"{len(_UNDECODABLE.findall(text))} byte(s) that are not UTF-8 shown as \\xHH"
+        text = show_name(text)
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
     return text, note

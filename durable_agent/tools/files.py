@@ -15,7 +15,13 @@ from pydantic import BaseModel, Field
 
 from durable_agent.status import EffectClass
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
-from durable_agent.tools.encoding import decode_text, encode_content, looks_binary, surrogate_note
+from durable_agent.tools.encoding import (
+    decode_text,
+    encode_content,
+    looks_binary,
+    surrogate_note,
+    text_encoding,
+)
 from durable_agent.tools.limits import cap_text, describe_binary
 from durable_agent.tools.sandbox import relative, resolve
 
@@ -270,13 +276,14 @@ class EditFile:
 
     def _edited(self, args: EditFileArgs, ctx: ToolContext) -> tuple[Path, bytes, bytes]:
         """The file's bytes as they are and as they will be. Decoded strictly: a lossy decode
-        would write U+FFFD over bytes the edit never touched, and hash text the file is not."""
+        would write U+FFFD over bytes the edit never touched, and hash text the file is not.
+        Latin-1 text (as read_file showed it) is edited as Latin-1: every byte round-trips."""
         path = resolve(ctx.workspace, args.path, for_write=True)
         before = read_bytes(path, args.path)
-        try:
-            text = before.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it") from None
+        encoding = text_encoding(before)
+        if encoding == "mixed":
+            raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it")
+        text = before.decode(encoding)
         if not args.old_string:
             raise ToolFailure("old_string is empty; use write_file to create a file")
         count = text.count(args.old_string)
@@ -284,7 +291,13 @@ class EditFile:
             where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
             raise ToolFailure(f"old_string {where} in {args.path}")
         new = text.replace(args.old_string, args.new_string, 1)
-        return path, before, encode_content(new)[0]
+        if encoding == "utf-8":
+            return path, before, encode_content(new)[0]
+        try:
+            return path, before, new.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ToolFailure(f"{args.path} is Latin-1 text and new_string has characters Latin-1 cannot "
+                              "hold; use write_file to rewrite the file as UTF-8") from None
 
     def plan(self, args: EditFileArgs, ctx: ToolContext) -> WritePlan:
         path, before, after = self._edited(args, ctx)
