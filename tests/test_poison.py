@@ -214,14 +214,12 @@ def test_the_worst_case_run_in_a_real_process_on_both_stores(store_url: str, tmp
 
 
 # -- killed anywhere with the poison in its history, then resumed -------------------------------
-@pytest.mark.parametrize("crash_after", [1, 4, 7, 11, 16, 22, 29, 37, 43, 47])
+@pytest.mark.parametrize("crash_after", [1, 5, 11, 22, 37, 47])
 def test_a_poisoned_run_killed_at_a_checkpoint_resumes_to_completion(
         store_url: str, tmp_path: Path, env: dict[str, str], crash_after: int) -> None:
     """SIGKILL at the k-th checkpoint boundary (test_crash.py's switch), then resume: the
     history read back must hash to the keys recorded before the kill (a model step cut off
     is matched by its request hash, a tool step by its arguments), or resume would refuse."""
-    if store_url.startswith("postgresql") and crash_after % 2 == 0:
-        pytest.skip("half the points on PostgreSQL: the windows are the same code")
     workspace = tmp_path / "ws"
     workspace.mkdir()
     names = [b"bad\xff\xfename.txt", b"latin.txt", b"nul.bin"]
