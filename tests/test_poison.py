@@ -274,3 +274,32 @@ def test_a_workspace_whose_own_path_is_not_utf8_resumes(tmp_path: Path, env: dic
     resumed = cli("resume", "w", "--max-steps", "5")
     assert resumed.returncode == 0, resumed.stderr
     assert os.path.exists(workspace + b"/a")
+
+
+def test_a_poisoned_command_that_needs_approval_on_both_stores(
+        store_url: str, tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]]) -> None:
+    """`--shell ask`: the command (NUL, a lone surrogate, a byte escape) is stored in the
+    approvals row and shown by `show`; approved, it runs (or fails as an observation)."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm -rf x\x00 \ud800 \udcff"}}]},
+        {"content": "done"}]))
+    db = ["--db", store_url]
+    code, out, err = run_cli("start", "t", "--workspace", str(workspace), "--model", f"scripted:{script}",
+                             "--run-id", "ask1", "--json", *db)
+    assert code == 5 and json.loads(out)["status"] == "blocked", err
+    code, out, err = run_cli("show", "ask1", *db)
+    assert code == 0 and "rm -rf x\\x00 \ufffd \\xff" in out, err
+    assert run_cli("approve", "ask1", *db)[0] == 0
+    code, out, err = run_cli("resume", "ask1", "--json", *db)
+    assert code == 0 and json.loads(out)["status"] == "completed", err
+    engine = open_store_engine(store_url)
+    try:
+        seen = observations(Store(engine), "ask1")
+    finally:
+        engine.dispose()
+    assert seen["call_0_0"].startswith("Error: ")  # a NUL cannot be in an argv: an observation
+    for command in (["show", "ask1"], ["export", "ask1"], ["list"]):
+        assert run_cli(*command, *db)[0] == 0
