@@ -233,6 +233,8 @@ def cmd_db(args: Namespace, env: dict[str, str]) -> int:
 def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.demo.story import run_demo
 
+    if args.db == "":  # as for every other command: empty is a mistake, not "the default"
+        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out")
     return run_demo(db=args.db, keep=args.keep, env=env)
 
 

@@ -97,7 +97,7 @@ def test_an_existing_store_on_a_read_only_file_system(cli: Callable[..., Result]
 
 # -- settings ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", [["list"], ["show", "x"], ["db", "current"], ["worker", "--once"],
-                                     ["start", "t", "--model", "demo"], ["resume", "x"]])
+                                     ["start", "t", "--model", "demo"], ["resume", "x"], ["demo"]])
 def test_an_empty_db_flag_is_an_error_not_the_default_store(cli: Callable[..., Result], env: dict[str, str],
                                                             command: list[str]) -> None:
     result = cli(*command, "--db", "")

@@ -210,8 +210,7 @@ class _Capture:
                 return full
             head_text, tail_text = full, full
         else:
-            head_text = decode_text(bytes(self.head))[0]
-            tail_text = decode_text(bytes(self.tail))[0]
+            head_text, tail_text = (decode_text(bytes(part))[0] for part in (self.head, self.tail))
         return truncate_middle(head_text, tail_text, self.total, self.cap)
 
 
