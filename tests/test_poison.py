@@ -287,12 +287,12 @@ def test_a_poisoned_command_that_needs_approval_on_both_stores(
         {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm -rf x\x00 \ud800 \udcff"}}]},
         {"content": "done"}]))
     db = ["--db", store_url]
-    code, out, err = run_cli("start", "t", "--workspace", str(workspace), "--model", f"scripted:{script}",
-                             "--run-id", "ask1", "--json", *db)
+    code, out, err = run_cli("start", "task \udcff\udcfe", "--workspace", str(workspace), "--model",
+                             f"scripted:{script}", "--run-id", "ask1", "--json", *db)
     assert code == 5 and json.loads(out)["status"] == "blocked", err
     code, out, err = run_cli("show", "ask1", *db)
     assert code == 0 and "rm -rf x\\x00 \ufffd \\xff" in out, err
-    assert run_cli("approve", "ask1", *db)[0] == 0
+    assert run_cli("approve", "ask1", "--by", "me\udcff", *db)[0] == 0  # argv bytes that are not UTF-8
     code, out, err = run_cli("resume", "ask1", "--json", *db)
     assert code == 0 and json.loads(out)["status"] == "completed", err
     engine = open_store_engine(store_url)

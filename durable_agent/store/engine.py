@@ -161,7 +161,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         try:
             command.upgrade(cfg, revision)
         except CommandError as exc:  # e.g. a revision from a newer durable-agent
-            raise ConfigError(f"cannot upgrade the store: {exc}") from None
+            raise ConfigError(f"cannot upgrade the store: {exc} (was it made by a newer durable-agent?)") from None
 
 
 def ensure_schema(engine: Engine) -> None:

@@ -159,7 +159,7 @@ class Store:
     def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
-                decision="approved" if approved else "denied", decided_by=by, decided_at=utcnow()))
+                decision="approved" if approved else "denied", decided_by=storable(by), decided_at=utcnow()))
 
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
         settings = storable(settings)
