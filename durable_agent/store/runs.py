@@ -48,7 +48,7 @@ class Store:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
-        task, workspace, settings = storable((task, workspace, settings))
+        task, workspace, model, settings = storable((task, workspace, model, settings))
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
         if lease is not None:
