@@ -9,6 +9,7 @@ history with the poison in it is read back, re-hashed and continued from the row
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from scale_helpers import pg_schema
 
@@ -303,3 +304,47 @@ def test_a_poisoned_command_that_needs_approval_on_both_stores(
     assert seen["call_0_0"].startswith("Error: ")  # a NUL cannot be in an argv: an observation
     for command in (["show", "ask1"], ["export", "ask1"], ["list"]):
         assert run_cli(*command, *db)[0] == 0
+
+
+# -- the file tools in this process: the fast bulk ----------------------------------------------
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.one_of(st.text(ANY_CHAR, max_size=12), NAMES.map(lambda b: show_name(os.fsdecode(b)))),
+       content=MODEL_TEXT, data=CONTENTS)
+def test_file_tools_fail_only_as_observations(
+        tmp_path: Path, path: str, content: str, data: bytes) -> None:
+    """Any path text and content: a result or a ToolFailure (or an OSError, which the loop
+    turns into an observation too), never an encoding error; and a Latin-1 file edited in
+    one place keeps every other byte."""
+    from durable_agent.tools import build_tools
+    from durable_agent.tools.base import ToolContext, ToolFailure
+    workspace = Path(tempfile.mkdtemp(dir=tmp_path))
+    (workspace / "f.txt").write_bytes(data)
+    tools = build_tools("deny")
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    for name, args in [("write_file", {"path": path, "content": content}), ("read_file", {"path": path}),
+                       ("list_files", {"path": path}), ("search_text", {"pattern": ".", "path": path}),
+                       ("edit_file", {"path": path, "old_string": content[:1] or "x", "new_string": content})]:
+        tool = tools[name]
+        with contextlib.suppress(ToolFailure, OSError):
+            tool.run(tool.args_model.model_validate(args), ctx)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"),
+                    min_size=1, max_size=80), at=st.integers(0, 79))
+def test_a_latin1_file_edited_in_one_place_keeps_every_other_byte(tmp_path: Path, text: str, at: int) -> None:
+    from durable_agent.tools import build_tools
+    from durable_agent.tools.base import ToolContext
+    from durable_agent.tools.encoding import text_encoding
+
+    data = text.encode("latin-1")
+    assume(text_encoding(data) == "latin-1" and not looks_binary(data))
+    old = text[at % len(text)]
+    assume(text.count(old) == 1)
+    workspace = Path(tempfile.mkdtemp(dir=tmp_path))
+    (workspace / "f.txt").write_bytes(data)
+    tool = build_tools("deny")["edit_file"]
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
+    result = tool.run(tool.args_model.model_validate({"path": "f.txt", "old_string": old, "new_string": "é"}), ctx)
+    assert result.error is None
+    assert (workspace / "f.txt").read_bytes() == data.replace(old.encode("latin-1"), b"\xe9")
