@@ -179,6 +179,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _lenient_output()
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -207,6 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 4
     except BrokenPipeError:
         return 0
+
+
+def _lenient_output() -> None:
+    """A character the terminal's encoding cannot take (a lone surrogate in a hand-edited
+    row) is printed escaped, never a traceback halfway through `show` or `export`."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def _is_usage(exc: Any) -> bool:

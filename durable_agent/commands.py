@@ -220,6 +220,8 @@ def cmd_db(args: Namespace, env: dict[str, str]) -> int:
 def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.demo.story import run_demo
 
+    if args.db == "":  # as for every other command: empty is a mistake, not "the default"
+        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out")
     return run_demo(db=args.db, keep=args.keep, env=env)
 
 
@@ -228,7 +230,7 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
 
     if args.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
-    if args.poll <= 0:
+    if not args.poll > 0 or args.poll == float("inf"):  # also NaN
         raise ConfigError("--poll must be a positive number of seconds")
     # Flags the config can also set are None unless given: the config file is never overridden.
     settings = load_settings(_flags(args, ("db", "lease_seconds", "max_running_runs")), env)

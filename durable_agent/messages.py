@@ -19,7 +19,9 @@ def canonical_json(value: Any) -> str:
 
 
 def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate in a model's arguments (JSON "\ud800") must still give
+    # a key, the same one on every resume; for any other text it changes nothing.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # The loop looks at a call's arguments about seven times while it runs the call. A small

@@ -15,7 +15,7 @@ from durable_agent.observer import Observer, StepEvent
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
-from durable_agent.transcript import iso_utc
+from durable_agent.transcript import as_dict, iso_utc, recorded_calls
 
 
 def fmt_ms(ms: int | None) -> str:
@@ -38,9 +38,11 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-def short(text: str | None, width: int) -> str:
-    """One line, at most `width` characters (an ellipsis marks the cut)."""
-    text = (text or "").replace("\n", " ")
+def short(value: Any, width: int) -> str:
+    """One line, at most `width` characters (an ellipsis marks the cut). A value that is
+    not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -364,8 +366,8 @@ def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None
 def step_what(run: RunRecord, s: StepRecord) -> str:
     """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
     if s.kind == "model":
-        out = s.output if isinstance(s.output, dict) else {}
-        names = [c.get("function", c).get("name", "?") for c in out.get("tool_calls") or []]
+        out = as_dict(s.output)
+        names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
         if names:
             return "→ " + ", ".join(names)
         if out.get("content"):

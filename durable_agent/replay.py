@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from durable_agent.messages import HistoryHash, Message, ToolCall
+from durable_agent.store.storable import storable
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RunState:
 
     def append(self, message: Message) -> int:
         """Add a message to the history; returns its seq."""
+        message = storable_message(message)
         self.messages.append(message)
         self.history.add(message)
         return len(self.messages) - 1
@@ -58,6 +60,18 @@ class RunState:
         if last is not None and last.role == "assistant" and not last.tool_calls:
             return last.content or ""
         return None
+
+
+def storable_message(m: Message) -> Message:
+    """`m` as the store will hold it (store/storable.py): the history in memory must be the
+    history a resume reads back, or the tool calls run, their keys and the request hash
+    would differ after a resume. The same object when it is clean (nearly always)."""
+    texts = [m.content, m.tool_call_id, *(t for c in m.tool_calls for t in (c.id, c.name, c.arguments))]
+    if all(storable(t) is t for t in texts):
+        return m
+    calls = tuple(ToolCall(id=storable(c.id), name=storable(c.name), arguments=storable(c.arguments))
+                  for c in m.tool_calls)
+    return Message(m.role, storable(m.content), tool_calls=calls, tool_call_id=storable(m.tool_call_id))
 
 
 def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_tokens: tuple[int, int]) -> RunState:

@@ -25,13 +25,14 @@ from pydantic import (
 )
 
 from durable_agent.errors import ConfigError
+from durable_agent.tools.encoding import name_from_arg
 from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 
 
 class ModelPrice(BaseModel):
     """What one model costs, per million tokens (any currency; USD for the hosted APIs)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     input_per_mtok: float = Field(ge=0)
     """Price of one million prompt tokens."""
@@ -45,7 +46,10 @@ class ModelPrice(BaseModel):
 class Settings(BaseModel):
     """Everything a run can be configured with. Each field documents itself."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # allow_inf_nan=False: `--max-seconds inf` would be recorded as the JSON `Infinity`, which
+    # neither json_extract nor jsonb reads; "no limit" is an unset budget, not infinity.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
 
     workspace: Path = Field(default_factory=Path.cwd)
     """Directory the agent works in; every tool path is confined to it."""
@@ -179,6 +183,8 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     recorded.pop("db", None)
     if ":***@" in str(recorded.get("base_url") or ""):
         recorded.pop("base_url")
+    if isinstance(recorded.get("workspace"), str):  # stored with `\xHH` for bytes that are not UTF-8
+        recorded["workspace"] = name_from_arg("/", recorded["workspace"])
     return recorded
 
 
@@ -222,6 +228,9 @@ def load_settings(
     if base:
         merged.update({k: v for k, v in base.items() if v is not None})
     merged.update({k: v for k, v in flags.items() if v is not None})
+    if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
+        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
+                          "for the default store")
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
     try:

@@ -33,6 +33,7 @@ from typing import Any
 
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.runs import Store
+from durable_agent.store.storable import storable
 
 EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
                "approval_requested", "run_resumed", "run_finished")
@@ -91,7 +92,7 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
             if s.finished_at is None:
                 continue  # a call in flight (or cut off by a crash): nothing came back yet
             out.append({"type": "model_completed", "at": iso_utc(s.finished_at), **common,
-                        "state": s.state, "model": (s.input or {}).get("model", run.model),
+                        "state": s.state, "model": as_dict(s.input).get("model", run.model),
                         **_model_payload(s), "duration_ms": s.duration_ms, "error": s.error})
             continue
         tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
@@ -104,12 +105,26 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
     return out
 
 
-def _model_payload(step: StepRecord) -> dict[str, Any]:
-    output = step.output if isinstance(step.output, dict) else {}
+def as_dict(value: Any) -> dict[str, Any]:
+    """A JSON column read as an object: {} when a row (written by hand, by another version)
+    holds something else there. Readers never assume a stored shape."""
+    return value if isinstance(value, dict) else {}
+
+
+def recorded_calls(value: Any) -> list[dict[str, Any]]:
+    """Recorded tool calls (`[{"id", "function": {"name", "arguments"}}]`) as flat dicts,
+    whatever shape was stored: what is not an object is skipped."""
     calls = []
-    for c in output.get("tool_calls") or []:
-        fn = c.get("function", c)
-        calls.append({"id": c.get("id"), "name": fn.get("name"), "arguments": _maybe_json(fn.get("arguments"))})
+    for c in value if isinstance(value, list) else []:
+        if isinstance(c, dict):
+            fn = as_dict(c.get("function", c))
+            calls.append({"id": c.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")})
+    return calls
+
+
+def _model_payload(step: StepRecord) -> dict[str, Any]:
+    output = as_dict(step.output)
+    calls = [{**c, "arguments": _maybe_json(c["arguments"])} for c in recorded_calls(output.get("tool_calls"))]
     usage = output.get("usage") or {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
     return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
 
@@ -130,6 +145,8 @@ def _result_payload(output: Any) -> dict[str, Any]:
         data = {k: v for k, v in output.items() if k != "output_tail"}
     else:
         text, data = output.get("result") or "", output.get("data")
+    if not isinstance(text, str):  # not what this version writes: show it, do not fail on it
+        text = json.dumps(text, ensure_ascii=False)
     kept = text if len(text) <= RESULT_CAP else text[:RESULT_CAP] + f"…[truncated: {len(text)} chars in all]"
     return {"result": kept, "result_chars": len(text), "truncated": len(text) > RESULT_CAP, "data": data}
 
@@ -145,7 +162,7 @@ def _maybe_json(text: Any) -> Any:
     if not isinstance(text, str):
         return text
     try:
-        return json.loads(text)
+        return storable(json.loads(text))  # JSON text may spell a lone surrogate or NUL
     except ValueError:
         return text  # malformed arguments are part of the story: keep them as written
 

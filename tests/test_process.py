@@ -105,9 +105,12 @@ def test_missing_workspace_raises(tmp_path: Path) -> None:
 
 
 def test_undecodable_output_is_replaced_not_fatal(tmp_path: Path) -> None:
+    # No UTF-8 in it at all: Latin-1 (tools/encoding.py). Mostly UTF-8: the bad byte as \xff.
     out = run(r"printf 'a\377b'", tmp_path)
-    assert out.stdout == "a\ufffdb"
+    assert out.stdout == "a\u00ffb"
     assert out.stdout_bytes == 3
+    assert run(r"printf 'caf\303\251 \377 \303\251'", tmp_path).stdout == "café \\xff é"
+    assert run(r"printf 'a\000b'", tmp_path).stdout == "a\\x00b"  # PostgreSQL text cannot hold NUL
 
 
 def test_output_is_capped_with_a_marker_and_the_original_size(tmp_path: Path) -> None:

@@ -125,8 +125,9 @@ def test_schemas_come_from_the_argument_models() -> None:
 
 
 def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: Path) -> None:
-    # Valid UTF-8 for the first 8 KiB (the binary sniff), then one Latin-1 byte.
-    original = b"x = 1\n" + b"# padding\n" * 900 + b"name = 'caf\xe9'\n"
+    # Valid UTF-8 for the first 8 KiB (the binary sniff), then one bad byte, in a file that is
+    # otherwise UTF-8 ("mixed"): a strict edit is refused rather than U+FFFD written over it.
+    original = "x = 1\n# é\n".encode() + b"# padding\n" * 900 + b"name = 'caf\xe9'\n"
     (workspace / "a.py").write_bytes(original)
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
     edit = EditFile()
@@ -136,8 +137,21 @@ def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: 
     result = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = 2")
     assert result.error and "not UTF-8" in result.error
     assert (workspace / "a.py").read_bytes() == original  # no U+FFFD written over the \xe9
-    # read_file still shows it, with a replacement character for display only.
-    assert "caf\ufffd" in call(workspace, "read_file", path="a.py").output
+    # read_file still shows it, the bad byte as \xe9 and a note.
+    shown = call(workspace, "read_file", path="a.py").output
+    assert "name = 'caf\\xe9'" in shown and "1 byte(s) that are not UTF-8" in shown
+
+
+def test_latin1_text_is_read_and_edited_as_latin1(workspace: Path) -> None:
+    original = b"x = 1\n" + b"# padding\n" * 900 + b"name = 'caf\xe9'\n"  # no UTF-8 in it: Latin-1
+    (workspace / "a.py").write_bytes(original)
+    shown = call(workspace, "read_file", path="a.py").output
+    assert "name = 'café'" in shown and "[decoded as latin-1" in shown
+    assert call(workspace, "edit_file", path="a.py", old_string="café", new_string="olé").error is None
+    assert (workspace / "a.py").read_bytes() == original.replace(b"caf\xe9", b"ol\xe9")  # still Latin-1
+    refused = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = '€'")
+    assert refused.error and "Latin-1 cannot hold" in refused.error
+    assert (workspace / "a.py").read_bytes() == original.replace(b"caf\xe9", b"ol\xe9")
 
 
 def test_edit_plan_hashes_the_files_bytes(workspace: Path) -> None:

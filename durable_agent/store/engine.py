@@ -8,7 +8,11 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 
 from __future__ import annotations
 
+import functools
+import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +23,21 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.schema import HEAD_REVISION
+from durable_agent.store.storable import storable
 
 BUSY_TIMEOUT_MS = 30_000
+# Reading a row must never fail, whatever was written into it by hand: SQLite text that is
+# not UTF-8 reads with U+FFFD (not "Could not decode to UTF-8 column"), and a JSON column
+# that is not JSON reads as its text.
+_LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
+
+
+def _read_json(text: str) -> object:
+    try:
+        # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
+        return storable(json.loads(text))
+    except ValueError:
+        return text
 
 
 def normalize_url(url: str) -> str:
@@ -44,7 +61,7 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(url, parsed.database, durability, pool)
-        return create_engine(url, pool_pre_ping=True, **pool)
+        return create_engine(url, pool_pre_ping=True, json_deserializer=_read_json, **pool)
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
     except ModuleNotFoundError as exc:
@@ -60,7 +77,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the database folder for {database}: {exc}") from None
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=_read_json,
                            **(pool if database and database != ":memory:" else {}))
     synchronous = "FULL" if durability == "full" else "NORMAL"
 
@@ -68,6 +85,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module so we can BEGIN IMMEDIATE.
         dbapi_conn.isolation_level = None
+        dbapi_conn.text_factory = _LENIENT_TEXT
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
@@ -89,17 +107,35 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
     return engine
 
 
+@contextmanager
+def _opening(engine: Engine) -> Iterator[None]:
+    """A store that cannot be used at all (a text file, a truncated or read-only database, a
+    folder we cannot write): one line that names it, exit 2, instead of a driver traceback."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if retrying.is_transient(exc):
+            raise  # not there yet (server restarting, locked): the caller waits, then exit 7
+        where = engine.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        hint = ""
+        if engine.url.get_backend_name() == "sqlite":
+            hint = " (--db must be a durable-agent SQLite file, or a new path in a writable folder)"
+        raise ConfigError(f"cannot use the store {where}: {reason}{hint}") from None
+
+
 def current_revision(engine: Engine) -> str | None:
     """The schema's Alembic revision; None for a database without one (a new store)."""
-    try:
-        with engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError as exc:
-        # "no such table" (SQLite) / UndefinedTable (PostgreSQL): nothing created yet.
-        # Anything else (I/O error, connection refused, not a database) is a real fault.
-        if "alembic_version" in str(exc.orig) and not retrying.is_transient(exc):
-            return None
-        raise
+    with _opening(engine):
+        try:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except DBAPIError as exc:
+            # "no such table" (SQLite) / UndefinedTable (PostgreSQL): nothing created yet.
+            # Anything else (I/O error, connection refused, not a database) is a real fault.
+            if "alembic_version" in str(exc.orig) and not retrying.is_transient(exc):
+                return None
+            raise
 
 
 def migrations_dir() -> Path:
@@ -114,14 +150,18 @@ def migrations_dir() -> Path:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     # Imported here: alembic is only needed when the schema is behind (first use, upgrades).
     from alembic.config import Config
+    from alembic.util import CommandError
 
     from alembic import command
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    with engine.begin() as conn:
+    with _opening(engine), engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        try:
+            command.upgrade(cfg, revision)
+        except CommandError as exc:  # e.g. a revision from a newer durable-agent
+            raise ConfigError(f"cannot upgrade the store: {exc} (was it made by a newer durable-agent?)") from None
 
 
 def ensure_schema(engine: Engine, policy: retrying.StorePolicy | None = None) -> None:

@@ -39,6 +39,7 @@ from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, S
 from durable_agent.store.rows import message_from_row, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 from durable_agent.store.step import COUNTERS, Counters, Step
+from durable_agent.store.storable import storable
 
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
 # CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
@@ -155,8 +156,8 @@ class Journal:
 
     def defer(self, step_rows: list[dict[str, Any]], message_rows: list[dict[str, Any]],
               counters: Counters) -> None:
-        self._deferred_steps.extend(step_rows)
-        self.pending_messages.extend(message_rows)
+        self._deferred_steps.extend(storable(row) for row in step_rows)
+        self.pending_messages.extend(storable(row) for row in message_rows)
         self._deferred_counters = counters
 
     def discard_deferred(self) -> None:
@@ -173,10 +174,12 @@ class Journal:
         (faults persisted) or StoreError (refused); after any of them nothing of it is
         committed, and the deferred rows are kept for the caller to drop with the session.
         """
-        statements = list(statements)
+        # storable: no value (a NUL, a lone surrogate, a non-finite number) may fail the write
+        # on either dialect; it returns the same object when there is nothing to change.
+        statements = [(statement, storable(params)) for statement, params in statements]
         counters = counters or self._deferred_counters
-        all_steps = [*self._deferred_steps, *step_rows]
-        all_messages = [*self.pending_messages, *message_rows]
+        all_steps = [*self._deferred_steps, *(storable(row) for row in step_rows)]
+        all_messages = [*self.pending_messages, *(storable(row) for row in message_rows)]
         token = uuid.uuid4().hex
         now = utcnow()
 
@@ -304,6 +307,7 @@ class Journal:
         pending = self.approval_for(call_id, kind)
         if pending is not None and pending.decision is None:
             return
+        command, reason = storable((command, reason))
         self.commit([(insert(approvals).values(
             run_id=self.run_id, call_id=call_id, kind=kind, tool_name=tool_name,
             command=command, reason=reason, step_seq=step_seq, requested_at=utcnow()), {})])
@@ -316,6 +320,7 @@ class Journal:
     def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
+        answer, error = storable((answer, error))
         now = utcnow()
         self.commit([(update(runs).where(runs.c.id == self.run_id).values(
             status=status, stop_reason=stop_reason, answer=answer, error=error,

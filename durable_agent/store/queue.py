@@ -29,6 +29,7 @@ from durable_agent.status import RunStatus
 from durable_agent.store import leases, retrying
 from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import runs
+from durable_agent.store.storable import storable
 
 # Key of the PostgreSQL advisory lock that serializes claims only while a global limit is
 # set: counting live leases and taking one must be atomic, and under READ COMMITTED two
@@ -170,5 +171,5 @@ class Queue:
                 .where(runs.c.id == run_id, runs.c.lease_owner == owner, runs.c.lease_epoch == epoch,
                        runs.c.status == RunStatus.RUNNING.value)
                 .values(status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None,
-                        error=note, updated_at=utcnow()))
+                        error=storable(note), updated_at=utcnow()))
             return res.rowcount == 1

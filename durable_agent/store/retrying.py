@@ -5,7 +5,7 @@
     PostgreSQL class 08 (connection), 57P01–57P03       transient  (server killed us, restarting)
     PostgreSQL 40001, 40P01 (serialization, deadlock)   transient  (retry the transaction)
     SQLite BUSY / LOCKED (beyond busy_timeout)          transient
-    SQLite IOERR, FULL, CANTOPEN, PROTOCOL              transient  (a full disk may be freed)
+    SQLite IOERR, FULL, PROTOCOL                        transient  (a full disk may be freed)
     anything else (integrity, data, programming)        permanent  (a bug or bad data: no retry)
 
 `run` retries transient faults under a `StorePolicy` (full-jitter backoff, bounded attempts
@@ -36,8 +36,8 @@ from durable_agent.errors import StoreError, StoreUnavailable
 T = TypeVar("T")
 
 _PG_TRANSIENT = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03", "53300"}
-_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN",
-                     "SQLITE_PROTOCOL")
+# Not CANTOPEN (a path under a file, no permission): a wrong --db, not a passing fault.
+_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_PROTOCOL")
 # Messages of drivers that carry no code (a socket that died under psycopg, sqlite3's text).
 _TRANSIENT_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
                    "connection refused", "could not connect", "connection reset", "broken pipe",

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_agent.messages import Message, ToolCall
+from durable_agent.store.storable import storable
 
 
 def utcnow() -> datetime:
@@ -18,7 +19,7 @@ def message_from_row(row: Any) -> Message:
 
 
 def message_values(run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime) -> dict[str, Any]:
-    return {
+    return storable({
         "run_id": run_id,
         "seq": seq,
         "role": message.role,
@@ -27,4 +28,4 @@ def message_values(run_id: str, seq: int, message: Message, step_seq: int | None
         "tool_call_id": message.tool_call_id,
         "step_seq": step_seq,
         "created_at": now,
-    }
+    })

@@ -27,6 +27,7 @@ from durable_agent.store.records import (
 )
 from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
+from durable_agent.store.storable import storable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class Store:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
+        task, workspace, model, settings = storable((task, workspace, model, settings))
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
         if lease is not None:
@@ -166,7 +168,7 @@ class Store:
             row = _locked_run(conn, run_id)
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
-            extra = {} if settings is None else {"settings": settings}
+            extra = {} if settings is None else {"settings": storable(settings)}
             conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
                 cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now, **extra))
@@ -185,10 +187,11 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
                 decision=(Decision.APPROVED if approved else Decision.DENIED).value,
-                decided_by=by, decided_at=utcnow()))
+                decided_by=storable(by), decided_at=utcnow()))
 
     @_retried
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
+        settings = storable(settings)
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
 

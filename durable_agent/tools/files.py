@@ -15,7 +15,14 @@ from pydantic import BaseModel, Field
 
 from durable_agent.status import EffectClass
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
-from durable_agent.tools.limits import cap_text, describe_binary, looks_binary
+from durable_agent.tools.encoding import (
+    decode_text,
+    encode_content,
+    looks_binary,
+    surrogate_note,
+    text_encoding,
+)
+from durable_agent.tools.limits import cap_text, describe_binary
 from durable_agent.tools.sandbox import relative, resolve
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -100,9 +107,10 @@ def read_bytes(path: Path, display: str) -> bytes:
     return data
 
 
-def read_text(path: Path, display: str) -> str:
-    """For showing: bytes that are not UTF-8 past the binary sniff appear as U+FFFD."""
-    return read_bytes(path, display).decode("utf-8", errors="replace")
+def read_text(path: Path, display: str) -> tuple[str, str | None]:
+    """For showing: the text and a note when it was not UTF-8 (tools/encoding.py: Latin-1
+    or the bad bytes as \\xHH)."""
+    return decode_text(read_bytes(path, display))
 
 
 # -- list_files ------------------------------------------------------------------------------
@@ -158,13 +166,13 @@ class ReadFile:
 
     def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
         path = resolve(ctx.workspace, args.path)
-        text = read_text(path, args.path)
+        text, decoded = read_text(path, args.path)
         lines = text.splitlines(keepends=True)
         end = len(lines) if args.limit is None else args.offset + args.limit
         chunk = "".join(lines[args.offset:end])
-        note = ""
+        note = f"\n[{decoded}]" if decoded else ""
         if args.offset or end < len(lines):
-            note = f"\n[lines {args.offset}-{min(end, len(lines))} of {len(lines)}]"
+            note += f"\n[lines {args.offset}-{min(end, len(lines))} of {len(lines)}]"
         return ToolResult(output=cap_text(chunk, ctx.output_cap) + note,
                           data={"lines": len(lines), "bytes": len(text)})
 
@@ -203,7 +211,7 @@ class SearchText:
                 continue
             if looks_binary(data[:8192]):
                 continue
-            for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            for n, line in enumerate(decode_text(data)[0].splitlines(), 1):
                 if regex.search(line):
                     total += 1
                     if len(matches) < MAX_MATCHES:
@@ -238,18 +246,19 @@ class WriteFile:
         path = resolve(ctx.workspace, args.path, for_write=True)
         shown = relative(ctx.workspace, path)
         return WritePlan(path=shown, before_sha=file_sha(path, shown),
-                         after_sha=sha256_bytes(args.content.encode("utf-8")))
+                         after_sha=sha256_bytes(encode_content(args.content)[0]))
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
         return planned_file_sha(plan, ctx)
 
     def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
         path = resolve(ctx.workspace, args.path, for_write=True)
-        data = args.content.encode("utf-8")
+        data, replaced = encode_content(args.content)
         existed = path.exists()
         atomic_write(path, data)
         verb = "overwrote" if existed else "created"
-        return ToolResult(output=f"{verb} {args.path} ({len(data)} bytes)", data={"bytes": len(data)})
+        return ToolResult(output=f"{verb} {args.path} ({len(data)} bytes){surrogate_note(replaced)}",
+                          data={"bytes": len(data)})
 
 
 # -- edit_file -------------------------------------------------------------------------------
@@ -267,13 +276,14 @@ class EditFile:
 
     def _edited(self, args: EditFileArgs, ctx: ToolContext) -> tuple[Path, bytes, bytes]:
         """The file's bytes as they are and as they will be. Decoded strictly: a lossy decode
-        would write U+FFFD over bytes the edit never touched, and hash text the file is not."""
+        would write U+FFFD over bytes the edit never touched, and hash text the file is not.
+        Latin-1 text (as read_file showed it) is edited as Latin-1: every byte round-trips."""
         path = resolve(ctx.workspace, args.path, for_write=True)
         before = read_bytes(path, args.path)
-        try:
-            text = before.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it") from None
+        encoding = text_encoding(before)
+        if encoding == "mixed":
+            raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it")
+        text = before.decode(encoding)
         if not args.old_string:
             raise ToolFailure("old_string is empty; use write_file to create a file")
         count = text.count(args.old_string)
@@ -281,7 +291,13 @@ class EditFile:
             where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
             raise ToolFailure(f"old_string {where} in {args.path}")
         new = text.replace(args.old_string, args.new_string, 1)
-        return path, before, new.encode("utf-8")
+        if encoding == "utf-8":
+            return path, before, encode_content(new)[0]
+        try:
+            return path, before, new.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ToolFailure(f"{args.path} is Latin-1 text and new_string has characters Latin-1 cannot "
+                              "hold; use write_file to rewrite the file as UTF-8") from None
 
     def plan(self, args: EditFileArgs, ctx: ToolContext) -> WritePlan:
         path, before, after = self._edited(args, ctx)
@@ -295,4 +311,5 @@ class EditFile:
         path, _before, after = self._edited(args, ctx)
         atomic_write(path, after)
         delta = args.new_string.count("\n") - args.old_string.count("\n")
-        return ToolResult(output=f"edited {args.path} ({delta:+d} lines)", data={"bytes": len(after)})
+        note = surrogate_note(encode_content(args.new_string)[1])
+        return ToolResult(output=f"edited {args.path} ({delta:+d} lines){note}", data={"bytes": len(after)})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from durable_agent.tools.encoding import looks_binary  # noqa: F401 - the rule lives with the decoding
+
 
 def cap_text(text: str, limit: int) -> str:
     """Head and tail of `text` within `limit` characters, with a visible marker between."""
@@ -12,18 +14,6 @@ def cap_text(text: str, limit: int) -> str:
     cut = len(text) - head - tail
     return (f"{text[:head]}\n[... truncated {cut} of {len(text)} characters ...]\n"
             f"{text[len(text) - tail:]}")
-
-
-def looks_binary(sample: bytes) -> bool:
-    """NUL bytes, or text that is not UTF-8: describe it instead of dumping it."""
-    if b"\x00" in sample:
-        return True
-    try:
-        sample.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        # A multi-byte character cut at the end of the sample is still text.
-        return exc.start < len(sample) - 4
-    return False
 
 
 def describe_binary(name: str, size: int, sample: bytes) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_agent.redact import is_secret_name
+from durable_agent.tools.encoding import decode_text  # Latin-1 or \xHH, as file text
 
 GUARD_SCRIPT = Path(__file__).with_name("_guard.py")
 KILL_GRACE_S = 2.0
@@ -204,13 +205,12 @@ class _Capture:
     def text(self) -> str:
         dropped = self.total - len(self.head) - len(self.tail)
         if dropped == 0:
-            full = (self.head + self.tail).decode("utf-8", errors="replace")
+            full = decode_text(bytes(self.head + self.tail))[0]
             if len(full) <= self.cap:
                 return full
             head_text, tail_text = full, full
         else:
-            head_text = self.head.decode("utf-8", errors="replace")
-            tail_text = self.tail.decode("utf-8", errors="replace")
+            head_text, tail_text = (decode_text(bytes(part))[0] for part in (self.head, self.tail))
         return truncate_middle(head_text, tail_text, self.total, self.cap)
 
 

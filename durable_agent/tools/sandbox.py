@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from durable_agent.tools.base import ToolFailure
+from durable_agent.tools.encoding import bad_name_char, name_from_arg, show_name
 
 
 def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
@@ -16,6 +17,10 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
     """
     if "\x00" in path:
         raise ToolFailure("path contains a NUL byte")
+    problem = bad_name_char(path)
+    if problem:
+        raise ToolFailure(problem)
+    path = name_from_arg(workspace, path)  # `bad\xffname` as shown by `relative` (tools/encoding.py)
     # On strings: every file tool call comes here, and Path.resolve and Path.parents cost
     # more than the lstat calls that do the work.
     real_root = os.path.realpath(workspace)
@@ -33,5 +38,7 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
 
 
 def relative(workspace: Path, target: Path) -> str:
+    """The workspace-relative path as shown to the model: bytes that are not UTF-8 as `\\xHH`,
+    which `resolve` takes back."""
     rel = target.relative_to(workspace.resolve())
-    return rel.as_posix() or "."
+    return show_name(rel.as_posix() or ".")

@@ -1,0 +1,70 @@
+"""The store-boundary rule: make any value representable on SQLite and PostgreSQL alike.
+
+PostgreSQL rejects NUL in `text` and `\\u0000` in `jsonb`, UTF-8 (both dialects) cannot
+hold a lone surrogate, and JSON has no NaN or Infinity (SQLite's `json_extract` and
+PostgreSQL's `jsonb` both refuse the `NaN`/`Infinity` that Python's json writes). A value
+that breaks one of these rules would fail the checkpoint on every resume, so every row
+goes through `storable` before it is written:
+
+    U+DC80..U+DCFF   a byte that was not UTF-8, carried with `surrogateescape` (file names,
+                     command output): written as the text `\\xHH`, the display that the file
+                     tools accept back in a path (tools/encoding.py)
+    other surrogates lone halves (`"\\ud800"` from a model's JSON): U+FFFD
+    NUL              the text `\\x00`
+    NaN, ±Infinity   the strings "NaN", "Infinity", "-Infinity"
+    bytes            decoded as UTF-8, undecodable bytes as `\\xHH`
+
+Pure and idempotent (`storable(storable(v)) == storable(v)`): the loop applies it to the
+in-memory history too (replay.RunState.append), so what runs, what is hashed and what a
+resume reads back are the same text. Values that are already clean come back as they are
+(the same object), at the cost of one regex scan per string.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, overload
+
+_BAD = re.compile("[\x00\ud800-\udfff]")
+
+
+def _fix(match: re.Match[str]) -> str:
+    ch = match.group()
+    code = ord(ch)
+    if code == 0:
+        return "\\x00"
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's byte 0x80..0xFF
+        return f"\\x{code - 0xDC00:02x}"
+    return "\ufffd"
+
+
+def storable_text(text: str) -> str:
+    """`text` with NUL and surrogates replaced as the module docstring says."""
+    if _BAD.search(text) is None:
+        return text
+    return _BAD.sub(_fix, text)
+
+
+@overload
+def storable(value: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def storable(value: Any) -> Any: ...
+
+
+def storable(value: Any) -> Any:
+    """A copy of `value` (str, list, tuple, dict, float, bytes; others pass through) that
+    both dialects can store as text or JSON. Dict keys are cleaned like strings."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {(storable_text(k) if isinstance(k, str) else k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(storable(v) for v in value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, bytes | bytearray):
+        return storable_text(bytes(value).decode("utf-8", errors="surrogateescape"))
+    return value

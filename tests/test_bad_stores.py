@@ -1,0 +1,142 @@
+"""Bad stores and bad settings: one line `durable-agent: error: ...`, exit 2, no traceback,
+and nothing written anywhere else (`--db ''` does not fall back to the default store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Result
+
+
+def one_error_line(result: Result, *words: str) -> None:
+    assert result.code == 2, (result.code, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("durable-agent: error: "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.fixture
+def script(write_script: Callable[..., str]) -> str:
+    return write_script([{"content": "done"}])
+
+
+@pytest.fixture
+def real_db(cli: Callable[..., Result], script: str, tmp_path: Path) -> Path:
+    """A real store with one completed run in it."""
+    path = tmp_path / "real.db"
+    assert cli("start", "t", "--model", script, "--db", str(path)).code == 0
+    return path
+
+
+# -- files that are not a usable database ------------------------------------------------------
+@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["export", "x"], ["db", "current"],
+                                     ["db", "upgrade"], ["start", "t", "--model", "demo"]])
+def test_a_text_file_is_not_a_database(cli: Callable[..., Result], tmp_path: Path, command: list[str]) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("these are my notes\n" * 20)
+    one_error_line(cli(*command, "--db", str(text)), "cannot use the store", "notes.txt", "file is not a database")
+    assert text.read_text() == "these are my notes\n" * 20  # not turned into a database either
+
+
+@pytest.mark.parametrize("command", [["list"], ["resume", "x"], ["start", "t", "--model", "demo"]])
+def test_a_truncated_database(cli: Callable[..., Result], real_db: Path, tmp_path: Path,
+                              command: list[str]) -> None:
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(real_db.read_bytes()[:100])  # the header survives, the pages are gone
+    one_error_line(cli(*command, "--db", str(cut)), "cannot use the store", "cut.db", "malformed")
+
+
+def test_a_folder_that_is_a_file(cli: Callable[..., Result], tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    one_error_line(cli("list", "--db", str(blocker / "sub" / "store.db")), "cannot create the database folder")
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A read-only file system (a tmpfs remounted ro): unwritable even for root, unlike chmod."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def make_read_only(mnt: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+
+def test_a_new_store_in_an_unwritable_folder(cli: Callable[..., Result], read_only_dir: Path,
+                                             script: str) -> None:
+    make_read_only(read_only_dir)
+    for command in (["list"], ["start", "t", "--model", script]):
+        one_error_line(cli(*command, "--db", str(read_only_dir / "new.db")),
+                       "cannot use the store", "unable to open database file")
+
+
+def test_an_existing_store_on_a_read_only_file_system(cli: Callable[..., Result], read_only_dir: Path,
+                                                      real_db: Path, script: str) -> None:
+    shutil.copy(real_db, read_only_dir / "store.db")
+    make_read_only(read_only_dir)
+    one_error_line(cli("start", "t", "--model", script, "--db", str(read_only_dir / "store.db")),
+                   "cannot use the store")
+
+
+# -- settings ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["db", "current"], ["worker", "--once"],
+                                     ["start", "t", "--model", "demo"], ["resume", "x"], ["demo"]])
+def test_an_empty_db_flag_is_an_error_not_the_default_store(cli: Callable[..., Result], env: dict[str, str],
+                                                            command: list[str]) -> None:
+    result = cli(*command, "--db", "")
+    one_error_line(result, "the store URL is empty")
+    assert not Path(env["XDG_DATA_HOME"], "durable-agent").exists()  # the default store was not touched
+
+
+@pytest.mark.parametrize("flag", [["--max-seconds", "inf"], ["--max-seconds", "nan"], ["--max-seconds=-inf"],
+                                  ["--max-cost", "inf"], ["--max-cost", "nan"]])
+def test_non_finite_budgets_are_refused(cli: Callable[..., Result], script: str, flag: list[str],
+                                        sql: Callable[..., list[object]], db_path: Path) -> None:
+    field = flag[0].split("=")[0][2:].replace("-", "_")
+    one_error_line(cli("start", "t", "--model", script, *flag), "finite", field)
+    assert not db_path.exists() or sql("SELECT count(*) FROM runs") == [(0,)]
+
+
+def test_non_finite_numbers_in_the_config_file_are_refused(cli: Callable[..., Result], script: str,
+                                                           tmp_path: Path) -> None:
+    for line in ("max_seconds = inf", "max_cost = nan", "command_timeout_s = inf", "lease_seconds = nan",
+                 'prices."m" = {input_per_mtok = inf, output_per_mtok = 1.0}'):
+        config = tmp_path / "config.toml"
+        config.write_text(line + "\n")
+        result = cli("start", "t", "--model", script, extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+        one_error_line(result, "finite")
+
+
+def test_resume_refuses_a_non_finite_raise_and_keeps_the_recorded_budget(
+        cli: Callable[..., Result], write_script: Callable[..., str], sql: Callable[..., list[object]]) -> None:
+    model = write_script([{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}])
+    started = cli("start", "t", "--model", model, "--max-steps", "1", "--max-seconds", "30", "--json")
+    assert started.code == 3, started.stderr
+    run_id = started.json()["run_id"]
+    one_error_line(cli("resume", run_id, "--max-seconds", "inf"), "finite")
+    # The documented query over the recorded settings still reads every run.
+    assert sql("SELECT json_extract(settings, '$.max_seconds') FROM runs") == [(30.0,)]
+    assert json.loads(sql("SELECT settings FROM runs")[0][0])["max_seconds"] == 30.0
+
+
+@pytest.mark.parametrize("flag", [["--lease-seconds", "inf"], ["--lease-seconds", "nan"], ["--poll", "nan"],
+                                  ["--poll", "inf"]])
+def test_worker_refuses_non_finite_times(cli: Callable[..., Result], flag: list[str]) -> None:
+    one_error_line(cli("worker", "--once", *flag))
