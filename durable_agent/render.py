@@ -221,10 +221,10 @@ def run_cost(run: RunRecord) -> float | None:
 
     from durable_agent.settings import ModelPrice
 
-    price = ((run.settings or {}).get("prices") or {}).get(run.model)
+    price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
     try:
         return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
-    except ValidationError:  # no price recorded, or one this version cannot read
+    except (ValidationError, TypeError, ValueError):  # no price recorded, or an unreadable one
         return None
 
 
