@@ -13,6 +13,7 @@ from durable_agent.messages import Message
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.tool_steps import watch_cancel
+from durable_agent.tools.os_sandbox import resolve_sandbox
 from durable_agent.tools.process import command_env, run_process
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ def verified(d: _Drive, answer: str) -> bool:
     with watch_cancel(d.r.cancel, d.journal):
         out = run_process(command, cwd=d.settings.workspace, timeout_s=d.settings.command_timeout_s,
                           env=command_env(d.r.env, run_id=d.state.run_id, call_id=key),
-                          output_cap=d.settings.output_cap // 2, cancel=d.r.cancel)
+                          output_cap=d.settings.output_cap // 2, cancel=d.r.cancel,
+                          sandbox=resolve_sandbox(d.settings.sandbox, d.settings.network, d.r.env))
     redact = d.r.redactor.redact
     # The end of a test run's output says what failed: keep the tail, not the head.
     text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())

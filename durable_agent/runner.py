@@ -302,8 +302,9 @@ class _Drive:
     def _call_ids(self, calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
         """Keep the provider's ids; derive one from turn and position where it is missing or reused.
 
-        The arguments are redacted here, once: what is stored, what runs and what the model
-        sees again are then the same text, and no secret the model wrote reaches the store.
+        The harness's own secrets are replaced here, once: what is stored, what runs and what
+        the model sees again are then the same text. Only those exact values: a key-shaped
+        string the model writes (a test fixture) is an effect, written and run byte for byte.
         """
         fixed = []
         for i, call in enumerate(calls):
@@ -313,7 +314,7 @@ class _Drive:
                 while cid in self.state.used_call_ids:
                     cid += "_"
             self.state.used_call_ids.add(cid)
-            fixed.append(ToolCall(id=cid, name=call.name, arguments=self.r.redactor.redact(call.arguments)))
+            fixed.append(ToolCall(id=cid, name=call.name, arguments=self.r.redactor.redact_known(call.arguments)))
         return tuple(fixed)
 
 

@@ -27,6 +27,7 @@ from durable_agent.status import EffectClass, StepKind, StopReason
 from durable_agent.store.rows import utcnow
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
 from durable_agent.tools.limits import cap_text
+from durable_agent.tools.os_sandbox import resolve_sandbox
 
 if TYPE_CHECKING:
     from durable_agent.runner import _Drive
@@ -227,9 +228,10 @@ class ToolSteps:
         approval = self.journal.approval_for(call.id, kind)
         if approval is not None and approval.decision is not None:
             return approval
-        # The command comes from the model and is shown to people: no secret in it is stored.
+        # The command comes from the model and is shown to people: stored as it will run
+        # (the harness's own secrets were replaced already, see Runner._call_ids).
         redact = self.d.r.redactor.redact
-        command = redact(command) if command else command
+        command = self.d.r.redactor.redact_known(command) if command else command
         reason = redact(reason)
         self.journal.request_approval(call_id=call.id, kind=kind, tool_name=call.name,
                                       command=command, reason=reason, step_seq=step_seq)
@@ -287,7 +289,8 @@ class ToolSteps:
         return ToolContext(workspace=self.settings.workspace, run_id=self.state.run_id, call_id=call.id,
                            output_cap=self.settings.output_cap, env=self.d.r.env,
                            command_timeout_s=self.settings.command_timeout_s, cancel=self.d.r.cancel,
-                           on_process_start=on_start)
+                           on_process_start=on_start,
+                           sandbox=resolve_sandbox(self.settings.sandbox, self.settings.network, self.d.r.env))
 
     def _invoke(self, tool: Any, args: Any, call: ToolCall, seq: int | None = None) -> ToolResult:
         try:

@@ -15,6 +15,7 @@ from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
+from durable_agent.tools.os_sandbox import resolve_sandbox
 
 
 def open_store(settings: Settings) -> Store:
@@ -77,9 +78,13 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     if not workspace.is_dir():
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
     settings.workspace = workspace
+    settings.set_sandbox_mechanism(resolve_sandbox(settings.sandbox, settings.network, env).mechanism.value)
     model = build_model(settings)
     crash = env.get("DURABLE_AGENT_CRASH_AFTER")  # crash tests and the demo: SIGKILL at commit N
+    # The key may come from the config file, not only from a credential-named variable.
+    key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}
+    redactor = Redactor.from_env(env, shapes=settings.redact_observations, extra=key)
     return Runner(store=store or open_store(settings), settings=settings, model=model,
-                  tools=build_tools(settings.shell), env=env, redactor=Redactor.from_env(env),
+                  tools=build_tools(settings.shell), env=env, redactor=redactor,
                   observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
                   crash_after_commits=int(crash) if crash and crash.isdigit() else None)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_agent.redact import is_secret_name
+from durable_agent.tools.os_sandbox import Sandbox, prepare
 
 GUARD_SCRIPT = Path(__file__).with_name("_guard.py")
 KILL_GRACE_S = 2.0
@@ -111,13 +112,32 @@ def run_process(
     on_start: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
     kill_grace_s: float = KILL_GRACE_S,
+    sandbox: Sandbox | None = None,
+    workspace: Path | None = None,
 ) -> ProcessOutcome:
     """Run `command` with the shell in `cwd` under exactly `env`, stdin from /dev/null.
 
+    `sandbox` contains it (os_sandbox.py) with `workspace` (default: `cwd`) as the only
+    writable tree; None runs it unconfined, which only tests of this module and
+    `--sandbox off` should do: every command of a run passes the run's sandbox.
     Output of each stream is capped at `output_cap` characters (head and tail kept).
-    Raises OSError if the command cannot be started (e.g. `cwd` does not exist) and
-    whatever `on_start` raises; in both cases the command has not run.
+    Raises OSError if the command cannot be started (e.g. `cwd` does not exist),
+    SandboxUnavailable if its sandbox cannot be had, and whatever `on_start` raises; in
+    all these cases the command has not run.
     """
+    launch = prepare(sandbox, [default_shell(), "-c", command], cwd=cwd,
+                     workspace=workspace or cwd, env=env)
+    try:
+        return _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
+                    output_cap=output_cap, on_start=on_start, cancel=cancel,
+                    kill_grace_s=kill_grace_s)
+    finally:
+        launch.cleanup()
+
+
+def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
+         on_start: Callable[[int], None] | None, cancel: threading.Event | None,
+         kill_grace_s: float) -> ProcessOutcome:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if not sys.executable:
@@ -129,8 +149,7 @@ def run_process(
         proc = subprocess.Popen(
             # -I -S: the guard must not be affected by the command's PYTHON* variables,
             # and should start fast.
-            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w),
-             default_shell(), command],
+            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w), *argv],
             cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
             pass_fds=(watch_r, status_w),

@@ -37,6 +37,8 @@ class RunCommand:
             output_cap=max(100, (ctx.output_cap - HEADER_ROOM) // 2),
             on_start=ctx.on_process_start,
             cancel=ctx.cancel,
+            sandbox=ctx.sandbox,
+            workspace=ctx.workspace,
         )
         # No exit code after a timeout or cancel: say so rather than print "None".
         code = "none (killed)" if outcome.exit_code is None else str(outcome.exit_code)
