@@ -24,7 +24,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from durable_agent.tools.os_sandbox import NO_LANDLOCK_ENV, Mechanism, Sandbox, landlock_abi, resolve_sandbox
+from durable_agent.tools.os_sandbox import (
+    NO_LANDLOCK_ENV,
+    Mechanism,
+    Sandbox,
+    landlock_abi,
+    resolve_sandbox,
+)
 from durable_agent.tools.process import command_env, run_process
 
 

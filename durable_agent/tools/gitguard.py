@@ -27,6 +27,7 @@ creating command wrote into it stays: docs/sandbox.md says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -56,9 +57,9 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
                 dirs.append(Path(entry))
             elif os.path.isfile(entry):
                 files.append(Path(entry))
-                target = _gitfile_target(entry)
-                if target is not None and _inside(target, root) and os.path.isdir(target):
-                    dirs.append(Path(target))
+                pointed = _gitfile_target(entry)
+                if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
+                    dirs.append(Path(pointed))
         dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT]
     return sorted(set(dirs)), sorted(set(files))
 
@@ -70,10 +71,8 @@ def git_protections(workspace: Path) -> list[Path]:
     for gitdir in dirs:
         hooks = gitdir / "hooks"
         if not hooks.exists() and not hooks.is_symlink():
-            try:
+            with contextlib.suppress(OSError):
                 hooks.mkdir()  # an empty, read-only hooks/ leaves nothing to plant one in
-            except OSError:
-                pass
         for name in PROTECTED_ENTRIES:
             entry = gitdir / name
             # A symlinked entry is bound by its target, which is what git reads.
