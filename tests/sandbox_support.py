@@ -88,8 +88,8 @@ class Listener:
             n += 1
 
 
-@pytest.fixture
-def listener() -> Iterator[Listener]:
+def open_listener() -> Iterator[Listener]:
+    """Body of a `listener` fixture (declared in each module, with `name="listener"`)."""
     server = Listener()
     try:
         yield server

@@ -29,8 +29,8 @@ from fake_openai import FakeOpenAI
 from sandbox_support import (
     Listener,
     drive_to_end,
-    listener,  # noqa: F401 - fixture
     need_bwrap,
+    open_listener,
     store_bytes,
     tree_digest,
 )
@@ -103,6 +103,11 @@ def arena(tmp_path: Path, workspace: Path, env: dict[str, str]) -> Iterator[Aren
     finally:
         shutil.rmtree(home, ignore_errors=True)
         pwned.unlink(missing_ok=True)
+
+
+@pytest.fixture(name="listener")
+def _listener() -> Iterator[Listener]:
+    yield from open_listener()
 
 
 def attacks(arena: Arena, port: int) -> list[tuple[str, str]]:
