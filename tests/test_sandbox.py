@@ -258,3 +258,25 @@ def test_every_git_dir_in_the_workspace_gets_its_code_paths_bound_read_only(tmp_
     assert "--unshare-net" in argv and "--cap-drop" in argv and "--unshare-pid" in argv
     assert "--unshare-net" not in bwrap_argv(resolve_sandbox("workspace-write", True, os.environ), ["true"],
                                              cwd=ws, workspace=ws)
+
+
+def test_cancel_kills_a_sandboxed_command_and_everything_it_started(  # type: ignore[no-untyped-def]
+        env, workspace, tmp_path, write_script) -> None:
+    need_bwrap()
+    from side_effects_support import spawn
+
+    marker = f"1000.{uuid.uuid4().int % 10**6}"
+    script = write_script(_turns(f"sleep {marker} & setsid sleep {marker} & wait"))
+    proc = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", script, "--shell", "allow",
+                 "--run-id", "cx")
+    try:
+        wait_for(lambda: len(_marked(f"sleep\0{marker}")) == 2, timeout_s=30, what="the sandboxed sleeps")
+        assert run_cli(env, workspace, "cancel", "cx").code == 0
+        assert proc.wait(timeout=30) == 4, proc.stderr()
+        # Deterministic: bwrap's init is in the group, and a dying PID-namespace init leaves the
+        # live set only after every other process of its namespace is gone.
+        assert not _marked(f"sleep\0{marker}")
+    finally:
+        proc.kill()
+        for pid in _marked(f"sleep\0{marker}"):
+            os.kill(pid, signal.SIGKILL)
