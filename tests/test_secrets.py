@@ -106,3 +106,28 @@ def test_what_the_model_writes_is_written_byte_for_byte_except_the_harness_secre
     stored = _db_bytes(db_path)
     assert fixture.encode() in stored and aws.encode() in stored  # the arguments, as run
     assert own.encode() not in stored
+
+
+def test_observation_redaction_can_be_turned_off_for_trusted_repos_but_not_for_own_secrets(  # type: ignore[no-untyped-def]
+        cli, write_script, workspace, tmp_path) -> None:
+    aws = "AKIAIOSFODNN7EXAMPLE"
+    own = "tok-" + secrets.token_hex(16)
+    (workspace / "fixture.txt").write_text(f"aws={aws}\nmine={own}\n")
+    script = write_script([{"tool_calls": [{"name": "read_file", "arguments": {"path": "fixture.txt"}}]},
+                           {"content": "done"}])
+    config = tmp_path / "trusted.toml"
+    config.write_text("redact_observations = false\n")
+    results = {}
+    for run_id, extra in (("default", {}), ("trusted", {"DURABLE_AGENT_CONFIG": str(config)})):
+        r = cli("start", "t", "--model", script, "--run-id", run_id, extra_env={"DEPLOY_TOKEN": own, **extra})
+        assert r.code == 0, r.stderr
+        results[run_id] = _tool_message(tmp_path / "store.db", run_id)
+    assert results["default"] == "aws=[REDACTED]\nmine=[REDACTED:DEPLOY_TOKEN]\n"
+    assert results["trusted"] == f"aws={aws}\nmine=[REDACTED:DEPLOY_TOKEN]\n"
+
+
+def _tool_message(db: Path, run_id: str) -> str:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return str(conn.execute("SELECT content FROM messages WHERE run_id=? AND role='tool'", (run_id,)).fetchone()[0])
