@@ -210,6 +210,8 @@ def test_the_corpus_changes_nothing_outside_under_shell_allow(arena: Arena, list
     ssh = results[7]
     assert "BEGIN OPENSSH PRIVATE KEY" not in ssh and "[REDACTED]" in ssh  # read, but redacted
     assert (arena.workspace / "sub" / ".git" / "config").exists()  # created by the command, inside
+    # ...which is not hidden: the result says so (docs/sandbox.md, the known limit).
+    assert "note: this command created the git repository sub/.git" in results[1]
 
 
 def test_the_corpus_changes_nothing_outside_under_shell_ask_even_when_approved(

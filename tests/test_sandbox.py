@@ -108,7 +108,10 @@ def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  #
     no_bwrap = {**env, "PATH": str(tmp_path / "empty")}
     outside = tmp_path / "outside.txt"
     outside.write_text("keep\n")
-    script = write_script(_turns(f"echo in > inside.txt; echo out > {outside}; echo t > $TMPDIR/t && echo tmp-ok"))
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("[core]\n")
+    script = write_script(_turns(f"echo in > inside.txt; echo out > {outside}; echo t > $TMPDIR/t && echo tmp-ok",
+                                 "echo '[core] fsmonitor = x' >> .git/config"))
     r = run_cli(no_bwrap, workspace, "start", "t", "--model", script, "--shell", "allow", "--run-id", "ll")
     assert r.code == 0, r.stderr
     warning = [line for line in r.stderr.splitlines() if "falling back to Landlock" in line]
@@ -117,6 +120,8 @@ def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  #
     assert outside.read_text() == "keep\n"
     out = _tool_outputs(tmp_path / "store.db", "ll")[0]
     assert "tmp-ok" in out and "Permission denied" in out
+    # Landlock cannot make .git read-only inside a writable workspace: the change is named.
+    assert "note: this command changed .git/config" in _tool_outputs(tmp_path / "store.db", "ll")[1]
     d = run_cli(no_bwrap, workspace, "doctor")
     assert d.code == 0 and "by landlock" in d.stdout, d.stdout
 

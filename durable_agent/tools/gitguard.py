@@ -22,12 +22,16 @@ The file tools refuse to write anywhere inside any git dir (`inside_git_dir`).
 
 Repositories are found when a command starts; one *created* by a command (`git init`, or
 `mkdir sub/.git` and a planted config) is protected from the next command on, but what the
-creating command wrote into it stays: docs/sandbox.md says so.
+creating command wrote into it stays. `git_state` before and `git_changes` after each
+command name such changes in the command's result (and under Landlock, which cannot make
+`.git` read-only, changes to existing config and hooks too), so neither the model nor the
+person reading the run is left unaware: docs/sandbox.md says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from pathlib import Path
 
@@ -117,3 +121,53 @@ def _gitfile_target(path: str) -> str | None:
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(os.path.join(root, ""))
+
+
+def git_state(workspace: Path) -> dict[str, str]:
+    """What `git_changes` compares: every git dir and the digest of each protected entry."""
+    dirs, files = find_git_dirs(workspace)
+    state: dict[str, str] = {str(f): _digest(f) for f in files}
+    for gitdir in dirs:
+        state[str(gitdir)] = "git dir"
+        for name in PROTECTED_ENTRIES:
+            entry = gitdir / name
+            if entry.exists():
+                state[str(entry)] = _digest(entry)
+    return state
+
+
+def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
+    """Lines naming git dirs a command created and protected entries it created or changed."""
+    root = Path(os.path.realpath(workspace))
+    after = git_state(workspace)
+    notes = []
+    for path, digest in sorted(after.items()):
+        if before.get(path) == digest:
+            continue
+        shown = os.path.relpath(path, root)
+        if digest == "git dir":
+            notes.append(f"this command created the git repository {shown}: its config and hooks were "
+                         "written by the command; review them before running git there outside the sandbox")
+        else:
+            verb = "created" if path not in before else "changed"
+            notes.append(f"this command {verb} {shown}, which git reads to run programs; review it")
+    return notes
+
+
+def _digest(path: Path) -> str:
+    """Content of a file, or names and contents of a directory's files (hooks/, info/)."""
+    h = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    full = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(full, path).encode() + b"\0")
+                    with contextlib.suppress(OSError), open(full, "rb") as f:
+                        h.update(f.read(1 << 20))
+        else:
+            h.update(path.read_bytes()[: 1 << 20])
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()

@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from durable_agent.tools.base import ToolFailure
-from durable_agent.tools.gitguard import git_protections
+from durable_agent.tools.gitguard import git_changes, git_protections, git_state
 
 LANDLOCK_SCRIPT = Path(__file__).with_name("_landlock.py")
 NO_LANDLOCK_ENV = "DURABLE_AGENT_NO_LANDLOCK"
@@ -118,6 +118,8 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     cleanup: Callable[[], None] = field(default=lambda: None)
+    notes: Callable[[], list[str]] = field(default=lambda: [])
+    """After the command: what it did to git internals (see gitguard.git_changes)."""
 
 
 def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:
@@ -191,15 +193,22 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
         raise SandboxUnavailable(sandbox.refusal())
     ws = Path(os.path.realpath(workspace))
     here = Path(os.path.realpath(cwd))
+    writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
+    before = git_state(ws) if writable else {}
+
+    def notes() -> list[str]:
+        return git_changes(before, ws) if writable else []
+
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
         assert sandbox.bwrap is not None
         return Launch(bwrap_argv(sandbox, argv, cwd=here, workspace=ws),
-                      {**env, "TMPDIR": "/tmp"})  # the host's TMPDIR may be read-only inside
+                      {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+                      notes=notes)
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
     wrapped = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), str(sandbox.mode), str(ws), tmp,
                "on" if sandbox.network else "off", "--", *argv]
     return Launch(wrapped, {**env, "TMPDIR": tmp},
-                  cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True))
+                  cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True), notes=notes)
 
 
 def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path) -> list[str]:

@@ -19,6 +19,7 @@ nothing of a recorded group still runs before reconciling its step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import selectors
@@ -83,6 +84,7 @@ class ProcessOutcome:
     pgid: int
     stdout_bytes: int  # sizes before truncation
     stderr_bytes: int
+    notes: tuple[str, ...] = ()  # from the sandbox: git internals the command created or changed
 
 
 def default_shell() -> str:
@@ -142,11 +144,13 @@ def run_process(
     launch = prepare(sandbox, [default_shell(), "-c", command], cwd=cwd,
                      workspace=workspace or cwd, env=env)
     try:
-        return _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
-                    output_cap=output_cap, on_start=on_start, cancel=cancel,
-                    kill_grace_s=kill_grace_s)
+        outcome = _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
+                       output_cap=output_cap, on_start=on_start, cancel=cancel,
+                       kill_grace_s=kill_grace_s)
     finally:
         launch.cleanup()
+    notes = launch.notes()
+    return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,

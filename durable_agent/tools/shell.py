@@ -47,6 +47,7 @@ class RunCommand:
             parts.append(f"stdout:\n{outcome.stdout}")
         if outcome.stderr:
             parts.append(f"stderr:\n{outcome.stderr}")
+        parts.extend(f"note: {note}" for note in outcome.notes)
         data = {"exit_code": outcome.exit_code, "timed_out": outcome.timed_out,
                 "cancelled": outcome.cancelled, "duration_ms": outcome.duration_ms,
                 "stdout_bytes": outcome.stdout_bytes, "stderr_bytes": outcome.stderr_bytes,
