@@ -93,7 +93,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     names = ("workspace", "model", "base_url", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
              "durability", "sandbox", "network")
     settings = load_settings(_flags(args, names), env)
-    _check_sandbox(settings, env, quiet=args.json)
+    _check_sandbox(settings, env)
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
@@ -125,7 +125,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS,
                           "sandbox", "network"))
     settings = load_settings(flags, env, base=recorded)
-    mechanism = _check_sandbox(settings, env, quiet=args.json)
+    mechanism = _check_sandbox(settings, env)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
                if k in recorded and k != "db" and recorded.get(k) != v]
     was = (run.settings or {}).get("sandbox_mechanism")
@@ -152,10 +152,11 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
 
 
-def _check_sandbox(settings: Settings, env: dict[str, str], *, quiet: bool) -> str:
+def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
     """Before anything runs: a sandboxed mode that cannot be had refuses the run when it could
     run commands (one line, exit 2); the Landlock fallback says what it does not enforce.
-    Returns the mechanism, which is recorded with the run."""
+    Returns the mechanism, which is recorded with the run. (Warnings go to stderr even with
+    --json: stdout keeps only the result object.)"""
     from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
 
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)

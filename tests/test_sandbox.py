@@ -251,9 +251,8 @@ def test_every_git_dir_in_the_workspace_gets_its_code_paths_bound_read_only(tmp_
     (ws / "gitdata").mkdir()
     (ws / "gitdata" / "config").write_text("[core]\n")
     (ws / "wt" / ".git").write_text("gitdir: ../gitdata\n")  # a worktree-style .git file
+    need_bwrap()
     sandbox = resolve_sandbox("workspace-write", False, os.environ)
-    if sandbox.mechanism is not Mechanism.BUBBLEWRAP:
-        pytest.skip("needs bubblewrap")
     argv = bwrap_argv(sandbox, ["true"], cwd=ws, workspace=ws)
     ro = {argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"}
     for path in (ws / ".git" / "config", ws / ".git" / "hooks", ws / "a" / "b" / ".git" / "config",

@@ -37,7 +37,8 @@ from pathlib import Path
 
 # Entries of a git dir that make git run something or read another git dir's config.
 PROTECTED_ENTRIES = ("config", "hooks", "info", "modules", "worktrees", "commondir", "config.worktree")
-# Directories too big to walk on every command that never hold a repository we must guard.
+# Directories too big to walk on every command, where a repository is not looked for (one
+# planted there is not protected: docs/sandbox.md names this).
 _NO_DESCENT = frozenset({".git", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache",
                          ".ruff_cache", ".tox"})
 
