@@ -128,14 +128,14 @@ def run_process(
     on_start: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
     kill_grace_s: float = KILL_GRACE_S,
-    sandbox: Sandbox | None = None,
+    sandbox: Sandbox | None,
     workspace: Path | None = None,
 ) -> ProcessOutcome:
     """Run `command` with the shell in `cwd` under exactly `env`, stdin from /dev/null.
 
     `sandbox` contains it (os_sandbox.py) with `workspace` (default: `cwd`) as the only
-    writable tree; None runs it unconfined, which only tests of this module and
-    `--sandbox off` should do: every command of a run passes the run's sandbox.
+    writable tree. It has no default, so that no caller (a custom exec tool passes
+    `ctx.sandbox`) runs a command unconfined by forgetting it: None says so on purpose.
     Output of each stream is capped at `output_cap` characters (head and tail kept).
     Raises OSError if the command cannot be started (e.g. `cwd` does not exist),
     SandboxUnavailable if its sandbox cannot be had, and whatever `on_start` raises; in
