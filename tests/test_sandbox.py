@@ -284,3 +284,31 @@ def test_cancel_kills_a_sandboxed_command_and_everything_it_started(  # type: ig
         proc.kill()
         for pid in _marked(f"sleep\0{marker}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_daemon_sockets_under_run_are_out_of_reach(tmp_path: Path) -> None:
+    """A read-only mount does not stop connect() on a unix socket: /run (PostgreSQL with
+    trust auth, docker.sock, D-Bus) must be hidden, not just read-only."""
+    need_bwrap()
+    import socket
+
+    path = Path(f"/run/durable-agent-test-{uuid.uuid4().hex[:12]}.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(path))
+    except OSError as exc:
+        server.close()
+        pytest.skip(f"cannot create a socket under /run here: {exc}")
+    try:
+        server.listen(4)
+        server.setblocking(False)
+        connect = f"{PY} -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{path}')\""
+        env = command_env(os.environ, run_id="r", call_id="c")
+        inside = run_process(connect, cwd=tmp_path, env=env, timeout_s=30,
+                             sandbox=resolve_sandbox("workspace-write", True, os.environ))
+        assert inside.exit_code != 0 and "No such file" in inside.stderr
+        outside = run_process(connect, cwd=tmp_path, env=env, timeout_s=30, sandbox=None)
+        assert outside.exit_code == 0, outside.stderr  # the positive control
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)

@@ -9,8 +9,8 @@ command line becomes an argv that the kernel confines:
     none                                                sandboxed modes refuse to run commands
 
 Under bubblewrap (`workspace-write`): `/` is bound read-only, `/dev` and `/proc` are fresh
-(a new PID namespace, so no other process's `/proc/<pid>/environ` is visible), `/tmp` is a
-private tmpfs, the workspace is bound read-write (`read-only`: read-only too), the network
+(a new PID namespace, so no other process's `/proc/<pid>/environ` is visible), `/tmp` and
+`/run` are private tmpfs (no daemon's unix socket is reachable there), the workspace is bound read-write (`read-only`: read-only too), the network
 namespace is empty unless `--network on`, all capabilities are dropped (as root, bwrap
 would keep them and `mount -o remount,rw /` would undo everything), and in every git
 repository inside the workspace the parts that make git *run* things are read-only
@@ -217,7 +217,12 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path)
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
     # workspace, so a workspace under /tmp stays visible (and nothing else of /tmp does).
     args = [sandbox.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
-            "--proc", "/proc", "--tmpfs", "/tmp", bind, str(workspace), str(workspace)]
+            "--proc", "/proc", "--tmpfs", "/tmp",
+            # A read-only mount does not stop connect() on a unix socket, and /run holds the
+            # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
+            # agents in /run/user): hide it, keeping only the resolver's files for DNS.
+            "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve",
+            bind, str(workspace), str(workspace)]
     if sandbox.mode is SandboxMode.WORKSPACE_WRITE:
         for path in git_protections(workspace):
             args += ["--ro-bind", str(path), str(path)]
