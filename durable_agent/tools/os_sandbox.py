@@ -99,7 +99,8 @@ class Sandbox:
         missing = ["a PID namespace (other processes are listed, though Landlock denies "
                    "reading their memory and environment)",
                    ".git read-only (Landlock cannot carve a read-only hole in a writable tree)",
-                   "a private /tmp (TMPDIR points to a private directory instead)"]
+                   "a private /tmp (TMPDIR points to a private directory instead)",
+                   "hidden daemon sockets (/run: PostgreSQL, docker, D-Bus stay reachable)"]
         if not self.network:
             missing.append("network off (not enforced)" if self.landlock_abi < 4
                            else "network off for UDP and other non-TCP sockets (TCP is blocked)")
