@@ -142,9 +142,12 @@ def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
     root = Path(os.path.realpath(workspace))
     after = git_state(workspace)
     notes = []
+    new_dirs = [path for path, digest in after.items() if digest == "git dir" and path not in before]
     for path, digest in sorted(after.items()):
         if before.get(path) == digest:
             continue
+        if digest != "git dir" and any(path.startswith(os.path.join(d, "")) for d in new_dirs):
+            continue  # named once, with its repository
         shown = os.path.relpath(path, root)
         if digest == "git dir":
             notes.append(f"this command created the git repository {shown}: its config and hooks were "

@@ -195,15 +195,15 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     ws = Path(os.path.realpath(workspace))
     here = Path(os.path.realpath(cwd))
     writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
+    # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
+    wrapped = bwrap_argv(sandbox, argv, cwd=here, workspace=ws) if sandbox.bwrap else []
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
         return git_changes(before, ws) if writable else []
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
-        assert sandbox.bwrap is not None
-        return Launch(bwrap_argv(sandbox, argv, cwd=here, workspace=ws),
-                      {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+        return Launch(wrapped, {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
                       notes=notes)
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
     wrapped = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), str(sandbox.mode), str(ws), tmp,
