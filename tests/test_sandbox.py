@@ -312,3 +312,21 @@ def test_daemon_sockets_under_run_are_out_of_reach(tmp_path: Path) -> None:
     finally:
         server.close()
         path.unlink(missing_ok=True)
+
+
+def test_a_resume_on_a_host_with_another_mechanism_says_so_and_records_it(  # type: ignore[no-untyped-def]
+        env, workspace, tmp_path, write_script, sql) -> None:
+    need_bwrap()
+    if resolve_sandbox("workspace-write", False, {"PATH": str(tmp_path)}).mechanism is not Mechanism.LANDLOCK:
+        pytest.skip("needs Landlock as the second mechanism")
+    script = write_script(_turns("echo here > made-here"))  # a builtin: PATH is empty later
+    first = run_cli(env, workspace, "start", "t", "--model", script, "--run-id", "mv")  # --shell ask: blocks
+    assert first.code == 5, first.stderr
+    assert run_cli(env, workspace, "approve", "mv").code == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    again = run_cli({**env, "PATH": str(empty)}, workspace, "resume", "mv")
+    assert again.code == 0, again.stderr
+    assert "sandbox_mechanism: 'bubblewrap' → 'landlock'" in again.stderr
+    assert json.loads(sql("SELECT settings FROM runs WHERE id='mv'")[0][0])["sandbox_mechanism"] == "landlock"
+    assert (workspace / "made-here").exists()
