@@ -66,8 +66,8 @@ def _add_containment(p: argparse.ArgumentParser) -> None:
                         "in the sandbox")
     g.add_argument("--sandbox", choices=["workspace-write", "read-only", "off"],
                    help="OS sandbox of every command (bubblewrap, else Landlock): workspace-write "
-                        "(default) = only the workspace and a private /tmp writable, every .git "
-                        "read-only, no other process visible; read-only = the workspace too; "
+                        "(default) = only the workspace and a private /tmp writable, git config and "
+                        "hooks read-only, no other process visible; read-only = the workspace too; "
                         "off = UNCONFINED, commands can change anything you can")
     g.add_argument("--network", choices=["on", "off"], help="network access of commands (default off)")
 
