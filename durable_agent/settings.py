@@ -73,7 +73,7 @@ class Settings(BaseModel):
     asked, not the security boundary: `sandbox` is."""
     sandbox: Literal["workspace-write", "read-only", "off"] = "workspace-write"
     """OS containment of every command (bubblewrap, else Landlock): only the workspace and a
-    private /tmp writable, .git read-only, no other process visible; `off` runs commands
+    private /tmp writable, git config and hooks read-only, no other process visible; `off` runs commands
     unconfined. A sandboxed mode with no mechanism refuses to run commands."""
     network: bool = False
     """Commands may use the network (`--network on`); off is enforced by the sandbox."""
