@@ -15,7 +15,7 @@ from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
-from durable_agent.tools.os_sandbox import resolve_sandbox
+from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
 
 
 def open_store(settings: Settings) -> Store:
@@ -78,7 +78,11 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     if not workspace.is_dir():
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
     settings.workspace = workspace
-    settings.set_sandbox_mechanism(resolve_sandbox(settings.sandbox, settings.network, env).mechanism.value)
+    sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
+    if sandbox.mechanism is Mechanism.NONE and (settings.shell != "deny" or settings.verify):
+        # A worker gives the run back for one whose host can contain its commands.
+        raise ConfigError(sandbox.refusal())
+    settings.set_sandbox_mechanism(sandbox.mechanism.value)
     model = build_model(settings)
     crash = env.get("DURABLE_AGENT_CRASH_AFTER")  # crash tests and the demo: SIGKILL at commit N
     # The key may come from the config file, not only from a credential-named variable.

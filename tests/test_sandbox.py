@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -51,8 +52,6 @@ def _turns(*commands: str) -> list[dict[str, object]]:
 
 
 def _tool_outputs(db: Path, run_id: str) -> list[str]:
-    import sqlite3
-
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT content FROM messages WHERE run_id=? AND role='tool' ORDER BY seq",
                             (run_id,)).fetchall()
@@ -330,3 +329,21 @@ def test_a_resume_on_a_host_with_another_mechanism_says_so_and_records_it(  # ty
     assert "sandbox_mechanism: 'bubblewrap' → 'landlock'" in again.stderr
     assert json.loads(sql("SELECT settings FROM runs WHERE id='mv'")[0][0])["sandbox_mechanism"] == "landlock"
     assert (workspace / "made-here").exists()
+
+
+def test_a_worker_without_a_sandbox_leaves_the_run_for_one_with_it(  # type: ignore[no-untyped-def]
+        env, workspace, write_script, no_mechanism) -> None:
+    script = write_script(_turns("echo ran > ledger"))
+    # Enqueued as if from a host with a sandbox (this one may have none): --sandbox off to get
+    # past `start`'s own check, then the recorded mode set to what such a host records.
+    queued = run_cli(env, workspace, "start", "t", "--model", script, "--shell", "allow", "--detach",
+                     "--run-id", "wq", "--sandbox", "off")
+    assert queued.code == 0, queued.stderr
+    with sqlite3.connect(workspace.parent / "store.db") as conn:
+        conn.execute("UPDATE runs SET settings = json_set(settings, '$.sandbox', 'workspace-write')")
+    w = run_cli(no_mechanism, workspace, "worker", "--once", "--poll", "0.1")
+    assert w.code == 0, w.stderr
+    assert "refusing to run commands" in w.stderr
+    assert not (workspace / "ledger").exists()
+    with sqlite3.connect(workspace.parent / "store.db") as conn:
+        assert conn.execute("SELECT status FROM runs WHERE id='wq'").fetchone() == ("pending",)
