@@ -24,7 +24,8 @@ EPILOG = """\
 exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exceeded,
             4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process
 environment: OPENAI_API_KEY, OPENAI_BASE_URL, DURABLE_AGENT_MODEL, DURABLE_AGENT_DB,
-             DURABLE_AGENT_CONFIG (a TOML file with the same settings as the flags)
+             DURABLE_AGENT_SANDBOX, DURABLE_AGENT_CONFIG (a TOML file with the same
+             settings as the flags)
 try it offline: durable-agent demo     check the command sandbox: durable-agent doctor
 """
 

@@ -183,6 +183,7 @@ ENV_VARS = {
     "OPENAI_BASE_URL": "base_url",
     "DURABLE_AGENT_MODEL": "model",
     "DURABLE_AGENT_DB": "db",
+    "DURABLE_AGENT_SANDBOX": "sandbox",
 }
 
 

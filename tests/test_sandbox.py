@@ -43,7 +43,8 @@ def no_mechanism(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
     is available. Commands run by absolute path or as bash builtins."""
     empty = tmp_path / "empty-path"
     empty.mkdir()
-    return {**env, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1"}
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}  # see conftest.NO_SANDBOX
+    return {**safe, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1"}
 
 
 def _turns(*commands: str) -> list[dict[str, object]]:
@@ -104,7 +105,8 @@ def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  #
     sandbox = resolve_sandbox("workspace-write", False, {"PATH": str(tmp_path)})
     if sandbox.mechanism is not Mechanism.LANDLOCK:
         pytest.skip(f"the kernel has no usable Landlock here ({sandbox.problem})")
-    no_bwrap = {**env, "PATH": str(tmp_path / "empty")}
+    no_bwrap = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}  # see conftest.NO_SANDBOX
+    no_bwrap["PATH"] = str(tmp_path / "empty")
     outside = tmp_path / "outside.txt"
     outside.write_text("keep\n")
     (workspace / ".git").mkdir()
