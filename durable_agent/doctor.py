@@ -9,7 +9,8 @@ scrubbed environment) in a throw-away workspace and then looks from the outside:
 - with bubblewrap, a write to the workspace's `.git/config` must not land;
 - with the network off, a connect to a listener on 127.0.0.1 must not reach it (the
   listener's backlog is read after the command ended: no timing involved);
-- the harness's `/proc/<pid>/environ` must not be readable.
+- the harness's `/proc/<pid>/environ` must not be readable;
+- with bubblewrap, `/run` (daemon sockets) must be empty but for the resolver's files.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def self_check(sandbox: Sandbox, env: Mapping[str, str], say: Callable[[str], No
             "echo '[core] fsmonitor = touch planted' >> .git/config 2>/dev/null; "
             f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo NET-CONNECTED; "
             f"cat /proc/{os.getpid()}/environ >/dev/null 2>&1 && echo PROC-VISIBLE; "
+            "ls -A /run 2>/dev/null | grep -qv '^systemd$' && echo RUN-VISIBLE; "
             "exit 0"
         )
         outcome = run_process(command, cwd=ws, env=command_env(env, run_id="doctor", call_id="doctor"),
@@ -97,6 +99,7 @@ def self_check(sandbox: Sandbox, env: Mapping[str, str], say: Callable[[str], No
         ]
         if sandbox.mechanism is Mechanism.BUBBLEWRAP:
             checks.append((".git/config is read-only", _read(ws / ".git" / "config") == "[core]\n"))
+            checks.append(("daemon sockets under /run are hidden", "RUN-VISIBLE" not in outcome.stdout))
         if not sandbox.network:
             checks.append(("the network is off", not _connected(listener)
                            and "NET-CONNECTED" not in outcome.stdout))

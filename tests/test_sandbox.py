@@ -66,7 +66,8 @@ def test_doctor_names_bubblewrap_and_passes_its_self_check(cli) -> None:  # type
     assert r.code == 0, r.stdout + r.stderr
     assert "workspace-write by bubblewrap, network off" in r.stdout
     for check in ("a write inside the workspace works", "a write outside the workspace fails",
-                  ".git/config is read-only", "the network is off", "other processes are hidden"):
+                  ".git/config is read-only", "the network is off", "other processes are hidden",
+                  "daemon sockets under /run are hidden"):
         assert f"ok  {check}" in r.stdout
     assert "✓ the sandbox works" in r.stdout
 
