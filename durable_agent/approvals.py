@@ -33,10 +33,10 @@ def decided(ctx: StepContext, call: ToolCall, kind: ApprovalKind, command: str |
     approval = ctx.journal.approval_for(call.id, kind)
     if approval is not None and approval.decision is not None:
         return approval
-    # The command comes from the model and is shown to people: no secret in it is stored.
-    redact = ctx.redactor.redact
-    command = redact(command) if command else command
-    reason = redact(reason)
+    # The command comes from the model and is shown to people: stored as it will run (the
+    # harness's own secrets were replaced already, see model_step._call_ids).
+    command = ctx.redactor.redact_known(command) if command else command
+    reason = ctx.redactor.redact(reason)
     ctx.journal.request_approval(call_id=call.id, kind=kind, tool_name=call.name,
                                  command=command, reason=reason, step_seq=step_seq)
     stop = (StopReason.APPROVAL_REQUIRED if kind is ApprovalKind.APPROVAL_REQUIRED

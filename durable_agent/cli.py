@@ -25,8 +25,9 @@ exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exce
             4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process,
             7 the store is unavailable (connection lost, disk full): resumable once it is back
 environment: OPENAI_API_KEY, OPENAI_BASE_URL, DURABLE_AGENT_MODEL, DURABLE_AGENT_DB,
-             DURABLE_AGENT_CONFIG (a TOML file with the same settings as the flags)
-try it offline: durable-agent demo
+             DURABLE_AGENT_SANDBOX, DURABLE_AGENT_CONFIG (a TOML file with the same
+             settings as the flags)
+try it offline: durable-agent demo     check the command sandbox: durable-agent doctor
 """
 
 
@@ -59,6 +60,20 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="native function calling (default), or TOOL_CALL lines for models without it")
 
 
+def _add_containment(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("containment (the sandbox is the boundary; the shell policy only decides who is asked)")
+    g.add_argument("--shell", choices=["allow", "ask", "deny"],
+                   help="who is asked: run all commands, ask a person for unlisted ones (default), "
+                        "or no shell tool. Not a security boundary: approved commands still run "
+                        "in the sandbox")
+    g.add_argument("--sandbox", choices=["workspace-write", "read-only", "off"],
+                   help="OS sandbox of every command (bubblewrap, else Landlock): workspace-write "
+                        "(default) = only the workspace and a private /tmp writable, git config and "
+                        "hooks read-only, no other process visible; read-only = the workspace too; "
+                        "off = UNCONFINED, commands can change anything you can")
+    g.add_argument("--network", choices=["on", "off"], help="network access of commands (default off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,8 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_db(p)
     _add_budgets(p)
-    p.add_argument("--shell", choices=["allow", "ask", "deny"],
-                   help="run_command policy: allow all, ask for unlisted commands (default), or no shell")
+    _add_containment(p)
     p.add_argument("--verify", metavar="CMD", help="finish gate: accept a final answer only once CMD exits 0")
     p.add_argument("--run-id", metavar="ID", help="choose the run id (letters, digits, . _ -)")
     p.add_argument("--durability", choices=["full", "fast"],
@@ -88,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     _add_budgets(p)
     _add_model(p)
-    p.add_argument("--shell", choices=["allow", "ask", "deny"], help="change the run_command policy")
+    _add_containment(p)
     p.add_argument("--detach", action="store_true",
                    help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`")
     _add_output(p)
@@ -140,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the demo workspace and print where it is")
 
     p.set_defaults(func=_command("cmd_demo"))
+    p = sub.add_parser("doctor", help="which sandbox contains commands here, with a 1-second self-check",
+                       description="Print the mechanism that contains commands (bubblewrap, Landlock or "
+                                   "none) and check it: a write inside the workspace works, a write "
+                                   "outside fails, the network is off, other processes are hidden. "
+                                   "Exit 0 when the sandbox works.")
+    p.add_argument("--sandbox", choices=["workspace-write", "read-only", "off"],
+                   help="the mode to check (default: the configured one)")
+    p.add_argument("--network", choices=["on", "off"], help="check with the network on or off")
+    p.set_defaults(func=_command("cmd_doctor"))
+
     p = sub.add_parser("db", help="the database: upgrade, current revision, path")
     p.add_argument("action", choices=["upgrade", "current", "path"])
     _add_db(p)

@@ -78,8 +78,9 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
     names = ("workspace", "model", "base_url", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
-             "durability")
+             "durability", "sandbox", "network")
     settings = load_settings(_flags(args, names), env)
+    _check_sandbox(settings, env)
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
@@ -108,10 +109,15 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)
-    flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS))
+    flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS,
+                          "sandbox", "network"))
     settings = load_settings(flags, env, base=recorded)
+    mechanism = _check_sandbox(settings, env)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
                if k in recorded and k != "db" and recorded.get(k) != v]
+    was = (run.settings or {}).get("sandbox_mechanism")
+    if was is not None and was != mechanism:  # resumed on a host that contains commands otherwise
+        changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         print(run_id)
@@ -131,6 +137,31 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if not args.json:
         print(f"run {run_id} · resuming from step {run.step_count} ({run.status})", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
+
+
+def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
+    """Before anything runs: a sandboxed mode that cannot be had refuses the run when it could
+    run commands (one line, exit 2); the Landlock fallback says what it does not enforce.
+    Returns the mechanism, which is recorded with the run. (Warnings go to stderr even with
+    --json: stdout keeps only the result object.)"""
+    from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
+
+    sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
+    settings.set_sandbox_mechanism(sandbox.mechanism.value)
+    runs_commands = settings.shell != "deny" or bool(settings.verify)
+    if sandbox.mechanism is Mechanism.NONE and runs_commands:
+        raise ConfigError(sandbox.refusal())
+    warning = sandbox.warning()
+    if warning and runs_commands:
+        print(f"durable-agent: warning: {warning}", file=sys.stderr)
+    return sandbox.mechanism.value
+
+
+def cmd_doctor(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.doctor import run_doctor
+
+    settings = load_settings(_flags(args, ("sandbox", "network")), env)
+    return run_doctor(mode=settings.sandbox, network=settings.network, env=env, out=sys.stdout)
 
 
 def cmd_list(args: Namespace, env: dict[str, str]) -> int:

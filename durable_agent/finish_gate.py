@@ -12,6 +12,7 @@ from durable_agent.messages import Message
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
+from durable_agent.tools.os_sandbox import resolve_sandbox
 from durable_agent.tools.process import command_env, run_process
 
 VERIFY_TAIL = 4000  # characters of the command's output kept as evidence and shown to the model
@@ -32,7 +33,8 @@ def verify(ctx: StepContext, answer: str) -> bool:
         with watch_cancel(ctx.cancel, ctx.journal):
             out = run_process(command, cwd=ctx.settings.workspace, timeout_s=ctx.settings.command_timeout_s,
                               env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
-                              output_cap=ctx.settings.output_cap // 2, cancel=ctx.cancel)
+                              output_cap=ctx.settings.output_cap // 2, cancel=ctx.cancel,
+                              sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env))
         redact = ctx.redactor.redact
         # The end of a test run's output says what failed: keep the tail, not the head.
         text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())

@@ -87,8 +87,9 @@ def _check_budgets(ctx: StepContext) -> None:
 def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
     """Keep the provider's ids; derive one from turn and position where it is missing or reused.
 
-    The arguments are redacted here, once: what is stored, what runs and what the model
-    sees again are then the same text, and no secret the model wrote reaches the store.
+    The harness's own secrets are replaced here, once: what is stored, what runs and what
+    the model sees again are then the same text. Only those exact values: a key-shaped
+    string the model writes (a test fixture) is an effect, written and run byte for byte.
     """
     used = ctx.state.used_call_ids
     fixed = []
@@ -99,7 +100,7 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
             while cid in used:
                 cid += "_"
         used.add(cid)
-        fixed.append(ToolCall(id=cid, name=call.name, arguments=ctx.redactor.redact(call.arguments)))
+        fixed.append(ToolCall(id=cid, name=call.name, arguments=ctx.redactor.redact_known(call.arguments)))
     return tuple(fixed)
 
 

@@ -1,4 +1,12 @@
-"""Secret redaction for everything that is stored or sent to the model.
+"""Secret redaction for what is stored or sent to the model.
+
+Two kinds of text, two rules (redaction never alters an effect):
+
+- what the model asked to write or run (tool-call arguments) is an effect: only the
+  exact values of the harness's own secrets are replaced (`redact_known`), everything
+  else, key-shaped test fixtures included, is written and run byte for byte;
+- observations (file contents, command output, errors) get both rules (`redact`), unless
+  the run turns key shapes off (`redact_observations = false`, for trusted repositories).
 
 Two sources of secrets:
 
@@ -9,7 +17,9 @@ Two sources of secrets:
   PEM private keys, `Bearer` tokens, passwords in URLs) -> `[REDACTED]`.
 
 `Redactor.redact` runs on every stored message, so all of it is one precompiled
-alternation: a single scan of the text, however many secrets there are.
+alternation: a single scan of the text, however many secrets there are. (A detector such
+as detect-secrets was considered: its entropy plugins flag hashes and ids, which would
+garble ordinary output, and its regex plugins cover the same shapes as below.)
 """
 
 from __future__ import annotations
@@ -79,10 +89,11 @@ class Redactor:
     compiles the pattern, `redact` only scans.
     """
 
-    __slots__ = ("_names", "_pattern")
+    __slots__ = ("_known", "_names", "_pattern")
 
-    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
-        """`secrets` maps a name to a secret value; every value is redacted as-is."""
+    def __init__(self, secrets: Mapping[str, str] | None = None, *, shapes: bool = True) -> None:
+        """`secrets` maps a name to a secret value; every value is redacted as-is.
+        `shapes=False`: `redact` replaces only those values, not key shapes."""
         names: dict[str, str] = {}
         for name, value in sorted((secrets or {}).items()):
             if value:
@@ -93,15 +104,21 @@ class Redactor:
         parts = []
         if literals:
             parts.append("(?P<env>" + "|".join(re.escape(v) for v in literals) + ")")
-        parts.append("(?P<bounded>" + "|".join(_BOUNDED_SHAPES) + ")")
-        parts.extend(_FREE_SHAPES)
-        self._pattern = re.compile("|".join(parts))
+        self._known = re.compile("|".join(parts)) if parts else None
+        if shapes:
+            parts.append("(?P<bounded>" + "|".join(_BOUNDED_SHAPES) + ")")
+            parts.extend(_FREE_SHAPES)
+        self._pattern = re.compile("|".join(parts)) if parts else None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Redactor:
-        """Redact the values of credential-named variables in `env` (and all key shapes)."""
-        return cls({name: value for name, value in env.items()
-                    if is_secret_name(name) and _worth_redacting(value)})
+    def from_env(cls, env: Mapping[str, str], *, shapes: bool = True,
+                 extra: Mapping[str, str] | None = None) -> Redactor:
+        """Redact the values of credential-named variables in `env` and the `extra` secrets
+        (e.g. the configured API key), and key shapes unless `shapes` is False."""
+        secrets = {name: value for name, value in env.items()
+                   if is_secret_name(name) and _worth_redacting(value)}
+        secrets.update({k: v for k, v in (extra or {}).items() if _worth_redacting(v)})
+        return cls(secrets, shapes=shapes)
 
     def _replace(self, match: re.Match[str]) -> str:
         group = match.lastgroup
@@ -118,7 +135,13 @@ class Redactor:
         return "[REDACTED]"
 
     def redact(self, text: str) -> str:
-        return self._pattern.sub(self._replace, text)
+        """For observations: known secret values and (unless turned off) key shapes."""
+        return text if self._pattern is None else self._pattern.sub(self._replace, text)
+
+    def redact_known(self, text: str) -> str:
+        """For effects (what the model asked to write or run): only the exact values of the
+        harness's own secrets, which must never reach a file, a command or the store."""
+        return text if self._known is None else self._known.sub(self._replace, text)
 
     def redact_json(self, obj: T) -> T:
         """A copy of a JSON-like value with every string (keys included) redacted."""

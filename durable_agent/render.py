@@ -290,6 +290,20 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
               f"{short(r.task, 50)}", file=out)
 
 
+def sandbox_line(settings: Any) -> str | None:
+    """How the run's commands were contained, from its recorded settings (None for runs
+    recorded before `--sandbox` existed)."""
+    if not isinstance(settings, dict) or "sandbox" not in settings:
+        return None
+    mode, mechanism = settings["sandbox"], settings.get("sandbox_mechanism")
+    if mode == "off":
+        return "off (commands ran unconfined)"
+    net = "network on" if settings.get("network") else "network off"
+    if mechanism in (None, "none"):
+        return f"{mode}, no mechanism available (commands refused), {net}"
+    return f"{mode} by {mechanism}, {net}"
+
+
 def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO) -> None:
     def p(text: str = "") -> None:
         print(text, file=out)
@@ -300,6 +314,9 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
     p(f"task       {short(run.task, 100)}")
     p(f"model      {run.model}")
     p(f"workspace  {run.workspace}")
+    sandbox = sandbox_line(run.settings)
+    if sandbox:
+        p(f"sandbox    {sandbox}")
     p(f"created    {_iso(run.created_at)} ({fmt_age(run.created_at)})")
     if run.finished_at:
         p(f"finished   {_iso(run.finished_at)}")

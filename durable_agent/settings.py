@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -72,7 +73,17 @@ class Settings(BaseModel):
     max_repeats: int = Field(3, ge=1)
     """Same tool call (name + arguments) allowed this many times in a row."""
     shell: Literal["allow", "ask", "deny"] = "ask"
-    """run_command policy: run all, ask for what is not allowlisted, or no shell tool."""
+    """run_command policy: run all, ask for what is not allowlisted, or no shell tool. Who is
+    asked, not the security boundary: `sandbox` is."""
+    sandbox: Literal["workspace-write", "read-only", "off"] = "workspace-write"
+    """OS containment of every command (bubblewrap, else Landlock): only the workspace and a
+    private /tmp writable, git config and hooks read-only, no other process visible; `off` runs commands
+    unconfined. A sandboxed mode with no mechanism refuses to run commands."""
+    network: bool = False
+    """Commands may use the network (`--network on`); off is enforced by the sandbox."""
+    redact_observations: bool = True
+    """Redact key-shaped strings (API keys, tokens) in tool results before they are stored or
+    sent; false for trusted repositories. The harness's own secrets are always redacted."""
     shell_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWLIST))
     """Command prefixes that run without approval under `--shell ask` (replaces the default list)."""
     shell_always_ask: list[str] = Field(default_factory=list)
@@ -119,6 +130,12 @@ class Settings(BaseModel):
     temperature: float | None = None
     """Sampling temperature passed to the model (provider default when unset)."""
 
+    # Found, not configured: the mechanism that contained the commands (recorded on the run).
+    _sandbox_mechanism: str | None = PrivateAttr(default=None)
+
+    def set_sandbox_mechanism(self, mechanism: str) -> None:
+        self._sandbox_mechanism = mechanism
+
     @field_validator("shell_always_ask")
     @classmethod
     def _patterns_compile(cls, patterns: list[str]) -> list[str]:
@@ -146,6 +163,8 @@ class Settings(BaseModel):
         d = self.model_dump(mode="json", exclude={"api_key", "db"})
         if d.get("base_url"):
             d["base_url"] = mask_url_password(d["base_url"])
+        if self._sandbox_mechanism is not None:
+            d["sandbox_mechanism"] = self._sandbox_mechanism
         return d
 
 
@@ -172,6 +191,7 @@ ENV_VARS = {
     "OPENAI_BASE_URL": "base_url",
     "DURABLE_AGENT_MODEL": "model",
     "DURABLE_AGENT_DB": "db",
+    "DURABLE_AGENT_SANDBOX": "sandbox",
 }
 
 
@@ -181,6 +201,7 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     environment or the flags supply those again."""
     recorded = dict(stored or {})
     recorded.pop("db", None)
+    recorded.pop("sandbox_mechanism", None)  # found again on the host that resumes
     if ":***@" in str(recorded.get("base_url") or ""):
         recorded.pop("base_url")
     if isinstance(recorded.get("workspace"), str):  # stored with `\xHH` for bytes that are not UTF-8

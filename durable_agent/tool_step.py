@@ -36,6 +36,7 @@ from durable_agent.tools.base import (
     WriteTool,
 )
 from durable_agent.tools.limits import cap_text
+from durable_agent.tools.os_sandbox import resolve_sandbox
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
 
@@ -188,7 +189,8 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
     return ToolContext(workspace=ctx.settings.workspace, run_id=ctx.state.run_id, call_id=call.id,
                        output_cap=ctx.settings.output_cap, env=ctx.env,
                        command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
-                       on_process_start=on_start)
+                       on_process_start=on_start,
+                       sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env))
 
 
 def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None) -> ToolResult:

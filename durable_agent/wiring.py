@@ -16,6 +16,7 @@ from durable_agent.store.engine import open_store_engine
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
+from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
 
 
 def open_store(settings: Settings) -> Store:
@@ -82,7 +83,15 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     if not workspace.is_dir():
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
     settings = settings.model_copy(update={"workspace": workspace})
+    sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
+    if sandbox.mechanism is Mechanism.NONE and (settings.shell != "deny" or settings.verify):
+        # A worker gives the run back for one whose host can contain its commands.
+        raise ConfigError(sandbox.refusal())
+    settings.set_sandbox_mechanism(sandbox.mechanism.value)
+    # The key may come from the config file, not only from a credential-named variable.
+    key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}
+    redactor = Redactor.from_env(env, shapes=settings.redact_observations, extra=key)
     return Runner(store=store or open_store(settings), settings=settings, model=build_model(settings),
-                  tools=build_tools(settings.shell), env=env, redactor=Redactor.from_env(env),
+                  tools=build_tools(settings.shell), env=env, redactor=redactor,
                   observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
                   store_policy=store_policy(settings))

@@ -184,6 +184,34 @@ def cold_start(args: list[str], cwd: Path, env: dict[str, str], repeat: int) -> 
     return statistics.median(times)
 
 
+def sandbox_overhead(root: Path, repeat: int) -> dict[str, Any]:
+    """One `true` through run_process (guard, process group) unsandboxed and under each
+    mechanism available here: the per-command cost of containment, as a ratio."""
+    from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
+    from durable_agent.tools.process import command_env, run_process
+
+    ws = root / "sandbox-ws"
+    ws.mkdir()
+    env = command_env(os.environ, run_id="bench", call_id="bench")
+    variants = {"off": resolve_sandbox("off", False, os.environ),
+                "bubblewrap": resolve_sandbox("workspace-write", False, os.environ),
+                "landlock": resolve_sandbox("workspace-write", False, {"PATH": str(root / "no-bwrap")})}
+    out: dict[str, Any] = {}
+    for name, sandbox in variants.items():
+        if name != "off" and sandbox.mechanism is not Mechanism(name):
+            continue  # not available on this machine
+        times = []
+        for _ in range(max(20, repeat)):
+            t = time.perf_counter()
+            run_process("true", cwd=ws, env=env, timeout_s=30, sandbox=sandbox)
+            times.append(time.perf_counter() - t)
+        out[f"{name}_ms"] = round(statistics.median(times) * 1000, 2)
+    for name in ("bubblewrap", "landlock"):
+        if f"{name}_ms" in out:
+            out[f"{name}_ratio"] = round(out[f"{name}_ms"] / out["off_ms"], 2)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", default="50,200,1000", help="comma-separated run lengths")
@@ -248,6 +276,7 @@ def main() -> int:
             subprocess.run([sys.executable, "-c", "pass"], check=True)
             bare.append(time.perf_counter() - t)
         results["bare_python_ms"] = round(statistics.median(bare) * 1000, 1)
+        results["sandbox"] = sandbox_overhead(root, opts.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print_table(results)
@@ -269,6 +298,11 @@ def print_table(r: dict[str, Any]) -> None:
           f"(raw size / N: {', '.join(str(s['raw_bytes_per_step']) for s in r['sizes'])})")
     print(f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
           f"· bare python {r['bare_python_ms']} ms")
+    sb = r.get("sandbox", {})
+    parts = [f"unsandboxed {sb.get('off_ms')} ms"] + [
+        f"{name} {sb[name + '_ms']} ms (×{sb[name + '_ratio']})" for name in ("bubblewrap", "landlock")
+        if name + "_ms" in sb]
+    print("one `true` command: " + " · ".join(parts))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,19 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # helper modules (fake_openai, scripts) import by name
 
+from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox  # noqa: E402
+
+# A machine with neither bubblewrap nor Landlock: the CLI would refuse every run that can run
+# commands, so the tests' runs go unconfined (said in the header) and the sandbox tests skip.
+NO_SANDBOX = resolve_sandbox("workspace-write", False, os.environ).mechanism is Mechanism.NONE
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if NO_SANDBOX:
+        return ("sandbox: neither bubblewrap nor Landlock works here; runs in tests use "
+                "DURABLE_AGENT_SANDBOX=off and the sandbox tests are skipped")
+    return None
+
 
 @dataclass
 class Result:
@@ -36,6 +49,8 @@ class Result:
 def env(tmp_path: Path) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
+    if NO_SANDBOX:
+        e["DURABLE_AGENT_SANDBOX"] = "off"
     e["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
     e["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")
     e["DURABLE_AGENT_DB"] = f"sqlite:///{tmp_path / 'store.db'}"

@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from side_effects_support import (
     Spawned,
     assert_history_valid,
@@ -19,6 +20,16 @@ from side_effects_support import (
 )
 
 from durable_agent.tools.process import process_group_alive
+
+
+@pytest.fixture
+def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """These tests read `$$` and `$!` from the outside: inside the sandbox's PID namespace
+    those are not the host's pids. So they run unsandboxed; test_sandbox.py shows that a
+    sandboxed command's processes die with their group, `setsid` escapees included."""
+    config = tmp_path / "sandbox-off.toml"
+    config.write_text('sandbox = "off"\n')
+    return {**env, "DURABLE_AGENT_CONFIG": str(config)}
 
 # The shell writes its pid, starts a grandchild in the background and writes that pid,
 # then waits: both must be gone after the cancel, long before 30 s.

@@ -101,3 +101,16 @@ def test_the_checks_catch_what_would_make_the_demo_a_lie() -> None:
                           calc_py="return a - b")
     assert not unfixed.ok
     assert len(unfixed.problems) == 2
+
+
+def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(env, tmp_path: Path, workspace: Path) -> None:
+    from side_effects_support import run_cli
+
+    empty = tmp_path / "empty-path"  # no bwrap on PATH; Landlock ruled out by the test hook
+    empty.mkdir()
+    r = run_cli({**env, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1", "TMPDIR": str(tmp_path)},
+                workspace, "demo")
+    assert r.code == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "unsandboxed" in line]
+    assert len(lines) == 1 and "no bubblewrap, no Landlock" in lines[0]
+    assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in r.stdout

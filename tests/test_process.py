@@ -70,6 +70,7 @@ def run(command: str, cwd: Path, **kwargs: Any) -> ProcessOutcome:
 
     kwargs.setdefault("timeout_s", 20.0)
     kwargs.setdefault("env", dict(os.environ))
+    kwargs.setdefault("sandbox", None)  # the guard itself; test_sandbox.py tests containment
     return run_process(command, cwd=cwd, on_start=record, **kwargs)
 
 
@@ -296,6 +297,7 @@ HARNESS = textwrap.dedent("""
         env=command_env(os.environ, run_id="r", call_id="c"),
         timeout_s=120,
         on_start=lambda pgid: (workspace / "pgid").write_text(str(pgid)),
+        sandbox=None,
     )
     (workspace / "harness-finished").write_text("should have been killed")
 """)

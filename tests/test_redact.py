@@ -128,3 +128,12 @@ def test_a_large_output_is_redacted_quickly() -> None:
     started = time.perf_counter()
     assert r.redact(text + "tok-007-9f8e7d6c5b4a") == text + "[REDACTED:SERVICE_7_TOKEN]"
     assert time.perf_counter() - started < 1.0
+
+
+def test_redact_known_replaces_only_the_harness_secrets() -> None:
+    r = Redactor({"DB_PASSWORD": "correct-horse-battery"})
+    text = "pw=correct-horse-battery key=AKIAIOSFODNN7EXAMPLE"
+    assert r.redact_known(text) == "pw=[REDACTED:DB_PASSWORD] key=AKIAIOSFODNN7EXAMPLE"
+    assert r.redact(text) == "pw=[REDACTED:DB_PASSWORD] key=[REDACTED]"
+    assert Redactor({"X_TOKEN": "abcdefgh"}, shapes=False).redact(text + " abcdefgh") == text + " [REDACTED:X_TOKEN]"
+    assert Redactor().redact_known(text) == text

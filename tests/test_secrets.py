@@ -83,13 +83,51 @@ def test_a_command_cannot_print_a_credential_variable_it_was_given(cli, write_sc
     assert token not in json.dumps(sql("SELECT output, error FROM steps"))
 
 
-def test_a_secret_the_model_writes_into_tool_arguments_is_not_stored(cli, write_script, workspace, db_path) -> None:  # type: ignore[no-untyped-def]
-    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+def test_what_the_model_writes_is_written_byte_for_byte_except_the_harness_secrets(  # type: ignore[no-untyped-def]
+        cli, write_script, workspace, db_path) -> None:
+    # Redaction never alters an effect: a key-shaped test fixture lands on disk as written,
+    # and is stored as written. Only the exact value of the harness's own credential is
+    # replaced, in the file, the command and the store alike.
+    fixture = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    aws = "AKIAIOSFODNN7EXAMPLE"
+    own = "tok-" + secrets.token_hex(16)
+    content = f"token={fixture}\naws={aws}\nmine={own}\n"
     script = write_script([
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "conf.txt", "content": f"token={token}\n"}}]},
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "conf.txt", "content": content}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": f"printf %s {aws} > ran.txt"}}]},
         {"content": "done"},
     ])
-    assert cli("start", "t", "--model", script, "--run-id", "argsecret").code == 0
-    stored = b"".join(p.read_bytes() for p in db_path.parent.glob(db_path.name + "*"))
-    assert token.encode() not in stored
-    assert (workspace / "conf.txt").read_text() == "token=[REDACTED]\n"  # what ran is what was recorded
+    r = cli("start", "t", "--model", script, "--run-id", "argsecret", "--shell", "allow",
+            extra_env={"DEPLOY_TOKEN": own})
+    assert r.code == 0, r.stderr
+    assert (workspace / "conf.txt").read_text() == (
+        f"token={fixture}\naws={aws}\nmine=[REDACTED:DEPLOY_TOKEN]\n")
+    assert (workspace / "ran.txt").read_text() == aws
+    stored = _db_bytes(db_path)
+    assert fixture.encode() in stored and aws.encode() in stored  # the arguments, as run
+    assert own.encode() not in stored
+
+
+def test_observation_redaction_can_be_turned_off_for_trusted_repos_but_not_for_own_secrets(  # type: ignore[no-untyped-def]
+        cli, write_script, workspace, tmp_path) -> None:
+    aws = "AKIAIOSFODNN7EXAMPLE"
+    own = "tok-" + secrets.token_hex(16)
+    (workspace / "fixture.txt").write_text(f"aws={aws}\nmine={own}\n")
+    script = write_script([{"tool_calls": [{"name": "read_file", "arguments": {"path": "fixture.txt"}}]},
+                           {"content": "done"}])
+    config = tmp_path / "trusted.toml"
+    config.write_text("redact_observations = false\n")
+    results = {}
+    for run_id, extra in (("default", {}), ("trusted", {"DURABLE_AGENT_CONFIG": str(config)})):
+        r = cli("start", "t", "--model", script, "--run-id", run_id, extra_env={"DEPLOY_TOKEN": own, **extra})
+        assert r.code == 0, r.stderr
+        results[run_id] = _tool_message(tmp_path / "store.db", run_id)
+    assert results["default"] == "aws=[REDACTED]\nmine=[REDACTED:DEPLOY_TOKEN]\n"
+    assert results["trusted"] == f"aws={aws}\nmine=[REDACTED:DEPLOY_TOKEN]\n"
+
+
+def _tool_message(db: Path, run_id: str) -> str:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return str(conn.execute("SELECT content FROM messages WHERE run_id=? AND role='tool'", (run_id,)).fetchone()[0])

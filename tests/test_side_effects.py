@@ -252,7 +252,8 @@ def test_run_command_results_are_observations(cli, write_script, workspace, sql)
             "command": "sleep 30 & echo $! > bg.pid; sleep 30", "timeout_s": 1}}]},
         {"tool_calls": [{"name": "run_command", "arguments": {"command": "seq 1 200000"}}]},
         {"content": "done"}])
-    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "o")
+    # Unsandboxed: bg.pid must be a host pid (the sandbox's PID namespace has its own).
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "o", "--sandbox", "off")
     assert r.code == 0 and r.stdout.strip() == "done", r.stderr
     first, timed, big = (c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq"))
     assert first.startswith("exit code: 3") and str(workspace) in first and "stderr:\noops" in first

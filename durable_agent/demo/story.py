@@ -76,17 +76,26 @@ class _Demo:
         self.db = db or f"sqlite:///{self.db_file}"
         self.run_id = f"demo-{uuid.uuid4().hex[:8]}"
         self.env = _child_env(env, root)
+        # Our own bundled script in its own temporary workspace: where no sandbox can be had,
+        # it may run unconfined (a user's task may not: `start` refuses, see os_sandbox.py).
+        from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
+
+        self.unsandboxed = resolve_sandbox("workspace-write", False, env).mechanism is Mechanism.NONE
 
     def play(self, keep: bool) -> int:
         _copy_tree(resources.files("durable_agent.demo").joinpath("project"), self.workspace)
         say("durable-agent demo · offline: a scripted model, no API key, nothing leaves this machine")
         say(f"  workspace  {self.workspace}  (a copy of a tiny project: add() subtracts)")
         say(f"  database   {self.db}")
+        sandbox = ["--sandbox", "off"] if self.unsandboxed else []
+        if self.unsandboxed:
+            say("  sandbox    none here (no bubblewrap, no Landlock): this bundled demo runs its "
+                "commands unsandboxed; your own runs will refuse to (see `durable-agent doctor`)")
         say()
-        say(f'1. durable-agent start "{TASK}" --model demo --shell allow')
+        say(f'1. durable-agent start "{TASK}" --model demo --shell allow' + " --sandbox off" * self.unsandboxed)
         say("   in a child process whose power goes out right after edit_file writes calc.py "
             "(a SIGKILL, before the edit is recorded)")
-        first = self._child(["start", TASK, "--model", "demo", "--shell", "allow",
+        first = self._child(["start", TASK, "--model", "demo", "--shell", "allow", *sandbox,
                              "--workspace", str(self.workspace), "--run-id", self.run_id],
                             module="durable_agent.demo.power_cut")
         if not first.killed:

@@ -1,6 +1,9 @@
 """The guard between the harness and one shell command (Linux). Run by `process.py` as
 
-    python -I -S _guard.py WATCH_FD STATUS_FD SHELL COMMAND
+    python -I -S _guard.py WATCH_FD STATUS_FD ARGV...
+
+ARGV is the shell and its command line (`/bin/bash -c COMMAND`), or that wrapped by the
+sandbox (`bwrap ... -- /bin/bash -c COMMAND`, see os_sandbox.py).
 
 It is started in a new session, so it leads the process group that the command and
 everything the command forks belong to (pgid == the guard's pid, known at spawn time).
@@ -48,7 +51,8 @@ def _watch_harness(fd: int) -> None:
 
 def main(argv: list[str]) -> int:
     watch_fd, status_fd = int(argv[1]), int(argv[2])
-    shell, command = argv[3], argv[4]
+    program = argv[3:]
+    shell = program[0]
     # The command must not hold these: a copy of STATUS_FD would delay the harness's EOF.
     os.set_inheritable(watch_fd, False)
     os.set_inheritable(status_fd, False)
@@ -62,7 +66,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()
     try:
         pid = os.posix_spawn(
-            shell, [shell, "-c", command], os.environ,
+            shell, program, os.environ,
             # Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive exec: the
             # command must start with the defaults, as from a terminal (`yes | head`).
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),

@@ -10,11 +10,14 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
 from durable_agent.status import EffectClass
+
+if TYPE_CHECKING:
+    from durable_agent.tools.os_sandbox import Sandbox
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class ToolContext:
     command_timeout_s: float = 300.0
     cancel: threading.Event | None = None
     on_process_start: Callable[[int], None] | None = None
+    sandbox: Sandbox | None = None
+    """How the run contains commands: an exec tool passes it to `run_process(sandbox=...)`
+    (None only under --sandbox off). In-process Python code is not contained by it."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from durable_agent.tools.encoding import (
     text_encoding,
 )
 from durable_agent.tools.limits import cap_text, describe_binary
-from durable_agent.tools.sandbox import relative, resolve
+from durable_agent.tools.sandbox import escapes, relative, resolve
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 MAX_LIST_ENTRIES = 1000
@@ -81,13 +81,26 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp creates 0600; a new file gets what the user's umask gives (0644 usually).
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask can only be read by setting it,
+    which races with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def read_bytes(path: Path, display: str) -> bytes:
@@ -200,6 +213,8 @@ class SearchText:
         matches: list[str] = []
         total = 0
         for file in files:
+            if file is not root and escapes(ctx.workspace, file):
+                continue  # a symlink to outside the workspace: its content is not ours to show
             rel = relative(ctx.workspace, file)
             if args.glob and not (fnmatch.fnmatch(file.name, args.glob) or fnmatch.fnmatch(rel, args.glob)):
                 continue

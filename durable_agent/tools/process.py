@@ -1,7 +1,12 @@
 """Run one shell command in its own process group, and never let it outlive the harness.
 
     harness (run_process) ──pipe──> guard (_guard.py, session + group leader)
-                                      └── /bin/bash -c COMMAND ── grandchildren ...
+                                      └── [sandbox: bwrap ... -- | _landlock.py ... --]
+                                            └── /bin/bash -c COMMAND ── grandchildren ...
+
+The sandbox wrapper (os_sandbox.py) stays in the guard's process group, so everything
+below holds for sandboxed commands too; bubblewrap's PID namespace adds that even a
+command that left the group (`setsid`) dies when bwrap does.
 
 The pgid is the guard's pid. `on_start(pgid)` lets the caller record it before the command
 starts; timeout, cancel, an exception in the caller or the death of the harness (even by
@@ -14,7 +19,7 @@ nothing of a recorded group still runs before reconciling its step.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
 import os
 import selectors
@@ -29,6 +34,17 @@ from pathlib import Path
 
 from durable_agent.redact import is_secret_name
 from durable_agent.tools.encoding import decode_text  # Latin-1 or \xHH, as file text
+from durable_agent.tools.groups import (  # the resume half is re-exported from here
+    _group_exists,
+    _signal_group,
+    _wait_until_gone,
+    kill_process_group,
+    process_group_alive,
+)
+from durable_agent.tools.os_sandbox import Sandbox, prepare
+
+__all__ = ["ProcessOutcome", "command_env", "default_shell", "kill_process_group",
+           "process_group_alive", "run_process", "truncate_middle"]
 
 GUARD_SCRIPT = Path(__file__).with_name("_guard.py")
 KILL_GRACE_S = 2.0
@@ -69,6 +85,7 @@ class ProcessOutcome:
     pgid: int
     stdout_bytes: int  # sizes before truncation
     stderr_bytes: int
+    notes: tuple[str, ...] = ()  # from the sandbox: git internals the command created or changed
 
 
 def default_shell() -> str:
@@ -112,13 +129,34 @@ def run_process(
     on_start: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
     kill_grace_s: float = KILL_GRACE_S,
+    sandbox: Sandbox | None,
+    workspace: Path | None = None,
 ) -> ProcessOutcome:
     """Run `command` with the shell in `cwd` under exactly `env`, stdin from /dev/null.
 
+    `sandbox` contains it (os_sandbox.py) with `workspace` (default: `cwd`) as the only
+    writable tree. It has no default, so that no caller (a custom exec tool passes
+    `ctx.sandbox`) runs a command unconfined by forgetting it: None says so on purpose.
     Output of each stream is capped at `output_cap` characters (head and tail kept).
-    Raises OSError if the command cannot be started (e.g. `cwd` does not exist) and
-    whatever `on_start` raises; in both cases the command has not run.
+    Raises OSError if the command cannot be started (e.g. `cwd` does not exist),
+    SandboxUnavailable if its sandbox cannot be had, and whatever `on_start` raises; in
+    all these cases the command has not run.
     """
+    launch = prepare(sandbox, [default_shell(), "-c", command], cwd=cwd,
+                     workspace=workspace or cwd, env=env)
+    try:
+        outcome = _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
+                       output_cap=output_cap, on_start=on_start, cancel=cancel,
+                       kill_grace_s=kill_grace_s)
+    finally:
+        launch.cleanup()
+    notes = launch.notes()
+    return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
+
+
+def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
+         on_start: Callable[[int], None] | None, cancel: threading.Event | None,
+         kill_grace_s: float) -> ProcessOutcome:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if not sys.executable:
@@ -130,8 +168,7 @@ def run_process(
         proc = subprocess.Popen(
             # -I -S: the guard must not be affected by the command's PYTHON* variables,
             # and should start fast.
-            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w),
-             default_shell(), command],
+            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w), *argv],
             cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
             pass_fds=(watch_r, status_w),
@@ -305,96 +342,3 @@ class _Supervision:
         for f in self._files:
             f.close()
         os.close(self._status_fd)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(pgid, sig)
-
-
-# --- resume: what is left of a recorded group ------------------------------------------
-
-
-def process_group_alive(pgid: int, *, call_id: str | None = None, run_id: str | None = None) -> bool:
-    """Does any live (non-zombie) process of group `pgid` remain?
-
-    With `call_id` (and `run_id`), only if one of them carries `DURABLE_AGENT_CALL_ID=call_id`
-    (and `DURABLE_AGENT_RUN_ID=run_id`) in its environment: after a reboot, or on another
-    machine that took the run over, the number may belong to someone else's group, and call
-    ids like `call_1_0` repeat across runs.
-    """
-    members = _live_members(_check_pgid(pgid))
-    if call_id is not None:
-        return any(_has_ids(pid, call_id, run_id) for pid in members)
-    return bool(members)
-
-
-def kill_process_group(pgid: int, *, call_id: str | None = None, run_id: str | None = None,
-                       grace_s: float = 1.0, wait_s: float = 5.0) -> bool:
-    """SIGTERM group `pgid`, SIGKILL what is left after `grace_s`, and wait (up to `wait_s`)
-    until no member remains. Returns True if live members were found and signalled.
-    `call_id` as in `process_group_alive`: a group that is not ours is left alone."""
-    if not process_group_alive(pgid, call_id=call_id, run_id=run_id):
-        return False
-    _signal_group(pgid, signal.SIGTERM)
-    if not _wait_until_gone(pgid, grace_s):
-        _signal_group(pgid, signal.SIGKILL)
-        _wait_until_gone(pgid, wait_s)
-    return True
-
-
-def _wait_until_gone(pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _live_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _group_exists(pgid: int) -> bool:
-    """Cheap first check (no /proc scan); zombies count, so True may be a false alarm."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, it is just not ours to signal
-    return True
-
-
-def _check_pgid(pgid: int) -> int:
-    # killpg(0) and killpg(1) mean "my own group" and "init's": never what a record means.
-    if pgid <= 1 or pgid == os.getpgrp():
-        raise ValueError(f"refusing to touch process group {pgid}")
-    return pgid
-
-
-def _live_members(pgid: int) -> list[int]:
-    """Pids in group `pgid`, zombies excluded (an unreaped zombie runs nothing; in
-    containers whose init does not reap, `killpg(pgid, 0)` would see them forever)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited while we looked
-        # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _has_ids(pid: int, call_id: str, run_id: str | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read().split(b"\0")
-    except OSError:
-        return False
-    if f"DURABLE_AGENT_CALL_ID={call_id}".encode() not in environ:
-        return False
-    return run_id is None or f"DURABLE_AGENT_RUN_ID={run_id}".encode() in environ

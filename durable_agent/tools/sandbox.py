@@ -7,13 +7,16 @@ from pathlib import Path
 
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.encoding import bad_name_char, name_from_arg, show_name
+from durable_agent.tools.gitguard import inside_git_dir
 
 
 def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
     """The real path of `path` inside `workspace`, or ToolFailure.
 
     Symlinks are resolved before the check, so a link that points outside is refused
-    just like `..` or an absolute path elsewhere.
+    just like `..` or an absolute path elsewhere. Resolved when the tool opens the path:
+    no command runs between this check and the open (file tools and commands take turns,
+    and a command's processes are all dead when it returns).
     """
     if "\x00" in path:
         raise ToolFailure("path contains a NUL byte")
@@ -29,9 +32,11 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
         raise ToolFailure(f"path {path!r} is outside the workspace; use a path relative to it")
     root, target = Path(real_root), Path(real)
     if for_write:
-        rel = target.relative_to(root)
-        if rel.parts and rel.parts[0] == ".git":
-            raise ToolFailure("refusing to write inside .git/: use git commands instead")
+        # Any git dir, nested ones too: a planted sub/.git/config runs its fsmonitor the next
+        # time the *user* runs git there, outside any sandbox.
+        if inside_git_dir(target, root, path):
+            raise ToolFailure(f"refusing to write {path!r}: it is inside a git directory "
+                              "(.git internals); use git commands instead")
         if target == root or target.is_dir():
             raise ToolFailure(f"{path!r} is a directory")
     return target
@@ -42,3 +47,10 @@ def relative(workspace: Path, target: Path) -> str:
     which `resolve` takes back."""
     rel = target.relative_to(workspace.resolve())
     return show_name(rel.as_posix() or ".")
+
+
+def escapes(workspace: Path, path: Path) -> bool:
+    """Does `path` (inside the workspace by name) lead outside it through a symlink?"""
+    real_root = os.path.realpath(workspace)
+    real = os.path.realpath(path)
+    return real != real_root and not real.startswith(os.path.join(real_root, ""))

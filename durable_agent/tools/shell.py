@@ -37,6 +37,8 @@ class RunCommand:
             output_cap=max(100, (ctx.output_cap - HEADER_ROOM) // 2),
             on_start=ctx.on_process_start,
             cancel=ctx.cancel,
+            sandbox=ctx.sandbox,
+            workspace=ctx.workspace,
         )
         # No exit code after a timeout or cancel: say so rather than print "None".
         code = "none (killed)" if outcome.exit_code is None else str(outcome.exit_code)
@@ -45,6 +47,7 @@ class RunCommand:
             parts.append(f"stdout:\n{outcome.stdout}")
         if outcome.stderr:
             parts.append(f"stderr:\n{outcome.stderr}")
+        parts.extend(f"note: {note}" for note in outcome.notes)
         data = {"exit_code": outcome.exit_code, "timed_out": outcome.timed_out,
                 "cancelled": outcome.cancelled, "duration_ms": outcome.duration_ms,
                 "stdout_bytes": outcome.stdout_bytes, "stderr_bytes": outcome.stderr_bytes,

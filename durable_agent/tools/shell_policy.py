@@ -6,9 +6,13 @@ nothing in it looks destructive. Anything the parser cannot vouch for -- command
 substitution, writes through redirections, `sudo`, unbalanced quotes, options that name a
 program to run, paths outside the workspace (absolute, `~`, `..`) -- is ASK.
 
-This is a tripwire, not a sandbox: `pytest` and `make test` run code from the workspace,
-which the agent can edit. It keeps a person in the loop for what is plainly irreversible
-or unreviewed. Mistakes must only ever go one way: when unsure, ASK.
+This is a tripwire, not the security boundary: `pytest` and `make test` run code from the
+workspace, which the agent can edit, and a lexer cannot contain a shell (ANSI-C quoting,
+expansions, a planted `.git/config` run by an allowlisted `git status`: issue 11). The
+boundary is the OS sandbox (`--sandbox`, os_sandbox.py), which every command runs in,
+approved or not. This module only decides who is asked: it keeps a person in the loop for
+what is plainly irreversible or unreviewed. Mistakes must only ever go one way: when
+unsure, ASK.
 """
 
 from __future__ import annotations

@@ -1,0 +1,177 @@
+"""Git repositories inside the workspace: what must stay read-only, and what counts as one.
+
+Git runs programs named in its own files: `config` (core.fsmonitor, core.pager,
+core.hooksPath, filter and diff drivers...), `hooks/`, and through `commondir`, `modules/`
+and `worktrees/` the config of another git dir. A command or file tool that can write
+those plants code that runs later, when the *user* runs git outside any sandbox
+(issue 11: `sub/.git/config` with `fsmonitor = "rm -f ../../victim.txt"`).
+
+The rule (chosen so that legitimate `git add`, `git commit`, `git stash`, `git checkout`
+in a workspace repo still work inside the sandbox):
+
+- the git dir itself stays writable, because git writes `index`, `objects/`, `refs/`,
+  `logs/` and creates its lock files (`index.lock`, `HEAD.lock`) next to them;
+- `config`, `hooks/`, `info/`, `modules/`, `worktrees/`, `commondir` and `config.worktree`
+  are bound read-only (`hooks/` is created empty first if missing, so a command cannot
+  create it); a `.git` *file* (worktrees, submodules) is read-only too;
+- consequence: `git config ...` fails inside the sandbox; use `git -c user.name=...` or
+  the GIT_AUTHOR_*/GIT_COMMITTER_* variables. Submodule commits fail (their git dirs live
+  in `modules/`).
+
+The file tools refuse to write anywhere inside any git dir (`inside_git_dir`).
+
+Repositories are found when a command starts; one *created* by a command (`git init`, or
+`mkdir sub/.git` and a planted config) is protected from the next command on, but what the
+creating command wrote into it stays. `git_state` before and `git_changes` after each
+command name such changes in the command's result (and under Landlock, which cannot make
+`.git` read-only, changes to existing config and hooks too), so neither the model nor the
+person reading the run is left unaware: docs/sandbox.md says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+
+# Entries of a git dir that make git run something or read another git dir's config.
+PROTECTED_ENTRIES = ("config", "hooks", "info", "modules", "worktrees", "commondir", "config.worktree")
+# Directories too big to walk on every command, where a repository is not looked for (one
+# planted there is not protected: docs/sandbox.md names this).
+_NO_DESCENT = frozenset({".git", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache",
+                         ".ruff_cache", ".tox"})
+
+
+def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
+    """(git dirs, `.git` files) inside `workspace`, all as real paths inside it.
+
+    A `.git` that is a symlink or a `gitdir:` file counts by its target when the target is
+    inside the workspace (it is writable there); a target outside is read-only anyway."""
+    root = os.path.realpath(workspace)
+    dirs: list[Path] = []
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if ".git" in dirnames or ".git" in filenames:
+            entry = os.path.join(dirpath, ".git")
+            if os.path.islink(entry):
+                target = os.path.realpath(entry)
+                if _inside(target, root) and os.path.isdir(target):
+                    dirs.append(Path(target))
+            elif os.path.isdir(entry):
+                dirs.append(Path(entry))
+            elif os.path.isfile(entry):
+                files.append(Path(entry))
+                pointed = _gitfile_target(entry)
+                if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
+                    dirs.append(Path(pointed))
+        dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT]
+    return sorted(set(dirs)), sorted(set(files))
+
+
+def git_protections(workspace: Path) -> list[Path]:
+    """The paths to bind read-only for one command, in mount order."""
+    dirs, files = find_git_dirs(workspace)
+    paths: list[Path] = list(files)
+    for gitdir in dirs:
+        hooks = gitdir / "hooks"
+        if not hooks.exists() and not hooks.is_symlink():
+            with contextlib.suppress(OSError):
+                hooks.mkdir()  # an empty, read-only hooks/ leaves nothing to plant one in
+        for name in PROTECTED_ENTRIES:
+            entry = gitdir / name
+            # A symlinked entry is bound by its target, which is what git reads.
+            if entry.exists():
+                paths.append(entry)
+    return paths
+
+
+def inside_git_dir(target: Path, root: Path, requested: str = "") -> bool:
+    """Does `target` (a real path inside the real `root`) lie in a git dir, or does the path
+    the model asked for name one? Nested repositories count, and so do git dirs that are
+    not called `.git` (the target of a `gitdir:` file): they are recognised by their shape."""
+    if ".git" in Path(os.path.normpath(requested)).parts:
+        return True
+    rel = target.relative_to(root)
+    if ".git" in rel.parts:
+        return True
+    here = root
+    for part in rel.parts[:-1] if rel.parts else ():
+        here = here / part
+        if _looks_like_git_dir(here):
+            return True
+    return False
+
+
+def _looks_like_git_dir(path: Path) -> bool:
+    return ((path / "HEAD").is_file() and (path / "objects").is_dir()
+            and (path / "refs").is_dir())
+
+
+def _gitfile_target(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline(4096).strip()
+    except OSError:
+        return None
+    if not first.startswith("gitdir:"):
+        return None
+    target = first.removeprefix("gitdir:").strip()
+    return os.path.realpath(os.path.join(os.path.dirname(path), target))
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(os.path.join(root, ""))
+
+
+def git_state(workspace: Path) -> dict[str, str]:
+    """What `git_changes` compares: every git dir and the digest of each protected entry."""
+    dirs, files = find_git_dirs(workspace)
+    state: dict[str, str] = {str(f): _digest(f) for f in files}
+    for gitdir in dirs:
+        state[str(gitdir)] = "git dir"
+        for name in PROTECTED_ENTRIES:
+            entry = gitdir / name
+            if entry.exists():
+                state[str(entry)] = _digest(entry)
+    return state
+
+
+def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
+    """Lines naming git dirs a command created and protected entries it created or changed."""
+    root = Path(os.path.realpath(workspace))
+    after = git_state(workspace)
+    notes = []
+    new_dirs = [path for path, digest in after.items() if digest == "git dir" and path not in before]
+    for path, digest in sorted(after.items()):
+        if before.get(path) == digest:
+            continue
+        if digest != "git dir" and any(path.startswith(os.path.join(d, "")) for d in new_dirs):
+            continue  # named once, with its repository
+        shown = os.path.relpath(path, root)
+        if digest == "git dir":
+            notes.append(f"this command created the git repository {shown}: its config and hooks were "
+                         "written by the command; review them before running git there outside the sandbox")
+        else:
+            verb = "created" if path not in before else "changed"
+            notes.append(f"this command {verb} {shown}, which git reads to run programs; review it")
+    return notes
+
+
+def _digest(path: Path) -> str:
+    """Content of a file, or names and contents of a directory's files (hooks/, info/)."""
+    h = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    full = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(full, path).encode() + b"\0")
+                    with contextlib.suppress(OSError), open(full, "rb") as f:
+                        h.update(f.read(1 << 20))
+        else:
+            h.update(path.read_bytes()[: 1 << 20])
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()

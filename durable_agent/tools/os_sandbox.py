@@ -1,0 +1,235 @@
+"""Containment of commands by the kernel (`--sandbox`, `--network`): the security boundary.
+
+`--shell` (shell_policy.py) only decides which commands need a person; a lexer cannot
+contain a shell (ANSI-C quoting, expansions, planted git config all defeat it). Here a
+command line becomes an argv that the kernel confines:
+
+    bubblewrap   (`bwrap` on PATH, namespaces usable)   everything below is enforced
+    landlock     (kernel >= 5.13, through ctypes)       filesystem writes only; see WARNINGS
+    none                                                sandboxed modes refuse to run commands
+
+Under bubblewrap (`workspace-write`): `/` is bound read-only, `/dev` and `/proc` are fresh
+(a new PID namespace, so no other process's `/proc/<pid>/environ` is visible), `/tmp` and
+`/run` are private tmpfs (no daemon's unix socket is reachable there), the workspace is bound read-write (`read-only`: read-only too), the network
+namespace is empty unless `--network on`, all capabilities are dropped (as root, bwrap
+would keep them and `mount -o remount,rw /` would undo everything), and in every git
+repository inside the workspace the parts that make git *run* things are read-only
+(see `gitguard.py` for the rule and why `git add/commit` still work).
+
+No `--new-session`: the command must stay in the guard's process group, whose id is
+recorded before it starts (process.py, _guard.py) so that a resume can find and kill it.
+The guard's session has no controlling terminal, so the TIOCSTI injection that
+`--new-session` defends against has no terminal to inject into. `--die-with-parent` and
+the PID namespace are a second line: when bwrap dies, everything inside dies with it.
+
+Detection runs a real probe once per process (cached), never a guess from version
+numbers: user namespaces are often disabled by the distribution or a container.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+
+from durable_agent.tools.base import ToolFailure
+from durable_agent.tools.gitguard import git_changes, git_protections, git_state
+
+LANDLOCK_SCRIPT = Path(__file__).with_name("_landlock.py")
+NO_LANDLOCK_ENV = "DURABLE_AGENT_NO_LANDLOCK"
+"""Set to 1 to pretend the kernel has no Landlock (tests of the refusal, and for users whose
+Landlock breaks a tool: then install bubblewrap or pass --sandbox off)."""
+INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) "
+                "or pass --sandbox off to run commands unconfined")
+
+
+class SandboxMode(StrEnum):
+    WORKSPACE_WRITE = "workspace-write"
+    READ_ONLY = "read-only"
+    OFF = "off"
+
+
+class Mechanism(StrEnum):
+    BUBBLEWRAP = "bubblewrap"
+    LANDLOCK = "landlock"
+    NONE = "none"  # a sandboxed mode with no way to enforce it: commands are refused
+    OFF = "off"  # --sandbox off: nothing is enforced, on purpose
+
+
+class SandboxUnavailable(ToolFailure):
+    """A sandboxed mode and no mechanism: the command is refused, never run unconfined."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How commands of one run are contained. Build it with `resolve_sandbox`."""
+
+    mode: SandboxMode
+    network: bool
+    mechanism: Mechanism
+    bwrap: str | None = None
+    landlock_abi: int = 0
+    problem: str = ""  # why no mechanism is available (mechanism NONE)
+
+    @property
+    def enforced(self) -> bool:
+        return self.mechanism in (Mechanism.BUBBLEWRAP, Mechanism.LANDLOCK)
+
+    def describe(self) -> str:
+        """One line for `doctor`, the run header and `show`."""
+        if self.mechanism is Mechanism.OFF:
+            return "off: commands run unconfined (the shell policy is the only check)"
+        net = "network on" if self.network else "network off"
+        if self.mechanism is Mechanism.NONE:
+            return f"{self.mode}, but no mechanism is available ({self.problem}): commands are refused"
+        return f"{self.mode} by {self.mechanism}, {net}"
+
+    def warning(self) -> str | None:
+        """What the fallback does not enforce, in one line; None when everything is."""
+        if self.mechanism is not Mechanism.LANDLOCK:
+            return None
+        missing = ["a PID namespace (other processes are listed, though Landlock denies "
+                   "reading their memory and environment)",
+                   ".git read-only (Landlock cannot carve a read-only hole in a writable tree)",
+                   "a private /tmp (TMPDIR points to a private directory instead)",
+                   "hidden daemon sockets (/run: PostgreSQL, docker, D-Bus stay reachable)"]
+        if not self.network:
+            missing.append("network off (not enforced)" if self.landlock_abi < 4
+                           else "network off for UDP and other non-TCP sockets (TCP is blocked)")
+        return ("sandbox: bubblewrap is not usable, falling back to Landlock; not enforced: "
+                + "; ".join(missing))
+
+    def refusal(self) -> str:
+        return (f"refusing to run commands: --sandbox {self.mode} needs bubblewrap or Landlock "
+                f"and neither works here ({self.problem}); {INSTALL_HINT}")
+
+
+@dataclass
+class Launch:
+    """The argv and environment that run one command under the sandbox, and what to undo."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cleanup: Callable[[], None] = field(default=lambda: None)
+    notes: Callable[[], list[str]] = field(default=lambda: [])
+    """After the command: what it did to git internals (see gitguard.git_changes)."""
+
+
+def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:
+    """The mechanism for `mode` on this machine, probed once per (mode, PATH) and cached.
+
+    `env` is the harness's environment: bwrap is looked up on its PATH, and
+    `DURABLE_AGENT_NO_LANDLOCK=1` rules Landlock out."""
+    return _resolve(SandboxMode(mode), network, env.get("PATH", os.defpath),
+                    env.get(NO_LANDLOCK_ENV, "") not in ("", "0"))
+
+
+@lru_cache(maxsize=16)
+def _resolve(mode: SandboxMode, network: bool, path: str, no_landlock: bool) -> Sandbox:
+    if mode is SandboxMode.OFF:
+        return Sandbox(mode, network, Mechanism.OFF)
+    problems = []
+    if not sys.platform.startswith("linux"):
+        return Sandbox(mode, network, Mechanism.NONE, problem=f"no sandbox for {sys.platform} yet")
+    bwrap = shutil.which("bwrap", path=path)
+    if bwrap is None:
+        problems.append("bwrap is not on PATH")
+    else:
+        why = _probe_bwrap(bwrap)
+        if why is None:
+            return Sandbox(mode, network, Mechanism.BUBBLEWRAP, bwrap=bwrap)
+        problems.append(f"bwrap does not work: {why}")
+    abi = 0 if no_landlock else landlock_abi()
+    if abi > 0:
+        return Sandbox(mode, network, Mechanism.LANDLOCK, landlock_abi=abi)
+    problems.append("Landlock is disabled" if no_landlock else "the kernel has no Landlock")
+    return Sandbox(mode, network, Mechanism.NONE, problem="; ".join(problems))
+
+
+def _probe_bwrap(bwrap: str) -> str | None:
+    """None if bwrap can build the namespaces we use, else its complaint (one line)."""
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
+            "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+            "--cap-drop", "ALL", "--", "/bin/sh", "-c", "exit 0"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if proc.returncode == 0:
+        return None
+    lines = (proc.stderr or "").strip().splitlines()
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 when there is none (or it is disabled at boot)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION): the same number
+        # (444) on every architecture, as the syscall is newer than the unified table.
+        version = int(libc.syscall(444, None, 0, 1))
+    except (OSError, AttributeError):
+        return 0
+    return max(version, 0)
+
+
+def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: Path,
+            env: Mapping[str, str]) -> Launch:
+    """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
+    when a sandboxed mode has no mechanism: the command must not run at all then."""
+    if sandbox is None or sandbox.mechanism is Mechanism.OFF:
+        return Launch(list(argv), dict(env))
+    if sandbox.mechanism is Mechanism.NONE:
+        raise SandboxUnavailable(sandbox.refusal())
+    ws = Path(os.path.realpath(workspace))
+    here = Path(os.path.realpath(cwd))
+    writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
+    # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
+    wrapped = bwrap_argv(sandbox, argv, cwd=here, workspace=ws) if sandbox.bwrap else []
+    before = git_state(ws) if writable else {}
+
+    def notes() -> list[str]:
+        return git_changes(before, ws) if writable else []
+
+    if sandbox.mechanism is Mechanism.BUBBLEWRAP:
+        return Launch(wrapped, {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+                      notes=notes)
+    tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
+    wrapped = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), str(sandbox.mode), str(ws), tmp,
+               "on" if sandbox.network else "off", "--", *argv]
+    return Launch(wrapped, {**env, "TMPDIR": tmp},
+                  cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True), notes=notes)
+
+
+def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path) -> list[str]:
+    assert sandbox.bwrap is not None
+    bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
+    # Order matters: later mounts cover earlier ones. The private /tmp comes before the
+    # workspace, so a workspace under /tmp stays visible (and nothing else of /tmp does).
+    args = [sandbox.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
+            "--proc", "/proc", "--tmpfs", "/tmp",
+            # A read-only mount does not stop connect() on a unix socket, and /run holds the
+            # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
+            # agents in /run/user): hide it, keeping only the resolver's files for DNS.
+            "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve",
+            bind, str(workspace), str(workspace)]
+    if sandbox.mode is SandboxMode.WORKSPACE_WRITE:
+        for path in git_protections(workspace):
+            args += ["--ro-bind", str(path), str(path)]
+    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+             "--cap-drop", "ALL"]
+    if not sandbox.network:
+        args.append("--unshare-net")
+    args += ["--chdir", str(cwd), "--", *argv]
+    return args

@@ -1,0 +1,131 @@
+"""File tools see what the kernel's sandbox lets commands see (issue 11): no tool follows a
+symlink out of the workspace, search_text skips such links instead of printing what they
+point at, no tool writes inside any git directory (nested ones and gitdir-file targets
+included), and new files get the mode the process umask gives."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_agent.tools import build_tools
+from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult
+
+SECRET = "s3cret-outside-the-workspace"
+
+
+def call(ws: Path, name: str, **args: object) -> ToolResult:
+    tool = build_tools("deny")[name]
+    ctx = ToolContext(workspace=ws, run_id="r", call_id="c")
+    try:
+        return tool.run(tool.args_model.model_validate(args), ctx)
+    except ToolFailure as exc:
+        return ToolResult(error=str(exc))
+
+
+@pytest.fixture
+def linked(workspace: Path, tmp_path: Path) -> Path:
+    """A workspace with links to a file and a directory outside it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (workspace / "src").mkdir()
+    (workspace / "src" / "ok.py").write_text("x = 1\n")
+    (workspace / "src" / "leak.txt").symlink_to(outside / "secret.txt")
+    (workspace / "outdir").symlink_to(outside)
+    return outside
+
+
+def test_search_text_skips_links_that_point_outside(workspace: Path, linked: Path) -> None:
+    for path in (".", "src"):
+        result = call(workspace, "search_text", pattern="s3cret", path=path)
+        assert result.error is None and result.output == "no matches", result
+    assert call(workspace, "search_text", pattern="x = 1").output == "src/ok.py:1: x = 1"  # positive control
+    named = call(workspace, "search_text", pattern="s3cret", path="src/leak.txt")
+    assert named.error and "outside the workspace" in named.error
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("read_file", {"path": "src/leak.txt"}),
+    ("read_file", {"path": "outdir/secret.txt"}),
+    ("list_files", {"path": "outdir"}),
+    ("search_text", {"pattern": "s3cret", "path": "outdir"}),
+    ("write_file", {"path": "src/leak.txt", "content": "gotcha\n"}),
+    ("write_file", {"path": "outdir/new.txt", "content": "gotcha\n"}),
+    ("edit_file", {"path": "src/leak.txt", "old_string": "s3cret", "new_string": "gotcha"}),
+])
+def test_no_file_tool_follows_a_link_out_of_the_workspace(workspace: Path, linked: Path, name: str,
+                                                          args: dict[str, object]) -> None:
+    before = sorted(p.name for p in linked.iterdir())
+    result = call(workspace, name, **args)
+    assert result.error and "outside the workspace" in result.error, result
+    assert SECRET not in result.output
+    assert (linked / "secret.txt").read_text() == SECRET + "\n"
+    assert sorted(p.name for p in linked.iterdir()) == before
+
+
+def test_list_files_shows_a_link_out_but_does_not_descend(workspace: Path, linked: Path) -> None:
+    listing = call(workspace, "list_files", max_depth=5).output.splitlines()
+    assert "outdir/" in listing and not any(line.startswith("outdir/") and line != "outdir/" for line in listing)
+
+
+@pytest.fixture
+def repos(workspace: Path) -> Path:
+    for gitdir in (workspace / ".git", workspace / "vendor" / "lib" / ".git"):
+        (gitdir / "hooks").mkdir(parents=True)
+        (gitdir / "objects").mkdir()
+        (gitdir / "refs").mkdir()
+        (gitdir / "HEAD").write_text("ref: refs/heads/main\n")
+        (gitdir / "config").write_text("[core]\n")
+    # A worktree-style repository: `.git` is a file naming a git dir elsewhere in the workspace.
+    data = workspace / "store" / "wt-data"
+    for d in ("objects", "refs", "hooks"):
+        (data / d).mkdir(parents=True)
+    (data / "HEAD").write_text("ref: refs/heads/main\n")
+    (data / "config").write_text("[core]\n")
+    (workspace / "wt").mkdir()
+    (workspace / "wt" / ".git").write_text("gitdir: ../store/wt-data\n")
+    (workspace / "gitlink").symlink_to(workspace / "vendor" / "lib" / ".git")
+    return workspace
+
+
+@pytest.mark.parametrize("path", [
+    ".git/config", ".git/hooks/pre-commit", "vendor/lib/.git/config", "vendor/lib/.git/hooks/post-checkout",
+    "new/.git/config",  # not a repository yet: planting one is refused as well
+    "wt/.git", "store/wt-data/config", "store/wt-data/hooks/pre-commit", "gitlink/config",
+    "vendor/../vendor/lib/.git/config",
+])
+def test_no_file_tool_writes_inside_any_git_dir(repos: Path, path: str) -> None:
+    before = {p: p.read_bytes() for p in repos.rglob("*") if p.is_file()}
+    for name, args in (("write_file", {"content": "[core]\n\tfsmonitor = rm -rf ~\n"}),
+                       ("edit_file", {"old_string": "[core]", "new_string": "[core]\n\tfsmonitor = x"})):
+        result = call(repos, name, path=path, **args)
+        assert result.error and "git directory" in result.error, (name, path, result)
+    after = {p: p.read_bytes() for p in repos.rglob("*") if p.is_file()}
+    assert after == before
+    assert call(repos, "write_file", path="vendor/lib/README", content="fine\n").error is None  # control
+
+
+@pytest.fixture
+def umask_027() -> Iterator[None]:
+    old = os.umask(0o027)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_new_files_get_the_umask_mode_and_old_files_keep_theirs(workspace: Path, umask_027: None) -> None:
+    assert call(workspace, "write_file", path="new.txt", content="n\n").error is None
+    assert stat.S_IMODE((workspace / "new.txt").stat().st_mode) == 0o640  # 0666 & ~027
+    script = workspace / "run.sh"
+    script.write_text("#!/bin/sh\necho a\n")
+    script.chmod(0o755)
+    assert call(workspace, "edit_file", path="run.sh", old_string="echo a", new_string="echo b").error is None
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    assert call(workspace, "write_file", path="deep/er/f.txt", content="x").error is None
+    assert stat.S_IMODE((workspace / "deep" / "er" / "f.txt").stat().st_mode) == 0o640

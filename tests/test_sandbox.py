@@ -1,0 +1,352 @@
+"""`--sandbox` with real bubblewrap (and the real Landlock fallback): doctor, the refusal
+when no mechanism is available, legitimate work inside (pytest with tmp dirs, git
+add/commit in a workspace repo, a verify command), what is recorded with the run, the
+network switch, and a sandboxed command that must still die with its harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_support import Listener, need_bwrap, open_listener
+from scale_helpers import wait_for
+from side_effects_support import run_cli
+
+from durable_agent.tools.os_sandbox import (
+    Mechanism,
+    SandboxUnavailable,
+    bwrap_argv,
+    resolve_sandbox,
+)
+from durable_agent.tools.process import command_env, run_process
+
+PY = sys.executable
+
+
+@pytest.fixture(name="listener")
+def _listener() -> Iterator[Listener]:
+    yield from open_listener()
+
+
+@pytest.fixture
+def no_mechanism(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    """An environment where neither bubblewrap (not on PATH) nor Landlock (the test hook)
+    is available. Commands run by absolute path or as bash builtins."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}  # see conftest.NO_SANDBOX
+    return {**safe, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1"}
+
+
+def _turns(*commands: str) -> list[dict[str, object]]:
+    return [{"tool_calls": [{"name": "run_command", "arguments": {"command": c}}]} for c in commands] + [
+        {"content": "done"}]
+
+
+def _tool_outputs(db: Path, run_id: str) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT content FROM messages WHERE run_id=? AND role='tool' ORDER BY seq",
+                            (run_id,)).fetchall()
+    return [r[0] for r in rows]
+
+
+# -- doctor ------------------------------------------------------------------------------------
+def test_doctor_names_bubblewrap_and_passes_its_self_check(cli) -> None:  # type: ignore[no-untyped-def]
+    need_bwrap()
+    r = cli("doctor")
+    assert r.code == 0, r.stdout + r.stderr
+    assert "workspace-write by bubblewrap, network off" in r.stdout
+    for check in ("a write inside the workspace works", "a write outside the workspace fails",
+                  ".git/config is read-only", "the network is off", "other processes are hidden",
+                  "daemon sockets under /run are hidden"):
+        assert f"ok  {check}" in r.stdout
+    assert "✓ the sandbox works" in r.stdout
+
+
+def test_doctor_and_start_refuse_with_one_clear_line_when_no_mechanism(  # type: ignore[no-untyped-def]
+        no_mechanism, workspace, write_script) -> None:
+    r = run_cli(no_mechanism, workspace, "doctor")
+    assert r.code == 1
+    assert "install bubblewrap" in r.stdout and "--sandbox off" in r.stdout
+    script = write_script(_turns("echo ran > ledger"))
+    s = run_cli(no_mechanism, workspace, "start", "t", "--model", script, "--shell", "allow")
+    assert s.code == 2
+    lines = s.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refusing to run commands" in lines[0] and "install bubblewrap" in lines[0]
+    assert not (workspace / "ledger").exists()
+    # Said plainly, it runs unconfined; and a run without commands needs no sandbox at all.
+    off = run_cli(no_mechanism, workspace, "start", "t", "--model", script, "--shell", "allow",
+                  "--sandbox", "off", "--run-id", "off")
+    assert off.code == 0, off.stderr
+    assert (workspace / "ledger").read_text() == "ran\n"
+    files_only = run_cli(no_mechanism, workspace, "start", "t", "--model", write_script([{"content": "ok"}]),
+                         "--shell", "deny")
+    assert files_only.code == 0, files_only.stderr
+
+
+def test_run_process_refuses_rather_than_running_unconfined(tmp_path: Path, no_mechanism) -> None:  # type: ignore[no-untyped-def]
+    sandbox = resolve_sandbox("workspace-write", False, no_mechanism)
+    assert sandbox.mechanism is Mechanism.NONE
+    with pytest.raises(SandboxUnavailable, match="install bubblewrap"):
+        run_process(f"echo ran > {tmp_path}/ledger", cwd=tmp_path, env={}, timeout_s=10, sandbox=sandbox)
+    assert not (tmp_path / "ledger").exists()
+
+
+def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  # type: ignore[no-untyped-def]
+        tmp_path: Path, env, workspace, write_script) -> None:
+    sandbox = resolve_sandbox("workspace-write", False, {"PATH": str(tmp_path)})
+    if sandbox.mechanism is not Mechanism.LANDLOCK:
+        pytest.skip(f"the kernel has no usable Landlock here ({sandbox.problem})")
+    no_bwrap = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}  # see conftest.NO_SANDBOX
+    no_bwrap["PATH"] = str(tmp_path / "empty")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("[core]\n")
+    script = write_script(_turns(f"echo in > inside.txt; echo out > {outside}; echo t > $TMPDIR/t && echo tmp-ok",
+                                 "echo '[core] fsmonitor = x' >> .git/config"))
+    r = run_cli(no_bwrap, workspace, "start", "t", "--model", script, "--shell", "allow", "--run-id", "ll")
+    assert r.code == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if "falling back to Landlock" in line]
+    assert len(warning) == 1 and "not enforced" in warning[0] and "PID namespace" in warning[0]
+    assert (workspace / "inside.txt").read_text() == "in\n"
+    assert outside.read_text() == "keep\n"
+    out = _tool_outputs(tmp_path / "store.db", "ll")[0]
+    assert "tmp-ok" in out and "Permission denied" in out
+    # Landlock cannot make .git read-only inside a writable workspace: the change is named.
+    assert "note: this command changed .git/config" in _tool_outputs(tmp_path / "store.db", "ll")[1]
+    d = run_cli(no_bwrap, workspace, "doctor")
+    assert d.code == 0 and "by landlock" in d.stdout, d.stdout
+
+
+# -- legitimate work -----------------------------------------------------------------------------
+def test_pytest_git_commit_and_verify_work_inside_the_sandbox(cli, workspace, db_path) -> None:  # type: ignore[no-untyped-def]
+    need_bwrap()
+    (workspace / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (workspace / "test_calc.py").write_text(textwrap.dedent("""\
+        from calc import add
+
+        def test_add(tmp_path):
+            (tmp_path / "x").write_text("tmp dirs work")
+            assert add(2, 3) == 5
+        """))
+    git = "git -c user.name=Agent -c user.email=agent@example.com"
+    script = [
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": f"{PY} -m pytest -q -p no:cacheprovider"}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": f"git init -q && {git} add calc.py test_calc.py && {git} commit -qm first && git status --short"}}]},
+        {"tool_calls": [{"name": "edit_file", "arguments": {
+            "path": "calc.py", "old_string": "a + b", "new_string": "b + a"}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": f"git diff --stat && {git} commit -qam second && git log --oneline | wc -l"}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "git config user.name Mallory"}}]},
+        {"content": "done"},
+    ]
+    path = workspace.parent / "legit.json"
+    path.write_text(json.dumps(script))
+    r = cli("start", "t", "--model", f"scripted:{path}", "--shell", "allow", "--run-id", "legit",
+            "--verify", f"{PY} -m pytest -q -p no:cacheprovider")
+    assert r.code == 0, r.stderr
+    outputs = _tool_outputs(db_path, "legit")
+    assert outputs[0].startswith("exit code: 0") and "1 passed" in outputs[0]
+    assert outputs[1].startswith("exit code: 0"), outputs[1]
+    assert outputs[3].startswith("exit code: 0") and outputs[3].rstrip().endswith("2"), outputs[3]
+    assert not outputs[4].startswith("exit code: 0")  # the documented rule: .git/config is read-only
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=workspace, capture_output=True, text=True, check=True)
+    assert log.stdout.split() == ["second", "first"]
+    assert "Mallory" not in (workspace / ".git" / "config").read_text()
+
+
+def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_script, db_path) -> None:  # type: ignore[no-untyped-def]
+    need_bwrap()
+    (workspace / "a.txt").write_text("a\n")
+    script = write_script(_turns("cat a.txt; echo b > a.txt"))
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--sandbox", "read-only", "--run-id", "ro")
+    assert r.code == 0, r.stderr
+    assert (workspace / "a.txt").read_text() == "a\n"
+    assert "Read-only file system" in _tool_outputs(db_path, "ro")[0]
+
+
+# -- recorded with the run, shown by `show` --------------------------------------------------
+def test_mode_and_mechanism_are_recorded_and_shown(cli, write_script, sql) -> None:  # type: ignore[no-untyped-def]
+    need_bwrap()
+    r = cli("start", "t", "--model", write_script(_turns("true")), "--shell", "allow", "--run-id", "rec")
+    assert r.code == 0, r.stderr
+    settings = json.loads(sql("SELECT settings FROM runs WHERE id='rec'")[0][0])
+    assert (settings["sandbox"], settings["network"], settings["sandbox_mechanism"]) == (
+        "workspace-write", False, "bubblewrap")
+    shown = cli("show", "rec")
+    assert "sandbox    workspace-write by bubblewrap, network off" in shown.stdout
+    again = cli("resume", "rec")  # a completed run: but the recorded mechanism must not break loading
+    assert again.code == 2
+
+
+# -- network -------------------------------------------------------------------------------------
+def test_network_is_off_by_default_and_on_when_asked(tmp_path: Path, listener: Listener) -> None:
+    need_bwrap()
+    connect = f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {listener.port}), timeout=5)\""
+    env = command_env(os.environ, run_id="r", call_id="c")
+    off = run_process(connect, cwd=tmp_path, env=env, timeout_s=30,
+                      sandbox=resolve_sandbox("workspace-write", False, os.environ))
+    assert off.exit_code != 0 and listener.connections() == 0
+    on = run_process(connect, cwd=tmp_path, env=env, timeout_s=30,
+                     sandbox=resolve_sandbox("workspace-write", True, os.environ))
+    assert on.exit_code == 0, on.stderr
+    assert listener.connections() == 1  # the positive control: the listener can see one
+
+
+# -- the guard still holds -------------------------------------------------------------------------
+def _marked(marker: str) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{entry.name}/cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_sandboxed_command_dies_with_its_harness(tmp_path: Path) -> None:
+    need_bwrap()
+    marker = f"1000.{uuid.uuid4().int % 10**6}"  # a sleep no one else runs
+    harness = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from durable_agent.tools.os_sandbox import resolve_sandbox
+        from durable_agent.tools.process import command_env, run_process
+        run_process("sleep {marker} & setsid sleep {marker} & wait", cwd=Path({str(tmp_path)!r}),
+                    env=command_env(os.environ, run_id="r", call_id="c"), timeout_s=600,
+                    sandbox=resolve_sandbox("workspace-write", False, os.environ))
+        """)
+    proc = subprocess.Popen([PY, "-c", harness])
+    try:
+        wait_for(lambda: len(_marked(f"sleep\0{marker}")) == 2, timeout_s=30)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # Even the `setsid` one, which left the process group: the PID namespace goes with bwrap.
+        wait_for(lambda: not _marked(f"sleep\0{marker}"), timeout_s=30)
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _marked(f"sleep\0{marker}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- the wrapper itself --------------------------------------------------------------------------
+def test_every_git_dir_in_the_workspace_gets_its_code_paths_bound_read_only(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for repo in (ws, ws / "a" / "b"):
+        (repo / ".git" / "hooks").mkdir(parents=True)
+        (repo / ".git" / "config").write_text("[core]\n")
+    (ws / "wt").mkdir()
+    (ws / "gitdata").mkdir()
+    (ws / "gitdata" / "config").write_text("[core]\n")
+    (ws / "wt" / ".git").write_text("gitdir: ../gitdata\n")  # a worktree-style .git file
+    need_bwrap()
+    sandbox = resolve_sandbox("workspace-write", False, os.environ)
+    argv = bwrap_argv(sandbox, ["true"], cwd=ws, workspace=ws)
+    ro = {argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"}
+    for path in (ws / ".git" / "config", ws / ".git" / "hooks", ws / "a" / "b" / ".git" / "config",
+                 ws / "a" / "b" / ".git" / "hooks", ws / "wt" / ".git", ws / "gitdata" / "config",
+                 ws / "gitdata" / "hooks"):
+        assert str(path) in ro, path
+    assert "--unshare-net" in argv and "--cap-drop" in argv and "--unshare-pid" in argv
+    assert "--unshare-net" not in bwrap_argv(resolve_sandbox("workspace-write", True, os.environ), ["true"],
+                                             cwd=ws, workspace=ws)
+
+
+def test_cancel_kills_a_sandboxed_command_and_everything_it_started(  # type: ignore[no-untyped-def]
+        env, workspace, tmp_path, write_script) -> None:
+    need_bwrap()
+    from side_effects_support import spawn
+
+    marker = f"1000.{uuid.uuid4().int % 10**6}"
+    script = write_script(_turns(f"sleep {marker} & setsid sleep {marker} & wait"))
+    proc = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", script, "--shell", "allow",
+                 "--run-id", "cx")
+    try:
+        wait_for(lambda: len(_marked(f"sleep\0{marker}")) == 2, timeout_s=30, what="the sandboxed sleeps")
+        assert run_cli(env, workspace, "cancel", "cx").code == 0
+        assert proc.wait(timeout=30) == 4, proc.stderr()
+        # Deterministic: bwrap's init is in the group, and a dying PID-namespace init leaves the
+        # live set only after every other process of its namespace is gone.
+        assert not _marked(f"sleep\0{marker}")
+    finally:
+        proc.kill()
+        for pid in _marked(f"sleep\0{marker}"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_daemon_sockets_under_run_are_out_of_reach(tmp_path: Path) -> None:
+    """A read-only mount does not stop connect() on a unix socket: /run (PostgreSQL with
+    trust auth, docker.sock, D-Bus) must be hidden, not just read-only."""
+    need_bwrap()
+    import socket
+
+    path = Path(f"/run/durable-agent-test-{uuid.uuid4().hex[:12]}.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(path))
+    except OSError as exc:
+        server.close()
+        pytest.skip(f"cannot create a socket under /run here: {exc}")
+    try:
+        server.listen(4)
+        server.setblocking(False)
+        connect = f"{PY} -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{path}')\""
+        env = command_env(os.environ, run_id="r", call_id="c")
+        inside = run_process(connect, cwd=tmp_path, env=env, timeout_s=30,
+                             sandbox=resolve_sandbox("workspace-write", True, os.environ))
+        assert inside.exit_code != 0 and "No such file" in inside.stderr
+        outside = run_process(connect, cwd=tmp_path, env=env, timeout_s=30, sandbox=None)
+        assert outside.exit_code == 0, outside.stderr  # the positive control
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def test_a_resume_on_a_host_with_another_mechanism_says_so_and_records_it(  # type: ignore[no-untyped-def]
+        env, workspace, tmp_path, write_script, sql) -> None:
+    need_bwrap()
+    if resolve_sandbox("workspace-write", False, {"PATH": str(tmp_path)}).mechanism is not Mechanism.LANDLOCK:
+        pytest.skip("needs Landlock as the second mechanism")
+    script = write_script(_turns("echo here > made-here"))  # a builtin: PATH is empty later
+    first = run_cli(env, workspace, "start", "t", "--model", script, "--run-id", "mv")  # --shell ask: blocks
+    assert first.code == 5, first.stderr
+    assert run_cli(env, workspace, "approve", "mv").code == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    again = run_cli({**env, "PATH": str(empty)}, workspace, "resume", "mv")
+    assert again.code == 0, again.stderr
+    assert "sandbox_mechanism: 'bubblewrap' → 'landlock'" in again.stderr
+    assert json.loads(sql("SELECT settings FROM runs WHERE id='mv'")[0][0])["sandbox_mechanism"] == "landlock"
+    assert (workspace / "made-here").exists()
+
+
+def test_a_worker_without_a_sandbox_leaves_the_run_for_one_with_it(  # type: ignore[no-untyped-def]
+        env, workspace, write_script, no_mechanism) -> None:
+    script = write_script(_turns("echo ran > ledger"))
+    # Enqueued as if from a host with a sandbox (this one may have none): --sandbox off to get
+    # past `start`'s own check, then the recorded mode set to what such a host records.
+    queued = run_cli(env, workspace, "start", "t", "--model", script, "--shell", "allow", "--detach",
+                     "--run-id", "wq", "--sandbox", "off")
+    assert queued.code == 0, queued.stderr
+    with sqlite3.connect(workspace.parent / "store.db") as conn:
+        conn.execute("UPDATE runs SET settings = json_set(settings, '$.sandbox', 'workspace-write')")
+    w = run_cli(no_mechanism, workspace, "worker", "--once", "--poll", "0.1")
+    assert w.code == 0, w.stderr
+    assert "refusing to run commands" in w.stderr
+    assert not (workspace / "ledger").exists()
+    with sqlite3.connect(workspace.parent / "store.db") as conn:
+        assert conn.execute("SELECT status FROM runs WHERE id='wq'").fetchone() == ("pending",)
