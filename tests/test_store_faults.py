@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 from scale_helpers import pg_schema
 from side_effects_support import run_cli
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 TURNS = 20
 
@@ -113,16 +114,25 @@ class Scenario:
         return log.read_text().splitlines() if log.exists() else []
 
     def rows(self, statement: str, **params: Any) -> list[Any]:
-        engine = create_engine(self.url.replace("postgresql://", "postgresql+psycopg://"))
-        try:
-            with engine.connect() as conn:
-                return list(conn.execute(text(statement), {"rid": self.run_id, **params}).all())
-        finally:
-            engine.dispose()
+        with _engine(self.url).connect() as conn:
+            return list(conn.execute(text(statement), {"rid": self.run_id, **params}).all())
 
     def status(self) -> str | None:
         found = self.rows("SELECT status FROM runs WHERE id = :rid")
         return found[0][0] if found else None
+
+
+_ENGINES: dict[str, Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _engine(url: str) -> Engine:
+    """One engine per store for the checks (the sweeps run hundreds of them)."""
+    with _ENGINES_LOCK:
+        if url not in _ENGINES:
+            _ENGINES[url] = create_engine(url.replace("postgresql://", "postgresql+psycopg://"),
+                                          poolclass=NullPool)
+        return _ENGINES[url]
 
 
 def files(ws: Path) -> dict[str, bytes]:

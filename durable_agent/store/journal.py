@@ -220,7 +220,7 @@ class Journal:
     def _landed(self, token: str) -> bool:
         """Did the transaction that wrote `token` commit? Read it back on a new connection."""
         def read() -> bool:
-            with self.engine.connect() as conn:
+            with self.engine.connect().execution_options(readonly=True) as conn:
                 value = conn.execute(select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)).scalar()
             return bool(value == token)
 
