@@ -162,6 +162,11 @@ class Message:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False
+    """True when the provider reported no usage and the counts are the harness's estimate
+    (`models/estimate.py`); False for counts the provider reported."""
+    reported: bool = True
+    """False when the response carried no usable `usage`: the step estimates the counts."""
 
 
 @dataclass(frozen=True)
@@ -174,16 +179,23 @@ class ModelTurn:
     raw: str | None = field(default=None, compare=False)
     """The provider's message as it came (JSON text), kept only when part of it could not
     be used (a tool call without a name...): the step's output keeps the evidence."""
+    finish_reason: str | None = None
+    """The provider's `finish_reason` ("stop", "length", "tool_calls"...), when it gave one."""
 
     def to_dict(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": self.usage.prompt_tokens,
+                                 "completion_tokens": self.usage.completion_tokens}
+        if self.usage.estimated:
+            usage["estimated"] = True
         d: dict[str, Any] = {
             "content": self.content,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
-            "usage": {"prompt_tokens": self.usage.prompt_tokens,
-                      "completion_tokens": self.usage.completion_tokens},
+            "usage": usage,
         }
         if self.raw is not None:
             d["raw"] = self.raw
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
         return d
 
 

@@ -16,7 +16,9 @@ As a separate process, so a crash test can kill the client while the server live
 It writes its port to PORT once it listens and serves until SIGTERM/SIGINT.
 
 Endpoints: `POST /v1/chat/completions` and `POST /chat/completions`; `server.url` is the
-base URL ending in `/v1`. Anything else is a 404 with an OpenAI-style error body.
+base URL ending in `/v1`. Azure OpenAI's deployment path
+`POST /openai/deployments/NAME/chat/completions?api-version=V` is served too (the log
+keeps the query). Anything else is a 404 with an OpenAI-style error body.
 
 Turns. The script is the project's format: a JSON list whose items are
 `{"content": "final answer"}` or `{"tool_calls": [{"name": "read_file", "arguments":
@@ -44,9 +46,11 @@ Actions, combinable in this order:
     {"content_type": "text/html"}               with "status": the Content-Type sent
     {"truncate": n}                             send only the first n bytes of the body,
                                                 without Content-Length, then close
+    {"finish_reason": "length"}                 the normal answer with this finish_reason
+    {"no_usage": true}                          the normal answer without a `usage` field
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
-file, flushed per line) as `{"request", "turn", "attempt", "path", "headers" (lower-case
+file, flushed per line) as `{"request", "turn", "attempt", "path", "query", "headers" (lower-case
 names, Authorization included), "body", "fault"}`.
 """
 
@@ -144,7 +148,7 @@ class FakeOpenAI:
 
     # --- used by the handler ---------------------------------------------------------------
 
-    def _record(self, path: str, headers: dict[str, str], body: Json) -> Json:
+    def _record(self, path: str, headers: dict[str, str], body: Json, query: str = "") -> Json:
         turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
         with self._lock:
             number = len(self.requests) + 1
@@ -155,6 +159,7 @@ class FakeOpenAI:
                 "turn": turn,
                 "attempt": attempt,
                 "path": path,
+                "query": query,
                 "headers": headers,
                 "body": body,
                 "fault": fault,
@@ -229,8 +234,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         fake = self.server.fake
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        path = self.path.split("?", 1)[0]
-        if path not in ("/v1/chat/completions", "/chat/completions"):
+        path, _, query = self.path.partition("?")
+        azure = path.startswith("/openai/deployments/") and path.endswith("/chat/completions")
+        if path not in ("/v1/chat/completions", "/chat/completions") and not azure:
             self._send(404, _error_body(404, f"unknown path {path}"))
             return
         try:
@@ -239,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, _error_body(400, "request body is not JSON"))
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
-        entry = fake._record(path, headers, body)
+        entry = fake._record(path, headers, body, query)
         fault = entry["fault"] or {}
 
         if fault.get("delay"):
@@ -258,6 +264,10 @@ class _Handler(BaseHTTPRequestHandler):
         completion = fake._completion(entry["turn"], body)
         if "message" in fault:
             completion["choices"][0]["message"] = fault["message"]
+        if "finish_reason" in fault:
+            completion["choices"][0]["finish_reason"] = fault["finish_reason"]
+        if fault.get("no_usage"):
+            del completion["usage"]
         self._send(200, completion, truncate=fault.get("truncate"))
 
     def do_GET(self) -> None:
