@@ -61,6 +61,13 @@ def _kind(value: Any) -> str:
     return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else "not JSON"
 
 
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, for "must be a JSON object, not ..." messages."""
+    if isinstance(value, str):
+        return "a string"
+    return _kind(value)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
@@ -77,8 +84,9 @@ class ToolCall:
         value = _parse_object(self.arguments)
         if value is not None:
             return value
-        json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
-        raise ValueError("tool arguments must be a JSON object")
+        value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+        # Valid JSON, but not an object ("[1,2]", "3", "\"x\""): say so, not "not valid JSON".
+        raise ValueError(f"arguments must be a JSON object, not {_json_kind(value)}")
 
     def arguments_or_text(self) -> Any:
         """The arguments as an object, or the text as written when it is not one (for records)."""

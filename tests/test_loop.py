@@ -153,6 +153,16 @@ def test_usage_errors_are_one_line_and_exit_2(cli_inproc, args, needle) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("arguments", "kind"), [("[1,2]", "a list"), ("3", "a number"), ('"x"', "a string")])
+def test_valid_json_that_is_not_an_object_is_not_called_invalid_json(
+        cli_inproc, write_script, sql, arguments: str, kind: str) -> None:
+    script = write_script([{"tool_calls": [{"name": "read_file", "arguments": arguments}]}, DONE])
+    assert cli_inproc("start", "t", "--model", script).code == 0
+    ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
+    assert f"arguments must be a JSON object, not {kind}" in result
+    assert "not valid JSON" not in result
+
+
 def test_bad_flag_exits_2(cli) -> None:
     r = cli("start", "t", "--max-steps", "many")
     assert r.code == 2 and "invalid int value" in r.stderr
