@@ -46,6 +46,8 @@ Actions, combinable in this order:
     {"content_type": "text/html"}               with "status": the Content-Type sent
     {"truncate": n}                             send only the first n bytes of the body,
                                                 without Content-Length, then close
+    {"short_body": n}                           declare the full Content-Length, send only
+                                                the first n bytes, then close (cut mid-body)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
     {"no_usage": true}                          the normal answer without a `usage` field
 
@@ -268,17 +270,25 @@ class _Handler(BaseHTTPRequestHandler):
             completion["choices"][0]["finish_reason"] = fault["finish_reason"]
         if fault.get("no_usage"):
             del completion["usage"]
-        self._send(200, completion, truncate=fault.get("truncate"))
+        self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"))
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
-              content_type: str | None = None, truncate: int | None = None) -> None:
+              content_type: str | None = None, truncate: int | None = None,
+              short: int | None = None) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
-        if truncate is None:
+        if short is not None:
+            # The length of the whole body is promised, a part is sent: the client knows it
+            # was cut (a proxy or server dying mid-answer after the headers went out).
+            self.send_header("Content-Length", str(len(data)))
+            data = data[:short]
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        elif truncate is None:
             self.send_header("Content-Length", str(len(data)))
         else:
             # No length and no chunking: the body ends where the connection closes, so the

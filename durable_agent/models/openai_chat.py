@@ -156,9 +156,37 @@ def _fixed(kind: FailureKind, reason: str) -> Handler:
 
 
 def _from_transport(exc: BaseException, scrub: Scrub) -> Failure:
+    cut = _cut_body(exc)
+    if cut is not None:
+        return Failure(RETRYABLE, "truncated_response", scrub(cut))
     is_timeout = "Timeout" in type(exc).__name__  # httpx(2).TimeoutException and subclasses
     return Failure(RETRYABLE, "timeout" if is_timeout else "connection",
                    scrub(str(exc) or type(exc).__name__))
+
+
+def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
+    cut = _cut_body(exc)
+    if cut is not None:
+        return Failure(RETRYABLE, "truncated_response", scrub(cut))
+    return Failure(RETRYABLE, "connection", scrub(str(exc) or type(exc).__name__))
+
+
+# What h11/httpcore say when the headers came but the body stopped short of its length.
+_CUT_WORDS = ("without sending complete message body", "incomplete chunked read", "incompleteread")
+
+
+def _cut_body(exc: BaseException) -> str | None:
+    """The cause's words when the connection closed in the middle of the response body:
+    the endpoint was reached and answered, so this is not a connection problem."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain: openai's APIConnectionError <- httpx <- httpcore <- h11
+        if seen is None:
+            break
+        text = f"{type(seen).__name__}: {seen}"
+        if any(word in text.lower() for word in _CUT_WORDS):
+            return f"the connection closed in the middle of the response body ({seen})"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _from_status(exc: BaseException, scrub: Scrub) -> Failure:
@@ -196,7 +224,7 @@ def _transport_errors() -> dict[type[BaseException], Handler]:
 _TABLE: dict[type[BaseException], Handler] = {
     openai.OpenAIError: _fixed(PERMANENT, "client_error"),
     openai.APIError: _from_api_error,
-    openai.APIConnectionError: _fixed(RETRYABLE, "connection"),
+    openai.APIConnectionError: _from_connection,
     openai.APITimeoutError: _fixed(RETRYABLE, "timeout"),
     openai.APIResponseValidationError: _fixed(PERMANENT, "invalid_response"),
     openai.APIStatusError: _from_status,
