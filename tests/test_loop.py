@@ -175,6 +175,24 @@ def test_unreadable_script_is_a_clear_error(cli_inproc, tmp_path: Path) -> None:
     assert r.code == 2 and "not valid JSON" in r.stderr
 
 
+@pytest.mark.parametrize(("script", "problem"), [
+    ([DONE, {"content": 42}], 'turn 1 has a "content" that is a number, not text'),
+    ([{"tool_calls": {"name": "read_file"}}], 'turn 0 has "tool_calls" that is an object, not a list'),
+    ([{"tool_calls": [{"name": "read_file", "arguments": [1]}]}], 'turn 0 has a tool call (0) whose "arguments"'),
+    ([DONE, DONE, "done"], "turn 2 must be an object, not a string"),
+    ([{"content": "x", "delay_s": "soon"}], 'turn 0 has a "delay_s" that is a string'),
+    ({"content": "x"}, "must be a JSON list of turns, not an object"),
+])
+def test_a_wrong_script_is_refused_when_loaded_with_the_turn(
+        cli_inproc, tmp_path: Path, sql, script: object, problem: str) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    r = cli_inproc("start", "t", "--model", f"scripted:{path}")
+    assert r.code == 2, r.stderr
+    assert problem in r.stderr and "may be a bug" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
+
+
 def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
     assert cli_inproc("start", "t", "--model", write_script([DONE]), "--run-id", "c1").code == 0
     r = cli_inproc("resume", "c1")
