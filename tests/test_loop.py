@@ -163,6 +163,16 @@ def test_valid_json_that_is_not_an_object_is_not_called_invalid_json(
     assert "not valid JSON" not in result
 
 
+def test_search_text_says_which_files_it_skipped_as_too_big(cli_inproc, write_script, sql, workspace) -> None:
+    (workspace / "big.log").write_text("needle\n" + "x" * 2_100_000)
+    (workspace / "small.txt").write_text("hay\n")
+    script = write_script([{"tool_calls": [{"name": "search_text", "arguments": {"pattern": "needle"}}]}, DONE])
+    assert cli_inproc("start", "t", "--model", script).code == 0
+    ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
+    assert result.startswith("no matches")
+    assert "1 file(s) not searched: larger than the 2 MB search limit (big.log)" in result
+
+
 def test_bad_flag_exits_2(cli) -> None:
     r = cli("start", "t", "--max-steps", "many")
     assert r.code == 2 and "invalid int value" in r.stderr
