@@ -242,10 +242,10 @@ class SearchText:
             out += (f"\n[{len(too_big)} file(s) not searched: larger than the "
                     f"{MAX_SEARCH_FILE_BYTES // 1_000_000} MB search limit ({names}); "
                     "read them in parts with read_file]")
-        data: dict[str, Any] = {"matches": total}
+        found: dict[str, Any] = {"matches": total}
         if too_big:
-            data["skipped_too_big"] = len(too_big)
-        return ToolResult(output=cap_text(out, ctx.output_cap), data=data)
+            found["skipped_too_big"] = len(too_big)
+        return ToolResult(output=cap_text(out, ctx.output_cap), data=found)
 
     @staticmethod
     def _files(root: Path) -> list[Path]:
