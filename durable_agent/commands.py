@@ -85,7 +85,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
     if args.detach:
-        print(runner.create(args.task, args.run_id))
+        _print_queued(runner.create(args.task, args.run_id), args.json)
         return 0
     # Created already leased to us: a worker sharing the database cannot claim it first.
     from durable_agent.store.leases import new_owner
@@ -96,6 +96,11 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=sys.stderr)
         print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, 1))
+
+
+def _print_queued(run_id: str, as_json: bool) -> None:
+    """A detached start or resume: the run id, or with --json one object like every --json."""
+    print(json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id)
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
@@ -120,7 +125,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
-        print(run_id)
+        _print_queued(run_id, args.json)
         return 0
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
