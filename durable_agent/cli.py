@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(func=_command("cmd_resume"))
     p = sub.add_parser("list", help="runs, newest first",
-                       description="Runs, newest first: id, status, model steps, tokens, age, task.")
+                       description="Runs, newest first: id, status, model calls, tokens, age, task.")
     _add_db(p)
     p.add_argument("--status", help="only runs with this status (pending, running, completed, failed, "
                                     "budget_exceeded, cancelled, blocked)")

@@ -62,7 +62,7 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
         print(json.dumps(render.result_json(run)))
     else:
         if not args.quiet:
-            render.summary(run, sys.stderr)
+            render.summary(run, sys.stderr, steps=len(runner.store.steps(run_id)))
         if outcome.answer:
             print(outcome.answer)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
@@ -140,7 +140,8 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         if not args.json:
             print("resuming under different settings: " + "; ".join(changes), file=sys.stderr)
     if not args.json:
-        print(f"run {run_id} · resuming from step {run.step_count} ({run.status})", file=sys.stderr)
+        where = f"model call {run.step_count}" if run.step_count else "the start"
+        print(f"run {run_id} · resuming from {where} ({run.status})", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
 
 

@@ -139,7 +139,8 @@ class StatusLine:
 
 
 class Timeline(Observer):
-    """One line per finished step: `Step 3 · tool · edit_file src/app.py · 12 ms`.
+    """One line per finished step: `Step 3 · tool · edit_file src/app.py · 12 ms`; a model
+    call's line says which one it is: `Step 2 · model call 2 · m → edit_file · 1.5 s`.
 
     On a terminal, a status line below it shows what is running and for how long; when
     `out` is a pipe or a file (or `live=False`), only the plain lines are written.
@@ -155,7 +156,7 @@ class Timeline(Observer):
 
     def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None:
         if resumed:
-            self._line(f"↻ resumed run {run_id} after {steps_done} model steps")
+            self._line(f"↻ resumed run {run_id} after {_n(steps_done, 'model call')}")
 
     def step(self, e: StepEvent) -> None:
         if e.state == "started":
@@ -200,9 +201,12 @@ class Timeline(Observer):
 
 
 def step_line(e: StepEvent) -> str:
+    # Every row is a step (the `show` table's #); a model row also says which model call it
+    # is, the number budgets (--max-steps) and the summary count.
     head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
     what = f"{e.name} → {e.detail}" if e.kind == "model" and e.detail else f"{e.name} {e.detail}".strip()
-    parts = [head, e.kind, what, fmt_ms(e.duration_ms)]
+    kind = f"model call {e.turn + 1}" if e.kind == "model" else e.kind
+    parts = [head, kind, what, fmt_ms(e.duration_ms)]
     if e.prompt_tokens is not None:
         parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
     if e.attempts > 1:
@@ -233,10 +237,18 @@ def _cost_text(run: RunRecord) -> str:
     return "" if cost is None else f" · cost {cost:.4f}"
 
 
-def summary(run: RunRecord, out: TextIO) -> None:
-    """`9 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) · 0.3 s · completed (finished)`"""
+def counts(run: RunRecord, steps: int | None) -> str:
+    """`9 model calls · 17 steps · 8 tool calls`: model calls are what --max-steps counts;
+    steps are the timeline's rows (model calls, tool calls, verifications)."""
+    rows = "" if steps is None else f" · {_n(steps, 'step')}"
+    return f"{_n(run.step_count, 'model call')}{rows} · {_n(run.tool_call_count, 'tool call')}"
+
+
+def summary(run: RunRecord, out: TextIO, *, steps: int | None = None) -> None:
+    """`9 model calls · 17 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) ·
+    0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
-    print(f"{_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+    print(f"{counts(run, steps)} · "
           f"{_n(run.message_count, 'message')} · "
           f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_cost_text(run)} · "
           f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
@@ -325,7 +337,7 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
     elif run.status == "running":
         p(f"lease      its process ({run.lease_owner or 'none'}) is gone: "
           f"`durable-agent resume {run.id}` continues the run")
-    p(f"totals     {_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+    p(f"totals     {counts(run, len(steps))} · "
       f"{_n(run.message_count, 'message')} · "
       f"{run.prompt_tokens}+{run.completion_tokens} tokens{_cost_text(run)} · {fmt_ms(run.active_ms)} active"
       + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
@@ -385,11 +397,12 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
     if s.kind == "model":
         out = as_dict(s.output)
         names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
+        call = f"model call {s.turn + 1} " if s.turn is not None else ""
         if names:
-            return "→ " + ", ".join(names)
+            return call + "→ " + ", ".join(names)
         if out.get("content"):
-            return "→ answer: " + short(out["content"], 60)
-        return str(run.model)
+            return call + "→ answer: " + short(out["content"], 60)
+        return call + str(run.model)
     if s.kind == "verify":
         command = s.input.get("command") if isinstance(s.input, dict) else None
         return f"verify `{short(command, 60)}`"

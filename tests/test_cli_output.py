@@ -49,3 +49,23 @@ def test_resume_help_says_the_recorded_budget_applies(cli: Callable[..., Any]) -
     assert "recorded budgets apply" in text and "raises" in text
     start = " ".join(cli("start", "--help").stdout.split())
     assert "(default 50)" in start  # start keeps its defaults
+
+
+def test_model_calls_and_steps_are_named_apart(cli: Callable[..., Any], write_script: Callable[..., str],
+                                                workspace: Any) -> None:
+    (workspace / "a.txt").write_text("hi\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
+    model = write_script([read, read, DONE])
+    first = cli("start", "t", "--model", model, "--max-steps", "2", "--run-id", "w1")
+    assert first.code == 3, first.stderr
+    lines = first.stderr.splitlines()
+    assert any(line.startswith("Step 3 · model call 2 · ") for line in lines), first.stderr
+    assert any(line.startswith("Step 4 · tool · read_file") for line in lines), first.stderr
+    assert "2 model calls · 4 steps · 2 tool calls · " in first.stderr
+    again = cli("resume", "w1", "--max-steps", "5")
+    assert again.code == 0, again.stderr
+    assert "resuming from model call 2 (budget_exceeded)" in again.stderr
+    assert "↻ resumed run w1 after 2 model calls" in again.stderr
+    assert "3 model calls · 5 steps · 2 tool calls · " in again.stderr
+    shown = cli("show", "w1").stdout
+    assert "totals     3 model calls · 5 steps · 2 tool calls" in shown
