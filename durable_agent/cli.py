@@ -61,6 +61,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME",
                    help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`")
     p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
+    p.add_argument("--api-type", choices=["auto", "openai", "azure"],
+                   help="azure: Azure OpenAI (api-key header, deployment in the path, api_version); "
+                        "auto (default): azure for a .../openai/deployments/NAME?api-version=... URL")
     p.add_argument("--tool-protocol", choices=["native", "text"],
                    help="native function calling (default), or TOOL_CALL lines for models without it")
 

@@ -77,7 +77,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-'")
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
-    names = ("workspace", "model", "base_url", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
+    names = ("workspace", "model", "base_url", "api_type", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
              "durability", "sandbox", "network")
     settings = load_settings(_flags(args, names), env)
     _check_sandbox(settings, env)
@@ -114,7 +114,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)
-    flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS,
+    flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS,
                           "sandbox", "network"))
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
