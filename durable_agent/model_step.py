@@ -28,10 +28,10 @@ EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task
 
 def model_step(ctx: StepContext) -> None:
     s = ctx.state
-    if empty_answer(s.messages[-1] if s.messages else None):
-        # Only a second empty answer in a row is left without a nudge (see `_nudge`).
-        raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row "
-                       "(no text and no tool call, even after being told)")
+    # A trailing empty answer without a nudge is the second in a row, which ended a session
+    # (`empty_answer`): a resume nudges once more, in the same transaction as this call's
+    # answer, so the run stays resumable (with another --model, say) and nothing is re-paid.
+    lead = [Message("user", EMPTY_NUDGE)] if empty_answer(s.messages[-1] if s.messages else None) else []
     _check_budgets(ctx)
     turn = s.turn
     key = f"model:{turn}:{s.history.digest[:32]}"
@@ -52,7 +52,7 @@ def model_step(ctx: StepContext) -> None:
 
         try:
             answer, attempts = call_with_retries(
-                lambda: ctx.model.complete(s.messages, ctx.schemas, turn),
+                lambda: ctx.model.complete([*s.messages, *lead], ctx.schemas, turn),
                 ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep, on_attempt=on_attempt)
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
@@ -65,13 +65,15 @@ def model_step(ctx: StepContext) -> None:
                           tool_calls=calls)
         usage = turn_out.usage
         if not usage.reported:
-            usage = estimate_usage(s.messages, ctx.schemas, turn_out)
-        nudge = _nudge(s.messages, message, turn_out.finish_reason)
+            usage = estimate_usage([*s.messages, *lead], ctx.schemas, turn_out)
+        nudge = _nudge([*s.messages, *lead], message, turn_out.finish_reason)
         s.step_count += 1
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
+        for m in lead:
+            s.append(m)
         s.append(message)
-        written = [message]
+        written = [*lead, message]
         if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
             written.append(Message("user", nudge[1]))
             s.append(written[-1])
@@ -89,6 +91,10 @@ def model_step(ctx: StepContext) -> None:
     obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message),
                        attempts=step.attempts, duration_ms=_ms_since(step), prompt_tokens=usage.prompt_tokens,
                        completion_tokens=usage.completion_tokens))
+    if nudge is None and empty_answer(message):  # the second in a row: recorded, then the stop
+        raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row (no text "
+                       "and no tool call, even after being told); `resume` nudges it once more, "
+                       "e.g. with another --model")
 
 
 def empty_answer(message: Message | None) -> bool:

@@ -84,10 +84,14 @@ def test_two_empty_answers_in_a_row_fail_the_run(api: Endpoint, sql: Callable[..
     assert [r["turn"] for r in api.server.requests] == [0, 1, 2]
     (error,) = sql("SELECT error FROM runs")
     assert "nothing twice in a row" in error[0]
-    # A resume does not turn the empty answer into a finish, nor pay for anything.
+    # The stop leaves a resumable run: a resume nudges once more (nothing is bought again,
+    # the empty answer is not taken as a finish) and the model goes on.
     again = api.resume(out["run_id"], "--json")
-    assert (again.code, again.json()["stop_reason"]) == (1, "empty_answer")
-    assert len(api.server.requests) == 3
+    assert again.code == 0, again.stderr
+    assert again.json()["answer"] == "Done at last."
+    assert [r["turn"] for r in api.server.requests] == [0, 1, 2, 3]
+    assert user_texts(api.server.requests[3]).count(EMPTY_NUDGE) == 2
+    assert sql("SELECT count(*) FROM messages WHERE role = 'user' AND content = ?", EMPTY_NUDGE) == [(2,)]
 
 
 def test_the_nudge_is_durable_a_resume_neither_re_pays_nor_re_nudges(
