@@ -153,6 +153,7 @@ TRANSIENT = [
         "message": "The server had an error while processing your request.", "type": "server_error"}}},
         id="200-with-server-error"),
     pytest.param({"truncate": 60}, id="truncated-without-content-length"),
+    pytest.param({"short_body": 60}, id="cut-short-of-its-content-length"),
 ]
 
 
@@ -177,6 +178,18 @@ def test_a_truncated_body_that_stays_truncated_fails_resumable(
     assert (status, reason) == ("failed", "model_error")
     assert error.startswith("model call failed after 2 attempts: truncated_response: ")
     assert "--base-url" in error and BUG not in error
+
+
+def test_a_body_cut_mid_stream_says_what_happened(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The headers came, the body stopped short: the endpoint was reached (issue 17).
+    api.configure(retry_max_attempts=2)
+    api.server.add_faults([{"turn": 0, "short_body": 60, "times": 2}])
+    result = api.start()
+    assert result.code == 1, result.stderr
+    _, _, reason, error, _ = the_run(sql)
+    assert error.startswith("model call failed after 2 attempts: truncated_response: "), error
+    assert "closed in the middle of the response body" in error and "was cut off" in error
+    assert "could not reach the endpoint" not in error and BUG not in error
 
 
 PERMANENT = [
