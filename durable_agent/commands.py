@@ -62,12 +62,23 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
         print(json.dumps(render.result_json(run)))
     else:
         if not args.quiet:
-            render.summary(run, sys.stderr, steps=len(runner.store.steps(run_id)))
+            render.summary(run, sys.stderr, steps=_step_rows(runner.store, run_id))
         if outcome.answer:
             print(outcome.answer)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
             print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=sys.stderr)
     return EXIT_CODES[RunStatus(run.status)]
+
+
+def _step_rows(store: Any, run_id: str) -> int | None:
+    """How many steps the summary counts; None (not shown) when the store cannot say: the
+    run is over and recorded, a failed read must not change its exit code."""
+    from durable_agent.errors import StoreError
+
+    try:
+        return len(store.steps(run_id))
+    except StoreError:
+        return None
 
 
 def cmd_start(args: Namespace, env: dict[str, str]) -> int:
