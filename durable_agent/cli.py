@@ -35,14 +35,19 @@ def _add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", help="SQLAlchemy URL of the store (default: SQLite in the user data dir)")
 
 
-def _add_budgets(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("budgets (checked before the action that would exceed them)")
-    g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed (default 50)")
+def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
+    if resume:  # the run's recorded budgets apply; a flag replaces one (to raise it)
+        g = p.add_argument_group("budgets (the run's recorded budgets apply; a flag raises one before "
+                                 "continuing, e.g. --max-steps 80 after max_steps stopped it)")
+        g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed, in total over all sessions")
+    else:
+        g = p.add_argument_group("budgets (checked before the action that would exceed them)")
+        g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed (default 50)")
     g.add_argument("--max-tool-calls", type=int, metavar="N", help="tool calls allowed")
     g.add_argument("--max-tokens", type=int, metavar="N", help="prompt + completion tokens allowed")
     g.add_argument("--max-seconds", type=float, metavar="S", help="active seconds allowed, over all resumes")
     g.add_argument("--max-repeats", type=int, metavar="N",
-                   help="the same tool call allowed N times in a row (default 3)")
+                   help="the same tool call allowed N times in a row" + ("" if resume else " (default 3)"))
     g.add_argument("--max-cost", type=float, metavar="AMOUNT",
                    help="spend allowed, at the model's price from the config file's `prices`")
 
@@ -56,6 +61,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME",
                    help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`")
     p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
+    p.add_argument("--api-type", choices=["auto", "openai", "azure"],
+                   help="azure: Azure OpenAI (api-key header, deployment in the path, api_version); "
+                        "auto (default): azure for a .../openai/deployments/NAME?api-version=... URL")
     p.add_argument("--tool-protocol", choices=["native", "text"],
                    help="native function calling (default), or TOOL_CALL lines for models without it")
 
@@ -97,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(func=_command("cmd_start"))
     p = sub.add_parser("resume", help="continue a run from its last verified step",
-                       description="Continue a run that is not completed. Budget flags raise its budgets.")
+                       description="Continue a run that is not completed, under the settings and budgets "
+                                   "recorded with it. Budget flags raise its budgets.")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
-    _add_budgets(p)
+    _add_budgets(p, resume=True)
     _add_model(p)
     _add_containment(p)
     p.add_argument("--detach", action="store_true",
@@ -109,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(func=_command("cmd_resume"))
     p = sub.add_parser("list", help="runs, newest first",
-                       description="Runs, newest first: id, status, model steps, tokens, age, task.")
+                       description="Runs, newest first: id, status, model calls, tokens, age, task.")
     _add_db(p)
     p.add_argument("--status", help="only runs with this status (pending, running, completed, failed, "
                                     "budget_exceeded, cancelled, blocked)")

@@ -62,12 +62,23 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
         print(json.dumps(render.result_json(run)))
     else:
         if not args.quiet:
-            render.summary(run, sys.stderr)
+            render.summary(run, sys.stderr, steps=_step_rows(runner.store, run_id))
         if outcome.answer:
             print(outcome.answer)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
             print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=sys.stderr)
     return EXIT_CODES[RunStatus(run.status)]
+
+
+def _step_rows(store: Any, run_id: str) -> int | None:
+    """How many steps the summary counts; None (not shown) when the store cannot say: the
+    run is over and recorded, a failed read must not change its exit code."""
+    from durable_agent.errors import StoreError
+
+    try:
+        return len(store.steps(run_id))
+    except StoreError:
+        return None
 
 
 def cmd_start(args: Namespace, env: dict[str, str]) -> int:
@@ -77,7 +88,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-'")
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
-    names = ("workspace", "model", "base_url", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
+    names = ("workspace", "model", "base_url", "api_type", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
              "durability", "sandbox", "network")
     settings = load_settings(_flags(args, names), env)
     _check_sandbox(settings, env)
@@ -85,7 +96,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
     if args.detach:
-        print(runner.create(args.task, args.run_id))
+        _print_queued(runner.create(args.task, args.run_id), args.json)
         return 0
     # Created already leased to us: a worker sharing the database cannot claim it first.
     from durable_agent.store.leases import new_owner
@@ -96,6 +107,11 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=sys.stderr)
         print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, 1))
+
+
+def _print_queued(run_id: str, as_json: bool) -> None:
+    """A detached start or resume: the run id, or with --json one object like every --json."""
+    print(json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id)
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
@@ -109,7 +125,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)
-    flags = _flags(args, ("db", "model", "base_url", "tool_protocol", "shell", *BUDGET_FIELDS,
+    flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS,
                           "sandbox", "network"))
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
@@ -120,7 +136,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
-        print(run_id)
+        _print_queued(run_id, args.json)
         return 0
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
@@ -135,7 +151,8 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         if not args.json:
             print("resuming under different settings: " + "; ".join(changes), file=sys.stderr)
     if not args.json:
-        print(f"run {run_id} · resuming from step {run.step_count} ({run.status})", file=sys.stderr)
+        where = f"model call {run.step_count}" if run.step_count else "the start"
+        print(f"run {run_id} · resuming from {where} ({run.status})", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
 
 

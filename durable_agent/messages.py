@@ -61,6 +61,13 @@ def _kind(value: Any) -> str:
     return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else "not JSON"
 
 
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, for "must be a JSON object, not ..." messages."""
+    if isinstance(value, str):
+        return "a string"
+    return _kind(value)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
@@ -77,8 +84,9 @@ class ToolCall:
         value = _parse_object(self.arguments)
         if value is not None:
             return value
-        json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
-        raise ValueError("tool arguments must be a JSON object")
+        value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+        # Valid JSON, but not an object ("[1,2]", "3", "\"x\""): say so, not "not valid JSON".
+        raise ValueError(f"arguments must be a JSON object, not {_json_kind(value)}")
 
     def arguments_or_text(self) -> Any:
         """The arguments as an object, or the text as written when it is not one (for records)."""
@@ -162,6 +170,11 @@ class Message:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False
+    """True when the provider reported no usage and the counts are the harness's estimate
+    (`models/estimate.py`); False for counts the provider reported."""
+    reported: bool = True
+    """False when the response carried no usable `usage`: the step estimates the counts."""
 
 
 @dataclass(frozen=True)
@@ -174,16 +187,23 @@ class ModelTurn:
     raw: str | None = field(default=None, compare=False)
     """The provider's message as it came (JSON text), kept only when part of it could not
     be used (a tool call without a name...): the step's output keeps the evidence."""
+    finish_reason: str | None = None
+    """The provider's `finish_reason` ("stop", "length", "tool_calls"...), when it gave one."""
 
     def to_dict(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": self.usage.prompt_tokens,
+                                 "completion_tokens": self.usage.completion_tokens}
+        if self.usage.estimated:
+            usage["estimated"] = True
         d: dict[str, Any] = {
             "content": self.content,
             "tool_calls": [c.to_dict() for c in self.tool_calls],
-            "usage": {"prompt_tokens": self.usage.prompt_tokens,
-                      "completion_tokens": self.usage.completion_tokens},
+            "usage": usage,
         }
         if self.raw is not None:
             d["raw"] = self.raw
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
         return d
 
 

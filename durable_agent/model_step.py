@@ -7,20 +7,31 @@ never called again, because its answer is in the history and replay starts after
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from durable_agent import guard
 from durable_agent.errors import LoopExit
 from durable_agent.messages import Message, ModelTurn, ToolCall
+from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
 
+CUT_NUDGE = ("Your answer was cut off: the response reached its length limit. Continue exactly "
+             "where it stopped, without repeating what you already wrote.")
+EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task, or call a tool "
+               "to make progress.")
+
 
 def model_step(ctx: StepContext) -> None:
     s = ctx.state
+    # A trailing empty answer without a nudge is the second in a row, which ended a session
+    # (`empty_answer`): a resume nudges once more, in the same transaction as this call's
+    # answer, so the run stays resumable (with another --model, say) and nothing is re-paid.
+    lead = [Message("user", EMPTY_NUDGE)] if empty_answer(s.messages[-1] if s.messages else None) else []
     _check_budgets(ctx)
     turn = s.turn
     key = f"model:{turn}:{s.history.digest[:32]}"
@@ -41,7 +52,7 @@ def model_step(ctx: StepContext) -> None:
 
         try:
             answer, attempts = call_with_retries(
-                lambda: ctx.model.complete(s.messages, ctx.schemas, turn),
+                lambda: ctx.model.complete([*s.messages, *lead], ctx.schemas, turn),
                 ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep, on_attempt=on_attempt)
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
@@ -53,20 +64,62 @@ def model_step(ctx: StepContext) -> None:
         message = Message("assistant", redact(turn_out.content) if turn_out.content else turn_out.content,
                           tool_calls=calls)
         usage = turn_out.usage
+        if not usage.reported:
+            usage = estimate_usage([*s.messages, *lead], ctx.schemas, turn_out)
+        nudge = _nudge([*s.messages, *lead], message, turn_out.finish_reason)
         s.step_count += 1
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
+        for m in lead:
+            s.append(m)
         s.append(message)
+        written = [*lead, message]
+        if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
+            written.append(Message("user", nudge[1]))
+            s.append(written[-1])
         step.attempts = earlier + attempts
-        output = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
-                  "usage": turn_out.to_dict()["usage"]}
+        output: dict[str, Any] = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
+                                  "usage": replace(turn_out, usage=usage).to_dict()["usage"]}
+        if turn_out.finish_reason is not None:
+            output["finish_reason"] = turn_out.finish_reason
+        if nudge is not None:
+            output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
         if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
             output["raw"] = redact(turn_out.raw)
-        step.complete(output, messages=[message], counters=ctx.counters(),
+        step.complete(output, messages=written, counters=ctx.counters(),
                       tokens=(usage.prompt_tokens, usage.completion_tokens))
     obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message),
                        attempts=step.attempts, duration_ms=_ms_since(step), prompt_tokens=usage.prompt_tokens,
                        completion_tokens=usage.completion_tokens))
+    if nudge is None and empty_answer(message):  # the second in a row: recorded, then the stop
+        raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row (no text "
+                       "and no tool call, even after being told); `resume` nudges it once more, "
+                       "e.g. with another --model")
+
+
+def empty_answer(message: Message | None) -> bool:
+    """An assistant message with neither text nor a tool call: not a final answer."""
+    return (message is not None and message.role == "assistant" and not message.tool_calls
+            and not (message.content or "").strip())
+
+
+def _nudge(history: list[Message], answer: Message, finish_reason: str | None) -> tuple[str, str] | None:
+    """(why, the user message) to append after `answer`, or None when it stands as it is.
+
+    An answer cut off by the length limit is not final: the model is told and continues
+    (bounded by the budgets). An empty answer is nudged once; a second one in a row gets
+    no nudge, and the next step ends the run (`empty_answer`).
+    """
+    if answer.tool_calls:
+        return None
+    if finish_reason == "length":
+        return "length", CUT_NUDGE
+    if empty_answer(answer):
+        previous = history[-1] if history else None
+        if previous is not None and previous.role == "user" and previous.content == EMPTY_NUDGE:
+            return None
+        return "empty_answer", EMPTY_NUDGE
+    return None
 
 
 def _check_budgets(ctx: StepContext) -> None:
@@ -112,4 +165,6 @@ def _summary(message: Message) -> str:
     if message.tool_calls:
         return ", ".join(c.name for c in message.tool_calls)
     text = (message.content or "").strip().replace("\n", " ")
+    if not text:
+        return "(empty answer)"
     return text[:80] + ("…" if len(text) > 80 else "")

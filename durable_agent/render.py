@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
+from durable_agent.status_line import (
+    StatusLine as StatusLine,  # re-exported: the timeline's live line
+)
+from durable_agent.status_line import short
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
@@ -38,14 +40,6 @@ def fmt_age(when: datetime | None) -> str:
     return f"{max(secs, 0)}s ago"
 
 
-def short(value: Any, width: int) -> str:
-    """One line, at most `width` characters (an ellipsis marks the cut). A value that is
-    not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
-    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
@@ -58,88 +52,9 @@ def _is_tty(out: TextIO) -> bool:
 
 
 # -- live output ---------------------------------------------------------------------------
-class StatusLine:
-    """One terminal line, redrawn by a thread, saying what is in progress and for how long.
-
-    Only for a TTY: the carriage returns and erase codes would litter a pipe or a log file.
-    Every write holds one lock, so a timeline line never lands in the middle of a redraw.
-    """
-
-    ERASE = "\r\x1b[2K"
-
-    def __init__(self, out: TextIO, *, interval: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.out, self.interval, self.clock = out, interval, clock
-        utf8 = (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8"
-        self.frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" if utf8 else "|/-\\"
-        self._lock = threading.Lock()
-        self._label: str | None = None
-        self._detail = ""
-        self._since = 0.0
-        self._tick = 0
-        self._shown = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def show(self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True) -> None:
-        """`⠹ {label} {elapsed} s · {detail}` until the next clear() or show().
-
-        `draw=False` when a print() follows at once: it draws the new label itself."""
-        with self._lock:
-            self._label, self._detail = label, detail
-            if restart_clock:
-                self._since = self.clock()
-            if draw:
-                self._draw()
-        if self._thread is None:  # started on first use: a run with no steps costs no thread
-            self._thread = threading.Thread(target=self._loop, name="status-line", daemon=True)
-            self._thread.start()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._label = None
-            self._erase()
-
-    def print(self, text: str) -> None:
-        """A permanent line above the status line (which is redrawn after it, if any)."""
-        with self._lock:
-            self._erase()
-            self.out.write(text + "\n")
-            self._draw()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.clear()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            with self._lock:
-                self._tick += 1
-                self._draw()
-
-    def _draw(self) -> None:
-        if self._label is None:
-            self.out.flush()
-            return
-        head = self.frames[self._tick % len(self.frames)] + " "
-        tail = f" {self.clock() - self._since:.1f} s" + (f" · {self._detail}" if self._detail else "")
-        width = shutil.get_terminal_size((100, 20)).columns - 1
-        # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
-        label = short(self._label, max(width - len(head) - len(tail), 12))
-        self.out.write(self.ERASE + short(head + label + tail, width))
-        self.out.flush()
-        self._shown = True
-
-    def _erase(self) -> None:
-        if self._shown:
-            self.out.write(self.ERASE)
-            self._shown = False
-
-
 class Timeline(Observer):
-    """One line per finished step: `Step 3 · tool · edit_file src/app.py · 12 ms`.
+    """One line per finished step: `Step 3 · tool · edit_file src/app.py · 12 ms`; a model
+    call's line says which one it is: `Step 2 · model call 2 · m → edit_file · 1.5 s`.
 
     On a terminal, a status line below it shows what is running and for how long; when
     `out` is a pipe or a file (or `live=False`), only the plain lines are written.
@@ -155,7 +70,7 @@ class Timeline(Observer):
 
     def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None:
         if resumed:
-            self._line(f"↻ resumed run {run_id} after {steps_done} model steps")
+            self._line(f"↻ resumed run {run_id} after {_n(steps_done, 'model call')}")
 
     def step(self, e: StepEvent) -> None:
         if e.state == "started":
@@ -200,9 +115,12 @@ class Timeline(Observer):
 
 
 def step_line(e: StepEvent) -> str:
+    # Every row is a step (the `show` table's #); a model row also says which model call it
+    # is, the number budgets (--max-steps) and the summary count.
     head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
     what = f"{e.name} → {e.detail}" if e.kind == "model" and e.detail else f"{e.name} {e.detail}".strip()
-    parts = [head, e.kind, what, fmt_ms(e.duration_ms)]
+    kind = f"model call {e.turn + 1}" if e.kind == "model" else e.kind
+    parts = [head, kind, what, fmt_ms(e.duration_ms)]
     if e.prompt_tokens is not None:
         parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
     if e.attempts > 1:
@@ -233,10 +151,18 @@ def _cost_text(run: RunRecord) -> str:
     return "" if cost is None else f" · cost {cost:.4f}"
 
 
-def summary(run: RunRecord, out: TextIO) -> None:
-    """`9 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) · 0.3 s · completed (finished)`"""
+def counts(run: RunRecord, steps: int | None) -> str:
+    """`9 model calls · 17 steps · 8 tool calls`: model calls are what --max-steps counts;
+    steps are the timeline's rows (model calls, tool calls, verifications)."""
+    rows = "" if steps is None else f" · {_n(steps, 'step')}"
+    return f"{_n(run.step_count, 'model call')}{rows} · {_n(run.tool_call_count, 'tool call')}"
+
+
+def summary(run: RunRecord, out: TextIO, *, steps: int | None = None) -> None:
+    """`9 model calls · 17 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) ·
+    0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
-    print(f"{_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+    print(f"{counts(run, steps)} · "
           f"{_n(run.message_count, 'message')} · "
           f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_cost_text(run)} · "
           f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
@@ -325,7 +251,7 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
     elif run.status == "running":
         p(f"lease      its process ({run.lease_owner or 'none'}) is gone: "
           f"`durable-agent resume {run.id}` continues the run")
-    p(f"totals     {_n(run.step_count, 'step')} · {_n(run.tool_call_count, 'tool call')} · "
+    p(f"totals     {counts(run, len(steps))} · "
       f"{_n(run.message_count, 'message')} · "
       f"{run.prompt_tokens}+{run.completion_tokens} tokens{_cost_text(run)} · {fmt_ms(run.active_ms)} active"
       + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
@@ -385,11 +311,12 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
     if s.kind == "model":
         out = as_dict(s.output)
         names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
+        call = f"model call {s.turn + 1} " if s.turn is not None else ""
         if names:
-            return "→ " + ", ".join(names)
+            return call + "→ " + ", ".join(names)
         if out.get("content"):
-            return "→ answer: " + short(out["content"], 60)
-        return str(run.model)
+            return call + "→ answer: " + short(out["content"], 60)
+        return call + str(run.model)
     if s.kind == "verify":
         command = s.input.get("command") if isinstance(s.input, dict) else None
         return f"verify `{short(command, 60)}`"

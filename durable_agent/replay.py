@@ -55,9 +55,13 @@ class RunState:
         return []
 
     def final_answer(self) -> str | None:
-        """The content of a trailing assistant message without tool calls (a finish)."""
+        """The content of a trailing assistant message without tool calls (a finish).
+
+        An empty one is not a finish (the model step nudges, or stops the run as
+        `empty_answer`), nor is one followed by a nudge (a cut-off answer: the model goes on).
+        """
         last = self.messages[-1] if self.messages else None
-        if last is not None and last.role == "assistant" and not last.tool_calls:
+        if last is not None and last.role == "assistant" and not last.tool_calls and (last.content or "").strip():
             return last.content or ""
         return None
 

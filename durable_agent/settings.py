@@ -58,6 +58,10 @@ class Settings(BaseModel):
     """Model name: an endpoint model, `scripted:PATH` or `demo`."""
     base_url: str | None = None
     """OpenAI-compatible endpoint (default: the OpenAI API)."""
+    api_type: Literal["auto", "openai", "azure"] = "auto"
+    """azure: Azure OpenAI (api-key header, deployment path); auto: azure for a `/openai/deployments/` URL."""
+    api_version: str | None = None
+    """Azure OpenAI API version, e.g. "2024-10-21" (default: the URL's `api-version`)."""
     api_key: SecretStr | None = None
     """API key; never stored, logged or shown."""
     db: str | None = None
@@ -189,6 +193,7 @@ BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "ma
 ENV_VARS = {
     "OPENAI_API_KEY": "api_key",
     "OPENAI_BASE_URL": "base_url",
+    "OPENAI_API_VERSION": "api_version",
     "DURABLE_AGENT_MODEL": "model",
     "DURABLE_AGENT_DB": "db",
     "DURABLE_AGENT_SANDBOX": "sandbox",

@@ -27,6 +27,7 @@ class StopReason(StrEnum):
     UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
     VERIFICATION_FAILED = "verification_failed"
     STEP_MISMATCH = "step_mismatch"  # a recorded step differs from the one resume would run
+    EMPTY_ANSWER = "empty_answer"  # the model answered with nothing twice in a row
 
 
 class StepKind(StrEnum):
@@ -58,6 +59,7 @@ STATUS_FOR_REASON: dict[StopReason, RunStatus] = {
     StopReason.UNCERTAIN_SIDE_EFFECT: RunStatus.BLOCKED,
     StopReason.VERIFICATION_FAILED: RunStatus.FAILED,
     StopReason.STEP_MISMATCH: RunStatus.FAILED,
+    StopReason.EMPTY_ANSWER: RunStatus.FAILED,
 }
 
 # Process exit code for each final status (SPEC §2).

@@ -11,6 +11,7 @@ model stays valid. Store failures are not tool failures: they propagate and end 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import cast
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from durable_agent import approvals, guard
 from durable_agent.errors import DurableAgentError, LoopExit
 from durable_agent.heartbeat import watch_cancel
-from durable_agent.messages import Message, ToolCall, sha256_text
+from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
 from durable_agent.settings import validation_text
 from durable_agent.status import EffectClass, StepKind
@@ -65,12 +66,17 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
                   "again (running commands is not allowed now)"))
     if tool is None:
         known = ", ".join(sorted(ctx.tools))
+        if call.name == UNNAMED_TOOL:  # say what happened, not the placeholder's name
+            return _record(ctx, call, step, ToolResult(
+                error=f"the tool call had no function name (`function` was missing, null or without a "
+                      f"`name`), so nothing was run; name one of the available tools: {known}"))
         return _record(ctx, call, step, ToolResult(error=f"unknown tool {call.name!r}; available tools: {known}"))
     try:
         args = tool.args_model.model_validate(call.parsed_arguments())
     except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
         detail = (validation_text(exc, "arguments") if isinstance(exc, ValidationError)
-                  else f"arguments are not valid JSON: {exc}")
+                  else f"arguments are not valid JSON: {exc}" if isinstance(exc, json.JSONDecodeError)
+                  else str(exc))
         return _record(ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}"))
     if tool.effect is EffectClass.READ:
         step.start(durable=False)

@@ -63,7 +63,8 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
 
     return OpenAIChatModel(name, api_key=key, base_url=settings.base_url,
                            read_timeout=settings.request_timeout_s,
-                           connect_timeout=settings.connect_timeout_s, temperature=settings.temperature)
+                           connect_timeout=settings.connect_timeout_s, temperature=settings.temperature,
+                           api_type=settings.api_type, api_version=settings.api_version)
 
 
 def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]

@@ -271,7 +271,7 @@ class Worker:
         tail = f": {outcome.error.splitlines()[0][:120]}" if outcome.error else ""
         try:
             run = self.store.get_run(rid)
-            counts = f" · {run.step_count} steps · {run.tool_call_count} tool calls"
+            counts = f" · {run.step_count} model calls · {run.tool_call_count} tool calls"
         except StoreError:
             counts = ""
         self.log.line(f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "

@@ -16,7 +16,9 @@ As a separate process, so a crash test can kill the client while the server live
 It writes its port to PORT once it listens and serves until SIGTERM/SIGINT.
 
 Endpoints: `POST /v1/chat/completions` and `POST /chat/completions`; `server.url` is the
-base URL ending in `/v1`. Anything else is a 404 with an OpenAI-style error body.
+base URL ending in `/v1`. Azure OpenAI's deployment path
+`POST /openai/deployments/NAME/chat/completions?api-version=V` is served too (the log
+keeps the query). Anything else is a 404 with an OpenAI-style error body.
 
 Turns. The script is the project's format: a JSON list whose items are
 `{"content": "final answer"}` or `{"tool_calls": [{"name": "read_file", "arguments":
@@ -44,9 +46,13 @@ Actions, combinable in this order:
     {"content_type": "text/html"}               with "status": the Content-Type sent
     {"truncate": n}                             send only the first n bytes of the body,
                                                 without Content-Length, then close
+    {"short_body": n}                           declare the full Content-Length, send only
+                                                the first n bytes, then close (cut mid-body)
+    {"finish_reason": "length"}                 the normal answer with this finish_reason
+    {"no_usage": true}                          the normal answer without a `usage` field
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
-file, flushed per line) as `{"request", "turn", "attempt", "path", "headers" (lower-case
+file, flushed per line) as `{"request", "turn", "attempt", "path", "query", "headers" (lower-case
 names, Authorization included), "body", "fault"}`.
 """
 
@@ -144,7 +150,7 @@ class FakeOpenAI:
 
     # --- used by the handler ---------------------------------------------------------------
 
-    def _record(self, path: str, headers: dict[str, str], body: Json) -> Json:
+    def _record(self, path: str, headers: dict[str, str], body: Json, query: str = "") -> Json:
         turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
         with self._lock:
             number = len(self.requests) + 1
@@ -155,6 +161,7 @@ class FakeOpenAI:
                 "turn": turn,
                 "attempt": attempt,
                 "path": path,
+                "query": query,
                 "headers": headers,
                 "body": body,
                 "fault": fault,
@@ -229,8 +236,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         fake = self.server.fake
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        path = self.path.split("?", 1)[0]
-        if path not in ("/v1/chat/completions", "/chat/completions"):
+        path, _, query = self.path.partition("?")
+        azure = path.startswith("/openai/deployments/") and path.endswith("/chat/completions")
+        if path not in ("/v1/chat/completions", "/chat/completions") and not azure:
             self._send(404, _error_body(404, f"unknown path {path}"))
             return
         try:
@@ -239,7 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, _error_body(400, "request body is not JSON"))
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
-        entry = fake._record(path, headers, body)
+        entry = fake._record(path, headers, body, query)
         fault = entry["fault"] or {}
 
         if fault.get("delay"):
@@ -258,17 +266,29 @@ class _Handler(BaseHTTPRequestHandler):
         completion = fake._completion(entry["turn"], body)
         if "message" in fault:
             completion["choices"][0]["message"] = fault["message"]
-        self._send(200, completion, truncate=fault.get("truncate"))
+        if "finish_reason" in fault:
+            completion["choices"][0]["finish_reason"] = fault["finish_reason"]
+        if fault.get("no_usage"):
+            del completion["usage"]
+        self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"))
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
-              content_type: str | None = None, truncate: int | None = None) -> None:
+              content_type: str | None = None, truncate: int | None = None,
+              short: int | None = None) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
-        if truncate is None:
+        if short is not None:
+            # The length of the whole body is promised, a part is sent: the client knows it
+            # was cut (a proxy or server dying mid-answer after the headers went out).
+            self.send_header("Content-Length", str(len(data)))
+            data = data[:short]
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        elif truncate is None:
             self.send_header("Content-Length", str(len(data)))
         else:
             # No length and no chunking: the body ends where the connection closes, so the

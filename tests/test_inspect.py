@@ -68,7 +68,8 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(cli_inproc, writ
     assert "status     completed (finished)" in out
     assert "answer     wrote a.txt" in out
     (prompt, completion), = sql("SELECT prompt_tokens, completion_tokens FROM runs WHERE id=?", run_id)
-    assert f"3 steps · 2 tool calls · 7 messages · {prompt}+{completion} tokens" in out
+    # Model calls (what --max-steps counts) and steps (the table's rows) are named apart.
+    assert f"3 model calls · 5 steps · 2 tool calls · 7 messages · {prompt}+{completion} tokens" in out
 
     table = out[out.index("#  KIND"):].splitlines()
     assert table[0].split() == ["#", "KIND", "STATE", "TIME", "TOKENS", "TRIES", "WHAT"]
@@ -84,7 +85,8 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(cli_inproc, writ
     assert "read_file" in printed[1] and "failed" in printed[1]
     error_line = table[table.index(printed[1]) + 1]
     assert error_line.strip().startswith("error:") and "missing.txt" in error_line
-    assert "→ answer: wrote a.txt" in printed[-1]
+    assert "model call 3 → answer: wrote a.txt" in printed[-1]
+    assert "model call 1 → " in printed[0]
 
 
 def test_show_json_has_the_run_its_steps_and_approvals(cli_inproc, write_script, sql) -> None:

@@ -60,7 +60,7 @@ def test_not_a_tty_gets_plain_lines_only() -> None:
     t.close()
     assert t.status is None
     assert out.getvalue() == (
-        "Step 1 · model · m → read_file · 5 ms · 10+2 tokens\n"
+        "Step 1 · model call 1 · m → read_file · 5 ms · 10+2 tokens\n"
         "Step 2 · tool · read_file a.txt · 1 ms · error: file not found: a.txt\n"
     )
 
@@ -78,7 +78,7 @@ def test_on_a_tty_the_status_line_is_erased_before_each_timeline_line() -> None:
     t.close()
     assert out.text() == (
         ERASE + "| model m thinking 0.0 s"
-        + ERASE + "Step 1 · model · m → edit_file · 1.5 s · 7+3 tokens\n"
+        + ERASE + "Step 1 · model call 1 · m → edit_file · 1.5 s · 7+3 tokens\n"
         + ERASE + "| edit_file src/app.py running 0.0 s · 10 tokens so far"
         + ERASE + "Step 2 · tool · edit_file src/app.py · 12 ms\n"
     )
@@ -117,7 +117,7 @@ def test_summary_line() -> None:
                           model="m", settings=None)
     out = io.StringIO()
     summary(run, out)
-    assert out.getvalue() == ("9 steps · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "
+    assert out.getvalue() == ("9 model calls · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "
                               "completed (finished)\n")
     run.status, run.stop_reason, run.error = "budget_exceeded", "max_steps", "the step budget (9) is used up"
     out = io.StringIO()

@@ -153,6 +153,26 @@ def test_usage_errors_are_one_line_and_exit_2(cli_inproc, args, needle) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("arguments", "kind"), [("[1,2]", "a list"), ("3", "a number"), ('"x"', "a string")])
+def test_valid_json_that_is_not_an_object_is_not_called_invalid_json(
+        cli_inproc, write_script, sql, arguments: str, kind: str) -> None:
+    script = write_script([{"tool_calls": [{"name": "read_file", "arguments": arguments}]}, DONE])
+    assert cli_inproc("start", "t", "--model", script).code == 0
+    ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
+    assert f"arguments must be a JSON object, not {kind}" in result
+    assert "not valid JSON" not in result
+
+
+def test_search_text_says_which_files_it_skipped_as_too_big(cli_inproc, write_script, sql, workspace) -> None:
+    (workspace / "big.log").write_text("needle\n" + "x" * 2_100_000)
+    (workspace / "small.txt").write_text("hay\n")
+    script = write_script([{"tool_calls": [{"name": "search_text", "arguments": {"pattern": "needle"}}]}, DONE])
+    assert cli_inproc("start", "t", "--model", script).code == 0
+    ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
+    assert result.startswith("no matches")
+    assert "1 file(s) not searched: larger than the 2 MB search limit (big.log)" in result
+
+
 def test_bad_flag_exits_2(cli) -> None:
     r = cli("start", "t", "--max-steps", "many")
     assert r.code == 2 and "invalid int value" in r.stderr
@@ -163,6 +183,24 @@ def test_unreadable_script_is_a_clear_error(cli_inproc, tmp_path: Path) -> None:
     bad.write_text("{not json")
     r = cli_inproc("start", "t", "--model", f"scripted:{bad}")
     assert r.code == 2 and "not valid JSON" in r.stderr
+
+
+@pytest.mark.parametrize(("script", "problem"), [
+    ([DONE, {"content": 42}], 'turn 1 has a "content" that is a number, not text'),
+    ([{"tool_calls": {"name": "read_file"}}], 'turn 0 has "tool_calls" that is an object, not a list'),
+    ([{"tool_calls": [{"name": "read_file", "arguments": [1]}]}], 'turn 0 has a tool call (0) whose "arguments"'),
+    ([DONE, DONE, "done"], "turn 2 must be an object, not a string"),
+    ([{"content": "x", "delay_s": "soon"}], 'turn 0 has a "delay_s" that is a string'),
+    ({"content": "x"}, "must be a JSON list of turns, not an object"),
+])
+def test_a_wrong_script_is_refused_when_loaded_with_the_turn(
+        cli_inproc, tmp_path: Path, sql, script: object, problem: str) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    r = cli_inproc("start", "t", "--model", f"scripted:{path}")
+    assert r.code == 2, r.stderr
+    assert problem in r.stderr and "may be a bug" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
 
 
 def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:

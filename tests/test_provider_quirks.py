@@ -106,7 +106,9 @@ def test_a_tool_call_without_a_name_is_an_error_observation_and_never_bought_twi
     assert raw["message"]["tool_calls"] == [wire]
     assert problem in raw["problems"][0]
     (observation,) = sql("SELECT content FROM messages WHERE tool_call_id = 'call_odd'")
-    assert f"unknown tool {UNNAMED_TOOL!r}" in observation[0]
+    # It says what happened, not "unknown tool" with the placeholder's name (issue 17).
+    assert "the tool call had no function name" in observation[0]
+    assert UNNAMED_TOOL not in observation[0] and "unknown tool" not in observation[0]
     events = readable(api, run_id)
     assert "model_completed" in {e["type"] for e in events}
 
@@ -151,6 +153,7 @@ TRANSIENT = [
         "message": "The server had an error while processing your request.", "type": "server_error"}}},
         id="200-with-server-error"),
     pytest.param({"truncate": 60}, id="truncated-without-content-length"),
+    pytest.param({"short_body": 60}, id="cut-short-of-its-content-length"),
 ]
 
 
@@ -175,6 +178,18 @@ def test_a_truncated_body_that_stays_truncated_fails_resumable(
     assert (status, reason) == ("failed", "model_error")
     assert error.startswith("model call failed after 2 attempts: truncated_response: ")
     assert "--base-url" in error and BUG not in error
+
+
+def test_a_body_cut_mid_stream_says_what_happened(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The headers came, the body stopped short: the endpoint was reached (issue 17).
+    api.configure(retry_max_attempts=2)
+    api.server.add_faults([{"turn": 0, "short_body": 60, "times": 2}])
+    result = api.start()
+    assert result.code == 1, result.stderr
+    _, _, reason, error, _ = the_run(sql)
+    assert error.startswith("model call failed after 2 attempts: truncated_response: "), error
+    assert "closed in the middle of the response body" in error and "was cut off" in error
+    assert "could not reach the endpoint" not in error and BUG not in error
 
 
 PERMANENT = [

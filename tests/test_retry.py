@@ -197,6 +197,14 @@ def test_dropped_connection_is_retryable(server: FakeOpenAI) -> None:
     assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "connection", None)
 
 
+def test_a_body_cut_mid_stream_says_so_not_check_base_url(server: FakeOpenAI) -> None:
+    # The headers came, with a Content-Length the body never reached: the endpoint was
+    # reached, so "could not reach the endpoint: check --base-url" would send the user astray.
+    failure = failure_of(server, {"short_body": 40})
+    assert (failure.kind, failure.reason) == (RETRYABLE, "truncated_response")
+    assert "cut off" in failure.describe() and "could not reach" not in failure.describe()
+
+
 def test_timeout_is_retryable(server: FakeOpenAI) -> None:
     # The server answers after 2 s (it is woken early on stop); the client gives up at 0.2 s.
     failure = failure_of(server, {"delay": 2.0}, timeout=0.2)

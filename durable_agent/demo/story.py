@@ -34,7 +34,8 @@ from pathlib import Path
 
 import durable_agent
 from durable_agent.demo.checks import Verdict, check_story
-from durable_agent.render import fmt_ms, short, step_what
+from durable_agent.render import fmt_ms, step_what
+from durable_agent.status_line import short
 from durable_agent.store.records import RunRecord, StepRecord
 from durable_agent.store.runs import Store
 

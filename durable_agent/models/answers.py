@@ -75,7 +75,9 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
     raw = None
     if problems:
         raw = json.dumps({"problems": problems, "message": message}, ensure_ascii=False)[:RAW_CAP]
-    return ModelTurn(content=content, tool_calls=calls, usage=_usage(data.get("usage")), raw=raw)
+    finish = choice.get("finish_reason")
+    return ModelTurn(content=content, tool_calls=calls, usage=_usage(data.get("usage")), raw=raw,
+                     finish_reason=finish if isinstance(finish, str) else None)
 
 
 def _json(text: str, content_type: str, scrub: Scrub) -> Any:
@@ -187,6 +189,8 @@ def _usage(usage: Any) -> Usage:
         value = usage.get(name) if isinstance(usage, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
+    if not isinstance(usage, dict) or not ({"prompt_tokens", "completion_tokens"} & usage.keys()):
+        return Usage(reported=False)  # the step estimates it: budgets must keep working
     return Usage(prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"))
 
 

@@ -38,14 +38,17 @@ from __future__ import annotations
 
 import email.utils
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import openai
 
+from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn
 from durable_agent.models.answers import parse_completion
 from durable_agent.models.failures import (
@@ -63,15 +66,45 @@ Handler = Callable[[BaseException, Scrub], Failure]
 RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 
 
+_AZURE_URL = re.compile(r"^(?P<endpoint>[^?#]*?)/openai/deployments/(?P<deployment>[^/?#]+)")
+
+
+def azure_target(base_url: str | None) -> tuple[str, str | None, str | None] | None:
+    """(endpoint, deployment, api-version) of an Azure OpenAI deployment URL such as
+    `https://NAME.openai.azure.com/openai/deployments/DEPLOYMENT?api-version=2024-10-21`
+    (a trailing `/chat/completions` is allowed); None for any other URL."""
+    if not base_url:
+        return None
+    match = _AZURE_URL.match(base_url)
+    if match is None:
+        return None
+    versions = parse_qs(urlsplit(base_url).query).get("api-version")
+    return match["endpoint"], match["deployment"], versions[0] if versions else None
+
+
 class OpenAIChatModel:
     def __init__(self, model: str, *, api_key: str, base_url: str | None,
-                 read_timeout: float, connect_timeout: float, temperature: float | None = None) -> None:
+                 read_timeout: float, connect_timeout: float, temperature: float | None = None,
+                 api_type: str = "auto", api_version: str | None = None) -> None:
         self.name = model
         self.temperature = temperature
-        self.client = openai.OpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0,
-            timeout=openai.Timeout(read_timeout, connect=connect_timeout),
-        )
+        timeout = openai.Timeout(read_timeout, connect=connect_timeout)
+        azure = azure_target(base_url)
+        if api_type == "azure" or (api_type == "auto" and azure is not None):
+            # Azure OpenAI: the deployment is in the path, the version in the query and the
+            # key in an `api-key` header, all of which the openai package's client builds.
+            endpoint, deployment, version = azure or ((base_url or "").rstrip("/"), None, None)
+            version = api_version or version
+            if not endpoint or not version:
+                raise ConfigError("Azure OpenAI needs the resource endpoint (--base-url "
+                                  "https://NAME.openai.azure.com or a deployment URL) and an API version "
+                                  "(`?api-version=...` in the URL, api_version in the config, or "
+                                  "OPENAI_API_VERSION)")
+            self.client: openai.OpenAI = openai.AzureOpenAI(
+                api_key=api_key, azure_endpoint=endpoint, azure_deployment=deployment, api_version=version,
+                max_retries=0, timeout=timeout)
+        else:
+            self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
@@ -156,9 +189,37 @@ def _fixed(kind: FailureKind, reason: str) -> Handler:
 
 
 def _from_transport(exc: BaseException, scrub: Scrub) -> Failure:
+    cut = _cut_body(exc)
+    if cut is not None:
+        return Failure(RETRYABLE, "truncated_response", scrub(cut))
     is_timeout = "Timeout" in type(exc).__name__  # httpx(2).TimeoutException and subclasses
     return Failure(RETRYABLE, "timeout" if is_timeout else "connection",
                    scrub(str(exc) or type(exc).__name__))
+
+
+def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
+    cut = _cut_body(exc)
+    if cut is not None:
+        return Failure(RETRYABLE, "truncated_response", scrub(cut))
+    return Failure(RETRYABLE, "connection", scrub(str(exc) or type(exc).__name__))
+
+
+# What h11/httpcore say when the headers came but the body stopped short of its length.
+_CUT_WORDS = ("without sending complete message body", "incomplete chunked read", "incompleteread")
+
+
+def _cut_body(exc: BaseException) -> str | None:
+    """The cause's words when the connection closed in the middle of the response body:
+    the endpoint was reached and answered, so this is not a connection problem."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain: openai's APIConnectionError <- httpx <- httpcore <- h11
+        if seen is None:
+            break
+        text = f"{type(seen).__name__}: {seen}"
+        if any(word in text.lower() for word in _CUT_WORDS):
+            return f"the connection closed in the middle of the response body ({seen})"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _from_status(exc: BaseException, scrub: Scrub) -> Failure:
@@ -196,7 +257,7 @@ def _transport_errors() -> dict[type[BaseException], Handler]:
 _TABLE: dict[type[BaseException], Handler] = {
     openai.OpenAIError: _fixed(PERMANENT, "client_error"),
     openai.APIError: _from_api_error,
-    openai.APIConnectionError: _fixed(RETRYABLE, "connection"),
+    openai.APIConnectionError: _from_connection,
     openai.APITimeoutError: _fixed(RETRYABLE, "timeout"),
     openai.APIResponseValidationError: _fixed(PERMANENT, "invalid_response"),
     openai.APIStatusError: _from_status,

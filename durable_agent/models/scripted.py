@@ -33,15 +33,50 @@ def load_script(path: Path) -> list[dict[str, Any]]:
 
 
 def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
+    """The script, checked turn by turn when it is loaded: a wrong shape is a one-line
+    configuration error naming the turn (exit 2), never a model_error halfway through a run."""
     if not isinstance(data, list):
-        raise ConfigError(f"script {where} must be a JSON list of turns")
+        raise ConfigError(f"script {where} must be a JSON list of turns, not {_kind(data)}")
     for i, turn in enumerate(data):
-        if not isinstance(turn, dict) or not ({"content", "tool_calls"} & turn.keys()):
-            raise ConfigError(f"script {where}: turn {i} needs \"content\" or \"tool_calls\"")
-        for call in turn.get("tool_calls") or []:
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                raise ConfigError(f"script {where}: turn {i} has a tool call without a \"name\"")
+        problem = _turn_problem(turn)
+        if problem is not None:
+            raise ConfigError(f"script {where}: turn {i} {problem} (see docs/models.md, \"Scripted models\")")
     return data
+
+
+def _turn_problem(turn: Any) -> str | None:
+    if not isinstance(turn, dict):
+        return f"must be an object, not {_kind(turn)}"
+    if not ({"content", "tool_calls"} & turn.keys()):
+        return 'needs "content" or "tool_calls"'
+    if turn.get("content") is not None and not isinstance(turn["content"], str):
+        return f'has a "content" that is {_kind(turn["content"])}, not text'
+    if "delay_s" in turn and (isinstance(turn["delay_s"], bool) or not isinstance(turn["delay_s"], int | float)):
+        return f'has a "delay_s" that is {_kind(turn["delay_s"])}, not a number of seconds'
+    calls = turn.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        return f'has "tool_calls" that is {_kind(calls)}, not a list'
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+            return f'has a tool call ({j}) without a "name"'
+        args = call.get("arguments", {})
+        if not isinstance(args, dict | str):
+            return f'has a tool call ({j}) whose "arguments" is {_kind(args)}: give an object (or a string, sent raw)'
+    return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 def demo_script() -> list[dict[str, Any]]:

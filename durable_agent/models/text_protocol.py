@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from durable_agent.messages import Message, ModelTurn, ToolCall
@@ -36,6 +37,9 @@ UNPARSED = "TOOL_CALL"
 _CALL = re.compile(rf"^[ \t>*`-]*{MARKER}\b[ \t:]*", re.MULTILINE)
 _NAME = re.compile(r'"name"\s*:\s*"([^"\\]+)"')
 _DECODER = json.JSONDecoder()
+# A reasoning block is thinking, not action: a TOOL_CALL line inside one is not a call. An
+# unclosed block (the answer was cut inside it) runs to the end of the text.
+_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
 
 FORMAT_HINT = f'Write each tool call on its own line as: {MARKER} {{"name": "<tool>", "input": {{...}}}}'
 
@@ -45,8 +49,10 @@ def parse_tool_calls(text: str, turn: int) -> tuple[ToolCall, ...]:
 
     The JSON may span several lines (models pretty-print). `input` may also be spelled
     `arguments`, and may be a JSON string holding the object (the native wire form).
+    Lines inside `<think>…</think>` or `<reasoning>…</reasoning>` are not calls.
     """
     calls = []
+    text = _REASONING.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for i, match in enumerate(_CALL.finditer(text)):
         call_id = f"call_{turn}_{i}"
         start = match.end()
@@ -162,4 +168,4 @@ class TextProtocolModel:
         text = answer.content or ""
         # A model that does have function calling may still use it: keep those calls.
         calls = answer.tool_calls or parse_tool_calls(text, turn)
-        return ModelTurn(content=answer.content, tool_calls=calls, usage=answer.usage)
+        return replace(answer, tool_calls=calls)

@@ -9,7 +9,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
@@ -212,6 +212,7 @@ class SearchText:
         files = [root] if root.is_file() else self._files(root)
         matches: list[str] = []
         total = 0
+        too_big: list[str] = []
         for file in files:
             if file is not root and escapes(ctx.workspace, file):
                 continue  # a symlink to outside the workspace: its content is not ours to show
@@ -220,6 +221,7 @@ class SearchText:
                 continue
             try:
                 if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
+                    too_big.append(rel)
                     continue
                 data = file.read_bytes()
             except OSError:
@@ -234,7 +236,16 @@ class SearchText:
         if total > len(matches):
             matches.append(f"[... {total - len(matches)} more matches not shown ...]")
         out = "\n".join(matches) if matches else "no matches"
-        return ToolResult(output=cap_text(out, ctx.output_cap), data={"matches": total})
+        if too_big:
+            # "no matches" alone would claim those files were searched.
+            names = ", ".join(too_big[:5]) + (", ..." if len(too_big) > 5 else "")
+            out += (f"\n[{len(too_big)} file(s) not searched: larger than the "
+                    f"{MAX_SEARCH_FILE_BYTES // 1_000_000} MB search limit ({names}); "
+                    "read them in parts with read_file]")
+        found: dict[str, Any] = {"matches": total}
+        if too_big:
+            found["skipped_too_big"] = len(too_big)
+        return ToolResult(output=cap_text(out, ctx.output_cap), data=found)
 
     @staticmethod
     def _files(root: Path) -> list[Path]:

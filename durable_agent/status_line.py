@@ -1,0 +1,99 @@
+"""The live status line of the timeline (a TTY only), and `short`, the one-line cut it uses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+
+def short(value: Any, width: int) -> str:
+    """One line, at most `width` characters (an ellipsis marks the cut). A value that is
+    not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+
+class StatusLine:
+    """One terminal line, redrawn by a thread, saying what is in progress and for how long.
+
+    Only for a TTY: the carriage returns and erase codes would litter a pipe or a log file.
+    Every write holds one lock, so a timeline line never lands in the middle of a redraw.
+    """
+
+    ERASE = "\r\x1b[2K"
+
+    def __init__(self, out: TextIO, *, interval: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out, self.interval, self.clock = out, interval, clock
+        utf8 = (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8"
+        self.frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" if utf8 else "|/-\\"
+        self._lock = threading.Lock()
+        self._label: str | None = None
+        self._detail = ""
+        self._since = 0.0
+        self._tick = 0
+        self._shown = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def show(self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True) -> None:
+        """`⠹ {label} {elapsed} s · {detail}` until the next clear() or show().
+
+        `draw=False` when a print() follows at once: it draws the new label itself."""
+        with self._lock:
+            self._label, self._detail = label, detail
+            if restart_clock:
+                self._since = self.clock()
+            if draw:
+                self._draw()
+        if self._thread is None:  # started on first use: a run with no steps costs no thread
+            self._thread = threading.Thread(target=self._loop, name="status-line", daemon=True)
+            self._thread.start()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._label = None
+            self._erase()
+
+    def print(self, text: str) -> None:
+        """A permanent line above the status line (which is redrawn after it, if any)."""
+        with self._lock:
+            self._erase()
+            self.out.write(text + "\n")
+            self._draw()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                self._tick += 1
+                self._draw()
+
+    def _draw(self) -> None:
+        if self._label is None:
+            self.out.flush()
+            return
+        head = self.frames[self._tick % len(self.frames)] + " "
+        tail = f" {self.clock() - self._since:.1f} s" + (f" · {self._detail}" if self._detail else "")
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
+        label = short(self._label, max(width - len(head) - len(tail), 12))
+        self.out.write(self.ERASE + short(head + label + tail, width))
+        self.out.flush()
+        self._shown = True
+
+    def _erase(self) -> None:
+        if self._shown:
+            self.out.write(self.ERASE)
+            self._shown = False

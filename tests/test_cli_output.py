@@ -1,0 +1,71 @@
+"""What the command line prints (issue 17): `--json` is one JSON object on every command
+that has it, detached or not, and `resume --help` says how budgets work on a resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+DONE = {"content": "done"}
+
+
+def one_object(stdout: str) -> dict[str, Any]:
+    value = json.loads(stdout)  # the whole stdout, nothing else
+    assert isinstance(value, dict), stdout
+    return value
+
+
+def test_detached_start_and_resume_print_one_json_object(cli_inproc: Callable[..., Any],
+                                                         write_script: Callable[..., str],
+                                                         sql: Callable[..., list[Any]]) -> None:
+    model = write_script([DONE])
+    started = cli_inproc("start", "t", "--model", model, "--detach", "--json")
+    assert started.code == 0, started.stderr
+    out = one_object(started.stdout)
+    assert out == {"run_id": out["run_id"], "status": "pending"}
+    assert sql("SELECT status FROM runs WHERE id = ?", out["run_id"]) == [("pending",)]
+    # Without --json: the bare id, as before (scripts read it with $(...)).
+    plain = cli_inproc("start", "t", "--model", model, "--detach")
+    assert plain.stdout.strip() and "{" not in plain.stdout
+
+    assert cli_inproc("cancel", out["run_id"]).code == 0
+    resumed = cli_inproc("resume", out["run_id"], "--detach", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert one_object(resumed.stdout) == {"run_id": out["run_id"], "status": "pending"}
+
+
+def test_every_json_flag_prints_json_only(cli_inproc: Callable[..., Any], write_script: Callable[..., str]) -> None:
+    done = cli_inproc("start", "t", "--model", write_script([DONE]), "--json")
+    run_id = one_object(done.stdout)["run_id"]
+    assert one_object(cli_inproc("show", run_id, "--json").stdout)["id"] == run_id
+    listed = json.loads(cli_inproc("list", "--json").stdout)
+    assert isinstance(listed, list) and listed[0]["id"] == run_id
+
+
+def test_resume_help_says_the_recorded_budget_applies(cli: Callable[..., Any]) -> None:
+    text = " ".join(cli("resume", "--help").stdout.split())
+    assert "(default 50)" not in text and "(default 3)" not in text
+    assert "recorded budgets apply" in text and "raises" in text
+    start = " ".join(cli("start", "--help").stdout.split())
+    assert "(default 50)" in start  # start keeps its defaults
+
+
+def test_model_calls_and_steps_are_named_apart(cli: Callable[..., Any], write_script: Callable[..., str],
+                                                workspace: Any) -> None:
+    (workspace / "a.txt").write_text("hi\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
+    model = write_script([read, read, DONE])
+    first = cli("start", "t", "--model", model, "--max-steps", "2", "--run-id", "w1")
+    assert first.code == 3, first.stderr
+    lines = first.stderr.splitlines()
+    assert any(line.startswith("Step 3 · model call 2 · ") for line in lines), first.stderr
+    assert any(line.startswith("Step 4 · tool · read_file") for line in lines), first.stderr
+    assert "2 model calls · 4 steps · 2 tool calls · " in first.stderr
+    again = cli("resume", "w1", "--max-steps", "5")
+    assert again.code == 0, again.stderr
+    assert "resuming from model call 2 (budget_exceeded)" in again.stderr
+    assert "↻ resumed run w1 after 2 model calls" in again.stderr
+    assert "3 model calls · 5 steps · 2 tool calls · " in again.stderr
+    shown = cli("show", "w1").stdout
+    assert "totals     3 model calls · 5 steps · 2 tool calls" in shown
