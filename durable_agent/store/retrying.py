@@ -96,17 +96,30 @@ def run(attempt: Callable[[], T], policy: StorePolicy, *, run_id: str | None = N
     package's own errors included (LeaseLost), passes through untouched.
     """
 
+    # The first try outside tenacity: building a Retrying costs more CPU than a checkpoint's
+    # statements, and nearly every try succeeds.
+    try:
+        return attempt()
+    except (DBAPIError, ConnectionError, TimeoutError) as exc:
+        if not is_transient(exc) or policy.max_attempts <= 1:
+            raise translate(exc, run_id) from exc
+        if on_retry is not None:
+            on_retry(exc)
+        first_failure = time.monotonic()
+
     def before_sleep(state: object) -> None:
         outcome = getattr(state, "outcome", None)
         if on_retry is not None and outcome is not None and outcome.exception() is not None:
             on_retry(outcome.exception())
 
+    remaining = max(policy.max_seconds - (time.monotonic() - first_failure), 0.0)
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.max_seconds),
+        stop=stop_after_attempt(policy.max_attempts - 1) | stop_after_delay(remaining),
         wait=wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
         sleep=sleep, reraise=True, before_sleep=before_sleep,
     )
+    sleep(min(policy.initial_wait, remaining))  # the backoff before the second try
     try:
         return retrying(attempt)
     except (DBAPIError, ConnectionError, TimeoutError) as exc:
