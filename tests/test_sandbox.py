@@ -350,3 +350,33 @@ def test_a_worker_without_a_sandbox_leaves_the_run_for_one_with_it(  # type: ign
     assert not (workspace / "ledger").exists()
     with sqlite3.connect(workspace.parent / "store.db") as conn:
         assert conn.execute("SELECT status FROM runs WHERE id='wq'").fetchone() == ("pending",)
+
+
+def test_programs_under_tmp_stay_runnable_while_the_rest_of_tmp_is_private(tmp_path: Path) -> None:
+    """A checkout and its virtualenv under /tmp (as CI may make them): the private /tmp must not
+    hide the interpreter or a PATH entry, and must still hide everything else of the host's /tmp."""
+    need_bwrap()
+    base = Path("/tmp") / f"da-keep-{uuid.uuid4().hex[:8]}"
+    try:
+        venv = base / "venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        tool = venv / "bin" / "hello-tool"
+        tool.write_text("#!/bin/sh\necho hello from the tool\n")
+        tool.chmod(0o755)
+        (base / "secret.txt").write_text("not for the command")
+        ws = base / "ws"
+        ws.mkdir()
+        env = {**command_env(os.environ, run_id="r", call_id="c"), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+        sandbox = resolve_sandbox("workspace-write", False, os.environ)
+        ran = run_process("hello-tool && touch made-here", cwd=ws, env=env, timeout_s=30, sandbox=sandbox)
+        assert ran.exit_code == 0 and "hello from the tool" in ran.stdout, ran.stderr
+        assert (ws / "made-here").exists()
+        hidden = run_process(f"cat {base / 'secret.txt'}", cwd=ws, env=env, timeout_s=30, sandbox=sandbox)
+        assert hidden.exit_code != 0 and "not for the command" not in hidden.stdout
+        changed = run_process(f"touch {tool}.new", cwd=ws, env=env, timeout_s=30, sandbox=sandbox)
+        assert changed.exit_code != 0 and not Path(f"{tool}.new").exists()  # kept read-only
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)

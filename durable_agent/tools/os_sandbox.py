@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -196,7 +196,8 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     here = Path(os.path.realpath(cwd))
     writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
     # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
-    wrapped = bwrap_argv(sandbox, argv, cwd=here, workspace=ws) if sandbox.bwrap else []
+    wrapped = (bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=programs_in_tmp(env, ws))
+               if sandbox.bwrap else [])
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
@@ -212,7 +213,27 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
                   cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True), notes=notes)
 
 
-def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path) -> list[str]:
+def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
+    """What the command runs that lives under /tmp, which the sandbox replaces by an empty
+    private one: the harness's own Python environment (a virtualenv made under /tmp, as a
+    CI checkout may be) and the directories on PATH, a virtualenv's bin/ as its whole
+    environment. Kept visible read-only; nothing else of the host's /tmp is."""
+    tmp = os.path.realpath("/tmp")
+    found: list[Path] = []
+    for raw in (sys.prefix, *env.get("PATH", "").split(os.pathsep)):
+        if not raw:
+            continue
+        path = Path(os.path.realpath(raw))
+        if path.name == "bin" and (path.parent / "pyvenv.cfg").exists():
+            path = path.parent
+        inside = str(path).startswith(tmp + os.sep)
+        if inside and path.is_dir() and not path.is_relative_to(workspace) and path not in found:
+            found.append(path)
+    return found
+
+
+def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
+               keep: Sequence[Path] = ()) -> list[str]:
     assert sandbox.bwrap is not None
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
@@ -222,8 +243,10 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path)
             # A read-only mount does not stop connect() on a unix socket, and /run holds the
             # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
             # agents in /run/user): hide it, keeping only the resolver's files for DNS.
-            "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve",
-            bind, str(workspace), str(workspace)]
+            "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
+    for path in keep:
+        args += ["--ro-bind", str(path), str(path)]
+    args += [bind, str(workspace), str(workspace)]
     if sandbox.mode is SandboxMode.WORKSPACE_WRITE:
         for path in git_protections(workspace):
             args += ["--ro-bind", str(path), str(path)]
