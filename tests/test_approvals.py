@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from fake_openai import FakeOpenAI
 from side_effects_support import assert_history_valid, ledger_lines
 
@@ -61,6 +62,7 @@ def test_denied_command_never_runs_and_the_model_is_told(cli, write_script, work
     assert_history_valid(db_path, "d")
 
 
+@pytest.mark.slow
 def test_destructive_commands_ask_even_under_a_broad_allowlist(
         cli, write_script, workspace, tmp_path, sql) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "broad.toml"

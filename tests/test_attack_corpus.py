@@ -214,6 +214,7 @@ def test_the_corpus_changes_nothing_outside_under_shell_allow(arena: Arena, list
     assert "note: this command created the git repository sub/.git" in results[1]
 
 
+@pytest.mark.slow
 def test_the_corpus_changes_nothing_outside_under_shell_ask_even_when_approved(
         arena: Arena, listener: Listener) -> None:
     need_bwrap()

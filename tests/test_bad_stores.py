@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import Result
 
+# Many real processes and generated cases: the full run has them, the fast lane does not.
+pytestmark = pytest.mark.slow
+
 
 def one_error_line(result: Result, *words: str) -> None:
     assert result.code == 2, (result.code, result.stderr)

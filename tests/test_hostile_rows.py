@@ -64,6 +64,7 @@ def read_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return check
 
 
+@pytest.mark.slow
 def test_generated_rows_of_any_shape_never_break_show_export_list(
         store_url: str, read_commands: Callable[[str, str], None]) -> None:
     engine = open_store_engine(store_url)

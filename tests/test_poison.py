@@ -31,6 +31,9 @@ from durable_agent.store.runs import Store
 from durable_agent.store.storable import storable
 from durable_agent.tools.encoding import decode_text, encode_content, looks_binary, show_name
 
+# Many real processes and generated cases: the full run has them, the fast lane does not.
+pytestmark = pytest.mark.slow
+
 ANY_CHAR = st.characters(exclude_categories=())  # surrogates and NUL included
 NAMES = st.binary(min_size=1, max_size=12).filter(lambda b: b"/" not in b and b"\x00" not in b)
 CONTENTS = st.one_of(
@@ -133,6 +136,7 @@ def run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     return run
 
 
+@pytest.mark.slow
 def test_generated_poison_through_every_tool_and_the_cli_on_both_stores(
         store_url: str, tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]]) -> None:
     engine = open_store_engine(store_url)
@@ -171,6 +175,7 @@ def test_generated_poison_through_every_tool_and_the_cli_on_both_stores(
 
 
 # -- the real CLI in a subprocess, one fixed worst case ---------------------------------------
+@pytest.mark.slow
 def test_the_worst_case_run_in_a_real_process_on_both_stores(store_url: str, tmp_path: Path,
                                                             env: dict[str, str]) -> None:
     workspace = tmp_path / "ws"

@@ -134,6 +134,7 @@ def test_claim_query_reads_the_partial_index(pg_url: str, tmp_path: Path) -> Non
         engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_cli_start_list_show_export_work_unchanged_on_postgres(
         pg_url: str, env: dict[str, str], workspace: Path, write_script: Callable[..., str]) -> None:

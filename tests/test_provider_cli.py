@@ -86,6 +86,7 @@ def test_dropped_connection_is_retried(api: Endpoint, sql: Callable[..., list[An
 # --- 7. a read timeout is a retryable timeout -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_response_slower_than_the_read_timeout_is_retried(
         api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     api.configure(request_timeout_s=1.5)  # far below the delay, far above a normal answer
@@ -190,6 +191,7 @@ def test_no_api_key_for_a_hosted_model_is_a_usage_error(cli: Callable[..., Any])
 # --- 3. retries exhausted: failed, then resumable from that step ------------------------------
 
 
+@pytest.mark.slow
 def test_exhausted_retries_fail_then_resume_continues_from_that_step(
         api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     api.configure(retry_max_attempts=3)

@@ -63,6 +63,7 @@ def test_a_cut_off_answer_is_continued_not_accepted(api: Endpoint, sql: Callable
     assert cut["nudge"] == {"reason": "length", "message": CUT_NUDGE}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=["null", "empty", "empty-tool-calls", "reasoning-only"])
 def test_an_empty_answer_is_nudged_once(api: Endpoint, sql: Callable[..., list[Any]],
                                         shape: dict[str, Any]) -> None:

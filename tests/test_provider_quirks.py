@@ -89,6 +89,7 @@ UNNAMED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("function", "problem"), UNNAMED)
 def test_a_tool_call_without_a_name_is_an_error_observation_and_never_bought_twice(
         api: Endpoint, sql: Callable[..., list[Any]], function: Any, problem: str) -> None:
@@ -124,6 +125,7 @@ def test_a_tool_call_without_a_name_is_an_error_observation_and_never_bought_twi
     readable(api, run_id)
 
 
+@pytest.mark.slow
 def test_stored_tool_calls_of_any_shape_never_break_show_export_or_resume(
         api: Endpoint, sql: Callable[..., list[Any]], db_path: Path) -> None:
     first = api.start("--max-steps", "1", "--json")
@@ -208,6 +210,7 @@ PERMANENT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "reason", "says", "hint"), PERMANENT)
 def test_bad_responses_fail_fast_with_the_providers_words_and_resume(
         api: Endpoint, sql: Callable[..., list[Any]],

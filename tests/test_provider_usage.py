@@ -54,6 +54,7 @@ def test_usage_of_each_response_is_recorded_on_its_step_and_summed_on_the_run(
     assert sql("SELECT count(*) FROM steps WHERE kind = 'tool' AND prompt_tokens > 0") == [(0,)]
 
 
+@pytest.mark.slow
 def test_max_tokens_stops_before_the_next_call_and_resume_can_raise_it(
         api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     first = api.start("--json", "--max-tokens", "50")
@@ -70,6 +71,7 @@ def test_max_tokens_stops_before_the_next_call_and_resume_can_raise_it(
     assert [r["turn"] for r in api.server.requests] == [0, 1, 2]  # turn 0 was not paid twice
 
 
+@pytest.mark.slow
 def test_max_cost_stops_as_budget_exceeded_max_tokens_with_a_cost_message(
         api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     api.configure(prices={MODEL: PRICE})

@@ -157,6 +157,7 @@ def test_the_views_on_sqlite(store) -> None:
         ("blocked", "approval_required", "touch b", "blocked")]
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_each_documented_query_runs_on_postgresql(tmp_path: Path) -> None:
     from scale_helpers import _libpq_url, pg_schema

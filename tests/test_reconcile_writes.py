@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 WRITE = {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "new\n"}}]}
 
 
@@ -58,6 +60,7 @@ def test_drift_blocks_until_a_person_decides(cli, write_script, workspace, sql) 
     assert "chose not to apply it again" in sql("SELECT content FROM messages WHERE role='tool'")[0][0]
 
 
+@pytest.mark.slow
 def test_drift_approved_applies_the_write(cli, write_script, workspace, sql) -> None:
     start(cli, write_script, 6)
     (workspace / "a.txt").write_text("drifted\n")

@@ -129,6 +129,7 @@ def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  #
 
 
 # -- legitimate work -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pytest_git_commit_and_verify_work_inside_the_sandbox(cli, workspace, db_path) -> None:  # type: ignore[no-untyped-def]
     need_bwrap()
     (workspace / "calc.py").write_text("def add(a, b):\n    return a + b\n")

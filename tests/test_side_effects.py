@@ -146,6 +146,7 @@ def test_crash_at_every_boundary_then_resume_runs_each_command_once_unless_appro
         assert approvals == expected, (n, approvals)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [7, 11])
 def test_repeated_crashes_every_kth_boundary_still_settle_each_command(
         every: int, env: dict[str, str], tmp_path: Path) -> None:
@@ -181,6 +182,7 @@ def _kill_mid_command(env: dict[str, str], workspace: Path, db: Path, tmp_path: 
     return pgid
 
 
+@pytest.mark.slow
 def test_kill_9_mid_command_kills_its_group_blocks_and_approval_runs_it_once(
         cli, write_script, env, workspace, db_path, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},

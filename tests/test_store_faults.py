@@ -232,6 +232,7 @@ def test_one_failed_statement_is_retried_in_place(kind: str, tmp_path: Path, env
         assert s.faults()[0] == f"fault {at}"
 
 
+@pytest.mark.slow
 def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
         tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any) -> None:
     files_ref, count = reference
@@ -329,6 +330,7 @@ def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, byt
     return s
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
         tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any) -> None:

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_openai import FakeOpenAI
 from side_effects_support import assert_history_valid
 
@@ -93,6 +94,7 @@ def test_verify_interrupted_by_a_crash_is_run_again(cli, write_script, workspace
     assert sql("SELECT step_count FROM runs") == [(1,)]  # the answer was not asked for again
 
 
+@pytest.mark.slow
 def test_verify_that_hangs_times_out_and_the_model_is_told(cli, write_script, workspace, tmp_path, sql) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "fast.toml"
     config.write_text("command_timeout_s = 1\n")

@@ -84,6 +84,7 @@ def test_a_run_whose_workspace_is_missing_here_is_left_queued(
         ("pending", None, 0, 0)]
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_current_step_then_gives_the_run_back(
         cli_inproc: Callable[..., Result], cli: Callable[..., Result], write_script: Callable[..., str],
         workspace: Path, db_path: Path, workers: Workers) -> None:
@@ -152,6 +153,7 @@ def test_a_second_sigterm_exits_at_once_and_leaves_the_lease_to_expire(
     assert query(db_path, "SELECT state FROM steps WHERE call_id = 'call_0_0'") == [("started",)]
 
 
+@pytest.mark.slow
 def test_a_blocked_run_goes_back_to_the_workers_after_approve(cli_inproc: Callable[..., Result],
                                                                cli: Callable[..., Result],
                                                                write_script: Callable[..., str],
