@@ -57,6 +57,18 @@ def env(tmp_path: Path) -> dict[str, str]:
     return e
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store on each backend: an SQLite file, and an empty PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    from scale_helpers import pg_schema
+
+    with pg_schema() as url:
+        yield url
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "store.db"

@@ -6,7 +6,7 @@ a JSON column text that is not JSON) and on PostgreSQL."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scale_helpers import pg_schema
 from sqlalchemy import Engine, insert
 
 from durable_agent.cli import main
@@ -35,15 +34,6 @@ JSON = st.recursive(
     max_leaves=15)
 NAMES = st.sampled_from(["model", "tool", "verify", "weird", ""]) | TEXT
 STATES = st.sampled_from(["started", "completed", "failed", "odd"]) | TEXT
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
-    with pg_schema() as url:
-        yield url
 
 
 @pytest.fixture

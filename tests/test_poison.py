@@ -16,14 +16,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from scale_helpers import pg_schema
 
 from durable_agent.cli import main
 from durable_agent.store.engine import open_store_engine
@@ -108,15 +107,6 @@ def check_observations(seen: dict[str, str], workspace: Path, names: list[bytes]
 
 
 # -- stores --------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
-    with pg_schema() as url:
-        yield url
-
-
 @pytest.fixture
 def run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
