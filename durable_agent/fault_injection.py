@@ -69,6 +69,8 @@ def _crash_after(n: int) -> None:
 def _statement_fault(at: int, kind: str, repeat: int, log: str | None) -> None:
     from sqlalchemy import Engine, event
 
+    from durable_agent.store.prepared import CURSOR_HOOKS
+
     count = [0]
     main = threading.main_thread()
 
@@ -88,23 +90,26 @@ def _statement_fault(at: int, kind: str, repeat: int, log: str | None) -> None:
 
     atexit.register(lambda: note(f"statements {count[0]}"))
 
+    # Every statement: Core's (cursor events) and the journal's prepared ones (their hook).
     if kind == "terminate":
-        def after(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        def after(conn: Any, *_: Any) -> None:
             if conn.dialect.name == "postgresql" and hit():
                 _terminate(conn)
 
         event.listen(Engine, "after_cursor_execute", after)
+        CURSOR_HOOKS.append(lambda when, conn: after(conn) if when == "after" else None)
         return
     message, name = _SQLITE_ERRORS[kind]
 
-    def before(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+    def before(conn: Any, *_: Any) -> None:
         if conn.dialect.name == "sqlite" and hit():
             error = sqlite3.OperationalError(message)
             error.sqlite_errorname = name
             raise error
 
-    # handle_error sees it as a driver error and SQLAlchemy wraps it like a real one.
+    # Raised as the driver's own error: SQLAlchemy (or prepared.py) wraps it like a real one.
     event.listen(Engine, "before_cursor_execute", before)
+    CURSOR_HOOKS.append(lambda when, conn: before(conn) if when == "before" else None)
 
 
 def _terminate(conn: Any) -> None:

@@ -18,6 +18,7 @@ from scale_helpers import pg_schema
 from sqlalchemy import Engine, insert, select
 
 from durable_agent.store.engine import open_store_engine
+from durable_agent.store.prepared import json_text
 from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import messages, runs, steps
 from durable_agent.store.storable import storable, storable_text
@@ -77,6 +78,22 @@ def test_storable_values_are_utf8_without_nul_and_valid_json(value: Any) -> None
         assert "\x00" not in text
     # allow_nan=False: NaN and Infinity are not JSON (json_extract and jsonb refuse them).
     json.dumps(clean, allow_nan=False)
+
+
+@FAST
+@given(VALUES)
+def test_the_prepared_statements_json_text_is_the_storable_value(value: Any) -> None:
+    """The hot path's JSON parameters (store/prepared.py) skip the walk when the dump is
+    clean: the text must still say exactly what `storable` would, with no NUL (raw or as the
+    \\u0000 escape jsonb refuses) and no surrogate in it."""
+    text = json_text(value)
+    if value is None:
+        assert text is None
+        return
+    assert text is not None
+    assert same_json(json.loads(text), json.loads(json.dumps(storable(value), default=str)))
+    text.encode("utf-8")
+    assert "\x00" not in text and "\\u0000" not in text.replace("\\\\", "")
 
 
 @FAST

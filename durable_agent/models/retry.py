@@ -138,8 +138,28 @@ def call_with_retries(
             on_attempt(attempts, None)
         return result
 
+    # The first try outside tenacity: building a Retrying costs more CPU than a scripted or
+    # local model's answer, and nearly every call succeeds at once. A failed first try is
+    # handed to tenacity as its attempt 1 (re-raised, not re-made), so waits, Retry-After
+    # and the budgets apply exactly as if tenacity had made it.
+    started = time.monotonic()
+    try:
+        return attempt(), attempts
+    except Exception as exc:
+        if not classify(exc).retryable or policy.max_attempts <= 1:
+            raise ModelCallError(classify(exc), attempts) from exc
+        first: Exception | None = exc
+    spent = time.monotonic() - started
+
+    def again() -> T:
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return attempt()
+
     retrying = Retrying(
-        stop=stop_after_attempt(policy.max_attempts) | _stop_before_total(policy.max_total_seconds),
+        stop=stop_after_attempt(policy.max_attempts) | _stop_before_total(policy.max_total_seconds - spent),
         wait=_wait_retry_after(
             wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
             policy.max_retry_after,
@@ -149,6 +169,6 @@ def call_with_retries(
         reraise=True,  # give up with the client's exception, not tenacity's RetryError
     )
     try:
-        return retrying(attempt), attempts
+        return retrying(again), attempts
     except Exception as exc:
         raise ModelCallError(classify(exc), attempts) from exc

@@ -35,10 +35,11 @@ from sqlalchemy.sql import Executable
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
 from durable_agent.store import retrying
+from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
-from durable_agent.store.rows import message_from_row, utcnow
+from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
-from durable_agent.store.step import COUNTERS, Counters, Step
+from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step
 from durable_agent.store.storable import storable
 
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
@@ -46,24 +47,24 @@ from durable_agent.store.storable import storable
 # with the column names that the SET clause takes from the parameters.
 _FENCE_WHERE = (runs.c.id == bindparam("b_id"), runs.c.lease_owner == bindparam("b_owner"),
                 runs.c.lease_epoch == bindparam("b_epoch"))
-_HEARTBEAT = (update(runs).where(*_FENCE_WHERE)
+_HEARTBEAT = Prepared(update(runs).where(*_FENCE_WHERE)
               .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
               .returning(runs.c.cancel_requested))
-_FENCE = (update(runs).where(*_FENCE_WHERE)
+_FENCE = Prepared(update(runs).where(*_FENCE_WHERE)
           .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
                   last_checkpoint=bindparam("b_token"))
           .returning(runs.c.cancel_requested))
-_FENCE_COUNTERS = (update(runs).where(*_FENCE_WHERE)
+_FENCE_COUNTERS = Prepared(update(runs).where(*_FENCE_WHERE)
                    .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
                            last_checkpoint=bindparam("b_token"),
                            **{c: bindparam(f"b_{c}") for c in COUNTERS})
                    .returning(runs.c.cancel_requested))
-_INSERT_STEP = insert(steps)
-_INSERT_MESSAGES = insert(messages)
+_INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
+_INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
 
-Statement = tuple[Executable, Any]
+Statement = tuple[Executable | Prepared, Any]
 # Test and demo hook (durable_agent/fault_injection.py): called with "before_commit" when a
 # checkpoint's statements have run and "after_commit" once it is durable. Empty in production.
 BOUNDARY_HOOKS: list[Callable[[str], None]] = []
@@ -156,8 +157,9 @@ class Journal:
 
     def defer(self, step_rows: list[dict[str, Any]], message_rows: list[dict[str, Any]],
               counters: Counters) -> None:
-        self._deferred_steps.extend(storable(row) for row in step_rows)
-        self.pending_messages.extend(storable(row) for row in message_rows)
+        # Rows of the prepared inserts: made storable as they are written (store/prepared.py).
+        self._deferred_steps.extend(step_rows)
+        self.pending_messages.extend(message_rows)
         self._deferred_counters = counters
 
     def discard_deferred(self) -> None:
@@ -176,10 +178,12 @@ class Journal:
         """
         # storable: no value (a NUL, a lone surrogate, a non-finite number) may fail the write
         # on either dialect; it returns the same object when there is nothing to change.
-        statements = [(statement, storable(params)) for statement, params in statements]
+        # (Prepared statements, the step and message inserts among them, clean their own values.)
+        statements = [(statement, params if isinstance(statement, Prepared) else storable(params))
+                      for statement, params in statements]
         counters = counters or self._deferred_counters
-        all_steps = [*self._deferred_steps, *(storable(row) for row in step_rows)]
-        all_messages = [*self.pending_messages, *(storable(row) for row in message_rows)]
+        all_steps = [*self._deferred_steps, *step_rows]
+        all_messages = [*self.pending_messages, *message_rows]
         token = uuid.uuid4().hex
         now = utcnow()
 
@@ -190,11 +194,14 @@ class Journal:
                 with conn.begin():
                     self._fence(conn, now, counters, token)
                     if all_steps:
-                        conn.execute(_INSERT_STEP, all_steps)
+                        _INSERT_STEP.run_many(conn, all_steps)
                     if all_messages:
-                        conn.execute(_INSERT_MESSAGES, all_messages)
+                        _INSERT_MESSAGES.run_many(conn, all_messages)
                     for statement, params in statements:
-                        conn.execute(statement, params)
+                        if isinstance(statement, Prepared):
+                            statement.run(conn, params).close()
+                        else:
+                            conn.execute(statement, params)
                     for hook in BOUNDARY_HOOKS:
                         hook("before_commit")
                     in_commit = True
@@ -240,7 +247,9 @@ class Journal:
         if counters is not None:  # run totals, written with the rows that change them
             statement = _FENCE_COUNTERS
             params.update(counters.as_params())
-        row = conn.execute(statement, params).first()
+        cursor = statement.run(conn, params)
+        row = cursor.fetchone()
+        cursor.close()
         if row is None:
             raise LeaseLost(self.run_id)
         self.cancel_seen = bool(row[0])

@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_agent.messages import Message, ToolCall
-from durable_agent.store.storable import storable
 
 
 def utcnow() -> datetime:
@@ -18,8 +17,12 @@ def message_from_row(row: Any) -> Message:
     return Message(role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id)
 
 
+MESSAGE_COLUMNS = ("run_id", "seq", "role", "content", "tool_calls", "tool_call_id", "step_seq", "created_at")
+
+
 def message_values(run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime) -> dict[str, Any]:
-    return storable({
+    # Not yet storable: the journal's prepared insert cleans them as it writes them.
+    return {
         "run_id": run_id,
         "seq": seq,
         "role": message.role,
@@ -28,4 +31,4 @@ def message_values(run_id: str, seq: int, message: Message, step_seq: int | None
         "tool_call_id": message.tool_call_id,
         "step_seq": step_seq,
         "created_at": now,
-    })
+    }

@@ -85,7 +85,7 @@ class Store:
                 message_count=len(first_messages), active_ms=0, resume_count=0, **leased,
             ))
             conn.execute(insert(messages), [
-                message_values(run_id, i, m, None, now) for i, m in enumerate(first_messages)
+                storable(message_values(run_id, i, m, None, now)) for i, m in enumerate(first_messages)
             ])
 
     @_retried

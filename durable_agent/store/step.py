@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, update
 
 from durable_agent.messages import Message
+from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import StepRecord, StepState
 from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, steps
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
     from durable_agent.store.journal import Journal, Statement
 
 COUNTERS = ("step_count", "tool_call_count", "prompt_tokens", "completion_tokens", "message_count", "active_ms")
-UPDATE_STEP = update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
+UPDATE_STEP = Prepared(update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq")))
 # A decided approval is acted on once: marked used in the transaction that acts on it.
-USE_APPROVAL = update(approvals).where(approvals.c.id == bindparam("b_id"))
+USE_APPROVAL = Prepared(update(approvals).where(approvals.c.id == bindparam("b_id")))
 # Every step row names the same columns, so the rows of one transaction (a deferred read
 # and the next intent) go in one executemany. Not id (generated).
 STEP_COLUMNS = tuple(c.name for c in steps.c if c.name != "id")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from typing import Any, overload
 
 _BAD = re.compile("[\x00\ud800-\udfff]")
@@ -39,11 +40,21 @@ def _fix(match: re.Match[str]) -> str:
     return "\ufffd"
 
 
+def has_bad_text(text: str) -> bool:
+    """`text` holds a character `storable_text` would replace."""
+    return _BAD.search(text) is not None
+
+
 def storable_text(text: str) -> str:
     """`text` with NUL and surrogates replaced as the module docstring says."""
     if _BAD.search(text) is None:
         return text
     return _BAD.sub(_fix, text)
+
+
+# Values that never need cleaning, checked by exact type first: a checkpoint's rows are
+# mostly these, and the walk is the harness's largest CPU cost per step after SQL.
+_PLAIN = frozenset({int, bool, type(None), datetime})
 
 
 @overload
@@ -55,14 +66,27 @@ def storable(value: Any) -> Any: ...
 def storable(value: Any) -> Any:
     """A copy of `value` (str, list, tuple, dict, float, bytes; others pass through) that
     both dialects can store as text or JSON. Dict keys are cleaned like strings."""
+    kind = type(value)
+    if kind is str:
+        return value if _BAD.search(value) is None else _BAD.sub(_fix, value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        return {(k if type(k) is not str or _BAD.search(k) is None else _BAD.sub(_fix, k)):
+                (v if type(v) in _PLAIN else storable(v)) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _PLAIN else storable(v) for v in value]
+    return _storable_other(value)
+
+
+def _storable_other(value: Any) -> Any:
     if isinstance(value, str):
         return storable_text(value)
     if isinstance(value, dict):
         return {(storable_text(k) if isinstance(k, str) else k): storable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [storable(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(storable(v) for v in value)
+    if isinstance(value, list | tuple):
+        cleaned = [storable(v) for v in value]
+        return cleaned if isinstance(value, list) else tuple(cleaned)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, bytes | bytearray):

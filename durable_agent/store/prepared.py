@@ -1,0 +1,152 @@
+"""The hot path's statements, rendered once per dialect and run without a compile step.
+
+Every step makes two checkpoints of the same few statements (the fence, a step row,
+messages). Sent through Core, each execution rebuilds its parameters (`construct_params`,
+processors, a result set-up) and that cost more CPU than SQLite's own work. A `Prepared`
+statement is still built from the one schema (store/schema.py) and rendered by SQLAlchemy's
+compiler for the dialect at hand; its bind processors (JSON, DateTime) are looked up once;
+it runs on the DBAPI cursor of the SQLAlchemy connection, inside that connection's
+transaction. Driver errors are wrapped as SQLAlchemy wraps them (`DBAPIError`, with
+`connection_invalidated` and the connection invalidated on a disconnect), so the retry
+policy (store/retrying.py) reads them the same. Everything else in the store stays Core.
+
+SQLAlchemy's cursor events do not see these statements; the fault suites reach them
+through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import JSON, Connection, String
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.types import TypeEngine
+
+from durable_agent.store.storable import has_bad_text, storable, storable_text
+
+Processor = Callable[[Any], Any] | None
+# Test hook (fault injection): called as hook("before" | "after", connection) around every
+# prepared statement. Empty in production.
+CURSOR_HOOKS: list[Callable[[str, Connection], None]] = []
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One statement for one dialect and one set of parameter names."""
+
+    sql: str
+    names: tuple[str, ...]  # parameter order for positional paramstyles (SQLite's qmark)
+    processors: tuple[Processor, ...]  # in `names` order
+    positional: bool
+
+    def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        out = [values[n] if p is None else p(values[n]) for n, p in zip(self.names, self.processors, strict=True)]
+        return tuple(out) if self.positional else dict(zip(self.names, out, strict=True))
+
+
+class Prepared:
+    """A Core statement executed through its pre-rendered SQL.
+
+    `keys`, when given, are the columns every execution sets (an INSERT of whole rows);
+    otherwise the SET/VALUES columns are the parameters that are not bind names of the
+    statement itself, and each distinct set of them is rendered once.
+    """
+
+    def __init__(self, statement: Executable, keys: Sequence[str] | None = None) -> None:
+        self.statement = statement
+        self.keys = tuple(keys) if keys is not None else None
+        self._rendered: dict[tuple[str, tuple[str, ...]], Rendered] = {}
+
+    def render(self, dialect: Dialect, keys: Iterable[str]) -> Rendered:
+        column_keys = self.keys if self.keys is not None else tuple(sorted(keys))
+        cache_key = (dialect.name, column_keys)
+        found = self._rendered.get(cache_key)
+        if found is None:
+            found = self._rendered[cache_key] = _render(self.statement, dialect, column_keys)
+        return found
+
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> Any:
+        """Execute with one row of parameters; returns the DBAPI cursor (for RETURNING)."""
+        rendered = self.render(conn.dialect, values.keys())
+        return _execute(conn, rendered.sql, rendered.params(values), many=False)
+
+    def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """One executemany for rows that all name the same columns."""
+        rendered = self.render(conn.dialect, rows[0].keys())
+        _execute(conn, rendered.sql, [rendered.params(r) for r in rows], many=True).close()
+
+
+def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
+    dbapi_conn = conn.connection.dbapi_connection
+    assert dbapi_conn is not None
+    dialect = conn.dialect
+    cursor = dbapi_conn.cursor()
+    try:
+        for hook in CURSOR_HOOKS:
+            hook("before", conn)
+        if many:
+            cursor.executemany(sql, params)
+        else:
+            cursor.execute(sql, params)
+        for hook in CURSOR_HOOKS:
+            hook("after", conn)
+    except dialect.loaded_dbapi.Error as exc:
+        # As Connection._handle_dbapi_exception does: a dead connection is invalidated (the
+        # pool will not hand it out again) and the wrapper says so.
+        disconnect = bool(dialect.is_disconnect(exc, dbapi_conn, cursor))
+        if disconnect and not conn.invalidated:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,
+                                  connection_invalidated=disconnect, dialect=dialect) from exc
+    return cursor
+
+
+def _render(statement: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -> Rendered:
+    # for_executemany: no implicit RETURNING of generated ids (PostgreSQL), which nothing reads.
+    compiled = statement.compile(  # type: ignore[attr-defined]
+        dialect=dialect, column_keys=list(column_keys), for_executemany=True)
+    assert isinstance(compiled, SQLCompiler)
+    positional = bool(compiled.positional)
+    names = tuple(compiled.positiontup or ()) if positional else tuple(compiled.binds)
+    return Rendered(sql=compiled.string, names=names, positional=positional,
+                    processors=tuple(_processor(compiled.binds[n].type, dialect) for n in names))
+
+
+def _processor(kind: TypeEngine[Any], dialect: Dialect) -> Processor:
+    """What turns a value into the driver's parameter, the store-boundary rule included
+    (store/storable.py): text is cleaned, JSON is written as checked JSON text, and the rest
+    goes through the processor Core would apply (SQLite's DateTime strings)."""
+    if isinstance(kind, JSON):
+        return json_text
+    if isinstance(kind, String):
+        return _text
+    return kind.dialect_impl(dialect).bind_processor(dialect)
+
+
+def _text(value: Any) -> Any:
+    return storable_text(value) if type(value) is str else storable(value)
+
+
+def json_text(value: Any) -> str | None:
+    """`value` as JSON text both dialects accept (None is SQL NULL).
+
+    One C-level dump and one scan instead of a walk in Python: only a value that fails it
+    (NaN, bytes, a NUL or lone surrogate somewhere inside) takes the slow path, `storable`.
+    """
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None
+    # JSON writes NUL as the escape \u0000, which jsonb refuses like the character itself
+    # (a literal backslash-u0000 in a string matches too: the slow path just leaves it be).
+    if text is None or has_bad_text(text) or "\\u0000" in text:
+        text = json.dumps(storable(value), ensure_ascii=False, allow_nan=False, default=str)
+    return text
