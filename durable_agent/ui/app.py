@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -110,8 +111,8 @@ def build_app(cfg: UiConfig) -> Any:
 
     def act(name: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
-            try:
-                form = await request.form()
+            try:  # our forms are url-encoded (no python-multipart needed for a few fields)
+                form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
             except BodyTooLarge:
                 return Response("request body too large\n", status_code=413, media_type="text/plain")
             csrf = form.get("csrf")
