@@ -59,6 +59,10 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
     later = _events(c.get("/api/runs/done/events", params={"from": len(steps)}).text)
     assert later[0][1]["steps"] == []  # the page has them all already
 
+    body = c.get("/runs/done/steps/1")  # a step's body, as long pages fetch it when it is opened
+    assert body.status_code == 200 and "<h4>input</h4>" in body.text and "a.txt" in body.text
+    assert c.get("/runs/done/steps/999").status_code == 404 and c.get("/runs/nope/steps/0").status_code == 404
+    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()] == [1]
     assert c.get("/static/ui.js").status_code == 200 and c.get("/static/ui.css").status_code == 200
     for missing in ("/runs/nope", "/api/runs/nope", "/api/runs/nope/steps", "/api/runs/nope/events"):
         assert c.get(missing).status_code == 404, missing

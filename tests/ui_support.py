@@ -82,3 +82,47 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def synthetic_run(url: str, run_id: str, n_steps: int) -> None:
+    """A run of `n_steps` recorded steps written straight into the store: model calls and
+    tool calls of every effect class, retries, failures, a compaction, and a resume after
+    a pause halfway (a new lease epoch), so the chart has every kind of mark."""
+    from datetime import timedelta
+
+    from sqlalchemy import insert, update
+
+    from durable_agent.messages import Message
+    from durable_agent.store.rows import utcnow
+    from durable_agent.store.schema import runs, steps
+
+    store = open_store(url)
+    store.create_run(run_id, task=f"a long run of {n_steps} steps", workspace="/tmp/ws", model="scripted:long",
+                     settings={"max_steps": n_steps, "max_tool_calls": n_steps, "sandbox": "workspace-write",
+                               "sandbox_mechanism": "bubblewrap", "network": False},
+                     first_messages=[Message("system", "you are an agent"), Message("user", "do it")])
+    start = utcnow() - timedelta(seconds=n_steps * 0.2 + 60)
+    rows = []
+    effects = ("read", "write", "exec")
+    for seq in range(n_steps):
+        at = start + timedelta(seconds=seq * 0.2 + (40 if seq >= n_steps // 2 else 0))
+        kind = "model" if seq % 2 == 0 else "tool"
+        if seq == n_steps // 3:
+            kind = "compact"
+        effect = effects[(seq // 2) % 3] if kind == "tool" else None
+        failed = seq % 37 == 5
+        rows.append({"run_id": run_id, "seq": seq, "kind": kind, "state": "failed" if failed else "completed",
+                     "idempotency_key": f"k{seq}", "call_id": f"call_{seq}" if kind == "tool" else None,
+                     "tool_name": {"read": "read_file", "write": "edit_file", "exec": "run_command"}.get(effect or ""),
+                     "input": {"arguments": {"path": f"src/file_{seq}.py"}} if kind == "tool" else {"turn": seq // 2},
+                     "output": {"content": f"output of step {seq} <b>not bold</b>"},
+                     "error": "boom" if failed else None, "attempts": 2 if seq % 11 == 3 else 1,
+                     "prompt_tokens": 100 if kind == "model" else None, "completion_tokens": 20 if kind == "model" else None,
+                     "started_at": at, "finished_at": at + timedelta(milliseconds=150), "duration_ms": 150,
+                     "turn": seq // 2, "effect": effect, "lease_epoch": 1 if seq < n_steps // 2 else 2})
+    with store.engine.begin() as conn:
+        conn.execute(insert(steps), rows)
+        conn.execute(update(runs).where(runs.c.id == run_id).values(
+            status="completed", stop_reason="finished", answer="all done", finished_at=rows[-1]["finished_at"],
+            step_count=n_steps // 2, tool_call_count=n_steps // 2, prompt_tokens=100 * n_steps // 2,
+            completion_tokens=20 * n_steps // 2, active_ms=150 * n_steps, resume_count=1, lease_epoch=2))

@@ -85,6 +85,14 @@ def build_app(cfg: UiConfig) -> Any:
         notice = actions.NOTICES.get(request.query_params.get("done", ""))
         return HTMLResponse(run_page.page(view(request.path_params["run_id"]), csrf=access.csrf, notice=notice))
 
+    def step_html(request: Request) -> Response:
+        run_id, seq = request.path_params["run_id"], request.path_params["seq"]
+        found = [s for s in queries.steps_from(store, run_id, seq, 1) if s.seq == seq]
+        if not found:
+            store.get_run(run_id)  # 404 naming the run when it is the run that is missing
+            return HTMLResponse("no such step", status_code=404)
+        return HTMLResponse(run_page.step_body(found[0], extras.by_step(run_id).get(seq)))
+
     def api_runs(request: Request) -> Response:
         status, needle, after, size = filters(request)
         page = queries.run_page(store, status=status, needle=needle, cursor=after, limit=size)
@@ -98,8 +106,10 @@ def build_app(cfg: UiConfig) -> Any:
     def api_steps(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         store.get_run(run_id)  # 404 for an unknown run, not an empty list
-        first = request.query_params.get("from", "0")
-        return _json([render.row_json(s) for s in queries.steps_from(store, run_id, int(first) if first.isdigit() else 0)])
+        first, limit = request.query_params.get("from", "0"), request.query_params.get("limit", "")
+        found = queries.steps_from(store, run_id, int(first) if first.isdigit() else 0,
+                                   int(limit) if limit.isdigit() else None)
+        return _json([render.row_json(s) for s in found])
 
     async def events(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -139,6 +149,7 @@ def build_app(cfg: UiConfig) -> Any:
     routes = [
         Route("/", index),
         Route("/runs/{run_id}", run_html),
+        Route("/runs/{run_id}/steps/{seq:int}", step_html),
         *(Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"]) for name in ("approve", "deny", "cancel", "resume")),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),

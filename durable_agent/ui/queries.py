@@ -92,10 +92,10 @@ def run_page(store: Store, *, status: str | None = None, needle: str | None = No
     return RunPage(rows, encode_cursor(rows[-1]) if more and rows else None)
 
 
-def steps_from(store: Store, run_id: str, first_seq: int) -> list[StepRecord]:
+def steps_from(store: Store, run_id: str, first_seq: int, limit: int | None = None) -> list[StepRecord]:
     """The run's steps with seq >= first_seq: the live page asks from its oldest step that
     was still open (an intent row gets its outcome later) and anything newer."""
-    query = select(steps).where(steps.c.run_id == run_id, steps.c.seq >= first_seq).order_by(steps.c.seq)
+    query = select(steps).where(steps.c.run_id == run_id, steps.c.seq >= first_seq).order_by(steps.c.seq).limit(limit)
 
     def read() -> list[StepRecord]:
         with store.engine.connect() as conn:

@@ -21,6 +21,7 @@ from durable_agent.ui.pages import e, frame, owner_state, status_badge
 from durable_agent.ui.queries import FileChange
 from durable_agent.ui.timeline import chart, css_class
 
+INLINE_STEPS = 200  # up to this many steps their bodies are in the page; beyond, fetched when opened
 MAX_PRE = 20_000  # characters of one input/output shown inline; the JSON API has all of it
 
 
@@ -36,6 +37,7 @@ class RunView:
 
 def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
     run, now = view.run, utcnow()
+    inline = len(view.steps) <= INLINE_STEPS
     body = [f'<h1>Run <span class="mono">{e(run.id)}</span></h1>']
     if notice:
         body.append(f'<p class="notice" id="notice">{e(notice)}</p>')
@@ -43,7 +45,7 @@ def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
     body.append(f'<section id="actions">{actions(view, csrf, now)}</section>')
     body.append(f'<h2>Timeline</h2><div class="chart" id="chart">{chart(view.steps, now)}</div>{_legend()}')
     body.append(f'<h2>Steps <span class="count" id="step-count">{len(view.steps)}</span></h2>'
-                f'<div id="steps">{"".join(step_row(run, s, view.changes.get(s.seq), now) for s in view.steps)}</div>')
+                f'<div id="steps">{"".join(step_row(run, s, view.changes.get(s.seq), now, inline=inline) for s in view.steps)}</div>')
     body.append(f'<h2>Conversation</h2><div id="conversation">{conversation(view.messages)}</div>')
     return frame(f"run {run.id}", "".join(body), csrf=csrf, run_id=run.id)
 
@@ -131,7 +133,10 @@ def _form(run_id: str, action: str, label: str, csrf: str, *, by: bool = False) 
             f'<button type="submit" id="{action}-button" class="b-{action}">{e(label)}</button></form>')
 
 
-def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, now: datetime) -> str:
+def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, now: datetime, *,
+             inline: bool = True) -> str:
+    """One step as `<details>`: its line, and (inline, or fetched when it is opened on long
+    pages) its input, output, error and changed files."""
     state = s.state
     if state == "started" and not leases.is_executing(run, now):
         state = "cut off"  # an intent without an outcome: the next resume settles it
@@ -141,6 +146,16 @@ def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, no
                f'{"" if not s.effect else " " + e(s.effect)}</span> <span class="state st-{e(state.replace(" ", "-"))}">'
                f'{e(state)}</span> <span class="what">{e(step_what(run, s))}</span> '
                f'<span class="muted">{e(fmt_ms(s.duration_ms))}{e(tokens)}{e(tries)}</span>')
+    if inline:
+        body, lazy = step_body(s, changes), ""
+    else:
+        body = f'<a href="/api/runs/{e(run.id)}/steps?from={s.seq}&amp;limit=1">input and output</a>'
+        lazy = " data-lazy"
+    return (f'<details class="step" id="step-{s.seq}" data-seq="{s.seq}" data-state="{e(s.state)}"{lazy}>'
+            f'<summary>{summary}</summary><div class="body">{body}</div></details>')
+
+
+def step_body(s: StepRecord, changes: list[FileChange] | None) -> str:
     parts = [f'<dl><dt>started</dt><dd>{e(iso_utc(s.started_at))}</dd>'
              f'<dt>finished</dt><dd>{e(iso_utc(s.finished_at) if s.finished_at else None)}</dd>'
              f'<dt>key</dt><dd class="mono">{e(s.idempotency_key)}</dd>'
@@ -154,8 +169,7 @@ def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, no
                         f"<span class=\"mono\">{e(c.path)}</span> <span class=\"muted\">{e(c.bytes)} bytes</span></li>"
                         for c in changes)
         parts.append(f'<h4>files changed</h4><ul class="files">{files}</ul>')
-    return (f'<details class="step" id="step-{s.seq}" data-seq="{s.seq}" data-state="{e(s.state)}">'
-            f'<summary>{summary}</summary>{"".join(parts)}</details>')
+    return "".join(parts)
 
 
 def _json(value: Any) -> str:

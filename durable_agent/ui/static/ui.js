@@ -35,6 +35,21 @@
     }
   }
 
+  // Long pages leave step bodies out; fetch one when its row is opened.
+  var steps = document.getElementById("steps");
+  if (steps) {
+    steps.addEventListener("toggle", function (ev) {
+      var row = ev.target;
+      if (!row.open || !row.hasAttribute("data-lazy")) { return; }
+      row.removeAttribute("data-lazy");
+      fetch("/runs/" + encodeURIComponent(runId) + "/steps/" + row.getAttribute("data-seq"),
+            { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (html) { row.querySelector(".body").innerHTML = html; })
+        .catch(function () { row.setAttribute("data-lazy", ""); });
+    }, true);
+  }
+
   var source = new EventSource("/api/runs/" + encodeURIComponent(runId) + "/events?from=" + firstOpen());
   source.addEventListener("update", function (ev) {
     var doc = JSON.parse(ev.data);
