@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, inspect, or_, select, text, tuple_
+from sqlalchemy import Engine, inspect, or_, select, text, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from durable_agent.store import retrying
@@ -74,13 +74,8 @@ def run_page(store: Store, *, status: str | None = None, needle: str | None = No
                                 runs.c.task.ilike(pattern, escape="\\")))
     after = decode_cursor(cursor) if cursor else None
     if after is not None:
-        # Row-value comparison where the backend has it (PostgreSQL uses the index for it);
-        # the expanded form elsewhere (SQLite plans both the same).
-        if store.engine.dialect.name == "postgresql":
-            query = query.where(tuple_(runs.c.created_at, runs.c.id) < tuple_(*after))
-        else:
-            query = query.where(or_(runs.c.created_at < after[0],
-                                    and_(runs.c.created_at == after[0], runs.c.id < after[1])))
+        # A row-value comparison: both backends walk the (created_at, id) index from the cursor.
+        query = query.where(tuple_(runs.c.created_at, runs.c.id) < tuple_(*after))
 
     def read() -> list[RunRecord]:
         with store.engine.connect() as conn:
