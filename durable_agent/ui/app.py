@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -137,7 +137,7 @@ def build_app(cfg: UiConfig) -> Any:
                 done = await run_in_threadpool(actions.cancel, store, run_id)
             else:
                 done = await run_in_threadpool(actions.resume, store, run_id)
-            return RedirectResponse(f"/runs/{done.run_id}?done={done.notice}", status_code=303)
+            return RedirectResponse(f"/runs/{quote(done.run_id, safe='')}?done={done.notice}", status_code=303)
         return endpoint
 
     def bad_status(request: Request, exc: Exception) -> Response:

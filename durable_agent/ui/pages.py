@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from durable_agent.render import fmt_age, fmt_ms, run_cost
 from durable_agent.status import RunStatus
@@ -20,6 +20,11 @@ from durable_agent.ui.queries import RunPage
 def e(value: Any) -> str:
     """Text for HTML: escaped, None as a dash."""
     return "-" if value is None else escape(str(value), quote=True)
+
+
+def u(run_id: str) -> str:
+    """A run id as a path segment of a link (ids made outside the CLI may hold anything)."""
+    return e(quote(run_id, safe=""))
 
 
 def frame(title: str, body: str, *, csrf: str, run_id: str | None = None) -> str:
@@ -77,7 +82,7 @@ def runs_list(page: RunPage, *, status: str | None, needle: str | None, csrf: st
 def _run_row(r: RunRecord, now: datetime) -> str:
     cost = run_cost(r)
     tokens = r.prompt_tokens + r.completion_tokens
-    return (f'<tr class="run" data-id="{e(r.id)}"><td><a href="/runs/{e(r.id)}">{e(r.id)}</a></td>'
+    return (f'<tr class="run" data-id="{e(r.id)}"><td><a href="/runs/{u(r.id)}">{e(r.id)}</a></td>'
             f"<td>{status_badge(r.status)}</td><td>{e(r.stop_reason)}</td>"
             f'<td class="task">{e(_short(r.task, 90))}</td><td>{e(_short(r.model, 40))}</td>'
             f'<td class="num">{r.step_count}</td><td class="num">{tokens}</td>'

@@ -17,7 +17,7 @@ from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, MessageRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import iso_utc
-from durable_agent.ui.pages import e, frame, owner_state, status_badge
+from durable_agent.ui.pages import e, frame, owner_state, status_badge, u
 from durable_agent.ui.queries import FileChange
 from durable_agent.ui.timeline import chart, css_class
 
@@ -61,7 +61,7 @@ def header(view: RunView, now: datetime) -> str:
     if sandbox:
         rows.append(("sandbox", e(sandbox)))
     if view.forked_from:
-        rows.append(("forked from", f'<a href="/runs/{e(view.forked_from)}">{e(view.forked_from)}</a>'))
+        rows.append(("forked from", f'<a href="/runs/{u(view.forked_from)}">{e(view.forked_from)}</a>'))
     rows.append(("created", f"{e(iso_utc(run.created_at))} ({e(fmt_age(run.created_at))})"))
     if run.finished_at:
         rows.append(("finished", e(iso_utc(run.finished_at))))
@@ -128,7 +128,7 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
 
 def _form(run_id: str, action: str, label: str, csrf: str, *, by: bool = False) -> str:
     name = '<input name="by" placeholder="your name" maxlength="60">' if by else ""
-    return (f'<form method="post" action="/runs/{e(run_id)}/{action}" class="action">'
+    return (f'<form method="post" action="/runs/{u(run_id)}/{action}" class="action">'
             f'<input type="hidden" name="csrf" value="{e(csrf)}">{name}'
             f'<button type="submit" id="{action}-button" class="b-{action}">{e(label)}</button></form>')
 
@@ -149,7 +149,7 @@ def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, no
     if inline:
         body, lazy = step_body(s, changes), ""
     else:
-        body = f'<a href="/api/runs/{e(run.id)}/steps?from={s.seq}&amp;limit=1">input and output</a>'
+        body = f'<a href="/api/runs/{u(run.id)}/steps?from={s.seq}&amp;limit=1">input and output</a>'
         lazy = " data-lazy"
     return (f'<details class="step" id="step-{s.seq}" data-seq="{s.seq}" data-state="{e(s.state)}"{lazy}>'
             f'<summary>{summary}</summary><div class="body">{body}</div></details>')
