@@ -104,6 +104,7 @@ def test_keyset_pages_visit_every_run_once_in_order_even_with_equal_times(store_
     assert c.get("/api/runs", params={"after": "not-a-cursor"}).json()["runs"][0]["id"] == expected[0]
 
 
+@pytest.mark.slow  # a worker process executes the approved run
 def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
         cli, write_script, store_url, env, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
@@ -141,6 +142,7 @@ def test_deny_names_the_token_holder_when_the_form_names_nobody(cli, write_scrip
     assert r.status_code == 303
     (decision,) = open_store(store_url).approvals("wait")
     assert (decision.decision, decision.decided_by) == ("denied", "ui:token-holder")
+    assert open_store(store_url).get_run("wait").status == "pending"  # back on the workers' queue
 
 
 def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no-untyped-def]
@@ -205,12 +207,12 @@ def test_token_host_origin_and_body_limits(store_url) -> None:  # type: ignore[n
     assert streamed.status_code == 413
 
 
-def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    r = cli("ui", "--host", "0.0.0.0")
+def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inproc, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    r = cli_inproc("ui", "--host", "0.0.0.0")
     assert r.code == 2 and r.stderr.count("\n") == 1 and "without --token" in r.stderr
-    r = cli("ui", "--host", "0.0.0.0", "--token", "short")
+    r = cli_inproc("ui", "--host", "0.0.0.0", "--token", "short")
     assert r.code == 2 and "at least 16 characters" in r.stderr
-    r = cli("ui", "--port", "70000")
+    r = cli_inproc("ui", "--port", "70000")
     assert r.code == 2 and "--port" in r.stderr
 
     import sys
@@ -223,6 +225,7 @@ def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli, mo
         require_extra()
 
 
+@pytest.mark.slow  # a real server process
 def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script, store_url, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
