@@ -188,6 +188,10 @@ def conversation(messages: list[MessageRecord]) -> str:
         if m.tool_calls:
             calls = f'<pre class="calls">{_json(m.tool_calls)}</pre>'
         about = f" · answers {e(m.tool_call_id)}" if m.tool_call_id else ""
+        if m.role == "system":  # long and the same for every run: folded
+            out.append(f'<details class="msg r-system" data-seq="{m.seq}"><summary class="role">system prompt</summary>'
+                       f'<pre>{e(m.content or "")}</pre></details>')
+            continue
         out.append(f'<div class="msg r-{e(m.role)}" data-seq="{m.seq}"><div class="role">{e(m.role)}{about}</div>'
                    f'<pre>{e(m.content or "")}</pre>{calls}</div>')
     return "".join(out)
