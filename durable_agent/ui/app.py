@@ -33,6 +33,7 @@ from durable_agent.ui.timeline import chart
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATUSES = {s.value for s in RunStatus}
+KEEPALIVE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ class _Stream:
     async def events(self, disconnected: Callable[[], Any]) -> AsyncIterator[bytes]:
         deadline = time.monotonic() + self.cfg.stream_max_s
         yield b"retry: 2000\n\n"
+        quiet_since = time.monotonic()
         while time.monotonic() < deadline and not await disconnected():
             try:
                 doc, live = await run_in_threadpool(self.poll)
@@ -224,6 +226,10 @@ class _Stream:
                 continue
             if doc is not None:
                 yield f"event: update\ndata: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:  # a long model call: keep proxies from closing it
+                yield b": still here\n\n"
+                quiet_since = time.monotonic()
             if not live:
                 yield b"event: end\ndata: {}\n\n"
                 return
