@@ -189,6 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
     p.set_defaults(func=_command("cmd_worker"))
+
+    p = sub.add_parser("ui", help="a web view of the store: runs, timelines, approvals (extra `ui`)",
+                       description="Serve a web view of the store: the runs, a page per run with its "
+                                   "timeline and steps, updated live, and approve / deny / cancel / "
+                                   "resume buttons. Needs `pip install 'durable-agent[ui]'`.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any "
+                                                       "other needs --token)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    _add_db(p)
+    p.add_argument("--token", metavar="TOKEN", help="every request must carry it (Authorization: Bearer, "
+                                                    "or open /?token=TOKEN once); default: $DURABLE_AGENT_UI_TOKEN")
+    p.add_argument("--open", action="store_true", dest="open_browser", help="open the view in a browser")
+    p.set_defaults(func=_command("cmd_ui"))
     return parser
 
 

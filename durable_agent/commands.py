@@ -289,6 +289,15 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
     return run_worker(settings, options, env)
 
 
+def cmd_ui(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.ui.serve import TOKEN_ENV, ServeOptions, serve
+
+    settings = _store_settings(args, env)
+    token = args.token if args.token is not None else (env.get(TOKEN_ENV) or None)
+    return serve(settings, ServeOptions(host=args.host, port=args.port, token=token,
+                                           open_browser=args.open_browser))
+
+
 def _user() -> str:
     try:
         return getpass.getuser()

@@ -1,4 +1,5 @@
-"""`pip install .` (not only an editable install) ships the migrations and the demo."""
+"""`pip install .` (not only an editable install) ships the migrations, the demo and the web
+view's own script and stylesheet (it must work offline)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_wheel_contains_migrations_and_demo(tmp_path: Path) -> None:
     assert versions
     for name in ["durable_agent/migrations/env.py", "durable_agent/migrations/script.py.mako",
                  *(f"durable_agent/migrations/versions/{v}" for v in versions),
-                 "durable_agent/demo/script.json", "durable_agent/demo/project/calc.py"]:
+                 "durable_agent/demo/script.json", "durable_agent/demo/project/calc.py",
+                 "durable_agent/ui/app.py", "durable_agent/ui/static/ui.js", "durable_agent/ui/static/ui.css"]:
         assert name in names, f"{name} missing from the wheel"
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert entry and "durable-agent = durable_agent.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()

@@ -1,0 +1,1 @@
+"""The web view of the store: `durable-agent ui` (docs/ui.md)."""

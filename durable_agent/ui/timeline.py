@@ -1,0 +1,125 @@
+"""The run page's timeline chart: one SVG mark per step on a time axis, a lane per kind
+(model calls, tool calls by effect class, verifications, compactions, any other kind),
+with resume boundaries, the gaps while the run was stopped, failures and retries.
+
+Rendered on the server (the page works without script) and sent again whole by the live
+page's event stream when a step changes: a chart of 1,000 marks is a few hundred KB."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from html import escape
+
+from durable_agent.store.records import StepRecord
+
+WIDTH = 1000
+LANE_H = 22
+LEFT = 90  # room for the lane labels
+GAP_MIN_FRACTION = 0.02  # a pause shorter than this share of the axis is not drawn as a gap
+
+
+def lane(step: StepRecord) -> str:
+    """`model`, `tool:read|write|exec`, `verify`, or the step's own kind (e.g. `compact`)."""
+    if step.kind == "tool":
+        return f"tool:{step.effect or 'other'}"
+    return step.kind
+
+
+def css_class(step: StepRecord) -> str:
+    """The mark's colour classes: kind, effect, and state (failed, open, retried)."""
+    classes = ["mark", f"k-{_token(step.kind)}"]
+    if step.effect:
+        classes.append(f"e-{_token(step.effect)}")
+    if step.state == "failed":
+        classes.append("failed")
+    elif step.state == "started":
+        classes.append("open")
+    if step.attempts > 1:
+        classes.append("retried")
+    return " ".join(classes)
+
+
+def _token(value: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in value)[:24] or "x"
+
+
+def _end(step: StepRecord, now: datetime) -> datetime:
+    if step.finished_at is not None:
+        return step.finished_at
+    return now if step.state == "started" else step.started_at
+
+
+def chart(steps: list[StepRecord], now: datetime) -> str:
+    if not steps:
+        return '<svg class="timeline" id="timeline" viewBox="0 0 1000 30"><text x="10" y="20">no steps yet</text></svg>'
+    start = min(s.started_at for s in steps)
+    end = max(max(_end(s, now) for s in steps), start)
+    span = max((end - start).total_seconds(), 0.001)
+    scale = (WIDTH - LEFT - 10) / span
+
+    def x(when: datetime) -> float:
+        return LEFT + (when - start).total_seconds() * scale
+
+    lanes = sorted({lane(s) for s in steps}, key=_lane_order)
+    row = {name: i for i, name in enumerate(lanes)}
+    height = 30 + LANE_H * len(lanes)
+    parts = [f'<svg class="timeline" id="timeline" viewBox="0 0 {WIDTH} {height}" '
+             f'preserveAspectRatio="none" role="img" aria-label="timeline of {len(steps)} steps">']
+    for name, i in row.items():
+        y = 8 + i * LANE_H
+        parts.append(f'<text class="lane" x="4" y="{y + 14}">{escape(name)}</text>'
+                     f'<line class="grid" x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + LANE_H}" y2="{y + LANE_H}"/>')
+    parts.extend(_boundaries(steps, x, height, span * GAP_MIN_FRACTION, now))
+    for s in steps:
+        x0 = x(s.started_at)
+        w = max(x(_end(s, now)) - x0, 2.0)
+        y = 10 + row[lane(s)] * LANE_H
+        title = f"#{s.seq + 1} {s.kind} {s.tool_name or ''} {s.state} {s.duration_ms if s.duration_ms is not None else '-'} ms"
+        if s.attempts > 1:
+            title += f" · {s.attempts} attempts"
+        parts.append(f'<a href="#step-{s.seq}"><rect class="{css_class(s)}" data-seq="{s.seq}" '
+                     f'x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{LANE_H - 6}">'
+                     f'<title>{escape(title)}</title></rect></a>')
+    parts.append(f'<text class="axis" x="{LEFT}" y="{height - 4}">{escape(_clock(start))}</text>'
+                 f'<text class="axis" x="{WIDTH - 10}" y="{height - 4}" text-anchor="end">'
+                 f'{escape(_clock(end))} (+{_span_text(span)})</text></svg>')
+    return "".join(parts)
+
+
+def _boundaries(steps: list[StepRecord], x: Callable[[datetime], float], height: int, min_gap_s: float, now: datetime) -> list[str]:
+    """A dashed line where a new lease epoch (a resume) starts, and a shaded band for the
+    time nobody executed the run (from the last step's end to the first of the next epoch)."""
+    out: list[str] = []
+    last_end: datetime | None = None
+    epoch = steps[0].lease_epoch
+    for s in steps:
+        if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
+            bx = x(s.started_at)
+            if last_end is not None and (s.started_at - last_end).total_seconds() >= min_gap_s:
+                gx = x(last_end)
+                out.append(f'<rect class="gap" x="{gx:.1f}" y="0" width="{max(bx - gx, 1):.1f}" height="{height - 14}">'
+                           f'<title>stopped</title></rect>')
+            out.append(f'<line class="resume" x1="{bx:.1f}" x2="{bx:.1f}" y1="0" y2="{height - 14}">'
+                       f'<title>resumed (lease epoch {s.lease_epoch})</title></line>')
+        epoch = s.lease_epoch if s.lease_epoch is not None else epoch
+        end = _end(s, now)
+        last_end = end if last_end is None or end > last_end else last_end
+    return out
+
+
+def _lane_order(name: str) -> tuple[int, str]:
+    order = {"model": 0, "tool:read": 1, "tool:write": 2, "tool:exec": 3, "verify": 5, "compact": 6}
+    return order.get(name, 4 if name.startswith("tool:") else 7), name
+
+
+def _clock(when: datetime) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _span_text(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"

@@ -1,0 +1,251 @@
+"""`durable-agent ui` over HTTP (Starlette's TestClient, and one real uvicorn process), on
+SQLite and PostgreSQL: every route, the JSON API against `show --json`, the actions
+recorded as the CLI records them, and the refusals (no token, wrong host, no CSRF)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from scale_helpers import Workers, wait_for
+from side_effects_support import ledger_lines
+from ui_support import client, csrf_of, make_runs, open_store, start_ui, stop
+
+from durable_agent.messages import Message  # noqa: E402
+
+pytest.importorskip("starlette", reason="the `ui` extra is not installed")
+
+FIRST = [Message("user", "t")]
+
+
+def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type: ignore[no-untyped-def]
+    make_runs(cli, write_script, store_url)
+    c = client(store_url)
+    page = c.get("/")
+    assert page.status_code == 200 and 'href="/runs/done"' in page.text and 'href="/runs/wait"' in page.text
+    assert "<script>alert" not in page.text and "finish &lt;it&gt;" in page.text  # stored text is escaped
+    blocked = c.get("/", params={"status": "blocked"}).text
+    assert 'href="/runs/wait"' in blocked and 'href="/runs/done"' not in blocked
+    found = c.get("/", params={"q": "NEEDS a"}).text
+    assert 'href="/runs/wait"' in found and 'href="/runs/done"' not in found
+    assert c.get("/", params={"status": "nope"}).status_code == 400
+
+    run = c.get("/runs/done")
+    assert run.status_code == 200 and 'id="timeline"' in run.text
+    steps = open_store(store_url).steps("done")
+    assert run.text.count('<rect class="mark') == len(steps) == run.text.count('<details class="step"')
+    assert "<script>alert(1)" not in run.text and "done &lt;script&gt;alert(1)" in run.text
+    assert all(f"k-{k}" in run.text for k in ("model",)) and "e-write" in run.text and "e-exec" in run.text
+    waiting = c.get("/runs/wait").text
+    assert 'id="approve-button"' in waiting and "touch made.txt" in waiting
+
+    shown = cli("show", "done", "--json", extra_env={"DURABLE_AGENT_DB": store_url})
+    assert c.get("/api/runs/done").json() == json.loads(shown.stdout)  # the same document as the CLI's
+    assert c.get("/api/runs/done/steps").json() == json.loads(shown.stdout)["steps"]
+    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 2}).json()] == \
+        [s.seq for s in steps if s.seq >= 2]
+    listed = c.get("/api/runs").json()
+    cli_list = json.loads(cli("list", "--json", extra_env={"DURABLE_AGENT_DB": store_url}).stdout)
+    assert listed == {"runs": cli_list, "next": None}
+
+    events = c.get("/api/runs/done/events")  # a finished run: one update, then the end
+    assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+    update = _events(events.text)
+    assert [name for name, _ in update] == ["update", "end"]
+    assert update[0][1]["count"] == len(steps) and update[0][1]["status"] == "completed"
+    assert update[0][1]["chart"].count('<rect class="mark') == len(steps)
+    assert len(update[0][1]["steps"]) == len(steps)
+    later = _events(c.get("/api/runs/done/events", params={"from": len(steps)}).text)
+    assert later[0][1]["steps"] == []  # the page has them all already
+
+    body = c.get("/runs/done/steps/1")  # a step's body, as long pages fetch it when it is opened
+    assert body.status_code == 200 and "<h4>input</h4>" in body.text and "a.txt" in body.text
+    assert c.get("/runs/done/steps/999").status_code == 404 and c.get("/runs/nope/steps/0").status_code == 404
+    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()] == [1]
+    assert c.get("/static/ui.js").status_code == 200 and c.get("/static/ui.css").status_code == 200
+    for missing in ("/runs/nope", "/api/runs/nope", "/api/runs/nope/steps", "/api/runs/nope/events"):
+        assert c.get(missing).status_code == 404, missing
+    assert "nope" in c.get("/api/runs/nope").json()["error"]
+
+
+def _events(text: str) -> list[tuple[str, Any]]:
+    out = []
+    for block in text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_keyset_pages_visit_every_run_once_in_order_even_with_equal_times(store_url) -> None:  # type: ignore[no-untyped-def]
+    store = open_store(store_url)
+    for i in range(23):
+        store.create_run(f"r{i:02d}", task=f"task {i}", workspace="/w", model="m", settings={}, first_messages=FIRST)
+    with store.engine.begin() as conn:  # ties on created_at: the id decides, and no row is lost
+        from sqlalchemy import text
+        conn.execute(text("UPDATE runs SET created_at = (SELECT min(created_at) FROM runs) WHERE id < 'r10'"))
+    c = client(store_url)
+    seen: list[str] = []
+    after: str | None = None
+    pages = 0
+    while True:
+        doc = c.get("/api/runs", params={"limit": 5, **({"after": after} if after else {})}).json()
+        seen += [r["id"] for r in doc["runs"]]
+        pages += 1
+        after = doc["next"]
+        if after is None:
+            break
+    assert pages == 5 and sorted(seen) == sorted(f"r{i:02d}" for i in range(23)) and len(set(seen)) == 23
+    expected = [r.id for r in store.list_runs(limit=100)]
+    assert seen == expected  # the CLI's order: newest first, then id
+    html = c.get("/", params={"limit": 5}).text
+    assert 'id="next-page"' in html
+    assert c.get("/api/runs", params={"after": "not-a-cursor"}).json()["runs"][0]["id"] == expected[0]
+
+
+@pytest.mark.slow  # a worker process executes the approved run
+def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
+        cli, write_script, store_url, env, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    make_runs(cli, write_script, store_url)
+    c = client(store_url)
+    token = csrf_of(c.get("/runs/wait").text)
+    assert c.post("/runs/wait/approve", data={"by": "alice"}).status_code == 403  # no CSRF token
+    assert c.post("/runs/wait/approve", data={"csrf": "forged", "by": "alice"}).status_code == 403
+    store = open_store(store_url)
+    assert store.pending_approval("wait") is not None
+    r = c.post("/runs/wait/approve", data={"csrf": token, "by": "alice"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/runs/wait?done=approved"
+    (decision,) = store.approvals("wait")
+    assert (decision.decision, decision.decided_by) == ("approved", "ui:alice")
+    assert store.get_run("wait").status == "pending"  # on the workers' queue
+    assert "back on the worker queue" in c.get(r.headers["location"]).text
+    again = c.post("/runs/wait/approve", data={"csrf": token})
+    assert again.status_code == 409 and "no pending approval" in again.text
+
+    workers = Workers({**env, "DURABLE_AGENT_DB": store_url}, store_url, tmp_path / "logs")
+    try:
+        proc = workers.start("--once", "--poll", "0.1", "--quiet")
+        assert proc.wait(timeout=120) == 0, workers.log(proc)
+    finally:
+        workers.kill_all()
+    assert store.get_run("wait").status == "completed"
+    assert (workspace / "made.txt").exists() and len(ledger_lines(workspace)) == 1  # ran exactly once
+
+
+def test_deny_names_the_token_holder_when_the_form_names_nobody(cli, write_script, store_url) -> None:  # type: ignore[no-untyped-def]
+    make_runs(cli, write_script, store_url)
+    secret = "s" * 20
+    c = client(store_url, token=secret, user="token-holder")
+    c.headers["Authorization"] = f"Bearer {secret}"
+    r = c.post("/runs/wait/deny", data={"csrf": csrf_of(c.get("/runs/wait").text)}, follow_redirects=False)
+    assert r.status_code == 303
+    (decision,) = open_store(store_url).approvals("wait")
+    assert (decision.decision, decision.decided_by) == ("denied", "ui:token-holder")
+    assert open_store(store_url).get_run("wait").status == "pending"  # back on the workers' queue
+
+
+def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no-untyped-def]
+    from durable_agent.store.leases import new_owner
+
+    store = open_store(store_url)
+    store.create_run("live", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST,
+                     lease=(new_owner(), 60))  # held by this (live) process: executing
+    store.create_run("queued", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST)
+    c = client(store_url)
+    token = csrf_of(c.get("/runs/live").text)
+    assert 'id="cancel-button"' in c.get("/runs/live").text
+    assert c.post("/runs/live/cancel", data={"csrf": token}, follow_redirects=False).status_code == 303
+    run = store.get_run("live")
+    assert (run.status, run.cancel_requested) == ("running", True)  # it stops at its next boundary
+    c.post("/runs/queued/cancel", data={"csrf": token})
+    assert store.get_run("queued").status == "cancelled"
+    assert 'id="resume-button"' in c.get("/runs/queued").text
+    r = c.post("/runs/queued/resume", data={"csrf": token}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/runs/queued?done=queued"
+    assert store.get_run("queued").status == "pending"
+    with store.engine.begin() as conn:
+        from sqlalchemy import text
+        conn.execute(text("UPDATE runs SET status = 'completed' WHERE id = 'queued'"))
+    refused = c.post("/runs/queued/resume", data={"csrf": token})
+    assert refused.status_code == 409 and "nothing to resume" in refused.text
+    assert c.post("/runs/nope/cancel", data={"csrf": token}).status_code == 404
+
+
+def test_token_host_origin_and_body_limits(store_url) -> None:  # type: ignore[no-untyped-def]
+    secret = "t0ken-" + "x" * 20
+    c = client(store_url, token=secret)
+    for path in ("/", "/api/runs", "/static/ui.js", "/runs/x"):
+        refused = c.get(path)
+        assert refused.status_code == 401 and "token" in refused.text, path
+    assert c.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert c.get("/api/runs", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    assert c.get("/", params={"token": "wrong"}).status_code == 401
+    r = c.get("/", params={"token": secret, "status": "blocked"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/?status=blocked"  # the token leaves the address
+    assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=Strict" in r.headers["set-cookie"]
+    page = c.get("/")  # the cookie now carries it
+    assert page.status_code == 200 and "access-control-allow-origin" not in page.headers
+    assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
+
+    open_view = client(store_url)  # no token: loopback names only (no DNS rebinding)
+    assert open_view.get("/", headers={"Host": "evil.example:8765"}).status_code == 421
+    assert open_view.get("/", headers={"Host": "localhost:8765"}).status_code == 200
+    token = csrf_of(open_view.get("/").text)
+    cross = open_view.post("/runs/x/cancel", data={"csrf": token}, headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403
+    big = open_view.post("/runs/x/cancel", content=b"csrf=" + b"a" * 100_000,
+                         headers={"content-type": "application/x-www-form-urlencoded"})
+    assert big.status_code == 413
+
+    def chunks() -> Any:
+        yield b"csrf=" + b"a" * 10_000
+        yield b"a" * 10_000
+
+    streamed = open_view.post("/runs/x/cancel", content=chunks(),
+                              headers={"content-type": "application/x-www-form-urlencoded"})
+    assert streamed.status_code == 413
+
+
+def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inproc, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    r = cli_inproc("ui", "--host", "0.0.0.0")
+    assert r.code == 2 and r.stderr.count("\n") == 1 and "without --token" in r.stderr
+    r = cli_inproc("ui", "--host", "0.0.0.0", "--token", "short")
+    assert r.code == 2 and "at least 16 characters" in r.stderr
+    r = cli_inproc("ui", "--port", "70000")
+    assert r.code == 2 and "--port" in r.stderr
+
+    import sys
+
+    from durable_agent.errors import ConfigError
+    from durable_agent.ui.serve import require_extra
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    with pytest.raises(ConfigError, match=r"pip install 'durable-agent\[ui\]'"):
+        require_extra()
+
+
+@pytest.mark.slow  # a real server process
+def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script, store_url, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    make_runs(cli, write_script, store_url)
+    secret = "real-token-" + "y" * 16
+    proc, url = start_ui(env, store_url, "--token", secret, log=tmp_path / "ui.log")
+    try:
+        assert httpx.get(url).status_code == 401
+        auth = {"Authorization": f"Bearer {secret}"}
+        assert 'href="/runs/done"' in httpx.get(url, headers=auth).text
+        doc = httpx.get(url + "api/runs/done", headers=auth).json()
+        assert doc["id"] == "done" and doc["status"] == "completed"
+        with httpx.stream("GET", url + "api/runs/done/events", headers=auth) as events:
+            body = "".join(events.iter_text())
+        assert "event: update" in body and "event: end" in body
+        page = httpx.get(url + "runs/wait", headers=auth).text
+        r = httpx.post(url + "runs/wait/approve", headers=auth, data={"csrf": csrf_of(page), "by": "carol"})
+        assert r.status_code == 303
+        wait_for(lambda: open_store(store_url).get_run("wait").status == "pending", 10, "the run queued")
+        assert open_store(store_url).approvals("wait")[0].decided_by == "ui:carol"
+    finally:
+        stop(proc)
+    assert proc.returncode is not None
