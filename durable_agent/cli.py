@@ -50,6 +50,8 @@ def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
                    help="the same tool call allowed N times in a row" + ("" if resume else " (default 3)"))
     g.add_argument("--max-cost", type=float, metavar="AMOUNT",
                    help="spend allowed, at the model's price from the config file's `prices`")
+    g.add_argument("--max-context-tokens", type=int, metavar="N",
+                   help="tokens sent per request, below the model's window: compaction keeps under it")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:

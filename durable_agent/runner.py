@@ -87,7 +87,8 @@ class Runner:
         loaded = journal.load()
         s = self.settings
         state = rebuild(run_id=loaded.run.id, messages=loaded.messages, active_ms=loaded.run.active_ms,
-                        model_tokens=loaded.model_tokens)
+                        model_tokens=loaded.model_tokens, compactions=loaded.compactions,
+                        last_model_output=loaded.last_model_output)
         limits = guard.Limits(s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost)
         return StepContext(journal=journal, state=state, settings=s, model=self.model, tools=self.tools,
                            schemas=[tool_schema(t) for t in self.tools.values()], redactor=self.redactor,
