@@ -172,7 +172,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
               "model": model.name, "request_hash": digest}
     with ctx.journal.step(key, StepKind.COMPACT, intent, turn=s.turn) as step:
         earlier = step.attempts - 1
-        ctx.observer.step(StepEvent(step.seq, s.turn, "compact", "summarize", attempts=step.attempts))
+        ctx.observer.step(StepEvent(step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts))
         try:
             answer, attempts = call_with_retries(lambda: model.complete(request, [], s.turn),
                                                  ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep)
@@ -223,7 +223,7 @@ def _summary_model(ctx: StepContext) -> Any:
 
 
 def _tell(ctx: StepContext, seq: int, what: str, before: int, after: int) -> None:
-    ctx.observer.step(StepEvent(seq, ctx.state.turn, "compact", "compact", state="completed",
+    ctx.observer.step(StepEvent(seq, ctx.state.turn, "compact", "context", state="completed",
                                 detail=f"{what}: {before:,} → {after:,} tokens"))
 
 
