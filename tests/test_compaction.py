@@ -24,7 +24,7 @@ from provider_support import MODEL, Endpoint
 from scale_helpers import wait_for
 
 WINDOW = 16_000
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 
 
 def read_script(turns: int) -> list[dict[str, Any]]:
