@@ -208,3 +208,24 @@ def test_read_output_returns_an_elided_result(windowed: Endpoint, sql: Callable[
     assert last[-1]["role"] == "tool" and last[-1]["content"].startswith("file 0\n")
     stubs = [m["content"] for m in last if m["role"] == "tool" and "elided" in m["content"]]
     assert stubs and all('call read_output("call_' in s for s in stubs)
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_compact_by_hand_then_resume_sends_the_smaller_request(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    first = windowed.start("--json", "--max-steps", "6", "--run-id", "byhand")
+    assert first.code == 3, first.stderr  # budget_exceeded: a stopped run
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'compact'") == [(0,)]  # under the threshold so far
+    before = turn_requests(windowed.server)[-1]["prompt_tokens"]
+    done = windowed.cli("compact", "byhand", extra_env=windowed.cli_env())
+    assert done.code == 0, done.stderr
+    assert "context compacted" in done.stdout and "durable-agent resume byhand" in done.stdout
+    assert [o["stage"] for _, o in outputs(sql, "compact")] == ["elide", "summarize"]
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1
+    assert sql("SELECT status, stop_reason FROM runs") == [("budget_exceeded", "max_steps")]  # as it was
+    again = windowed.resume("byhand", "--json", "--max-steps", "20")
+    assert again.code == 0, again.stderr
+    resumed = turn_requests(windowed.server)[6]
+    assert resumed["turn"] == 6 and resumed["prompt_tokens"] < before
+    assert resumed["body"]["messages"][2]["content"].startswith("[Summary of the earlier conversation")
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1  # not paid again

@@ -333,7 +333,7 @@ class Journal:
         self.commit([(update(approvals).where(approvals.c.id == approval_id).values(
             decision="approved", decided_by=by, decided_at=utcnow()), {})])
 
-    def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
+    def finish_run(self, *, status: str, stop_reason: str | None, answer: str | None, error: str | None,
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         answer, error = storable((answer, error))
