@@ -15,7 +15,9 @@ tokenizes differently (or counts the JSON around the text) is followed after one
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +34,7 @@ BUILT_IN_WINDOWS: tuple[tuple[str, int], ...] = (
     ("llama3", 131_072), ("llama-3", 131_072), ("deepseek", 65_536), ("mistral", 32_768),
     ("codestral", 256_000),
 )
+TIKTOKEN_LOAD_S = 5.0
 CALIBRATION_RANGE = (0.5, 4.0)  # a provider count far outside this is not a tokenizer difference
 
 
@@ -66,10 +69,22 @@ def _tiktoken_counter(model: str) -> Callable[[str], int] | None:
         return None
     try:
         import tiktoken  # optional extra `tokens`
-
-        encoding = tiktoken.encoding_for_model(bare)
-    except Exception:  # not installed, an unknown name, or its encoding file cannot be fetched
+    except ImportError:
         return None
+    found: list[Any] = []
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # an unknown name, or no encoding file to be had
+            found.append(tiktoken.encoding_for_model(bare))
+
+    # The first use downloads the encoding file (without a timeout): a budget check must not
+    # hang on a network that is not there, so it waits a few seconds, then estimates.
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(TIKTOKEN_LOAD_S)
+    if not found:
+        return None
+    encoding = found[0]
     return lambda text: len(encoding.encode(text, disallowed_special=()))
 
 
