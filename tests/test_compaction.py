@@ -229,3 +229,29 @@ def test_compact_by_hand_then_resume_sends_the_smaller_request(
     assert resumed["turn"] == 6 and resumed["prompt_tokens"] < before
     assert resumed["body"]["messages"][2]["content"].startswith("[Summary of the earlier conversation")
     assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1  # not paid again
+
+
+@pytest.mark.parametrize("windowed", [40], indirect=True)
+def test_a_compacted_run_stops_and_resumes_on_both_stores(windowed: Endpoint, store_url: str) -> None:
+    """Stopped by a budget between compactions, resumed: replay rebuilds the compacted request
+    from the recorded boundaries, on SQLite and PostgreSQL alike."""
+    window = 6000
+    windowed.server.window = window
+    windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
+    windowed.env["DURABLE_AGENT_DB"] = store_url
+    first = windowed.start("--json", "--max-steps", "25", "--run-id", "both")
+    assert first.code == 3, first.stderr
+    done = windowed.resume("both", "--json", "--max-steps", "100")
+    assert done.code == 0, done.stderr
+    shown = json.loads(windowed.cli("show", "both", "--json").stdout)
+    compacts = [s for s in shown["steps"] if s["kind"] == "compact"]
+    summaries = [s for s in compacts if (s["output"] or {}).get("stage") == "summarize"]
+    bodies = summary_bodies(windowed.server)
+    assert summaries and len(bodies) == len(set(bodies)) == len(summaries)  # each paid once
+    turns = turn_requests(windowed.server)
+    assert [r["turn"] for r in turns] == list(range(41))  # every turn asked once: no refusal, no repeat
+    assert max(r["prompt_tokens"] for r in windowed.server.requests) <= window
+    compacted_at = {s["turn"] for s in compacts}
+    for before, after in zip(turns, turns[1:], strict=False):  # across the resume too
+        if after["turn"] not in compacted_at:
+            assert after["hashes"][: len(before["hashes"])] == before["hashes"], f"turn {after['turn']}"
