@@ -62,6 +62,7 @@ def turn_requests(server: FakeOpenAI) -> list[dict[str, Any]]:
     return [r for r in server.requests if r["kind"] == "turn"]
 
 
+@pytest.mark.slow
 def test_150_reads_of_6kb_in_a_16k_window_complete_without_passing_it(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     result = windowed.start("--json", "--max-steps", "200", task="read every file")
@@ -85,19 +86,15 @@ def test_150_reads_of_6kb_in_a_16k_window_complete_without_passing_it(
     assert all(e["tokens_after"] < e["tokens_before"] for e in compacted)
     shown = windowed.cli("show", out["run_id"]).stdout
     assert "context summarize:" in shown and " → " in shown
+    # Prefix: between compactions every request's messages extend the previous request's exactly.
+    assert_each_request_extends_the_last(turn_requests(windowed.server), {t for t, _ in compacts}, 151)
 
 
-def test_between_compactions_each_request_extends_the_previous_one_exactly(
-        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
-    result = windowed.start("--json", "--max-steps", "200")
-    assert result.code == 0, result.stderr
-    compacted_at = {t for t, _ in outputs(sql, "compact")}
-    turns = turn_requests(windowed.server)
-    assert [r["turn"] for r in turns] == list(range(151))
+def assert_each_request_extends_the_last(turns: list[dict[str, Any]], compacted_at: set[int], count: int) -> None:
+    assert [r["turn"] for r in turns] == list(range(count))
     extended = 0
     for before, after in zip(turns, turns[1:], strict=False):
-        head = after["hashes"][:2]
-        assert head == before["hashes"][:2]  # the system prompt and the task, always verbatim
+        assert after["hashes"][:2] == before["hashes"][:2]  # the system prompt and the task, always verbatim
         if after["turn"] in compacted_at:
             assert after["hashes"][: len(before["hashes"])] != before["hashes"]  # it did change
             continue
@@ -105,6 +102,18 @@ def test_between_compactions_each_request_extends_the_previous_one_exactly(
         assert len(after["hashes"]) == len(before["hashes"]) + 2  # the call and its result
         extended += 1
     assert 0 < len(compacted_at) < extended  # compaction is rare, not a little every turn
+
+
+@pytest.mark.parametrize("windowed", [30], indirect=True)
+def test_between_compactions_each_request_extends_the_previous_one_exactly(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.server.window = 8000
+    windowed.configure(keep_recent_outputs=2, models={MODEL: {"context_window": 8000}})
+    result = windowed.start("--json", "--max-steps", "100")
+    assert result.code == 0, result.stderr
+    compacts = outputs(sql, "compact")
+    assert {o["stage"] for _, o in compacts} == {"elide", "summarize"}
+    assert_each_request_extends_the_last(turn_requests(windowed.server), {t for t, _ in compacts}, 31)
 
 
 def _resume_popen(api: Endpoint, run_id: str) -> subprocess.Popen[str]:
@@ -129,6 +138,7 @@ def summary_bodies(server: FakeOpenAI) -> list[str]:
     return [json.dumps(r["body"]["messages"]) for r in server.requests if r["kind"] == "summary"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [40], indirect=True)
 def test_kill_during_the_summary_call_pays_it_again_once_and_after_it_never(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
@@ -231,6 +241,7 @@ def test_compact_by_hand_then_resume_sends_the_smaller_request(
     assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1  # not paid again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [40], indirect=True)
 def test_a_compacted_run_stops_and_resumes_on_both_stores(windowed: Endpoint, store_url: str) -> None:
     """Stopped by a budget between compactions, resumed: replay rebuilds the compacted request
