@@ -206,9 +206,15 @@ class _LocalSummary:
                          f"{turn}; their tool calls: {', '.join(calls) or 'none'}.", usage=Usage(0, 0))
 
 
+def scripted(model: Any) -> bool:
+    """A scripted model (`scripted:PATH`, `demo`): its turns are a script, its token counts made up."""
+    name = str(getattr(model, "name", ""))
+    return name == "demo" or name.startswith("scripted:")
+
+
 def _summary_model(ctx: StepContext) -> Any:
     """The model that writes summaries: `compact_model` on the same endpoint, or the run's."""
-    if ctx.model.name == "demo" or ctx.model.name.startswith("scripted:"):
+    if scripted(ctx.model):
         return _LocalSummary()
     name = ctx.settings.compact_model
     if not name or name == ctx.model.name:

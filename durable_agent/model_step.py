@@ -101,7 +101,7 @@ def _model_step(ctx: StepContext) -> None:
         usage = turn_out.usage
         if not usage.reported:
             usage = estimate_usage(sent, ctx.schemas, turn_out)
-        else:  # the provider's count of this request calibrates the next (context_budget.py)
+        elif not compaction.scripted(ctx.model):  # the provider's count of this request calibrates the next
             s.calibration = calibrate(counted, usage.prompt_tokens)
         nudge = _nudge([*s.messages, *lead], message, turn_out.finish_reason)
         s.step_count += 1
@@ -116,8 +116,9 @@ def _model_step(ctx: StepContext) -> None:
             s.append(written[-1])
         step.attempts = earlier + attempts
         output: dict[str, Any] = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
-                                  "usage": replace(turn_out, usage=usage).to_dict()["usage"],
-                                  "context": {"counted": counted}}
+                                  "usage": replace(turn_out, usage=usage).to_dict()["usage"]}
+        if not compaction.scripted(ctx.model):  # a script's counts are made up: nothing to calibrate
+            output["context"] = {"counted": counted}
         if turn_out.finish_reason is not None:
             output["finish_reason"] = turn_out.finish_reason
         if nudge is not None:

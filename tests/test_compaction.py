@@ -266,3 +266,18 @@ def test_a_compacted_run_stops_and_resumes_on_both_stores(windowed: Endpoint, st
     for before, after in zip(turns, turns[1:], strict=False):  # across the resume too
         if after["turn"] not in compacted_at:
             assert after["hashes"][: len(before["hashes"])] == before["hashes"], f"turn {after['turn']}"
+
+
+def test_a_scripted_run_compacts_with_a_local_summary_that_takes_no_script_turn(
+        cli: Callable[..., Any], write_script: Callable[..., str], workspace: Path,
+        sql: Callable[..., list[Any]]) -> None:
+    write_files(workspace, 20, size=2000)
+    model = write_script(read_script(20))
+    result = cli("start", "read", "--model", model, "--max-context-tokens", "4000", "--json")
+    assert result.code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert (out["answer"], out["steps"]) == ("read them all", 21)  # every script turn, in order
+    stages = [o["stage"] for _, o in outputs(sql, "compact")]
+    assert "elide" in stages and "summarize" in stages
+    summary = next(o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize")
+    assert summary.startswith("Task: as given.") and "call_" in summary
