@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,3 +66,23 @@ def test_a_tool_call_and_its_results_are_never_split(calls_per_turn: list[int], 
     live.apply({"elided": elided}, messages)
     live.apply({"start": cut, "summary": "S"}, messages)
     assert live.request(messages) == request
+
+
+def test_openai_models_are_counted_with_tiktoken_when_it_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from durable_agent import context_budget
+
+    class Encoding:
+        def encode(self, text: str, disallowed_special: tuple[str, ...] = ()) -> list[int]:
+            return [0] * len(text.split())  # one token per word: unlike the estimate
+
+    fake = types.ModuleType("tiktoken")
+    fake.encoding_for_model = lambda name: Encoding()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tiktoken", fake)
+    monkeypatch.setattr(context_budget, "_COUNTERS", {})
+    text = "a few words of text " * 10
+    assert context_budget.text_counter("gpt-4o-mini")(text) == 50
+    assert context_budget.text_counter("qwen2.5-coder")(text) == (len(text) + 3) // 4  # the estimate
+    fake.encoding_for_model = lambda name: (_ for _ in ()).throw(KeyError(name))  # type: ignore[attr-defined]
+    assert context_budget.text_counter("gpt-unknown")(text) == (len(text) + 3) // 4
