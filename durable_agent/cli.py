@@ -50,6 +50,8 @@ def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
                    help="the same tool call allowed N times in a row" + ("" if resume else " (default 3)"))
     g.add_argument("--max-cost", type=float, metavar="AMOUNT",
                    help="spend allowed, at the model's price from the config file's `prices`")
+    g.add_argument("--max-context-tokens", type=int, metavar="N",
+                   help="tokens sent per request, below the model's window: compaction keeps under it")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -146,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
 
     p.set_defaults(func=_command("cmd_approve"))
+    p = sub.add_parser("compact", help="compact a stopped run's context by hand (then resume)",
+                       description="Elide older tool outputs and summarize older turns of a stopped run, as "
+                                   "durable `compact` steps, so its next request is small; then `resume` it.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _add_db(p)
+    _add_model(p)
+    p.add_argument("--max-context-tokens", type=int, metavar="N", help="tokens per request to compact for")
+    p.set_defaults(func=_command("cmd_compact"))
+
     p = sub.add_parser("export", help="the run as a JSONL transcript on stdout",
                        description="The run as JSON lines, one event each, in order: run_started, "
                                    "model_completed, tool_started, tool_completed, approval_requested, "

@@ -240,6 +240,25 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     return 0
 
 
+def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.manual_compaction import compact_run
+    from durable_agent.wiring import build_runner
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    run = store.get_run(run_id)
+    flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "max_context_tokens"))
+    settings = load_settings(flags, env, base=recorded_settings(run.settings))
+    done = compact_run(build_runner(settings, env=env, store=store), run_id)
+    if not done.steps:
+        print(f"run {run_id}: nothing to compact (~{done.before:,} tokens per request)")
+    else:
+        print(f"run {run_id}: context compacted in {done.steps} step(s): ~{done.before:,} → ~{done.after:,} "
+              f"tokens per request")
+    print(f"continue with: durable-agent resume {run_id}")
+    return 0
+
+
 def cmd_export(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.transcript import events
 

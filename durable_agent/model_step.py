@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from durable_agent import guard
+from durable_agent import compaction, guard
+from durable_agent.context_budget import calibrate, count_request
 from durable_agent.errors import LoopExit
 from durable_agent.messages import Message, ModelTurn, ToolCall
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
+from durable_agent.replay import RunState
 from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.store.rows import utcnow
@@ -27,16 +29,49 @@ EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task
 
 
 def model_step(ctx: StepContext) -> None:
+    """One model call; a provider's `context_length` refusal gets one forced compaction and
+    one retry (a new step: the request changed), then the run fails saying what was tried."""
+    from durable_agent.models.retry import ModelCallError
+
+    try:
+        _model_step(ctx)
+    except ModelCallError as exc:
+        if exc.failure.reason != "context_length":
+            raise
+        s = ctx.state
+        lead = _lead(s)
+        if not compaction.compact(ctx, lead, compaction.count(ctx, [*s.request(), *lead]), forced=True):
+            raise compaction.cannot_fit(ctx, str(exc)) from None
+        try:
+            _model_step(ctx)
+        except ModelCallError as again:
+            if again.failure.reason != "context_length":
+                raise
+            raise compaction.cannot_fit(ctx, str(again)) from None
+
+
+def _lead(s: RunState) -> list[Message]:
+    return [Message("user", EMPTY_NUDGE)] if empty_answer(s.messages[-1] if s.messages else None) else []
+
+
+def _model_step(ctx: StepContext) -> None:
     s = ctx.state
     # A trailing empty answer without a nudge is the second in a row, which ended a session
     # (`empty_answer`): a resume nudges once more, in the same transaction as this call's
     # answer, so the run stays resumable (with another --model, say) and nothing is re-paid.
-    lead = [Message("user", EMPTY_NUDGE)] if empty_answer(s.messages[-1] if s.messages else None) else []
+    lead = _lead(s)
     _check_budgets(ctx)
+    compaction.before_model_call(ctx, lead)
     turn = s.turn
     key = f"model:{turn}:{s.history.digest[:32]}"
-    request = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
-               "model": ctx.model.name}
+    sent = [*s.request(), *lead]
+    counted = count_request(sent, ctx.schemas, ctx.model.name)
+    request: dict[str, Any] = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
+                               "model": ctx.model.name}
+    if s.view.compactions:
+        request["sent_messages"] = len(sent)
+        if s.view.turn == turn:  # a call refused before this turn's compaction is not this one
+            ctx.journal.forget_failed(StepKind.MODEL, turn)
     obs = ctx.observer
     with ctx.journal.step(key, StepKind.MODEL, request, turn=turn) as step:
         earlier = step.attempts - 1  # attempts of sessions before this one
@@ -52,7 +87,7 @@ def model_step(ctx: StepContext) -> None:
 
         try:
             answer, attempts = call_with_retries(
-                lambda: ctx.model.complete([*s.messages, *lead], ctx.schemas, turn),
+                lambda: ctx.model.complete(sent, ctx.schemas, turn),
                 ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep, on_attempt=on_attempt)
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
@@ -65,7 +100,9 @@ def model_step(ctx: StepContext) -> None:
                           tool_calls=calls)
         usage = turn_out.usage
         if not usage.reported:
-            usage = estimate_usage([*s.messages, *lead], ctx.schemas, turn_out)
+            usage = estimate_usage(sent, ctx.schemas, turn_out)
+        elif not compaction.scripted(ctx.model):  # the provider's count of this request calibrates the next
+            s.calibration = calibrate(counted, usage.prompt_tokens)
         nudge = _nudge([*s.messages, *lead], message, turn_out.finish_reason)
         s.step_count += 1
         s.prompt_tokens += usage.prompt_tokens
@@ -80,6 +117,8 @@ def model_step(ctx: StepContext) -> None:
         step.attempts = earlier + attempts
         output: dict[str, Any] = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
                                   "usage": replace(turn_out, usage=usage).to_dict()["usage"]}
+        if not compaction.scripted(ctx.model):  # a script's counts are made up: nothing to calibrate
+            output["context"] = {"counted": counted}
         if turn_out.finish_reason is not None:
             output["finish_reason"] = turn_out.finish_reason
         if nudge is not None:

@@ -100,6 +100,8 @@ class Timeline(Observer):
             text = f"model {short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
         elif e.kind == "verify":
             text = f"verifying `{short(e.name, 50)}`"
+        elif e.kind == "compact":
+            text = "compacting the context (summary)"
         else:
             text = f"{e.name} {short(e.detail, 50)}".strip() + " running"
         return text
@@ -290,7 +292,7 @@ def _executing(run: RunRecord) -> bool:
 
 
 def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool) -> None:
-    p(f"{'#':>4}  {'KIND':<6} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
+    p(f"{'#':>4}  {'KIND':<7} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
     epoch = steps[0].lease_epoch
     for s in steps:
         if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
@@ -300,7 +302,7 @@ def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None
         state = s.state
         if state == "started" and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
-        p(f"{s.seq + 1:>4}  {s.kind:<6} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+        p(f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
           f"{step_what(run, s)}")
         if s.error:
             p(f"{'':>4}  error: {short(s.error, 110)}")
@@ -317,6 +319,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         if out.get("content"):
             return call + "→ answer: " + short(out["content"], 60)
         return call + str(run.model)
+    if s.kind == "compact":
+        out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
+        before, after = out.get("tokens_before"), out.get("tokens_after")
+        sizes = f": {before:,} → {after:,} tokens" if isinstance(before, int) and isinstance(after, int) else ""
+        return f"context {stage}{sizes}"
     if s.kind == "verify":
         command = s.input.get("command") if isinstance(s.input, dict) else None
         return f"verify `{short(command, 60)}`"

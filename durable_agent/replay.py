@@ -8,8 +8,12 @@ is open, the next seq — are the Journal's.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from durable_agent.context_budget import calibrate
+from durable_agent.context_view import ContextView, request_hash
 from durable_agent.messages import HistoryHash, Message, ToolCall
 from durable_agent.store.storable import storable
 
@@ -18,7 +22,7 @@ from durable_agent.store.storable import storable
 class RunState:
     run_id: str
     messages: list[Message]
-    history: HistoryHash
+    history: HistoryHash  # of the request messages (the view below), kept as messages come
     step_count: int
     tool_call_count: int
     prompt_tokens: int
@@ -27,6 +31,17 @@ class RunState:
     last_fingerprint: str | None = None
     repeat_streak: int = 0
     used_call_ids: set[str] = field(default_factory=set)
+    view: ContextView = field(default_factory=ContextView)
+    calibration: float = 1.0  # provider's prompt tokens / the harness's count, at the last call
+
+    def request(self) -> list[Message]:
+        """The messages the next model call sends (the history, as compacted)."""
+        return self.view.request(self.messages) if self.view.compactions else list(self.messages)
+
+    def compacted(self, output: dict[str, Any]) -> None:
+        """A compaction's boundary took effect: the request (and its hash) start over from it."""
+        self.view.apply(output, self.messages)
+        self.history = request_hash(self.request())
 
     @property
     def turn(self) -> int:
@@ -78,7 +93,8 @@ def storable_message(m: Message) -> Message:
     return Message(m.role, storable(m.content), tool_calls=calls, tool_call_id=storable(m.tool_call_id))
 
 
-def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_tokens: tuple[int, int]) -> RunState:
+def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_tokens: tuple[int, int],
+            compactions: Sequence[Any] = (), last_model_output: Any = None) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
     written from memory after a failed commit must not make a run unresumable."""
@@ -97,4 +113,23 @@ def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_token
                 if call.id in answered:
                     state.note_tool_call(call)
     state.tool_call_count = len(answered)
+    for output in compactions:
+        if isinstance(output, dict):
+            state.view.apply(output, state.messages)
+    if state.view.compactions:
+        state.history = request_hash(state.request())
+    state.calibration = calibration_of(last_model_output)
     return state
+
+
+def calibration_of(model_output: Any) -> float:
+    """The calibration a model step's output implies: reported prompt tokens / our count."""
+    if not isinstance(model_output, dict):
+        return 1.0
+    usage, context = model_output.get("usage"), model_output.get("context")
+    if not isinstance(usage, dict) or not isinstance(context, dict) or usage.get("estimated"):
+        return 1.0
+    counted, reported = context.get("counted"), usage.get("prompt_tokens")
+    if not isinstance(counted, int) or not isinstance(reported, int):
+        return 1.0
+    return calibrate(counted, reported)

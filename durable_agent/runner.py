@@ -83,11 +83,13 @@ class Runner:
         finally:
             journal.close()
 
-    def _context(self, journal: Journal, session_start: float) -> StepContext:
+    def context(self, journal: Journal, session_start: float) -> StepContext:
+        """The run as rebuilt from its rows, ready for steps (also `durable-agent compact`)."""
         loaded = journal.load()
         s = self.settings
         state = rebuild(run_id=loaded.run.id, messages=loaded.messages, active_ms=loaded.run.active_ms,
-                        model_tokens=loaded.model_tokens)
+                        model_tokens=loaded.model_tokens, compactions=loaded.compactions,
+                        last_model_output=loaded.last_model_output)
         limits = guard.Limits(s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost)
         return StepContext(journal=journal, state=state, settings=s, model=self.model, tools=self.tools,
                            schemas=[tool_schema(t) for t in self.tools.values()], redactor=self.redactor,
@@ -97,7 +99,7 @@ class Runner:
 
     def _drive(self, journal: Journal) -> Outcome:
         start = time.monotonic()
-        ctx = self._context(journal, start)
+        ctx = self.context(journal, start)
         self.observer.run_started(ctx.state.run_id, resumed=ctx.resumed or ctx.state.step_count > 0,
                                   steps_done=ctx.state.step_count)
         try:
@@ -125,13 +127,13 @@ class Runner:
         except KeyboardInterrupt:
             # "Stop now" can land between a change of the in-memory state and its commit:
             # end the run with what the database holds, not with what was in flight.
-            return finish(self._context(journal, start), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
+            return finish(self.context(journal, start), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
         except (errors.LeaseLost, RunReleased, errors.StoreError):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,
             # with the reason, instead of staying `running` with a traceback.
-            return finish(self._context(journal, start), StopReason.TOOL_ERROR,
+            return finish(self.context(journal, start), StopReason.TOOL_ERROR,
                            error=f"unexpected {type(exc).__name__}: {exc}")
 
     def _check_cancel(self, ctx: StepContext) -> None:

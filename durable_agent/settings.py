@@ -44,6 +44,15 @@ class ModelPrice(BaseModel):
         return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6
 
 
+class ModelInfo(BaseModel):
+    """What the harness knows of one model beyond its price (`[models."NAME"]` in the config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context_window: int | None = Field(None, ge=256)
+    """Tokens the model accepts per request (prompt + answer); the built-in table when unset."""
+
+
 class Settings(BaseModel):
     """Everything a run can be configured with. Each field documents itself."""
 
@@ -129,6 +138,17 @@ class Settings(BaseModel):
     """Spend allowed in the run, in the currency of `prices` (needs a price for the model)."""
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
     """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}}."""
+    models: dict[str, ModelInfo] = Field(default_factory=dict)
+    """Per-model facts, e.g. [models."gpt-4.1-mini"] context_window = 1047576 (the built-in table
+    of well-known families, then a conservative 32768 tokens, when a model is not listed)."""
+    compact_at: float = Field(0.8, gt=0, le=1)
+    """Compact the context before a model call whose request would pass this fraction of the window."""
+    keep_recent_outputs: int = Field(4, ge=0)
+    """Tool results kept verbatim when older ones are elided (replaced by a read_output stub)."""
+    compact_model: str | None = None
+    """Model that writes compaction summaries (same endpoint); the run's model when unset."""
+    max_context_tokens: int | None = Field(None, ge=256)
+    """Cap on the tokens sent per request, below the model's window (compaction keeps under it)."""
     tool_protocol: Literal["native", "text"] = "native"
     """native function calling, or TOOL_CALL lines in text for models without it."""
     temperature: float | None = None
@@ -188,7 +208,7 @@ def mask_url_password(url: str) -> str:
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
 BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats",
-                 "max_cost")
+                 "max_cost", "max_context_tokens")
 
 ENV_VARS = {
     "OPENAI_API_KEY": "api_key",

@@ -34,6 +34,7 @@ class StepKind(StrEnum):
     MODEL = "model"
     TOOL = "tool"
     VERIFY = "verify"
+    COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
 
 
 class EffectClass(StrEnum):

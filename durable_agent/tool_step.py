@@ -196,7 +196,16 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
                        output_cap=ctx.settings.output_cap, env=ctx.env,
                        command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
                        on_process_start=on_start,
-                       sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env))
+                       sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env),
+                       stored_output=lambda call_id: _stored_output(ctx, call_id))
+
+
+def _stored_output(ctx: StepContext, call_id: str) -> str | None:
+    """The result recorded for `call_id` (as stored: what the model saw before any elision)."""
+    for m in reversed(ctx.state.messages):
+        if m.role == "tool" and m.tool_call_id == call_id:
+            return m.content or ""
+    return None
 
 
 def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None) -> ToolResult:

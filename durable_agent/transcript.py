@@ -9,6 +9,8 @@ are derived; exporting the same run twice gives the same lines.
                         usage (a failed one has state "failed" and error)
     tool_started        a tool or verify step's intent: arguments          started_at
     tool_completed      its outcome: the result (truncated), error, data   finished_at
+    context_compacted   a compact step with an outcome: stage (elide or     finished_at
+                        summarize), tokens before → after, the boundary
     approval_requested  an approvals row, with its decision if made        requested_at
     run_resumed         a new lease epoch (a resume) began                 its first event
     run_finished        the run's end, when it has one                     finished_at
@@ -36,7 +38,7 @@ from durable_agent.store.runs import Store
 from durable_agent.store.storable import storable
 
 EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
-               "approval_requested", "run_resumed", "run_finished")
+               "context_compacted", "approval_requested", "run_resumed", "run_finished")
 
 RESULT_CAP = 2000  # characters of a tool result kept in a transcript line
 ENDED = {"completed", "failed", "budget_exceeded", "cancelled", "blocked"}
@@ -95,6 +97,10 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
                         "state": s.state, "model": as_dict(s.input).get("model", run.model),
                         **_model_payload(s), "duration_ms": s.duration_ms, "error": s.error})
             continue
+        if s.kind == "compact":
+            if s.finished_at is not None:
+                out.append(_compact_event(s, common))
+            continue
         tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
         out.append({"type": "tool_started", "at": iso_utc(s.started_at), **common, **tool,
                     "effect": s.effect, "arguments": _arguments(s)})
@@ -127,6 +133,18 @@ def _model_payload(step: StepRecord) -> dict[str, Any]:
     calls = [{**c, "arguments": _maybe_json(c["arguments"])} for c in recorded_calls(output.get("tool_calls"))]
     usage = output.get("usage") or {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
     return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
+
+
+def _compact_event(step: StepRecord, common: dict[str, Any]) -> dict[str, Any]:
+    out = as_dict(step.output)
+    elided = out.get("elided")
+    return {"type": "context_compacted", "at": iso_utc(step.finished_at), **common, "state": step.state,
+            "stage": out.get("stage") or as_dict(step.input).get("stage"),
+            "tokens_before": out.get("tokens_before"), "tokens_after": out.get("tokens_after"),
+            "elided": elided if isinstance(elided, list) else [], "summary_start": out.get("start"),
+            "summary": out.get("summary"), "usage": {"prompt_tokens": step.prompt_tokens,
+                                                     "completion_tokens": step.completion_tokens},
+            "duration_ms": step.duration_ms, "error": step.error}
 
 
 def _arguments(step: StepRecord) -> Any:

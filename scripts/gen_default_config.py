@@ -38,8 +38,9 @@ def render() -> str:
         doc = [f"# {line}".rstrip() for line in (field.description or "").splitlines()]
         default = field.get_default(call_default_factory=True)
         if isinstance(default, dict):  # TOML tables must follow the plain keys
-            tables += [*doc, f'# [{name}."gpt-4.1-mini"]', "# input_per_mtok = 0.40",
-                       "# output_per_mtok = 1.60", ""]
+            example = (["# context_window = 1047576"] if name == "models"
+                       else ["# input_per_mtok = 0.40", "# output_per_mtok = 1.60"])
+            tables += [*doc, f'# [{name}."gpt-4.1-mini"]', *example, ""]
             continue
         out += doc
         out.append(f"# {name} = {EXAMPLES.get(name, '...')}" if default is None

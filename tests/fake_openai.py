@@ -27,6 +27,15 @@ The turn is decided FROM THE REQUEST: turn = the number of assistant messages al
 `messages` (0-based, so turn i is script[i]). A resumed client therefore gets the same
 turn. Tool-call ids are `call_<turn>_<i>`. Past the end: content "script exhausted".
 Usage: prompt_tokens = len(json.dumps(messages)) // 4, completion_tokens = 5.
+Turns survive compaction: tool-call ids carry their turn, so turn = max(the number of
+assistant messages, 1 + the highest T of an assistant's `call_T_i`).
+
+Window. `window=N` (`--window N`) enforces a context window: a request whose prompt_tokens
+(counted as above) pass N gets HTTP 400 with code `context_length_exceeded`, as OpenAI sends.
+
+Summaries. A request whose first message starts with "Summarize the conversation" (the
+harness's compaction prompt) is answered with a summary text, not a script turn; its log
+entry has `"kind": "summary"` (else "turn") and the fault selector `"kind"` picks it.
 
 Faults. A list of dicts, each used at most `times` times (default 1). A request takes the
 first fault, in list order, whose selectors all match; a fault without selectors matches
@@ -52,16 +61,19 @@ Actions, combinable in this order:
     {"no_usage": true}                          the normal answer without a `usage` field
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
-file, flushed per line) as `{"request", "turn", "attempt", "path", "query", "headers" (lower-case
-names, Authorization included), "body", "fault"}`.
+file, flushed per line) as `{"request", "turn", "attempt", "kind", "path", "query", "headers"
+(lower-case names, Authorization included), "body", "fault", "prompt_tokens", "hashes"}`;
+`hashes` has one sha256 (of the message's canonical JSON) per message, for prefix checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,7 +87,29 @@ from pathlib import Path
 from typing import Any
 
 Json = dict[str, Any]
-_SELECTORS = ("request", "turn", "attempt")
+_SELECTORS = ("request", "turn", "attempt", "kind")
+SUMMARY_MARK = "Summarize the conversation"
+_CALL_TURN = re.compile(r"^call_(\d+)_\d+$")
+
+
+def prompt_tokens(messages: list[Json]) -> int:
+    """The server's count of a request: the documented rule, JSON length // 4."""
+    return len(json.dumps(messages)) // 4
+
+
+def message_hash(message: Json) -> str:
+    return hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def request_turn(messages: list[Json]) -> int:
+    assistants = [m for m in messages if m.get("role") == "assistant"]
+    turns = [int(found.group(1)) + 1 for m in assistants for c in m.get("tool_calls") or []
+             if (found := _CALL_TURN.match(str(c.get("id"))))]
+    return max([len(assistants), *turns])
+
+
+def is_summary(messages: list[Json]) -> bool:
+    return bool(messages) and str(messages[0].get("content") or "").startswith(SUMMARY_MARK)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -100,8 +134,10 @@ class FakeOpenAI:
         log_path: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        window: int | None = None,
     ) -> None:
         self.script: list[Json] = list(script or [])
+        self.window = window
         self.requests: list[Json] = []
         self._faults: list[Json] = []
         self._lock = threading.Lock()
@@ -151,15 +187,20 @@ class FakeOpenAI:
     # --- used by the handler ---------------------------------------------------------------
 
     def _record(self, path: str, headers: dict[str, str], body: Json, query: str = "") -> Json:
-        turn = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        messages = body.get("messages") or []
+        kind = "summary" if is_summary(messages) else "turn"
+        turn = request_turn(messages) if kind == "turn" else -1
         with self._lock:
             number = len(self.requests) + 1
             attempt = 1 + sum(1 for r in self.requests if r["turn"] == turn)
-            fault = self._take_fault({"request": number, "turn": turn, "attempt": attempt})
+            fault = self._take_fault({"request": number, "turn": turn, "attempt": attempt, "kind": kind})
             entry = {
                 "request": number,
                 "turn": turn,
                 "attempt": attempt,
+                "kind": kind,
+                "prompt_tokens": prompt_tokens(messages),
+                "hashes": [message_hash(m) for m in messages],
                 "path": path,
                 "query": query,
                 "headers": headers,
@@ -182,7 +223,13 @@ class FakeOpenAI:
         return None
 
     def _completion(self, turn: int, body: Json) -> Json:
-        step = self.script[turn] if turn < len(self.script) else {"content": "script exhausted"}
+        if turn < 0:  # a summary request
+            text = str((body.get("messages") or [{}])[-1].get("content") or "")
+            calls = sorted(set(re.findall(r"\[(call_\d+_\d+)\]", text)))
+            step: Json = {"content": f"Task: as given. Files read so far: {len(calls)} "
+                                     f"(calls {', '.join(calls[:3])}...). Next steps: go on reading."}
+        else:
+            step = self.script[turn] if turn < len(self.script) else {"content": "script exhausted"}
         tool_calls = [
             {
                 "id": f"call_{turn}_{i}",
@@ -199,7 +246,7 @@ class FakeOpenAI:
         message: Json = {"role": "assistant", "content": step.get("content"), "refusal": None}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        prompt_tokens = len(json.dumps(body.get("messages") or [])) // 4
+        prompt = prompt_tokens(body.get("messages") or [])
         return {
             "id": f"chatcmpl-fake-{turn}-{len(self.requests)}",
             "object": "chat.completion",
@@ -214,9 +261,9 @@ class FakeOpenAI:
                 }
             ],
             "usage": {
-                "prompt_tokens": prompt_tokens,
+                "prompt_tokens": prompt,
                 "completion_tokens": 5,
-                "total_tokens": prompt_tokens + 5,
+                "total_tokens": prompt + 5,
             },
         }
 
@@ -262,6 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
             default = _error_body(status, f"fake error {status}")
             self._send(status, fault.get("body", default), fault.get("headers") or {},
                        content_type=fault.get("content_type"), truncate=fault.get("truncate"))
+            return
+        if fake.window is not None and entry["prompt_tokens"] > fake.window:
+            self._send(400, {"error": {
+                "message": f"This model's maximum context length is {fake.window} tokens. However, your "
+                           f"messages resulted in {entry['prompt_tokens']} tokens.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
             return
         completion = fake._completion(entry["turn"], body)
         if "message" in fault:
@@ -342,6 +395,7 @@ def spawn_fake_openai(
     faults: list[Json] | None = None,
     *,
     timeout: float = 10.0,
+    window: int | None = None,
 ) -> Iterator[FakeOpenAIProcess]:
     """Run the fake in a child process (files go to `workdir`); stops it on exit."""
     work = Path(workdir)
@@ -353,6 +407,8 @@ def spawn_fake_openai(
     port_path.unlink(missing_ok=True)
     args = [sys.executable, __file__, "--port-file", str(port_path), "--script", str(script_path)]
     args += ["--faults", str(faults_path), "--log", str(log_path)]
+    if window is not None:
+        args += ["--window", str(window)]
     proc = subprocess.Popen(args)
     server = FakeOpenAIProcess(proc, "", log_path, work)
     try:
@@ -374,12 +430,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--faults", help="JSON list of faults")
     parser.add_argument("--log", help="append every request to this JSONL file")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--window", type=int, help="answer 400 context_length_exceeded above this many tokens")
     args = parser.parse_args(argv)
 
     def load(path: str | None) -> list[Json]:
         return json.loads(Path(path).read_text(encoding="utf-8")) if path else []
 
-    server = FakeOpenAI(load(args.script), load(args.faults), log_path=args.log, port=args.port)
+    server = FakeOpenAI(load(args.script), load(args.faults), log_path=args.log, port=args.port,
+                        window=args.window)
 
     def on_signal(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, which runs in this thread: call it from another.

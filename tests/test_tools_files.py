@@ -117,7 +117,8 @@ def test_list_and_search(workspace: Path) -> None:
 
 def test_schemas_come_from_the_argument_models() -> None:
     tools = build_tools("allow")
-    assert set(tools) == {"list_files", "read_file", "search_text", "write_file", "edit_file", "run_command"}
+    assert set(tools) == {"list_files", "read_file", "search_text", "write_file", "edit_file", "run_command",
+                          "read_output"}
     assert "run_command" not in build_tools("deny")
     schema = tool_schema(tools["edit_file"])["function"]
     assert schema["name"] == "edit_file"

@@ -8,7 +8,9 @@ the tool schemas, and over the answer (at least 1 token). Estimated counts are m
 
 Not a tokenizer: `tiktoken` would be closer for OpenAI models, but it fetches its encoding
 files over the network on first use, and a budget check must not hang on that; the
-estimate errs on neither side by much for English text and code.
+estimate errs on neither side by much for English text and code. (Compaction's count of a
+request before it is sent, context_budget.py, uses tiktoken when the `tokens` extra is
+installed and its files load within seconds, and calibrates either with the provider.)
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ _FENCE_COUNTERS = Prepared(update(runs).where(*_FENCE_WHERE)
                            **{c: bindparam(f"b_{c}") for c in COUNTERS})
                    .returning(runs.c.cancel_requested))
 _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
+_PAID_KINDS = ("model", "compact")  # steps whose tokens the run paid for (a summary is a model call)
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
@@ -76,7 +77,9 @@ class Loaded:
     messages: list[Message]
     open_steps: list[StepRecord]
     next_seq: int
-    model_tokens: tuple[int, int]  # prompt, completion: summed over completed model steps
+    model_tokens: tuple[int, int]  # prompt, completion: summed over completed model and compact steps
+    compactions: list[Any]  # outputs of the completed `compact` steps, in order (the request's shape)
+    last_model_output: Any  # output of the last completed model step (its usage calibrates counts)
 
 
 class Journal:
@@ -132,6 +135,13 @@ class Journal:
 
     def forget_open(self, key: str) -> None:
         self.open_steps.pop(key, None)
+
+    def forget_failed(self, kind: str, turn: int) -> None:
+        """Recorded failed steps of this kind and turn stop counting as the place's step: a
+        compaction changed the request, so the call that failed is not the one made now."""
+        for key, st in list(self.open_steps.items()):
+            if st.kind == kind and st.turn == turn and st.state == StepState.FAILED:
+                del self.open_steps[key]
 
     def step_failed(self, key: str) -> bool:
         """A step with this key ended failed (in this session or a recorded one)."""
@@ -275,12 +285,18 @@ class Journal:
                 select(steps).where(steps.c.run_id == self.run_id, steps.c.state != StepState.COMPLETED.value))]
             max_seq, prompt, completion = conn.execute(
                 select(func.max(steps.c.seq),
-                       func.sum(steps.c.prompt_tokens).filter(steps.c.kind == "model"),
-                       func.sum(steps.c.completion_tokens).filter(steps.c.kind == "model"))
+                       func.sum(steps.c.prompt_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
+                       func.sum(steps.c.completion_tokens).filter(steps.c.kind.in_(_PAID_KINDS)))
                 .where(steps.c.run_id == self.run_id)).one()
+            done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
+            compactions = [r[0] for r in conn.execute(
+                select(steps.c.output).where(*done, steps.c.kind == "compact").order_by(steps.c.seq))]
+            last_model = conn.execute(select(steps.c.output).where(*done, steps.c.kind == "model")
+                                      .order_by(steps.c.seq.desc()).limit(1)).scalar()
             return Loaded(run=RunRecord.from_row(run), messages=msgs, open_steps=open_steps,
                           next_seq=0 if max_seq is None else max_seq + 1,
-                          model_tokens=(int(prompt or 0), int(completion or 0)))
+                          model_tokens=(int(prompt or 0), int(completion or 0)),
+                          compactions=compactions, last_model_output=last_model)
 
         loaded: Loaded = self._read(query)
         self.next_seq = loaded.next_seq
@@ -326,7 +342,7 @@ class Journal:
         self.commit([(update(approvals).where(approvals.c.id == approval_id).values(
             decision="approved", decided_by=by, decided_at=utcnow()), {})])
 
-    def finish_run(self, *, status: str, stop_reason: str, answer: str | None, error: str | None,
+    def finish_run(self, *, status: str, stop_reason: str | None, answer: str | None, error: str | None,
                    counters: Counters) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         answer, error = storable((answer, error))

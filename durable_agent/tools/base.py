@@ -33,6 +33,8 @@ class ToolContext:
     sandbox: Sandbox | None = None
     """How the run contains commands: an exec tool passes it to `run_process(sandbox=...)`
     (None only under --sandbox off). In-process Python code is not contained by it."""
+    stored_output: Callable[[str], str | None] | None = None
+    """The recorded result of an earlier tool call of this run, by call id (read_output)."""
 
 
 @dataclass(frozen=True)

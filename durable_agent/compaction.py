@@ -1,0 +1,243 @@
+"""Compaction: keep each request under the model's window, as durable steps of kind `compact`.
+
+Checked before every model call (model_step.py). When the next request would pass
+`compact_at` of the budget (context_budget.py), two stages run, each its own step:
+
+- elide: tool results older than the last `keep_recent_outputs` are replaced in the request
+  by a stub naming `read_output(call_id)`; no model call. If the request is then under
+  TARGET of the budget, that is all.
+- summarize: one model call turns the older part of the conversation (from the previous
+  summary up to a cut before an assistant message, so a tool call and its results are
+  never split) into a structured summary; the request becomes system prompt + task +
+  summary + the recent turns verbatim. Key `compact:<turn>:<hash of the summary request>`.
+
+Both are recorded with intent and outcome (store/journal.py): a crash during the summary
+call re-runs only it on resume (the open step's recorded `start` picks the same cut); once
+completed its output holds the boundary, replay (context_view.py) applies it, and no resume
+pays for it again. Compaction happens only at these points, never a little every turn, so
+between two compactions each request extends the previous one byte for byte.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from durable_agent.context_budget import (
+    compact_threshold,
+    count_message,
+    count_request,
+    request_budget,
+    text_counter,
+)
+from durable_agent.context_view import HEAD, stub, tool_names
+from durable_agent.errors import ModelError
+from durable_agent.messages import Message, ModelTurn, Usage, sha256_text
+from durable_agent.observer import StepEvent
+from durable_agent.status import StepKind
+from durable_agent.step_context import StepContext
+
+TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
+KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at least one turn)
+SUMMARY_INPUT = 0.6  # of the budget: the most a summary request may hold
+MESSAGE_CHARS = 4_000  # of one message in the summary request (the rest is cut in the middle)
+SUMMARY_PROMPT = (
+    "Summarize the conversation below for a continuation of the same task by an agent that "
+    "will not see it again. Write a structured summary with these sections: Task; Decisions "
+    "made; Files read or changed (paths, what was learned or done); Current state; Next steps. "
+    "Keep exact names, paths, commands and error messages; say what was tried and failed. "
+    "Tool results can be read again later with read_output(call_id): cite call ids where useful.")
+
+
+def count(ctx: StepContext, request: list[Message]) -> int:
+    """The request's size in the provider's tokens, as well as the harness can tell beforehand."""
+    return int(count_request(request, ctx.schemas, ctx.model.name) * ctx.state.calibration)
+
+
+def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
+    """Compact if the next request would pass the threshold (or finish an interrupted summary)."""
+    s = ctx.state
+    interrupted = [st for st in ctx.journal.open_steps.values()
+                   if st.kind == StepKind.COMPACT and st.turn == s.turn and isinstance(st.input, dict)
+                   and st.input.get("stage") == "summarize" and isinstance(st.input.get("start"), int)]
+    if interrupted:
+        _summarize(ctx, lead, count(ctx, [*s.request(), *lead]), cut=int(interrupted[0].input["start"]))
+        return
+    tokens = count(ctx, [*s.request(), *lead])
+    if tokens > compact_threshold(ctx.settings):
+        compact(ctx, lead, tokens)
+
+
+def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool = False) -> bool:
+    """Elide, then summarize if still over TARGET (always, when `forced` by the provider).
+    Returns whether the request changed."""
+    budget = request_budget(ctx.settings)
+    changed = False
+    elided = _elidable(ctx)
+    if elided:
+        tokens = _elide(ctx, lead, tokens, elided)
+        changed = True
+        if tokens <= budget * TARGET and not forced:
+            return True
+    cut = _cut(ctx, budget)
+    if cut is None:
+        return changed
+    _summarize(ctx, lead, tokens, cut=cut)
+    return True
+
+
+def _elidable(ctx: StepContext) -> list[int]:
+    """Seqs of tool results still sent verbatim, but the most recent `keep_recent_outputs`."""
+    s = ctx.state
+    view = s.view
+    shown = [i for i in range(max(view.start, HEAD), len(s.messages))
+             if s.messages[i].role == "tool" and i not in view.elided]
+    keep = ctx.settings.keep_recent_outputs
+    return shown[:-keep] if keep else shown
+
+
+def _elide(ctx: StepContext, lead: list[Message], before: int, seqs: list[int]) -> int:
+    s = ctx.state
+    names = tool_names(s.messages)
+    request = s.view.request(s.messages)  # what it would be after: stubs for `seqs` too
+    after = count(ctx, [*_with_stubs(ctx, request, seqs, names), *lead])
+    key = f"compact:{s.turn}:elide"  # at most one per turn: afterwards only the recent K are left
+    output: dict[str, Any] = {"stage": "elide", "turn": s.turn, "elided": seqs,
+                              "tokens_before": before, "tokens_after": after}
+    with ctx.journal.step(key, StepKind.COMPACT, {"stage": "elide", "elided": len(seqs)}, turn=s.turn) as step:
+        s.compacted(output)
+        step.complete(output, counters=ctx.counters())
+    _tell(ctx, step.seq, f"elided {len(seqs)} tool outputs", before, after)
+    return after
+
+
+def _with_stubs(ctx: StepContext, request: list[Message], seqs: list[int], names: dict[str, str]) -> list[Message]:
+    stubs = {ctx.state.messages[i].tool_call_id for i in seqs}
+    return [stub(m, names) if m.role == "tool" and m.tool_call_id in stubs else m for m in request]
+
+
+def _cut(ctx: StepContext, budget: int) -> int | None:
+    """Where the summary ends: before the oldest assistant message from which the recent
+    turns still fit in KEEP_RECENT of the budget (at least the last turn is kept); None when
+    there is nothing before it to summarize."""
+    s = ctx.state
+    start = max(s.view.start, HEAD)
+    request = s.view.request(s.messages)
+    offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    counter = text_counter(ctx.model.name)
+    keep, tail = budget * KEEP_RECENT, 0.0
+    cut = None
+    for i in range(len(s.messages) - 1, start, -1):
+        tail += count_message(request[i + offset], counter) * s.calibration
+        if s.messages[i].role != "assistant":
+            continue
+        if cut is not None and tail > keep:
+            break
+        cut = i
+    return cut
+
+
+def _summary_request(ctx: StepContext, cut: int, budget: int) -> list[Message]:
+    s = ctx.state
+    view = s.view
+    lines = [f"Previous summary:\n{view.summary}\n"] if view.summary else []
+    for i in range(max(view.start, HEAD), cut):
+        m = view.elided.get(i) or s.messages[i]
+        text = m.content or ""
+        if len(text) > MESSAGE_CHARS:
+            half = MESSAGE_CHARS // 2
+            text = f"{text[:half]}\n[... {len(text) - MESSAGE_CHARS:,} characters cut ...]\n{text[-half:]}"
+        calls = "".join(f"\n→ {c.name}({c.arguments}) [{c.id}]" for c in m.tool_calls)
+        who = f"tool result {m.tool_call_id}" if m.role == "tool" else m.role
+        lines.append(f"## {who}\n{text}{calls}")
+    body = "\n\n".join(lines)
+    room = int(budget * SUMMARY_INPUT * 4 / max(s.calibration, 0.5))  # ~4 characters per token
+    if len(body) > room:  # the oldest part goes first: the previous summary covers what led here
+        body = "[... earlier part cut ...]\n" + body[-room:]
+    task = s.messages[1].content if len(s.messages) > 1 else ""
+    return [Message("system", SUMMARY_PROMPT), Message("user", f"The task:\n{task}\n\nThe conversation:\n\n{body}")]
+
+
+def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) -> None:
+    from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
+
+    s = ctx.state
+    budget = request_budget(ctx.settings)
+    request = _summary_request(ctx, cut, budget)
+    digest = sha256_text("\n".join(m.content or "" for m in request))
+    key = f"compact:{s.turn}:{digest[:32]}"
+    model = _summary_model(ctx)
+    intent = {"stage": "summarize", "start": cut, "from": max(s.view.start, HEAD), "tokens_before": before,
+              "model": model.name, "request_hash": digest}
+    with ctx.journal.step(key, StepKind.COMPACT, intent, turn=s.turn) as step:
+        earlier = step.attempts - 1
+        ctx.observer.step(StepEvent(step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts))
+        try:
+            answer, attempts = call_with_retries(lambda: model.complete(request, [], s.turn),
+                                                 ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep)
+        except ModelCallError as exc:
+            step.attempts = earlier + exc.attempts
+            step.fail(f"compaction summary failed: {exc}", counters=ctx.counters())
+            raise
+        summary = ctx.redactor.redact((answer.content or "").strip()) or "(the summary came back empty)"
+        usage = answer.usage
+        s.prompt_tokens += usage.prompt_tokens
+        s.completion_tokens += usage.completion_tokens
+        output: dict[str, Any] = {"stage": "summarize", "turn": s.turn, "start": cut, "summary": summary,
+                                  "tokens_before": before}
+        s.compacted(output)
+        output["tokens_after"] = after = count(ctx, [*s.request(), *lead])
+        step.attempts = earlier + attempts
+        step.complete(output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens))
+    _tell(ctx, step.seq, f"summarized messages {intent['from']}-{cut - 1}", before, after)
+
+
+class _LocalSummary:
+    """Summaries for scripted models: a script's turns are the run's model calls, so a summary
+    must not take one. Deterministic: a resume writes the same text."""
+
+    name = "local-summary"
+
+    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+        text = messages[-1].content or ""
+        calls = sorted(set(re.findall(r"\[(call_[A-Za-z0-9_]+)\]", text)))
+        return ModelTurn(f"Task: as given. State: {text.count('## ')} earlier messages compacted at turn "
+                         f"{turn}; their tool calls: {', '.join(calls) or 'none'}.", usage=Usage(0, 0))
+
+
+def scripted(model: Any) -> bool:
+    """A scripted model (`scripted:PATH`, `demo`): its turns are a script, its token counts made up."""
+    name = str(getattr(model, "name", ""))
+    return name == "demo" or name.startswith("scripted:")
+
+
+def _summary_model(ctx: StepContext) -> Any:
+    """The model that writes summaries: `compact_model` on the same endpoint, or the run's."""
+    if scripted(ctx.model):
+        return _LocalSummary()
+    name = ctx.settings.compact_model
+    if not name or name == ctx.model.name:
+        return ctx.model
+    from durable_agent.models.openai_chat import OpenAIChatModel
+
+    st = ctx.settings
+    key = st.api_key.get_secret_value() if st.api_key else "not-needed"
+    return OpenAIChatModel(name, api_key=key, base_url=st.base_url, read_timeout=st.request_timeout_s,
+                           connect_timeout=st.connect_timeout_s, temperature=st.temperature,
+                           api_type=st.api_type, api_version=st.api_version)
+
+
+def _tell(ctx: StepContext, seq: int, what: str, before: int, after: int) -> None:
+    ctx.observer.step(StepEvent(seq, ctx.state.turn, "compact", "context", state="completed",
+                                detail=f"{what}: {before:,} → {after:,} tokens"))
+
+
+def cannot_fit(ctx: StepContext, error: str) -> ModelError:
+    """The provider still says the request is too long and nothing is left to compact."""
+    tokens = count(ctx, ctx.state.request())
+    return ModelError(
+        f"{error} — tried: compacting the context (older tool outputs elided, older turns "
+        f"summarized; {ctx.state.view.compactions} compactions) and one retry; the request is still "
+        f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Lower output_cap, "
+        "keep_recent_outputs or compact_at, or use a model with a larger context_window, then resume")

@@ -1,0 +1,86 @@
+"""What a model request holds once the context was compacted (pure: no I/O).
+
+The messages are stored once and never change; a compaction changes only what is SENT:
+
+    request = system prompt + task                     (messages[0:2], always verbatim)
+            + one summary message                      (when a summary replaced messages[2:start])
+            + messages[start:], each tool result in `elided` replaced by its stub
+
+A compact step records its boundary in its output (`start`, `summary`, `elided`: message
+seqs); replay applies the outputs in order, so the request after a resume is the one that
+was sent before it, byte for byte. Between two compactions the view changes only by
+appending, so each request extends the previous one exactly (provider prompt caches hit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_agent.messages import HistoryHash, Message
+
+HEAD = 2  # the system prompt and the task: never elided, never summarized
+SUMMARY_HEADER = ("[Summary of the earlier conversation, written when the context was compacted. "
+                  "Tool results it mentions can be read again with read_output(call_id).]\n")
+
+
+def stub_text(call_id: str, tool_name: str, content: str | None) -> str:
+    size = len((content or "").encode("utf-8", "surrogatepass"))
+    return (f"[output of {tool_name} {call_id} elided: {size:,} bytes; "
+            f'call read_output("{call_id}") to see it again]')
+
+
+def tool_names(messages: Sequence[Message]) -> dict[str, str]:
+    """call id -> tool name, over the assistant messages."""
+    return {c.id: c.name for m in messages if m.role == "assistant" for c in m.tool_calls}
+
+
+def stub(message: Message, names: Mapping[str, str]) -> Message:
+    cid = message.tool_call_id or ""
+    return Message("tool", stub_text(cid, names.get(cid, "tool"), message.content), tool_call_id=cid)
+
+
+@dataclass
+class ContextView:
+    summary: str | None = None
+    start: int = HEAD
+    elided: dict[int, Message] = field(default_factory=dict)  # message seq -> its stub
+    compactions: int = 0
+    turn: int | None = None  # of the last compaction
+
+    def request(self, messages: Sequence[Message]) -> list[Message]:
+        out = list(messages[:HEAD])
+        if self.summary is not None:
+            out.append(Message("user", SUMMARY_HEADER + self.summary))
+        elided = self.elided
+        for i in range(max(self.start, HEAD), len(messages)):
+            out.append(elided.get(i) or messages[i])
+        return out
+
+    def apply(self, output: Mapping[str, Any], messages: Sequence[Message]) -> None:
+        """Take in one compact step's recorded boundary."""
+        names: dict[str, str] | None = None
+        for seq in output.get("elided") or ():
+            if isinstance(seq, int) and 0 <= seq < len(messages) and messages[seq].role == "tool":
+                names = names if names is not None else tool_names(messages)
+                self.elided[seq] = stub(messages[seq], names)
+        if isinstance(output.get("summary"), str) and isinstance(output.get("start"), int):
+            self.summary = output["summary"]
+            self.start = max(HEAD, min(int(output["start"]), len(messages)))
+            self.elided = {i: m for i, m in self.elided.items() if i >= self.start}
+        self.compactions += 1
+        self.turn = output["turn"] if isinstance(output.get("turn"), int) else self.turn
+
+
+def request_hash(request: Sequence[Message]) -> HistoryHash:
+    h = HistoryHash()
+    for m in request:
+        h.add(m)
+    return h
+
+
+def turn_groups(messages: Sequence[Message], lo: int, hi: int) -> list[int]:
+    """Seqs in [lo, hi) where a cut may fall: before a message that is not a tool result, so
+    that an assistant's tool calls and their results always stay on the same side."""
+    return [i for i in range(lo, hi) if messages[i].role != "tool"]

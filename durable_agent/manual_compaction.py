@@ -1,0 +1,52 @@
+"""`durable-agent compact RUN_ID`: compact a stopped run by hand, before `resume`.
+
+The same compact steps as a running loop takes (compaction.py), forced: older outputs are
+elided and the older turns summarized even below the threshold. The command holds the
+run's lease while it works (a live run is refused, exit 6) and puts the run back as it
+was found — status, stop reason, answer and error — so `resume` continues it as before,
+now with the smaller request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from durable_agent import compaction
+from durable_agent.errors import UsageError
+from durable_agent.runner import Runner
+from durable_agent.status import RESUMABLE
+from durable_agent.store import leases
+from durable_agent.store.journal import Journal
+
+
+@dataclass(frozen=True)
+class Compacted:
+    before: int
+    after: int
+    steps: int  # compact steps recorded
+
+
+def compact_run(runner: Runner, run_id: str) -> Compacted:
+    store = runner.store
+    run = store.get_run(run_id)
+    if run.status not in RESUMABLE:
+        raise UsageError(f"run {run_id} is {run.status}; only a stopped run that can be resumed is compacted")
+    owner = leases.new_owner()
+    epoch = store.acquire_lease(run_id, owner, runner.settings.lease_seconds)
+    journal = Journal(store.engine, run_id, owner, epoch, runner.settings.lease_seconds,
+                      policy=runner.store_policy, sleep=runner.sleep)
+    try:
+        ctx = runner.context(journal, time.monotonic())
+        s = ctx.state
+        before = compaction.count(ctx, s.request())
+        made = s.view.compactions
+        try:
+            compaction.compact(ctx, [], before, forced=True)
+        finally:  # as it was found, also when the summary call failed (its step says why)
+            journal.finish_run(status=run.status, stop_reason=run.stop_reason, answer=run.answer,
+                               error=run.error, counters=ctx.counters())
+        return Compacted(before, compaction.count(ctx, s.request()), s.view.compactions - made)
+    finally:
+        journal.release_lease()
+        journal.close()

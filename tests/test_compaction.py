@@ -1,0 +1,283 @@
+"""Long runs never hit the context wall (issue 13): compaction as durable `compact` steps.
+
+The real CLI and the real openai client against tests/fake_openai.py with a WINDOW: the
+server answers 400 `context_length_exceeded` to any request over it (counted its
+documented way, JSON length // 4) and logs a hash per message, so these tests see what
+was sent, not what the harness believes it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai import FakeOpenAI
+from provider_support import MODEL, Endpoint
+from scale_helpers import wait_for
+
+WINDOW = 16_000
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+
+
+def read_script(turns: int) -> list[dict[str, Any]]:
+    """Turn i reads file i (each a different 6 KB file), then the answer."""
+    reads = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"f{i:03}.txt"}}]} for i in range(turns)]
+    return [*reads, {"content": "read them all"}]
+
+
+def write_files(workspace: Path, count: int, size: int = 6144) -> None:
+    rng = random.Random(13)
+    for i in range(count):
+        text = ""
+        while len(text) < size:
+            text += " ".join(rng.choice(WORDS) for _ in range(10)) + "\n"
+        (workspace / f"f{i:03}.txt").write_text(f"file {i}\n" + text[: size - 8])
+
+
+@pytest.fixture
+def windowed(request: pytest.FixtureRequest, cli: Callable[..., Any], env: dict[str, str], workspace: Path,
+             tmp_path: Path) -> Iterator[Endpoint]:
+    turns = getattr(request, "param", 150)
+    write_files(workspace, turns)
+    with FakeOpenAI(script=read_script(turns), window=WINDOW) as server:
+        endpoint = Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
+        endpoint.configure(models={MODEL: {"context_window": WINDOW}})
+        yield endpoint
+
+
+def outputs(sql: Callable[..., list[Any]], kind: str) -> list[tuple[int, dict[str, Any]]]:
+    rows = sql("SELECT turn, output FROM steps WHERE kind = ? AND state = 'completed' ORDER BY seq", kind)
+    return [(t, o if isinstance(o, dict) else json.loads(o)) for t, o in rows]
+
+
+def turn_requests(server: FakeOpenAI) -> list[dict[str, Any]]:
+    return [r for r in server.requests if r["kind"] == "turn"]
+
+
+@pytest.mark.slow
+def test_150_reads_of_6kb_in_a_16k_window_complete_without_passing_it(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    result = windowed.start("--json", "--max-steps", "200", task="read every file")
+    assert result.code == 0, result.stderr
+    out = result.json()
+    assert (out["status"], out["answer"], out["steps"], out["tool_calls"]) == ("completed", "read them all", 151, 150)
+    requests = windowed.server.requests
+    assert max(r["prompt_tokens"] for r in requests) <= WINDOW  # never refused, never over
+    assert windowed.answered() == {**{t: 1 for t in range(151)}, -1: sum(r["kind"] == "summary" for r in requests)}
+    # Without compaction the history would be ~150 × 1.6k tokens: both stages had to run.
+    compacts = outputs(sql, "compact")
+    stages = {o["stage"] for _, o in compacts}
+    assert stages == {"elide", "summarize"}
+    assert sum(o["stage"] == "summarize" for _, o in compacts) == sum(r["kind"] == "summary" for r in requests)
+    assert all(o["tokens_after"] < o["tokens_before"] for _, o in compacts)
+    # Nothing deleted: every result is still stored once.
+    assert sql("SELECT count(*) FROM messages WHERE role = 'tool'") == [(150,)]
+    events = [json.loads(line) for line in windowed.cli("export", out["run_id"]).stdout.splitlines()]
+    compacted = [e for e in events if e["type"] == "context_compacted"]
+    assert len(compacted) == len(compacts)
+    assert all(e["tokens_after"] < e["tokens_before"] for e in compacted)
+    shown = windowed.cli("show", out["run_id"]).stdout
+    assert "context summarize:" in shown and " → " in shown
+    # Prefix: between compactions every request's messages extend the previous request's exactly.
+    assert_each_request_extends_the_last(turn_requests(windowed.server), {t for t, _ in compacts}, 151)
+
+
+def assert_each_request_extends_the_last(turns: list[dict[str, Any]], compacted_at: set[int], count: int) -> None:
+    assert [r["turn"] for r in turns] == list(range(count))
+    extended = 0
+    for before, after in zip(turns, turns[1:], strict=False):
+        assert after["hashes"][:2] == before["hashes"][:2]  # the system prompt and the task, always verbatim
+        if after["turn"] in compacted_at:
+            assert after["hashes"][: len(before["hashes"])] != before["hashes"]  # it did change
+            continue
+        assert after["hashes"][: len(before["hashes"])] == before["hashes"], f"turn {after['turn']}"
+        assert len(after["hashes"]) == len(before["hashes"]) + 2  # the call and its result
+        extended += 1
+    assert 0 < len(compacted_at) < extended  # compaction is rare, not a little every turn
+
+
+@pytest.mark.parametrize("windowed", [30], indirect=True)
+def test_between_compactions_each_request_extends_the_previous_one_exactly(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.server.window = 8000
+    windowed.configure(keep_recent_outputs=2, models={MODEL: {"context_window": 8000}})
+    result = windowed.start("--json", "--max-steps", "100")
+    assert result.code == 0, result.stderr
+    compacts = outputs(sql, "compact")
+    assert {o["stage"] for _, o in compacts} == {"elide", "summarize"}
+    assert_each_request_extends_the_last(turn_requests(windowed.server), {t for t, _ in compacts}, 31)
+
+
+def _resume_popen(api: Endpoint, run_id: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "resume", run_id, "--quiet"],
+        cwd=api.workspace, env={**api.env, **api.cli_env()}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.communicate()
+
+
+def summary_bodies(server: FakeOpenAI) -> list[str]:
+    return [json.dumps(r["body"]["messages"]) for r in server.requests if r["kind"] == "summary"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [40], indirect=True)
+def test_kill_during_the_summary_call_pays_it_again_once_and_after_it_never(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api = windowed
+    window = 6000  # small: summaries come early
+    api.server.window = window
+    api.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
+    api.server.add_faults([{"kind": "summary", "attempt": 1, "delay": 60.0}])
+    proc = api.popen("--run-id", "cut", "--quiet", "--max-steps", "100")
+    try:
+        wait_for(lambda: summary_bodies(api.server), what="the first summary request")
+        rows = sql("SELECT state, turn FROM steps WHERE kind = 'compact' AND input LIKE '%summarize%'")
+        assert [r[0] for r in rows] == ["started"]  # its intent is committed before the call
+        summary_turn = rows[0][1]
+    finally:
+        _kill(proc)
+
+    # Resume: the interrupted summary is requested once more; then kill before the next turn answers.
+    api.server.add_faults([{"turn": summary_turn, "attempt": 1, "delay": 60.0}])
+    proc = _resume_popen(api, "cut")
+    try:
+        wait_for(lambda: any(r["turn"] == summary_turn for r in api.server.requests),
+                 what="the turn after the summary")
+        assert sql("SELECT state FROM steps WHERE kind = 'compact' AND turn = ? AND input LIKE '%summarize%'",
+                   summary_turn) == [("completed",)]
+    finally:
+        _kill(proc)
+    first, again = summary_bodies(api.server)
+    assert first == again  # the very same summary request, made again exactly once
+
+    result = api.resume("cut", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["status"] == "completed"
+    bodies = summary_bodies(api.server)
+    assert bodies.count(first) == 2  # never a third time
+    assert len(set(bodies)) == len(bodies) - 1  # every other summary was paid once
+    assert sum(o["stage"] == "summarize" for _, o in outputs(sql, "compact")) == len(set(bodies))
+    assert max(r["prompt_tokens"] for r in api.server.requests) <= window
+
+
+@pytest.mark.parametrize("windowed", [30], indirect=True)
+def test_the_wall_forces_one_compaction_and_one_retry(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The harness believes the window is far larger than the server's: only the 400 stops it.
+    windowed.configure(models={MODEL: {"context_window": 200_000}})
+    result = windowed.start("--json", "--max-steps", "100")
+    assert result.code == 0, result.stderr
+    refused = [r for r in windowed.server.requests if r["prompt_tokens"] > WINDOW]
+    assert refused  # the wall was hit ...
+    compacts = outputs(sql, "compact")
+    assert len(compacts) >= len(refused)  # ... and each time compaction made room
+    failed = sql("SELECT count(*) FROM steps WHERE kind = 'model' AND state = 'failed'")
+    assert failed == [(len(refused),)]
+    assert result.json()["steps"] == 31
+
+
+@pytest.mark.parametrize("windowed", [3], indirect=True)
+def test_a_request_that_cannot_fit_fails_saying_what_was_tried(windowed: Endpoint) -> None:
+    windowed.server.window = 500  # smaller than one file: no compaction can help
+    windowed.configure(models={MODEL: {"context_window": 200_000}})
+    result = windowed.start("--json")
+    assert result.code == 1
+    out = result.json()
+    assert out["stop_reason"] == "model_error"
+    assert "context_length" in out["error"] and "tried: compacting the context" in out["error"]
+    assert sum(r["prompt_tokens"] > 500 for r in windowed.server.requests) <= 3  # bounded
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_read_output_returns_an_elided_result(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.server.script[12:] = [{"tool_calls": [{"name": "read_output", "arguments": {"call_id": "call_0_0"}}]},
+                                   {"content": "done"}]
+    windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": 6000}})
+    windowed.server.window = 6000
+    result = windowed.start("--json")
+    assert result.code == 0, result.stderr
+    last = turn_requests(windowed.server)[-1]["body"]["messages"]
+    assert last[-1]["role"] == "tool" and last[-1]["content"].startswith("file 0\n")
+    stubs = [m["content"] for m in last if m["role"] == "tool" and "elided" in m["content"]]
+    assert stubs and all('call read_output("call_' in s for s in stubs)
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_compact_by_hand_then_resume_sends_the_smaller_request(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    first = windowed.start("--json", "--max-steps", "6", "--run-id", "byhand")
+    assert first.code == 3, first.stderr  # budget_exceeded: a stopped run
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'compact'") == [(0,)]  # under the threshold so far
+    before = turn_requests(windowed.server)[-1]["prompt_tokens"]
+    done = windowed.cli("compact", "byhand", extra_env=windowed.cli_env())
+    assert done.code == 0, done.stderr
+    assert "context compacted" in done.stdout and "durable-agent resume byhand" in done.stdout
+    assert [o["stage"] for _, o in outputs(sql, "compact")] == ["elide", "summarize"]
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1
+    assert sql("SELECT status, stop_reason FROM runs") == [("budget_exceeded", "max_steps")]  # as it was
+    again = windowed.resume("byhand", "--json", "--max-steps", "20")
+    assert again.code == 0, again.stderr
+    resumed = turn_requests(windowed.server)[6]
+    assert resumed["turn"] == 6 and resumed["prompt_tokens"] < before
+    assert resumed["body"]["messages"][2]["content"].startswith("[Summary of the earlier conversation")
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1  # not paid again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [40], indirect=True)
+def test_a_compacted_run_stops_and_resumes_on_both_stores(windowed: Endpoint, store_url: str) -> None:
+    """Stopped by a budget between compactions, resumed: replay rebuilds the compacted request
+    from the recorded boundaries, on SQLite and PostgreSQL alike."""
+    window = 6000
+    windowed.server.window = window
+    windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
+    windowed.env["DURABLE_AGENT_DB"] = store_url
+    first = windowed.start("--json", "--max-steps", "25", "--run-id", "both")
+    assert first.code == 3, first.stderr
+    done = windowed.resume("both", "--json", "--max-steps", "100")
+    assert done.code == 0, done.stderr
+    shown = json.loads(windowed.cli("show", "both", "--json").stdout)
+    compacts = [s for s in shown["steps"] if s["kind"] == "compact"]
+    summaries = [s for s in compacts if (s["output"] or {}).get("stage") == "summarize"]
+    bodies = summary_bodies(windowed.server)
+    assert summaries and len(bodies) == len(set(bodies)) == len(summaries)  # each paid once
+    turns = turn_requests(windowed.server)
+    assert [r["turn"] for r in turns] == list(range(41))  # every turn asked once: no refusal, no repeat
+    assert max(r["prompt_tokens"] for r in windowed.server.requests) <= window
+    compacted_at = {s["turn"] for s in compacts}
+    for before, after in zip(turns, turns[1:], strict=False):  # across the resume too
+        if after["turn"] not in compacted_at:
+            assert after["hashes"][: len(before["hashes"])] == before["hashes"], f"turn {after['turn']}"
+
+
+def test_a_scripted_run_compacts_with_a_local_summary_that_takes_no_script_turn(
+        cli: Callable[..., Any], write_script: Callable[..., str], workspace: Path,
+        sql: Callable[..., list[Any]]) -> None:
+    write_files(workspace, 20, size=2000)
+    model = write_script(read_script(20))
+    result = cli("start", "read", "--model", model, "--max-context-tokens", "4000", "--json")
+    assert result.code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert (out["answer"], out["steps"]) == ("read them all", 21)  # every script turn, in order
+    stages = [o["stage"] for _, o in outputs(sql, "compact")]
+    assert "elide" in stages and "summarize" in stages
+    summary = next(o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize")
+    assert summary.startswith("Task: as given.") and "call_" in summary
