@@ -29,6 +29,7 @@ from durable_agent.context_budget import (
     count_message,
     count_request,
     request_budget,
+    schema_tokens,
     text_counter,
 )
 from durable_agent.context_view import HEAD, stub, tool_names
@@ -55,6 +56,19 @@ def count(ctx: StepContext, request: list[Message]) -> int:
     return int(count_request(request, ctx.schemas, ctx.model.name) * ctx.state.calibration)
 
 
+def counted_next(ctx: StepContext, lead: list[Message]) -> int:
+    """The harness's own (uncalibrated) count of the next request, `[*s.request(), *lead]`,
+    without recounting the history: the run state keeps a running count."""
+    counter = text_counter(ctx.model.name)
+    return (ctx.state.request_tokens(counter) + sum(count_message(m, counter) for m in lead)
+            + schema_tokens(ctx.schemas, counter))
+
+
+def count_next(ctx: StepContext, lead: list[Message]) -> int:
+    """`count_next(ctx, lead)`, kept incrementally."""
+    return int(counted_next(ctx, lead) * ctx.state.calibration)
+
+
 def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
     """Compact if the next request would pass the threshold (or finish an interrupted summary)."""
     s = ctx.state
@@ -62,9 +76,9 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
                    if st.kind == StepKind.COMPACT and st.turn == s.turn and isinstance(st.input, dict)
                    and st.input.get("stage") == "summarize" and isinstance(st.input.get("start"), int)]
     if interrupted:
-        _summarize(ctx, lead, count(ctx, [*s.request(), *lead]), cut=int(interrupted[0].input["start"]))
+        _summarize(ctx, lead, count_next(ctx, lead), cut=int(interrupted[0].input["start"]))
         return
-    tokens = count(ctx, [*s.request(), *lead])
+    tokens = count_next(ctx, lead)
     if tokens > compact_threshold(ctx.settings):
         compact(ctx, lead, tokens)
 
@@ -187,7 +201,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         output: dict[str, Any] = {"stage": "summarize", "turn": s.turn, "start": cut, "summary": summary,
                                   "tokens_before": before}
         s.compacted(output)
-        output["tokens_after"] = after = count(ctx, [*s.request(), *lead])
+        output["tokens_after"] = after = count_next(ctx, lead)
         step.attempts = earlier + attempts
         step.complete(output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens))
     _tell(ctx, step.seq, f"summarized messages {intent['from']}-{cut - 1}", before, after)

@@ -112,7 +112,21 @@ def count_request(messages: Sequence[Message], schemas: Sequence[dict[str, Any]]
     """The harness's own count of a request (not yet calibrated)."""
     counter = text_counter(model)
     n = sum(count_message(m, counter) for m in messages)
-    return n + (counter(json.dumps(list(schemas))) if schemas else 0)
+    return n + schema_tokens(schemas, counter)
+
+
+# The tool schemas of a session do not change: counted once per (schemas, counter).
+_SCHEMA_TOKENS: dict[tuple[int, int], tuple[object, int]] = {}
+
+
+def schema_tokens(schemas: Sequence[dict[str, Any]], counter: Callable[[str], int]) -> int:
+    if not schemas:
+        return 0
+    key = (id(schemas), id(counter))
+    found = _SCHEMA_TOKENS.get(key)
+    if found is None or found[0] is not schemas:  # (the held reference keeps the id unique)
+        found = _SCHEMA_TOKENS[key] = (schemas, counter(json.dumps(list(schemas))))
+    return found[1]
 
 
 def calibrate(counted: int, reported: int | None) -> float:

@@ -49,14 +49,24 @@ class ContextView:
     compactions: int = 0
     turn: int | None = None  # of the last compaction
 
+    # The request as last built and how many messages it covers: between compactions it only
+    # grows, so each call appends the new messages instead of rebuilding (and re-looking-up
+    # every elided seq) over the whole history before every model call.
+    _built: list[Message] = field(default_factory=list, repr=False)
+    _covered: int = field(default=-1, repr=False)
+
     def request(self, messages: Sequence[Message]) -> list[Message]:
-        out = list(messages[:HEAD])
-        if self.summary is not None:
-            out.append(Message("user", SUMMARY_HEADER + self.summary))
-        elided = self.elided
-        for i in range(max(self.start, HEAD), len(messages)):
-            out.append(elided.get(i) or messages[i])
-        return out
+        if 0 <= self._covered <= len(messages):
+            self._built.extend(messages[self._covered:])  # (new messages are never elided yet)
+        else:
+            out = list(messages[:HEAD])
+            if self.summary is not None:
+                out.append(Message("user", SUMMARY_HEADER + self.summary))
+            elided = self.elided
+            out.extend(elided.get(i) or messages[i] for i in range(max(self.start, HEAD), len(messages)))
+            self._built = out
+        self._covered = len(messages)
+        return list(self._built)
 
     def apply(self, output: Mapping[str, Any], messages: Sequence[Message]) -> None:
         """Take in one compact step's recorded boundary."""
@@ -70,6 +80,7 @@ class ContextView:
             self.start = max(HEAD, min(int(output["start"]), len(messages)))
             self.elided = {i: m for i, m in self.elided.items() if i >= self.start}
         self.compactions += 1
+        self._covered = -1  # the request changed: built anew on the next call
         self.turn = output["turn"] if isinstance(output.get("turn"), int) else self.turn
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from durable_agent import compaction, guard
-from durable_agent.context_budget import calibrate, count_request
+from durable_agent.context_budget import calibrate
 from durable_agent.errors import LoopExit
 from durable_agent.messages import Message, ModelTurn, ToolCall
 from durable_agent.models.estimate import estimate_usage
@@ -40,7 +40,7 @@ def model_step(ctx: StepContext) -> None:
             raise
         s = ctx.state
         lead = _lead(s)
-        if not compaction.compact(ctx, lead, compaction.count(ctx, [*s.request(), *lead]), forced=True):
+        if not compaction.compact(ctx, lead, compaction.count_next(ctx, lead), forced=True):
             raise compaction.cannot_fit(ctx, str(exc)) from None
         try:
             _model_step(ctx)
@@ -65,7 +65,7 @@ def _model_step(ctx: StepContext) -> None:
     turn = s.turn
     key = f"model:{turn}:{s.history.digest[:32]}"
     sent = [*s.request(), *lead]
-    counted = count_request(sent, ctx.schemas, ctx.model.name)
+    counted = compaction.counted_next(ctx, lead)
     request: dict[str, Any] = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
                                "model": ctx.model.name}
     if s.view.compactions:

@@ -8,11 +8,11 @@ is open, the next seq — are the Journal's.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable_agent.context_budget import calibrate
+from durable_agent.context_budget import calibrate, count_message
 from durable_agent.context_view import ContextView, request_hash
 from durable_agent.messages import HistoryHash, Message, ToolCall
 from durable_agent.store.storable import storable
@@ -33,6 +33,21 @@ class RunState:
     used_call_ids: set[str] = field(default_factory=set)
     view: ContextView = field(default_factory=ContextView)
     calibration: float = 1.0  # provider's prompt tokens / the harness's count, at the last call
+    # (counter, compactions, messages counted, tokens): the request's count, kept as messages
+    # come. Between compactions the request only grows, so each message is counted once
+    # instead of the whole history before every call.
+    _tally: tuple[object, int, int, int] | None = field(default=None, repr=False)
+
+    def request_tokens(self, counter: Callable[[str], int]) -> int:
+        """The uncalibrated count of `request()` (context_budget.count_message per message)."""
+        tally = self._tally
+        if tally is None or tally[0] is not counter or tally[1] != self.view.compactions \
+                or tally[2] > len(self.messages):
+            total = sum(count_message(m, counter) for m in self.request())
+        else:
+            total = tally[3] + sum(count_message(m, counter) for m in self.messages[tally[2]:])
+        self._tally = (counter, self.view.compactions, len(self.messages), total)
+        return total
 
     def request(self) -> list[Message]:
         """The messages the next model call sends (the history, as compacted)."""

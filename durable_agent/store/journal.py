@@ -34,7 +34,7 @@ from sqlalchemy.sql import Executable
 
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
-from durable_agent.store import retrying
+from durable_agent.store import prepared, retrying
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
@@ -201,7 +201,9 @@ class Journal:
             conn = self._connection()
             in_commit = False
             try:
-                with conn.begin():
+                # On the DBAPI connection: Core's per-statement machinery cost more CPU
+                # than the SQL (store/prepared.py).
+                with prepared.transaction(conn):
                     self._fence(conn, now, counters, token)
                     if all_steps:
                         _INSERT_STEP.run_many(conn, all_steps)
@@ -211,7 +213,7 @@ class Journal:
                         if isinstance(statement, Prepared):
                             statement.run(conn, params).close()
                         else:
-                            conn.execute(statement, params)
+                            prepared.run_core(conn, statement, params).close()
                     for hook in BOUNDARY_HOOKS:
                         hook("before_commit")
                     in_commit = True

@@ -16,8 +16,10 @@ through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +84,39 @@ class Prepared:
         _execute(conn, rendered.sql, [rendered.params(r) for r in rows], many=True).close()
 
 
+def run_core(conn: Connection, statement: Executable, params: Mapping[str, Any]) -> Any:
+    """A one-off Core statement (values of its own included) in a `transaction`: compiled
+    here, each time; for the rare statements of a checkpoint (approvals, the run's end)."""
+    compiled = statement.compile(dialect=conn.dialect, column_keys=list(params))  # type: ignore[attr-defined]
+    values = compiled.construct_params(params)
+    rendered = _render(statement, conn.dialect, tuple(params), compiled)
+    return _execute(conn, rendered.sql, rendered.params(values), many=False)
+
+
+@contextmanager
+def transaction(conn: Connection) -> Iterator[None]:
+    """One write transaction on the DBAPI connection under `conn`: BEGIN (IMMEDIATE on
+    SQLite: the write lock first, so the fence cannot be raced) ... COMMIT. Any exception
+    rolls back (best effort: the connection may be dead) and propagates."""
+    dbapi_conn = conn.connection.dbapi_connection
+    assert dbapi_conn is not None
+    try:
+        if conn.dialect.name == "sqlite":  # PostgreSQL (psycopg) begins on the first statement
+            _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
+        yield
+        _driver_call(conn, "COMMIT", dbapi_conn.commit)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            dbapi_conn.rollback()
+        raise
+
+
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
-    dialect = conn.dialect
     cursor = dbapi_conn.cursor()
-    try:
+
+    def call() -> None:
         for hook in CURSOR_HOOKS:
             hook("before", conn)
         if many:
@@ -96,20 +125,30 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
             cursor.execute(sql, params)
         for hook in CURSOR_HOOKS:
             hook("after", conn)
+
+    _driver_call(conn, sql, call, params, cursor)
+    return cursor
+
+
+def _driver_call(conn: Connection, sql: str, call: Callable[[], Any], params: Any = None,
+                 cursor: Any = None) -> None:
+    dialect = conn.dialect
+    try:
+        call()
     except dialect.loaded_dbapi.Error as exc:
         # As Connection._handle_dbapi_exception does: a dead connection is invalidated (the
         # pool will not hand it out again) and the wrapper says so.
-        disconnect = bool(dialect.is_disconnect(exc, dbapi_conn, cursor))
+        disconnect = bool(dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor))
         if disconnect and not conn.invalidated:
             conn.invalidate(exc)
         raise DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,
                                   connection_invalidated=disconnect, dialect=dialect) from exc
-    return cursor
 
 
-def _render(statement: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -> Rendered:
+def _render(statement: Executable, dialect: Dialect, column_keys: tuple[str, ...],
+            compiled: Any = None) -> Rendered:
     # for_executemany: no implicit RETURNING of generated ids (PostgreSQL), which nothing reads.
-    compiled = statement.compile(  # type: ignore[attr-defined]
+    compiled = compiled or statement.compile(  # type: ignore[attr-defined]
         dialect=dialect, column_keys=list(column_keys), for_executemany=True)
     assert isinstance(compiled, SQLCompiler)
     positional = bool(compiled.positional)
