@@ -41,8 +41,10 @@ class Runner:
     def __init__(self, *, store: Store, settings: Settings, model: ModelClient, tools: dict[str, Tool],
                  env: Mapping[str, str], redactor: Redactor, observer: Observer | None = None,
                  cancel: threading.Event | None = None, sleep: Callable[[float], None] = time.sleep,
-                 retry_policy: Any = None, store_policy: retrying.StorePolicy | None = None) -> None:
+                 retry_policy: Any = None, store_policy: retrying.StorePolicy | None = None,
+                 tool_source: Any = None) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
+        self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
         self.env, self.redactor, self.sleep, self.retry_policy = env, redactor, sleep, retry_policy
         self.store_policy = store_policy or store.policy
         self.observer = observer or Observer()
@@ -71,6 +73,8 @@ class Runner:
         journal = Journal(self.store.engine, run_id, *lease, self.settings.lease_seconds,
                           policy=self.store_policy, sleep=self.sleep)
         try:
+            if self.tool_source is not None:  # the tools recorded with the run (MCP servers)
+                self.tools = self.tool_source.open(self.store, run_id)
             with Heartbeat(journal, max(0.2, self.settings.lease_seconds / 3), self.cancel) as beat:
                 try:
                     return self._drive(journal)
@@ -82,6 +86,8 @@ class Runner:
                     raise
         finally:
             journal.close()
+            if self.tool_source is not None:
+                self.tool_source.close()
 
     def _context(self, journal: Journal, session_start: float) -> StepContext:
         loaded = journal.load()
