@@ -26,7 +26,12 @@ from pydantic import (
 )
 
 from durable_agent.errors import ConfigError
-from durable_agent.mcp.config import McpServerConfig, check_server_names, merge_recorded, recorded_env
+from durable_agent.mcp.config import (
+    McpServerConfig,
+    check_server_names,
+    merge_recorded,
+    recorded_env,
+)
 from durable_agent.tools.encoding import name_from_arg
 from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 

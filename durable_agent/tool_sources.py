@@ -41,7 +41,7 @@ class ToolSet:
         self.log_dir = log_dir or Path(settings.workspace) / ".durable-agent-logs"
         self.local: dict[str, Tool] = {}
         self.sources: dict[str, str] = {}
-        for name, tool in build_tools(settings.shell).items():
+        for tool in build_tools(settings.shell).values():
             self._add(tool, "built-in" if type(tool).__module__.startswith("durable_agent.tools.") else "python")
         for loaded in (*load_plugins(), *load_named(settings.tools)):
             self._add(loaded.tool, loaded.source)
@@ -150,8 +150,9 @@ def _vanished(name: str, recorded: dict[str, Any]) -> McpServerConfig:
 
     # Started from what the run recorded (command and args; not its env, which stays in the config).
     if recorded.get("url"):
-        return McpServerConfig(url=recorded["url"])
-    return McpServerConfig(command=recorded.get("command") or "false", args=list(recorded.get("args") or []))
+        return McpServerConfig.model_validate({"url": recorded["url"]})
+    return McpServerConfig.model_validate({"command": recorded.get("command") or "false",
+                                           "args": list(recorded.get("args") or [])})
 
 
 def _first_line(text: str) -> str:

@@ -82,6 +82,9 @@ class ServerConnection:
         self._holder: asyncio.Future[None] | None = None
         self._session: Any = None
         self._log: IO[str] | None = None
+        # Only what this start of the server wrote is quoted, not an earlier one's stderr.
+        path = launch.log_path
+        self._log_from = path.stat().st_size if path is not None and path.exists() else 0
         self._thread.start()
         try:
             self._submit(self._open(), startup_timeout_s)
@@ -89,7 +92,7 @@ class ServerConnection:
             self.close()
             if isinstance(exc, ServerFailed):
                 raise
-            why = "did not start within %gs" % startup_timeout_s if isinstance(exc, CallTimedOut) else str(exc)
+            why = f"did not start within {startup_timeout_s:g}s" if isinstance(exc, CallTimedOut) else str(exc)
             raise ServerFailed(self._with_tail(f"MCP server {launch.name!r} failed to start: {why}")) from None
 
     @property
@@ -122,13 +125,15 @@ class ServerConnection:
         is_error = bool(getattr(result, "is_error", getattr(result, "isError", False)))
         return CallOutcome("\n".join(texts), is_error, structured)
 
-    def stderr_tail(self, chars: int = 800) -> str:
+    def stderr_tail(self, chars: int = 400) -> str:
+        """The end of what this start of the server wrote to stderr, on one line."""
         path = self.launch.log_path
         if path is None or not path.exists():
             return ""
         with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - chars))
-            return f.read().decode("utf-8", "replace").strip()
+            f.seek(max(self._log_from, path.stat().st_size - chars))
+            text = f.read().decode("utf-8", "replace")
+        return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
     def close(self) -> None:
         if self._loop.is_closed():
