@@ -4,13 +4,14 @@ a slow tool, a crashing server) and the real `mcp-server-time` and `mcp-server-g
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_support import BIN, counter_lines, fault_config
+from mcp_support import BIN, counter_lines, fault_config, wait_until
 
 pytest.importorskip("mcp")
 
@@ -76,6 +77,7 @@ def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], s
     assert recorded["f__put"] == "write" and recorded["f__launch"] == "exec"
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_mid_call_is_restarted(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
                                                   workspace: Path) -> None:
     r = run_f([{"tool_calls": [call("f__crash")]}, {"tool_calls": [call("f__lookup", key="after")]},
@@ -87,6 +89,7 @@ def test_a_server_that_dies_mid_call_is_restarted(run_f: Callable[..., Any], sql
     assert counter_lines(workspace)[0] == "crash started"
 
 
+@pytest.mark.slow
 def test_a_slow_call_times_out_and_the_run_goes_on(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:
     r = run_f([{"tool_calls": [call("f__slow", seconds=30)]}, {"tool_calls": [call("f__lookup", key="b")]},
                {"content": "done"}], "--shell", "allow", extra="mcp_timeout_s = 1.5")
@@ -96,6 +99,7 @@ def test_a_slow_call_times_out_and_the_run_goes_on(run_f: Callable[..., Any], sq
     assert lookup[2] == "completed"
 
 
+@pytest.mark.slow
 def test_exec_tools_ask_under_shell_ask_unless_not_destructive(run_f: Callable[..., Any],
                                                                sql: Callable[..., list[Any]],
                                                                workspace: Path) -> None:
@@ -133,6 +137,7 @@ def test_the_server_gets_no_harness_secrets(run_f: Callable[..., Any], sql: Call
     assert "MY_SETTING" in names and "DURABLE_AGENT_RUN_ID" in names
 
 
+@pytest.mark.slow
 def test_resume_offers_the_recorded_tools_and_a_vanished_one_is_an_observation(
         run_f: Callable[..., Any], cli: Callable[..., Any], sql: Callable[..., list[Any]], tmp_path: Path,
         workspace: Path) -> None:
@@ -187,3 +192,72 @@ def test_real_servers_time_and_git(cli: Callable[..., Any], write_script: Callab
     assert "On branch" in rows[2][4] or "branch" in rows[2][4].lower()
     assert "first commit" in rows[3][4]
     assert {row[1] for row in rows} == {"read"}  # both servers mark these readOnlyHint
+
+
+def _start_and_kill_during(env: dict[str, str], workspace: Path, config: Path, model: str, marker: str) -> str:
+    """Start a run in a child process, SIGKILL it while the server is in the call (its
+    counter says `marker`), and return the run id."""
+    proc = subprocess.Popen([str(BIN / "python"), "-m", "durable_agent", "start", "t", "--model", model,
+                             "--shell", "allow", "--run-id", "killed"],
+                            cwd=workspace, env={**env, "DURABLE_AGENT_CONFIG": str(config)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: marker in counter_lines(workspace) or proc.poll() is not None, 60, marker)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stderr:
+            proc.stderr.close()
+    return "killed"
+
+
+@pytest.mark.slow
+def test_kill_during_a_read_only_call_reruns_it_on_resume(
+        env: dict[str, str], cli: Callable[..., Any], tmp_path: Path, workspace: Path,
+        write_script: Callable[..., str], sql: Callable[..., list[Any]]) -> None:
+    config = fault_config(tmp_path, workspace)
+    model = write_script([{"tool_calls": [call("f__lookup", key="k", sleep_s=2)]}, {"content": "done"}])
+    run_id = _start_and_kill_during(env, workspace, config, model, "lookup started")
+    r = cli("resume", run_id, "--json", extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 0, r.stderr
+    assert counter_lines(workspace).count("lookup started") == 2  # re-run, as read_file would be
+    ((name, effect, state, _, result, _),) = tool_steps(sql)
+    assert (name, effect, state, result) == ("f__lookup", "read", "completed", 'lookup ok {"key": "k"}')
+
+
+@pytest.mark.slow
+def test_kill_during_a_destructive_call_blocks_and_approve_runs_it_once(
+        env: dict[str, str], cli: Callable[..., Any], tmp_path: Path, workspace: Path,
+        write_script: Callable[..., str], sql: Callable[..., list[Any]]) -> None:
+    config = fault_config(tmp_path, workspace)
+    extra_env = {"DURABLE_AGENT_CONFIG": str(config)}
+    model = write_script([{"tool_calls": [call("f__launch", target="rocket", sleep_s=2)]}, {"content": "done"}])
+    run_id = _start_and_kill_during(env, workspace, config, model, "launch started")
+    r = cli("resume", run_id, "--json", extra_env=extra_env)
+    assert r.code == 5, r.stderr  # blocked: its outcome is unknown, it is not run again alone
+    assert r.json()["stop_reason"] == "uncertain_side_effect"
+    assert counter_lines(workspace).count("launch started") == 1
+    assert cli("approve", run_id, extra_env=extra_env).code == 0
+    r = cli("resume", run_id, "--json", extra_env=extra_env)
+    assert r.code == 0, r.stderr
+    assert counter_lines(workspace).count("launch started") == 2  # the approved run, once
+    assert counter_lines(workspace).count('launch {"target": "rocket"}') == 1
+    ((name, effect, state, _, result, _),) = tool_steps(sql)
+    assert (name, effect, state, result) == ("f__launch", "exec", "completed", 'launch ok {"target": "rocket"}')
+    assert sql("SELECT attempts FROM steps WHERE tool_name = 'f__launch'") == [(2,)]
+
+
+@pytest.mark.slow
+def test_kill_during_an_idempotent_call_reruns_it(
+        env: dict[str, str], cli: Callable[..., Any], tmp_path: Path, workspace: Path,
+        write_script: Callable[..., str], sql: Callable[..., list[Any]]) -> None:
+    config = fault_config(tmp_path, workspace)
+    model = write_script([{"tool_calls": [call("f__put", key="k", value="v", sleep_s=2)]}, {"content": "done"}])
+    run_id = _start_and_kill_during(env, workspace, config, model, "put started")
+    r = cli("resume", run_id, "--json", extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 0, r.stderr
+    assert counter_lines(workspace).count("put started") == 2
+    assert sql("SELECT effect, state, attempts FROM steps WHERE tool_name = 'f__put'") == [("write", "completed", 2)]
