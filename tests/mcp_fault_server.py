@@ -21,7 +21,8 @@ COUNTER = os.environ.get("MCP_TEST_COUNTER", "")
 # hide a tool from a server that a resume starts with the run's recorded settings).
 HIDDEN = set(os.environ.get("MCP_TEST_HIDE", "").split(","))
 if COUNTER and os.path.exists(COUNTER + ".hide"):
-    HIDDEN |= set(open(COUNTER + ".hide", encoding="utf-8").read().split())
+    with open(COUNTER + ".hide", encoding="utf-8") as hidden:
+        HIDDEN |= set(hidden.read().split())
 
 
 def tool(**kwargs: object):  # type: ignore[no-untyped-def]
@@ -110,9 +111,13 @@ def envnames() -> str:
 
 
 if __name__ == "__main__":
-    if os.environ.get("MCP_TEST_FAIL_START"):
+    if os.environ.get("MCP_TEST_FAIL_START") or (COUNTER and os.path.exists(COUNTER + ".fail")):
         import sys
 
         print("cannot start: MCP_TEST_FAIL_START is set", file=sys.stderr)
         raise SystemExit(1)
-    server.run()
+    port = os.environ.get("MCP_TEST_HTTP_PORT")
+    if port:  # streamable HTTP at http://127.0.0.1:PORT/mcp instead of stdio
+        server.run("streamable-http", host="127.0.0.1", port=int(port))
+    else:
+        server.run()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_support import BIN, counter_lines, fault_config, wait_until
+from mcp_support import BIN, FAULT_SERVER, counter_lines, fault_config, wait_until
 
 pytest.importorskip("mcp")
 
@@ -261,3 +261,52 @@ def test_kill_during_an_idempotent_call_reruns_it(
     assert r.code == 0, r.stderr
     assert counter_lines(workspace).count("put started") == 2
     assert sql("SELECT effect, state, attempts FROM steps WHERE tool_name = 'f__put'") == [("write", "completed", 2)]
+
+
+@pytest.mark.slow
+def test_a_streamable_http_server(cli: Callable[..., Any], write_script: Callable[..., str], env: dict[str, str],
+                                  sql: Callable[..., list[Any]], tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    counter = tmp_path / "http-counter"
+    server = subprocess.Popen([str(BIN / "python"), str(FAULT_SERVER)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**env, "MCP_TEST_HTTP_PORT": str(port),
+                                                              "MCP_TEST_COUNTER": str(counter)})
+    try:
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(listening, 30, "the HTTP server")
+        model = write_script([{"tool_calls": [call("h__lookup", key="web"), call("h__stats")]}, {"content": "done"}])
+        r = cli("start", "t", "--model", model, "--json", "--mcp", f"h=http://127.0.0.1:{port}/mcp")
+        assert r.code == 0, r.stderr
+        lookup, stats = tool_steps(sql)
+        assert lookup[4] == 'lookup ok {"key": "web"}' and json.loads(stats[5])["structured_content"]["answer"] == 42
+        assert counter.read_text().splitlines() == ["lookup started", 'lookup {"key": "web"}']
+    finally:
+        server.kill()
+        server.wait()
+    r = cli("start", "t", "--model", model, "--mcp", f"h=http://127.0.0.1:{port}/mcp")
+    assert r.code == 2 and "MCP server 'h' failed to start" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_on_resume_is_an_observation(
+        run_f: Callable[..., Any], cli: Callable[..., Any], sql: Callable[..., list[Any]], tmp_path: Path,
+        workspace: Path) -> None:
+    r = run_f([{"tool_calls": [call("f__plain", text="y")]}, {"content": "done"}], "--shell", "ask")
+    assert r.code == 5, r.stderr
+    run_id = r.json()["run_id"]
+    (workspace / ".counter.fail").write_text("")
+    extra_env = {"DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
+    assert cli("approve", run_id, extra_env=extra_env).code == 0
+    r = cli("resume", run_id, "--json", extra_env=extra_env)
+    assert r.code == 0, r.stderr  # the model was told, and answered
+    (plain,) = tool_steps(sql)
+    assert plain[2] == "failed" and "MCP server 'f' failed to start" in plain[3]
+    assert "MCP_TEST_FAIL_START is set" in plain[3]  # the end of its stderr
