@@ -53,8 +53,6 @@ def test_tools_lists_every_source_with_effect_classes(cli: Callable[..., Any], t
     assert effects["f__append"] == "exec"  # not destructive, but not idempotent either
     assert effects["f__plain"] == "read"  # no annotations (exec), overridden by the config
     assert tools["f__lookup"]["description"] == "Read-only: look a key up."
-    text = cli("tools", extra_env={"DURABLE_AGENT_CONFIG": str(config)})
-    assert text.code == 0 and "f__launch" in text.stdout and "mcp f" in text.stdout
 
 
 def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
@@ -111,6 +109,7 @@ def test_exec_tools_ask_under_shell_ask_unless_not_destructive(run_f: Callable[.
     assert sql("SELECT tool_name, kind FROM approvals") == [("f__plain", "approval_required")]
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_one_line_with_its_stderr(run_f: Callable[..., Any]) -> None:
     r = run_f([{"content": "done"}], server_env=', MCP_TEST_FAIL_START = "1"')
     assert r.code == 2
@@ -119,6 +118,7 @@ def test_a_server_that_cannot_start_is_one_line_with_its_stderr(run_f: Callable[
     assert "MCP server 'f' failed to start" in line and "MCP_TEST_FAIL_START is set" in line
 
 
+@pytest.mark.slow
 def test_an_unknown_command_is_a_config_error(cli: Callable[..., Any], write_script: Callable[..., str]) -> None:
     r = cli("start", "t", "--model", write_script([{"content": "x"}]), "--mcp", "nope=no-such-mcp-server-here")
     assert r.code == 2 and "'no-such-mcp-server-here' not found on PATH" in r.stderr

@@ -74,6 +74,10 @@ def test_a_plugin_tool_is_listed_and_used_in_a_run(cli: Callable[..., Any], plug
     assert tools["shout"] == {"name": "shout", "source": "plugin da-demo-plugin", "effect": "read",
                               "description": "Upper-case a text."}
     assert tools["whisper"]["source"] == "config da_demo_plugin:Whisper"
+    table = cli("tools", "--shell", "deny", extra_env=extra_env).stdout.splitlines()
+    assert table[0].split() == ["NAME", "SOURCE", "EFFECT", "DESCRIPTION"]
+    assert ["shout", "plugin", "da-demo-plugin", "read", "Upper-case", "a", "text."] in [r.split() for r in table]
+    assert not any(r.startswith("run_command") for r in table)  # --shell deny: not offered
     model = write_script([{"tool_calls": [{"name": "shout", "arguments": {"text": "hi"}},
                                           {"name": "whisper", "arguments": {"text": "HO"}}]},
                           {"content": "done"}])
