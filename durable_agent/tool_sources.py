@@ -82,7 +82,6 @@ class ToolSet:
         """The run's tools. MCP tools come from the run's recorded catalog; a run without
         one (its first session) lists the servers and records what they offer."""
         tools = dict(self.local)
-        self.run_id = run_id
         recorded = store.tool_sources(run_id)
         if recorded is None and self.settings.mcp_servers:
             self.prepare()
@@ -95,7 +94,7 @@ class ToolSet:
             hub = self._mcp_hub()
             for name in servers:  # a recorded server no longer configured: its calls fail clearly
                 if name not in hub.servers:
-                    hub.servers[name] = _vanished(name, servers[name])
+                    hub.servers[name] = _from_record(name, servers[name])
             tools.update(make_tools(hub, servers))
         return tools
 
@@ -126,7 +125,10 @@ class ToolSet:
             return Launch(name, url=config.url)
         s = self.settings
         assert config.command is not None
-        env = {**command_env(self.env, run_id=self.run_id, call_id=f"mcp:{name}"), **config.env}
+        env = command_env(self.env, run_id="", call_id="")
+        # A server lives across calls (and is started before the run has an id): no ids.
+        env.pop("DURABLE_AGENT_RUN_ID"), env.pop("DURABLE_AGENT_CALL_ID")
+        env.update(config.env)
         workspace = Path(s.workspace)
         cwd = Path(config.cwd).expanduser() if config.cwd else workspace
         if not cwd.is_absolute():
@@ -142,13 +144,12 @@ class ToolSet:
         return Launch(name, argv=launch.argv, env=launch.env, cwd=str(cwd),
                       log_path=log_path(self.log_dir, name), cleanup=launch.cleanup)
 
-    run_id = ""  # set by `open`: the servers see it as DURABLE_AGENT_RUN_ID
 
-
-def _vanished(name: str, recorded: dict[str, Any]) -> McpServerConfig:
+def _from_record(name: str, recorded: dict[str, Any]) -> McpServerConfig:
     from durable_agent.mcp.config import McpServerConfig
 
-    # Started from what the run recorded (command and args; not its env, which stays in the config).
+    # A server the run recorded that its settings no longer name: started from the record
+    # (command and args; its env stays in the config), or failing as an observation.
     if recorded.get("url"):
         return McpServerConfig.model_validate({"url": recorded["url"]})
     return McpServerConfig.model_validate({"command": recorded.get("command") or "false",
