@@ -73,15 +73,15 @@ class Runner:
         journal = Journal(self.store.engine, run_id, *lease, self.settings.lease_seconds,
                           policy=self.store_policy, sleep=self.sleep)
         try:
-            if self.tool_source is not None:  # the tools recorded with the run (MCP servers)
-                self.tools = self.tool_source.open(self.store, run_id)
             with Heartbeat(journal, max(0.2, self.settings.lease_seconds / 3), self.cancel) as beat:
                 try:
+                    if self.tool_source is not None:  # the run's recorded tools (starting MCP servers
+                        self.tools = self.tool_source.open(self.store, run_id)  # under a live lease)
                     return self._drive(journal)
                 except errors.LeaseLost:
                     beat.lost = True
                     raise
-                except errors.StoreError:
+                except (errors.StoreError, errors.ConfigError):  # the store, or a server that will not start
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:

@@ -310,3 +310,23 @@ def test_a_server_that_cannot_start_on_resume_is_an_observation(
     (plain,) = tool_steps(sql)
     assert plain[2] == "failed" and "MCP server 'f' failed to start" in plain[3]
     assert "MCP_TEST_FAIL_START is set" in plain[3]  # the end of its stderr
+
+
+@pytest.mark.slow
+def test_a_worker_gives_back_a_run_whose_server_will_not_start(
+        cli: Callable[..., Any], tmp_path: Path, workspace: Path, write_script: Callable[..., str],
+        sql: Callable[..., list[Any]]) -> None:
+    config = fault_config(tmp_path, workspace)
+    extra_env = {"DURABLE_AGENT_CONFIG": str(config)}
+    model = write_script([{"tool_calls": [call("f__lookup", key="w")]}, {"content": "done"}])
+    r = cli("start", "t", "--model", model, "--detach", "--json", extra_env=extra_env)
+    assert r.code == 0, r.stderr
+    run_id = r.json()["run_id"]
+    (workspace / ".counter.fail").write_text("")  # the worker's host cannot start it
+    r = cli("worker", "--once", extra_env=extra_env)
+    assert r.code == 0 and "failed to start" in r.stderr and "Traceback" not in r.stderr
+    assert sql("SELECT status, tool_sources FROM runs") == [("pending", None)]
+    (workspace / ".counter.fail").unlink()
+    r = cli("resume", run_id, "--json", extra_env=extra_env)  # at once: the lease was given back
+    assert r.code == 0, r.stderr
+    assert counter_lines(workspace) == ["lookup started", 'lookup {"key": "w"}']
