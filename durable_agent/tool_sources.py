@@ -82,8 +82,10 @@ class ToolSet:
         """The run's tools. MCP tools come from the run's recorded catalog; a run without
         one (its first session) lists the servers and records what they offer."""
         tools = dict(self.local)
+        if not self.settings.mcp_servers:  # a run with MCP servers has them in its recorded settings
+            return tools
         recorded = store.tool_sources(run_id)
-        if recorded is None and self.settings.mcp_servers:
+        if recorded is None:
             self.prepare()
             assert self.catalog is not None
             recorded = store.record_tool_sources(run_id, {"mcp_servers": self.catalog})

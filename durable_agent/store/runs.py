@@ -205,6 +205,7 @@ class Store:
             recorded = conn.execute(select(runs.c.tool_sources).where(runs.c.id == run_id)).scalar()
         return dict(recorded or {})
 
+    @_retried
     def tool_sources(self, run_id: str) -> dict[str, Any] | None:
         """The tool sources recorded with the run (None: none recorded yet)."""
         with self._read() as conn:
