@@ -3,6 +3,39 @@
 Every state transition of a run is checkpointed to a SQL database before the next one
 begins, so a run killed at any instant resumes from its last verified step.
 Start reading at `runner.py` (the loop) and `store/journal.py` (the checkpoints).
+
+For programs: `from durable_agent import Agent` (docs/api.md). The names below load on
+first use, so `import durable_agent` (and `durable-agent --help`) stays cheap.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Agent": "durable_agent.api", "RunView": "durable_agent.api", "Outcome": "durable_agent.outcome",
+    "EffectClass": "durable_agent.status", "Tool": "durable_agent.tools.base",
+    "ToolContext": "durable_agent.tools.base", "ToolResult": "durable_agent.tools.base",
+    "ToolFailure": "durable_agent.tools.base",
+}
+__all__ = ["Agent", "EffectClass", "Outcome", "RunView", "Tool", "ToolContext", "ToolFailure",
+           "ToolResult", "__version__"]
+
+if TYPE_CHECKING:
+    from durable_agent.api import Agent, RunView
+    from durable_agent.outcome import Outcome
+    from durable_agent.status import EffectClass
+    from durable_agent.tools.base import Tool, ToolContext, ToolFailure, ToolResult
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durable_agent' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -15,11 +15,12 @@ from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, ApprovalRecord, Decision
 
 
-def policy(ctx: StepContext, tool_name: str, command: str) -> tuple[str, str]:
-    """("allow" | "ask" | "deny", why) for an exec tool call under `--shell`."""
+def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True) -> tuple[str, str]:
+    """("allow" | "ask" | "deny", why) for an exec tool call under `--shell`. `asks` False:
+    a tool that declares itself not destructive (an MCP tool's destructiveHint) runs unasked."""
     mode = ctx.settings.shell
     if tool_name != "run_command":
-        return ("allow", "") if mode == "allow" else ("ask", f"{tool_name} runs a side effect")
+        return ("allow", "") if mode == "allow" or not asks else ("ask", f"{tool_name} runs a side effect")
     from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, decide
 
     destructive = (*DEFAULT_DESTRUCTIVE, *ctx.settings.shell_always_ask)

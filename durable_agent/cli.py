@@ -84,6 +84,12 @@ def _add_containment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--network", choices=["on", "off"], help="network access of commands (default off)")
 
 
+def _add_mcp(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mcp", action="append", metavar="NAME=COMMAND",
+                   help="offer the tools of an MCP server as NAME__TOOL (stdio: a command with its "
+                        "arguments, or an http(s) URL); repeatable; needs durable-agent[mcp]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durability", choices=["full", "fast"],
                    help="full (default) survives power loss; fast may lose the last step on an OS crash")
     p.add_argument("--detach", action="store_true", help="only enqueue the run (pending) for `durable-agent worker`")
+    _add_mcp(p)
     _add_output(p)
 
     p.set_defaults(func=_command("cmd_start"))
@@ -183,6 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the mode to check (default: the configured one)")
     p.add_argument("--network", choices=["on", "off"], help="check with the network on or off")
     p.set_defaults(func=_command("cmd_doctor"))
+
+    p = sub.add_parser("tools", help="every tool a run would be offered: name, source, effect class",
+                       description="Every tool a run started now would be offered: built-in tools, "
+                                   "plugins (entry points `durable_agent.tools`), the config's `tools`, "
+                                   "and the tools of its MCP servers (which are started to list them).")
+    p.add_argument("--workspace", metavar="DIR", help="directory the agent works in (default: current directory)")
+    p.add_argument("--shell", choices=["allow", "ask", "deny"], help="as for start (deny: no run_command)")
+    _add_db(p)
+    _add_mcp(p)
+    p.add_argument("--json", action="store_true", help="JSON array on stdout")
+    p.set_defaults(func=_command("cmd_tools"))
 
     p = sub.add_parser("db", help="the database: upgrade, current revision, path")
     p.add_argument("action", choices=["upgrade", "current", "path"])

@@ -23,6 +23,14 @@ def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
     return {n: getattr(args, n, None) for n in names}
 
 
+def _mcp_flags(args: Namespace) -> dict[str, Any]:
+    """`--mcp NAME=COMMAND ...` as the setting `mcp_servers` (added to the config's servers)."""
+    from durable_agent.mcp.config import parse_cli_server
+
+    specs = getattr(args, "mcp", None) or []
+    return {"mcp_servers": dict(parse_cli_server(spec) for spec in specs)} if specs else {}
+
+
 def _store_settings(args: Namespace, env: dict[str, str]) -> Settings:
     return load_settings(_flags(args, ("db",)), env)
 
@@ -90,12 +98,14 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("the task is empty: say what the agent should do")
     names = ("workspace", "model", "base_url", "api_type", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
              "durability", "sandbox", "network")
-    settings = load_settings(_flags(args, names), env)
+    settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
     _check_sandbox(settings, env)
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
+    runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
     if args.detach:
+        runner.tool_source.close()
         _print_queued(runner.create(args.task, args.run_id), args.json)
         return 0
     # Created already leased to us: a worker sharing the database cannot claim it first.
@@ -165,13 +175,34 @@ def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
 
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
-    runs_commands = settings.shell != "deny" or bool(settings.verify)
+    runs_commands = (settings.shell != "deny" or bool(settings.verify)
+                     or any(s.command for s in settings.mcp_servers.values()))  # servers are processes
     if sandbox.mechanism is Mechanism.NONE and runs_commands:
         raise ConfigError(sandbox.refusal())
     warning = sandbox.warning()
     if warning and runs_commands:
         print(f"durable-agent: warning: {warning}", file=sys.stderr)
     return sandbox.mechanism.value
+
+
+def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.wiring import build_tool_set
+
+    settings = load_settings({**_flags(args, ("workspace", "shell", "db")), **_mcp_flags(args)}, env)
+    tool_set = build_tool_set(settings.model_copy(update={"workspace": settings.workspace.expanduser().resolve()}), env)
+    try:
+        infos = tool_set.listing()
+    finally:
+        tool_set.close()
+    if args.json:
+        print(json.dumps([info.__dict__ for info in infos], indent=2))
+        return 0
+    width = max((len(i.name) for i in infos), default=4)
+    src = max((len(i.source) for i in infos), default=6)
+    print(f"{'NAME':<{width}}  {'SOURCE':<{src}}  {'EFFECT':<6}  DESCRIPTION")
+    for i in infos:
+        print(f"{i.name:<{width}}  {i.source:<{src}}  {i.effect:<6}  {i.description}")
+    return 0
 
 
 def cmd_doctor(args: Namespace, env: dict[str, str]) -> int:

@@ -41,8 +41,10 @@ class Runner:
     def __init__(self, *, store: Store, settings: Settings, model: ModelClient, tools: dict[str, Tool],
                  env: Mapping[str, str], redactor: Redactor, observer: Observer | None = None,
                  cancel: threading.Event | None = None, sleep: Callable[[float], None] = time.sleep,
-                 retry_policy: Any = None, store_policy: retrying.StorePolicy | None = None) -> None:
+                 retry_policy: Any = None, store_policy: retrying.StorePolicy | None = None,
+                 tool_source: Any = None) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
+        self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
         self.env, self.redactor, self.sleep, self.retry_policy = env, redactor, sleep, retry_policy
         self.store_policy = store_policy or store.policy
         self.observer = observer or Observer()
@@ -73,15 +75,19 @@ class Runner:
         try:
             with Heartbeat(journal, max(0.2, self.settings.lease_seconds / 3), self.cancel) as beat:
                 try:
+                    if self.tool_source is not None:  # the run's recorded tools (starting MCP servers
+                        self.tools = self.tool_source.open(self.store, run_id)  # under a live lease)
                     return self._drive(journal)
                 except errors.LeaseLost:
                     beat.lost = True
                     raise
-                except errors.StoreError:
+                except (errors.StoreError, errors.ConfigError):  # the store, or a server that will not start
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:
             journal.close()
+            if self.tool_source is not None:
+                self.tool_source.close()
 
     def context(self, journal: Journal, session_start: float) -> StepContext:
         """The run as rebuilt from its rows, ready for steps (also `durable-agent compact`)."""

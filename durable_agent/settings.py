@@ -26,6 +26,12 @@ from pydantic import (
 )
 
 from durable_agent.errors import ConfigError
+from durable_agent.mcp.config import (
+    McpServerConfig,
+    check_server_names,
+    merge_recorded,
+    recorded_env,
+)
 from durable_agent.tools.encoding import name_from_arg
 from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 
@@ -153,6 +159,16 @@ class Settings(BaseModel):
     """native function calling, or TOOL_CALL lines in text for models without it."""
     temperature: float | None = None
     """Sampling temperature passed to the model (provider default when unset)."""
+    tools: list[str] = Field(default_factory=list)
+    """Extra tools by import path, e.g. ["package.module:ToolClass"] (a Tool, its class or a
+    zero-argument factory); installed plugins (entry points `durable_agent.tools`) load by themselves."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP servers whose tools are offered as NAME__TOOL: [mcp_servers.NAME] with command, args,
+    env, cwd (stdio) or url (streamable HTTP); needs the `durable-agent[mcp]` extra."""
+    mcp_timeout_s: float = Field(120.0, gt=0)
+    """Seconds one MCP tool call may take (a server's timeout_s overrides it)."""
+    mcp_startup_timeout_s: float = Field(30.0, gt=0)
+    """Seconds an MCP server may take to start and list its tools."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
@@ -187,6 +203,10 @@ class Settings(BaseModel):
         d = self.model_dump(mode="json", exclude={"api_key", "db"})
         if d.get("base_url"):
             d["base_url"] = mask_url_password(d["base_url"])
+        for server in d.get("mcp_servers", {}).values():  # a server's token stays in the config
+            server["env"] = recorded_env(server.get("env") or {})
+            if server.get("url"):
+                server["url"] = mask_url_password(server["url"])
         if self._sandbox_mechanism is not None:
             d["sandbox_mechanism"] = self._sandbox_mechanism
         return d
@@ -274,6 +294,7 @@ def load_settings(
     if base:
         merged.update({k: v for k, v in base.items() if v is not None})
     merged.update({k: v for k, v in flags.items() if v is not None})
+    _merge_servers(merged, path, base, flags)
     if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
         raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
                           "for the default store")
@@ -283,7 +304,21 @@ def load_settings(
         settings = Settings(**merged)
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {validation_text(exc, 'settings')}") from None
+    check_server_names(settings.mcp_servers)
     return settings
+
+
+def _merge_servers(merged: dict[str, Any], path: Path | None, base: Mapping[str, Any] | None,
+                   flags: Mapping[str, Any]) -> None:
+    """MCP servers add up over the layers (config, recorded run, --mcp) instead of the last
+    layer replacing the whole table; a recorded server gets its masked env from the config."""
+    configured = dict(read_config_file(path).get("mcp_servers") or {}) if path is not None else {}
+    servers: dict[str, Any] = dict(configured)
+    if base and isinstance(base.get("mcp_servers"), dict):
+        servers = merge_recorded(base["mcp_servers"], configured)  # the run's own servers only
+    servers.update(flags.get("mcp_servers") or {})
+    if servers:
+        merged["mcp_servers"] = servers
 
 
 def validation_text(exc: ValidationError, root: str) -> str:

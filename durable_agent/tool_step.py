@@ -82,6 +82,12 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
         step.start(durable=False)
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
+    if tool.effect is EffectClass.WRITE and not hasattr(tool, "plan"):
+        # An idempotent write with no postcondition to check (an MCP tool marked
+        # idempotent): intent first, and an interrupted one is simply run again.
+        step.start()
+        _event(ctx, call, "started")
+        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     if tool.effect is EffectClass.WRITE:
         return _write(ctx, call, step, cast(WriteTool, tool), args)
     return _exec(ctx, call, step, tool, args)
@@ -142,7 +148,7 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
                       "chose not to run it again"), use_approval=approval.id)
         use = approval.id
     else:
-        verdict, why = approvals.policy(ctx, call.name, command)
+        verdict, why = approvals.policy(ctx, call.name, command, asks=getattr(tool, "asks", True))
         if verdict == "deny":
             return _record(ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)"))
         if verdict == "ask":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from durable_agent.errors import ConfigError
@@ -15,7 +15,8 @@ from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.runs import Store
-from durable_agent.tools import build_tools
+from durable_agent.tool_sources import ToolSet
+from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
 
 
@@ -78,21 +79,41 @@ def store_policy(settings: Settings) -> StorePolicy:
 
 
 def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
-                 observer: Observer | None = None, cancel: threading.Event | None = None) -> Runner:
+                 observer: Observer | None = None, cancel: threading.Event | None = None,
+                 extra_tools: Sequence[Tool] = ()) -> Runner:
     """A Runner for `settings` (not changed: the resolved workspace goes into a copy)."""
     workspace = settings.workspace.expanduser().resolve()
     if not workspace.is_dir():
         raise ConfigError(f"workspace is not a directory: {settings.workspace}")
     settings = settings.model_copy(update={"workspace": workspace})
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
-    if sandbox.mechanism is Mechanism.NONE and (settings.shell != "deny" or settings.verify):
+    stdio_servers = any(s.command for s in settings.mcp_servers.values())
+    if sandbox.mechanism is Mechanism.NONE and (settings.shell != "deny" or settings.verify or stdio_servers):
         # A worker gives the run back for one whose host can contain its commands.
         raise ConfigError(sandbox.refusal())
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
     # The key may come from the config file, not only from a credential-named variable.
     key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}
     redactor = Redactor.from_env(env, shapes=settings.redact_observations, extra=key)
+    tool_set = build_tool_set(settings, env, extra_tools)
     return Runner(store=store or open_store(settings), settings=settings, model=build_model(settings),
-                  tools=build_tools(settings.shell), env=env, redactor=redactor,
+                  tools=dict(tool_set.local), env=env, redactor=redactor,
                   observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
-                  store_policy=store_policy(settings))
+                  store_policy=store_policy(settings), tool_source=tool_set)
+
+
+def build_tool_set(settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()) -> ToolSet:
+    return ToolSet(settings, env, extra=extra_tools, log_dir=log_dir(settings, env))
+
+
+def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
+    """Where MCP servers' stderr is kept: next to a SQLite store, else in the data directory."""
+    from durable_agent.settings import default_db_url
+
+    db = settings.db or default_db_url(env)
+    if "://" not in db:  # a plain file path is a SQLite store too
+        return Path(db).expanduser().resolve().parent / "mcp-logs"
+    for prefix in ("sqlite:///", "sqlite+pysqlite:///"):
+        if db.startswith(prefix) and db[len(prefix):] not in ("", ":memory:"):
+            return Path(db[len(prefix):].split("?", 1)[0]).expanduser().resolve().parent / "mcp-logs"
+    return Path(default_db_url(env).removeprefix("sqlite:///")).parent / "mcp-logs"

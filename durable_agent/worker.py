@@ -264,6 +264,10 @@ class Worker:
             self._count("interrupted")
             self.log.line(f"run {rid} interrupted: {exc}; it is claimable again when its lease expires")
             return
+        except DurableAgentError as exc:  # e.g. one of its MCP servers will not start on this host
+            self._give_back(claim, f"cannot execute it on worker {self.name}: {exc}")
+            self._skip_run(rid, f"{exc}; left queued for another worker")
+            return
         except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
             return self._unexpected(claim, exc)
         self._count(outcome.status.value)

@@ -20,6 +20,13 @@ EXAMPLES = {
     "max_seconds": "3600", "verify": '"python -m pytest -q"', "temperature": "0.2", "max_cost": "5.0",
     "max_running_runs": "8",
 }
+TABLE_EXAMPLES = {
+    "prices": ['# [prices."gpt-4.1-mini"]', "# input_per_mtok = 0.40", "# output_per_mtok = 1.60"],
+    "models": ['# [models."gpt-4.1-mini"]', "# context_window = 1047576"],
+    "mcp_servers": ["# [mcp_servers.time]", '# command = "mcp-server-time"', "# args = []",
+                    '# env = { TZ = "UTC" }', '# # url = "http://127.0.0.1:8000/mcp"  (instead of command)',
+                    "# [mcp_servers.time.tools.get_current_time]", '# effect = "read"'],
+}
 
 
 def render() -> str:
@@ -38,9 +45,7 @@ def render() -> str:
         doc = [f"# {line}".rstrip() for line in (field.description or "").splitlines()]
         default = field.get_default(call_default_factory=True)
         if isinstance(default, dict):  # TOML tables must follow the plain keys
-            example = (["# context_window = 1047576"] if name == "models"
-                       else ["# input_per_mtok = 0.40", "# output_per_mtok = 1.60"])
-            tables += [*doc, f'# [{name}."gpt-4.1-mini"]', *example, ""]
+            tables += [*doc, *TABLE_EXAMPLES[name], ""]
             continue
         out += doc
         out.append(f"# {name} = {EXAMPLES.get(name, '...')}" if default is None

@@ -195,6 +195,23 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
 
+    @_retried
+    def record_tool_sources(self, run_id: str, sources: dict[str, Any]) -> dict[str, Any]:
+        """Record the run's tool sources once (the first session that lists them wins) and
+        return what is recorded: a resume offers these, not what the servers offer now."""
+        with self.engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id, runs.c.tool_sources.is_(None))
+                         .values(tool_sources=storable(sources)))
+            recorded = conn.execute(select(runs.c.tool_sources).where(runs.c.id == run_id)).scalar()
+        return dict(recorded or {})
+
+    @_retried
+    def tool_sources(self, run_id: str) -> dict[str, Any] | None:
+        """The tool sources recorded with the run (None: none recorded yet)."""
+        with self._read() as conn:
+            value = conn.execute(select(runs.c.tool_sources).where(runs.c.id == run_id)).scalar()
+        return dict(value) if value is not None else None
+
     # -- leases -------------------------------------------------------------------------
     @_retried
     def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:

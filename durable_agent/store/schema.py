@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 # The Alembic revision this code expects; engine.py upgrades any database behind it.
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 
 metadata = MetaData()
 
@@ -63,6 +63,7 @@ runs = Table(
     Column("active_ms", BigInteger, nullable=False, default=0),  # summed over resumes
     Column("resume_count", Integer, nullable=False, default=0),
     Column("last_checkpoint", String(32)),  # 0004: token of the last committed checkpoint
+    Column("tool_sources", json_type()),  # 0005: MCP servers and their tools as first offered
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index.
 Index("ix_runs_created_id", runs.c.created_at, runs.c.id)

@@ -80,7 +80,12 @@ class WriteTool(Tool, Protocol):
 
 
 def tool_schema(tool: Tool) -> dict[str, Any]:
-    """The OpenAI function-calling schema, generated from the argument model."""
+    """The OpenAI function-calling schema, generated from the argument model (or given as
+    `parameters` by a tool whose schema comes from elsewhere, as an MCP server's does)."""
+    given = getattr(tool, "parameters", None)
+    if isinstance(given, dict):
+        return {"type": "function",
+                "function": {"name": tool.name, "description": tool.description, "parameters": given}}
     params = tool.args_model.model_json_schema()
     params.pop("title", None)
     for prop in params.get("properties", {}).values():

@@ -1,0 +1,1 @@
+"""MCP servers as tool sources (extra `durable-agent[mcp]`)."""

@@ -1,0 +1,185 @@
+"""MCP tools as harness tools: names, effect classes, the catalog recorded with a run.
+
+Effect class from the tool's annotations (hints the server gives; the config can override):
+
+    readOnlyHint true                          read   re-run on resume, like read_file
+    idempotentHint true, destructiveHint false write   intent row; re-run on resume (idempotent)
+    anything else                              exec   intent row; an interrupted call stops
+                                                      the run `blocked` until a person decides
+
+Under `--shell ask` an exec tool asks first unless its destructiveHint is false.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+from pydantic import BaseModel, ConfigDict
+
+from durable_agent.mcp.client import (
+    CallTimedOut,
+    Launch,
+    RemoteTool,
+    ServerConnection,
+    ServerFailed,
+    require_sdk,
+)
+from durable_agent.mcp.config import McpServerConfig
+from durable_agent.settings import mask_url_password
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import Tool, ToolContext, ToolResult
+
+_INVALID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class McpArguments(BaseModel):
+    """Whatever the model sends: the server validates against its own schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def tool_name(server: str, remote: str) -> str:
+    """`NAME__TOOL`, made a valid OpenAI function name (letters, digits, _ and -, ≤ 64)."""
+    return _INVALID.sub("_", f"{server}__{remote}")[:64]
+
+
+def effect_of(annotations: dict[str, Any], override: str | None) -> tuple[EffectClass, bool]:
+    """(effect class, asks under --shell ask) for one tool."""
+    destructive = annotations.get("destructiveHint")
+    asks = destructive is not False  # the protocol's default is destructive
+    if override is not None:
+        effect = EffectClass(override)
+        return effect, asks and effect is EffectClass.EXEC
+    if annotations.get("readOnlyHint") is True:
+        return EffectClass.READ, False
+    if annotations.get("idempotentHint") is True and destructive is False:
+        return EffectClass.WRITE, False
+    return EffectClass.EXEC, asks
+
+
+def catalog_entry(server: str, config: McpServerConfig, remote: RemoteTool) -> dict[str, Any]:
+    """One tool as recorded with the run (runs.tool_sources)."""
+    override = config.tools.get(remote.name)
+    effect, asks = effect_of(remote.annotations, override.effect if override else None)
+    return {"name": tool_name(server, remote.name), "remote": remote.name, "description": remote.description,
+            "input_schema": remote.input_schema, "annotations": remote.annotations,
+            "effect": effect.value, "asks": asks}
+
+
+class McpHub:
+    """The run's MCP servers, each started on first use and again after it dies."""
+
+    def __init__(self, servers: dict[str, McpServerConfig], *, launch_for: Any, startup_timeout_s: float,
+                 call_timeout_s: float) -> None:
+        self.servers = servers
+        self._launch_for = launch_for  # (name, config) -> Launch: the env and sandbox are wiring's
+        self.startup_timeout_s, self.call_timeout_s = startup_timeout_s, call_timeout_s
+        self._live: dict[str, ServerConnection] = {}
+        self._offered: dict[str, set[str]] = {}
+        self.starts: dict[str, int] = {}
+
+    def connection(self, name: str) -> ServerConnection:
+        live = self._live.get(name)
+        if live is not None and live.alive:
+            return live
+        if live is not None:
+            live.close()  # died: start it again
+        require_sdk()
+        launch: Launch = self._launch_for(name, self.servers[name])
+        conn = ServerConnection(launch, self.startup_timeout_s)
+        self.starts[name] = self.starts.get(name, 0) + 1
+        self._live[name] = conn
+        try:
+            self._offered[name] = {t.name for t in conn.tools(self.startup_timeout_s)}
+        except (ServerFailed, CallTimedOut) as exc:
+            conn.close()
+            self._live.pop(name, None)
+            raise ServerFailed(str(exc)) from None
+        return conn
+
+    def list_tools(self, name: str) -> list[RemoteTool]:
+        return self.connection(name).tools(self.startup_timeout_s)
+
+    def call(self, server: str, remote: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            conn = self.connection(server)
+        except ServerFailed as exc:
+            return ToolResult(error=str(exc))
+        if remote not in self._offered.get(server, set()):
+            return ToolResult(error=f"MCP server {server!r} no longer offers the tool {remote!r} "
+                                    "(it was offered when the run started); nothing was run")
+        timeout = self.servers[server].timeout_s or self.call_timeout_s
+        try:
+            outcome = conn.call(remote, arguments, timeout, ctx.cancel)
+        except CallTimedOut as exc:
+            # The server may still be working on it: restart it so no half-done call lingers.
+            conn.close()
+            return ToolResult(error=f"{server}__{remote}: {exc}; the server was stopped and will be "
+                                    "restarted on the next call (the call may have partly run)")
+        except ServerFailed as exc:
+            conn.close()
+            return ToolResult(error=f"{exc}. It will be restarted on the next call; this call's "
+                                    "effect is unknown (it may have partly run)")
+        data: dict[str, Any] = {"is_error": outcome.is_error}
+        if outcome.structured is not None:
+            data["structured_content"] = outcome.structured
+        if outcome.is_error:
+            return ToolResult(output="", error=outcome.text or "the tool reported an error", data=data)
+        return ToolResult(output=outcome.text, data=data)
+
+    def close(self) -> None:
+        for conn in self._live.values():
+            conn.close()
+        self._live.clear()
+
+
+class McpTool:
+    """Base of the generated per-tool classes (a Tool's name and effect are class attributes)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    args_model: ClassVar[type[BaseModel]] = McpArguments
+    effect: ClassVar[EffectClass]
+    parameters: ClassVar[dict[str, Any]]
+    asks: ClassVar[bool]
+    server: ClassVar[str]
+    remote: ClassVar[str]
+
+    def __init__(self, hub: McpHub) -> None:
+        self.hub = hub
+
+    def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        arguments = args.model_dump() if isinstance(args, BaseModel) else dict(args)
+        return self.hub.call(self.server, self.remote, arguments, ctx)
+
+
+def make_tools(hub: McpHub, catalog: dict[str, Any]) -> dict[str, Tool]:
+    """Tools from a recorded catalog: {server: {"tools": [entry, ...]}}."""
+    tools: dict[str, Tool] = {}
+    for server, source in catalog.items():
+        for entry in source.get("tools", []):
+            schema = dict(entry.get("input_schema") or {"type": "object", "properties": {}})
+            schema.setdefault("type", "object")
+            schema.setdefault("properties", {})
+            cls = type(f"Mcp_{entry['name']}", (McpTool,), {
+                "name": entry["name"], "description": (entry.get("description") or entry["remote"])[:1024],
+                "effect": EffectClass(entry["effect"]), "parameters": schema, "asks": bool(entry.get("asks", True)),
+                "server": server, "remote": entry["remote"]})
+            tools[entry["name"]] = cast(Tool, cls(hub))
+    return tools
+
+
+def list_catalog(hub: McpHub) -> dict[str, Any]:
+    """Start every server and describe its tools: what a new run records."""
+    catalog: dict[str, Any] = {}
+    for name, config in hub.servers.items():
+        remote = hub.list_tools(name)
+        where = {"url": mask_url_password(config.url)} if config.url else {"command": config.command, "args": config.args}
+        catalog[name] = {**where, "tools": [catalog_entry(name, config, t) for t in remote]}
+    return catalog
+
+
+def log_path(log_dir: Path, server: str) -> Path:
+    return log_dir / f"mcp-{server}.log"

@@ -1,0 +1,162 @@
+"""Every tool a run is offered, with where it came from: built-in, plugin, config, Python,
+MCP server. `ToolSet.open(store, run_id)` gives the run its tools: MCP tools from the
+catalog recorded with the run (listed from the servers and recorded by its first session),
+so a resume offers the same tools with the same effect classes. `close()` stops the servers.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from durable_agent.errors import ConfigError
+from durable_agent.settings import Settings
+from durable_agent.tools import build_tools
+from durable_agent.tools.base import Tool
+
+if TYPE_CHECKING:
+    from durable_agent.mcp.client import Launch
+    from durable_agent.mcp.config import McpServerConfig
+    from durable_agent.mcp.tools import McpHub
+    from durable_agent.store.runs import Store
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    name: str
+    source: str
+    effect: str
+    description: str
+
+
+class ToolSet:
+    def __init__(self, settings: Settings, env: Mapping[str, str], *, extra: Sequence[Tool] = (),
+                 log_dir: Path | None = None) -> None:
+        from durable_agent.tools.plugins import load_named, load_plugins
+
+        self.settings, self.env = settings, env
+        self.log_dir = log_dir or Path(settings.workspace) / ".durable-agent-logs"
+        self.local: dict[str, Tool] = {}
+        self.sources: dict[str, str] = {}
+        for tool in build_tools(settings.shell).values():
+            self._add(tool, "built-in" if type(tool).__module__.startswith("durable_agent.tools.") else "python")
+        for loaded in (*load_plugins(), *load_named(settings.tools)):
+            self._add(loaded.tool, loaded.source)
+        for tool in extra:
+            self._add(tool, "python")
+        self.hub: McpHub | None = None
+        self.catalog: dict[str, Any] | None = None
+
+    def _add(self, tool: Tool, source: str) -> None:
+        if tool.name in self.local and self.sources[tool.name] != source:
+            raise ConfigError(f"two tools are named {tool.name!r} ({self.sources[tool.name]}, {source})")
+        self.local[tool.name], self.sources[tool.name] = tool, source
+
+    def _mcp_hub(self) -> McpHub:
+        if self.hub is None:
+            from durable_agent.mcp.tools import McpHub
+
+            self.hub = McpHub(dict(self.settings.mcp_servers), launch_for=self._launch,
+                              startup_timeout_s=self.settings.mcp_startup_timeout_s,
+                              call_timeout_s=self.settings.mcp_timeout_s)
+        return self.hub
+
+    def prepare(self) -> None:
+        """Start the MCP servers and list their tools (a new run; a start failure is a
+        ConfigError with the server's stderr tail, before anything is recorded)."""
+        if not self.settings.mcp_servers or self.catalog is not None:
+            return
+        from durable_agent.mcp.client import ServerFailed
+        from durable_agent.mcp.tools import list_catalog
+
+        try:
+            self.catalog = list_catalog(self._mcp_hub())
+        except ServerFailed as exc:
+            self.close()
+            raise ConfigError(str(exc)) from None
+
+    def open(self, store: Store, run_id: str) -> dict[str, Tool]:
+        """The run's tools. MCP tools come from the run's recorded catalog; a run without
+        one (its first session) lists the servers and records what they offer."""
+        tools = dict(self.local)
+        if not self.settings.mcp_servers:  # a run with MCP servers has them in its recorded settings
+            return tools
+        recorded = store.tool_sources(run_id)
+        if recorded is None:
+            self.prepare()
+            assert self.catalog is not None
+            recorded = store.record_tool_sources(run_id, {"mcp_servers": self.catalog})
+        servers = (recorded or {}).get("mcp_servers") or {}
+        if servers:
+            from durable_agent.mcp.tools import make_tools
+
+            hub = self._mcp_hub()
+            for name in servers:  # a recorded server no longer configured: its calls fail clearly
+                if name not in hub.servers:
+                    hub.servers[name] = _from_record(name, servers[name])
+            tools.update(make_tools(hub, servers))
+        return tools
+
+    def listing(self) -> list[ToolInfo]:
+        """For `durable-agent tools`: every tool a run started now would be offered."""
+        infos = [ToolInfo(t.name, self.sources[t.name], str(t.effect.value), _first_line(t.description))
+                 for t in self.local.values()]
+        self.prepare()
+        for server, source in (self.catalog or {}).items():
+            for entry in source["tools"]:
+                infos.append(ToolInfo(entry["name"], f"mcp {server}", entry["effect"],
+                                      _first_line(entry.get("description") or "")))
+        return infos
+
+    def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+
+    def _launch(self, name: str, config: McpServerConfig) -> Launch:
+        """How to start one server: the harness's environment without its credentials, the
+        server's own env on top, contained like a command by the run's OS sandbox."""
+        from durable_agent.mcp.client import Launch, ServerFailed
+        from durable_agent.mcp.tools import log_path
+        from durable_agent.tools.os_sandbox import SandboxUnavailable, prepare, resolve_sandbox
+        from durable_agent.tools.process import command_env
+
+        if config.url is not None:
+            return Launch(name, url=config.url)
+        s = self.settings
+        assert config.command is not None
+        env = command_env(self.env, run_id="", call_id="")
+        # A server lives across calls (and is started before the run has an id): no ids.
+        env.pop("DURABLE_AGENT_RUN_ID"), env.pop("DURABLE_AGENT_CALL_ID")
+        env.update(config.env)
+        workspace = Path(s.workspace)
+        cwd = Path(config.cwd).expanduser() if config.cwd else workspace
+        if not cwd.is_absolute():
+            cwd = workspace / cwd
+        program = shutil.which(config.command, path=self.env.get("PATH")) or config.command
+        if not Path(program).is_absolute() and "/" not in program:
+            raise ServerFailed(f"MCP server {name!r}: command {config.command!r} not found on PATH")
+        sandbox = resolve_sandbox(s.sandbox, s.network, self.env)
+        try:
+            launch = prepare(sandbox, [program, *config.args], cwd=cwd, workspace=workspace, env=env)
+        except SandboxUnavailable as exc:
+            raise ConfigError(f"MCP server {name!r}: {exc}") from None
+        return Launch(name, argv=launch.argv, env=launch.env, cwd=str(cwd),
+                      log_path=log_path(self.log_dir, name), cleanup=launch.cleanup)
+
+
+def _from_record(name: str, recorded: dict[str, Any]) -> McpServerConfig:
+    from durable_agent.mcp.config import McpServerConfig
+
+    # A server the run recorded that its settings no longer name: started from the record
+    # (command and args; its env stays in the config), or failing as an observation.
+    if recorded.get("url"):
+        return McpServerConfig.model_validate({"url": recorded["url"]})
+    return McpServerConfig.model_validate({"command": recorded.get("command") or "false",
+                                           "args": list(recorded.get("args") or [])})
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:120]

@@ -1,0 +1,76 @@
+"""Tools from outside the package: installed plugins and import paths named in the config.
+
+A plugin is a distribution with an entry point in the group `durable_agent.tools`; the
+config names others as `tools = ["package.module:Attr"]`. Either may point to a Tool
+object, a Tool class or any zero-argument factory returning a Tool.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, cast
+
+from durable_agent.errors import ConfigError
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import Tool
+
+ENTRY_POINT_GROUP = "durable_agent.tools"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    tool: Tool
+    source: str  # "plugin DIST" or "config MODULE:ATTR"
+
+
+def load_plugins() -> list[Loaded]:
+    loaded = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else ep.value
+        where = f"plugin {dist} (entry point {ep.name} = {ep.value})"
+        try:
+            target = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is a configuration error
+            raise ConfigError(f"cannot load tool {where}: {type(exc).__name__}: {exc}") from None
+        loaded.append(Loaded(as_tool(target, where), f"plugin {dist}"))
+    return loaded
+
+
+def load_named(specs: list[str]) -> list[Loaded]:
+    loaded = []
+    for spec in specs:
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not module_name or not attr:
+            raise ConfigError(f"tools: {spec!r} is not `package.module:Name`")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                target = getattr(target, part)
+        except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, errors at import
+            raise ConfigError(f"tools: cannot import {spec!r}: {type(exc).__name__}: {exc}") from None
+        loaded.append(Loaded(as_tool(target, f"tools entry {spec!r}"), f"config {spec}"))
+    return loaded
+
+
+def as_tool(target: Any, where: str) -> Tool:
+    """The Tool behind `target`: itself, or what calling it (a class, a factory) returns."""
+    candidate = target
+    if isinstance(target, type) or (callable(target) and not _looks_like_tool(target)):
+        try:
+            candidate = target()
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"{where}: calling it to make the tool failed: {type(exc).__name__}: {exc}") from None
+    missing = [a for a in ("name", "description", "args_model", "effect", "run") if not hasattr(candidate, a)]
+    if missing:
+        raise ConfigError(f"{where} is not a tool: it has no {', '.join(missing)}")
+    try:
+        EffectClass(candidate.effect)
+    except ValueError:
+        raise ConfigError(f"{where}: effect {candidate.effect!r} is not read, write or exec") from None
+    return cast(Tool, candidate)
+
+
+def _looks_like_tool(obj: Any) -> bool:
+    return all(hasattr(obj, a) for a in ("name", "args_model", "effect", "run"))

@@ -1,0 +1,104 @@
+"""Tool plugins: an installed distribution's entry point (`durable_agent.tools`) and the
+config's `tools = ["module:Name"]`, seen by `durable-agent tools` and used by a run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PLUGIN = '''
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import ToolContext, ToolResult
+
+
+class Args(BaseModel):
+    text: str
+
+
+class Shout:
+    name: ClassVar[str] = "shout"
+    description: ClassVar[str] = "Upper-case a text."
+    args_model: ClassVar[type[BaseModel]] = Args
+    effect: ClassVar[EffectClass] = EffectClass.READ
+
+    def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        return ToolResult(output=args.text.upper() + " (run " + ctx.run_id + ")")
+
+
+class Whisper(Shout):
+    name: ClassVar[str] = "whisper"
+    description: ClassVar[str] = "Lower-case a text."
+
+    def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        return ToolResult(output=args.text.lower())
+
+
+def make() -> Shout:
+    return Shout()
+
+
+NOT_A_TOOL = 42
+'''
+
+
+@pytest.fixture
+def plugin_env(tmp_path: Path) -> dict[str, str]:
+    """An importable distribution `da-demo-plugin` with an entry point, as pip would leave it."""
+    site = tmp_path / "site"
+    (site / "da_demo_plugin").mkdir(parents=True)
+    (site / "da_demo_plugin" / "__init__.py").write_text(PLUGIN)
+    info = site / "da_demo_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: da-demo-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[durable_agent.tools]\nshout = da_demo_plugin:make\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def test_a_plugin_tool_is_listed_and_used_in_a_run(cli: Callable[..., Any], plugin_env: dict[str, str],
+                                                   write_script: Callable[..., str], tmp_path: Path,
+                                                   sql: Callable[..., list[Any]]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('tools = ["da_demo_plugin:Whisper"]\n')
+    extra_env = {**plugin_env, "DURABLE_AGENT_CONFIG": str(config)}
+    r = cli("tools", "--json", extra_env=extra_env)
+    assert r.code == 0, r.stderr
+    tools = {t["name"]: t for t in r.json()}
+    assert tools["shout"] == {"name": "shout", "source": "plugin da-demo-plugin", "effect": "read",
+                              "description": "Upper-case a text."}
+    assert tools["whisper"]["source"] == "config da_demo_plugin:Whisper"
+    table = cli("tools", "--shell", "deny", extra_env=extra_env).stdout.splitlines()
+    assert table[0].split() == ["NAME", "SOURCE", "EFFECT", "DESCRIPTION"]
+    assert ["shout", "plugin", "da-demo-plugin", "read", "Upper-case", "a", "text."] in [r.split() for r in table]
+    assert not any(r.startswith("run_command") for r in table)  # --shell deny: not offered
+    model = write_script([{"tool_calls": [{"name": "shout", "arguments": {"text": "hi"}},
+                                          {"name": "whisper", "arguments": {"text": "HO"}}]},
+                          {"content": "done"}])
+    r = cli("start", "use the plugin", "--model", model, "--json", "--run-id", "plug", extra_env=extra_env)
+    assert r.code == 0, r.stderr
+    rows = sql("SELECT tool_name, effect, json_extract(output, '$.result') FROM steps "
+               "WHERE kind = 'tool' ORDER BY seq")
+    assert rows == [("shout", "read", "HI (run plug)"), ("whisper", "read", "ho")]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("da_demo_plugin:NOT_A_TOOL", "is not a tool"),
+    ("da_demo_plugin:Missing", "cannot import 'da_demo_plugin:Missing'"),
+    ("no_such_module_here:X", "cannot import"),
+    ("da_demo_plugin", "is not `package.module:Name`"),
+    ("da_demo_plugin:Shout", "two tools are named 'shout'"),
+])
+def test_a_bad_tool_entry_is_one_line(cli: Callable[..., Any], plugin_env: dict[str, str], tmp_path: Path,
+                                      spec: str, message: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f"tools = [{json.dumps(spec)}]\n")
+    r = cli("tools", extra_env={**plugin_env, "DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
