@@ -47,8 +47,7 @@ class Runner:
         self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
         self.env, self.redactor, self.sleep, self.retry_policy = env, redactor, sleep, retry_policy
         self.store_policy = store_policy or store.policy
-        self.observer = observer or Observer()
-        self.cancel = cancel or threading.Event()
+        self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
 
