@@ -167,12 +167,14 @@ class Journal:
         self._deferred_counters = None
 
     def commit(self, statements: Iterable[Statement] = (), *, step_rows: Sequence[dict[str, Any]] = (),
-               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None) -> None:
+               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None,
+               raw: Sequence[Statement] = ()) -> None:
         """One fenced checkpoint: the fence, the deferred and new rows, then `statements`.
 
         Retried whole on transient faults. Raises LeaseLost (fenced out), StoreUnavailable
         (faults persisted) or StoreError (refused); after any of them nothing of it is
         committed, and the deferred rows are kept for the caller to drop with the session.
+        `raw` statements run first, as they are: binary workspace blobs, not cleaned text.
         """
         # storable: no value (a NUL, a lone surrogate, a non-finite number) may fail the write
         # on either dialect; it returns the same object when there is nothing to change.
@@ -189,6 +191,8 @@ class Journal:
             try:
                 with conn.begin():
                     self._fence(conn, now, counters, token)
+                    for statement, params in raw:
+                        conn.execute(statement, params)
                     if all_steps:
                         conn.execute(_INSERT_STEP, all_steps)
                     if all_messages:

@@ -71,6 +71,8 @@ class RunRecord(_Record):
     message_count: int
     active_ms: int
     resume_count: int
+    forked_from: str | None = None  # 0005: `fork` lineage
+    fork_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class StepRecord(_Record):
     effect: str | None
     pgid: int | None
     lease_epoch: int | None
+    tree_before: str | None = None  # 0005: workspace snapshots (workspace/)
+    tree_id: str | None = None
 
 
 @dataclass(frozen=True)
