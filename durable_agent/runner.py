@@ -31,6 +31,7 @@ from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
 from durable_agent.tool_step import run_tool, stop_leftover_processes
 from durable_agent.tools.base import Tool, tool_schema
+from durable_agent.workspace.resume import check as workspace_check
 
 
 def new_run_id() -> str:
@@ -102,6 +103,7 @@ class Runner:
                                   steps_done=ctx.state.step_count)
         try:
             stop_leftover_processes(ctx)
+            workspace_check(ctx)  # rebuild a missing workspace; stop on drift
             while True:
                 self._check_cancel(ctx)
                 pending = ctx.state.pending_calls()

@@ -103,3 +103,59 @@ class BlobStore:
         if data is None:
             raise KeyError(f"workspace blob {digest} is not in the store")
         return zlib.decompress(bytes(data))
+
+
+@dataclass(frozen=True)
+class TreeAt:
+    tree: str
+    seq: int  # the step whose snapshot it is
+    after: bool  # the snapshot after that step (False: from before it, e.g. the run's start)
+
+
+def tree_at(engine: Engine, run_id: str, seq: int | None = None) -> TreeAt | None:
+    """The workspace as it was after step `seq` (None: after the run's last snapshot).
+
+    The last `tree_id` at or before `seq`; before any, the first recorded `tree_before`
+    (the workspace as the run found it). An interrupted step (intent only) counts with
+    its `tree_before` when it is the latest: the files were last seen there."""
+    from durable_agent.store.schema import steps
+
+    where = [steps.c.run_id == run_id]
+    if seq is not None:
+        where.append(steps.c.seq <= seq)
+    with engine.connect() as conn:
+        row = conn.execute(select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
+                           .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
+                           .order_by(steps.c.seq.desc()).limit(1)).first()
+        if row is not None:
+            if row.tree_id is not None:
+                return TreeAt(row.tree_id, row.seq, True)
+            return TreeAt(row.tree_before, row.seq, False)
+        first = conn.execute(select(steps.c.seq, steps.c.tree_before)
+                             .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
+                             .order_by(steps.c.seq).limit(1)).first()
+    return None if first is None else TreeAt(first.tree_before, first.seq, False)
+
+
+def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str | None] | None:
+    """(tree_before, tree_id) of one step, or None when there is no such step."""
+    from durable_agent.store.schema import steps
+
+    with engine.connect() as conn:
+        row = conn.execute(select(steps.c.tree_before, steps.c.tree_id)
+                           .where(steps.c.run_id == run_id, steps.c.seq == seq)).first()
+    return None if row is None else (row.tree_before, row.tree_id)
+
+
+def first_tree(engine: Engine, run_id: str) -> str | None:
+    """The workspace as the run found it: its first recorded `tree_before`."""
+    found = tree_at(engine, run_id, -1)
+    return found.tree if found is not None else None
+
+
+def save_statements(engine: Engine, statements: list[Statement]) -> None:
+    """A snapshot outside any run (restore --force keeps what it overwrites): content
+    addressed and immutable, so no lease is needed to write it."""
+    with engine.begin() as conn:
+        for statement, params in statements:
+            conn.execute(statement, params)

@@ -29,6 +29,7 @@ class ApprovalKind(StrEnum):
 
     APPROVAL_REQUIRED = "approval_required"
     UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
+    WORKSPACE_DRIFT = "workspace_drift"  # resume found the files differ from the last snapshot
 
 
 class _Record:
