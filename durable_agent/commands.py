@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import re
 import sys
 import threading
 from argparse import Namespace
@@ -16,11 +15,10 @@ from durable_agent.errors import ConfigError, UsageError
 from durable_agent.interrupts import Interrupts
 from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
-from durable_agent.ws_commands import cmd_diff, cmd_fork, cmd_restore
+from durable_agent.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 
 __all__ = ["cmd_diff", "cmd_fork", "cmd_restore"]  # the workspace commands live in ws_commands.py
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -16,11 +17,14 @@ from typing import Any
 
 from durable_agent.errors import UsageError
 
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes it
+
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.commands import _open as open_store
+    from durable_agent.settings import load_settings
+    from durable_agent.wiring import open_store
 
-    return open_store(args, env)
+    return open_store(load_settings({"db": getattr(args, "db", None)}, env))
 
 
 def _seq(run_id: str, shown: int, steps: list[Any]) -> int:
@@ -125,7 +129,6 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.commands import RUN_ID_RE
     from durable_agent.runner import new_run_id
     from durable_agent.store.blobs import BlobStore
     from durable_agent.store.forks import fork_run
