@@ -153,7 +153,7 @@ class Scanner:
                 if made is None:
                     continue
                 entry = made
-            racy = st.st_mtime_ns >= started - RACY_NS or st.st_ctime_ns >= started - RACY_NS
+            racy = st.st_mtime_ns >= started - RACY_NS
             cache[rel] = (key, entry, racy)
             out.manifest[rel] = entry
         return found
