@@ -86,10 +86,18 @@ def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
 
 def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry]) -> tuple[bytes, int]:
     """The delta from `base` to `manifest`, compressed, and how many paths it names."""
-    put = [_entry_json(p, e) for p, e in sorted(manifest.items()) if base.get(p) != e]
-    drop = [_enc(p) for p in sorted(base) if p not in manifest]
+    # Entries the scanner kept from its cache are the same objects: `is` settles most paths
+    # without a field-by-field comparison.
+    put = [_entry_json(p, manifest[p]) for p in sorted(_differing(base, manifest))]
+    drop = [_enc(p) for p in sorted(p for p in base if p not in manifest)]
     data = json.dumps({"set": put, "del": drop}, separators=(",", ":")).encode()
     return zlib.compress(data, 6), len(put) + len(drop)
+
+
+def _differing(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[bytes]:
+    """Paths of `new` whose entry is not the one in `old` (new paths included)."""
+    get = old.get
+    return [p for p, e in new.items() if (o := get(p)) is not e and o != e]
 
 
 def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
@@ -111,10 +119,9 @@ def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
 def changes(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[Change]:
     """What differs from `old` to `new`, by path: added, modified, deleted, or mode only."""
     out: list[Change] = []
-    for path in sorted(set(old) | set(new)):
+    candidates = _differing(old, new) + [p for p in old if p not in new]
+    for path in sorted(candidates):
         a, b = old.get(path), new.get(path)
-        if a == b:
-            continue
         if a is None:
             assert b is not None
             out.append(Change(path, "added", b.size))

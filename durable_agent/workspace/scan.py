@@ -37,6 +37,7 @@ class Scan:
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap
+    changed: bool = True  # False: the same manifest as this scanner's previous scan
 
 
 def _spec(lines: Sequence[str]) -> Any:
@@ -56,21 +57,29 @@ class Scanner:
         self._cache: dict[bytes, tuple[StatKey, Entry, bool]] = {}  # path -> key, entry, racy
         self._ignores: dict[bytes, tuple[StatKey, Any]] = {}  # dir -> .gitignore key, spec
         self._decisions: dict[tuple[bytes, bool], bool] = {}  # (path, is_dir) -> ignored
+        self._previous: Manifest | None = None
+        self._changed = False  # set by the walk when an entry is new or differs
 
     def scan(self) -> Scan:
         with self.lock:
             started = time.time_ns()
             out = Scan({})
             cache: dict[bytes, tuple[StatKey, Entry, bool]] = {}
+            self._changed = False
             if os.path.isdir(self.root):
                 self._walk(b"", [], out, cache, started)
+            previous = self._previous
+            # No entry new or different and as many as before: the same paths, the same manifest.
+            out.changed = self._changed or previous is None or len(previous) != len(out.manifest)
             self._cache = cache
+            self._previous = out.manifest
             return out
 
     def forget(self) -> None:
         """Drop the stat cache (the next scan hashes every file again)."""
         with self.lock:
             self._cache.clear()
+            self._previous = None
 
     # -- ignoring ------------------------------------------------------------------------------
     def _gitignore(self, rel_dir: bytes) -> Any:
@@ -118,6 +127,7 @@ class Scanner:
     # -- walking -------------------------------------------------------------------------------
     def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], out: Scan,
               cache: dict[bytes, tuple[StatKey, Entry, bool]], started: int) -> int:
+        # The hot loop of an unchanged workspace: one lstat and a few dict lookups per file.
         spec = self._gitignore(rel_dir)
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
@@ -126,26 +136,40 @@ class Scanner:
             entries = list(os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root))
         except OSError:
             return 0
+        decisions, old_cache, manifest = self._decisions, self._cache, out.manifest
+        previous = self._previous or {}
+        racy_after = started - RACY_NS
         for item in entries:
             rel = rel_dir + b"/" + item.name if rel_dir else item.name
             try:
+                is_dir = item.is_dir(follow_symlinks=False)
+                if is_dir:
+                    ignored = decisions.get((rel, True))
+                    if ignored is None:
+                        ignored = self._ignored(rel, True, specs)
+                    if ignored:
+                        continue
+                    if self._walk(rel, specs, out, cache, started) == 0:
+                        entry = Entry(DIR, stat.S_IMODE(item.stat(follow_symlinks=False).st_mode) & 0o777)
+                        manifest[rel] = entry
+                        if previous.get(rel) != entry:
+                            self._changed = True
+                    found += 1
+                    continue
                 st = item.stat(follow_symlinks=False)
             except OSError:
                 continue  # gone since the listing
             mode = st.st_mode
-            if stat.S_ISDIR(mode):
-                if self._ignored(rel, True, specs):
-                    continue
-                inside = self._walk(rel, specs, out, cache, started)
-                if inside == 0:
-                    out.manifest[rel] = Entry(DIR, stat.S_IMODE(mode) & 0o777)
-                found += 1
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
-            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)) or self._ignored(rel, False, specs):
+            ignored = decisions.get((rel, False))
+            if ignored is None:
+                ignored = self._ignored(rel, False, specs)
+            if ignored:
                 continue
             found += 1
             key: StatKey = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, mode)
-            old = self._cache.get(rel)
+            old = old_cache.get(rel)
             if old is not None and old[0] == key and not old[2]:
                 entry = old[1]
             else:
@@ -153,9 +177,10 @@ class Scanner:
                 if made is None:
                     continue
                 entry = made
-            racy = st.st_mtime_ns >= started - RACY_NS
-            cache[rel] = (key, entry, racy)
-            out.manifest[rel] = entry
+                if old is None or old[1] != entry:
+                    self._changed = True
+            cache[rel] = (key, entry, st.st_mtime_ns >= racy_after)
+            manifest[rel] = entry
         return found
 
     def _entry(self, path: bytes, st: os.stat_result, out: Scan, rel: bytes) -> Entry | None:

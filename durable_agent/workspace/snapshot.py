@@ -37,9 +37,18 @@ _pending: dict[int, dict[str, bytes]] = {}  # id(scanner) -> contents not yet se
 _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snapshot
 
 
+_stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
+
+
 def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
     scan = scanner.scan()
     manifest = scan.manifest
+    with scanner.lock:
+        last = _last.get(id(scanner))
+        stored = _stored.setdefault(str(blobs.engine.url), set())
+        if not scan.changed and last is not None and last[0] in stored and not _pending.get(id(scanner)):
+            # Unchanged since a snapshot the store has: nothing to hash, query or write.
+            return Snapshot(last[0], manifest, [], scan.skipped)
     tid = tree_id(manifest)
     refs = blob_refs(manifest.values())
     with scanner.lock:
@@ -48,7 +57,6 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
         for digest in [h for h in pending if h not in refs]:
             del pending[digest]  # no longer in the workspace: nothing will name it
         check = set(pending)
-        last = _last.get(id(scanner))
     present = blobs.present_blobs(check) if check else set()
     statements: list[Statement] = []
     missing = {h: pending[h] for h in check - present}
@@ -58,12 +66,16 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
     if missing:
         statements.append(blobs.blob_statement(missing))
     depths = blobs.tree_depths([tid, last[0] if last else ""])
+    with scanner.lock:
+        stored.update(depths)
     if tid not in depths:
-        row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+        row = None
         if last is not None and last[0] in depths and depths[last[0]] < MAX_DEPTH:
             data, size = encode_delta(last[1], manifest)
             if size * 4 <= len(manifest) + 4:  # small change: a delta; else a new full manifest
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
+        if row is None:
+            row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
         statements.append(blobs.tree_statement(row))
     with scanner.lock:
         _last[id(scanner)] = (tid, manifest)
