@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--deny", action="store_true", help="deny instead: the model is told")
+    p.add_argument("--restore", action="store_true",
+                   help="a command cut off by a crash: put the workspace back as it was before the "
+                        "command started, then run it again")
     p.add_argument("--by", metavar="NAME", help="who decides (default: the current user)")
     _add_db(p)
 

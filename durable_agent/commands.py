@@ -244,7 +244,10 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
                              f"continue with: durable-agent resume {run_id}")
         raise UsageError(f"run {run_id} has no pending approval")
     who = args.by or _user()
-    store.decide_approval(pending.id, approved=not args.deny, by=who)
+    if args.restore and (args.deny or pending.kind != "uncertain_side_effect" or pending.tool_name == "workspace"):
+        raise UsageError("--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "
+                         "workspace back as before the command, then runs it again; it cannot be combined with --deny")
+    store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
     what = f"`{pending.command}`" if pending.command else pending.tool_name
     verb = "denied" if args.deny else "approved"
     print(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}")

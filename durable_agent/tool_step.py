@@ -138,11 +138,14 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
                       "not run again. Check the workspace before relying on it."))
         approval = approvals.decided(ctx, call, UNCERTAIN, command,
                                      "it was interrupted by a crash and may have partly or fully run; "
-                                     "running it again may repeat its side effects", step_seq=prior.seq)
+                                     "running it again may repeat its side effects"
+                                     + recorder.changed_so_far(ctx, prior.tree_before), step_seq=prior.seq)
         if approvals.denied(approval):
             return _record(ctx, call, step, ToolResult(
                 error="the command was interrupted by a crash; its outcome is unknown and the user "
                       "chose not to run it again"), use_approval=approval.id)
+        if approval.restore_workspace and prior.tree_before:
+            recorder.put_back(ctx, prior.tree_before)  # `approve --restore`: from where it started
         use = approval.id
     else:
         verdict, why = approvals.policy(ctx, call.name, command)

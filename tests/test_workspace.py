@@ -251,3 +251,37 @@ def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path) -> None:
     assert list(first.contents) and scanner.scan().contents == {}
     (tmp_path / "f").write_text("y")
     assert list(scanner.scan().contents) != list(first.contents)
+
+
+def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_the_start(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import sys
+    import time
+
+    (workspace / "keep.txt").write_text("before\n")
+    model = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": "echo partial > p.txt && rm keep.txt && sleep ${DA_TEST_DELAY:-0} && echo done > d.txt"}}]},
+        {"content": "done"}])
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", model, "--shell", "allow",
+                             "--run-id", "cut", "--quiet"], cwd=workspace, env={**env, "DA_TEST_DELAY": "60"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (workspace / "p.txt").exists() or (workspace / "keep.txt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    blocked = da(["resume", "cut"], env, workspace)
+    assert blocked.returncode == 5
+    assert "p.txt (added)" in blocked.stderr and "keep.txt (deleted)" in blocked.stderr
+    assert "p.txt (added)" in da(["show", "cut"], env, workspace).stdout
+    assert da(["approve", "cut", "--restore", "--deny"], env, workspace).returncode == 2
+    assert da(["approve", "cut", "--restore"], env, workspace).returncode == 0
+    done = da(["resume", "cut", "--quiet"], env, workspace)
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "d.txt").read_text() == "done\n"
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    # Re-run from the pre-command snapshot: keep.txt came back and was deleted again.
+    changed = set(db.execute("SELECT path, change FROM step_changes WHERE run_id='cut' AND seq=1").fetchall())
+    assert changed == {("p.txt", "added"), ("keep.txt", "deleted"), ("d.txt", "added")}

@@ -1,5 +1,6 @@
 """The workspace as part of the checkpoint: content-addressed blobs and trees, the changes
-of each step (and the view `step_changes`), the snapshot ids on steps, fork lineage on runs.
+of each step (and the view `step_changes`), the snapshot ids on steps, fork lineage on runs,
+and `approvals.restore_workspace` (`approve --restore`).
 
 Revision ID: 0005
 Revises: 0004
@@ -53,11 +54,15 @@ def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.add_column(sa.Column("forked_from", sa.String(64)))
         batch.add_column(sa.Column("fork_seq", sa.Integer))
+    with op.batch_alter_table("approvals") as batch:
+        batch.add_column(sa.Column("restore_workspace", sa.Boolean))
     op.execute(STEP_CHANGES)
 
 
 def downgrade() -> None:
     op.execute("DROP VIEW step_changes")
+    with op.batch_alter_table("approvals") as batch:
+        batch.drop_column("restore_workspace")
     with op.batch_alter_table("runs") as batch:
         batch.drop_column("fork_seq")
         batch.drop_column("forked_from")

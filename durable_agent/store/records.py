@@ -117,6 +117,7 @@ class ApprovalRecord(_Record):
     decided_by: str | None
     decided_at: datetime | None
     used_at: datetime | None
+    restore_workspace: bool | None = None  # 0005: `approve --restore`
 
 
 @dataclass(frozen=True)

@@ -183,11 +183,11 @@ class Store:
         return None if row is None else ApprovalRecord.from_row(row)
 
     @_retried
-    def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
+    def decide_approval(self, approval_id: int, *, approved: bool, by: str, restore: bool = False) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
                 decision=(Decision.APPROVED if approved else Decision.DENIED).value,
-                decided_by=storable(by), decided_at=utcnow()))
+                decided_by=storable(by), decided_at=utcnow(), restore_workspace=restore or None))
 
     @_retried
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:

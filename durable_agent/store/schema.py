@@ -134,6 +134,7 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("decided_at", DateTime),
     Column("used_at", DateTime),  # when resume acted on the decision
+    Column("restore_workspace", Boolean),  # 0005: `approve --restore`: pre-command snapshot back first
 )
 Index("ix_approvals_run", approvals.c.run_id, approvals.c.call_id)
 

@@ -38,6 +38,34 @@ def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
 
 
+def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
+    """For the question about a command cut off by a crash: what it changed until then
+    (its pre-command snapshot against the files now), and how to undo it."""
+    if not ctx.settings.snapshots or not tree_before:
+        return ""
+    blobs = BlobStore(ctx.journal.engine)
+    try:
+        old = snapshot.load(blobs, tree_before)
+    except KeyError:
+        return ""
+    found = changes(old, scanner(ctx).scan().manifest)
+    if not found:
+        return "; so far the workspace has no changes since it started"
+    names = ", ".join(f"{c.shown} ({c.change})" for c in found[:20])
+    more = f" and {len(found) - 20} more" if len(found) > 20 else ""
+    return (f"; so far it changed {len(found)} path(s): {names}{more} (`approve --restore` puts them back "
+            "as before the command, then runs it again)")
+
+
+def put_back(ctx: StepContext, tree: str) -> None:
+    """The workspace as snapshot `tree` recorded it (`approve --restore`)."""
+    from durable_agent.workspace.materialize import materialize
+
+    blobs = BlobStore(ctx.journal.engine)
+    materialize(snapshot.load(blobs, tree), ctx.settings.workspace, scanner(ctx), blobs.blob)
+    ctx.observer.note("put the workspace back as it was before the interrupted command")
+
+
 def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0:
         return None
