@@ -27,15 +27,19 @@ def _content(entry: Entry | None, blob: Blob) -> bytes | None:
     return None  # over the size cap: never stored
 
 
+def _what(e: Entry) -> str:
+    return "symlink" if e.kind == LINK else f"{'directory' if e.kind == DIR else 'file'} mode {e.mode:o}"
+
+
 def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> Iterator[str]:
     for c in changes:
         a, b = old.get(c.path), new.get(c.path)
         name = c.shown
         yield f"diff --durable-agent a/{name} b/{name}\n"
         if a is None and b is not None:
-            yield f"new {'symlink' if b.kind == LINK else 'directory' if b.kind == DIR else 'file'} mode {b.mode:o}\n"
+            yield f"new {_what(b)}\n"
         elif b is None and a is not None:
-            yield f"deleted {'symlink' if a.kind == LINK else 'directory' if a.kind == DIR else 'file'} mode {a.mode:o}\n"
+            yield f"deleted {_what(a)}\n"
         elif a is not None and b is not None and a.mode != b.mode:
             yield f"old mode {a.mode:o}\nnew mode {b.mode:o}\n"
         if c.change == "mode":
