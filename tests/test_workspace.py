@@ -285,3 +285,19 @@ def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_
     # Re-run from the pre-command snapshot: keep.txt came back and was deleted again.
     changed = set(db.execute("SELECT path, change FROM step_changes WHERE run_id='cut' AND seq=1").fetchall())
     assert changed == {("p.txt", "added"), ("keep.txt", "deleted"), ("d.txt", "added")}
+
+
+def test_a_changed_gitignore_applies_to_files_already_cached(tmp_path: Path) -> None:
+    from durable_agent.workspace.scan import Scanner
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.log", "sub/b.log", "sub/c.txt"):
+        (tmp_path / name).write_text(name)
+    scanner = Scanner(tmp_path, [".git/"], 10_000)
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/b.log", b"sub/c.txt"}
+    (tmp_path / "sub" / ".gitignore").write_text("*.log\n")
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}
+    (tmp_path / ".gitignore").write_text("*.txt\n")
+    assert set(scanner.scan().manifest) == {b"a.log", b".gitignore", b"sub/.gitignore"}
+    (tmp_path / ".gitignore").unlink()
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}

@@ -58,6 +58,8 @@ class Scanner:
         self._ignores: dict[bytes, tuple[StatKey, Any]] = {}  # dir -> .gitignore key, spec
         self._decisions: dict[tuple[bytes, bool], bool] = {}  # (path, is_dir) -> ignored
         self._previous: Manifest | None = None
+        self._ignore_epoch = 0  # +1 whenever a .gitignore changed (every decision is made again)
+        self._cache_epoch = -1  # the ignore epoch the stat cache was built under
         self._changed = False  # set by the walk when an entry is new or differs
 
     def scan(self) -> Scan:
@@ -72,6 +74,7 @@ class Scanner:
             # No entry new or different and as many as before: the same paths, the same manifest.
             out.changed = self._changed or previous is None or len(previous) != len(out.manifest)
             self._cache = cache
+            self._cache_epoch = self._ignore_epoch
             self._previous = out.manifest
             return out
 
@@ -90,6 +93,7 @@ class Scanner:
             if rel_dir in self._ignores:
                 del self._ignores[rel_dir]
                 self._decisions.clear()
+                self._ignore_epoch += 1
             return None
         key = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode)
         known = self._ignores.get(rel_dir)
@@ -103,6 +107,7 @@ class Scanner:
         spec = _spec(lines)
         self._ignores[rel_dir] = (key, spec)
         self._decisions.clear()  # a .gitignore changed: every decision is made again
+        self._ignore_epoch += 1
         return spec
 
     def _ignored(self, rel: bytes, is_dir: bool, specs: list[tuple[bytes, Any]]) -> bool:
@@ -139,6 +144,7 @@ class Scanner:
         decisions, old_cache, manifest = self._decisions, self._cache, out.manifest
         previous = self._previous or {}
         racy_after = started - RACY_NS
+        epoch = self._ignore_epoch
         for item in entries:
             rel = rel_dir + b"/" + item.name if rel_dir else item.name
             try:
@@ -162,14 +168,16 @@ class Scanner:
             mode = st.st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
-            ignored = decisions.get((rel, False))
-            if ignored is None:
-                ignored = self._ignored(rel, False, specs)
-            if ignored:
-                continue
+            old = old_cache.get(rel)
+            # In the last scan's cache: not ignored then, and no .gitignore changed since.
+            if old is None or self._ignore_epoch != epoch or self._ignore_epoch != self._cache_epoch:
+                ignored = decisions.get((rel, False))
+                if ignored is None:
+                    ignored = self._ignored(rel, False, specs)
+                if ignored:
+                    continue
             found += 1
             key: StatKey = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, mode)
-            old = old_cache.get(rel)
             if old is not None and old[0] == key and not old[2]:
                 entry = old[1]
             else:
