@@ -31,6 +31,7 @@ from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
 from durable_agent.tool_step import run_tool, stop_leftover_processes
 from durable_agent.tools.base import Tool, tool_schema
+from durable_agent.workspace.recorder import at_creation
 from durable_agent.workspace.resume import check as workspace_check
 
 
@@ -60,8 +61,8 @@ class Runner:
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]
         lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
         self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
-                              model=self.model.name, settings=self.settings.redacted_dict(),
-                              first_messages=first, lease=lease)
+                              model=self.model.name, settings=self.settings.redacted_dict(), first_messages=first,
+                              lease=lease, tree_start=at_creation(self.settings, self.store.engine))
         return run_id
 
     def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:

@@ -301,3 +301,20 @@ def test_a_changed_gitignore_applies_to_files_already_cached(tmp_path: Path) -> 
     assert set(scanner.scan().manifest) == {b"a.log", b".gitignore", b"sub/.gitignore"}
     (tmp_path / ".gitignore").unlink()
     assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}
+
+
+def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    (workspace / "seed.txt").write_text("from the user's disk\n")
+    model = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat seed.txt > copy.txt"}}]},
+        {"content": "done"}])
+    proc = da(["start", "t", "--model", model, "--shell", "allow", "--run-id", "det", "--detach"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    root = tmp_path / "other-host"
+    proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "rebuilt the workspace" in proc.stderr
+    assert (root / "det" / "copy.txt").read_text() == "from the user's disk\n"
+    assert not (workspace / "copy.txt").exists()
+    stat = da(["diff", "det", "--stat"], env, workspace).stdout
+    assert "copy.txt" in stat and "seed.txt" not in stat

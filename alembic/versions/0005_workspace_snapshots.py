@@ -54,6 +54,7 @@ def upgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.add_column(sa.Column("forked_from", sa.String(64)))
         batch.add_column(sa.Column("fork_seq", sa.Integer))
+        batch.add_column(sa.Column("tree_start", sa.String(64)))
     with op.batch_alter_table("approvals") as batch:
         batch.add_column(sa.Column("restore_workspace", sa.Boolean))
     op.execute(STEP_CHANGES)
@@ -64,6 +65,7 @@ def downgrade() -> None:
     with op.batch_alter_table("approvals") as batch:
         batch.drop_column("restore_workspace")
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("tree_start")
         batch.drop_column("fork_seq")
         batch.drop_column("forked_from")
     with op.batch_alter_table("steps") as batch:

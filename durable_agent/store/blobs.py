@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from durable_agent.store.schema import workspace_blobs, workspace_trees
+from durable_agent.store.schema import runs, workspace_blobs, workspace_trees
 
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
@@ -134,7 +134,10 @@ def tree_at(engine: Engine, run_id: str, seq: int | None = None) -> TreeAt | Non
         first = conn.execute(select(steps.c.seq, steps.c.tree_before)
                              .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
                              .order_by(steps.c.seq).limit(1)).first()
-    return None if first is None else TreeAt(first.tree_before, first.seq, False)
+        if first is not None:
+            return TreeAt(first.tree_before, first.seq, False)
+        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    return None if start is None else TreeAt(start, -1, False)  # as the run was created
 
 
 def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str | None] | None:
@@ -148,7 +151,11 @@ def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str |
 
 
 def first_tree(engine: Engine, run_id: str) -> str | None:
-    """The workspace as the run found it: its first recorded `tree_before`."""
+    """The workspace as the run found it: its snapshot at creation, else its first `tree_before`."""
+    with engine.connect() as conn:
+        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    if start is not None:
+        return str(start)
     found = tree_at(engine, run_id, -1)
     return found.tree if found is not None else None
 

@@ -74,6 +74,7 @@ class RunRecord(_Record):
     resume_count: int
     forked_from: str | None = None  # 0005: `fork` lineage
     fork_seq: int | None = None
+    tree_start: str | None = None  # 0005: workspace snapshot at creation
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Store:
     @_retried
     def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
                    settings: dict[str, Any], first_messages: Sequence[Message],
-                   lease: tuple[str, float] | None = None) -> None:
+                   lease: tuple[str, float] | None = None, tree_start: str | None = None) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
@@ -82,7 +82,7 @@ class Store:
                 created_at=now, updated_at=now,
                 step_count=0, tool_call_count=0, prompt_tokens=0, completion_tokens=0,
                 cancel_requested=False, settings=settings,
-                message_count=len(first_messages), active_ms=0, resume_count=0, **leased,
+                message_count=len(first_messages), active_ms=0, resume_count=0, tree_start=tree_start, **leased,
             ))
             conn.execute(insert(messages), [
                 message_values(run_id, i, m, None, now) for i, m in enumerate(first_messages)

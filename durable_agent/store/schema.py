@@ -66,6 +66,7 @@ runs = Table(
     Column("last_checkpoint", String(32)),  # 0004: token of the last committed checkpoint
     Column("forked_from", String(64)),  # 0005: the run this one was forked from (`fork`)
     Column("fork_seq", Integer),  # 0005: ... after its step with this seq
+    Column("tree_start", String(64)),  # 0005: the workspace snapshot taken when the run was created
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index.
 Index("ix_runs_created_id", runs.c.created_at, runs.c.id)

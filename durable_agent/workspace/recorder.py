@@ -11,10 +11,11 @@ exists: a read, or a write refused before it ran, takes no snapshot and costs no
 
 from __future__ import annotations
 
-from sqlalchemy import insert
+from sqlalchemy import Engine, insert
 
+from durable_agent.settings import Settings
 from durable_agent.step_context import StepContext
-from durable_agent.store.blobs import BlobStore, WorkspaceWrite
+from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
 from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import snapshot
@@ -36,6 +37,18 @@ def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
     return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
+
+
+def at_creation(settings: Settings, engine: Engine) -> str | None:
+    """The workspace as a new run finds it, stored (content addressed: no lease needed), so a
+    worker on another host can start a detached run from the user's files."""
+    if not settings.snapshots or not settings.workspace.is_dir():
+        return None
+    blobs = BlobStore(engine)
+    snap = snapshot.take(scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes), blobs)
+    save_statements(engine, snap.statements)
+    snapshot.remember(snap.tree_id, snap.manifest)
+    return snap.tree_id
 
 
 def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:

@@ -43,9 +43,10 @@ def check(ctx: StepContext) -> None:
     blobs = BlobStore(journal.engine)
     if not os.path.isdir(root) or not os.listdir(root):
         manifest = snapshot.load(blobs, last.tree)
-        materialize(manifest, root, recorder.scanner(ctx), blobs.blob)
-        ctx.observer.note(f"rebuilt the workspace {root} from the snapshot of step {last.seq + 1} "
-                          f"({len(manifest)} paths)")
+        if manifest:
+            materialize(manifest, root, recorder.scanner(ctx), blobs.blob)
+            when = f"of step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+            ctx.observer.note(f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)")
         return
     if any(s.state == StepState.STARTED and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
            for s in journal.open_steps.values()):
@@ -64,7 +65,8 @@ def check(ctx: StepContext) -> None:
         return
     names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])
     more = f" and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
-    reason = (f"the workspace {root} differs from the snapshot after step {last.seq + 1} in "
+    when = f"after step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+    reason = (f"the workspace {root} differs from the snapshot {when} in "
               f"{len(differing)} path(s): {names}{more}")
     journal.request_approval(call_id=CALL, kind=DRIFT, tool_name=CALL, command=None,
                              reason=ctx.redactor.redact(reason), step_seq=last.seq)
@@ -72,4 +74,4 @@ def check(ctx: StepContext) -> None:
     raise LoopExit(StopReason.WORKSPACE_DRIFT,
                    f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
                    f"put the snapshot back: `durable-agent approve {run_id} --deny` (or "
-                   f"`durable-agent restore {run_id} --at {last.seq + 1} --to {root} --force`); then resume.")
+                   f"`durable-agent restore {run_id} --at {max(last.seq + 1, 1)} --to {root} --force`); then resume.")
