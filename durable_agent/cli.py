@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_containment(p)
     p.add_argument("--detach", action="store_true",
                    help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`")
+    p.add_argument("--workspace", metavar="DIR",
+                   help="continue in DIR (e.g. on another host): rebuilt from the last snapshot when missing or empty")
     _add_output(p)
 
     p.set_defaults(func=_command("cmd_resume"))
@@ -151,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--deny", action="store_true", help="deny instead: the model is told")
+    p.add_argument("--restore", action="store_true",
+                   help="a command cut off by a crash: put the workspace back as it was before the "
+                        "command started, then run it again")
     p.add_argument("--by", metavar="NAME", help="who decides (default: the current user)")
     _add_db(p)
 
@@ -163,6 +168,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--max-context-tokens", type=int, metavar="N", help="tokens per request to compact for")
     p.set_defaults(func=_command("cmd_compact"))
+
+    p = sub.add_parser("diff", help="what a run (or one step) changed in the workspace, as a unified diff",
+                       description="The workspace changes recorded by the run's snapshots, command-made "
+                                   "ones included: from the workspace as the run found it to its last "
+                                   "snapshot, or those of one step (--step SEQ, a number as `show` prints).")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--step", type=int, metavar="SEQ", help="only this step's changes")
+    p.add_argument("--stat", action="store_true", help="one line per changed path instead of the diff")
+    p.add_argument("--json", action="store_true", help="the changed paths as one JSON object")
+    _add_db(p)
+    p.set_defaults(func=_command("cmd_diff"))
+
+    p = sub.add_parser("restore", help="put the workspace files as they were after a step into a directory",
+                       description="Only the files: DIR gets exactly the snapshot after step SEQ (ignored "
+                                   "and excluded paths such as .git are left alone). Into a non-empty DIR "
+                                   "only with --force, which snapshots DIR first and prints how to undo.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--at", type=int, metavar="SEQ", help="the step number (as `show` prints it)")
+    p.add_argument("--tree", metavar="ID", help="a snapshot id instead of --at (e.g. from an undo line)")
+    p.add_argument("--to", metavar="DIR", required=True, help="the directory to write")
+    p.add_argument("--force", action="store_true", help="DIR may be non-empty (it is snapshotted first)")
+    _add_db(p)
+    p.set_defaults(func=_command("cmd_restore"))
+
+    p = sub.add_parser("fork", help="a new run from step SEQ of another, its files restored into DIR",
+                       description="A new run whose history is RUN_ID's up to and including step SEQ "
+                                   "(tool calls without results are closed as 'not run in this fork'), "
+                                   "with DIR (empty or absent) restored to the snapshot after SEQ. "
+                                   "Prints the new id; `resume NEW_ID` continues it.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--at", type=int, metavar="SEQ", required=True, help="the step number (as `show` prints it)")
+    p.add_argument("--workspace", metavar="DIR", required=True, help="the fork's workspace (empty or absent)")
+    p.add_argument("--task", metavar="TEXT", help="a new instruction, added as a user message")
+    p.add_argument("--run-id", metavar="ID", dest="new_run_id", help="choose the new run's id")
+    p.add_argument("--json", action="store_true", help="print the new run as one JSON object")
+    _add_db(p)
+    p.set_defaults(func=_command("cmd_fork"))
 
     p = sub.add_parser("export", help="the run as a JSONL transcript on stdout",
                        description="The run as JSON lines, one event each, in order: run_started, "
@@ -216,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running", type=int, metavar="N", dest="max_running_runs",
                    help="global limit: claim nothing while N runs hold live leases (all workers)")
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")
+    p.add_argument("--workspace-root", metavar="DIR",
+                   help="run each run in DIR/RUN_ID, rebuilt from the run's last snapshot when missing "
+                        "(hosts without a shared file system)")
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
     p.set_defaults(func=_command("cmd_worker"))
 

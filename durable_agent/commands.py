@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import getpass
 import json
-import re
 import sys
 import threading
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 from durable_agent import render
@@ -15,8 +15,10 @@ from durable_agent.errors import ConfigError, UsageError
 from durable_agent.interrupts import Interrupts
 from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
+from durable_agent.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+__all__ = ["cmd_diff", "cmd_fork", "cmd_restore"]  # the workspace commands live in ws_commands.py
+
 
 
 def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
@@ -136,7 +138,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)
     flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS,
-                          "sandbox", "network"))
+                          "sandbox", "network", "workspace"))
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
     changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
@@ -148,6 +150,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         _print_queued(run_id, args.json)
         return 0
+    _missing_workspace(store, run_id, settings)
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
@@ -164,6 +167,15 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         where = f"model call {run.step_count}" if run.step_count else "the start"
         print(f"run {run_id} · resuming from {where} ({run.status})", file=sys.stderr)
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
+
+
+def _missing_workspace(store: Any, run_id: str, settings: Settings) -> None:
+    """A workspace that is not there (another host, a deleted folder) is made, empty, when
+    the run has a snapshot to rebuild it from (the runner does that under the lease)."""
+    from durable_agent.store.blobs import tree_at
+
+    if not settings.workspace.exists() and settings.snapshots and tree_at(store.engine, run_id) is not None:
+        settings.workspace.mkdir(parents=True)
 
 
 def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
@@ -263,7 +275,10 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
                              f"continue with: durable-agent resume {run_id}")
         raise UsageError(f"run {run_id} has no pending approval")
     who = args.by or _user()
-    store.decide_approval(pending.id, approved=not args.deny, by=who)
+    if args.restore and (args.deny or pending.kind != "uncertain_side_effect" or pending.tool_name == "workspace"):
+        raise UsageError("--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "
+                         "workspace back as before the command, then runs it again; it cannot be combined with --deny")
+    store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
     what = f"`{pending.command}`" if pending.command else pending.tool_name
     verb = "denied" if args.deny else "approved"
     print(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}")
@@ -335,7 +350,8 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
     assert settings.db is not None
     options = WorkerOptions(db=settings.db, concurrency=args.concurrency, lease_seconds=settings.lease_seconds,
                             poll_s=args.poll, once=args.once, quiet=args.quiet,
-                            max_running=settings.max_running_runs)
+                            max_running=settings.max_running_runs,
+                            workspace_root=Path(args.workspace_root).resolve() if args.workspace_root else None)
     return run_worker(settings, options, env)
 
 

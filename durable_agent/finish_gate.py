@@ -14,6 +14,7 @@ from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.tools.os_sandbox import resolve_sandbox
 from durable_agent.tools.process import command_env, run_process
+from durable_agent.workspace import recorder
 
 VERIFY_TAIL = 4000  # characters of the command's output kept as evidence and shown to the model
 
@@ -28,7 +29,9 @@ def verify(ctx: StepContext, answer: str) -> bool:
     if ctx.journal.completed(key) is not None:
         return True  # it passed before a crash hit the finish
     # A check, not a side effect: a started one is simply run again.
-    with ctx.journal.step(key, StepKind.VERIFY, {"command": command}, turn=turn, tool_name="verify") as step:
+    step = ctx.journal.find(key, StepKind.VERIFY, turn=turn, tool_name="verify")
+    # The check can change files (build output, caches): snapshots before and after it.
+    with step.start({"command": command}, workspace=recorder.before(ctx, step)):
         ctx.observer.step(StepEvent(step.seq, turn, "verify", command))
         with watch_cancel(ctx.cancel, ctx.journal):
             out = run_process(command, cwd=ctx.settings.workspace, timeout_s=ctx.settings.command_timeout_s,
@@ -49,7 +52,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
         output = {"command": command, "exit_code": out.exit_code, "timed_out": out.timed_out,
                   "output_tail": tail, "passed": passed}
         if passed:
-            step.complete(output, counters=ctx.counters())
+            step.complete(output, counters=ctx.counters(), workspace=recorder.after(ctx, step))
         else:
             new: list[Message] = []
             if not out.cancelled:
@@ -58,7 +61,8 @@ def verify(ctx: StepContext, answer: str) -> bool:
                 new.append(Message("user", f"Verification failed: `{command}` {failure}. Your final answer "
                                            f"was not accepted. Fix the problem, then answer again.\n{tail}"))
                 ctx.state.append(new[0])
-            step.fail(failure, output=output, messages=new, counters=ctx.counters())
+            step.fail(failure, output=output, messages=new, counters=ctx.counters(),
+                      workspace=recorder.after(ctx, step))
     ctx.observer.step(StepEvent(step.seq, turn, "verify", command, state="completed" if passed else "failed",
                                 duration_ms=out.duration_ms, error=None if passed else failure))
     if out.cancelled:

@@ -242,6 +242,8 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
     p(f"task       {short(run.task, 100)}")
     p(f"model      {run.model}")
     p(f"workspace  {run.workspace}")
+    if run.forked_from:
+        p(f"forked     from {run.forked_from} after step {(run.fork_seq or 0) + 1}")
     sandbox = sandbox_line(run.settings)
     if sandbox:
         p(f"sandbox    {sandbox}")

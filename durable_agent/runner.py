@@ -31,6 +31,7 @@ from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
 from durable_agent.tool_step import run_tool, stop_leftover_processes
 from durable_agent.tools.base import Tool, tool_schema
+from durable_agent.workspace import recorder, resume
 
 
 def new_run_id() -> str:
@@ -60,8 +61,8 @@ class Runner:
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]
         lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
         self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
-                              model=self.model.name, settings=self.settings.redacted_dict(),
-                              first_messages=first, lease=lease)
+                              model=self.model.name, settings=self.settings.redacted_dict(), first_messages=first,
+                              lease=lease, tree_start=recorder.at_creation(self.settings, self.store.engine))
         return run_id
 
     def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
@@ -109,16 +110,15 @@ class Runner:
                                   steps_done=ctx.state.step_count)
         try:
             stop_leftover_processes(ctx)
+            resume.check(ctx)  # rebuild a missing workspace; stop on drift
             while True:
                 self._check_cancel(ctx)
-                pending = ctx.state.pending_calls()
-                if pending:
+                if pending := ctx.state.pending_calls():
                     for call in pending:
                         self._check_cancel(ctx)
                         run_tool(ctx, call)
                     continue
-                answer = ctx.state.final_answer()
-                if answer is not None:
+                if (answer := ctx.state.final_answer()) is not None:
                     if finish_gate.verify(ctx, answer):
                         raise errors.LoopExit(StopReason.FINISHED, answer=answer)
                     continue

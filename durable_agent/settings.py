@@ -116,6 +116,13 @@ class Settings(BaseModel):
     """Default timeout of one run_command."""
     output_cap: int = Field(20_000, ge=200)
     """Characters of one tool result sent to the model; the rest is marked as truncated."""
+    snapshots: bool = True
+    """Record a workspace snapshot in the store after every step that can change files
+    (`diff`, `restore`, `fork`, resume on another host need them)."""
+    exclude: list[str] = Field(default_factory=lambda: [".git/", "node_modules/", ".venv/", "__pycache__/"])
+    """Paths left out of workspace snapshots (gitignore syntax), besides what .gitignore files ignore."""
+    snapshot_max_file_bytes: int = Field(10_000_000, ge=0)
+    """Files larger than this are left out of snapshots (noted on the step)."""
     durability: Literal["full", "fast"] = "full"
     """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""
     lease_seconds: float = Field(30.0, gt=0)

@@ -28,6 +28,7 @@ class StopReason(StrEnum):
     VERIFICATION_FAILED = "verification_failed"
     STEP_MISMATCH = "step_mismatch"  # a recorded step differs from the one resume would run
     EMPTY_ANSWER = "empty_answer"  # the model answered with nothing twice in a row
+    WORKSPACE_DRIFT = "workspace_drift"  # the workspace differs from the last snapshot
 
 
 class StepKind(StrEnum):
@@ -61,6 +62,7 @@ STATUS_FOR_REASON: dict[StopReason, RunStatus] = {
     StopReason.VERIFICATION_FAILED: RunStatus.FAILED,
     StopReason.STEP_MISMATCH: RunStatus.FAILED,
     StopReason.EMPTY_ANSWER: RunStatus.FAILED,
+    StopReason.WORKSPACE_DRIFT: RunStatus.BLOCKED,
 }
 
 # Process exit code for each final status (SPEC §2).

@@ -38,8 +38,10 @@ from durable_agent.tools.base import (
 )
 from durable_agent.tools.limits import cap_text
 from durable_agent.tools.os_sandbox import resolve_sandbox
+from durable_agent.workspace import recorder
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
+_CHANGES_FILES = (EffectClass.WRITE.value, EffectClass.EXEC.value)
 
 
 def tool_key(call: ToolCall) -> str:
@@ -101,7 +103,8 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             return _record(ctx, call, step, ToolResult(error=message))
-        step.start({"arguments": call.arguments_or_text(), "plan": plan.__dict__})
+        step.start({"arguments": call.arguments_or_text(), "plan": plan.__dict__},
+                   workspace=recorder.before(ctx, step))
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
@@ -124,7 +127,7 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
                 error=f"the write to {plan.path} was interrupted and the file changed since; "
                       "the user chose not to apply it again"), use_approval=approval.id)
         use = approval.id
-    step.start(use_approval=use)
+    step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
     _record(ctx, call, step, _invoke(ctx, tool, args, call))
 
@@ -141,11 +144,14 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
                       "not run again. Check the workspace before relying on it."))
         approval = approvals.decided(ctx, call, UNCERTAIN, command,
                                      "it was interrupted by a crash and may have partly or fully run; "
-                                     "running it again may repeat its side effects", step_seq=prior.seq)
+                                     "running it again may repeat its side effects"
+                                     + recorder.changed_so_far(ctx, prior.tree_before), step_seq=prior.seq)
         if approvals.denied(approval):
             return _record(ctx, call, step, ToolResult(
                 error="the command was interrupted by a crash; its outcome is unknown and the user "
                       "chose not to run it again"), use_approval=approval.id)
+        if approval.restore_workspace and prior.tree_before:
+            recorder.put_back(ctx, prior.tree_before)  # `approve --restore`: from where it started
         use = approval.id
     else:
         verdict, why = approvals.policy(ctx, call.name, command, asks=getattr(tool, "asks", True))
@@ -159,7 +165,7 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
             use = approval.id
         else:
             use = approvals.settle_by_policy(ctx, call)
-    step.start(use_approval=use)
+    step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
     try:
         with watch_cancel(ctx.cancel, ctx.journal):
@@ -186,11 +192,16 @@ def _record(ctx: StepContext, call: ToolCall, step: Step, result: ToolResult, *,
     s.note_tool_call(call)
     s.append(message)
     output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
+    # A step that may have changed files ends with a snapshot, in the same transaction.
+    ws = recorder.after(ctx, step) if step.effect in _CHANGES_FILES else None
+    if ws is not None and ws.note:
+        output["workspace_note"] = ws.note
     if result.error is None:
-        step.complete(output, messages=[message], counters=ctx.counters(), use_approval=use_approval)
+        step.complete(output, messages=[message], counters=ctx.counters(), use_approval=use_approval,
+                      workspace=ws)
     else:
         step.fail(redact(result.error), output=output, messages=[message], counters=ctx.counters(),
-                  use_approval=use_approval)
+                  use_approval=use_approval, workspace=ws)
     _event(ctx, call, "completed" if result.error is None else "failed", step=step,
            error=redact(result.error) if result.error else None)
 

@@ -62,6 +62,7 @@ class WorkerOptions:
     once: bool = False
     quiet: bool = False
     max_running: int | None = None
+    workspace_root: Path | None = None  # each run in ROOT/RUN_ID, rebuilt from its snapshots
 
 
 class Log:
@@ -149,7 +150,8 @@ class Worker:
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(new_owner(), o.lease_seconds, max_running=o.max_running,
-                                              exclude=self._skipped_now(), accept=_reachable)
+                                              exclude=self._skipped_now(),
+                                              accept=_anywhere if o.workspace_root else _reachable)
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
                     result = None
@@ -293,8 +295,12 @@ class Worker:
     def _run_settings(self, claim: Claim) -> Settings:
         # Like `resume`: the run's recorded settings, with this worker's database and lease.
         recorded = recorded_settings(claim.settings)
-        return load_settings({"db": self.options.db, "lease_seconds": self.options.lease_seconds},
-                             self.env, base=recorded)
+        flags: dict[str, object] = {"db": self.options.db, "lease_seconds": self.options.lease_seconds}
+        root = self.options.workspace_root
+        if root is not None:  # no shared file system: the run's files come from the store
+            flags["workspace"] = root / claim.run_id
+            (root / claim.run_id).mkdir(parents=True, exist_ok=True)
+        return load_settings(flags, self.env, base=recorded)
 
     def _give_back(self, claim: Claim, note: str | None) -> bool:
         try:
@@ -303,6 +309,10 @@ class Worker:
             self.log.line(f"could not release run {claim.run_id} ({exc}); it is claimable "
                           "when its lease expires")
             return False
+
+
+def _anywhere(_workspace: str) -> bool:
+    return True  # --workspace-root: every run's workspace is rebuilt here from its snapshots
 
 
 def _reachable(workspace: str) -> bool:

@@ -157,6 +157,10 @@ def test_ctrl_c_during_verification_is_not_a_failed_check(
     assert query(db_path, "SELECT state, error FROM steps WHERE kind='verify'") == [("failed", "cancelled")]
     assert query(db_path, "SELECT count(*) FROM messages WHERE content LIKE 'Verification failed%'") == [(0,)]
     (workspace / "slow").unlink()
+    # A person changed the workspace since the last snapshot: resume asks before going on.
+    r = cli("resume", "c")
+    assert r.code == 5 and "slow (deleted)" in r.stderr, r.stderr
+    assert cli("approve", "c").code == 0
     r = cli("resume", "c")
     assert r.code == 0 and r.stdout.strip() == "done", r.stderr
     assert query(db_path, "SELECT state, attempts FROM steps WHERE kind='verify'") == [("completed", 2)]

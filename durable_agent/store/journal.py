@@ -71,6 +71,16 @@ Statement = tuple[Executable | Prepared, Any]
 BOUNDARY_HOOKS: list[Callable[[str], None]] = []
 
 
+def _run(conn: Connection, statement: Executable | Prepared, params: Any) -> None:
+    """One statement of a checkpoint, on its DBAPI transaction (a list of rows: executemany)."""
+    if isinstance(statement, Prepared) and isinstance(params, list):
+        statement.run_many(conn, params)
+        return
+    cursor = statement.run(conn, params) if isinstance(statement, Prepared) else prepared.run_core(conn, statement, params)
+    if cursor is not None:
+        cursor.close()
+
+
 @dataclass(frozen=True)
 class Loaded:
     run: RunRecord
@@ -179,12 +189,14 @@ class Journal:
         self._deferred_counters = None
 
     def commit(self, statements: Iterable[Statement] = (), *, step_rows: Sequence[dict[str, Any]] = (),
-               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None) -> None:
+               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None,
+               raw: Sequence[Statement] = ()) -> None:
         """One fenced checkpoint: the fence, the deferred and new rows, then `statements`.
 
         Retried whole on transient faults. Raises LeaseLost (fenced out), StoreUnavailable
         (faults persisted) or StoreError (refused); after any of them nothing of it is
         committed, and the deferred rows are kept for the caller to drop with the session.
+        `raw` statements run first, as they are: binary workspace blobs, not cleaned text.
         """
         # storable: no value (a NUL, a lone surrogate, a non-finite number) may fail the write
         # on either dialect; it returns the same object when there is nothing to change.
@@ -205,15 +217,14 @@ class Journal:
                 # than the SQL (store/prepared.py).
                 with prepared.transaction(conn):
                     self._fence(conn, now, counters, token)
+                    for statement, params in raw:
+                        _run(conn, statement, params)
                     if all_steps:
                         _INSERT_STEP.run_many(conn, all_steps)
                     if all_messages:
                         _INSERT_MESSAGES.run_many(conn, all_messages)
                     for statement, params in statements:
-                        if isinstance(statement, Prepared):
-                            statement.run(conn, params).close()
-                        else:
-                            prepared.run_core(conn, statement, params).close()
+                        _run(conn, statement, params)
                     for hook in BOUNDARY_HOOKS:
                         hook("before_commit")
                     in_commit = True

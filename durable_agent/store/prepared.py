@@ -80,17 +80,25 @@ class Prepared:
 
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """One executemany for rows that all name the same columns."""
-        rendered = self.render(conn.dialect, rows[0].keys())
-        _execute(conn, rendered.sql, [rendered.params(r) for r in rows], many=True).close()
+        if rows:
+            rendered = self.render(conn.dialect, rows[0].keys())
+            _execute(conn, rendered.sql, [rendered.params(r) for r in rows], many=True).close()
 
 
-def run_core(conn: Connection, statement: Executable, params: Mapping[str, Any]) -> Any:
-    """A one-off Core statement (values of its own included) in a `transaction`: compiled
-    here, each time; for the rare statements of a checkpoint (approvals, the run's end)."""
-    compiled = statement.compile(dialect=conn.dialect, column_keys=list(params))  # type: ignore[attr-defined]
-    values = compiled.construct_params(params)
-    rendered = _render(statement, conn.dialect, tuple(params), compiled)
-    return _execute(conn, rendered.sql, rendered.params(values), many=False)
+def run_core(conn: Connection, statement: Executable,
+             params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
+    """A one-off Core statement (values of its own included; a list of rows for an
+    executemany) in a `transaction`: compiled here, each time; for the rarer statements of
+    a checkpoint (approvals, the run's end, workspace snapshots)."""
+    rows = [params] if isinstance(params, Mapping) else list(params)
+    if not rows:
+        return None
+    many = len(rows) > 1
+    compiled = statement.compile(  # type: ignore[attr-defined]
+        dialect=conn.dialect, column_keys=list(rows[0]), for_executemany=many)
+    rendered = _render(statement, conn.dialect, tuple(rows[0]), compiled)
+    values = [rendered.params(compiled.construct_params(r)) for r in rows]
+    return _execute(conn, rendered.sql, values if many else values[0], many=many)
 
 
 @contextmanager
@@ -152,9 +160,12 @@ def _render(statement: Executable, dialect: Dialect, column_keys: tuple[str, ...
         dialect=dialect, column_keys=list(column_keys), for_executemany=True)
     assert isinstance(compiled, SQLCompiler)
     positional = bool(compiled.positional)
-    names = tuple(compiled.positiontup or ()) if positional else tuple(compiled.binds)
+    # The names as rendered in the SQL (anonymous binds, e.g. a literal in .values(), get
+    # theirs here, as construct_params() spells them).
+    by_name = {name: bind for bind, name in compiled.bind_names.items()}
+    names = tuple(compiled.positiontup or ()) if positional else tuple(by_name)
     return Rendered(sql=compiled.string, names=names, positional=positional,
-                    processors=tuple(_processor(compiled.binds[n].type, dialect) for n in names))
+                    processors=tuple(_processor(by_name[n].type, dialect) for n in names))
 
 
 def _processor(kind: TypeEngine[Any], dialect: Dialect) -> Processor:

@@ -29,6 +29,7 @@ class ApprovalKind(StrEnum):
 
     APPROVAL_REQUIRED = "approval_required"
     UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
+    WORKSPACE_DRIFT = "workspace_drift"  # resume found the files differ from the last snapshot
 
 
 class _Record:
@@ -71,6 +72,9 @@ class RunRecord(_Record):
     message_count: int
     active_ms: int
     resume_count: int
+    forked_from: str | None = None  # 0006: `fork` lineage
+    fork_seq: int | None = None
+    tree_start: str | None = None  # 0006: workspace snapshot at creation
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class StepRecord(_Record):
     effect: str | None
     pgid: int | None
     lease_epoch: int | None
+    tree_before: str | None = None  # 0006: workspace snapshots (workspace/)
+    tree_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class ApprovalRecord(_Record):
     decided_by: str | None
     decided_at: datetime | None
     used_at: datetime | None
+    restore_workspace: bool | None = None  # 0006: `approve --restore`
 
 
 @dataclass(frozen=True)

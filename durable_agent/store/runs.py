@@ -66,7 +66,7 @@ class Store:
     @_retried
     def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
                    settings: dict[str, Any], first_messages: Sequence[Message],
-                   lease: tuple[str, float] | None = None) -> None:
+                   lease: tuple[str, float] | None = None, tree_start: str | None = None) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
@@ -82,7 +82,7 @@ class Store:
                 created_at=now, updated_at=now,
                 step_count=0, tool_call_count=0, prompt_tokens=0, completion_tokens=0,
                 cancel_requested=False, settings=settings,
-                message_count=len(first_messages), active_ms=0, resume_count=0, **leased,
+                message_count=len(first_messages), active_ms=0, resume_count=0, tree_start=tree_start, **leased,
             ))
             conn.execute(insert(messages), [
                 storable(message_values(run_id, i, m, None, now)) for i, m in enumerate(first_messages)
@@ -183,11 +183,11 @@ class Store:
         return None if row is None else ApprovalRecord.from_row(row)
 
     @_retried
-    def decide_approval(self, approval_id: int, *, approved: bool, by: str) -> None:
+    def decide_approval(self, approval_id: int, *, approved: bool, by: str, restore: bool = False) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
                 decision=(Decision.APPROVED if approved else Decision.DENIED).value,
-                decided_by=storable(by), decided_at=utcnow()))
+                decided_by=storable(by), decided_at=utcnow(), restore_workspace=restore or None))
 
     @_retried
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -26,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 # The Alembic revision this code expects; engine.py upgrades any database behind it.
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 
 metadata = MetaData()
 
@@ -64,6 +65,9 @@ runs = Table(
     Column("resume_count", Integer, nullable=False, default=0),
     Column("last_checkpoint", String(32)),  # 0004: token of the last committed checkpoint
     Column("tool_sources", json_type()),  # 0005: MCP servers and their tools as first offered
+    Column("forked_from", String(64)),  # 0006: the run this one was forked from (`fork`)
+    Column("fork_seq", Integer),  # 0006: ... after its step with this seq
+    Column("tree_start", String(64)),  # 0006: the workspace snapshot taken when the run was created
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index.
 Index("ix_runs_created_id", runs.c.created_at, runs.c.id)
@@ -97,6 +101,8 @@ steps = Table(
     Column("effect", String(8)),  # read | write | exec for tools
     Column("pgid", Integer),  # process group of a running command, for resume to check
     Column("lease_epoch", Integer),  # the epoch that wrote the intent
+    Column("tree_before", String(64)),  # 0006: workspace snapshot when the step started
+    Column("tree_id", String(64)),  # 0006: workspace snapshot after the step (effect steps)
     UniqueConstraint("run_id", "seq", name="uq_steps_run_seq"),
     UniqueConstraint("run_id", "idempotency_key", name="uq_steps_run_key"),
 )
@@ -130,5 +136,38 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("decided_at", DateTime),
     Column("used_at", DateTime),  # when resume acted on the decision
+    Column("restore_workspace", Boolean),  # 0006: `approve --restore`: pre-command snapshot back first
 )
 Index("ix_approvals_run", approvals.c.run_id, approvals.c.call_id)
+
+# 0006: the workspace as part of the checkpoint (workspace/). Blobs and trees are content
+# addressed and shared by all runs; a tree is a full manifest or a delta on a base tree.
+workspace_blobs = Table(
+    "workspace_blobs",
+    metadata,
+    Column("hash", String(64), primary_key=True),  # sha256 of the uncompressed bytes
+    Column("size", BigInteger, nullable=False),  # uncompressed
+    Column("data", LargeBinary, nullable=False),  # zlib
+)
+
+workspace_trees = Table(
+    "workspace_trees",
+    metadata,
+    Column("id", String(64), primary_key=True),  # sha256 of the canonical full manifest
+    Column("base", String(64)),  # NULL: `data` is a full manifest; else a delta on this tree
+    Column("depth", Integer, nullable=False),  # deltas to walk down to a full manifest
+    Column("entries", Integer, nullable=False),  # paths in the full manifest
+    Column("data", LargeBinary, nullable=False),  # zlib of JSON (workspace/manifest.py)
+)
+
+workspace_changes = Table(
+    "workspace_changes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("path", Text, nullable=False),  # shown with `\xHH` for bytes that are not UTF-8
+    Column("change", String(8), nullable=False),  # added | modified | deleted | mode
+    Column("bytes", BigInteger),  # size after the change (before it, for deleted)
+)
+Index("ix_workspace_changes_run_seq", workspace_changes.c.run_id, workspace_changes.c.seq)

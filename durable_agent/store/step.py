@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, update
 
 from durable_agent.messages import Message
+from durable_agent.store.blobs import WorkspaceWrite
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import StepRecord, StepState
 from durable_agent.store.rows import message_values, utcnow
@@ -59,9 +60,16 @@ class Step:
         self.input: Any = prior.input if prior is not None else None
         self._has_row = prior is not None
         self._ended = False
+        self.tree_before: str | None = prior.tree_before if prior is not None else None
 
     # -- intent ------------------------------------------------------------------------------
-    def start(self, input: Any = None, *, use_approval: int | None = None, durable: bool = True) -> Step:
+    @property
+    def has_row(self) -> bool:
+        """An intent was committed: an effect may have run (and may need a snapshot)."""
+        return self._has_row
+
+    def start(self, input: Any = None, *, use_approval: int | None = None, durable: bool = True,
+              workspace: WorkspaceWrite | None = None) -> Step:
         """Begin an attempt. `durable`: commit the intent row before the effect (a new row,
         or the recorded one restarted); otherwise only count the attempt (reads)."""
         j = self.journal
@@ -73,17 +81,18 @@ class Step:
             return self
         if self.seq < 0:
             self.seq = j.take_seq()
+        columns = workspace.columns if workspace is not None else {}
         if self._has_row:
             values: dict[str, Any] = {"state": StepState.STARTED.value, "attempts": self.attempts,
                                       "started_at": self.started_at, "finished_at": None, "error": None,
-                                      "lease_epoch": j.epoch, "input": self.input}
+                                      "lease_epoch": j.epoch, "input": self.input, **columns}
             statements: list[Statement] = [(UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})]
             rows: list[dict[str, Any]] = []
         else:
-            statements, rows = [], [self._row(state=StepState.STARTED.value)]
+            statements, rows = [], [self._row(state=StepState.STARTED.value, **columns)]
         if use_approval is not None:
             statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": self.started_at}))
-        j.commit(statements, step_rows=rows)
+        j.commit(statements, step_rows=rows, raw=workspace.statements if workspace is not None else ())
         self._has_row = True
         return self
 
@@ -99,15 +108,17 @@ class Step:
 
     # -- outcome -----------------------------------------------------------------------------
     def complete(self, output: Any, *, counters: Counters, messages: Sequence[Message] = (),
-                 tokens: tuple[int, int] | None = None, use_approval: int | None = None) -> None:
-        self._end(StepState.COMPLETED, output, None, messages, counters, tokens, use_approval)
+                 tokens: tuple[int, int] | None = None, use_approval: int | None = None,
+                 workspace: WorkspaceWrite | None = None) -> None:
+        self._end(StepState.COMPLETED, output, None, messages, counters, tokens, use_approval, workspace)
 
     def fail(self, error: str, *, counters: Counters, output: Any = None, messages: Sequence[Message] = (),
-             use_approval: int | None = None) -> None:
-        self._end(StepState.FAILED, output, error, messages, counters, None, use_approval)
+             use_approval: int | None = None, workspace: WorkspaceWrite | None = None) -> None:
+        self._end(StepState.FAILED, output, error, messages, counters, None, use_approval, workspace)
 
     def _end(self, state: StepState, output: Any, error: str | None, new_messages: Sequence[Message],
-             counters: Counters, tokens: tuple[int, int] | None, use_approval: int | None) -> None:
+             counters: Counters, tokens: tuple[int, int] | None, use_approval: int | None,
+             workspace: WorkspaceWrite | None = None) -> None:
         j = self.journal
         now = utcnow()
         if self.seq < 0:
@@ -117,6 +128,7 @@ class Step:
             "duration_ms": int((now - self.started_at).total_seconds() * 1000),
             "prompt_tokens": tokens[0] if tokens else None, "completion_tokens": tokens[1] if tokens else None,
             "attempts": max(self.attempts, 1),
+            **(workspace.columns if workspace is not None else {}),
         }
         first = j.message_count + len(j.pending_messages)
         message_rows = [message_values(j.run_id, first + i, m, self.seq, now) for i, m in enumerate(new_messages)]
@@ -132,10 +144,11 @@ class Step:
         j.forget_open(self.key)
         if state is StepState.FAILED:
             j.failed_keys.add(self.key)
-        if not self._has_row and not statements:
+        raw = workspace.statements if workspace is not None else []
+        if not self._has_row and not statements and not raw:
             j.defer(step_rows, message_rows, counters)  # nothing ran that needs protecting
             return
-        j.commit(statements, step_rows=step_rows, message_rows=message_rows, counters=counters)
+        j.commit(statements, step_rows=step_rows, message_rows=message_rows, counters=counters, raw=raw)
 
     def _row(self, **values: Any) -> dict[str, Any]:
         j = self.journal

@@ -1,0 +1,168 @@
+"""Workspace snapshots in the store: content-addressed blobs and trees (see workspace/).
+
+Blobs (`workspace_blobs`) are zlib-compressed file contents keyed by the sha256 of the
+uncompressed bytes, written once whatever number of runs and steps hold them. Trees
+(`workspace_trees`) are manifests keyed by their tree id; most are stored as a delta on an
+earlier tree (`base`, at most MAX_DEPTH deltas deep), so a one-line edit costs one blob and
+a few paths of manifest, not a copy of the workspace's file list.
+
+Both are immutable and written with "insert unless present", so a transaction that is
+retried, or two runs that store the same content at once, never conflict. This module
+speaks bytes only; the manifest format is workspace/manifest.py's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from durable_agent.store.schema import runs, workspace_blobs, workspace_trees
+
+MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
+Statement = tuple[Any, Any]
+
+
+@dataclass(frozen=True)
+class TreeRow:
+    id: str
+    base: str | None
+    depth: int
+    entries: int
+    data: bytes
+
+
+@dataclass
+class WorkspaceWrite:
+    """What a snapshot adds to a step's transaction: raw statements (binary, not run through
+    `storable`) and the step row's columns (`tree_before` or `tree_id`)."""
+
+    statements: list[Statement] = field(default_factory=list)
+    columns: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None  # e.g. files over the size cap, for the step's output
+
+
+def _insert_ignore(engine: Engine, table: Any) -> Any:
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing()
+
+
+class BlobStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def present_blobs(self, hashes: Iterable[str]) -> set[str]:
+        wanted = list(hashes)
+        found: set[str] = set()
+        with self.engine.connect() as conn:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                found.update(conn.execute(select(workspace_blobs.c.hash)
+                                          .where(workspace_blobs.c.hash.in_(chunk))).scalars())
+        return found
+
+    def tree_depths(self, ids: Iterable[str]) -> dict[str, int]:
+        wanted = [i for i in ids if i]
+        if not wanted:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(workspace_trees.c.id, workspace_trees.c.depth)
+                                .where(workspace_trees.c.id.in_(wanted)))
+            return {r.id: int(r.depth) for r in rows}
+
+    def blob_statement(self, contents: dict[str, bytes]) -> Statement:
+        rows = [{"hash": h, "size": len(data), "data": zlib.compress(data, 6)} for h, data in contents.items()]
+        return (_insert_ignore(self.engine, workspace_blobs), rows)
+
+    def tree_statement(self, row: TreeRow) -> Statement:
+        return (_insert_ignore(self.engine, workspace_trees),
+                [{"id": row.id, "base": row.base, "depth": row.depth, "entries": row.entries, "data": row.data}])
+
+    def tree_chain(self, tree: str) -> list[bytes]:
+        """The stored data of `tree` and its bases, the full manifest first."""
+        chain: list[bytes] = []
+        with self.engine.connect() as conn:
+            current: str | None = tree
+            while current is not None:
+                row = conn.execute(select(workspace_trees.c.base, workspace_trees.c.data)
+                                   .where(workspace_trees.c.id == current)).first()
+                if row is None:
+                    raise KeyError(f"workspace tree {current} is not in the store")
+                chain.append(bytes(row.data))
+                current = row.base
+        chain.reverse()
+        return chain
+
+    def blob(self, digest: str) -> bytes:
+        with self.engine.connect() as conn:
+            data = conn.execute(select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)).scalar()
+        if data is None:
+            raise KeyError(f"workspace blob {digest} is not in the store")
+        return zlib.decompress(bytes(data))
+
+
+@dataclass(frozen=True)
+class TreeAt:
+    tree: str
+    seq: int  # the step whose snapshot it is
+    after: bool  # the snapshot after that step (False: from before it, e.g. the run's start)
+
+
+def tree_at(engine: Engine, run_id: str, seq: int | None = None) -> TreeAt | None:
+    """The workspace as it was after step `seq` (None: after the run's last snapshot).
+
+    The last `tree_id` at or before `seq`; before any, the first recorded `tree_before`
+    (the workspace as the run found it). An interrupted step (intent only) counts with
+    its `tree_before` when it is the latest: the files were last seen there."""
+    from durable_agent.store.schema import steps
+
+    where = [steps.c.run_id == run_id]
+    if seq is not None:
+        where.append(steps.c.seq <= seq)
+    with engine.connect() as conn:
+        row = conn.execute(select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
+                           .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
+                           .order_by(steps.c.seq.desc()).limit(1)).first()
+        if row is not None:
+            if row.tree_id is not None:
+                return TreeAt(row.tree_id, row.seq, True)
+            return TreeAt(row.tree_before, row.seq, False)
+        first = conn.execute(select(steps.c.seq, steps.c.tree_before)
+                             .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
+                             .order_by(steps.c.seq).limit(1)).first()
+        if first is not None:
+            return TreeAt(first.tree_before, first.seq, False)
+        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    return None if start is None else TreeAt(start, -1, False)  # as the run was created
+
+
+def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str | None] | None:
+    """(tree_before, tree_id) of one step, or None when there is no such step."""
+    from durable_agent.store.schema import steps
+
+    with engine.connect() as conn:
+        row = conn.execute(select(steps.c.tree_before, steps.c.tree_id)
+                           .where(steps.c.run_id == run_id, steps.c.seq == seq)).first()
+    return None if row is None else (row.tree_before, row.tree_id)
+
+
+def first_tree(engine: Engine, run_id: str) -> str | None:
+    """The workspace as the run found it: its snapshot at creation, else its first `tree_before`."""
+    with engine.connect() as conn:
+        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    if start is not None:
+        return str(start)
+    found = tree_at(engine, run_id, -1)
+    return found.tree if found is not None else None
+
+
+def save_statements(engine: Engine, statements: list[Statement]) -> None:
+    """A snapshot outside any run (restore --force keeps what it overwrites): content
+    addressed and immutable, so no lease is needed to write it."""
+    with engine.begin() as conn:
+        for statement, params in statements:
+            conn.execute(statement, params)

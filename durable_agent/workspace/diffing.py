@@ -1,0 +1,66 @@
+"""Unified diffs between two manifests (what `durable-agent diff` prints).
+
+Text files as `diff -u` does, with git's headers for what `diff` cannot say: new and
+deleted files, permission changes, symlinks (their targets as the content), and binary
+files ("Binary files a/x and b/x differ"). File names that are not UTF-8 are shown with
+`\\xHH` for each such byte.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+
+from durable_agent.tools.encoding import looks_binary
+from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest
+
+Blob = Callable[[str], bytes]
+
+
+def _content(entry: Entry | None, blob: Blob) -> bytes | None:
+    if entry is None or entry.kind == DIR:
+        return b""
+    if entry.kind == LINK:
+        return entry.target + b"\n"
+    if entry.kind == FILE:
+        return blob(entry.ref)
+    return None  # over the size cap: never stored
+
+
+def _what(e: Entry) -> str:
+    return "symlink" if e.kind == LINK else f"{'directory' if e.kind == DIR else 'file'} mode {e.mode:o}"
+
+
+def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> Iterator[str]:
+    for c in changes:
+        a, b = old.get(c.path), new.get(c.path)
+        name = c.shown
+        yield f"diff --durable-agent a/{name} b/{name}\n"
+        if a is None and b is not None:
+            yield f"new {_what(b)}\n"
+        elif b is None and a is not None:
+            yield f"deleted {_what(a)}\n"
+        elif a is not None and b is not None and a.mode != b.mode:
+            yield f"old mode {a.mode:o}\nnew mode {b.mode:o}\n"
+        if c.change == "mode":
+            continue
+        before, after = _content(a, blob), _content(b, blob)
+        if before is None or after is None or (a is not None and a.kind == BIG) or (b is not None and b.kind == BIG):
+            yield f"File a/{name} or b/{name} is over the snapshot size cap: not compared\n"
+            continue
+        if looks_binary(before) or looks_binary(after):
+            yield f"Binary files a/{name} and b/{name} differ\n"
+            continue
+        left = before.decode("utf-8", "replace").splitlines(keepends=True)
+        right = after.decode("utf-8", "replace").splitlines(keepends=True)
+        for line in difflib.unified_diff(left, right, "/dev/null" if a is None else f"a/{name}",
+                                         "/dev/null" if b is None else f"b/{name}"):
+            yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+
+
+def stat_lines(changes: list[Change]) -> Iterator[str]:
+    width = max((len(c.shown) for c in changes), default=0)
+    for c in changes:
+        yield f" {c.shown:<{width}} | {c.change:<8} {c.bytes} bytes\n"
+    counts = {kind: sum(1 for c in changes if c.change == kind) for kind in ("added", "modified", "deleted", "mode")}
+    yield " " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) + (" (no changes)" if not changes else "") + "\n"

@@ -1,0 +1,138 @@
+"""A workspace snapshot's manifest: relative path (bytes) -> Entry, and its stored form.
+
+Paths are the file system's bytes, so a name that is not UTF-8 round-trips exactly. In the
+stored JSON a path (and a link's target) is a string when it is UTF-8 and `{"b": base64}`
+otherwise: unambiguous, and readable for the common case. The tree id is the sha256 of a
+canonical byte serialisation of the full manifest, so equal workspaces have equal ids
+whatever delta chain stored them.
+
+Entry kinds: `file` (ref = sha256 of its bytes), `link` (target = the link's bytes, never
+followed), `dir` (an empty directory; others are implied by their files), `big` (over the
+size cap: recorded by size only, never stored, and left alone by restore).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durable_agent.tools.encoding import show_name
+
+FILE, LINK, DIR, BIG = "file", "link", "dir", "big"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: str
+    mode: int = 0  # permission bits (st_mode & 0o777) of files and directories
+    ref: str = ""  # file: sha256 hex of the content
+    target: bytes = b""  # link: what it points to
+    size: int = 0  # file / big: bytes
+
+
+Manifest = dict[bytes, Entry]
+
+
+@dataclass(frozen=True)
+class Change:
+    path: bytes
+    change: str  # added | modified | deleted | mode
+    bytes: int
+
+    @property
+    def shown(self) -> str:
+        return show_name(self.path.decode("utf-8", "surrogateescape"))
+
+
+def _enc(raw: bytes) -> Any:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"b": base64.b64encode(raw).decode("ascii")}
+
+
+def _dec(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return base64.b64decode(value["b"])
+
+
+def _entry_json(path: bytes, e: Entry) -> list[Any]:
+    return [_enc(path), e.kind, e.mode, e.ref, _enc(e.target), e.size]
+
+
+def _entry_from(row: list[Any]) -> tuple[bytes, Entry]:
+    path, kind, mode, ref, target, size = row
+    return _dec(path), Entry(kind, int(mode), str(ref), _dec(target), int(size))
+
+
+def tree_id(manifest: Mapping[bytes, Entry]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(manifest):
+        e = manifest[path]
+        h.update(b"%s\0%s\0%o\0%s\0%s\0%d\n" % (path, e.kind.encode(), e.mode, e.ref.encode(), e.target, e.size))
+    return h.hexdigest()
+
+
+def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
+    rows = [_entry_json(p, manifest[p]) for p in sorted(manifest)]
+    return zlib.compress(json.dumps({"full": rows}, separators=(",", ":")).encode(), 6)
+
+
+def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry]) -> tuple[bytes, int]:
+    """The delta from `base` to `manifest`, compressed, and how many paths it names."""
+    # Entries the scanner kept from its cache are the same objects: `is` settles most paths
+    # without a field-by-field comparison.
+    put = [_entry_json(p, manifest[p]) for p in sorted(_differing(base, manifest))]
+    drop = [_enc(p) for p in sorted(p for p in base if p not in manifest)]
+    data = json.dumps({"set": put, "del": drop}, separators=(",", ":")).encode()
+    return zlib.compress(data, 6), len(put) + len(drop)
+
+
+def _differing(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[bytes]:
+    """Paths of `new` whose entry is not the one in `old` (new paths included)."""
+    get = old.get
+    return [p for p, e in new.items() if (o := get(p)) is not e and o != e]
+
+
+def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
+    """A stored tree's data (full, or a delta on `base`) as a manifest."""
+    doc = json.loads(zlib.decompress(data))
+    if "full" in doc:
+        return dict(_entry_from(row) for row in doc["full"])
+    if base is None:
+        raise ValueError("a delta tree without its base")
+    out = dict(base)
+    for row in doc["set"]:
+        path, entry = _entry_from(row)
+        out[path] = entry
+    for path in doc["del"]:
+        out.pop(_dec(path), None)
+    return out
+
+
+def changes(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[Change]:
+    """What differs from `old` to `new`, by path: added, modified, deleted, or mode only."""
+    out: list[Change] = []
+    candidates = _differing(old, new) + [p for p in old if p not in new]
+    for path in sorted(candidates):
+        a, b = old.get(path), new.get(path)
+        if a is None:
+            assert b is not None
+            out.append(Change(path, "added", b.size))
+        elif b is None:
+            out.append(Change(path, "deleted", a.size))
+        elif (a.kind, a.ref, a.target, a.size) == (b.kind, b.ref, b.target, b.size):
+            out.append(Change(path, "mode", b.size))
+        else:
+            out.append(Change(path, "modified", b.size))
+    return out
+
+
+def blob_refs(entries: Iterable[Entry]) -> set[str]:
+    return {e.ref for e in entries if e.kind == FILE}

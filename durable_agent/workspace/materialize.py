@@ -1,0 +1,101 @@
+"""Writing a manifest into a directory: `restore`, `fork`, and a rebuilt workspace on resume.
+
+The directory ends up with exactly the manifest's files, links and empty directories
+(bytes, permission bits, link targets), and without the paths the manifest lacks, except
+what snapshots leave out: excluded and .gitignored paths (a `.git` directory among them)
+and files over the size cap are never written nor deleted. A path under a symlink is never
+written through it: the link is replaced by a real directory first, so nothing outside the
+directory can be reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest, changes
+from durable_agent.workspace.scan import Scanner
+
+
+def _remove(path: bytes) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _parent_dirs(root: bytes, rel: bytes) -> None:
+    """Make every directory above `rel` a real directory (not a file, not a link)."""
+    current = root
+    for part in rel.split(b"/")[:-1]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            os.mkdir(current)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(current)
+            os.mkdir(current)
+
+
+def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]) -> None:
+    path = os.path.join(root, rel)
+    _parent_dirs(root, rel)
+    if have is not None and (have.kind, have.ref, have.target, have.size) == (entry.kind, entry.ref,
+                                                                               entry.target, entry.size):
+        os.chmod(path, entry.mode)  # the permission bits alone differ
+        return
+    if entry.kind == DIR:
+        if not os.path.isdir(path) or os.path.islink(path):
+            _remove(path)
+            os.mkdir(path)
+        os.chmod(path, entry.mode)
+        return
+    _remove(path)
+    if entry.kind == LINK:
+        os.symlink(entry.target, path)
+        return
+    tmp = os.path.join(os.path.dirname(path), b".durable-agent-restore.tmp")
+    with open(tmp, "wb") as f:
+        f.write(blob(entry.ref))
+    os.chmod(tmp, entry.mode)
+    os.replace(tmp, path)
+
+
+def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
+    """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s."""
+    broot = os.fsencode(str(root))
+    os.makedirs(broot, exist_ok=True)
+    current = scanner.scan().manifest
+    wanted_dirs = {b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)}
+    wanted_dirs |= {p for p, e in target.items() if e.kind == DIR}
+    for rel in sorted(current, reverse=True):  # deepest first
+        old = current[rel]
+        if old.kind == BIG or rel in target:
+            continue
+        if old.kind == DIR and rel in wanted_dirs:
+            continue
+        _remove(os.path.join(broot, rel))
+        parent = os.path.dirname(rel)
+        while parent and parent not in wanted_dirs:  # directories left empty by the deletions
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(broot, parent))
+            parent = os.path.dirname(parent)
+    for rel in sorted(target):
+        entry = target[rel]
+        have = current.get(rel)
+        if entry.kind == BIG or have == entry:
+            continue
+        if entry.kind in (FILE, LINK, DIR):
+            _write(broot, rel, entry, have, blob)
+    scanner.forget()  # our writes happened within the racy window: hash them again next time
+    return changes(current, target)

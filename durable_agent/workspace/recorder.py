@@ -1,0 +1,103 @@
+"""The step hooks: a snapshot when a step that can change files starts, and when it ends.
+
+    before(ctx, step)  rides in the intent commit: `steps.tree_before` (what a command that
+                       is cut off started from; what this step's changes are measured from)
+    after(ctx, step)   rides in the outcome commit: `steps.tree_id` and the step's rows in
+                       `workspace_changes` (the `step_changes` view)
+
+Only write and exec steps (and verification) call these, and only once an intent row
+exists: a read, or a write refused before it ran, takes no snapshot and costs nothing.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, insert
+
+from durable_agent.settings import Settings
+from durable_agent.step_context import StepContext
+from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
+from durable_agent.store.schema import workspace_changes
+from durable_agent.store.step import Step
+from durable_agent.workspace import snapshot
+from durable_agent.workspace.manifest import Manifest, changes
+from durable_agent.workspace.scan import Scanner, scanner_for
+
+_CHANGES = insert(workspace_changes)
+
+
+def scanner(ctx: StepContext) -> Scanner:
+    s = ctx.settings
+    return scanner_for(s.workspace, s.exclude, s.snapshot_max_file_bytes)
+
+
+def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
+    if not ctx.settings.snapshots:
+        return None
+    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine))
+    snapshot.remember(snap.tree_id, snap.manifest)
+    step.tree_before = snap.tree_id
+    return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
+
+
+def at_creation(settings: Settings, engine: Engine) -> str | None:
+    """The workspace as a new run finds it, stored (content addressed: no lease needed), so a
+    worker on another host can start a detached run from the user's files."""
+    if not settings.snapshots or not settings.workspace.is_dir():
+        return None
+    blobs = BlobStore(engine)
+    snap = snapshot.take(scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes), blobs)
+    save_statements(engine, snap.statements)
+    snapshot.remember(snap.tree_id, snap.manifest)
+    return snap.tree_id
+
+
+def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
+    """For the question about a command cut off by a crash: what it changed until then
+    (its pre-command snapshot against the files now), and how to undo it."""
+    if not ctx.settings.snapshots or not tree_before:
+        return ""
+    blobs = BlobStore(ctx.journal.engine)
+    try:
+        old = snapshot.load(blobs, tree_before)
+    except KeyError:
+        return ""
+    found = changes(old, scanner(ctx).scan().manifest)
+    if not found:
+        return "; so far the workspace has no changes since it started"
+    names = ", ".join(f"{c.shown} ({c.change})" for c in found[:20])
+    more = f" and {len(found) - 20} more" if len(found) > 20 else ""
+    return (f"; so far it changed {len(found)} path(s): {names}{more} (`approve --restore` puts them back "
+            "as before the command, then runs it again)")
+
+
+def put_back(ctx: StepContext, tree: str) -> None:
+    """The workspace as snapshot `tree` recorded it (`approve --restore`)."""
+    from durable_agent.workspace.materialize import materialize
+
+    blobs = BlobStore(ctx.journal.engine)
+    materialize(snapshot.load(blobs, tree), ctx.settings.workspace, scanner(ctx), blobs.blob)
+    ctx.observer.note("put the workspace back as it was before the interrupted command")
+
+
+def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
+    if not ctx.settings.snapshots or not step.has_row or step.seq < 0:
+        return None
+    blobs = BlobStore(ctx.journal.engine)
+    snap = snapshot.take(scanner(ctx), blobs)
+    snapshot.remember(snap.tree_id, snap.manifest)
+    old: Manifest = {}
+    if step.tree_before:
+        try:
+            old = snapshot.load(blobs, step.tree_before)
+        except KeyError:
+            old = {}
+    rows = [{"run_id": ctx.journal.run_id, "seq": step.seq, "path": c.shown, "change": c.change, "bytes": c.bytes}
+            for c in changes(old, snap.manifest)]
+    statements = [*snap.statements, *([(_CHANGES, rows)] if rows else [])]
+    note = None
+    if snap.skipped:
+        names = ", ".join(p.decode("utf-8", "backslashreplace") for p in snap.skipped[:5])
+        more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
+        note = (f"{len(snap.skipped)} file(s) over the snapshot size cap "
+                f"({ctx.settings.snapshot_max_file_bytes} bytes) left out of the snapshot: {names}{more}")
+    return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

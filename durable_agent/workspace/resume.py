@@ -1,0 +1,77 @@
+"""On resume: the workspace must be the one the last snapshot recorded.
+
+    missing or empty   rebuilt from the last snapshot (a worker on another host, a person's
+                       `resume --workspace DIR`), and the run goes on
+    equal              nothing to do (a scan of an unchanged workspace only stats files)
+    different          never silently overwritten: the run stops `blocked`
+                       (`workspace_drift`) with the differing paths in the question;
+                       `approve` continues with the files as they are, `approve --deny` puts
+                       the snapshot back and continues, `restore` does it by hand
+
+A step cut off by a crash (intent only) is left to its reconciliation (write hashes, the
+command's approval): the files it may have half changed are not drift.
+"""
+
+from __future__ import annotations
+
+import os
+
+from durable_agent.errors import LoopExit
+from durable_agent.status import EffectClass, StopReason
+from durable_agent.step_context import StepContext
+from durable_agent.store.blobs import BlobStore, tree_at
+from durable_agent.store.records import ApprovalKind, Decision, StepState
+from durable_agent.store.rows import utcnow
+from durable_agent.store.step import USE_APPROVAL
+from durable_agent.workspace import recorder, snapshot
+from durable_agent.workspace.manifest import changes, tree_id
+from durable_agent.workspace.materialize import materialize
+
+DRIFT = ApprovalKind.WORKSPACE_DRIFT
+CALL = "workspace"  # the approval's call id: the drift is the run's, not one tool call's
+SHOWN = 20  # differing paths named in the question
+
+
+def check(ctx: StepContext) -> None:
+    if not ctx.settings.snapshots:
+        return
+    journal = ctx.journal
+    last = tree_at(journal.engine, journal.run_id)
+    if last is None:
+        return
+    root = ctx.settings.workspace
+    blobs = BlobStore(journal.engine)
+    if not os.path.isdir(root) or not os.listdir(root):
+        manifest = snapshot.load(blobs, last.tree)
+        if manifest:
+            materialize(manifest, root, recorder.scanner(ctx), blobs.blob)
+            when = f"of step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+            ctx.observer.note(f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)")
+        return
+    if any(s.state == StepState.STARTED and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
+           for s in journal.open_steps.values()):
+        return
+    current = recorder.scanner(ctx).scan().manifest
+    if tree_id(current) == last.tree:
+        return
+    recorded = snapshot.load(blobs, last.tree)
+    differing = changes(recorded, current)
+    approval = journal.approval_for(CALL, DRIFT)
+    if approval is not None and approval.decision is not None:
+        if approval.decision == Decision.DENIED:  # put the snapshot back, then go on
+            materialize(recorded, root, recorder.scanner(ctx), blobs.blob)
+            ctx.observer.note(f"restored the workspace to the snapshot of step {last.seq + 1}")
+        journal.commit([(USE_APPROVAL, {"b_id": approval.id, "used_at": utcnow()})])
+        return
+    names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])
+    more = f" and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
+    when = f"after step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+    reason = (f"the workspace {root} differs from the snapshot {when} in "
+              f"{len(differing)} path(s): {names}{more}")
+    journal.request_approval(call_id=CALL, kind=DRIFT, tool_name=CALL, command=None,
+                             reason=ctx.redactor.redact(reason), step_seq=last.seq)
+    run_id = ctx.state.run_id
+    raise LoopExit(StopReason.WORKSPACE_DRIFT,
+                   f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
+                   f"put the snapshot back: `durable-agent approve {run_id} --deny` (or "
+                   f"`durable-agent restore {run_id} --at {max(last.seq + 1, 1)} --to {root} --force`); then resume.")

@@ -1,0 +1,107 @@
+"""Taking a snapshot: scan, then the statements that store what the store lacks.
+
+A blob is written when the store does not have it yet. The scanner remembers the contents
+it read until a later snapshot finds them in the store (`pending`): a transaction that
+failed after the scan must not leave a tree that names a blob nobody wrote. A tree is
+written unless its id is already stored (an unchanged workspace writes nothing), as a
+delta on the scanner's previous tree when that one is stored and the delta is small.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
+from durable_agent.workspace.manifest import (
+    Manifest,
+    apply_stored,
+    blob_refs,
+    encode_delta,
+    encode_full,
+    tree_id,
+)
+from durable_agent.workspace.scan import Scanner
+
+
+@dataclass
+class Snapshot:
+    tree_id: str
+    manifest: Manifest
+    statements: list[Statement]
+    skipped: list[bytes]
+
+
+_pending: dict[int, dict[str, bytes]] = {}  # id(scanner) -> contents not yet seen stored
+_last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snapshot
+
+
+_stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
+
+
+def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
+    scan = scanner.scan()
+    manifest = scan.manifest
+    with scanner.lock:
+        last = _last.get(id(scanner))
+        stored = _stored.setdefault(str(blobs.engine.url), set())
+        if not scan.changed and last is not None and last[0] in stored and not _pending.get(id(scanner)):
+            # Unchanged since a snapshot the store has: nothing to hash, query or write.
+            return Snapshot(last[0], manifest, [], scan.skipped)
+    tid = tree_id(manifest)
+    refs = blob_refs(manifest.values())
+    with scanner.lock:
+        pending = _pending.setdefault(id(scanner), {})
+        pending.update(scan.contents)
+        for digest in [h for h in pending if h not in refs]:
+            del pending[digest]  # no longer in the workspace: nothing will name it
+        check = set(pending)
+    present = blobs.present_blobs(check) if check else set()
+    statements: list[Statement] = []
+    missing = {h: pending[h] for h in check - present}
+    with scanner.lock:
+        for digest in present:
+            pending.pop(digest, None)
+    if missing:
+        statements.append(blobs.blob_statement(missing))
+    depths = blobs.tree_depths([tid, last[0] if last else ""])
+    with scanner.lock:
+        stored.update(depths)
+    if tid not in depths:
+        row = None
+        if last is not None and last[0] in depths and depths[last[0]] < MAX_DEPTH:
+            data, size = encode_delta(last[1], manifest)
+            if size * 4 <= len(manifest) + 4:  # small change: a delta; else a new full manifest
+                row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
+        if row is None:
+            row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+        statements.append(blobs.tree_statement(row))
+    with scanner.lock:
+        _last[id(scanner)] = (tid, manifest)
+    return Snapshot(tid, manifest, statements, scan.skipped)
+
+
+_trees: OrderedDict[str, Manifest] = OrderedDict()
+_trees_lock = threading.Lock()
+
+
+def remember(tid: str, manifest: Manifest) -> None:
+    with _trees_lock:
+        _trees[tid] = manifest
+        _trees.move_to_end(tid)
+        while len(_trees) > 16:
+            _trees.popitem(last=False)
+
+
+def load(blobs: BlobStore, tid: str) -> Manifest:
+    """The manifest of a stored tree (trees are immutable: a small cache keeps recent ones)."""
+    with _trees_lock:
+        if tid in _trees:
+            return _trees[tid]
+    manifest: Manifest | None = None
+    for data in blobs.tree_chain(tid):
+        manifest = apply_stored(manifest, data)
+    assert manifest is not None
+    remember(tid, manifest)
+    return manifest

@@ -1,0 +1,166 @@
+"""The workspace commands: `diff`, `restore`, `fork` (SEQ is the step number `show` prints).
+
+    diff RUN_ID [--step SEQ] [--stat] [--json]      what the run (or one step) changed
+    restore RUN_ID --at SEQ --to DIR [--force]      the files as they were after step SEQ
+    fork RUN_ID --at SEQ --workspace DIR [...]      a new run from step SEQ, files included
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from durable_agent.errors import UsageError
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes it
+
+
+def _open(args: Namespace, env: dict[str, str]) -> Any:
+    from durable_agent.settings import load_settings
+    from durable_agent.wiring import open_store
+
+    return open_store(load_settings({"db": getattr(args, "db", None)}, env))
+
+
+def _seq(run_id: str, shown: int, steps: list[Any]) -> int:
+    """The stored seq of step number `shown` (show counts from 1)."""
+    if not any(s.seq == shown - 1 for s in steps):
+        last = max((s.seq for s in steps), default=-1) + 1
+        raise UsageError(f"run {run_id} has no step {shown} (its steps are 1 to {last}; see `durable-agent show {run_id}`)"
+                         if last else f"run {run_id} has no steps yet")
+    return shown - 1
+
+
+def _tree_after(store: Any, run_id: str, seq: int) -> str:
+    from durable_agent.store.blobs import tree_at
+
+    found = tree_at(store.engine, run_id, seq)
+    if found is None:
+        raise UsageError(f"run {run_id} has no workspace snapshot (no step of it could change files, "
+                         "or it was recorded with snapshots off)")
+    return found.tree
+
+
+def _scanner(root: Path, settings: dict[str, Any] | None) -> Any:
+    from durable_agent.settings import Settings
+    from durable_agent.workspace.scan import scanner_for
+
+    fields = Settings.model_fields
+    s = settings or {}
+    exclude = s.get("exclude") or fields["exclude"].get_default(call_default_factory=True)
+    cap = s.get("snapshot_max_file_bytes") or fields["snapshot_max_file_bytes"].default
+    return scanner_for(root, list(exclude), int(cap))
+
+
+def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.store.blobs import BlobStore, first_tree, step_trees
+    from durable_agent.workspace import diffing, snapshot
+    from durable_agent.workspace.manifest import Manifest, changes
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    blobs = BlobStore(store.engine)
+    if args.step is not None:
+        seq = _seq(run_id, args.step, store.steps(run_id))
+        trees = step_trees(store.engine, run_id, seq)
+        before, after = trees if trees is not None else (None, None)
+        if after is None:  # a model call or a read: it changed no files
+            before = after = None
+    else:
+        last = max((s.seq for s in store.steps(run_id)), default=-1)
+        before = first_tree(store.engine, run_id)
+        after = _tree_after(store, run_id, last) if before is not None else None
+    old: Manifest = snapshot.load(blobs, before) if before else {}
+    new: Manifest = snapshot.load(blobs, after) if after else old
+    found = changes(old, new)
+    if args.json:
+        print(json.dumps({"run_id": run_id, "step": args.step, "from_tree": before, "to_tree": after,
+                          "changes": [{"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found]},
+                         ensure_ascii=False))
+    elif args.stat:
+        sys.stdout.writelines(diffing.stat_lines(found))
+    else:
+        sys.stdout.writelines(diffing.unified(old, new, found, blobs.blob))
+    return 0
+
+
+def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.store.blobs import BlobStore, save_statements
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.materialize import materialize
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    run = store.get_run(run_id)
+    blobs = BlobStore(store.engine)
+    if args.tree:
+        tree = args.tree
+    elif args.at is not None:
+        tree = _tree_after(store, run_id, _seq(run_id, args.at, store.steps(run_id)))
+    else:
+        raise UsageError("say which snapshot: --at SEQ (a step number as `show` prints it)")
+    target = Path(os.path.abspath(args.to))
+    scanner = _scanner(target, run.settings)
+    undo = None
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        if not target.is_dir():
+            raise UsageError(f"{target} is not a directory")
+        if not args.force:
+            raise UsageError(f"{target} is not empty; restore into it only with --force (its current "
+                             "files are snapshotted first, so it can be undone)")
+        kept = snapshot.take(scanner, blobs)
+        save_statements(store.engine, kept.statements)
+        undo = kept.tree_id
+    try:
+        manifest = snapshot.load(blobs, tree)
+    except KeyError:
+        raise UsageError(f"no workspace snapshot {tree} in this store") from None
+    done = materialize(manifest, target, scanner, blobs.blob)
+    print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
+          else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
+    if undo is not None:
+        print(f"undo with: durable-agent restore {run_id} --tree {undo} --to {target} --force")
+    return 0
+
+
+def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.runner import new_run_id
+    from durable_agent.store.blobs import BlobStore
+    from durable_agent.store.forks import fork_run
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.materialize import materialize
+
+    store = _open(args, env)
+    run_id = store.find_run_id(args.run_id)
+    run = store.get_run(run_id)
+    seq = _seq(run_id, args.at, store.steps(run_id))
+    target = Path(os.path.abspath(args.workspace))
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
+    new_id = args.new_run_id or new_run_id()
+    if not RUN_ID_RE.match(new_id):
+        raise UsageError(f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    if store.run_exists(new_id):
+        raise UsageError(f"a run with id {new_id!r} already exists; pick another id")
+    from durable_agent.store.blobs import tree_at
+
+    found = tree_at(store.engine, run_id, seq)
+    blobs = BlobStore(store.engine)
+    target.mkdir(parents=True, exist_ok=True)
+    if found is not None:
+        materialize(snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob)
+    settings = dict(run.settings or {})
+    settings["workspace"] = str(target)
+    fork_run(store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task)
+    if args.json:
+        print(json.dumps({"run_id": new_id, "forked_from": run_id, "fork_seq": seq, "workspace": str(target)}))
+    else:
+        print(new_id)
+        print(f"forked {run_id} after step {args.at} into {target}; continue with: durable-agent resume {new_id}",
+              file=sys.stderr)
+    return 0

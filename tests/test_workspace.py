@@ -1,0 +1,320 @@
+"""The workspace is part of the checkpoint: snapshots, diff, restore, fork, resume anywhere.
+
+Real processes (the CLI), real bash commands, real git. The round-trip test stops the run
+after every tool step (`--max-steps k`, then resume), copies the workspace itself, and
+checks that `restore --at SEQ` gives exactly that copy for every step of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from workspace_support import da, picture
+
+from durable_agent.workspace.manifest import (
+    FILE,
+    LINK,
+    Entry,
+    apply_stored,
+    changes,
+    encode_delta,
+    encode_full,
+)
+
+NAME = "n\\xffm"  # a file name with the byte 0xff, as the tools take it back
+
+MIXED = [
+    {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hello\n"}}]},
+    {"tool_calls": [{"name": "run_command", "arguments": {
+        "command": "mkdir -p d/e && echo hi > d/e/f && printf '\\000\\001\\377bin' > bin.dat"}}]},
+    {"tool_calls": [{"name": "edit_file", "arguments": {"path": "a.txt", "old_string": "hello", "new_string": "bye"}}]},
+    {"tool_calls": [{"name": "run_command", "arguments": {
+        "command": "chmod +x a.txt && ln -s a.txt link && printf 'x' > \"$(printf 'n\\377m')\""}}]},
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm d/e/f && mv a.txt b.txt && mkdir -p empty/x"}}]},
+    {"tool_calls": [{"name": "write_file", "arguments": {"path": "d/new.txt", "content": "new\n"}}]},
+    {"tool_calls": [{"name": "write_file", "arguments": {"path": NAME, "content": "utf8 now\n"}}]},
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm -r d link && chmod 600 bin.dat"}}]},
+    {"content": "done"},
+]
+
+
+def _start(env: dict[str, str], ws: Path, model: str, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return da(["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow", "--run-id", run_id,
+               "--quiet", *extra], env, ws)
+
+
+@pytest.mark.slow
+def test_restore_at_every_step_equals_the_workspace_right_after_it(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    model = write_script(MIXED)
+    copies = [picture(workspace)]  # copies[k]: after k tool steps (= after model call k+1)
+    proc = _start(env, workspace, model, "rt", "--max-steps", "1")
+    assert proc.returncode == 3, proc.stderr
+    copies.append(picture(workspace))
+    for k in range(2, len(MIXED) + 1):
+        proc = da(["resume", "rt", "--max-steps", str(k), "--quiet"], env, workspace)
+        assert proc.returncode in (0, 3), proc.stderr
+        copies.append(picture(workspace))
+    assert proc.returncode == 0
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    last = db.execute("SELECT MAX(seq) FROM steps WHERE run_id='rt'").fetchone()[0]
+    assert last == 2 * (len(MIXED) - 1)
+    for shown in range(1, last + 2):  # as `show` numbers the steps
+        target = tmp_path / f"at{shown}"
+        proc = da(["restore", "rt", "--at", str(shown), "--to", str(target)], env, workspace)
+        assert proc.returncode == 0, proc.stderr
+        expected = copies[shown // 2]  # model step 2k+1 and tool step 2k: after k tool steps
+        assert picture(target) == expected, f"step {shown}"
+    # Every change kind was recorded, command-made ones included, and the view shows them.
+    kinds = {r[0] for r in db.execute("SELECT change FROM step_changes WHERE run_id='rt'")}
+    assert kinds == {"added", "modified", "deleted", "mode"}
+    assert ("d/e/f", "added") in db.execute("SELECT path, change FROM step_changes WHERE run_id='rt' AND seq=3").fetchall()
+    # Reads and model calls take no snapshot.
+    assert db.execute("SELECT COUNT(*) FROM steps WHERE run_id='rt' AND kind='model' AND "
+                      "(tree_id IS NOT NULL OR tree_before IS NOT NULL)").fetchone() == (0,)
+
+
+def test_diff_shows_command_made_changes_and_one_step(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    assert _start(env, workspace, write_script(MIXED), "df").returncode == 0
+    whole = da(["diff", "df"], env, workspace)
+    assert whole.returncode == 0
+    assert "+++ b/b.txt" in whole.stdout and "+bye" in whole.stdout
+    assert "Binary files a/bin.dat and b/bin.dat differ" in whole.stdout
+    assert "d/e/f" not in whole.stdout  # created and deleted within the run
+    stat4 = json.loads(da(["diff", "df", "--step", "4", "--json"], env, workspace).stdout)
+    assert {(c["path"], c["change"]) for c in stat4["changes"]} == {("d/e/f", "added"), ("bin.dat", "added")}
+    one = da(["diff", "df", "--step", "8", "--stat"], env, workspace)
+    assert "a.txt" in one.stdout and "mode" in one.stdout and "link" in one.stdout
+    assert da(["diff", "df", "--step", "99"], env, workspace).returncode == 2
+
+
+def test_gitignore_exclude_and_size_cap(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    (workspace / ".gitignore").write_text("build/\n*.log\n!keep.log\n")
+    (workspace / "node_modules").mkdir()
+    (workspace / "node_modules" / "m.js").write_text("x")
+    config = tmp_path / "c.toml"
+    config.write_text("snapshot_max_file_bytes = 1000\n")
+    model = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": "mkdir build && echo o > build/o && echo l > x.log && echo k > keep.log && head -c 5000 /dev/zero > big.bin"}}]},
+        {"content": "done"}])
+    proc = da(["start", "t", "--workspace", str(workspace), "--model", model, "--shell", "allow",
+               "--run-id", "ig2", "--quiet"], env, workspace, extra={"DURABLE_AGENT_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    paths = {r[0] for r in db.execute("SELECT path FROM step_changes WHERE run_id='ig2'")}
+    assert paths == {"keep.log", "big.bin"}
+    note = db.execute("SELECT json_extract(output, '$.workspace_note') FROM steps WHERE run_id='ig2' AND seq=1").fetchone()[0]
+    assert "big.bin" in note and "size cap" in note
+    # restore --force leaves ignored, excluded and oversized files alone.
+    (workspace / "keep.log").unlink()
+    proc = da(["restore", "ig2", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert "undo with: durable-agent restore ig2 --tree" in proc.stdout
+    assert (workspace / "keep.log").read_text() == "k\n"
+    for kept in ("build/o", "x.log", "node_modules/m.js", "big.bin"):
+        assert (workspace / kept).exists(), kept
+
+
+def test_restore_refuses_a_non_empty_dir_without_force(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    assert _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "nf").returncode == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.txt").write_text("precious")
+    proc = da(["restore", "nf", "--at", "2", "--to", str(other)], env, workspace)
+    assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
+    assert (other / "mine.txt").read_text() == "precious"
+    proc = da(["restore", "nf", "--at", "2", "--to", str(other), "--force"], env, workspace)
+    assert proc.returncode == 0 and not (other / "mine.txt").exists()
+    undo = proc.stdout.strip().splitlines()[-1].split("undo with: ", 1)[1]
+    assert da(undo.split()[1:], env, workspace).returncode == 0
+    assert (other / "mine.txt").read_text() == "precious" and not (other / "a.txt").exists()
+
+
+@pytest.mark.slow
+def test_fork_copies_history_and_files_and_leaves_the_original(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    model = write_script(MIXED)
+    assert _start(env, workspace, model, "orig").returncode == 0
+    original = picture(workspace)
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    before = db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall()
+    fork_ws = tmp_path / "forked"
+    proc = da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws), "--run-id", "f1", "--json"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["run_id"] == "f1"
+    at3 = tmp_path / "at3"
+    assert da(["restore", "orig", "--at", "3", "--to", str(at3)], env, workspace).returncode == 0
+    assert picture(fork_ws) == picture(at3)
+    # Step 3 is the model call whose run_command had not run: closed, not left open.
+    tool_msgs = db.execute("SELECT content FROM messages WHERE run_id='f1' AND role='tool'").fetchall()
+    assert tool_msgs[-1][0] == "error: not run in this fork"
+    assert db.execute("SELECT forked_from, fork_seq, status FROM runs WHERE id='f1'").fetchone() == ("orig", 2, "pending")
+    shown = da(["show", "f1"], env, workspace).stdout
+    assert "forked     from orig after step 3" in shown
+    proc = da(["resume", "f1", "--quiet"], env, fork_ws)
+    assert proc.returncode == 0, proc.stderr
+    assert db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall() == before
+    assert picture(workspace) == original
+    assert da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws)], env, workspace).returncode == 2
+
+
+@pytest.mark.slow
+def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    model = write_script(MIXED)
+    assert _start(env, workspace, model, "mv", "--max-steps", "4").returncode == 3
+    expected = picture(workspace)
+    elsewhere = tmp_path / "elsewhere"
+    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "4"], env, tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert picture(elsewhere) == expected
+    (elsewhere / "b.txt").write_text("edited by a person\n")
+    (elsewhere / "zzz").write_text("new")
+    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "5", "--json"], env, tmp_path)
+    assert proc.returncode == 5 and json.loads(proc.stdout)["stop_reason"] == "workspace_drift"
+    shown = da(["show", "mv"], env, tmp_path).stdout
+    assert "zzz (added)" in shown and "b.txt (added)" in shown
+    assert da(["approve", "mv", "--deny"], env, tmp_path).returncode == 0
+    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "4"], env, tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert picture(elsewhere) == expected  # --deny put the snapshot back
+    (elsewhere / "zzz").write_text("again")
+    assert da(["resume", "mv", "--workspace", str(elsewhere)], env, tmp_path).returncode == 5
+    assert da(["approve", "mv"], env, tmp_path).returncode == 0
+    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "50", "--quiet"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (elsewhere / "zzz").read_text() == "again"  # approved: the files as they were
+
+
+def _git(ws: Path, env: dict[str, str], *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=ws, env=env, check=True,
+                   capture_output=True)
+
+
+def test_git_repository_is_byte_identical_after_run_fork_and_restore(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    home = tmp_path / "home"
+    home.mkdir()
+    genv = {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+    genv = {k: v for k, v in genv.items() if not k.startswith("GIT_") or k == "GIT_CONFIG_NOSYSTEM"}
+    subprocess.run(["git", "init", "-q"], cwd=workspace, env=genv, check=True)
+    (workspace / "a.txt").write_text("hello\n")
+    (workspace / "tracked.txt").write_text("one\n")
+    _git(workspace, genv, "add", ".")
+    _git(workspace, genv, "commit", "-qm", "first")
+    (workspace / "tracked.txt").write_text("two\n")
+    _git(workspace, genv, "stash")
+    (workspace / "untracked.txt").write_text("u\n")
+    git_before = picture(workspace / ".git")
+    model = write_script(MIXED)
+    assert _start(genv, workspace, model, "g").returncode == 0
+    assert da(["fork", "g", "--at", "5", "--workspace", str(tmp_path / "fk")], genv, workspace).returncode == 0
+    proc = da(["restore", "g", "--at", "1", "--to", str(workspace), "--force"], genv, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(workspace / ".git") == git_before
+    assert not (home / ".gitconfig").exists() and list(home.iterdir()) == []
+    # The restored workspace is the one the run started from: untracked files included.
+    assert (workspace / "untracked.txt").read_text() == "u\n" and (workspace / "a.txt").read_text() == "hello\n"
+    assert not (tmp_path / "fk" / ".git").exists()
+
+
+# -- the manifest format, with hostile names ---------------------------------------------------
+names = st.binary(min_size=1, max_size=12).filter(lambda b: b"\0" not in b and b"/" not in b and b not in (b".", b".."))
+entries = st.one_of(
+    st.builds(lambda r, m, s: Entry(FILE, m, r, size=s), st.text("0123456789abcdef", min_size=64, max_size=64),
+              st.integers(0, 0o777), st.integers(0, 2**40)),
+    st.builds(lambda t: Entry(LINK, target=t), names),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(names, entries, max_size=8), st.dictionaries(names, entries, max_size=8))
+def test_manifests_round_trip_any_names(old: dict[bytes, Entry], new: dict[bytes, Entry]) -> None:
+    assert apply_stored(None, encode_full(old)) == old
+    delta, _ = encode_delta(old, new)
+    assert apply_stored(old, delta) == new
+    assert {c.path for c in changes(old, new)} == {p for p in set(old) | set(new) if old.get(p) != new.get(p)}
+
+
+def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path) -> None:
+    from durable_agent.workspace.scan import Scanner
+
+    (tmp_path / "f").write_text("x")
+    os.utime(tmp_path / "f", ns=(1, 1))  # old: not racy
+    scanner = Scanner(tmp_path, [], 10_000)
+    first: Any = scanner.scan()
+    assert list(first.contents) and scanner.scan().contents == {}
+    (tmp_path / "f").write_text("y")
+    assert list(scanner.scan().contents) != list(first.contents)
+
+
+def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_the_start(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import sys
+    import time
+
+    (workspace / "keep.txt").write_text("before\n")
+    model = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": "echo partial > p.txt && rm keep.txt && sleep ${DA_TEST_DELAY:-0} && echo done > d.txt"}}]},
+        {"content": "done"}])
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", model, "--shell", "allow",
+                             "--run-id", "cut", "--quiet"], cwd=workspace, env={**env, "DA_TEST_DELAY": "60"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (workspace / "p.txt").exists() or (workspace / "keep.txt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    blocked = da(["resume", "cut"], env, workspace)
+    assert blocked.returncode == 5
+    assert "p.txt (added)" in blocked.stderr and "keep.txt (deleted)" in blocked.stderr
+    assert "p.txt (added)" in da(["show", "cut"], env, workspace).stdout
+    assert da(["approve", "cut", "--restore", "--deny"], env, workspace).returncode == 2
+    assert da(["approve", "cut", "--restore"], env, workspace).returncode == 0
+    done = da(["resume", "cut", "--quiet"], env, workspace)
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "d.txt").read_text() == "done\n"
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    # Re-run from the pre-command snapshot: keep.txt came back and was deleted again.
+    changed = set(db.execute("SELECT path, change FROM step_changes WHERE run_id='cut' AND seq=1").fetchall())
+    assert changed == {("p.txt", "added"), ("keep.txt", "deleted"), ("d.txt", "added")}
+
+
+def test_a_changed_gitignore_applies_to_files_already_cached(tmp_path: Path) -> None:
+    from durable_agent.workspace.scan import Scanner
+
+    (tmp_path / "sub").mkdir()
+    for name in ("a.log", "sub/b.log", "sub/c.txt"):
+        (tmp_path / name).write_text(name)
+    scanner = Scanner(tmp_path, [".git/"], 10_000)
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/b.log", b"sub/c.txt"}
+    (tmp_path / "sub" / ".gitignore").write_text("*.log\n")
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}
+    (tmp_path / ".gitignore").write_text("*.txt\n")
+    assert set(scanner.scan().manifest) == {b"a.log", b".gitignore", b"sub/.gitignore"}
+    (tmp_path / ".gitignore").unlink()
+    assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}
+
+
+def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    (workspace / "seed.txt").write_text("from the user's disk\n")
+    model = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat seed.txt > copy.txt"}}]},
+        {"content": "done"}])
+    proc = da(["start", "t", "--model", model, "--shell", "allow", "--run-id", "det", "--detach"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    root = tmp_path / "other-host"
+    proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "rebuilt the workspace" in proc.stderr
+    assert (root / "det" / "copy.txt").read_text() == "from the user's disk\n"
+    assert not (workspace / "copy.txt").exists()
+    stat = da(["diff", "det", "--stat"], env, workspace).stdout
+    assert "copy.txt" in stat and "seed.txt" not in stat
