@@ -1,0 +1,99 @@
+"""The checkpoint's hot path below Core (store/prepared.py), on both dialects: what it writes
+reads back through Core exactly as Core would have written it, driver errors come out as
+SQLAlchemy's (so the retry policy classifies them the same), and a failed transaction
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, bindparam, insert, select, update
+from sqlalchemy.exc import DBAPIError
+
+from durable_agent.messages import Message
+from durable_agent.store import prepared, retrying
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.prepared import Prepared
+from durable_agent.store.runs import Store
+from durable_agent.store.schema import messages, runs, steps
+from durable_agent.store.step import STEP_COLUMNS
+
+WHEN = datetime(2026, 11, 30, 12, 34, 56, 789012)
+
+
+@pytest.fixture
+def engine(store_url: str) -> Iterator[Engine]:
+    e = open_store_engine(store_url)
+    Store(e).create_run("r", task="t", workspace="/w", model="m", settings={},
+                        first_messages=[Message("system", "s")])
+    yield e
+    e.dispose()
+
+
+def step_row(seq: int, **values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(STEP_COLUMNS)
+    row.update(run_id="r", seq=seq, kind="model", state="started", idempotency_key=f"k{seq}",
+               attempts=1, started_at=WHEN, **values)
+    return row
+
+
+def test_prepared_rows_read_back_as_core_wrote_them(engine: Engine) -> None:
+    nasty = {"text": "a\x00b\ud800c", "nan": float("nan"), "bytes": b"\xff\x00", "deep": [{"k": "\udcff"}]}
+    with engine.connect() as conn, prepared.transaction(conn):
+        Prepared(insert(steps), keys=STEP_COLUMNS).run_many(conn, [
+            step_row(0, input={"a": [1, "é", None]}, output=None, error="plain"),
+            step_row(1, input=nasty, error="nul\x00here"),
+        ])
+        Prepared(update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))).run(
+            conn, {"b_run": "r", "b_seq": 0, "state": "completed", "finished_at": WHEN})
+        # A one-off statement with a literal of its own (an anonymous bind).
+        prepared.run_core(conn, update(runs).where(runs.c.id == "r").values(answer="done\x00"), {}).close()
+    with engine.connect() as conn:
+        rows = {r.seq: r for r in conn.execute(select(steps).where(steps.c.run_id == "r"))}
+        answer = conn.execute(select(runs.c.answer)).scalar()
+    assert rows[0].state == "completed" and rows[0].finished_at == WHEN and rows[0].started_at == WHEN
+    assert rows[0].input == {"a": [1, "é", None]} and rows[0].output is None and rows[0].error == "plain"
+    assert rows[1].input == {"text": "a\\x00b\ufffdc", "nan": "NaN", "bytes": "\\xff\\x00", "deep": [{"k": "\\xff"}]}
+    assert rows[1].error == "nul\\x00here" and answer == "done\\x00"
+
+
+def test_a_failed_statement_is_sqlalchemys_error_and_rolls_the_transaction_back(engine: Engine) -> None:
+    with engine.connect() as conn, pytest.raises(DBAPIError) as caught, prepared.transaction(conn):
+        Prepared(insert(steps), keys=STEP_COLUMNS).run_many(conn, [step_row(0)])
+        Prepared(insert(steps), keys=STEP_COLUMNS).run_many(conn, [step_row(0)])  # same (run, seq)
+    assert not retrying.is_transient(caught.value)  # an integrity error: permanent, not retried
+    with engine.connect() as conn:
+        assert conn.execute(select(steps.c.seq)).all() == []
+
+
+@pytest.mark.postgres
+def test_a_terminated_connection_is_invalidated_and_transient() -> None:
+    import psycopg
+    from scale_helpers import PG_URL, _libpq_url, pg_schema
+
+    with pg_schema() as url:
+        engine = open_store_engine(url)
+        Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
+                                 first_messages=[Message("system", "s")])
+        with engine.connect() as conn:
+            pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+            with psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
+                side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with pytest.raises(DBAPIError) as caught, prepared.transaction(conn):
+                Prepared(insert(messages)).run(conn, {"run_id": "r", "seq": 9, "role": "user", "content": "x",
+                                                      "tool_calls": None, "tool_call_id": None,
+                                                      "step_seq": None, "created_at": WHEN})
+            assert caught.value.connection_invalidated and retrying.is_transient(caught.value)
+            assert conn.invalidated
+        engine.dispose()
+
+
+def test_json_parameters_match_cores_json_text(engine: Engine) -> None:
+    """What the hot path writes into a JSON column parses to what Core's serializer wrote."""
+    value = {"z": [1, 2.5, True, None], "é": "ünïcode", "nested": {"k": ["v"]}}
+    text = prepared.json_text(value)
+    assert text is not None and json.loads(text) == json.loads(json.dumps(value))
