@@ -60,7 +60,7 @@ class Agent:
     @property
     def store(self) -> Store:
         if self._store is None:
-            from durable_agent.wiring import open_store
+            from durable_agent.store.runs import open_store
 
             self._store = open_store(self.settings)
         return self._store

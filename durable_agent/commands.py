@@ -8,17 +8,21 @@ import sys
 import threading
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_agent import render
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.interrupts import Interrupts
-from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
 from durable_agent.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 
 __all__ = ["cmd_diff", "cmd_fork", "cmd_restore"]  # the workspace commands live in ws_commands.py
 
+if TYPE_CHECKING:
+    from durable_agent.settings import Settings
+
+# The settings machinery (pydantic) is imported by the commands that run a loop, not by the
+# ones that only read or answer the store (`list`, `show`, ...: config_layers.store_options).
 
 
 def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
@@ -33,12 +37,15 @@ def _mcp_flags(args: Namespace) -> dict[str, Any]:
     return {"mcp_servers": dict(parse_cli_server(spec) for spec in specs)} if specs else {}
 
 
-def _store_settings(args: Namespace, env: dict[str, str]) -> Settings:
-    return load_settings(_flags(args, ("db",)), env)
+def _store_settings(args: Namespace, env: dict[str, str]) -> Any:
+    """The store's settings alone (config_layers.StoreOptions: no pydantic, no wiring)."""
+    from durable_agent.config_layers import store_options
+
+    return store_options(_flags(args, ("db",)), env)
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.wiring import open_store
+    from durable_agent.store.runs import open_store
 
     return open_store(_store_settings(args, env))
 
@@ -92,6 +99,7 @@ def _step_rows(store: Any, run_id: str) -> int | None:
 
 
 def cmd_start(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.settings import BUDGET_FIELDS, load_settings
     from durable_agent.wiring import build_runner
 
     if args.run_id is not None and not RUN_ID_RE.match(args.run_id):
@@ -127,6 +135,7 @@ def _print_queued(run_id: str, as_json: bool) -> None:
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.settings import BUDGET_FIELDS, load_settings, recorded_settings
     from durable_agent.wiring import build_runner
 
     store = _open(args, env)
@@ -198,6 +207,7 @@ def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
 
 
 def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.settings import load_settings
     from durable_agent.wiring import build_tool_set
 
     settings = load_settings({**_flags(args, ("workspace", "shell", "db")), **_mcp_flags(args)}, env)
@@ -219,6 +229,7 @@ def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
 
 def cmd_doctor(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.doctor import run_doctor
+    from durable_agent.settings import load_settings
 
     settings = load_settings(_flags(args, ("sandbox", "network")), env)
     return run_doctor(mode=settings.sandbox, network=settings.network, env=env, out=sys.stdout)
@@ -288,6 +299,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
 
 def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.manual_compaction import compact_run
+    from durable_agent.settings import load_settings, recorded_settings
     from durable_agent.wiring import build_runner
 
     store = _open(args, env)
@@ -339,6 +351,7 @@ def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.settings import load_settings
     from durable_agent.worker import WorkerOptions, run_worker
 
     if args.concurrency < 1:

@@ -137,14 +137,16 @@ def step_line(e: StepEvent) -> str:
 
 def run_cost(run: RunRecord) -> float | None:
     """The run's cost at the price recorded in its settings for its model, if one was set."""
+    price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
+    if price is None:
+        return None  # (most runs: no pydantic import for `list` and `show`)
     from pydantic import ValidationError
 
     from durable_agent.settings import ModelPrice
 
-    price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
     try:
         return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
-    except (ValidationError, TypeError, ValueError):  # no price recorded, or an unreadable one
+    except (ValidationError, TypeError, ValueError):  # an unreadable price
         return None
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +24,13 @@ from pydantic import (
     model_validator,
 )
 
+from durable_agent.config_layers import (  # noqa: F401  (ENV_VARS, default_db_url: the settings' layers)
+    ENV_VARS,
+    default_config_path,
+    default_db_url,
+    merge_layers,
+    read_config_file,
+)
 from durable_agent.errors import ConfigError
 from durable_agent.mcp.config import (
     McpServerConfig,
@@ -64,8 +70,10 @@ class Settings(BaseModel):
 
     # allow_inf_nan=False: `--max-seconds inf` would be recorded as the JSON `Infinity`, which
     # neither json_extract nor jsonb reads; "no limit" is an unset budget, not infinity.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
-                              allow_inf_nan=False)
+    # The docstring under each field documents it for config/default.toml
+    # (scripts/gen_default_config.py reads them); pydantic's use_attribute_docstrings would
+    # parse this file's source on every start, a sixth of a one-step run's start-up.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     workspace: Path = Field(default_factory=Path.cwd)
     """Directory the agent works in; every tool path is confined to it."""
@@ -237,16 +245,6 @@ def mask_url_password(url: str) -> str:
 BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats",
                  "max_cost", "max_context_tokens")
 
-ENV_VARS = {
-    "OPENAI_API_KEY": "api_key",
-    "OPENAI_BASE_URL": "base_url",
-    "OPENAI_API_VERSION": "api_version",
-    "DURABLE_AGENT_MODEL": "model",
-    "DURABLE_AGENT_DB": "db",
-    "DURABLE_AGENT_SANDBOX": "sandbox",
-}
-
-
 def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     """A run's recorded settings, as a base to rebuild its Settings from: without what was
     never recorded in full (the store URL; a base URL whose password was masked), so the
@@ -261,52 +259,14 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     return recorded
 
 
-def default_config_path(env: Mapping[str, str]) -> Path | None:
-    if env.get("DURABLE_AGENT_CONFIG"):
-        return Path(env["DURABLE_AGENT_CONFIG"]).expanduser()
-    base = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    candidate = base / "durable-agent" / "config.toml"
-    return candidate if candidate.exists() else None
-
-
-def default_db_url(env: Mapping[str, str]) -> str:
-    base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    # Accept both a flat file and one with a [durable-agent] table.
-    return dict(data.get("durable-agent", data))
-
-
 def load_settings(
     flags: Mapping[str, Any], env: Mapping[str, str] | None = None, *, base: Mapping[str, Any] | None = None
 ) -> Settings:
     """Merge the layers and validate once. `base` (recorded run settings) sits under flags."""
     env = os.environ if env is None else env
-    merged: dict[str, Any] = {}
     path = default_config_path(env)
-    if path is not None:
-        merged.update(read_config_file(path))
-    for var, key in ENV_VARS.items():
-        if env.get(var):
-            merged[key] = env[var]
-    if base:
-        merged.update({k: v for k, v in base.items() if v is not None})
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    merged = merge_layers(flags, env, path=path, base=base)
     _merge_servers(merged, path, base, flags)
-    if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
-        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
-                          "for the default store")
-    if not merged.get("db"):
-        merged["db"] = default_db_url(env)
     try:
         settings = Settings(**merged)
     except ValidationError as exc:

@@ -12,18 +12,10 @@ from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
 from durable_agent.runner import Runner
 from durable_agent.settings import Settings
-from durable_agent.store.engine import open_store_engine
-from durable_agent.store.retrying import StorePolicy
-from durable_agent.store.runs import Store
+from durable_agent.store.runs import Store, open_store, store_policy
 from durable_agent.tool_sources import ToolSet
 from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
-
-
-def open_store(settings: Settings) -> Store:
-    assert settings.db is not None
-    policy = store_policy(settings)
-    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy), policy)
 
 
 def build_model(settings: Settings) -> ModelClient:
@@ -74,10 +66,6 @@ def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
     return RetryPolicy.from_settings(settings)
 
 
-def store_policy(settings: Settings) -> StorePolicy:
-    return StorePolicy(max_attempts=settings.store_retry_attempts, max_seconds=settings.store_retry_seconds)
-
-
 def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
                  observer: Observer | None = None, cancel: threading.Event | None = None,
                  extra_tools: Sequence[Tool] = ()) -> Runner:
@@ -108,7 +96,7 @@ def build_tool_set(settings: Settings, env: Mapping[str, str], extra_tools: Sequ
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
     """Where MCP servers' stderr is kept: next to a SQLite store, else in the data directory."""
-    from durable_agent.settings import default_db_url
+    from durable_agent.config_layers import default_db_url
 
     db = settings.db or default_db_url(env)
     if "://" not in db:  # a plain file path is a SQLite store too

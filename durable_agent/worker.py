@@ -44,8 +44,8 @@ from durable_agent.settings import Settings, load_settings, recorded_settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
-from durable_agent.store.runs import Store
-from durable_agent.wiring import build_runner, store_policy
+from durable_agent.store.runs import Store, store_policy
+from durable_agent.wiring import build_runner
 
 # How long a worker leaves alone a run it could not execute (workspace not mounted here,
 # settings it cannot build): long enough not to spam the log, short enough to notice a

@@ -21,10 +21,10 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes i
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.settings import load_settings
-    from durable_agent.wiring import open_store
+    from durable_agent.config_layers import store_options
+    from durable_agent.store.runs import open_store
 
-    return open_store(load_settings({"db": getattr(args, "db", None)}, env))
+    return open_store(store_options({"db": getattr(args, "db", None)}, env))
 
 
 def _seq(run_id: str, shown: int, steps: list[Any]) -> int:

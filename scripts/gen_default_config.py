@@ -6,10 +6,13 @@ Usage: scripts/gen_default_config.py [--check]   (--check: exit 1 if the file is
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import sys
 from pathlib import Path
 
+from durable_agent import settings as settings_module
 from durable_agent.settings import Settings
 
 TARGET = Path(__file__).resolve().parent.parent / "config" / "default.toml"
@@ -29,6 +32,19 @@ TABLE_EXAMPLES = {
 }
 
 
+def field_docs() -> dict[str, str]:
+    """The docstring under each field of `Settings`, as the source spells it."""
+    tree = ast.parse(inspect.getsource(settings_module))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings"]
+    docs: dict[str, str] = {}
+    for field, after in zip(cls.body, cls.body[1:], strict=False):
+        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[field.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
 def render() -> str:
     out = [
         "# durable-agent settings: every setting, its default and what it does.",
@@ -39,10 +55,11 @@ def render() -> str:
         "",
     ]
     tables: list[str] = []
+    docs = field_docs()
     for name, field in Settings.model_fields.items():
         if name in SKIP:
             continue
-        doc = [f"# {line}".rstrip() for line in (field.description or "").splitlines()]
+        doc = [f"# {line}".rstrip() for line in docs.get(name, "").splitlines()]
         default = field.get_default(call_default_factory=True)
         if isinstance(default, dict):  # TOML tables must follow the plain keys
             tables += [*doc, *TABLE_EXAMPLES[name], ""]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +21,8 @@ from durable_agent.store.schema import runs
 
 def new_owner() -> str:
     """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
+    import uuid  # (its import costs `list` and `show`, which never take a lease)
+
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from durable_agent.store.storable import has_bad_text, storable, storable_text
 
@@ -172,6 +172,8 @@ def _processor(kind: TypeEngine[Any], dialect: Dialect) -> Processor:
     """What turns a value into the driver's parameter, the store-boundary rule included
     (store/storable.py): text is cleaned, JSON is written as checked JSON text, and the rest
     goes through the processor Core would apply (SQLite's DateTime strings)."""
+    if isinstance(kind, TypeDecorator):  # schema.JsonColumn: JSON, jsonb on PostgreSQL
+        kind = kind.impl_instance
     if isinstance(kind, JSON):
         return json_text
     if isinstance(kind, String):

@@ -23,13 +23,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_random_exponential,
-)
 
 from durable_agent.errors import StoreError, StoreUnavailable
 
@@ -113,6 +106,15 @@ def run(attempt: Callable[[], T], policy: StorePolicy, *, run_id: str | None = N
             on_retry(outcome.exception())
 
     remaining = max(policy.max_seconds - (time.monotonic() - first_failure), 0.0)
+    # Imported only now, on a first failure: read-only commands never need it.
+    from tenacity import (
+        Retrying,
+        retry_if_exception,
+        stop_after_attempt,
+        stop_after_delay,
+        wait_random_exponential,
+    )
+
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(policy.max_attempts - 1) | stop_after_delay(remaining),

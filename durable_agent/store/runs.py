@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine, insert, select, text, update
 
@@ -235,3 +235,30 @@ class Store:
         with self._read() as conn:
             result = conn.execute(text(statement), params or {})
             return list(result.keys()), [tuple(row) for row in result]
+
+
+class StoreSettings(Protocol):
+    """What opening a store needs: `Settings`, or `config_layers.StoreOptions` for the
+    commands that only read or answer the store."""
+
+    @property
+    def db(self) -> str | None: ...
+    @property
+    def durability(self) -> str: ...
+    @property
+    def store_retry_attempts(self) -> int: ...
+    @property
+    def store_retry_seconds(self) -> float: ...
+
+
+def store_policy(settings: StoreSettings) -> retrying.StorePolicy:
+    return retrying.StorePolicy(max_attempts=settings.store_retry_attempts, max_seconds=settings.store_retry_seconds)
+
+
+def open_store(settings: StoreSettings) -> Store:
+    """The store at `settings.db`, its schema brought to head (engine.open_store_engine)."""
+    from durable_agent.store.engine import open_store_engine
+
+    assert settings.db is not None
+    policy = store_policy(settings)
+    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy), policy)

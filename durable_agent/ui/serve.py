@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from durable_agent.errors import ConfigError
 
 if TYPE_CHECKING:
-    from durable_agent.settings import Settings
+    from durable_agent.store.runs import StoreSettings
 
 TOKEN_ENV = "DURABLE_AGENT_UI_TOKEN"
 MIN_TOKEN = 16
@@ -68,14 +68,14 @@ def _user() -> str:
         return "local"
 
 
-def serve(settings: Settings, options: ServeOptions) -> int:
+def serve(settings: StoreSettings, options: ServeOptions) -> int:
     check(options)
     require_extra()
     import uvicorn
 
+    from durable_agent.store.runs import open_store
     from durable_agent.ui.app import UiConfig, build_app
     from durable_agent.ui.security import Access
-    from durable_agent.wiring import open_store
 
     store = open_store(settings)
     access = Access(token=options.token)

@@ -1,0 +1,103 @@
+"""Where settings come from, without validating them: the config file, the environment,
+the store's default location — and the few settings a store-only command needs.
+
+`settings.load_settings` merges these layers into the whole `Settings` (pydantic). The
+commands that only read or answer the store (`list`, `show`, `cancel`, `approve`,
+`export`, `diff`) need four of them; `store_options` merges the same layers for just those,
+so those commands answer in about the time it takes to import SQLAlchemy (no pydantic,
+no model of sixty settings to build).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durable_agent.errors import ConfigError
+
+ENV_VARS = {
+    "OPENAI_API_KEY": "api_key",
+    "OPENAI_BASE_URL": "base_url",
+    "OPENAI_API_VERSION": "api_version",
+    "DURABLE_AGENT_MODEL": "model",
+    "DURABLE_AGENT_DB": "db",
+    "DURABLE_AGENT_SANDBOX": "sandbox",
+}
+
+
+def default_config_path(env: Mapping[str, str]) -> Path | None:
+    if env.get("DURABLE_AGENT_CONFIG"):
+        return Path(env["DURABLE_AGENT_CONFIG"]).expanduser()
+    base = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    candidate = base / "durable-agent" / "config.toml"
+    return candidate if candidate.exists() else None
+
+
+def default_db_url(env: Mapping[str, str]) -> str:
+    base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    import tomllib  # only when there is a file to read
+
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    # Accept both a flat file and one with a [durable-agent] table.
+    return dict(data.get("durable-agent", data))
+
+
+def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path | None,
+                 base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """config file < environment < `base` (a run's recorded settings) < flags; the store URL
+    defaulted. Not validated."""
+    merged: dict[str, Any] = {}
+    if path is not None:
+        merged.update(read_config_file(path))
+    for var, key in ENV_VARS.items():
+        if env.get(var):
+            merged[key] = env[var]
+    if base:
+        merged.update({k: v for k, v in base.items() if v is not None})
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
+        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
+                          "for the default store")
+    if not merged.get("db"):
+        merged["db"] = default_db_url(env)
+    return merged
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The settings of the same names in `Settings` (their defaults too: a test holds them equal)."""
+
+    db: str
+    durability: str = "full"
+    store_retry_attempts: int = 12
+    store_retry_seconds: float = 60.0
+
+
+def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOptions:
+    """The store settings from the same layers as `load_settings`, checked by the same rules."""
+    merged = merge_layers(flags, env, path=default_config_path(env))
+    durability = merged.get("durability", "full")
+    attempts = merged.get("store_retry_attempts", 12)
+    seconds = merged.get("store_retry_seconds", 60.0)
+    if durability not in ("full", "fast"):
+        raise ConfigError(f"invalid settings: durability: must be 'full' or 'fast', not {durability!r}")
+    if type(attempts) is not int or attempts < 1:
+        raise ConfigError(f"invalid settings: store_retry_attempts: must be a whole number ≥ 1, not {attempts!r}")
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"invalid settings: store_retry_seconds: must be a number > 0, not {seconds!r}")
+    if not isinstance(merged["db"], str):
+        raise ConfigError(f"invalid settings: db: must be a string, not {merged['db']!r}")
+    return StoreOptions(merged["db"], durability, attempts, float(seconds))
