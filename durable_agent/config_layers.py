@@ -87,17 +87,17 @@ class StoreOptions:
 
 
 def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOptions:
-    """The store settings from the same layers as `load_settings`, checked by the same rules."""
+    """The store settings from the same layers as `load_settings`. Plain valid values are
+    taken as they are; anything else (a string for a number, a bad value) goes to the
+    settings model, so the coercions and the refusals are its own, in its words."""
     merged = merge_layers(flags, env, path=default_config_path(env))
-    durability = merged.get("durability", "full")
-    attempts = merged.get("store_retry_attempts", 12)
-    seconds = merged.get("store_retry_seconds", 60.0)
-    if durability not in ("full", "fast"):
-        raise ConfigError(f"invalid settings: durability: must be 'full' or 'fast', not {durability!r}")
-    if type(attempts) is not int or attempts < 1:
-        raise ConfigError(f"invalid settings: store_retry_attempts: must be a whole number ≥ 1, not {attempts!r}")
-    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"invalid settings: store_retry_seconds: must be a number > 0, not {seconds!r}")
-    if not isinstance(merged["db"], str):
-        raise ConfigError(f"invalid settings: db: must be a string, not {merged['db']!r}")
-    return StoreOptions(merged["db"], durability, attempts, float(seconds))
+    db, durability = merged["db"], merged.get("durability", "full")
+    attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
+    if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
+            and type(seconds) in (int, float) and math.isfinite(seconds) and seconds > 0):
+        return StoreOptions(db, durability, attempts, float(seconds))
+    from durable_agent.settings import load_settings
+
+    full = load_settings(flags, env)
+    assert full.db is not None
+    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds)

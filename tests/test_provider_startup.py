@@ -39,3 +39,47 @@ def test_the_retry_layer_never_imports_openai_and_the_boundary_maps_its_errors()
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["timeout False", "timeout"]
+
+
+def test_store_only_commands_import_neither_the_settings_model_nor_other_dialects(
+        cli: Callable[..., Any], write_script: Callable[[list[dict[str, Any]]], str]) -> None:
+    """`list`, `show` and the like answer in about the time it takes to import SQLAlchemy:
+    no pydantic (config_layers.store_options), no PostgreSQL dialect for an SQLite store,
+    no runner, no tenacity unless the store fails (scripts/bench.py measures the ratio)."""
+    model = write_script([{"content": "done"}])
+    assert cli("start", "t", "--model", model, "--run-id", "r1").code == 0
+    for args in (("list",), ("show", "r1"), ("export", "r1")):
+        result = cli(*args, extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert result.code == 0, result.stderr
+        modules = set(IMPORTED.findall(result.stderr))
+        assert "sqlalchemy" in modules  # guard the check: the profile was captured
+        heavy = {m for m in modules if m.split(".")[0] in ("pydantic", "tenacity", "alembic")
+                 or m.startswith("sqlalchemy.dialects.postgresql") or m == "durable_agent.runner"}
+        assert not heavy, (args, sorted(heavy))
+
+
+def test_the_store_options_agree_with_the_settings_model() -> None:
+    """config_layers.StoreOptions mirrors four fields of Settings: same defaults, same refusals."""
+    import pytest
+
+    from durable_agent.config_layers import StoreOptions, store_options
+    from durable_agent.errors import ConfigError
+    from durable_agent.settings import Settings, load_settings
+
+    fields = Settings.model_fields
+    for name in ("durability", "store_retry_attempts", "store_retry_seconds"):
+        assert getattr(StoreOptions("x"), name) == fields[name].default, name
+    env = {}
+    for flags in ({"durability": "fast"}, {"store_retry_attempts": 1}, {"store_retry_seconds": 0.5},
+                  {"durability": "fsync"}, {"store_retry_attempts": 0}, {"store_retry_attempts": 2.5},
+                  {"store_retry_seconds": 0}, {"store_retry_seconds": float("nan")}, {"store_retry_attempts": True},
+                  {"store_retry_attempts": "3"}, {"durability": 1}):
+        try:
+            full = load_settings({"db": "sqlite:///x.db", **flags}, env)
+        except ConfigError:
+            with pytest.raises(ConfigError):
+                store_options({"db": "sqlite:///x.db", **flags}, env)
+            continue
+        light = store_options({"db": "sqlite:///x.db", **flags}, env)
+        assert (light.db, light.durability, light.store_retry_attempts, light.store_retry_seconds) == (
+            full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds), flags
