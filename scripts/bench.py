@@ -9,7 +9,7 @@ ratios against baselines from the same run mean more than absolute times.
               per step as durable-agent made, one small row each
     agent     durable-agent's real loop through its real store
 
-Usage: scripts/bench.py [--steps 50,200,1000] [--repeat 3] [--json FILE] [--durability full|fast]
+Usage: scripts/bench.py [--steps 50,200,1000] [--repeat 3] [--json FILE] [--durability full|fast] [--pg URL]
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
-
 from durable_agent.messages import Message
 from durable_agent.models.scripted import ScriptedModel
 from durable_agent.redact import Redactor
 from durable_agent.runner import Runner
 from durable_agent.settings import Settings
 from durable_agent.store.engine import open_store_engine
+from durable_agent.store.journal import BOUNDARY_HOOKS
 from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
 from durable_agent.tools.base import ToolContext
@@ -98,17 +97,73 @@ def floor_b(commits: int, root: Path, synchronous: str) -> float:
     return elapsed
 
 
+# -- PostgreSQL: the same loop against a raw psycopg floor ------------------------------------
+def pg_schema_url(base: str, name: str) -> str:
+    """A fresh schema on the server at `base`, as a URL whose connections use it."""
+    import psycopg
+
+    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        c.execute(f'CREATE SCHEMA "{name}"')
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{name}"
+
+
+def floor_b_pg(commits: int, url: str) -> float:
+    """Raw psycopg: one small-row INSERT per transaction, as many commits as the agent made."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as db:
+        db.execute("CREATE TABLE floor_b (id serial PRIMARY KEY, run text, seq int, body text)")
+        db.commit()
+        start = time.perf_counter()
+        for i in range(commits):
+            db.execute("INSERT INTO floor_b (run, seq, body) VALUES (%s, %s, %s)", ("r", i, "x" * 64))
+            db.commit()
+        return time.perf_counter() - start
+
+
+def pg_table(base: str, sizes: list[int], repeat: int, root: Path) -> list[dict[str, Any]]:
+    out = []
+    for n in sizes:
+        rows = []
+        for rep in range(repeat):
+            ws = make_workspace(root / f"pg-{n}-{rep}")
+            url = pg_schema_url(base, f"da_bench_{os.getpid()}_{n}_{rep}")
+            runner, counts = agent_runner(url, ws, n, n, "full")
+            run_id = runner.create("bench")
+            counts["commits"] = 0
+            start = time.perf_counter()
+            assert runner.execute(run_id).status == "completed"
+            seconds = time.perf_counter() - start
+            runner.store.engine.dispose()
+            a = floor_a(n, ws)
+            b = floor_b_pg(counts["commits"], pg_schema_url(base, f"da_floor_{os.getpid()}_{n}_{rep}"))
+            rows.append({"seconds": seconds, "a": a, "b": b})
+        med = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "a", "b")}
+        overhead, floor = (med["seconds"] - med["a"]) / n * 1000, med["b"] / n * 1000
+        out.append({"steps": n, "overhead_ms_per_step": round(overhead, 3), "floor_b_ms_per_step": round(floor, 3),
+                    "overhead_vs_floor_b": round(overhead / floor, 2)})
+        print(f"measured PostgreSQL N={n}", file=sys.stderr)
+    return out
+
+
 # -- durable-agent ------------------------------------------------------------------------------
 def agent_runner(db_url: str, ws: Path, n: int, max_steps: int, durability: str) -> tuple[Runner, dict[str, int]]:
     settings = Settings(workspace=ws, model="bench", db=db_url, max_steps=max_steps, max_repeats=n + 1,
                         shell="deny", durability=durability)
     engine = open_store_engine(db_url, durability=durability)
     counts = {"commits": 0}
+    # Checkpoints commit on the DBAPI connection (store/prepared.py), which SQLAlchemy's
+    # commit event does not see: count the journal's checkpoints (the heartbeat's own
+    # transactions, on other threads, are not the loop's).
+    BOUNDARY_HOOKS[:] = [h for h in BOUNDARY_HOOKS if getattr(h, "__name__", "") != "_count"]
 
-    @event.listens_for(engine, "commit")
-    def _count(_conn: Any) -> None:
-        if threading.current_thread() is threading.main_thread():  # not the lease heartbeat
+    def _count(where: str) -> None:
+        if where == "after_commit" and threading.current_thread() is threading.main_thread():
             counts["commits"] += 1
+
+    BOUNDARY_HOOKS.append(_count)
 
     runner = Runner(store=Store(engine), settings=settings, model=ScriptedModel(script(n), "bench"),
                     tools=build_tools("deny"), env={}, redactor=Redactor.from_env({}))
@@ -184,6 +239,24 @@ def cold_start(args: list[str], cwd: Path, env: dict[str, str], repeat: int) -> 
     return statistics.median(times)
 
 
+def python_time(code: str, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def make_runs_store(url: str, n: int) -> None:
+    """A store holding `n` finished one-step runs (run-0000 ...), for `list` and `show`."""
+    store = Store(open_store_engine(url))
+    for i in range(n):
+        store.create_run(f"run-{i:04d}", task=f"task {i}", workspace="/w", model="bench", settings={},
+                         first_messages=[Message("system", "s"), Message("user", f"task {i}")])
+    store.engine.dispose()
+
+
 def sandbox_overhead(root: Path, repeat: int) -> dict[str, Any]:
     """One `true` through run_process (guard, process group) unsandboxed and under each
     mechanism available here: the per-command cost of containment, as a ratio."""
@@ -218,6 +291,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--durability", choices=["full", "fast"], default="full")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--pg", metavar="URL", help="also measure on this PostgreSQL server (a schema per run), "
+                                                     "e.g. postgresql://127.0.0.1/test")
     opts = parser.parse_args()
     sizes = [int(s) for s in opts.steps.split(",")]
     synchronous = "FULL" if opts.durability == "full" else "NORMAL"
@@ -270,12 +345,24 @@ def main() -> int:
         results["cold_help_ms"] = round(cold_start(["--help"], ws, env, max(5, opts.repeat)) * 1000, 1)
         results["cold_start_1_step_ms"] = round(
             cold_start(["start", "t", "--model", f"scripted:{one}", "--quiet"], ws, env, max(5, opts.repeat)) * 1000, 1)
-        bare = []
-        for _ in range(max(5, opts.repeat)):
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "pass"], check=True)
-            bare.append(time.perf_counter() - t)
-        results["bare_python_ms"] = round(statistics.median(bare) * 1000, 1)
+        many = root / "many.db"
+        make_runs_store(f"sqlite:///{many}", 1000)
+        many_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{many}"}
+        results["cold_list_1000_ms"] = round(cold_start(["list"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
+        results["cold_show_ms"] = round(cold_start(["show", "run-0500"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
+        for key, code in (("bare_python_ms", "pass"), ("import_sqlalchemy_ms", "import sqlalchemy"),
+                          ("import_sqlalchemy_pydantic_ms", "import sqlalchemy, pydantic")):
+            results[key] = round(python_time(code, max(5, opts.repeat)) * 1000, 1)
+        base = results["import_sqlalchemy_ms"]
+        results["startup_ratios"] = {
+            "help_vs_bare": round(results["cold_help_ms"] / results["bare_python_ms"], 2),
+            "list_vs_import_sqlalchemy": round(results["cold_list_1000_ms"] / base, 2),
+            "show_vs_import_sqlalchemy": round(results["cold_show_ms"] / base, 2),
+            "start_vs_import_sqlalchemy_pydantic": round(
+                results["cold_start_1_step_ms"] / results["import_sqlalchemy_pydantic_ms"], 2),
+        }
+        if opts.pg:
+            results["postgresql"] = pg_table(opts.pg, [s for s in sizes if s <= 1000], opts.repeat, root)
         results["sandbox"] = sandbox_overhead(root, opts.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -297,7 +384,13 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"bytes/step: beyond an empty store of {r['empty_store_bytes']} bytes "
           f"(raw size / N: {', '.join(str(s['raw_bytes_per_step']) for s in r['sizes'])})")
     print(f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
-          f"· bare python {r['bare_python_ms']} ms")
+          f"· list (1,000 runs) {r['cold_list_1000_ms']} ms · show {r['cold_show_ms']} ms")
+    print(f"  baselines: bare python {r['bare_python_ms']} ms · import sqlalchemy {r['import_sqlalchemy_ms']} ms"
+          f" · import sqlalchemy, pydantic {r['import_sqlalchemy_pydantic_ms']} ms")
+    print("  ratios: " + " · ".join(f"{k} {v}" for k, v in r["startup_ratios"].items()))
+    for row in r.get("postgresql", []):
+        print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
+              f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']}")
     sb = r.get("sandbox", {})
     parts = [f"unsandboxed {sb.get('off_ms')} ms"] + [
         f"{name} {sb[name + '_ms']} ms (×{sb[name + '_ratio']})" for name in ("bubblewrap", "landlock")
