@@ -63,6 +63,13 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
     assert body.status_code == 200 and "<h4>input</h4>" in body.text and "a.txt" in body.text
     assert c.get("/runs/done/steps/999").status_code == 404 and c.get("/runs/nope/steps/0").status_code == 404
     assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()] == [1]
+    write = next(s for s in steps if s.tool_name == "write_file")  # the step's diff, from its snapshots
+    diff = c.get(f"/runs/done/steps/{write.seq}/diff")
+    assert diff.status_code == 200 and diff.headers["content-type"].startswith("text/plain")
+    assert "+<b>hi</b>" in diff.text and "a.txt" in diff.text
+    assert f'href="/runs/done/steps/{write.seq}/diff"' in c.get(f"/runs/done/steps/{write.seq}").text
+    assert c.get("/runs/done/steps/0/diff").text == ""  # a model call changes no files
+    assert c.get("/runs/done/steps/999/diff").status_code == 404
     assert c.get("/static/ui.js").status_code == 200 and c.get("/static/ui.css").status_code == 200
     for missing in ("/runs/nope", "/api/runs/nope", "/api/runs/nope/steps", "/api/runs/nope/events"):
         assert c.get(missing).status_code == 404, missing

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -94,6 +101,20 @@ def build_app(cfg: UiConfig) -> Any:
             return HTMLResponse("no such step", status_code=404)
         return HTMLResponse(run_page.step_body(found[0], extras.by_step(run_id).get(seq)))
 
+    def step_diff(request: Request) -> Response:
+        """What one step changed in the workspace, as `durable-agent diff --step` prints it."""
+        from durable_agent.workspace.diffing import step_diff as diff_lines
+
+        run_id, seq = request.path_params["run_id"], request.path_params["seq"]
+        store.get_run(run_id)  # 404 naming the run when it is the run that is missing
+        try:
+            lines = diff_lines(store.engine, run_id, seq)
+        except DBAPIError:  # a store from before workspace snapshots: nothing to show
+            lines = iter(())
+        if lines is None:
+            return HTMLResponse("no such step", status_code=404)
+        return PlainTextResponse("".join(lines), headers={"Content-Type": "text/plain; charset=utf-8"})
+
     def api_runs(request: Request) -> Response:
         status, needle, after, size = filters(request)
         page = queries.run_page(store, status=status, needle=needle, cursor=after, limit=size)
@@ -151,6 +172,7 @@ def build_app(cfg: UiConfig) -> Any:
         Route("/", index),
         Route("/runs/{run_id}", run_html),
         Route("/runs/{run_id}/steps/{seq:int}", step_html),
+        Route("/runs/{run_id}/steps/{seq:int}/diff", step_diff),
         *(Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"]) for name in ("approve", "deny", "cancel", "resume")),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),

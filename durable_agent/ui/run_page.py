@@ -168,7 +168,8 @@ def step_body(s: StepRecord, changes: list[FileChange] | None) -> str:
         files = "".join(f"<li><span class=\"change c-{e(c.change)}\">{e(c.change)}</span> "
                         f"<span class=\"mono\">{e(c.path)}</span> <span class=\"muted\">{e(c.bytes)} bytes</span></li>"
                         for c in changes)
-        parts.append(f'<h4>files changed</h4><ul class="files">{files}</ul>')
+        diff = f'/runs/{u(s.run_id)}/steps/{s.seq}/diff'
+        parts.append(f'<h4>files changed <a class="muted" href="{diff}">diff</a></h4><ul class="files">{files}</ul>')
     return "".join(parts)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from durable_agent.tools.encoding import looks_binary
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest
@@ -64,3 +65,22 @@ def stat_lines(changes: list[Change]) -> Iterator[str]:
         yield f" {c.shown:<{width}} | {c.change:<8} {c.bytes} bytes\n"
     counts = {kind: sum(1 for c in changes if c.change == kind) for kind in ("added", "modified", "deleted", "mode")}
     yield " " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) + (" (no changes)" if not changes else "") + "\n"
+
+
+def step_diff(engine: Any, run_id: str, seq: int) -> Iterator[str] | None:
+    """The unified diff of what step `seq` changed (None: no such step; empty: a step that
+    changes no files, or a store without snapshots). `diff --step` and the web view."""
+    from durable_agent.store.blobs import BlobStore, step_trees
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.manifest import changes
+
+    trees = step_trees(engine, run_id, seq)
+    if trees is None:
+        return None
+    before, after = trees
+    if after is None:  # a model call or a read: it changed no files
+        return iter(())
+    blobs = BlobStore(engine)
+    old: Manifest = snapshot.load(blobs, before) if before else {}
+    new = snapshot.load(blobs, after)
+    return unified(old, new, changes(old, new), blobs.blob)
