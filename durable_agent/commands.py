@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from durable_agent.settings import Settings
 
 # The settings machinery (pydantic) is imported by the commands that run a loop, not by the
-# ones that only read or answer the store (`list`, `show`, ...: config_layers.store_options).
+# ones that only read or answer the store (`list`, `show`, ...: store_settings.store_options).
 
 
 def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
@@ -38,8 +38,8 @@ def _mcp_flags(args: Namespace) -> dict[str, Any]:
 
 
 def _store_settings(args: Namespace, env: dict[str, str]) -> Any:
-    """The store's settings alone (config_layers.StoreOptions: no pydantic, no wiring)."""
-    from durable_agent.config_layers import store_options
+    """The store's settings alone (store_settings.StoreOptions: no pydantic, no wiring)."""
+    from durable_agent.store_settings import store_options
 
     return store_options(_flags(args, ("db",)), env)
 

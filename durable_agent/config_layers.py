@@ -3,16 +3,14 @@ the store's default location — and the few settings a store-only command needs
 
 `settings.load_settings` merges these layers into the whole `Settings` (pydantic). The
 commands that only read or answer the store (`list`, `show`, `cancel`, `approve`,
-`export`, `diff`) need four of them; `store_options` merges the same layers for just those,
-so those commands answer in about the time it takes to import SQLAlchemy (no pydantic,
-no model of sixty settings to build).
+`export`, `diff`) need four of them: store_settings.py merges the same layers for just
+those, so those commands answer in about the time it takes to import SQLAlchemy (no
+pydantic, no model of sixty settings to build).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,30 +72,3 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
     return merged
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """The settings of the same names in `Settings` (their defaults too: a test holds them equal)."""
-
-    db: str
-    durability: str = "full"
-    store_retry_attempts: int = 12
-    store_retry_seconds: float = 60.0
-
-
-def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOptions:
-    """The store settings from the same layers as `load_settings`. Plain valid values are
-    taken as they are; anything else (a string for a number, a bad value) goes to the
-    settings model, so the coercions and the refusals are its own, in its words."""
-    merged = merge_layers(flags, env, path=default_config_path(env))
-    db, durability = merged["db"], merged.get("durability", "full")
-    attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
-    if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
-            and type(seconds) in (int, float) and math.isfinite(seconds) and seconds > 0):
-        return StoreOptions(db, durability, attempts, float(seconds))
-    from durable_agent.settings import load_settings
-
-    full = load_settings(flags, env)
-    assert full.db is not None
-    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds)

@@ -62,7 +62,7 @@ class Runner:
         lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
         self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
                               model=self.model.name, settings=self.settings.redacted_dict(), first_messages=first,
-                              lease=lease, tree_start=recorder.at_creation(self.settings, self.store.engine))
+                              lease=lease, tree_start=recorder.at_creation(self.settings, self.store.engine, self.store_policy))
         return run_id
 
     def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:

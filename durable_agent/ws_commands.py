@@ -21,8 +21,8 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes i
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.config_layers import store_options
     from durable_agent.store.runs import open_store
+    from durable_agent.store_settings import store_options
 
     return open_store(store_options({"db": getattr(args, "db", None)}, env))
 

@@ -59,12 +59,12 @@ def test_store_only_commands_import_neither_the_settings_model_nor_other_dialect
 
 
 def test_the_store_options_agree_with_the_settings_model() -> None:
-    """config_layers.StoreOptions mirrors four fields of Settings: same defaults, same refusals."""
+    """store_settings.StoreOptions mirrors four fields of Settings: same defaults, same refusals."""
     import pytest
 
-    from durable_agent.config_layers import StoreOptions, store_options
     from durable_agent.errors import ConfigError
     from durable_agent.settings import Settings, load_settings
+    from durable_agent.store_settings import StoreOptions, store_options
 
     fields = Settings.model_fields
     for name in ("durability", "store_retry_attempts", "store_retry_seconds"):

@@ -14,14 +14,17 @@ speaks bytes only; the manifest format is workspace/manifest.py's.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from durable_agent.store import retrying
 from durable_agent.store.schema import runs, workspace_blobs, workspace_trees
+
+T = TypeVar("T")
 
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
@@ -52,27 +55,36 @@ def _insert_ignore(engine: Engine, table: Any) -> Any:
 
 
 class BlobStore:
-    def __init__(self, engine: Engine) -> None:
+    """Reads of the content-addressed workspace store. Each read is retried on transient
+    faults like every other store access (store/retrying.py): a dropped connection during
+    a snapshot waits for the store, then stops the run with exit 7, never a traceback."""
+
+    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
         self.engine = engine
+        self.policy = policy or retrying.StorePolicy()
+
+    def _read(self, query: Callable[[Connection], T]) -> T:
+        return _read(self.engine, query, self.policy)
 
     def present_blobs(self, hashes: Iterable[str]) -> set[str]:
         wanted = list(hashes)
-        found: set[str] = set()
-        with self.engine.connect() as conn:
+
+        def query(conn: Connection) -> set[str]:
+            found: set[str] = set()
             for i in range(0, len(wanted), 500):
                 chunk = wanted[i:i + 500]
                 found.update(conn.execute(select(workspace_blobs.c.hash)
                                           .where(workspace_blobs.c.hash.in_(chunk))).scalars())
-        return found
+            return found
+
+        return self._read(query)
 
     def tree_depths(self, ids: Iterable[str]) -> dict[str, int]:
         wanted = [i for i in ids if i]
         if not wanted:
             return {}
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(workspace_trees.c.id, workspace_trees.c.depth)
-                                .where(workspace_trees.c.id.in_(wanted)))
-            return {r.id: int(r.depth) for r in rows}
+        return self._read(lambda conn: {r.id: int(r.depth) for r in conn.execute(
+            select(workspace_trees.c.id, workspace_trees.c.depth).where(workspace_trees.c.id.in_(wanted)))})
 
     def blob_statement(self, contents: dict[str, bytes]) -> Statement:
         rows = [{"hash": h, "size": len(data), "data": zlib.compress(data, 6)} for h, data in contents.items()]
@@ -84,8 +96,8 @@ class BlobStore:
 
     def tree_chain(self, tree: str) -> list[bytes]:
         """The stored data of `tree` and its bases, the full manifest first."""
-        chain: list[bytes] = []
-        with self.engine.connect() as conn:
+        def query(conn: Connection) -> list[bytes]:
+            chain: list[bytes] = []
             current: str | None = tree
             while current is not None:
                 row = conn.execute(select(workspace_trees.c.base, workspace_trees.c.data)
@@ -94,12 +106,14 @@ class BlobStore:
                     raise KeyError(f"workspace tree {current} is not in the store")
                 chain.append(bytes(row.data))
                 current = row.base
-        chain.reverse()
-        return chain
+            chain.reverse()
+            return chain
+
+        return self._read(query)
 
     def blob(self, digest: str) -> bytes:
-        with self.engine.connect() as conn:
-            data = conn.execute(select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)).scalar()
+        data = self._read(lambda conn: conn.execute(
+            select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)).scalar())
         if data is None:
             raise KeyError(f"workspace blob {digest} is not in the store")
         return zlib.decompress(bytes(data))
@@ -112,7 +126,8 @@ class TreeAt:
     after: bool  # the snapshot after that step (False: from before it, e.g. the run's start)
 
 
-def tree_at(engine: Engine, run_id: str, seq: int | None = None) -> TreeAt | None:
+def tree_at(engine: Engine, run_id: str, seq: int | None = None,
+            policy: retrying.StorePolicy | None = None) -> TreeAt | None:
     """The workspace as it was after step `seq` (None: after the run's last snapshot).
 
     The last `tree_id` at or before `seq`; before any, the first recorded `tree_before`
@@ -123,20 +138,25 @@ def tree_at(engine: Engine, run_id: str, seq: int | None = None) -> TreeAt | Non
     where = [steps.c.run_id == run_id]
     if seq is not None:
         where.append(steps.c.seq <= seq)
-    with engine.connect() as conn:
-        row = conn.execute(select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
-                           .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
-                           .order_by(steps.c.seq.desc()).limit(1)).first()
-        if row is not None:
-            if row.tree_id is not None:
-                return TreeAt(row.tree_id, row.seq, True)
-            return TreeAt(row.tree_before, row.seq, False)
-        first = conn.execute(select(steps.c.seq, steps.c.tree_before)
-                             .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
-                             .order_by(steps.c.seq).limit(1)).first()
-        if first is not None:
-            return TreeAt(first.tree_before, first.seq, False)
-        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    return _read(engine, lambda conn: _tree_at(conn, run_id, where), policy)
+
+
+def _tree_at(conn: Connection, run_id: str, where: list[Any]) -> TreeAt | None:
+    from durable_agent.store.schema import steps
+
+    row = conn.execute(select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
+                       .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
+                       .order_by(steps.c.seq.desc()).limit(1)).first()
+    if row is not None:
+        if row.tree_id is not None:
+            return TreeAt(row.tree_id, row.seq, True)
+        return TreeAt(row.tree_before, row.seq, False)
+    first = conn.execute(select(steps.c.seq, steps.c.tree_before)
+                         .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
+                         .order_by(steps.c.seq).limit(1)).first()
+    if first is not None:
+        return TreeAt(first.tree_before, first.seq, False)
+    start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
     return None if start is None else TreeAt(start, -1, False)  # as the run was created
 
 
@@ -144,25 +164,36 @@ def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str |
     """(tree_before, tree_id) of one step, or None when there is no such step."""
     from durable_agent.store.schema import steps
 
-    with engine.connect() as conn:
-        row = conn.execute(select(steps.c.tree_before, steps.c.tree_id)
-                           .where(steps.c.run_id == run_id, steps.c.seq == seq)).first()
+    row = _read(engine, lambda conn: conn.execute(select(steps.c.tree_before, steps.c.tree_id)
+                                                  .where(steps.c.run_id == run_id, steps.c.seq == seq)).first())
     return None if row is None else (row.tree_before, row.tree_id)
 
 
 def first_tree(engine: Engine, run_id: str) -> str | None:
     """The workspace as the run found it: its snapshot at creation, else its first `tree_before`."""
-    with engine.connect() as conn:
-        start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
+    start = _read(engine, lambda conn: conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar())
     if start is not None:
         return str(start)
     found = tree_at(engine, run_id, -1)
     return found.tree if found is not None else None
 
 
-def save_statements(engine: Engine, statements: list[Statement]) -> None:
-    """A snapshot outside any run (restore --force keeps what it overwrites): content
-    addressed and immutable, so no lease is needed to write it."""
-    with engine.begin() as conn:
-        for statement, params in statements:
-            conn.execute(statement, params)
+def save_statements(engine: Engine, statements: list[Statement],
+                    policy: retrying.StorePolicy | None = None) -> None:
+    """A snapshot outside any run (a new run's first one; restore --force keeps what it
+    overwrites): content addressed and immutable, so no lease is needed to write it, and
+    a retry after a fault writes nothing twice."""
+    def write() -> None:
+        with engine.begin() as conn:
+            for statement, params in statements:
+                conn.execute(statement, params)
+
+    retrying.run(write, policy or retrying.StorePolicy())
+
+
+def _read(engine: Engine, query: Callable[[Connection], T], policy: retrying.StorePolicy | None = None) -> T:
+    def attempt() -> T:
+        with engine.connect().execution_options(readonly=True) as conn:
+            return query(conn)
+
+    return retrying.run(attempt, policy or retrying.StorePolicy())

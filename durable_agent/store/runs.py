@@ -238,7 +238,7 @@ class Store:
 
 
 class StoreSettings(Protocol):
-    """What opening a store needs: `Settings`, or `config_layers.StoreOptions` for the
+    """What opening a store needs: `Settings`, or `store_settings.StoreOptions` for the
     commands that only read or answer the store."""
 
     @property

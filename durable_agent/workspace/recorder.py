@@ -16,6 +16,7 @@ from sqlalchemy import Engine, insert
 from durable_agent.settings import Settings
 from durable_agent.step_context import StepContext
 from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
+from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import snapshot
@@ -33,20 +34,20 @@ def scanner(ctx: StepContext) -> Scanner:
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots:
         return None
-    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine))
+    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy))
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
     return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
 
 
-def at_creation(settings: Settings, engine: Engine) -> str | None:
+def at_creation(settings: Settings, engine: Engine, policy: StorePolicy | None = None) -> str | None:
     """The workspace as a new run finds it, stored (content addressed: no lease needed), so a
     worker on another host can start a detached run from the user's files."""
     if not settings.snapshots or not settings.workspace.is_dir():
         return None
-    blobs = BlobStore(engine)
+    blobs = BlobStore(engine, policy)
     snap = snapshot.take(scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes), blobs)
-    save_statements(engine, snap.statements)
+    save_statements(engine, snap.statements, policy)
     snapshot.remember(snap.tree_id, snap.manifest)
     return snap.tree_id
 
@@ -56,7 +57,7 @@ def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
     (its pre-command snapshot against the files now), and how to undo it."""
     if not ctx.settings.snapshots or not tree_before:
         return ""
-    blobs = BlobStore(ctx.journal.engine)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
     try:
         old = snapshot.load(blobs, tree_before)
     except KeyError:
@@ -74,7 +75,7 @@ def put_back(ctx: StepContext, tree: str) -> None:
     """The workspace as snapshot `tree` recorded it (`approve --restore`)."""
     from durable_agent.workspace.materialize import materialize
 
-    blobs = BlobStore(ctx.journal.engine)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
     materialize(snapshot.load(blobs, tree), ctx.settings.workspace, scanner(ctx), blobs.blob)
     ctx.observer.note("put the workspace back as it was before the interrupted command")
 
@@ -82,7 +83,7 @@ def put_back(ctx: StepContext, tree: str) -> None:
 def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0:
         return None
-    blobs = BlobStore(ctx.journal.engine)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
     snap = snapshot.take(scanner(ctx), blobs)
     snapshot.remember(snap.tree_id, snap.manifest)
     old: Manifest = {}

@@ -36,11 +36,11 @@ def check(ctx: StepContext) -> None:
     if not ctx.settings.snapshots:
         return
     journal = ctx.journal
-    last = tree_at(journal.engine, journal.run_id)
+    last = tree_at(journal.engine, journal.run_id, policy=journal.policy)
     if last is None:
         return
     root = ctx.settings.workspace
-    blobs = BlobStore(journal.engine)
+    blobs = BlobStore(journal.engine, journal.policy)
     if not os.path.isdir(root) or not os.listdir(root):
         manifest = snapshot.load(blobs, last.tree)
         if manifest:

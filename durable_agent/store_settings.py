@@ -1,0 +1,40 @@
+"""The four settings a store-only command needs (`list`, `show`, `cancel`, `approve`,
+`export`, `diff`, `ui`), from the same layers as `settings.load_settings`, without building
+the whole settings model: those commands answer in about the time it takes to import
+SQLAlchemy (scripts/bench.py measures the ratio)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from durable_agent.config_layers import default_config_path, merge_layers
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The settings of the same names in `Settings` (their defaults too: a test holds them equal)."""
+
+    db: str
+    durability: str = "full"
+    store_retry_attempts: int = 12
+    store_retry_seconds: float = 60.0
+
+
+def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOptions:
+    """The store settings from the same layers as `load_settings`. Plain valid values are
+    taken as they are; anything else (a string for a number, a bad value) goes to the
+    settings model, so the coercions and the refusals are its own, in its words."""
+    merged = merge_layers(flags, env, path=default_config_path(env))
+    db, durability = merged["db"], merged.get("durability", "full")
+    attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
+    if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
+            and type(seconds) in (int, float) and math.isfinite(seconds) and seconds > 0):
+        return StoreOptions(db, durability, attempts, float(seconds))
+    from durable_agent.settings import load_settings  # (pydantic: only for such values)
+
+    full = load_settings(flags, env)
+    assert full.db is not None
+    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds)
