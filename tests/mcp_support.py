@@ -15,11 +15,14 @@ BIN = Path(sys.executable).parent
 
 def fault_config(tmp_path: Path, workspace: Path, *, extra: str = "", server_env: str = "") -> Path:
     """A config file with the fault server as `f`. Its counter lives in the workspace: the
-    server runs in the OS sandbox, where nothing outside the workspace is writable."""
+    server runs in the OS sandbox, where nothing outside the workspace is writable. The
+    counter and the test's control files (.counter.*) are the test's, not the run's: left
+    out of workspace snapshots, so a resume does not see them as a person's edits
+    (`workspace_drift`)."""
     counter = workspace / ".counter"
     path = tmp_path / "config.toml"
     path.write_text(
-        f"{extra}\n[mcp_servers.f]\ncommand = {json.dumps(sys.executable)}\n"
+        f"{extra}\nexclude = [\".git/\", \".counter*\"]\n[mcp_servers.f]\ncommand = {json.dumps(sys.executable)}\n"
         f"args = [{json.dumps(str(FAULT_SERVER))}]\n"
         f"env = {{ MCP_TEST_COUNTER = {json.dumps(str(counter))}{server_env} }}\n")
     return path
