@@ -59,12 +59,12 @@ class BlobStore:
     faults like every other store access (store/retrying.py): a dropped connection during
     a snapshot waits for the store, then stops the run with exit 7, never a traceback."""
 
-    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None, run_id: str | None = None) -> None:
+        self.engine, self.run_id = engine, run_id  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
 
     def _read(self, query: Callable[[Connection], T]) -> T:
-        return _read(self.engine, query, self.policy)
+        return _read(self.engine, query, self.policy, self.run_id)
 
     def present_blobs(self, hashes: Iterable[str]) -> set[str]:
         wanted = list(hashes)
@@ -138,7 +138,7 @@ def tree_at(engine: Engine, run_id: str, seq: int | None = None,
     where = [steps.c.run_id == run_id]
     if seq is not None:
         where.append(steps.c.seq <= seq)
-    return _read(engine, lambda conn: _tree_at(conn, run_id, where), policy)
+    return _read(engine, lambda conn: _tree_at(conn, run_id, where), policy, run_id)
 
 
 def _tree_at(conn: Connection, run_id: str, where: list[Any]) -> TreeAt | None:
@@ -191,9 +191,10 @@ def save_statements(engine: Engine, statements: list[Statement],
     retrying.run(write, policy or retrying.StorePolicy())
 
 
-def _read(engine: Engine, query: Callable[[Connection], T], policy: retrying.StorePolicy | None = None) -> T:
+def _read(engine: Engine, query: Callable[[Connection], T], policy: retrying.StorePolicy | None = None,
+          run_id: str | None = None) -> T:
     def attempt() -> T:
         with engine.connect().execution_options(readonly=True) as conn:
             return query(conn)
 
-    return retrying.run(attempt, policy or retrying.StorePolicy())
+    return retrying.run(attempt, policy or retrying.StorePolicy(), run_id=run_id)

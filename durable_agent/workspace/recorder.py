@@ -34,7 +34,7 @@ def scanner(ctx: StepContext) -> Scanner:
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots:
         return None
-    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy))
+    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id))
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
     return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
@@ -57,7 +57,7 @@ def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
     (its pre-command snapshot against the files now), and how to undo it."""
     if not ctx.settings.snapshots or not tree_before:
         return ""
-    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
     try:
         old = snapshot.load(blobs, tree_before)
     except KeyError:
@@ -75,7 +75,7 @@ def put_back(ctx: StepContext, tree: str) -> None:
     """The workspace as snapshot `tree` recorded it (`approve --restore`)."""
     from durable_agent.workspace.materialize import materialize
 
-    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
     materialize(snapshot.load(blobs, tree), ctx.settings.workspace, scanner(ctx), blobs.blob)
     ctx.observer.note("put the workspace back as it was before the interrupted command")
 
@@ -83,7 +83,7 @@ def put_back(ctx: StepContext, tree: str) -> None:
 def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0:
         return None
-    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
     snap = snapshot.take(scanner(ctx), blobs)
     snapshot.remember(snap.tree_id, snap.manifest)
     old: Manifest = {}

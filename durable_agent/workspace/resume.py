@@ -40,7 +40,7 @@ def check(ctx: StepContext) -> None:
     if last is None:
         return
     root = ctx.settings.workspace
-    blobs = BlobStore(journal.engine, journal.policy)
+    blobs = BlobStore(journal.engine, journal.policy, journal.run_id)
     if not os.path.isdir(root) or not os.listdir(root):
         manifest = snapshot.load(blobs, last.tree)
         if manifest:
