@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import subprocess
+import tempfile
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -67,14 +68,15 @@ class Scenario:
     """One run in its own workspace (and, on SQLite, its own database file)."""
 
     def __init__(self, root: Path, env: dict[str, str], url: str, run_id: str,
-                 inspect_url: str | None = None) -> None:
+                 inspect_url: str | None = None, snapshots: bool = True) -> None:
         self.root, self.url, self.run_id = root, url, run_id
         # The test's own reads go through a URL the fault injection does not aim at.
         self.inspect_url = inspect_url or url
         self.ws = root / "ws"
         self.ws.mkdir(parents=True)
         (root / "script.json").write_text(json.dumps(script()))
-        (root / "config.toml").write_text("store_retry_attempts = 4\nstore_retry_seconds = 3\n")
+        (root / "config.toml").write_text("store_retry_attempts = 4\nstore_retry_seconds = 3\n"
+                                          f"snapshots = {'true' if snapshots else 'false'}\n")
         self.env = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(root / "config.toml")}
         self.codes: list[int] = []
         self.stderr: list[str] = []
@@ -324,28 +326,41 @@ def pg_url() -> Any:
         yield url
 
 
-def _pg_fault(tmp: Path, env: dict[str, str], reference: dict[str, bytes], at: int) -> Scenario:
-    """One run with the backend terminated at statement `at`, in a store of its own: workspace
-    snapshots are shared by content across the runs of a store, so in a shared one a later
-    run writes fewer statements and the numbering would not match the reference's."""
+@pytest.fixture(scope="module")
+def pg_count() -> int:
+    """How many statements a PostgreSQL run of the script makes, workspace snapshots off.
+
+    The PostgreSQL sweeps run without snapshots, in one store: snapshots are shared by
+    content across the runs of a store, so with them a later run would make fewer
+    statements than the reference and the numbering would drift. Every snapshot statement
+    is swept on SQLite (each run in a fresh copy of the store), and the random
+    terminations below hit PostgreSQL runs with snapshots on."""
     with pg_schema() as url:
         r = run_cli({**os.environ, "DURABLE_AGENT_DB": url}, Path.cwd(), "db", "upgrade")
         assert r.code == 0, r.stderr
-        s = Scenario(tmp / f"pg-{at}", env, url, f"pg{at}")
-        code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate"})
-        assert code in (0, 7), (at, code, s.stderr[-1])
-        s.resume_to_the_end() if s.status() is not None else _restart(s)
-        check(s, reference)
+        with tempfile.TemporaryDirectory() as tmp:
+            s = Scenario(Path(tmp) / "ref", dict(os.environ), url, "ref", snapshots=False)
+            assert s.start({"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "terminate"}) == 0
+            (count,) = [int(line.split()[1]) for line in s.faults() if line.startswith("statements")]
+    return count
+
+
+def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:
+    s = Scenario(tmp / f"pg-{at}", env, url, f"pg{at}", snapshots=False)
+    code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate"})
+    assert code in (0, 7), (at, code, s.stderr[-1])
+    s.resume_to_the_end() if s.status() is not None else _restart(s)
+    check(s, reference)
     return s
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
-        tmp_path: Path, env: dict[str, str], reference: Any) -> None:
-    files_ref, count = reference
-    for at in (count // 3, count - 2):
-        s = _pg_fault(tmp_path, env, files_ref, at)
+        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int) -> None:
+    files_ref, _ = reference
+    for at in (pg_count // 3, pg_count - 2):
+        s = _pg_fault(tmp_path, env, pg_url, files_ref, at)
         assert s.codes[0] == 0, (at, s.stderr[0])
         assert f"fault {at}" in s.faults()
 
@@ -353,10 +368,11 @@ def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_terminated_connection_at_every_statement_of_a_20_step_run(
-        tmp_path: Path, env: dict[str, str], reference: Any) -> None:
-    files_ref, count = reference
+        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int) -> None:
+    files_ref, _ = reference
+    count = pg_count
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda at: _pg_fault(tmp_path, env, files_ref, at), range(1, count + 1)))
+        results = list(pool.map(lambda at: _pg_fault(tmp_path, env, pg_url, files_ref, at), range(1, count + 1)))
     hit = sum(1 for s in results if s.faults() and s.faults()[0].startswith("fault"))
     print(f"PostgreSQL: {count} statement boundaries, {hit} backends terminated, "
           f"{sum(1 for s in results if s.codes[0] != 0)} runs stopped and resumed, 0 duplicates")
