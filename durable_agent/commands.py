@@ -45,9 +45,9 @@ def _store_settings(args: Namespace, env: dict[str, str]) -> Any:
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.store.runs import open_store
+    from durable_agent.store_settings import open_store
 
-    return open_store(_store_settings(args, env))
+    return open_store(getattr(args, "db", None), env)
 
 
 def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:

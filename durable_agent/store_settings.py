@@ -38,3 +38,10 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
     full = load_settings(flags, env)
     assert full.db is not None
     return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds)
+
+
+def open_store(db: str | None, env: Mapping[str, str]) -> Any:
+    """The store for `--db` (or the layers' default), for the store-only commands."""
+    from durable_agent.store.runs import open_store as open_
+
+    return open_(store_options({"db": db}, env))

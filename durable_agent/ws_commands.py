@@ -21,10 +21,9 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes i
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.store.runs import open_store
-    from durable_agent.store_settings import store_options
+    from durable_agent.store_settings import open_store
 
-    return open_store(store_options({"db": getattr(args, "db", None)}, env))
+    return open_store(getattr(args, "db", None), env)
 
 
 def _seq(run_id: str, shown: int, steps: list[Any]) -> int:
@@ -58,26 +57,19 @@ def _scanner(root: Path, settings: dict[str, Any] | None) -> Any:
 
 
 def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.store.blobs import BlobStore, first_tree, step_trees
-    from durable_agent.workspace import diffing, snapshot
-    from durable_agent.workspace.manifest import Manifest, changes
+    from durable_agent.store.blobs import first_tree
+    from durable_agent.workspace import diffing
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
-    blobs = BlobStore(store.engine)
     if args.step is not None:
         seq = _seq(run_id, args.step, store.steps(run_id))
-        trees = step_trees(store.engine, run_id, seq)
-        before, after = trees if trees is not None else (None, None)
-        if after is None:  # a model call or a read: it changed no files
-            before = after = None
+        before, after = diffing.step_range(store.engine, run_id, seq) or (None, None)
     else:
         last = max((s.seq for s in store.steps(run_id)), default=-1)
         before = first_tree(store.engine, run_id)
         after = _tree_after(store, run_id, last) if before is not None else None
-    old: Manifest = snapshot.load(blobs, before) if before else {}
-    new: Manifest = snapshot.load(blobs, after) if after else old
-    found = changes(old, new)
+    old, new, found, blobs = diffing.between(store.engine, before, after)
     if args.json:
         print(json.dumps({"run_id": run_id, "step": args.step, "from_tree": before, "to_tree": after,
                           "changes": [{"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found]},

@@ -67,20 +67,35 @@ def stat_lines(changes: list[Change]) -> Iterator[str]:
     yield " " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) + (" (no changes)" if not changes else "") + "\n"
 
 
-def step_diff(engine: Any, run_id: str, seq: int) -> Iterator[str] | None:
-    """The unified diff of what step `seq` changed (None: no such step; empty: a step that
-    changes no files, or a store without snapshots). `diff --step` and the web view."""
-    from durable_agent.store.blobs import BlobStore, step_trees
-    from durable_agent.workspace import snapshot
-    from durable_agent.workspace.manifest import changes
+def step_range(engine: Any, run_id: str, seq: int) -> tuple[str | None, str | None] | None:
+    """The snapshots (before, after) between which step `seq` changed files; (None, None)
+    for a step that changes none (a model call, a read); None: no such step."""
+    from durable_agent.store.blobs import step_trees
 
     trees = step_trees(engine, run_id, seq)
     if trees is None:
         return None
-    before, after = trees
-    if after is None:  # a model call or a read: it changed no files
-        return iter(())
+    return trees if trees[1] is not None else (None, None)
+
+
+def between(engine: Any, before: str | None, after: str | None) -> tuple[Manifest, Manifest, list[Change], Any]:
+    """The manifests of two snapshots (none: empty / unchanged), their changes, and the blob
+    store to read contents from (`unified`)."""
+    from durable_agent.store.blobs import BlobStore
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.manifest import changes
+
     blobs = BlobStore(engine)
     old: Manifest = snapshot.load(blobs, before) if before else {}
-    new = snapshot.load(blobs, after)
-    return unified(old, new, changes(old, new), blobs.blob)
+    new: Manifest = snapshot.load(blobs, after) if after else old
+    return old, new, changes(old, new), blobs
+
+
+def step_diff(engine: Any, run_id: str, seq: int) -> Iterator[str] | None:
+    """The unified diff of what step `seq` changed (None: no such step; empty: a step that
+    changes no files, or a store without snapshots). `diff --step` and the web view."""
+    trees = step_range(engine, run_id, seq)
+    if trees is None:
+        return None
+    old, new, found, blobs = between(engine, *trees)
+    return unified(old, new, found, blobs.blob)
