@@ -318,3 +318,17 @@ def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, en
     assert not (workspace / "copy.txt").exists()
     stat = da(["diff", "det", "--stat"], env, workspace).stdout
     assert "copy.txt" in stat and "seed.txt" not in stat
+
+
+@pytest.mark.parametrize("rel", [b"../escaped", b"/etc/escaped", b"d/../../escaped", b"d//x"])
+def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Path, rel: bytes) -> None:
+    from durable_agent.workspace.materialize import materialize
+    from durable_agent.workspace.scan import Scanner
+
+    root = tmp_path / "a" / "ws"
+    root.mkdir(parents=True)
+    from durable_agent.errors import StoreError
+
+    with pytest.raises(StoreError, match="not inside the workspace"):
+        materialize({rel: Entry(FILE, 0o644, "x" * 64, b"", 1)}, root, Scanner(root, [], 10_000), lambda _: b"!")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "ws"]

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from durable_agent.errors import StoreError
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest, changes
 from durable_agent.workspace.scan import Scanner
 
@@ -74,6 +75,9 @@ def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Call
 def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
     """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s."""
     broot = os.fsencode(str(root))
+    for rel in target:  # a row edited by hand must not write outside `root`
+        if rel.startswith(b"/") or b".." in rel.split(b"/") or b"" in rel.split(b"/"):
+            raise StoreError(f"workspace snapshot path {rel!r} is not inside the workspace")
     os.makedirs(broot, exist_ok=True)
     current = scanner.scan().manifest
     wanted_dirs = {b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)}
