@@ -140,7 +140,11 @@ class ToolSet:
             raise ServerFailed(f"MCP server {name!r}: command {config.command!r} not found on PATH")
         sandbox = resolve_sandbox(s.sandbox, s.network, self.env)
         try:
-            launch = prepare(sandbox, [program, *config.args], cwd=cwd, workspace=workspace, env=env)
+            # The server's program, its cwd and the files its arguments name (a script) are
+            # the server's own: carried into the sandbox even from under /tmp.
+            named = [cwd / a for a in config.args if a and not a.startswith("-")]
+            launch = prepare(sandbox, [program, *config.args], cwd=cwd, workspace=workspace, env=env,
+                             carry=[Path(program), cwd, *named])
         except SandboxUnavailable as exc:
             raise ConfigError(f"MCP server {name!r}: {exc}") from None
         return Launch(name, argv=launch.argv, env=launch.env, cwd=str(cwd),

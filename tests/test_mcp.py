@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from mcp_support import BIN, FAULT_SERVER, counter_lines, fault_config, wait_until
+from sandbox_support import need_bwrap
 
 pytest.importorskip("mcp")
 
@@ -73,6 +74,31 @@ def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], s
     sources = json.loads(sql("SELECT tool_sources FROM runs")[0][0])
     recorded = {t["name"]: t["effect"] for t in sources["mcp_servers"]["f"]["tools"]}
     assert recorded["f__put"] == "write" and recorded["f__launch"] == "exec"
+
+
+def test_a_server_script_under_tmp_is_visible_in_the_sandbox(
+        cli: Callable[..., Any], tmp_path: Path, workspace: Path, write_script: Callable[..., str],
+        sql: Callable[..., list[Any]]) -> None:
+    # The sandbox's /tmp is private; a server's own script there (a checkout under /tmp) is
+    # carried in read-only, and nothing else of the host's /tmp is.
+    need_bwrap()  # Landlock's /tmp is the host's (a private TMPDIR instead)
+    assert str(tmp_path).startswith("/tmp/")
+    (tmp_path / "server").mkdir()
+    script = tmp_path / "server" / "fault_server.py"
+    script.write_bytes(FAULT_SERVER.read_bytes())
+    (tmp_path / "server" / "secret.txt").write_text("not the server's")
+    config = fault_config(tmp_path, workspace, extra="")
+    config.write_text(config.read_text().replace(json.dumps(str(FAULT_SERVER)), json.dumps(str(script))))
+    turns = [{"tool_calls": [call("f__lookup", key="a"),
+                             call("run_command", command=f"cat {tmp_path}/server/secret.txt")]},
+             {"content": "done"}]
+    r = cli("start", "use the tools", "--model", write_script(turns), "--json", "--shell", "allow",
+            extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 0, r.stderr
+    rows = tool_steps(sql)
+    assert rows[0][2] == "completed" and rows[0][4] == 'lookup ok {"key": "a"}'
+    cat = sql("SELECT state, output FROM steps WHERE tool_name = 'run_command'")[0]
+    assert "No such file" in str(cat[1]) and "not the server's" not in str(cat[1])
 
 
 @pytest.mark.slow

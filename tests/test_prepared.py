@@ -92,6 +92,25 @@ def test_a_terminated_connection_is_invalidated_and_transient() -> None:
         engine.dispose()
 
 
+def test_a_connection_lost_inside_psycopgs_pipeline_is_transient_and_lost() -> None:
+    # As CI saw it: executemany's pipeline read the server's 57P01 (a terminated backend),
+    # then leaving pipeline mode failed, and that second error is what reached the store,
+    # with the 57P01 only in its context. The dialect's is_disconnect did not see it.
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        try:
+            raise psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+        except psycopg.Error:
+            raise psycopg.OperationalError("cannot exit pipeline mode while busy") from None
+    except psycopg.Error as exc:
+        exc.__suppress_context__ = False
+        wrapped = DBAPIError.instance("INSERT ...", [], exc, psycopg.Error)
+    assert isinstance(wrapped.orig.__context__, psycopg.errors.AdminShutdown)
+    assert retrying.is_transient(wrapped) and retrying.connection_lost(wrapped.orig)
+    refused = DBAPIError.instance("INSERT ...", [], psycopg.errors.UniqueViolation("duplicate key"), psycopg.Error)
+    assert not retrying.is_transient(refused) and not retrying.connection_lost(refused.orig)
+
+
 def test_json_parameters_match_cores_json_text(engine: Engine) -> None:
     """What the hot path writes into a JSON column parses to what Core's serializer wrote."""
     value = {"z": [1, 2.5, True, None], "é": "ünïcode", "nested": {"k": ["v"]}}

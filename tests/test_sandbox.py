@@ -22,9 +22,13 @@ from scale_helpers import wait_for
 from side_effects_support import run_cli
 
 from durable_agent.tools.os_sandbox import (
+    LANDLOCK_SCRIPT,
     Mechanism,
+    Sandbox,
+    SandboxMode,
     SandboxUnavailable,
     bwrap_argv,
+    landlock_abi,
     resolve_sandbox,
 )
 from durable_agent.tools.process import command_env, run_process
@@ -99,6 +103,41 @@ def test_run_process_refuses_rather_than_running_unconfined(tmp_path: Path, no_m
     with pytest.raises(SandboxUnavailable, match="install bubblewrap"):
         run_process(f"echo ran > {tmp_path}/ledger", cwd=tmp_path, env={}, timeout_s=10, sandbox=sandbox)
     assert not (tmp_path / "ledger").exists()
+
+
+def test_landlock_is_used_only_where_it_keeps_the_harness_environment_out(tmp_path: Path) -> None:
+    # Some kernels run Landlock without its ptrace-class denial: a command there opens
+    # /proc/<harness>/environ (the API key). Looked at here with the helper itself, then
+    # the fallback must be refused (commands never run), not used with a warning.
+    if landlock_abi() == 0:
+        pytest.skip("the kernel has no Landlock")
+    probe = subprocess.run(
+        [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), "read-only", str(tmp_path), str(tmp_path), "off",
+         "--", "/bin/sh", "-c", f": < /proc/{os.getpid()}/environ"], capture_output=True, check=False)
+    sandbox = resolve_sandbox("workspace-write", False, {"PATH": str(tmp_path / "no-bwrap")})
+    if probe.returncode == 0:
+        assert sandbox.mechanism is Mechanism.NONE and "/proc/PID/environ" in sandbox.problem
+        with pytest.raises(SandboxUnavailable):
+            run_process(f"echo ran > {tmp_path}/ledger", cwd=tmp_path, env={}, timeout_s=10, sandbox=sandbox)
+        assert not (tmp_path / "ledger").exists()
+    else:
+        assert probe.returncode != 126, probe.stderr  # the helper itself worked
+        assert sandbox.mechanism is Mechanism.LANDLOCK
+
+
+def test_the_landlock_helper_confines_writes_on_any_kernel_with_landlock(tmp_path: Path) -> None:
+    # Whether or not this kernel's Landlock is good enough to be the fallback, the helper's
+    # filesystem rules are real: the workspace and the private TMPDIR only.
+    if landlock_abi() == 0:
+        pytest.skip("the kernel has no Landlock")
+    ws, outside = tmp_path / "ws", tmp_path / "outside.txt"
+    ws.mkdir()
+    outside.write_text("keep\n")
+    sandbox = Sandbox(SandboxMode.WORKSPACE_WRITE, False, Mechanism.LANDLOCK, landlock_abi=landlock_abi())
+    out = run_process(f"echo in > inside.txt; echo out > {outside}; echo t > $TMPDIR/t && echo tmp-ok",
+                      cwd=ws, env={"PATH": os.environ["PATH"]}, timeout_s=20, sandbox=sandbox, workspace=ws)
+    assert (ws / "inside.txt").read_text() == "in\n" and outside.read_text() == "keep\n"
+    assert "tmp-ok" in out.stdout and "Permission denied" in out.stdout + out.stderr
 
 
 def test_landlock_fallback_confines_writes_and_says_what_it_does_not_enforce(  # type: ignore[no-untyped-def]

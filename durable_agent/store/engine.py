@@ -61,7 +61,9 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(url, parsed.database, durability, pool)
-        return create_engine(url, pool_pre_ping=True, json_deserializer=_read_json, **pool)
+        engine = create_engine(url, pool_pre_ping=True, json_deserializer=_read_json, **pool)
+        event.listen(engine, "handle_error", _lost_is_disconnect)
+        return engine
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
     except ModuleNotFoundError as exc:
@@ -69,6 +71,13 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
             f"the driver for {parsed.drivername} is not installed ({exc.name}); "
             "for PostgreSQL: pip install 'durable-agent[postgres]'"
         ) from None
+
+
+def _lost_is_disconnect(context: Any) -> None:
+    """A connection lost where the dialect does not look (inside psycopg's pipeline) is
+    invalidated like any disconnect: never reset and handed out again."""
+    if not context.is_disconnect and context.original_exception is not None:
+        context.is_disconnect = retrying.connection_lost(context.original_exception)
 
 
 def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[str, int]) -> Engine:

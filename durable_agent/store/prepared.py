@@ -30,6 +30,7 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from durable_agent.store import retrying
 from durable_agent.store.storable import has_bad_text, storable, storable_text
 
 Processor = Callable[[Any], Any] | None
@@ -146,7 +147,8 @@ def _driver_call(conn: Connection, sql: str, call: Callable[[], Any], params: An
     except dialect.loaded_dbapi.Error as exc:
         # As Connection._handle_dbapi_exception does: a dead connection is invalidated (the
         # pool will not hand it out again) and the wrapper says so.
-        disconnect = bool(dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor))
+        disconnect = (bool(dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor))
+                      or retrying.connection_lost(exc))
         if disconnect and not conn.invalidated:
             conn.invalidate(exc)
         raise DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,

@@ -18,7 +18,7 @@ it on a fresh connection; a commit whose outcome is unknown is settled by the ca
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,7 +36,38 @@ _TRANSIENT_TEXT = ("server closed the connection", "connection is closed", "term
                    "connection refused", "could not connect", "connection reset", "broken pipe",
                    "database is locked", "disk i/o error", "database or disk is full",
                    "the database system is", "consuming input failed", "connection timed out",
-                   "ssl syscall error", "no connection to the server", "the connection is lost")
+                   "ssl syscall error", "no connection to the server", "the connection is lost",
+                   # psycopg's executemany runs in pipeline mode; a backend terminated inside
+                   # the pipeline surfaces as this, the server's 57P01 only in its context.
+                   "cannot exit pipeline mode")
+_PG_LOST = ("57P01", "57P02", "57P03")
+_LOST_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
+              "connection reset", "broken pipe", "consuming input failed", "ssl syscall error",
+              "no connection to the server", "the connection is lost", "cannot exit pipeline mode")
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """The driver's error and what it was raised from or during (a few links deep): psycopg
+    reports a connection lost inside a pipeline as a second error about the pipeline."""
+    seen = 0
+    while exc is not None and seen < 6:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+
+
+def connection_lost(orig: BaseException) -> bool:
+    """The driver's connection is gone or unusable (not merely a refused statement): the
+    pool must not hand it out again. Read from the whole chain, for what `is_disconnect`
+    of the dialect misses (the socket not yet seen closed when the error was raised)."""
+    for e in _chain(orig):
+        sqlstate = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_LOST):
+            return True
+        text = str(e).lower()
+        if any(t in text for t in _LOST_TEXT):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -55,15 +86,17 @@ def is_transient(exc: BaseException) -> bool:
         return isinstance(exc, (ConnectionError, TimeoutError))
     if exc.connection_invalidated:
         return True
-    orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_TRANSIENT):
-        return True
-    name = getattr(orig, "sqlite_errorname", None)
-    if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
-        return True
-    text = str(orig).lower()
-    return any(t in text for t in _TRANSIENT_TEXT)
+    for orig in _chain(exc.orig):
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_TRANSIENT):
+            return True
+        name = getattr(orig, "sqlite_errorname", None)
+        if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
+            return True
+        text = str(orig).lower()
+        if any(t in text for t in _TRANSIENT_TEXT):
+            return True
+    return False
 
 
 def describe(exc: BaseException) -> str:

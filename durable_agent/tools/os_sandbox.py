@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -97,7 +97,7 @@ class Sandbox:
         if self.mechanism is not Mechanism.LANDLOCK:
             return None
         missing = ["a PID namespace (other processes are listed, though Landlock denies "
-                   "reading their memory and environment)",
+                   "reading their memory and environment: probed before it is used)",
                    ".git read-only (Landlock cannot carve a read-only hole in a writable tree)",
                    "a private /tmp (TMPDIR points to a private directory instead)",
                    "hidden daemon sockets (/run: PostgreSQL, docker, D-Bus stay reachable)"]
@@ -149,9 +149,36 @@ def _resolve(mode: SandboxMode, network: bool, path: str, no_landlock: bool) -> 
         problems.append(f"bwrap does not work: {why}")
     abi = 0 if no_landlock else landlock_abi()
     if abi > 0:
-        return Sandbox(mode, network, Mechanism.LANDLOCK, landlock_abi=abi)
-    problems.append("Landlock is disabled" if no_landlock else "the kernel has no Landlock")
+        why = _probe_landlock()
+        if why is None:
+            return Sandbox(mode, network, Mechanism.LANDLOCK, landlock_abi=abi)
+        problems.append(why)
+    else:
+        problems.append("Landlock is disabled" if no_landlock else "the kernel has no Landlock")
     return Sandbox(mode, network, Mechanism.NONE, problem="; ".join(problems))
+
+
+def _probe_landlock() -> str | None:
+    """None if a Landlock domain keeps a command from this process's environment (the API
+    key is there). Landlock denies ptrace-class access out of the domain, /proc/PID/environ
+    included; some kernels do not, and then the fallback would leak the secrets it exists
+    to keep, so it is not used."""
+    target = f"/proc/{os.getpid()}/environ"
+    with tempfile.TemporaryDirectory(prefix="durable-agent-probe-") as tmp:
+        argv = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), "read-only", tmp, tmp, "off", "--",
+                sys.executable, "-I", "-S", "-c", "import sys; open(sys.argv[1], 'rb').close()", target]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"Landlock does not work: {exc}"
+    if proc.returncode == 0:
+        return ("Landlock on this kernel lets a command read other processes' environment "
+                "(/proc/PID/environ)")
+    if "PermissionError" in proc.stderr:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return f"Landlock does not work: {lines[-1] if lines else f'exit code {proc.returncode}'}"
 
 
 def _probe_bwrap(bwrap: str) -> str | None:
@@ -185,9 +212,11 @@ def landlock_abi() -> int:
 
 
 def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: Path,
-            env: Mapping[str, str]) -> Launch:
+            env: Mapping[str, str], carry: Sequence[Path] = ()) -> Launch:
     """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
-    when a sandboxed mode has no mechanism: the command must not run at all then."""
+    when a sandboxed mode has no mechanism: the command must not run at all then. `carry`:
+    host paths the program itself needs (an MCP server's script); those under /tmp stay
+    visible, read-only, in the private /tmp."""
     if sandbox is None or sandbox.mechanism is Mechanism.OFF:
         return Launch(list(argv), dict(env))
     if sandbox.mechanism is Mechanism.NONE:
@@ -196,8 +225,9 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     here = Path(os.path.realpath(cwd))
     writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
     # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
-    wrapped = (bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=programs_in_tmp(env, ws))
-               if sandbox.bwrap else [])
+    keep = programs_in_tmp(env, ws)
+    keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
+    wrapped = bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=keep) if sandbox.bwrap else []
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
@@ -218,7 +248,6 @@ def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
     private one: the harness's own Python environment (a virtualenv made under /tmp, as a
     CI checkout may be) and the directories on PATH, a virtualenv's bin/ as its whole
     environment. Kept visible read-only; nothing else of the host's /tmp is."""
-    tmp = os.path.realpath("/tmp")
     found: list[Path] = []
     for raw in (sys.prefix, *env.get("PATH", "").split(os.pathsep)):
         if not raw:
@@ -226,8 +255,20 @@ def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
         path = Path(os.path.realpath(raw))
         if path.name == "bin" and (path.parent / "pyvenv.cfg").exists():
             path = path.parent
+        if path.is_dir():
+            found.append(path)
+    return in_tmp(found, workspace)
+
+
+def in_tmp(paths: Iterable[Path], workspace: Path) -> list[Path]:
+    """Those of `paths` (resolved) that exist under the host's /tmp and outside the
+    workspace, once each."""
+    tmp = os.path.realpath("/tmp")
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(os.path.realpath(raw))
         inside = str(path).startswith(tmp + os.sep)
-        if inside and path.is_dir() and not path.is_relative_to(workspace) and path not in found:
+        if inside and path.exists() and not path.is_relative_to(workspace) and path not in found:
             found.append(path)
     return found
 
