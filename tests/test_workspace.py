@@ -241,11 +241,12 @@ def test_manifests_round_trip_any_names(old: dict[bytes, Entry], new: dict[bytes
     assert {c.path for c in changes(old, new)} == {p for p in set(old) | set(new) if old.get(p) != new.get(p)}
 
 
-def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path) -> None:
+def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_agent.workspace import scan
     from durable_agent.workspace.scan import Scanner
 
     (tmp_path / "f").write_text("x")
-    os.utime(tmp_path / "f", ns=(1, 1))  # old: not racy
+    monkeypatch.setattr(scan, "RACY_NS", 0)  # a change before the scan began is not racy
     scanner = Scanner(tmp_path, [], 10_000)
     first: Any = scanner.scan()
     assert list(first.contents) and scanner.scan().contents == {}
@@ -332,3 +333,76 @@ def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Pat
     with pytest.raises(StoreError, match="not inside the workspace"):
         materialize({rel: Entry(FILE, 0o644, "x" * 64, b"", 1)}, root, Scanner(root, [], 10_000), lambda _: b"!")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "ws"]
+
+
+# The incremental scan (stat cache, a manifest kept when nothing changed) against a scan
+# from scratch, after any sequence of edits: files, links, modes, empty directories, a
+# file turned directory and back, .gitignore rules, old and racy mtimes.
+_op_names = st.sampled_from(["a", "b", "d/c", "d/e", "d/f/g", "x.log", "d/x.log"])
+_ops = st.one_of(
+    st.tuples(st.just("write"), _op_names, st.binary(max_size=6), st.booleans()),
+    st.tuples(st.just("delete"), st.one_of(_op_names, st.sampled_from(["d", "d/f"]))),
+    st.tuples(st.just("chmod"), _op_names, st.sampled_from([0o644, 0o755, 0o600])),
+    st.tuples(st.just("link"), _op_names, st.sampled_from([b"a", b"../nowhere", b"d"])),
+    st.tuples(st.just("mkdir"), st.sampled_from(["e1", "d/e2", "a"])),
+    st.tuples(st.just("ignore"), st.sampled_from(["", "d/"]), st.sampled_from(["", "*.log\n", "c\n!x.log\n", "f/\n"])),
+)
+
+
+def _apply(root: Path, op: tuple[Any, ...]) -> None:
+    import shutil
+
+    path = root / op[1]
+    if op[0] in ("write", "link") and path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    if op[0] in ("write", "link", "mkdir"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if op[0] == "write":
+        if path.is_symlink():
+            path.unlink()
+        path.write_bytes(op[2])
+        if op[3]:
+            os.utime(path, ns=(10**18, 10**18))  # an old-looking mtime kept by an edit (touch -d)
+    elif op[0] == "delete":
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+    elif op[0] == "chmod" and path.is_file() and not path.is_symlink():
+        path.chmod(op[2])
+    elif op[0] == "link":
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        path.symlink_to(os.fsdecode(op[2]))
+    elif op[0] == "mkdir":
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+    elif op[0] == "ignore":
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".gitignore").write_text(op[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_ops, min_size=1, max_size=12))
+def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...]]) -> None:
+    import contextlib
+    import tempfile
+
+    from durable_agent.workspace.manifest import TreeIds, tree_id
+    from durable_agent.workspace.scan import Scanner
+
+    saved, TreeIds.REBUILD_AT = TreeIds.REBUILD_AT, 2  # both ways of keeping the id, in one test
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, TreeIds, "REBUILD_AT", saved)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        root = Path(tmp)
+        incremental = Scanner(root, [".git/"], 4)  # files over 4 bytes are `big`
+        for op in ops:
+            _apply(root, op)
+            got = incremental.scan()
+            want = Scanner(root, [".git/"], 4).scan().manifest
+            assert got.manifest == want, op
+            assert got.tree_id == tree_id(want)  # kept up to date, not recomputed
+            again = incremental.scan()
+            assert again.manifest == want and again.tree_id == got.tree_id

@@ -14,10 +14,11 @@ size cap: recorded by size only, never stored, and left alone by restore).
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,12 +72,53 @@ def _entry_from(row: list[Any]) -> tuple[bytes, Entry]:
     return _dec(path), Entry(kind, int(mode), str(ref), _dec(target), int(size))
 
 
+def _line(path: bytes, e: Entry) -> bytes:
+    return b"%s\0%s\0%o\0%s\0%s\0%d\n" % (path, e.kind.encode(), e.mode, e.ref.encode(), e.target, e.size)
+
+
 def tree_id(manifest: Mapping[bytes, Entry]) -> str:
-    h = hashlib.sha256()
-    for path in sorted(manifest):
-        e = manifest[path]
-        h.update(b"%s\0%s\0%o\0%s\0%s\0%d\n" % (path, e.kind.encode(), e.mode, e.ref.encode(), e.target, e.size))
-    return h.hexdigest()
+    return hashlib.sha256(b"".join([_line(p, manifest[p]) for p in sorted(manifest)])).hexdigest()
+
+
+class TreeIds:
+    """`tree_id` of a manifest that changes a few paths at a time: its lines are kept in
+    order and only changed ones are made again (the same id, without serialising and
+    sorting 5,000 entries for a one-file edit)."""
+
+    REBUILD_AT = 256  # more changes than this: sort and serialise everything again
+
+    def __init__(self) -> None:
+        self.paths: list[bytes] = []
+        self.lines: list[bytes] = []
+        self.id = tree_id({})
+
+    def rebuild(self, manifest: Mapping[bytes, Entry]) -> str:
+        self.paths = sorted(manifest)
+        self.lines = [_line(p, manifest[p]) for p in self.paths]
+        return self._digest()
+
+    def update(self, manifest: Mapping[bytes, Entry], entries: Mapping[bytes, Entry],
+               deleted: Sequence[bytes]) -> str:
+        """The id of `manifest`, which is the last one's with `entries` set and `deleted` gone."""
+        if len(entries) + len(deleted) > self.REBUILD_AT:
+            return self.rebuild(manifest)
+        paths, lines = self.paths, self.lines
+        for path in deleted:
+            i = bisect.bisect_left(paths, path)
+            if i < len(paths) and paths[i] == path:
+                del paths[i], lines[i]
+        for path, entry in entries.items():
+            i = bisect.bisect_left(paths, path)
+            if i < len(paths) and paths[i] == path:
+                lines[i] = _line(path, entry)
+            else:
+                paths.insert(i, path)
+                lines.insert(i, _line(path, entry))
+        return self._digest()
+
+    def _digest(self) -> str:
+        self.id = hashlib.sha256(b"".join(self.lines)).hexdigest()
+        return self.id
 
 
 def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
@@ -84,12 +126,16 @@ def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
     return zlib.compress(json.dumps({"full": rows}, separators=(",", ":")).encode(), 6)
 
 
-def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry]) -> tuple[bytes, int]:
-    """The delta from `base` to `manifest`, compressed, and how many paths it names."""
-    # Entries the scanner kept from its cache are the same objects: `is` settles most paths
-    # without a field-by-field comparison.
-    put = [_entry_json(p, manifest[p]) for p in sorted(_differing(base, manifest))]
-    drop = [_enc(p) for p in sorted(p for p in base if p not in manifest)]
+def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry],
+                 known: tuple[Iterable[bytes], Iterable[bytes]] | None = None) -> tuple[bytes, int]:
+    """The delta from `base` to `manifest`, compressed, and how many paths it names.
+    `known`: the (set, deleted) paths when the caller already knows them (the scan does)."""
+    if known is None:
+        # Entries the scanner kept from its cache are the same objects: `is` settles most
+        # paths without a field-by-field comparison.
+        known = (_differing(base, manifest), [p for p in base if p not in manifest])
+    put = [_entry_json(p, manifest[p]) for p in sorted(known[0])]
+    drop = [_enc(p) for p in sorted(known[1])]
     data = json.dumps({"set": put, "del": drop}, separators=(",", ":")).encode()
     return zlib.compress(data, 6), len(put) + len(drop)
 

@@ -1,9 +1,10 @@
 """Walking a workspace into a manifest, hashing only what changed (like git's index).
 
-A file whose lstat (mtime, ctime, size, inode, mode) equals the one cached from the last
-scan keeps its cached hash without being read. Except a *racy* one: modified within
-RACY_NS of the scan that cached it, it may have changed again inside the same timestamp
-tick, so it is hashed again (git's "racily clean" rule).
+A file whose lstat (change time, size, inode) equals the one cached from the last scan
+keeps its cached hash without being read. Except a *racy* one: changed within RACY_NS of
+the scan that cached it, it may have changed again inside the same timestamp tick, so it
+is hashed again (git's "racily clean" rule). An unchanged workspace costs one lstat, one
+lookup and one comparison per file, and builds nothing: the previous manifest stands.
 
 What is left out: paths matched by the `exclude` setting (gitignore syntax, applied at the
 root) and by every `.gitignore` in the tree (a deeper file wins, as in git), sockets and
@@ -24,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest
+from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest, TreeIds
 
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
 DEFAULT_EXCLUDE = (".git/", "node_modules/", ".venv/", "__pycache__/")
 
-StatKey = tuple[int, int, int, int, int]
+StatKey = tuple[int, int, int]  # ctime_ns, size, inode
 
 
 @dataclass
@@ -38,12 +39,32 @@ class Scan:
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap
     changed: bool = True  # False: the same manifest as this scanner's previous scan
+    tree_id: str = ""  # manifest.tree_id(manifest), kept up to date by the scanner
+    base: Manifest | None = None  # the scanner's previous manifest, which this one ...
+    entries: Manifest = field(default_factory=dict)  # ... changes by these (set) paths
+    deleted: list[bytes] = field(default_factory=list)  # ... and these gone
 
 
 def _spec(lines: Sequence[str]) -> Any:
     import pathspec  # lazy: only a run that snapshots pays for it
 
     return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+class _Walk:
+    """One scan's findings. An unchanged workspace writes nothing here but the directories
+    it listed: the previous manifest and the stat cache stay as they are (building new ones
+    for 5,000 files cost more than the lstat calls)."""
+
+    __slots__ = ("out", "racy_after", "visited", "empty", "entries", "deleted")
+
+    def __init__(self, out: Scan, started: int) -> None:
+        self.out = out
+        self.racy_after = started - RACY_NS
+        self.visited: list[bytes] = []  # directories listed
+        self.empty: list[bytes] = []  # empty directories (entries of their own)
+        self.entries: Manifest = {}  # new or different entries
+        self.deleted: list[bytes] = []  # files of the previous manifest that are gone
 
 
 class Scanner:
@@ -54,35 +75,53 @@ class Scanner:
         self.size_cap = size_cap
         self.exclude = _spec(list(exclude))
         self.lock = threading.Lock()
-        self._cache: dict[bytes, tuple[StatKey, Entry, bool]] = {}  # path -> key, entry, racy
-        self._ignores: dict[bytes, tuple[StatKey, Any]] = {}  # dir -> .gitignore key, spec
+        # directory -> name -> (stat key, entry) of every file (or link) of the previous
+        # manifest; the key is None while the file is racy (it is read again).
+        self._cache: dict[bytes, dict[bytes, tuple[StatKey | None, Entry]]] = {}
+        self._ignores: dict[bytes, tuple[tuple[int, ...], Any]] = {}  # dir -> .gitignore key, spec
         self._decisions: dict[tuple[bytes, bool], bool] = {}  # (path, is_dir) -> ignored
-        self._previous: Manifest | None = None
+        self._previous: Manifest = {}
+        self._empty: set[bytes] = set()  # the previous manifest's empty directories
+        self._ids = TreeIds()  # the id of _previous
         self._ignore_epoch = 0  # +1 whenever a .gitignore changed (every decision is made again)
         self._cache_epoch = -1  # the ignore epoch the stat cache was built under
-        self._changed = False  # set by the walk when an entry is new or differs
 
     def scan(self) -> Scan:
         with self.lock:
-            started = time.time_ns()
-            out = Scan({})
-            cache: dict[bytes, tuple[StatKey, Entry, bool]] = {}
-            self._changed = False
+            first = self._cache_epoch < 0
+            w = _Walk(Scan({}), time.time_ns())
             if os.path.isdir(self.root):
-                self._walk(b"", [], out, cache, started)
-            previous = self._previous
-            # No entry new or different and as many as before: the same paths, the same manifest.
-            out.changed = self._changed or previous is None or len(previous) != len(out.manifest)
-            self._cache = cache
+                self._walk(b"", [], w)
+            visited = set(w.visited)
+            for rel_dir in [d for d in self._cache if d not in visited]:  # gone, ignored, a link now
+                prefix = rel_dir + b"/" if rel_dir else b""
+                w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
+            empty = set(w.empty)
+            w.deleted += [d for d in self._empty if d not in empty]
+            previous, out = self._previous, w.out
+            # A path gone as one kind and back as another (a file now a directory) is set.
+            deleted = [p for p in w.deleted if p not in w.entries and p in previous]
+            out.base, out.entries, out.deleted = previous, w.entries, deleted
+            if w.entries or deleted or first:
+                manifest = dict(previous)
+                for path in deleted:
+                    del manifest[path]
+                manifest.update(w.entries)
+                out.manifest, out.changed = manifest, True
+                out.tree_id = (self._ids.rebuild(manifest) if first
+                               else self._ids.update(manifest, w.entries, deleted))
+            else:
+                out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
             self._cache_epoch = self._ignore_epoch
-            self._previous = out.manifest
+            self._previous, self._empty = out.manifest, empty
             return out
 
     def forget(self) -> None:
         """Drop the stat cache (the next scan hashes every file again)."""
         with self.lock:
             self._cache.clear()
-            self._previous = None
+            self._previous, self._empty = {}, set()
+            self._cache_epoch = -1
 
     # -- ignoring ------------------------------------------------------------------------------
     def _gitignore(self, rel_dir: bytes) -> Any:
@@ -130,66 +169,84 @@ class Scanner:
         return decided
 
     # -- walking -------------------------------------------------------------------------------
-    def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], out: Scan,
-              cache: dict[bytes, tuple[StatKey, Entry, bool]], started: int) -> int:
-        # The hot loop of an unchanged workspace: one lstat and a few dict lookups per file.
+    def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk) -> int:
+        """Walk one directory; returns how many entries of it are in the manifest."""
         spec = self._gitignore(rel_dir)
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
-        found = 0
         try:
             entries = list(os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root))
         except OSError:
             return 0
-        decisions, old_cache, manifest = self._decisions, self._cache, out.manifest
-        previous = self._previous or {}
-        racy_after = started - RACY_NS
-        epoch = self._ignore_epoch
+        w.visited.append(rel_dir)
+        cached = self._cache.get(rel_dir)
+        if cached is None:
+            cached = self._cache[rel_dir] = {}
+        before = len(cached)
+        # The cache's rows were made under this directory's current ignore rules (a change
+        # in a .gitignore deeper down does not concern this directory's files).
+        trusted = self._ignore_epoch == self._cache_epoch
+        fast = cached if trusted else {}
+        prefix = rel_dir + b"/" if rel_dir else b""
+        hits = found = 0
+        dropped: list[bytes] = []  # cached names still listed but no longer entries
         for item in entries:
-            rel = rel_dir + b"/" + item.name if rel_dir else item.name
             try:
-                is_dir = item.is_dir(follow_symlinks=False)
-                if is_dir:
-                    ignored = decisions.get((rel, True))
-                    if ignored is None:
-                        ignored = self._ignored(rel, True, specs)
-                    if ignored:
-                        continue
-                    if self._walk(rel, specs, out, cache, started) == 0:
-                        entry = Entry(DIR, stat.S_IMODE(item.stat(follow_symlinks=False).st_mode) & 0o777)
-                        manifest[rel] = entry
-                        if previous.get(rel) != entry:
-                            self._changed = True
-                    found += 1
-                    continue
                 st = item.stat(follow_symlinks=False)
             except OSError:
                 continue  # gone since the listing
-            mode = st.st_mode
+            name = item.name
+            old = fast.get(name)
+            # The hot path of an unchanged workspace: one lstat, one lookup, one comparison.
+            # The change time moves with every change to a file (content, mode, times, a
+            # rename) and no program can set it; size and inode catch the rest.
+            if old is not None and old[0] == (st.st_ctime_ns, st.st_size, st.st_ino):
+                hits += 1
+                continue
+            rel, mode = prefix + name, st.st_mode
+            old = cached.get(name)
+            if old is not None:
+                dropped.append(name)  # until it turns out to be an entry still
+            if stat.S_ISDIR(mode):
+                ignored = self._decisions.get((rel, True))
+                if ignored is None:
+                    ignored = self._ignored(rel, True, specs)
+                if not ignored:
+                    if self._walk(rel, specs, w) == 0:  # an empty directory is an entry
+                        w.empty.append(rel)
+                        self._note(rel, Entry(DIR, stat.S_IMODE(mode) & 0o777), w)
+                    found += 1
+                continue
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
-            old = old_cache.get(rel)
-            # In the last scan's cache: not ignored then, and no .gitignore changed since.
-            if old is None or self._ignore_epoch != epoch or self._ignore_epoch != self._cache_epoch:
-                ignored = decisions.get((rel, False))
+            if old is None or not trusted:
+                ignored = self._decisions.get((rel, False))
                 if ignored is None:
                     ignored = self._ignored(rel, False, specs)
                 if ignored:
                     continue
+            key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
+            entry = old[1] if old is not None and old[0] == key else self._entry(item.path, st, w.out, rel)
+            if entry is None:
+                continue
+            if old is not None:
+                dropped.pop()
+                hits += 1
+            cached[name] = (None if st.st_ctime_ns >= w.racy_after else key, entry)
+            self._note(rel, entry, w)
             found += 1
-            key: StatKey = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, mode)
-            if old is not None and old[0] == key and not old[2]:
-                entry = old[1]
-            else:
-                made = self._entry(item.path, st, out, rel)
-                if made is None:
-                    continue
-                entry = made
-                if old is None or old[1] != entry:
-                    self._changed = True
-            cache[rel] = (key, entry, st.st_mtime_ns >= racy_after)
-            manifest[rel] = entry
-        return found
+        if dropped or hits < before:  # some of the cached files are gone: which ones
+            listed = {item.name for item in entries}
+            gone = dropped + [name for name in cached if name not in listed]
+            for name in gone:
+                del cached[name]
+            w.deleted += [prefix + name for name in gone]
+        return hits + found
+
+    def _note(self, rel: bytes, entry: Entry, w: _Walk) -> None:
+        old = self._previous.get(rel)
+        if old is not entry and old != entry:
+            w.entries[rel] = entry
 
     def _entry(self, path: bytes, st: os.stat_result, out: Scan, rel: bytes) -> Entry | None:
         try:

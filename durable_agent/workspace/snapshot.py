@@ -20,7 +20,6 @@ from durable_agent.workspace.manifest import (
     blob_refs,
     encode_delta,
     encode_full,
-    tree_id,
 )
 from durable_agent.workspace.scan import Scanner
 
@@ -49,20 +48,21 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
         if not scan.changed and last is not None and last[0] in stored and not _pending.get(id(scanner)):
             # Unchanged since a snapshot the store has: nothing to hash, query or write.
             return Snapshot(last[0], manifest, [], scan.skipped)
-    tid = tree_id(manifest)
-    refs = blob_refs(manifest.values())
+    tid = scan.tree_id
     with scanner.lock:
         pending = _pending.setdefault(id(scanner), {})
         pending.update(scan.contents)
-        for digest in [h for h in pending if h not in refs]:
-            del pending[digest]  # no longer in the workspace: nothing will name it
         check = set(pending)
     present = blobs.present_blobs(check) if check else set()
     statements: list[Statement] = []
-    missing = {h: pending[h] for h in check - present}
     with scanner.lock:
         for digest in present:
             pending.pop(digest, None)
+        if any(h not in scan.contents for h in pending):  # left from a failed transaction
+            refs = blob_refs(manifest.values())
+            for digest in [h for h in pending if h not in refs]:
+                del pending[digest]  # no longer in the workspace: nothing will name it
+        missing = dict(pending)
     if missing:
         statements.append(blobs.blob_statement(missing))
     depths = blobs.tree_depths([tid, last[0] if last else ""])
@@ -71,7 +71,9 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
     if tid not in depths:
         row = None
         if last is not None and last[0] in depths and depths[last[0]] < MAX_DEPTH:
-            data, size = encode_delta(last[1], manifest)
+            # The scan knows what changed when its base is the last snapshot's manifest.
+            known = (scan.entries, scan.deleted) if scan.base is last[1] else None
+            data, size = encode_delta(last[1], manifest, known)
             if size * 4 <= len(manifest) + 4:  # small change: a delta; else a new full manifest
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
         if row is None:
