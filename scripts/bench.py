@@ -337,6 +337,14 @@ def main() -> int:
             print(f"measured N={n}", file=sys.stderr)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
         env["DURABLE_AGENT_DB"] = f"sqlite:///{root / 'cold.db'}"
+        # As installed by pip, which compiles the bytecode: an editable checkout run with
+        # PYTHONDONTWRITEBYTECODE (CI images set it) would compile ~70 modules on every start,
+        # while the baselines' packages are compiled.
+        import compileall
+
+        import durable_agent
+        compileall.compile_dir(str(Path(durable_agent.__file__).parent), quiet=1)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         ws = make_workspace(root / "cold")
         one = root / "one.json"
         one.write_text(json.dumps([{"content": "done"}]))

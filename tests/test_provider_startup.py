@@ -24,7 +24,7 @@ def test_a_scripted_run_does_not_import_openai(
     assert result.code == 0, result.stderr
     modules = set(IMPORTED.findall(result.stderr))
     assert "durable_agent.runner" in modules  # guard the check: the profile was captured
-    assert "tenacity" in modules  # the retry layer did run
+    assert "durable_agent.models.retry" in modules  # the retry layer did run (its tenacity part only on a failure)
     assert not {m for m in modules if m == "openai" or m.startswith("openai.")}
 
 
@@ -56,6 +56,24 @@ def test_store_only_commands_import_neither_the_settings_model_nor_other_dialect
         heavy = {m for m in modules if m.split(".")[0] in ("pydantic", "tenacity", "alembic")
                  or m.startswith("sqlalchemy.dialects.postgresql") or m == "durable_agent.runner"}
         assert not heavy, (args, sorted(heavy))
+
+
+def test_a_start_on_an_sqlite_store_imports_no_other_dialect_and_no_alembic(
+        cli: Callable[..., Any], write_script: Callable[[list[dict[str, Any]]], str]) -> None:
+    """A `start` (snapshots included) on an SQLite store that is up to date: no PostgreSQL
+    dialect (~40 ms), no Alembic (only when an upgrade is due), no tenacity (only after a
+    failed call)."""
+    model = write_script([{"content": "done"}])
+    assert cli("start", "t", "--model", model, "--run-id", "r1").code == 0  # creates the store
+    result = cli("start", "t", "--model", write_script([
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]},
+        {"content": "done"}]), "--run-id", "r2", extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.code == 0, result.stderr
+    modules = set(IMPORTED.findall(result.stderr))
+    assert "durable_agent.workspace.snapshot" in modules  # guard: a snapshot was taken
+    heavy = {m for m in modules if m.split(".")[0] in ("alembic", "tenacity")
+             or m.startswith("sqlalchemy.dialects.postgresql")}
+    assert not heavy, sorted(heavy)
 
 
 def test_the_store_options_agree_with_the_settings_model() -> None:

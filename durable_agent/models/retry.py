@@ -1,4 +1,5 @@
-"""One retry layer for model calls, built from tenacity's small strategies.
+"""One retry layer for model calls, built from tenacity's small strategies (models/backoff.py,
+imported only after a first try failed).
 
 `call_with_retries(fn, policy, sleep=..., on_attempt=...)` calls `fn` until it succeeds,
 fails permanently, or the policy is spent:
@@ -23,16 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
-from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from durable_agent.models.failures import (
     Failure,
@@ -75,38 +66,6 @@ class RetryPolicy:
                    max_total_seconds=settings.retry_max_seconds,
                    initial_wait=settings.retry_initial_wait_s, max_wait=settings.retry_max_wait_s,
                    max_retry_after=settings.retry_after_cap_s)
-
-
-class _wait_retry_after(wait_base):
-    """The provider's Retry-After when it sent one (capped), else the fallback backoff."""
-
-    def __init__(self, fallback: wait_base, cap: float) -> None:
-        self.fallback = fallback
-        self.cap = cap
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if exc is not None:
-            retry_after = classify(exc).retry_after
-            if retry_after is not None:
-                return min(retry_after, self.cap)
-        return float(self.fallback(retry_state))
-
-
-class _stop_before_total(stop_base):
-    """Stop when the time spent plus the next wait would pass the budget.
-
-    Like tenacity's `stop_before_delay` (which 8.3 lacks), but the waits are counted from
-    `idle_for`, so the budget also holds with an injected sleep that takes no wall-clock time.
-    """
-
-    def __init__(self, max_total: float) -> None:
-        self.max_total = max_total
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        spent = max(retry_state.seconds_since_start or 0.0, retry_state.idle_for)
-        return bool(spent + retry_state.upcoming_sleep >= self.max_total)
 
 
 def call_with_retries(
@@ -158,16 +117,10 @@ def call_with_retries(
             raise failed
         return attempt()
 
-    retrying = Retrying(
-        stop=stop_after_attempt(policy.max_attempts) | _stop_before_total(policy.max_total_seconds - spent),
-        wait=_wait_retry_after(
-            wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
-            policy.max_retry_after,
-        ),
-        retry=retry_if_exception(lambda exc: classify(exc).retryable),
-        sleep=sleep,
-        reraise=True,  # give up with the client's exception, not tenacity's RetryError
-    )
+    # Imported only now, on a first failure: a run whose calls succeed never needs tenacity.
+    from durable_agent.models.backoff import retrying_for
+
+    retrying = retrying_for(policy, spent, sleep)
     try:
         return retrying(again), attempts
     except Exception as exc:
