@@ -52,10 +52,12 @@ def _insert_ignore(engine: Engine, table: Any) -> Any:
     # The dialect's own insert, imported for the store at hand only: a SQLite start does not
     # pay for the PostgreSQL dialect's import (~40 ms).
     if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table).on_conflict_do_nothing()
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table).on_conflict_do_nothing()
 
 
 class BlobStore:
