@@ -64,7 +64,8 @@ def _model_step(ctx: StepContext) -> None:
     compaction.before_model_call(ctx, lead)
     turn = s.turn
     key = f"model:{turn}:{s.history.digest[:32]}"
-    sent = [*s.request(), *lead]
+    sent = s.request()  # a fresh list (the model may keep it): no second copy of the history
+    sent.extend(lead)
     counted = compaction.counted_next(ctx, lead)
     request: dict[str, Any] = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
                                "model": ctx.model.name}
@@ -103,7 +104,8 @@ def _model_step(ctx: StepContext) -> None:
             usage = estimate_usage(sent, ctx.schemas, turn_out)
         elif not compaction.scripted(ctx.model):  # the provider's count of this request calibrates the next
             s.calibration = calibrate(counted, usage.prompt_tokens)
-        nudge = _nudge([*s.messages, *lead], message, turn_out.finish_reason)
+        before = lead[-1] if lead else (s.messages[-1] if s.messages else None)
+        nudge = _nudge(before, message, turn_out.finish_reason)
         s.step_count += 1
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
@@ -142,8 +144,9 @@ def empty_answer(message: Message | None) -> bool:
             and not (message.content or "").strip())
 
 
-def _nudge(history: list[Message], answer: Message, finish_reason: str | None) -> tuple[str, str] | None:
-    """(why, the user message) to append after `answer`, or None when it stands as it is.
+def _nudge(previous: Message | None, answer: Message, finish_reason: str | None) -> tuple[str, str] | None:
+    """(why, the user message) to append after `answer` (which follows `previous`), or None
+    when it stands as it is.
 
     An answer cut off by the length limit is not final: the model is told and continues
     (bounded by the budgets). An empty answer is nudged once; a second one in a row gets
@@ -154,7 +157,6 @@ def _nudge(history: list[Message], answer: Message, finish_reason: str | None) -
     if finish_reason == "length":
         return "length", CUT_NUDGE
     if empty_answer(answer):
-        previous = history[-1] if history else None
         if previous is not None and previous.role == "user" and previous.content == EMPTY_NUDGE:
             return None
         return "empty_answer", EMPTY_NUDGE

@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
@@ -111,8 +113,37 @@ def test_a_connection_lost_inside_psycopgs_pipeline_is_transient_and_lost() -> N
     assert not retrying.is_transient(refused) and not retrying.connection_lost(refused.orig)
 
 
+def test_a_socket_that_failed_under_psycopg_is_transient_and_lost() -> None:
+    # Seen in the terminated-connection sweep: psycopg's wait loop turns the socket's
+    # OSError into "connection socket closed" (the server's message never read).
+    psycopg = pytest.importorskip("psycopg")
+    for cause in (ConnectionResetError(104, "Connection reset by peer"), OSError(9, "Bad file descriptor")):
+        try:
+            try:
+                raise cause
+            except OSError as ex:
+                raise psycopg.OperationalError("connection socket closed") from ex
+        except psycopg.Error as exc:
+            wrapped = DBAPIError.instance("INSERT ...", [], exc, psycopg.Error)
+        assert retrying.is_transient(wrapped) and retrying.connection_lost(wrapped.orig)
+    busy = psycopg.OperationalError("sending query failed: another command is already in progress")
+    assert retrying.is_transient(DBAPIError.instance("ROLLBACK", [], busy, psycopg.Error))
+
+
 def test_json_parameters_match_cores_json_text(engine: Engine) -> None:
     """What the hot path writes into a JSON column parses to what Core's serializer wrote."""
     value = {"z": [1, 2.5, True, None], "é": "ünïcode", "nested": {"k": ["v"]}}
     text = prepared.json_text(value)
     assert text is not None and json.loads(text) == json.loads(json.dumps(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes() | st.datetimes(timezones=st.timezones()) | st.dates() | st.none())
+def test_sqlites_datetime_text_is_cores(value: Any) -> None:
+    # The fast path (isoformat, in C) against the processor Core would have applied.
+    from sqlalchemy import DateTime
+    from sqlalchemy.dialects import sqlite
+
+    dialect = sqlite.dialect()
+    core = DateTime().dialect_impl(dialect).bind_processor(dialect)
+    assert prepared._processor(DateTime(), dialect)(value) == core(value)

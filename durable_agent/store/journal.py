@@ -21,8 +21,8 @@ write that finally fails raises, and the session that made it ends without writi
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -206,7 +206,7 @@ class Journal:
         counters = counters or self._deferred_counters
         all_steps = [*self._deferred_steps, *step_rows]
         all_messages = [*self.pending_messages, *message_rows]
-        token = uuid.uuid4().hex
+        token = os.urandom(16).hex()  # a uuid4's randomness, without building a UUID
         now = utcnow()
 
         def attempt() -> None:

@@ -39,11 +39,15 @@ _TRANSIENT_TEXT = ("server closed the connection", "connection is closed", "term
                    "ssl syscall error", "no connection to the server", "the connection is lost",
                    # psycopg's executemany runs in pipeline mode; a backend terminated inside
                    # the pipeline surfaces as this, the server's 57P01 only in its context.
-                   "cannot exit pipeline mode")
+                   "cannot exit pipeline mode",
+                   # psycopg's wait loop: an OSError on the socket (its cause) or a connection
+                   # left mid-command by one.
+                   "connection socket closed", "another command is already in progress")
 _PG_LOST = ("57P01", "57P02", "57P03")
 _LOST_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
               "connection reset", "broken pipe", "consuming input failed", "ssl syscall error",
-              "no connection to the server", "the connection is lost", "cannot exit pipeline mode")
+              "no connection to the server", "the connection is lost", "cannot exit pipeline mode",
+              "connection socket closed", "another command is already in progress")
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -61,6 +65,8 @@ def connection_lost(orig: BaseException) -> bool:
     pool must not hand it out again. Read from the whole chain, for what `is_disconnect`
     of the dialect misses (the socket not yet seen closed when the error was raised)."""
     for e in _chain(orig):
+        if isinstance(e, OSError):  # the socket itself failed
+            return True
         sqlstate = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_LOST):
             return True
@@ -87,6 +93,8 @@ def is_transient(exc: BaseException) -> bool:
     if exc.connection_invalidated:
         return True
     for orig in _chain(exc.orig):
+        if isinstance(orig, OSError):  # the socket under the driver failed
+            return True
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_TRANSIENT):
             return True
