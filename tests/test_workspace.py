@@ -398,9 +398,13 @@ def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         root = Path(tmp)
         incremental = Scanner(root, [".git/"], 4)  # files over 4 bytes are `big`
+        prev: dict[bytes, Entry] = {}
         for op in ops:
             _apply(root, op)
             got = incremental.scan()
+            # The scan's own delta gives the same changes as comparing every entry.
+            assert changes(prev, got.manifest, got.delta_from(prev)) == changes(prev, got.manifest)
+            prev = got.manifest
             want = Scanner(root, [".git/"], 4).scan().manifest
             assert got.manifest == want, op
             assert got.tree_id == tree_id(want)  # kept up to date, not recomputed

@@ -199,8 +199,4 @@ def save_statements(engine: Engine, statements: list[Statement],
 
 def _read(engine: Engine, query: Callable[[Connection], T], policy: retrying.StorePolicy | None = None,
           run_id: str | None = None) -> T:
-    def attempt() -> T:
-        with engine.connect().execution_options(readonly=True) as conn:
-            return query(conn)
-
-    return retrying.run(attempt, policy or retrying.StorePolicy(), run_id=run_id)
+    return retrying.read(engine, query, policy or retrying.StorePolicy(), run_id=run_id)

@@ -249,12 +249,8 @@ class Journal:
 
     def _landed(self, token: str) -> bool:
         """Did the transaction that wrote `token` commit? Read it back on a new connection."""
-        def read() -> bool:
-            with self.engine.connect().execution_options(readonly=True) as conn:
-                value = conn.execute(select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)).scalar()
-            return bool(value == token)
-
-        return retrying.run(read, self.policy, run_id=self.run_id, sleep=self.sleep)
+        return bool(self._read(lambda conn: conn.execute(
+            select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)).scalar() == token))
 
     def _fence(self, conn: Connection, now: datetime, counters: Counters | None, token: str | None) -> None:
         # The first statement of every write: extends the lease and proves we still own it.
@@ -278,11 +274,7 @@ class Journal:
         self.cancel_seen = bool(row[0])
 
     def _read(self, query: Callable[[Connection], Any]) -> Any:
-        def attempt() -> Any:
-            with self.engine.connect().execution_options(readonly=True) as conn:
-                return query(conn)
-
-        return retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
+        return retrying.read(self.engine, query, self.policy, run_id=self.run_id, sleep=self.sleep)
 
     # -- reads ---------------------------------------------------------------------------------
     def load(self) -> Loaded:

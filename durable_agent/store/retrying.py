@@ -20,9 +20,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.exc import DBAPIError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 from durable_agent.errors import StoreError, StoreUnavailable
 
@@ -31,23 +34,21 @@ T = TypeVar("T")
 _PG_TRANSIENT = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03", "53300"}
 # Not CANTOPEN (a path under a file, no permission): a wrong --db, not a passing fault.
 _SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_PROTOCOL")
-# Messages of drivers that carry no code (a socket that died under psycopg, sqlite3's text).
-_TRANSIENT_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
-                   "connection refused", "could not connect", "connection reset", "broken pipe",
-                   "database is locked", "disk i/o error", "database or disk is full",
-                   "the database system is", "consuming input failed", "connection timed out",
-                   "ssl syscall error", "no connection to the server", "the connection is lost",
-                   # psycopg's executemany runs in pipeline mode; a backend terminated inside
-                   # the pipeline surfaces as this, the server's 57P01 only in its context.
-                   "cannot exit pipeline mode",
-                   # psycopg's wait loop: an OSError on the socket (its cause) or a connection
-                   # left mid-command by one.
-                   "connection socket closed", "another command is already in progress")
-_PG_LOST = ("57P01", "57P02", "57P03")
+# Messages of drivers that carry no code: a connection gone or left unusable (psycopg over a
+# socket that died) ...
 _LOST_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
               "connection reset", "broken pipe", "consuming input failed", "ssl syscall error",
-              "no connection to the server", "the connection is lost", "cannot exit pipeline mode",
+              "no connection to the server", "the connection is lost",
+              # psycopg's executemany runs in pipeline mode; a backend terminated inside the
+              # pipeline surfaces as this, the server's 57P01 only in its context.
+              "cannot exit pipeline mode",
+              # psycopg's wait loop: an OSError on the socket (its cause), or a connection
+              # left mid-command by one.
               "connection socket closed", "another command is already in progress")
+# ... or a store that is there but busy, full or not reachable yet (sqlite3's text too).
+_BUSY_TEXT = ("connection refused", "could not connect", "connection timed out", "the database system is",
+              "database is locked", "disk i/o error", "database or disk is full")
+_PG_LOST = ("57P01", "57P02", "57P03")
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -60,7 +61,7 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
         seen += 1
 
 
-def connection_lost(orig: BaseException) -> bool:
+def connection_lost(orig: BaseException | None) -> bool:
     """The driver's connection is gone or unusable (not merely a refused statement): the
     pool must not hand it out again. Read from the whole chain, for what `is_disconnect`
     of the dialect misses (the socket not yet seen closed when the error was raised)."""
@@ -92,19 +93,29 @@ def is_transient(exc: BaseException) -> bool:
         return isinstance(exc, (ConnectionError, TimeoutError))
     if exc.connection_invalidated:
         return True
+    if connection_lost(exc.orig):
+        return True
     for orig in _chain(exc.orig):
-        if isinstance(orig, OSError):  # the socket under the driver failed
-            return True
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-        if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_TRANSIENT):
+        if isinstance(sqlstate, str) and sqlstate in _PG_TRANSIENT:
             return True
         name = getattr(orig, "sqlite_errorname", None)
         if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
             return True
         text = str(orig).lower()
-        if any(t in text for t in _TRANSIENT_TEXT):
+        if any(t in text for t in _BUSY_TEXT):
             return True
     return False
+
+
+def read(engine: Engine, query: Callable[[Connection], T], policy: StorePolicy, *,
+         run_id: str | None = None, sleep: Callable[[float], None] = time.sleep) -> T:
+    """`query` on a read-only connection of its own, retried whole on transient faults."""
+    def attempt() -> T:
+        with engine.connect().execution_options(readonly=True) as conn:
+            return query(conn)
+
+    return run(attempt, policy, run_id=run_id, sleep=sleep)
 
 
 def describe(exc: BaseException) -> str:

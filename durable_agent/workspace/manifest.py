@@ -77,7 +77,7 @@ def _line(path: bytes, e: Entry) -> bytes:
 
 
 def tree_id(manifest: Mapping[bytes, Entry]) -> str:
-    return hashlib.sha256(b"".join([_line(p, manifest[p]) for p in sorted(manifest)])).hexdigest()
+    return TreeIds().rebuild(manifest)
 
 
 class TreeIds:
@@ -90,7 +90,7 @@ class TreeIds:
     def __init__(self) -> None:
         self.paths: list[bytes] = []
         self.lines: list[bytes] = []
-        self.id = tree_id({})
+        self.id = self._digest()
 
     def rebuild(self, manifest: Mapping[bytes, Entry]) -> str:
         self.paths = sorted(manifest)
@@ -126,16 +126,25 @@ def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
     return zlib.compress(json.dumps({"full": rows}, separators=(",", ":")).encode(), 6)
 
 
+Known = tuple[Iterable[bytes], Iterable[bytes]]  # (set, deleted) paths from one manifest to another
+
+
+def _delta_paths(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None) -> Known:
+    """The paths set and the paths deleted from `old` to `new`: `known` when the caller has
+    them (a scan does: scan.Scan.delta_from), else by comparing every entry."""
+    if known is not None:
+        return known
+    # Entries the scanner kept from its cache are the same objects: `is` settles most paths
+    # without a field-by-field comparison.
+    return _differing(old, new), [p for p in old if p not in new]
+
+
 def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry],
-                 known: tuple[Iterable[bytes], Iterable[bytes]] | None = None) -> tuple[bytes, int]:
-    """The delta from `base` to `manifest`, compressed, and how many paths it names.
-    `known`: the (set, deleted) paths when the caller already knows them (the scan does)."""
-    if known is None:
-        # Entries the scanner kept from its cache are the same objects: `is` settles most
-        # paths without a field-by-field comparison.
-        known = (_differing(base, manifest), [p for p in base if p not in manifest])
-    put = [_entry_json(p, manifest[p]) for p in sorted(known[0])]
-    drop = [_enc(p) for p in sorted(known[1])]
+                 known: Known | None = None) -> tuple[bytes, int]:
+    """The delta from `base` to `manifest`, compressed, and how many paths it names."""
+    set_paths, deleted = _delta_paths(base, manifest, known)
+    put = [_entry_json(p, manifest[p]) for p in sorted(set_paths)]
+    drop = [_enc(p) for p in sorted(deleted)]
     data = json.dumps({"set": put, "del": drop}, separators=(",", ":")).encode()
     return zlib.compress(data, 6), len(put) + len(drop)
 
@@ -162,11 +171,11 @@ def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
     return out
 
 
-def changes(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[Change]:
+def changes(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None = None) -> list[Change]:
     """What differs from `old` to `new`, by path: added, modified, deleted, or mode only."""
     out: list[Change] = []
-    candidates = _differing(old, new) + [p for p in old if p not in new]
-    for path in sorted(candidates):
+    set_paths, deleted = _delta_paths(old, new, known)
+    for path in sorted([*set_paths, *deleted]):
         a, b = old.get(path), new.get(path)
         if a is None:
             assert b is not None

@@ -62,7 +62,8 @@ def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
         old = snapshot.load(blobs, tree_before)
     except KeyError:
         return ""
-    found = changes(old, scanner(ctx).scan().manifest)
+    scan = scanner(ctx).scan()
+    found = changes(old, scan.manifest, scan.delta_from(old))
     if not found:
         return "; so far the workspace has no changes since it started"
     names = ", ".join(f"{c.shown} ({c.change})" for c in found[:20])
@@ -93,7 +94,7 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
         except KeyError:
             old = {}
     rows = [{"run_id": ctx.journal.run_id, "seq": step.seq, "path": c.shown, "change": c.change, "bytes": c.bytes}
-            for c in changes(old, snap.manifest)]
+            for c in changes(old, snap.manifest, snap.scan.delta_from(old))]
     statements = [*snap.statements, *([(_CHANGES, rows)] if rows else [])]
     note = None
     if snap.skipped:

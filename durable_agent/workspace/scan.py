@@ -44,6 +44,11 @@ class Scan:
     entries: Manifest = field(default_factory=dict)  # ... changes by these (set) paths
     deleted: list[bytes] = field(default_factory=list)  # ... and these gone
 
+    def delta_from(self, old: Manifest) -> tuple[Manifest, list[bytes]] | None:
+        """(set, deleted) paths from `old` to this manifest when `old` is this scan's base
+        (manifest.changes and encode_delta then compare nothing); None otherwise."""
+        return (self.entries, self.deleted) if old is self.base else None
+
 
 def _spec(lines: Sequence[str]) -> Any:
     import pathspec  # lazy: only a run that snapshots pays for it

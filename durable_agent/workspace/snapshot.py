@@ -21,7 +21,7 @@ from durable_agent.workspace.manifest import (
     encode_delta,
     encode_full,
 )
-from durable_agent.workspace.scan import Scanner
+from durable_agent.workspace.scan import Scan, Scanner
 
 
 @dataclass
@@ -30,6 +30,7 @@ class Snapshot:
     manifest: Manifest
     statements: list[Statement]
     skipped: list[bytes]
+    scan: Scan  # what changed since the scanner's previous scan (Scan.delta_from)
 
 
 _pending: dict[int, dict[str, bytes]] = {}  # id(scanner) -> contents not yet seen stored
@@ -47,7 +48,7 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
         stored = _stored.setdefault(str(blobs.engine.url), set())
         if not scan.changed and last is not None and last[0] in stored and not _pending.get(id(scanner)):
             # Unchanged since a snapshot the store has: nothing to hash, query or write.
-            return Snapshot(last[0], manifest, [], scan.skipped)
+            return Snapshot(last[0], manifest, [], scan.skipped, scan)
     tid = scan.tree_id
     with scanner.lock:
         pending = _pending.setdefault(id(scanner), {})
@@ -71,9 +72,7 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
     if tid not in depths:
         row = None
         if last is not None and last[0] in depths and depths[last[0]] < MAX_DEPTH:
-            # The scan knows what changed when its base is the last snapshot's manifest.
-            known = (scan.entries, scan.deleted) if scan.base is last[1] else None
-            data, size = encode_delta(last[1], manifest, known)
+            data, size = encode_delta(last[1], manifest, scan.delta_from(last[1]))
             if size * 4 <= len(manifest) + 4:  # small change: a delta; else a new full manifest
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
         if row is None:
@@ -81,7 +80,7 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
         statements.append(blobs.tree_statement(row))
     with scanner.lock:
         _last[id(scanner)] = (tid, manifest)
-    return Snapshot(tid, manifest, statements, scan.skipped)
+    return Snapshot(tid, manifest, statements, scan.skipped, scan)
 
 
 _trees: OrderedDict[str, Manifest] = OrderedDict()
