@@ -256,3 +256,18 @@ def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script,
     finally:
         stop(proc)
     assert proc.returncode is not None
+
+
+def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
+        cli, write_script, store_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    make_runs(cli, write_script, store_url)
+    env = {"DURABLE_AGENT_DB": store_url}
+    r = cli("fork", "done", "--at", "1", "--workspace", str(tmp_path / "forked"), "--run-id", "fk", extra_env=env)
+    assert r.code == 0, r.stderr
+    assert cli("cancel", "fk", extra_env=env).code == 0  # stopped: its stream sends one update, then ends
+    c = client(store_url)
+    lineage = 'forked from</th><td><a href="/runs/done">done</a> after step 1'  # `--at` and `show` count from 1
+    assert lineage in c.get("/runs/fk").text
+    (update, _end) = _events(c.get("/api/runs/fk/events").text)
+    assert update[0] == "update" and lineage in update[1]["header"]  # the page's header is replaced by this one
+    assert "forked from" not in c.get("/runs/done").text

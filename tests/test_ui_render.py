@@ -46,7 +46,8 @@ def _run(text: str) -> RunRecord:
                      answer=text, error=text, created_at=T0, updated_at=T0, finished_at=T0, step_count=1,
                      tool_call_count=1, prompt_tokens=1, completion_tokens=1, lease_owner=text,
                      lease_expires_at=T0, lease_epoch=1, cancel_requested=False,
-                     settings={"sandbox": text, "max_steps": 5}, message_count=1, active_ms=5, resume_count=0)
+                     settings={"sandbox": text, "max_steps": 5}, message_count=1, active_ms=5, resume_count=0,
+                     forked_from=text, fork_seq=2)
 
 
 def _step(seq: int, text: str, kind: str) -> StepRecord:
@@ -72,7 +73,7 @@ def test_hostile_store_text_never_becomes_markup(text: str, kind: str) -> None:
                                 reason=text, requested_at=T0, decision=None, decided_by=None, decided_at=None, used_at=None)]
     messages = [MessageRecord(run_id="r1", seq=0, role=text, content=text, tool_calls=[{"x": text}],
                               tool_call_id=text, step_seq=None, created_at=T0)]
-    view = RunView(run, steps, approvals, messages, {1: [FileChange(text, text, 3)]}, forked_from=text)
+    view = RunView(run, steps, approvals, messages, {1: [FileChange(text, text, 3)]})
     html = page(view, csrf="c", notice=text)
     tags = _parsed(html)
     assert tags.scripts == 1 and tags.bad == [], tags.bad  # only the package's own ui.js

@@ -59,7 +59,6 @@ def _json(doc: Any, status: int = 200) -> Response:
 def build_app(cfg: UiConfig) -> Any:
     store, access = cfg.store, cfg.access
     extras = queries.Changes(store.engine)
-    forks = queries.ForkColumn(store.engine)
 
     def fail(request: Request, exc: Exception) -> Response:
         status = 404 if isinstance(exc, RunNotFound) else 409 if isinstance(exc, RunBusy | DurableAgentError) else 500
@@ -87,7 +86,7 @@ def build_app(cfg: UiConfig) -> Any:
     def view(run_id: str) -> run_page.RunView:
         run = store.get_run(run_id)
         return run_page.RunView(run, store.steps(run_id), store.approvals(run_id), store.messages(run_id),
-                                extras.by_step(run_id), forks.of(run_id))
+                                extras.by_step(run_id))
 
     def run_html(request: Request) -> Response:
         notice = actions.NOTICES.get(request.query_params.get("done", ""))

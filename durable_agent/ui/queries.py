@@ -130,26 +130,3 @@ class Changes:
         except SQLAlchemyError:  # a view of another shape: show no files rather than fail the page
             return {}
         return found
-
-
-class ForkColumn:
-    """The run a run was forked from, where the store's `runs` table has `forked_from`."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._present: bool | None = None
-
-    def of(self, run_id: str) -> str | None:
-        if self._present is None:
-            try:
-                self._present = "forked_from" in {c["name"] for c in inspect(self.engine).get_columns("runs")}
-            except SQLAlchemyError:
-                self._present = False
-        if not self._present:
-            return None
-        try:
-            with self.engine.connect() as conn:
-                value = conn.execute(text("SELECT forked_from FROM runs WHERE id = :id"), {"id": run_id}).scalar()
-        except SQLAlchemyError:
-            return None
-        return None if value is None else str(value)

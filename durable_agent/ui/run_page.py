@@ -32,7 +32,6 @@ class RunView:
     approvals: list[ApprovalRecord]
     messages: list[MessageRecord]
     changes: dict[int, list[FileChange]] = field(default_factory=dict)
-    forked_from: str | None = None
 
 
 def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
@@ -60,8 +59,9 @@ def header(view: RunView, now: datetime) -> str:
     sandbox = sandbox_line(run.settings)
     if sandbox:
         rows.append(("sandbox", e(sandbox)))
-    if view.forked_from:
-        rows.append(("forked from", f'<a href="/runs/{u(view.forked_from)}">{e(view.forked_from)}</a>'))
+    if run.forked_from:  # lineage, as `show` prints it (from the run's row: the live header keeps it)
+        after = "" if run.fork_seq is None else f" after step {run.fork_seq + 1}"
+        rows.append(("forked from", f'<a href="/runs/{u(run.forked_from)}">{e(run.forked_from)}</a>{e(after)}'))
     rows.append(("created", f"{e(iso_utc(run.created_at))} ({e(fmt_age(run.created_at))})"))
     if run.finished_at:
         rows.append(("finished", e(iso_utc(run.finished_at))))
