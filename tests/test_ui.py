@@ -61,6 +61,7 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
 
     body = c.get("/runs/done/steps/1")  # a step's body, as long pages fetch it when it is opened
     assert body.status_code == 200 and "<h4>input</h4>" in body.text and "a.txt" in body.text
+    assert "<dt>attempts</dt><dd>1</dd>" in body.text and "<dt>duration</dt>" in body.text
     assert c.get("/runs/done/steps/999").status_code == 404 and c.get("/runs/nope/steps/0").status_code == 404
     assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()] == [1]
     write = next(s for s in steps if s.tool_name == "write_file")  # the step's diff, from its snapshots

@@ -83,6 +83,13 @@ def test_runs_list_and_a_finished_run(cli, write_script, ui, page) -> None:  # t
     assert not first.locator("pre").first.is_visible()
     first.locator("summary").click()
     assert first.locator("pre").first.is_visible()  # expanded: its input
+    write = next(s for s in steps if s.tool_name == "write_file")
+    row = page.locator(f"#step-{write.seq}")
+    if not row.evaluate("r => r.open"):
+        row.locator("summary").click()  # opened: the files it changed, as a diff
+    row.locator("pre.diff .d-add", has_text="+<b>hi</b>").wait_for()
+    assert "a.txt" in row.locator("pre.diff").inner_text()
+    assert page.locator("#steps b").count() == 0  # the diff is text, not markup
     page.wait_for_function("() => document.body.dataset.live === 'no'")  # its stream said: finished
     _shot(page, "finished-run")
 

@@ -158,6 +158,7 @@ def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, no
 def step_body(s: StepRecord, changes: list[FileChange] | None) -> str:
     parts = [f'<dl><dt>started</dt><dd>{e(iso_utc(s.started_at))}</dd>'
              f'<dt>finished</dt><dd>{e(iso_utc(s.finished_at) if s.finished_at else None)}</dd>'
+             f'<dt>duration</dt><dd>{e(fmt_ms(s.duration_ms))}</dd><dt>attempts</dt><dd>{s.attempts}</dd>'
              f'<dt>key</dt><dd class="mono">{e(s.idempotency_key)}</dd>'
              f'<dt>lease epoch</dt><dd>{e(s.lease_epoch)}</dd></dl>']
     parts.append(f"<h4>input</h4><pre>{_json(s.input)}</pre>")
@@ -169,7 +170,8 @@ def step_body(s: StepRecord, changes: list[FileChange] | None) -> str:
                         f"<span class=\"mono\">{e(c.path)}</span> <span class=\"muted\">{e(c.bytes)} bytes</span></li>"
                         for c in changes)
         diff = f'/runs/{u(s.run_id)}/steps/{s.seq}/diff'
-        parts.append(f'<h4>files changed <a class="muted" href="{diff}">diff</a></h4><ul class="files">{files}</ul>')
+        parts.append(f'<h4>files changed <a class="muted" href="{diff}">diff</a></h4><ul class="files">{files}</ul>'
+                     f'<pre class="diff" data-diff="{diff}">(the diff is at the link above)</pre>')  # ui.js fills it
     return "".join(parts)
 
 

@@ -30,23 +30,51 @@
     if (old) {
       fresh.open = old.open;  // keep what the reader expanded
       old.replaceWith(fresh);
+      opened(fresh);
     } else {
       document.getElementById("steps").appendChild(fresh);
     }
   }
 
+  function fetched(url) {
+    return fetch(url, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); });
+  }
+
+  // The files an opened step changed, as the unified diff the server makes (as text:
+  // each line an element of its own, coloured by its first character).
+  function loadDiff(row) {
+    var pre = row.querySelector("pre.diff[data-diff]");
+    if (!pre) { return; }
+    var url = pre.getAttribute("data-diff");
+    pre.removeAttribute("data-diff");
+    fetched(url).then(function (text) {
+      pre.textContent = "";
+      text.split("\n").forEach(function (line) {
+        var span = document.createElement("span");
+        var head = line.slice(0, 3);
+        span.className = head === "+++" || head === "---" ? "d-file" : line[0] === "+" ? "d-add"
+          : line[0] === "-" ? "d-del" : line.slice(0, 2) === "@@" ? "d-hunk" : "";
+        span.textContent = line + "\n";
+        pre.appendChild(span);
+      });
+      if (!text) { pre.textContent = "(no textual change)"; }
+    }).catch(function () { pre.setAttribute("data-diff", url); });
+  }
+
   // Long pages leave step bodies out; fetch one when its row is opened.
+  function opened(row) {
+    if (!row.open) { return; }
+    if (!row.hasAttribute("data-lazy")) { loadDiff(row); return; }
+    row.removeAttribute("data-lazy");
+    fetched("/runs/" + encodeURIComponent(runId) + "/steps/" + row.getAttribute("data-seq"))
+      .then(function (html) { row.querySelector(".body").innerHTML = html; loadDiff(row); })
+      .catch(function () { row.setAttribute("data-lazy", ""); });
+  }
   var steps = document.getElementById("steps");
   if (steps) {
     steps.addEventListener("toggle", function (ev) {
-      var row = ev.target;
-      if (!row.open || !row.hasAttribute("data-lazy")) { return; }
-      row.removeAttribute("data-lazy");
-      fetch("/runs/" + encodeURIComponent(runId) + "/steps/" + row.getAttribute("data-seq"),
-            { credentials: "same-origin" })
-        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
-        .then(function (html) { row.querySelector(".body").innerHTML = html; })
-        .catch(function () { row.setAttribute("data-lazy", ""); });
+      if (ev.target.matches && ev.target.matches("details.step")) { opened(ev.target); }
     }, true);
   }
 
