@@ -231,6 +231,8 @@ def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inp
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     with pytest.raises(ConfigError, match=r"pip install 'durable-agent\[ui\]'"):
         require_extra()
+    r = cli_inproc("ui")  # the command itself: one line naming the extra, no traceback
+    assert r.code == 2 and r.stderr.count("\n") == 1 and "pip install 'durable-agent[ui]'" in r.stderr, r.stderr
 
 
 @pytest.mark.slow  # a real server process
@@ -272,3 +274,19 @@ def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
     (update, _end) = _events(c.get("/api/runs/fk/events").text)
     assert update[0] == "update" and lineage in update[1]["header"]  # the page's header is replaced by this one
     assert "forked from" not in c.get("/runs/done").text
+
+
+@pytest.mark.slow  # a real server process, and a stand-in browser ($BROWSER, as webbrowser reads it)
+def test_open_hands_the_address_to_the_browser_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" >> {opened}\n')
+    browser.chmod(0o755)
+    secret = "open-token-" + "z" * 16
+    proc, url = start_ui({**env, "BROWSER": str(browser)}, env["DURABLE_AGENT_DB"], "--open", "--token", secret,
+                         log=tmp_path / "ui.log")
+    try:
+        wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
+    finally:
+        stop(proc)
+    assert opened.read_text().splitlines() == [f"{url}?token={secret}"]  # opening it sets the cookie
