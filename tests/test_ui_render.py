@@ -5,6 +5,7 @@ writes (no script, no handler, no link of the store's choosing)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from html.parser import HTMLParser
 
@@ -91,3 +92,22 @@ def test_the_chart_has_one_mark_per_step_and_marks_resumes_and_stops() -> None:
     assert svg.count("<rect class=\"mark") == 6
     assert svg.count('class="resume"') == 1 and svg.count('class="gap"') == 1
     assert chart([], T0).count("<rect") == 0
+
+
+def test_a_long_stop_is_drawn_narrow_and_labelled_so_the_steps_stay_readable() -> None:
+    """A run that waited 20 minutes for a person between two 3-second stretches: the stop
+    is a labelled band of at most a tenth of the executing time, not 99% of the axis."""
+    def step(seq: int, at: float, epoch: int) -> StepRecord:
+        s = _step(seq, "x", "model")
+        return StepRecord(**{**s.__dict__, "started_at": T0 + timedelta(seconds=at),
+                             "finished_at": T0 + timedelta(seconds=at + 1), "lease_epoch": epoch})
+
+    steps = [step(0, 0, 1), step(1, 2, 1), step(2, 1203, 2), step(3, 1205, 2)]
+    svg = chart(steps, T0 + timedelta(hours=1))
+    widths = [float(w) for w in re.findall(r'<rect class="mark[^"]*" data-seq="\d+" x="[\d.]+" y="\d+" width="([\d.]+)"', svg)]
+    assert len(widths) == 4 and min(widths) > 100  # a second of work is wide, not a 2-pixel sliver
+    gap = re.search(r'<rect class="gap" x="([\d.]+)" y="0" width="([\d.]+)"', svg)
+    assert gap and float(gap.group(2)) < 0.1 * 900 and "stopped for 20.0 min" in svg
+    xs = [float(v) for v in re.findall(r'data-seq="\d+" x="([\d.]+)"', svg)]
+    assert xs == sorted(xs) and xs[2] >= float(gap.group(1)) + float(gap.group(2)) - 0.1  # after the band
+    assert svg.count('class="resume"') == 1

@@ -17,6 +17,7 @@ WIDTH = 1000
 LANE_H = 22
 LEFT = 90  # room for the lane labels
 GAP_MIN_FRACTION = 0.02  # a pause shorter than this share of the axis is not drawn as a gap
+STOP_SHARE = 0.1  # a stop is drawn at most this share of the time the run executed
 
 
 def lane(step: StepRecord) -> str:
@@ -56,10 +57,8 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
     start = min(s.started_at for s in steps)
     end = max(max(_end(s, now) for s in steps), start)
     span = max((end - start).total_seconds(), 0.001)
-    scale = (WIDTH - LEFT - 10) / span
-
-    def x(when: datetime) -> float:
-        return LEFT + (when - start).total_seconds() * scale
+    stops = _stops(steps, now, span * GAP_MIN_FRACTION)
+    x = _axis(start, span, stops)
 
     lanes = sorted({lane(s) for s in steps}, key=_lane_order)
     row = {name: i for i, name in enumerate(lanes)}
@@ -70,7 +69,7 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
         y = 8 + i * LANE_H
         parts.append(f'<text class="lane" x="4" y="{y + 14}">{escape(name)}</text>'
                      f'<line class="grid" x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + LANE_H}" y2="{y + LANE_H}"/>')
-    parts.extend(_boundaries(steps, x, height, span * GAP_MIN_FRACTION, now))
+    parts.extend(_boundaries(steps, stops, x, height))
     for s in steps:
         x0 = x(s.started_at)
         w = max(x(_end(s, now)) - x0, 2.0)
@@ -87,24 +86,64 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
     return "".join(parts)
 
 
-def _boundaries(steps: list[StepRecord], x: Callable[[datetime], float], height: int, min_gap_s: float, now: datetime) -> list[str]:
-    """A dashed line where a new lease epoch (a resume) starts, and a shaded band for the
-    time nobody executed the run (from the last step's end to the first of the next epoch)."""
-    out: list[str] = []
+def _stops(steps: list[StepRecord], now: datetime, min_gap_s: float) -> list[tuple[datetime, datetime]]:
+    """The times nobody executed the run: from the end of the last step before a resume (a
+    new lease epoch) to the first step after it, where that pause is long enough to see."""
+    out: list[tuple[datetime, datetime]] = []
     last_end: datetime | None = None
+    epoch = steps[0].lease_epoch
+    for s in steps:
+        if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch and last_end is not None \
+                and (s.started_at - last_end).total_seconds() >= min_gap_s:
+            out.append((last_end, s.started_at))
+        epoch = s.lease_epoch if s.lease_epoch is not None else epoch
+        end = _end(s, now)
+        last_end = end if last_end is None or end > last_end else last_end
+    return out
+
+
+def _axis(start: datetime, span: float, stops: list[tuple[datetime, datetime]]) -> Callable[[datetime], float]:
+    """Time to x: linear while the run executed; a stop is drawn at most STOP_SHARE of the
+    executing time wide (a run that waited an hour for a person would otherwise leave its
+    steps as slivers at both ends), and the band says how long it really was."""
+    lengths = [(b - a).total_seconds() for a, b in stops]
+    active = max(span - sum(lengths), 0.001)
+    shown = [min(g, active * STOP_SHARE) for g in lengths]
+    scale = (WIDTH - LEFT - 10) / (active + sum(shown))
+
+    def x(when: datetime) -> float:
+        t = (when - start).total_seconds()
+        cut = 0.0  # seconds of the stops before `when` that are not drawn
+        for (a, _), g, g_shown in zip(stops, lengths, shown, strict=True):
+            into = (when - a).total_seconds()
+            if into <= 0:
+                break
+            cut += (g - g_shown) * min(into / g, 1.0)
+        return LEFT + (t - cut) * scale
+
+    return x
+
+
+def _boundaries(steps: list[StepRecord], stops: list[tuple[datetime, datetime]], x: Callable[[datetime], float],
+                height: int) -> list[str]:
+    """A shaded band, labelled with its real length, for each stop, and a dashed line where
+    each resume (a new lease epoch) began."""
+    out: list[str] = []
+    for a, b in stops:
+        gx, bx = x(a), x(b)
+        length = _span_text((b - a).total_seconds())
+        out.append(f'<rect class="gap" x="{gx:.1f}" y="0" width="{max(bx - gx, 1):.1f}" height="{height - 14}">'
+                   f'<title>stopped for {length}</title></rect>')
+        if bx - gx >= 40:
+            out.append(f'<text class="gap-label" x="{(gx + bx) / 2:.1f}" y="{height - 18}" '
+                       f'text-anchor="middle">{escape(length)}</text>')
     epoch = steps[0].lease_epoch
     for s in steps:
         if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
             bx = x(s.started_at)
-            if last_end is not None and (s.started_at - last_end).total_seconds() >= min_gap_s:
-                gx = x(last_end)
-                out.append(f'<rect class="gap" x="{gx:.1f}" y="0" width="{max(bx - gx, 1):.1f}" height="{height - 14}">'
-                           f'<title>stopped</title></rect>')
             out.append(f'<line class="resume" x1="{bx:.1f}" x2="{bx:.1f}" y1="0" y2="{height - 14}">'
                        f'<title>resumed (lease epoch {s.lease_epoch})</title></line>')
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
-        end = _end(s, now)
-        last_end = end if last_end is None or end > last_end else last_end
     return out
 
 
