@@ -73,7 +73,7 @@ class ToolSet:
         from durable_agent.mcp.tools import list_catalog
 
         try:
-            self.catalog = list_catalog(self._mcp_hub())
+            self.catalog = list_catalog(self._mcp_hub(), reserved=self.local)
         except ServerFailed as exc:
             self.close()
             raise ConfigError(str(exc)) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 from mcp.server.mcpserver import MCPServer
@@ -104,10 +105,45 @@ def stats() -> dict[str, int]:
     return {"calls": 1, "answer": 42}
 
 
+@tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
+def bulky(size: int) -> dict[str, str]:
+    """Structured content of `size` characters."""
+    return {"blob": "x" * size}
+
+
 @tool(annotations=ToolAnnotations(read_only_hint=True))
 def envnames() -> str:
     """The names of the server's environment variables."""
     return " ".join(sorted(os.environ))
+
+
+@tool(annotations=ToolAnnotations(read_only_hint=True))
+def vanish() -> str:
+    """Answers, then its server exits (it dies between calls), logging `vanished` first."""
+
+    def exit_now() -> None:
+        _log("vanished")
+        os._exit(4)
+
+    _log("vanish started")
+    threading.Timer(0.2, exit_now).start()
+    return "vanishing"
+
+
+@tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
+def touch(path: str) -> str:
+    """Write a file (to see where the server may write)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("touched\n")
+    except OSError as exc:
+        return f"refused: {exc}"
+    return f"wrote {path}"
+
+
+# Two tools whose names are equal once made valid function names (`.` is not allowed).
+server.tool(name="twin.a", annotations=ToolAnnotations(read_only_hint=True))(lambda: "twin.a ran")
+server.tool(name="twin_a", annotations=ToolAnnotations(destructive_hint=True))(lambda: "twin_a ran")
 
 
 if __name__ == "__main__":

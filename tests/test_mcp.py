@@ -4,6 +4,7 @@ a slow tool, a crashing server) and the real `mcp-server-time` and `mcp-server-g
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_support import BIN, FAULT_SERVER, counter_lines, fault_config, wait_until
+from mcp_support import BIN, FAULT_SERVER, TESTS, counter_lines, fault_config, wait_until
 from sandbox_support import need_bwrap
 
 pytest.importorskip("mcp")
@@ -54,6 +55,9 @@ def test_tools_lists_every_source_with_effect_classes(cli: Callable[..., Any], t
     assert effects["f__append"] == "exec"  # not destructive, but not idempotent either
     assert effects["f__plain"] == "read"  # no annotations (exec), overridden by the config
     assert tools["f__lookup"]["description"] == "Read-only: look a key up."
+    # `twin.a` and `twin_a` are both `f__twin_a` once cleaned: each is offered, by a name of its own.
+    twins = {name: effect for name, effect in effects.items() if name.startswith("f__twin_a")}
+    assert len(twins) == 2 and sorted(twins.values()) == ["exec", "read"], twins
 
 
 def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
@@ -101,6 +105,65 @@ def test_a_server_script_under_tmp_is_visible_in_the_sandbox(
     assert "No such file" in str(cat[1]) and "not the server's" not in str(cat[1])
 
 
+def test_huge_structured_content_is_not_kept(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:
+    r = run_f([{"tool_calls": [call("f__bulky", size=1000), call("f__bulky", size=2_000_000)]}, {"content": "done"}],
+              "--shell", "allow")
+    assert r.code == 0, r.stderr
+    small, big = tool_steps(sql)
+    assert json.loads(small[5])["structured_content"] == {"blob": "x" * 1000}
+    data = json.loads(big[5])
+    assert big[2] == "completed" and "structured_content" not in data
+    assert data["structured_content_elided"].startswith("2000012 characters of JSON")
+    assert len(big[4]) < 25_000  # the text the model sees is capped (output_cap)
+
+
+def test_twin_names_call_their_own_tools(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:
+    r = run_f([{"tool_calls": [call("f__twin_a")]}, {"content": "done"}], "--shell", "allow")
+    assert r.code == 0, r.stderr
+    sources = json.loads(sql("SELECT tool_sources FROM runs")[0][0])
+    other = next(t["name"] for t in sources["mcp_servers"]["f"]["tools"] if t["remote"] == "twin_a")
+    assert re.fullmatch(r"f__twin_a_[0-9a-f]{8}", other)
+    r = run_f([{"tool_calls": [call(other)]}, {"content": "done"}], "--shell", "allow")
+    assert r.code == 0, r.stderr
+    assert [(row[0], row[1], row[4]) for row in tool_steps(sql)] == [
+        ("f__twin_a", "read", "twin.a ran"), (other, "exec", "twin_a ran")]
+
+
+def test_the_server_is_contained_like_a_command(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
+                                                tmp_path: Path, workspace: Path, env: dict[str, str]) -> None:
+    if env.get("DURABLE_AGENT_SANDBOX") == "off":
+        pytest.skip("no OS sandbox on this host (conftest.NO_SANDBOX)")
+    # Outside the workspace: the host's /tmp (the sandbox's own /tmp is private) and the
+    # source tree next to this file (read-only inside).
+    in_tmp, in_tree = tmp_path / "outside.txt", TESTS / f".mcp-escape-{tmp_path.name}"
+    try:
+        r = run_f([{"tool_calls": [call("f__touch", path=str(workspace / "inside.txt")),
+                                   call("f__touch", path=str(in_tmp)), call("f__touch", path=str(in_tree))]},
+                   {"content": "done"}], "--shell", "allow")
+        assert r.code == 0, r.stderr
+        inside, _, tree = tool_steps(sql)
+        assert inside[4] == f"wrote {workspace / 'inside.txt'}" and (workspace / "inside.txt").exists()
+        assert tree[4].startswith("refused:"), tree
+        assert not in_tmp.exists() and not in_tree.exists()
+    finally:
+        in_tree.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_a_server_that_died_between_calls_is_started_again(run_f: Callable[..., Any],
+                                                           sql: Callable[..., list[Any]],
+                                                           workspace: Path) -> None:
+    # `vanish` answers, then its server exits; the next call finds it gone before it is sent.
+    wait = f"until grep -qx vanished {workspace / '.counter'}; do sleep 0.05; done"
+    r = run_f([{"tool_calls": [call("f__vanish")]}, {"tool_calls": [call("run_command", command=wait)]},
+               {"tool_calls": [call("f__put", key="k", value="v")]}, {"content": "done"}], "--shell", "allow")
+    assert r.code == 0, r.stderr
+    vanish, waited, put = tool_steps(sql)
+    assert vanish[2] == waited[2] == "completed"
+    assert put[2] == "completed" and put[4] == 'put ok {"key": "k", "value": "v"}', put
+    assert counter_lines(workspace) == ["vanish started", "vanished", "put started", 'put {"key": "k", "value": "v"}']
+
+
 @pytest.mark.slow
 def test_a_server_that_dies_mid_call_is_restarted(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
                                                   workspace: Path) -> None:
@@ -124,6 +187,19 @@ def test_a_slow_call_times_out_and_the_run_goes_on(run_f: Callable[..., Any], sq
 
 
 @pytest.mark.slow
+def test_a_server_s_own_timeout_wins(cli: Callable[..., Any], tmp_path: Path, workspace: Path,
+                                     write_script: Callable[..., str], sql: Callable[..., list[Any]]) -> None:
+    config = fault_config(tmp_path, workspace, extra="mcp_timeout_s = 600")
+    config.write_text(config.read_text() + "timeout_s = 1.5\n")  # in [mcp_servers.f]
+    model = write_script([{"tool_calls": [call("f__slow", seconds=30)]}, {"content": "done"}])
+    r = cli("start", "t", "--model", model, "--json", "--shell", "allow",
+            extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 0, r.stderr
+    ((_, _, state, error, _, _),) = tool_steps(sql)
+    assert state == "failed" and "no answer within 1.5s" in error
+
+
+@pytest.mark.slow
 def test_exec_tools_ask_under_shell_ask_unless_not_destructive(run_f: Callable[..., Any],
                                                                sql: Callable[..., list[Any]],
                                                                workspace: Path) -> None:
@@ -136,12 +212,15 @@ def test_exec_tools_ask_under_shell_ask_unless_not_destructive(run_f: Callable[.
 
 
 @pytest.mark.slow
-def test_a_server_that_cannot_start_is_one_line_with_its_stderr(run_f: Callable[..., Any]) -> None:
+def test_a_server_that_cannot_start_is_one_line_with_its_stderr(run_f: Callable[..., Any], tmp_path: Path) -> None:
     r = run_f([{"content": "done"}], server_env=', MCP_TEST_FAIL_START = "1"')
     assert r.code == 2
     line = r.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert "MCP server 'f' failed to start" in line and "MCP_TEST_FAIL_START is set" in line
+    # Its stderr is kept next to the store (the tests' store is tmp_path/store.db).
+    log = tmp_path / "mcp-logs" / "mcp-f.log"
+    assert "cannot start: MCP_TEST_FAIL_START is set" in log.read_text()
 
 
 @pytest.mark.slow

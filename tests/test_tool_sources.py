@@ -39,6 +39,10 @@ def test_effect_class_from_annotations(read_only: bool | None, idempotent: bool 
 def test_tool_names_are_valid_function_names(server: str, remote: str) -> None:
     name = tool_name(server, remote)
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name)
+    # Taken already (another tool cleaned or cut to the same name): one of its own, still valid.
+    other = tool_name(server, remote, taken={name})
+    assert other != name and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", other)
+    assert other == tool_name(server, remote, taken={name})  # the same on every listing
 
 
 def test_cli_servers_add_to_the_config_and_resume_keeps_the_run_s(tmp_path: Path) -> None:

@@ -97,7 +97,22 @@ class ServerConnection:
 
     @property
     def alive(self) -> bool:
-        return self._holder is not None and not self._holder.done() and self._session is not None
+        return (self._holder is not None and not self._holder.done() and self._session is not None
+                and not self._loop.is_closed())
+
+    def responsive(self, timeout_s: float) -> bool:
+        """Whether the server still answers a ping. One that died between calls is seen here,
+        before a call is sent to it, so it is started again and the call is not lost to it.
+        An error answer (a server without ping) is an answer: it is alive."""
+        if not self.alive:
+            return False
+        try:
+            self._submit(self._session.send_ping(), timeout_s)
+        except CallTimedOut:
+            return False
+        except Exception as exc:  # noqa: BLE001 - the transport's failures mean it is gone
+            return self.alive and not _is_transport_error(exc)
+        return True
 
     def tools(self, timeout_s: float) -> list[RemoteTool]:
         listed: list[RemoteTool] = []

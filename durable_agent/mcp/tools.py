@@ -12,7 +12,10 @@ Under `--shell ask` an exec tool asks first unless its destructiveHint is false.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -32,6 +35,8 @@ from durable_agent.status import EffectClass
 from durable_agent.tools.base import Tool, ToolContext, ToolResult
 
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
+STRUCTURED_CAP = 256_000  # characters of a call's structured content kept in steps.output
+PING_TIMEOUT_S = 5.0  # a started server that does not answer a ping in this long is restarted
 
 
 class McpArguments(BaseModel):
@@ -40,9 +45,15 @@ class McpArguments(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def tool_name(server: str, remote: str) -> str:
-    """`NAME__TOOL`, made a valid OpenAI function name (letters, digits, _ and -, ≤ 64)."""
-    return _INVALID.sub("_", f"{server}__{remote}")[:64]
+def tool_name(server: str, remote: str, taken: Collection[str] = ()) -> str:
+    """`NAME__TOOL`, made a valid OpenAI function name (letters, digits, _ and -, ≤ 64).
+    One that the cleaning or the cut makes equal to a name in `taken` (`a.b` and `a_b`)
+    gets a suffix from a hash of the server's and the tool's names, so each is offered."""
+    name = _INVALID.sub("_", f"{server}__{remote}")[:64]
+    if name not in taken:
+        return name
+    digest = hashlib.sha256(f"{server}\0{remote}".encode()).hexdigest()[:8]
+    return f"{name[:55]}_{digest}"
 
 
 def effect_of(annotations: dict[str, Any], override: str | None) -> tuple[EffectClass, bool]:
@@ -59,11 +70,12 @@ def effect_of(annotations: dict[str, Any], override: str | None) -> tuple[Effect
     return EffectClass.EXEC, asks
 
 
-def catalog_entry(server: str, config: McpServerConfig, remote: RemoteTool) -> dict[str, Any]:
+def catalog_entry(server: str, config: McpServerConfig, remote: RemoteTool,
+                  taken: Collection[str] = ()) -> dict[str, Any]:
     """One tool as recorded with the run (runs.tool_sources)."""
     override = config.tools.get(remote.name)
     effect, asks = effect_of(remote.annotations, override.effect if override else None)
-    return {"name": tool_name(server, remote.name), "remote": remote.name, "description": remote.description,
+    return {"name": tool_name(server, remote.name, taken), "remote": remote.name, "description": remote.description,
             "input_schema": remote.input_schema, "annotations": remote.annotations,
             "effect": effect.value, "asks": asks}
 
@@ -82,10 +94,10 @@ class McpHub:
 
     def connection(self, name: str) -> ServerConnection:
         live = self._live.get(name)
-        if live is not None and live.alive:
+        if live is not None and live.responsive(min(self.startup_timeout_s, PING_TIMEOUT_S)):
             return live
         if live is not None:
-            live.close()  # died: start it again
+            live.close()  # died (during a call, or since the last one): start it again
         require_sdk()
         launch: Launch = self._launch_for(name, self.servers[name])
         conn = ServerConnection(launch, self.startup_timeout_s)
@@ -124,7 +136,11 @@ class McpHub:
                                     "effect is unknown (it may have partly run)")
         data: dict[str, Any] = {"is_error": outcome.is_error}
         if outcome.structured is not None:
-            data["structured_content"] = outcome.structured
+            size = len(json.dumps(outcome.structured, default=str))
+            if size <= STRUCTURED_CAP:
+                data["structured_content"] = outcome.structured
+            else:  # the model sees the capped text; the step row is not made the server's dump
+                data["structured_content_elided"] = f"{size} characters of JSON, more than {STRUCTURED_CAP} kept"
         if outcome.is_error:
             return ToolResult(output="", error=outcome.text or "the tool reported an error", data=data)
         return ToolResult(output=outcome.text, data=data)
@@ -171,13 +187,19 @@ def make_tools(hub: McpHub, catalog: dict[str, Any]) -> dict[str, Tool]:
     return tools
 
 
-def list_catalog(hub: McpHub) -> dict[str, Any]:
-    """Start every server and describe its tools: what a new run records."""
+def list_catalog(hub: McpHub, reserved: Collection[str] = ()) -> dict[str, Any]:
+    """Start every server and describe its tools: what a new run records. Every tool gets a
+    name of its own, unlike the `reserved` ones (the built-in and plugin tools)."""
     catalog: dict[str, Any] = {}
+    taken = set(reserved)
     for name, config in hub.servers.items():
-        remote = hub.list_tools(name)
+        entries = []
+        for remote in hub.list_tools(name):
+            entry = catalog_entry(name, config, remote, taken)
+            taken.add(entry["name"])
+            entries.append(entry)
         where = {"url": mask_url_password(config.url)} if config.url else {"command": config.command, "args": config.args}
-        catalog[name] = {**where, "tools": [catalog_entry(name, config, t) for t in remote]}
+        catalog[name] = {**where, "tools": entries}
     return catalog
 
 
