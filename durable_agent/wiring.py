@@ -15,7 +15,7 @@ from durable_agent.settings import Settings
 from durable_agent.store.runs import Store, open_store, store_policy
 from durable_agent.tool_sources import ToolSet
 from durable_agent.tools.base import Tool
-from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
+from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox, store_refusal
 
 
 def build_model(settings: Settings) -> ModelClient:
@@ -76,9 +76,14 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     settings = settings.model_copy(update={"workspace": workspace})
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
     stdio_servers = any(s.command for s in settings.mcp_servers.values())
-    if sandbox.mechanism is Mechanism.NONE and (settings.shell != "deny" or settings.verify or stdio_servers):
+    if settings.shell != "deny" or settings.verify or stdio_servers:
+        from durable_agent.config_layers import default_db_url
+
         # A worker gives the run back for one whose host can contain its commands.
-        raise ConfigError(sandbox.refusal())
+        why = (sandbox.refusal() if sandbox.mechanism is Mechanism.NONE
+               else store_refusal(sandbox, settings.db or default_db_url(env), workspace))
+        if why:
+            raise ConfigError(why)
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
     # The key may come from the config file, not only from a credential-named variable.
     key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}

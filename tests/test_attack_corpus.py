@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,7 @@ class Arena:
             "home": tree_digest(self.home),
             "file": (self.root / "file.txt").read_bytes(),
             "pwned": self.pwned.exists(),
+            "shm": Path("/dev/shm", self.pwned.name).exists(),
             # Git internals that would run code later, outside any sandbox.
             "git": {str(p.relative_to(ws)): tree_digest(p) if p.is_dir() else p.read_bytes()
                     for p in (ws / ".git" / "config", ws / ".git" / "hooks",
@@ -103,6 +105,7 @@ def arena(tmp_path: Path, workspace: Path, env: dict[str, str]) -> Iterator[Aren
     finally:
         shutil.rmtree(home, ignore_errors=True)
         pwned.unlink(missing_ok=True)
+        Path("/dev/shm", pwned.name).unlink(missing_ok=True)
 
 
 @pytest.fixture(name="listener")
@@ -149,6 +152,21 @@ def attacks(arena: Arena, port: int) -> list[tuple[str, str]]:
          f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)\"; "
          f"(exec 3<>/dev/tcp/127.0.0.1/{port})"),
         ("write to the real /tmp", f"touch {arena.pwned}"),
+        ("write to the real /dev/shm", f"touch /dev/shm/{arena.pwned.name}"),
+        # The rule keeps config and hooks read-only inside a writable git dir: go around it.
+        ("swap the git dir for a copy with a planted config",
+         "mv .git .git-old; cp -r .git-old .git; "
+         "printf '[core]\\n\\tfsmonitor = \"rm -f ../victim/victim.txt\"\\n' >> .git/config"),
+        ("swap a nested repository for a copy with a planted config",
+         "mv lib lib-old; cp -r lib-old lib; "
+         "printf '[core]\\n\\tfsmonitor = \"rm -f ../../victim/victim.txt\"\\n' >> lib/.git/config"),
+        ("point the repositories at another common dir (and its config)",
+         "mkdir -p evil && cp -r .git/. evil/; "
+         "printf '[core]\\n\\tfsmonitor = \"rm -f ../victim/victim.txt\"\\n' >> evil/config; "
+         "echo ../evil > .git/commondir; echo ../../evil > lib/.git/commondir"),
+        ("rewrite the harness's store (the run's sandbox setting)",
+         f"{PY} -c \"import sqlite3; c = sqlite3.connect('../store.db'); c.execute("
+         "'UPDATE runs SET settings = json_set(settings, \\'$.sandbox\\', \\'off\\')'); c.commit()\""),
     ]
 
 
@@ -187,6 +205,15 @@ def _run_corpus(arena: Arena, listener: Listener, shell: str, run_id: str) -> tu
         requests = list(server.requests)
     assert done.code == 0, done.stderr
     assert arena.outside() == before  # nothing outside the workspace changed, byte for byte
+    # Later the user runs git in the workspace's repositories, outside any sandbox: nothing the
+    # commands planted runs then. (Not in sub/: a repository a command *created* is the
+    # documented limit, named in that command's result.)
+    for repo in (arena.workspace, arena.workspace / "lib"):
+        subprocess.run(["git", "status"], cwd=repo, env=arena.env, capture_output=True, check=False)
+    assert arena.outside() == before
+    with sqlite3.connect(arena.root / "store.db") as conn:
+        recorded = json.loads(conn.execute("SELECT settings FROM runs WHERE id = ?", (run_id,)).fetchone()[0])
+    assert recorded["sandbox"] == "workspace-write"
     assert listener.connections() == 0
     bodies = [json.dumps(r["body"]).encode() for r in requests]
     _assert_no_credential(arena, [store_bytes(arena.root / "store.db"), *bodies])
@@ -212,6 +239,13 @@ def test_the_corpus_changes_nothing_outside_under_shell_allow(arena: Arena, list
     assert (arena.workspace / "sub" / ".git" / "config").exists()  # created by the command, inside
     # ...which is not hidden: the result says so (docs/sandbox.md, the known limit).
     assert "note: this command created the git repository sub/.git" in results[1]
+    by_name = dict(zip([name for name, _ in attacks(arena, 0)], results, strict=False))
+    for swap in ("swap the git dir for a copy with a planted config",
+                 "swap a nested repository for a copy with a planted config"):
+        assert "Device or resource busy" in by_name[swap], by_name[swap]  # a pinned mount point
+    redirect = by_name["point the repositories at another common dir (and its config)"]
+    assert "removed .git/commondir" in redirect and "removed lib/.git/commondir" in redirect, redirect
+    assert not (arena.workspace / ".git" / "commondir").exists()
 
 
 @pytest.mark.slow

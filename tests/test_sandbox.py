@@ -30,6 +30,7 @@ from durable_agent.tools.os_sandbox import (
     bwrap_argv,
     landlock_abi,
     resolve_sandbox,
+    store_refusal,
 )
 from durable_agent.tools.process import command_env, run_process
 
@@ -216,6 +217,30 @@ def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_sc
     assert "Read-only file system" in _tool_outputs(db_path, "ro")[0]
 
 
+def test_a_store_inside_the_workspace_is_refused_where_commands_could_rewrite_it(  # type: ignore[no-untyped-def]
+        cli, workspace, write_script) -> None:
+    """A command that can write the store can write `runs.settings`: `sandbox` set to `off`
+    there, and the next resume runs everything unconfined. So a writable workspace must not
+    hold the store; a read-only one may."""
+    need_bwrap()
+    script = write_script(_turns("echo ran > ledger"))
+    (workspace / "data").mkdir()
+    for db in ("agent.db", f"sqlite:///{workspace / 'data' / 'agent.db'}", str(workspace / "data" / "agent.db")):
+        r = cli("start", "t", "--model", script, "--shell", "allow", "--db", db)
+        lines = r.stderr.strip().splitlines()
+        assert r.code == 2 and len(lines) == 1 and "is inside the workspace" in lines[0], r.stderr
+        assert "--sandbox read-only" in lines[0]
+    assert not (workspace / "ledger").exists()
+    assert not (workspace / "agent.db").exists() and not (workspace / "data" / "agent.db").exists()
+    db = str(workspace / "agent.db")
+    assert store_refusal(resolve_sandbox("workspace-write", False, os.environ), db, workspace)
+    assert store_refusal(resolve_sandbox("read-only", False, os.environ), db, workspace) is None
+    assert store_refusal(resolve_sandbox("workspace-write", False, os.environ),
+                         str(workspace.parent / "agent.db"), workspace) is None
+    assert store_refusal(resolve_sandbox("workspace-write", False, os.environ),
+                         "postgresql://127.0.0.1/test", workspace) is None
+
+
 # -- recorded with the run, shown by `show` --------------------------------------------------
 def test_mode_and_mechanism_are_recorded_and_shown(cli, write_script, sql) -> None:  # type: ignore[no-untyped-def]
     need_bwrap()
@@ -301,6 +326,12 @@ def test_every_git_dir_in_the_workspace_gets_its_code_paths_bound_read_only(tmp_
                  ws / "a" / "b" / ".git" / "hooks", ws / "wt" / ".git", ws / "gitdata" / "config",
                  ws / "gitdata" / "hooks"):
         assert str(path) in ro, path
+    # Pinned (bound onto themselves) so that no repository can be moved aside and replaced:
+    # every git dir and every directory between the workspace and one.
+    pinned = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind" and argv[i + 1] != str(ws)]
+    assert pinned == [str(p) for p in (ws / ".git", ws / "a", ws / "gitdata", ws / "wt", ws / "a" / "b",
+                                       ws / "a" / "b" / ".git")]
+    assert argv.index("--bind", argv.index(str(ws)) + 1) < argv.index(str(ws / ".git" / "config"))
     assert "--unshare-net" in argv and "--cap-drop" in argv and "--unshare-pid" in argv
     assert "--unshare-net" not in bwrap_argv(resolve_sandbox("workspace-write", True, os.environ), ["true"],
                                              cwd=ws, workspace=ws)
@@ -354,6 +385,25 @@ def test_daemon_sockets_under_run_are_out_of_reach(tmp_path: Path) -> None:
     finally:
         server.close()
         path.unlink(missing_ok=True)
+
+
+def test_kernel_settings_stay_read_only_even_for_root(tmp_path: Path) -> None:
+    """Root without capabilities may still write most sysctls, and some name programs the
+    kernel runs as root outside any namespace (`kernel.core_pattern = |/ws/x`,
+    `kernel.modprobe`): /proc/sys must be read-only inside. Opened for append, never written."""
+    need_bwrap()
+    probe = (f"{PY} -c \"import os, sys\n"
+             "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/kernel/modprobe', '/proc/sysrq-trigger'):\n"
+             "    try: open(p, 'a').close()\n"
+             "    except OSError as e: print(p, e.strerror)\n"
+             "    else: print(p, 'WRITABLE')\"")
+    env = command_env(os.environ, run_id="r", call_id="c")
+    inside = run_process(probe, cwd=tmp_path, env=env, timeout_s=30,
+                         sandbox=resolve_sandbox("workspace-write", False, os.environ))
+    assert inside.exit_code == 0 and "/proc/sys/kernel/core_pattern" in inside.stdout, inside.stderr
+    assert "WRITABLE" not in inside.stdout, inside.stdout
+    if os.geteuid() == 0:  # as root, only the read-only mount stands in the way
+        assert "core_pattern Read-only file system" in inside.stdout, inside.stdout
 
 
 def test_a_resume_on_a_host_with_another_mechanism_says_so_and_records_it(  # type: ignore[no-untyped-def]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 # Entries of a git dir that make git run something or read another git dir's config.
@@ -69,9 +70,21 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
     return sorted(set(dirs)), sorted(set(files))
 
 
-def git_protections(workspace: Path) -> list[Path]:
-    """The paths to bind read-only for one command, in mount order."""
+def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
+    """(paths to pin, paths to bind read-only) for one command, each in mount order.
+
+    Pinned: every git dir, and every directory between the workspace and a git dir or a
+    `.git` file, bound (writable) onto itself. A mount point cannot be renamed or removed,
+    so a command cannot move a repository aside and put a copy with a planted config in its
+    place (`mv .git x && cp -r x .git && echo ... >> .git/config`)."""
     dirs, files = find_git_dirs(workspace)
+    root = Path(os.path.realpath(workspace))
+    pins: set[Path] = set()
+    for path in [*dirs, *(f.parent for f in files)]:
+        for here in (path, *path.parents):
+            if here == root or not here.is_relative_to(root):
+                break
+            pins.add(here)
     paths: list[Path] = list(files)
     for gitdir in dirs:
         hooks = gitdir / "hooks"
@@ -83,7 +96,40 @@ def git_protections(workspace: Path) -> list[Path]:
             # A symlinked entry is bound by its target, which is what git reads.
             if entry.exists():
                 paths.append(entry)
-    return paths
+    return sorted(pins, key=lambda p: (len(p.parts), p)), paths
+
+
+# Files that, created in an existing git dir, make git read another config (`commondir`:
+# the whole common dir, config included; `config.worktree`). A read-only mount needs
+# something to cover, and git itself never creates them there (a linked worktree's
+# `commondir` lives under `worktrees/`, which is read-only), so they are removed after the
+# command instead: `remove_planted`.
+_REDIRECTS = ("commondir", "config.worktree")
+
+
+def remove_planted(before: dict[str, str], workspace: Path) -> list[str]:
+    """Remove `commondir`/`config.worktree` that a command created in a git dir that existed
+    before it (`before`: `git_state`); one line for each."""
+    root = os.path.realpath(workspace)
+    notes = []
+    for gitdir in (path for path, digest in before.items() if digest == "git dir"):
+        for name in _REDIRECTS:
+            entry = os.path.join(gitdir, name)
+            if entry in before or not os.path.lexists(entry):
+                continue
+            try:
+                if os.path.isdir(entry) and not os.path.islink(entry):
+                    shutil.rmtree(entry)
+                else:
+                    os.unlink(entry)
+            except OSError as exc:
+                notes.append(f"this command created {os.path.relpath(entry, root)}, which makes git read "
+                             f"another config, and it could not be removed ({exc.strerror}): remove it "
+                             "before running git there")
+                continue
+            notes.append(f"removed {os.path.relpath(entry, root)}, which this command created: it would "
+                         "make git read another repository's config when you run git there")
+    return notes
 
 
 def inside_git_dir(target: Path, root: Path, requested: str = "") -> bool:

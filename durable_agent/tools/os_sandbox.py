@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from durable_agent.tools.base import ToolFailure
-from durable_agent.tools.gitguard import git_changes, git_protections, git_state
+from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
 
 LANDLOCK_SCRIPT = Path(__file__).with_name("_landlock.py")
 NO_LANDLOCK_ENV = "DURABLE_AGENT_NO_LANDLOCK"
@@ -110,6 +110,29 @@ class Sandbox:
     def refusal(self) -> str:
         return (f"refusing to run commands: --sandbox {self.mode} needs bubblewrap or Landlock "
                 f"and neither works here ({self.problem}); {INSTALL_HINT}")
+
+
+def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
+    """Why commands must not run when the run's SQLite store lies in the workspace they may
+    write: a command could rewrite the run's recorded settings there (`sandbox: off` for the
+    next resume) or its approvals. None when the store is elsewhere or out of reach."""
+    if sandbox.mode is not SandboxMode.WORKSPACE_WRITE or not sandbox.enforced:
+        return None
+    path = db
+    if "://" in db:
+        scheme, _, rest = db.partition(":///")
+        if scheme.split("+")[0] != "sqlite" or not rest:
+            return None
+        path = rest.split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    real = os.path.realpath(os.path.expanduser(path))
+    root = os.path.realpath(workspace)
+    if real != root and not real.startswith(os.path.join(root, "")):
+        return None
+    return (f"refusing to run commands: the store {real} is inside the workspace, where sandboxed "
+            "commands can write it (and rewrite the run's settings, --sandbox included); keep the "
+            "store outside the workspace (--db) or pass --sandbox read-only")
 
 
 @dataclass
@@ -231,7 +254,7 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
-        return git_changes(before, ws) if writable else []
+        return [*remove_planted(before, ws), *git_changes(before, ws)] if writable else []
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
         return Launch(wrapped, {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
@@ -280,7 +303,11 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
     # workspace, so a workspace under /tmp stays visible (and nothing else of /tmp does).
     args = [sandbox.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
-            "--proc", "/proc", "--tmpfs", "/tmp",
+            # The kernel's settings are global, and root without capabilities may still write
+            # most of them (core_pattern, modprobe: programs the kernel runs as root, outside);
+            # bwrap's own cover of /proc/sys does not always happen (seen with bwrap 0.8).
+            "--proc", "/proc", "--ro-bind-try", "/proc/sys", "/proc/sys",
+            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--tmpfs", "/tmp",
             # A read-only mount does not stop connect() on a unix socket, and /run holds the
             # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
             # agents in /run/user): hide it, keeping only the resolver's files for DNS.
@@ -289,7 +316,10 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
         args += ["--ro-bind", str(path), str(path)]
     args += [bind, str(workspace), str(workspace)]
     if sandbox.mode is SandboxMode.WORKSPACE_WRITE:
-        for path in git_protections(workspace):
+        pins, read_only = git_protections(workspace)
+        for path in pins:
+            args += ["--bind", str(path), str(path)]
+        for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
              "--cap-drop", "ALL"]
