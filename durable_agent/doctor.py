@@ -10,6 +10,7 @@ scrubbed environment) in a throw-away workspace and then looks from the outside:
 - with the network off, a connect to a listener on 127.0.0.1 must not reach it (the
   listener's backlog is read after the command ended: no timing involved);
 - the harness's `/proc/<pid>/environ` must not be readable;
+- `/proc/sys` must not be writable (root without capabilities may set most sysctls);
 - with bubblewrap, `/run` (daemon sockets) must be empty but for the resolver's files.
 """
 
@@ -87,6 +88,8 @@ def self_check(sandbox: Sandbox, env: Mapping[str, str], say: Callable[[str], No
             f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo NET-CONNECTED; "
             # Opening is the access check (and a builtin: no PATH needed to be tested).
             f"(: < /proc/{os.getpid()}/environ) 2>/dev/null && echo PROC-VISIBLE; "
+            # Opened for append, nothing written: root may set most sysctls (core_pattern).
+            "(: >> /proc/sys/kernel/core_pattern) 2>/dev/null && echo SYSCTL-WRITABLE; "
             "ls -A /run 2>/dev/null | grep -qv '^systemd$' && echo RUN-VISIBLE; "
             "exit 0"
         )
@@ -97,6 +100,7 @@ def self_check(sandbox: Sandbox, env: Mapping[str, str], say: Callable[[str], No
             ("a write inside the workspace works", _read(ws / "inside.txt") == "inside\n"),
             ("a write outside the workspace fails", _read(canary) == "canary\n"),
             ("other processes are hidden (/proc/PID/environ)", "PROC-VISIBLE" not in outcome.stdout),
+            ("kernel settings are read-only (/proc/sys)", "SYSCTL-WRITABLE" not in outcome.stdout),
         ]
         if sandbox.mechanism is Mechanism.BUBBLEWRAP:
             checks.append((".git/config is read-only", _read(ws / ".git" / "config") == "[core]\n"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -72,7 +73,7 @@ def test_doctor_names_bubblewrap_and_passes_its_self_check(cli) -> None:  # type
     assert "workspace-write by bubblewrap, network off" in r.stdout
     for check in ("a write inside the workspace works", "a write outside the workspace fails",
                   ".git/config is read-only", "the network is off", "other processes are hidden",
-                  "daemon sockets under /run are hidden"):
+                  "daemon sockets under /run are hidden", "kernel settings are read-only (/proc/sys)"):
         assert f"ok  {check}" in r.stdout
     assert "✓ the sandbox works" in r.stdout
 
@@ -205,6 +206,31 @@ def test_pytest_git_commit_and_verify_work_inside_the_sandbox(cli, workspace, db
     log = subprocess.run(["git", "log", "--format=%s"], cwd=workspace, capture_output=True, text=True, check=True)
     assert log.stdout.split() == ["second", "first"]
     assert "Mallory" not in (workspace / ".git" / "config").read_text()
+
+
+def test_make_a_compiler_and_a_nested_repo_commit_work_inside_the_sandbox(  # type: ignore[no-untyped-def]
+        cli, workspace, write_script, db_path) -> None:
+    need_bwrap()
+    missing = [tool for tool in ("make", "cc") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"not installed here: {', '.join(missing)}")
+    (workspace / "hello.c").write_text('#include <stdio.h>\nint main(void) { puts("hello from cc"); return 0; }\n')
+    # cc writes its temporary files under TMPDIR (/tmp inside: private) and the output here.
+    (workspace / "Makefile").write_text("hello: hello.c\n\tcc -O0 -o hello hello.c\n")
+    lib = workspace / "vendor" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "a.txt").write_text("a\n")
+    git = "git -c user.name=Agent -c user.email=agent@example.com"
+    subprocess.run(f"git init -q && {git} add a.txt && {git} commit -qm a", shell=True, cwd=lib, check=True)
+    script = write_script(_turns(
+        "make && ./hello",
+        f"echo b >> vendor/lib/a.txt && {git} -C vendor/lib commit -qam b && git -C vendor/lib log --oneline | wc -l"))
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "build")
+    assert r.code == 0, r.stderr
+    made, committed = _tool_outputs(db_path, "build")
+    assert made.startswith("exit code: 0") and "hello from cc" in made, made
+    assert committed.startswith("exit code: 0") and committed.rstrip().endswith("2"), committed
+    assert (workspace / "hello").is_file()
 
 
 def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_script, db_path) -> None:  # type: ignore[no-untyped-def]
