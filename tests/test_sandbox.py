@@ -496,3 +496,24 @@ def test_programs_under_tmp_stay_runnable_while_the_rest_of_tmp_is_private(tmp_p
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_planted_commondir_is_removed_but_never_through_a_link_out(tmp_path: Path) -> None:
+    from durable_agent.tools.gitguard import git_state, remove_planted
+
+    ws = tmp_path / "ws"
+    outside = tmp_path / "outside" / "lib"
+    for repo in (ws, ws / "lib", outside):
+        (repo / ".git" / "objects").mkdir(parents=True)
+        (repo / ".git" / "config").write_text("[core]\n")
+    before = git_state(ws)
+    (ws / ".git" / "commondir").write_text("../evil\n")
+    (outside / ".git" / "commondir").write_text("theirs\n")
+    # The nested repository replaced by a link to one outside (possible where nothing pins it).
+    os.rename(ws / "lib", tmp_path / "lib-moved")
+    (ws / "lib").symlink_to(outside)
+    notes = remove_planted(before, ws)
+    assert notes == ["removed .git/commondir, which this command created: it would make git read "
+                     "another repository's config when you run git there"]
+    assert not (ws / ".git" / "commondir").exists()
+    assert (outside / ".git" / "commondir").read_text() == "theirs\n"

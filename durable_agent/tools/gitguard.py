@@ -113,6 +113,8 @@ def remove_planted(before: dict[str, str], workspace: Path) -> list[str]:
     root = os.path.realpath(workspace)
     notes = []
     for gitdir in (path for path, digest in before.items() if digest == "git dir"):
+        if os.path.realpath(gitdir) != gitdir:
+            continue  # moved, or a link put in its way (no pins under Landlock): never act outside
         for name in _REDIRECTS:
             entry = os.path.join(gitdir, name)
             if entry in before or not os.path.lexists(entry):
