@@ -97,10 +97,9 @@ class StoreUnavailable(StoreError):
 class ModelError(DurableAgentError):
     """A model call that failed for good (permanent, or retries exhausted)."""
 
-    def __init__(self, message: str, *, attempts: int = 1, permanent: bool = True) -> None:
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
         super().__init__(message)
         self.attempts = attempts
-        self.permanent = permanent
 
 
 class LoopExit(Exception):

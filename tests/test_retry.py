@@ -303,7 +303,7 @@ def test_gives_up_after_max_attempts(server: FakeOpenAI) -> None:
     with pytest.raises(ModelCallError) as caught:
         call_with_retries(chat(make_model(server)), RetryPolicy(max_attempts=3), sleep=sleep)
     err = caught.value
-    assert (err.attempts, err.failure.reason, err.permanent) == (3, "server_error", False)
+    assert (err.attempts, err.failure.reason, err.failure.retryable) == (3, "server_error", True)
     assert len(server.requests) == 3
     assert len(sleep.delays) == 2
     assert str(err).startswith("model call failed after 3 attempts: server_error (500): ")
@@ -358,7 +358,7 @@ def test_permanent_failure_is_not_retried(server: FakeOpenAI) -> None:
             on_attempt=lambda n, failure: seen.append(n),
         )
     assert len(server.requests) == 1
-    assert (caught.value.attempts, caught.value.permanent, sleep.delays, seen) == (1, True, [], [1])
+    assert (caught.value.attempts, caught.value.failure.retryable, sleep.delays, seen) == (1, False, [], [1])
     assert str(caught.value) == (
         "model call failed after 1 attempt: auth (401): Incorrect API key. "
         + caught.value.failure.hint

@@ -102,3 +102,14 @@ def test_step_modules_do_not_import_the_runner() -> None:
         "durable_agent.guard", "durable_agent.models", "durable_agent.observer", "durable_agent.redact",
         "durable_agent.replay", "durable_agent.settings", "durable_agent.store.journal", "durable_agent.store.step",
         "durable_agent.tools.base"} for t in graph["durable_agent.step_context"])
+
+
+def test_the_dead_code_once_found_stays_gone() -> None:
+    """Names that were defined and never used (or written and never read): not back."""
+    from durable_agent import errors, render, worker
+    from durable_agent.store import journal, queue, runs, schema
+
+    gone = [(schema, "RUN_TIMELINE_SQL"), (journal.Journal, "add_messages"), (runs.Store, "request_cancel"),
+            (queue.Queue, "live_leases"), (worker, "_new_owner"), (render, "step_json"),
+            (errors.ModelError("x"), "permanent"), (journal.Journal, "finish_step")]
+    assert [name for owner, name in gone if hasattr(owner, name)] == []

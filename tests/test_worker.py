@@ -84,6 +84,30 @@ def test_a_run_whose_workspace_is_missing_here_is_left_queued(
         ("pending", None, 0, 0)]
 
 
+@pytest.mark.parametrize(("flag", "want"), [((), 90), (("--lease-seconds", "45"), 45)])
+def test_the_config_sets_the_lease_unless_the_flag_is_given(
+        cli_inproc: Callable[..., Result], cli: Callable[..., Result], write_script: Callable[..., str],
+        tmp_path: Path, db_path: Path, flag: tuple[str, ...], want: int) -> None:
+    """`--lease-seconds` has no default of its own: a config file's lease_seconds is what the
+    worker's runs hold (a flag default of 30 used to override it silently)."""
+    config = tmp_path / "config.toml"
+    config.write_text("lease_seconds = 90\n")
+    # The run measures its own lease from inside a step: expiry minus last renewal.
+    probe = (f"python3 -c \"import sqlite3; print(round(sqlite3.connect('{db_path}').execute("
+             "'SELECT (julianday(lease_expires_at) - julianday(updated_at)) * 86400 FROM runs')"
+             ".fetchone()[0]))\" > lease.txt")
+    ws = tmp_path / "leased"
+    ws.mkdir()
+    queued = cli_inproc("start", "task", "--model", write_script([command_turn(probe), {"content": "done"}]),
+                        "--shell", "allow", "--sandbox", "off", "--workspace", str(ws), "--detach")
+    assert queued.code == 0, queued.stderr  # (unsandboxed: the probe reads the store under /tmp)
+    res = cli("worker", "--once", "--quiet", "--poll", "0.1", *flag,
+              extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert res.code == 0, res.stderr
+    assert f"lease {want}s" in res.stderr
+    assert int((ws / "lease.txt").read_text()) == want
+
+
 @pytest.mark.slow
 def test_sigterm_finishes_the_current_step_then_gives_the_run_back(
         cli_inproc: Callable[..., Result], cli: Callable[..., Result], write_script: Callable[..., str],

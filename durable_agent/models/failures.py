@@ -109,7 +109,6 @@ class ModelCallError(ModelError):
         super().__init__(
             f"model call failed after {attempts} {plural}: {failure.describe()}",
             attempts=attempts,
-            permanent=not failure.retryable,
         )
         self.failure = failure
 
