@@ -10,12 +10,13 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from durable_agent.observer import Observer, StepEvent
+from durable_agent.status import RunStatus
 from durable_agent.status_line import (
     StatusLine as StatusLine,  # re-exported: the timeline's live line
 )
 from durable_agent.status_line import short
 from durable_agent.store import leases
-from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import as_dict, iso_utc, recorded_calls
 
@@ -73,7 +74,7 @@ class Timeline(Observer):
             self._line(f"↻ resumed run {run_id} after {_n(steps_done, 'model call')}")
 
     def step(self, e: StepEvent) -> None:
-        if e.state == "started":
+        if e.state == StepState.STARTED:
             if self.status is not None:
                 self.status.show(self._activity(e), self._so_far())
             return
@@ -129,7 +130,7 @@ def step_line(e: StepEvent) -> str:
         parts.append(f"{e.attempts} attempts")
     if e.state == "reused":
         parts.append("recorded earlier, not run again")
-    if e.state == "failed":
+    if e.state == StepState.FAILED:
         first = (e.error or "failed").splitlines()[0] if e.error else "failed"
         parts.append(f"error: {first[:100]}")
     return " · ".join(parts)
@@ -170,9 +171,9 @@ def summary(run: RunRecord, out: TextIO, *, steps: int | None = None) -> None:
           f"{_n(run.message_count, 'message')} · "
           f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_cost_text(run)} · "
           f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
-    if run.error and run.status != "completed":
+    if run.error and run.status != RunStatus.COMPLETED:
         print(f"  {run.error}", file=out)
-    if run.status != "completed":
+    if run.status != RunStatus.COMPLETED:
         print(f"  continue with: durable-agent resume {run.id}", file=out)
 
 
@@ -254,7 +255,7 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
         p(f"finished   {_iso(run.finished_at)}")
     if live:
         p(f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})")
-    elif run.status == "running":
+    elif run.status == RunStatus.RUNNING:
         p(f"lease      its process ({run.lease_owner or 'none'}) is gone: "
           f"`durable-agent resume {run.id}` continues the run")
     p(f"totals     {counts(run, len(steps))} · "
@@ -285,7 +286,7 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
 
 def _status(run: RunRecord, live: bool, *, short: bool = False) -> str:
     """`running` only while a process executes it; a run whose process is gone says so."""
-    if run.status == "running" and not live:
+    if run.status == RunStatus.RUNNING and not live:
         return "running (dead)" if short else "running (its process is gone: resume it)"
     return str(run.status)
 
@@ -304,7 +305,7 @@ def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
         state = s.state
-        if state == "started" and not live:
+        if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
         p(f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
           f"{step_what(run, s)}")

@@ -113,3 +113,40 @@ def test_the_dead_code_once_found_stays_gone() -> None:
             (queue.Queue, "live_leases"), (worker, "_new_owner"), (render, "step_json"),
             (errors.ModelError("x"), "permanent"), (journal.Journal, "finish_step")]
     assert [name for owner, name in gone if hasattr(owner, name)] == []
+
+
+def _state_literals(tree: ast.AST) -> list[str]:
+    """Comparisons of a step state, run status or approval decision with a bare string, and
+    `decision="..."` keywords: these are spelt with their enums (store/records.py, status.py)."""
+    from durable_agent.status import RunStatus
+    from durable_agent.store.records import Decision, StepState
+
+    values = {str(v) for enum in (StepState, Decision, RunStatus) for v in enum}
+    names = {"state", "status", "decision"}
+
+    def named(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in names) or (isinstance(node, ast.Name) and node.id in names)
+
+    def literal(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in values
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named(s) for s in sides) and any(literal(s) for s in sides):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.keyword) and node.arg == "decision" and literal(node.value):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_states_and_decisions_are_enums_not_string_literals() -> None:
+    found = {name: hits for name, path in _modules().items() if (hits := _state_literals(ast.parse(path.read_text())))}
+    assert found == {}
+
+
+def test_the_literal_checker_finds_them() -> None:
+    tree = ast.parse('if s.state == "started" or "denied" != decision: f(decision="approved")\n'
+                     'ok = s.state == StepState.STARTED and s.kind == "model"')
+    assert _state_literals(tree) == ["s.state == 'started'", "'denied' != decision", "decision='approved'"]

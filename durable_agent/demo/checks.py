@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from durable_agent.store.records import RunRecord, StepRecord
+from durable_agent.status import RunStatus
+from durable_agent.store.records import RunRecord, StepRecord, StepState
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Verdict:
 def check_story(*, run: RunRecord, before: list[StepRecord], after: list[StepRecord], resumed_code: int,
                 witness_before: Counter[str], witness: Counter[str], calc_py: str) -> Verdict:
     v = Verdict()
-    if resumed_code != 0 or run.status != "completed":
+    if resumed_code != 0 or run.status != RunStatus.COMPLETED:
         v.problems.append(f"the resumed run ended {run.status} ({run.stop_reason}), exit code {resumed_code}")
     _check_once(v, before, after)
     _check_models(v, run, before, after)
@@ -46,15 +47,15 @@ def _check_once(v: Verdict, before: list[StepRecord], after: list[StepRecord]) -
         new = final.get(old.seq)
         if new is None or new.idempotency_key != old.idempotency_key:
             v.problems.append(f"step {old.seq + 1} recorded before the crash is gone or replaced")
-        elif old.state != "started" and (old.finished_at, old.attempts) != (new.finished_at, new.attempts):
+        elif old.state != StepState.STARTED and (old.finished_at, old.attempts) != (new.finished_at, new.attempts):
             v.problems.append(f"step {old.seq + 1} ({old.kind}) was executed again after the resume")
-        elif old.state == "started":
+        elif old.state == StepState.STARTED:
             _describe_settled(v, old, new)
 
 
 def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
     what = f"{new.tool_name or new.kind} (step {new.seq + 1})"
-    if new.state == "started":
+    if new.state == StepState.STARTED:
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
     elif new.attempts == old.attempts:
         result = new.output.get("result") if isinstance(new.output, dict) else None
@@ -66,7 +67,7 @@ def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
 
 
 def _check_models(v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]) -> None:
-    answered_before = {s.seq for s in before if s.kind == "model" and s.state == "completed"}
+    answered_before = {s.seq for s in before if s.kind == "model" and s.state == StepState.COMPLETED}
     models = [s for s in after if s.kind == "model"]
     made_after = [s for s in models if s.seq not in answered_before]
     tokens = sum((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in models)

@@ -36,7 +36,7 @@ import durable_agent
 from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.render import fmt_ms, step_what
 from durable_agent.status_line import short
-from durable_agent.store.records import RunRecord, StepRecord
+from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
 TASK = "inspect the repo and fix the bug"
@@ -151,14 +151,14 @@ class _Demo:
 
     def _after_crash(self, run: RunRecord, steps: list[StepRecord], pid: int) -> None:
         say("2. what the database holds after the crash")
-        done = [s for s in steps if s.state != "started"]
+        done = [s for s in steps if s.state != StepState.STARTED]
         say(f"   run {run.id}: status {run.status}, its lease still held by {run.lease_owner} "
             f"(process {pid}, now gone)")
         say(f"   {len(done)} steps with an outcome: {run.step_count} model answers "
             f"({run.prompt_tokens + run.completion_tokens} tokens paid), "
             f"{sum(1 for s in done if s.kind == 'tool')} tool results")
         for s in steps:
-            if s.state == "started":
+            if s.state == StepState.STARTED:
                 say(f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
                     "outcome never committed")
         edited = "return a + b" in (self.workspace / "calc.py").read_text(encoding="utf-8")
@@ -225,7 +225,7 @@ def _side_by_side(run: RunRecord, before: list[StepRecord], after: list[StepReco
 def _before(old: StepRecord | None) -> str:
     if old is None:
         return "—"
-    if old.state == "started":
+    if old.state == StepState.STARTED:
         return "intent only, no outcome"
     return str(old.state)
 
@@ -233,7 +233,7 @@ def _before(old: StepRecord | None) -> str:
 def _after(old: StepRecord | None, new: StepRecord) -> str:
     if old is None:
         return f"ran: {new.state} · {fmt_ms(new.duration_ms)}"
-    if old.state == "started":
+    if old.state == StepState.STARTED:
         result = (new.output or {}).get("result") if isinstance(new.output, dict) else None
         return f"settled, attempts {new.attempts}: {short(result or new.state, 60)}"
     if (old.finished_at, old.attempts, old.state) == (new.finished_at, new.attempts, new.state):

@@ -36,7 +36,7 @@ from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
 from durable_agent.store import prepared, retrying
 from durable_agent.store.prepared import Prepared
-from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
+from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step
@@ -345,7 +345,7 @@ class Journal:
     def settle_approval(self, approval_id: int, *, by: str) -> None:
         """A pending question that the policy now answers: approved, by the policy."""
         self.commit([(update(approvals).where(approvals.c.id == approval_id).values(
-            decision="approved", decided_by=by, decided_at=utcnow()), {})])
+            decision=Decision.APPROVED.value, decided_by=by, decided_at=utcnow()), {})])
 
     def finish_run(self, *, status: str, stop_reason: str | None, answer: str | None, error: str | None,
                    counters: Counters) -> None:

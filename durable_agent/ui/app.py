@@ -31,7 +31,7 @@ from durable_agent import render
 from durable_agent.errors import DurableAgentError, RunBusy, RunNotFound, StoreError
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
-from durable_agent.store.records import StepRecord
+from durable_agent.store.records import StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.runs import Store
 from durable_agent.ui import actions, pages, queries, run_page
@@ -207,10 +207,10 @@ class _Stream:
         if not self.known:  # first look: all of it (the chart needs every step)
             for s in queries.steps_from(self.store, self.run_id, 0):
                 self.known[s.seq] = s
-                if s.seq < self.first and s.state != "started":
+                if s.seq < self.first and s.state != StepState.STARTED:
                     self.sent[s.seq] = _signature(s)  # the page shows it already
         else:
-            open_seqs = [seq for seq, r in self.known.items() if r.state == "started"]
+            open_seqs = [seq for seq, r in self.known.items() if r.state == StepState.STARTED]
             start = min(open_seqs, default=max(self.known) + 1)
             for s in queries.steps_from(self.store, self.run_id, start):
                 self.known[s.seq] = s

@@ -14,7 +14,13 @@ from typing import Any
 from durable_agent.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store import leases
-from durable_agent.store.records import ApprovalRecord, MessageRecord, RunRecord, StepRecord
+from durable_agent.store.records import (
+    ApprovalRecord,
+    MessageRecord,
+    RunRecord,
+    StepRecord,
+    StepState,
+)
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import iso_utc
 from durable_agent.ui.pages import e, frame, owner_state, status_badge, u
@@ -138,7 +144,7 @@ def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, no
     """One step as `<details>`: its line, and (inline, or fetched when it is opened on long
     pages) its input, output, error and changed files."""
     state = s.state
-    if state == "started" and not leases.is_executing(run, now):
+    if state == StepState.STARTED and not leases.is_executing(run, now):
         state = "cut off"  # an intent without an outcome: the next resume settles it
     tokens = f" · {s.prompt_tokens}+{s.completion_tokens} tokens" if s.prompt_tokens is not None else ""
     tries = f" · {s.attempts} attempts" if s.attempts > 1 else ""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from html import escape
 
-from durable_agent.store.records import StepRecord
+from durable_agent.store.records import StepRecord, StepState
 
 WIDTH = 1000
 LANE_H = 22
@@ -32,9 +32,9 @@ def css_class(step: StepRecord) -> str:
     classes = ["mark", f"k-{_token(step.kind)}"]
     if step.effect:
         classes.append(f"e-{_token(step.effect)}")
-    if step.state == "failed":
+    if step.state == StepState.FAILED:
         classes.append("failed")
-    elif step.state == "started":
+    elif step.state == StepState.STARTED:
         classes.append("open")
     if step.attempts > 1:
         classes.append("retried")
@@ -48,7 +48,7 @@ def _token(value: str) -> str:
 def _end(step: StepRecord, now: datetime) -> datetime:
     if step.finished_at is not None:
         return step.finished_at
-    return now if step.state == "started" else step.started_at
+    return now if step.state == StepState.STARTED else step.started_at
 
 
 def chart(steps: list[StepRecord], now: datetime) -> str:
