@@ -8,7 +8,7 @@ never called again, because its answer is in the history and replay starts after
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate
@@ -21,6 +21,9 @@ from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
+
+if TYPE_CHECKING:
+    from durable_agent.models.failures import Failure
 
 CUT_NUDGE = ("Your answer was cut off: the response reached its length limit. Continue exactly "
              "where it stopped, without repeating what you already wrote.")
@@ -78,7 +81,7 @@ def _model_step(ctx: StepContext) -> None:
         earlier = step.attempts - 1  # attempts of sessions before this one
         obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, attempts=step.attempts))
 
-        def on_attempt(n: int, failure: Any) -> None:  # failure: models.retry.Failure | None
+        def on_attempt(n: int, failure: Failure | None) -> None:
             if failure is not None:
                 step.set_attempts(earlier + n, failure.describe())
                 obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="retry",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_agent.guard import Limits
 from durable_agent.models import ModelClient
@@ -22,6 +22,9 @@ from durable_agent.settings import Settings
 from durable_agent.store.journal import Journal
 from durable_agent.store.step import Counters
 from durable_agent.tools.base import Tool
+
+if TYPE_CHECKING:  # tenacity's side stays unimported until a call fails
+    from durable_agent.models.retry import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class StepContext:
     clock: Callable[[], float]  # monotonic seconds: active time
     sleep: Callable[[float], None]  # between model retries
     session_start: float  # clock() when this session took the run
-    retry_policy: Any = None
+    retry_policy: RetryPolicy | None = None  # None: the Settings defaults
     resumed: bool = False  # the run had a session before this one
 
     def active_ms(self) -> int:
