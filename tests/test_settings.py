@@ -64,3 +64,26 @@ def test_recorded_settings_leave_out_what_was_never_stored_in_full() -> None:
     base = recorded_settings(stored)
     assert "db" not in base and "base_url" not in base  # the env or flags supply them again
     assert recorded_settings({"base_url": "http://localhost:11434/v1"})["base_url"] == "http://localhost:11434/v1"
+
+
+def test_build_runner_leaves_the_callers_settings_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner gets a copy with the workspace resolved and the sandbox found; the caller's
+    Settings (an API user's, a worker's) keep what was given."""
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.runs import Store
+    from durable_agent.wiring import build_runner
+
+    (tmp_path / "ws").mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    settings = load_settings({"workspace": "ws", "model": "demo", "db": f"sqlite:///{tmp_path / 's.db'}"}, env)
+    before = settings.redacted_dict()
+    engine = open_store_engine(str(settings.db))
+    try:
+        runner = build_runner(settings, env=env, store=Store(engine))
+    finally:
+        engine.dispose()
+    assert runner.settings.workspace == (tmp_path / "ws").resolve()
+    assert "sandbox_mechanism" in runner.settings.redacted_dict()
+    assert settings.workspace == Path("ws") and settings.redacted_dict() == before
+    assert "sandbox_mechanism" not in before
