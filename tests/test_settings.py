@@ -38,7 +38,8 @@ def test_api_key_is_never_in_the_recorded_settings() -> None:
 
 
 @pytest.mark.parametrize(("content", "needle"), [("max_steps = 'x'", "max_steps"), ("nonsense = 1", "nonsense"),
-                                                 ("not toml", "cannot read config")])
+                                                 ("not toml", "cannot read config"),
+                                                 ("lease_seconds = 1e12", "lease_seconds")])  # past datetime's range
 def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(content)
