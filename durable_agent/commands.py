@@ -356,8 +356,8 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
 
     if args.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
-    if not args.poll > 0 or args.poll == float("inf"):  # also NaN
-        raise ConfigError("--poll must be a positive number of seconds")
+    if not 0 < args.poll <= 86400:  # also NaN; a longer wait is past what a timer can wait for
+        raise ConfigError("--poll must be a positive number of seconds, at most 86400")
     # Flags the config can also set are None unless given: the config file is never overridden.
     settings = load_settings(_flags(args, ("db", "lease_seconds", "max_running_runs")), env)
     assert settings.db is not None

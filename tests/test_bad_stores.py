@@ -140,6 +140,6 @@ def test_resume_refuses_a_non_finite_raise_and_keeps_the_recorded_budget(
 
 
 @pytest.mark.parametrize("flag", [["--lease-seconds", "inf"], ["--lease-seconds", "nan"], ["--poll", "nan"],
-                                  ["--poll", "inf"]])
+                                  ["--poll", "inf"], ["--poll", "1e300"], ["--lease-seconds", "1e12"]])
 def test_worker_refuses_non_finite_times(cli: Callable[..., Result], flag: list[str]) -> None:
     one_error_line(cli("worker", "--once", *flag))
