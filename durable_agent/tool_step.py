@@ -81,7 +81,7 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
                   else str(exc))
         return _record(ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}"))
     if tool.effect is EffectClass.READ:
-        step.start(durable=False)
+        step.defer()
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     if tool.effect is EffectClass.WRITE and not hasattr(tool, "plan"):

@@ -96,6 +96,11 @@ class Step:
         self._has_row = True
         return self
 
+    def defer(self) -> Step:
+        """Begin a read: count the attempt, commit nothing. Its outcome rides with the next
+        commit (a read lost to a crash is simply run again on resume)."""
+        return self.start(durable=False)
+
     def set_attempts(self, attempts: int, error: str | None) -> None:
         """A retry inside the step (model call): visible on the row while it goes on."""
         self.attempts = attempts

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -106,10 +105,7 @@ def build_app(cfg: UiConfig) -> Any:
 
         run_id, seq = request.path_params["run_id"], request.path_params["seq"]
         store.get_run(run_id)  # 404 naming the run when it is the run that is missing
-        try:
-            lines = diff_lines(store.engine, run_id, seq)
-        except DBAPIError:  # a store from before workspace snapshots: nothing to show
-            lines = iter(())
+        lines = diff_lines(store.engine, run_id, seq)  # the store is at head: snapshot tables exist
         if lines is None:
             return HTMLResponse("no such step", status_code=404)
         return PlainTextResponse("".join(lines), headers={"Content-Type": "text/plain; charset=utf-8"})

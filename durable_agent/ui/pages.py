@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 
 from durable_agent.render import fmt_age, fmt_ms, run_cost
 from durable_agent.status import RunStatus
+from durable_agent.status_line import short
 from durable_agent.store import leases
 from durable_agent.store.records import RunRecord
 from durable_agent.store.rows import utcnow
@@ -84,18 +85,11 @@ def _run_row(r: RunRecord, now: datetime) -> str:
     tokens = r.prompt_tokens + r.completion_tokens
     return (f'<tr class="run" data-id="{e(r.id)}"><td><a href="/runs/{u(r.id)}">{e(r.id)}</a></td>'
             f"<td>{status_badge(r.status)}</td><td>{e(r.stop_reason)}</td>"
-            f'<td class="task">{e(_short(r.task, 90))}</td><td>{e(_short(r.model, 40))}</td>'
+            f'<td class="task">{e(short(r.task, 90))}</td><td>{e(short(r.model, 40))}</td>'
             f'<td class="num">{r.step_count}</td><td class="num">{tokens}</td>'
             f'<td class="num">{"-" if cost is None else f"{cost:.4f}"}</td>'
             f"<td>{e(fmt_age(r.created_at))}</td><td>{e(fmt_ms(duration_ms(r)))}</td>"
             f'<td class="owner o-{owner_state(r, now)}">{owner_state(r, now)}</td></tr>')
-
-
-def _short(text: str | None, limit: int) -> str:
-    if text is None:
-        return ""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def error_page(status: int, message: str, *, csrf: str) -> str:
