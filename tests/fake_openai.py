@@ -26,7 +26,8 @@ Turns. The script is the project's format: a JSON list whose items are
 The turn is decided FROM THE REQUEST: turn = the number of assistant messages already in
 `messages` (0-based, so turn i is script[i]). A resumed client therefore gets the same
 turn. Tool-call ids are `call_<turn>_<i>`. Past the end: content "script exhausted".
-Usage: prompt_tokens = len(json.dumps(messages)) // 4, completion_tokens = 5.
+Usage: prompt_tokens = len(json.dumps(messages)) // 4, completion_tokens = 5
+(`chars_per_token=N`, `--chars-per-token N`: // N instead, a tokenizer unlike the client's).
 Turns survive compaction: tool-call ids carry their turn, so turn = max(the number of
 assistant messages, 1 + the highest T of an assistant's `call_T_i`).
 
@@ -92,9 +93,9 @@ SUMMARY_MARK = "Summarize the conversation"
 _CALL_TURN = re.compile(r"^call_(\d+)_\d+$")
 
 
-def prompt_tokens(messages: list[Json]) -> int:
+def prompt_tokens(messages: list[Json], chars_per_token: int = 4) -> int:
     """The server's count of a request: the documented rule, JSON length // 4."""
-    return len(json.dumps(messages)) // 4
+    return len(json.dumps(messages)) // chars_per_token
 
 
 def message_hash(message: Json) -> str:
@@ -135,9 +136,11 @@ class FakeOpenAI:
         host: str = "127.0.0.1",
         port: int = 0,
         window: int | None = None,
+        chars_per_token: int = 4,
     ) -> None:
         self.script: list[Json] = list(script or [])
         self.window = window
+        self.chars_per_token = chars_per_token
         self.requests: list[Json] = []
         self._faults: list[Json] = []
         self._lock = threading.Lock()
@@ -199,7 +202,7 @@ class FakeOpenAI:
                 "turn": turn,
                 "attempt": attempt,
                 "kind": kind,
-                "prompt_tokens": prompt_tokens(messages),
+                "prompt_tokens": prompt_tokens(messages, self.chars_per_token),
                 "hashes": [message_hash(m) for m in messages],
                 "path": path,
                 "query": query,
@@ -246,7 +249,7 @@ class FakeOpenAI:
         message: Json = {"role": "assistant", "content": step.get("content"), "refusal": None}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        prompt = prompt_tokens(body.get("messages") or [])
+        prompt = prompt_tokens(body.get("messages") or [], self.chars_per_token)
         return {
             "id": f"chatcmpl-fake-{turn}-{len(self.requests)}",
             "object": "chat.completion",
@@ -431,13 +434,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", help="append every request to this JSONL file")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--window", type=int, help="answer 400 context_length_exceeded above this many tokens")
+    parser.add_argument("--chars-per-token", type=int, default=4, help="count a request as JSON length // N")
     args = parser.parse_args(argv)
 
     def load(path: str | None) -> list[Json]:
         return json.loads(Path(path).read_text(encoding="utf-8")) if path else []
 
     server = FakeOpenAI(load(args.script), load(args.faults), log_path=args.log, port=args.port,
-                        window=args.window)
+                        window=args.window, chars_per_token=args.chars_per_token)
 
     def on_signal(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, which runs in this thread: call it from another.

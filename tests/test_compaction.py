@@ -281,3 +281,28 @@ def test_a_scripted_run_compacts_with_a_local_summary_that_takes_no_script_turn(
     assert "elide" in stages and "summarize" in stages
     summary = next(o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize")
     assert summary.startswith("Task: as given.") and "call_" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_counts_follow_a_provider_that_tokenizes_differently_also_after_a_resume(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    """The server counts twice the harness's estimate (JSON length // 2). Calibrated with each
+    call's reported prompt_tokens, and with the recorded one after a resume, no request is
+    refused: one session of 8 calls, then sessions of 2 (half the calls are a session's first)."""
+    window = 12_000
+    windowed.server.window = window
+    windowed.server.chars_per_token = 2
+    windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
+    result = windowed.start("--json", "--max-steps", "8", "--run-id", "cal")
+    for steps in range(10, 40, 2):
+        if result.json()["status"] == "completed":
+            break
+        assert result.code == 3, result.stderr  # stopped by --max-steps, resumable
+        result = windowed.resume("cal", "--json", "--max-steps", str(steps))
+    assert result.code == 0, result.stderr
+    assert result.json()["status"] == "completed"
+    assert max(r["prompt_tokens"] for r in windowed.server.requests) <= window  # none refused
+    assert [r["turn"] for r in turn_requests(windowed.server)] == list(range(21))  # each asked once
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'model' AND state = 'failed'") == [(0,)]
+    assert any(o["stage"] == "summarize" for _, o in outputs(sql, "compact"))  # it had to compact
