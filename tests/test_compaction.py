@@ -306,3 +306,32 @@ def test_counts_follow_a_provider_that_tokenizes_differently_also_after_a_resume
     assert [r["turn"] for r in turn_requests(windowed.server)] == list(range(21))  # each asked once
     assert sql("SELECT count(*) FROM steps WHERE kind = 'model' AND state = 'failed'") == [(0,)]
     assert any(o["stage"] == "summarize" for _, o in outputs(sql, "compact"))  # it had to compact
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_summaries_are_written_by_compact_model_on_the_same_endpoint(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.server.window = 6000
+    windowed.configure(compact_model="summary-model", models={MODEL: {"context_window": 6000}})
+    result = windowed.start("--json")
+    assert result.code == 0, result.stderr
+    summaries = [r for r in windowed.server.requests if r["kind"] == "summary"]
+    assert summaries and {r["body"]["model"] for r in summaries} == {"summary-model"}
+    assert {r["body"]["model"] for r in turn_requests(windowed.server)} == {MODEL}
+    models = sql("SELECT input FROM steps WHERE kind = 'compact' AND input LIKE '%summarize%'")
+    assert [json.loads(i)["model"] if isinstance(i, str) else i["model"] for (i,) in models] == ["summary-model"] * len(
+        summaries)
+
+
+def test_the_live_timeline_shows_each_compaction_with_tokens_before_and_after(
+        cli: Callable[..., Any], write_script: Callable[..., str], workspace: Path) -> None:
+    write_files(workspace, 20, size=2000)
+    result = cli("start", "read", "--model", write_script(read_script(20)), "--max-context-tokens", "4000")
+    assert result.code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    elided = [line for line in lines if " · compact · context elided " in line]
+    summarized = [line for line in lines if " · compact · context summarized messages " in line]
+    assert elided and summarized, result.stderr
+    for line in elided + summarized:
+        before, after = (int(n.replace(",", "")) for n in line.split(": ")[-1].split(" tokens")[0].split(" → "))
+        assert after < before, line
