@@ -74,8 +74,8 @@ def _model_step(ctx: StepContext) -> None:
                                "model": ctx.model.name}
     if s.view.compactions:
         request["sent_messages"] = len(sent)
-        if s.view.turn == turn:  # a call refused before this turn's compaction is not this one
-            ctx.journal.forget_failed(StepKind.MODEL, turn)
+        if s.view.turn == turn:  # a call refused or cut off before this turn's compaction is not this one
+            ctx.journal.forget_superseded(StepKind.MODEL, turn, key)
     obs = ctx.observer
     with ctx.journal.step(key, StepKind.MODEL, request, turn=turn) as step:
         earlier = step.attempts - 1  # attempts of sessions before this one

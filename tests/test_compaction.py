@@ -335,3 +335,51 @@ def test_the_live_timeline_shows_each_compaction_with_tokens_before_and_after(
     for line in elided + summarized:
         before, after = (int(n.replace(",", "")) for n in line.split(": ")[-1].split(" tokens")[0].split(" → "))
         assert after < before, line
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.parametrize("how", ["compact", "smaller cap"])
+def test_a_model_call_cut_off_by_a_crash_then_compacted_is_superseded_not_a_mismatch(
+        windowed: Endpoint, sql: Callable[..., list[Any]], how: str) -> None:
+    """Killed during model call 6; then the context is compacted before that call is made
+    again (by hand, or by a resume with a smaller --max-context-tokens): the call is made
+    with the compacted request, and the run completes (no step_mismatch)."""
+    api = windowed
+    api.server.add_faults([{"turn": 6, "attempt": 1, "delay": 60.0}])
+    proc = api.popen("--run-id", "cut", "--quiet")
+    try:
+        wait_for(lambda: any(r["turn"] == 6 for r in api.server.requests), what="model call 7")
+    finally:
+        _kill(proc)
+    assert sql("SELECT state FROM steps WHERE kind = 'model' AND turn = 6") == [("started",)]
+    if how == "compact":
+        done = api.cli("compact", "cut", extra_env=api.cli_env())
+        assert done.code == 0, done.stderr
+        result = api.resume("cut", "--json")
+    else:
+        result = api.resume("cut", "--json", "--max-context-tokens", "8000")
+    assert result.code == 0, result.stderr
+    assert (result.json()["status"], result.json()["answer"]) == ("completed", "read them all")
+    first, again = [r for r in turn_requests(api.server) if r["turn"] == 6]
+    assert again["prompt_tokens"] < first["prompt_tokens"]  # made again, compacted
+    assert again["body"]["messages"][2]["content"].startswith("[Summary of the earlier conversation")
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'model' AND turn = 6 AND state = 'completed'") == [(1,)]
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_a_model_call_that_failed_after_this_turns_compaction_is_made_again_on_resume(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    """The provider fails (500s, retries exhausted) on the call right after a compaction: the
+    run ends model_error, and `resume` makes that same call again (the same key), not a
+    duplicate step."""
+    api = windowed
+    api.server.window = 8000
+    api.configure(models={MODEL: {"context_window": 8000}})
+    api.server.add_faults([{"turn": 4, "status": 500, "times": 6}])  # every attempt (FAST_RETRIES: 6)
+    first = api.start("--json", "--run-id", "again")
+    assert first.code == 1 and first.json()["stop_reason"] == "model_error", first.stdout
+    assert {t for (t,) in sql("SELECT turn FROM steps WHERE kind = 'compact'")} == {4}  # compacted at that turn
+    result = api.resume("again", "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    assert (result.json()["status"], result.json()["answer"]) == ("completed", "read them all")
+    assert sql("SELECT state, count(*) FROM steps WHERE kind = 'model' AND turn = 4 GROUP BY state") == [("completed", 1)]

@@ -146,12 +146,13 @@ class Journal:
     def forget_open(self, key: str) -> None:
         self.open_steps.pop(key, None)
 
-    def forget_failed(self, kind: str, turn: int) -> None:
-        """Recorded failed steps of this kind and turn stop counting as the place's step: a
-        compaction changed the request, so the call that failed is not the one made now."""
-        for key, st in list(self.open_steps.items()):
-            if st.kind == kind and st.turn == turn and st.state == StepState.FAILED:
-                del self.open_steps[key]
+    def forget_superseded(self, kind: str, turn: int, key: str) -> None:
+        """Recorded unfinished steps of this kind and turn under another key (failed, or cut
+        off by a crash) stop counting as the place's step: a compaction changed the request,
+        so that call is not the one made now. One under `key` is this call: it is made again."""
+        for other, st in list(self.open_steps.items()):
+            if st.kind == kind and st.turn == turn and other != key:
+                del self.open_steps[other]
 
     def step_failed(self, key: str) -> bool:
         """A step with this key ended failed (in this session or a recorded one)."""
