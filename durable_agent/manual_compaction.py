@@ -2,8 +2,8 @@
 
 The same compact steps as a running loop takes (compaction.py), forced: older outputs are
 elided and the older turns summarized even below the threshold. The command holds the
-run's lease while it works (a live run is refused, exit 6) and puts the run back as it
-was found — status, stop reason, answer and error — so `resume` continues it as before,
+run's lease while it works, renewed through a long summary call (a live run is refused,
+exit 6), and puts the run back as it was found — status, stop reason, answer and error — so `resume` continues it as before,
 now with the smaller request.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from durable_agent import compaction
 from durable_agent.errors import UsageError
+from durable_agent.heartbeat import Heartbeat
 from durable_agent.runner import Runner
 from durable_agent.status import RESUMABLE
 from durable_agent.store import leases
@@ -41,8 +42,9 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
         s = ctx.state
         before = compaction.count(ctx, s.request())
         made = s.view.compactions
-        try:
-            compaction.compact(ctx, [], before, forced=True)
+        try:  # the lease renewed while the summary call runs (it may outlast the lease)
+            with Heartbeat(journal, max(0.2, runner.settings.lease_seconds / 3), runner.cancel):
+                compaction.compact(ctx, [], before, forced=True)
         finally:  # as it was found, also when the summary call failed (its step says why)
             journal.finish_run(status=run.status, stop_reason=run.stop_reason, answer=run.answer,
                                error=run.error, counters=ctx.counters())

@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -383,3 +384,33 @@ def test_a_model_call_that_failed_after_this_turns_compaction_is_made_again_on_r
     assert result.code == 0, result.stdout + result.stderr
     assert (result.json()["status"], result.json()["answer"]) == ("completed", "read them all")
     assert sql("SELECT state, count(*) FROM steps WHERE kind = 'model' AND turn = 4 GROUP BY state") == [("completed", 1)]
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_compact_by_hand_keeps_the_lease_through_a_long_summary_call(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    """A summary call longer than the lease: `compact` renews it meanwhile, so a `resume`
+    started then is refused (exit 6, the run is live) instead of taking the run over."""
+    api = windowed
+    api.configure(lease_seconds=1.0, request_timeout_s=60.0)
+    first = api.start("--json", "--max-steps", "6", "--run-id", "held")
+    assert first.code == 3, first.stderr
+    api.server.add_faults([{"kind": "summary", "delay": 12.0}])
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "compact", "held"], cwd=api.workspace,
+                            env={**api.env, **api.cli_env()}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: summary_bodies(api.server), what="the summary request")
+        asked = time.monotonic()
+        wait_for(lambda: time.monotonic() - asked > 2.5, what="two and a half lease periods")
+        taken = api.resume("held", "--json")
+        assert taken.code == 6, taken.stdout + taken.stderr
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "context compacted" in out
+    assert sum(r["kind"] == "summary" for r in api.server.requests) == 1
+    assert sql("SELECT status, stop_reason FROM runs") == [("budget_exceeded", "max_steps")]
