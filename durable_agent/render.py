@@ -123,7 +123,9 @@ def step_line(e: StepEvent) -> str:
     head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
     what = f"{e.name} → {e.detail}" if e.kind == "model" and e.detail else f"{e.name} {e.detail}".strip()
     kind = f"model call {e.turn + 1}" if e.kind == "model" else e.kind
-    parts = [head, kind, what, fmt_ms(e.duration_ms)]
+    parts = [head, kind, what]
+    if e.duration_ms is not None:  # a compaction by elision takes no measurable time
+        parts.append(fmt_ms(e.duration_ms))
     if e.prompt_tokens is not None:
         parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
     if e.attempts > 1:
