@@ -79,7 +79,9 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
         print(json.dumps(render.result_json(run)))
     else:
         if not args.quiet:
-            render.summary(run, sys.stderr, steps=_step_rows(runner.store, run_id))
+            rows = _step_rows(runner.store, run_id)
+            render.summary(run, sys.stderr, steps=None if rows is None else len(rows),
+                           estimated=rows is not None and render.estimated(rows))
         if outcome.answer:
             print(outcome.answer)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
@@ -87,13 +89,13 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
     return EXIT_CODES[RunStatus(run.status)]
 
 
-def _step_rows(store: Any, run_id: str) -> int | None:
-    """How many steps the summary counts; None (not shown) when the store cannot say: the
-    run is over and recorded, a failed read must not change its exit code."""
+def _step_rows(store: Any, run_id: str) -> list[Any] | None:
+    """The steps the summary counts; None (not shown) when the store cannot say: the run
+    is over and recorded, a failed read must not change its exit code."""
     from durable_agent.errors import StoreError
 
     try:
-        return len(store.steps(run_id))
+        return list(store.steps(run_id))
     except StoreError:
         return None
 

@@ -132,9 +132,9 @@ def _model_step(ctx: StepContext) -> None:
             output["raw"] = redact(turn_out.raw)
         step.complete(output, messages=written, counters=ctx.counters(),
                       tokens=(usage.prompt_tokens, usage.completion_tokens))
-    obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message),
+    obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message, nudge),
                        attempts=step.attempts, duration_ms=_ms_since(step), prompt_tokens=usage.prompt_tokens,
-                       completion_tokens=usage.completion_tokens))
+                       completion_tokens=usage.completion_tokens, estimated=usage.estimated))
     if nudge is None and empty_answer(message):  # the second in a row: recorded, then the stop
         raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row (no text "
                        "and no tool call, even after being told); `resume` nudges it once more, "
@@ -205,10 +205,14 @@ def _ms_since(step: Step) -> int:
     return int((utcnow() - step.started_at).total_seconds() * 1000)
 
 
-def _summary(message: Message) -> str:
+def _summary(message: Message, nudge: tuple[str, str] | None) -> str:
+    """The timeline's words for an answer; one that is not final says so (and what was done)."""
     if message.tool_calls:
         return ", ".join(c.name for c in message.tool_calls)
     text = (message.content or "").strip().replace("\n", " ")
+    text = text[:80] + ("…" if len(text) > 80 else "")
+    if nudge is not None and nudge[0] == "length":
+        return f"cut off at the length limit, told to continue: {text}".rstrip()
     if not text:
-        return "(empty answer)"
-    return text[:80] + ("…" if len(text) > 80 else "")
+        return "(empty answer, told to answer)" if nudge else "(empty answer)"
+    return text

@@ -19,6 +19,7 @@ class StepEvent:
     duration_ms: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    estimated: bool = False  # the endpoint reported no usage: the token counts are an estimate
     attempts: int = 1
     error: str | None = None
 

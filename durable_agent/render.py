@@ -127,7 +127,8 @@ def step_line(e: StepEvent) -> str:
     if e.duration_ms is not None:  # a compaction by elision takes no measurable time
         parts.append(fmt_ms(e.duration_ms))
     if e.prompt_tokens is not None:
-        parts.append(f"{e.prompt_tokens}+{e.completion_tokens} tokens")
+        parts.append(f"~{e.prompt_tokens}+{e.completion_tokens} tokens (estimated: no usage reported)"
+                     if e.estimated else f"{e.prompt_tokens}+{e.completion_tokens} tokens")
     if e.attempts > 1:
         parts.append(f"{e.attempts} attempts")
     if e.state == "reused":
@@ -165,13 +166,23 @@ def counts(run: RunRecord, steps: int | None) -> str:
     return f"{_n(run.step_count, 'model call')}{rows} · {_n(run.tool_call_count, 'tool call')}"
 
 
-def summary(run: RunRecord, out: TextIO, *, steps: int | None = None) -> None:
+def estimated(steps: list[StepRecord]) -> bool:
+    """Whether any model call's token counts are the harness's estimate (no usage reported)."""
+    return any(s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated") for s in steps)
+
+
+def _tokens_note(is_estimated: bool) -> str:
+    return " (partly estimated: the endpoint reported no usage)" if is_estimated else ""
+
+
+def summary(run: RunRecord, out: TextIO, *, steps: int | None = None, estimated: bool = False) -> None:
     """`9 model calls · 17 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) ·
     0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
     print(f"{counts(run, steps)} · "
           f"{_n(run.message_count, 'message')} · "
-          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_cost_text(run)} · "
+          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_tokens_note(estimated)}"
+          f"{_cost_text(run)} · "
           f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
     if run.error and run.status != RunStatus.COMPLETED:
         print(f"  {run.error}", file=out)
@@ -262,7 +273,8 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
           f"`durable-agent resume {run.id}` continues the run")
     p(f"totals     {counts(run, len(steps))} · "
       f"{_n(run.message_count, 'message')} · "
-      f"{run.prompt_tokens}+{run.completion_tokens} tokens{_cost_text(run)} · {fmt_ms(run.active_ms)} active"
+      f"{run.prompt_tokens}+{run.completion_tokens} tokens{_tokens_note(estimated(steps))}{_cost_text(run)} · "
+      f"{fmt_ms(run.active_ms)} active"
       + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
     if run.error:
         p(f"error      {run.error}")
@@ -306,6 +318,8 @@ def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None
             p(f"{'':>4}  ── resumed (lease epoch {s.lease_epoch}) ──")
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
+        if tokens and s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated"):
+            tokens = "~" + tokens  # the endpoint reported no usage: the harness's estimate
         state = s.state
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
@@ -323,8 +337,14 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         call = f"model call {s.turn + 1} " if s.turn is not None else ""
         if names:
             return call + "→ " + ", ".join(names)
+        nudge = as_dict(out.get("nudge")).get("reason")
+        if nudge == "length":  # not an answer: the model was told to continue
+            cut = str(out.get("content") or "")
+            return call + "→ cut off at the length limit, told to continue" + (f": {short(cut, 40)}" if cut else "")
         if out.get("content"):
             return call + "→ answer: " + short(out["content"], 60)
+        if "content" in out:  # completed with neither text nor a call
+            return call + ("→ empty answer, told to answer" if nudge else "→ empty answer")
         return call + str(run.model)
     if s.kind == "compact":
         out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
