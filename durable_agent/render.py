@@ -207,8 +207,11 @@ def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:
 
 
 def result_json(run: RunRecord) -> dict[str, Any]:
+    """The `--json` result. `steps` is the contract's name for the model calls (what --max-steps
+    counts); `model_calls` says the same in the words the timeline and summary use."""
     return {"run_id": run.id, "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer,
-            "steps": run.step_count, "tool_calls": run.tool_call_count, "prompt_tokens": run.prompt_tokens,
+            "steps": run.step_count, "model_calls": run.step_count, "tool_calls": run.tool_call_count,
+            "prompt_tokens": run.prompt_tokens,
             "completion_tokens": run.completion_tokens, "duration_ms": run.active_ms, "error": run.error}
 
 
@@ -227,10 +230,10 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
         else:
             print("no runs yet: try `durable-agent demo` or `durable-agent start \"…\"`", file=out)
         return
-    print(f"{'ID':<16}  {'STATUS':<15}  {'STEPS':>5}  {'TOKENS':>8}  {'AGE':>8}  TASK", file=out)
+    print(f"{'ID':<16}  {'STATUS':<15}  {'MODEL CALLS':>11}  {'TOKENS':>8}  {'AGE':>8}  TASK", file=out)
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
-        print(f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>5}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
+        print(f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
               f"{short(r.task, 50)}", file=out)
 
 

@@ -69,3 +69,16 @@ def test_model_calls_and_steps_are_named_apart(cli: Callable[..., Any], write_sc
     assert "3 model calls · 5 steps · 2 tool calls · " in again.stderr
     shown = cli("show", "w1").stdout
     assert "totals     3 model calls · 5 steps · 2 tool calls" in shown
+    listed = cli("list").stdout.splitlines()
+    assert listed[0].split()[:4] == ["ID", "STATUS", "MODEL", "CALLS"]
+    assert listed[1].split()[:3] == ["w1", "completed", "3"]  # model calls, not the 5 steps
+
+
+def test_the_json_result_names_model_calls(cli_inproc: Callable[..., Any], write_script: Callable[..., str],
+                                           workspace: Any) -> None:
+    (workspace / "a.txt").write_text("hi\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
+    out = one_object(cli_inproc("start", "t", "--model", write_script([read, DONE]), "--json").stdout)
+    # `steps` is the contract's name for model calls (as --max-steps counts them), kept;
+    # `model_calls` says it in the timeline's words.
+    assert (out["model_calls"], out["steps"], out["tool_calls"]) == (2, 2, 1)

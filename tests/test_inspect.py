@@ -47,7 +47,7 @@ def test_list_is_newest_first_filters_by_status_and_rejects_unknown_statuses(cli
     r = cli_inproc("list")
     assert r.code == 0
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATUS", "STEPS", "TOKENS", "AGE", "TASK"]
+    assert lines[0].split() == ["ID", "STATUS", "MODEL", "CALLS", "TOKENS", "AGE", "TASK"]
     assert [line.split()[:3] for line in lines[1:]] == [[cut, "budget_exceeded", "1"], [done, "completed", "1"]]
 
     r = cli_inproc("list", "--status", "completed", "--json")
