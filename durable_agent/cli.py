@@ -37,8 +37,8 @@ def _add_db(p: argparse.ArgumentParser) -> None:
 
 def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
     if resume:  # the run's recorded budgets apply; a flag replaces one (to raise it)
-        g = p.add_argument_group("budgets (the run's recorded budgets apply; a flag raises one before "
-                                 "continuing, e.g. --max-steps 80 after max_steps stopped it)")
+        g = p.add_argument_group("budgets (the run's recorded budgets apply; a flag replaces one before "
+                                 "continuing, which raises it, e.g. --max-steps 80 after max_steps stopped it)")
         g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed, in total over all sessions")
     else:
         g = p.add_argument_group("budgets (checked before the action that would exceed them)")
@@ -59,29 +59,40 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
+def _default(text: str, resume: bool) -> str:
+    """A default as `start` applies it; on `resume` the run's recorded value applies instead."""
+    return "" if resume else text
+
+
+def _add_model(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
     p.add_argument("--model", metavar="NAME",
                    help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`")
     p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
     p.add_argument("--api-type", choices=["auto", "openai", "azure"],
                    help="azure: Azure OpenAI (api-key header, deployment in the path, api_version); "
-                        "auto (default): azure for a .../openai/deployments/NAME?api-version=... URL")
+                        f"auto{_default(' (default)', resume)}: azure for a "
+                        ".../openai/deployments/NAME?api-version=... URL")
     p.add_argument("--tool-protocol", choices=["native", "text"],
-                   help="native function calling (default), or TOOL_CALL lines for models without it")
+                   help=f"native function calling{_default(' (default)', resume)}, or TOOL_CALL lines "
+                        "for models without it")
 
 
-def _add_containment(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("containment (the sandbox is the boundary; the shell policy only decides who is asked)")
+def _add_containment(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
+    title = "containment (the sandbox is the boundary; the shell policy only decides who is asked)"
+    if resume:
+        title = title[:-1] + "; the run's recorded values apply unless a flag is given)"
+    g = p.add_argument_group(title)
     g.add_argument("--shell", choices=["allow", "ask", "deny"],
-                   help="who is asked: run all commands, ask a person for unlisted ones (default), "
+                   help=f"who is asked: run all commands, ask a person for unlisted ones{_default(' (default)', resume)}, "
                         "or no shell tool. Not a security boundary: approved commands still run "
                         "in the sandbox")
     g.add_argument("--sandbox", choices=["workspace-write", "read-only", "off"],
                    help="OS sandbox of every command (bubblewrap, else Landlock): workspace-write "
-                        "(default) = only the workspace and a private /tmp writable, git config and "
+                        f"{_default('(default) ', resume)}= only the workspace and a private /tmp writable, git config and "
                         "hooks read-only, no other process visible; read-only = the workspace too; "
                         "off = UNCONFINED, commands can change anything you can")
-    g.add_argument("--network", choices=["on", "off"], help="network access of commands (default off)")
+    g.add_argument("--network", choices=["on", "off"],
+                   help="network access of commands" + _default(" (default off)", resume))
 
 
 def _add_mcp(p: argparse.ArgumentParser) -> None:
@@ -115,12 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_command("cmd_start"))
     p = sub.add_parser("resume", help="continue a run from its last verified step",
                        description="Continue a run that is not completed, under the settings and budgets "
-                                   "recorded with it. Budget flags raise its budgets.")
+                                   "recorded with it. A flag replaces a recorded value: a budget flag raises that budget.")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
     _add_budgets(p, resume=True)
-    _add_model(p)
-    _add_containment(p)
+    _add_model(p, resume=True)
+    _add_containment(p, resume=True)
     p.add_argument("--detach", action="store_true",
                    help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`")
     p.add_argument("--workspace", metavar="DIR",

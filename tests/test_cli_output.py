@@ -47,6 +47,9 @@ def test_resume_help_says_the_recorded_budget_applies(cli: Callable[..., Any]) -
     text = " ".join(cli("resume", "--help").stdout.split())
     assert "(default 50)" not in text and "(default 3)" not in text
     assert "recorded budgets apply" in text and "raises" in text
+    # Nor any other start default: the run's recorded shell, sandbox, network, protocol apply.
+    assert [d for d in text.split("(default")[1:] if not d.startswith(": SQLite")] == [], text
+    assert "recorded values apply unless a flag is given" in text
     start = " ".join(cli("start", "--help").stdout.split())
     assert "(default 50)" in start  # start keeps its defaults
 
