@@ -192,6 +192,10 @@ def test_unreadable_script_is_a_clear_error(cli_inproc, tmp_path: Path) -> None:
     ([DONE, DONE, "done"], "turn 2 must be an object, not a string"),
     ([{"content": "x", "delay_s": "soon"}], 'turn 0 has a "delay_s" that is a string'),
     ({"content": "x"}, "must be a JSON list of turns, not an object"),
+    ([DONE, {"content": "x", "contnet": "y"}], 'turn 1 has an unknown key "contnet"'),
+    ([{"tool_calls": [{"name": "read_file", "argumnets": {"path": "a"}}]}],
+     'turn 0 has a tool call (0) with an unknown key "argumnets"'),
+    ([], 'has no turns: give at least one'),
 ])
 def test_a_wrong_script_is_refused_when_loaded_with_the_turn(
         cli_inproc, tmp_path: Path, sql, script: object, problem: str) -> None:

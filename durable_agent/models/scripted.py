@@ -32,11 +32,17 @@ def load_script(path: Path) -> list[dict[str, Any]]:
     return validate_script(data, str(path))
 
 
+TURN_KEYS = frozenset({"content", "tool_calls", "delay_s"})
+CALL_KEYS = frozenset({"name", "arguments"})
+
+
 def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
     """The script, checked turn by turn when it is loaded: a wrong shape is a one-line
     configuration error naming the turn (exit 2), never a model_error halfway through a run."""
     if not isinstance(data, list):
         raise ConfigError(f"script {where} must be a JSON list of turns, not {_kind(data)}")
+    if not data:
+        raise ConfigError(f'script {where} has no turns: give at least one, e.g. [{{"content": "done"}}]')
     for i, turn in enumerate(data):
         problem = _turn_problem(turn)
         if problem is not None:
@@ -49,6 +55,9 @@ def _turn_problem(turn: Any) -> str | None:
         return f"must be an object, not {_kind(turn)}"
     if not ({"content", "tool_calls"} & turn.keys()):
         return 'needs "content" or "tool_calls"'
+    unknown = sorted(set(turn) - TURN_KEYS)
+    if unknown:  # a misspelt key would be ignored silently: the turn would not be what was meant
+        return f'has an unknown key "{unknown[0]}" (a turn has "content", "tool_calls", "delay_s")'
     if turn.get("content") is not None and not isinstance(turn["content"], str):
         return f'has a "content" that is {_kind(turn["content"])}, not text'
     if "delay_s" in turn and (isinstance(turn["delay_s"], bool) or not isinstance(turn["delay_s"], int | float)):
@@ -61,6 +70,9 @@ def _turn_problem(turn: Any) -> str | None:
     for j, call in enumerate(calls):
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
             return f'has a tool call ({j}) without a "name"'
+        unknown = sorted(set(call) - CALL_KEYS)
+        if unknown:
+            return f'has a tool call ({j}) with an unknown key "{unknown[0]}" (a call has "name", "arguments")'
         args = call.get("arguments", {})
         if not isinstance(args, dict | str):
             return f'has a tool call ({j}) whose "arguments" is {_kind(args)}: give an object (or a string, sent raw)'
@@ -91,7 +103,8 @@ class ScriptedModel:
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
         if turn >= len(self.turns):
-            return ModelTurn(content=f"The script is exhausted after {len(self.turns)} turns.",
+            count = f"{len(self.turns)} turn" + ("" if len(self.turns) == 1 else "s")
+            return ModelTurn(content=f"The script is exhausted after {count}.",
                              usage=Usage(prompt_tokens=10, completion_tokens=10))
         spec = self.turns[turn]
         if spec.get("delay_s"):
