@@ -231,3 +231,15 @@ def test_bad_responses_fail_fast_with_the_providers_words_and_resume(
     assert second.json()["status"] == "completed"
     assert [t for t, _, _ in api.turns()] == [0, 1, 1, 2]  # turn 0 was not asked again
     assert sql("SELECT state, attempts FROM steps WHERE kind = 'model' AND turn = 1") == [("completed", 2)]
+
+
+def test_an_endpoint_that_hangs_up_without_answering_is_not_called_unreachable(
+        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api.configure(retry_max_attempts=2)
+    api.server.add_faults([{"turn": 0, "drop": True, "times": 2}])
+    result = api.start()
+    assert result.code == 1, result.stderr
+    _, _, reason, error, _ = the_run(sql)
+    assert error.startswith("model call failed after 2 attempts: disconnected: "), error
+    assert "closed the connection without answering" in error and "hung up before answering" in error
+    assert "could not reach the endpoint" not in result.stderr and BUG not in error

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -193,8 +194,24 @@ def test_retry_after_as_http_date(server: FakeOpenAI) -> None:
 
 
 def test_dropped_connection_is_retryable(server: FakeOpenAI) -> None:
+    # The endpoint was reached and hung up without a response: not "could not reach" (issue 17).
     failure = failure_of(server, {"drop": True})
-    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "connection", None)
+    assert (failure.kind, failure.reason, failure.status) == (RETRYABLE, "disconnected", None)
+    assert "closed the connection without answering" in failure.message
+    assert "could not reach" not in failure.describe() and "was reached" in failure.describe()
+
+
+def test_an_unreachable_endpoint_says_why() -> None:
+    # openai's own words are only "Connection error."; the cause names what happened.
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test", max_retries=0)
+    with pytest.raises(openai.APIConnectionError) as caught:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    failure = map_exception(caught.value)
+    assert failure is not None and failure.reason == "connection"
+    assert failure.message.startswith("Connection error (") and "refused" in failure.message.lower()
 
 
 def test_a_body_cut_mid_stream_says_so_not_check_base_url(server: FakeOpenAI) -> None:

@@ -38,6 +38,8 @@ HINTS = {
     "server_error": "the provider is failing: resume the run later",
     "timeout": "the request timed out: check the network or the endpoint's load, then resume",
     "connection": "could not reach the endpoint: check --base-url and the network, then resume",
+    "disconnected": "the endpoint was reached but hung up before answering: resume the run; if it "
+    "keeps happening, check the server's log and any proxy in between",
     "conflict": "the provider reported a conflict: resume the run",
     "too_early": "the provider asked to retry later: resume the run",
     "auth": "check OPENAI_API_KEY (and that --base-url is the endpoint the key belongs to)",

@@ -201,7 +201,25 @@ def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
     cut = _cut_body(exc)
     if cut is not None:
         return Failure(RETRYABLE, "truncated_response", scrub(cut))
-    return Failure(RETRYABLE, "connection", scrub(str(exc) or type(exc).__name__))
+    causes = _chain(exc)[1:]
+    for cause in causes:
+        if "without sending a response" in str(cause).lower():  # reached, and it hung up
+            return Failure(RETRYABLE, "disconnected", scrub(f"the endpoint closed the connection "
+                                                           f"without answering ({cause})"))
+    # openai says only "Connection error.": the cause says which ("Connection refused"...).
+    why = next((str(c) for c in reversed(causes) if str(c)), "")
+    text = str(exc) or type(exc).__name__
+    return Failure(RETRYABLE, "connection", scrub(f"{text.rstrip('.')} ({why})" if why and why not in text else text))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its causes: openai's APIConnectionError <- httpx <- httpcore <- h11."""
+    found: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(found) < 8:
+        found.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return found
 
 
 # What h11/httpcore say when the headers came but the body stopped short of its length.
@@ -211,14 +229,10 @@ _CUT_WORDS = ("without sending complete message body", "incomplete chunked read"
 def _cut_body(exc: BaseException) -> str | None:
     """The cause's words when the connection closed in the middle of the response body:
     the endpoint was reached and answered, so this is not a connection problem."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # the chain: openai's APIConnectionError <- httpx <- httpcore <- h11
-        if seen is None:
-            break
+    for seen in _chain(exc):
         text = f"{type(seen).__name__}: {seen}"
         if any(word in text.lower() for word in _CUT_WORDS):
             return f"the connection closed in the middle of the response body ({seen})"
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
