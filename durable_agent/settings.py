@@ -289,5 +289,14 @@ def _merge_servers(merged: dict[str, Any], path: Path | None, base: Mapping[str,
 
 
 def validation_text(exc: ValidationError, root: str) -> str:
-    """pydantic's errors in one line: `field.sub: message; ...` (`root` names the whole)."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in exc.errors())
+    """pydantic's errors in one line: `field.sub: message; ...` (`root` names the whole).
+
+    A check of the whole (a model validator) says its own words, without `root:` or
+    pydantic's "Value error, " in front."""
+    parts = []
+    for e in exc.errors():
+        where, msg = ".".join(str(p) for p in e["loc"]), str(e["msg"])
+        if e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        parts.append(f"{where or root}: {msg}" if where or e["type"] != "value_error" else msg)
+    return "; ".join(parts)
