@@ -15,6 +15,7 @@ from durable_agent.context_budget import calibrate
 from durable_agent.errors import LoopExit
 from durable_agent.messages import Message, ModelTurn, ToolCall
 from durable_agent.models.estimate import estimate_usage
+from durable_agent.models.text_protocol import without_reasoning
 from durable_agent.observer import StepEvent
 from durable_agent.replay import RunState
 from durable_agent.status import StepKind, StopReason
@@ -142,9 +143,10 @@ def _model_step(ctx: StepContext) -> None:
 
 
 def empty_answer(message: Message | None) -> bool:
-    """An assistant message with neither text nor a tool call: not a final answer."""
+    """An assistant message with neither text nor a tool call: not a final answer. Text that
+    is only a reasoning block (`<think>…</think>`) is no answer either."""
     return (message is not None and message.role == "assistant" and not message.tool_calls
-            and not (message.content or "").strip())
+            and not without_reasoning(message.content or "").strip())
 
 
 def _nudge(previous: Message | None, answer: Message, finish_reason: str | None) -> tuple[str, str] | None:
@@ -213,6 +215,6 @@ def _summary(message: Message, nudge: tuple[str, str] | None) -> str:
     text = text[:80] + ("…" if len(text) > 80 else "")
     if nudge is not None and nudge[0] == "length":
         return f"cut off at the length limit, told to continue: {text}".rstrip()
-    if not text:
+    if empty_answer(message):  # nothing, or only a reasoning block
         return "(empty answer, told to answer)" if nudge else "(empty answer)"
     return text

@@ -344,10 +344,12 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         if nudge == "length":  # not an answer: the model was told to continue
             cut = str(out.get("content") or "")
             return call + "→ cut off at the length limit, told to continue" + (f": {short(cut, 40)}" if cut else "")
+        if nudge == "empty_answer":  # nothing, or only a reasoning block
+            return call + "→ empty answer, told to answer"
         if out.get("content"):
             return call + "→ answer: " + short(out["content"], 60)
         if "content" in out:  # completed with neither text nor a call
-            return call + ("→ empty answer, told to answer" if nudge else "→ empty answer")
+            return call + "→ empty answer"
         return call + str(run.model)
     if s.kind == "compact":
         out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")

@@ -31,6 +31,7 @@ EMPTY_SHAPES: list[dict[str, Any]] = [
     {"role": "assistant", "content": ""},
     {"role": "assistant", "content": None, "tool_calls": []},
     {"role": "assistant", "content": None, "reasoning": "I should think about this."},
+    {"role": "assistant", "content": "<think>\nThe file says hello.\n</think>\n"},
 ]
 
 
@@ -64,7 +65,7 @@ def test_a_cut_off_answer_is_continued_not_accepted(api: Endpoint, sql: Callable
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=["null", "empty", "empty-tool-calls", "reasoning-only"])
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=["null", "empty", "empty-tool-calls", "reasoning-only", "think-block-only"])
 def test_an_empty_answer_is_nudged_once(api: Endpoint, sql: Callable[..., list[Any]],
                                         shape: dict[str, Any]) -> None:
     api.server.add_faults([{"turn": 1, "message": shape}])

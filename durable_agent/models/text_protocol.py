@@ -41,6 +41,12 @@ _DECODER = json.JSONDecoder()
 # unclosed block (the answer was cut inside it) runs to the end of the text.
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
 
+
+def without_reasoning(text: str) -> str:
+    """The text with its reasoning blocks taken out: what is left is the answer."""
+    return _REASONING.sub("", text)
+
+
 FORMAT_HINT = f'Write each tool call on its own line as: {MARKER} {{"name": "<tool>", "input": {{...}}}}'
 
 
