@@ -36,3 +36,20 @@ def test_the_scripted_model_example_is_a_valid_script_and_readme_links_it() -> N
 def test_azure_is_documented_next_to_the_local_servers() -> None:
     assert MODELS.index("### Azure OpenAI") > MODELS.index("| llama.cpp")
     assert "--api-type azure" in MODELS and "api-key" in MODELS and "api_version" in MODELS
+
+
+def test_the_readme_says_what_shell_ask_does_and_does_not_guarantee() -> None:
+    text = " ".join(README.split())
+    assert "anything destructive" not in text  # the old promise it cannot keep
+    start = text.index("`--shell ask` (the default) is not the boundary")
+    said = text[start:start + 1200]
+    assert "What it does guarantee:" in said and "What it does not guarantee:" in said
+    assert "sandbox" in said and "it is a lexer, not a shell" in said
+
+
+def test_the_readme_and_models_doc_name_model_calls_and_answers_that_are_not_final() -> None:
+    text, models = " ".join(README.split()), " ".join(MODELS.split())
+    assert "`6 model calls · 11 steps · 5 tool calls · ...`" in text
+    assert "resuming from model call 6" in text and "`MODEL CALLS`" in text
+    for words in ("cut off at the length limit, told to continue", "empty answer, told to answer", "~989+8"):
+        assert words in text and words in models, words
