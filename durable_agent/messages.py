@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -16,6 +17,16 @@ from typing import Any
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces, UTF-8 kept: equal values give equal text (fingerprints, hashes)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# A reasoning block (`<think>…</think>`, `<reasoning>…`) is thinking: neither an action nor
+# an answer. An unclosed block (the answer was cut inside it) runs to the end of the text.
+REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
+
+
+def without_reasoning(text: str) -> str:
+    """The text with its reasoning blocks taken out: what is left is the answer."""
+    return REASONING_BLOCK.sub("", text) if "<" in text else text
 
 
 def sha256_text(text: str) -> str:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate
 from durable_agent.errors import LoopExit
-from durable_agent.messages import Message, ModelTurn, ToolCall
+from durable_agent.messages import Message, ModelTurn, ToolCall, without_reasoning
 from durable_agent.models.estimate import estimate_usage
-from durable_agent.models.text_protocol import without_reasoning
 from durable_agent.observer import StepEvent
 from durable_agent.replay import RunState
 from durable_agent.status import StepKind, StopReason

@@ -14,7 +14,7 @@ from typing import Any
 
 from durable_agent.context_budget import calibrate, count_message
 from durable_agent.context_view import ContextView, request_hash
-from durable_agent.messages import HistoryHash, Message, ToolCall
+from durable_agent.messages import HistoryHash, Message, ToolCall, without_reasoning
 from durable_agent.store.storable import storable
 
 
@@ -91,7 +91,8 @@ class RunState:
         `empty_answer`), nor is one followed by a nudge (a cut-off answer: the model goes on).
         """
         last = self.messages[-1] if self.messages else None
-        if last is not None and last.role == "assistant" and not last.tool_calls and (last.content or "").strip():
+        if (last is not None and last.role == "assistant" and not last.tool_calls
+                and without_reasoning(last.content or "").strip()):  # only a <think> block: no answer
             return last.content or ""
         return None
 

@@ -183,3 +183,17 @@ def test_the_timeline_and_show_say_which_answers_were_not_final_and_which_counts
     assert rows["4"].endswith("model call 3 → empty answer, told to answer")
     assert rows["5"].endswith("model call 4 → answer: Done at last.") and "~" not in rows["5"]
     assert "tokens (partly estimated: the endpoint reported no usage)" in shown
+
+
+def test_answers_that_are_only_thinking_fail_the_run_and_a_resume_does_not_take_them(
+        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    thinking = EMPTY_SHAPES[-1]
+    api.server.add_faults([{"turn": 1, "message": thinking}, {"turn": 2, "message": thinking}])
+    first = api.start("--json")
+    assert first.code == 1, first.stderr
+    assert (first.json()["status"], first.json()["stop_reason"]) == ("failed", "empty_answer")
+    # The recorded history ends with the thinking: a resume nudges, it does not finish with it.
+    again = api.resume(first.json()["run_id"], "--json")
+    assert again.code == 0, again.stderr
+    assert again.json()["answer"] == "Done at last."
+    assert user_texts(api.server.requests[-1]).count(EMPTY_NUDGE) == 2

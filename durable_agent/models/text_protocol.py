@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from durable_agent.messages import Message, ModelTurn, ToolCall
+from durable_agent.messages import REASONING_BLOCK, Message, ModelTurn, ToolCall
 from durable_agent.models import ModelClient
 
 MARKER = "TOOL_CALL"
@@ -37,15 +37,8 @@ UNPARSED = "TOOL_CALL"
 _CALL = re.compile(rf"^[ \t>*`-]*{MARKER}\b[ \t:]*", re.MULTILINE)
 _NAME = re.compile(r'"name"\s*:\s*"([^"\\]+)"')
 _DECODER = json.JSONDecoder()
-# A reasoning block is thinking, not action: a TOOL_CALL line inside one is not a call. An
-# unclosed block (the answer was cut inside it) runs to the end of the text.
-_REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
-
-
-def without_reasoning(text: str) -> str:
-    """The text with its reasoning blocks taken out: what is left is the answer."""
-    return _REASONING.sub("", text)
-
+# A reasoning block is thinking, not action: a TOOL_CALL line inside one is not a call.
+_REASONING = REASONING_BLOCK
 
 FORMAT_HINT = f'Write each tool call on its own line as: {MARKER} {{"name": "<tool>", "input": {{...}}}}'
 
