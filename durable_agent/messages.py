@@ -24,6 +24,14 @@ def canonical_json(value: Any) -> str:
 REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.S | re.I)
 
 
+# What the model is told after an answer that is not final (model_step.py); an answer
+# followed by CUT_NUDGE is continued by the next one (replay.py joins them).
+CUT_NUDGE = ("Your answer was cut off: the response reached its length limit. Continue exactly "
+             "where it stopped, without repeating what you already wrote.")
+EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task, or call a tool "
+               "to make progress.")
+
+
 def without_reasoning(text: str) -> str:
     """The text with its reasoning blocks taken out: what is left is the answer."""
     return REASONING_BLOCK.sub("", text) if "<" in text else text

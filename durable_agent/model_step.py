@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate
 from durable_agent.errors import LoopExit
-from durable_agent.messages import Message, ModelTurn, ToolCall, without_reasoning
+from durable_agent.messages import (
+    CUT_NUDGE,
+    EMPTY_NUDGE,
+    Message,
+    ModelTurn,
+    ToolCall,
+    without_reasoning,
+)
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.replay import RunState
@@ -25,10 +32,8 @@ from durable_agent.store.step import Step
 if TYPE_CHECKING:
     from durable_agent.models.failures import Failure
 
-CUT_NUDGE = ("Your answer was cut off: the response reached its length limit. Continue exactly "
-             "where it stopped, without repeating what you already wrote.")
-EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task, or call a tool "
-               "to make progress.")
+__all__ = ["CUT_NUDGE", "EMPTY_NUDGE", "empty_answer", "model_step"]
+
 
 
 def model_step(ctx: StepContext) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from durable_agent.context_budget import calibrate, count_message
 from durable_agent.context_view import ContextView, request_hash
-from durable_agent.messages import HistoryHash, Message, ToolCall, without_reasoning
+from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
 from durable_agent.store.storable import storable
 
 
@@ -89,12 +89,20 @@ class RunState:
 
         An empty one is not a finish (the model step nudges, or stops the run as
         `empty_answer`), nor is one followed by a nudge (a cut-off answer: the model goes on).
+        An answer that continues cut-off ones (each followed by CUT_NUDGE) is their whole
+        text, joined: the model was told to go on exactly where it stopped.
         """
-        last = self.messages[-1] if self.messages else None
-        if (last is not None and last.role == "assistant" and not last.tool_calls
-                and without_reasoning(last.content or "").strip()):  # only a <think> block: no answer
-            return last.content or ""
-        return None
+        ms = self.messages
+        last = ms[-1] if ms else None
+        if (last is None or last.role != "assistant" or last.tool_calls
+                or not without_reasoning(last.content or "").strip()):  # only a <think> block: no answer
+            return None
+        parts, i = [last.content or ""], len(ms) - 2
+        while (i >= 1 and ms[i].role == "user" and ms[i].content == CUT_NUDGE
+               and ms[i - 1].role == "assistant" and not ms[i - 1].tool_calls):
+            parts.append(ms[i - 1].content or "")
+            i -= 2
+        return "".join(reversed(parts))
 
 
 def storable_message(m: Message) -> Message:

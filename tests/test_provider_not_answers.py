@@ -56,12 +56,24 @@ def test_a_cut_off_answer_is_continued_not_accepted(api: Endpoint, sql: Callable
     result = api.start("--json")
     assert result.code == 0, result.stderr
     out = result.json()
-    assert (out["status"], out["answer"]) == ("completed", "Really done.")  # turn 2, not the cut turn 1
+    # Not the cut turn 1 alone: the model went on where it stopped, the answer is both parts.
+    assert (out["status"], out["answer"]) == ("completed", "All done.Really done.")
     assert [r["turn"] for r in api.server.requests] == [0, 1, 2]
     assert user_texts(api.server.requests[2])[-1] == CUT_NUDGE  # the model was told
     cut = model_outputs(sql)[1]
     assert cut["finish_reason"] == "length"
     assert cut["nudge"] == {"reason": "length", "message": CUT_NUDGE}
+
+
+def test_an_answer_cut_twice_is_joined_across_a_resume(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api.server.add_faults([{"turn": 1, "finish_reason": "length"}, {"turn": 2, "finish_reason": "length"}])
+    first = api.start("--json", "--max-steps", "3")  # stops right after the second cut
+    assert first.json()["stop_reason"] == "max_steps", first.stderr
+    assert first.json()["answer"] is None  # a cut-off answer is no answer
+    again = api.resume(first.json()["run_id"], "--json", "--max-steps", "5")
+    assert again.code == 0, again.stderr
+    assert again.json()["answer"] == "All done.Really done.Done at last."
+    assert sql("SELECT answer FROM runs") == [("All done.Really done.Done at last.",)]
 
 
 @pytest.mark.slow
