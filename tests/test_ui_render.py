@@ -111,3 +111,9 @@ def test_a_long_stop_is_drawn_narrow_and_labelled_so_the_steps_stay_readable() -
     xs = [float(v) for v in re.findall(r'data-seq="\d+" x="([\d.]+)"', svg)]
     assert xs == sorted(xs) and xs[2] >= float(gap.group(1)) + float(gap.group(2)) - 0.1  # after the band
     assert svg.count('class="resume"') == 1
+
+
+def test_the_runs_list_counts_model_calls_under_that_name() -> None:
+    # step_count is the model calls (what --max-steps counts), as `list` and the summary say.
+    html = runs_list(RunPage([_run("t")], None), status=None, needle=None, csrf="x")
+    assert "<th>model calls</th>" in html and "<th>steps</th>" not in html

@@ -69,7 +69,7 @@ def runs_list(page: RunPage, *, status: str | None, needle: str | None, csrf: st
         rows = '<tr><td colspan="11" class="empty">no runs' + (" match" if status or needle else " yet") + "</td></tr>"
     else:
         rows = "".join(_run_row(r, now) for r in page.runs)
-    head = "".join(f"<th>{h}</th>" for h in ("run", "status", "stop reason", "task", "model", "steps",
+    head = "".join(f"<th>{h}</th>" for h in ("run", "status", "stop reason", "task", "model", "model calls",
                                              "tokens", "cost", "age", "duration", "owner"))
     more = ""
     if page.next_cursor:
