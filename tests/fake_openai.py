@@ -60,6 +60,7 @@ Actions, combinable in this order:
                                                 the first n bytes, then close (cut mid-body)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
     {"no_usage": true}                          the normal answer without a `usage` field
+    {"usage": {...}}                            the normal answer with this `usage` (odd counts)
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
 file, flushed per line) as `{"request", "turn", "attempt", "kind", "path", "query", "headers"
@@ -326,6 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
             completion["choices"][0]["finish_reason"] = fault["finish_reason"]
         if fault.get("no_usage"):
             del completion["usage"]
+        if "usage" in fault:
+            completion["usage"] = fault["usage"]
         self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"))
 
     def do_GET(self) -> None:

@@ -138,6 +138,20 @@ def test_without_usage_tokens_are_estimated_marked_and_budgeted(
         (usage["prompt_tokens"], usage["completion_tokens"])]
 
 
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},  # a placeholder: nothing is free
+    {"total_tokens": 12},  # no counts of its parts
+    None,
+])
+def test_usage_that_counts_nothing_is_estimated_and_budgeted(
+        api: Endpoint, sql: Callable[..., list[Any]], usage: dict[str, Any] | None) -> None:
+    api.server.add_faults([{"usage": usage, "times": 10}])
+    result = api.start("--json", "--max-tokens", "60")
+    assert result.code == 3, result.stderr
+    assert result.json()["stop_reason"] == "max_tokens"
+    assert model_outputs(sql)[0]["usage"]["estimated"] is True
+
+
 def test_reported_usage_is_not_marked_estimated(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     assert api.start("--json").code == 0
     assert all("estimated" not in o["usage"] for o in model_outputs(sql))

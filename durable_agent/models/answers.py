@@ -191,7 +191,10 @@ def _usage(usage: Any) -> Usage:
 
     if not isinstance(usage, dict) or not ({"prompt_tokens", "completion_tokens"} & usage.keys()):
         return Usage(reported=False)  # the step estimates it: budgets must keep working
-    return Usage(prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"))
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    if prompt == 0 and completion == 0:  # no request costs nothing: a placeholder (mock servers)
+        return Usage(reported=False)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion)
 
 
 def _snippet(text: str, scrub: Scrub) -> str:
