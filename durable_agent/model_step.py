@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["CUT_NUDGE", "EMPTY_NUDGE", "empty_answer", "model_step"]
 
 
-
 def model_step(ctx: StepContext) -> None:
     """One model call; a provider's `context_length` refusal gets one forced compaction and
     one retry (a new step: the request changed), then the run fails saying what was tried."""
