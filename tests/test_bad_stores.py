@@ -56,6 +56,15 @@ def test_a_truncated_database(cli: Callable[..., Result], real_db: Path, tmp_pat
     one_error_line(cli(*command, "--db", str(cut)), "cannot use the store", "cut.db", "malformed")
 
 
+@pytest.mark.parametrize("command", [["list"], ["start", "t", "--model", "demo"]])
+def test_a_device_or_a_folder_is_not_a_database(cli: Callable[..., Result], tmp_path: Path,
+                                                command: list[str]) -> None:
+    """SQLite opens /dev/null and then fails every write with "disk I/O error": that is a
+    wrong --db (exit 2 at once), not a store that went away (retried, then exit 7)."""
+    for path in ("/dev/null", str(tmp_path)):
+        one_error_line(cli(*command, "--db", path), "cannot use the store", "not a regular file")
+
+
 def test_a_folder_that_is_a_file(cli: Callable[..., Result], tmp_path: Path) -> None:
     blocker = tmp_path / "blocker"
     blocker.write_text("x")

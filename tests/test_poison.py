@@ -1,5 +1,6 @@
 """Poison data: generated file names, file bytes, command output bytes and model-written
-strings go through every built-in tool, the real CLI and both stores (SQLite and
+strings go through every built-in tool (list_files, search_text, read_file, write_file,
+edit_file, run_command, read_output), the real CLI and both stores (SQLite and
 PostgreSQL). No run may end unresumable, `show`/`export`/`list` never fail, and the
 tool results the model got say what is really there.
 
@@ -51,9 +52,25 @@ def printf_command(data: bytes, fd: int) -> str:
     return f"printf '{escapes}'" + (" >&2" if fd == 2 else "")
 
 
-def poison_script(names: list[bytes], contents: list[bytes], output: bytes, text: str) -> list[dict[str, Any]]:
+TOOL_NAMES = st.sampled_from(["list_files", "search_text", "read_file", "write_file", "edit_file", "run_command",
+                              "read_output", "no_such_tool"])
+# Argument shapes a model may send, as raw text: JSON of any shape whose values are never
+# text (so no shape names a real command or path), or not JSON at all.
+NOT_TEXT = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                            st.sampled_from(["path", "content", "command", "pattern", "call_id", "old_string",
+                                             "new_string", "limit", "x"]), inner, max_size=3), max_leaves=8)
+ARGUMENTS = st.one_of(NOT_TEXT.map(json.dumps), MODEL_TEXT)
+ODD_CALL = ("read_file", '{"path": 7}')
+
+
+def poison_script(names: list[bytes], contents: list[bytes], output: bytes, text: str,
+                  odd: tuple[str, str] = ODD_CALL, lead: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """`lead`: turns before these (their call ids then start at call_<len(lead)>_0)."""
     shown = [show_name(os.fsdecode(n)) for n in names]
+    lead = lead or []
     return [
+        *lead,
         {"tool_calls": [{"name": "list_files", "arguments": {}}]},
         {"tool_calls": [{"name": "search_text", "arguments": {"pattern": "."}}]},
         # The names as list_files showed them: the model must be able to name the files back.
@@ -65,6 +82,12 @@ def poison_script(names: list[bytes], contents: list[bytes], output: bytes, text
         {"tool_calls": [{"name": "run_command", "arguments": {"command": printf_command(output, 1)}},
                         {"name": "run_command", "arguments": {"command": printf_command(output, 2)}},
                         {"name": "run_command", "arguments": {"command": f"echo {shlex.quote(text)}"}}]},
+        # read_output: the poisoned output again, read back from the rows after the resume,
+        # and a call id that is the model's text (no such call: an error observation).
+        {"tool_calls": [{"name": "read_output", "arguments": {"call_id": f"call_{len(lead) + 4}_0"}},
+                        {"name": "read_output", "arguments": {"call_id": text}},
+                        # a call of any name with arguments of any shape (raw text)
+                        {"name": odd[0], "arguments": odd[1]}]},
         {"content": f"done {text}"},
     ]
 
@@ -104,6 +127,9 @@ def check_observations(seen: dict[str, str], workspace: Path, names: list[bytes]
         shown = storable(decode_text(output)[0])
         assert seen["call_4_0"].startswith("exit code: 0")
         assert shown in seen["call_4_0"] and shown in seen["call_4_1"]
+    assert seen["call_5_0"] == seen["call_4_0"]  # read_output gives the stored result back unchanged
+    assert seen["call_5_1"].startswith("Error: no recorded tool result with call id")
+    assert "call_5_2" in seen  # the odd call was answered (a result or an error), once
 
 
 # -- stores --------------------------------------------------------------------------------
@@ -135,15 +161,15 @@ def test_generated_poison_through_every_tool_and_the_cli_on_both_stores(
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(names=st.lists(NAMES, min_size=1, max_size=3, unique=True),
-           data=st.data(), output=st.binary(max_size=80), text=MODEL_TEXT)
-    def one_run(names: list[bytes], data: st.DataObject, output: bytes, text: str) -> None:
+           data=st.data(), output=st.binary(max_size=80), text=MODEL_TEXT, odd=st.tuples(TOOL_NAMES, ARGUMENTS))
+    def one_run(names: list[bytes], data: st.DataObject, output: bytes, text: str, odd: tuple[str, str]) -> None:
         names = [f"{i}_".encode() + n for i, n in enumerate(names)]  # never w.txt or new*.txt
         contents = [data.draw(CONTENTS) for _ in names]
         n = next(counter)
         workspace = Path(tempfile.mkdtemp(prefix=f"ws{n}-", dir=tmp_path))
         make_workspace(workspace, names, contents)
         script = tmp_path / f"script{n}.json"
-        script.write_text(json.dumps(poison_script(names, contents, output, text)))
+        script.write_text(json.dumps(poison_script(names, contents, output, text, odd)))
         common = ["--db", store_url, "--quiet"]
         code, out, err = run_cli("start", "poison", "--workspace", str(workspace), "--model", f"scripted:{script}",
                                  "--shell", "allow", "--max-steps", "3", "--json", *common)
@@ -178,8 +204,8 @@ def test_the_worst_case_run_in_a_real_process_on_both_stores(store_url: str, tmp
         f.write(b"inside\n")
     output = b"a\x00b\xff\xfe" + "é".encode()
     script = tmp_path / "script.json"
-    turns = poison_script(names, contents, output, "x\ud800y\x00z")
-    turns.insert(0, {"tool_calls": [{"name": "read_file", "arguments": {"path": "dir\\xfe/in\\xff.txt"}}]})
+    first = {"tool_calls": [{"name": "read_file", "arguments": {"path": "dir\\xfe/in\\xff.txt"}}]}
+    turns = poison_script(names, contents, output, "x\ud800y\x00z", lead=[first])
     script.write_text(json.dumps(turns))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -86,6 +86,11 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the database folder for {database}: {exc}") from None
+        if Path(database).exists() and not Path(database).is_file():
+            # /dev/null, a FIFO, a folder: SQLite opens some of them and then fails each
+            # write with "disk I/O error", which would read as a passing fault (exit 7).
+            raise ConfigError(f"cannot use the store {url}: not a regular file (--db must be a "
+                              "durable-agent SQLite file, or a new path in a writable folder)")
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=_read_json,
                            **(pool if database and database != ":memory:" else {}))
     synchronous = "FULL" if durability == "full" else "NORMAL"
