@@ -10,6 +10,7 @@ pydantic, no model of sixty settings to build).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,20 @@ def default_config_path(env: Mapping[str, str]) -> Path | None:
 def default_db_url(env: Mapping[str, str]) -> str:
     base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
+
+
+def sqlite_file(db: str) -> Path | None:
+    """The file of an SQLite store (a `sqlite:///` URL or a plain path), resolved; None for
+    another database or an in-memory one."""
+    path = db
+    if "://" in db:
+        scheme, sep, rest = db.partition(":///")
+        if not sep or scheme.split("+")[0] != "sqlite":
+            return None
+        path = rest.split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    return Path(os.path.realpath(os.path.expanduser(path)))
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -85,6 +85,7 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
         if why:
             raise ConfigError(why)
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
+    settings = _without_the_store(settings, env)
     # The key may come from the config file, not only from a credential-named variable.
     key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}
     redactor = Redactor.from_env(env, shapes=settings.redact_observations, extra=key)
@@ -95,18 +96,33 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
                   store_policy=store_policy(settings), tool_source=tool_set)
 
 
+def _without_the_store(settings: Settings, env: Mapping[str, str]) -> Settings:
+    """A SQLite store kept inside the workspace (allowed unless commands may write there) is
+    left out of its snapshots: its own writes are not the run's changes to the files, and
+    would read as drift on every resume."""
+    from durable_agent.config_layers import default_db_url, sqlite_file
+
+    file = sqlite_file(settings.db or default_db_url(env))
+    if file is None or not file.is_relative_to(settings.workspace):
+        return settings
+    rel = "".join("\\" + c if c in "\\[]*?!# " else c  # gitignore syntax: these are literal
+                  for c in file.relative_to(settings.workspace).as_posix())
+    logs = rel.rpartition("/")[0]
+    mine = [f"/{rel}", f"/{rel}-wal", f"/{rel}-shm", f"/{rel}-journal",
+            f"/{logs}/mcp-logs/" if logs else "/mcp-logs/"]
+    return settings.model_copy(update={"exclude": [*settings.exclude,
+                                                   *(p for p in mine if p not in settings.exclude)]})
+
+
 def build_tool_set(settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()) -> ToolSet:
     return ToolSet(settings, env, extra=extra_tools, log_dir=log_dir(settings, env))
 
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
     """Where MCP servers' stderr is kept: next to a SQLite store, else in the data directory."""
-    from durable_agent.config_layers import default_db_url
+    from durable_agent.config_layers import default_db_url, sqlite_file
 
-    db = settings.db or default_db_url(env)
-    if "://" not in db:  # a plain file path is a SQLite store too
-        return Path(db).expanduser().resolve().parent / "mcp-logs"
-    for prefix in ("sqlite:///", "sqlite+pysqlite:///"):
-        if db.startswith(prefix) and db[len(prefix):] not in ("", ":memory:"):
-            return Path(db[len(prefix):].split("?", 1)[0]).expanduser().resolve().parent / "mcp-logs"
+    file = sqlite_file(settings.db or default_db_url(env))
+    if file is not None:
+        return file.parent / "mcp-logs"
     return Path(default_db_url(env).removeprefix("sqlite:///")).parent / "mcp-logs"

@@ -410,3 +410,18 @@ def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...
             assert got.tree_id == tree_id(want)  # kept up to date, not recomputed
             again = incremental.scan()
             assert again.manifest == want and again.tree_id == got.tree_id
+
+
+@pytest.mark.parametrize("name", ["store.db", "state dir/runs[1].db"])
+def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspace, write_script, name) -> None:  # type: ignore[no-untyped-def]
+    # Allowed where commands cannot write the workspace (--sandbox off / read-only): its own
+    # writes (the file, -wal, -shm) are not the run's changes and must not read as drift.
+    model = write_script(MIXED[:1] + MIXED[5:6] + [{"content": "done"}])
+    db = ["--db", str(workspace / name)]
+    proc = _start(env, workspace, model, "in", "--max-steps", "1", "--sandbox", "off", *db)
+    assert proc.returncode == 3, proc.stderr
+    proc = da(["resume", "in", "--max-steps", "5", "--quiet", *db], env, workspace)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # not blocked (workspace_drift)
+    changed = sqlite3.connect(workspace / name).execute("select path from step_changes").fetchall()
+    assert sorted(p for (p,) in changed) == ["a.txt", "d/new.txt"]
+    assert "store" not in da(["diff", "in", "--stat", *db], env, workspace).stdout.replace("durable", "")

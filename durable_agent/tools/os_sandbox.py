@@ -118,16 +118,12 @@ def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
     next resume) or its approvals. None when the store is elsewhere or out of reach."""
     if sandbox.mode is not SandboxMode.WORKSPACE_WRITE or not sandbox.enforced:
         return None
-    path = db
-    if "://" in db:
-        scheme, _, rest = db.partition(":///")
-        if scheme.split("+")[0] != "sqlite" or not rest:
-            return None
-        path = rest.split("?", 1)[0]
-    if path in ("", ":memory:"):
+    from durable_agent.config_layers import sqlite_file
+
+    file = sqlite_file(db)
+    if file is None:
         return None
-    real = os.path.realpath(os.path.expanduser(path))
-    root = os.path.realpath(workspace)
+    real, root = str(file), os.path.realpath(workspace)
     if real != root and not real.startswith(os.path.join(root, "")):
         return None
     return (f"refusing to run commands: the store {real} is inside the workspace, where sandboxed "
