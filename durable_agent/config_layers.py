@@ -86,4 +86,7 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
                           "for the default store")
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
+    elif merged["db"] in ("sqlite://", "sqlite:///:memory:", ":memory:"):
+        raise ConfigError(f"the store {merged['db']} is in memory: it keeps nothing once this process "
+                          "ends, so no run there could be resumed or shown; give --db a file or a URL")
     return merged

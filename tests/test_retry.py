@@ -145,7 +145,7 @@ def test_policy_defaults_are_the_settings_defaults(tmp_path: Any) -> None:
     settings = load_settings({"db": f"sqlite:///{tmp_path / 'x.db'}"}, {})
     assert RetryPolicy() == RetryPolicy.from_settings(settings)
     assert RetryPolicy().max_total_seconds == settings.retry_max_seconds
-    custom = load_settings({"db": "sqlite://", "retry_max_seconds": 7.0, "retry_max_attempts": 2}, {})
+    custom = load_settings({"db": "sqlite:///unused.db", "retry_max_seconds": 7.0, "retry_max_attempts": 2}, {})
     assert (RetryPolicy.from_settings(custom).max_total_seconds,
             RetryPolicy.from_settings(custom).max_attempts) == (7.0, 2)
 
