@@ -24,9 +24,9 @@ EPILOG = """\
 exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exceeded,
             4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process,
             7 the store is unavailable (connection lost, disk full): resumable once it is back
-environment: OPENAI_API_KEY, OPENAI_BASE_URL, DURABLE_AGENT_MODEL, DURABLE_AGENT_DB,
-             DURABLE_AGENT_SANDBOX, DURABLE_AGENT_CONFIG (a TOML file with the same
-             settings as the flags)
+environment: OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_API_VERSION (Azure), DURABLE_AGENT_MODEL,
+             DURABLE_AGENT_DB, DURABLE_AGENT_SANDBOX, DURABLE_AGENT_CONFIG (a TOML file with
+             the same settings as the flags; default ~/.config/durable-agent/config.toml)
 try it offline: durable-agent demo     check the command sandbox: durable-agent doctor
 """
 
@@ -156,14 +156,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
 
     p.set_defaults(func=_command("cmd_show"))
-    p = sub.add_parser("cancel", help="request cancellation; a running loop stops at its next step")
+    p = sub.add_parser("cancel", help="request cancellation; a running loop stops at its next step",
+                       description="Request cancellation: the process executing the run stops it at its "
+                                   "next step (status cancelled; a running command is killed). A run "
+                                   "that is not executing is marked cancelled at once. `resume` "
+                                   "continues it later.")
     p.add_argument("run_id", metavar="RUN_ID")
     _add_db(p)
 
     p.set_defaults(func=_command("cmd_cancel"))
-    p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)")
+    p = sub.add_parser("approve", help="answer the pending approval of a blocked run (then resume)",
+                       description="Answer the question a blocked run waits on (`show` prints it): a "
+                                   "command outside the allowlist, a step a crash left uncertain, or a "
+                                   "workspace that changed since the last snapshot. Then `resume` acts "
+                                   "on the answer.")
     p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--deny", action="store_true", help="deny instead: the model is told")
+    p.add_argument("--deny", action="store_true", help="deny instead: the model is told the call was not run (workspace_drift: "
+                                                              "the files are put back to the last snapshot)")
     p.add_argument("--restore", action="store_true",
                    help="a command cut off by a crash: put the workspace back as it was before the "
                         "command started, then run it again")
@@ -255,17 +264,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
     p.set_defaults(func=_command("cmd_tools"))
 
-    p = sub.add_parser("db", help="the database: upgrade, current revision, path")
+    p = sub.add_parser("db", help="the database: upgrade, current revision, path",
+                       description="upgrade: apply the migrations up to the newest (also done on first "
+                                   "use); current: print the database's revision; path: print the "
+                                   "store's URL (for SQLite, the file follows sqlite:///).")
     p.add_argument("action", choices=["upgrade", "current", "path"])
     _add_db(p)
 
     p.set_defaults(func=_command("cmd_db"))
-    p = sub.add_parser("worker", help="claim queued and orphaned runs from the database and execute them")
+    p = sub.add_parser("worker", help="claim queued and orphaned runs from the database and execute them",
+                       description="Claim queued runs (`start --detach`, `resume --detach`) and runs whose "
+                                   "owner died, and execute them until SIGTERM (or with --once until "
+                                   "nothing is left). Any number of workers may share one PostgreSQL "
+                                   "database; a run is never executed by two at once.")
     _add_db(p)
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="runs executed at once (default 1)")
     p.add_argument("--lease-seconds", type=float, metavar="S",
                    help="lease length (default: the config's lease_seconds, 30)")
-    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between claims when idle")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between claims when idle (default 1)")
     p.add_argument("--max-running", type=int, metavar="N", dest="max_running_runs",
                    help="global limit: claim nothing while N runs hold live leases (all workers)")
     p.add_argument("--once", action="store_true", help="exit when nothing is left to claim")

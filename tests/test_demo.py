@@ -114,3 +114,6 @@ def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(env, tmp_path: Pa
     lines = [line for line in r.stdout.splitlines() if "unsandboxed" in line]
     assert len(lines) == 1 and "no bubblewrap, no Landlock" in lines[0]
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in r.stdout
+    # Its store is removed with the temporary folder: no command pointing at it is offered.
+    assert "see it yourself" not in r.stdout and "--db sqlite:///" not in r.stdout
+    assert "`durable-agent demo --keep` keeps them" in r.stdout.rstrip().splitlines()[-1]

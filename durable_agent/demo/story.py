@@ -197,6 +197,10 @@ class _Demo:
         say()
 
     def _epilogue(self, keep: bool) -> None:
+        if self.db_file is not None and not keep:  # the temporary store goes with the folder
+            say("(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps"
+                " them and prints the commands to look at the run yourself)")
+            return
         db = f" --db {shlex.quote(self.db)}"
         say(f"see it yourself: durable-agent show {self.run_id}{db}")
         say(f"                 durable-agent export {self.run_id}{db}")
@@ -204,8 +208,6 @@ class _Demo:
             say(f"                 sqlite3 {self.db_file} 'SELECT * FROM run_timeline'")
         if keep:
             say(f"kept: {self.root}")
-        elif self.db_file is not None:
-            say("(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps them)")
 
 
 def _side_by_side(run: RunRecord, before: list[StepRecord], after: list[StepRecord], pid1: int, pid2: int) -> None:
