@@ -54,6 +54,15 @@ def sqlite_file(db: str) -> Path | None:
     return Path(os.path.realpath(os.path.expanduser(path)))
 
 
+def store_files(db: str) -> tuple[str, ...]:
+    """The real paths an SQLite store writes (the file, -wal, -shm, -journal, the MCP log
+    folder next to it); () for another database."""
+    file = sqlite_file(db)
+    if file is None:
+        return ()
+    return (str(file), f"{file}-wal", f"{file}-shm", f"{file}-journal", str(file.parent / "mcp-logs"))
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 

@@ -214,7 +214,7 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
                        command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
                        on_process_start=on_start,
                        sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env),
-                       stored_output=lambda call_id: _stored_output(ctx, call_id))
+                       stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db)
 
 
 def _stored_output(ctx: StepContext, call_id: str) -> str | None:

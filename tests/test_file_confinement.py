@@ -129,3 +129,24 @@ def test_new_files_get_the_umask_mode_and_old_files_keep_theirs(workspace: Path,
     assert stat.S_IMODE(script.stat().st_mode) == 0o755
     assert call(workspace, "write_file", path="deep/er/f.txt", content="x").error is None
     assert stat.S_IMODE((workspace / "deep" / "er" / "f.txt").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("path", ["in.db", "in.db-wal", "in.db-shm", "in.db-journal", "mcp-logs/x.log",
+                                  "./sub/../in.db"])
+@pytest.mark.parametrize("tool", ["write_file", "edit_file"])
+def test_no_file_tool_writes_the_runs_own_store(workspace: Path, path: str, tool: str) -> None:
+    # A store may lie in the workspace (--sandbox off / read-only): overwriting it lost every run.
+    (workspace / "sub").mkdir()
+    (workspace / "mcp-logs").mkdir()
+    for name in ("in.db", "in.db-wal", "in.db-shm", "in.db-journal", "mcp-logs/x.log"):
+        (workspace / name).write_text("old")
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c", store=f"sqlite:///{workspace / 'in.db'}")
+    builtin = build_tools("deny")[tool]
+    args = {"path": path, "content": "new"} if tool == "write_file" else {"path": path, "old_string": "old",
+                                                                          "new_string": "new"}
+    with pytest.raises(ToolFailure, match="own store"):
+        builtin.run(builtin.args_model.model_validate(args), ctx)
+    assert all((workspace / n).read_text() == "old" for n in ("in.db", "in.db-wal", "mcp-logs/x.log"))
+    other = builtin.run(builtin.args_model.model_validate({**args, "path": "in.db.txt"}), ctx) \
+        if tool == "write_file" else None
+    assert other is None or other.error is None  # a neighbour with a similar name is not the store

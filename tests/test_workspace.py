@@ -414,9 +414,11 @@ def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...
 
 @pytest.mark.parametrize("name", ["store.db", "state dir/runs[1].db"])
 def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspace, write_script, name) -> None:  # type: ignore[no-untyped-def]
-    # Allowed where commands cannot write the workspace (--sandbox off / read-only): its own
-    # writes (the file, -wal, -shm) are not the run's changes and must not read as drift.
-    model = write_script(MIXED[:1] + MIXED[5:6] + [{"content": "done"}])
+    # Allowed where sandboxed commands cannot write it (--sandbox off / read-only): its own
+    # writes (the file, -wal, -shm) are not the run's changes and must not read as drift, and
+    # no file tool may overwrite it.
+    clobber = {"tool_calls": [{"name": "write_file", "arguments": {"path": name, "content": "gone"}}]}
+    model = write_script(MIXED[:1] + MIXED[5:6] + [clobber, {"content": "done"}])
     db = ["--db", str(workspace / name)]
     proc = _start(env, workspace, model, "in", "--max-steps", "1", "--sandbox", "off", *db)
     assert proc.returncode == 3, proc.stderr
@@ -425,3 +427,5 @@ def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspac
     changed = sqlite3.connect(workspace / name).execute("select path from step_changes").fetchall()
     assert sorted(p for (p,) in changed) == ["a.txt", "d/new.txt"]
     assert "store" not in da(["diff", "in", "--stat", *db], env, workspace).stdout.replace("durable", "")
+    shown = da(["show", "in", *db], env, workspace).stdout  # the store was not overwritten by the run
+    assert "completed" in shown and "this run's own store" in shown

@@ -35,6 +35,9 @@ class ToolContext:
     (None only under --sandbox off). In-process Python code is not contained by it."""
     stored_output: Callable[[str], str | None] | None = None
     """The recorded result of an earlier tool call of this run, by call id (read_output)."""
+    store: str | None = None
+    """The run's store URL: the file tools never write an SQLite store's own files (a store
+    may lie in the workspace under --sandbox off or read-only)."""
 
 
 @dataclass(frozen=True)

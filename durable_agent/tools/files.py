@@ -63,7 +63,7 @@ def _not_a_directory(path: Path, shown: str) -> str:
 
 def planned_file_sha(plan: WritePlan, ctx: ToolContext) -> str | None:
     """The hash the planned file has now: what resume compares with the recorded before/after."""
-    return file_sha(resolve(ctx.workspace, plan.path, for_write=True), plan.path)
+    return file_sha(resolve(ctx.workspace, plan.path, for_write=True, store=ctx.store), plan.path)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -269,7 +269,7 @@ class WriteFile:
     effect: ClassVar[EffectClass] = EffectClass.WRITE
 
     def plan(self, args: WriteFileArgs, ctx: ToolContext) -> WritePlan:
-        path = resolve(ctx.workspace, args.path, for_write=True)
+        path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         shown = relative(ctx.workspace, path)
         return WritePlan(path=shown, before_sha=file_sha(path, shown),
                          after_sha=sha256_bytes(encode_content(args.content)[0]))
@@ -278,7 +278,7 @@ class WriteFile:
         return planned_file_sha(plan, ctx)
 
     def run(self, args: WriteFileArgs, ctx: ToolContext) -> ToolResult:
-        path = resolve(ctx.workspace, args.path, for_write=True)
+        path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         data, replaced = encode_content(args.content)
         existed = path.exists()
         atomic_write(path, data)
@@ -304,7 +304,7 @@ class EditFile:
         """The file's bytes as they are and as they will be. Decoded strictly: a lossy decode
         would write U+FFFD over bytes the edit never touched, and hash text the file is not.
         Latin-1 text (as read_file showed it) is edited as Latin-1: every byte round-trips."""
-        path = resolve(ctx.workspace, args.path, for_write=True)
+        path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         before = read_bytes(path, args.path)
         encoding = text_encoding(before)
         if encoding == "mixed":

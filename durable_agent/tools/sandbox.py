@@ -10,7 +10,7 @@ from durable_agent.tools.encoding import bad_name_char, name_from_arg, show_name
 from durable_agent.tools.gitguard import inside_git_dir
 
 
-def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
+def resolve(workspace: Path, path: str, *, for_write: bool = False, store: str | None = None) -> Path:
     """The real path of `path` inside `workspace`, or ToolFailure.
 
     Symlinks are resolved before the check, so a link that points outside is refused
@@ -39,7 +39,17 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False) -> Path:
                               "(.git internals); use git commands instead")
         if target == root or target.is_dir():
             raise ToolFailure(f"{path!r} is a directory")
+        if store and _is_store_file(real, store):
+            raise ToolFailure(f"refusing to write {path!r}: it is this run's own store (its "
+                              "checkpoints); leave it alone")
     return target
+
+
+def _is_store_file(real: str, store: str) -> bool:
+    from durable_agent.config_layers import store_files
+
+    files = store_files(store)
+    return real in files[:4] or bool(files) and real.startswith(os.path.join(files[4], ""))
 
 
 def relative(workspace: Path, target: Path) -> str:
