@@ -243,7 +243,7 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}")
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
-    runs = store.list_runs(status=args.status, limit=args.limit)
+    runs = store.list_runs(status=args.status, limit=min(args.limit, 1 << 31))  # SQL takes no bigger
     if args.json:
         # The recorded settings are long and the same for most runs: `show --json` has them.
         print(json.dumps([render.run_json(r, settings=False) for r in runs], indent=2))

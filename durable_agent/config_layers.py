@@ -63,16 +63,27 @@ def store_files(db: str) -> tuple[str, ...]:
     return (str(file), f"{file}-wal", f"{file}-shm", f"{file}-journal", str(file.parent / "mcp-logs"))
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
     try:
         with path.open("rb") as f:
-            data = tomllib.load(f)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:  # /dev/zero, a log file named by mistake
+            raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"cannot read config file {path}: nested too deeply") from None
     # Accept both a flat file and one with a [durable-agent] table.
     return dict(data.get("durable-agent", data))
 

@@ -35,7 +35,8 @@ class ConfigError(UsageError):
 
 class RunNotFound(UsageError):
     def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run with id {run_id!r} (see `durable-agent list`)")
+        shown = run_id if len(run_id) <= 80 else run_id[:60] + f"... ({len(run_id)} characters)"
+        super().__init__(f"no run with id {shown!r} (see `durable-agent list`)")
         self.run_id = run_id
 
 

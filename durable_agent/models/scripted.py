@@ -19,16 +19,24 @@ from typing import Any
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn, ToolCall, Usage
 
+MAX_SCRIPT_BYTES = 64 * 1024 * 1024  # far above any real script; /dev/zero is not one
+
 
 def load_script(path: Path) -> list[dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            raw = f.read(MAX_SCRIPT_BYTES + 1)
+        if len(raw) > MAX_SCRIPT_BYTES:
+            raise ConfigError(f"script file {path} is larger than {MAX_SCRIPT_BYTES >> 20} MiB")
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"script file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read script file {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"script file {path} is nested too deeply to be a script") from None
     return validate_script(data, str(path))
 
 
@@ -62,6 +70,8 @@ def _turn_problem(turn: Any) -> str | None:
         return f'has a "content" that is {_kind(turn["content"])}, not text'
     if "delay_s" in turn and (isinstance(turn["delay_s"], bool) or not isinstance(turn["delay_s"], int | float)):
         return f'has a "delay_s" that is {_kind(turn["delay_s"])}, not a number of seconds'
+    if "delay_s" in turn and not 0 <= turn["delay_s"] < 86_400:  # NaN and Infinity fail too
+        return f'has a "delay_s" of {turn["delay_s"]}: give seconds from 0 to 86400'
     calls = turn.get("tool_calls")
     if calls is None:
         return None

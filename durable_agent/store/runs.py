@@ -42,6 +42,17 @@ def _locked_run(conn: Connection, run_id: str) -> Any:
     return row
 
 
+MAX_RUN_ID_PREFIX = 1000
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _retried(method: Callable[P, T]) -> Callable[P, T]:
     """Run the whole method again on a transient fault; each is one transaction or one read."""
     @functools.wraps(method)
@@ -103,10 +114,19 @@ class Store:
 
     @_retried
     def find_run_id(self, prefix: str) -> str:
-        """A full id, or a unique prefix of one (ids are long; people type the start)."""
+        """A full id, or a unique prefix of one (ids are long; people type the start).
+
+        An id that no row can hold is not looked up: an empty one (an unset shell variable
+        would otherwise be the prefix of every run) and one that is not UTF-8 (argv bytes);
+        one longer than any prefix a person types is matched whole (SQLite refuses a long
+        LIKE pattern)."""
+        if not prefix or not _utf8(prefix):
+            raise RunNotFound(prefix)
         with self._read() as conn:
             if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
                 return prefix
+            if len(prefix) > MAX_RUN_ID_PREFIX:
+                raise RunNotFound(prefix)
             ids = conn.execute(
                 select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(3)
             ).scalars().all()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,7 +44,7 @@ def file_sha(path: Path, shown: str | None = None) -> str | None:
     """
     shown = shown or path.as_posix()
     try:
-        return sha256_bytes(path.read_bytes())
+        return sha256_bytes(regular_bytes(path, shown))
     except FileNotFoundError:
         return None
     except IsADirectoryError:
@@ -51,6 +53,26 @@ def file_sha(path: Path, shown: str | None = None) -> str | None:
         raise ToolFailure(_not_a_directory(path, shown)) from None
     except PermissionError:
         raise ToolFailure(f"{shown}: permission denied") from None
+
+
+def regular_bytes(path: Path, shown: str) -> bytes:
+    """The bytes of a regular file (or OSError). A FIFO, socket or device is refused, never
+    read: opening a FIFO that has no writer would block the harness for good (no signal gets
+    it out of the open), and a device can be endless."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket
+            raise ToolFailure(f"{shown} is not a regular file (a socket)") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or other special file"
+            raise ToolFailure(f"{shown} is not a regular file ({kind})")
+        return f.read()
 
 
 def _not_a_directory(path: Path, shown: str) -> str:
@@ -106,7 +128,7 @@ def _umask() -> int:
 def read_bytes(path: Path, display: str) -> bytes:
     """The file's bytes, refusing binary files with a description of them."""
     try:
-        data = path.read_bytes()
+        data = regular_bytes(path, display)
     except FileNotFoundError:
         raise ToolFailure(f"file not found: {display}") from None
     except IsADirectoryError:
@@ -223,8 +245,8 @@ class SearchText:
                 if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
                     too_big.append(rel)
                     continue
-                data = file.read_bytes()
-            except OSError:
+                data = regular_bytes(file, rel)
+            except (OSError, ToolFailure):  # unreadable, a FIFO, a socket: not searched
                 continue
             if looks_binary(data[:8192]):
                 continue

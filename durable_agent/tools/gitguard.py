@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 # Entries of a git dir that make git run something or read another git dir's config.
@@ -216,10 +217,18 @@ def _digest(path: Path) -> str:
                 for name in sorted(filenames):
                     full = os.path.join(dirpath, name)
                     h.update(os.path.relpath(full, path).encode() + b"\0")
-                    with contextlib.suppress(OSError), open(full, "rb") as f:
-                        h.update(f.read(1 << 20))
+                    with contextlib.suppress(OSError):
+                        h.update(_head(full))
         else:
-            h.update(path.read_bytes()[: 1 << 20])
+            h.update(_head(str(path)))
     except OSError:
         return "unreadable"
     return h.hexdigest()
+
+
+def _head(path: str) -> bytes:
+    """The first MiB of a regular file; a FIFO (which would block the open) reads as its type."""
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return b"\0not a regular file"
+        return f.read(1 << 20)

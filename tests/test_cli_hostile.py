@@ -1,0 +1,151 @@
+"""A careless or hostile user at the command line: odd run ids, special files in the
+workspace, broken config and script files, output that cannot be written. Every answer is
+one line `durable-agent: error: ...` (exit 2 for bad input), never a traceback or a hang,
+and nothing in the store changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DONE = {"content": "done"}
+
+
+def one_line_error(stderr: str) -> bool:
+    lines = stderr.strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("durable-agent: error: ") and "Traceback" not in stderr
+
+
+def _run_raw(env: dict[str, str], cwd: Path, *args: str | bytes, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kw}
+    return subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env,
+                          timeout=60, stdin=subprocess.DEVNULL, **streams)
+
+
+def test_an_empty_a_non_utf8_or_a_huge_run_id_is_no_run(cli, write_script, env, workspace, sql) -> None:
+    # The only run in the store: an empty id must not be taken as the prefix of every id.
+    assert cli("start", "t", "--model", write_script([{"delay_s": 0, "content": "x"}]), "--detach",
+               "--run-id", "only").code == 0
+    for command in ("show", "export", "cancel", "approve", "resume", "compact", "diff"):
+        for run_id in ("", b"\xff", "a" * 100_000):
+            r = _run_raw(env, workspace, command, run_id)
+            err = r.stderr.decode("utf-8", "replace")
+            assert r.returncode == 2, (command, run_id[:10], err[-300:])
+            assert one_line_error(err) and "no run with id" in err, (command, err[-300:])
+            assert len(err) < 300  # a 100,000-character id is not echoed whole
+    assert sql("SELECT status, cancel_requested FROM runs") == [("pending", 0)]
+
+
+def test_a_fifo_or_socket_in_the_workspace_is_refused_not_opened(cli, write_script, workspace, sql) -> None:
+    import socket
+
+    os.mkfifo(workspace / "fifo")
+    os.symlink("fifo", workspace / "fifolink")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(workspace / "sock"))
+    (workspace / "a.txt").write_text("needle\n")
+    calls = [{"name": "read_file", "arguments": {"path": "fifo"}},
+             {"name": "read_file", "arguments": {"path": "fifolink"}},
+             {"name": "read_file", "arguments": {"path": "sock"}},
+             {"name": "search_text", "arguments": {"pattern": "needle"}},
+             {"name": "write_file", "arguments": {"path": "fifo", "content": "x"}},
+             {"name": "edit_file", "arguments": {"path": "fifo", "old_string": "a", "new_string": "b"}}]
+    script = write_script([{"tool_calls": calls}, DONE])
+    # Before: the open of a FIFO without a writer blocked the harness for good (SIGTERM too).
+    r = cli("start", "t", "--model", script, "--sandbox", "off", "--quiet", timeout=60)
+    sock.close()
+    assert r.code == 0, r.stderr
+    results = [row[0] for row in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq")]
+    assert results[0] == "Error: fifo is not a regular file (a FIFO)"
+    assert results[1] == "Error: fifolink is not a regular file (a FIFO)"
+    assert results[2] == "Error: sock is not a regular file (a socket)"
+    assert results[3] == "a.txt:1: needle"
+    assert results[4] == results[5] == "Error: fifo is not a regular file (a FIFO)"
+    assert (workspace / "fifo").is_fifo()  # not replaced by a regular file
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe = 1\n", "not UTF-8 text"),
+    (b"a = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deeply"),
+])
+def test_a_config_file_that_is_not_toml_text_is_one_line(cli, tmp_path, content, says) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_bytes(content)
+    r = cli("list", extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+    assert r.code == 2 and one_line_error(r.stderr) and says in r.stderr, r.stderr[-500:]
+
+
+def test_a_config_file_that_never_ends_is_refused(cli) -> None:
+    r = cli("list", extra_env={"DURABLE_AGENT_CONFIG": "/dev/zero"}, timeout=60)
+    assert r.code == 2 and one_line_error(r.stderr) and "larger than 4 MiB" in r.stderr
+
+
+@pytest.mark.parametrize("turns, says", [
+    ('[{"delay_s": -1, "content": "x"}]', 'a "delay_s" of -1'),
+    ('[{"delay_s": NaN, "content": "x"}]', 'a "delay_s" of nan'),
+    ('[{"delay_s": Infinity, "content": "x"}]', 'a "delay_s" of inf'),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_a_bad_script_is_a_usage_error_before_the_run(cli, tmp_path, sql, turns, says) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(turns)
+    r = cli("start", "t", "--model", f"scripted:{script}")
+    assert r.code == 2 and one_line_error(r.stderr) and says in r.stderr, r.stderr[-500:]
+
+
+def test_a_script_that_never_ends_is_refused(cli) -> None:
+    r = cli("start", "t", "--model", "scripted:/dev/zero", timeout=60)
+    assert r.code == 2 and one_line_error(r.stderr) and "larger than 64 MiB" in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("start", "t", "--max-steps", "nan"),
+    ("start", "t", "--max-steps", "-inf"),
+    ("restore", "x"),
+    ("bogus",),
+    ("worker", "--concurrency", "1e400"),
+])
+def test_a_usage_error_is_one_line(cli, args) -> None:
+    r = cli(*args)
+    assert r.code == 2 and one_line_error(r.stderr), r.stderr
+    assert "--help`" in r.stderr
+
+
+def test_list_with_a_limit_beyond_sql_integers_lists_all(cli, write_script) -> None:
+    assert cli("start", "t", "--model", write_script([DONE]), "--quiet").code == 0
+    r = cli("list", "--limit", "99999999999999999999999", "--json")
+    assert r.code == 0, r.stderr
+    assert len(r.json()) == 1
+
+
+def test_output_that_cannot_be_written_is_one_line(cli, write_script, env, workspace) -> None:
+    assert cli("start", "t", "--model", write_script([DONE]), "--run-id", "r1", "--quiet").code == 0
+    with open("/dev/full", "wb") as full:
+        r = _run_raw(env, workspace, "show", "r1", stdout=full, stderr=subprocess.PIPE)
+    assert r.returncode == 1 and one_line_error(r.stderr.decode()), r.stderr.decode()
+    assert "No space left on device" in r.stderr.decode()
+    # stdout closed (`>&-`): nothing to write to, and no traceback either
+    r = subprocess.run(["sh", "-c", 'exec "$0" -m durable_agent export r1 >&-', sys.executable],
+                       cwd=workspace, env=env, stderr=subprocess.PIPE, timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr.decode()
+    assert json.loads(cli("export", "r1").stdout.splitlines()[0])["type"] == "run_started"
+
+
+def test_a_fifo_among_the_git_hooks_does_not_hang_a_command(cli, write_script, workspace, sql) -> None:
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    os.mkfifo(workspace / ".git" / "hooks" / "post-checkout")
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]}, DONE])
+    # Before: the digest of the protected git entries opened the FIFO and waited for good.
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--quiet", timeout=60)
+    assert r.code == 0, r.stderr
+    ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
+    assert "hi" in result
