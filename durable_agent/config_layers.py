@@ -66,6 +66,19 @@ def store_files(db: str) -> tuple[str, ...]:
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
+def in_memory(db: str) -> bool:
+    """An SQLite URL whose database lives only in this process: `sqlite://`, `sqlite:///`
+    (no file name), `sqlite+pysqlite:///:memory:`, `file::memory:` and `mode=memory` URIs."""
+    if db == ":memory:":
+        return True
+    scheme, sep, rest = db.partition("://")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return False
+    database, _, query = rest.removeprefix("/").partition("?")
+    return (database in ("", ":memory:") or database.startswith("file::memory:")
+            or "mode=memory" in query or "mode=memory" in database)
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
@@ -106,7 +119,7 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
                           "for the default store")
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
-    elif merged["db"] in ("sqlite://", "sqlite:///:memory:", ":memory:"):
+    elif in_memory(merged["db"]):
         raise ConfigError(f"the store {merged['db']} is in memory: it keeps nothing once this process "
                           "ends, so no run there could be resumed or shown; give --db a file or a URL")
     return merged

@@ -117,7 +117,10 @@ def test_an_empty_db_flag_is_an_error_not_the_default_store(cli: Callable[..., R
     assert not Path(env["XDG_DATA_HOME"], "durable-agent").exists()  # the default store was not touched
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", ":memory:"])
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", ":memory:", "sqlite:///",
+                                 "sqlite+pysqlite:///", "sqlite:///?timeout=5",
+                                 "sqlite:///file::memory:?uri=true",
+                                 "sqlite:///file:x?mode=memory&cache=shared&uri=true"])
 def test_an_in_memory_store_is_refused(cli: Callable[..., Result], script: str, url: str) -> None:
     # It would print "resume with ..." for a run that is gone when the process ends.
     one_error_line(cli("start", "t", "--model", script, "--db", url), "in memory", "keeps nothing")
