@@ -117,6 +117,9 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
     if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
         raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
                           "for the default store")
+    if merged.get("workspace") == "":  # `--workspace "$UNSET"`: not "the current directory"
+        raise ConfigError("the workspace is empty: give --workspace a directory, or leave it out "
+                          "for the current directory")
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
     elif in_memory(merged["db"]):

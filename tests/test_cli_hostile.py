@@ -149,3 +149,13 @@ def test_a_fifo_among_the_git_hooks_does_not_hang_a_command(cli, write_script, w
     assert r.code == 0, r.stderr
     ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
     assert "hi" in result
+
+
+@pytest.mark.parametrize("command", [["start", "t"], ["tools"], ["resume", "queued"]])
+def test_an_empty_workspace_flag_is_an_error_not_the_current_directory(cli, write_script, sql, command) -> None:
+    # `--workspace "$UNSET"` would otherwise run the agent wherever the shell happens to be.
+    script = write_script([DONE])
+    assert cli("start", "t", "--model", script, "--detach", "--run-id", "queued").code == 0
+    r = cli(*command, "--workspace", "", "--model", script) if command[0] != "tools" else cli(*command, "--workspace", "")
+    assert r.code == 2 and one_line_error(r.stderr) and "the workspace is empty" in r.stderr, r.stderr
+    assert sql("SELECT id, status FROM runs") == [("queued", "pending")]
