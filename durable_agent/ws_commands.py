@@ -18,6 +18,14 @@ from typing import Any
 from durable_agent.errors import UsageError
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes it
+TREE_ID_RE = re.compile(r"^[0-9a-f]{64}$")  # sha256 of a snapshot's manifest
+
+
+def _given_dir(path: str, flag: str) -> str:
+    """An empty DIR (`--to "$UNSET"`) is not the current directory."""
+    if not path:
+        raise UsageError(f"{flag} is empty: give it a directory")
+    return path
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
@@ -90,13 +98,16 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     run = store.get_run(run_id)
     blobs = BlobStore(store.engine)
-    if args.tree:
+    if args.tree is not None:
+        if not TREE_ID_RE.match(args.tree):  # not bytes the store could hold (a traceback before)
+            raise UsageError(f"no workspace snapshot {args.tree!r} in this store (a snapshot id is "
+                             "64 hex digits, as an undo line prints it)")
         tree = args.tree
     elif args.at is not None:
         tree = _tree_after(store, run_id, _seq(run_id, args.at, store.steps(run_id)))
     else:
         raise UsageError("say which snapshot: --at SEQ (a step number as `show` prints it)")
-    target = Path(os.path.abspath(args.to))
+    target = Path(os.path.abspath(_given_dir(args.to, "--to")))
     scanner = _scanner(target, run.settings)
     undo = None
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -131,7 +142,7 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     run = store.get_run(run_id)
     seq = _seq(run_id, args.at, store.steps(run_id))
-    target = Path(os.path.abspath(args.workspace))
+    target = Path(os.path.abspath(_given_dir(args.workspace, "--workspace")))
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
     new_id = args.new_run_id or new_run_id()

@@ -159,3 +159,21 @@ def test_an_empty_workspace_flag_is_an_error_not_the_current_directory(cli, writ
     r = cli(*command, "--workspace", "", "--model", script) if command[0] != "tools" else cli(*command, "--workspace", "")
     assert r.code == 2 and one_line_error(r.stderr) and "the workspace is empty" in r.stderr, r.stderr
     assert sql("SELECT id, status FROM runs") == [("queued", "pending")]
+
+
+def test_restore_and_fork_refuse_an_odd_snapshot_id_and_an_empty_directory(cli, write_script, env,
+                                                                           workspace, tmp_path) -> None:
+    (workspace / "keep.txt").write_text("mine\n")
+    script = write_script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]},
+                           DONE])
+    assert cli("start", "t", "--model", script, "--run-id", "r1", "--sandbox", "off", "--quiet").code == 0
+    for tree in (b"\xff", b"../x", b"garbage"):
+        r = _run_raw(env, workspace, "restore", "r1", "--tree", tree, "--to", str(tmp_path / "out"))
+        err = r.stderr.decode("utf-8", "replace")
+        assert r.returncode == 2 and one_line_error(err) and "no workspace snapshot" in err, err[-400:]
+    # An empty DIR (an unset variable) is not the current directory: --force would overwrite it.
+    r = cli("restore", "r1", "--at", "1", "--to", "", "--force")
+    assert r.code == 2 and one_line_error(r.stderr) and "--to is empty" in r.stderr, r.stderr
+    r = cli("fork", "r1", "--at", "1", "--workspace", "")
+    assert r.code == 2 and one_line_error(r.stderr) and "--workspace is empty" in r.stderr, r.stderr
+    assert sorted(p.name for p in workspace.iterdir()) == ["a.txt", "keep.txt"]
