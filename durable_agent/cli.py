@@ -11,9 +11,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE  # tiny module: keeps --help fast
+from durable_agent import cli_streams as streams  # tiny modules: keep --help fast
+from durable_agent.cli_streams import Parser
+from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE
 
 DESCRIPTION = """\
 A coding agent that cannot lose its work. Every step is checkpointed to a SQL database
@@ -101,16 +103,8 @@ def _add_mcp(p: argparse.ArgumentParser) -> None:
                         "arguments, or an http(s) URL); repeatable; needs durable-agent[mcp]")
 
 
-class _Parser(argparse.ArgumentParser):
-    """A usage error is one line, like every other error (subcommand parsers are of this
-    class too: argparse makes them with the parent's class)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"durable-agent: error: {message} (see `{self.prog} --help`)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
+    parser = Parser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"durable-agent {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -332,10 +326,10 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _open_missing_streams()
+    streams.open_missing()
     parser = build_parser()
     args = parser.parse_args(argv)
-    _lenient_output()
+    streams.lenient()
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -366,37 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:  # stdout on a full disk (> /dev/full), a terminal gone: one line
         _error(f"cannot write the output: {exc.strerror or exc}")
-        _silence_stdout()
+        streams.silence_stdout()
         return 1
-
-
-def _open_missing_streams() -> None:
-    """Started with stdout or stderr closed (`>&-`), Python has None there: write to
-    /dev/null instead of failing with AttributeError at the first print."""
-    if sys.stdout is None:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    if sys.stderr is None:
-        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
-
-
-def _silence_stdout() -> None:
-    """What is left in stdout's buffer cannot be written either: point the descriptor at
-    /dev/null so the interpreter's final flush does not print a second error."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-
-
-def _lenient_output() -> None:
-    """A character the terminal's encoding cannot take (a lone surrogate in a hand-edited
-    row) is printed escaped, never a traceback halfway through `show` or `export`."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
 
 
 def _is_usage(exc: Any) -> bool:

@@ -1,0 +1,47 @@
+"""The command line's own streams and usage errors: one line each, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from durable_agent.status import EXIT_USAGE
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line, like every other error (subcommand parsers are of this
+    class too: argparse makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"durable-agent: error: {message} (see `{self.prog} --help`)\n")
+
+
+def open_missing() -> None:
+    """Started with stdout or stderr closed (`>&-`), Python has None there: write to
+    /dev/null instead of failing with AttributeError at the first print."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+
+def silence_stdout() -> None:
+    """What is left in stdout's buffer cannot be written either: point the descriptor at
+    /dev/null so the interpreter's final flush does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def lenient() -> None:
+    """A character the terminal's encoding cannot take (a lone surrogate in a hand-edited
+    row) is printed escaped, never a traceback halfway through `show` or `export`."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
