@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,14 +191,14 @@ def test_a_file_in_the_way_of_a_folder_is_an_error_not_an_exception(workspace: P
 def test_an_unreadable_file_is_an_error_not_an_exception(workspace: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     (workspace / "locked.txt").write_text("x")
-    real_read_bytes = Path.read_bytes
+    real_open = os.open
 
-    def read_bytes(self: Path) -> bytes:
-        if self.name == "locked.txt":  # chmod 0 does not stop root, who may run the tests
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path).endswith("locked.txt"):  # chmod 0 does not stop root, who may run the tests
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "open", refusing_open)  # the file tools open with os.open (FIFO-safe)
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
     write = WriteFile()
     with pytest.raises(ToolFailure, match="locked.txt: permission denied"):
