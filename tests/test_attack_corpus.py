@@ -224,6 +224,7 @@ def _tool_results(requests: list[Any]) -> list[str]:
     return [m["content"] for m in requests[-1]["body"]["messages"] if m["role"] == "tool"]
 
 
+@pytest.mark.slow
 def test_the_corpus_changes_nothing_outside_under_shell_allow(arena: Arena, listener: Listener) -> None:
     need_bwrap()
     _, requests = _run_corpus(arena, listener, "allow", "allow")

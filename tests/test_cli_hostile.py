@@ -28,6 +28,7 @@ def _run_raw(env: dict[str, str], cwd: Path, *args: str | bytes, **kw: Any) -> s
                           timeout=60, stdin=subprocess.DEVNULL, **streams)
 
 
+@pytest.mark.slow
 def test_an_empty_a_non_utf8_or_a_huge_run_id_is_no_run(cli, write_script, env, workspace, sql) -> None:
     # The only run in the store: an empty id must not be taken as the prefix of every id.
     assert cli("start", "t", "--model", write_script([{"delay_s": 0, "content": "x"}]), "--detach",

@@ -386,6 +386,7 @@ def test_a_model_call_that_failed_after_this_turns_compaction_is_made_again_on_r
     assert sql("SELECT state, count(*) FROM steps WHERE kind = 'model' AND turn = 4 GROUP BY state") == [("completed", 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [12], indirect=True)
 def test_compact_by_hand_keeps_the_lease_through_a_long_summary_call(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
