@@ -40,18 +40,35 @@ def default_db_url(env: Mapping[str, str]) -> str:
     return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
 
 
+def _sqlite_target(db: str) -> tuple[str, str] | None:
+    """(database, query) of an SQLite store URL or plain path; None for another database."""
+    if "://" not in db:
+        return db, ""
+    scheme, _, rest = db.partition("://")
+    if scheme.split("+")[0] != "sqlite":
+        return None
+    database, _, query = rest.removeprefix("/").partition("?")
+    return database, query
+
+
+def in_memory(db: str) -> bool:
+    """An SQLite URL whose database lives only in this process: `sqlite://`, `sqlite:///`
+    (no file name), `sqlite+pysqlite:///:memory:`, `file::memory:` and `mode=memory` URIs."""
+    target = _sqlite_target(db)
+    if target is None:
+        return False
+    database, query = target
+    return (database in ("", ":memory:") or database.startswith("file::memory:")
+            or "mode=memory" in query or "mode=memory" in database)
+
+
 def sqlite_file(db: str) -> Path | None:
     """The file of an SQLite store (a `sqlite:///` URL or a plain path), resolved; None for
     another database or an in-memory one."""
-    path = db
-    if "://" in db:
-        scheme, sep, rest = db.partition(":///")
-        if not sep or scheme.split("+")[0] != "sqlite":
-            return None
-        path = rest.split("?", 1)[0]
-    if path in ("", ":memory:"):
+    target = _sqlite_target(db)
+    if target is None or in_memory(db):
         return None
-    return Path(os.path.realpath(os.path.expanduser(path)))
+    return Path(os.path.realpath(os.path.expanduser(target[0])))
 
 
 def store_files(db: str) -> tuple[str, ...]:
@@ -64,19 +81,6 @@ def store_files(db: str) -> tuple[str, ...]:
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
-
-
-def in_memory(db: str) -> bool:
-    """An SQLite URL whose database lives only in this process: `sqlite://`, `sqlite:///`
-    (no file name), `sqlite+pysqlite:///:memory:`, `file::memory:` and `mode=memory` URIs."""
-    if db == ":memory:":
-        return True
-    scheme, sep, rest = db.partition("://")
-    if not sep or scheme.split("+")[0] != "sqlite":
-        return False
-    database, _, query = rest.removeprefix("/").partition("?")
-    return (database in ("", ":memory:") or database.startswith("file::memory:")
-            or "mode=memory" in query or "mode=memory" in database)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,16 +101,18 @@ def _without_the_store(settings: Settings, env: Mapping[str, str]) -> Settings:
     """A SQLite store kept inside the workspace (allowed unless commands may write there) is
     left out of its snapshots: its own writes are not the run's changes to the files, and
     would read as drift on every resume."""
-    from durable_agent.config_layers import default_db_url, sqlite_file
+    from durable_agent.config_layers import default_db_url, store_files
 
-    file = sqlite_file(settings.db or default_db_url(env))
-    if file is None or not file.is_relative_to(settings.workspace):
+    root = str(settings.workspace)
+    mine = []
+    for i, path in enumerate(store_files(settings.db or default_db_url(env))):
+        if not path.startswith(os.path.join(root, "")):
+            return settings
+        rel = "".join("\\" + c if c in "\\[]*?!# " else c  # gitignore syntax: these are literal
+                      for c in os.path.relpath(path, root))
+        mine.append(f"/{rel}/" if i == 4 else f"/{rel}")  # the last one is the MCP log folder
+    if not mine:
         return settings
-    rel = "".join("\\" + c if c in "\\[]*?!# " else c  # gitignore syntax: these are literal
-                  for c in file.relative_to(settings.workspace).as_posix())
-    logs = rel.rpartition("/")[0]
-    mine = [f"/{rel}", f"/{rel}-wal", f"/{rel}-shm", f"/{rel}-journal",
-            f"/{logs}/mcp-logs/" if logs else "/mcp-logs/"]
     return settings.model_copy(update={"exclude": [*settings.exclude,
                                                    *(p for p in mine if p not in settings.exclude)]})
 
@@ -120,9 +123,7 @@ def build_tool_set(settings: Settings, env: Mapping[str, str], extra_tools: Sequ
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
     """Where MCP servers' stderr is kept: next to a SQLite store, else in the data directory."""
-    from durable_agent.config_layers import default_db_url, sqlite_file
+    from durable_agent.config_layers import default_db_url, store_files
 
-    file = sqlite_file(settings.db or default_db_url(env))
-    if file is not None:
-        return file.parent / "mcp-logs"
-    return Path(default_db_url(env).removeprefix("sqlite:///")).parent / "mcp-logs"
+    files = store_files(settings.db or default_db_url(env)) or store_files(default_db_url(env))
+    return Path(files[4])
