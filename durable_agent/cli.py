@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
 
-    p.set_defaults(func=_command("cmd_list"))
+    p.set_defaults(func=_command("cmd_list", "read_commands"))
     p = sub.add_parser("show", help="one run: header and step timeline",
                        description="One run: its header, then every step with its state, duration, tokens, "
                                    "attempts and error, then its approvals. RUN_ID may be a unique prefix.")
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
 
-    p.set_defaults(func=_command("cmd_show"))
+    p.set_defaults(func=_command("cmd_show", "read_commands"))
     p = sub.add_parser("cancel", help="request cancellation; a running loop stops at its next step",
                        description="Request cancellation: the process executing the run stops it at its "
                                    "next step (status cancelled; a running command is killed). A run "
@@ -308,13 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command(name: str) -> Callable[[argparse.Namespace, dict[str, str]], int]:
-    """The handler of a subcommand, imported when it runs (commands.py pulls in the store)."""
+def _command(name: str, module: str = "commands") -> Callable[[argparse.Namespace, dict[str, str]], int]:
+    """The handler of a subcommand, imported when it runs (commands.py pulls in the store;
+    read_commands.py, for `list` and `show`, only what they use)."""
 
     def run(args: argparse.Namespace, env: dict[str, str]) -> int:
-        from durable_agent import commands
+        import importlib
 
-        return int(getattr(commands, name)(args, env))
+        return int(getattr(importlib.import_module(f"durable_agent.{module}"), name)(args, env))
 
     return run
 

@@ -237,32 +237,6 @@ def cmd_doctor(args: Namespace, env: dict[str, str]) -> int:
     return run_doctor(mode=settings.sandbox, network=settings.network, env=env, out=sys.stdout)
 
 
-def cmd_list(args: Namespace, env: dict[str, str]) -> int:
-    store = _open(args, env)
-    if args.status and args.status not in {s.value for s in RunStatus}:
-        raise UsageError(f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}")
-    if args.limit < 1:
-        raise UsageError("--limit must be at least 1")
-    runs = store.list_runs(status=args.status, limit=min(args.limit, 1 << 31))  # SQL takes no bigger
-    if args.json:
-        # The recorded settings are long and the same for most runs: `show --json` has them.
-        print(json.dumps([render.run_json(r, settings=False) for r in runs], indent=2))
-    else:
-        render.run_table(runs, sys.stdout, status=args.status)
-    return 0
-
-
-def cmd_show(args: Namespace, env: dict[str, str]) -> int:
-    store = _open(args, env)
-    run_id = store.find_run_id(args.run_id)
-    run, steps, approvals = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
-    if args.json:
-        print(json.dumps(render.show_json(run, steps, approvals), indent=2))
-    else:
-        render.show(run, steps, approvals, sys.stdout)
-    return 0
-
-
 def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)

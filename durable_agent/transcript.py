@@ -31,11 +31,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
-from durable_agent.store.runs import Store
 from durable_agent.store.storable import storable
+
+if TYPE_CHECKING:  # (render.py uses this module for `show`, which reads without SQLAlchemy)
+    from durable_agent.store.runs import Store
 
 EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
                "context_compacted", "approval_requested", "run_resumed", "run_finished")

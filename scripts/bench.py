@@ -7,7 +7,12 @@ ratios against baselines from the same run mean more than absolute times.
     floor A   the same loop (scripted model, read tool, messages) with no persistence
     floor B   raw sqlite3, WAL + the same synchronous setting, the same number of commits
               per step as durable-agent made, one small row each
+    floor C   raw sqlite3 replaying the very transactions durable-agent's loop committed (its
+              SQL and parameters as sent to the driver) into a copy of the same store: the
+              I/O and SQLite work of the agent's own rows, with no Python of the harness
     agent     durable-agent's real loop through its real store
+
+The harness's own cost per step is (agent - floor A - floor C) / N: what Python adds.
 
 Usage: scripts/bench.py [--steps 50,200,1000] [--repeat 3] [--json FILE] [--durability full|fast] [--pg URL]
 """
@@ -34,6 +39,7 @@ from durable_agent.models.scripted import ScriptedModel
 from durable_agent.redact import Redactor
 from durable_agent.runner import Runner
 from durable_agent.settings import Settings
+from durable_agent.store import prepared
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.journal import BOUNDARY_HOOKS
 from durable_agent.store.runs import Store
@@ -97,6 +103,61 @@ def floor_b(commits: int, root: Path, synchronous: str) -> float:
     return elapsed
 
 
+# -- floor C: the agent's own transactions, replayed by raw sqlite3 ----------------------------
+class Capture:
+    """Records the SQL and parameters the loop's checkpoints send to the driver (main thread
+    only: the heartbeat's renewals are not the loop's), one list per committed transaction."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off while memory is traced: the capture's lists are not the run's
+        self.transactions: list[list[tuple[str, Any, bool]]] = []
+        self._current: list[tuple[str, Any, bool]] = []
+        self._real = prepared._execute
+
+    def __enter__(self) -> Capture:
+        if not self.enabled:
+            return self
+
+        def execute(conn: Any, sql: str, params: Any, *, many: bool) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                self._current.append((sql, params, many))
+            return self._real(conn, sql, params, many=many)
+
+        prepared._execute = execute  # type: ignore[assignment]
+        BOUNDARY_HOOKS.append(self._boundary)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        prepared._execute = self._real  # type: ignore[assignment]
+        BOUNDARY_HOOKS.remove(self._boundary)
+
+    def _boundary(self, where: str) -> None:
+        if where == "after_commit" and threading.current_thread() is threading.main_thread():
+            self.transactions.append(self._current)
+            self._current = []
+
+
+def floor_c(transactions: list[list[tuple[str, Any, bool]]], copy: Path, synchronous: str) -> float:
+    db = sqlite3.connect(copy, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("PRAGMA foreign_keys=ON")
+    start = time.perf_counter()
+    for statements in transactions:
+        db.execute("BEGIN IMMEDIATE")
+        for sql, params, many in statements:
+            if many:
+                db.executemany(sql, params)
+            else:
+                db.execute(sql, params).fetchall()
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    db.close()
+    return elapsed
+
+
 # -- PostgreSQL: the same loop against a raw psycopg floor ------------------------------------
 def pg_schema_url(base: str, name: str) -> str:
     """A fresh schema on the server at `base`, as a URL whose connections use it."""
@@ -123,27 +184,69 @@ def floor_b_pg(commits: int, url: str) -> float:
         return time.perf_counter() - start
 
 
+def pg_copy_store(base: str, source: str, name: str) -> str:
+    """A new schema holding a copy of the store in schema `source` (made by the migrations,
+    then filled row for row): floor C's starting point."""
+    import psycopg
+
+    url = pg_schema_url(base, name)
+    open_store_engine(url).dispose()
+    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+        tables = [r[0] for r in c.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+            "AND table_type = 'BASE TABLE' AND table_name <> 'alembic_version'", (source,))]
+        for table in sorted(tables, key=lambda t: t != "runs"):  # the runs first: the rest refer to them
+            c.execute(f'INSERT INTO "{name}"."{table}" SELECT * FROM "{source}"."{table}"')
+    return url
+
+
+def floor_c_pg(transactions: list[list[tuple[str, Any, bool]]], url: str) -> float:
+    """Raw psycopg replaying the loop's transactions, statement by statement, as committed."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as db:
+        start = time.perf_counter()
+        for statements in transactions:
+            with db.cursor() as cur:
+                for sql, params, many in statements:
+                    if many:
+                        cur.executemany(sql, params)
+                    else:
+                        cur.execute(sql, params)
+                        if cur.description is not None:
+                            cur.fetchall()
+            db.commit()
+        return time.perf_counter() - start
+
+
 def pg_table(base: str, sizes: list[int], repeat: int, root: Path) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
         rows = []
         for rep in range(repeat):
             ws = make_workspace(root / f"pg-{n}-{rep}")
-            url = pg_schema_url(base, f"da_bench_{os.getpid()}_{n}_{rep}")
+            schema = f"da_bench_{os.getpid()}_{n}_{rep}"
+            url = pg_schema_url(base, schema)
             runner, counts = agent_runner(url, ws, n, n, "full")
             run_id = runner.create("bench")
+            copy = pg_copy_store(base, schema, f"da_floorc_{os.getpid()}_{n}_{rep}")
             counts["commits"] = 0
-            start = time.perf_counter()
-            assert runner.execute(run_id).status == "completed"
-            seconds = time.perf_counter() - start
+            with Capture() as capture:
+                start = time.perf_counter()
+                assert runner.execute(run_id).status == "completed"
+                seconds = time.perf_counter() - start
             runner.store.engine.dispose()
             a = floor_a(n, ws)
             b = floor_b_pg(counts["commits"], pg_schema_url(base, f"da_floor_{os.getpid()}_{n}_{rep}"))
-            rows.append({"seconds": seconds, "a": a, "b": b})
-        med = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "a", "b")}
-        overhead, floor = (med["seconds"] - med["a"]) / n * 1000, med["b"] / n * 1000
+            c = floor_c_pg(capture.transactions, copy)
+            rows.append({"seconds": seconds, "a": a, "b": b, "c": c})
+        med = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "a", "b", "c")}
+        overhead, floor, floor_c = ((med["seconds"] - med["a"]) / n * 1000, med["b"] / n * 1000,
+                                    med["c"] / n * 1000)
         out.append({"steps": n, "overhead_ms_per_step": round(overhead, 3), "floor_b_ms_per_step": round(floor, 3),
-                    "overhead_vs_floor_b": round(overhead / floor, 2)})
+                    "overhead_vs_floor_b": round(overhead / floor, 2), "floor_c_ms_per_step": round(floor_c, 3),
+                    "overhead_vs_floor_c": round(overhead / floor_c, 2),
+                    "python_ms_per_step": round(overhead - floor_c, 3)})
         print(f"measured PostgreSQL N={n}", file=sys.stderr)
     return out
 
@@ -172,18 +275,27 @@ def agent_runner(db_url: str, ws: Path, n: int, max_steps: int, durability: str)
 
 def agent_run(n: int, root: Path, durability: str, *, trace_memory: bool = False) -> dict[str, Any]:
     """One run of n steps through the real store. Timed without tracemalloc (it slows every
-    allocation about 2.5x); with `trace_memory` the same run is made again only for its peak."""
+    allocation about 2.5x); with `trace_memory` the same run is made again only for its peak.
+    The loop's transactions are captured, and replayed by floor C into a copy of the store as
+    it was before the loop (`floor_c_copy`)."""
     db_path = root / f"agent-{n}{'-mem' if trace_memory else ''}.db"
     url = f"sqlite:///{db_path}"
     ws = make_workspace(root)
     runner, counts = agent_runner(url, ws, n, n, durability)
     run_id = runner.create("bench")
+    runner.store.engine.dispose()  # the file whole (WAL folded in) before the loop, for floor C
+    copy = db_path.with_suffix(".floor-c.db")
+    folded = sqlite3.connect(db_path)
+    folded.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    folded.close()
+    shutil.copyfile(db_path, copy)
     counts["commits"] = 0
     if trace_memory:
         tracemalloc.start()
-    start = time.perf_counter()
-    outcome = runner.execute(run_id)
-    elapsed = time.perf_counter() - start
+    with Capture(enabled=not trace_memory) as capture:
+        start = time.perf_counter()
+        outcome = runner.execute(run_id)
+        elapsed = time.perf_counter() - start
     peak = 0
     if trace_memory:
         peak = tracemalloc.get_traced_memory()[1]
@@ -191,7 +303,8 @@ def agent_run(n: int, root: Path, durability: str, *, trace_memory: bool = False
     assert outcome.status == "completed", outcome
     commits = counts["commits"]
     runner.store.engine.dispose()
-    return {"seconds": elapsed, "commits": commits, "peak_mb": peak / 1e6, "db": db_path, "url": url}
+    return {"seconds": elapsed, "commits": commits, "peak_mb": peak / 1e6, "db": db_path, "url": url,
+            "transactions": capture.transactions, "floor_c_copy": copy}
 
 
 def db_bytes(db_path: Path) -> int:
@@ -311,11 +424,13 @@ def main() -> int:
                 a = floor_a(n, ws)
                 agent = agent_run(n, base, opts.durability)
                 b = floor_b(agent["commits"], base, synchronous)
-                rows.append({"a": a, "b": b, **agent})
-            med = {k: statistics.median(r[k] for r in rows) for k in ("a", "b", "seconds", "commits")}
+                c = floor_c(agent.pop("transactions"), agent["floor_c_copy"], synchronous)
+                rows.append({"a": a, "b": b, "c": c, **agent})
+            med = {k: statistics.median(r[k] for r in rows) for k in ("a", "b", "c", "seconds", "commits")}
             med["peak_mb"] = agent_run(n, root / f"n{n}-0", opts.durability, trace_memory=True)["peak_mb"]
             overhead = (med["seconds"] - med["a"]) / n * 1000
             floor_b_ms = med["b"] / n * 1000
+            floor_c_ms = med["c"] / n * 1000
             res = {
                 "steps": n,
                 "wall_s": round(med["seconds"], 4),
@@ -324,6 +439,10 @@ def main() -> int:
                 "overhead_ms_per_step": round(overhead, 3),
                 "floor_b_ms_per_step": round(floor_b_ms, 3),
                 "overhead_vs_floor_b": round(overhead / floor_b_ms, 2) if floor_b_ms else None,
+                "floor_c_ms_per_step": round(floor_c_ms, 3),
+                "overhead_vs_floor_c": round(overhead / floor_c_ms, 2) if floor_c_ms else None,
+                # What the harness's Python adds per step, beyond the loop and its own SQL.
+                "python_ms_per_step": round(overhead - floor_c_ms, 3),
                 "commits_per_step": round(med["commits"] / n, 2),
                 # Per step beyond the fixed size of a store with one empty run: flat when
                 # nothing is copied per step. The raw size / N is kept for reference.
@@ -382,12 +501,14 @@ def main() -> int:
 
 def print_table(r: dict[str, Any]) -> None:
     head = (f"{'N':>5} {'wall s':>8} {'floorA s':>9} {'floorB s':>9} {'ovh ms/step':>12} {'floorB ms/step':>15} "
-            f"{'ovh/floorB':>10} {'commits/step':>13} {'bytes/step':>11} {'resume ms':>10} {'peak MB':>8}")
+            f"{'ovh/floorB':>10} {'floorC ms/step':>15} {'ovh/floorC':>10} {'py ms/step':>10} "
+            f"{'commits/step':>13} {'bytes/step':>11} {'resume ms':>10} {'peak MB':>8}")
     print(f"durability={r['durability']}  python {r['python']}")
     print(head)
     for s in r["sizes"]:
         print(f"{s['steps']:>5} {s['wall_s']:>8} {s['floor_a_s']:>9} {s['floor_b_s']:>9} "
               f"{s['overhead_ms_per_step']:>12} {s['floor_b_ms_per_step']:>15} {s['overhead_vs_floor_b']:>10} "
+              f"{s['floor_c_ms_per_step']:>15} {s['overhead_vs_floor_c']:>10} {s['python_ms_per_step']:>10} "
               f"{s['commits_per_step']:>13} {s['bytes_per_step']:>11} {s['resume_ms']:>10} {s['peak_mb']:>8}")
     print(f"bytes/step: beyond an empty store of {r['empty_store_bytes']} bytes "
           f"(raw size / N: {', '.join(str(s['raw_bytes_per_step']) for s in r['sizes'])})")
@@ -398,7 +519,9 @@ def print_table(r: dict[str, Any]) -> None:
     print("  ratios: " + " · ".join(f"{k} {v}" for k, v in r["startup_ratios"].items()))
     for row in r.get("postgresql", []):
         print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
-              f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']}")
+              f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']} · the loop's own "
+              f"transactions replayed {row['floor_c_ms_per_step']} ms/step (×{row['overhead_vs_floor_c']}; "
+              f"Python {row['python_ms_per_step']} ms/step)")
     sb = r.get("sandbox", {})
     parts = [f"unsandboxed {sb.get('off_ms')} ms"] + [
         f"{name} {sb[name + '_ms']} ms (×{sb[name + '_ratio']})" for name in ("bubblewrap", "landlock")

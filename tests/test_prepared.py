@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, bindparam, insert, select, update
+from sqlalchemy import Engine, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
 from durable_agent.messages import Message
@@ -91,6 +91,47 @@ def test_a_terminated_connection_is_invalidated_and_transient() -> None:
                                                       "step_seq": None, "created_at": WHEN})
             assert caught.value.connection_invalidated and retrying.is_transient(caught.value)
             assert conn.invalidated
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_pipelined_checkpoint_waits_for_the_fence_and_wraps_what_its_answers_raise() -> None:
+    """On PostgreSQL a transaction's statements go out in pipeline mode (fewer round trips):
+    the fence's row is still read before anything after it, and a connection lost while a
+    row is awaited comes out as SQLAlchemy's error, transient and invalidated, never as the
+    driver's own (which the retry policy would not recognise)."""
+    import psycopg
+    from scale_helpers import PG_URL, _libpq_url, pg_schema
+
+    fence = Prepared(update(runs).where(runs.c.id == bindparam("b_id")).returning(runs.c.cancel_requested))
+    with pg_schema() as url:
+        engine = open_store_engine(url)
+        Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
+                                 first_messages=[Message("system", "s")])
+        with engine.connect() as conn:
+            dbapi_conn: Any = conn.connection.dbapi_connection
+            with prepared.transaction(conn):
+                assert dbapi_conn._pipeline is not None  # pipeline mode inside the transaction
+                row = prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": "a"}))
+                assert row is not None and row[0] is False
+                fence.run(conn, {"b_id": "r", "error": "e"}).close()
+            assert dbapi_conn._pipeline is None
+            assert conn.execute(select(runs.c.answer, runs.c.error)).one() == ("a", "e")
+
+            pid = dbapi_conn.info.backend_pid
+            # The server busy with a statement whose answer is awaited (a sleep stands in for
+            # a slow fence) when the connection is cut: the wait is where it fails.
+            sleeper = Prepared(select(func.pg_sleep(bindparam("b_s"))))
+            with pytest.raises(DBAPIError) as caught, prepared.transaction(conn):
+                fence.run(conn, {"b_id": "r", "answer": "lost"}).close()
+                cursor = sleeper.run(conn, {"b_s": 30})
+                with psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
+                    side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                prepared.fetch_one(conn, cursor)
+            assert caught.value.statement == "FETCH"
+            assert retrying.is_transient(caught.value) and conn.invalidated
+        with engine.connect() as conn:
+            assert conn.execute(select(runs.c.answer)).scalar() == "a"
         engine.dispose()
 
 

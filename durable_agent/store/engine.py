@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
-from durable_agent.store.schema import HEAD_REVISION
+from durable_agent.store.revision import HEAD_REVISION
 from durable_agent.store.storable import storable
 
 BUSY_TIMEOUT_MS = 30_000

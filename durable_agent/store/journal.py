@@ -268,7 +268,7 @@ class Journal:
             statement = _FENCE_COUNTERS
             params.update(counters.as_params())
         cursor = statement.run(conn, params)
-        row = cursor.fetchone()
+        row = prepared.fetch_one(conn, cursor)
         cursor.close()
         if row is None:
             raise LeaseLost(self.run_id)

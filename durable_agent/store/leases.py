@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection, update
+from typing import TYPE_CHECKING, Any
 
 from durable_agent.status import RunStatus
-from durable_agent.store.schema import runs
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 def new_owner() -> str:
@@ -61,6 +61,11 @@ def take(conn: Connection, run_id: str, *, previous_epoch: int, owner: str, leas
     checks (owner, epoch). `clear_cancel`: a person asked the run to go on (`resume`); a
     worker keeps a cancel that reached a worker which then died.
     """
+    # Imported here: `list` and `show` ask whether a run is live without SQLAlchemy.
+    from sqlalchemy import update
+
+    from durable_agent.store.schema import runs
+
     epoch = previous_epoch + 1
     extra: dict[str, Any] = {"cancel_requested": False} if clear_cancel else {}
     res = conn.execute(

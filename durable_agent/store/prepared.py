@@ -87,6 +87,14 @@ class Prepared:
             _execute(conn, rendered.sql, [rendered.params(r) for r in rows], many=True).close()
 
 
+def fetch_one(conn: Connection, cursor: Any) -> Any:
+    """The next row of a statement's cursor. In a pipelined transaction this is where the
+    statement's answer is waited for, so the driver's errors are wrapped here too."""
+    row: list[Any] = []
+    _driver_call(conn, "FETCH", lambda: row.append(cursor.fetchone()), cursor=cursor)
+    return row[0]
+
+
 def run_core(conn: Connection, statement: Executable,
              params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
     """A one-off Core statement (values of its own included; a list of rows for an
@@ -107,18 +115,57 @@ def run_core(conn: Connection, statement: Executable,
 def transaction(conn: Connection) -> Iterator[None]:
     """One write transaction on the DBAPI connection under `conn`: BEGIN (IMMEDIATE on
     SQLite: the write lock first, so the fence cannot be raced) ... COMMIT. Any exception
-    rolls back (best effort: the connection may be dead) and propagates."""
+    rolls back (best effort: the connection may be dead) and propagates.
+
+    On PostgreSQL the transaction runs in psycopg's pipeline mode: statements are sent
+    without waiting for each answer, so a checkpoint costs four round trips (BEGIN, the
+    fence's row, COMMIT, the pipeline's end) instead of one per statement. A statement
+    whose answer is read (the fence's RETURNING) still waits for it, so the lease is
+    checked before anything after it is sent; an error of a later statement surfaces at
+    COMMIT, which then fails and rolls back like any refused commit."""
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
     try:
         if conn.dialect.name == "sqlite":  # PostgreSQL (psycopg) begins on the first statement
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
-        yield
-        _driver_call(conn, "COMMIT", dbapi_conn.commit)
+        with _pipeline(conn, dbapi_conn):
+            yield
+            _driver_call(conn, "COMMIT", dbapi_conn.commit)
     except BaseException:
         with contextlib.suppress(Exception):
             dbapi_conn.rollback()
         raise
+
+
+@contextmanager
+def _pipeline(conn: Connection, dbapi_conn: Any) -> Iterator[None]:
+    """psycopg's pipeline mode around the block, where the driver has it (libpq 14+)."""
+    if not _pipelines(conn):
+        yield
+        return
+    pipeline = dbapi_conn.pipeline()
+    _driver_call(conn, "PIPELINE", pipeline.__enter__)
+    try:
+        yield
+    except BaseException:
+        # Left without the block's error: psycopg would log a warning for a failed exit
+        # on top of the error that is already on its way.
+        with contextlib.suppress(Exception):
+            pipeline.__exit__(None, None, None)
+        raise
+    _driver_call(conn, "PIPELINE SYNC", lambda: pipeline.__exit__(None, None, None))
+
+
+def _pipelines(conn: Connection) -> bool:
+    if conn.dialect.driver != "psycopg":
+        return False
+    supported: bool | None = getattr(conn.dialect, "_durable_agent_pipelines", None)
+    if supported is None:
+        import psycopg
+
+        supported = bool(psycopg.Pipeline.is_supported())
+        conn.dialect._durable_agent_pipelines = supported  # type: ignore[attr-defined]
+    return supported
 
 
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:

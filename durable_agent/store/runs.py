@@ -25,6 +25,7 @@ from durable_agent.store.records import (
     RunRecord,
     StepRecord,
 )
+from durable_agent.store.revision import MAX_RUN_ID_PREFIX
 from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
 from durable_agent.store.storable import storable
@@ -40,9 +41,6 @@ def _locked_run(conn: Connection, run_id: str) -> Any:
     if row is None:
         raise RunNotFound(run_id)
     return row
-
-
-MAX_RUN_ID_PREFIX = 1000
 
 
 def _utf8(text: str) -> bool:

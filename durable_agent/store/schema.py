@@ -28,8 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-# The Alembic revision this code expects; engine.py upgrades any database behind it.
-HEAD_REVISION = "0006"
+# The Alembic revision this code expects (engine.py upgrades any database behind it).
+from durable_agent.store.revision import HEAD_REVISION as HEAD_REVISION
 
 metadata = MetaData()
 

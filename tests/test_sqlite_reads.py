@@ -1,0 +1,199 @@
+"""`list` and `show` on SQLite read through the standard library (store/sqlite_reads.py):
+the same records as the store's own reads, for every kind of run and for rows edited by
+hand; the whole way (store/runs.py) whenever the plain path does not apply; and no
+SQLAlchemy imported by either command on a store at this version's revision."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Boolean, DateTime
+from sqlalchemy.types import JSON, TypeDecorator
+
+from durable_agent.store import sqlite_reads
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.runs import Store
+from durable_agent.store.schema import approvals, runs, steps
+
+SCRIPT = [
+    {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "héllo\n"}}]},
+    {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]},
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm -rf build"}}]},  # asks (shell=ask)
+    {"content": "done"},
+]
+
+
+def copy_store(url: str, to: Path) -> sqlite3.Connection:
+    """A copy of the store (its WAL included), left open for edits."""
+    source, target = sqlite3.connect(url.removeprefix("sqlite:///")), sqlite3.connect(to)
+    source.backup(target)
+    source.close()
+    return target
+
+
+def full_way(url: str, run_id: str) -> tuple[Any, Any, Any]:
+    engine = open_store_engine(url)
+    try:
+        store = Store(engine)
+        return store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
+    finally:
+        engine.dispose()
+
+
+def listed_the_full_way(url: str, **kw: Any) -> list[Any]:
+    engine = open_store_engine(url)
+    try:
+        return Store(engine).list_runs(**kw)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def store_with_runs(cli_inproc: Callable[..., Any], write_script: Callable[..., str],
+                    db_path: Path) -> tuple[str, list[str]]:
+    """A store holding a blocked run (pending approval), a completed one, one cut by its
+    budget and a cancelled one."""
+    ids = []
+    for script, extra in ((SCRIPT, ()), ([{"content": "only"}], ()), (SCRIPT, ("--max-steps", "1"))):
+        r = cli_inproc("start", "a tåsk", "--model", write_script(script), "--json", "--shell", "ask", *extra)
+        ids.append(json.loads(r.stdout)["run_id"])
+    r = cli_inproc("start", "queued", "--model", write_script([{"content": "x"}]), "--detach", "--json")
+    ids.append(json.loads(r.stdout)["run_id"])
+    assert cli_inproc("cancel", ids[-1]).code == 0
+    return f"sqlite:///{db_path}", ids
+
+
+def test_column_kinds_are_the_schemas() -> None:
+    """One schema definition: the columns converted on the way out are the schema's DateTime,
+    JSON and Boolean columns of those tables, no more and no fewer."""
+    for table in (runs, steps, approvals):
+        kinds: dict[str, list[str]] = {"datetime": [], "json": [], "bool": []}
+        for column in table.c:
+            kind = column.type.impl_instance if isinstance(column.type, TypeDecorator) else column.type
+            for name, cls in (("datetime", DateTime), ("json", JSON), ("bool", Boolean)):
+                if isinstance(kind, cls):
+                    kinds[name].append(column.name)
+        assert list(sqlite_reads.DATETIME_COLUMNS[table.name]) == kinds["datetime"]
+        assert list(sqlite_reads.JSON_COLUMNS[table.name]) == kinds["json"]
+        assert list(sqlite_reads.BOOLEAN_COLUMNS[table.name]) == kinds["bool"]
+
+
+def test_the_same_records_as_the_stores_own_reads(store_with_runs: tuple[str, list[str]]) -> None:
+    url, ids = store_with_runs
+    for run_id in ids:
+        found = sqlite_reads.show(url, run_id)
+        assert found is not None and found == full_way(url, run_id)
+        assert sqlite_reads.show(url, run_id[:6]) == found  # a unique prefix
+    blocked = sqlite_reads.show(url, ids[0])
+    assert blocked is not None and blocked[2] and blocked[1]  # approvals and steps were compared, not empties
+    for status in (None, "completed", "blocked", "budget_exceeded", "cancelled", "failed"):
+        for limit in (1, 2, 50):
+            assert sqlite_reads.list_runs(url, status=status, limit=limit) == listed_the_full_way(
+                url, status=status, limit=limit)
+
+
+def test_what_the_plain_way_leaves_to_the_whole_way(store_with_runs: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = store_with_runs
+    assert sqlite_reads.show(url, "nope") is None  # not found: the store says so, in its words
+    assert sqlite_reads.show(url, "") is None
+    assert sqlite_reads.show(url, "\udcff") is None  # an id no row can hold
+    assert sqlite_reads.show(url, "x" * 2000) is None
+    db = url.removeprefix("sqlite:///")
+    assert sqlite_reads.list_runs(f"{url}?mode=ro", status=None, limit=5) is None  # URL options
+    assert sqlite_reads.list_runs("postgresql://127.0.0.1/x", status=None, limit=5) is None
+    assert sqlite_reads.list_runs(f"sqlite:///{tmp_path / 'none.db'}", status=None, limit=5) is None
+    assert not (tmp_path / "none.db").exists()  # never created here
+    (tmp_path / "folder.db").mkdir()
+    assert sqlite_reads.list_runs(f"sqlite:///{tmp_path / 'folder.db'}", status=None, limit=5) is None
+    older = tmp_path / "older.db"
+    with copy_store(url, older) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0005'")
+    conn.close()
+    assert sqlite_reads.list_runs(f"sqlite:///{older}", status=None, limit=5) is None  # upgraded the whole way
+    # A writer holding the lock does not stop a reader (WAL), and nothing is left open.
+    with sqlite3.connect(db, isolation_level=None) as writer:
+        writer.execute("BEGIN IMMEDIATE")
+        assert sqlite_reads.list_runs(url, status=None, limit=5) is not None
+        writer.execute("ROLLBACK")
+
+
+# Values a person or another tool could have written into a column (SQLite keeps any type):
+# the shapes each converted kind can be given, often, and anything at all, sometimes.
+SPECIAL = st.sampled_from([
+    "2026-11-30 12:34:56", "2026-11-30T12:34:56", "2026-11-30", "2026-11-30 12:34:56.5",
+    "2026-11-30 12:34:56.123456+01:00", "2026-11-30 12:34:56.1234567", "20261130", "",
+    "{}", "[1, 2]", '{"a": "\\u0000"}', "NaN", '"\\ud800"', '{"k": "\\udcff"}', "null", "true", "not json",
+    0, 1, 2, -1, 1.5, b"\x00\xff", b'{"a": 1}', "\udcff", None])
+ODD = SPECIAL | st.integers(-2, 2**40) | st.floats(allow_nan=True) | st.text(max_size=40) | st.binary(max_size=12)
+CONVERTED = [(t, c) for t, kinds in (("runs", runs), ("steps", steps), ("approvals", approvals))
+             for c in (*sqlite_reads.DATETIME_COLUMNS[t], *sqlite_reads.JSON_COLUMNS[t], *sqlite_reads.BOOLEAN_COLUMNS[t])]
+OTHER = ([("runs", c.name) for c in runs.c if c.name != "id"]
+         + [("steps", c.name) for c in steps.c if c.name not in ("id", "run_id", "seq")]
+         + [("approvals", c.name) for c in approvals.c if c.name not in ("id", "run_id")])
+COLUMNS = st.sampled_from(CONVERTED) | st.sampled_from(OTHER)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(COLUMNS, ODD), min_size=1, max_size=2))
+@example(edits=[(("runs", "cancel_requested"), 2)])
+@example(edits=[(("approvals", "restore_workspace"), 1)])
+@example(edits=[(("steps", "input"), '"\\ud800"')])
+@example(edits=[(("runs", "settings"), "not json")])
+@example(edits=[(("runs", "updated_at"), "2026-11-30 12:34:56")])
+@example(edits=[(("steps", "finished_at"), "2026-11-30T12:34:56")])
+def test_rows_edited_by_hand_read_the_same_or_go_the_whole_way(
+        store_with_runs: tuple[str, list[str]], tmp_path_factory: pytest.TempPathFactory,
+        edits: list[tuple[tuple[str, str], Any]]) -> None:
+    """Whatever a column holds, the plain way gives what SQLAlchemy gives, or leaves it."""
+    url, ids = store_with_runs
+    copy = tmp_path_factory.mktemp("edited") / "store.db"
+    target = copy_store(url, copy)
+    with target:
+        target.execute("PRAGMA foreign_keys=OFF")
+        for (table, column), value in edits:
+            cast = "?"
+            if isinstance(value, str) and any("\ud800" <= ch <= "\udfff" for ch in value):
+                # Text that is not UTF-8, as only another tool could write it.
+                cast, value = "CAST(? AS TEXT)", value.encode("utf-8", "surrogatepass")
+            target.execute(f'UPDATE OR IGNORE {table} SET "{column}" = {cast}', (value,))  # (NOT NULL kept)
+    target.close()
+    copy_url = f"sqlite:///{copy}"
+    for run_id in ids[:2]:
+        plain = sqlite_reads.show(copy_url, run_id)
+        try:
+            whole: Any = full_way(copy_url, run_id)
+        except Exception:  # noqa: BLE001  (the whole way refuses: the plain way must have left it)
+            whole = "refused"
+        assert plain is None or plain == whole, (edits, run_id)
+    plain_list = sqlite_reads.list_runs(copy_url, status=None, limit=10)
+    try:
+        whole_list: Any = listed_the_full_way(copy_url, status=None, limit=10)
+    except Exception:  # noqa: BLE001
+        whole_list = "refused"
+    assert plain_list is None or plain_list == whole_list, edits
+
+
+def test_list_and_show_import_no_sqlalchemy(store_with_runs: tuple[str, list[str]], env: dict[str, str],
+                                            workspace: Path) -> None:
+    """What makes them answer at once (scripts/bench.py measures it): not even imported."""
+    url, ids = store_with_runs
+    probe = ("import sys; from durable_agent.cli import main; code = main(sys.argv[1:]); "
+             "print('LOADED' if {'sqlalchemy', 'pydantic', 'alembic'} & set(sys.modules) else 'PLAIN', code)")
+    for command in (["list"], ["list", "--json", "--status", "blocked"], ["show", ids[0]], ["show", ids[0], "--json"]):
+        proc = subprocess.run([sys.executable, "-c", probe, *command, "--db", url], capture_output=True, text=True,
+                              env=env, cwd=workspace, timeout=60)
+        assert proc.stdout.rstrip().splitlines()[-1] == "PLAIN 0", (command, proc.stdout, proc.stderr)
+    # The whole way when the plain one cannot answer (an unknown id): the store's own words.
+    proc = subprocess.run([sys.executable, "-c", probe, "show", "nope", "--db", url], capture_output=True,
+                          text=True, env=env, cwd=workspace, timeout=60)
+    assert "no run with id 'nope'" in proc.stderr and proc.stdout.rstrip().endswith("LOADED 2")
