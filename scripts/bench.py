@@ -15,6 +15,7 @@ ratios against baselines from the same run mean more than absolute times.
 The harness's own cost per step is (agent - floor A - floor C) / N: what Python adds.
 
 Usage: scripts/bench.py [--steps 50,200,1000] [--repeat 3] [--json FILE] [--durability full|fast] [--pg URL]
+                       [--instructions]
 """
 
 from __future__ import annotations
@@ -361,6 +362,37 @@ def python_time(code: str, repeat: int) -> float:
     return statistics.median(times)
 
 
+# Whole-process baselines of the start-up ratios. `import pydantic` alone is lazy in pydantic
+# 2 (its machinery loads with the first model class), so the cost of using it at all is
+# measured too: one model defined and validated.
+BASELINES = {"bare_python_ms": "pass", "import_sqlalchemy_ms": "import sqlalchemy",
+             "import_sqlalchemy_pydantic_ms": "import sqlalchemy, pydantic",
+             "sqlalchemy_one_pydantic_model_ms": "import sqlalchemy, pydantic\n"
+                                                 "class M(pydantic.BaseModel):\n    x: int = 0\nM(x=1)"}
+
+
+def startup_ratios(r: dict[str, Any], unit: str) -> dict[str, float]:
+    """The issue's ratios (and the stretch's: list and show against bare python)."""
+    def ratio(a: str, b: str) -> float:
+        return round(r[f"{a}{unit}"] / r[f"{b}{unit}"], 2)
+
+    return {"help_vs_bare": ratio("cold_help", "bare_python"),
+            "list_vs_import_sqlalchemy": ratio("cold_list_1000", "import_sqlalchemy"),
+            "show_vs_import_sqlalchemy": ratio("cold_show", "import_sqlalchemy"),
+            "list_vs_bare": ratio("cold_list_1000", "bare_python"),
+            "show_vs_bare": ratio("cold_show", "bare_python"),
+            "start_vs_import_sqlalchemy_pydantic": ratio("cold_start_1_step", "import_sqlalchemy_pydantic"),
+            "start_vs_sqlalchemy_one_pydantic_model": ratio("cold_start_1_step", "sqlalchemy_one_pydantic_model")}
+
+
+def instructions(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Instructions one whole process executes, counted by callgrind: the same count for the
+    same binary and inputs whatever else the machine does (wall times here vary by 30%)."""
+    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], cwd=cwd,
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
+    return int(proc.stderr.split("Collected :")[1].split()[0])
+
+
 def make_runs_store(url: str, n: int) -> None:
     """A store holding `n` finished one-step runs (run-0000 ...), for `list` and `show`."""
     store = Store(open_store_engine(url))
@@ -404,6 +436,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--durability", choices=["full", "fast"], default="full")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count the start-up commands' instructions under valgrind (deterministic)")
     parser.add_argument("--pg", metavar="URL", help="also measure on this PostgreSQL server (a schema per run), "
                                                      "e.g. postgresql://127.0.0.1/test")
     opts = parser.parse_args()
@@ -477,17 +511,19 @@ def main() -> int:
         many_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{many}"}
         results["cold_list_1000_ms"] = round(cold_start(["list"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
         results["cold_show_ms"] = round(cold_start(["show", "run-0500"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
-        for key, code in (("bare_python_ms", "pass"), ("import_sqlalchemy_ms", "import sqlalchemy"),
-                          ("import_sqlalchemy_pydantic_ms", "import sqlalchemy, pydantic")):
+        for key, code in BASELINES.items():
             results[key] = round(python_time(code, max(5, opts.repeat)) * 1000, 1)
-        base = results["import_sqlalchemy_ms"]
-        results["startup_ratios"] = {
-            "help_vs_bare": round(results["cold_help_ms"] / results["bare_python_ms"], 2),
-            "list_vs_import_sqlalchemy": round(results["cold_list_1000_ms"] / base, 2),
-            "show_vs_import_sqlalchemy": round(results["cold_show_ms"] / base, 2),
-            "start_vs_import_sqlalchemy_pydantic": round(
-                results["cold_start_1_step_ms"] / results["import_sqlalchemy_pydantic_ms"], 2),
-        }
+        results["startup_ratios"] = startup_ratios(results, "_ms")
+        if opts.instructions:
+            commands = {"cold_help": (["--help"], env), "cold_start_1_step": (["start", "t", "--model", f"scripted:{one}",
+                                                                               "--quiet"], env),
+                        "cold_list_1000": (["list"], many_env), "cold_show": (["show", "run-0500"], many_env)}
+            counted = {f"{k}_instr": instructions([sys.executable, "-m", "durable_agent", *a], ws, e)
+                       for k, (a, e) in commands.items()}
+            counted.update({f"{k.removesuffix('_ms')}_instr": instructions([sys.executable, "-c", code], ws, env)
+                            for k, code in BASELINES.items()})
+            results["instructions"] = counted
+            results["instruction_ratios"] = startup_ratios(counted, "_instr")
         if opts.pg:
             results["postgresql"] = pg_table(opts.pg, [s for s in sizes if s <= 1000], opts.repeat, root)
         results["sandbox"] = sandbox_overhead(root, opts.repeat)
@@ -515,8 +551,12 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
           f"· list (1,000 runs) {r['cold_list_1000_ms']} ms · show {r['cold_show_ms']} ms")
     print(f"  baselines: bare python {r['bare_python_ms']} ms · import sqlalchemy {r['import_sqlalchemy_ms']} ms"
-          f" · import sqlalchemy, pydantic {r['import_sqlalchemy_pydantic_ms']} ms")
+          f" · import sqlalchemy, pydantic {r['import_sqlalchemy_pydantic_ms']} ms"
+          f" · and one pydantic model {r['sqlalchemy_one_pydantic_model_ms']} ms")
     print("  ratios: " + " · ".join(f"{k} {v}" for k, v in r["startup_ratios"].items()))
+    if "instruction_ratios" in r:
+        print("  instructions (callgrind): " + " · ".join(f"{k} {v:,}" for k, v in r["instructions"].items()))
+        print("  ratios in instructions: " + " · ".join(f"{k} {v}" for k, v in r["instruction_ratios"].items()))
     for row in r.get("postgresql", []):
         print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
               f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']} · the loop's own "
