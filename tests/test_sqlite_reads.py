@@ -197,3 +197,50 @@ def test_list_and_show_import_no_sqlalchemy(store_with_runs: tuple[str, list[str
     proc = subprocess.run([sys.executable, "-c", probe, "show", "nope", "--db", url], capture_output=True,
                           text=True, env=env, cwd=workspace, timeout=60)
     assert "no run with id 'nope'" in proc.stderr and proc.stdout.rstrip().endswith("LOADED 2")
+
+
+def both_ways(args: list[str], monkeypatch: pytest.MonkeyPatch,
+              capsys: pytest.CaptureFixture[str]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(exit code, stdout, stderr) of the command the plain way (when it answers), then the whole way."""
+    from datetime import datetime
+
+    from durable_agent import render
+    from durable_agent.cli import main
+
+    monkeypatch.setattr(render, "utcnow", lambda: datetime(2030, 1, 1))  # the AGE column, the same both times
+    answers = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(sqlite_reads, "list_runs", lambda *a, **k: None)
+            monkeypatch.setattr(sqlite_reads, "show", lambda *a, **k: None)
+        capsys.readouterr()
+        try:
+            code: Any = main(args)
+        except Exception as exc:  # noqa: BLE001  (a traceback a user would see)
+            code = repr(exc)
+        out = capsys.readouterr()
+        answers.append((code, out.out, out.err))
+    monkeypatch.undo()
+    return answers[0], answers[1]
+
+
+@pytest.mark.parametrize("spelling", [
+    "{dir}/st%41.db",  # a plain path: the whole way makes it a URL, where %41 is 'A'
+    "{dir}/st?x.db",  # ... and where '?' starts the URL's options
+    "sqlite+foo:///{dir}/store.db",  # a driver that does not exist
+    "sqlite+aiosqlite:///{dir}/store.db",  # a driver that is not installed
+    "sqlite://store.db",  # a host, not a file (a slash too few)
+])
+def test_a_store_spelling_reads_the_file_the_whole_way_reads(
+        store_with_runs: tuple[str, list[str]], spelling: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    url, ids = store_with_runs
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    for name in ("st%41.db", "st?x.db", "store.db"):
+        copy_store(url, folder / name).close()
+    db = spelling.format(dir=folder)
+    for args in (["list"], ["list", "--json"], ["show", ids[0]], ["show", ids[1][:5], "--json"]):
+        monkeypatch.chdir(folder)
+        plain, whole = both_ways([*args, "--db", db], monkeypatch, capsys)
+        assert plain == whole, (args, db)
