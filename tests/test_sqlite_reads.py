@@ -244,3 +244,10 @@ def test_a_store_spelling_reads_the_file_the_whole_way_reads(
         monkeypatch.chdir(folder)
         plain, whole = both_ways([*args, "--db", db], monkeypatch, capsys)
         assert plain == whole, (args, db)
+
+
+@pytest.mark.parametrize("db", ["sqlite://store.db", "sqlite://localhost/store.db"])
+def test_an_sqlite_url_with_a_host_is_refused_in_one_line(cli_inproc: Callable[..., Any], db: str) -> None:
+    for args in (["list"], ["show", "x"], ["cancel", "x"]):
+        r = cli_inproc(*args, "--db", db)
+        assert r.code == 2 and "Invalid SQLite URL" in r.stderr and "Traceback" not in r.stderr, (args, r)
