@@ -85,6 +85,7 @@ def test_column_kinds_are_the_schemas() -> None:
         assert list(sqlite_reads.DATETIME_COLUMNS[table.name]) == kinds["datetime"]
         assert list(sqlite_reads.JSON_COLUMNS[table.name]) == kinds["json"]
         assert list(sqlite_reads.BOOLEAN_COLUMNS[table.name]) == kinds["bool"]
+        assert sqlite_reads.COLUMNS[table.name] == tuple(c.name for c in table.c)
 
 
 def test_the_same_records_as_the_stores_own_reads(store_with_runs: tuple[str, list[str]]) -> None:
@@ -251,3 +252,20 @@ def test_an_sqlite_url_with_a_host_is_refused_in_one_line(cli_inproc: Callable[.
     for args in (["list"], ["show", "x"], ["cancel", "x"]):
         r = cli_inproc(*args, "--db", db)
         assert r.code == 2 and "Invalid SQLite URL" in r.stderr and "Traceback" not in r.stderr, (args, r)
+
+
+@pytest.mark.parametrize(("table", "column"), [("runs", "tree_start"), ("runs", "last_checkpoint"),
+                                               ("steps", "tree_id"), ("approvals", "restore_workspace")])
+def test_a_store_missing_a_column_is_refused_both_ways(
+        store_with_runs: tuple[str, list[str]], table: str, column: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A column dropped by hand at this revision: the whole way refuses ("no such column"),
+    so the plain way must not answer with the column read as empty."""
+    url, ids = store_with_runs
+    with copy_store(url, tmp_path / "dropped.db") as conn:
+        conn.execute("DROP VIEW IF EXISTS run_timeline")  # (a view that names the columns)
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.close()
+    for args in (["list"], ["show", ids[0]], ["show", ids[0], "--json"]):
+        plain, whole = both_ways([*args, "--db", str(tmp_path / "dropped.db")], monkeypatch, capsys)
+        assert plain == whole and (whole[0] != 0 or (args == ["list"] and table != "runs")), (args, plain)
