@@ -85,6 +85,7 @@ def test_column_kinds_are_the_schemas() -> None:
         assert list(sqlite_reads.DATETIME_COLUMNS[table.name]) == kinds["datetime"]
         assert list(sqlite_reads.JSON_COLUMNS[table.name]) == kinds["json"]
         assert list(sqlite_reads.BOOLEAN_COLUMNS[table.name]) == kinds["bool"]
+        assert sqlite_reads.COLUMNS[table.name] == tuple(c.name for c in table.c)
 
 
 def test_the_same_records_as_the_stores_own_reads(store_with_runs: tuple[str, list[str]]) -> None:
@@ -197,3 +198,74 @@ def test_list_and_show_import_no_sqlalchemy(store_with_runs: tuple[str, list[str
     proc = subprocess.run([sys.executable, "-c", probe, "show", "nope", "--db", url], capture_output=True,
                           text=True, env=env, cwd=workspace, timeout=60)
     assert "no run with id 'nope'" in proc.stderr and proc.stdout.rstrip().endswith("LOADED 2")
+
+
+def both_ways(args: list[str], monkeypatch: pytest.MonkeyPatch,
+              capsys: pytest.CaptureFixture[str]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(exit code, stdout, stderr) of the command the plain way (when it answers), then the whole way."""
+    from datetime import datetime
+
+    from durable_agent import render
+    from durable_agent.cli import main
+
+    monkeypatch.setattr(render, "utcnow", lambda: datetime(2030, 1, 1))  # the AGE column, the same both times
+    answers = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(sqlite_reads, "list_runs", lambda *a, **k: None)
+            monkeypatch.setattr(sqlite_reads, "show", lambda *a, **k: None)
+        capsys.readouterr()
+        try:
+            code: Any = main(args)
+        except Exception as exc:  # noqa: BLE001  (a traceback a user would see)
+            code = repr(exc)
+        out = capsys.readouterr()
+        answers.append((code, out.out, out.err))
+    monkeypatch.undo()
+    return answers[0], answers[1]
+
+
+@pytest.mark.parametrize("spelling", [
+    "{dir}/st%41.db",  # a plain path: the whole way makes it a URL, where %41 is 'A'
+    "{dir}/st?x.db",  # ... and where '?' starts the URL's options
+    "sqlite+foo:///{dir}/store.db",  # a driver that does not exist
+    "sqlite+aiosqlite:///{dir}/store.db",  # a driver that is not installed
+    "sqlite://store.db",  # a host, not a file (a slash too few)
+])
+def test_a_store_spelling_reads_the_file_the_whole_way_reads(
+        store_with_runs: tuple[str, list[str]], spelling: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    url, ids = store_with_runs
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    for name in ("st%41.db", "st?x.db", "store.db"):
+        copy_store(url, folder / name).close()
+    db = spelling.format(dir=folder)
+    for args in (["list"], ["list", "--json"], ["show", ids[0]], ["show", ids[1][:5], "--json"]):
+        monkeypatch.chdir(folder)
+        plain, whole = both_ways([*args, "--db", db], monkeypatch, capsys)
+        assert plain == whole, (args, db)
+
+
+@pytest.mark.parametrize("db", ["sqlite://store.db", "sqlite://localhost/store.db"])
+def test_an_sqlite_url_with_a_host_is_refused_in_one_line(cli_inproc: Callable[..., Any], db: str) -> None:
+    for args in (["list"], ["show", "x"], ["cancel", "x"]):
+        r = cli_inproc(*args, "--db", db)
+        assert r.code == 2 and "Invalid SQLite URL" in r.stderr and "Traceback" not in r.stderr, (args, r)
+
+
+@pytest.mark.parametrize(("table", "column"), [("runs", "tree_start"), ("runs", "last_checkpoint"),
+                                               ("steps", "tree_id"), ("approvals", "restore_workspace")])
+def test_a_store_missing_a_column_is_refused_both_ways(
+        store_with_runs: tuple[str, list[str]], table: str, column: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A column dropped by hand at this revision: the whole way refuses ("no such column"),
+    so the plain way must not answer with the column read as empty."""
+    url, ids = store_with_runs
+    with copy_store(url, tmp_path / "dropped.db") as conn:
+        conn.execute("DROP VIEW IF EXISTS run_timeline")  # (a view that names the columns)
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.close()
+    for args in (["list"], ["show", ids[0]], ["show", ids[0], "--json"]):
+        plain, whole = both_ways([*args, "--db", str(tmp_path / "dropped.db")], monkeypatch, capsys)
+        assert plain == whole and (whole[0] != 0 or (args == ["list"] and table != "runs")), (args, plain)

@@ -66,6 +66,9 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         return engine
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
+    except ArgumentError as exc:  # a URL the dialect refuses (`sqlite://file.db`: a host, not a file)
+        raise ConfigError(f"cannot use the store {url!r}: {str(exc).splitlines()[0]} "
+                          "(e.g. sqlite:///path/to/file.db)") from None
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"the driver for {parsed.drivername} is not installed ({exc.name}); "

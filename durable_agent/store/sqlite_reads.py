@@ -34,6 +34,19 @@ from durable_agent.store.storable import storable
 R = TypeVar("R", RunRecord, StepRecord, ApprovalRecord)
 T = TypeVar("T")
 
+# The tables' columns, as SQLAlchemy selects them (a test holds them equal to store/schema.py):
+# a store missing one is refused the whole way ("no such column"), so it is here too.
+COLUMNS = {
+    "runs": ("id", "task", "workspace", "model", "status", "stop_reason", "answer", "error", "created_at",
+             "updated_at", "finished_at", "step_count", "tool_call_count", "prompt_tokens", "completion_tokens",
+             "lease_owner", "lease_expires_at", "lease_epoch", "cancel_requested", "settings", "message_count",
+             "active_ms", "resume_count", "last_checkpoint", "tool_sources", "forked_from", "fork_seq", "tree_start"),
+    "steps": ("id", "run_id", "seq", "kind", "state", "idempotency_key", "call_id", "tool_name", "input", "output",
+              "error", "attempts", "prompt_tokens", "completion_tokens", "started_at", "finished_at", "duration_ms",
+              "turn", "effect", "pgid", "lease_epoch", "tree_before", "tree_id"),
+    "approvals": ("id", "run_id", "call_id", "step_seq", "kind", "tool_name", "command", "reason", "requested_at",
+                  "decision", "decided_by", "decided_at", "used_at", "restore_workspace"),
+}
 # Columns that SQLAlchemy converts as it reads them (the rest come as sqlite3 gives them).
 DATETIME_COLUMNS = {
     "runs": ("created_at", "updated_at", "finished_at", "lease_expires_at"),
@@ -80,8 +93,14 @@ def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     target, file = _sqlite_target(db), sqlite_file(db)
     if target is None or file is None or target[1]:  # another database, in memory, URL options
         return None
-    if "://" in db and (target[0].startswith("~") or "%" in target[0]):
-        return None  # a URL's file name that SQLAlchemy reads its own way (no ~, %-escapes)
+    if "://" in db:
+        scheme, _, rest = db.partition("://")
+        if scheme not in ("sqlite", "sqlite+pysqlite") or not rest.startswith("/"):
+            return None  # another driver (loaded or refused the whole way), a host or user part
+        if target[0].startswith("~") or "%" in target[0]:
+            return None  # a URL's file name that SQLAlchemy reads its own way (no ~, %-escapes)
+    elif any(c in str(Path(db).expanduser().absolute()) for c in "?%"):
+        return None  # the whole way makes the path a URL, where '?' starts options and '%' escapes
     try:
         if not stat.S_ISREG(os.stat(file).st_mode) or os.path.getsize(file) == 0:
             return None
@@ -118,7 +137,8 @@ def _find_run_id(conn: sqlite3.Connection, prefix: str) -> str:
 
 
 def _records(conn: sqlite3.Connection, record: type[R], table: str, sql: str, params: tuple[Any, ...]) -> list[R]:
-    cursor = conn.execute(sql, params)
+    columns = ", ".join(f"{table}.{c}" for c in COLUMNS[table])
+    cursor = conn.execute(sql.replace("SELECT *", f"SELECT {columns}", 1), params)
     names = [d[0] for d in cursor.description]
     converters = [_converter(table, n) for n in names]
     return [record.from_row({n: v if c is None else c(v) for n, c, v in zip(names, converters, values, strict=True)})
