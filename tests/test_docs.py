@@ -65,6 +65,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Flags in backticks that belong to other programs (servers, bwrap, pytest, git, scripts/test).
 FOREIGN_FLAGS = {"--basetemp", "--cap-drop", "--enable-auto-tool-choice", "--tool-call-parser", "--jinja",
                  "--new-session", "--filter", "--fast"}
+# The benchmark's own flags (scripts/bench.py), which exist there.
+BENCH_SOURCE = (ROOT / "scripts" / "bench.py").read_text()
+FOREIGN_FLAGS |= {f for f in ("--pg", "--instructions", "--json", "--steps", "--repeat")
+                  if f'add_argument("{f}"' in BENCH_SOURCE}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
