@@ -40,7 +40,7 @@ def default_db_url(env: Mapping[str, str]) -> str:
     return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
 
 
-def _sqlite_target(db: str) -> tuple[str, str] | None:
+def sqlite_target(db: str) -> tuple[str, str] | None:
     """(database, query) of an SQLite store URL or plain path; None for another database."""
     if "://" not in db:
         return db, ""
@@ -54,7 +54,7 @@ def _sqlite_target(db: str) -> tuple[str, str] | None:
 def in_memory(db: str) -> bool:
     """An SQLite URL whose database lives only in this process: `sqlite://`, `sqlite:///`
     (no file name), `sqlite+pysqlite:///:memory:`, `file::memory:` and `mode=memory` URIs."""
-    target = _sqlite_target(db)
+    target = sqlite_target(db)
     if target is None:
         return False
     database, query = target
@@ -65,7 +65,7 @@ def in_memory(db: str) -> bool:
 def sqlite_file(db: str) -> Path | None:
     """The file of an SQLite store (a `sqlite:///` URL or a plain path), resolved; None for
     another database or an in-memory one."""
-    target = _sqlite_target(db)
+    target = sqlite_target(db)
     if target is None or in_memory(db):
         return None
     return Path(os.path.realpath(os.path.expanduser(target[0])))

@@ -8,8 +8,6 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 
 from __future__ import annotations
 
-import functools
-import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,21 +21,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
-from durable_agent.store.storable import storable
+from durable_agent.store.storable import lenient_text, read_json
 
 BUSY_TIMEOUT_MS = 30_000
-# Reading a row must never fail, whatever was written into it by hand: SQLite text that is
-# not UTF-8 reads with U+FFFD (not "Could not decode to UTF-8 column"), and a JSON column
-# that is not JSON reads as its text.
-_LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
-
-
-def _read_json(text: str) -> object:
-    try:
-        # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
-        return storable(json.loads(text))
-    except ValueError:
-        return text
 
 
 def normalize_url(url: str) -> str:
@@ -61,7 +47,7 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(url, parsed.database, durability, pool)
-        engine = create_engine(url, pool_pre_ping=True, json_deserializer=_read_json, **pool)
+        engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool)
         event.listen(engine, "handle_error", _lost_is_disconnect)
         return engine
     except NoSuchModuleError:
@@ -94,7 +80,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
             # write with "disk I/O error", which would read as a passing fault (exit 7).
             raise ConfigError(f"cannot use the store {url}: not a regular file (--db must be a "
                               "durable-agent SQLite file, or a new path in a writable folder)")
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=_read_json,
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=read_json,
                            **(pool if database and database != ":memory:" else {}))
     synchronous = "FULL" if durability == "full" else "NORMAL"
 
@@ -102,7 +88,7 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module so we can BEGIN IMMEDIATE.
         dbapi_conn.isolation_level = None
-        dbapi_conn.text_factory = _LENIENT_TEXT
+        dbapi_conn.text_factory = lenient_text
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")

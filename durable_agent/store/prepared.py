@@ -17,6 +17,7 @@ through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -90,9 +91,7 @@ class Prepared:
 def fetch_one(conn: Connection, cursor: Any) -> Any:
     """The next row of a statement's cursor. In a pipelined transaction this is where the
     statement's answer is waited for, so the driver's errors are wrapped here too."""
-    row: list[Any] = []
-    _driver_call(conn, "FETCH", lambda: row.append(cursor.fetchone()), cursor=cursor)
-    return row[0]
+    return _driver_call(conn, "FETCH", cursor.fetchone, cursor=cursor)
 
 
 def run_core(conn: Connection, statement: Executable,
@@ -157,15 +156,14 @@ def _pipeline(conn: Connection, dbapi_conn: Any) -> Iterator[None]:
 
 
 def _pipelines(conn: Connection) -> bool:
-    if conn.dialect.driver != "psycopg":
-        return False
-    supported: bool | None = getattr(conn.dialect, "_durable_agent_pipelines", None)
-    if supported is None:
-        import psycopg
+    return conn.dialect.driver == "psycopg" and _libpq_pipelines()
 
-        supported = bool(psycopg.Pipeline.is_supported())
-        conn.dialect._durable_agent_pipelines = supported  # type: ignore[attr-defined]
-    return supported
+
+@functools.cache
+def _libpq_pipelines() -> bool:
+    import psycopg  # (the process's libpq: asked once)
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
@@ -188,10 +186,10 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
 
 
 def _driver_call(conn: Connection, sql: str, call: Callable[[], Any], params: Any = None,
-                 cursor: Any = None) -> None:
+                 cursor: Any = None) -> Any:
     dialect = conn.dialect
     try:
-        call()
+        return call()
     except dialect.loaded_dbapi.Error as exc:
         # As Connection._handle_dbapi_exception does: a dead connection is invalidated (the
         # pool will not hand it out again) and the wrapper says so.

@@ -15,8 +15,6 @@ ambiguous, or a value that SQLAlchemy would read in another way (a hand-edited r
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import re
 import sqlite3
@@ -26,10 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from durable_agent.config_layers import _sqlite_target, sqlite_file
+from durable_agent.config_layers import sqlite_file, sqlite_target
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.revision import HEAD_REVISION, MAX_RUN_ID_PREFIX
-from durable_agent.store.storable import storable
+from durable_agent.store.storable import lenient_text, read_json
 
 R = TypeVar("R", RunRecord, StepRecord, ApprovalRecord)
 T = TypeVar("T")
@@ -60,7 +58,6 @@ BOOLEAN_COLUMNS = {"runs": ("cancel_requested",), "steps": (), "approvals": ("re
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{6})?")
 # A failed read waits this long for a lock, then the whole way (with its retry policy) takes over.
 _BUSY_TIMEOUT_S = 0.5
-_LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")  # as store/engine.py
 
 
 class _Unusual(Exception):
@@ -69,20 +66,19 @@ class _Unusual(Exception):
 
 def list_runs(db: str, *, status: str | None, limit: int) -> list[RunRecord] | None:
     where, params = ("WHERE status = ? ", (status,)) if status else ("", ())
-    return _read(db, lambda conn: _records(conn, RunRecord, "runs", f"SELECT * FROM runs {where}"
-                                           "ORDER BY created_at DESC, id DESC LIMIT ?", (*params, limit)))
+    return _read(db, lambda conn: _records(conn, RunRecord, "runs", f"{where}ORDER BY created_at DESC, id DESC LIMIT ?",
+                                           (*params, limit)))
 
 
 def show(db: str, prefix: str) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]] | None:
     """The run with this id (or unique prefix of one), its steps and its approvals."""
     def query(conn: sqlite3.Connection) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]]:
         run_id = _find_run_id(conn, prefix)
-        runs = _records(conn, RunRecord, "runs", "SELECT * FROM runs WHERE id = ?", (run_id,))
-        steps = _records(conn, StepRecord, "steps", "SELECT * FROM steps WHERE run_id = ? ORDER BY seq", (run_id,))
-        approvals = _records(conn, ApprovalRecord, "approvals",
-                             "SELECT * FROM approvals WHERE run_id = ? ORDER BY id", (run_id,))
+        runs = _records(conn, RunRecord, "runs", "WHERE id = ?", (run_id,))
         if len(runs) != 1:
             raise _Unusual
+        steps = _records(conn, StepRecord, "steps", "WHERE run_id = ? ORDER BY seq", (run_id,))
+        approvals = _records(conn, ApprovalRecord, "approvals", "WHERE run_id = ? ORDER BY id", (run_id,))
         return runs[0], steps, approvals
 
     return _read(db, query)
@@ -90,7 +86,7 @@ def show(db: str, prefix: str) -> tuple[RunRecord, list[StepRecord], list[Approv
 
 def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     """`query` in one read transaction on the store's file, or None when this module leaves it."""
-    target, file = _sqlite_target(db), sqlite_file(db)
+    target, file = sqlite_target(db), sqlite_file(db)
     if target is None or file is None or target[1]:  # another database, in memory, URL options
         return None
     if "://" in db:
@@ -110,7 +106,7 @@ def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     except (OSError, ValueError, sqlite3.Error):
         return None
     try:
-        conn.text_factory = _LENIENT_TEXT
+        conn.text_factory = lenient_text
         conn.execute("BEGIN")  # one snapshot for every query of the command
         if conn.execute("SELECT version_num FROM alembic_version").fetchall() != [(HEAD_REVISION,)]:
             return None  # a new store, an older one (the whole way upgrades it) or a newer one
@@ -136,10 +132,11 @@ def _find_run_id(conn: sqlite3.Connection, prefix: str) -> str:
     return str(ids[0][0])
 
 
-def _records(conn: sqlite3.Connection, record: type[R], table: str, sql: str, params: tuple[Any, ...]) -> list[R]:
-    columns = ", ".join(f"{table}.{c}" for c in COLUMNS[table])
-    cursor = conn.execute(sql.replace("SELECT *", f"SELECT {columns}", 1), params)
-    names = [d[0] for d in cursor.description]
+def _records(conn: sqlite3.Connection, record: type[R], table: str, clauses: str,
+             params: tuple[Any, ...]) -> list[R]:
+    """`record`s of the rows of `table` that `clauses` (WHERE ... ORDER BY ... LIMIT) pick."""
+    names = COLUMNS[table]
+    cursor = conn.execute(f"SELECT {', '.join(names)} FROM {table} {clauses}", params)
     converters = [_converter(table, n) for n in names]
     return [record.from_row({n: v if c is None else c(v) for n, c, v in zip(names, converters, values, strict=True)})
             for values in cursor]
@@ -169,10 +166,7 @@ def _json(value: Any) -> Any:
         return None
     if type(value) is not str:
         raise _Unusual
-    try:
-        return storable(json.loads(value))
-    except ValueError:
-        return value
+    return read_json(value)
 
 
 def _boolean(value: Any) -> bool | None:

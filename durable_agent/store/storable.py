@@ -22,6 +22,8 @@ resume reads back are the same text. Values that are already clean come back as 
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from datetime import datetime
@@ -98,3 +100,17 @@ def _storable_other(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return storable_text(bytes(value).decode("utf-8", errors="surrogateescape"))
     return value
+
+
+# Reading a row must never fail, whatever was written into it by hand: SQLite text that is
+# not UTF-8 reads with U+FFFD (not "Could not decode to UTF-8 column"), and a JSON column
+# that is not JSON reads as its text. (Both ways of reading: store/engine.py, store/sqlite_reads.py.)
+lenient_text = functools.partial(str, encoding="utf-8", errors="replace")
+
+
+def read_json(text: str) -> object:
+    try:
+        # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
+        return storable(json.loads(text))
+    except ValueError:
+        return text
