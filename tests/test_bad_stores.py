@@ -107,6 +107,16 @@ def test_an_existing_store_on_a_read_only_file_system(cli: Callable[..., Result]
                    "cannot use the store")
 
 
+@pytest.mark.parametrize("command", [["list"], ["show", "x"]])
+def test_list_and_show_of_a_store_on_a_read_only_file_system(cli: Callable[..., Result], read_only_dir: Path,
+                                                             real_db: Path, command: list[str]) -> None:
+    """The plain read (store/sqlite_reads.py) cannot open the WAL's shared memory there: it
+    steps aside and the store's own refusal is the answer, one line."""
+    shutil.copy(real_db, read_only_dir / "store.db")
+    make_read_only(read_only_dir)
+    one_error_line(cli(*command, "--db", str(read_only_dir / "store.db")), "cannot use the store")
+
+
 # -- settings ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", [["list"], ["show", "x"], ["db", "current"], ["worker", "--once"],
                                      ["start", "t", "--model", "demo"], ["resume", "x"], ["demo"]])
