@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from durable_agent.errors import ConfigError
 
@@ -37,18 +38,26 @@ def default_config_path(env: Mapping[str, str]) -> Path | None:
 
 def default_db_url(env: Mapping[str, str]) -> str:
     base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return f"sqlite:///{base / 'durable-agent' / 'durable-agent.db'}"
+    return sqlite_url(base / "durable-agent" / "durable-agent.db")
+
+
+def sqlite_url(path: Path) -> str:
+    """The `sqlite:///` URL of a file, naming that very file: in a URL, `?` starts the
+    options and `%XX` is an escape, so a path holding them is escaped (`st?x.db` would
+    otherwise open `st`)."""
+    return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
 
 
 def sqlite_target(db: str) -> tuple[str, str] | None:
-    """(database, query) of an SQLite store URL or plain path; None for another database."""
+    """(database, query) of an SQLite store URL or plain path; None for another database.
+    A URL's database is %-decoded, as SQLAlchemy decodes it before opening the file."""
     if "://" not in db:
         return db, ""
     scheme, _, rest = db.partition("://")
     if scheme.split("+")[0] != "sqlite":
         return None
     database, _, query = rest.removeprefix("/").partition("?")
-    return database, query
+    return unquote(database), query
 
 
 def in_memory(db: str) -> bool:
@@ -68,7 +77,9 @@ def sqlite_file(db: str) -> Path | None:
     target = sqlite_target(db)
     if target is None or in_memory(db):
         return None
-    return Path(os.path.realpath(os.path.expanduser(target[0])))
+    # `~` is the home folder in a plain path only (SQLAlchemy opens a URL's `~/x.db` as written).
+    path = target[0] if "://" in db else os.path.expanduser(target[0])
+    return Path(os.path.realpath(path))
 
 
 def store_files(db: str) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # helper modules (fake_openai, scripts) import by name
+
+import forked_cli  # noqa: E402
 
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox  # noqa: E402
 
@@ -98,11 +99,7 @@ def write_script(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
 def cli(env: dict[str, str], workspace: Path) -> Callable[..., Result]:
     def run(*args: str, extra_env: dict[str, str] | None = None, timeout: float = 120,
             cwd: Path | None = None) -> Result:
-        proc = subprocess.run(
-            [sys.executable, "-m", "durable_agent", *args],
-            cwd=cwd or workspace, env={**env, **(extra_env or {})}, capture_output=True,
-            text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        )
+        proc = forked_cli.run(args, env={**env, **(extra_env or {})}, cwd=cwd or workspace, timeout=timeout)
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 from scale_helpers import wait_for  # noqa: F401 - one poller for all test helpers
 
 
@@ -28,8 +29,7 @@ class Done:
 
 def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> Done:
     """One CLI command to its end (the `cli` fixture, for a given env and directory)."""
-    proc = subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = forked_cli.run(args, env=env, cwd=cwd, timeout=timeout)
     return Done(proc.returncode, proc.stdout, proc.stderr)
 
 

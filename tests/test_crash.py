@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 
 
@@ -47,8 +48,7 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | 
     e = dict(env)
     if crash_after is not None:
         e["DURABLE_AGENT_CRASH_AFTER"] = str(crash_after)
-    proc = subprocess.run([sys.executable, "-m", "durable_agent", *args, "--quiet"], env=e, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    proc = forked_cli.run([*args, "--quiet"], env=e, cwd=cwd)
     if proc.returncode not in (0, -signal.SIGKILL):
         print(proc.stdout, proc.stderr)  # shown by pytest when the test fails
     return proc.returncode

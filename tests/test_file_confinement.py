@@ -150,3 +150,26 @@ def test_no_file_tool_writes_the_runs_own_store(workspace: Path, path: str, tool
     other = builtin.run(builtin.args_model.model_validate({**args, "path": "in.db.txt"}), ctx) \
         if tool == "write_file" else None
     assert other is None or other.error is None  # a neighbour with a similar name is not the store
+
+
+@pytest.mark.parametrize(("name", "spelling"), [("50% off.db", "{ws}/50% off.db"), ("st?x.db", "{ws}/st?x.db"),
+                                                ("a b.db", "sqlite:///{ws}/a%20b.db"),
+                                                ("st?x.db", "sqlite:///{ws}/st%3Fx.db")])
+def test_the_store_kept_from_file_tools_is_the_file_the_store_opens(workspace: Path, name: str,
+                                                                     spelling: str) -> None:
+    """The store's name as a plain path or a URL with escapes: the file kept from the tools is
+    the one SQLAlchemy opens (a URL's `%20` is a space; a path's `?` is part of the name)."""
+    from durable_agent.store.engine import make_engine
+
+    db = spelling.format(ws=workspace)
+    engine = make_engine(db)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x)")
+        conn.commit()
+    engine.dispose()
+    assert (workspace / name).is_file() and sorted(p.name for p in workspace.iterdir()) == [name], \
+        list(workspace.iterdir())
+    ctx = ToolContext(workspace=workspace, run_id="r", call_id="c", store=db)
+    builtin = build_tools("deny")["write_file"]
+    with pytest.raises(ToolFailure, match="own store"):
+        builtin.run(builtin.args_model.model_validate({"path": name, "content": "new"}), ctx)

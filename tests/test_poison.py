@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -209,9 +210,7 @@ def test_the_worst_case_run_in_a_real_process_on_both_stores(store_url: str, tmp
     script.write_text(json.dumps(turns))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "durable_agent", *args, "--db", store_url],
-                              env=env, cwd=workspace, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        return forked_cli.run([*args, "--db", store_url], env=env, cwd=workspace)
 
     started = cli("start", "poison", "--model", f"scripted:{script}", "--shell", "allow", "--json")
     assert started.returncode == 0, started.stderr
@@ -256,9 +255,7 @@ def test_a_poisoned_run_killed_at_a_checkpoint_resumes_to_completion(
 
     def cli(*args: str, crash: int | None = None) -> subprocess.CompletedProcess[str]:
         extra = {} if crash is None else {"DURABLE_AGENT_CRASH_AFTER": str(crash)}
-        return subprocess.run([sys.executable, "-m", "durable_agent", *args, "--db", store_url, "--quiet"],
-                              env={**e, **extra}, cwd=workspace, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        return forked_cli.run([*args, "--db", store_url, "--quiet"], env={**e, **extra}, cwd=workspace)
 
     first = cli("start", "poison", "--model", f"scripted:{script}", "--shell", "allow", "--run-id", "p1",
                 crash=crash_after)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import forked_cli
 import pytest
 from scale_helpers import pg_schema
 from sqlalchemy import Engine, text, update
@@ -146,8 +147,7 @@ def test_cli_start_list_show_export_work_unchanged_on_postgres(
     ])
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "durable_agent", *args], env=env, cwd=workspace,
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return forked_cli.run(args, env=env, cwd=workspace)
 
     started = cli("start", "do it", "--model", model, "--shell", "allow", "--json")
     assert started.returncode == 0, started.stderr

@@ -9,13 +9,12 @@ import json
 import os
 import re
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"
@@ -69,8 +68,7 @@ EXPECT: dict[str, list[str]] = {
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | None = None) -> str:
     extra = {"DURABLE_AGENT_CRASH_AFTER": str(crash_after)} if crash_after else {}
-    proc = subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env={**env, **extra},
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = forked_cli.run(args, env={**env, **extra}, cwd=cwd)
     return f"{proc.returncode}\n{proc.stdout}{proc.stderr}"
 
 

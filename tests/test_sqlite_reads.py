@@ -225,6 +225,15 @@ def both_ways(args: list[str], monkeypatch: pytest.MonkeyPatch,
     return answers[0], answers[1]
 
 
+def odd_folder(url: str, tmp_path: Path) -> Path:
+    """Copies of the store under names a URL would read otherwise."""
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    for name in ("st%41.db", "st?x.db", "50% off.db", "store.db"):
+        copy_store(url, folder / name).close()
+    return folder
+
+
 @pytest.mark.parametrize("spelling", [
     "{dir}/st%41.db",  # a plain path: the whole way makes it a URL, where %41 is 'A'
     "{dir}/st?x.db",  # ... and where '?' starts the URL's options
@@ -236,15 +245,36 @@ def test_a_store_spelling_reads_the_file_the_whole_way_reads(
         store_with_runs: tuple[str, list[str]], spelling: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     url, ids = store_with_runs
-    folder = tmp_path / "odd"
-    folder.mkdir()
-    for name in ("st%41.db", "st?x.db", "store.db"):
-        copy_store(url, folder / name).close()
+    folder = odd_folder(url, tmp_path)
     db = spelling.format(dir=folder)
     for args in (["list"], ["list", "--json"], ["show", ids[0]], ["show", ids[1][:5], "--json"]):
         monkeypatch.chdir(folder)
         plain, whole = both_ways([*args, "--db", db], monkeypatch, capsys)
         assert plain == whole, (args, db)
+
+
+@pytest.mark.parametrize("spelling", ["{dir}/st%41.db", "{dir}/st?x.db", "{dir}/50% off.db",
+                                      "sqlite:///{dir}/st%2541.db", "sqlite:///{dir}/st%3Fx.db",
+                                      "sqlite:///{dir}/50%25%20off.db"])
+def test_a_store_whose_name_holds_url_characters_is_that_very_file(
+        store_with_runs: tuple[str, list[str]], spelling: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--db 'st?x.db'` once opened (and created) `st`, and `st%41.db` opened `stA.db`: a
+    plain path is escaped when it becomes a URL, and a URL's escapes are decoded the way
+    SQLAlchemy decodes them, so both ways, and the store files kept from commands, are the
+    named file."""
+    from durable_agent.config_layers import sqlite_file
+
+    url, ids = store_with_runs
+    folder = odd_folder(url, tmp_path)
+    db = spelling.format(dir=folder)
+    before = sorted(p.name for p in folder.iterdir())
+    for args in (["list"], ["show", ids[0]]):
+        plain, whole = both_ways([*args, "--db", db], monkeypatch, capsys)
+        assert plain == whole and whole[0] == 0 and ids[0] in whole[1], (args, db, whole)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(("-wal", "-shm"))) == before
+    file = sqlite_file(db)
+    assert file is not None and file.parent == folder.resolve() and file.name in before, file
 
 
 @pytest.mark.parametrize("db", ["sqlite://store.db", "sqlite://localhost/store.db"])

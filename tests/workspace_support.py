@@ -7,9 +7,10 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+import forked_cli
 
 Picture = dict[bytes, tuple[Any, ...]]
 
@@ -44,6 +45,4 @@ def copy_tree(src: Path, dst: Path) -> None:
 
 def da(args: list[str], env: dict[str, str], cwd: Path, *, timeout: float = 120,
        extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "durable_agent", *args], env={**env, **(extra or {})},
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return forked_cli.run(args, env={**env, **(extra or {})}, cwd=cwd, timeout=timeout)

@@ -33,6 +33,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import durable_agent
+from durable_agent.config_layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.render import fmt_ms, step_what
 from durable_agent.status_line import short
@@ -74,7 +75,7 @@ class _Demo:
         self.root = root
         self.workspace = root / "project"
         self.db_file = None if db else root / "demo.db"
-        self.db = db or f"sqlite:///{self.db_file}"
+        self.db = db or sqlite_url(root / "demo.db")
         self.run_id = f"demo-{uuid.uuid4().hex[:8]}"
         self.env = _child_env(env, root)
         # Our own bundled script in its own temporary workspace: where no sandbox can be had,

@@ -18,6 +18,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+from durable_agent.config_layers import sqlite_url
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
@@ -31,7 +32,7 @@ def normalize_url(url: str) -> str:
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if "://" not in url:
-        return f"sqlite:///{Path(url).expanduser().absolute()}"
+        return sqlite_url(Path(url).expanduser().absolute())
     return url
 
 

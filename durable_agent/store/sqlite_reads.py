@@ -93,10 +93,6 @@ def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
         scheme, _, rest = db.partition("://")
         if scheme not in ("sqlite", "sqlite+pysqlite") or not rest.startswith("/"):
             return None  # another driver (loaded or refused the whole way), a host or user part
-        if target[0].startswith("~") or "%" in target[0]:
-            return None  # a URL's file name that SQLAlchemy reads its own way (no ~, %-escapes)
-    elif any(c in str(Path(db).expanduser().absolute()) for c in "?%"):
-        return None  # the whole way makes the path a URL, where '?' starts options and '%' escapes
     try:
         if not stat.S_ISREG(os.stat(file).st_mode) or os.path.getsize(file) == 0:
             return None
