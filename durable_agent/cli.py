@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    if any(os.environ.get(name) for name in ("DURABLE_AGENT_CRASH_AFTER", "DURABLE_AGENT_FAULT_AT")):
+    if any(os.environ.get(f"DURABLE_AGENT_{name}") for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT")):
         from durable_agent import fault_injection  # the crash and fault suites' real faults
 
         fault_injection.install(os.environ)

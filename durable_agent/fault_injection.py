@@ -7,6 +7,9 @@ only when one of these variables is set (the demo's crashing child sets the firs
     DURABLE_AGENT_CRASH_AFTER=N        SIGKILL this process at the N-th checkpoint boundary
                                        (each checkpoint has two: its statements ran but
                                        are not committed; it is committed)
+    DURABLE_AGENT_STOP_AFTER=N         SIGSTOP this process at the N-th checkpoint boundary (a
+                                       frozen owner: an odd N freezes it inside the checkpoint's
+                                       transaction, its locks held)
     DURABLE_AGENT_FAULT_AT=N           at the N-th statement the run's thread executes:
     DURABLE_AGENT_FAULT=KIND             terminate   PostgreSQL: kill this connection's server
                                                      backend (pg_terminate_backend) right after
@@ -44,7 +47,10 @@ _SQLITE_ERRORS = {
 def install(env: Mapping[str, str]) -> None:
     crash = env.get("DURABLE_AGENT_CRASH_AFTER", "")
     if crash.isdigit():
-        _crash_after(int(crash))
+        _signal_after(int(crash), signal.SIGKILL)
+    stop = env.get("DURABLE_AGENT_STOP_AFTER", "")
+    if stop.isdigit():
+        _signal_after(int(stop), signal.SIGSTOP)
     at = env.get("DURABLE_AGENT_FAULT_AT", "")
     if at.isdigit():
         kind = env.get("DURABLE_AGENT_FAULT", "terminate")
@@ -53,15 +59,15 @@ def install(env: Mapping[str, str]) -> None:
                          env.get("DURABLE_AGENT_FAULT_LOG"))
 
 
-def _crash_after(n: int) -> None:
+def _signal_after(n: int, signum: int) -> None:
     from durable_agent.store.journal import BOUNDARY_HOOKS
 
     ticks = [0]
 
     def boundary(_where: str) -> None:
         ticks[0] += 1
-        if ticks[0] >= n:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if ticks[0] == n or (ticks[0] > n and signum == signal.SIGKILL):
+            os.kill(os.getpid(), signum)
 
     BOUNDARY_HOOKS.append(boundary)
 

@@ -191,6 +191,16 @@ class Settings(BaseModel):
     def set_sandbox_mechanism(self, mechanism: str) -> None:
         self._sandbox_mechanism = mechanism
 
+    @field_validator("model")
+    @classmethod
+    def _script_path_is_absolute(cls, model: str | None) -> str | None:
+        # Recorded on the run: a relative script path would name another file (or none) for
+        # a resume or a worker in another directory.
+        if model and model.startswith("scripted:"):
+            path = Path(model.removeprefix("scripted:")).expanduser()
+            return f"scripted:{path if path.is_absolute() else Path.cwd() / path}"
+        return model
+
     @field_validator("shell_always_ask")
     @classmethod
     def _patterns_compile(cls, patterns: list[str]) -> list[str]:

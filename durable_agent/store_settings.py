@@ -1,4 +1,4 @@
-"""The four settings a store-only command needs (`list`, `show`, `cancel`, `approve`,
+"""The five settings a store-only command needs (`list`, `show`, `cancel`, `approve`,
 `export`, `diff`, `ui`), from the same layers as `settings.load_settings`, without building
 the whole settings model: those commands answer in about the time it takes to import
 SQLAlchemy (scripts/bench.py measures the ratio)."""
@@ -21,6 +21,7 @@ class StoreOptions:
     durability: str = "full"
     store_retry_attempts: int = 12
     store_retry_seconds: float = 60.0
+    lease_seconds: float = 30.0
 
 
 def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOptions:
@@ -30,14 +31,20 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
     merged = merge_layers(flags, env, path=default_config_path(env))
     db, durability = merged["db"], merged.get("durability", "full")
     attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
+    lease = merged.get("lease_seconds", 30.0)
     if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
-            and type(seconds) in (int, float) and math.isfinite(seconds) and seconds > 0):
-        return StoreOptions(db, durability, attempts, float(seconds))
+            and _positive(seconds) and _positive(lease) and lease <= 1e9):
+        return StoreOptions(db, durability, attempts, float(seconds), float(lease))
     from durable_agent.settings import load_settings  # (pydantic: only for such values)
 
     full = load_settings(flags, env)
     assert full.db is not None
-    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds)
+    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds,
+                        full.lease_seconds)
+
+
+def _positive(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
 def open_store(db: str | None, env: Mapping[str, str]) -> Any:

@@ -105,7 +105,8 @@ def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str
     assert settings.db is not None
     policy = store_policy(settings)
     engine = open_store_engine(settings.db, durability=settings.durability,
-                               pool_size=2 * options.concurrency + 2, policy=policy)
+                               pool_size=2 * options.concurrency + 2, policy=policy,
+                               lease_seconds=options.lease_seconds)
     try:
         return Worker(Store(engine, policy), options, env, Log(sys.stderr)).run()
     finally:

@@ -136,6 +136,20 @@ def test_an_in_memory_store_is_refused(cli: Callable[..., Result], script: str, 
     one_error_line(cli("start", "t", "--model", script, "--db", url), "in memory", "keeps nothing")
 
 
+@pytest.mark.parametrize("query", ["mode=ro", "cache=shared&timeout=5", "immutable=1"])
+def test_an_option_sqlite_would_ignore_is_refused_not_warned_about(cli: Callable[..., Result], script: str,
+                                                                    tmp_path: Path, query: str) -> None:
+    """`?mode=ro` without uri=true: SQLAlchemy warned in three lines and opened the file for
+    writing anyway. Options it does read, and any option of an SQLite URI, still work."""
+    db = tmp_path / "x.db"
+    for args in (["list"], ["start", "t", "--model", script]):
+        one_error_line(cli(*args, "--db", f"sqlite:///{db}?{query}"), "only in an SQLite URI", "uri=true")
+    assert not db.exists()
+    assert cli("start", "t", "--model", script, "--db", f"sqlite:///{db}?timeout=5").code == 0
+    listed = cli("list", "--db", f"sqlite:///file:{db}?mode=ro&uri=true")
+    assert listed.code == 0 and "completed" in listed.stdout and "Warning" not in listed.stderr, listed
+
+
 @pytest.mark.parametrize("flag", [["--max-seconds", "inf"], ["--max-seconds", "nan"], ["--max-seconds=-inf"],
                                   ["--max-cost", "inf"], ["--max-cost", "nan"]])
 def test_non_finite_budgets_are_refused(cli: Callable[..., Result], script: str, flag: list[str],

@@ -1,4 +1,4 @@
-"""Two live processes, one run, on PostgreSQL with pipelined checkpoints (store/prepared.py).
+"""Two live processes, one run, on PostgreSQL.
 
 A `start` is frozen (SIGSTOP: a GC pause, a laptop lid, a partition) past its lease; a
 `resume` elsewhere takes the run over and finishes it; then the first process thaws. Its
@@ -32,35 +32,35 @@ def script() -> list[dict[str, Any]]:
     return [*({"delay_s": 0.3, "tool_calls": [command]} for _ in range(TURNS)), {"content": "done"}]
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("freeze_after", [1, 3, 6])
-def test_a_thawed_owner_is_fenced_and_nothing_runs_twice(freeze_after: int, tmp_path: Path,
-                                                         env: dict[str, str]) -> None:
-    with pg_schema() as url:
-        ws = tmp_path / "ws"
-        ws.mkdir()
+class Race:
+    """One run on a fresh schema, a first owner in the background, the ground truth after."""
+
+    def __init__(self, url: str, tmp_path: Path, env: dict[str, str]) -> None:
+        self.tmp, self.ws = tmp_path, tmp_path / "ws"
+        self.ws.mkdir()
         (tmp_path / "script.json").write_text(json.dumps(script()))
         (tmp_path / "config.toml").write_text('lease_seconds = 1\nsandbox = "off"\n')
-        e = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
-        assert run_cli(e, ws, "db", "upgrade").code == 0
-        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+        self.env = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
+        assert run_cli(self.env, self.ws, "db", "upgrade").code == 0
+        self.engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
 
-        def one(sql: str) -> Any:
-            with engine.connect() as conn:
-                return conn.execute(text(sql)).first()
+    def one(self, sql: str) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(text(sql)).first()
 
-        err = (tmp_path / "first.err").open("w")
-        first = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model",
-                                  f"scripted:{tmp_path / 'script.json'}", "--shell", "allow", "--run-id", "race", "--max-repeats", "99",
-                                  "--quiet"], cwd=ws, env=e, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=err)
+    def start_first(self, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.tmp / "first.err").open("w") as err:
+            return subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model",
+                                     f"scripted:{self.tmp / 'script.json'}", "--shell", "allow", "--run-id", "race",
+                                     "--max-repeats", "99", "--quiet"], cwd=self.ws, env={**self.env, **extra_env},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+
+    def take_over_and_thaw(self, first: subprocess.Popen[bytes]) -> list[str]:
+        """Once the frozen owner's lease has expired: `resume` to the end here, then thaw it."""
         try:
-            wait_for(lambda: (one("SELECT step_count FROM runs WHERE id = 'race'") or (0,))[0] >= freeze_after,
-                     60, "the first process's steps")
-            os.kill(first.pid, signal.SIGSTOP)  # its heartbeat stops with it
-            wait_for(lambda: one("SELECT lease_expires_at < now() AT TIME ZONE 'UTC' FROM runs "
-                                 "WHERE id = 'race'")[0], 30, "the frozen owner's lease to expire")
-            decisions = _resume_to_the_end(e, ws, one)
+            wait_for(lambda: self.one("SELECT lease_expires_at < now() AT TIME ZONE 'UTC' FROM runs "
+                                      "WHERE id = 'race'")[0], 30, "the frozen owner's lease to expire")
+            decisions = _resume_to_the_end(self.env, self.ws, self.one)
             os.kill(first.pid, signal.SIGCONT)
             assert first.wait(timeout=60) == 6  # SPEC: the run is executed by another process
         finally:
@@ -68,18 +68,52 @@ def test_a_thawed_owner_is_fenced_and_nothing_runs_twice(freeze_after: int, tmp_
                 os.kill(first.pid, signal.SIGCONT)
                 first.kill()
                 first.wait()
-            err.close()
-        last = (tmp_path / "first.err").read_text().strip().splitlines()[-1]
-        assert "Traceback" not in (tmp_path / "first.err").read_text() and "lease" in last, last
-        ledger = (ws / "ledger").read_text().split()
+        return decisions
+
+    def check(self, decisions: list[str]) -> None:
+        err = (self.tmp / "first.err").read_text()
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and "lease" in last, err
+        ledger = (self.ws / "ledger").read_text().split()
         assert Counter(ledger) == Counter(f"call_{i}_0" for i in range(TURNS)), (ledger, decisions)
-        status, epoch, steps = one("SELECT status, lease_epoch, step_count FROM runs WHERE id = 'race'")
+        status, epoch, steps = self.one("SELECT status, lease_epoch, step_count FROM runs WHERE id = 'race'")
         assert (status, steps) == ("completed", TURNS + 1) and epoch >= 2
         # Nothing of the first owner's epoch after the takeover's first row.
-        first_new = one(f"SELECT min(seq) FROM steps WHERE run_id = 'race' AND lease_epoch = {epoch}")[0]
-        assert one(f"SELECT count(*) FROM steps WHERE run_id = 'race' AND seq > {first_new} "
-                   f"AND lease_epoch < {epoch}")[0] == 0
-        engine.dispose()
+        first_new = self.one(f"SELECT min(seq) FROM steps WHERE run_id = 'race' AND lease_epoch = {epoch}")[0]
+        assert self.one(f"SELECT count(*) FROM steps WHERE run_id = 'race' AND seq > {first_new} "
+                        f"AND lease_epoch < {epoch}")[0] == 0
+        self.engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("freeze_after", [1, 3, 6])
+def test_a_thawed_owner_is_fenced_and_nothing_runs_twice(freeze_after: int, tmp_path: Path,
+                                                         env: dict[str, str]) -> None:
+    with pg_schema() as url:
+        race = Race(url, tmp_path, env)
+        first = race.start_first({})
+        wait_for(lambda: (race.one("SELECT step_count FROM runs WHERE id = 'race'") or (0,))[0] >= freeze_after,
+                 60, "the first process's steps")
+        os.kill(first.pid, signal.SIGSTOP)  # its heartbeat stops with it
+        race.check(race.take_over_and_thaw(first))
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("boundary", [3, 7])
+def test_an_owner_frozen_inside_its_checkpoint_does_not_hold_the_run_forever(
+        boundary: int, tmp_path: Path, env: dict[str, str]) -> None:
+    """Frozen between its fence (the run row locked) and its COMMIT: the server ends a
+    transaction idle for longer than the lease, so the lock goes and the takeover goes on."""
+    with pg_schema() as url:
+        race = Race(url, tmp_path, env)
+        first = race.start_first({"DURABLE_AGENT_STOP_AFTER": str(boundary)})  # odd: before its COMMIT
+        wait_for(lambda: _state(first.pid) == "T", 60, "the first process to freeze itself")
+        race.check(race.take_over_and_thaw(first))
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2:].split()[0]
 
 
 def _resume_to_the_end(env: dict[str, str], ws: Path, one: Any) -> list[str]:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, bindparam, func, insert, select, update
+from scale_helpers import wait_for
+from sqlalchemy import Engine, bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
 from durable_agent.messages import Message
@@ -95,43 +96,36 @@ def test_a_terminated_connection_is_invalidated_and_transient() -> None:
 
 
 @pytest.mark.postgres
-def test_a_pipelined_checkpoint_waits_for_the_fence_and_wraps_what_its_answers_raise() -> None:
-    """On PostgreSQL a transaction's statements go out in pipeline mode (fewer round trips):
-    the fence's row is still read before anything after it, and a connection lost while a
-    row is awaited comes out as SQLAlchemy's error, transient and invalidated, never as the
-    driver's own (which the retry policy would not recognise)."""
+def test_a_transaction_left_idle_longer_than_the_lease_is_ended_by_the_server() -> None:
+    """An owner frozen inside a checkpoint holds its run's row lock from the fence on. Each
+    statement waits for its answer (no pipeline mode), so the server sees the transaction
+    idle, and ends it after the lease: the lock goes, and the frozen owner's COMMIT fails as
+    a lost connection (transient; on retry its fence finds the lease taken)."""
     import psycopg
     from scale_helpers import PG_URL, _libpq_url, pg_schema
 
     fence = Prepared(update(runs).where(runs.c.id == bindparam("b_id")).returning(runs.c.cancel_requested))
     with pg_schema() as url:
-        engine = open_store_engine(url)
+        engine = open_store_engine(url, lease_seconds=1.5)
         Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
                                  first_messages=[Message("system", "s")])
-        with engine.connect() as conn:
+        with engine.connect() as conn, psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
             dbapi_conn: Any = conn.connection.dbapi_connection
-            with prepared.transaction(conn):
-                assert dbapi_conn._pipeline is not None  # pipeline mode inside the transaction
-                row = prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": "a"}))
-                assert row is not None and row[0] is False
-                fence.run(conn, {"b_id": "r", "error": "e"}).close()
-            assert dbapi_conn._pipeline is None
-            assert conn.execute(select(runs.c.answer, runs.c.error)).one() == ("a", "e")
-
+            assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "1500ms"
+            conn.rollback()
             pid = dbapi_conn.info.backend_pid
-            # The server busy with a statement whose answer is awaited (a sleep stands in for
-            # a slow fence) when the connection is cut: the wait is where it fails.
-            sleeper = Prepared(select(func.pg_sleep(bindparam("b_s"))))
+
+            def state() -> str | None:
+                row = side.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                return None if row is None else str(row[0])
+
             with pytest.raises(DBAPIError) as caught, prepared.transaction(conn):
-                fence.run(conn, {"b_id": "r", "answer": "lost"}).close()
-                cursor = sleeper.run(conn, {"b_s": 30})
-                with psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
-                    side.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                prepared.fetch_one(conn, cursor)
-            assert caught.value.statement == "FETCH"
+                assert prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": "lost"})) is not None
+                assert dbapi_conn._pipeline is None and state() == "idle in transaction"
+                wait_for(lambda: state() is None, 30, "the server to end the idle transaction")
             assert retrying.is_transient(caught.value) and conn.invalidated
         with engine.connect() as conn:
-            assert conn.execute(select(runs.c.answer)).scalar() == "a"
+            assert conn.execute(select(runs.c.answer)).scalar() is None  # rolled back
         engine.dispose()
 
 

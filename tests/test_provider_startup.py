@@ -79,7 +79,7 @@ def test_a_start_on_an_sqlite_store_imports_no_other_dialect_and_no_alembic(
 
 
 def test_the_store_options_agree_with_the_settings_model() -> None:
-    """store_settings.StoreOptions mirrors four fields of Settings: same defaults, same refusals."""
+    """store_settings.StoreOptions mirrors five fields of Settings: same defaults, same refusals."""
     import pytest
 
     from durable_agent.errors import ConfigError
@@ -87,13 +87,14 @@ def test_the_store_options_agree_with_the_settings_model() -> None:
     from durable_agent.store_settings import StoreOptions, store_options
 
     fields = Settings.model_fields
-    for name in ("durability", "store_retry_attempts", "store_retry_seconds"):
+    for name in ("durability", "store_retry_attempts", "store_retry_seconds", "lease_seconds"):
         assert getattr(StoreOptions("x"), name) == fields[name].default, name
     env = {}
     for flags in ({"durability": "fast"}, {"store_retry_attempts": 1}, {"store_retry_seconds": 0.5},
                   {"durability": "fsync"}, {"store_retry_attempts": 0}, {"store_retry_attempts": 2.5},
                   {"store_retry_seconds": 0}, {"store_retry_seconds": float("nan")}, {"store_retry_attempts": True},
-                  {"store_retry_attempts": "3"}, {"durability": 1}):
+                  {"store_retry_attempts": "3"}, {"durability": 1}, {"lease_seconds": 2}, {"lease_seconds": 0},
+                  {"lease_seconds": 2e9}, {"lease_seconds": float("inf")}, {"lease_seconds": "5"}):
         try:
             full = load_settings({"db": "sqlite:///x.db", **flags}, env)
         except ConfigError:
@@ -101,5 +102,6 @@ def test_the_store_options_agree_with_the_settings_model() -> None:
                 store_options({"db": "sqlite:///x.db", **flags}, env)
             continue
         light = store_options({"db": "sqlite:///x.db", **flags}, env)
-        assert (light.db, light.durability, light.store_retry_attempts, light.store_retry_seconds) == (
-            full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds), flags
+        assert (light.db, light.durability, light.store_retry_attempts, light.store_retry_seconds,
+                light.lease_seconds) == (full.db, full.durability, full.store_retry_attempts,
+                                         full.store_retry_seconds, full.lease_seconds), flags

@@ -88,3 +88,15 @@ def test_build_runner_leaves_the_callers_settings_as_they_were(tmp_path: Path, m
     assert "sandbox_mechanism" in runner.settings.redacted_dict()
     assert settings.workspace == Path("ws") and settings.redacted_dict() == before
     assert "sandbox_mechanism" not in before
+
+
+def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
+        cli, env: dict[str, str], tmp_path: Path) -> None:  # noqa: ANN001
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    (here / "s.json").write_text('[{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]')
+    first = cli("start", "t", "--model", "scripted:s.json", "--max-steps", "1", "--run-id", "rel", cwd=here)
+    assert first.code == 3 and f"scripted:{here / 's.json'}" in first.stderr, first.stderr
+    resumed = cli("resume", "rel", "--max-steps", "5", cwd=elsewhere)
+    assert resumed.code == 0, resumed.stderr

@@ -9,7 +9,7 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,11 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, durability: str = "full", pool_size: int | None = None) -> Engine:
+def make_engine(url: str, *, durability: str = "full", pool_size: int | None = None,
+                lease_seconds: float = 30.0) -> Engine:
     """`pool_size`: connections kept open; a worker running N runs at once (each with a
-    heartbeat thread) needs about 2N + 2, more than the default 5 + 10 overflow."""
+    heartbeat thread) needs about 2N + 2, more than the default 5 + 10 overflow.
+    `lease_seconds`: the runs' lease; on PostgreSQL no transaction of ours stays idle longer."""
     url = normalize_url(url)
     pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": pool_size}
     try:
@@ -47,9 +49,12 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         raise ConfigError(f"not a database URL: {url!r} (e.g. sqlite:///path/to/file.db)") from None
     try:
         if parsed.get_backend_name() == "sqlite":
+            _check_sqlite_options(url, parsed.query)
             return _sqlite_engine(url, parsed.database, durability, pool)
         engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool)
         event.listen(engine, "handle_error", _lost_is_disconnect)
+        if parsed.get_backend_name() == "postgresql":
+            _end_idle_transactions(engine, lease_seconds)
         return engine
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
@@ -63,11 +68,43 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         ) from None
 
 
+def _end_idle_transactions(engine: Engine, lease_seconds: float) -> None:
+    """An owner frozen inside a checkpoint (SIGSTOP, a VM paused, a partition) holds its run's
+    row lock from the fence to COMMIT, and would hold it for as long as it stays frozen: no
+    takeover could ever write the run. The server ends a session of ours idle inside a
+    transaction for longer than the lease, so the lock goes as the lease does; the owner, if
+    it thaws, finds its connection gone, and then its lease (exit 6). No transaction of ours
+    waits on anything but the database while open."""
+    ms = max(1, min(int(lease_seconds * 1000), 2**31 - 1))  # the setting's range
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
+        dbapi_conn.commit()
+
+
 def _lost_is_disconnect(context: Any) -> None:
     """A connection lost where the dialect does not look (inside psycopg's pipeline) is
     invalidated like any disconnect: never reset and handed out again."""
     if not context.is_disconnect and context.original_exception is not None:
         context.is_disconnect = retrying.connection_lost(context.original_exception)
+
+
+# What the pysqlite dialect reads from a URL's query; it ignores anything else with a warning
+# unless the URL is an SQLite URI (uri=true), which SQLite itself reads.
+_PYSQLITE_OPTIONS = {"timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements", "uri"}
+
+
+def _check_sqlite_options(url: str, query: Mapping[str, Any]) -> None:
+    """`sqlite:///x.db?mode=ro` would open x.db for writing after a three-line warning: an
+    option that would be ignored is refused instead, in one line."""
+    if str(query.get("uri", "")).lower() in ("true", "1"):
+        return
+    ignored = sorted(set(query) - _PYSQLITE_OPTIONS)
+    if ignored:
+        raise ConfigError(f"cannot use the store {url!r}: SQLite reads {', '.join(map(repr, ignored))} only in "
+                          "an SQLite URI (add uri=true, e.g. sqlite:///file:store.db?mode=ro&uri=true)")
 
 
 def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[str, int]) -> Engine:
@@ -187,7 +224,7 @@ def ensure_schema(engine: Engine, policy: retrying.StorePolicy | None = None) ->
 
 
 def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None,
-                      policy: retrying.StorePolicy | None = None) -> Engine:
-    engine = make_engine(url, durability=durability, pool_size=pool_size)
+                      policy: retrying.StorePolicy | None = None, lease_seconds: float = 30.0) -> Engine:
+    engine = make_engine(url, durability=durability, pool_size=pool_size, lease_seconds=lease_seconds)
     ensure_schema(engine, policy)
     return engine

@@ -17,7 +17,6 @@ through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -89,8 +88,7 @@ class Prepared:
 
 
 def fetch_one(conn: Connection, cursor: Any) -> Any:
-    """The next row of a statement's cursor. In a pipelined transaction this is where the
-    statement's answer is waited for, so the driver's errors are wrapped here too."""
+    """The next row of a statement's cursor, the driver's errors wrapped as everywhere."""
     return _driver_call(conn, "FETCH", cursor.fetchone, cursor=cursor)
 
 
@@ -116,54 +114,22 @@ def transaction(conn: Connection) -> Iterator[None]:
     SQLite: the write lock first, so the fence cannot be raced) ... COMMIT. Any exception
     rolls back (best effort: the connection may be dead) and propagates.
 
-    On PostgreSQL the transaction runs in psycopg's pipeline mode: statements are sent
-    without waiting for each answer, so a checkpoint costs four round trips (BEGIN, the
-    fence's row, COMMIT, the pipeline's end) instead of one per statement. A statement
-    whose answer is read (the fence's RETURNING) still waits for it, so the lease is
-    checked before anything after it is sent; an error of a later statement surfaces at
-    COMMIT, which then fails and rolls back like any refused commit."""
+    On PostgreSQL each statement waits for its answer (no pipeline mode, though it would
+    save round trips): between two statements the server then sees the transaction idle,
+    so one whose owner froze inside it (the run's row locked from the fence on) is ended
+    once idle for as long as the lease (engine._end_idle_transactions). In pipeline mode
+    the server waits for the rest of a query that never comes, and no timeout ends that."""
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
     try:
         if conn.dialect.name == "sqlite":  # PostgreSQL (psycopg) begins on the first statement
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
-        with _pipeline(conn, dbapi_conn):
-            yield
-            _driver_call(conn, "COMMIT", dbapi_conn.commit)
+        yield
+        _driver_call(conn, "COMMIT", dbapi_conn.commit)
     except BaseException:
         with contextlib.suppress(Exception):
             dbapi_conn.rollback()
         raise
-
-
-@contextmanager
-def _pipeline(conn: Connection, dbapi_conn: Any) -> Iterator[None]:
-    """psycopg's pipeline mode around the block, where the driver has it (libpq 14+)."""
-    if not _pipelines(conn):
-        yield
-        return
-    pipeline = dbapi_conn.pipeline()
-    _driver_call(conn, "PIPELINE", pipeline.__enter__)
-    try:
-        yield
-    except BaseException:
-        # Left without the block's error: psycopg would log a warning for a failed exit
-        # on top of the error that is already on its way.
-        with contextlib.suppress(Exception):
-            pipeline.__exit__(None, None, None)
-        raise
-    _driver_call(conn, "PIPELINE SYNC", lambda: pipeline.__exit__(None, None, None))
-
-
-def _pipelines(conn: Connection) -> bool:
-    return conn.dialect.driver == "psycopg" and _libpq_pipelines()
-
-
-@functools.cache
-def _libpq_pipelines() -> bool:
-    import psycopg  # (the process's libpq: asked once)
-
-    return bool(psycopg.Pipeline.is_supported())
 
 
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:

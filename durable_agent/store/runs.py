@@ -267,6 +267,8 @@ class StoreSettings(Protocol):
     def store_retry_attempts(self) -> int: ...
     @property
     def store_retry_seconds(self) -> float: ...
+    @property
+    def lease_seconds(self) -> float: ...
 
 
 def store_policy(settings: StoreSettings) -> retrying.StorePolicy:
@@ -279,4 +281,5 @@ def open_store(settings: StoreSettings) -> Store:
 
     assert settings.db is not None
     policy = store_policy(settings)
-    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy), policy)
+    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy,
+                                   lease_seconds=settings.lease_seconds), policy)
