@@ -48,6 +48,11 @@ def sqlite_url(path: Path) -> str:
     return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
 
 
+def uri_flag(value: object) -> bool:
+    """Is a URL's `uri=` option on? The words SQLAlchemy reads as true."""
+    return str(value).strip().lower() in ("true", "yes", "on", "y", "t", "1")
+
+
 def sqlite_target(db: str) -> tuple[str, str] | None:
     """(database, query) of an SQLite store URL or plain path; None for another database.
     A URL's database is %-decoded, as SQLAlchemy decodes it before opening the file."""
@@ -77,9 +82,17 @@ def sqlite_file(db: str) -> Path | None:
     target = sqlite_target(db)
     if target is None or in_memory(db):
         return None
-    # `~` is the home folder in a plain path only (SQLAlchemy opens a URL's `~/x.db` as written).
-    path = target[0] if "://" in db else os.path.expanduser(target[0])
-    return Path(os.path.realpath(path))
+    database, query = target
+    if "://" not in db:
+        return Path(os.path.realpath(os.path.expanduser(database)))  # `~`: the home folder in a plain path only
+    if database.startswith("file:") and any(uri_flag(v) for k, _, v in (p.partition("=") for p in query.split("&"))
+                                            if k == "uri"):
+        # An SQLite URI: file:PATH, file:///PATH or file://localhost/PATH, %-escapes decoded by SQLite.
+        path = database.removeprefix("file:").partition("?")[0].partition("#")[0]
+        if path.startswith("//"):
+            path = "/" + path[2:].partition("/")[2]
+        database = unquote(path)
+    return Path(os.path.realpath(database))
 
 
 def store_files(db: str) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -77,6 +78,18 @@ def _get() -> _Zygote:
         return _zygote
 
 
+# Inherited by a fresh process from the test process as it is at the call.
+_LIMITS = (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE, resource.RLIMIT_AS,
+           resource.RLIMIT_CPU, resource.RLIMIT_CORE, resource.RLIMIT_STACK)
+
+
+def _umask() -> int:
+    with _lock:  # (reading it means setting it)
+        mask = os.umask(0o22)
+        os.umask(mask)
+    return mask
+
+
 def usable(env: Mapping[str, str]) -> bool:
     if os.environ.get("DURABLE_AGENT_TEST_FORK", "1") == "0":
         return False
@@ -92,12 +105,15 @@ def run(args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, timeout
         kwargs: dict[str, Any] = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
         return subprocess.run(argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout,
                               **kwargs)
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(2, "No such file or directory", str(cwd))  # as subprocess.run raises it
     zygote = _get()
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         if input is not None:
             stdin.write(input.encode())
             stdin.seek(0)
-        request = json.dumps({"args": list(args), "env": dict(env), "cwd": str(cwd)}).encode()
+        request = json.dumps({"args": list(args), "env": dict(env), "cwd": str(cwd), "umask": _umask(),
+                              "limits": {str(r): resource.getrlimit(r) for r in _LIMITS}}).encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(zygote.path)
             socket.send_fds(sock, [len(request).to_bytes(8, "big") + request],
@@ -198,6 +214,9 @@ def _become_cli(request: dict[str, Any], fds: list[int]) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])  # what this test process has now, not what the zygote had
+    for name, (soft, hard) in request["limits"].items():
+        resource.setrlimit(int(name), (soft, hard))
     sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
     os.environ.clear()
     os.environ.update(request["env"])

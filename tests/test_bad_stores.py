@@ -146,8 +146,17 @@ def test_an_option_sqlite_would_ignore_is_refused_not_warned_about(cli: Callable
         one_error_line(cli(*args, "--db", f"sqlite:///{db}?{query}"), "only in an SQLite URI", "uri=true")
     assert not db.exists()
     assert cli("start", "t", "--model", script, "--db", f"sqlite:///{db}?timeout=5").code == 0
-    listed = cli("list", "--db", f"sqlite:///file:{db}?mode=ro&uri=true")
+    listed = cli("list", "--db", f"sqlite:///file:{db}?mode=ro&uri=yes")
     assert listed.code == 0 and "completed" in listed.stdout and "Warning" not in listed.stderr, listed
+
+
+def test_a_store_name_that_is_not_utf8_is_refused_in_one_line(cli: Callable[..., Result], script: str,
+                                                               tmp_path: Path) -> None:
+    """It crashed `start` with a UnicodeEncodeError after creating an empty file."""
+    name = os.fsdecode(str(tmp_path).encode() + b"/st\xff.db")
+    for args in (["start", "t", "--model", script], ["list"], ["show", "x"]):
+        one_error_line(cli(*args, "--db", name), "not valid UTF-8")
+    assert list(tmp_path.glob("st*")) == []
 
 
 @pytest.mark.parametrize("flag", [["--max-seconds", "inf"], ["--max-seconds", "nan"], ["--max-seconds=-inf"],

@@ -154,7 +154,10 @@ def test_no_file_tool_writes_the_runs_own_store(workspace: Path, path: str, tool
 
 @pytest.mark.parametrize(("name", "spelling"), [("50% off.db", "{ws}/50% off.db"), ("st?x.db", "{ws}/st?x.db"),
                                                 ("a b.db", "sqlite:///{ws}/a%20b.db"),
-                                                ("st?x.db", "sqlite:///{ws}/st%3Fx.db")])
+                                                ("st?x.db", "sqlite:///{ws}/st%3Fx.db"),
+                                                ("st.db", "sqlite:///file:{ws}/st.db?uri=true"),
+                                                ("st.db", "sqlite:///file://localhost{ws}/st.db?mode=rwc&uri=yes"),
+                                                ("a b.db", "sqlite:///file:{ws}/a%2520b.db?uri=true")])
 def test_the_store_kept_from_file_tools_is_the_file_the_store_opens(workspace: Path, name: str,
                                                                      spelling: str) -> None:
     """The store's name as a plain path or a URL with escapes: the file kept from the tools is

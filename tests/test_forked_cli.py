@@ -5,7 +5,9 @@ directory, stdin, timeouts. Every CLI test leans on it, so it is held to a real 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -84,3 +86,20 @@ def test_a_store_is_whole_in_its_file_when_the_command_ends(env: dict[str, str],
         tables = sqlite3.connect(tmp_path / f"{name}-copy.db").execute(
             "SELECT name FROM sqlite_master WHERE name = 'runs'").fetchall()
         assert tables == [("runs",)], name
+
+
+def test_the_umask_and_limits_of_the_test_at_the_call_and_a_missing_directory(
+        env: dict[str, str], workspace: Path, tmp_path: Path) -> None:
+    forked_cli.run(["list"], env=env, cwd=workspace)  # the zygote up, under the usual umask
+    old = os.umask(0o077)
+    try:
+        for name in ("forked", "fresh"):
+            db = tmp_path / f"{name}.db"
+            e = {**env, "DURABLE_AGENT_DB": f"sqlite:///{db}"}
+            r = forked_cli.run(["db", "upgrade"], env=e, cwd=workspace) if name == "forked" else \
+                fresh(["db", "upgrade"], e, workspace)
+            assert r.returncode == 0 and stat.S_IMODE(db.stat().st_mode) == 0o600, (name, oct(db.stat().st_mode))
+    finally:
+        os.umask(old)
+    with pytest.raises(FileNotFoundError):
+        forked_cli.run(["list"], env=env, cwd=tmp_path / "nowhere")

@@ -96,6 +96,31 @@ def test_a_terminated_connection_is_invalidated_and_transient() -> None:
 
 
 @pytest.mark.postgres
+def test_rows_go_one_statement_each_on_postgresql_never_through_executemany(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg's executemany runs in a pipeline of its own: a process frozen inside it would
+    leave the server mid-query, where no timeout frees the run's row lock."""
+    import psycopg
+    from scale_helpers import pg_schema
+
+    def refused(*_: Any, **__: Any) -> None:
+        raise AssertionError("executemany on PostgreSQL")
+
+    monkeypatch.setattr(psycopg.Cursor, "executemany", refused)
+    with pg_schema() as url:
+        engine = open_store_engine(url)
+        Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
+                                 first_messages=[Message("system", "s")])
+        with engine.connect() as conn, prepared.transaction(conn):
+            Prepared(insert(messages)).run_many(conn, [
+                {"run_id": "r", "seq": 10 + i, "role": "user", "content": f"m{i}", "tool_calls": None,
+                 "tool_call_id": None, "step_seq": None, "created_at": WHEN} for i in range(3)])
+        with engine.connect() as conn:
+            assert conn.execute(select(messages.c.content).where(messages.c.seq >= 10)
+                                .order_by(messages.c.seq)).scalars().all() == ["m0", "m1", "m2"]
+        engine.dispose()
+
+
+@pytest.mark.postgres
 def test_a_transaction_left_idle_longer_than_the_lease_is_ended_by_the_server() -> None:
     """An owner frozen inside a checkpoint holds its run's row lock from the fence on. Each
     statement waits for its answer (no pipeline mode), so the server sees the transaction

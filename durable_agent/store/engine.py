@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from durable_agent.config_layers import sqlite_url
+from durable_agent.config_layers import sqlite_url, uri_flag
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
@@ -29,6 +29,11 @@ BUSY_TIMEOUT_MS = 30_000
 
 def normalize_url(url: str) -> str:
     """Bare `postgresql://` means psycopg 3 here; a plain path means an SQLite file."""
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, carried as surrogates
+        raise ConfigError(f"cannot use the store {url!r}: its name is not valid UTF-8 (rename the file "
+                          "or the folder)") from None
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if "://" not in url:
@@ -99,7 +104,7 @@ _PYSQLITE_OPTIONS = {"timeout", "isolation_level", "detect_types", "check_same_t
 def _check_sqlite_options(url: str, query: Mapping[str, Any]) -> None:
     """`sqlite:///x.db?mode=ro` would open x.db for writing after a three-line warning: an
     option that would be ignored is refused instead, in one line."""
-    if str(query.get("uri", "")).lower() in ("true", "1"):
+    if uri_flag(query.get("uri", "")):
         return
     ignored = sorted(set(query) - _PYSQLITE_OPTIONS)
     if ignored:

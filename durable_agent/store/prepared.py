@@ -140,7 +140,13 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     def call() -> None:
         for hook in CURSOR_HOOKS:
             hook("before", conn)
-        if many:
+        if many and conn.dialect.name == "postgresql":
+            # Row by row: psycopg's executemany runs in a pipeline of its own, where a process
+            # frozen halfway leaves the server waiting for the rest of a query, which no
+            # timeout ends (see `transaction`), its run's row lock held.
+            for row in params:
+                cursor.execute(sql, row)
+        elif many:
             cursor.executemany(sql, params)
         else:
             cursor.execute(sql, params)

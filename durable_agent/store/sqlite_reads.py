@@ -84,11 +84,21 @@ def show(db: str, prefix: str) -> tuple[RunRecord, list[StepRecord], list[Approv
     return _read(db, query)
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     """`query` in one read transaction on the store's file, or None when this module leaves it."""
     target, file = sqlite_target(db), sqlite_file(db)
     if target is None or file is None or target[1]:  # another database, in memory, URL options
         return None
+    if not db.isascii() and not _utf8(db):
+        return None  # the whole way refuses such a name in one line
     if "://" in db:
         scheme, _, rest = db.partition("://")
         if scheme not in ("sqlite", "sqlite+pysqlite") or not rest.startswith("/"):
