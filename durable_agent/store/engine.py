@@ -22,18 +22,16 @@ from durable_agent.config_layers import sqlite_url, uri_flag
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
-from durable_agent.store.storable import lenient_text, read_json
+from durable_agent.store.storable import is_utf8, lenient_text, read_json
 
 BUSY_TIMEOUT_MS = 30_000
 
 
 def normalize_url(url: str) -> str:
     """Bare `postgresql://` means psycopg 3 here; a plain path means an SQLite file."""
-    try:
-        url.encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8, carried as surrogates
+    if not is_utf8(url):  # bytes that are not UTF-8, carried as surrogates
         raise ConfigError(f"cannot use the store {url!r}: its name is not valid UTF-8 (rename the file "
-                          "or the folder)") from None
+                          "or the folder)")
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if "://" not in url:

@@ -28,7 +28,7 @@ from durable_agent.store.records import (
 from durable_agent.store.revision import MAX_RUN_ID_PREFIX
 from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
-from durable_agent.store.storable import storable
+from durable_agent.store.storable import is_utf8, storable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -41,14 +41,6 @@ def _locked_run(conn: Connection, run_id: str) -> Any:
     if row is None:
         raise RunNotFound(run_id)
     return row
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _retried(method: Callable[P, T]) -> Callable[P, T]:
@@ -118,7 +110,7 @@ class Store:
         would otherwise be the prefix of every run) and one that is not UTF-8 (argv bytes);
         one longer than any prefix a person types is matched whole (SQLite refuses a long
         LIKE pattern)."""
-        if not prefix or not _utf8(prefix):
+        if not prefix or not is_utf8(prefix):
             raise RunNotFound(prefix)
         with self._read() as conn:
             if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from durable_agent.config_layers import sqlite_file, sqlite_target
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.revision import HEAD_REVISION, MAX_RUN_ID_PREFIX
-from durable_agent.store.storable import lenient_text, read_json
+from durable_agent.store.storable import is_utf8, lenient_text, read_json
 
 R = TypeVar("R", RunRecord, StepRecord, ApprovalRecord)
 T = TypeVar("T")
@@ -84,20 +84,12 @@ def show(db: str, prefix: str) -> tuple[RunRecord, list[StepRecord], list[Approv
     return _read(db, query)
 
 
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     """`query` in one read transaction on the store's file, or None when this module leaves it."""
     target, file = sqlite_target(db), sqlite_file(db)
     if target is None or file is None or target[1]:  # another database, in memory, URL options
         return None
-    if not db.isascii() and not _utf8(db):
+    if not is_utf8(db):
         return None  # the whole way refuses such a name in one line
     if "://" in db:
         scheme, _, rest = db.partition("://")

@@ -114,3 +114,12 @@ def read_json(text: str) -> object:
         return storable(json.loads(text))
     except ValueError:
         return text
+
+
+def is_utf8(text: str) -> bool:
+    """False for a str carrying bytes that are not UTF-8 (as surrogates: file names, argv)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
