@@ -5,8 +5,11 @@ each process spent most of its CPU importing the package, SQLAlchemy and pydanti
 zygote process (one per test process) imports them once; each command then runs in a
 process forked from it: its own pid, file descriptors, working directory, environment and
 exit status (a SIGKILL it sends itself is its status, as for any process), only without the
-imports. What a fresh interpreter would set differently is set here as it would set it:
-stdio streams over the new descriptors, the environment, `sys.argv`, the random seed.
+imports. What a fresh process would take from the test at the call is given to it: stdio
+descriptors, environment, working directory, umask, resource limits, `sys.argv`, a random
+seed. On the way out it does what the interpreter does that a command can see: threads
+joined, atexit handlers run, SQLite connections closed (the WAL folded into the file),
+files flushed.
 
 What the zygote cannot be, `run` leaves to a plain subprocess: another interpreter, an
 environment whose Python or locale variables differ from the zygote's (they shape start-up
