@@ -26,6 +26,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,6 +165,8 @@ def _serve(path: str) -> Job | None:
         ready = select.select([listener, sys.stdin], [], [], 1.0)[0]
         _reap()
         if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            listener.close()
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
             return None  # the test process is gone
         if listener in ready:
             conn, _ = listener.accept()
