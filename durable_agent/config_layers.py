@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 from durable_agent.errors import ConfigError
 
@@ -85,8 +85,7 @@ def sqlite_file(db: str) -> Path | None:
     database, query = target
     if "://" not in db:
         return Path(os.path.realpath(os.path.expanduser(database)))  # `~`: the home folder in a plain path only
-    if database.startswith("file:") and any(uri_flag(v) for k, _, v in (p.partition("=") for p in query.split("&"))
-                                            if k == "uri"):
+    if database.startswith("file:") and uri_flag(dict(parse_qsl(query)).get("uri", "")):
         # An SQLite URI: file:PATH, file:///PATH or file://localhost/PATH, %-escapes decoded by SQLite.
         path = database.removeprefix("file:").partition("?")[0].partition("#")[0]
         if path.startswith("//"):

@@ -72,11 +72,16 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a process (R, S, T for stopped, Z...), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] not in ("Z", "X")
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
 
 
 def query(db: Path, statement: str, *params: Any) -> list[Any]:

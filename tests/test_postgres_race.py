@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from scale_helpers import pg_schema, wait_for
-from side_effects_support import run_cli
+from side_effects_support import process_state, run_cli
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -107,13 +107,8 @@ def test_an_owner_frozen_inside_its_checkpoint_does_not_hold_the_run_forever(
     with pg_schema() as url:
         race = Race(url, tmp_path, env)
         first = race.start_first({"DURABLE_AGENT_STOP_AFTER": str(boundary)})  # odd: before its COMMIT
-        wait_for(lambda: _state(first.pid) == "T", 60, "the first process to freeze itself")
+        wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
         race.check(race.take_over_and_thaw(first))
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rfind(")") + 2:].split()[0]
 
 
 def _resume_to_the_end(env: dict[str, str], ws: Path, one: Any) -> list[str]:
