@@ -40,6 +40,8 @@ from durable_agent.status import StepKind
 from durable_agent.step_context import StepContext
 
 TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
+TIGHT = 0.9  # of the budget: what a tight compaction (see `compact`) may leave; the rest is
+# a margin for the error of the count
 KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at least one turn)
 SUMMARY_INPUT = 0.6  # of the budget: the most a summary request may hold
 MESSAGE_CHARS = 4_000  # of one message in the summary request (the rest is cut in the middle)
@@ -85,15 +87,23 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
 
 def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool = False) -> bool:
     """Elide, then summarize if still over TARGET (always, when `forced` by the provider).
-    Returns whether the request changed."""
+    Returns whether the request changed.
+
+    A budget too small for what a summary keeps verbatim (`_tight`: the task and the last
+    turn alone pass the threshold) would pay a summary call on every turn and never reach
+    TARGET. There every tool result the model has already seen is elided, the recent ones
+    too (free), and a summary is made only when the request is still over TIGHT of it."""
     budget = request_budget(ctx.settings)
+    tight = not forced and _tight(ctx, lead)
     changed = False
-    elided = _elidable(ctx)
+    elided = _elidable(ctx, seen_only=tight)
     if elided:
         tokens = _elide(ctx, lead, tokens, elided)
         changed = True
         if tokens <= budget * TARGET and not forced:
             return True
+    if tight and tokens <= budget * TIGHT:
+        return changed
     cut = _cut(ctx, budget)
     if cut is None:
         return changed
@@ -101,14 +111,36 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
     return True
 
 
-def _elidable(ctx: StepContext) -> list[int]:
-    """Seqs of tool results still sent verbatim, but the most recent `keep_recent_outputs`."""
+def _elidable(ctx: StepContext, *, seen_only: bool = False) -> list[int]:
+    """Seqs of tool results still sent verbatim, but the most recent `keep_recent_outputs`;
+    with `seen_only`, every one the model was sent already (not the last turn's results)."""
     s = ctx.state
     view = s.view
     shown = [i for i in range(max(view.start, HEAD), len(s.messages))
              if s.messages[i].role == "tool" and i not in view.elided]
+    if seen_only:
+        last = _last_turn(s.messages)
+        return [i for i in shown if last is not None and i < last]
     keep = ctx.settings.keep_recent_outputs
     return shown[:-keep] if keep else shown
+
+
+def _tight(ctx: StepContext, lead: list[Message]) -> bool:
+    """Whether the system prompt, the task and the last turn (which every summary keeps
+    verbatim) alone pass the threshold, so that no summary makes room for another turn.
+    Eliding seen results does not change it: a resume decides as the first session did."""
+    s = ctx.state
+    last = _last_turn(s.messages)
+    if last is None or last < s.view.start:
+        return False
+    request = s.view.request(s.messages)
+    offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    return count(ctx, [*request[:HEAD], *request[last + offset:], *lead]) > compact_threshold(ctx.settings)
+
+
+def _last_turn(messages: Sequence[Message]) -> int | None:
+    """Seq of the last assistant message: the results after it are ones the model has not seen."""
+    return next((i for i in range(len(messages) - 1, HEAD - 1, -1) if messages[i].role == "assistant"), None)
 
 
 def _elide(ctx: StepContext, lead: list[Message], before: int, seqs: list[int]) -> int:

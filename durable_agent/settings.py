@@ -165,7 +165,8 @@ class Settings(BaseModel):
     compact_at: float = Field(0.8, gt=0, le=1)
     """Compact the context before a model call whose request would pass this fraction of the window."""
     keep_recent_outputs: int = Field(4, ge=0)
-    """Tool results kept verbatim when older ones are elided (replaced by a read_output stub)."""
+    """Tool results kept verbatim when older ones are elided (replaced by a read_output stub);
+    fewer when the budget barely holds one turn (docs/context.md)."""
     compact_model: str | None = None
     """Model that writes compaction summaries (same endpoint); the run's model when unset."""
     max_context_tokens: int | None = Field(None, ge=256)

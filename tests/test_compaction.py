@@ -415,3 +415,61 @@ def test_compact_by_hand_keeps_the_lease_through_a_long_summary_call(
     assert "context compacted" in out
     assert sum(r["kind"] == "summary" for r in api.server.requests) == 1
     assert sql("SELECT status, stop_reason FROM runs") == [("budget_exceeded", "max_steps")]
+
+
+
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # Each turn reads a 6 KB file (~1.6k tokens): the task and the last turn alone pass
+    # compact_at of a 2,200-token budget, so no summary can make room for another turn.
+    # Summarizing every turn (as it once did: 19 summaries of ~1.2k tokens for 20 turns)
+    # gives way to eliding every result the model has seen, for free, and a summary only
+    # when that is not enough; still no request over the budget.
+    result = windowed.start("--json", "--max-context-tokens", "2200")
+    assert result.code == 0, result.stderr
+    assert result.json()["answer"] == "read them all"
+    requests = windowed.server.requests
+    turns = [r["prompt_tokens"] for r in requests if r["kind"] == "turn"]
+    summaries = [r["prompt_tokens"] for r in requests if r["kind"] == "summary"]
+    assert len(turns) == 21 and max(turns) <= 2200
+    assert 0 < len(summaries) <= 10
+    assert max(summaries) < 600  # the results they cover were elided first: never a whole file
+    compacts = outputs(sql, "compact")
+    assert sum(o["stage"] == "elide" for _, o in compacts) >= 15
+    # Every result but the newest turn's was elided: the model always sees what it just asked for.
+    last = turn_requests(windowed.server)[-1]["body"]["messages"]
+    assert last[-1]["role"] == "tool" and last[-1]["content"].startswith("file 19\n")
+
+
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_tight_budget_compacts_the_same_way_through_crashes(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The same run twice on one server (answers depend only on the request): once whole, once
+    # killed at every 7th checkpoint boundary of each process and resumed. Its compactions
+    # (stage, turn, elided seqs, cut) and the requests it sent are the same.
+    api = windowed
+    whole = api.start("--json", "--max-context-tokens", "2200", "--run-id", "whole")
+    assert whole.code == 0, whole.stderr
+    seen = len(api.server.requests)
+    crash = {**api.cli_env(), "DURABLE_AGENT_CRASH_AFTER": "7"}
+    result = api.cli("start", "fix the bug", *api.model_flags(), "--json", "--max-context-tokens", "2200",
+                     "--run-id", "cut", extra_env=crash)
+    kills = 0
+    while result.code == -signal.SIGKILL:
+        kills += 1
+        assert kills < 200
+        result = api.cli("resume", "cut", "--json", extra_env=crash)
+    assert result.code == 0, result.stderr
+    assert kills > 10
+
+    def compactions(run_id: str) -> list[tuple[Any, ...]]:
+        rows = sql("SELECT turn, output FROM steps WHERE run_id = ? AND kind = 'compact' AND state = 'completed' "
+                   "ORDER BY seq", run_id)
+        return [(t, o["stage"], o.get("elided"), o.get("start")) for t, o in ((t, json.loads(o)) for t, o in rows)]
+
+    assert compactions("cut") == compactions("whole")
+    assert any(stage == "summarize" for _, stage, _, _ in compactions("whole"))
+    bodies = [json.dumps(r["body"]["messages"]) for r in api.server.requests]
+    first, second = bodies[:seen], bodies[seen:]
+    assert list(dict.fromkeys(second)) == first  # a request cut off by a kill is made again, nothing else
