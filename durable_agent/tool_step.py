@@ -136,8 +136,10 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
     command = getattr(args, "command", None) or call.arguments
     prior = step.prior
     use: int | None = None
-    if prior is not None and prior.state == StepState.STARTED:
-        # The crash hit while it ran: its outcome is unknown and it is not idempotent.
+    if prior is not None and prior.state == StepState.STARTED and (
+            prior.pgid is not None or not getattr(tool, "pgid_before_start", False)):
+        # The crash hit while it ran: its outcome is unknown and it is not idempotent. (Not
+        # so a run_command cut off before its pgid was committed: it never began, and runs now.)
         if ctx.settings.on_uncertain_exec == "tell_model":
             return _record(ctx, call, step, ToolResult(
                 error="the command was interrupted by a crash; its outcome is unknown and it was "

@@ -26,6 +26,9 @@ class RunCommand:
     )
     args_model: ClassVar[type[BaseModel]] = RunCommandArgs
     effect: ClassVar[EffectClass] = EffectClass.EXEC
+    # The command starts only once its process group is committed (`on_start`, process.py):
+    # a call cut off with no pgid recorded never began, and resume runs it without asking.
+    pgid_before_start: ClassVar[bool] = True
 
     def run(self, args: RunCommandArgs, ctx: ToolContext) -> ToolResult:
         outcome = run_process(
