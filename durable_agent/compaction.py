@@ -40,8 +40,6 @@ from durable_agent.status import StepKind
 from durable_agent.step_context import StepContext
 
 TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
-TIGHT = 0.9  # of the budget: what a tight compaction (see `compact`) may leave; the rest is
-# a margin for the error of the count
 KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at least one turn)
 SUMMARY_INPUT = 0.6  # of the budget: the most a summary request may hold
 MESSAGE_CHARS = 4_000  # of one message in the summary request (the rest is cut in the middle)
@@ -72,7 +70,8 @@ def count_next(ctx: StepContext, lead: list[Message]) -> int:
 
 
 def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
-    """Compact if the next request would pass the threshold (or finish an interrupted summary)."""
+    """Compact if the next request would pass the threshold (or finish an interrupted summary);
+    a turn compacts once by itself, unless its request is over the budget."""
     s = ctx.state
     interrupted = [st for st in ctx.journal.open_steps.values()
                    if st.kind == StepKind.COMPACT and st.turn == s.turn and isinstance(st.input, dict)
@@ -81,48 +80,69 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
         _summarize(ctx, lead, count_next(ctx, lead), cut=int(interrupted[0].input["start"]))
         return
     tokens = count_next(ctx, lead)
+    if s.view.turn == s.turn:
+        # This turn compacted already (a resume after it, or the call's retry): its decisions
+        # stand, so a resume sends what the first session would have. An elide that said a
+        # summary follows, cut off by a crash before it, gets that summary now; only a request
+        # over the budget (a resume with a smaller --max-context-tokens) compacts again.
+        cut = _cut(ctx, request_budget(ctx.settings)) if s.view.summary_due else None
+        if cut is not None:
+            _summarize(ctx, lead, tokens, cut=cut)
+        elif tokens > request_budget(ctx.settings):
+            compact(ctx, lead, tokens)
+        return
     if tokens > compact_threshold(ctx.settings):
         compact(ctx, lead, tokens)
 
 
 def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool = False) -> bool:
     """Elide, then summarize if still over TARGET (always, when `forced` by the provider).
-    Returns whether the request changed.
+    Returns whether the request changed. At most one elide per turn (its step key).
 
     A budget too small for what a summary keeps verbatim (`_tight`: the task and the last
     turn alone pass the threshold) would pay a summary call on every turn and never reach
     TARGET. There every tool result the model has already seen is elided, the recent ones
-    too (free), and a summary is made only when the request is still over TIGHT of it."""
+    too (free), and a summary is made only when the request is still over `_tight_bar`."""
+    s = ctx.state
     budget = request_budget(ctx.settings)
     tight = not forced and _tight(ctx, lead)
-    changed = False
-    elided = _elidable(ctx, seen_only=tight)
+    bar = budget * (_tight_bar(ctx) if tight else TARGET)
+    elided = [] if s.view.elide_turn == s.turn else _elidable(ctx, tight=tight)
     if elided:
-        tokens = _elide(ctx, lead, tokens, elided)
-        changed = True
-        if tokens <= budget * TARGET and not forced:
+        after = _count_elided(ctx, lead, elided)
+        enough = after <= bar and not forced
+        _elide(ctx, tokens, after, elided, summary_due=not enough)
+        if enough:
             return True
-    if tight and tokens <= budget * TIGHT:
-        return changed
+        tokens = after
+    elif tight and tokens <= bar:
+        return False
     cut = _cut(ctx, budget)
     if cut is None:
-        return changed
+        return bool(elided)
     _summarize(ctx, lead, tokens, cut=cut)
     return True
 
 
-def _elidable(ctx: StepContext, *, seen_only: bool = False) -> list[int]:
+def _tight_bar(ctx: StepContext) -> float:
+    """Of the budget: what a tight compaction may leave, halfway from `compact_at` to the
+    whole budget (the other half is a margin for the error of the count)."""
+    return (1 + ctx.settings.compact_at) / 2
+
+
+def _elidable(ctx: StepContext, *, tight: bool = False) -> list[int]:
     """Seqs of tool results still sent verbatim, but the most recent `keep_recent_outputs`;
-    with `seen_only`, every one the model was sent already (not the last turn's results)."""
+    `tight`: every one the model was sent already too (not the last turn's results)."""
     s = ctx.state
     view = s.view
     shown = [i for i in range(max(view.start, HEAD), len(s.messages))
              if s.messages[i].role == "tool" and i not in view.elided]
-    if seen_only:
-        last = _last_turn(s.messages)
-        return [i for i in shown if last is not None and i < last]
     keep = ctx.settings.keep_recent_outputs
-    return shown[:-keep] if keep else shown
+    older = shown[:-keep] if keep else shown
+    if not tight:
+        return older
+    last = _last_turn(s.messages)
+    return sorted({*older, *(i for i in shown if last is not None and i < last)})
 
 
 def _tight(ctx: StepContext, lead: list[Message]) -> bool:
@@ -143,19 +163,24 @@ def _last_turn(messages: Sequence[Message]) -> int | None:
     return next((i for i in range(len(messages) - 1, HEAD - 1, -1) if messages[i].role == "assistant"), None)
 
 
-def _elide(ctx: StepContext, lead: list[Message], before: int, seqs: list[int]) -> int:
+def _count_elided(ctx: StepContext, lead: list[Message], seqs: list[int]) -> int:
+    """The next request's tokens once `seqs` are stubs."""
     s = ctx.state
-    names = tool_names(s.messages)
-    request = s.view.request(s.messages)  # what it would be after: stubs for `seqs` too
-    after = count(ctx, [*_with_stubs(ctx, request, seqs, names), *lead])
-    key = f"compact:{s.turn}:elide"  # at most one per turn: afterwards only the recent K are left
+    request = s.view.request(s.messages)
+    return count(ctx, [*_with_stubs(ctx, request, seqs, tool_names(s.messages)), *lead])
+
+
+def _elide(ctx: StepContext, before: int, after: int, seqs: list[int], *, summary_due: bool) -> None:
+    s = ctx.state
+    key = f"compact:{s.turn}:elide"  # one per turn (`compact`)
     output: dict[str, Any] = {"stage": "elide", "turn": s.turn, "elided": seqs,
                               "tokens_before": before, "tokens_after": after}
+    if summary_due:  # decided now: a resume cut off before the summary makes it (before_model_call)
+        output["then"] = "summarize"
     with ctx.journal.step(key, StepKind.COMPACT, {"stage": "elide", "elided": len(seqs)}, turn=s.turn) as step:
         s.compacted(output)
         step.complete(output, counters=ctx.counters())
     _tell(ctx, step.seq, f"elided {len(seqs)} tool outputs", before, after)
-    return after
 
 
 def _with_stubs(ctx: StepContext, request: list[Message], seqs: list[int], names: dict[str, str]) -> list[Message]:

@@ -48,6 +48,8 @@ class ContextView:
     elided: dict[int, Message] = field(default_factory=dict)  # message seq -> its stub
     compactions: int = 0
     turn: int | None = None  # of the last compaction
+    elide_turn: int | None = None  # of the last elide (one per turn: its step key)
+    summary_due: bool = False  # the last compaction was an elide that a summary is to follow
 
     # The request as last built and how many messages it covers: between compactions it only
     # grows, so each call appends the new messages instead of rebuilding (and re-looking-up
@@ -82,6 +84,9 @@ class ContextView:
         self.compactions += 1
         self._covered = -1  # the request changed: built anew on the next call
         self.turn = output["turn"] if isinstance(output.get("turn"), int) else self.turn
+        if output.get("stage") == "elide":
+            self.elide_turn = self.turn
+        self.summary_due = output.get("then") == "summarize"
 
 
 def request_hash(request: Sequence[Message]) -> HistoryHash:

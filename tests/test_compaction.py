@@ -442,18 +442,24 @@ def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
     assert last[-1]["role"] == "tool" and last[-1]["content"].startswith("file 19\n")
 
 
-@pytest.mark.parametrize("windowed", [20], indirect=True)
+BIG_TASK = "fix the bug. " + "context " * 700  # ~1.4k tokens: a budget of 2,200 barely holds it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("windowed", "task", "size"), [(20, "fix the bug", 6144), (25, BIG_TASK, 500)],
+                         indirect=["windowed"], ids=["6kb-reads", "big-task"])
 def test_a_tight_budget_compacts_the_same_way_through_crashes(
-        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+        windowed: Endpoint, sql: Callable[..., list[Any]], task: str, size: int) -> None:
     # The same run twice on one server (answers depend only on the request): once whole, once
     # killed at every 7th checkpoint boundary of each process and resumed. Its compactions
     # (stage, turn, elided seqs, cut) and the requests it sent are the same.
     api = windowed
-    whole = api.start("--json", "--max-context-tokens", "2200", "--run-id", "whole")
+    write_files(api.workspace, 25, size=size)
+    whole = api.start("--json", "--max-context-tokens", "2200", "--run-id", "whole", task=task)
     assert whole.code == 0, whole.stderr
     seen = len(api.server.requests)
     crash = {**api.cli_env(), "DURABLE_AGENT_CRASH_AFTER": "7"}
-    result = api.cli("start", "fix the bug", *api.model_flags(), "--json", "--max-context-tokens", "2200",
+    result = api.cli("start", task, *api.model_flags(), "--json", "--max-context-tokens", "2200",
                      "--run-id", "cut", extra_env=crash)
     kills = 0
     while result.code == -signal.SIGKILL:
@@ -473,3 +479,51 @@ def test_a_tight_budget_compacts_the_same_way_through_crashes(
     bodies = [json.dumps(r["body"]["messages"]) for r in api.server.requests]
     first, second = bodies[:seen], bodies[seen:]
     assert list(dict.fromkeys(second)) == first  # a request cut off by a kill is made again, nothing else
+
+
+CONTEXT_REFUSAL = {"status": 400, "body": {"error": {
+    "message": "This model's maximum context length is 2000 tokens.", "type": "invalid_request_error",
+    "param": "messages", "code": "context_length_exceeded"}}}
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_a_refusal_right_after_a_tight_elide_compacts_again_without_reusing_its_step(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # keep_recent_outputs = 0: the forced compaction would elide the last turn's results,
+    # which the tight elide of the same turn left; one elide per turn (its key), so it summarizes.
+    windowed.configure(keep_recent_outputs=0, models={MODEL: {"context_window": WINDOW}})
+    windowed.server.add_faults([{"turn": 6, "attempt": 1, **CONTEXT_REFUSAL}])
+    result = windowed.start("--json", "--max-context-tokens", "2200")
+    assert result.code == 0, result.stderr
+    keys = [k for (k,) in sql("SELECT idempotency_key FROM steps WHERE kind = 'compact' AND turn = 6")]
+    assert keys[0] == "compact:6:elide" and len(keys) == 2 and keys[1].startswith("compact:6:")
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_compact_by_hand_after_a_tight_elide_of_the_same_turn(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.configure(keep_recent_outputs=0, retry_max_attempts=1, models={MODEL: {"context_window": WINDOW}})
+    windowed.server.add_faults([{"turn": 6, "attempt": 1, "status": 401}])
+    stopped = windowed.start("--json", "--max-context-tokens", "2200", "--run-id", "r")
+    assert stopped.code == 1 and sql("SELECT count(*) FROM steps WHERE idempotency_key = 'compact:6:elide'") == [(1,)]
+    done = windowed.cli("compact", "r", extra_env=windowed.cli_env())
+    assert done.code == 0, done.stderr
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'compact' AND turn = 6 AND output LIKE '%summarize%'") == [(1,)]
+    assert windowed.resume("r", "--json").code == 0
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_a_resume_with_a_smaller_budget_compacts_a_turn_that_compacted_already(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # Turn 7 of this run compacts by an elide alone (the request is then ~1.9k of 2.2k); the
+    # call fails, and the run is resumed under a budget its request no longer fits.
+    windowed.configure(retry_max_attempts=1, models={MODEL: {"context_window": WINDOW}})
+    windowed.server.add_faults([{"turn": 7, "attempt": 1, "status": 401}])
+    stopped = windowed.start("--json", "--max-context-tokens", "2200", "--run-id", "r")
+    assert stopped.code == 1
+    assert [o["stage"] for t, o in outputs(sql, "compact") if t == 7] == ["elide"]
+    resumed = windowed.resume("r", "--json", "--max-context-tokens", "1850")
+    assert resumed.code == 0, resumed.stderr
+    turn_7 = [o for t, o in outputs(sql, "compact") if t == 7]
+    assert [o["stage"] for o in turn_7] == ["elide", "summarize"]
+    assert turn_7[1]["tokens_before"] > 1850
