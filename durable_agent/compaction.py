@@ -100,8 +100,8 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
     Returns whether the request changed. At most one elide per turn (its step key).
 
     A budget too small for what a summary keeps verbatim (`_tight`: the task and the last
-    turn alone pass the threshold) would pay a summary call on every turn and never reach
-    TARGET. There every tool result the model has already seen is elided, the recent ones
+    turn, with one more like it, pass the threshold) would pay a summary call on every turn
+    and never reach TARGET. There every tool result the model has already seen is elided, the recent ones
     too (free), and a summary is made only when the request is still over `_tight_bar`."""
     s = ctx.state
     budget = request_budget(ctx.settings)
@@ -147,15 +147,17 @@ def _elidable(ctx: StepContext, *, tight: bool = False) -> list[int]:
 
 def _tight(ctx: StepContext, lead: list[Message]) -> bool:
     """Whether the system prompt, the task and the last turn (which every summary keeps
-    verbatim) alone pass the threshold, so that no summary makes room for another turn.
-    Eliding seen results does not change it: a resume decides as the first session did."""
+    verbatim), with one more turn of that size, pass the threshold: then no summary makes
+    room for the next turns, and each would pay another. Eliding seen results does not
+    change it: a resume decides as the first session did."""
     s = ctx.state
     last = _last_turn(s.messages)
     if last is None or last < s.view.start:
         return False
     request = s.view.request(s.messages)
     offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
-    return count(ctx, [*request[:HEAD], *request[last + offset:], *lead]) > compact_threshold(ctx.settings)
+    turn = count(ctx, request[last + offset:]) - count(ctx, [])  # the last turn alone (no schemas)
+    return count(ctx, [*request[:HEAD], *request[last + offset:], *lead]) + turn > compact_threshold(ctx.settings)
 
 
 def _last_turn(messages: Sequence[Message]) -> int | None:

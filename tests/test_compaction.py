@@ -418,14 +418,18 @@ def test_compact_by_hand_keeps_the_lease_through_a_long_summary_call(
 
 
 
-@pytest.mark.parametrize("windowed", [20], indirect=True)
+@pytest.mark.parametrize(("windowed", "size", "chars_per_token"), [(20, 6144, 4), (20, 4096, 3)],
+                         indirect=["windowed"], ids=["6kb", "4kb-denser-count"])
 def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
-        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
-    # Each turn reads a 6 KB file (~1.6k tokens): the task and the last turn alone pass
-    # compact_at of a 2,200-token budget, so no summary can make room for another turn.
-    # Summarizing every turn (as it once did: 19 summaries of ~1.2k tokens for 20 turns)
-    # gives way to eliding every result the model has seen, for free, and a summary only
-    # when that is not enough; still no request over the budget.
+        windowed: Endpoint, sql: Callable[..., list[Any]], size: int, chars_per_token: int) -> None:
+    # Each turn reads a 6 KB file (~1.6k tokens), or 4 KB counted denser by the server: the
+    # task and the last turn, with one more like it, pass compact_at of a 2,200-token budget,
+    # so no summary can make room for the next turns. Summarizing every turn (as it once did:
+    # 19 summaries of ~1.2k tokens for 20 turns) gives way to eliding every result the model
+    # has seen, for free, and a summary only when that is not enough; no request over the budget.
+    write_files(windowed.workspace, 20, size=size)
+    windowed.server.chars_per_token = chars_per_token
+    windowed.server.window = 2200  # refused over it
     result = windowed.start("--json", "--max-context-tokens", "2200")
     assert result.code == 0, result.stderr
     assert result.json()["answer"] == "read them all"
@@ -434,7 +438,7 @@ def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
     summaries = [r["prompt_tokens"] for r in requests if r["kind"] == "summary"]
     assert len(turns) == 21 and max(turns) <= 2200
     assert 0 < len(summaries) <= 10
-    assert max(summaries) < 600  # the results they cover were elided first: never a whole file
+    assert max(summaries) < 700  # the results they cover were elided first: never a whole file
     compacts = outputs(sql, "compact")
     assert sum(o["stage"] == "elide" for _, o in compacts) >= 15
     # Every result but the newest turn's was elided: the model always sees what it just asked for.
