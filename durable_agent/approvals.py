@@ -29,9 +29,10 @@ def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True)
 
 
 def decided(ctx: StepContext, call: ToolCall, kind: ApprovalKind, command: str | None, reason: str,
-            step_seq: int | None = None) -> ApprovalRecord:
-    """A decided approval of this call, or record the question and stop the run `blocked`."""
-    approval = ctx.journal.approval_for(call.id, kind)
+            step_seq: int | None = None, *, used_too: bool = False) -> ApprovalRecord:
+    """A decided approval of this call, or record the question and stop the run `blocked`.
+    `used_too`: one used by an attempt that never began counts (it was never acted on)."""
+    approval = ctx.journal.approval_for(call.id, kind, used_too=used_too)
     if approval is not None and approval.decision is not None:
         return approval
     # The command comes from the model and is shown to people: stored as it will run (the

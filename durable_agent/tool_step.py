@@ -3,7 +3,8 @@
     read   no intent row: run, then the outcome rides with the next commit (a crash re-runs it)
     write  intent with the file's before/after hashes, write, outcome; resume compares hashes
     exec   policy check (maybe `blocked`), intent, process group recorded, run, outcome;
-           resume never re-runs an interrupted command without a person's approval
+           resume never re-runs an interrupted command without a person's approval (one
+           cut off before its process group was recorded never began: it is run)
 
 Every call ends with exactly one tool message, error or not, so the history sent to the
 model stays valid. Store failures are not tool failures: they propagate and end the session.
@@ -25,7 +26,7 @@ from durable_agent.observer import StepEvent
 from durable_agent.settings import validation_text
 from durable_agent.status import EffectClass, StepKind
 from durable_agent.step_context import StepContext
-from durable_agent.store.records import ApprovalKind, StepState
+from durable_agent.store.records import ApprovalKind, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
 from durable_agent.tools.base import (
@@ -41,6 +42,7 @@ from durable_agent.tools.os_sandbox import resolve_sandbox
 from durable_agent.workspace import recorder
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
+PGID_FIRST = "pgid_before_start"  # a tool's declaration, and the intent's record of it
 _CHANGES_FILES = (EffectClass.WRITE.value, EffectClass.EXEC.value)
 
 
@@ -136,10 +138,8 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
     command = getattr(args, "command", None) or call.arguments
     prior = step.prior
     use: int | None = None
-    if prior is not None and prior.state == StepState.STARTED and (
-            prior.pgid is not None or not getattr(tool, "pgid_before_start", False)):
-        # The crash hit while it ran: its outcome is unknown and it is not idempotent. (Not
-        # so a run_command cut off before its pgid was committed: it never began, and runs now.)
+    if prior is not None and prior.state == StepState.STARTED and not _never_began(ctx, call, prior):
+        # The crash hit while it ran: its outcome is unknown and it is not idempotent.
         if ctx.settings.on_uncertain_exec == "tell_model":
             return _record(ctx, call, step, ToolResult(
                 error="the command was interrupted by a crash; its outcome is unknown and it was "
@@ -159,14 +159,17 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
         verdict, why = approvals.policy(ctx, call.name, command, asks=getattr(tool, "asks", True))
         if verdict == "deny":
             return _record(ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)"))
-        if verdict == "ask":
-            approval = approvals.decided(ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why)
+        if verdict == "ask":  # (an approval the attempt that never began used still stands)
+            approval = approvals.decided(ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why,
+                                         used_too=prior is not None)
             if approvals.denied(approval):
                 return _record(ctx, call, step, ToolResult(error="the user denied this command; do not run it again"),
                                use_approval=approval.id)
             use = approval.id
         else:
             use = approvals.settle_by_policy(ctx, call)
+    if type(tool).__dict__.get(PGID_FIRST) is True:  # declared by the class itself, not inherited
+        step.input = {**step.input, PGID_FIRST: True}  # the attempt's own evidence (_never_began)
     step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
     try:
@@ -237,6 +240,18 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
         raise  # the store failed (recording the process group): not the tool's result
     except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def _never_began(ctx: StepContext, call: ToolCall, prior: StepRecord) -> bool:
+    """An exec attempt cut off before its process group was committed, by a tool whose
+    command starts only after that commit (run_command: the guard waits for it, process.py):
+    it never began, and is run now without a question. Only on the attempt's own row (its
+    intent names the protocol; an older row does not), with power-loss durability (`fast`
+    may lose the pgid's commit after the command started), no question about it asked yet,
+    and the workspace as the attempt found it."""
+    return (prior.pgid is None and isinstance(prior.input, dict) and prior.input.get(PGID_FIRST) is True
+            and ctx.settings.durability == "full" and ctx.journal.approval_for(call.id, UNCERTAIN) is None
+            and recorder.unchanged_since(ctx, prior.tree_before))
 
 
 def _event(ctx: StepContext, call: ToolCall, state: str, *, step: Step | None = None,

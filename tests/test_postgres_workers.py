@@ -189,7 +189,7 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
     assert not {k for k, began in cut_off.items() if not began} & interrupted
     # Finished, every one; the only failures are the calls cut off by a crash (the model was told).
     assert {(s.run_id, s.call_id) for s in tool_steps if s.state != "completed"} == interrupted
-    assert {s.state for s in tool_steps if (s.run_id, s.call_id) in interrupted} == {"failed"}
+    assert {s.state for s in tool_steps if (s.run_id, s.call_id) in interrupted} <= {"failed"}
     for rid, ws in spaces.items():
         counts = Counter((ws / "ledger.txt").read_text().split())
         assert max(counts.values()) == 1, f"run {rid} ran a command twice: {counts}"

@@ -273,3 +273,60 @@ def test_a_long_command_output_is_cut_once_with_one_marker(cli, write_script, wo
     content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
     assert content.count("truncated") == 2  # one marker per stream, none from a second cap
     assert "stdout:\n1\n" in content and "200000" in content and "50000" in content
+
+
+# -- A command cut off before its process group was committed never began ---------------------
+ONE_APPEND = [{"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}}]}, {"content": "done"}]
+
+
+def test_a_command_cut_off_before_its_pgid_runs_on_resume_without_a_question_even_under_ask(
+        cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    # --shell ask: the person approves the command; the attempt is killed between its intent
+    # (boundary 6, committed) and its pgid. That approval was for a command that never ran:
+    # it still stands, and no other question is asked.
+    script = write_script(ONE_APPEND)
+    assert cli("start", "t", "--model", script, "--shell", "ask", "--run-id", "a").code == 5
+    assert cli("approve", "a", "--by", "alice").code == 0
+    r = cli("resume", "a", extra_env={"DURABLE_AGENT_CRASH_AFTER": "2"})  # intent 1-2, pgid 3-4
+    assert r.code == -signal.SIGKILL
+    assert sql("SELECT state, pgid FROM steps WHERE kind = 'tool'") == [("started", None)]
+    r = cli("resume", "a")
+    assert r.code == 0, r.stderr
+    assert ledger_lines(workspace) == ["call_0_0"]
+    assert sql("SELECT kind, decision FROM approvals") == [("approval_required", "approved")]
+
+
+def test_a_retry_approved_after_a_crash_and_cut_off_before_its_pgid_runs_without_a_second_question(
+        cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    # Boundary 8: the pgid is committed, the guard never got the go: a person decides. The
+    # approved retry is cut off before its own pgid (the old attempt's is not kept): it runs.
+    script = write_script(ONE_APPEND)
+    assert cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "b",
+               extra_env={"DURABLE_AGENT_CRASH_AFTER": "8"}).code == -signal.SIGKILL
+    assert cli("resume", "b").code == 5
+    assert cli("approve", "b", "--by", "alice").code == 0
+    assert cli("resume", "b", extra_env={"DURABLE_AGENT_CRASH_AFTER": "2"}).code == -signal.SIGKILL
+    assert sql("SELECT state, pgid, attempts FROM steps WHERE kind = 'tool'") == [("started", None, 2)]
+    r = cli("resume", "b")
+    assert r.code == 0, r.stderr
+    assert ledger_lines(workspace) == ["call_0_0"]
+    assert sql("SELECT kind, decision FROM approvals") == [("uncertain_side_effect", "approved")]
+
+
+@pytest.mark.parametrize("why", ["an older row", "fast durability", "files changed"])
+def test_a_command_cut_off_before_its_pgid_still_asks_without_the_evidence(
+        why: str, cli, write_script, workspace, db_path, sql) -> None:  # type: ignore[no-untyped-def]
+    script = write_script(ONE_APPEND)
+    flags = ("--durability", "fast") if why == "fast durability" else ()
+    assert cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "c", *flags,
+               extra_env={"DURABLE_AGENT_CRASH_AFTER": "6"}).code == -signal.SIGKILL
+    assert sql("SELECT state, pgid FROM steps WHERE kind = 'tool'") == [("started", None)]
+    if why == "an older row":  # written by a release that did not record the protocol
+        import sqlite3
+        with sqlite3.connect(db_path) as conn:
+            conn.execute("UPDATE steps SET input = json_remove(input, '$.pgid_before_start') WHERE kind = 'tool'")
+    if why == "files changed":  # something ran after all: only a person can tell what
+        (workspace / "ledger").write_text("call_0_0\n")
+    r = cli("resume", "c")
+    assert r.code == 5, r.stderr
+    assert sql("SELECT kind FROM approvals") == [("uncertain_side_effect",)]

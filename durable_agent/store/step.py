@@ -83,9 +83,10 @@ class Step:
             self.seq = j.take_seq()
         columns = workspace.columns if workspace is not None else {}
         if self._has_row:
+            # pgid: the new attempt's own is recorded when its command starts (tool_step.py)
             values: dict[str, Any] = {"state": StepState.STARTED.value, "attempts": self.attempts,
                                       "started_at": self.started_at, "finished_at": None, "error": None,
-                                      "lease_epoch": j.epoch, "input": self.input, **columns}
+                                      "lease_epoch": j.epoch, "input": self.input, "pgid": None, **columns}
             statements: list[Statement] = [(UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})]
             rows: list[dict[str, Any]] = []
         else:

@@ -27,7 +27,8 @@ class RunCommand:
     args_model: ClassVar[type[BaseModel]] = RunCommandArgs
     effect: ClassVar[EffectClass] = EffectClass.EXEC
     # The command starts only once its process group is committed (`on_start`, process.py):
-    # a call cut off with no pgid recorded never began, and resume runs it without asking.
+    # an attempt cut off with no pgid recorded never began (tool_step._never_began). A subclass
+    # that runs commands otherwise does not inherit it: only this class's own attribute counts.
     pgid_before_start: ClassVar[bool] = True
 
     def run(self, args: RunCommandArgs, ctx: ToolContext) -> ToolResult:

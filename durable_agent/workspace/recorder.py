@@ -20,7 +20,7 @@ from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import snapshot
-from durable_agent.workspace.manifest import Manifest, changes
+from durable_agent.workspace.manifest import Change, Manifest, changes
 from durable_agent.workspace.scan import Scanner, scanner_for
 
 _CHANGES = insert(workspace_changes)
@@ -52,18 +52,30 @@ def at_creation(settings: Settings, engine: Engine, policy: StorePolicy | None =
     return snap.tree_id
 
 
-def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
-    """For the question about a command cut off by a crash: what it changed until then
-    (its pre-command snapshot against the files now), and how to undo it."""
+def _changes_since(ctx: StepContext, tree_before: str | None) -> list[Change] | None:
+    """The changes from snapshot `tree_before` to the files now; None when unknown."""
     if not ctx.settings.snapshots or not tree_before:
-        return ""
+        return None
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
     try:
         old = snapshot.load(blobs, tree_before)
     except KeyError:
-        return ""
+        return None
     scan = scanner(ctx).scan()
-    found = changes(old, scan.manifest, scan.delta_from(old))
+    return changes(old, scan.manifest, scan.delta_from(old))
+
+
+def unchanged_since(ctx: StepContext, tree_before: str | None) -> bool:
+    """No file differs from snapshot `tree_before` (True also when that cannot be told)."""
+    return not _changes_since(ctx, tree_before)
+
+
+def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
+    """For the question about a command cut off by a crash: what it changed until then
+    (its pre-command snapshot against the files now), and how to undo it."""
+    found = _changes_since(ctx, tree_before)
+    if found is None:
+        return ""
     if not found:
         return "; so far the workspace has no changes since it started"
     names = ", ".join(f"{c.shown} ({c.change})" for c in found[:20])
