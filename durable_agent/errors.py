@@ -51,11 +51,8 @@ class RunBusy(DurableAgentError):
 
 
 class LeaseLost(DurableAgentError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f"lost the lease on run {run_id}: another process took it over; "
-            "this process wrote nothing more"
-        )
+    def __init__(self, run_id: str, why: str = "another process took it over") -> None:
+        super().__init__(f"lost the lease on run {run_id}: {why}; this process wrote nothing more")
         self.run_id = run_id
 
 

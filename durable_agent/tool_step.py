@@ -19,7 +19,7 @@ from typing import cast
 from pydantic import BaseModel, ValidationError
 
 from durable_agent import approvals, guard
-from durable_agent.errors import DurableAgentError, LoopExit
+from durable_agent.errors import DurableAgentError, LeaseLost, LoopExit
 from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
@@ -231,6 +231,8 @@ def _stored_output(ctx: StepContext, call_id: str) -> str | None:
 
 
 def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None) -> ToolResult:
+    from durable_agent.tools.process import StartTooLate
+
     try:
         result: ToolResult = tool.run(args, _tool_ctx(ctx, call, step))
         return result
@@ -238,6 +240,8 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
         return ToolResult(error=str(exc))
     except DurableAgentError:
         raise  # the store failed (recording the process group): not the tool's result
+    except StartTooLate as exc:  # this process stalled: the run may be another's by now
+        raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
     except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
 

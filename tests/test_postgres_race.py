@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,3 +126,47 @@ def _resume_to_the_end(env: dict[str, str], ws: Path, one: Any) -> list[str]:
         assert run_cli(env, ws, "approve", "race", *(["--deny"] if ran else []), "--by", "tester").code == 0
         decisions.append(f"{call_id}: {'ran' if ran else 'not run'}")
     pytest.fail(f"the run did not complete: {decisions}")
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1) "
+                    "for a process that cannot see the first one (another host)")
+def test_an_owner_frozen_between_a_commands_pgid_and_its_start_never_starts_it_after_its_lease(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """Frozen right after committing its command's pgid (boundary 8: model 1-4, intent 5-6,
+    pgid 7-8), before telling the guard to go. The takeover runs from another PID namespace,
+    as from another host: it cannot kill the frozen owner's guard. It asks about the command
+    (its pgid is recorded), the person sees it did not run and approves, it runs once. The
+    owner thaws long past its lease: the guard refuses to start the command (`late`)."""
+    with pg_schema() as url:
+        race = Race(url, tmp_path, env)
+        first = race.start_first({"DURABLE_AGENT_STOP_AFTER": "8"})
+        try:
+            wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
+            assert race.one("SELECT pgid IS NOT NULL FROM steps WHERE run_id = 'race' AND kind = 'tool'")[0]
+            wait_for(lambda: race.one("SELECT lease_expires_at < now() AT TIME ZONE 'UTC' FROM runs "
+                                      "WHERE id = 'race'")[0], 30, "the frozen owner's lease to expire")
+            elsewhere = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "durable_agent"]
+
+            def resume() -> subprocess.CompletedProcess[str]:
+                return subprocess.run([*elsewhere, "resume", "race", "--quiet"], cwd=race.ws, env=race.env,
+                                      capture_output=True, text=True, timeout=120)
+
+            asked = resume()
+            assert asked.returncode == 5, asked.stderr
+            assert not (race.ws / "ledger").exists()  # the frozen owner never started it
+            assert run_cli(race.env, race.ws, "approve", "race", "--by", "tester").code == 0
+            done = resume()
+            assert done.returncode == 0, done.stderr
+            os.kill(first.pid, signal.SIGCONT)
+            assert first.wait(timeout=60) == 6
+        finally:
+            if first.poll() is None:
+                os.kill(first.pid, signal.SIGCONT)
+                first.kill()
+                first.wait()
+        ledger = (race.ws / "ledger").read_text().split()
+        assert Counter(ledger) == Counter(f"call_{i}_0" for i in range(TURNS)), ledger
+        err = (tmp_path / "first.err").read_text()
+        assert "was not started" in err and "Traceback" not in err, err
+        race.engine.dispose()

@@ -20,6 +20,7 @@ from scale_helpers import wait_for
 from side_effects_support import pid_alive
 
 from durable_agent.tools.process import (
+    GUARD_SCRIPT,
     ProcessOutcome,
     command_env,
     kill_process_group,
@@ -296,7 +297,7 @@ HARNESS = textwrap.dedent("""
         cwd=workspace,
         env=command_env(os.environ, run_id="r", call_id="c"),
         timeout_s=120,
-        on_start=lambda pgid: (workspace / "pgid").write_text(str(pgid)),
+        on_start=lambda pgid: (workspace / "pgid").write_text(str(pgid)) and None,  # no deadline
         sandbox=None,
     )
     (workspace / "harness-finished").write_text("should have been killed")
@@ -329,3 +330,29 @@ def test_command_dies_with_a_harness_killed_by_sigkill(tmp_path: Path) -> None:
         pgid = read_pid(tmp_path / "pgid")
         if pgid is not None:
             _started_groups.append(pgid)
+
+
+@pytest.mark.parametrize(("go", "starts"), [(b"g -\n", True), (b"g %.6f\n", True), (b"g 1.0\n", False),
+                                            (b"x\n", False), (b"", False)])
+def test_the_guard_starts_the_command_only_on_a_go_before_its_deadline(go: bytes, starts: bool, tmp_path: Path) -> None:
+    # The harness's own check comes first (run_process); this is the guard's, for a harness
+    # frozen between that check and its write. b"%.6f": an hour from now; 1.0: long past.
+    if b"%" in go:
+        go = go % (time.clock_gettime(time.CLOCK_BOOTTIME) + 3600)
+    watch_r, watch_w = os.pipe()
+    status_r, status_w = os.pipe()
+    guard = subprocess.Popen([sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w),
+                              "/bin/sh", "-c", "echo ran > ledger"], cwd=tmp_path, pass_fds=(watch_r, status_w),
+                             start_new_session=True)
+    os.close(watch_r)
+    os.close(status_w)
+    os.write(watch_w, go)
+    if not go:
+        os.close(watch_w)  # the harness went away before any go
+    with os.fdopen(status_r, "rb") as status:
+        said = status.read()  # until the guard is gone
+    guard.wait(timeout=30)
+    if go:
+        os.close(watch_w)
+    assert (tmp_path / "ledger").exists() == starts
+    assert said == (b"exit 0\n" if starts else b"late\n" if go.startswith(b"g ") else b"")

@@ -42,6 +42,8 @@ from durable_agent.store.schema import approvals, messages, runs, steps
 from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step
 from durable_agent.store.storable import storable
 
+START_WITHIN = 0.8  # of the lease: see Journal.start_deadline
+
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
 # CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
 # with the column names that the SET clause takes from the parameters.
@@ -104,6 +106,9 @@ class Journal:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.engine, self.run_id, self.owner, self.epoch = engine, run_id, owner, epoch
         self.lease = timedelta(seconds=lease_seconds)
+        # CLOCK_BOOTTIME (it goes on through a suspend) when our last checkpoint began: the
+        # lease it wrote runs out `lease` after that, on the store's side (start_deadline).
+        self.lease_clock = time.clock_gettime(time.CLOCK_BOOTTIME)
         self.policy = policy or retrying.StorePolicy()
         self.sleep = sleep
         self._conn: Connection | None = None
@@ -209,6 +214,7 @@ class Journal:
         all_messages = [*self.pending_messages, *message_rows]
         token = os.urandom(16).hex()  # a uuid4's randomness, without building a UUID
         now = utcnow()
+        clock = time.clock_gettime(time.CLOCK_BOOTTIME)
 
         def attempt() -> None:
             conn = self._connection()
@@ -241,12 +247,19 @@ class Journal:
                 self._last_used = time.monotonic()
 
         retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
+        self.lease_clock = clock
         self.message_count += len(all_messages)
         self._deferred_steps.clear()
         self.pending_messages.clear()
         self._deferred_counters = None
         for hook in BOUNDARY_HOOKS:
             hook("after_commit")
+
+    def start_deadline(self) -> float:
+        """The CLOCK_BOOTTIME by which an effect must have started to be surely inside the
+        lease our last checkpoint wrote: START_WITHIN of it, the rest for the clocks of other
+        hosts (which judge its expiry) running ahead of ours."""
+        return self.lease_clock + self.lease.total_seconds() * START_WITHIN
 
     def _landed(self, token: str) -> bool:
         """Did the transaction that wrote `token` commit? Read it back on a new connection."""

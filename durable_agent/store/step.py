@@ -108,9 +108,11 @@ class Step:
         self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq,
                                              "attempts": attempts, "error": error})])
 
-    def set_pgid(self, pgid: int) -> None:
-        """The command's process group, committed before the command starts."""
+    def set_pgid(self, pgid: int) -> float:
+        """The command's process group, committed before the command starts. Returns the
+        time (CLOCK_BOOTTIME) by which the command must start, still inside our lease."""
         self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": pgid})])
+        return self.journal.start_deadline()
 
     # -- outcome -----------------------------------------------------------------------------
     def complete(self, output: Any, *, counters: Counters, messages: Sequence[Message] = (),

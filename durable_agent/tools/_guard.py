@@ -20,8 +20,12 @@ holds the only write end (close-on-exec, never inherited), so `read` on WATCH_FD
 returns EOF exactly when the harness process has died, however it died (SIGKILL, OOM).
 The guard then SIGKILLs its whole process group, itself included.
 
-Protocol: the harness writes one byte `g` to WATCH_FD once it has recorded the pgid;
-only then does the command start, so an effect never begins before its pgid is durable.
+Protocol: the harness writes the line `g DEADLINE` to WATCH_FD once it has recorded the
+pgid; only then does the command start, so an effect never begins before its pgid is
+durable. DEADLINE (CLOCK_BOOTTIME seconds, or `-`) is when the harness's lease on the run
+may be over: a harness frozen between recording the pgid and writing the line (SIGSTOP, a
+paused VM) may have lost the run to another host by then, and the guard answers `late`
+instead of starting the command.
 When the command's shell exits, the guard writes `exit N` (N as in
 `os.waitstatus_to_exitcode`: negative for a signal) to STATUS_FD and SIGKILLs the group,
 so background leftovers (`server &`) never outlive the call unsupervised.
@@ -34,6 +38,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 def _kill_group() -> None:
@@ -42,7 +47,7 @@ def _kill_group() -> None:
 
 def _watch_harness(fd: int) -> None:
     try:
-        while os.read(fd, 64):  # the harness never writes after `g`: this waits for EOF
+        while os.read(fd, 64):  # the harness never writes after the go line: this waits for EOF
             pass
     except OSError:
         pass
@@ -61,8 +66,18 @@ def main(argv: list[str]) -> int:
     # (The command gets SIGTERM's default back through `setsigdef`.)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    if os.read(watch_fd, 1) != b"g":
-        return 0  # the harness died or gave up before the effect began: never start it
+    go = b""
+    while not go.endswith(b"\n"):  # the harness writes nothing after this line
+        chunk = os.read(watch_fd, 64)
+        if not chunk or len(go) > 64:
+            return 0  # the harness died or gave up before the effect began: never start it
+        go += chunk
+    word, _, deadline = go.strip().partition(b" ")
+    if word != b"g":
+        return 0
+    if deadline != b"-" and time.clock_gettime(time.CLOCK_BOOTTIME) > float(deadline):
+        os.write(status_fd, b"late\n")
+        return 0
     threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()
     try:
         pid = os.posix_spawn(

@@ -29,7 +29,9 @@ class ToolContext:
     env: Mapping[str, str] = field(default_factory=dict)
     command_timeout_s: float = 300.0
     cancel: threading.Event | None = None
-    on_process_start: Callable[[int], None] | None = None
+    on_process_start: Callable[[int], float | None] | None = None
+    """Records a command's process group before it starts; returns the CLOCK_BOOTTIME by
+    which it must start (the run's lease), or None (no limit). See process.run_process."""
     sandbox: Sandbox | None = None
     """How the run contains commands: an exec tool passes it to `run_process(sandbox=...)`
     (None only under --sandbox off). In-process Python code is not contained by it."""

@@ -9,9 +9,10 @@ below holds for sandboxed commands too; bubblewrap's PID namespace adds that eve
 command that left the group (`setsid`) dies when bwrap does.
 
 The pgid is the guard's pid. `on_start(pgid)` lets the caller record it before the command
-starts; timeout, cancel, an exception in the caller or the death of the harness (even by
-SIGKILL, see `_guard.py`) kill the whole group. When the shell exits, leftovers in the
-group are killed too: a call's effects end with the call.
+starts, and returns when it must have started at the latest (the run's lease: a harness
+stalled past it starts nothing). Timeout, cancel, an exception in the caller or the death
+of the harness (even by SIGKILL, see `_guard.py`) kill the whole group. When the shell
+exits, leftovers in the group are killed too: a call's effects end with the call.
 
 Linux only. Use `kill_process_group` / `process_group_alive` on resume to make sure
 nothing of a recorded group still runs before reconciling its step.
@@ -119,6 +120,18 @@ def _has_url_password(value: str) -> bool:
     return "@" in authority and ":" in authority.rsplit("@", 1)[0]
 
 
+class StartTooLate(Exception):
+    """The command was not started: the go came after the deadline `on_start` gave (the
+    harness stalled past the point where its lease surely held). Nothing of it ran."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__(f"the command was not started: {_boottime() - deadline:.1f} s past its start deadline")
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def run_process(
     command: str,
     *,
@@ -126,7 +139,7 @@ def run_process(
     env: Mapping[str, str],
     timeout_s: float,
     output_cap: int = 30_000,
-    on_start: Callable[[int], None] | None = None,
+    on_start: Callable[[int], float | None] | None = None,
     cancel: threading.Event | None = None,
     kill_grace_s: float = KILL_GRACE_S,
     sandbox: Sandbox | None,
@@ -139,8 +152,9 @@ def run_process(
     `ctx.sandbox`) runs a command unconfined by forgetting it: None says so on purpose.
     Output of each stream is capped at `output_cap` characters (head and tail kept).
     Raises OSError if the command cannot be started (e.g. `cwd` does not exist),
-    SandboxUnavailable if its sandbox cannot be had, and whatever `on_start` raises; in
-    all these cases the command has not run.
+    SandboxUnavailable if its sandbox cannot be had, whatever `on_start` raises, and
+    StartTooLate if the time `on_start` returned (CLOCK_BOOTTIME) passed before the command
+    could start; in all these cases the command has not run.
     """
     launch = prepare(sandbox, [default_shell(), "-c", command], cwd=cwd,
                      workspace=workspace or cwd, env=env)
@@ -155,7 +169,7 @@ def run_process(
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
-         on_start: Callable[[int], None] | None, cancel: threading.Event | None,
+         on_start: Callable[[int], float | None] | None, cancel: threading.Event | None,
          kill_grace_s: float) -> ProcessOutcome:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -185,13 +199,19 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
     pgid = proc.pid
     watch = _Supervision(proc, status_r, output_cap)
     try:
-        if on_start is not None:
-            on_start(pgid)
+        deadline = on_start(pgid) if on_start is not None else None
         if cancel is not None and cancel.is_set():
             watch.cancelled = True  # cancelled before it began: it never runs
         else:
-            os.write(watch_w, b"g")  # the guard starts the command only now
+            # The guard starts the command only now, and only by `deadline` (a process frozen
+            # since recording the pgid may have lost its run): checked here and, for a freeze
+            # in between, by the guard itself.
+            if deadline is not None and _boottime() > deadline:
+                raise StartTooLate(deadline)
+            os.write(watch_w, b"g %.6f\n" % deadline if deadline is not None else b"g -\n")
             watch.run(started + timeout_s, cancel, kill_grace_s)
+            if watch.late():
+                raise StartTooLate(deadline or 0.0)
     finally:
         # Also on exceptions (KeyboardInterrupt included): nothing of the group may survive
         # this call. Killed before the guard is reaped, so the pgid cannot have been reused.
@@ -327,6 +347,10 @@ class _Supervision:
             self.status += data
         else:
             key.data.feed(data)
+
+    def late(self) -> bool:
+        """The guard did not start the command: the go came after its deadline."""
+        return bytes(self.status).startswith(b"late\n")
 
     def exit_code(self) -> int | None:
         line = bytes(self.status).split(b"\n", 1)[0]
