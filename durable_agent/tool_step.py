@@ -19,7 +19,7 @@ from typing import cast
 from pydantic import BaseModel, ValidationError
 
 from durable_agent import approvals, guard
-from durable_agent.errors import DurableAgentError, LeaseLost, LoopExit
+from durable_agent.errors import DurableAgentError, LeaseLost, LoopExit, StoreUnavailable
 from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
@@ -240,10 +240,30 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
         return ToolResult(error=str(exc))
     except DurableAgentError:
         raise  # the store failed (recording the process group): not the tool's result
-    except StartTooLate as exc:  # this process stalled: the run may be another's by now
-        raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
+    except StartTooLate as exc:
+        return _started_too_late(ctx, tool, args, call, step, exc)
     except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def _started_too_late(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None,
+                      exc: Exception) -> ToolResult:
+    """This process stalled between recording the command's pgid and starting it, past the
+    point where its lease surely held: the command never began. A fenced write says so on
+    its row (no pgid): it raises LeaseLost when the run is another's by now. If it lands the
+    run is still ours, and the command gets one more try with a fresh deadline; a store too
+    slow for that twice ends the session (resume then runs the command: it never began)."""
+    if step is None:
+        raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
+    try:
+        step.clear_pgid()
+    except LeaseLost:
+        raise LeaseLost(ctx.state.run_id, f"{exc}; another process took it over") from None
+    if not step.late_once:
+        step.late_once = True
+        return _invoke(ctx, tool, args, call, step)
+    raise StoreUnavailable(f"{exc} twice: recording a command took most of the lease "
+                           "(raise lease_seconds, or look at the store's latency)", ctx.state.run_id) from None
 
 
 def _never_began(ctx: StepContext, call: ToolCall, prior: StepRecord) -> bool:

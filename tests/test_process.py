@@ -297,7 +297,7 @@ HARNESS = textwrap.dedent("""
         cwd=workspace,
         env=command_env(os.environ, run_id="r", call_id="c"),
         timeout_s=120,
-        on_start=lambda pgid: (workspace / "pgid").write_text(str(pgid)) and None,  # no deadline
+        on_start=lambda pgid: (workspace / "pgid").write_text(str(pgid)),  # an int: not a deadline
         sandbox=None,
     )
     (workspace / "harness-finished").write_text("should have been killed")
@@ -332,7 +332,8 @@ def test_command_dies_with_a_harness_killed_by_sigkill(tmp_path: Path) -> None:
             _started_groups.append(pgid)
 
 
-@pytest.mark.parametrize(("go", "starts"), [(b"g -\n", True), (b"g %.6f\n", True), (b"g 1.0\n", False),
+@pytest.mark.parametrize(("go", "starts"), [(b"g -\n", True), (b"g %.6f\n", True), (b"g -\nmore", True),
+                                            (b"g 1.0\n", False), (b"g nan\n", False), (b"g abc\n", False),
                                             (b"x\n", False), (b"", False)])
 def test_the_guard_starts_the_command_only_on_a_go_before_its_deadline(go: bytes, starts: bool, tmp_path: Path) -> None:
     # The harness's own check comes first (run_process); this is the guard's, for a harness

@@ -156,3 +156,48 @@ def test_a_start_hook_whose_write_keeps_failing_stops_the_run_before_the_command
     assert (workspace / "ledger").read_text().split() == ["call_0_0"]  # exactly once
     assert [r[:2] for r in tool_rows(store_url)] == [("completed", True)]
     no_store_words(store_url)
+
+
+@pytest.fixture
+def late(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
+    """The next `times` pgid records return a start deadline already past, as after a stall
+    (a slow store, a frozen process) that the lease survived. Returns the calls seen."""
+    def arm(times: int) -> list[int]:
+        original = Step.set_pgid
+        calls = [0]
+
+        def set_pgid(self: Step, pgid: int) -> float:
+            deadline = original(self, pgid)
+            calls[0] += 1
+            return deadline - 3600 if calls[0] <= times else deadline
+
+        monkeypatch.setattr(Step, "set_pgid", set_pgid)
+        return calls
+
+    return arm
+
+
+def test_a_command_late_to_start_while_the_run_is_still_ours_gets_one_more_try(
+        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path) -> None:
+    calls = late(1)
+    started = run("start", "--json")
+    assert started.code == 0, started.stderr
+    assert calls == [2]  # refused once, started on the second try
+    assert (workspace / "ledger").read_text().split() == ["call_0_0"]
+    assert [r[:2] for r in tool_rows(store_url)] == [("completed", True)]
+
+
+def test_a_command_late_twice_stops_the_run_and_resume_runs_it_without_a_question(
+        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    late(2)
+    started = run("start")
+    assert started.code == 7, started.stderr
+    assert "not started" in started.stderr and "raise lease_seconds" in started.stderr
+    assert not (workspace / "ledger").exists()
+    assert tool_rows(store_url) == [("started", False, None, None)]  # its pgid cleared: it never began
+    monkeypatch.undo()
+    finished = run("resume", "r", "--json")
+    assert finished.code == 0 and finished.json()["status"] == "completed", finished.stderr
+    assert (workspace / "ledger").read_text().split() == ["call_0_0"]
+    assert rows(store_url, "SELECT COUNT(*) FROM approvals WHERE run_id = 'r'") == [(0,)]

@@ -21,6 +21,7 @@ write that finally fails raises, and the session that made it ends without writi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -106,9 +107,10 @@ class Journal:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.engine, self.run_id, self.owner, self.epoch = engine, run_id, owner, epoch
         self.lease = timedelta(seconds=lease_seconds)
-        # CLOCK_BOOTTIME (it goes on through a suspend) when our last checkpoint began: the
-        # lease it wrote runs out `lease` after that, on the store's side (start_deadline).
-        self.lease_clock = time.clock_gettime(time.CLOCK_BOOTTIME)
+        # CLOCK_BOOTTIME (it goes on through a suspend) read just before the `now` of our last
+        # lease renewal (checkpoint or heartbeat): the lease it wrote runs out `lease` after
+        # that, on the store's side (start_deadline). Before the first: no effect may start.
+        self.lease_clock = -math.inf
         self.policy = policy or retrying.StorePolicy()
         self.sleep = sleep
         self._conn: Connection | None = None
@@ -213,8 +215,8 @@ class Journal:
         all_steps = [*self._deferred_steps, *step_rows]
         all_messages = [*self.pending_messages, *message_rows]
         token = os.urandom(16).hex()  # a uuid4's randomness, without building a UUID
+        clock = time.clock_gettime(time.CLOCK_BOOTTIME)  # first: the lease below runs from `now`
         now = utcnow()
-        clock = time.clock_gettime(time.CLOCK_BOOTTIME)
 
         def attempt() -> None:
             conn = self._connection()
@@ -247,7 +249,7 @@ class Journal:
                 self._last_used = time.monotonic()
 
         retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
-        self.lease_clock = clock
+        self.lease_clock = max(self.lease_clock, clock)
         self.message_count += len(all_messages)
         self._deferred_steps.clear()
         self.pending_messages.clear()
@@ -383,6 +385,8 @@ class Journal:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
         # Its own pooled connection, not the writer's: it runs on another thread. Not retried
         # here: a failed renewal is tried again at the next beat.
+        clock = time.clock_gettime(time.CLOCK_BOOTTIME)
         with self.engine.begin() as conn:
             self._fence(conn, utcnow(), None, None)
+        self.lease_clock = max(self.lease_clock, clock)  # (a float store: atomic across threads)
         return self.cancel_seen

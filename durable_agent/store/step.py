@@ -61,6 +61,7 @@ class Step:
         self._has_row = prior is not None
         self._ended = False
         self.tree_before: str | None = prior.tree_before if prior is not None else None
+        self.late_once = False  # a command of this step was refused once as started too late
 
     # -- intent ------------------------------------------------------------------------------
     @property
@@ -107,6 +108,10 @@ class Step:
         self.attempts = attempts
         self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq,
                                              "attempts": attempts, "error": error})])
+
+    def clear_pgid(self) -> None:
+        """The recorded command never started (process.StartTooLate): fenced, like every write."""
+        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": None})])
 
     def set_pgid(self, pgid: int) -> float:
         """The command's process group, committed before the command starts. Returns the

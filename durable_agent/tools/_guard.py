@@ -23,8 +23,8 @@ The guard then SIGKILLs its whole process group, itself included.
 Protocol: the harness writes the line `g DEADLINE` to WATCH_FD once it has recorded the
 pgid; only then does the command start, so an effect never begins before its pgid is
 durable. DEADLINE (CLOCK_BOOTTIME seconds, or `-`) is when the harness's lease on the run
-may be over: a harness frozen between recording the pgid and writing the line (SIGSTOP, a
-paused VM) may have lost the run to another host by then, and the guard answers `late`
+may be over: a harness stalled between recording the pgid and writing the line (SIGSTOP, a
+cgroup freeze) may have lost the run to another host by then, and the guard answers `late`
 instead of starting the command.
 When the command's shell exits, the guard writes `exit N` (N as in
 `os.waitstatus_to_exitcode`: negative for a signal) to STATUS_FD and SIGKILLs the group,
@@ -54,6 +54,13 @@ def _watch_harness(fd: int) -> None:
     _kill_group()
 
 
+def _in_time(deadline: bytes) -> bool:
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME) <= float(deadline)  # nan: never in time
+    except ValueError:
+        return False
+
+
 def main(argv: list[str]) -> int:
     watch_fd, status_fd = int(argv[1]), int(argv[2])
     program = argv[3:]
@@ -67,15 +74,15 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     go = b""
-    while not go.endswith(b"\n"):  # the harness writes nothing after this line
+    while b"\n" not in go:  # the harness writes nothing after this line
         chunk = os.read(watch_fd, 64)
         if not chunk or len(go) > 64:
             return 0  # the harness died or gave up before the effect began: never start it
         go += chunk
-    word, _, deadline = go.strip().partition(b" ")
+    word, _, deadline = go.split(b"\n", 1)[0].partition(b" ")
     if word != b"g":
         return 0
-    if deadline != b"-" and time.clock_gettime(time.CLOCK_BOOTTIME) > float(deadline):
+    if deadline != b"-" and not _in_time(deadline):
         os.write(status_fd, b"late\n")
         return 0
     threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()

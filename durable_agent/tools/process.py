@@ -199,7 +199,10 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
     pgid = proc.pid
     watch = _Supervision(proc, status_r, output_cap)
     try:
-        deadline = on_start(pgid) if on_start is not None else None
+        given = on_start(pgid) if on_start is not None else None
+        # Only a float is a deadline: a hook written before hooks returned one may return
+        # anything (a count of bytes written...), which must not stop its commands.
+        deadline = given if isinstance(given, float) else None
         if cancel is not None and cancel.is_set():
             watch.cancelled = True  # cancelled before it began: it never runs
         else:
@@ -210,8 +213,8 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
                 raise StartTooLate(deadline)
             os.write(watch_w, b"g %.6f\n" % deadline if deadline is not None else b"g -\n")
             watch.run(started + timeout_s, cancel, kill_grace_s)
-            if watch.late():
-                raise StartTooLate(deadline or 0.0)
+            if watch.late() and deadline is not None:
+                raise StartTooLate(deadline)
     finally:
         # Also on exceptions (KeyboardInterrupt included): nothing of the group may survive
         # this call. Killed before the guard is reaped, so the pgid cannot have been reused.
