@@ -101,8 +101,9 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
 
     A budget too small for what a summary keeps verbatim (`_tight`: the task and the last
     turn, with one more like it, pass the threshold) would pay a summary call on every turn
-    and never reach TARGET. There every tool result the model has already seen is elided, the recent ones
-    too (free), and a summary is made only when the request is still over `_tight_bar`."""
+    and never reach TARGET. There every tool result the model has already seen is elided,
+    the recent ones too (free), and a summary is made only when the request is still over
+    `_tight_bar`."""
     s = ctx.state
     budget = request_budget(ctx.settings)
     tight = not forced and _tight(ctx, lead)
@@ -156,8 +157,9 @@ def _tight(ctx: StepContext, lead: list[Message]) -> bool:
         return False
     request = s.view.request(s.messages)
     offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    kept = count(ctx, [*request[:HEAD], *request[last + offset:], *lead])
     turn = count(ctx, request[last + offset:]) - count(ctx, [])  # the last turn alone (no schemas)
-    return count(ctx, [*request[:HEAD], *request[last + offset:], *lead]) + turn > compact_threshold(ctx.settings)
+    return kept + turn > compact_threshold(ctx.settings)
 
 
 def _last_turn(messages: Sequence[Message]) -> int | None:
