@@ -249,11 +249,13 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
 def _started_too_late(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None,
                       exc: Exception) -> ToolResult:
     """This process stalled between recording the command's pgid and starting it, past the
-    point where its lease surely held: the command never began. A fenced write says so on
-    its row (no pgid): it raises LeaseLost when the run is another's by now. If it lands the
-    run is still ours, and the command gets one more try with a fresh deadline; a store too
-    slow for that twice ends the session (resume then runs the command: it never began)."""
-    if step is None:
+    point where its lease surely held: the command never began. For run_command, a fenced
+    write says so on its row (no pgid): it raises LeaseLost when the run is another's by now.
+    If it lands the run is still ours, and the command gets one more try with a fresh
+    deadline; a store too slow for that twice ends the session (resume then runs the
+    command: it never began)."""
+    if step is None or type(tool).__dict__.get(PGID_FIRST) is not True:
+        # Another tool's `run` may have started commands before this one: never run it again.
         raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
     try:
         step.clear_pgid()

@@ -66,10 +66,10 @@ def hook_fails(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
         original = Step.set_pgid
         hits = [0]
 
-        def set_pgid(self: Step, pgid: int) -> None:
+        def set_pgid(self: Step, pgid: int) -> float:
             with failing(times) as now:
                 try:
-                    original(self, pgid)
+                    return original(self, pgid)  # with its deadline: the retries count against it
                 finally:
                     hits[0] += now[0]
 
@@ -201,3 +201,73 @@ def test_a_command_late_twice_stops_the_run_and_resume_runs_it_without_a_questio
     assert finished.code == 0 and finished.json()["status"] == "completed", finished.stderr
     assert (workspace / "ledger").read_text().split() == ["call_0_0"]
     assert rows(store_url, "SELECT COUNT(*) FROM approvals WHERE run_id = 'r'") == [(0,)]
+
+
+def test_a_guard_that_finds_the_go_late_gets_one_more_try_too(
+        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stall after the harness's own check (faked: its clock stands still), before the
+    # go: the guard itself answers `late`.
+    from durable_agent.tools import process
+
+    calls = late(1)
+    monkeypatch.setattr(process, "_boottime", lambda: -1e12)
+    started = run("start", "--json")
+    assert started.code == 0, started.stderr
+    assert calls == [2]
+    assert (workspace / "ledger").read_text().split() == ["call_0_0"]
+    assert [r[:2] for r in tool_rows(store_url)] == [("completed", True)]
+
+
+TWO_COMMANDS = '''
+from typing import ClassVar
+from pydantic import BaseModel
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import ToolContext, ToolResult
+from durable_agent.tools.process import command_env, run_process
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+class TwoCommands:
+    """An exec tool of its own that runs two commands, each through ctx.on_process_start."""
+    name: ClassVar[str] = "two_commands"
+    description: ClassVar[str] = "two commands"
+    args_model: ClassVar[type[BaseModel]] = NoArgs
+    effect: ClassVar[EffectClass] = EffectClass.EXEC
+
+    def run(self, args: NoArgs, ctx: ToolContext) -> ToolResult:
+        for word in ("first", "second"):
+            run_process(f"echo {word} >> ledger", cwd=ctx.workspace, timeout_s=30,
+                        env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
+                        on_start=ctx.on_process_start, sandbox=ctx.sandbox, workspace=ctx.workspace)
+        return ToolResult(output="ran both")
+'''
+
+
+def test_another_exec_tool_late_to_start_its_second_command_is_never_run_again(
+        store_url: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str], tmp_path: Path,
+        env: dict[str, str], workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only run_command is known to start nothing before its one command: another tool's `run`
+    # started its first command already, so it is not tried again (the session ends, exit 6).
+    (tmp_path / "two_commands_tool.py").write_text(TWO_COMMANDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "config.toml"
+    config.write_text('tools = ["two_commands_tool:TwoCommands"]\n')
+    env["DURABLE_AGENT_CONFIG"] = str(config)
+    model = write_script([{"tool_calls": [{"name": "two_commands", "arguments": {}}]}, {"content": "done"}])
+    original = Step.set_pgid
+    calls = [0]
+
+    def set_pgid(self: Step, pgid: int) -> float:
+        deadline = original(self, pgid)
+        calls[0] += 1
+        return deadline - 3600 if calls[0] == 2 else deadline  # the second command is late
+
+    monkeypatch.setattr(Step, "set_pgid", set_pgid)
+    started = cli_inproc("start", "t", "--model", model, "--shell", "allow", "--run-id", "p", "--db", store_url)
+    assert started.code == 6, started.stderr
+    assert "not started" in started.stderr
+    assert (workspace / "ledger").read_text().split() == ["first"]

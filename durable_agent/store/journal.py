@@ -108,8 +108,9 @@ class Journal:
         self.engine, self.run_id, self.owner, self.epoch = engine, run_id, owner, epoch
         self.lease = timedelta(seconds=lease_seconds)
         # CLOCK_BOOTTIME (it goes on through a suspend) read just before the `now` of our last
-        # lease renewal (checkpoint or heartbeat): the lease it wrote runs out `lease` after
-        # that, on the store's side (start_deadline). Before the first: no effect may start.
+        # checkpoint: the lease it wrote runs out `lease` after that, on the store's side
+        # (start_deadline). Not the heartbeat's renewals: a checkpoint that lands after one
+        # writes its own, earlier expiry over it. Before the first: no effect may start.
         self.lease_clock = -math.inf
         self.policy = policy or retrying.StorePolicy()
         self.sleep = sleep
@@ -249,7 +250,7 @@ class Journal:
                 self._last_used = time.monotonic()
 
         retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
-        self.lease_clock = max(self.lease_clock, clock)
+        self.lease_clock = clock
         self.message_count += len(all_messages)
         self._deferred_steps.clear()
         self.pending_messages.clear()
@@ -260,7 +261,8 @@ class Journal:
     def start_deadline(self) -> float:
         """The CLOCK_BOOTTIME by which an effect must have started to be surely inside the
         lease our last checkpoint wrote: START_WITHIN of it, the rest for the clocks of other
-        hosts (which judge its expiry) running ahead of ours."""
+        hosts (which judge its expiry) running ahead of ours, and for a heartbeat that read
+        its time just before that checkpoint and wrote its lease just after."""
         return self.lease_clock + self.lease.total_seconds() * START_WITHIN
 
     def _landed(self, token: str) -> bool:
@@ -385,8 +387,6 @@ class Journal:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""
         # Its own pooled connection, not the writer's: it runs on another thread. Not retried
         # here: a failed renewal is tried again at the next beat.
-        clock = time.clock_gettime(time.CLOCK_BOOTTIME)
         with self.engine.begin() as conn:
             self._fence(conn, utcnow(), None, None)
-        self.lease_clock = max(self.lease_clock, clock)  # (a float store: atomic across threads)
         return self.cancel_seen
