@@ -138,18 +138,26 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     cursor = dbapi_conn.cursor()
 
     def call() -> None:
-        for hook in CURSOR_HOOKS:
-            hook("before", conn)
         if many and conn.dialect.name == "postgresql":
             # Row by row: psycopg's executemany runs in a pipeline of its own, where a process
             # frozen halfway leaves the server waiting for the rest of a query, which no
-            # timeout ends (see `transaction`), its run's row lock held.
+            # timeout ends (see `transaction`), its run's row lock held. (The fault hooks see
+            # each row's statement: a fault can come between two rows.)
             for row in params:
-                cursor.execute(sql, row)
+                one(row)
         elif many:
+            for hook in CURSOR_HOOKS:
+                hook("before", conn)
             cursor.executemany(sql, params)
+            for hook in CURSOR_HOOKS:
+                hook("after", conn)
         else:
-            cursor.execute(sql, params)
+            one(params)
+
+    def one(row: Any) -> None:
+        for hook in CURSOR_HOOKS:
+            hook("before", conn)
+        cursor.execute(sql, row)
         for hook in CURSOR_HOOKS:
             hook("after", conn)
 
