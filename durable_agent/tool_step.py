@@ -168,7 +168,7 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
             use = approval.id
         else:
             use = approvals.settle_by_policy(ctx, call)
-    if type(tool).__dict__.get(PGID_FIRST) is True:  # declared by the class itself, not inherited
+    if _pgid_first(tool):
         step.input = {**step.input, PGID_FIRST: True}  # the attempt's own evidence (_never_began)
     step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
@@ -230,7 +230,8 @@ def _stored_output(ctx: StepContext, call_id: str) -> str | None:
     return None
 
 
-def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None) -> ToolResult:
+def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None, *,
+            late_before: bool = False) -> ToolResult:
     from durable_agent.tools.process import StartTooLate
 
     try:
@@ -241,29 +242,34 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
     except DurableAgentError:
         raise  # the store failed (recording the process group): not the tool's result
     except StartTooLate as exc:
-        return _started_too_late(ctx, tool, args, call, step, exc)
+        return _started_too_late(ctx, tool, args, call, step, exc, again=not late_before)
     except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
 
 
+def _pgid_first(tool: Tool) -> bool:
+    """The tool declares that its one command starts only after its pgid is committed; its
+    class itself, not inherited (a subclass may run commands otherwise)."""
+    return type(tool).__dict__.get(PGID_FIRST) is True
+
+
 def _started_too_late(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None,
-                      exc: Exception) -> ToolResult:
+                      exc: Exception, *, again: bool) -> ToolResult:
     """This process stalled between recording the command's pgid and starting it, past the
     point where its lease surely held: the command never began. For run_command, a fenced
     write says so on its row (no pgid): it raises LeaseLost when the run is another's by now.
     If it lands the run is still ours, and the command gets one more try with a fresh
     deadline; a store too slow for that twice ends the session (resume then runs the
     command: it never began)."""
-    if step is None or type(tool).__dict__.get(PGID_FIRST) is not True:
+    if step is None or not _pgid_first(tool):
         # Another tool's `run` may have started commands before this one: never run it again.
         raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
     try:
         step.clear_pgid()
     except LeaseLost:
         raise LeaseLost(ctx.state.run_id, f"{exc}; another process took it over") from None
-    if not step.late_once:
-        step.late_once = True
-        return _invoke(ctx, tool, args, call, step)
+    if again:
+        return _invoke(ctx, tool, args, call, step, late_before=True)
     raise StoreUnavailable(f"{exc} twice: recording a command took most of the lease "
                            "(raise lease_seconds, or look at the store's latency)", ctx.state.run_id) from None
 

@@ -17,16 +17,21 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conftest import Result
+from pydantic import BaseModel
 from sqlalchemy import Connection, text
 
 from durable_agent import fault_injection
+from durable_agent import tools as registry
+from durable_agent.status import EffectClass
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.prepared import CURSOR_HOOKS
 from durable_agent.store.step import Step
+from durable_agent.tools.base import ToolContext, ToolResult
+from durable_agent.tools.process import command_env, run_process
 
 SCRIPT = [{"tool_calls": [{"name": "run_command", "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"}}]},
           {"content": "done"}]
@@ -219,13 +224,6 @@ def test_a_guard_that_finds_the_go_late_gets_one_more_try_too(
     assert [r[:2] for r in tool_rows(store_url)] == [("completed", True)]
 
 
-TWO_COMMANDS = '''
-from typing import ClassVar
-from pydantic import BaseModel
-from durable_agent.status import EffectClass
-from durable_agent.tools.base import ToolContext, ToolResult
-from durable_agent.tools.process import command_env, run_process
-
 
 class NoArgs(BaseModel):
     pass
@@ -233,6 +231,7 @@ class NoArgs(BaseModel):
 
 class TwoCommands:
     """An exec tool of its own that runs two commands, each through ctx.on_process_start."""
+
     name: ClassVar[str] = "two_commands"
     description: ClassVar[str] = "two commands"
     args_model: ClassVar[type[BaseModel]] = NoArgs
@@ -244,19 +243,14 @@ class TwoCommands:
                         env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
                         on_start=ctx.on_process_start, sandbox=ctx.sandbox, workspace=ctx.workspace)
         return ToolResult(output="ran both")
-'''
 
 
 def test_another_exec_tool_late_to_start_its_second_command_is_never_run_again(
-        store_url: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str], tmp_path: Path,
-        env: dict[str, str], workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        store_url: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str],
+        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Only run_command is known to start nothing before its one command: another tool's `run`
     # started its first command already, so it is not tried again (the session ends, exit 6).
-    (tmp_path / "two_commands_tool.py").write_text(TWO_COMMANDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = tmp_path / "config.toml"
-    config.write_text('tools = ["two_commands_tool:TwoCommands"]\n')
-    env["DURABLE_AGENT_CONFIG"] = str(config)
+    monkeypatch.setitem(registry._custom, TwoCommands.name, TwoCommands())
     model = write_script([{"tool_calls": [{"name": "two_commands", "arguments": {}}]}, {"content": "done"}])
     original = Step.set_pgid
     calls = [0]

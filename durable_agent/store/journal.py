@@ -344,11 +344,11 @@ class Journal:
     def approval_for(self, call_id: str, kind: str, *, used_too: bool = False) -> ApprovalRecord | None:
         """The latest decided, not yet used approval of this call, or a pending one (`used_too`:
         one used already counts as well)."""
-        unused = approvals.c.used_at.is_(None) if not used_too else approvals.c.id.is_not(None)
-        row = self._read(lambda conn: conn.execute(
-            select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
-                                    approvals.c.kind == kind, unused)
-            .order_by(approvals.c.id.desc())).first())
+        query = select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
+                                        approvals.c.kind == kind)
+        if not used_too:
+            query = query.where(approvals.c.used_at.is_(None))
+        row = self._read(lambda conn: conn.execute(query.order_by(approvals.c.id.desc())).first())
         return None if row is None else ApprovalRecord.from_row(row)
 
     # -- run-level writes ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -137,29 +138,24 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     assert dbapi_conn is not None
     cursor = dbapi_conn.cursor()
 
+    def hooked(statement: Callable[[], Any]) -> None:  # the fault hooks see each statement sent
+        for hook in CURSOR_HOOKS:
+            hook("before", conn)
+        statement()
+        for hook in CURSOR_HOOKS:
+            hook("after", conn)
+
     def call() -> None:
         if many and conn.dialect.name == "postgresql":
             # Row by row: psycopg's executemany runs in a pipeline of its own, where a process
             # frozen halfway leaves the server waiting for the rest of a query, which no
-            # timeout ends (see `transaction`), its run's row lock held. (The fault hooks see
-            # each row's statement: a fault can come between two rows.)
+            # timeout ends (see `transaction`), its run's row lock held.
             for row in params:
-                one(row)
+                hooked(functools.partial(cursor.execute, sql, row))
         elif many:
-            for hook in CURSOR_HOOKS:
-                hook("before", conn)
-            cursor.executemany(sql, params)
-            for hook in CURSOR_HOOKS:
-                hook("after", conn)
+            hooked(lambda: cursor.executemany(sql, params))
         else:
-            one(params)
-
-    def one(row: Any) -> None:
-        for hook in CURSOR_HOOKS:
-            hook("before", conn)
-        cursor.execute(sql, row)
-        for hook in CURSOR_HOOKS:
-            hook("after", conn)
+            hooked(lambda: cursor.execute(sql, params))
 
     _driver_call(conn, sql, call, params, cursor)
     return cursor

@@ -61,7 +61,6 @@ class Step:
         self._has_row = prior is not None
         self._ended = False
         self.tree_before: str | None = prior.tree_before if prior is not None else None
-        self.late_once = False  # a command of this step was refused once as started too late
 
     # -- intent ------------------------------------------------------------------------------
     @property
