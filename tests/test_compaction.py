@@ -446,6 +446,13 @@ def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
     assert last[-1]["role"] == "tool" and last[-1]["content"].startswith("file 19\n")
 
 
+def compactions(sql: Callable[..., list[Any]], run_id: str) -> list[tuple[Any, ...]]:
+    """(turn, stage, elided seqs, cut) of a run's completed compactions, in order."""
+    rows = sql("SELECT turn, output FROM steps WHERE run_id = ? AND kind = 'compact' AND state = 'completed' "
+               "ORDER BY seq", run_id)
+    return [(t, o["stage"], o.get("elided"), o.get("start")) for t, o in ((t, json.loads(o)) for t, o in rows)]
+
+
 BIG_TASK = "fix the bug. " + "context " * 700  # ~1.4k tokens: a budget of 2,200 barely holds it
 
 
@@ -472,14 +479,8 @@ def test_a_tight_budget_compacts_the_same_way_through_crashes(
         result = api.cli("resume", "cut", "--json", extra_env=crash)
     assert result.code == 0, result.stderr
     assert kills > 10
-
-    def compactions(run_id: str) -> list[tuple[Any, ...]]:
-        rows = sql("SELECT turn, output FROM steps WHERE run_id = ? AND kind = 'compact' AND state = 'completed' "
-                   "ORDER BY seq", run_id)
-        return [(t, o["stage"], o.get("elided"), o.get("start")) for t, o in ((t, json.loads(o)) for t, o in rows)]
-
-    assert compactions("cut") == compactions("whole")
-    assert any(stage == "summarize" for _, stage, _, _ in compactions("whole"))
+    assert compactions(sql, "cut") == compactions(sql, "whole")
+    assert any(stage == "summarize" for _, stage, _, _ in compactions(sql, "whole"))
     bodies = [json.dumps(r["body"]["messages"]) for r in api.server.requests]
     first, second = bodies[:seen], bodies[seen:]
     assert list(dict.fromkeys(second)) == first  # a request cut off by a kill is made again, nothing else
@@ -531,3 +532,26 @@ def test_a_resume_with_a_smaller_budget_compacts_a_turn_that_compacted_already(
     turn_7 = [o for t, o in outputs(sql, "compact") if t == 7]
     assert [o["stage"] for o in turn_7] == ["elide", "summarize"]
     assert turn_7[1]["tokens_before"] > 1850
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_tight_budget_compacts_the_same_way_through_a_failing_disk(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The store's disk fails for good ("disk I/O error" at every statement from the N-th on)
+    # at points spread over the run, compactions included: the run stops (exit 7) and a
+    # resume once the disk is back makes the compactions of the run that never failed.
+    api = windowed
+    whole = api.start("--json", "--max-context-tokens", "2200", "--run-id", "whole")
+    assert whole.code == 0, whole.stderr
+    for at in (50, 100, 150, 200):
+        rid = f"disk{at}"
+        fault = {**api.cli_env(), "DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "io_error",
+                 "DURABLE_AGENT_FAULT_REPEAT": "100"}
+        stopped = api.cli("start", "fix the bug", *api.model_flags(), "--json", "--max-context-tokens", "2200",
+                          "--run-id", rid, extra_env=fault)
+        assert stopped.code == 7, (at, stopped.stderr)
+        resumed = api.resume(rid, "--json")
+        assert resumed.code == 0, (at, resumed.stderr)
+        assert compactions(sql, rid) == compactions(sql, "whole"), at

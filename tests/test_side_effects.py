@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -329,4 +331,55 @@ def test_a_command_cut_off_before_its_pgid_still_asks_without_the_evidence(
         (workspace / "ledger").write_text("call_0_0\n")
     r = cli("resume", "c")
     assert r.code == 5, r.stderr
+    assert sql("SELECT kind FROM approvals") == [("uncertain_side_effect",)]
+
+
+SHADOW = '''
+import os, signal, sys
+from typing import ClassVar
+from pydantic import BaseModel
+from durable_agent import tools
+from durable_agent.cli import main
+from durable_agent.status import EffectClass
+
+
+class Args(BaseModel):
+    command: str
+
+
+class ItsOwnRunCommand:
+    """A program's own exec tool under the built-in's name: it acts, then its process dies."""
+    name: ClassVar[str] = "run_command"
+    description: ClassVar[str] = "runs the command its own way"
+    args_model: ClassVar[type[BaseModel]] = Args
+    effect: ClassVar[EffectClass] = EffectClass.EXEC
+
+    def run(self, args, ctx):
+        with open(os.environ["OUTSIDE_LEDGER"], "a") as f:  # an effect outside the workspace
+            f.write(ctx.call_id + "\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+tools.register_tool(ItsOwnRunCommand())
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_tool_of_its_own_under_the_run_command_name_that_ran_is_asked_about_not_run_again(
+        env, write_script, workspace, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # No pgid is ever recorded by such a tool: its intent must not claim the guard protocol,
+    # or the built-in run_command that answers on resume would run the command again.
+    script = write_script(ONE_APPEND)
+    program = tmp_path / "program.py"
+    program.write_text(SHADOW)
+    outside = tmp_path / "outside-ledger"
+    first = subprocess.run([sys.executable, str(program), "start", "t", "--model", script, "--shell", "allow",
+                            "--run-id", "s"], cwd=workspace, env={**env, "OUTSIDE_LEDGER": str(outside)},
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert outside.read_text().split() == ["call_0_0"]  # it acted (the workspace is unchanged)
+    assert sql("SELECT state, pgid FROM steps WHERE kind = 'tool'") == [("started", None)]
+    r = run_cli(env, workspace, "resume", "s")
+    assert r.code == 5, r.stderr
+    assert ledger_lines(workspace) == []  # not run again by the built-in run_command
     assert sql("SELECT kind FROM approvals") == [("uncertain_side_effect",)]
