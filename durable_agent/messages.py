@@ -243,15 +243,15 @@ class HistoryHash:
         fields = [message.role, message.content, message.tool_call_id]
         for call in message.tool_calls:
             fields += [call.id, call.name, call.arguments]
-        update = self._sha.update
-        update(len(fields).to_bytes(4, "big"))
+        # One update per message (the digest is of the bytes in order, however they are fed).
+        parts = [len(fields).to_bytes(4, "big")]
         for text in fields:
             if text is None:
-                update(b"\xff\xff\xff\xff")  # None differs from ""
+                parts.append(b"\xff\xff\xff\xff")  # None differs from ""
                 continue
             data = text.encode("utf-8")
-            update(len(data).to_bytes(4, "big"))
-            update(data)
+            parts += (len(data).to_bytes(4, "big"), data)
+        self._sha.update(b"".join(parts))
 
     @property
     def digest(self) -> str:

@@ -107,14 +107,22 @@ def test_an_existing_store_on_a_read_only_file_system(cli: Callable[..., Result]
                    "cannot use the store")
 
 
-@pytest.mark.parametrize("command", [["list"], ["show", "x"]])
 def test_list_and_show_of_a_store_on_a_read_only_file_system(cli: Callable[..., Result], read_only_dir: Path,
-                                                             real_db: Path, command: list[str]) -> None:
-    """The plain read (store/sqlite_reads.py) cannot open the WAL's shared memory there: it
-    steps aside and the store's own refusal is the answer, one line."""
+                                                             real_db: Path) -> None:
+    """A backup or a snapshot: the plain read (store/sqlite_reads.py) opens it as it is
+    (immutable: nobody can write it there), where SQLite would need to create its -shm.
+    What it cannot answer (a run that is not there) is refused in one line, saying why."""
     shutil.copy(real_db, read_only_dir / "store.db")
     make_read_only(read_only_dir)
-    one_error_line(cli(*command, "--db", str(read_only_dir / "store.db")), "cannot use the store")
+    db = ["--db", str(read_only_dir / "store.db")]
+    listed = cli("list", "--json", *db)
+    assert listed.code == 0, listed.stderr
+    (run,) = json.loads(listed.stdout)
+    shown = cli("show", run["id"], *db)
+    assert shown.code == 0 and run["id"] in shown.stdout, shown.stderr
+    one_error_line(cli("show", "x", *db), "cannot use the store", "its folder is read-only")
+    one_error_line(cli("export", run["id"], *db), "cannot use the store", "its folder is read-only")
+    assert sorted(p.name for p in read_only_dir.iterdir()) == ["store.db"]  # no -shm, no -wal made
 
 
 # -- settings ------------------------------------------------------------------------------------

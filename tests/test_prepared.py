@@ -5,7 +5,11 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -152,6 +156,124 @@ def test_a_transaction_left_idle_longer_than_the_lease_is_ended_by_the_server() 
         with engine.connect() as conn:
             assert conn.execute(select(runs.c.answer)).scalar() is None  # rolled back
         engine.dispose()
+
+
+class _FreezingProxy:
+    """A TCP relay to PostgreSQL that stops passing the client's bytes halfway through the
+    first statement holding `marker`, as if the client froze mid-send (SIGSTOP, a paused VM:
+    its kernel keeps the connection open, its process sends no more)."""
+
+    def __init__(self, upstream: tuple[str, int], marker: bytes) -> None:
+        self.upstream, self.marker, self.frozen = upstream, marker, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self.sockets: list[socket.socket] = []
+        self._start(self._accept)
+
+    def _start(self, target: Any, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.sockets += (client, server)
+            self._start(self._pump, client, server, True)
+            self._start(self._pump, server, client, False)
+
+    def _pump(self, src: Any, dst: Any, from_client: bool) -> None:
+        seen = b""
+        try:
+            while chunk := src.recv(65536):
+                if from_client and self.frozen.is_set():
+                    continue  # frozen: nothing more reaches the server
+                if from_client:
+                    window = seen[-len(self.marker):] + chunk
+                    at = window.find(self.marker)
+                    if at >= 0:  # pass the marker's first half, then freeze
+                        cut = at - (len(window) - len(chunk)) + len(self.marker) // 2
+                        dst.sendall(chunk[:max(cut, 0)])
+                        self.frozen.set()
+                        continue
+                    seen = window
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            # The server ended the session: the client learns it (a frozen client would on thawing).
+            if not from_client:
+                self._cut(src, dst)
+
+    @staticmethod
+    def _cut(*socks: socket.socket) -> None:
+        for sock in socks:  # shutdown, not only close: it wakes a recv blocked in another thread
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        """Cut every connection (the test's own way out if the server never ends the session)."""
+        self.listener.close()
+        self._cut(*self.sockets)
+
+
+@pytest.mark.postgres
+def test_a_statement_half_sent_by_an_owner_that_froze_does_not_hold_the_run() -> None:
+    """An owner frozen while sending a row larger than its socket's buffer leaves part of the
+    statement with the server. Sent with server-side binding, the row's values follow the
+    statement's text (Bind after Parse) and the server, reading a query already begun, waits
+    with the run's row locked and no timeout ends it. Bound into the text, the statement is
+    one message: the server is still idle in the transaction, ends it after the lease, and
+    the lock goes (engine._client_binding: every statement of the store, Core's too)."""
+    import psycopg
+    from scale_helpers import PG_URL, _libpq_url, pg_schema
+    from sqlalchemy.engine import make_url
+
+    marker = b"FROZEN-HALFWAY-" + b"%d" % id(object())
+    fence = Prepared(update(runs).where(runs.c.id == bindparam("b_id")).returning(runs.c.cancel_requested))
+    with pg_schema() as url:
+        parsed = make_url(url)
+        proxy = _FreezingProxy((parsed.host or "127.0.0.1", parsed.port or 5432), marker)
+        engine = open_store_engine(parsed.set(host="127.0.0.1", port=proxy.port)
+                                   .render_as_string(hide_password=False), lease_seconds=1.5)
+        try:
+            Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
+                                     first_messages=[Message("system", "s")])
+            big = Message("tool", marker.decode() + "x" * 400_000, tool_call_id="c1")
+            with engine.connect() as conn, psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
+                pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+                assert conn.connection.dbapi_connection.cursor_factory is psycopg.ClientCursor  # type: ignore[union-attr]
+                conn.rollback()
+
+                def gone() -> bool:
+                    return side.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() is None
+
+                cut = threading.Timer(20, proxy.close)  # a way out, not the way it should end
+                cut.start()
+                started = time.monotonic()
+                with pytest.raises(DBAPIError) as caught, prepared.transaction(conn):
+                    assert prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": "lost"})) is not None
+                    prepared.run_core(conn, insert(messages), {"run_id": "r", "seq": 1, "role": "tool",
+                                                               "content": big.content, "tool_call_id": "c1",
+                                                               "created_at": WHEN})
+                cut.cancel()
+                assert proxy.frozen.is_set()
+                assert time.monotonic() - started < 15, "the server kept the frozen owner's session"
+                assert retrying.is_transient(caught.value)
+                wait_for(gone, 10, "the server to end the session of the frozen owner")
+                side.execute(f"SET search_path = {parsed.query['options'].split('=')[-1]}")
+                side.execute("SET lock_timeout = '5s'")
+                side.execute("UPDATE runs SET answer = 'taken' WHERE id = 'r'")  # the lock went with it
+                assert side.execute("SELECT count(*) FROM messages WHERE seq = 1").fetchone() == (0,)
+        finally:
+            engine.dispose()
+            proxy.close()
 
 
 def test_a_connection_lost_inside_psycopgs_pipeline_is_transient_and_lost() -> None:

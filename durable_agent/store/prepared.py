@@ -51,7 +51,9 @@ class Rendered:
     positional: bool
 
     def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
-        out = [values[n] if p is None else p(values[n]) for n, p in zip(self.names, self.processors, strict=True)]
+        # None is SQL NULL for every processor: a step row is mostly NULLs.
+        out = [v if (v := values[n]) is None or p is None else p(v)
+               for n, p in zip(self.names, self.processors, strict=True)]
         return tuple(out) if self.positional else dict(zip(self.names, out, strict=True))
 
 
@@ -136,7 +138,7 @@ def transaction(conn: Connection) -> Iterator[None]:
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
-    cursor = dbapi_conn.cursor()
+    cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: one message a statement (engine.py)
 
     def hooked(statement: Callable[[], Any]) -> None:  # the fault hooks see each statement sent
         for hook in CURSOR_HOOKS:

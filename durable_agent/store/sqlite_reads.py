@@ -98,9 +98,7 @@ def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
     try:
         if not stat.S_ISREG(os.stat(file).st_mode) or os.path.getsize(file) == 0:
             return None
-        # mode=rw: never create the file (the whole way makes a new store, with its schema).
-        conn = sqlite3.connect(f"{Path(file).as_uri()}?mode=rw", uri=True, timeout=_BUSY_TIMEOUT_S,
-                               isolation_level=None)
+        conn = _connect(Path(file))
     except (OSError, ValueError, sqlite3.Error):
         return None
     try:
@@ -113,6 +111,27 @@ def _read(db: str, query: Callable[[sqlite3.Connection], T]) -> T | None:
         return None
     finally:
         conn.close()
+
+
+def _connect(file: Path) -> sqlite3.Connection:
+    """mode=rw: never create the file (the whole way makes a new store, with its schema). A
+    store we may not write is opened read-only; on a read-only filesystem (a backup, a
+    snapshot) where SQLite cannot create the WAL's -shm, `immutable`: true there, as nobody
+    can write it through this mount (a writer elsewhere leaves its -shm, and mode=ro reads it)."""
+    def connect(query: str) -> sqlite3.Connection:
+        return sqlite3.connect(f"{file.as_uri()}?{query}", uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+
+    if os.access(file, os.W_OK) and os.access(file.parent, os.W_OK):
+        return connect("mode=rw")
+    conn = connect("mode=ro")
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+        if not os.statvfs(file.parent).f_flag & os.ST_RDONLY:
+            raise
+    return connect("mode=ro&immutable=1")
 
 
 def _find_run_id(conn: sqlite3.Connection, prefix: str) -> str:
