@@ -43,6 +43,7 @@ TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is ma
 KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at least one turn)
 SUMMARY_INPUT = 0.6  # of the budget: the most a summary request may hold
 MESSAGE_CHARS = 4_000  # of one message in the summary request (the rest is cut in the middle)
+SUMMARY_SHARE = 0.15  # of the budget: the most a summary may take of every request after it
 SUMMARY_PROMPT = (
     "Summarize the conversation below for a continuation of the same task by an agent that "
     "will not see it again. Write a structured summary with these sections: Task; Decisions "
@@ -85,8 +86,9 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
         # stand, so a resume sends what the first session would have. An elide that said a
         # summary follows, cut off by a crash before it, gets that summary now; only a request
         # over the budget (a resume with a smaller --max-context-tokens) compacts again.
-        cut = _cut(ctx, request_budget(ctx.settings)) if s.view.summary_due else None
-        if cut is not None:
+        budget = request_budget(ctx.settings)
+        cut = _cut(ctx, budget) if s.view.summary_due else None
+        if cut is not None and _summary_helps(ctx, tokens, cut, budget):  # as the first session decided
             _summarize(ctx, lead, tokens, cut=cut)
         elif tokens > request_budget(ctx.settings):
             compact(ctx, lead, tokens)
@@ -121,8 +123,24 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
     cut = _cut(ctx, budget)
     if cut is None:
         return bool(elided)
+    if not forced and not _summary_helps(ctx, tokens, cut, budget):
+        return bool(elided)
     _summarize(ctx, lead, tokens, cut=cut)
     return True
+
+
+def _summary_helps(ctx: StepContext, tokens: float, cut: int, budget: int) -> bool:
+    """False when even an empty summary up to `cut` would leave the request over the budget
+    (the newest results alone pass it): a call paid every turn for a request a little
+    smaller. A provider that refuses the request forces one (model_step), and fails the run
+    if none helps. Tokens of what the summary replaces: the last summary and the messages."""
+    s = ctx.state
+    request = s.view.request(s.messages)
+    offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    counter = text_counter(ctx.model.name)
+    first = max(s.view.start, HEAD) + offset - (1 if s.view.summary is not None else 0)
+    replaced = sum(count_message(m, counter) for m in request[first:cut + offset]) * s.calibration
+    return tokens - replaced <= budget
 
 
 def _tight_bar(ctx: StepContext) -> float:
@@ -245,6 +263,9 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
     model = _summary_model(ctx)
     intent = {"stage": "summarize", "start": cut, "from": max(s.view.start, HEAD), "tokens_before": before,
               "model": model.name, "request_hash": digest}
+    # A summary of this turn cut off or refused before (a resume under another budget asks
+    # for another one) is not the one made now.
+    ctx.journal.forget_superseded(StepKind.COMPACT, s.turn, key)
     with ctx.journal.step(key, StepKind.COMPACT, intent, turn=s.turn) as step:
         earlier = step.attempts - 1
         ctx.observer.step(StepEvent(step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts))
@@ -254,8 +275,16 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
             step.fail(f"compaction summary failed: {exc}", counters=ctx.counters())
+            if exc.failure.reason == "context_length":
+                # The summary's own request, not the run's (which model_step retries once after
+                # a forced compaction): that would summarize the same messages again.
+                raise ModelError(
+                    f"compacting the context failed: the summary request was refused as too long ({exc}); "
+                    f"it holds up to {SUMMARY_INPUT:.0%} of the context budget. Lower context_window or "
+                    "--max-context-tokens, or set compact_model to a model with a larger window, then resume",
+                    attempts=exc.attempts) from None
             raise
-        summary = ctx.redactor.redact((answer.content or "").strip()) or "(the summary came back empty)"
+        summary = _summary_text(ctx, answer, cut)
         usage = answer.usage
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
@@ -266,6 +295,35 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         step.attempts = earlier + attempts
         step.complete(output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens))
     _tell(ctx, step.seq, f"summarized messages {intent['from']}-{cut - 1}", before, after)
+
+
+_EMPTY = "(the summary came back empty)"
+_BEFORE = "\n\nThe summary before it:\n"
+
+
+def _summary_text(ctx: StepContext, answer: ModelTurn, cut: int) -> str:
+    """The summary as kept: redacted; never nothing (an empty answer, or tool calls only,
+    still says which results can be read again); at most SUMMARY_SHARE of the budget, or
+    the requests after it would pass the budget (cut there, and said so)."""
+    s = ctx.state
+    text = ctx.redactor.redact((answer.content or "").strip())
+    if not text:
+        # Every result replaced so far, newest first (a cut at the cap drops the oldest), then
+        # what the last summary the model wrote said.
+        ids = [m.tool_call_id for m in reversed(s.messages[HEAD:cut]) if m.role == "tool" and m.tool_call_id]
+        last = s.view.summary or ""
+        last = last.partition(_BEFORE)[2] if last.startswith(_EMPTY) else last
+        text = (f"{_EMPTY} The earlier messages were compacted without one; their tool results can be read "
+                f"again with read_output(call_id), newest first: {', '.join(ids) or 'none'}."
+                + (f"{_BEFORE}{last}" if last else ""))
+    if answer.finish_reason == "length":
+        text += "\n[the summary was cut off at the model's length limit]"
+    limit = request_budget(ctx.settings) * SUMMARY_SHARE
+    tokens = text_counter(ctx.model.name)(text) * s.calibration
+    if tokens > limit:
+        note = "\n[summary cut: it was longer than its share of the context]"
+        text = text[:max(int(len(text) * limit / tokens) - len(note), 0)] + note
+    return text
 
 
 class _LocalSummary:

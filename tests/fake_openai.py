@@ -165,6 +165,10 @@ class FakeOpenAI:
             for fault in faults:
                 self._faults.append({"times": 1, **fault})
 
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
     def start(self) -> FakeOpenAI:
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()

@@ -555,3 +555,109 @@ def test_a_tight_budget_compacts_the_same_way_through_a_failing_disk(
         resumed = api.resume(rid, "--json")
         assert resumed.code == 0, (at, resumed.stderr)
         assert compactions(sql, rid) == compactions(sql, "whole"), at
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+def test_a_summary_refused_as_too_long_fails_the_run_saying_so_and_resume_does_not_brick_it(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The configured window is larger than the provider's real one for the summary request:
+    # its own 400 is not the run's request hitting the wall (which compacts once more and
+    # retries): summarizing the same messages again was a second row under the same key.
+    windowed.server.add_faults([{"kind": "summary", **CONTEXT_REFUSAL, "times": 100}])
+    result = windowed.start("--json", "--max-context-tokens", "2600")
+    assert result.code == 1, result.stderr
+    out = result.json()
+    assert (out["status"], out["stop_reason"]) == ("failed", "model_error")
+    assert "the summary request was refused as too long" in out["error"], out["error"]
+    assert "IntegrityError" not in result.stderr + out["error"]
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 1  # not summarized twice
+    for _ in range(2):  # each resume tries once more (the provider may have changed), and stops the same way
+        again = windowed.resume(out["run_id"], "--json")
+        assert again.code == 1, again.stderr
+        assert "the summary request was refused as too long" in again.json()["error"]
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 3
+    keys = [k for (k,) in sql("SELECT idempotency_key FROM steps WHERE kind = 'compact' AND state = 'failed'")]
+    assert len(keys) == len(set(keys)) == 1  # one row, tried three times
+    assert sql("SELECT attempts FROM steps WHERE kind = 'compact' AND state = 'failed'") == [(3,)]
+    windowed.server.clear_faults()
+    done = windowed.resume(out["run_id"], "--json")
+    assert done.code == 0, done.stderr
+    assert done.json()["answer"] == "read them all"
+
+
+@pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.parametrize("answer", [
+    {"message": {"role": "assistant", "content": "HUGE summary text. " * 20_000}},
+    {"message": {"role": "assistant", "content": "a summary that was cut " * 50}, "finish_reason": "length"},
+    {"message": {"role": "assistant", "content": ""}},
+    {"message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}},
+], ids=["huge", "length", "empty", "tool-calls"])
+def test_an_odd_summary_answer_keeps_the_requests_under_the_budget_and_what_was_dropped_findable(
+        windowed: Endpoint, sql: Callable[..., list[Any]], answer: dict[str, Any]) -> None:
+    windowed.server.add_faults([{"kind": "summary", **answer, "times": 100}])
+    result = windowed.start("--json", "--max-context-tokens", "2600")
+    assert result.code == 0, result.stderr
+    turns = [r["prompt_tokens"] for r in windowed.server.requests if r["kind"] == "turn"]
+    assert len(turns) == 13 and max(turns) <= 2600  # a 380 KB summary once sent 96k tokens
+    summaries = [o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
+    assert summaries
+    for text in summaries:
+        assert len(text) <= 0.15 * 2600 * 6  # its share of the budget (a token is rarely over 6 characters)
+        if "huge" in json.dumps(answer).lower():
+            assert text.endswith("[summary cut: it was longer than its share of the context]")
+        elif answer.get("finish_reason") == "length":
+            assert "[the summary was cut off at the model's length limit]" in text
+        else:  # nothing usable came: the dropped results can still be read again, by id
+            assert text.startswith("(the summary came back empty)") or "(the summary came back empty)" in text
+            assert "read_output(call_id), newest first: call_" in text
+
+
+@pytest.mark.parametrize("windowed", [8], indirect=True)
+def test_results_larger_than_the_budget_do_not_pay_a_summary_every_turn(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # Each turn reads 16 KB (~4k tokens) under a 2,000-token budget (output_cap lets that
+    # through): the newest result alone passes it, so no summary can bring a request under.
+    # Summarizing the little before it each turn (5 calls in 7 turns, 1% smaller each) gives
+    # way to eliding, which is free; the provider's window (larger here) is the judge.
+    write_files(windowed.workspace, 8, size=16_384)
+    result = windowed.start("--json", "--max-context-tokens", "2000")
+    assert result.code == 0, result.stderr
+    assert result.json()["answer"] == "read them all"
+    assert sum(r["kind"] == "summary" for r in windowed.server.requests) == 0
+    assert sum(o["stage"] == "elide" for _, o in outputs(sql, "compact")) >= 5  # the free stage still runs
+
+
+@pytest.mark.parametrize("windowed", [8], indirect=True)
+def test_a_resume_after_an_elide_that_no_summary_could_help_decides_the_same(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # The elide of such a turn says a summary may follow; the resume must weigh it the same
+    # way the first session did (none), not pay for one the uninterrupted run never made.
+    write_files(windowed.workspace, 8, size=16_384)
+    whole = windowed.start("--json", "--max-context-tokens", "2000", "--run-id", "whole")
+    assert whole.code == 0, whole.stderr
+    second_elide = [t for t, o in outputs(sql, "compact") if o["stage"] == "elide"][1]
+    windowed.configure(retry_max_attempts=1, models={MODEL: {"context_window": WINDOW}})
+    windowed.server.add_faults([{"turn": second_elide, "status": 401}])
+    before = len(windowed.server.requests)
+    assert windowed.start("--json", "--max-context-tokens", "2000", "--run-id", "cut").code == 1
+    assert windowed.resume("cut", "--json").code == 0
+    stages = {rid: [(t, json.loads(o)["stage"]) for r, t, o in rows if r == rid]
+              for rows in [sql("SELECT run_id, turn, output FROM steps WHERE kind = 'compact' "
+                               "AND state = 'completed' ORDER BY seq")] for rid in ("whole", "cut")}
+    assert stages["cut"] == stages["whole"]
+    assert not any(r["kind"] == "summary" for r in windowed.server.requests[before:])
+
+
+@pytest.mark.parametrize("windowed", [40], indirect=True)
+def test_empty_summaries_again_and_again_still_name_every_result_they_replaced(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    windowed.server.add_faults([{"kind": "summary", "message": {"role": "assistant", "content": ""}, "times": 1000}])
+    result = windowed.start("--json", "--max-context-tokens", "2600")
+    assert result.code == 0, result.stderr
+    summaries = [o for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
+    assert len(summaries) > 2
+    last = summaries[-1]
+    replaced = [i for (i,) in sql("SELECT tool_call_id FROM messages WHERE role = 'tool' AND seq < ?", last["start"])]
+    assert replaced and all(i in last["summary"] for i in replaced), last["summary"]
+    assert last["summary"].count("(the summary came back empty)") == 1  # not nested

@@ -135,6 +135,10 @@ class Journal:
         another key means the history differs from the recorded one: `StepMismatch`.
         """
         prior = self.open_steps.get(key)
+        if prior is None and key in self.failed_keys:
+            # Failed earlier in this session: tried again on its own row, as a resume would
+            # (one row a key; a second insert would be refused by the store).
+            prior = self.recorded(key)
         if prior is None:
             for other in self.open_steps.values():
                 if other.kind == kind and other.turn == turn and other.call_id == call_id:
@@ -332,9 +336,13 @@ class Journal:
 
     def completed(self, key: str) -> StepRecord | None:
         """The completed step with this key, if one was recorded (e.g. a passed verification)."""
+        found = self.recorded(key)
+        return found if found is not None and found.state == StepState.COMPLETED else None
+
+    def recorded(self, key: str) -> StepRecord | None:
+        """The step with this key, in whatever state it was recorded, if it was."""
         row = self._read(lambda conn: conn.execute(select(steps).where(
-            steps.c.run_id == self.run_id, steps.c.idempotency_key == key,
-            steps.c.state == StepState.COMPLETED.value)).first())
+            steps.c.run_id == self.run_id, steps.c.idempotency_key == key)).first())
         return None if row is None else StepRecord.from_row(row)
 
     def cancel_requested(self) -> bool:
