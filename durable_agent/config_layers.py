@@ -103,6 +103,22 @@ def store_files(db: str) -> tuple[str, ...]:
     return (str(file), f"{file}-wal", f"{file}-shm", f"{file}-journal", str(file.parent / "mcp-logs"))
 
 
+def own_files(db: str, config: Path | None) -> tuple[str, ...]:
+    """The harness's own files, real paths: its config file and its SQLite store's files, and
+    their folder too when it is the harness's own (`durable-agent`: other stores, logs)."""
+    paths: list[str] = []
+    if config is not None:
+        paths.append(str(config))  # real path below: a config linked in from a dotfiles folder
+        if config.parent.name == "durable-agent":
+            paths.append(str(config.parent))
+    files = store_files(db)
+    if files:
+        paths += files
+        if Path(files[0]).parent.name == "durable-agent":
+            paths.append(str(Path(files[0]).parent))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))
+
+
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 

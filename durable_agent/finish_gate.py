@@ -12,7 +12,7 @@ from durable_agent.messages import Message
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.step_context import StepContext
-from durable_agent.tools.os_sandbox import resolve_sandbox
+from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.process import command_env, run_process
 from durable_agent.workspace import recorder
 
@@ -37,7 +37,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
             out = run_process(command, cwd=ctx.settings.workspace, timeout_s=ctx.settings.command_timeout_s,
                               env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
                               output_cap=ctx.settings.output_cap // 2, cancel=ctx.cancel,
-                              sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env))
+                              sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db))
         redact = ctx.redactor.redact
         # The end of a test run's output says what failed: keep the tail, not the head.
         text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())

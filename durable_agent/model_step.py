@@ -194,15 +194,17 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
     string the model writes (a test fixture) is an effect, written and run byte for byte.
     """
     used = ctx.state.used_call_ids
+    known = ctx.redactor
     fixed = []
     for i, call in enumerate(calls):
-        cid = call.id
+        cid = known.redact_known(call.id)  # the name and id too: both are stored and sent back
         if not cid or cid in used:
             cid = f"call_{turn}_{i}"
             while cid in used:
                 cid += "_"
         used.add(cid)
-        fixed.append(ToolCall(id=cid, name=call.name, arguments=ctx.redactor.redact_known(call.arguments)))
+        fixed.append(ToolCall(id=cid, name=known.redact_known(call.name),
+                              arguments=known.redact_known_arguments(call.arguments)))
     return tuple(fixed)
 
 

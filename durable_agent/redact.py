@@ -24,11 +24,13 @@ garble ordinary output, and its regex plugins cover the same shapes as below.)
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 # A credential-looking name: any of these anywhere in the name...
 _SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
@@ -151,19 +153,39 @@ class Redactor:
         harness's own secrets, which must never reach a file, a command or the store."""
         return text if self._known is None else self._known.sub(self._replace, text)
 
+    def redact_known_arguments(self, arguments: str) -> str:
+        """`redact_known` for a tool call's JSON arguments: also a value spelt with escapes
+        (`\\u0073k-...`), which the tool would receive decoded. Re-encoded only when a secret
+        was found in a decoded string; otherwise the text stays byte for byte."""
+        if self._known is None:
+            return arguments
+        text = self._known.sub(self._replace, arguments)
+        try:
+            decoded = json.loads(text)
+        except (ValueError, RecursionError):
+            # Not JSON (the call fails, but is stored and sent back): its \uXXXX escapes read.
+            spelt = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+            cleaned_text = self._known.sub(self._replace, spelt)
+            return text if cleaned_text == spelt else cleaned_text
+        cleaned = self._walk(decoded, self.redact_known)
+        return text if cleaned == decoded else json.dumps(cleaned, ensure_ascii=False)
+
     def redact_json(self, obj: T) -> T:
         """A copy of a JSON-like value with every string (keys included) redacted."""
         return self._redact_any(obj)  # type: ignore[no-any-return]
 
     def _redact_any(self, obj: Any) -> Any:
+        return self._walk(obj, self.redact)
+
+    def _walk(self, obj: Any, redact: Callable[[str], str]) -> Any:
         if isinstance(obj, str):
-            return self.redact(obj)
+            return redact(obj)
         if isinstance(obj, dict):
-            return {self._redact_any(k): self._redact_any(v) for k, v in obj.items()}
+            return {self._walk(k, redact): self._walk(v, redact) for k, v in obj.items()}
         if isinstance(obj, list):
-            return [self._redact_any(v) for v in obj]
+            return [self._walk(v, redact) for v in obj]
         if isinstance(obj, tuple):
-            return tuple(self._redact_any(v) for v in obj)
+            return tuple(self._walk(v, redact) for v in obj)
         return obj
 
 

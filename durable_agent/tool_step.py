@@ -38,7 +38,7 @@ from durable_agent.tools.base import (
     WriteTool,
 )
 from durable_agent.tools.limits import cap_text
-from durable_agent.tools.os_sandbox import resolve_sandbox
+from durable_agent.tools.os_sandbox import for_run
 from durable_agent.workspace import recorder
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
@@ -218,7 +218,7 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
                        output_cap=ctx.settings.output_cap, env=ctx.env,
                        command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
                        on_process_start=on_start,
-                       sandbox=resolve_sandbox(ctx.settings.sandbox, ctx.settings.network, ctx.env),
+                       sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
                        stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db)
 
 

@@ -176,3 +176,33 @@ def test_the_store_kept_from_file_tools_is_the_file_the_store_opens(workspace: P
     builtin = build_tools("deny")["write_file"]
     with pytest.raises(ToolFailure, match="own store"):
         builtin.run(builtin.args_model.model_validate({"path": name, "content": "new"}), ctx)
+
+
+@pytest.mark.parametrize(("folder", "order"), [
+    ("vendor/", ["config", "HEAD", "objects/info/.keep", "refs/heads/.keep"]),
+    ("vendor/", ["refs/heads/.keep", "objects/info/.keep", "config", "HEAD"]),
+    ("vendor/", ["config", "HEAD", "commondir"]),
+    ("", ["config", "HEAD", "objects/info/.keep", "refs/heads/.keep"]),  # the workspace itself, bare
+], ids=["config-first", "head-last", "commondir", "workspace-root"])
+def test_file_writes_one_by_one_do_not_assemble_a_repository(workspace: Path, tmp_path: Path,
+                                                             folder: str, order: list[str]) -> None:
+    # Each write alone lands in a folder that is not yet a git dir; together they would make
+    # `vendor/` one whose config runs a program at the next `git status` there, outside any
+    # sandbox. The write that would complete the shape is refused, and git finds no repository.
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    pwned = tmp_path / "PWNED"
+    contents = {"config": f'[core]\n\trepositoryformatversion = 0\n\tworktree = ..\n\tfsmonitor = "touch {pwned}; false"\n',
+                "HEAD": "ref: refs/heads/main\n", "commondir": "../.git\n"}
+    results = [call(workspace, "write_file", path=f"{folder}{p}", content=contents.get(p, "")) for p in order]
+    assert results[-1].error and "git directory" in results[-1].error, results
+    assert all(r.error is None for r in results[:-1]), results  # the harmless part went through
+    if folder:
+        subprocess.run(["git", "init", "-q", str(workspace)], check=True)  # as a user's checkout would be
+    for command in (["status"], ["diff"], ["config", "-l"]):
+        subprocess.run(["git", *command], cwd=workspace / folder, capture_output=True, timeout=30,
+                       env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace.parent)})
+    assert not pwned.exists()

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -517,3 +518,46 @@ def test_a_planted_commondir_is_removed_but_never_through_a_link_out(tmp_path: P
                      "another repository's config when you run git there"]
     assert not (ws / ".git" / "commondir").exists()
     assert (outside / ".git" / "commondir").read_text() == "theirs\n"
+
+
+def test_commands_see_neither_the_harness_config_nor_its_store(  # type: ignore[no-untyped-def]
+        env, workspace, write_script) -> None:
+    # The config file may hold the API key (redaction catches it whole, not split in two),
+    # and the store holds every run's history and approvals: bubblewrap hides both (the
+    # folder, where it is the harness's own; else the files). Outside /tmp, which the
+    # sandbox replaces anyway: as under a home directory.
+    import forked_cli
+
+    need_bwrap()
+    home = Path(tempfile.mkdtemp(prefix="da-hide-", dir="/var/tmp"))
+    try:
+        key = "sk-proj-" + "CONFIGKEY0987654321zyxwvuTSRQ"
+        conf_dir = home / "config" / "durable-agent"
+        conf_dir.mkdir(parents=True)
+        (conf_dir / "config.toml").write_text(f'api_key = "{key}"\n')
+        store = home / "elsewhere" / "store.db"
+        store.parent.mkdir()
+        env = {**env, "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data"),
+               "DURABLE_AGENT_DB": f"sqlite:///{store}"}
+        reads = (f"cut -c1-20 {conf_dir}/config.toml; cut -c21- {conf_dir}/config.toml; "
+                 f"ls -A {conf_dir} | wc -l; cat {store} | wc -c; cat {store}-wal | wc -c; echo end")
+
+        def start(run_id: str, command: str, env: dict[str, str]) -> str:
+            proc = forked_cli.run(["start", "t", "--model", write_script(_turns(command)), "--shell", "allow",
+                                   "--run-id", run_id], env=env, cwd=workspace, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            db = Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")) if "DURABLE_AGENT_DB" in env \
+                else home / "data" / "durable-agent" / "durable-agent.db"
+            return _tool_outputs(db, run_id)[0]
+
+        out = start("hide1", reads, env)
+        assert "CONFIGKEY" not in out and "No such file" in out, out
+        assert [line for line in out.splitlines() if line.strip().isdigit()] == ["0", "0", "0"], out  # all empty
+        # The default store, in the harness's own data folder: the whole folder is hidden.
+        data = home / "data" / "durable-agent"
+        listed = start("hide2", f"ls -A {data} | wc -l; echo end",
+                       {k: v for k, v in env.items() if k != "DURABLE_AGENT_DB"})
+        assert (data / "durable-agent.db").stat().st_size > 0  # it is there, on the host
+        assert [line for line in listed.splitlines() if line.strip().isdigit()] == ["0"], listed
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

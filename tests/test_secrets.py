@@ -131,3 +131,32 @@ def _tool_message(db: Path, run_id: str) -> str:
 
     with sqlite3.connect(db) as conn:
         return str(conn.execute("SELECT content FROM messages WHERE run_id=? AND role='tool'", (run_id,)).fetchone()[0])
+
+
+def test_the_harness_secret_spelt_with_json_escapes_or_as_a_tool_name_is_replaced_too(  # type: ignore[no-untyped-def]
+        cli, write_script, workspace, db_path) -> None:
+    # A model that has the key (the promise is for exactly that case) can spell it with JSON
+    # escapes, which the tool receives decoded, or send it as a tool's name, which is stored
+    # and sent back: neither may reach a file, a command or the store.
+    own = "tok-" + secrets.token_hex(16)
+    escaped = "\\u00" + own[:1].encode().hex() + own[1:]  # "\u0074ok-...": JSON for the same text
+    script = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": '{"command": "printf %s ' + escaped + ' > ran.txt"}'}]},
+        {"tool_calls": [{"name": "write_file", "arguments": '{"path": "w.txt", "content": "' + escaped + '"}'}]},
+        {"tool_calls": [{"name": own, "arguments": {"path": "a"}}]},
+        {"tool_calls": [{"name": "write_file", "arguments": '{"path": "bad.txt", "content": "' + escaped + '"'}]},
+        {"tool_calls": [{"name": "write_file", "arguments": '{"path": "plain.txt", "content": "caf\\u00e9 \\u0041"}'}]},
+        {"content": "done"},
+    ])
+    r = cli("start", "t", "--model", script, "--run-id", "escsecret", "--shell", "allow",
+            extra_env={"DEPLOY_TOKEN": own})
+    assert r.code == 0, r.stderr
+    assert (workspace / "ran.txt").read_text() == "[REDACTED:DEPLOY_TOKEN]"
+    assert (workspace / "w.txt").read_text() == "[REDACTED:DEPLOY_TOKEN]"
+    assert (workspace / "plain.txt").read_text() == "café A"  # no secret: decoded as written
+    stored = _db_bytes(db_path)
+    assert own.encode() not in stored and own[1:].encode() not in stored
+    assert b'caf\\\\u00e9 \\\\u0041' in stored or b"caf\\u00e9 \\u0041" in stored  # its arguments as sent
+    for args in (["show", "escsecret"], ["export", "escsecret"], ["show", "escsecret", "--json"]):
+        shown = cli(*args)
+        assert shown.code == 0 and own not in shown.stdout

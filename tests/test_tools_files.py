@@ -204,3 +204,32 @@ def test_an_unreadable_file_is_an_error_not_an_exception(workspace: Path,
     with pytest.raises(ToolFailure, match="locked.txt: permission denied"):
         write.plan(write.args_model.model_validate({"path": "locked.txt", "content": "y"}), ctx)
     assert call(workspace, "read_file", path="locked.txt").error == "locked.txt: permission denied"
+
+
+def test_a_huge_file_is_refused_without_reading_it_into_memory(workspace: Path) -> None:
+    # A command can make a file of any size (`truncate -s 100G`); the harness held what a
+    # file tool read in memory, all of it (2 GB of RSS for a 2 GB file, to say "binary").
+    import tracemalloc
+
+    size = 256 << 20
+    with open(workspace / "big.txt", "wb") as f:
+        f.truncate(size)  # sparse: takes no disk
+    tracemalloc.start()
+    try:
+        for name, args in (("read_file", {"path": "big.txt", "limit": 1}),
+                           ("edit_file", {"path": "big.txt", "old_string": "a", "new_string": "b"})):
+            out = call(workspace, name, **args)
+            assert out.error and "more than the 64 MiB a file tool reads" in out.error, out
+        assert call(workspace, "search_text", pattern="x").error is None  # skipped, the search goes on
+        assert file_sha(workspace / "big.txt") == _zeros_sha(size)  # a hash streams: any size
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
+def _zeros_sha(size: int) -> str:
+    h, chunk = sha256(), bytes(1 << 20)
+    for _ in range(size >> 20):
+        h.update(chunk)
+    return h.hexdigest()

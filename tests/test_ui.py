@@ -290,3 +290,36 @@ def test_open_hands_the_address_to_the_browser_with_the_token(env, tmp_path) -> 
     finally:
         stop(proc)
     assert opened.read_text().splitlines() == [f"{url}?token={secret}"]  # opening it sets the cookie
+
+
+def test_an_agents_command_with_the_network_on_cannot_act_through_the_view(
+        cli, write_script, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # With the network on, a sandboxed command shares the loopback: it can read every page
+    # of a view started without --token, the CSRF token in it included. Acting takes the key
+    # in the link the view printed (in the person's terminal), which no page carries.
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    url = env["DURABLE_AGENT_DB"]
+    make_runs(cli, write_script, url)
+    proc, address = start_ui(env, url, log=tmp_path / "ui.log")
+    try:
+        attack = ("import re, urllib.request, urllib.parse, urllib.error as e\n"
+                  f"page = urllib.request.urlopen('{address}runs/wait').read().decode()\n"
+                  "csrf = re.search('data-csrf=\"([^\"]+)\"', page).group(1)\n"
+                  "body = urllib.parse.urlencode({'csrf': csrf, 'by': 'mallory'}).encode()\n"
+                  "try:\n"
+                  f"    print('status', urllib.request.urlopen('{address}runs/wait/approve', body).status)\n"
+                  "except e.HTTPError as x:\n"
+                  "    print('status', x.code)\n")
+        script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {
+            "command": f"python3 -c \"$(cat <<'EOF'\n{attack}EOF\n)\""}}]}, {"content": "tried"}])
+        r = cli("start", "t", "--model", script, "--shell", "allow", "--network", "on", "--run-id", "agent")
+        assert r.code == 0, r.stderr
+        store = open_store(url)
+        told = [m.content for m in store.messages("agent") if m.role == "tool"][0]
+        assert "status 401" in told, told
+        assert store.approvals("wait") == [] or store.approvals("wait")[0].decision is None
+        assert store.get_run("wait").status == "blocked"
+    finally:
+        stop(proc)

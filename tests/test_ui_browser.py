@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from scale_helpers import Workers, in_ci, wait_for
-from ui_support import make_runs, open_store, start_ui, stop, synthetic_run
+from ui_support import make_runs, open_store, printed_link, start_ui, stop, synthetic_run
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "ui"
@@ -132,6 +132,7 @@ def test_approve_in_the_browser_and_the_run_continues(cli, write_script, env, wo
     workers = Workers({**env, "DURABLE_AGENT_DB": url}, url, tmp_path / "logs")
     workers.start("--poll", "0.2", "--quiet")
     try:
+        page.goto(printed_link(tmp_path / "ui.log"))  # the link with its key, as a person opens it
         page.goto(address + "runs/wait")
         assert page.locator("#header .status").inner_text() == "blocked"
         _shot(page, "blocked-run")

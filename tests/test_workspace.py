@@ -429,3 +429,24 @@ def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspac
     assert "store" not in da(["diff", "in", "--stat", *db], env, workspace).stdout.replace("durable", "")
     shown = da(["show", "in", *db], env, workspace).stdout  # the store was not overwritten by the run
     assert "completed" in shown and "this run's own store" in shown
+
+
+def test_a_fifo_or_endless_file_planted_as_gitignore_does_not_hang_the_snapshot(
+        env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # A command plants a FIFO (whose open waits for a writer for good) and a link to
+    # /dev/zero (endless) where the scan reads ignore rules. Each session that scanned
+    # there hung: the run, its cancel, every resume. git does not read a .gitignore that
+    # is a link, and nothing but a regular file is read.
+    turns = [{"tool_calls": [{"name": "run_command", "arguments": {
+        "command": "mkfifo .gitignore && mkdir sub && ln -s /dev/zero sub/.gitignore && echo '*.log' > keep.txt "
+                   "&& mkfifo pipe && echo x > a.log"}}]},
+             {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo more >> keep.txt"}}]},
+             {"content": "done"}]
+    done = _start(env, workspace, write_script(turns), "ff")
+    assert done.returncode == 0, done.stderr
+    stat = json.loads(da(["diff", "ff", "--json"], env, workspace, timeout=30).stdout)
+    assert {c["path"] for c in stat["changes"]} == {"keep.txt", "a.log", "sub/.gitignore"}  # the link, as a link
+    restored = da(["restore", "ff", "--at", "3", "--to", str(workspace.parent / "r")], env, workspace, timeout=30)
+    assert restored.returncode == 0, restored.stderr
+    assert (workspace.parent / "r" / "keep.txt").read_text().startswith("*.log\n")
+    assert not (workspace.parent / "r" / "pipe").exists()  # not a file: not in the snapshot

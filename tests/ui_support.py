@@ -37,8 +37,12 @@ def client(url: str, *, token: str | None = None, user: str = "tester", poll_s: 
     from durable_agent.ui.security import Access
 
     store = open_store(url)
-    app = build_app(UiConfig(store=store, access=Access(token=token), user=user, poll_s=poll_s))
-    return TestClient(app, base_url="http://127.0.0.1:8765")
+    access = Access(token=token)
+    app = build_app(UiConfig(store=store, access=access, user=user, poll_s=poll_s))
+    client = TestClient(app, base_url="http://127.0.0.1:8765")
+    if token is None:  # as a person who opened the printed link: may act
+        client.get(f"/?token={access.key}")
+    return client
 
 
 def csrf_of(html: str) -> str:
@@ -72,6 +76,13 @@ def start_ui(env: dict[str, str], url: str, *flags: str, log: Path) -> tuple[sub
         return found.group(1) if found else None
 
     return proc, str(wait_for(address, 30, "the ui's address"))
+
+
+def printed_link(log: Path) -> str:
+    """The whole link the ui printed first (with the key that acting takes)."""
+    found = re.search(r"durable-agent ui: (http://\S+)", log.read_text())
+    assert found, log.read_text()
+    return found.group(1)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

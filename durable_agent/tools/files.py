@@ -6,6 +6,7 @@ import errno
 import fnmatch
 import glob
 import hashlib
+import io
 import os
 import re
 import stat
@@ -29,6 +30,7 @@ from durable_agent.tools.sandbox import escapes, relative, resolve
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 MAX_LIST_ENTRIES = 1000
+MAX_READ_BYTES = 64 << 20  # what a file tool reads into memory at most (the rest: a command)
 MAX_MATCHES = 200
 MAX_SEARCH_FILE_BYTES = 2_000_000
 
@@ -44,7 +46,9 @@ def file_sha(path: Path, shown: str | None = None) -> str | None:
     """
     shown = shown or path.as_posix()
     try:
-        return sha256_bytes(regular_bytes(path, shown))
+        f, _ = _open_regular(path, shown)
+        with f:
+            return hashlib.file_digest(f, "sha256").hexdigest()  # in chunks: any size
     except FileNotFoundError:
         return None
     except IsADirectoryError:
@@ -56,23 +60,38 @@ def file_sha(path: Path, shown: str | None = None) -> str | None:
 
 
 def regular_bytes(path: Path, shown: str) -> bytes:
-    """The bytes of a regular file (or OSError). A FIFO, socket or device is refused, never
-    read: opening a FIFO that has no writer would block the harness for good (no signal gets
-    it out of the open), and a device can be endless."""
+    """The bytes of a regular file of at most MAX_READ_BYTES (or OSError, or ToolFailure):
+    the harness holds what it reads in memory, and a command can make a file of any size
+    (`truncate -s 100G`)."""
+    f, size = _open_regular(path, shown)
+    with f:
+        data = f.read(MAX_READ_BYTES + 1) if size <= MAX_READ_BYTES else b""
+    if size > MAX_READ_BYTES or len(data) > MAX_READ_BYTES:
+        raise ToolFailure(f"{shown} is {max(size, len(data)):,} bytes, more than the {MAX_READ_BYTES >> 20} MiB a "
+                          "file tool reads; read parts of it with a command (head, tail, sed -n)")
+    return data
+
+
+def _open_regular(path: Path, shown: str) -> tuple[io.BufferedReader, int]:
+    """A regular file, open for reading, and its size (or OSError). A FIFO, socket or device
+    is refused, never read: opening a FIFO that has no writer would block the harness for
+    good (no signal gets it out of the open), and a device can be endless."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a socket
             raise ToolFailure(f"{shown} is not a regular file (a socket)") from None
         raise
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    mode = st.st_mode
+    if not stat.S_ISREG(mode):
+        f.close()
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or other special file"
-            raise ToolFailure(f"{shown} is not a regular file ({kind})")
-        return f.read()
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or other special file"
+        raise ToolFailure(f"{shown} is not a regular file ({kind})")
+    return f, st.st_size
 
 
 def _not_a_directory(path: Path, shown: str) -> str:

@@ -145,16 +145,26 @@ def inside_git_dir(target: Path, root: Path, requested: str = "") -> bool:
     if ".git" in rel.parts:
         return True
     here = root
-    for part in rel.parts[:-1] if rel.parts else ():
-        here = here / part
-        if _looks_like_git_dir(here):
+    for part in ("", *rel.parts[:-1]):  # the workspace itself too (a bare repository's layout)
+        here = here / part if part else here
+        if _looks_like_git_dir(here, target):
             return True
     return False
 
 
-def _looks_like_git_dir(path: Path) -> bool:
-    return ((path / "HEAD").is_file() and (path / "objects").is_dir()
-            and (path / "refs").is_dir())
+def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
+    """The shape git recognises a repository by (HEAD, with objects/ and refs/ or a
+    `commondir`), counting what `writing` is about to create: writes made one by one (the
+    config first, while the folder is not yet a repository) must not assemble one."""
+
+    def made(name: str, *, folder: bool) -> bool:
+        entry = path / name
+        if writing is not None and (writing == entry if not folder else writing.is_relative_to(entry)):
+            return True
+        return entry.is_dir() if folder else entry.is_file()
+
+    return made("HEAD", folder=False) and (
+        (made("objects", folder=True) and made("refs", folder=True)) or made("commondir", folder=False))
 
 
 def _gitfile_target(path: str) -> str | None:

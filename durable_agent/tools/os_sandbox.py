@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
@@ -78,6 +78,7 @@ class Sandbox:
     bwrap: str | None = None
     landlock_abi: int = 0
     problem: str = ""  # why no mechanism is available (mechanism NONE)
+    hide: tuple[str, ...] = ()  # the harness's own files, never seen by a command (`for_run`)
 
     @property
     def enforced(self) -> bool:
@@ -140,6 +141,27 @@ class Launch:
     cleanup: Callable[[], None] = field(default=lambda: None)
     notes: Callable[[], list[str]] = field(default=lambda: [])
     """After the command: what it did to git internals (see gitguard.git_changes)."""
+
+
+def for_run(mode: str, network: bool, env: Mapping[str, str], db: str | None) -> Sandbox:
+    """`resolve_sandbox`, hiding the harness's own files from what it runs: its config file
+    (which may hold the API key) and its store (every run's history and approvals). Only
+    bubblewrap can hide a path inside a readable tree; Landlock grants reading by tree."""
+    # Every tool call asks (the hot path): kept by what it depends on.
+    key = (mode, network, db, *(env.get(k) for k in ("PATH", NO_LANDLOCK_ENV, "DURABLE_AGENT_CONFIG",
+                                                     "XDG_CONFIG_HOME", "XDG_DATA_HOME", "HOME")))
+    found = _FOR_RUN.get(key)
+    if found is None:
+        found = resolve_sandbox(mode, network, env)
+        if found.mechanism is Mechanism.BUBBLEWRAP:
+            from durable_agent.config_layers import default_config_path, default_db_url, own_files
+
+            found = replace(found, hide=own_files(db or default_db_url(env), default_config_path(env)))
+        _FOR_RUN[key] = found
+    return found
+
+
+_FOR_RUN: dict[tuple[object, ...], Sandbox] = {}
 
 
 def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:
@@ -317,6 +339,13 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
             args += ["--bind", str(path), str(path)]
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
+    # Last: nothing mounted after re-exposes them. A folder that holds the workspace stays,
+    # its files go one by one (a read of /dev/null: nothing; a write: refused).
+    folders = [own for own in sandbox.hide if os.path.isdir(own) and not workspace.is_relative_to(own)]
+    args += [arg for own in folders for arg in ("--tmpfs", own)]
+    for own in sandbox.hide:
+        if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
+            args += ["--ro-bind", "/dev/null", own]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
              "--cap-drop", "ALL"]
     if not sandbox.network:

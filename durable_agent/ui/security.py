@@ -3,7 +3,10 @@
 - with a token, every request carries it: `Authorization: Bearer TOKEN`, or the cookie
   that `/?token=TOKEN` sets (the address bar then drops the token: a redirect);
 - without one (loopback only), the Host header must be a loopback name, so a page on
-  another site cannot reach the view by rebinding a DNS name to 127.0.0.1;
+  another site cannot reach the view by rebinding a DNS name to 127.0.0.1; pages may be
+  read, but acting (a POST) takes the key the command printed in its link, made anew at
+  each start: a program on this machine (an agent's command, with the network on, shares
+  the loopback) can read every page and the CSRF token in it, but not the terminal;
 - a POST must come from our own pages: an Origin, when sent, must be this host, and the
   form must carry the CSRF token that only our pages hold (no CORS headers are ever sent,
   so another site cannot read it);
@@ -42,9 +45,19 @@ HEADERS = [  # what every answer says about itself
 class Access:
     token: str | None = None
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # to act, without a token
 
     def token_ok(self, offered: str | None) -> bool:
         return self.token is None or (offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()))
+
+    def act_ok(self, offered: str | None) -> bool:
+        """May act (POST): holds the token, or without one the key of the printed link."""
+        secret = self.token if self.token is not None else self.key
+        return offered is not None and hmac.compare_digest(offered.encode(), secret.encode())
+
+    @property
+    def link_secret(self) -> str:
+        return self.token if self.token is not None else self.key
 
     def csrf_ok(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.csrf.encode())
@@ -97,8 +110,8 @@ class Guard:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         given = query.get("token", [None])[0]
-        if self.access.token is not None and given is not None and scope["method"] == "GET":
-            if not self.access.token_ok(given):
+        if given is not None and scope["method"] == "GET":
+            if not self.access.act_ok(given):
                 await _plain(send, 401, "wrong token")
                 return
             rest = urlencode({k: v for k, v in query.items() if k != "token"}, doseq=True)
@@ -110,6 +123,10 @@ class Guard:
             await _plain(send, 401, "a token is needed: open /?token=TOKEN or send Authorization: Bearer TOKEN")
             return
         if scope["method"] not in ("GET", "HEAD"):
+            if not self.access.act_ok(_offered_token(headers)):
+                await _plain(send, 401, "acting on a run takes the key in the link `durable-agent ui` printed: "
+                                        "open that link once (it sets a cookie), then act")
+                return
             origin = headers.get("origin")
             if origin is not None and origin != "null" and urlsplit(origin).netloc != headers.get("host"):
                 await _plain(send, 403, "cross-origin request refused")

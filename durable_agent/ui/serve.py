@@ -89,10 +89,11 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     port = sock.getsockname()[1]
     shown = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{shown}:{port}/"
-    # The first line is the address (tests and scripts read it); the token link only when asked.
-    print(f"durable-agent ui: {url} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    # The first line is the address (tests and scripts read it). A token given is not
+    # printed back; without one, the link carries the key that acting takes (security.py).
+    link = url + f"?token={access.link_secret}"
+    print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
     if options.open_browser:
-        link = url + (f"?token={options.token}" if options.token else "")
         threading.Timer(0.5, webbrowser.open, args=(link,)).start()
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2)

@@ -143,11 +143,10 @@ class Scanner:
         known = self._ignores.get(rel_dir)
         if known is not None and known[0] == key:
             return known[1]
-        try:
-            with open(path, "rb") as f:
-                lines = f.read().decode("utf-8", "surrogateescape").splitlines()
-        except OSError:
-            lines = []
+        # Only a regular file, as git reads it (it does not follow an in-tree .gitignore that
+        # is a link): a FIFO planted there would block the open for good, /dev/zero never end.
+        data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
+        lines = (data or b"").decode("utf-8", "surrogateescape").splitlines()
         spec = _spec(lines)
         self._ignores[rel_dir] = (key, spec)
         self._decisions.clear()  # a .gitignore changed: every decision is made again
@@ -260,13 +259,34 @@ class Scanner:
             if st.st_size > self.size_cap:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
-            with open(path, "rb") as f:
-                data = f.read()
+            found = _regular_bytes(path, self.size_cap)
         except OSError:
             return None  # vanished or unreadable between the listing and now
+        if found is None:
+            return None  # no longer the regular file listed
+        data = found
         digest = hashlib.sha256(data).hexdigest()
         out.contents[digest] = data
         return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, digest, size=len(data))
+
+
+MAX_IGNORE_BYTES = 4 << 20  # of one .gitignore (not the snapshot's cap: its rules apply whatever that is)
+
+
+def _regular_bytes(path: bytes, cap: int) -> bytes | None:
+    """The bytes of `path` if it is (still) a regular file of at most `cap` bytes, else None.
+    Opened without following a link and without blocking (a FIFO opens at once), then
+    checked on the open file, so nothing put there since the listing can hang the scan."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+            return None
+        data = f.read(cap + 1)
+    return data if len(data) <= cap else None
 
 
 _scanners: dict[tuple[str, tuple[str, ...], int], Scanner] = {}
