@@ -120,7 +120,7 @@ class ToolSet:
         server's own env on top, contained like a command by the run's OS sandbox."""
         from durable_agent.mcp.client import Launch, ServerFailed
         from durable_agent.mcp.tools import log_path
-        from durable_agent.tools.os_sandbox import SandboxUnavailable, prepare, resolve_sandbox
+        from durable_agent.tools.os_sandbox import SandboxUnavailable, for_run, prepare
         from durable_agent.tools.process import command_env
 
         if config.url is not None:
@@ -138,7 +138,7 @@ class ToolSet:
         program = shutil.which(config.command, path=self.env.get("PATH")) or config.command
         if not Path(program).is_absolute() and "/" not in program:
             raise ServerFailed(f"MCP server {name!r}: command {config.command!r} not found on PATH")
-        sandbox = resolve_sandbox(s.sandbox, s.network, self.env)
+        sandbox = for_run(s.sandbox, s.network, self.env, s.db)
         try:
             # The server's program, its cwd and the files its arguments name (a script) are
             # the server's own: carried into the sandbox even from under /tmp.

@@ -248,7 +248,8 @@ def test_a_statement_half_sent_by_an_owner_that_froze_does_not_hold_the_run() ->
             big = Message("tool", marker.decode() + "x" * 400_000, tool_call_id="c1")
             with engine.connect() as conn, psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
                 pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
-                assert conn.connection.dbapi_connection.cursor_factory is psycopg.ClientCursor  # type: ignore[union-attr]
+                factory = conn.connection.dbapi_connection.cursor_factory  # type: ignore[union-attr]
+                assert issubclass(factory, psycopg.ClientCursor)
                 conn.rollback()
 
                 def gone() -> bool:
@@ -329,3 +330,56 @@ def test_sqlites_datetime_text_is_cores(value: Any) -> None:
     dialect = sqlite.dialect()
     core = DateTime().dialect_impl(dialect).bind_processor(dialect)
     assert prepared._processor(DateTime(), dialect)(value) == core(value)
+
+
+@pytest.mark.postgres
+def test_rows_core_sends_many_at_once_go_one_at_a_time_so_a_frozen_sender_holds_nothing() -> None:
+    """Core's executemany (a snapshot's blobs, a run's first messages): psycopg sends the rows
+    in a pipeline, and mid-pipeline the server waits for the rest of a query, the first rows'
+    index entries locked, with no timeout. A `start` frozen in its first snapshot then held
+    every other run that wrote a file of the same content. One statement at a time, the
+    server ends the frozen transaction after the lease (engine._client_binding)."""
+    import hashlib
+    import zlib
+
+    import psycopg
+    from scale_helpers import PG_URL, _libpq_url, pg_schema
+    from sqlalchemy.engine import make_url
+
+    from durable_agent.store.blobs import _insert_ignore, save_statements
+    from durable_agent.store.schema import workspace_blobs
+
+    def blob(data: bytes) -> dict[str, Any]:
+        return {"hash": hashlib.sha256(data).hexdigest(), "size": len(data), "data": zlib.compress(data)}
+
+    common, second = blob(b"a LICENSE, say\n" * 100), blob(b"the second file")
+    with pg_schema() as url:
+        parsed = make_url(url)
+        proxy = _FreezingProxy((parsed.host or "127.0.0.1", parsed.port or 5432), second["hash"].encode())
+        engine = open_store_engine(parsed.set(host="127.0.0.1", port=proxy.port)
+                                   .render_as_string(hide_password=False), lease_seconds=1.5)
+        ended: list[BaseException] = []
+
+        def snapshot() -> None:
+            try:
+                save_statements(engine, [(_insert_ignore(engine, workspace_blobs), [common, second])],
+                                retrying.StorePolicy(max_attempts=1))
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                ended.append(exc)
+
+        writer = threading.Thread(target=snapshot, daemon=True)
+        writer.start()
+        try:
+            wait_for(proxy.frozen.is_set, 30, "the relay to freeze on the second blob")
+            with psycopg.connect(_libpq_url(PG_URL), autocommit=True) as side:
+                side.execute(f"SET search_path = {parsed.query['options'].split('=')[-1]}")
+                side.execute("SET lock_timeout = '15s'")
+                started = time.monotonic()
+                side.execute("INSERT INTO workspace_blobs (hash, size, data) VALUES (%s, %s, %s) "
+                             "ON CONFLICT DO NOTHING", (common["hash"], common["size"], common["data"]))
+                assert time.monotonic() - started < 10  # the lease (1.5 s) and a margin, not for good
+            writer.join(30)
+            assert ended and "idle-in-transaction timeout" in str(ended[0]), ended  # ended by the server
+        finally:
+            engine.dispose()
+            proxy.close()

@@ -561,3 +561,28 @@ def test_commands_see_neither_the_harness_config_nor_its_store(  # type: ignore[
         assert [line for line in listed.splitlines() if line.strip().isdigit()] == ["0"], listed
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_config_made_or_relinked_while_a_worker_lives_is_hidden_at_once(tmp_path: Path) -> None:
+    # A worker process lives on while the user makes the config file, or points its link at
+    # another dotfile: the next command must not see either.
+    from durable_agent.tools.os_sandbox import for_run, hidden
+
+    need_bwrap()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_DATA_HOME": str(tmp_path / "data")}
+    env.pop("DURABLE_AGENT_CONFIG", None)
+    db = f"sqlite:///{tmp_path / 'elsewhere' / 'store.db'}"
+    sandbox = for_run("workspace-write", False, env, db)  # asked once, as a worker's tool calls share it
+    folder = tmp_path / "config" / "durable-agent"
+    assert not any(h.startswith(str(folder)) for h in hidden(sandbox))
+    folder.mkdir(parents=True)
+    (tmp_path / "dots").mkdir()
+    (tmp_path / "dots" / "a.toml").write_text('model = "a"\n')
+    (tmp_path / "dots" / "b.toml").write_text('model = "b"\n')
+    (folder / "config.toml").symlink_to(tmp_path / "dots" / "a.toml")
+    made = hidden(for_run("workspace-write", False, env, db))
+    assert str(tmp_path / "dots" / "a.toml") in made and str(folder) in made
+    (folder / "config.toml").unlink()
+    (folder / "config.toml").symlink_to(tmp_path / "dots" / "b.toml")
+    relinked = hidden(for_run("workspace-write", False, env, db))
+    assert str(tmp_path / "dots" / "b.toml") in relinked and str(tmp_path / "dots" / "a.toml") not in relinked

@@ -81,12 +81,23 @@ def _client_binding(driver: str) -> dict[str, Any]:
     text (`ClientCursor`, as psycopg2 always did), each statement is one message; halfway
     through it the server is still idle in the transaction, and the timeout below ends it
     (tests/test_prepared.py stops a checkpoint halfway through a 400 KB row). The cost: the
-    values are quoted in Python, ~13% more of the client's CPU a step (instructions)."""
+    values are quoted in Python, ~13% more of the client's CPU a step (instructions).
+    Several rows (Core's executemany: snapshot blobs, a run's first messages) go one statement
+    at a time, each waiting for its answer: psycopg sends them in a pipeline, and mid-pipeline
+    the server waits for the rest of a query, where no timeout applies either."""
     if driver != "psycopg":
         return {}
     from psycopg import ClientCursor
 
-    return {"connect_args": {"cursor_factory": ClientCursor}}
+    class OneAtATime(ClientCursor[Any]):
+        def executemany(self, query: Any, params_seq: Any, *, returning: bool = False) -> None:
+            if returning:  # results of each statement kept: only psycopg's own way does that
+                super().executemany(query, params_seq, returning=True)
+                return
+            for params in params_seq:
+                self.execute(query, params)
+
+    return {"connect_args": {"cursor_factory": OneAtATime}}
 
 
 def _end_idle_transactions(engine: Engine, lease_seconds: float) -> None:

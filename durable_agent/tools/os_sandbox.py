@@ -78,7 +78,7 @@ class Sandbox:
     bwrap: str | None = None
     landlock_abi: int = 0
     problem: str = ""  # why no mechanism is available (mechanism NONE)
-    hide: tuple[str, ...] = ()  # the harness's own files, never seen by a command (`for_run`)
+    own: tuple[str | None, ...] = ()  # where the harness's own files are (`for_run`, `hidden`)
 
     @property
     def enforced(self) -> bool:
@@ -147,21 +147,37 @@ def for_run(mode: str, network: bool, env: Mapping[str, str], db: str | None) ->
     """`resolve_sandbox`, hiding the harness's own files from what it runs: its config file
     (which may hold the API key) and its store (every run's history and approvals). Only
     bubblewrap can hide a path inside a readable tree; Landlock grants reading by tree."""
-    # Every tool call asks (the hot path): kept by what it depends on.
-    key = (mode, network, db, *(env.get(k) for k in ("PATH", NO_LANDLOCK_ENV, "DURABLE_AGENT_CONFIG",
-                                                     "XDG_CONFIG_HOME", "XDG_DATA_HOME", "HOME")))
+    # Every tool call asks (the hot path): no file is looked at here, only where to look
+    # when a command starts (`hidden`: a worker lives on while a config file is made).
+    where = tuple(env.get(k) for k in _OWN_ENV)
+    key = (mode, network, db, env.get("PATH"), env.get(NO_LANDLOCK_ENV), *where)
     found = _FOR_RUN.get(key)
     if found is None:
         found = resolve_sandbox(mode, network, env)
         if found.mechanism is Mechanism.BUBBLEWRAP:
-            from durable_agent.config_layers import default_config_path, default_db_url, own_files
+            from durable_agent.config_layers import default_db_url
 
-            found = replace(found, hide=own_files(db or default_db_url(env), default_config_path(env)))
+            found = replace(found, own=(db or default_db_url(env), *where))
         _FOR_RUN[key] = found
     return found
 
 
 _FOR_RUN: dict[tuple[object, ...], Sandbox] = {}
+_OWN_ENV = ("DURABLE_AGENT_CONFIG", "XDG_CONFIG_HOME", "HOME")
+
+
+def hidden(sandbox: Sandbox, carry: Sequence[Path] = ()) -> tuple[str, ...]:
+    """The harness's own files as they are now (config_layers.own_files), but a carried
+    program's (an MCP server's script kept in the config folder stays)."""
+    if not sandbox.own:
+        return ()
+    from durable_agent.config_layers import default_config_path, own_files
+
+    db, *where = sandbox.own
+    env = {k: v for k, v in zip(_OWN_ENV, where, strict=True) if v is not None}
+    found = own_files(db or "", default_config_path(env))
+    mine = [os.path.realpath(c) for c in carry]
+    return tuple(h for h in found if not any(m == h or m.startswith(os.path.join(h, "")) for m in mine))
 
 
 def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:
@@ -268,7 +284,8 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
-    wrapped = bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=keep) if sandbox.bwrap else []
+    wrapped = (bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+               if sandbox.bwrap else [])
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
@@ -315,7 +332,7 @@ def in_tmp(paths: Iterable[Path], workspace: Path) -> list[Path]:
 
 
 def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
-               keep: Sequence[Path] = ()) -> list[str]:
+               keep: Sequence[Path] = (), hide: Sequence[str] = ()) -> list[str]:
     assert sandbox.bwrap is not None
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
@@ -341,9 +358,9 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
             args += ["--ro-bind", str(path), str(path)]
     # Last: nothing mounted after re-exposes them. A folder that holds the workspace stays,
     # its files go one by one (a read of /dev/null: nothing; a write: refused).
-    folders = [own for own in sandbox.hide if os.path.isdir(own) and not workspace.is_relative_to(own)]
+    folders = [own for own in hide if os.path.isdir(own) and not workspace.is_relative_to(own)]
     args += [arg for own in folders for arg in ("--tmpfs", own)]
-    for own in sandbox.hide:
+    for own in hide:
         if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
             args += ["--ro-bind", "/dev/null", own]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
