@@ -557,6 +557,7 @@ def test_a_tight_budget_compacts_the_same_way_through_a_failing_disk(
         assert compactions(sql, rid) == compactions(sql, "whole"), at
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [12], indirect=True)
 def test_a_summary_refused_as_too_long_fails_the_run_saying_so_and_resume_does_not_brick_it(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
@@ -628,6 +629,7 @@ def test_results_larger_than_the_budget_do_not_pay_a_summary_every_turn(
     assert sum(o["stage"] == "elide" for _, o in outputs(sql, "compact")) >= 5  # the free stage still runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [8], indirect=True)
 def test_a_resume_after_an_elide_that_no_summary_could_help_decides_the_same(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
@@ -649,6 +651,7 @@ def test_a_resume_after_an_elide_that_no_summary_could_help_decides_the_same(
     assert not any(r["kind"] == "summary" for r in windowed.server.requests[before:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [40], indirect=True)
 def test_empty_summaries_again_and_again_still_name_every_result_they_replaced(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:

@@ -223,6 +223,7 @@ class _FreezingProxy:
         self._cut(*self.sockets)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_statement_half_sent_by_an_owner_that_froze_does_not_hold_the_run() -> None:
     """An owner frozen while sending a row larger than its socket's buffer leaves part of the
@@ -332,6 +333,7 @@ def test_sqlites_datetime_text_is_cores(value: Any) -> None:
     assert prepared._processor(DateTime(), dialect)(value) == core(value)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_rows_core_sends_many_at_once_go_one_at_a_time_so_a_frozen_sender_holds_nothing() -> None:
     """Core's executemany (a snapshot's blobs, a run's first messages): psycopg sends the rows

@@ -292,6 +292,7 @@ def test_open_hands_the_address_to_the_browser_with_the_token(env, tmp_path) -> 
     assert opened.read_text().splitlines() == [f"{url}?token={secret}"]  # opening it sets the cookie
 
 
+@pytest.mark.slow
 def test_an_agents_command_with_the_network_on_cannot_act_through_the_view(
         cli, write_script, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # With the network on, a sandboxed command shares the loopback: it can read every page
