@@ -25,6 +25,7 @@ from side_effects_support import process_state, run_cli
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+pytestmark = pytest.mark.slow  # each waits out real leases (5-6 s): the full suite runs them, not the fast lane
 TURNS = 8
 
 
