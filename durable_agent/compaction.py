@@ -36,6 +36,7 @@ from durable_agent.context_view import HEAD, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.messages import Message, ModelTurn, Usage, sha256_text
 from durable_agent.observer import StepEvent
+from durable_agent.replay import RunState
 from durable_agent.status import StepKind
 from durable_agent.step_context import StepContext
 
@@ -135,12 +136,17 @@ def _summary_helps(ctx: StepContext, tokens: float, cut: int, budget: int) -> bo
     smaller. A provider that refuses the request forces one (model_step), and fails the run
     if none helps. Tokens of what the summary replaces: the last summary and the messages."""
     s = ctx.state
-    request = s.view.request(s.messages)
-    offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    request, offset = _sent(s)
     counter = text_counter(ctx.model.name)
     first = max(s.view.start, HEAD) + offset - (1 if s.view.summary is not None else 0)
     replaced = sum(count_message(m, counter) for m in request[first:cut + offset]) * s.calibration
     return tokens - replaced <= budget
+
+
+def _sent(s: RunState) -> tuple[list[Message], int]:
+    """The request as the view builds it, and the offset: message seq i is request[i + offset]."""
+    request = s.view.request(s.messages)
+    return request, len(request) - len(s.messages)
 
 
 def _tight_bar(ctx: StepContext) -> float:
@@ -216,8 +222,7 @@ def _cut(ctx: StepContext, budget: int) -> int | None:
     there is nothing before it to summarize."""
     s = ctx.state
     start = max(s.view.start, HEAD)
-    request = s.view.request(s.messages)
-    offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
+    request, offset = _sent(s)
     counter = text_counter(ctx.model.name)
     keep, tail = budget * KEEP_RECENT, 0.0
     cut = None

@@ -149,9 +149,8 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
 
     def call() -> None:
         if many and conn.dialect.name == "postgresql":
-            # Row by row: psycopg's executemany runs in a pipeline of its own, where a process
-            # frozen halfway leaves the server waiting for the rest of a query, which no
-            # timeout ends (see `transaction`), its run's row lock held.
+            # Row by row, each row a statement the fault hooks see (the engine's cursor does
+            # the same for Core: psycopg's own executemany pipelines, see engine.py).
             for row in params:
                 hooked(functools.partial(cursor.execute, sql, row))
         elif many:

@@ -50,14 +50,14 @@ class Access:
     def token_ok(self, offered: str | None) -> bool:
         return self.token is None or (offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()))
 
-    def act_ok(self, offered: str | None) -> bool:
-        """May act (POST): holds the token, or without one the key of the printed link."""
-        secret = self.token if self.token is not None else self.key
-        return offered is not None and hmac.compare_digest(offered.encode(), secret.encode())
-
     @property
     def link_secret(self) -> str:
+        """What the printed link carries: the token, or without one the key."""
         return self.token if self.token is not None else self.key
+
+    def act_ok(self, offered: str | None) -> bool:
+        """May act (POST): holds the link's secret."""
+        return offered is not None and hmac.compare_digest(offered.encode(), self.link_secret.encode())
 
     def csrf_ok(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.csrf.encode())

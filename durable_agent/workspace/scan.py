@@ -259,12 +259,11 @@ class Scanner:
             if st.st_size > self.size_cap:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
-            found = _regular_bytes(path, self.size_cap)
+            data = _regular_bytes(path, self.size_cap)
         except OSError:
             return None  # vanished or unreadable between the listing and now
-        if found is None:
+        if data is None:
             return None  # no longer the regular file listed
-        data = found
         digest = hashlib.sha256(data).hexdigest()
         out.contents[digest] = data
         return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, digest, size=len(data))
