@@ -202,21 +202,23 @@ def pg_copy_store(base: str, source: str, name: str) -> str:
 
 
 def floor_c_pg(transactions: list[list[tuple[str, Any, bool]]], url: str) -> float:
-    """Raw psycopg replaying the loop's transactions, statement by statement, as committed."""
+    """Raw psycopg replaying the loop's transactions as the store sends them
+    (store/prepared.py `transaction`): each statement bound into its text, BEGIN with the
+    fence (the first statement, whose answer is read) in one message, the rest with COMMIT
+    in a second."""
     import psycopg
 
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as db:
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True,
+                         cursor_factory=psycopg.ClientCursor) as db:
+        cur = db.cursor()
         start = time.perf_counter()
         for statements in transactions:
-            with db.cursor() as cur:
-                for sql, params, many in statements:
-                    if many:
-                        cur.executemany(sql, params)
-                    else:
-                        cur.execute(sql, params)
-                        if cur.description is not None:
-                            cur.fetchall()
-            db.commit()
+            texts = [cur.mogrify(sql, row) for sql, params, many in statements for row in (params if many else [params])]
+            cur.execute(f"BEGIN;\n{texts[0]}")
+            while cur.nextset():
+                pass
+            cur.fetchall()
+            cur.execute(";\n".join([*texts[1:], "COMMIT"]))
         return time.perf_counter() - start
 
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scale_helpers import wait_for
 from sqlalchemy import Engine, bindparam, insert, select, update
@@ -385,3 +385,76 @@ def test_rows_core_sends_many_at_once_go_one_at_a_time_so_a_frozen_sender_holds_
         finally:
             engine.dispose()
             proxy.close()
+
+
+@pytest.mark.postgres
+def test_a_checkpoint_on_postgresql_is_two_messages_begin_with_the_fence_and_the_rest_with_commit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every message is a round trip: the fence's answer is read before anything else goes
+    (a fenced-out owner sends no row), then the rows go with the COMMIT."""
+    import psycopg
+    from scale_helpers import pg_schema
+
+    from durable_agent.store.journal import Journal
+    from durable_agent.store.step import Counters
+
+    sent: list[str] = []
+    real = psycopg.ClientCursor.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append(str(query))
+        return real(self, query, params, **kw)
+
+    with pg_schema() as url:
+        engine = open_store_engine(url)
+        store = Store(engine)
+        store.create_run("r", task="t", workspace="/w", model="m", settings={},
+                         first_messages=[Message("system", "s")])
+        epoch = store.acquire_lease("r", "host:1:a", 60)
+        journal = Journal(engine, "r", "host:1:a", epoch, 60)
+        journal.load()
+        step = journal.step("model:0:a", "model", {"turn": 0}, turn=0)  # the connection is checked out
+        monkeypatch.setattr(psycopg.ClientCursor, "execute", execute)
+        zero = Counters(0, 0, 0, 0, 0, 0)
+        step.complete(
+            {"content": "50% done; it's $$ -- /*"}, counters=zero,
+            messages=[Message("assistant", "%s %(x)s ;'\\"), Message("user", "two")])
+        monkeypatch.undo()
+        assert len(sent) == 2, sent
+        assert sent[0].startswith("BEGIN;\nUPDATE runs SET") and "RETURNING" in sent[0]
+        assert sent[1].count("INSERT INTO messages") == 2 and sent[1].endswith(";\nCOMMIT")
+        assert [m.content for m in store.messages("r")][-2:] == ["%s %(x)s ;'\\", "two"]
+        assert store.steps("r")[0].output == {"content": "50% done; it's $$ -- /*"}
+        journal.close()
+        with engine.connect() as conn:  # the pooled connection is back to psycopg's own transactions
+            assert conn.connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
+        engine.dispose()
+
+
+_HOSTILE = st.lists(st.sampled_from([*"%s()'\";\\$-/*\n\x00\ud800é", "%(x)s", "$$", "COMMIT", "E'"]),
+                    max_size=20).map("".join) | st.text(max_size=40)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_HOSTILE, min_size=1, max_size=4))
+def test_hostile_text_sent_together_reads_back_as_written(engine: Engine, texts: list[str]) -> None:
+    """Statements bound into their text and sent in one message (PostgreSQL) keep every
+    value byte for byte (as the store cleans NUL and lone surrogates, on both dialects)."""
+    from durable_agent.store.storable import storable_text
+
+    fence = Prepared(update(runs).where(runs.c.id == bindparam("b_id")).returning(runs.c.cancel_requested))
+    with engine.connect() as conn:
+        base = (conn.execute(select(messages.c.seq).order_by(messages.c.seq.desc())).scalar() or 0) + 1
+        conn.rollback()
+        with prepared.transaction(conn):
+            assert prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": texts[0]})) is not None
+            Prepared(insert(messages)).run_many(conn, [
+                {"run_id": "r", "seq": base + i, "role": "user", "content": t, "tool_calls": None,
+                 "tool_call_id": t, "step_seq": None, "created_at": WHEN} for i, t in enumerate(texts)])
+    with engine.connect() as conn:
+        got = conn.execute(select(messages.c.content, messages.c.tool_call_id).where(messages.c.seq >= base)
+                           .order_by(messages.c.seq)).all()
+        answer = conn.execute(select(runs.c.answer)).scalar()
+    assert [tuple(r) for r in got] == [(storable_text(t), storable_text(t)) for t in texts]
+    assert answer == storable_text(texts[0])

@@ -78,11 +78,10 @@ def _client_binding(driver: str) -> dict[str, Any]:
     of their own (Bind), which the server reads as part of a query already begun. An owner
     frozen halfway through sending a large one (SIGSTOP, a paused VM) would leave the server
     waiting for the rest, the run's row lock held, and no timeout ends that. Bound into the
-    text (`ClientCursor`, as psycopg2 always did), each statement is one message; halfway
-    through it the server is still idle in the transaction, and the timeout below ends it
-    (tests/test_prepared.py stops a checkpoint halfway through a 400 KB row). The cost: the
-    values are quoted in Python, ~13% more of the client's CPU a step (instructions).
-    Several rows (Core's executemany: snapshot blobs, a run's first messages) go one statement
+    text (`ClientCursor`, as psycopg2 always did), a message holds whole statements (a
+    checkpoint sends several in one: store/prepared.py); halfway through one the server is
+    still idle in the transaction, and the timeout below ends it (tests/test_prepared.py
+    stops a checkpoint halfway through a 400 KB row). Several rows (Core's executemany: snapshot blobs, a run's first messages) go one statement
     at a time, each waiting for its answer: psycopg sends them in a pipeline, and mid-pipeline
     the server waits for the rest of a query, where no timeout applies either."""
     if driver != "psycopg":

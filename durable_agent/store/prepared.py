@@ -17,7 +17,6 @@ through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,8 +36,12 @@ from durable_agent.store.storable import has_bad_text, storable, storable_text
 
 Processor = Callable[[Any], Any] | None
 # Test hook (fault injection): called as hook("before" | "after", connection) around every
-# prepared statement. Empty in production.
+# prepared statement (on PostgreSQL, around each message). Empty in production.
 CURSOR_HOOKS: list[Callable[[str, Connection], None]] = []
+# Statements of an open PostgreSQL `transaction` not yet sent, by id() of its DBAPI connection
+# (not on `conn.info`: reading that revalidates a connection invalidated by a disconnect).
+_WAITING: dict[int, list[str]] = {}
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (not imported: psycopg is optional)
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,15 @@ class Prepared:
 
 
 def fetch_one(conn: Connection, cursor: Any) -> Any:
-    """The next row of a statement's cursor, the driver's errors wrapped as everywhere."""
-    return _driver_call(conn, "FETCH", cursor.fetchone, cursor=cursor)
+    """The next row of the answer to the statement last run, on its cursor, the driver's
+    errors wrapped as everywhere. On PostgreSQL inside `transaction` the statements waiting
+    are sent first (see there): read an answer before running the next statement."""
+    def call() -> Any:
+        if _WAITING.get(id(cursor.connection)):
+            _send(conn, cursor.connection, cursor)
+        return cursor.fetchone()
+
+    return _driver_call(conn, "FETCH", call, cursor=cursor)
 
 
 def run_core(conn: Connection, statement: Executable,
@@ -117,49 +127,86 @@ def transaction(conn: Connection) -> Iterator[None]:
     SQLite: the write lock first, so the fence cannot be raced) ... COMMIT. Any exception
     rolls back (best effort: the connection may be dead) and propagates.
 
-    On PostgreSQL each statement waits for its answer (no pipeline mode, though it would
-    save round trips): between two statements the server then sees the transaction idle,
-    so one whose owner froze inside it (the run's row locked from the fence on) is ended
-    once idle for as long as the lease (engine._end_idle_transactions). In pipeline mode
-    the server waits for the rest of a query that never comes, and no timeout ends that."""
+    On PostgreSQL every message is a round trip, so the statements are sent together: each
+    one waits, bound into its text (engine._client_binding), until a statement's answer is
+    read (the fence's: `fetch_one`) or the transaction commits, and then goes with those in
+    one message; the BEGIN goes with the first, the COMMIT with the last. A checkpoint is
+    then two round trips (BEGIN and the fence; the rows and COMMIT), as raw psycopg making
+    one insert a commit needs. Still one simple query a message, never pipeline mode: until
+    a message has fully arrived the server sees the transaction idle, so one whose owner
+    froze inside it, even halfway through sending, is ended once idle for as long as the
+    lease (engine._end_idle_transactions), and the run's row lock goes with it. In pipeline
+    mode, or with values sent apart from the statement, the server waits for the rest of a
+    query that never comes, and no timeout ends that."""
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
+    postgres = conn.dialect.name == "postgresql"
+    begin = postgres and dbapi_conn.info.transaction_status == _IDLE  # else it goes on as it is
     try:
-        if conn.dialect.name == "sqlite":  # PostgreSQL (psycopg) begins on the first statement
+        if postgres:
+            if begin:  # our BEGIN travels with the first statements instead of alone (psycopg's)
+                dbapi_conn.autocommit = True
+            _WAITING[id(dbapi_conn)] = ["BEGIN"] if begin else []
+        else:
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
         yield
-        _driver_call(conn, "COMMIT", dbapi_conn.commit)
+        waiting = _WAITING.get(id(dbapi_conn))
+        if waiting and waiting != ["BEGIN"]:
+            _driver_call(conn, "COMMIT", lambda: _send(conn, dbapi_conn, dbapi_conn.cursor(), "COMMIT"))
+        elif not waiting:
+            _driver_call(conn, "COMMIT", dbapi_conn.commit)
     except BaseException:
         with contextlib.suppress(Exception):
             dbapi_conn.rollback()
         raise
+    finally:
+        if postgres:
+            _WAITING.pop(id(dbapi_conn), None)
+            if begin:
+                with contextlib.suppress(Exception):  # a dead connection refuses: it is dropped anyway
+                    dbapi_conn.autocommit = False
 
 
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
     cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: one message a statement (engine.py)
+    waiting = _WAITING.get(id(dbapi_conn)) if _WAITING else None
+    if waiting is not None:  # inside `transaction`: sent with the next answer read, or the COMMIT
+        rows = params if many else (params,)
+        _driver_call(conn, sql, lambda: waiting.extend(cursor.mogrify(sql, row) for row in rows), params, cursor)
+        return cursor
 
-    def hooked(statement: Callable[[], Any]) -> None:  # the fault hooks see each statement sent
-        for hook in CURSOR_HOOKS:
+    def call() -> None:
+        for hook in CURSOR_HOOKS:  # the fault hooks see each statement sent
             hook("before", conn)
-        statement()
+        if many and conn.dialect.name == "postgresql":
+            for row in params:  # psycopg's own executemany pipelines (see engine.py)
+                cursor.execute(sql, row)
+        elif many:
+            cursor.executemany(sql, params)
+        else:
+            cursor.execute(sql, params)
         for hook in CURSOR_HOOKS:
             hook("after", conn)
 
-    def call() -> None:
-        if many and conn.dialect.name == "postgresql":
-            # Row by row, each row a statement the fault hooks see (the engine's cursor does
-            # the same for Core: psycopg's own executemany pipelines, see engine.py).
-            for row in params:
-                hooked(functools.partial(cursor.execute, sql, row))
-        elif many:
-            hooked(lambda: cursor.executemany(sql, params))
-        else:
-            hooked(lambda: cursor.execute(sql, params))
-
     _driver_call(conn, sql, call, params, cursor)
     return cursor
+
+
+def _send(conn: Connection, dbapi_conn: Any, cursor: Any, last: str | None = None) -> None:
+    """PostgreSQL inside `transaction`: the statements waiting (and `last`) in one message,
+    `cursor` left on the answer of the last."""
+    waiting = _WAITING[id(dbapi_conn)]
+    text = ";\n".join([*waiting, last] if last else waiting)
+    waiting.clear()
+    for hook in CURSOR_HOOKS:  # the fault hooks see each message sent
+        hook("before", conn)
+    cursor.execute(text)
+    while cursor.nextset():
+        pass
+    for hook in CURSOR_HOOKS:
+        hook("after", conn)
 
 
 def _driver_call(conn: Connection, sql: str, call: Callable[[], Any], params: Any = None,
