@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+# A string of a valid JSON text, keys included (scanned from its start, outside any string).
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 # A credential-looking name: any of these anywhere in the name...
 _SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
@@ -155,20 +157,28 @@ class Redactor:
 
     def redact_known_arguments(self, arguments: str) -> str:
         """`redact_known` for a tool call's JSON arguments: also a value spelt with escapes
-        (`\\u0073k-...`), which the tool would receive decoded. Re-encoded only when a secret
-        was found in a decoded string; otherwise the text stays byte for byte."""
+        (`\\u0073k-...`), which the tool would receive decoded. Only a string that held a
+        secret is written anew; every other byte stays as sent (numbers such as 1e400, key
+        order, a key given twice)."""
         if self._known is None:
             return arguments
         text = self._known.sub(self._replace, arguments)
+        if "\\" not in text:
+            return text  # no escapes: nothing decodes to anything the pass above did not see
         try:
-            decoded = json.loads(text)
+            json.loads(text)
         except (ValueError, RecursionError):
-            # Not JSON (the call fails, but is stored and sent back): its \uXXXX escapes read.
+            # Not JSON (the call fails, but is stored and sent back): its \\uXXXX escapes read.
             spelt = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
             cleaned_text = self._known.sub(self._replace, spelt)
             return text if cleaned_text == spelt else cleaned_text
-        cleaned = self._walk(decoded, self.redact_known)
-        return text if cleaned == decoded else json.dumps(cleaned, ensure_ascii=False)
+        return _JSON_STRING.sub(self._known_in_string, text)
+
+    def _known_in_string(self, match: re.Match[str]) -> str:
+        token = match.group()
+        value = json.loads(token)
+        cleaned = self.redact_known(value)
+        return token if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
 
     def redact_json(self, obj: T) -> T:
         """A copy of a JSON-like value with every string (keys included) redacted."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from durable_agent import redact as redact_module
 from durable_agent.redact import Redactor, is_secret_name
 
 OPENAI = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"
@@ -140,11 +144,7 @@ def test_redact_known_replaces_only_the_harness_secrets() -> None:
 
 
 # The prefilter: text with none of the shapes' prefixes (and none of the known values) is
-# returned without running the alternation. Both halves of that promise, generated:
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from durable_agent import redact as redact_module  # noqa: E402
+# returned without running the alternation. Both halves of that promise, generated.
 
 _SHAPES = redact_module._BOUNDED_SHAPES + redact_module._FREE_SHAPES
 
@@ -169,3 +169,42 @@ def test_the_prefilter_never_changes_what_is_redacted(text: str) -> None:
     r = Redactor.from_env({"DB_PASSWORD": "correct-horse-battery"})
     unfiltered = r._pattern.sub(r._replace, text)  # type: ignore[union-attr]
     assert r.redact(text) == unfiltered
+
+
+def test_arguments_keep_every_byte_but_the_string_that_held_the_secret() -> None:
+    # Re-encoding the whole value once turned 1e400 into Infinity (not JSON), 1.0 into 1.0
+    # but 1E2 into 100.0, and dropped a key given twice.
+    r = Redactor({"X_TOKEN": "tok-abcdef123456"})
+    escaped = '"\\u0074ok-abcdef123456 \\u00e9"'
+    text = '{"n": 1e400, "m": 1E2, "k": "a\\u0041", "k": ' + escaped + ',\n "z": [1.50, -0.0]}'
+    out = r.redact_known_arguments(text)
+    assert out == '{"n": 1e400, "m": 1E2, "k": "a\\u0041", "k": "[REDACTED:X_TOKEN] é",\n "z": [1.50, -0.0]}'
+    assert r.redact_known_arguments(text.replace(escaped, '"plain"')) == text.replace(escaped, '"plain"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                          max_leaves=8),
+       ascii_only=st.booleans(), spot=st.integers(min_value=0))
+def test_a_secret_escaped_anywhere_in_json_arguments_never_survives_and_nothing_else_changes(
+        value: Any, ascii_only: bool, spot: int) -> None:
+    import json
+
+    secret = "tok-abcdef123456"
+    r = Redactor({"X_TOKEN": secret})
+    plain = json.dumps(value, ensure_ascii=ascii_only)
+    assert r.redact_known_arguments(plain) == plain  # no secret: byte for byte
+    strings = [m.start() for m in re.finditer(r'(?<!\\)"', plain)]
+    if not strings:
+        return
+    at = strings[spot % len(strings)] + 1  # just inside a string (or a key), or just after one
+    hidden = "".join(f"\\u{ord(c):04x}" for c in secret)
+    text = plain[:at] + hidden + plain[at:]
+    try:
+        json.loads(text)
+    except ValueError:
+        return  # after a string's closing quote: not JSON any more (the other path)
+    out = r.redact_known_arguments(text)
+    assert secret not in json.dumps(json.loads(out), ensure_ascii=False)
+    assert re.sub(r'"(?:[^"\\]|\\.)*"', '""', out) == re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
