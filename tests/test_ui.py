@@ -5,6 +5,8 @@ recorded as the CLI records them, and the refusals (no token, wrong host, no CSR
 from __future__ import annotations
 
 import json
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -277,19 +279,29 @@ def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
 
 
 @pytest.mark.slow  # a real server process, and a stand-in browser ($BROWSER, as webbrowser reads it)
-def test_open_hands_the_address_to_the_browser_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    opened = tmp_path / "opened.txt"
+def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Not the link itself: any user can read a command line in /proc, and the link carries
+    # what it takes to act on runs.
+    opened, page = tmp_path / "opened.txt", tmp_path / "page.html"
     browser = tmp_path / "browser.sh"
-    browser.write_text(f'#!/bin/sh\necho "$1" >> {opened}\n')
+    browser.write_text(f'#!/bin/sh\np="${{1#file://}}"\nstat -c %a "$p" "$(dirname "$p")" > {tmp_path}/modes\n'
+                       f'cat "$p" > {page}\necho "$1" >> {opened}\n')
     browser.chmod(0o755)
     secret = "open-token-" + "z" * 16
     proc, url = start_ui({**env, "BROWSER": str(browser)}, env["DURABLE_AGENT_DB"], "--open", "--token", secret,
                          log=tmp_path / "ui.log")
     try:
         wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
+        (given,) = opened.read_text().splitlines()
+        assert given.startswith("file:///") and secret not in given
+        assert Path(given.removeprefix("file://")).exists()
     finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, as the view's first line says
+        proc.wait(timeout=10)
         stop(proc)
-    assert opened.read_text().splitlines() == [f"{url}?token={secret}"]  # opening it sets the cookie
+    assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
+    assert f'content="0; url={url}?token={secret}"' in page.read_text()  # opening it sets the cookie
+    assert not Path(given.removeprefix("file://")).parent.exists()  # gone with the view
 
 
 @pytest.mark.slow

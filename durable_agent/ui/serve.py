@@ -6,12 +6,17 @@ absence is one line naming it."""
 from __future__ import annotations
 
 import getpass
+import html
 import ipaddress
+import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import webbrowser
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from durable_agent.errors import ConfigError
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "DURABLE_AGENT_UI_TOKEN"
 MIN_TOKEN = 16
+PAGE_SECONDS = 120.0  # how long `--open`'s page stays for a browser slow to start
 
 
 @dataclass(frozen=True)
@@ -93,9 +99,33 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     # printed back; without one, the link carries the key that acting takes (security.py).
     link = url + f"?token={access.link_secret}"
     print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    if options.open_browser:
-        threading.Timer(0.5, webbrowser.open, args=(link,)).start()
+    page = _redirect_page(link) if options.open_browser else None
+    if page is not None:
+        threading.Timer(0.5, webbrowser.open, args=(page.as_uri(),)).start()
+        gone = threading.Timer(PAGE_SECONDS, shutil.rmtree, args=(page.parent,), kwargs={"ignore_errors": True})
+        gone.daemon = True
+        gone.start()
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if page is not None:
+            shutil.rmtree(page.parent, ignore_errors=True)
     return 0
+
+
+def _redirect_page(link: str) -> Path:
+    """A page that sends the browser on to `link`, for the browser's command line instead of
+    the link: any user on the machine can read a command line (/proc/PID/cmdline), and the
+    link holds what acting on runs takes. The page is the user's own (a private folder;
+    under bubblewrap, commands see a private /tmp) and goes once the browser has had time to
+    read it, or when the view stops (a SIGTERM may leave it: its key died with the view)."""
+    folder = Path(tempfile.mkdtemp(prefix="durable-agent-ui-"))
+    page = folder / "open.html"
+    fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    target = html.escape(link, quote=True)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
+                f'<title>durable-agent ui</title><a href="{target}">Open the durable-agent view</a>\n')
+    return page
