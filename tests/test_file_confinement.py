@@ -206,3 +206,30 @@ def test_file_writes_one_by_one_do_not_assemble_a_repository(workspace: Path, tm
         subprocess.run(["git", *command], cwd=workspace / folder, capture_output=True, timeout=30,
                        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace.parent)})
     assert not pwned.exists()
+
+
+def test_a_head_link_and_executable_files_count_as_git_does(workspace: Path, tmp_path: Path) -> None:
+    # Planted by the repository's own content (or an earlier command): git takes a HEAD that
+    # is a link into refs/ (even dangling) and objects/, refs/ that are merely executable.
+    # The config that would complete such a shape is refused like any other.
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    odd = workspace / "odd"
+    odd.mkdir()
+    (odd / "HEAD").symlink_to("refs/heads/main")
+    for name in ("objects", "refs"):
+        (odd / name).write_text("")
+        (odd / name).chmod(0o755)
+    pwned = tmp_path / "PWNED"
+    config = f'[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "touch {pwned}; false"\n'
+    found = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=odd, capture_output=True, text=True,
+                           env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
+    assert found.returncode == 0 and found.stdout.strip() == ".", found  # git's own view: a repository
+    result = call(workspace, "write_file", path="odd/config", content=config)
+    assert result.error and "git directory" in result.error, result
+    subprocess.run(["git", "status"], cwd=odd, capture_output=True, timeout=30,
+                   env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
+    assert not pwned.exists() and not (odd / "config").exists()

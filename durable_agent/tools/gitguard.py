@@ -161,7 +161,9 @@ def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
         entry = path / name
         if writing is not None and (writing == entry if not folder else writing.is_relative_to(entry)):
             return True
-        return entry.is_dir() if folder else entry.is_file()
+        if folder:  # git only asks that it be searchable (access X_OK): an executable file passes
+            return os.access(entry, os.X_OK)
+        return entry.is_file() or entry.is_symlink()  # git reads a HEAD link without following it
 
     return made("HEAD", folder=False) and (
         (made("objects", folder=True) and made("refs", folder=True)) or made("commondir", folder=False))
