@@ -458,3 +458,38 @@ def test_hostile_text_sent_together_reads_back_as_written(engine: Engine, texts:
         answer = conn.execute(select(runs.c.answer)).scalar()
     assert [tuple(r) for r in got] == [(storable_text(t), storable_text(t)) for t in texts]
     assert answer == storable_text(texts[0])
+
+
+@pytest.mark.postgres
+def test_statements_waiting_past_the_limit_go_at_once_and_all_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot's blobs in one checkpoint: the statements waiting are sent as they pass
+    SEND_AT, so no message (and none of the client's copies of it) holds them all."""
+    import psycopg
+    from scale_helpers import pg_schema
+
+    sent: list[str] = []
+    real = psycopg.ClientCursor.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append(str(query))
+        return real(self, query, params, **kw)
+
+    fence = Prepared(update(runs).where(runs.c.id == bindparam("b_id")).returning(runs.c.cancel_requested))
+    rows = [{"run_id": "r", "seq": 10 + i, "role": "tool", "content": f"{i}:" + "x" * 3000, "tool_calls": None,
+             "tool_call_id": None, "step_seq": None, "created_at": WHEN} for i in range(20)]
+    with pg_schema() as url:
+        engine = open_store_engine(url)
+        Store(engine).create_run("r", task="t", workspace="/w", model="m", settings={},
+                                 first_messages=[Message("system", "s")])
+        monkeypatch.setattr(prepared, "SEND_AT", 10_000)
+        monkeypatch.setattr(psycopg.ClientCursor, "execute", execute)
+        with engine.connect() as conn, prepared.transaction(conn):
+            assert prepared.fetch_one(conn, fence.run(conn, {"b_id": "r", "answer": "a"})) is not None
+            Prepared(insert(messages)).run_many(conn, rows)
+        monkeypatch.undo()
+        ours = [len(m) for m in sent[next(i for i, m in enumerate(sent) if m.startswith("BEGIN")):]]
+        assert len(ours) == 1 + 5 and max(ours) < 10_000 + 3_500, ours  # the fence, then 4 rows a message
+        with engine.connect() as conn:
+            got = conn.execute(select(messages.c.content).where(messages.c.seq >= 10).order_by(messages.c.seq))
+            assert got.scalars().all() == [r["content"] for r in rows]
+        engine.dispose()

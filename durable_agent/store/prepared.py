@@ -38,9 +38,30 @@ Processor = Callable[[Any], Any] | None
 # Test hook (fault injection): called as hook("before" | "after", connection) around every
 # prepared statement (on PostgreSQL, around each message). Empty in production.
 CURSOR_HOOKS: list[Callable[[str, Connection], None]] = []
-# Statements of an open PostgreSQL `transaction` not yet sent, by id() of its DBAPI connection
-# (not on `conn.info`: reading that revalidates a connection invalidated by a disconnect).
-_WAITING: dict[int, list[str]] = {}
+SEND_AT = 1 << 20  # characters of statements waiting (a snapshot's blobs) sent at once
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """Statements of an open PostgreSQL `transaction` not yet sent, bound into their text."""
+
+    texts: list[str]
+    size: int = 0
+
+    def add(self, text: str) -> None:
+        self.texts.append(text)
+        self.size += len(text)
+
+    def take(self, last: str | None) -> str:
+        text = ";\n".join([*self.texts, last] if last else self.texts)
+        self.texts.clear()
+        self.size = 0
+        return text
+
+
+# By id() of the transaction's DBAPI connection (not on `conn.info`: reading that
+# revalidates a connection invalidated by a disconnect).
+_WAITING: dict[int, _Waiting] = {}
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (not imported: psycopg is optional)
 
 
@@ -98,7 +119,8 @@ def fetch_one(conn: Connection, cursor: Any) -> Any:
     errors wrapped as everywhere. On PostgreSQL inside `transaction` the statements waiting
     are sent first (see there): read an answer before running the next statement."""
     def call() -> Any:
-        if _WAITING.get(id(cursor.connection)):
+        waiting = _WAITING.get(id(cursor.connection))
+        if waiting is not None and waiting.texts:
             _send(conn, cursor.connection, cursor)
         return cursor.fetchone()
 
@@ -132,7 +154,9 @@ def transaction(conn: Connection) -> Iterator[None]:
     read (the fence's: `fetch_one`) or the transaction commits, and then goes with those in
     one message; the BEGIN goes with the first, the COMMIT with the last. A checkpoint is
     then two round trips (BEGIN and the fence; the rows and COMMIT), as raw psycopg making
-    one insert a commit needs. Still one simple query a message, never pipeline mode: until
+    one insert a commit needs. Statements waiting past SEND_AT characters (a snapshot's
+    blobs) go at once, so neither the client's memory nor a message outgrows them by more
+    than a row. Still one simple query a message, never pipeline mode: until
     a message has fully arrived the server sees the transaction idle, so one whose owner
     froze inside it, even halfway through sending, is ended once idle for as long as the
     lease (engine._end_idle_transactions), and the run's row lock goes with it. In pipeline
@@ -146,15 +170,15 @@ def transaction(conn: Connection) -> Iterator[None]:
         if postgres:
             if begin:  # our BEGIN travels with the first statements instead of alone (psycopg's)
                 dbapi_conn.autocommit = True
-            _WAITING[id(dbapi_conn)] = ["BEGIN"] if begin else []
+            _WAITING[id(dbapi_conn)] = _Waiting(["BEGIN"] if begin else [])
         else:
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
         yield
         waiting = _WAITING.get(id(dbapi_conn))
-        if waiting and waiting != ["BEGIN"]:
-            _driver_call(conn, "COMMIT", lambda: _send(conn, dbapi_conn, dbapi_conn.cursor(), "COMMIT"))
-        elif not waiting:
+        if waiting is None or not waiting.texts:
             _driver_call(conn, "COMMIT", dbapi_conn.commit)
+        elif waiting.texts != ["BEGIN"]:  # (only a BEGIN waiting: nothing was begun)
+            _driver_call(conn, "COMMIT", lambda: _send(conn, dbapi_conn, dbapi_conn.cursor(), "COMMIT"))
     except BaseException:
         with contextlib.suppress(Exception):
             dbapi_conn.rollback()
@@ -173,8 +197,14 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: one message a statement (engine.py)
     waiting = _WAITING.get(id(dbapi_conn)) if _WAITING else None
     if waiting is not None:  # inside `transaction`: sent with the next answer read, or the COMMIT
-        rows = params if many else (params,)
-        _driver_call(conn, sql, lambda: waiting.extend(cursor.mogrify(sql, row) for row in rows), params, cursor)
+
+        def bind() -> None:
+            for row in params if many else (params,):
+                waiting.add(cursor.mogrify(sql, row))
+                if waiting.size > SEND_AT:  # large rows go now: the client's memory stays bounded
+                    _send(conn, dbapi_conn, cursor)
+
+        _driver_call(conn, sql, bind, params, cursor)
         return cursor
 
     def call() -> None:
@@ -197,9 +227,7 @@ def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
 def _send(conn: Connection, dbapi_conn: Any, cursor: Any, last: str | None = None) -> None:
     """PostgreSQL inside `transaction`: the statements waiting (and `last`) in one message,
     `cursor` left on the answer of the last."""
-    waiting = _WAITING[id(dbapi_conn)]
-    text = ";\n".join([*waiting, last] if last else waiting)
-    waiting.clear()
+    text = _WAITING[id(dbapi_conn)].take(last)
     for hook in CURSOR_HOOKS:  # the fault hooks see each message sent
         hook("before", conn)
     cursor.execute(text)
