@@ -161,10 +161,11 @@ def test_a_transaction_left_idle_longer_than_the_lease_is_ended_by_the_server() 
 class _FreezingProxy:
     """A TCP relay to PostgreSQL that stops passing the client's bytes halfway through the
     first statement holding `marker`, as if the client froze mid-send (SIGSTOP, a paused VM:
-    its kernel keeps the connection open, its process sends no more)."""
+    its kernel keeps the connection open, its process sends no more). With `rate`, the
+    client's bytes go at most that many a second (a slow link)."""
 
-    def __init__(self, upstream: tuple[str, int], marker: bytes) -> None:
-        self.upstream, self.marker, self.frozen = upstream, marker, threading.Event()
+    def __init__(self, upstream: tuple[str, int], marker: bytes, rate: float | None = None) -> None:
+        self.upstream, self.marker, self.frozen, self.rate = upstream, marker, threading.Event(), rate
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._threads: list[threading.Thread] = []
@@ -203,6 +204,8 @@ class _FreezingProxy:
                         continue
                     seen = window
                 dst.sendall(chunk)
+                if from_client and self.rate:
+                    time.sleep(len(chunk) / self.rate)  # a rate limit, not a wait for anything
         except OSError:
             pass
         finally:
@@ -492,4 +495,61 @@ def test_statements_waiting_past_the_limit_go_at_once_and_all_land(monkeypatch: 
         with engine.connect() as conn:
             got = conn.execute(select(messages.c.content).where(messages.c.seq >= 10).order_by(messages.c.seq))
             assert got.scalars().all() == [r["content"] for r in rows]
+        engine.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_snapshot_slower_to_send_than_the_lease_still_lands() -> None:
+    """The server's idle-in-transaction timer runs while it reads a message: a checkpoint
+    sent whole as one message (a step's new files as blobs) over a link slower than its size
+    needs within the lease was ended by the server on every try. Sent as it passes SEND_AT,
+    each message arrives well within the lease."""
+    import os
+
+    from scale_helpers import pg_schema
+    from sqlalchemy.engine import make_url
+
+    from durable_agent.store.blobs import BlobStore
+    from durable_agent.store.journal import Journal
+
+    with pg_schema() as url:
+        parsed = make_url(url)
+        relay = _FreezingProxy((parsed.host or "127.0.0.1", parsed.port or 5432), b"never-in-a-message",
+                               rate=2_000_000)
+        engine = open_store_engine(parsed.set(host="127.0.0.1", port=relay.port)
+                                   .render_as_string(hide_password=False), lease_seconds=2.0)
+        try:
+            store = Store(engine)
+            store.create_run("r", task="t", workspace="/w", model="m", settings={},
+                             first_messages=[Message("system", "s")])
+            epoch = store.acquire_lease("r", "host:1:a", 60)
+            journal = Journal(engine, "r", "host:1:a", epoch, 60,
+                              policy=retrying.StorePolicy(max_attempts=2, max_seconds=60))
+            journal.load()
+            blobs = {f"{i:064x}": os.urandom(500_000) for i in range(8)}  # 8 MB as hex: 4 s at 2 MB/s
+            journal.commit(raw=[BlobStore(engine).blob_statement(blobs)])
+            journal.close()
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT count(*) FROM workspace_blobs").scalar() == 8
+        finally:
+            engine.dispose()
+            relay.close()
+
+
+@pytest.mark.postgres
+def test_a_connection_left_in_autocommit_goes_back_to_the_pool_without_it() -> None:
+    # A checkpoint cut short in its clean-up (a second Ctrl-C) could leave the autocommit it
+    # sets for its own BEGIN; the next user of that pooled connection (Core's transactions)
+    # would then commit statement by statement.
+    from scale_helpers import pg_schema
+
+    with pg_schema() as url:
+        engine = open_store_engine(url, pool_size=1)
+        with engine.connect() as conn:
+            dbapi_conn: Any = conn.connection.dbapi_connection
+            dbapi_conn.autocommit = True
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection is dbapi_conn  # the same one, from the pool
+            assert dbapi_conn.autocommit is False
         engine.dispose()

@@ -8,6 +8,7 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping
@@ -58,6 +59,8 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool,
                                **_client_binding(parsed.get_driver_name()))
         event.listen(engine, "handle_error", _lost_is_disconnect)
+        if parsed.get_driver_name() == "psycopg":
+            event.listen(engine, "checkin", _not_autocommit)
         if parsed.get_backend_name() == "postgresql":
             _end_idle_transactions(engine, lease_seconds)
         return engine
@@ -113,6 +116,15 @@ def _end_idle_transactions(engine: Engine, lease_seconds: float) -> None:
         with dbapi_conn.cursor() as cur:
             cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
         dbapi_conn.commit()
+
+
+def _not_autocommit(dbapi_conn: Any, _record: Any) -> None:
+    """Back in the pool, a connection begins its transactions as psycopg does: a checkpoint
+    cut short between its end and its clean-up (a second Ctrl-C) could leave the
+    autocommit it sets for its own BEGIN (store/prepared.py)."""
+    if dbapi_conn is not None and dbapi_conn.autocommit:
+        with contextlib.suppress(Exception):  # one that refuses is broken, and dropped
+            dbapi_conn.autocommit = False
 
 
 def _lost_is_disconnect(context: Any) -> None:

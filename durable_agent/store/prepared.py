@@ -164,14 +164,14 @@ def transaction(conn: Connection) -> Iterator[None]:
     query that never comes, and no timeout ends that."""
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
-    postgres = conn.dialect.name == "postgresql"
-    begin = postgres and dbapi_conn.info.transaction_status == _IDLE  # else it goes on as it is
+    together = conn.dialect.driver == "psycopg"  # psycopg 3 (another driver's mogrify differs)
+    begin = together and dbapi_conn.info.transaction_status == _IDLE  # else it goes on as it is
     try:
-        if postgres:
+        if together:
             if begin:  # our BEGIN travels with the first statements instead of alone (psycopg's)
                 dbapi_conn.autocommit = True
             _WAITING[id(dbapi_conn)] = _Waiting(["BEGIN"] if begin else [])
-        else:
+        elif conn.dialect.name == "sqlite":  # (other PostgreSQL drivers begin on the first statement)
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
         yield
         waiting = _WAITING.get(id(dbapi_conn))
@@ -184,9 +184,9 @@ def transaction(conn: Connection) -> Iterator[None]:
             dbapi_conn.rollback()
         raise
     finally:
-        if postgres:
+        if together:
             _WAITING.pop(id(dbapi_conn), None)
-            if begin:
+            if begin:  # (should this be cut short, the pool's check-in sets it back: engine.py)
                 with contextlib.suppress(Exception):  # a dead connection refuses: it is dropped anyway
                     dbapi_conn.autocommit = False
 
