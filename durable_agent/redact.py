@@ -30,7 +30,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+_ANY_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\\\/bfnrt]))')
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_NOT_JSON_WITH_SECRET = "[REDACTED] (arguments that were not JSON and held a secret)"
 # A string of a valid JSON text, keys included (scanned from its start, outside any string).
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -168,10 +170,11 @@ class Redactor:
         try:
             json.loads(text)
         except (ValueError, RecursionError):
-            # Not JSON (the call fails, but is stored and sent back): its \\uXXXX escapes read.
-            spelt = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
-            cleaned_text = self._known.sub(self._replace, spelt)
-            return text if cleaned_text == spelt else cleaned_text
+            # Not JSON (the call fails, but is stored and sent back): its escapes read as a
+            # string's would be. Holding a secret, none of it is kept: any decoded spelling
+            # could itself be JSON whose escapes decode to the secret once more.
+            spelt = _ANY_ESCAPE.sub(_unescape, text)
+            return text if self._known.sub(self._replace, spelt) == spelt else _NOT_JSON_WITH_SECRET
         return _JSON_STRING.sub(self._known_in_string, text)
 
     def _known_in_string(self, match: re.Match[str]) -> str:
@@ -197,6 +200,11 @@ class Redactor:
         if isinstance(obj, tuple):
             return tuple(self._walk(v, redact) for v in obj)
         return obj
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code, simple = match.groups()
+    return chr(int(code, 16)) if code is not None else _SIMPLE_ESCAPES[simple]
 
 
 def _replace_group(match: re.Match[str], group: str) -> str:

@@ -208,3 +208,45 @@ def test_a_secret_escaped_anywhere_in_json_arguments_never_survives_and_nothing_
     out = r.redact_known_arguments(text)
     assert secret not in json.dumps(json.loads(out), ensure_ascii=False)
     assert re.sub(r'"(?:[^"\\]|\\.)*"', '""', out) == re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+
+
+def _decoded_every_way(text: str, rounds: int = 4) -> list[str]:
+    """`text` and what unescaping it as a JSON string's content, again and again, gives."""
+    out = [text]
+    for _ in range(rounds):
+        out.append(redact_module._ANY_ESCAPE.sub(redact_module._unescape, out[-1]))
+    return out
+
+
+def test_arguments_that_are_not_json_never_hand_a_tool_json_that_decodes_to_the_secret() -> None:
+    # Decoded once, `\u0022` closed the string (the text became JSON) and `\u005cu0074`
+    # became `\u0074`, which the tool's own parse decoded to the secret.
+    secret = "tok-abcdef1234567890/xyz"
+    r = Redactor({"API_KEY": secret})
+    for text in (r'{"command": "echo \u0074ok-abcdef1234567890\/xyz; echo \u005cu0074ok-abcdef1234567890\/xyz\u0022}',
+                 r'{"c": "\u0074ok-abcdef1234567890\/xyz\u0022, "d": "\u005c\u0075\u0030\u0030\u0037\u0034ok"}',
+                 '{"c": "tok-abcdef1234567890\\/xyz'):
+        out = r.redact_known_arguments(text)
+        assert all(secret not in d for d in _decoded_every_way(out)), out
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=st.lists(st.sampled_from(['{"c": "', '"', "}", "\\u0022", "\\u005c", "\\\\", "\\/", " ", "x",
+                                       "SECRET", "ESCAPED", "DOUBLE", "SLASHED"]), max_size=12))
+def test_no_spelling_of_the_secret_in_broken_json_survives(parts: list[str]) -> None:
+    import json
+
+    secret = "tok-abc/def123456"
+    spellings = {"SECRET": secret, "ESCAPED": "".join(f"\\u{ord(c):04x}" for c in secret),
+                 "DOUBLE": "".join(f"\\u005cu{ord(c):04x}" for c in secret), "SLASHED": secret.replace("/", "\\/")}
+    text = "".join(spellings.get(p, p) for p in parts)
+    out = Redactor({"API_KEY": secret}).redact_known_arguments(text)
+    try:
+        parsed = json.loads(out)
+    except ValueError:
+        parsed = None
+    assert secret not in json.dumps(parsed, ensure_ascii=False)  # what a tool would receive
+    if parsed is None:
+        # Not JSON: the call fails. Neither it nor one decoding of it holds the secret; only
+        # a spelling that nothing decodes (a double escape, left as the model sent it) may.
+        assert secret not in "".join(_decoded_every_way(out, rounds=1))
