@@ -180,10 +180,10 @@ def test_the_store_kept_from_file_tools_is_the_file_the_store_opens(workspace: P
 
 @pytest.mark.parametrize(("folder", "order"), [
     ("vendor/", ["config", "HEAD", "objects/info/.keep", "refs/heads/.keep"]),
-    ("vendor/", ["refs/heads/.keep", "objects/info/.keep", "config", "HEAD"]),
+    ("vendor/", ["refs/heads/.keep", "objects/info/.keep", "config"]),  # a common dir's shape: no HEAD
     ("vendor/", ["config", "HEAD", "commondir"]),
     ("", ["config", "HEAD", "objects/info/.keep", "refs/heads/.keep"]),  # the workspace itself, bare
-], ids=["config-first", "head-last", "commondir", "workspace-root"])
+], ids=["config-first", "config-last", "commondir", "workspace-root"])
 def test_file_writes_one_by_one_do_not_assemble_a_repository(workspace: Path, tmp_path: Path,
                                                              folder: str, order: list[str]) -> None:
     # Each write alone lands in a folder that is not yet a git dir; together they would make
@@ -233,3 +233,32 @@ def test_a_head_link_and_executable_files_count_as_git_does(workspace: Path, tmp
     subprocess.run(["git", "status"], cwd=odd, capture_output=True, timeout=30,
                    env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
     assert not pwned.exists() and not (odd / "config").exists()
+
+
+def test_a_common_dir_named_by_a_planted_commondir_is_not_assembled_either(workspace: Path, tmp_path: Path) -> None:
+    # vendor/HEAD and vendor/commondir (../common) as the repository's content had them;
+    # git then reads objects/, refs/ and the config of common/, which needs no HEAD. The
+    # file tools may make common/objects and common/refs, but not the config that would
+    # run a program at the user's next paged git command in vendor/.
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    vendor = workspace / "vendor"
+    vendor.mkdir()
+    (vendor / "HEAD").write_text("ref: refs/heads/main\n")
+    (vendor / "commondir").write_text("../common\n")
+    pwned = tmp_path / "PWNED"
+    config = f'[core]\n\trepositoryformatversion = 0\n\tpager = "touch {pwned}; cat"\n'
+    results = [call(workspace, "write_file", path=p, content="")
+               for p in ("common/objects/info/.keep", "common/refs/heads/.keep")]
+    assert all(r.error is None for r in results), results
+    git_env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)}
+    found = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=vendor, capture_output=True,
+                           text=True, env=git_env)
+    assert found.returncode == 0 and found.stdout.strip().endswith("common"), found  # git's own view
+    result = call(workspace, "write_file", path="common/config", content=config)
+    assert result.error and "git directory" in result.error, result
+    subprocess.run(["git", "-c", "core.pager=", "branch"], cwd=vendor, capture_output=True, timeout=30, env=git_env)
+    assert not pwned.exists() and not (workspace / "common" / "config").exists()

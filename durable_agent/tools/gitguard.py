@@ -154,8 +154,10 @@ def inside_git_dir(target: Path, root: Path, requested: str = "") -> bool:
 
 def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
     """The shape git recognises a repository by (HEAD, with objects/ and refs/ or a
-    `commondir`), counting what `writing` is about to create: writes made one by one (the
-    config first, while the folder is not yet a repository) must not assemble one."""
+    `commondir`), or a common dir another one's `commondir` may name (objects/ and refs/,
+    no HEAD needed, whose config git reads), counting what `writing` is about to create:
+    writes made one by one (the config first, while the folder is not yet a repository)
+    must not assemble one."""
 
     def made(name: str, *, folder: bool) -> bool:
         entry = path / name
@@ -165,8 +167,10 @@ def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
             return os.access(entry, os.X_OK)
         return entry.is_file() or entry.is_symlink()  # git reads a HEAD link without following it
 
-    return made("HEAD", folder=False) and (
-        (made("objects", folder=True) and made("refs", folder=True)) or made("commondir", folder=False))
+    stores = made("objects", folder=True) and made("refs", folder=True)
+    if made("HEAD", folder=False):
+        return stores or made("commondir", folder=False)
+    return stores and made("config", folder=False)
 
 
 def _gitfile_target(path: str) -> str | None:
