@@ -4,8 +4,8 @@ recorded as the CLI records them, and the refusals (no token, wrong host, no CSR
 
 from __future__ import annotations
 
+import contextlib
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -278,30 +278,62 @@ def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
     assert "forked from" not in c.get("/runs/done").text
 
 
-@pytest.mark.slow  # a real server process, and a stand-in browser ($BROWSER, as webbrowser reads it)
-def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Not the link itself: any user can read a command line in /proc, and the link carries
-    # what it takes to act on runs.
+def _stand_in_browser(tmp_path: Path) -> tuple[Path, Path]:
+    """A $BROWSER (as webbrowser reads it) that notes what it was given, the modes of the
+    page and its folder, and the page's text."""
     opened, page = tmp_path / "opened.txt", tmp_path / "page.html"
     browser = tmp_path / "browser.sh"
     browser.write_text(f'#!/bin/sh\np="${{1#file://}}"\nstat -c %a "$p" "$(dirname "$p")" > {tmp_path}/modes\n'
                        f'cat "$p" > {page}\necho "$1" >> {opened}\n')
     browser.chmod(0o755)
+    return browser, opened
+
+
+@pytest.mark.slow  # real server processes, and a stand-in browser
+def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Not the link itself: any user can read a command line in /proc, and the link carries
+    # what it takes to act on runs. Nor in $TMPDIR, which a sandboxed command may see.
+    import urllib.error
+    import urllib.request
+
+    browser, opened = _stand_in_browser(tmp_path)
+    runtime, tmpdir = tmp_path / "run", tmp_path / "tmpdir"
+    runtime.mkdir(mode=0o700)
+    tmpdir.mkdir()
     secret = "open-token-" + "z" * 16
-    proc, url = start_ui({**env, "BROWSER": str(browser)}, env["DURABLE_AGENT_DB"], "--open", "--token", secret,
-                         log=tmp_path / "ui.log")
+    base = {**env, "BROWSER": str(browser), "TMPDIR": str(tmpdir)}
+    proc, url = start_ui({**base, "XDG_RUNTIME_DIR": str(runtime)}, env["DURABLE_AGENT_DB"], "--open",
+                         "--token", secret, log=tmp_path / "ui.log")
     try:
         wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
         (given,) = opened.read_text().splitlines()
-        assert given.startswith("file:///") and secret not in given
-        assert Path(given.removeprefix("file://")).exists()
+        assert given.startswith(f"file://{runtime}/durable-agent-ui-") and secret not in given
+        folder = Path(given.removeprefix("file://")).parent
+        assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
+        assert f'content="0; url={url}?token={secret}"' in (tmp_path / "page.html").read_text()
+        assert folder.exists()
+        with contextlib.suppress(urllib.error.HTTPError):  # the redirect that sets the cookie
+            urllib.request.urlopen(f"{url}?token={secret}", timeout=10)
+        assert not folder.exists()  # the browser has followed it: the page is gone at once
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C, as the view's first line says
+        stop(proc)
+    assert list(tmpdir.iterdir()) == []
+
+    # Without a private $XDG_RUNTIME_DIR: /tmp (private under bubblewrap), still not $TMPDIR;
+    # stopped by SIGTERM before the link is used, the view takes the page with it.
+    opened.unlink()
+    proc, url = start_ui({k: v for k, v in base.items() if k != "XDG_RUNTIME_DIR"}, env["DURABLE_AGENT_DB"],
+                         "--open", log=tmp_path / "ui2.log")
+    try:
+        wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
+        (given,) = opened.read_text().splitlines()
+        folder = Path(given.removeprefix("file://")).parent
+        assert given.startswith("file:///tmp/durable-agent-ui-") and folder.exists()
+    finally:
+        proc.terminate()
         proc.wait(timeout=10)
         stop(proc)
-    assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
-    assert f'content="0; url={url}?token={secret}"' in page.read_text()  # opening it sets the cookie
-    assert not Path(given.removeprefix("file://")).parent.exists()  # gone with the view
+    assert not folder.exists() and list(tmpdir.iterdir()) == []
 
 
 @pytest.mark.slow

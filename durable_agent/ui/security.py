@@ -46,6 +46,7 @@ class Access:
     token: str | None = None
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # to act, without a token
+    on_link: Callable[[], None] | None = field(default=None, compare=False)  # called as the link is used
 
     def token_ok(self, offered: str | None) -> bool:
         return self.token is None or (offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()))
@@ -117,6 +118,8 @@ class Guard:
             rest = urlencode({k: v for k, v in query.items() if k != "token"}, doseq=True)
             cookie = f"{COOKIE}={given}; HttpOnly; SameSite=Strict; Path=/".encode()
             location = (scope["path"] + (f"?{rest}" if rest else "")).encode()
+            if self.access.on_link is not None:
+                self.access.on_link()
             await _plain(send, 303, "token accepted", [(b"set-cookie", cookie), (b"location", location)])
             return
         if not self.access.token_ok(_offered_token(headers)):

@@ -10,7 +10,9 @@ import html
 import ipaddress
 import os
 import shutil
+import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "DURABLE_AGENT_UI_TOKEN"
 MIN_TOKEN = 16
-PAGE_SECONDS = 120.0  # how long `--open`'s page stays for a browser slow to start
+PAGE_SECONDS = 120.0  # how long `--open`'s page waits for a browser slow to start
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     from durable_agent.ui.security import Access
 
     store = open_store(settings)
-    access = Access(token=options.token)
+    pages: list[Path] = []  # --open's page: gone once the link is used (or see _redirect_page)
+    access = Access(token=options.token, on_link=lambda: _remove(pages))
     user = "token-holder" if options.token else _user()
     app = build_app(UiConfig(store=store, access=access, user=user, poll_s=options.poll_s))
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
@@ -99,33 +102,68 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     # printed back; without one, the link carries the key that acting takes (security.py).
     link = url + f"?token={access.link_secret}"
     print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    page = _redirect_page(link) if options.open_browser else None
-    if page is not None:
-        threading.Timer(0.5, webbrowser.open, args=(page.as_uri(),)).start()
-        gone = threading.Timer(PAGE_SECONDS, shutil.rmtree, args=(page.parent,), kwargs={"ignore_errors": True})
-        gone.daemon = True
-        gone.start()
+    if options.open_browser:
+        _open_in_browser(link, pages)
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        if page is not None:
-            shutil.rmtree(page.parent, ignore_errors=True)
+        _remove(pages)
     return 0
 
 
-def _redirect_page(link: str) -> Path:
+def _open_in_browser(link: str, pages: list[Path]) -> None:
+    page = _redirect_page(link)
+    if page is None:
+        return
+    pages.append(page)
+    threading.Timer(0.5, webbrowser.open, args=(page.as_uri(),)).start()
+    gone = threading.Timer(PAGE_SECONDS, _remove, args=(pages,))
+    gone.daemon = True
+    gone.start()
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # to end through `finally` (uvicorn re-raises SIGTERM)
+        signal.signal(signum, _exit_on)
+
+
+def _exit_on(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _remove(pages: list[Path]) -> None:
+    while pages:
+        shutil.rmtree(pages.pop().parent, ignore_errors=True)
+
+
+def _redirect_page(link: str) -> Path | None:
     """A page that sends the browser on to `link`, for the browser's command line instead of
     the link: any user on the machine can read a command line (/proc/PID/cmdline), and the
-    link holds what acting on runs takes. The page is the user's own (a private folder;
-    under bubblewrap, commands see a private /tmp) and goes once the browser has had time to
-    read it, or when the view stops (a SIGTERM may leave it: its key died with the view)."""
-    folder = Path(tempfile.mkdtemp(prefix="durable-agent-ui-"))
-    page = folder / "open.html"
-    fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    link holds what acting on runs takes. The page is the user's own, in a private folder in
+    $XDG_RUNTIME_DIR or /tmp, never $TMPDIR: under bubblewrap commands see a private /run and
+    /tmp, but the rest of the disk. It goes once the link is used, after PAGE_SECONDS, or
+    when the view stops. None (said in one line) when it cannot be made: the link is printed."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="durable-agent-ui-", dir=_private_base()))
+        page = folder / "open.html"
+        fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        print(f"durable-agent ui: cannot make the page --open hands the browser ({exc.strerror or exc}): "
+              "open the link above", file=sys.stderr, flush=True)
+        return None
     target = html.escape(link, quote=True)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
                 f'<title>durable-agent ui</title><a href="{target}">Open the durable-agent view</a>\n')
     return page
+
+
+def _private_base() -> str:
+    """$XDG_RUNTIME_DIR when it is the user's own and closed to others, else /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    try:
+        st = os.stat(runtime) if os.path.isabs(runtime) else None
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return runtime
+    return "/tmp"
