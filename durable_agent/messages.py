@@ -50,7 +50,7 @@ def sha256_text(text: str) -> str:
 def _parse_object(arguments: str) -> dict[str, Any] | None:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python recurses: not usable either
         return None
     return value if isinstance(value, dict) else None
 
@@ -103,7 +103,10 @@ class ToolCall:
         value = _parse_object(self.arguments)
         if value is not None:
             return value
-        value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+        try:
+            value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+        except RecursionError:
+            raise ValueError("arguments nest too deeply to read") from None
         # Valid JSON, but not an object ("[1,2]", "3", "\"x\""): say so, not "not valid JSON".
         raise ValueError(f"arguments must be a JSON object, not {_json_kind(value)}")
 

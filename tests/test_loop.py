@@ -317,3 +317,16 @@ def test_a_tool_that_raises_is_an_observation_not_a_crash(cli_inproc, write_scri
     assert results[0] == "Error: RuntimeError: boom inside the tool"
     assert results[1].startswith("Error:") and "a.txt" in results[1]
     assert (workspace / "a.txt").read_text() == "a file, not a folder\n"
+
+
+def test_arguments_nested_past_pythons_recursion_limit_are_an_error_the_model_sees(cli, write_script, sql) -> None:  # type: ignore[no-untyped-def]
+    # json.loads raises RecursionError, not ValueError, for a value nested ~1,000 deep: the
+    # run ended "failed (tool_error): unexpected RecursionError".
+    deep = "[" * 100_000 + "]" * 100_000
+    script = write_script([
+        {"tool_calls": [{"name": "write_file", "arguments": '{"path": "a.txt", "content": "x", "n": ' + deep + "}"}]},
+        {"content": "done"}])
+    r = cli("start", "t", "--model", script, "--run-id", "deep")
+    assert r.code == 0, r.stderr
+    (error,) = sql("SELECT error FROM steps WHERE run_id = 'deep' AND kind = 'tool'")[0]
+    assert error == "invalid arguments for write_file: arguments nest too deeply to read"
