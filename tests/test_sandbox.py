@@ -234,6 +234,24 @@ def test_make_a_compiler_and_a_nested_repo_commit_work_inside_the_sandbox(  # ty
     assert (workspace / "hello").is_file()
 
 
+def test_a_bare_repository_a_command_made_is_protected_from_the_next_command(  # type: ignore[no-untyped-def]
+        cli, workspace, write_script, db_path, tmp_path) -> None:
+    # Not named .git, so only its shape says it is one: the config a later command plants
+    # would run at the user's next paged git command there, outside any sandbox.
+    need_bwrap()
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    pwned = tmp_path / "PWNED"
+    script = write_script(_turns("git init -q --bare tools && ls tools",
+                                 f"printf '[core]\\n\\tpager = touch {pwned}\\n' >> tools/config; tail -n 1 tools/config"))
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "bare")
+    assert r.code == 0, r.stderr
+    made, planted = _tool_outputs(db_path, "bare")
+    assert made.startswith("exit code: 0") and "objects" in made, made
+    assert "Read-only file system" in planted, planted
+    assert "pager" not in (workspace / "tools" / "config").read_text()
+
+
 def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_script, db_path) -> None:  # type: ignore[no-untyped-def]
     need_bwrap()
     (workspace / "a.txt").write_text("a\n")

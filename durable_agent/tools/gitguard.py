@@ -20,7 +20,8 @@ in a workspace repo still work inside the sandbox):
 
 The file tools refuse to write anywhere inside any git dir (`inside_git_dir`).
 
-Repositories are found when a command starts; one *created* by a command (`git init`, or
+Repositories are found when a command starts, `.git` folders and bare ones under any name
+(`_looks_like_git_dir`); one *created* by a command (`git init`, `git init --bare tools`, or
 `mkdir sub/.git` and a planted config) is protected from the next command on, but what the
 creating command wrote into it stays. `git_state` before and `git_changes` after each
 command name such changes in the command's result (and under Landlock, which cannot make
@@ -54,6 +55,13 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
     dirs: list[Path] = []
     files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
+        # A bare repository or a common dir under any name (`git init --bare tools`); the
+        # names first, so most folders cost no stat (a link or file HEAD is in filenames).
+        if ("HEAD" in filenames or "HEAD" in dirnames or "config" in filenames) and _looks_like_git_dir(
+                Path(dirpath)):
+            dirs.append(Path(dirpath))
+            dirnames[:] = []  # its objects/ hold nothing of the kind
+            continue
         if ".git" in dirnames or ".git" in filenames:
             entry = os.path.join(dirpath, ".git")
             if os.path.islink(entry):
