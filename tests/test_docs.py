@@ -64,7 +64,7 @@ def test_the_readme_and_models_doc_name_model_calls_and_answers_that_are_not_fin
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Flags in backticks that belong to other programs (servers, bwrap, pytest, git, scripts/test).
 FOREIGN_FLAGS = {"--basetemp", "--cap-drop", "--enable-auto-tool-choice", "--tool-call-parser", "--jinja",
-                 "--new-session", "--filter", "--fast"}
+                 "--new-session", "--filter", "--fast", "--bare"}
 # The benchmark's own flags (scripts/bench.py), which exist there.
 BENCH_SOURCE = (ROOT / "scripts" / "bench.py").read_text()
 FOREIGN_FLAGS |= {f for f in ("--pg", "--instructions", "--json", "--steps", "--repeat")
