@@ -223,6 +223,22 @@ def floor_c_pg(transactions: list[list[tuple[str, Any, bool]]], url: str) -> flo
 
 
 def pg_table(base: str, sizes: list[int], repeat: int, root: Path) -> list[dict[str, Any]]:
+    try:
+        return _pg_table(base, sizes, repeat, root)
+    finally:
+        _drop_schemas(base, f"da\\_%\\_{os.getpid()}\\_%")
+
+
+def _drop_schemas(base: str, like: str) -> None:
+    """The schemas this run made (they hold a store each: left, they would fill the server)."""
+    import psycopg
+
+    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+        for (name,) in c.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (like,)).fetchall():
+            c.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+def _pg_table(base: str, sizes: list[int], repeat: int, root: Path) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
         rows = []
