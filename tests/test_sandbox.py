@@ -252,6 +252,29 @@ def test_a_bare_repository_a_command_made_is_protected_from_the_next_command(  #
     assert "pager" not in (workspace / "tools" / "config").read_text()
 
 
+@pytest.mark.parametrize(("make", "config"), [
+    # A folder shaped like a bare repository (here the workspace root itself) hid every
+    # repository below it from the walk: the workspace's own .git/config became writable.
+    ("mkdir objects refs && touch config && git init -q && ls", ".git/config"),
+    # A repository under a name the walk skips, and a common dir inside a .git, named by
+    # a commondir file: git reads both configs.
+    ("git init -q --bare node_modules && ls node_modules", "node_modules/config"),
+    ("mkdir -p c/.git/x/objects c/.git/x/refs v && touch c/.git/x/config && "
+     "echo 'ref: refs/heads/main' > v/HEAD && echo ../c/.git/x > v/commondir && ls v", "c/.git/x/config"),
+], ids=["root-shaped-like-one", "skipped-name", "common-dir-inside-dot-git"])
+def test_every_config_git_would_read_is_read_only_for_the_next_command(  # type: ignore[no-untyped-def]
+        cli, workspace, write_script, db_path, make, config) -> None:
+    need_bwrap()
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    script = write_script(_turns(make, f"echo '[core]' >> {config} && echo wrote"))
+    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "cfg")
+    assert r.code == 0, r.stderr
+    made, planted = _tool_outputs(db_path, "cfg")
+    assert made.startswith("exit code: 0"), made
+    assert "wrote" not in planted and ("Read-only file system" in planted or "busy" in planted), planted
+
+
 def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_script, db_path) -> None:  # type: ignore[no-untyped-def]
     need_bwrap()
     (workspace / "a.txt").write_text("a\n")

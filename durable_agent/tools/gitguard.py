@@ -60,8 +60,8 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
         if ("HEAD" in filenames or "HEAD" in dirnames or "config" in filenames) and _looks_like_git_dir(
                 Path(dirpath)):
             dirs.append(Path(dirpath))
-            dirnames[:] = []  # its objects/ hold nothing of the kind
-            continue
+            if "objects" in dirnames:
+                dirnames.remove("objects")  # git's object store: nothing of the kind inside
         if ".git" in dirnames or ".git" in filenames:
             entry = os.path.join(dirpath, ".git")
             if os.path.islink(entry):
@@ -75,8 +75,30 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
                 pointed = _gitfile_target(entry)
                 if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
                     dirs.append(Path(pointed))
+        # Not walked into, but a repository by itself (`git init --bare node_modules`).
+        dirs += [Path(dirpath, d) for d in dirnames
+                 if d in _NO_DESCENT and d != ".git" and _looks_like_git_dir(Path(dirpath, d))]
         dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT]
+    # The common dirs their `commondir` files name, wherever they are in the workspace (inside
+    # a .git or a folder not walked): git reads the config there too.
+    for gitdir in list(dirs):
+        common = _commondir_target(gitdir)
+        if common is not None and _inside(common, root) and os.path.isdir(common):
+            dirs.append(Path(common))
     return sorted(set(dirs)), sorted(set(files))
+
+
+def _commondir_target(gitdir: Path) -> str | None:
+    path = gitdir / "commondir"
+    if not path.is_file():
+        return None
+    try:
+        first = _head(str(path)).split(b"\n", 1)[0].strip()
+    except OSError:
+        return None
+    if not first or first.startswith(b"\0"):
+        return None
+    return os.path.realpath(os.path.join(gitdir, os.fsdecode(first)))
 
 
 def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
