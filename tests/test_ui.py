@@ -292,48 +292,59 @@ def _stand_in_browser(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.slow  # real server processes, and a stand-in browser
 def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Not the link itself: any user can read a command line in /proc, and the link carries
-    # what it takes to act on runs. Nor in $TMPDIR, which a sandboxed command may see.
+    # what it takes to act on runs. Nor where a sandboxed command may read it: $TMPDIR, or a
+    # runtime dir outside /run (bubblewrap replaces only /run and /tmp).
+    import signal
+    import tempfile
     import urllib.error
     import urllib.request
 
     browser, opened = _stand_in_browser(tmp_path)
-    runtime, tmpdir = tmp_path / "run", tmp_path / "tmpdir"
-    runtime.mkdir(mode=0o700)
+    tmpdir, elsewhere = tmp_path / "tmpdir", tmp_path / "run"
     tmpdir.mkdir()
+    elsewhere.mkdir(mode=0o700)
     secret = "open-token-" + "z" * 16
     base = {**env, "BROWSER": str(browser), "TMPDIR": str(tmpdir)}
-    proc, url = start_ui({**base, "XDG_RUNTIME_DIR": str(runtime)}, env["DURABLE_AGENT_DB"], "--open",
-                         "--token", secret, log=tmp_path / "ui.log")
-    try:
-        wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
-        (given,) = opened.read_text().splitlines()
-        assert given.startswith(f"file://{runtime}/durable-agent-ui-") and secret not in given
-        folder = Path(given.removeprefix("file://")).parent
-        assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
-        assert f'content="0; url={url}?token={secret}"' in (tmp_path / "page.html").read_text()
-        assert folder.exists()
-        with contextlib.suppress(urllib.error.HTTPError):  # the redirect that sets the cookie
-            urllib.request.urlopen(f"{url}?token={secret}", timeout=10)
-        assert not folder.exists()  # the browser has followed it: the page is gone at once
-    finally:
-        stop(proc)
-    assert list(tmpdir.iterdir()) == []
 
-    # Without a private $XDG_RUNTIME_DIR: /tmp (private under bubblewrap), still not $TMPDIR;
-    # stopped by SIGTERM before the link is used, the view takes the page with it.
-    opened.unlink()
-    proc, url = start_ui({k: v for k, v in base.items() if k != "XDG_RUNTIME_DIR"}, env["DURABLE_AGENT_DB"],
-                         "--open", log=tmp_path / "ui2.log")
-    try:
+    def opened_page(log: str, extra: dict[str, str], *flags: str) -> tuple[Any, str, Path]:
+        opened.unlink(missing_ok=True)
+        proc, url = start_ui({**base, **extra}, env["DURABLE_AGENT_DB"], "--open", *flags, log=tmp_path / log)
         wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
         (given,) = opened.read_text().splitlines()
-        folder = Path(given.removeprefix("file://")).parent
-        assert given.startswith("file:///tmp/durable-agent-ui-") and folder.exists()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        stop(proc)
-    assert not folder.exists() and list(tmpdir.iterdir()) == []
+        assert given.startswith("file:///") and secret not in given and "token" not in given
+        return proc, url, Path(given.removeprefix("file://")).parent
+
+    try:
+        runtime = Path(tempfile.mkdtemp(dir="/run"))  # a runtime dir as systemd makes them
+    except OSError:
+        runtime = None
+    if runtime is not None:
+        try:
+            proc, url, folder = opened_page("ui1.log", {"XDG_RUNTIME_DIR": str(runtime)}, "--token", secret)
+            try:
+                assert folder.parent == runtime and folder.exists()
+                assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
+                assert f'content="0; url={url}?token={secret}"' in (tmp_path / "page.html").read_text()
+                with contextlib.suppress(urllib.error.HTTPError):  # the redirect that sets the cookie
+                    urllib.request.urlopen(f"{url}?token={secret}", timeout=10)
+                assert not folder.exists()  # the browser has followed it: the page is gone at once
+            finally:
+                stop(proc)
+        finally:
+            runtime.rmdir()
+
+    # A runtime dir that is not under /run: /tmp instead. SIGTERM takes the page along.
+    proc, url, folder = opened_page("ui2.log", {"XDG_RUNTIME_DIR": str(elsewhere)})
+    assert folder.parent == Path("/tmp") and folder.exists()
+    proc.terminate()
+    assert proc.wait(timeout=10) == 143 and not folder.exists()
+
+    # A closed terminal (SIGHUP): stopped as uvicorn stops, without a traceback, page gone.
+    proc, url, folder = opened_page("ui3.log", {})
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=10) == 129 and not folder.exists()
+    assert "Traceback" not in (tmp_path / "ui3.log").read_text()
+    assert list(tmpdir.iterdir()) == [] and list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ absence is one line naming it."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import html
 import ipaddress
@@ -19,7 +20,7 @@ import threading
 import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from durable_agent.errors import ConfigError
 
@@ -102,15 +103,29 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     # printed back; without one, the link carries the key that acting takes (security.py).
     link = url + f"?token={access.link_secret}"
     print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    if options.open_browser:
-        _open_in_browser(link, pages)
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    hung_up: list[int] = []
+    if options.open_browser:
+        _open_in_browser(link, pages)
+        # Stopped by a signal, the view still takes the page with it: SIGTERM, which uvicorn
+        # re-raises once it has shut down, then ends through `finally`; SIGHUP (a closed
+        # terminal) shuts it down the way uvicorn's own signals do.
+        signal.signal(signal.SIGTERM, _exit_on)
+        signal.signal(signal.SIGHUP, functools.partial(_stop, server, hung_up))
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         _remove(pages)
+    if hung_up:
+        raise SystemExit(128 + hung_up[0])
     return 0
+
+
+def _stop(server: Any, seen: list[int], signum: int, _frame: object) -> None:
+    seen.append(signum)
+    server.should_exit = True
 
 
 def _open_in_browser(link: str, pages: list[Path]) -> None:
@@ -118,12 +133,11 @@ def _open_in_browser(link: str, pages: list[Path]) -> None:
     if page is None:
         return
     pages.append(page)
-    threading.Timer(0.5, webbrowser.open, args=(page.as_uri(),)).start()
-    gone = threading.Timer(PAGE_SECONDS, _remove, args=(pages,))
-    gone.daemon = True
-    gone.start()
-    for signum in (signal.SIGTERM, signal.SIGHUP):  # to end through `finally` (uvicorn re-raises SIGTERM)
-        signal.signal(signum, _exit_on)
+    for delay, action in ((0.5, lambda: webbrowser.open(page.as_uri()) if pages else None),
+                          (PAGE_SECONDS, lambda: _remove(pages))):
+        timer = threading.Timer(delay, action)
+        timer.daemon = True  # not after the view has stopped
+        timer.start()
 
 
 def _exit_on(signum: int, _frame: object) -> None:
@@ -131,16 +145,20 @@ def _exit_on(signum: int, _frame: object) -> None:
 
 
 def _remove(pages: list[Path]) -> None:
-    while pages:
-        shutil.rmtree(pages.pop().parent, ignore_errors=True)
+    while True:
+        try:
+            page = pages.pop()
+        except IndexError:  # (the link used as the timer ran out: both remove)
+            return
+        shutil.rmtree(page.parent, ignore_errors=True)
 
 
 def _redirect_page(link: str) -> Path | None:
     """A page that sends the browser on to `link`, for the browser's command line instead of
     the link: any user on the machine can read a command line (/proc/PID/cmdline), and the
     link holds what acting on runs takes. The page is the user's own, in a private folder in
-    $XDG_RUNTIME_DIR or /tmp, never $TMPDIR: under bubblewrap commands see a private /run and
-    /tmp, but the rest of the disk. It goes once the link is used, after PAGE_SECONDS, or
+    $XDG_RUNTIME_DIR (under /run) or /tmp, never $TMPDIR: under bubblewrap commands see a
+    private /run and /tmp, but the rest of the disk (under Landlock, all of it). It goes once the link is used, after PAGE_SECONDS, or
     when the view stops. None (said in one line) when it cannot be made: the link is printed."""
     try:
         folder = Path(tempfile.mkdtemp(prefix="durable-agent-ui-", dir=_private_base()))
@@ -158,12 +176,14 @@ def _redirect_page(link: str) -> Path | None:
 
 
 def _private_base() -> str:
-    """$XDG_RUNTIME_DIR when it is the user's own and closed to others, else /tmp."""
+    """$XDG_RUNTIME_DIR when it is the user's own, closed to others, and under /run (which
+    bubblewrap replaces for commands, as /tmp; WSL's lies elsewhere), else /tmp."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    real = os.path.realpath(runtime) if os.path.isabs(runtime) else ""
     try:
-        st = os.stat(runtime) if os.path.isabs(runtime) else None
+        st = os.stat(real) if real.startswith("/run/") else None
     except OSError:
         st = None
     if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
-        return runtime
+        return real
     return "/tmp"
