@@ -52,7 +52,23 @@ def _parse_object(arguments: str) -> dict[str, Any] | None:
         value = json.loads(arguments) if arguments.strip() else {}
     except (ValueError, RecursionError):  # nested deeper than Python recurses: not usable either
         return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, dict) and not _deeper_than(value, MAX_ARGUMENT_DEPTH) else None
+
+
+MAX_ARGUMENT_DEPTH = 100
+"""Nesting a tool call's arguments may have. Deeper ones are refused where they come in:
+stored as parsed values, every later reader (show, export, resume) would recurse on them."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and objects more than `limit` deep (without recursing)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
 
 
 @lru_cache(maxsize=16)
@@ -103,10 +119,13 @@ class ToolCall:
         value = _parse_object(self.arguments)
         if value is not None:
             return value
+        too_deep = ValueError(f"arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep")
         try:
             value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
         except RecursionError:
-            raise ValueError("arguments nest too deeply to read") from None
+            raise too_deep from None
+        if _deeper_than(value, MAX_ARGUMENT_DEPTH):
+            raise too_deep
         # Valid JSON, but not an object ("[1,2]", "3", "\"x\""): say so, not "not valid JSON".
         raise ValueError(f"arguments must be a JSON object, not {_json_kind(value)}")
 

@@ -183,8 +183,8 @@ def _maybe_json(text: Any) -> Any:
         return text
     try:
         return storable(json.loads(text))  # JSON text may spell a lone surrogate or NUL
-    except ValueError:
-        return text  # malformed arguments are part of the story: keep them as written
+    except (ValueError, RecursionError):
+        return text  # malformed (or too deep) arguments are part of the story: kept as written
 
 
 # -- ordering ------------------------------------------------------------------------------

@@ -329,4 +329,4 @@ def test_arguments_nested_past_pythons_recursion_limit_are_an_error_the_model_se
     r = cli("start", "t", "--model", script, "--run-id", "deep")
     assert r.code == 0, r.stderr
     (error,) = sql("SELECT error FROM steps WHERE run_id = 'deep' AND kind = 'tool'")[0]
-    assert error == "invalid arguments for write_file: arguments nest too deeply to read"
+    assert error == "invalid arguments for write_file: arguments nest more than 100 levels deep"

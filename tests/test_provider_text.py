@@ -164,3 +164,12 @@ def test_text_protocol_end_to_end(api: Endpoint, sql: Callable[..., list[Any]]) 
                  "WHERE role = 'assistant' AND tool_calls IS NOT NULL ORDER BY seq LIMIT 1")
     assert json.loads(stored[0][0]) == {"path": "notes.txt"}
     assert sql("SELECT json_extract(settings, '$.tool_protocol') FROM runs") == [("text",)]
+
+
+def test_a_call_nested_past_pythons_recursion_limit_is_a_broken_call_not_a_failed_run() -> None:
+    # raw_decode raises RecursionError, not ValueError: the run ended "model_error".
+    deep = "[" * 3000 + "]" * 3000
+    (call,) = parse_tool_calls('TOOL_CALL {"name": "write_file", "input": ' + deep + "}", 0)
+    assert call.name == "write_file"
+    with pytest.raises(ValueError):
+        call.parsed_arguments()

@@ -58,7 +58,7 @@ def parse_tool_calls(text: str, turn: int) -> tuple[ToolCall, ...]:
         line = text[start:].split("\n", 1)[0].strip()
         try:
             obj, _ = _DECODER.raw_decode(text, start)
-        except ValueError:
+        except (ValueError, RecursionError):
             # Broken JSON: keep the name if it can be seen, so the error names the tool,
             # and pass the raw text on as the arguments, which the runner rejects.
             name = _NAME.search(line)

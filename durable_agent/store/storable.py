@@ -112,7 +112,7 @@ def read_json(text: str) -> object:
     try:
         # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
         return storable(json.loads(text))
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python recurses: shown as written
         return text
 
 
