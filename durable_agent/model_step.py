@@ -103,9 +103,9 @@ def _model_step(ctx: StepContext) -> None:
             raise
         turn_out: ModelTurn = answer
         calls = _call_ids(ctx, turn_out.tool_calls, turn)
-        redact = ctx.redactor.redact
-        message = Message("assistant", redact(turn_out.content) if turn_out.content else turn_out.content,
-                          tool_calls=calls)
+        redactor = ctx.redactor
+        message = Message("assistant", redactor.redact_known_escaped(redactor.redact(turn_out.content))
+                          if turn_out.content else turn_out.content, tool_calls=calls)
         usage = turn_out.usage
         if not usage.reported:
             usage = estimate_usage(sent, ctx.schemas, turn_out)
@@ -133,7 +133,7 @@ def _model_step(ctx: StepContext) -> None:
         if nudge is not None:
             output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
         if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
-            output["raw"] = redact(turn_out.raw)
+            output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
         step.complete(output, messages=written, counters=ctx.counters(),
                       tokens=(usage.prompt_tokens, usage.completion_tokens))
     obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message, nudge),

@@ -177,6 +177,27 @@ class Redactor:
             return text if self._known.sub(self._replace, spelt) == spelt else _NOT_JSON_WITH_SECRET
         return _JSON_STRING.sub(self._known_in_string, text)
 
+    def redact_known_escaped(self, text: str) -> str:
+        """`redact_known` for a model's free text, which may carry JSON as written (the text
+        protocol's TOOL_CALL lines, stored and sent back as they came): the secret spelt
+        with JSON escapes too. A JSON string holding it is written anew; a spelling outside
+        any (broken JSON) leaves the whole text decoded, redacted."""
+        if self._known is None or "\\" not in text:
+            return text
+        decoded = _ANY_ESCAPE.sub(_unescape, text)
+        if self._known.search(decoded) is None:
+            return text
+        out = _JSON_STRING.sub(self._known_in_any_string, text)
+        if self._known.search(_ANY_ESCAPE.sub(_unescape, out)) is None:
+            return out
+        return self._known.sub(self._replace, decoded)
+
+    def _known_in_any_string(self, match: re.Match[str]) -> str:
+        try:
+            return self._known_in_string(match)
+        except ValueError:  # prose between quotes, not a JSON string
+            return match.group()
+
     def _known_in_string(self, match: re.Match[str]) -> str:
         token = match.group()
         value = json.loads(token)

@@ -250,3 +250,16 @@ def test_no_spelling_of_the_secret_in_broken_json_survives(parts: list[str]) -> 
         # Not JSON: the call fails. Neither it nor one decoding of it holds the secret; only
         # a spelling that nothing decodes (a double escape, left as the model sent it) may.
         assert secret not in "".join(_decoded_every_way(out, rounds=1))
+
+
+def test_free_text_keeps_every_byte_unless_an_escaped_secret_is_in_it() -> None:
+    secret = "tok-abcdef1234567890"
+    r = Redactor({"API_KEY": secret})
+    prose = 'He said "C:\\path\\n" and \\d+ then "caf\\u00e9"; TOOL_CALL {"name": "x", "input": {"a": "\\u0041"}}'
+    assert r.redact_known_escaped(prose) == prose  # no secret: byte for byte, odd escapes and all
+    hidden = "".join(f"\\u{ord(c):04x}" for c in secret)
+    inside = 'TOOL_CALL {"name": "w", "input": {"c": "' + hidden + '", "n": 1e400}}'
+    assert r.redact_known_escaped(inside) == 'TOOL_CALL {"name": "w", "input": {"c": "[REDACTED:API_KEY]", "n": 1e400}}'
+    for broken in ('He said "' + hidden, 'x \\u0022' + hidden + '\\u0022 "C:\\q"'):
+        out = r.redact_known_escaped(broken)
+        assert all(secret not in d for d in _decoded_every_way(out)), out

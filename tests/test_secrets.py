@@ -160,3 +160,27 @@ def test_the_harness_secret_spelt_with_json_escapes_or_as_a_tool_name_is_replace
     for args in (["show", "escsecret"], ["export", "escsecret"], ["show", "escsecret", "--json"]):
         shown = cli(*args)
         assert shown.code == 0 and own not in shown.stdout
+
+
+def test_the_text_protocols_content_keeps_no_escaped_spelling_of_the_secret(  # type: ignore[no-untyped-def]
+        cli, write_script, workspace, db_path) -> None:
+    # With --tool-protocol text the TOOL_CALL lines are the content, stored and sent back as
+    # written: the call was redacted, but the content kept "\u0074ok-...", which the text
+    # protocol itself decodes.
+    own = "tok-" + secrets.token_hex(16)
+    escaped = "\\u00" + own[:1].encode().hex() + own[1:]
+    script = write_script([
+        {"content": 'I will write it.\nTOOL_CALL {"name": "write_file", "input": {"path": "w.txt", "content": "'
+                    + escaped + '"}}'},
+        {"content": 'Broken on purpose: TOOL_CALL {"name": "write_file", "input": {"content": "' + escaped},
+        {"content": "done"},
+    ])
+    r = cli("start", "t", "--model", script, "--run-id", "txtsecret", "--tool-protocol", "text",
+            extra_env={"DEPLOY_TOKEN": own})
+    assert r.code == 0, r.stderr
+    assert (workspace / "w.txt").read_text() == "[REDACTED:DEPLOY_TOKEN]"
+    stored = _db_bytes(db_path)
+    assert own.encode() not in stored and own[1:].encode() not in stored
+    for args in (["show", "txtsecret"], ["export", "txtsecret"]):
+        shown = cli(*args)
+        assert shown.code == 0 and own[1:] not in shown.stdout
