@@ -261,18 +261,44 @@ def test_a_bare_repository_a_command_made_is_protected_from_the_next_command(  #
     ("git init -q --bare node_modules && ls node_modules", "node_modules/config"),
     ("mkdir -p c/.git/x/objects c/.git/x/refs v && touch c/.git/x/config && "
      "echo 'ref: refs/heads/main' > v/HEAD && echo ../c/.git/x > v/commondir && ls v", "c/.git/x/config"),
-], ids=["root-shaped-like-one", "skipped-name", "common-dir-inside-dot-git"])
+    # git reads a .git file or commondir whole, dropping only trailing newlines: a name
+    # ending in a space is another folder than the one stripped of it.
+    ("git init -q --bare '.git/x ' && mkdir w && printf 'gitdir: ../.git/x \\n' > w/.git && "
+     "git -C w rev-parse --git-dir", ".git/x /config"),
+    # Inside a folder shaped like a bare repository's objects/, and behind a link into .git.
+    ("mkdir -p objects refs && touch config && git init -q objects/x && echo made", "objects/x/.git/config"),
+    ("git init -q .git/x && ln -s .git/x proj && echo made", ".git/x/.git/config"),
+], ids=["root-shaped-like-one", "skipped-name", "common-dir-inside-dot-git", "name-ending-in-a-space",
+        "inside-objects", "behind-a-link"])
 def test_every_config_git_would_read_is_read_only_for_the_next_command(  # type: ignore[no-untyped-def]
         cli, workspace, write_script, db_path, make, config) -> None:
     need_bwrap()
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    script = write_script(_turns(make, f"echo '[core]' >> {config} && echo wrote"))
+    script = write_script(_turns(make, f"echo '[core]' >> '{config}' && echo wrote"))
     r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "cfg")
     assert r.code == 0, r.stderr
     made, planted = _tool_outputs(db_path, "cfg")
     assert made.startswith("exit code: 0"), made
     assert "wrote" not in planted and ("Read-only file system" in planted or "busy" in planted), planted
+
+
+def test_a_tree_a_thousand_folders_deep_does_not_stop_the_next_command(  # type: ignore[no-untyped-def]
+        cli, write_script, db_path, workspace) -> None:
+    # Python 3.11's os.walk recursed: RecursionError before every later command, resume too.
+    need_bwrap()
+    script = write_script(_turns('mkdir -p $(printf "a/%.0s" $(seq 1100)) && echo made', "echo second"))
+    try:
+        r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "deeptree")
+        assert r.code == 0, r.stderr
+        made, second = _tool_outputs(db_path, "deeptree")
+        assert made.startswith("exit code: 0") and second.startswith("exit code: 0") and "second" in second, second
+        with sqlite3.connect(db_path) as conn:
+            notes = [r[0] for r in conn.execute("SELECT json_extract(output, '$.workspace_note') FROM steps "
+                                                "WHERE run_id = 'deeptree' AND kind = 'tool' ORDER BY seq")]
+        assert notes[0] and "levels deep left out of the snapshot" in notes[0], notes
+    finally:
+        subprocess.run(["rm", "-rf", "a"], cwd=workspace, check=False)  # (shutil.rmtree recurses)
 
 
 def test_read_only_mode_refuses_writes_in_the_workspace(cli, workspace, write_script, db_path) -> None:  # type: ignore[no-untyped-def]

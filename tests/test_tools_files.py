@@ -233,3 +233,17 @@ def _zeros_sha(size: int) -> str:
     for _ in range(size >> 20):
         h.update(chunk)
     return h.hexdigest()
+
+
+def test_search_walks_a_tree_a_thousand_folders_deep(tmp_path: Path) -> None:
+    # Python 3.11's os.walk recursed a level a call: RecursionError, a failed run.
+    import subprocess
+
+    subprocess.run(["mkdir", "-p", "/".join(["a"] * 1100)], cwd=tmp_path, check=True)  # (pathlib's recurses)
+    deep = tmp_path.joinpath(*["a"] * 1100)
+    (deep / "needle.txt").write_text("the needle\n")
+    try:
+        found = call(tmp_path, "search_text", pattern="needle")
+        assert found.error is None and "needle.txt" in found.output
+    finally:
+        subprocess.run(["rm", "-rf", "a"], cwd=tmp_path, check=True)  # (shutil.rmtree recurses too)

@@ -27,6 +27,7 @@ from durable_agent.tools.encoding import (
 )
 from durable_agent.tools.limits import cap_text, describe_binary
 from durable_agent.tools.sandbox import escapes, relative, resolve
+from durable_agent.tools.tree import walk
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 MAX_LIST_ENTRIES = 1000
@@ -185,7 +186,7 @@ class ListFiles:
             raise ToolFailure(f"not a directory: {args.path}")
         lines: list[str] = []
         base_depth = len(root.parts)
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, dirnames, filenames, _links in walk(str(root)):
             here = Path(dirpath)
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             depth = len(here.parts) - base_depth
@@ -291,7 +292,7 @@ class SearchText:
     @staticmethod
     def _files(root: Path) -> list[Path]:
         found: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, dirnames, filenames, _links in walk(str(root)):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             found.extend(Path(dirpath) / f for f in sorted(filenames))
         return found

@@ -34,9 +34,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
+
+from durable_agent.tools.tree import walk
 
 # Entries of a git dir that make git run something or read another git dir's config.
 PROTECTED_ENTRIES = ("config", "hooks", "info", "modules", "worktrees", "commondir", "config.worktree")
@@ -50,55 +53,73 @@ def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
     """(git dirs, `.git` files) inside `workspace`, all as real paths inside it.
 
     A `.git` that is a symlink or a `gitdir:` file counts by its target when the target is
-    inside the workspace (it is writable there); a target outside is read-only anyway."""
+    inside the workspace (it is writable there); a target outside is read-only anyway.
+    Repositories are also found by their shape under any name (`git init --bare tools`),
+    in the folders not walked, behind links to folders, and as the common dirs that
+    `commondir` files name: git reads the config of each."""
     root = os.path.realpath(workspace)
     dirs: list[Path] = []
     files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        # A bare repository or a common dir under any name (`git init --bare tools`); the
-        # names first, so most folders cost no stat (a link or file HEAD is in filenames).
+    for dirpath, dirnames, filenames, links in walk(root):
+        # The names first, so most folders cost no stat (a link or file HEAD is in filenames).
         if ("HEAD" in filenames or "HEAD" in dirnames or "config" in filenames) and _looks_like_git_dir(
                 Path(dirpath)):
             dirs.append(Path(dirpath))
-            if "objects" in dirnames:
-                dirnames.remove("objects")  # git's object store: nothing of the kind inside
+        if os.path.basename(dirpath) == "objects" and _looks_like_git_dir(Path(dirpath).parent):
+            dirnames[:] = [d for d in dirnames if not _OBJECT_STORE.fullmatch(d)]  # git's own: nothing inside
         if ".git" in dirnames or ".git" in filenames:
-            entry = os.path.join(dirpath, ".git")
-            if os.path.islink(entry):
-                target = os.path.realpath(entry)
-                if _inside(target, root) and os.path.isdir(target):
-                    dirs.append(Path(target))
-            elif os.path.isdir(entry):
-                dirs.append(Path(entry))
-            elif os.path.isfile(entry):
-                files.append(Path(entry))
-                pointed = _gitfile_target(entry)
-                if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
-                    dirs.append(Path(pointed))
-        # Not walked into, but a repository by itself (`git init --bare node_modules`).
-        dirs += [Path(dirpath, d) for d in dirnames
-                 if d in _NO_DESCENT and d != ".git" and _looks_like_git_dir(Path(dirpath, d))]
-        dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT]
-    # The common dirs their `commondir` files name, wherever they are in the workspace (inside
-    # a .git or a folder not walked): git reads the config there too.
-    for gitdir in list(dirs):
-        common = _commondir_target(gitdir)
+            _dot_git(os.path.join(dirpath, ".git"), root, dirs, files)
+        for d in dirnames:  # not walked into: a repository by itself, or one a link leads to
+            if d in _NO_DESCENT or d in links:
+                target = os.path.realpath(os.path.join(dirpath, d))
+                if _inside(target, root):
+                    _repository_at(target, root, dirs, files)
+        dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT and d not in links]
+    for gitdir in list(dirs):  # wherever its common dir lies in the workspace
+        common = _pointer(gitdir / "commondir", "")
         if common is not None and _inside(common, root) and os.path.isdir(common):
             dirs.append(Path(common))
     return sorted(set(dirs)), sorted(set(files))
 
 
-def _commondir_target(gitdir: Path) -> str | None:
-    path = gitdir / "commondir"
-    if not path.is_file():
-        return None
+_OBJECT_STORE = re.compile(r"[0-9a-f]{2}|pack|info")  # the entries of a git dir's objects/
+
+
+def _repository_at(path: str, root: str, dirs: list[Path], files: list[Path]) -> None:
+    if _looks_like_git_dir(Path(path)):
+        dirs.append(Path(path))
+    entry = os.path.join(path, ".git")
+    if os.path.lexists(entry):
+        _dot_git(entry, root, dirs, files)
+
+
+def _dot_git(entry: str, root: str, dirs: list[Path], files: list[Path]) -> None:
+    if os.path.islink(entry):
+        target = os.path.realpath(entry)
+        if _inside(target, root) and os.path.isdir(target):
+            dirs.append(Path(target))
+    elif os.path.isdir(entry):
+        dirs.append(Path(entry))
+    elif os.path.isfile(entry):
+        files.append(Path(entry))
+        pointed = _pointer(Path(entry), "gitdir: ")
+        if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
+            dirs.append(Path(pointed))
+
+
+def _pointer(path: Path, prefix: str) -> str | None:
+    """The real path a `.git` file (prefix "gitdir: ") or a `commondir` file names, read as
+    git reads it: the whole file, only its trailing newlines dropped (a name may end in a
+    space). None when there is none (or it is not a regular file: never blocked on)."""
     try:
-        first = _head(str(path)).split(b"\n", 1)[0].strip()
+        if not path.is_file():
+            return None
+        text = os.fsdecode(_head(str(path))).rstrip("\r\n")
     except OSError:
         return None
-    if not first or first.startswith(b"\0"):
+    if not text.startswith(prefix) or len(text) == len(prefix) or "\0" in text:
         return None
-    return os.path.realpath(os.path.join(gitdir, os.fsdecode(first)))
+    return os.path.realpath(os.path.join(path.parent, text[len(prefix):]))
 
 
 def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
@@ -203,18 +224,6 @@ def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
     return stores and made("config", folder=False)
 
 
-def _gitfile_target(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = f.readline(4096).strip()
-    except OSError:
-        return None
-    if not first.startswith("gitdir:"):
-        return None
-    target = first.removeprefix("gitdir:").strip()
-    return os.path.realpath(os.path.join(os.path.dirname(path), target))
-
-
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(os.path.join(root, ""))
 
@@ -258,13 +267,12 @@ def _digest(path: Path) -> str:
     h = hashlib.sha256()
     try:
         if path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    h.update(os.path.relpath(full, path).encode() + b"\0")
-                    with contextlib.suppress(OSError):
-                        h.update(_head(full))
+            names = sorted(os.path.relpath(os.path.join(d, f), path) for d, _, found, _ in walk(str(path))
+                           for f in found)
+            for name in names:
+                h.update(os.fsencode(name) + b"\0")
+                with contextlib.suppress(OSError):
+                    h.update(_head(os.path.join(path, name)))
         else:
             h.update(_head(str(path)))
     except OSError:

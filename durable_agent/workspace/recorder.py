@@ -21,7 +21,7 @@ from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import snapshot
 from durable_agent.workspace.manifest import Change, Manifest, changes
-from durable_agent.workspace.scan import Scanner, scanner_for
+from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 
 _CHANGES = insert(workspace_changes)
 
@@ -114,4 +114,8 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
         more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
         note = (f"{len(snap.skipped)} file(s) over the snapshot size cap "
                 f"({ctx.settings.snapshot_max_file_bytes} bytes) left out of the snapshot: {names}{more}")
+    if snap.scan.too_deep:
+        deep = snap.scan.too_deep[0].decode("utf-8", "backslashreplace")
+        note = "; ".join(filter(None, [note, f"folders nested more than {MAX_DEPTH} levels deep left out of "
+                                             f"the snapshot, with all they hold: {deep[:200]}…"]))
     return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

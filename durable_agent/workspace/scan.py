@@ -33,11 +33,15 @@ DEFAULT_EXCLUDE = (".git/", "node_modules/", ".venv/", "__pycache__/")
 StatKey = tuple[int, int, int]  # ctime_ns, size, inode
 
 
+MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
+
+
 @dataclass
 class Scan:
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap
+    too_deep: list[bytes] = field(default_factory=list)  # folders at MAX_DEPTH, left out with all below
     changed: bool = True  # False: the same manifest as this scanner's previous scan
     tree_id: str = ""  # manifest.tree_id(manifest), kept up to date by the scanner
     base: Manifest | None = None  # the scanner's previous manifest, which this one ...
@@ -215,7 +219,10 @@ class Scanner:
                 ignored = self._decisions.get((rel, True))
                 if ignored is None:
                     ignored = self._ignored(rel, True, specs)
-                if not ignored:
+                if not ignored and rel.count(b"/") >= MAX_DEPTH:
+                    w.out.too_deep.append(rel)
+                    found += 1
+                elif not ignored:
                     if self._walk(rel, specs, w) == 0:  # an empty directory is an entry
                         w.empty.append(rel)
                         self._note(rel, Entry(DIR, stat.S_IMODE(mode) & 0o777), w)
