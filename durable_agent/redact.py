@@ -173,8 +173,7 @@ class Redactor:
             # Not JSON (the call fails, but is stored and sent back): its escapes read as a
             # string's would be. Holding a secret, none of it is kept: any decoded spelling
             # could itself be JSON whose escapes decode to the secret once more.
-            spelt = _ANY_ESCAPE.sub(_unescape, text)
-            return text if self._known.sub(self._replace, spelt) == spelt else _NOT_JSON_WITH_SECRET
+            return _NOT_JSON_WITH_SECRET if self._escaped_secret(text) else text
         return _JSON_STRING.sub(self._known_in_string, text)
 
     def redact_known_escaped(self, text: str) -> str:
@@ -182,15 +181,18 @@ class Redactor:
         protocol's TOOL_CALL lines, stored and sent back as they came): the secret spelt
         with JSON escapes too. A JSON string holding it is written anew; a spelling outside
         any (broken JSON) leaves the whole text decoded, redacted."""
-        if self._known is None or "\\" not in text:
-            return text
-        decoded = _ANY_ESCAPE.sub(_unescape, text)
-        if self._known.search(decoded) is None:
+        if self._known is None or "\\" not in text or not self._escaped_secret(text):
             return text
         out = _JSON_STRING.sub(self._known_in_any_string, text)
-        if self._known.search(_ANY_ESCAPE.sub(_unescape, out)) is None:
+        if not self._escaped_secret(out):
             return out
+        *_, decoded = _spellings(text)
         return self._known.sub(self._replace, decoded)
+
+    def _escaped_secret(self, text: str) -> bool:
+        """The secret in some decoding of `text`'s escapes (see _spellings)."""
+        assert self._known is not None
+        return any(self._known.search(spelt) for spelt in _spellings(text))
 
     def _known_in_any_string(self, match: re.Match[str]) -> str:
         try:
@@ -201,7 +203,7 @@ class Redactor:
     def _known_in_string(self, match: re.Match[str]) -> str:
         token = match.group()
         value = json.loads(token)
-        cleaned = self.redact_known(value)
+        cleaned = self.redact_known_escaped(self.redact_known(value))  # a string holding JSON in turn
         return token if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
 
     def redact_json(self, obj: T) -> T:
@@ -221,6 +223,20 @@ class Redactor:
         if isinstance(obj, tuple):
             return tuple(self._walk(v, redact) for v in obj)
         return obj
+
+
+ESCAPE_LEVELS = 4  # decodings looked through; no reader here decodes more than twice
+
+
+def _spellings(text: str) -> list[str]:
+    """`text` and what decoding its JSON escapes again and again gives (a string holding
+    JSON, as the text protocol's `input` may be, is decoded twice), up to ESCAPE_LEVELS."""
+    out = [text]
+    for _ in range(ESCAPE_LEVELS):
+        if "\\" not in out[-1]:
+            break
+        out.append(_ANY_ESCAPE.sub(_unescape, out[-1]))
+    return out
 
 
 def _unescape(match: re.Match[str]) -> str:

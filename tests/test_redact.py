@@ -263,3 +263,25 @@ def test_free_text_keeps_every_byte_unless_an_escaped_secret_is_in_it() -> None:
     for broken in ('He said "' + hidden, 'x \\u0022' + hidden + '\\u0022 "C:\\q"'):
         out = r.redact_known_escaped(broken)
         assert all(secret not in d for d in _decoded_every_way(out)), out
+
+
+
+def test_a_secret_escaped_twice_or_inside_a_json_string_of_json_is_found_too() -> None:
+    # The text protocol decodes `input` given as a string holding JSON twice; a step's `raw`
+    # keeps the answer as JSON text (its content's escapes escaped again); and decoding the
+    # whole text once turned a double escape into a single one.
+    import json
+
+    secret = "sk-proj-ABCDEF1234567890abcdef"
+    r = Redactor({"MY_API_KEY": secret})
+    once = "\\u0073" + secret[1:]
+    twice = "\\\\u0073" + secret[1:]
+    texts = ['TOOL_CALL {"name": "write_file", "input": "{\\"path\\": \\"a\\", \\"content\\": \\"' + twice + '\\"}"}',
+             f"See {once} and {twice}",
+             json.dumps({"role": "assistant", "content": f"note {once}"})]
+    for text in texts:
+        out = r.redact_known_escaped(text)
+        assert all(secret not in d for d in _decoded_every_way(out)), (text, out)
+    arguments = '{"path": "a", "content": "' + twice + '"}'
+    out = r.redact_known_arguments(arguments)
+    assert all(secret not in d for d in _decoded_every_way(out)), out

@@ -172,13 +172,17 @@ def test_the_text_protocols_content_keeps_no_escaped_spelling_of_the_secret(  # 
     script = write_script([
         {"content": 'I will write it.\nTOOL_CALL {"name": "write_file", "input": {"path": "w.txt", "content": "'
                     + escaped + '"}}'},
+        # `input` as a string holding JSON, which the protocol decodes twice: escaped twice.
+        {"content": 'TOOL_CALL {"name": "write_file", "input": "{\\"path\\": \\"x.txt\\", \\"content\\": \\"'
+                    + escaped.replace("\\", "\\\\") + '\\"}"}'},
+        # Broken JSON: the final answer, kept as written but for the secret.
         {"content": 'Broken on purpose: TOOL_CALL {"name": "write_file", "input": {"content": "' + escaped},
-        {"content": "done"},
     ])
     r = cli("start", "t", "--model", script, "--run-id", "txtsecret", "--tool-protocol", "text",
             extra_env={"DEPLOY_TOKEN": own})
     assert r.code == 0, r.stderr
     assert (workspace / "w.txt").read_text() == "[REDACTED:DEPLOY_TOKEN]"
+    assert (workspace / "x.txt").read_text() == "[REDACTED:DEPLOY_TOKEN]"
     stored = _db_bytes(db_path)
     assert own.encode() not in stored and own[1:].encode() not in stored
     for args in (["show", "txtsecret"], ["export", "txtsecret"]):
