@@ -103,18 +103,20 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     # printed back; without one, the link carries the key that acting takes (security.py).
     link = url + f"?token={access.link_secret}"
     print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    # No lifespan: the app has no start-up or shut-down work, and a second signal during
+    # shut-down cancelled it with a traceback.
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
-                            proxy_headers=False, timeout_graceful_shutdown=2)
+                            proxy_headers=False, timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
     hung_up: list[int] = []
-    if options.open_browser:
-        _open_in_browser(link, pages)
-        # Stopped by a signal, the view still takes the page with it: SIGTERM, which uvicorn
-        # re-raises once it has shut down, then ends through `finally`; SIGHUP (a closed
-        # terminal) shuts it down the way uvicorn's own signals do.
-        signal.signal(signal.SIGTERM, _exit_on)
-        signal.signal(signal.SIGHUP, functools.partial(_stop, server, hung_up))
     try:
+        if options.open_browser:
+            # Stopped by a signal, the view still takes the page with it: SIGTERM, which
+            # uvicorn re-raises once it has shut down, then ends through `finally`; SIGHUP (a
+            # closed terminal) shuts it down the way uvicorn's own signals do.
+            signal.signal(signal.SIGTERM, _exit_on)
+            signal.signal(signal.SIGHUP, functools.partial(_stop, server, hung_up))
+            _open_in_browser(link, pages)
         server.run(sockets=[sock])
     finally:
         _remove(pages)
