@@ -49,18 +49,19 @@ _NO_DESCENT = frozenset({".git", "node_modules", "__pycache__", ".mypy_cache", "
                          ".ruff_cache", ".tox"})
 
 
-def find_git_dirs(workspace: Path) -> tuple[list[Path], list[Path]]:
+def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[list[Path], list[Path]]:
     """(git dirs, `.git` files) inside `workspace`, all as real paths inside it.
 
     A `.git` that is a symlink or a `gitdir:` file counts by its target when the target is
     inside the workspace (it is writable there); a target outside is read-only anyway.
     Repositories are also found by their shape under any name (`git init --bare tools`),
     in the folders not walked, behind links to folders, and as the common dirs that
-    `commondir` files name: git reads the config of each."""
+    `commondir` files name: git reads the config of each. Folders that cannot be listed
+    (`chmod 311`, a repository out of sight below) are added to `unlisted`."""
     root = os.path.realpath(workspace)
     dirs: list[Path] = []
     files: list[Path] = []
-    for dirpath, dirnames, filenames, links in walk(root):
+    for dirpath, dirnames, filenames, links in walk(root, unlisted):
         # The names first, so most folders cost no stat (a link or file HEAD is in filenames).
         if ("HEAD" in filenames or "HEAD" in dirnames or "config" in filenames) and _looks_like_git_dir(
                 Path(dirpath)):
@@ -128,8 +129,10 @@ def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
     Pinned: every git dir, and every directory between the workspace and a git dir or a
     `.git` file, bound (writable) onto itself. A mount point cannot be renamed or removed,
     so a command cannot move a repository aside and put a copy with a planted config in its
-    place (`mv .git x && cp -r x .git && echo ... >> .git/config`)."""
-    dirs, files = find_git_dirs(workspace)
+    place (`mv .git x && cp -r x .git && echo ... >> .git/config`). A folder that cannot
+    be listed is bound read-only whole: a repository below it could not be looked for."""
+    unlisted: list[str] = []
+    dirs, files = find_git_dirs(workspace, unlisted)
     root = Path(os.path.realpath(workspace))
     pins: set[Path] = set()
     for path in [*dirs, *(f.parent for f in files)]:
@@ -137,7 +140,7 @@ def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
             if here == root or not here.is_relative_to(root):
                 break
             pins.add(here)
-    paths: list[Path] = list(files)
+    paths: list[Path] = [*files, *map(Path, unlisted)]
     for gitdir in dirs:
         hooks = gitdir / "hooks"
         if not hooks.exists() and not hooks.is_symlink():

@@ -8,10 +8,10 @@ import os
 from collections.abc import Iterator
 
 
-def walk(root: str) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
+def walk(root: str, unlisted: list[str] | None = None) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
     """os.walk's top-down walk, in the same order (dirnames may be pruned or sorted in
     place). Links to folders are listed, named again in the last item, and not entered; a
-    folder that cannot be listed is passed over."""
+    folder that cannot be listed is passed over (and added to `unlisted`)."""
     stack = [root]
     while stack:
         top = stack.pop()
@@ -29,6 +29,8 @@ def walk(root: str) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
                         is_dir = False
                     (dirnames if is_dir else filenames).append(entry.name)
         except OSError:
+            if unlisted is not None:
+                unlisted.append(top)
             continue
         yield top, dirnames, filenames, links
         stack.extend(os.path.join(top, d) for d in reversed(dirnames) if d not in links)
