@@ -156,12 +156,12 @@ def transaction(conn: Connection) -> Iterator[None]:
     then two round trips (BEGIN and the fence; the rows and COMMIT), as raw psycopg making
     one insert a commit needs. Statements waiting past SEND_AT characters (a snapshot's
     blobs) go at once, so neither the client's memory nor a message outgrows them by more
-    than a row. Still one simple query a message, never pipeline mode: until
-    a message has fully arrived the server sees the transaction idle, so one whose owner
-    froze inside it, even halfway through sending, is ended once idle for as long as the
-    lease (engine._end_idle_transactions), and the run's row lock goes with it. In pipeline
-    mode, or with values sent apart from the statement, the server waits for the rest of a
-    query that never comes, and no timeout ends that."""
+    than a row. Still one simple query a message, never pipeline mode: until a message has
+    fully arrived the server sees the transaction idle, so one whose owner froze inside it,
+    even halfway through sending, is ended once idle for as long as the lease
+    (engine._end_idle_transactions), and the run's row lock goes with it. In pipeline mode,
+    or with values sent apart from the statement, the server waits for the rest of a query
+    that never comes, and no timeout ends that."""
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
     together = conn.dialect.driver == "psycopg"  # psycopg 3 (another driver's mogrify differs)
@@ -194,7 +194,7 @@ def transaction(conn: Connection) -> Iterator[None]:
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
-    cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: one message a statement (engine.py)
+    cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: values bound into the text (engine.py)
     waiting = _WAITING.get(id(dbapi_conn)) if _WAITING else None
     if waiting is not None:  # inside `transaction`: sent with the next answer read, or the COMMIT
 
