@@ -111,6 +111,15 @@ def bulky(size: int) -> dict[str, str]:
     return {"blob": "x" * size}
 
 
+@tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=True)
+def deep(depth: int) -> dict[str, object]:
+    """Structured content nested `depth` lists deep."""
+    value: object = []
+    for _ in range(depth):
+        value = [value]
+    return {"deep": value}
+
+
 @tool(annotations=ToolAnnotations(read_only_hint=True))
 def envnames() -> str:
     """The names of the server's environment variables."""

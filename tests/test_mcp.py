@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,20 @@ def test_huge_structured_content_is_not_kept(run_f: Callable[..., Any], sql: Cal
     assert big[2] == "completed" and "structured_content" not in data
     assert data["structured_content_elided"].startswith("2000012 characters of JSON")
     assert len(big[4]) < 25_000  # the text the model sees is capped (output_cap)
+
+
+def test_an_answer_the_sdk_cannot_read_fails_the_call_at_once(run_f: Callable[..., Any],
+                                                              sql: Callable[..., list[Any]]) -> None:
+    # Nested past the SDK's parser's limits, the answer was logged and dropped there, and
+    # the call waited out the whole mcp_timeout_s (120 s by default) for it.
+    started = time.monotonic()
+    r = run_f([{"tool_calls": [call("f__deep", depth=250)]}, {"tool_calls": [call("f__lookup", key="b")]},
+               {"content": "done"}], "--shell", "allow", extra="mcp_timeout_s = 60")
+    assert r.code == 0, r.stderr
+    assert time.monotonic() - started < 30
+    deep, lookup = tool_steps(sql)
+    assert deep[2] == "failed" and "could not be read" in deep[3], deep
+    assert lookup[2] == "completed"
 
 
 def test_twin_names_call_their_own_tools(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:

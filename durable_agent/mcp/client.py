@@ -82,6 +82,7 @@ class ServerConnection:
         self._holder: asyncio.Future[None] | None = None
         self._session: Any = None
         self._log: IO[str] | None = None
+        self._unreadable: tuple[int, Exception | None] = (0, None)  # messages the SDK dropped, the last
         # Only what this start of the server wrote is quoted, not an earlier one's stderr.
         path = launch.log_path
         self._log_from = path.stat().st_size if path is not None and path.exists() else 0
@@ -179,7 +180,8 @@ class ServerConnection:
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport())
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self._on_message))
                 await session.initialize()
                 self._session = session
                 ready.set_result(None)
@@ -191,6 +193,13 @@ class ServerConnection:
                     f"MCP server {self.launch.name!r} failed to start: {_describe(exc)}")))
         finally:
             self._session = None
+
+    async def _on_message(self, message: Any) -> None:
+        # A message the SDK could not read (nested past its parser's limits, say) is logged
+        # there and dropped: the answer it carried would never come, and the call would
+        # wait out its whole timeout. Counted here, it ends the call waiting (_submit).
+        if isinstance(message, Exception):
+            self._unreadable = (self._unreadable[0] + 1, message)
 
     def _transport(self) -> Any:
         launch = self.launch
@@ -235,6 +244,7 @@ class ServerConnection:
                 cancel: threading.Event | None = None) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         deadline = time.monotonic() + timeout_s
+        unreadable = self._unreadable[0]
         try:
             while True:
                 left = deadline - time.monotonic()
@@ -247,6 +257,10 @@ class ServerConnection:
                 except TimeoutError:
                     if future.done():
                         raise
+                    count, error = self._unreadable
+                    if count != unreadable and error is not None:
+                        raise ServerFailed(f"MCP server {self.launch.name!r} sent a message that could not be "
+                                           f"read, its answer lost: {_describe(error)}") from None
                     if self._holder is not None and self._holder.done():
                         # The holder ended: the server is gone and this answer will not come.
                         time.sleep(0.1)
