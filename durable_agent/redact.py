@@ -33,8 +33,11 @@ T = TypeVar("T")
 _ANY_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\\\/bfnrt]))')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _NOT_JSON_WITH_SECRET = "[REDACTED] (arguments that were not JSON and held a secret)"
+_UNCLEANABLE = "[REDACTED] (text that held a secret in a spelling too deep to clean)"
 # A string of a valid JSON text, keys included (scanned from its start, outside any string).
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# An unterminated one runs to the end of the text: a failed match retried at every later
+# quote would make the scan quadratic.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\Z)', re.DOTALL)
 
 # A credential-looking name: any of these anywhere in the name...
 _SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
@@ -187,7 +190,9 @@ class Redactor:
         if not self._escaped_secret(out):
             return out
         *_, decoded = _spellings(text)
-        return self._known.sub(self._replace, decoded)
+        out = self._known.sub(self._replace, decoded)
+        # Decoded as far as we look, a spelling deeper still would come out one level nearer.
+        return _UNCLEANABLE if self._escaped_secret(out) else out
 
     def _escaped_secret(self, text: str) -> bool:
         """The secret in some decoding of `text`'s escapes (see _spellings)."""
@@ -197,7 +202,7 @@ class Redactor:
     def _known_in_any_string(self, match: re.Match[str]) -> str:
         try:
             return self._known_in_string(match)
-        except ValueError:  # prose between quotes, not a JSON string
+        except ValueError:  # prose between quotes (or an unterminated one), not a JSON string
             return match.group()
 
     def _known_in_string(self, match: re.Match[str]) -> str:

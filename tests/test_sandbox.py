@@ -268,8 +268,12 @@ def test_a_bare_repository_a_command_made_is_protected_from_the_next_command(  #
     # Inside a folder shaped like a bare repository's objects/, and behind a link into .git.
     ("mkdir -p objects refs && touch config && git init -q objects/x && echo made", "objects/x/.git/config"),
     ("git init -q .git/x && ln -s .git/x proj && echo made", ".git/x/.git/config"),
+    # Under a name git's object store uses; a .git link to a `gitdir:` file elsewhere.
+    ("git init -q --bare tools && git init -q tools/objects/pack && echo made", "tools/objects/pack/.git/config"),
+    ("git init -q . && git init -q --bare .git/x && printf 'gitdir: ../.git/x\\n' > gf && mkdir sub && "
+     "ln -s ../gf sub/.git && git -C sub rev-parse --git-dir", ".git/x/config"),
 ], ids=["root-shaped-like-one", "skipped-name", "common-dir-inside-dot-git", "name-ending-in-a-space",
-        "inside-objects", "behind-a-link"])
+        "inside-objects", "behind-a-link", "in-an-object-store-name", "link-to-a-gitdir-file"])
 def test_every_config_git_would_read_is_read_only_for_the_next_command(  # type: ignore[no-untyped-def]
         cli, workspace, write_script, db_path, make, config) -> None:
     need_bwrap()
@@ -281,6 +285,22 @@ def test_every_config_git_would_read_is_read_only_for_the_next_command(  # type:
     made, planted = _tool_outputs(db_path, "cfg")
     assert made.startswith("exit code: 0"), made
     assert "wrote" not in planted and ("Read-only file system" in planted or "busy" in planted), planted
+
+
+def test_a_path_longer_than_the_system_takes_does_not_stop_the_next_command(  # type: ignore[no-untyped-def]
+        cli, write_script, db_path, workspace) -> None:
+    # A folder the walk could not open (ENAMETOOLONG) was bound read-only: bwrap could not
+    # find it, and every later command failed, in any run in that workspace.
+    need_bwrap()
+    long = "/".join(["x" * 250] * 20)
+    script = write_script(_turns(f"mkdir -p {long} && echo made", "echo second"))
+    try:
+        r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "longpath")
+        assert r.code == 0, r.stderr
+        made, second = _tool_outputs(db_path, "longpath")
+        assert made.startswith("exit code: 0") and second.startswith("exit code: 0") and "second" in second, second
+    finally:
+        subprocess.run(["rm", "-rf", "x" * 250], cwd=workspace, check=False)
 
 
 def test_a_tree_a_thousand_folders_deep_does_not_stop_the_next_command(  # type: ignore[no-untyped-def]

@@ -67,7 +67,8 @@ def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[l
                 Path(dirpath)):
             dirs.append(Path(dirpath))
         if os.path.basename(dirpath) == "objects" and _looks_like_git_dir(Path(dirpath).parent):
-            dirnames[:] = [d for d in dirnames if not _OBJECT_STORE.fullmatch(d)]  # git's own: nothing inside
+            # git's own entries hold files only; one with folders inside is walked after all
+            dirnames[:] = [d for d in dirnames if not _OBJECT_STORE.fullmatch(d) or _has_folders(dirpath, d)]
         if ".git" in dirnames or ".git" in filenames:
             _dot_git(os.path.join(dirpath, ".git"), root, dirs, files)
         for d in dirnames:  # not walked into: a repository by itself, or one a link leads to
@@ -94,11 +95,22 @@ def _repository_at(path: str, root: str, dirs: list[Path], files: list[Path]) ->
         _dot_git(entry, root, dirs, files)
 
 
+def _has_folders(parent: str, name: str) -> bool:
+    try:
+        return os.lstat(os.path.join(parent, name)).st_nlink != 2
+    except OSError:
+        return True
+
+
 def _dot_git(entry: str, root: str, dirs: list[Path], files: list[Path]) -> None:
     if os.path.islink(entry):
         target = os.path.realpath(entry)
         if _inside(target, root) and os.path.isdir(target):
             dirs.append(Path(target))
+        elif os.path.isfile(target):  # a link to a `gitdir:` file: git reads it from here
+            pointed = _pointer(Path(target), "gitdir: ", base=Path(entry).parent)
+            if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
+                dirs.append(Path(pointed))
     elif os.path.isdir(entry):
         dirs.append(Path(entry))
     elif os.path.isfile(entry):
@@ -108,7 +120,7 @@ def _dot_git(entry: str, root: str, dirs: list[Path], files: list[Path]) -> None
             dirs.append(Path(pointed))
 
 
-def _pointer(path: Path, prefix: str) -> str | None:
+def _pointer(path: Path, prefix: str, base: Path | None = None) -> str | None:
     """The real path a `.git` file (prefix "gitdir: ") or a `commondir` file names, read as
     git reads it: the whole file, only its trailing newlines dropped (a name may end in a
     space). None when there is none (or it is not a regular file: never blocked on)."""
@@ -120,7 +132,7 @@ def _pointer(path: Path, prefix: str) -> str | None:
         return None
     if not text.startswith(prefix) or len(text) == len(prefix) or "\0" in text:
         return None
-    return os.path.realpath(os.path.join(path.parent, text[len(prefix):]))
+    return os.path.realpath(os.path.join(base or path.parent, text[len(prefix):]))
 
 
 def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:

@@ -311,10 +311,13 @@ def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
         if not raw:
             continue
         path = Path(os.path.realpath(raw))
-        if path.name == "bin" and (path.parent / "pyvenv.cfg").exists():
-            path = path.parent
-        if path.is_dir():
-            found.append(path)
+        try:  # a PATH entry the harness may not look into (/root/...) is no one's program
+            if path.name == "bin" and (path.parent / "pyvenv.cfg").exists():
+                path = path.parent
+            if path.is_dir():
+                found.append(path)
+        except OSError:
+            continue
     return in_tmp(found, workspace)
 
 
