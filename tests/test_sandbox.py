@@ -675,10 +675,11 @@ def test_a_config_made_or_relinked_while_a_worker_lives_is_hidden_at_once(tmp_pa
     assert str(tmp_path / "dots" / "b.toml") in relinked and str(tmp_path / "dots" / "a.toml") not in relinked
 
 
-def test_a_folder_a_command_made_unlistable_is_bound_read_only_whole() -> None:
+def test_a_folder_a_command_made_unlistable_is_listable_again_and_what_is_below_protected() -> None:
     # `git init d/sub && chmod 311 d`: the walk cannot list d, so it could not find the
-    # repository below, and the next command could write d/sub/.git/config. Needs a user
-    # the permission bits apply to (root reads any folder): `nobody`, by setpriv.
+    # repository below, and the next command could write d/sub/.git/config. Bound read-only
+    # instead, `chmod 311 .` could never be undone. Needs a user the permission bits apply
+    # to (root reads any folder): `nobody`, by setpriv.
     if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("git") is None:
         pytest.skip("needs root (to become nobody), setpriv and git")
     as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable]
@@ -694,10 +695,12 @@ def test_a_folder_a_command_made_unlistable_is_bound_read_only_whole() -> None:
     code = (f"import os, subprocess, sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
             f"os.chdir({str(ws)!r}); subprocess.run('git init -q d/sub && chmod 311 d', shell=True, check=True); "
             "from pathlib import Path; from durable_agent.tools.gitguard import git_protections; "
-            "print([str(p) for p in git_protections(Path('.'))[1]])")
+            "print([str(p) for p in git_protections(Path('.'))[1]]); print(oct(os.stat('d').st_mode & 0o777))")
     try:
         proc = subprocess.run([*as_nobody, "-c", code], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        assert str(ws / "d") in proc.stdout, proc.stdout
+        read_only, mode = proc.stdout.splitlines()
+        assert str(ws / "d" / "sub" / ".git" / "config") in read_only, read_only  # found, protected
+        assert mode == "0o711" and f"'{ws / 'd'}'" not in read_only  # listable again, not bound
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -141,10 +141,17 @@ def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
     Pinned: every git dir, and every directory between the workspace and a git dir or a
     `.git` file, bound (writable) onto itself. A mount point cannot be renamed or removed,
     so a command cannot move a repository aside and put a copy with a planted config in its
-    place (`mv .git x && cp -r x .git && echo ... >> .git/config`). A folder that cannot
-    be listed is bound read-only whole: a repository below it could not be looked for."""
+    place (`mv .git x && cp -r x .git && echo ... >> .git/config`).
+
+    A folder a command made unlistable (`chmod 311 d`) hides what is below it: one of the
+    user's own gets its owner's read and search back first (bound read-only instead, the
+    workspace root among them, it could never be given back); another's is bound read-only
+    whole."""
     unlisted: list[str] = []
     dirs, files = find_git_dirs(workspace, unlisted)
+    if unlisted and _give_back(unlisted):
+        unlisted.clear()
+        dirs, files = find_git_dirs(workspace, unlisted)
     root = Path(os.path.realpath(workspace))
     pins: set[Path] = set()
     for path in [*dirs, *(f.parent for f in files)]:
@@ -164,6 +171,18 @@ def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
             if entry.exists():
                 paths.append(entry)
     return sorted(pins, key=lambda p: (len(p.parts), p)), paths
+
+
+def _give_back(folders: list[str]) -> bool:
+    """Owner read and search back on those of `folders` that are ours; whether any changed."""
+    changed = False
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            st = os.lstat(folder)
+            if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode):
+                os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IRUSR | stat.S_IXUSR)
+                changed = True
+    return changed
 
 
 # Files that, created in an existing git dir, make git read another config (`commondir`:
