@@ -397,3 +397,37 @@ def test_a_second_signal_during_shut_down_ends_the_view_without_a_traceback(env,
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=10)
         assert "Traceback" not in log.read_text(), (first, gap, log.read_text())
+
+
+@pytest.mark.slow  # a real server process, a live event stream
+def test_stopping_the_view_with_a_page_open_ends_its_stream_without_a_traceback(
+        cli, write_script, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A run page keeps an event stream open while its run is live; Ctrl-C then made uvicorn
+    # wait out its graceful timeout and cancel the stream, with a traceback.
+    import signal
+    import threading
+    import urllib.request
+
+    url = env["DURABLE_AGENT_DB"]
+    r = cli("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "queued", "--detach")
+    assert r.code == 0, r.stderr  # pending, for a worker: its page stays live
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        log = tmp_path / f"ui-{sig}.log"
+        proc, address = start_ui(env, url, log=log)
+        opened = threading.Event()
+        read: list[bytes] = []
+
+        def listen(address: str = address, opened: threading.Event = opened, read: list[bytes] = read) -> None:
+            with urllib.request.urlopen(f"{address}api/runs/queued/events", timeout=30) as stream:
+                read.append(stream.readline())
+                opened.set()
+                read.append(stream.read())  # until the server ends it
+
+        reader = threading.Thread(target=listen, daemon=True)
+        reader.start()
+        assert opened.wait(20), log.read_text()
+        proc.send_signal(sig)
+        proc.wait(timeout=15)
+        reader.join(15)
+        text = log.read_text()
+        assert "Traceback" not in text and "graceful shutdown exceeded" not in text, text

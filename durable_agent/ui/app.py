@@ -49,6 +49,9 @@ class UiConfig:
     user: str  # who decides when the form names nobody: "token-holder" or the local user
     poll_s: float = 0.5  # how often the event stream looks for new steps
     stream_max_s: float = 3600.0  # one event stream's life; the browser reconnects
+    # The server is shutting down: open streams end at their next poll (the browser then
+    # reconnects), before the server's graceful timeout would cancel them with a traceback.
+    stopping: Callable[[], bool] = lambda: False
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -234,7 +237,7 @@ class _Stream:
         deadline = time.monotonic() + self.cfg.stream_max_s
         yield b"retry: 2000\n\n"
         quiet_since = time.monotonic()
-        while time.monotonic() < deadline and not await disconnected():
+        while time.monotonic() < deadline and not self.cfg.stopping() and not await disconnected():
             try:
                 doc, live = await run_in_threadpool(self.poll)
             except StoreError as exc:  # the store is away: say so, keep trying

@@ -90,7 +90,9 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     pages: list[Path] = []  # --open's page: gone once the link is used (or see _redirect_page)
     access = Access(token=options.token, on_link=lambda: _remove(pages))
     user = "token-holder" if options.token else _user()
-    app = build_app(UiConfig(store=store, access=access, user=user, poll_s=options.poll_s))
+    servers: list[Any] = []  # the one below, for the streams to see it stopping
+    app = build_app(UiConfig(store=store, access=access, user=user, poll_s=options.poll_s,
+                             stopping=lambda: bool(servers and servers[0].should_exit)))
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     try:
         sock = socket.create_server((options.host.strip("[]"), options.port), family=family)
@@ -108,6 +110,7 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
+    servers.append(server)
     hung_up: list[int] = []
     try:
         if options.open_browser:
