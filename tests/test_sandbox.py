@@ -704,3 +704,24 @@ def test_a_folder_a_command_made_unlistable_is_listable_again_and_what_is_below_
         assert mode == "0o711" and f"'{ws / 'd'}'" not in read_only  # listable again, not bound
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_path_entry_the_harness_may_not_look_into_is_passed_over() -> None:
+    # `PATH=/root/.cargo/bin:...` for a harness that is not root: looking for a virtualenv
+    # there raised PermissionError, and every command failed.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root (to become nobody) and setpriv")
+    hidden = Path(tempfile.mkdtemp(dir="/tmp"))
+    (hidden / "bin").mkdir()
+    hidden.chmod(0o700)  # root's own
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
+            "from pathlib import Path; from durable_agent.tools.os_sandbox import programs_in_tmp; "
+            f"print(programs_in_tmp({{'PATH': '{hidden}/bin:/usr/bin'}}, Path('/nonexistent')))")
+    try:
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+                               "-c", code], capture_output=True, text=True, timeout=60)
+        if "ModuleNotFoundError" in proc.stderr or "Permission denied: '/work" in proc.stderr:
+            pytest.skip("nobody cannot read this checkout or its Python")
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
