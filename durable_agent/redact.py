@@ -183,7 +183,8 @@ class Redactor:
         """`redact_known` for a model's free text, which may carry JSON as written (the text
         protocol's TOOL_CALL lines, stored and sent back as they came): the secret spelt
         with JSON escapes too. A JSON string holding it is written anew; a spelling outside
-        any (broken JSON) leaves the whole text decoded, redacted."""
+        any (broken JSON) leaves the whole text decoded, redacted; one deeper than we look
+        (ESCAPE_LEVELS), a marker."""
         if self._known is None or "\\" not in text or not self._escaped_secret(text):
             return text
         out = _JSON_STRING.sub(self._known_in_any_string, text)
