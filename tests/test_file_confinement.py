@@ -6,7 +6,9 @@ included), and new files get the mode the process umask gives."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,8 +191,6 @@ def test_file_writes_one_by_one_do_not_assemble_a_repository(workspace: Path, tm
     # Each write alone lands in a folder that is not yet a git dir; together they would make
     # `vendor/` one whose config runs a program at the next `git status` there, outside any
     # sandbox. The write that would complete the shape is refused, and git finds no repository.
-    import shutil
-    import subprocess
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -208,15 +208,18 @@ def test_file_writes_one_by_one_do_not_assemble_a_repository(workspace: Path, tm
     assert not pwned.exists()
 
 
+def _git(workspace: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Real git in `cwd`, never looking above the workspace for a repository."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
+
+
 def test_a_head_link_and_executable_files_count_as_git_does(workspace: Path, tmp_path: Path) -> None:
     # Planted by the repository's own content (or an earlier command): git takes a HEAD that
     # is a link into refs/ (even dangling) and objects/, refs/ that are merely executable.
     # The config that would complete such a shape is refused like any other.
-    import shutil
-    import subprocess
-
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
     odd = workspace / "odd"
     odd.mkdir()
     (odd / "HEAD").symlink_to("refs/heads/main")
@@ -225,13 +228,11 @@ def test_a_head_link_and_executable_files_count_as_git_does(workspace: Path, tmp
         (odd / name).chmod(0o755)
     pwned = tmp_path / "PWNED"
     config = f'[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "touch {pwned}; false"\n'
-    found = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=odd, capture_output=True, text=True,
-                           env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
+    found = _git(workspace, odd, "rev-parse", "--git-dir")
     assert found.returncode == 0 and found.stdout.strip() == ".", found  # git's own view: a repository
     result = call(workspace, "write_file", path="odd/config", content=config)
     assert result.error and "git directory" in result.error, result
-    subprocess.run(["git", "status"], cwd=odd, capture_output=True, timeout=30,
-                   env={**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)})
+    _git(workspace, odd, "status")
     assert not pwned.exists() and not (odd / "config").exists()
 
 
@@ -240,11 +241,6 @@ def test_a_common_dir_named_by_a_planted_commondir_is_not_assembled_either(works
     # git then reads objects/, refs/ and the config of common/, which needs no HEAD. The
     # file tools may make common/objects and common/refs, but not the config that would
     # run a program at the user's next paged git command in vendor/.
-    import shutil
-    import subprocess
-
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
     vendor = workspace / "vendor"
     vendor.mkdir()
     (vendor / "HEAD").write_text("ref: refs/heads/main\n")
@@ -254,11 +250,9 @@ def test_a_common_dir_named_by_a_planted_commondir_is_not_assembled_either(works
     results = [call(workspace, "write_file", path=p, content="")
                for p in ("common/objects/info/.keep", "common/refs/heads/.keep")]
     assert all(r.error is None for r in results), results
-    git_env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(workspace)}
-    found = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=vendor, capture_output=True,
-                           text=True, env=git_env)
+    found = _git(workspace, vendor, "rev-parse", "--git-common-dir")
     assert found.returncode == 0 and found.stdout.strip().endswith("common"), found  # git's own view
     result = call(workspace, "write_file", path="common/config", content=config)
     assert result.error and "git directory" in result.error, result
-    subprocess.run(["git", "-c", "core.pager=", "branch"], cwd=vendor, capture_output=True, timeout=30, env=git_env)
+    _git(workspace, vendor, "-c", "core.pager=", "branch")
     assert not pwned.exists() and not (workspace / "common" / "config").exists()

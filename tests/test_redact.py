@@ -266,6 +266,15 @@ def test_free_text_keeps_every_byte_unless_an_escaped_secret_is_in_it() -> None:
 
 
 
+def _spelt(secret: str, level: int) -> str:
+    """`secret` with its first character JSON-escaped `level` times over (1: `\\u0073k-...`)."""
+    return "\\" * 2 ** (level - 1) + f"u{ord(secret[0]):04x}" + secret[1:]
+
+
+def _assert_no_spelling(secret: str, out: str, rounds: int = 4) -> None:
+    assert all(secret not in d for d in _decoded_every_way(out, rounds)), out
+
+
 def test_a_secret_escaped_twice_or_inside_a_json_string_of_json_is_found_too() -> None:
     # The text protocol decodes `input` given as a string holding JSON twice; a step's `raw`
     # keeps the answer as JSON text (its content's escapes escaped again); and decoding the
@@ -274,28 +283,23 @@ def test_a_secret_escaped_twice_or_inside_a_json_string_of_json_is_found_too() -
 
     secret = "sk-proj-ABCDEF1234567890abcdef"
     r = Redactor({"MY_API_KEY": secret})
-    once = "\\u0073" + secret[1:]
-    twice = "\\\\u0073" + secret[1:]
+    once, twice = _spelt(secret, 1), _spelt(secret, 2)
     texts = ['TOOL_CALL {"name": "write_file", "input": "{\\"path\\": \\"a\\", \\"content\\": \\"' + twice + '\\"}"}',
              f"See {once} and {twice}",
              json.dumps({"role": "assistant", "content": f"note {once}"})]
     for text in texts:
-        out = r.redact_known_escaped(text)
-        assert all(secret not in d for d in _decoded_every_way(out)), (text, out)
-    arguments = '{"path": "a", "content": "' + twice + '"}'
-    out = r.redact_known_arguments(arguments)
-    assert all(secret not in d for d in _decoded_every_way(out)), out
+        _assert_no_spelling(secret, r.redact_known_escaped(text))
+    _assert_no_spelling(secret, r.redact_known_arguments('{"path": "a", "content": "' + twice + '"}'))
 
 
 def test_a_spelling_deeper_than_we_look_never_comes_out_nearer() -> None:
     # Decoded four times and redacted, a five-level spelling came out as a one-level one.
     secret = "s3cr3t-Value-42"
     r = Redactor({"DEPLOY_TOKEN": secret})
-    lvl1 = "\\u0073" + secret[1:]
-    lvl5 = "\\" * 16 + "u0073" + secret[1:]
+    lvl1, lvl5 = _spelt(secret, 1), _spelt(secret, 5)
     for text in (f"note {lvl1} and {lvl5}", '{"command": "echo ' + lvl1 + " " + lvl5 + '"}'):
         for out in (r.redact_known_escaped(text), r.redact_known_arguments(text)):
-            assert all(secret not in d for d in _decoded_every_way(out, rounds=8)), out
+            _assert_no_spelling(secret, out, rounds=8)
 
 
 def test_unterminated_quotes_do_not_make_the_scan_quadratic() -> None:
@@ -304,8 +308,8 @@ def test_unterminated_quotes_do_not_make_the_scan_quadratic() -> None:
 
     secret = "s3cr3t-Value-42"
     r = Redactor({"DEPLOY_TOKEN": secret})
-    body = "\\u0073" + secret[1:] + ' "' + '\\"' * 64_000
+    body = _spelt(secret, 1) + ' "' + '\\"' * 64_000
     started = time.monotonic()
     out = r.redact_known_escaped(body)
     assert time.monotonic() - started < 10  # linear: well under a second; quadratic: ~45 s
-    assert all(secret not in d for d in _decoded_every_way(out))
+    _assert_no_spelling(secret, out)

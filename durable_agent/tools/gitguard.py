@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import stat
 from pathlib import Path
@@ -68,7 +67,7 @@ def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[l
             dirs.append(Path(dirpath))
         if os.path.basename(dirpath) == "objects" and _looks_like_git_dir(Path(dirpath).parent):
             # git's own entries hold files only; one with folders inside is walked after all
-            dirnames[:] = [d for d in dirnames if not _OBJECT_STORE.fullmatch(d) or _has_folders(dirpath, d)]
+            dirnames[:] = [d for d in dirnames if not _git_object_entry(d) or _has_folders(dirpath, d)]
         if ".git" in dirnames or ".git" in filenames:
             _dot_git(os.path.join(dirpath, ".git"), root, dirs, files)
         for d in dirnames:  # not walked into: a repository by itself, or one a link leads to
@@ -78,13 +77,19 @@ def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[l
                     _repository_at(target, root, dirs, files)
         dirnames[:] = [d for d in dirnames if d not in _NO_DESCENT and d not in links]
     for gitdir in list(dirs):  # wherever its common dir lies in the workspace
-        common = _pointer(gitdir / "commondir", "")
-        if common is not None and _inside(common, root) and os.path.isdir(common):
-            dirs.append(Path(common))
+        _keep(_pointer(gitdir / "commondir", ""), root, dirs)
     return sorted(set(dirs)), sorted(set(files))
 
 
-_OBJECT_STORE = re.compile(r"[0-9a-f]{2}|pack|info")  # the entries of a git dir's objects/
+def _git_object_entry(name: str) -> bool:
+    """One of the entries git makes in objects/: pack, info, the two-hex-digit fan-out."""
+    return name in ("pack", "info") or (len(name) == 2 and all(c in "0123456789abcdef" for c in name))
+
+
+def _keep(path: str | None, root: str, dirs: list[Path]) -> None:
+    """`path` as a git dir, when it is a folder inside the workspace (one outside is read-only anyway)."""
+    if path is not None and _inside(path, root) and os.path.isdir(path):
+        dirs.append(Path(path))
 
 
 def _repository_at(path: str, root: str, dirs: list[Path], files: list[Path]) -> None:
@@ -105,19 +110,15 @@ def _has_folders(parent: str, name: str) -> bool:
 def _dot_git(entry: str, root: str, dirs: list[Path], files: list[Path]) -> None:
     if os.path.islink(entry):
         target = os.path.realpath(entry)
-        if _inside(target, root) and os.path.isdir(target):
-            dirs.append(Path(target))
-        elif os.path.isfile(target):  # a link to a `gitdir:` file: git reads it from here
-            pointed = _pointer(Path(target), "gitdir: ", base=Path(entry).parent)
-            if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
-                dirs.append(Path(pointed))
+        if os.path.isfile(target):  # a link to a `gitdir:` file: git reads it from here
+            _keep(_pointer(Path(target), "gitdir: ", base=Path(entry).parent), root, dirs)
+        else:
+            _keep(target, root, dirs)
     elif os.path.isdir(entry):
         dirs.append(Path(entry))
     elif os.path.isfile(entry):
         files.append(Path(entry))
-        pointed = _pointer(Path(entry), "gitdir: ")
-        if pointed is not None and _inside(pointed, root) and os.path.isdir(pointed):
-            dirs.append(Path(pointed))
+        _keep(_pointer(Path(entry), "gitdir: "), root, dirs)
 
 
 def _pointer(path: Path, prefix: str, base: Path | None = None) -> str | None:
