@@ -79,7 +79,7 @@ def process_state(pid: int) -> str | None:
     """The kernel's one-letter state of a process (R, S, T for stopped, Z...), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
         return None
     return stat[stat.rfind(")") + 2:].split()[0]
 

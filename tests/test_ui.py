@@ -182,8 +182,8 @@ def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no
     assert c.post("/runs/nope/cancel", data={"csrf": token}).status_code == 404
 
 
-def test_token_host_origin_and_body_limits(store_url) -> None:  # type: ignore[no-untyped-def]
-    secret = "t0ken-" + "x" * 20
+@pytest.mark.parametrize("secret", ["t0ken-" + "x" * 20, "t0ken+/=~." + "x" * 20])  # every character --token takes
+def test_token_host_origin_and_body_limits(store_url, secret) -> None:  # type: ignore[no-untyped-def]
     c = client(store_url, token=secret)
     for path in ("/", "/api/runs", "/static/ui.js", "/runs/x"):
         refused = c.get(path)
@@ -222,6 +222,9 @@ def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inp
     assert r.code == 2 and r.stderr.count("\n") == 1 and "without --token" in r.stderr
     r = cli_inproc("ui", "--host", "0.0.0.0", "--token", "short")
     assert r.code == 2 and "at least 16 characters" in r.stderr
+    for odd in ("with space" * 2, "semi;colon" * 2, "hash#ampersand&" * 2, "é" * 16, "line\nbreak" * 2):
+        r = cli_inproc("ui", "--host", "0.0.0.0", "--token", odd)  # a cookie or a link would change it
+        assert r.code == 2 and r.stderr.count("\n") == 1 and "may hold only" in r.stderr, odd
     r = cli_inproc("ui", "--port", "70000")
     assert r.code == 2 and "--port" in r.stderr
 
@@ -303,7 +306,8 @@ def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env,
     tmpdir, elsewhere = tmp_path / "tmpdir", tmp_path / "run"
     tmpdir.mkdir()
     elsewhere.mkdir(mode=0o700)
-    secret = "open-token-" + "z" * 16
+    secret = "open+token/=" + "z" * 16  # `+` and `/` must reach the view as they are
+    quoted = "open%2Btoken%2F%3D" + "z" * 16
     base = {**env, "BROWSER": str(browser), "TMPDIR": str(tmpdir)}
 
     def opened_page(log: str, extra: dict[str, str], *flags: str) -> tuple[Any, str, Path]:
@@ -324,9 +328,9 @@ def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env,
             try:
                 assert folder.parent == runtime and folder.exists()
                 assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
-                assert f'content="0; url={url}?token={secret}"' in (tmp_path / "page.html").read_text()
+                assert f'content="0; url={url}?token={quoted}"' in (tmp_path / "page.html").read_text()
                 with contextlib.suppress(urllib.error.HTTPError):  # the redirect that sets the cookie
-                    urllib.request.urlopen(f"{url}?token={secret}", timeout=10)
+                    urllib.request.urlopen(f"{url}?token={quoted}", timeout=10)
                 assert not folder.exists()  # the browser has followed it: the page is gone at once
             finally:
                 stop(proc)

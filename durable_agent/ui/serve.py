@@ -10,6 +10,7 @@ import getpass
 import html
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from durable_agent.errors import ConfigError
 
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "DURABLE_AGENT_UI_TOKEN"
 MIN_TOKEN = 16
+# What a Bearer token may hold (RFC 6750's b64token): the token goes in a header, a cookie
+# and a link, and these characters pass through all three unchanged.
+TOKEN_CHARACTERS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 PAGE_SECONDS = 120.0  # how long `--open`'s page waits for a browser slow to start
 
 
@@ -52,11 +57,15 @@ def is_loopback(host: str) -> bool:
 
 def check(options: ServeOptions) -> None:
     """Refuse, in one line, what would expose the store: a non-loopback address without a
-    token, a guessable token, a port out of range."""
+    token, a guessable token or one that a link, a cookie or a header would change, a port out
+    of range."""
     if not 0 <= options.port <= 65535:
         raise ConfigError(f"--port must be 0 to 65535, not {options.port}")
     if options.token is not None and len(options.token) < MIN_TOKEN:
         raise ConfigError(f"--token must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)")
+    if options.token is not None and not TOKEN_CHARACTERS.fullmatch(options.token):
+        raise ConfigError("--token may hold only letters, digits and - . _ ~ + / = (as a Bearer token; "
+                          "e.g. `openssl rand -hex 16`)")
     if not is_loopback(options.host) and options.token is None:
         raise ConfigError(f"refusing to listen on {options.host} without --token: anyone who can reach it "
                           f"could approve commands (keep the default --host 127.0.0.1, or set --token)")
@@ -103,7 +112,7 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     url = f"http://{shown}:{port}/"
     # The first line is the address (tests and scripts read it). A token given is not
     # printed back; without one, the link carries the key that acting takes (security.py).
-    link = url + f"?token={access.link_secret}"
+    link = url + "?token=" + quote(access.link_secret, safe="")  # `+` would arrive as a space
     print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
     # No lifespan: the app has no start-up or shut-down work, and a second signal during
     # shut-down cancelled it with a traceback.
