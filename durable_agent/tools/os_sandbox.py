@@ -47,6 +47,10 @@ LANDLOCK_SCRIPT = Path(__file__).with_name("_landlock.py")
 NO_LANDLOCK_ENV = "DURABLE_AGENT_NO_LANDLOCK"
 """Set to 1 to pretend the kernel has no Landlock (tests of the refusal, and for users whose
 Landlock breaks a tool: then install bubblewrap or pass --sandbox off)."""
+BWRAP_MAX_ARGS = 9000
+"""bubblewrap refuses more arguments than this after its own name (MAX_ARGS in bwrap.c; the
+test of the refusal checks it against the installed bwrap): the protections (gitguard.py) of
+about 600 git repositories."""
 INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) "
                 "or pass --sandbox off to run commands unconfined")
 
@@ -281,10 +285,10 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     ws = Path(os.path.realpath(workspace))
     here = Path(os.path.realpath(cwd))
     writable = sandbox.mode is SandboxMode.WORKSPACE_WRITE
-    # bwrap_argv first: it creates missing hooks/ dirs, which are not the command's doing.
+    # bwrap_options first: it creates missing hooks/ dirs, which are not the command's doing.
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
-    wrapped = (bwrap_argv(sandbox, argv, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+    options = (bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
                if sandbox.bwrap else [])
     before = git_state(ws) if writable else {}
 
@@ -292,7 +296,14 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
         return [*remove_planted(before, ws), *git_changes(before, ws)] if writable else []
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
-        return Launch(wrapped, {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+        assert sandbox.bwrap is not None
+        if len(options) + 1 + len(argv) > BWRAP_MAX_ARGS:
+            raise SandboxUnavailable(
+                f"refusing to run the command: the workspace holds too many git repositories for the "
+                f"sandbox (protecting each one's config and hooks takes about {len(options) // 3} mounts, more "
+                f"than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
+                f"pass --sandbox read-only (nothing in it writable) or --sandbox off")
+        return Launch([sandbox.bwrap, *options, "--", *argv], {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
                       notes=notes)
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
     wrapped = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), str(sandbox.mode), str(ws), tmp,
@@ -337,10 +348,17 @@ def in_tmp(paths: Iterable[Path], workspace: Path) -> list[Path]:
 def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
                keep: Sequence[Path] = (), hide: Sequence[str] = ()) -> list[str]:
     assert sandbox.bwrap is not None
+    return [sandbox.bwrap, *bwrap_options(sandbox, cwd=cwd, workspace=workspace, keep=keep, hide=hide),
+            "--", *argv]
+
+
+def bwrap_options(sandbox: Sandbox, *, cwd: Path, workspace: Path,
+                  keep: Sequence[Path] = (), hide: Sequence[str] = ()) -> list[str]:
+    """bwrap's options (what comes between `bwrap` and `--`). Creates missing hooks/ dirs."""
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
     # workspace, so a workspace under /tmp stays visible (and nothing else of /tmp does).
-    args = [sandbox.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
             # The kernel's settings are global, and root without capabilities may still write
             # most of them (core_pattern, modprobe: programs the kernel runs as root, outside);
             # bwrap's own cover of /proc/sys does not always happen (seen with bwrap 0.8).
@@ -370,5 +388,5 @@ def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
              "--cap-drop", "ALL"]
     if not sandbox.network:
         args.append("--unshare-net")
-    args += ["--chdir", str(cwd), "--", *argv]
+    args += ["--chdir", str(cwd)]
     return args

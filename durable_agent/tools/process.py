@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from durable_agent.redact import is_secret_name
+from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.encoding import decode_text  # Latin-1 or \xHH, as file text
 from durable_agent.tools.groups import (  # the resume half is re-exported from here
     _group_exists,
@@ -43,6 +44,7 @@ from durable_agent.tools.groups import (  # the resume half is re-exported from 
     process_group_alive,
 )
 from durable_agent.tools.os_sandbox import Sandbox, prepare
+from durable_agent.tools.sealed import MAX_ARGUMENT, sealed
 
 __all__ = ["ProcessOutcome", "command_env", "default_shell", "kill_process_group",
            "process_group_alive", "run_process", "truncate_middle"]
@@ -156,21 +158,39 @@ def run_process(
     StartTooLate if the time `on_start` returned (CLOCK_BOOTTIME) passed before the command
     could start; in all these cases the command has not run.
     """
-    launch = prepare(sandbox, [default_shell(), "-c", command], cwd=cwd,
-                     workspace=workspace or cwd, env=env)
+    program, script = _shell_argv(command)
     try:
-        outcome = _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
-                       output_cap=output_cap, on_start=on_start, cancel=cancel,
-                       kill_grace_s=kill_grace_s)
+        launch = prepare(sandbox, program, cwd=cwd, workspace=workspace or cwd, env=env)
+        try:
+            outcome = _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
+                           output_cap=output_cap, on_start=on_start, cancel=cancel,
+                           kill_grace_s=kill_grace_s, pass_fds=script)
+        finally:
+            launch.cleanup()
     finally:
-        launch.cleanup()
+        for fd in script:
+            os.close(fd)
     notes = launch.notes()
     return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
 
 
+def _shell_argv(command: str) -> tuple[list[str], tuple[int, ...]]:
+    """`SHELL -c COMMAND`, and the descriptors it needs. A command longer than one argument
+    may be (sealed.py) is read by the shell from a sealed file instead, byte for byte: only
+    its `$0` (/dev/fd/N, not the shell's name) and the name in its error messages differ."""
+    line = os.fsencode(command)
+    if b"\0" in line:  # exec cannot carry it, and bash takes a file holding one for a binary
+        raise ToolFailure("the command holds a NUL byte, which no shell command line can carry "
+                          "(write such bytes to a file with write_file)")
+    if len(line) <= MAX_ARGUMENT:
+        return [default_shell(), "-c", command], ()
+    fd = sealed(line, "durable-agent-command")
+    return [default_shell(), f"/dev/fd/{fd}"], (fd,)
+
+
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
          on_start: Callable[[int], float | None] | None, cancel: threading.Event | None,
-         kill_grace_s: float) -> ProcessOutcome:
+         kill_grace_s: float, pass_fds: tuple[int, ...] = ()) -> ProcessOutcome:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if not sys.executable:
@@ -185,7 +205,7 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
             [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w), *argv],
             cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
-            pass_fds=(watch_r, status_w),
+            pass_fds=(watch_r, status_w, *pass_fds),
         )
     except BaseException:
         os.close(watch_w)
