@@ -89,6 +89,60 @@ def test_hostile_text_in_a_long_command_arrives_as_written(tmp_path: Path, text:
     assert (tmp_path / "got.bin").read_bytes() == os.fsencode(text)
 
 
+_IN_A_CHILD = """
+import json, os, resource, sys
+from pathlib import Path
+from durable_agent.tools.base import ToolFailure
+from durable_agent.tools.process import run_process
+stack, size, env_bytes, cwd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+if stack:
+    resource.setrlimit(resource.RLIMIT_STACK, (stack, resource.RLIM_INFINITY))
+env = {"PATH": os.environ["PATH"]}
+env.update({f"BIG{i}": "v" * 60_000 for i in range(env_bytes // 60_000)})
+command = "echo ran > ran.txt # " + "c" * (size - 21)
+try:
+    out = run_process(command, cwd=cwd, env=env, timeout_s=30, sandbox=None)
+    print(json.dumps({"exit": out.exit_code, "stderr": out.stderr}))
+except ToolFailure as exc:
+    print(json.dumps({"refused": str(exc)}))
+"""
+
+
+def _in_a_child(tmp_path: Path, *, stack: int = 0, size: int, env_bytes: int = 0,
+                stdin_closed: bool = False) -> dict[str, object]:
+    """run_process in a harness of its own: a stack limit, or its stdin closed."""
+    import json
+    import sys
+
+    (tmp_path / "ran.txt").unlink(missing_ok=True)
+    argv = [sys.executable, "-c", _IN_A_CHILD, str(stack), str(size), str(env_bytes), str(tmp_path)]
+    if stdin_closed:  # as a harness started with `0<&-`
+        argv = ["/bin/sh", "-c", 'exec "$@" 0<&-', "sh", *argv]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+def test_a_harness_started_without_stdin_still_runs_a_long_command(tmp_path: Path) -> None:
+    # The sealed file would have been descriptor 0, which the child's /dev/null stdin then
+    # replaced: the shell read an empty script and said "exit 0" having run nothing.
+    assert _in_a_child(tmp_path, size=MAX_ARGUMENT + 100, stdin_closed=True)["exit"] == 0
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+
+
+def test_a_command_under_one_arguments_limit_but_over_execs_total_goes_by_file(tmp_path: Path) -> None:
+    # A small stack limit makes exec's total limit 128 KiB: a command just under the limit
+    # of one argument no longer fits beside the rest, and must take the file too.
+    assert _in_a_child(tmp_path, stack=256 * 1024, size=MAX_ARGUMENT - 71)["exit"] == 0
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+    # An environment that alone passes the limit: refused in one line, nothing runs.
+    refused = _in_a_child(tmp_path, stack=256 * 1024, size=100, env_bytes=180_000)
+    assert "cannot start the command" in str(refused["refused"]) and "\n" not in str(refused["refused"])
+    assert not (tmp_path / "ran.txt").exists()
+
+
 def test_a_nul_byte_is_refused_in_one_line_and_nothing_runs(tmp_path: Path) -> None:
     for command in ("touch ran\0 more", "touch ran # " + "y" * MAX_ARGUMENT + "\0"):
         with pytest.raises(ToolFailure, match="NUL byte"):
@@ -96,7 +150,7 @@ def test_a_nul_byte_is_refused_in_one_line_and_nothing_runs(tmp_path: Path) -> N
     assert not (tmp_path / "ran").exists()
 
 
-@pytest.mark.slow  # 1,300 repository shapes, scanned before and after each command
+@pytest.mark.slow  # 800 repository shapes, scanned before each command
 def test_a_workspace_with_more_repositories_than_bwrap_takes_is_refused_in_one_line(tmp_path: Path) -> None:
     # bubblewrap refuses past BWRAP_MAX_ARGS arguments ("Exceeded maximum number of
     # arguments"): the model would see that and no way out. The harness refuses first, in
@@ -124,8 +178,8 @@ def test_a_workspace_with_more_repositories_than_bwrap_takes_is_refused_in_one_l
             (git / "HEAD").write_text("ref: refs/heads/main\n")
             (git / "config").write_text("[core]\n")
 
-    make(500)
-    last = ws / "r0499" / ".git"
+    make(50)  # bwrap's own cost grows with the square of its mounts: 500 would take 10 s
+    last = ws / "r0049" / ".git"
     out = run_process(f"echo made > made.txt; echo '[core] fsmonitor = x' >> {last}/config",
                       cwd=ws, env=ENV, timeout_s=120, sandbox=sandbox, workspace=ws)
     assert out.exit_code != 0 and "Read-only file system" in out.stderr, out.stderr

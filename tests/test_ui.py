@@ -196,6 +196,12 @@ def test_token_host_origin_and_body_limits(store_url, secret) -> None:  # type: 
     assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=Strict" in r.headers["set-cookie"]
     page = c.get("/")  # the cookie now carries it
     assert page.status_code == 200 and "access-control-allow-origin" not in page.headers
+    # Among other apps' cookies on localhost, as a browser sends them all to every port: a
+    # bare name, a space, JSON made the whole header unreadable (401 on every page).
+    fresh = client(store_url, token=secret)
+    for others in ("flag", "theme=dark mode", 'json={"a":1}', "back=sl\\ash"):
+        cookies = f"{others}; durable_agent_token={secret}; later=1"
+        assert fresh.get("/", headers={"Cookie": cookies}).status_code == 200, others
     assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
 
     open_view = client(store_url)  # no token: loopback names only (no DNS rebinding)

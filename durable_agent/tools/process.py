@@ -44,7 +44,7 @@ from durable_agent.tools.groups import (  # the resume half is re-exported from 
     process_group_alive,
 )
 from durable_agent.tools.os_sandbox import Sandbox, prepare
-from durable_agent.tools.sealed import MAX_ARGUMENT, sealed
+from durable_agent.tools.sealed import MAX_ARGUMENT, above_stdio, exec_limit, exec_size, sealed
 
 __all__ = ["ProcessOutcome", "command_env", "default_shell", "kill_process_group",
            "process_group_alive", "run_process", "truncate_middle"]
@@ -158,34 +158,43 @@ def run_process(
     StartTooLate if the time `on_start` returned (CLOCK_BOOTTIME) passed before the command
     could start; in all these cases the command has not run.
     """
-    program, script = _shell_argv(command)
-    try:
-        launch = prepare(sandbox, program, cwd=cwd, workspace=workspace or cwd, env=env)
-        try:
-            outcome = _run(launch.argv, cwd=cwd, env=launch.env, timeout_s=timeout_s,
-                           output_cap=output_cap, on_start=on_start, cancel=cancel,
-                           kill_grace_s=kill_grace_s, pass_fds=script)
-        finally:
-            launch.cleanup()
-    finally:
-        for fd in script:
-            os.close(fd)
-    notes = launch.notes()
-    return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
-
-
-def _shell_argv(command: str) -> tuple[list[str], tuple[int, ...]]:
-    """`SHELL -c COMMAND`, and the descriptors it needs. A command longer than one argument
-    may be (sealed.py) is read by the shell from a sealed file instead, byte for byte: only
-    its `$0` (/dev/fd/N, not the shell's name) and the name in its error messages differ."""
     line = os.fsencode(command)
     if b"\0" in line:  # exec cannot carry it, and bash takes a file holding one for a binary
         raise ToolFailure("the command holds a NUL byte, which no shell command line can carry "
                           "(write such bytes to a file with write_file)")
-    if len(line) <= MAX_ARGUMENT:
-        return [default_shell(), "-c", command], ()
-    fd = sealed(line, "durable-agent-command")
-    return [default_shell(), f"/dev/fd/{fd}"], (fd,)
+    shell = default_shell()
+    launch = prepare(sandbox, [shell, "-c", command], cwd=cwd, workspace=workspace or cwd, env=env)
+    script: int | None = None
+    try:
+        argv, limit = launch.argv, exec_limit() - _guard_room()
+        if len(line) > MAX_ARGUMENT or exec_size(argv, launch.env) > limit:
+            # Too long for exec (sealed.py): the shell reads the command from a sealed file,
+            # byte for byte. Only `$0` (/dev/fd/N), an empty $BASH_EXECUTION_STRING and a last
+            # command killed by a signal (exit 128+N: bash no longer execs it in its place)
+            # tell the two apart. prepare wraps the program, never changes it: it is the tail.
+            assert argv[-3:] == [shell, "-c", command]
+            script = sealed(line, "durable-agent-command")
+            argv = [*argv[:-3], shell, f"/dev/fd/{script}"]
+        if exec_size(argv, launch.env) > limit:
+            raise ToolFailure(
+                f"cannot start the command: the sandbox's mounts and the environment take "
+                f"{exec_size(argv, launch.env)} bytes of the {limit} that starting a program allows "
+                f"(fewer git repositories in the workspace or a smaller environment lower it, "
+                f"`ulimit -s` raises it)")
+        outcome = _run(argv, cwd=cwd, env=launch.env, timeout_s=timeout_s, output_cap=output_cap,
+                       on_start=on_start, cancel=cancel, kill_grace_s=kill_grace_s,
+                       pass_fds=() if script is None else (script,))
+    finally:
+        if script is not None:
+            os.close(script)
+        launch.cleanup()
+    notes = launch.notes()
+    return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
+
+
+def _guard_room() -> int:
+    """What the guard's own arguments take of the exec limit (see _run)."""
+    return exec_size([sys.executable, "-I", "-S", str(GUARD_SCRIPT), "2147483647", "2147483647"], {})
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
@@ -195,8 +204,8 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if not sys.executable:
         raise RuntimeError("cannot locate the Python interpreter to run the process guard")
-    watch_r, watch_w = os.pipe()
-    status_r, status_w = os.pipe()
+    watch_r, watch_w = map(above_stdio, os.pipe())
+    status_r, status_w = map(above_stdio, os.pipe())
     started = time.monotonic()
     try:
         proc = subprocess.Popen(

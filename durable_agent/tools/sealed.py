@@ -1,27 +1,41 @@
 """Bytes handed to a child through a file descriptor instead of its command line.
 
-The kernel caps one argument at 128 KiB (MAX_ARG_STRLEN): past it, exec fails with E2BIG
-("Argument list too long") and the command never runs, yet a model's command can be a
-300 KiB heredoc. Such a command goes into a sealed memfd instead: the shell reads it from
-the start, and nothing (the command included) can change it once the harness has written it.
+The kernel caps what exec takes: one argument at 128 KiB (MAX_ARG_STRLEN), and all of them
+with the environment at a quarter of the stack limit (`exec_limit`); past either, exec
+fails with E2BIG ("Argument list too long") and the command never runs, yet a model's
+command can be a 300 KiB heredoc. Such a command goes into a sealed memfd instead: the shell
+reads it from the start, and nothing (the command included) can change it once the harness
+has written it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import resource
+from collections.abc import Mapping, Sequence
 
 MAX_ARGUMENT = 32 * 4096 - 1
 """The longest single argument exec takes: MAX_ARG_STRLEN (32 pages) less its closing NUL."""
 
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_MFD_NOEXEC_SEAL = 0x0008  # Linux 6.3 (not in Python 3.11's os): where vm.memfd_noexec=2 asks for it
 
 
 def sealed(data: bytes, name: str) -> int:
     """A file descriptor holding `data`, read from its start, that no one can write again.
-    Non-inheritable, as Python makes every descriptor: pass it to the child with `pass_fds`.
-    The caller closes it."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    Never 0, 1 or 2 (a harness started with those closed would get one back, and a child's
+    stdin or stdout would then replace it). Non-inheritable, as Python makes every
+    descriptor: pass it to the child with `pass_fds`. The caller closes it."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    try:
+        first = os.memfd_create(name, flags | _MFD_NOEXEC_SEAL)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # a kernel older than 6.3 does not know the flag
+            raise
+        first = os.memfd_create(name, flags)
+    fd = above_stdio(first)
     try:
         view = memoryview(data)
         while view:
@@ -32,3 +46,29 @@ def sealed(data: bytes, name: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def above_stdio(fd: int) -> int:
+    """`fd` moved to 3 or above (and closed where it was): a descriptor handed to a child must
+    not be 0, 1 or 2, which a harness started with those closed gives out first and which the
+    child's stdin, stdout and stderr then replace."""
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
+def exec_limit() -> int:
+    """The bytes exec takes for argument and environment strings with their pointers
+    (fs/exec.c): a quarter of the stack limit, at most 6 MiB, at least 128 KiB."""
+    stack, _hard = resource.getrlimit(resource.RLIMIT_STACK)
+    quarter = 6 << 20 if stack == resource.RLIM_INFINITY else min(stack // 4, 6 << 20)
+    return max(quarter, 128 << 10)
+
+
+def exec_size(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """What `argv` and `env` take of `exec_limit`: each string, its NUL and its pointer."""
+    strings = [*argv, *(f"{name}={value}" for name, value in env.items())]
+    return sum(len(os.fsencode(s)) + 1 + 8 for s in strings)

@@ -19,9 +19,10 @@ import hmac
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from starlette.requests import cookie_parser
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -72,13 +73,9 @@ def _offered_token(headers: dict[str, str]) -> str | None:
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    cookie: SimpleCookie = SimpleCookie()
-    try:
-        cookie.load(headers.get("cookie", ""))
-    except Exception:  # a malformed Cookie header is no token  # noqa: BLE001
-        return None
-    morsel = cookie.get(COOKIE)
-    return None if morsel is None else morsel.value
+    # Leniently, as browsers send them: one odd cookie of another app on localhost (a bare
+    # name, a space, JSON) made the standard library's parser drop the whole header.
+    return cookie_parser(headers.get("cookie", "")).get(COOKIE)
 
 
 def _host_name(host: str) -> str:
