@@ -118,4 +118,8 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
         deep = snap.scan.too_deep[0].decode("utf-8", "backslashreplace")
         note = "; ".join(filter(None, [note, f"folders nested more than {MAX_DEPTH} levels deep left out of "
                                              f"the snapshot, with all they hold: {deep[:200]}…"]))
+    if snap.scan.unreadable:
+        first = snap.scan.unreadable[0].decode("utf-8", "backslashreplace") or "."
+        note = "; ".join(filter(None, [note, f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness may "
+                                             f"not read kept in the snapshot as last seen: {first[:200]}"]))
     return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

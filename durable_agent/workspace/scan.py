@@ -34,6 +34,7 @@ StatKey = tuple[int, int, int]  # ctime_ns, size, inode
 
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
+_UNREADABLE = Entry(FILE, 0, "unreadable")  # _entry's answer for a file the harness may not read
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Scan:
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap
     too_deep: list[bytes] = field(default_factory=list)  # folders at MAX_DEPTH, left out with all below
+    unreadable: list[bytes] = field(default_factory=list)  # not listed or not read: kept as last seen
     changed: bool = True  # False: the same manifest as this scanner's previous scan
     tree_id: str = ""  # manifest.tree_id(manifest), kept up to date by the scanner
     base: Manifest | None = None  # the scanner's previous manifest, which this one ...
@@ -149,7 +151,10 @@ class Scanner:
             return known[1]
         # Only a regular file, as git reads it (it does not follow an in-tree .gitignore that
         # is a link): a FIFO planted there would block the open for good, /dev/zero never end.
-        data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
+        try:
+            data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
+        except PermissionError:
+            data = None  # as git does, a .gitignore it may not read says nothing
         lines = (data or b"").decode("utf-8", "surrogateescape").splitlines()
         spec = _spec(lines)
         self._ignores[rel_dir] = (key, spec)
@@ -184,6 +189,8 @@ class Scanner:
             specs = [*specs, (rel_dir, spec)]
         try:
             entries = list(os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root))
+        except PermissionError:
+            return self._unlisted(rel_dir, w)
         except OSError:
             return 0
         w.visited.append(rel_dir)
@@ -238,12 +245,16 @@ class Scanner:
                     continue
             key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
             entry = old[1] if old is not None and old[0] == key else self._entry(item.path, st, w.out, rel)
+            unread = entry is _UNREADABLE
+            if unread:  # kept as last seen (not deleted), and tried again at the next scan
+                w.out.unreadable.append(rel)
+                entry = old[1] if old is not None else None
             if entry is None:
                 continue
             if old is not None:
                 dropped.pop()
                 hits += 1
-            cached[name] = (None if st.st_ctime_ns >= w.racy_after else key, entry)
+            cached[name] = (None if unread or st.st_ctime_ns >= w.racy_after else key, entry)
             self._note(rel, entry, w)
             found += 1
         if dropped or hits < before:  # some of the cached files are gone: which ones
@@ -254,12 +265,23 @@ class Scanner:
             w.deleted += [prefix + name for name in gone]
         return hits + found
 
+    def _unlisted(self, rel_dir: bytes, w: _Walk) -> int:
+        """A folder the harness may not list (`chmod 311 d`, another user's): what the last
+        scan found below it stands. Recorded as gone, a rewind to this step would delete it."""
+        w.out.unreadable.append(rel_dir)
+        prefix = rel_dir + b"/" if rel_dir else b""
+        w.visited += [d for d in self._cache if d == rel_dir or d.startswith(prefix)]
+        w.empty += [d for d in self._empty if d.startswith(prefix)]
+        return 1 if any(path.startswith(prefix) for path in self._previous) else 0
+
     def _note(self, rel: bytes, entry: Entry, w: _Walk) -> None:
         old = self._previous.get(rel)
         if old is not entry and old != entry:
             w.entries[rel] = entry
 
     def _entry(self, path: bytes, st: os.stat_result, out: Scan, rel: bytes) -> Entry | None:
+        """The entry for a listed path; None if it is gone or no longer what was listed,
+        _UNREADABLE if the harness may not read it."""
         try:
             if stat.S_ISLNK(st.st_mode):
                 return Entry(LINK, target=os.readlink(path))
@@ -267,8 +289,10 @@ class Scanner:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
             data = _regular_bytes(path, self.size_cap)
+        except PermissionError:
+            return _UNREADABLE
         except OSError:
-            return None  # vanished or unreadable between the listing and now
+            return None  # vanished between the listing and now
         if data is None:
             return None  # no longer the regular file listed
         digest = hashlib.sha256(data).hexdigest()
@@ -285,6 +309,8 @@ def _regular_bytes(path: bytes, cap: int) -> bytes | None:
     checked on the open file, so nothing put there since the listing can hang the scan."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except PermissionError:
+        raise
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
