@@ -119,7 +119,7 @@ def test_huge_structured_content_is_not_kept(run_f: Callable[..., Any], sql: Cal
 
 
 def test_an_answer_the_sdk_cannot_read_fails_the_call_at_once(run_f: Callable[..., Any],
-                                                              sql: Callable[..., list[Any]]) -> None:
+                                                              sql: Callable[..., list[Any]], db_path: Path) -> None:
     # Nested past the SDK's parser's limits, the answer was logged and dropped there, and
     # the call waited out the whole mcp_timeout_s (120 s by default) for it.
     started = time.monotonic()
@@ -127,9 +127,15 @@ def test_an_answer_the_sdk_cannot_read_fails_the_call_at_once(run_f: Callable[..
                {"content": "done"}], "--shell", "allow", extra="mcp_timeout_s = 60")
     assert r.code == 0, r.stderr
     assert time.monotonic() - started < 30
+    assert "Traceback" not in r.stderr and "Failed to parse" not in r.stderr, r.stderr  # the SDK's log: not on the terminal
     deep, lookup = tool_steps(sql)
     assert deep[2] == "failed" and "could not be read" in deep[3], deep
     assert lookup[2] == "completed"
+    # Kept, with its traceback, in the server's own log beside the store (wiring.log_dir).
+    from durable_agent.config_layers import store_files
+
+    log = Path(store_files(f"sqlite:///{db_path}")[4]) / "mcp-f.log"
+    assert "Failed to parse JSONRPC message" in log.read_text()
 
 
 def test_twin_names_call_their_own_tools(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:

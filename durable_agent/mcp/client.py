@@ -14,6 +14,7 @@ whose tail is quoted when it fails to start or dies.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -33,6 +34,32 @@ def require_sdk() -> None:
         import mcp  # noqa: F401
     except ImportError:
         raise ConfigError(MISSING_EXTRA) from None
+
+
+_SDK_LOGS: dict[int, IO[str]] = {}  # a server's loop thread -> that server's log file
+
+
+class _ToServerLog(logging.Handler):
+    """The SDK's own log records (a message it could not parse, with its traceback) go to
+    the log of the server whose loop thread wrote them, beside its stderr: never to the
+    terminal, which Python's last-resort handler would print them on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = _SDK_LOGS.get(record.thread or 0)
+        if log is None:
+            return
+        try:
+            log.write(self.format(record) + "\n")
+            log.flush()
+        except (OSError, ValueError):  # closed as the server stops
+            pass
+
+
+def _route_sdk_log() -> None:
+    sdk = logging.getLogger("mcp")
+    if not any(isinstance(handler, _ToServerLog) for handler in sdk.handlers):
+        sdk.addHandler(_ToServerLog())
+        sdk.propagate = False
 
 
 class ServerFailed(Exception):
@@ -163,6 +190,8 @@ class ServerConnection:
         self._thread.join(timeout=5.0)
         if not self._thread.is_alive():
             self._loop.close()
+        if self._thread.ident is not None:
+            _SDK_LOGS.pop(self._thread.ident, None)
         if self._log is not None:
             self._log.close()
         self.launch.cleanup()
@@ -213,6 +242,8 @@ class ServerConnection:
         assert launch.log_path is not None
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = launch.log_path.open("a", encoding="utf-8")
+        _route_sdk_log()
+        _SDK_LOGS[threading.get_ident()] = self._log  # this runs in the server's loop thread
         params = StdioServerParameters(command=launch.argv[0], args=launch.argv[1:], env=launch.env,
                                        cwd=launch.cwd)
         return stdio_client(params, errlog=self._log)
