@@ -463,19 +463,46 @@ ws = Path(sys.argv[1])
 (ws / "d" / "a.txt").write_text("A")
 (ws / "d" / "e" / "b.txt").write_text("B")
 (ws / "f.txt").write_text("F")
+(ws / "g").mkdir()
+(ws / "g" / ".gitignore").write_text("*.log\\n")
+(ws / "g" / "x.log").write_text("L")
 scanner = Scanner(ws, DEFAULT_EXCLUDE, 1 << 20)
-def seen():
-    scan = scanner.scan()
-    return {"manifest": sorted(p.decode() for p in scan.manifest), "unreadable": sorted(p.decode() for p in scan.unreadable)}
+def names(manifest):
+    return sorted(p.decode() for p in manifest)
+def seen(s=None):
+    scan = (s or scanner).scan()
+    return {"manifest": names(scan.manifest), "unreadable": sorted(p.decode() for p in scan.unreadable)}
+def fresh():
+    return names(Scanner(ws, DEFAULT_EXCLUDE, 1 << 20).scan().manifest)
 found = {"first": seen()}
-os.chmod(ws / "d", 0o311); os.chmod(ws / "f.txt", 0o000)
+last = scanner.scan().manifest
+os.chmod(ws / "d", 0o311); os.chmod(ws / "f.txt", 0o000); os.chmod(ws / "g" / ".gitignore", 0o000)
 found["closed"] = seen()
 found["closed again"] = seen()
-os.chmod(ws / "d", 0o755); os.chmod(ws / "f.txt", 0o644)
+found["fresh, closed"] = {"manifest": fresh()}                    # nothing seen before: nothing to keep
+seeded = Scanner(ws, DEFAULT_EXCLUDE, 1 << 20); seeded.seed(last)  # a new process, told what the store has
+found["seeded, closed"] = seen(seeded)
+os.chmod(ws / "d", 0o755); os.chmod(ws / "f.txt", 0o644); os.chmod(ws / "g" / ".gitignore", 0o644)
 found["open"] = seen()
+# Gone while hidden: seen gone once listed again, by the seeded scanner too.
+os.chmod(ws / "d", 0o311)
+seen(); seen(seeded)
+os.chmod(ws / "d", 0o755); os.remove(ws / "d" / "a.txt"); os.chmod(ws / "d", 0o311)
+os.chmod(ws / "d", 0o755)
+found["gone while hidden"] = [seen()["manifest"], seen(seeded)["manifest"], fresh()]
+# Listable but not searchable.
+os.chmod(ws / "d", 0o644)
+found["not searchable"] = seen()
+os.chmod(ws / "d", 0o755)
+# Ignore rules changed while hidden: once listed, as a full rescan has it.
+os.chmod(ws / "d", 0o311)
+seen()
+(ws / ".gitignore").write_text("*.txt\\n")
+seen()
+os.chmod(ws / "d", 0o755)
+found["rules changed while hidden"] = [seen()["manifest"], fresh()]
 os.chmod(ws, 0o311)
 found["root closed"] = seen()
-found["fresh, root closed"] = {"manifest": sorted(p.decode() for p in Scanner(ws, DEFAULT_EXCLUDE, 1 << 20).scan().manifest)}
 os.chmod(ws, 0o755)
 print(json.dumps(found))
 """
@@ -506,10 +533,20 @@ def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
     found = json.loads(proc.stdout)
-    everything = ["d/a.txt", "d/e/b.txt", "d/empty", "f.txt"]
+    everything = ["d/a.txt", "d/e/b.txt", "d/empty", "f.txt", "g/.gitignore"]
     assert found["first"] == {"manifest": everything, "unreadable": []}
-    assert found["closed"] == {"manifest": everything, "unreadable": ["d", "f.txt"]}
+    assert found["closed"] == {"manifest": everything, "unreadable": ["d", "f.txt", "g/.gitignore"]}
     assert found["closed again"] == found["closed"]  # said at every scan while it lasts
+    # Nothing seen before: d is an empty folder as far as can be told, g/.gitignore unknown (its
+    # rules with it, as git has it).
+    assert found["fresh, closed"] == {"manifest": ["d", "g/x.log"]}
+    # Seeded with what the store has, a new process keeps the same; only the rules of a
+    # .gitignore it cannot read are unknown to it (the store has its bytes, not the scanner).
+    assert found["seeded, closed"] == {"manifest": [*everything, "g/x.log"], "unreadable": found["closed"]["unreadable"]}
     assert found["open"] == {"manifest": everything, "unreadable": []}
-    assert found["root closed"] == {"manifest": everything, "unreadable": [""]}
-    assert found["fresh, root closed"] == {"manifest": []}  # nothing seen before: nothing to keep
+    without_a = [p for p in everything if p != "d/a.txt"]
+    assert found["gone while hidden"] == [without_a, without_a, without_a]
+    assert found["not searchable"] == {"manifest": without_a, "unreadable": ["d"]}
+    after_rules = [".gitignore", "d/e", "d/empty", "g/.gitignore"]  # *.txt ignored: d/e is empty now
+    assert found["rules changed while hidden"] == [after_rules, after_rules]
+    assert found["root closed"] == {"manifest": after_rules, "unreadable": [""]}

@@ -101,5 +101,7 @@ def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[
             continue
         if entry.kind in (FILE, LINK, DIR):
             _write(broot, rel, entry, have, blob)
-    scanner.forget()  # our writes happened within the racy window: hash them again next time
+    # Our writes happened within the racy window: hash them again next time. What is below a
+    # folder the harness may not list is kept as this manifest has it.
+    scanner.forget(seen=target)
     return changes(current, target)

@@ -119,7 +119,9 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
         note = "; ".join(filter(None, [note, f"folders nested more than {MAX_DEPTH} levels deep left out of "
                                              f"the snapshot, with all they hold: {deep[:200]}…"]))
     if snap.scan.unreadable:
-        first = snap.scan.unreadable[0].decode("utf-8", "backslashreplace") or "."
+        names = ", ".join((p.decode("utf-8", "backslashreplace") or ".")[:200] for p in snap.scan.unreadable[:5])
+        more = f" and {len(snap.scan.unreadable) - 5} more" if len(snap.scan.unreadable) > 5 else ""
         note = "; ".join(filter(None, [note, f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness may "
-                                             f"not read kept in the snapshot as last seen: {first[:200]}"]))
+                                             f"not read, kept as the last snapshot saw them (left out if never "
+                                             f"seen): {names}{more}"]))
     return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

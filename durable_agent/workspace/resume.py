@@ -51,10 +51,12 @@ def check(ctx: StepContext) -> None:
     if any(s.state == StepState.STARTED and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
            for s in journal.open_steps.values()):
         return
-    current = recorder.scanner(ctx).scan().manifest
+    recorded = snapshot.load(blobs, last.tree)
+    scanner = recorder.scanner(ctx)
+    scanner.seed(recorded)  # a folder it may not list is as recorded, not drift
+    current = scanner.scan().manifest
     if tree_id(current) == last.tree:
         return
-    recorded = snapshot.load(blobs, last.tree)
     differing = changes(recorded, current)
     approval = journal.approval_for(CALL, DRIFT)
     if approval is not None and approval.decision is not None:

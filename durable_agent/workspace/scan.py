@@ -96,6 +96,10 @@ class Scanner:
         self._ids = TreeIds()  # the id of _previous
         self._ignore_epoch = 0  # +1 whenever a .gitignore changed (every decision is made again)
         self._cache_epoch = -1  # the ignore epoch the stat cache was built under
+        # What a fresh scanner (a new process, or after forget) keeps below a folder it may
+        # not list: the last manifest stored or written (seed, forget).
+        self._last_seen: Manifest = {}
+        self._stale: set[bytes] = set()  # kept unlisted: their rows are checked again once listed
 
     def scan(self) -> Scan:
         with self.lock:
@@ -127,9 +131,18 @@ class Scanner:
             self._previous, self._empty = out.manifest, empty
             return out
 
-    def forget(self) -> None:
-        """Drop the stat cache (the next scan hashes every file again)."""
+    def seed(self, manifest: Manifest) -> None:
+        """What the store last recorded of this workspace, for a fresh scanner to keep below
+        a folder it may not list (not recorded as deleted, nor as drift on resume)."""
         with self.lock:
+            self._last_seen = manifest
+
+    def forget(self, seen: Manifest | None = None) -> None:
+        """Drop the stat cache (the next scan hashes every file again); `seen` (default: the
+        previous manifest) is what it keeps below a folder it may not list."""
+        with self.lock:
+            self._last_seen = self._previous if seen is None else seen
+            self._stale.clear()
             self._cache.clear()
             self._previous, self._empty = {}, set()
             self._cache_epoch = -1
@@ -153,8 +166,8 @@ class Scanner:
         # is a link): a FIFO planted there would block the open for good, /dev/zero never end.
         try:
             data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
-        except PermissionError:
-            data = None  # as git does, a .gitignore it may not read says nothing
+        except PermissionError:  # kept as last seen, its rules too (else what they left out comes in)
+            return known[1] if known is not None else None
         lines = (data or b"").decode("utf-8", "surrogateescape").splitlines()
         spec = _spec(lines)
         self._ignores[rel_dir] = (key, spec)
@@ -200,7 +213,8 @@ class Scanner:
         before = len(cached)
         # The cache's rows were made under this directory's current ignore rules (a change
         # in a .gitignore deeper down does not concern this directory's files).
-        trusted = self._ignore_epoch == self._cache_epoch
+        trusted = self._ignore_epoch == self._cache_epoch and rel_dir not in self._stale
+        self._stale.discard(rel_dir)
         fast = cached if trusted else {}
         prefix = rel_dir + b"/" if rel_dir else b""
         hits = found = 0
@@ -208,6 +222,8 @@ class Scanner:
         for item in entries:
             try:
                 st = item.stat(follow_symlinks=False)
+            except PermissionError:  # listable, not searchable (chmod 644 d): none of it can be read
+                return self._unlisted(rel_dir, w)
             except OSError:
                 continue  # gone since the listing
             name = item.name
@@ -248,7 +264,7 @@ class Scanner:
             unread = entry is _UNREADABLE
             if unread:  # kept as last seen (not deleted), and tried again at the next scan
                 w.out.unreadable.append(rel)
-                entry = old[1] if old is not None else None
+                entry = old[1] if old is not None else self._last_seen.get(rel) if self._cache_epoch < 0 else None
             if entry is None:
                 continue
             if old is not None:
@@ -266,13 +282,31 @@ class Scanner:
         return hits + found
 
     def _unlisted(self, rel_dir: bytes, w: _Walk) -> int:
-        """A folder the harness may not list (`chmod 311 d`, another user's): what the last
-        scan found below it stands. Recorded as gone, a rewind to this step would delete it."""
+        """A folder the harness may not list (`chmod 311 d`) or search (`chmod 644 d`): what
+        was last seen below it stands. Recorded as gone, a restore to this step would delete
+        it. Its cached rows were made under the ignore rules of then: checked once it is
+        listed again."""
         w.out.unreadable.append(rel_dir)
         prefix = rel_dir + b"/" if rel_dir else b""
-        w.visited += [d for d in self._cache if d == rel_dir or d.startswith(prefix)]
-        w.empty += [d for d in self._empty if d.startswith(prefix)]
-        return 1 if any(path.startswith(prefix) for path in self._previous) else 0
+        below = [d for d in self._cache if d == rel_dir or d.startswith(prefix)]
+        w.visited += below
+        self._stale.update(below)
+        if self._cache_epoch >= 0:  # the previous manifest holds them: nothing to note
+            w.empty += [d for d in self._empty if d.startswith(prefix)]
+            return 1 if any(path.startswith(prefix) for path in self._previous) else 0
+        kept = 0
+        for path, entry in self._last_seen.items():  # a fresh scanner: the last one stored
+            if path.startswith(prefix):
+                self._note(path, entry, w)
+                if entry.kind == DIR:
+                    w.empty.append(path)
+                else:  # a row (read again when listed), so that one gone meanwhile is seen gone
+                    parent, _, name = path.rpartition(b"/")
+                    self._cache.setdefault(parent, {})[name] = (None, entry)
+                    self._stale.add(parent)
+                    w.visited.append(parent)
+                kept += 1
+        return kept
 
     def _note(self, rel: bytes, entry: Entry, w: _Walk) -> None:
         old = self._previous.get(rel)
