@@ -550,3 +550,30 @@ def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted
     after_rules = [".gitignore", "d/e", "d/empty", "g/.gitignore"]  # *.txt ignored: d/e is empty now
     assert found["rules changed while hidden"] == [after_rules, after_rules]
     assert found["root closed"] == {"manifest": after_rules, "unreadable": [""]}
+
+
+@pytest.mark.parametrize("planted", [".durable-agent-restore.tmp", "new-name"])
+def test_a_link_the_agent_planted_never_takes_a_restore_outside(tmp_path, env, workspace, write_script, planted) -> None:  # type: ignore[no-untyped-def]
+    # restore wrote each file through a fixed temporary name: an agent's command that put a
+    # link there (to ~/.bashrc, say) had restore, fork and a rebuilding resume write its
+    # bytes, with its mode, outside the target. The link itself must come back as it was.
+    victim, missing = tmp_path / "victim", tmp_path / "planted.sh"
+    victim.write_text("ORIGINAL\n")
+    victim.chmod(0o600)
+    command = (f"ln -s {victim} {planted}; ln -s {missing} .durable-agent-restore.tmp2; "
+               "printf 'PWNED\\n' > payload.txt; chmod 755 payload.txt; mkdir d; ln -s ../../.. d/up; echo x > d/f")
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+                           {"tool_calls": [{"name": "run_command", "arguments": {"command": "true"}}]},
+                           {"content": "ok"}])
+    assert _start(env, workspace, script, "pl", "--sandbox", "off", "--max-steps", "2").returncode == 3
+    expected = picture(workspace)
+    runs = [(["restore", "pl", "--at", "2", "--to", str(tmp_path / "fresh")], 0),
+            (["fork", "pl", "--at", "2", "--workspace", str(tmp_path / "forked"), "--run-id", "pl2"], 0),
+            (["resume", "pl", "--workspace", str(tmp_path / "rebuilt"), "--max-steps", "2"], 3)]  # rebuilt, stops
+    for args, code in runs:
+        proc = da(args, env, tmp_path)
+        assert proc.returncode == code, proc.stderr
+    for where in ("fresh", "forked", "rebuilt"):
+        assert picture(tmp_path / where) == expected, where
+    assert victim.read_text() == "ORIGINAL\n" and victim.stat().st_mode & 0o777 == 0o600
+    assert not missing.exists()

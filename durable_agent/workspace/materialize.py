@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def _parent_dirs(root: bytes, rel: bytes) -> None:
 def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]) -> None:
     path = os.path.join(root, rel)
     _parent_dirs(root, rel)
-    if have is not None and (have.kind, have.ref, have.target, have.size) == (entry.kind, entry.ref,
-                                                                               entry.target, entry.size):
+    same = have is not None and (have.kind, have.ref, have.target, have.size) == (entry.kind, entry.ref,
+                                                                                entry.target, entry.size)
+    if same and entry.kind != LINK and not os.path.islink(path):
         os.chmod(path, entry.mode)  # the permission bits alone differ
         return
     if entry.kind == DIR:
@@ -65,11 +67,18 @@ def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Call
     if entry.kind == LINK:
         os.symlink(entry.target, path)
         return
-    tmp = os.path.join(os.path.dirname(path), b".durable-agent-restore.tmp")
-    with open(tmp, "wb") as f:
-        f.write(blob(entry.ref))
-    os.chmod(tmp, entry.mode)
-    os.replace(tmp, path)
+    # A fresh name made with O_EXCL | O_NOFOLLOW (mkstemp), never a fixed one: a link the
+    # workspace holds under a fixed name would have taken the bytes and the mode outside.
+    fd, tmp = tempfile.mkstemp(prefix=b".durable-agent-restore.", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob(entry.ref))
+            os.fchmod(f.fileno(), entry.mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
