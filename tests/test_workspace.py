@@ -537,9 +537,9 @@ def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted
     assert found["first"] == {"manifest": everything, "unreadable": []}
     assert found["closed"] == {"manifest": everything, "unreadable": ["d", "f.txt", "g/.gitignore"]}
     assert found["closed again"] == found["closed"]  # said at every scan while it lasts
-    # Nothing seen before: d is an empty folder as far as can be told, g/.gitignore unknown (its
-    # rules with it, as git has it).
-    assert found["fresh, closed"] == {"manifest": ["d", "g/x.log"]}
+    # Nothing seen before: d and g/.gitignore are left out, not called empty (the rules of that
+    # .gitignore with it, as git has it).
+    assert found["fresh, closed"] == {"manifest": ["g/x.log"]}
     # Seeded with what the store has, a new process keeps the same; only the rules of a
     # .gitignore it cannot read are unknown to it (the store has its bytes, not the scanner).
     assert found["seeded, closed"] == {"manifest": [*everything, "g/x.log"], "unreadable": found["closed"]["unreadable"]}
@@ -577,3 +577,29 @@ def test_a_link_the_agent_planted_never_takes_a_restore_outside(tmp_path, env, w
         assert picture(tmp_path / where) == expected, where
     assert victim.read_text() == "ORIGINAL\n" and victim.stat().st_mode & 0o777 == 0o600
     assert not missing.exists()
+
+
+def test_a_folder_past_path_max_is_noted_not_recorded_empty(tmp_path: Path) -> None:
+    # 25 folders of 200 characters: past PATH_MAX (4096) the listing fails (ENAMETOOLONG),
+    # and the walk recorded the folder there as empty, the files below it gone, without a word.
+    from durable_agent.workspace.scan import DEFAULT_EXCLUDE, Scanner
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(25):
+            os.mkdir("d" * 200, dir_fd=fd)
+            deeper = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        leaf = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(leaf, b"deep")
+        os.close(leaf)
+    finally:
+        os.close(fd)
+    try:
+        scan = Scanner(tmp_path, DEFAULT_EXCLUDE, 1 << 20).scan()
+        assert scan.unreadable and all(len(p) + len(str(tmp_path)) > 4000 for p in scan.unreadable)
+        assert not any(p in scan.manifest for p in scan.unreadable)  # left out (never seen), not "empty"
+        assert all(len(p) + len(str(tmp_path)) < 4096 for p in scan.manifest)
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 200))], check=False)

@@ -121,7 +121,7 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if snap.scan.unreadable:
         names = ", ".join((p.decode("utf-8", "backslashreplace") or ".")[:200] for p in snap.scan.unreadable[:5])
         more = f" and {len(snap.scan.unreadable) - 5} more" if len(snap.scan.unreadable) > 5 else ""
-        note = "; ".join(filter(None, [note, f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness may "
+        note = "; ".join(filter(None, [note, f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness could "
                                              f"not read, kept as the last snapshot saw them (left out if never "
                                              f"seen): {names}{more}"]))
     return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

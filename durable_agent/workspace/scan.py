@@ -15,6 +15,7 @@ HEAD, refs, config, hooks) cannot change and no git identity is needed.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -166,7 +167,9 @@ class Scanner:
         # is a link): a FIFO planted there would block the open for good, /dev/zero never end.
         try:
             data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
-        except PermissionError:  # kept as last seen, its rules too (else what they left out comes in)
+        except FileNotFoundError:
+            data = None
+        except OSError:  # kept as last seen, its rules too (else what they left out comes in)
             return known[1] if known is not None else None
         lines = (data or b"").decode("utf-8", "surrogateescape").splitlines()
         spec = _spec(lines)
@@ -196,16 +199,17 @@ class Scanner:
 
     # -- walking -------------------------------------------------------------------------------
     def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk) -> int:
-        """Walk one directory; returns how many entries of it are in the manifest."""
+        """Walk one directory; returns how many entries of it are in the manifest, -1 for one it
+        could not list and knows nothing of."""
         spec = self._gitignore(rel_dir)
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
         try:
             entries = list(os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root))
-        except PermissionError:
+        except (FileNotFoundError, NotADirectoryError):
+            return 0  # gone since its parent was listed
+        except OSError:  # not ours to list, or past PATH_MAX (ENAMETOOLONG): never "emptied"
             return self._unlisted(rel_dir, w)
-        except OSError:
-            return 0
         w.visited.append(rel_dir)
         cached = self._cache.get(rel_dir)
         if cached is None:
@@ -222,10 +226,10 @@ class Scanner:
         for item in entries:
             try:
                 st = item.stat(follow_symlinks=False)
-            except PermissionError:  # listable, not searchable (chmod 644 d): none of it can be read
-                return self._unlisted(rel_dir, w)
-            except OSError:
+            except FileNotFoundError:
                 continue  # gone since the listing
+            except OSError:  # listable, not searchable (chmod 644 d): none of it can be read
+                return self._unlisted(rel_dir, w)
             name = item.name
             old = fast.get(name)
             # The hot path of an unchanged workspace: one lstat, one lookup, one comparison.
@@ -246,10 +250,12 @@ class Scanner:
                     w.out.too_deep.append(rel)
                     found += 1
                 elif not ignored:
-                    if self._walk(rel, specs, w) == 0:  # an empty directory is an entry
+                    below = self._walk(rel, specs, w)
+                    if below == 0:  # an empty directory is an entry
                         w.empty.append(rel)
                         self._note(rel, Entry(DIR, stat.S_IMODE(mode) & 0o777), w)
-                    found += 1
+                    if below >= 0:  # (-1: not listed and never seen: left out, not called empty)
+                        found += 1
                 continue
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
@@ -293,7 +299,9 @@ class Scanner:
         self._stale.update(below)
         if self._cache_epoch >= 0:  # the previous manifest holds them: nothing to note
             w.empty += [d for d in self._empty if d.startswith(prefix)]
-            return 1 if any(path.startswith(prefix) for path in self._previous) else 0
+            if any(path.startswith(prefix) for path in self._previous):
+                return 1
+            return 0 if rel_dir in self._previous else -1
         kept = 0
         for path, entry in self._last_seen.items():  # a fresh scanner: the last one stored
             if path.startswith(prefix):
@@ -306,7 +314,7 @@ class Scanner:
                     self._stale.add(parent)
                     w.visited.append(parent)
                 kept += 1
-        return kept
+        return kept if kept or rel_dir in self._last_seen else -1
 
     def _note(self, rel: bytes, entry: Entry, w: _Walk) -> None:
         old = self._previous.get(rel)
@@ -323,10 +331,10 @@ class Scanner:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
             data = _regular_bytes(path, self.size_cap)
-        except PermissionError:
-            return _UNREADABLE
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return None  # vanished between the listing and now
+        except OSError:
+            return _UNREADABLE
         if data is None:
             return None  # no longer the regular file listed
         digest = hashlib.sha256(data).hexdigest()
@@ -343,10 +351,10 @@ def _regular_bytes(path: bytes, cap: int) -> bytes | None:
     checked on the open file, so nothing put there since the listing can hang the scan."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except PermissionError:
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link or a socket now: not what was listed
+            return None
         raise
-    except OSError:
-        return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
