@@ -15,7 +15,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from durable_agent.errors import UsageError
+from durable_agent.errors import DurableAgentError, UsageError
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes it
 TREE_ID_RE = re.compile(r"^[0-9a-f]{64}$")  # sha256 of a snapshot's manifest
@@ -123,11 +123,17 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         manifest = snapshot.load(blobs, tree)
     except KeyError:
         raise UsageError(f"no workspace snapshot {tree} in this store") from None
-    done = materialize(manifest, target, scanner, blobs.blob)
+    again = f"durable-agent restore {run_id} --tree {undo} --to {target} --force" if undo else None
+    if again is not None:  # first: a restore that fails halfway (a full disk) can still be undone
+        print(f"undo with: {again}", flush=True)
+    try:
+        done = materialize(manifest, target, scanner, blobs.blob)
+    except OSError as exc:
+        where = os.fsdecode(exc.filename) if exc.filename else str(target)
+        raise DurableAgentError(f"the restore stopped halfway, at {where}: {exc.strerror or exc}"
+                                + (f"; undo with: {again}" if again else "")) from None
     print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
           else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
-    if undo is not None:
-        print(f"undo with: durable-agent restore {run_id} --tree {undo} --to {target} --force")
     return 0
 
 

@@ -133,7 +133,7 @@ def test_restore_refuses_a_non_empty_dir_without_force(tmp_path, env, workspace,
     assert (other / "mine.txt").read_text() == "precious"
     proc = da(["restore", "nf", "--at", "2", "--to", str(other), "--force"], env, workspace)
     assert proc.returncode == 0 and not (other / "mine.txt").exists()
-    undo = proc.stdout.strip().splitlines()[-1].split("undo with: ", 1)[1]
+    undo = proc.stdout.split("undo with: ", 1)[1].splitlines()[0]
     assert da(undo.split()[1:], env, workspace).returncode == 0
     assert (other / "mine.txt").read_text() == "precious" and not (other / "a.txt").exists()
 
@@ -603,3 +603,29 @@ def test_a_folder_past_path_max_is_noted_not_recorded_empty(tmp_path: Path) -> N
         assert all(len(p) + len(str(tmp_path)) < 4096 for p in scan.manifest)
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 200))], check=False)
+
+
+
+def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # A real full disk: the target on a 1 MiB tmpfs. The undo line came only after a restore
+    # that succeeded; one stopped halfway said "cannot write the output", naming nothing.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {
+        "command": "head -c 3000000 /dev/urandom > big.bin; echo small > a.txt"}}]}, {"content": "ok"}])
+    assert _start(env, workspace, script, "full").returncode == 0
+    target = tmp_path / "small-disk"
+    target.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=False).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (target / "mine.txt").write_text("precious")
+        proc = da(["restore", "full", "--at", "2", "--to", str(target), "--force"], env, workspace)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "stopped halfway" in proc.stderr and "No space left" in proc.stderr and "undo with:" in proc.stderr
+        undo = proc.stdout.split("undo with: ", 1)[1].splitlines()[0]  # printed before it began
+        assert da(undo.split()[1:], env, workspace).returncode == 0
+        assert sorted(p.name for p in target.iterdir()) == ["mine.txt"]
+        assert (target / "mine.txt").read_text() == "precious"
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
