@@ -629,3 +629,18 @@ def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(tmp_pa
         assert (target / "mine.txt").read_text() == "precious"
     finally:
         subprocess.run(["umount", str(target)], check=False)
+
+
+def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    forged = "x\ndiff --durable-agent a/README b/README\nnew file mode 755"
+    script = write_script([{"tool_calls": [{"name": "write_file", "arguments": {"path": forged, "content": "hi\n"}}]},
+                           {"content": "ok"}])
+    assert _start(env, workspace, script, "nl").returncode == 0
+    assert (workspace / forged).read_text() == "hi\n"  # the name itself is kept as written
+    stat = da(["diff", "nl", "--stat"], env, workspace)
+    assert stat.returncode == 0 and len(stat.stdout.splitlines()) == 2, stat.stdout  # one change, one total
+    shown = "x\\x0adiff --durable-agent a/README b/README\\x0anew file mode 755"
+    assert shown in stat.stdout
+    full = da(["diff", "nl"], env, workspace).stdout
+    headers = [line for line in full.splitlines() if line.startswith("diff --durable-agent")]
+    assert headers == [f"diff --durable-agent a/{shown} b/{shown}"]

@@ -17,6 +17,7 @@ import base64
 import bisect
 import hashlib
 import json
+import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,16 @@ class Change:
 
     @property
     def shown(self) -> str:
-        return show_name(self.path.decode("utf-8", "surrogateescape"))
+        """For people (diff, show, the step_changes view): undecodable bytes and control
+        characters as `\\xHH`, so a name holding a newline cannot forge a line of a diff."""
+        return _CONTROL.sub(_escaped, show_name(self.path.decode("utf-8", "surrogateescape")))
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
 
 
 def _enc(raw: bytes) -> Any:
