@@ -644,3 +644,36 @@ def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(env, workspace, 
     full = da(["diff", "nl"], env, workspace).stdout
     headers = [line for line in full.splitlines() if line.startswith("diff --durable-agent")]
     assert headers == [f"diff --durable-agent a/{shown} b/{shown}"]
+
+
+def test_restore_never_destroys_what_snapshots_leave_out(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # In place (--force), restore replaced an ignored file, removed a git repository that had
+    # taken the place of a `.git` file, and emptied a folder of ignored logs: none of them in
+    # the undo snapshot, so the undo could not bring them back. Now it refuses, changing
+    # nothing, and names what is in the way; what is ignored in a folder it removes stays.
+    command = "mkdir sub && echo 'gitdir: ../elsewhere' > sub/.git && echo old > a.txt"
+    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+                           {"content": "ok"}])
+    assert _start(env, workspace, script, "keep", "--sandbox", "off").returncode == 0
+    (workspace / "sub" / ".git").unlink()
+    _git(workspace / "sub", env, "init", "-q")
+    (workspace / ".gitignore").write_text("a.txt\n*.log\n")
+    (workspace / "a.txt").write_text("PRECIOUS\n")
+    (workspace / "logs").mkdir()
+    (workspace / "logs" / "x.log").write_text("L\n")
+
+    def restore() -> subprocess.CompletedProcess[str]:
+        return da(["restore", "keep", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
+
+    for blocking in ("a.txt", "sub/.git/"):
+        before = picture(workspace)
+        proc = restore()
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"would destroy {blocking}" in proc.stderr and "Traceback" not in proc.stderr
+        assert picture(workspace) == before  # nothing changed
+        (workspace / "a.txt").unlink(missing_ok=True)  # the person moves it away; then the next
+    subprocess.run(["rm", "-rf", str(workspace / "sub" / ".git")], check=True)
+    proc = restore()
+    assert proc.returncode == 0, proc.stderr
+    assert (workspace / "a.txt").read_text() == "old\n" and (workspace / "sub" / ".git").is_file()
+    assert (workspace / "logs" / "x.log").read_text() == "L\n"  # ignored: left where it was

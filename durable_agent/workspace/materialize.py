@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from durable_agent.errors import StoreError
+from durable_agent.errors import StoreError, UsageError
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest, changes
 from durable_agent.workspace.scan import Scanner
 
@@ -81,14 +81,68 @@ def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Call
         raise
 
 
+def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | None:
+    """The first path that making `target` would destroy though snapshots leave it out
+    (ignored, excluded like a `.git` folder, over the size cap): no undo could bring it back.
+    A folder that a target file replaces must hold nothing but what `current` has."""
+
+    def covered(rel: bytes) -> bool:
+        have = current.get(rel)
+        return have is not None and have.kind != BIG
+
+    folders: set[bytes] = set()  # parents already seen to be folders
+    for rel, entry in target.items():
+        parts = rel.split(b"/")
+        for i in range(1, len(parts)):  # a file or link where the target needs a folder
+            parent = b"/".join(parts[:i])
+            if parent in folders:
+                continue
+            try:
+                st = os.lstat(os.path.join(broot, parent))
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            if not stat.S_ISDIR(st.st_mode):
+                if not covered(parent) and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    return parent
+                break
+            folders.add(parent)
+        if entry.kind == BIG or current.get(rel) == entry:
+            continue
+        path = os.path.join(broot, rel)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if entry.kind == DIR:
+                continue
+            for dirpath, dirs, files in os.walk(path):  # what would be left for rmtree
+                links = [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]  # (not followed)
+                for name in files + links:
+                    inner = os.path.relpath(os.path.join(dirpath, name), broot)
+                    if not covered(inner):
+                        return inner
+        elif (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and not covered(rel):
+            return rel  # (a FIFO or socket holds nothing to lose)
+    return None
+
+
 def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
-    """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s."""
+    """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s.
+    Raises UsageError, having changed nothing, when that would destroy what snapshots leave
+    out (`_in_the_way`)."""
     broot = os.fsencode(str(root))
     for rel in target:  # a row edited by hand must not write outside `root`
         if rel.startswith(b"/") or b".." in rel.split(b"/") or b"" in rel.split(b"/"):
             raise StoreError(f"workspace snapshot path {rel!r} is not inside the workspace")
     os.makedirs(broot, exist_ok=True)
     current = scanner.scan().manifest
+    blocking = _in_the_way(broot, target, current)
+    if blocking is not None:
+        shown = Change(blocking, "deleted", 0).shown
+        raise UsageError(f"restoring {root} would destroy {shown}, which snapshots leave out (ignored, "
+                         "excluded or over the size cap), so no undo could bring it back: move it out "
+                         "of the way first")
     wanted_dirs = {b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)}
     wanted_dirs |= {p for p, e in target.items() if e.kind == DIR}
     for rel in sorted(current, reverse=True):  # deepest first
@@ -96,6 +150,10 @@ def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[
         if old.kind == BIG or rel in target:
             continue
         if old.kind == DIR and rel in wanted_dirs:
+            continue
+        if old.kind == DIR:  # empty as far as snapshots see: what is in it is ignored, and stays
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(broot, rel))
             continue
         _remove(os.path.join(broot, rel))
         parent = os.path.dirname(rel)
