@@ -184,6 +184,10 @@ def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(tmp_path, env, 
     proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "4"], env, tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert picture(elsewhere) == expected  # --deny put the snapshot back
+    undo = proc.stderr.split("the files it replaced: ", 1)[1].splitlines()[0].split()  # after keeping them
+    undone = tmp_path / "undone"
+    assert da([*undo[1:undo.index("--to") + 1], str(undone)], env, tmp_path).returncode == 0
+    assert (undone / "b.txt").read_text() == "edited by a person\n" and (undone / "zzz").read_text() == "new"
     (elsewhere / "zzz").write_text("again")
     assert da(["resume", "mv", "--workspace", str(elsewhere)], env, tmp_path).returncode == 5
     assert da(["approve", "mv"], env, tmp_path).returncode == 0
@@ -677,3 +681,25 @@ def test_restore_never_destroys_what_snapshots_leave_out(tmp_path, env, workspac
     assert proc.returncode == 0, proc.stderr
     assert (workspace / "a.txt").read_text() == "old\n" and (workspace / "sub" / ".git").is_file()
     assert (workspace / "logs" / "x.log").read_text() == "L\n"  # ignored: left where it was
+
+
+def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # The drift check's own scan read the person's files, and the next step's snapshot then
+    # found nothing new to store: its tree named blobs that were never written, and a
+    # restore to that step failed with a traceback (KeyError).
+    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "agent\n"}}]},
+             {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo more > c.txt"}}]},
+             {"content": "ok"}]
+    assert _start(env, workspace, write_script(turns), "ap", "--max-steps", "1").returncode == 3
+    (workspace / "b.txt").write_text("the person's own\n")
+    assert da(["resume", "ap", "--quiet"], env, workspace).returncode == 5  # workspace_drift
+    assert da(["approve", "ap"], env, workspace).returncode == 0
+    proc = da(["resume", "ap", "--quiet", "--max-steps", "10"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    expected = picture(workspace)
+    last = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")).execute(
+        "SELECT MAX(seq) FROM steps WHERE run_id = 'ap' AND tree_id IS NOT NULL").fetchone()[0]
+    proc = da(["restore", "ap", "--at", str(last + 1), "--to", str(tmp_path / "back")], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "back" / "b.txt").read_text() == "the person's own\n"
+    assert picture(tmp_path / "back") == expected

@@ -19,7 +19,7 @@ import os
 from durable_agent.errors import LoopExit
 from durable_agent.status import EffectClass, StopReason
 from durable_agent.step_context import StepContext
-from durable_agent.store.blobs import BlobStore, tree_at
+from durable_agent.store.blobs import BlobStore, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
@@ -61,8 +61,12 @@ def check(ctx: StepContext) -> None:
     approval = journal.approval_for(CALL, DRIFT)
     if approval is not None and approval.decision is not None:
         if approval.decision == Decision.DENIED:  # put the snapshot back, then go on
-            materialize(recorded, root, recorder.scanner(ctx), blobs.blob)
-            ctx.observer.note(f"restored the workspace to the snapshot of step {last.seq + 1}")
+            replaced = snapshot.take(scanner, blobs)  # the person's files first: --deny can be undone
+            save_statements(journal.engine, replaced.statements, journal.policy)
+            materialize(recorded, root, scanner, blobs.blob)
+            ctx.observer.note(f"restored the workspace to the snapshot of step {last.seq + 1}; the files it "
+                              f"replaced: durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} "
+                              f"--to {root} --force")
         journal.commit([(USE_APPROVAL, {"b_id": approval.id, "used_at": utcnow()})])
         return
     names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])

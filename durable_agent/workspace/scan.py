@@ -101,6 +101,9 @@ class Scanner:
         # not list: the last manifest stored or written (seed, forget).
         self._last_seen: Manifest = {}
         self._stale: set[bytes] = set()  # kept unlisted: their rows are checked again once listed
+        # Contents read by scans since a snapshot last took them (snapshot.take stores them):
+        # a plain scan reads a changed file once, and the next scan finds it unchanged.
+        self.unsaved: dict[str, bytes] = {}
 
     def scan(self) -> Scan:
         with self.lock:
@@ -130,6 +133,7 @@ class Scanner:
                 out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
             self._cache_epoch = self._ignore_epoch
             self._previous, self._empty = out.manifest, empty
+            self.unsaved.update(out.contents)
             return out
 
     def seed(self, manifest: Manifest) -> None:

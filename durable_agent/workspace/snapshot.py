@@ -44,15 +44,18 @@ def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
     scan = scanner.scan()
     manifest = scan.manifest
     with scanner.lock:
+        # What this scan read, and any plain scan since the last snapshot (a resume's drift
+        # check): a file read there is not read again here, yet its bytes must be stored.
+        pending = _pending.setdefault(id(scanner), {})
+        pending.update(scanner.unsaved)
+        scanner.unsaved.clear()
         last = _last.get(id(scanner))
         stored = _stored.setdefault(str(blobs.engine.url), set())
-        if not scan.changed and last is not None and last[0] in stored and not _pending.get(id(scanner)):
+        if last is not None and last[0] == scan.tree_id and last[0] in stored and not pending:
             # Unchanged since a snapshot the store has: nothing to hash, query or write.
             return Snapshot(last[0], manifest, [], scan.skipped, scan)
     tid = scan.tree_id
     with scanner.lock:
-        pending = _pending.setdefault(id(scanner), {})
-        pending.update(scan.contents)
         check = set(pending)
     present = blobs.present_blobs(check) if check else set()
     statements: list[Statement] = []
