@@ -132,6 +132,9 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         where = os.fsdecode(exc.filename) if exc.filename else str(target)
         raise DurableAgentError(f"the restore stopped halfway, at {where}: {exc.strerror or exc}"
                                 + (f"; undo with: {again}" if again else "")) from None
+    except KeyError as exc:  # a store written by hand, or by a version that lost a blob
+        raise DurableAgentError(f"the restore stopped halfway: {exc.args[0]}"
+                                + (f"; undo with: {again}" if again else "")) from None
     print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
           else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
     return 0

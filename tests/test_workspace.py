@@ -703,3 +703,13 @@ def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(tmp_path, 
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "back" / "b.txt").read_text() == "the person's own\n"
     assert picture(tmp_path / "back") == expected
+
+
+def test_a_snapshot_naming_a_blob_the_store_lacks_fails_restore_in_one_line(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    assert _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "lack").returncode == 0
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with db:
+        db.execute("DELETE FROM workspace_blobs")  # as a store edited by hand would lack them
+    proc = da(["restore", "lack", "--at", "2", "--to", str(tmp_path / "out")], env, workspace)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "is not in the store" in proc.stderr and "Traceback" not in proc.stderr
