@@ -130,7 +130,7 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         done = materialize(manifest, target, scanner, blobs.blob)
     except OSError as exc:
         where = os.fsdecode(exc.filename) if exc.filename else str(target)
-        raise DurableAgentError(f"the restore stopped halfway, at {where}: {exc.strerror or exc}"
+        raise DurableAgentError(f"the restore stopped at {where}: {exc.strerror or exc}"
                                 + (f"; undo with: {again}" if again else "")) from None
     except KeyError as exc:  # a store written by hand, or by a version that lost a blob
         raise DurableAgentError(f"the restore stopped halfway: {exc.args[0]}"
@@ -163,9 +163,13 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
 
     found = tree_at(store.engine, run_id, seq)
     blobs = BlobStore(store.engine)
-    target.mkdir(parents=True, exist_ok=True)
-    if found is not None:
-        materialize(snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if found is not None:
+            materialize(snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob)
+    except OSError as exc:
+        where = os.fsdecode(exc.filename) if exc.filename else str(target)
+        raise DurableAgentError(f"cannot make the fork's workspace: {exc.strerror or exc} at {where}") from None
     settings = dict(run.settings or {})
     settings["workspace"] = str(target)
     fork_run(store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task)

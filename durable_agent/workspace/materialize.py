@@ -11,6 +11,7 @@ directory can be reached.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import stat
@@ -90,9 +91,19 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
         have = current.get(rel)
         return have is not None and have.kind != BIG
 
+    def same(path: bytes, st: os.stat_result, entry: Entry) -> bool:
+        """Already what the target holds (a .gitignore changed since): nothing to lose."""
+        if entry.kind == LINK:
+            return stat.S_ISLNK(st.st_mode) and os.readlink(path) == entry.target
+        if entry.kind != FILE or not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+            return False
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest() == entry.ref
+
     folders: set[bytes] = set()  # parents already seen to be folders
     for rel, entry in target.items():
         parts = rel.split(b"/")
+        below_a_file = False  # then nothing is at `rel` itself (a link there is not followed)
         for i in range(1, len(parts)):  # a file or link where the target needs a folder
             parent = b"/".join(parts[:i])
             if parent in folders:
@@ -100,13 +111,15 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
             try:
                 st = os.lstat(os.path.join(broot, parent))
             except (FileNotFoundError, NotADirectoryError):
+                below_a_file = True
                 break
             if not stat.S_ISDIR(st.st_mode):
                 if not covered(parent) and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     return parent
+                below_a_file = True
                 break
             folders.add(parent)
-        if entry.kind == BIG or current.get(rel) == entry:
+        if below_a_file or entry.kind == BIG or current.get(rel) == entry:
             continue
         path = os.path.join(broot, rel)
         try:
@@ -122,8 +135,9 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
                     inner = os.path.relpath(os.path.join(dirpath, name), broot)
                     if not covered(inner):
                         return inner
-        elif (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and not covered(rel):
-            return rel  # (a FIFO or socket holds nothing to lose)
+        elif (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and not covered(rel) \
+                and not same(path, st, entry):  # (a FIFO or a socket holds nothing to lose)
+            return rel
     return None
 
 
@@ -142,7 +156,7 @@ def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[
         shown = Change(blocking, "deleted", 0).shown
         raise UsageError(f"restoring {root} would destroy {shown}, which snapshots leave out (ignored, "
                          "excluded or over the size cap), so no undo could bring it back: move it out "
-                         "of the way first")
+                         "of the way first (nothing was changed)")
     wanted_dirs = {b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)}
     wanted_dirs |= {p for p, e in target.items() if e.kind == DIR}
     for rel in sorted(current, reverse=True):  # deepest first

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from durable_agent.errors import LoopExit
+from durable_agent.errors import LoopExit, UsageError
 from durable_agent.status import EffectClass, StopReason
 from durable_agent.step_context import StepContext
 from durable_agent.store.blobs import BlobStore, save_statements, tree_at
@@ -63,10 +63,16 @@ def check(ctx: StepContext) -> None:
         if approval.decision == Decision.DENIED:  # put the snapshot back, then go on
             replaced = snapshot.take(scanner, blobs)  # the person's files first: --deny can be undone
             save_statements(journal.engine, replaced.statements, journal.policy)
-            materialize(recorded, root, scanner, blobs.blob)
-            ctx.observer.note(f"restored the workspace to the snapshot of step {last.seq + 1}; the files it "
-                              f"replaced: durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} "
-                              f"--to {root} --force")
+            undo = f"durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} --to {root} --force"
+            ctx.observer.note(f"putting the workspace back as the snapshot of step {last.seq + 1} has it; "
+                              f"the files it replaces: {undo}")  # first: said even if it stops halfway
+            try:
+                materialize(recorded, root, scanner, blobs.blob)
+            except (OSError, UsageError, KeyError) as exc:  # a full disk; an ignored file in the way
+                why = f"{exc.strerror} at {os.fsdecode(exc.filename)}" if isinstance(exc, OSError) and \
+                    exc.filename else (exc.args[0] if exc.args else str(exc))
+                raise LoopExit(StopReason.WORKSPACE_DRIFT, f"could not put the snapshot back ({why}); the "
+                               f"files as they were: {undo}; resume once it can be done") from None
         journal.commit([(USE_APPROVAL, {"b_id": approval.id, "used_at": utcnow()})])
         return
     names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])
