@@ -143,6 +143,48 @@ def test_a_command_under_one_arguments_limit_but_over_execs_total_goes_by_file(t
     assert not (tmp_path / "ran.txt").exists()
 
 
+_AT_THE_BORDER = """
+import json, os, resource, sys
+from pathlib import Path
+from durable_agent.tools.base import ToolFailure
+from durable_agent.tools.process import run_process
+from durable_agent.tools.sealed import exec_limit
+resource.setrlimit(resource.RLIMIT_STACK, (int(sys.argv[1]), resource.RLIM_INFINITY))
+cwd, seen = Path(sys.argv[2]), []
+command = "echo ran"
+for fill in range(exec_limit() - 9000, exec_limit() + 200, 37):  # an environment near the limit
+    env = {"PATH": os.environ["PATH"], "FILL": "f" * (fill % 130_000), "FILL2": "g" * (fill - fill % 130_000)}
+    try:
+        out = run_process(command, cwd=cwd, env=env, timeout_s=30, sandbox=None)
+        seen.append("ran" if out.exit_code == 0 and out.stdout == "ran\\n" else repr(out))
+    except ToolFailure as exc:
+        seen.append("refused" if str(exc).startswith("cannot start the command") else str(exc))
+print(json.dumps(sorted(set(seen))))
+"""
+
+
+@pytest.mark.parametrize("stack", [64 * 1024, 256 * 1024, 8 << 20])
+def test_at_execs_limit_a_command_runs_or_is_refused_never_fails_to_start(tmp_path: Path, stack: int) -> None:
+    # The estimate left out the program's path that the kernel copies as well: just under
+    # the limit, exec failed with E2BIG ("Argument list too long: .../python"). On a small
+    # stack the kernel's 128 KiB floor let through what the guard then had no stack to run.
+    import json
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _AT_THE_BORDER, str(stack), str(tmp_path)], capture_output=True,
+                          text=True, env=env, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)) <= {"ran", "refused"}, proc.stdout
+
+
+def test_an_environment_variable_longer_than_one_string_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ToolFailure, match="the environment variable HUGE is longer"):
+        run_process("echo ran > ran.txt", cwd=tmp_path, env={**ENV, "HUGE": "h" * MAX_ARGUMENT}, timeout_s=10,
+                    sandbox=None)
+    assert not (tmp_path / "ran.txt").exists()
+
+
 def test_a_nul_byte_is_refused_in_one_line_and_nothing_runs(tmp_path: Path) -> None:
     for command in ("touch ran\0 more", "touch ran # " + "y" * MAX_ARGUMENT + "\0"):
         with pytest.raises(ToolFailure, match="NUL byte"):

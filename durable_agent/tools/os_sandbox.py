@@ -300,8 +300,8 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
         if len(options) + 1 + len(argv) > BWRAP_MAX_ARGS:
             raise SandboxUnavailable(
                 f"refusing to run the command: the workspace holds too many git repositories for the "
-                f"sandbox (protecting each one's config and hooks takes about {len(options) // 3} mounts, more "
-                f"than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
+                f"sandbox (protecting their configs and hooks takes about {len(options) // 3} mounts in all, "
+                f"more than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
                 f"pass --sandbox read-only (nothing in it writable) or --sandbox off")
         return Launch([sandbox.bwrap, *options, "--", *argv], {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
                       notes=notes)

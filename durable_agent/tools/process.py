@@ -43,8 +43,8 @@ from durable_agent.tools.groups import (  # the resume half is re-exported from 
     kill_process_group,
     process_group_alive,
 )
-from durable_agent.tools.os_sandbox import Sandbox, prepare
-from durable_agent.tools.sealed import MAX_ARGUMENT, above_stdio, exec_limit, exec_size, sealed
+from durable_agent.tools.os_sandbox import Mechanism, Sandbox, prepare
+from durable_agent.tools.sealed import above_stdio, fitted
 
 __all__ = ["ProcessOutcome", "command_env", "default_shell", "kill_process_group",
            "process_group_alive", "run_process", "truncate_middle"]
@@ -166,21 +166,10 @@ def run_process(
     launch = prepare(sandbox, [shell, "-c", command], cwd=cwd, workspace=workspace or cwd, env=env)
     script: int | None = None
     try:
-        argv, limit = launch.argv, exec_limit() - _guard_room()
-        if len(line) > MAX_ARGUMENT or exec_size(argv, launch.env) > limit:
-            # Too long for exec (sealed.py): the shell reads the command from a sealed file,
-            # byte for byte. Only `$0` (/dev/fd/N), an empty $BASH_EXECUTION_STRING and a last
-            # command killed by a signal (exit 128+N: bash no longer execs it in its place)
-            # tell the two apart. prepare wraps the program, never changes it: it is the tail.
-            assert argv[-3:] == [shell, "-c", command]
-            script = sealed(line, "durable-agent-command")
-            argv = [*argv[:-3], shell, f"/dev/fd/{script}"]
-        if exec_size(argv, launch.env) > limit:
-            raise ToolFailure(
-                f"cannot start the command: the sandbox's mounts and the environment take "
-                f"{exec_size(argv, launch.env)} bytes of the {limit} that starting a program allows "
-                f"(fewer git repositories in the workspace or a smaller environment lower it, "
-                f"`ulimit -s` raises it)")
+        assert launch.argv[-3:] == [shell, "-c", command]  # prepare wraps the program: the tail
+        guard = [sys.executable, "-I", "-S", str(GUARD_SCRIPT), "2147483647", "2147483647"]  # (_run's)
+        argv, script = fitted(launch.argv, launch.env, line, guard=guard,
+                              mounts=sandbox is not None and sandbox.mechanism is Mechanism.BUBBLEWRAP)
         outcome = _run(argv, cwd=cwd, env=launch.env, timeout_s=timeout_s, output_cap=output_cap,
                        on_start=on_start, cancel=cancel, kill_grace_s=kill_grace_s,
                        pass_fds=() if script is None else (script,))
@@ -190,11 +179,6 @@ def run_process(
         launch.cleanup()
     notes = launch.notes()
     return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
-
-
-def _guard_room() -> int:
-    """What the guard's own arguments take of the exec limit (see _run)."""
-    return exec_size([sys.executable, "-I", "-S", str(GUARD_SCRIPT), "2147483647", "2147483647"], {})
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,

@@ -1,8 +1,8 @@
 """Bytes handed to a child through a file descriptor instead of its command line.
 
 The kernel caps what exec takes: one argument at 128 KiB (MAX_ARG_STRLEN), and all of them
-with the environment at a quarter of the stack limit (`exec_limit`); past either, exec
-fails with E2BIG ("Argument list too long") and the command never runs, yet a model's
+with the environment at a quarter of the stack limit (`exec_limit`, at most 6 MiB); past
+either, exec fails with E2BIG ("Argument list too long") and the command never runs, yet a model's
 command can be a 300 KiB heredoc. Such a command goes into a sealed memfd instead: the shell
 reads it from the start, and nothing (the command included) can change it once the harness
 has written it.
@@ -16,9 +16,13 @@ import os
 import resource
 from collections.abc import Mapping, Sequence
 
+from durable_agent.tools.base import ToolFailure
+
 MAX_ARGUMENT = 32 * 4096 - 1
 """The longest single argument exec takes: MAX_ARG_STRLEN (32 pages) less its closing NUL."""
 
+_MOST = 6 << 20  # exec's limit however large the stack (_STK_LIM / 4 * 3)
+_MARGIN = 4096  # for what the kernel's count has and ours might not; sealing costs nothing
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _MFD_NOEXEC_SEAL = 0x0008  # Linux 6.3 (not in Python 3.11's os): where vm.memfd_noexec=2 asks for it
 
@@ -62,13 +66,40 @@ def above_stdio(fd: int) -> int:
 
 def exec_limit() -> int:
     """The bytes exec takes for argument and environment strings with their pointers
-    (fs/exec.c): a quarter of the stack limit, at most 6 MiB, at least 128 KiB."""
+    (fs/exec.c): a quarter of the stack limit, at most 6 MiB. (The kernel lets 128 KiB
+    through on a smaller stack, but the program then has no stack left to start on.)"""
     stack, _hard = resource.getrlimit(resource.RLIMIT_STACK)
-    quarter = 6 << 20 if stack == resource.RLIM_INFINITY else min(stack // 4, 6 << 20)
-    return max(quarter, 128 << 10)
+    return _MOST if stack == resource.RLIM_INFINITY else min(stack // 4, _MOST)
 
 
 def exec_size(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """What `argv` and `env` take of `exec_limit`: each string, its NUL and its pointer."""
-    strings = [*argv, *(f"{name}={value}" for name, value in env.items())]
-    return sum(len(os.fsencode(s)) + 1 + 8 for s in strings)
+    """What starting `argv` with `env` takes of `exec_limit`: each string with its NUL and its
+    pointer, the program's path that the kernel copies too, and a margin."""
+    strings = [argv[0], *argv, *(f"{name}={value}" for name, value in env.items())]
+    return sum(len(os.fsencode(s)) + 1 + 8 for s in strings) + 8 + _MARGIN
+
+
+def fitted(argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Sequence[str],
+           mounts: bool) -> tuple[list[str], int | None]:
+    """`argv` (ending `SHELL -c COMMAND`, started behind `guard`'s arguments) as it can start,
+    and the descriptor to pass along (the caller closes it): the command in a sealed file
+    when it is too long for exec, read by the shell byte for byte. Only `$0` (/dev/fd/N), an
+    empty $BASH_EXECUTION_STRING, a last command killed by a signal (exit 128+N: bash no
+    longer execs it in its place) and the descriptor its processes inherit (read-only) tell
+    the two apart. ToolFailure, in one line, when even that cannot start."""
+    for name, value in env.items():
+        if len(os.fsencode(f"{name}={value}")) > MAX_ARGUMENT:
+            raise ToolFailure(f"cannot start the command: the environment variable {name} is longer "
+                              f"than one string may be ({MAX_ARGUMENT} bytes)")
+    limit, script = exec_limit(), None
+    if len(command) > MAX_ARGUMENT or exec_size([*guard, *argv], env) > limit:
+        script = sealed(command, "durable-agent-command")
+        argv = [*argv[:-2], f"/dev/fd/{script}"]
+    size = exec_size([*guard, *argv], env)
+    if size > limit:
+        if script is not None:
+            os.close(script)
+        raise ToolFailure(f"cannot start the command: the environment{' and the sandbox mounts' if mounts else ''} "
+                          f"take {size} bytes of the {limit} that starting a program allows"
+                          + (" (`ulimit -s` raises it)" if limit < _MOST else ""))
+    return argv, script
