@@ -105,7 +105,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.wiring import build_runner
 
     if args.run_id is not None and not RUN_ID_RE.match(args.run_id):
-        raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-'")
+        raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-', a letter or digit first")
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
     names = ("workspace", "model", "base_url", "api_type", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",

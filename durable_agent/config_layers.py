@@ -10,7 +10,9 @@ pydantic, no model of sixty settings to build).
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,13 @@ def default_config_path(env: Mapping[str, str]) -> Path | None:
         return Path(env["DURABLE_AGENT_CONFIG"]).expanduser()
     base = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     candidate = base / "durable-agent" / "config.toml"
-    return candidate if candidate.exists() else None
+    try:
+        os.stat(candidate)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a folder on the way the harness may not read: read_config_file says so
+        pass
+    return candidate
 
 
 def default_db_url(env: Mapping[str, str]) -> str:
@@ -126,7 +134,13 @@ def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
     try:
-        with path.open("rb") as f:
+        # Without blocking: a FIFO named as the config (with no writer) would hang every command.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                raise ConfigError(f"config file {path} is not a regular file")
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:  # /dev/zero, a log file named by mistake
             raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
@@ -140,8 +154,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     except RecursionError:
         raise ConfigError(f"cannot read config file {path}: nested too deeply") from None
-    # Accept both a flat file and one with a [durable-agent] table.
-    return dict(data.get("durable-agent", data))
+    # Accept both a flat file and one with a [durable-agent] table, not both at once (the
+    # keys beside the table were silently dropped).
+    table = data.get("durable-agent", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: `durable-agent` must be a table ([durable-agent]), "
+                          f"not {type(table).__name__}")
+    if table is not data and len(data) > 1:
+        beside = ", ".join(sorted(k for k in data if k != "durable-agent"))
+        raise ConfigError(f"config file {path}: settings both beside and inside [durable-agent] "
+                          f"({beside}): put them all in one place")
+    return dict(table)
 
 
 def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path | None,
@@ -157,6 +180,10 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
     if base:
         merged.update({k: v for k, v in base.items() if v is not None})
     merged.update({k: v for k, v in flags.items() if v is not None})
+    for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
+        if key in merged and not isinstance(merged[key], str | os.PathLike):
+            raise ConfigError(f"invalid settings: {key} must be text (a path or URL), "
+                              f"not {type(merged[key]).__name__}")
     if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
         raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
                           "for the default store")

@@ -18,7 +18,7 @@ caught in exactly one place, `Runner._drive`.
 
 from __future__ import annotations
 
-from durable_agent.status import StopReason
+from durable_agent.status import RUN_ID, StopReason
 
 
 class DurableAgentError(Exception):
@@ -31,6 +31,14 @@ class UsageError(DurableAgentError):
 
 class ConfigError(UsageError):
     pass
+
+
+def checked_run_id(value: object) -> str:
+    """`value` if it is a run id (status.RUN_ID; the API takes any value), else UsageError."""
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        raise UsageError(f"invalid run id {value!r}: 1 to 64 letters, digits, '.', '_' or '-', "
+                         "a letter or digit first")
+    return value
 
 
 class RunNotFound(UsageError):

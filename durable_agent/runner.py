@@ -55,7 +55,7 @@ class Runner:
     def create(self, task: str, run_id: str | None = None, *, lease_owner: str | None = None) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
-        run_id = run_id or new_run_id()
+        run_id = new_run_id() if run_id is None else errors.checked_run_id(run_id)
         if self.store.run_exists(run_id):
             raise errors.UsageError(f"a run with id {run_id!r} already exists; resume it or pick another id")
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]

@@ -290,7 +290,11 @@ def _merge_servers(merged: dict[str, Any], path: Path | None, base: Mapping[str,
                    flags: Mapping[str, Any]) -> None:
     """MCP servers add up over the layers (config, recorded run, --mcp) instead of the last
     layer replacing the whole table; a recorded server gets its masked env from the config."""
-    configured = dict(read_config_file(path).get("mcp_servers") or {}) if path is not None else {}
+    configured = read_config_file(path).get("mcp_servers") or {} if path is not None else {}
+    for given in (configured, flags.get("mcp_servers") or {}):
+        if not isinstance(given, Mapping):  # (`mcp_servers = 5`: a TypeError below, else)
+            raise ConfigError(f"invalid settings: mcp_servers must be a table of servers "
+                              f"([mcp_servers.NAME]), not {type(given).__name__}")
     servers: dict[str, Any] = dict(configured)
     if base and isinstance(base.get("mcp_servers"), dict):
         servers = merge_recorded(base["mcp_servers"], configured)  # the run's own servers only

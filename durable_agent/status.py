@@ -1,6 +1,11 @@
 """The fixed vocabulary users script against (SPEC §3, §5): statuses, stop reasons, kinds."""
 
+import re
 from enum import StrEnum
+
+# A run id: also a folder's name (`worker --workspace-root ROOT` runs it in ROOT/RUN_ID), so
+# never `.` or `..`.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class RunStatus(StrEnum):

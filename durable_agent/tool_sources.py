@@ -51,7 +51,11 @@ class ToolSet:
         self.catalog: dict[str, Any] | None = None
 
     def _add(self, tool: Tool, source: str) -> None:
-        if tool.name in self.local and self.sources[tool.name] != source:
+        if source != "built-in":
+            from durable_agent.tools.plugins import check_tool
+
+            check_tool(tool, source)
+        if tool.name in self.local and self.local[tool.name] is not tool:  # one source twice too
             raise ConfigError(f"two tools are named {tool.name!r} ({self.sources[tool.name]}, {source})")
         self.local[tool.name], self.sources[tool.name] = tool, source
 

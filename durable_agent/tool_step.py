@@ -19,7 +19,12 @@ from typing import cast
 from pydantic import BaseModel, ValidationError
 
 from durable_agent import approvals, guard
-from durable_agent.errors import DurableAgentError, LeaseLost, LoopExit, StoreUnavailable
+from durable_agent.errors import (
+    LeaseLost,
+    LoopExit,
+    StoreError,
+    StoreUnavailable,
+)
 from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
@@ -29,6 +34,7 @@ from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
+from durable_agent.store.storable import storable
 from durable_agent.tools.base import (
     Tool,
     ToolContext,
@@ -235,16 +241,35 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
     from durable_agent.tools.process import StartTooLate
 
     try:
-        result: ToolResult = tool.run(args, _tool_ctx(ctx, call, step))
-        return result
+        result: object = tool.run(args, _tool_ctx(ctx, call, step))
     except ToolFailure as exc:
         return ToolResult(error=str(exc))
-    except DurableAgentError:
+    except (StoreError, LeaseLost):
         raise  # the store failed (recording the process group): not the tool's result
     except StartTooLate as exc:
         return _started_too_late(ctx, tool, args, call, step, exc, again=not late_before)
     except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crash
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
+    except SystemExit as exc:  # a plugin's sys.exit() would end the harness, "successfully"
+        return ToolResult(error=f"the tool called sys.exit({exc.code!r})")
+    return _checked(result)
+
+
+def _checked(result: object) -> ToolResult:
+    """What a tool returned, as the record can take it. Anything else is an error observation:
+    raised at recording time, it failed the run, and every resume ran the tool again."""
+    if not isinstance(result, ToolResult):
+        return ToolResult(error=f"the tool returned {type(result).__name__}, not a ToolResult")
+    if not isinstance(result.output, str) or not isinstance(result.error, str | None):
+        return ToolResult(error="the tool returned a ToolResult whose output or error is not text")
+    try:
+        if not isinstance(result.data, dict):
+            raise TypeError(f"a {type(result.data).__name__}, not a dict")
+        json.dumps(storable(result.data))
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = str(exc)[:200]
+        return ToolResult(result.output, result.error, {"data_dropped": f"not storable as JSON: {why}"})
+    return result
 
 
 def _pgid_first(tool: Tool) -> bool:

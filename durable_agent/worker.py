@@ -37,10 +37,11 @@ from typing import TextIO
 from sqlalchemy.engine import make_url
 
 from durable_agent import render
-from durable_agent.errors import DurableAgentError, LeaseLost, StoreError
+from durable_agent.errors import DurableAgentError, LeaseLost, StoreError, UsageError
 from durable_agent.interrupts import Interrupts
 from durable_agent.outcome import RunReleased
 from durable_agent.settings import Settings, load_settings, recorded_settings
+from durable_agent.status import RUN_ID
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
@@ -299,6 +300,8 @@ class Worker:
         flags: dict[str, object] = {"db": self.options.db, "lease_seconds": self.options.lease_seconds}
         root = self.options.workspace_root
         if root is not None:  # no shared file system: the run's files come from the store
+            if not RUN_ID.fullmatch(claim.run_id):  # `..` (made before ids were checked): not ROOT/..
+                raise UsageError(f"run id {claim.run_id!r} cannot name a folder under --workspace-root")
             flags["workspace"] = root / claim.run_id
             (root / claim.run_id).mkdir(parents=True, exist_ok=True)
         return load_settings(flags, self.env, base=recorded)

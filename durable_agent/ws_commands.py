@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from durable_agent.errors import DurableAgentError, UsageError
+from durable_agent.status import RUN_ID
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # as `start --run-id` takes it
+RUN_ID_RE = re.compile(rf"^{RUN_ID.pattern}$")  # as `start --run-id` takes it
 TREE_ID_RE = re.compile(r"^[0-9a-f]{64}$")  # sha256 of a snapshot's manifest
 
 
@@ -156,7 +157,8 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
     new_id = args.new_run_id or new_run_id()
     if not RUN_ID_RE.match(new_id):
-        raise UsageError(f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        raise UsageError(f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
+                         "a letter or digit first)")
     if store.run_exists(new_id):
         raise UsageError(f"a run with id {new_id!r} already exists; pick another id")
     from durable_agent.store.blobs import tree_at

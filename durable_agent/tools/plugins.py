@@ -8,6 +8,7 @@ object, a Tool class or any zero-argument factory returning a Tool.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, cast
@@ -70,6 +71,35 @@ def as_tool(target: Any, where: str) -> Tool:
     except ValueError:
         raise ConfigError(f"{where}: effect {candidate.effect!r} is not read, write or exec") from None
     return cast(Tool, candidate)
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible endpoints take
+
+
+def check_tool(tool: Any, where: str) -> None:
+    """ConfigError, in one line, for a tool the loop could not offer or record: a name an
+    endpoint refuses, a description that is not text, arguments without a JSON schema, an
+    effect that is not an EffectClass (the docs' contract, docs/tools.md)."""
+    from pydantic import BaseModel
+
+    name = getattr(tool, "name", None)
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: the tool's name {name!r} is not 1 to 64 letters, digits, _ or -")
+    if not isinstance(getattr(tool, "description", None), str):
+        raise ConfigError(f"{where}: the tool {name!r} has no description text")
+    if not isinstance(getattr(tool, "effect", None), EffectClass):
+        raise ConfigError(f"{where}: the tool {name!r} has effect {getattr(tool, 'effect', None)!r}, "
+                          "not EffectClass.READ, WRITE or EXEC")
+    model = getattr(tool, "args_model", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigError(f"{where}: the tool {name!r} has args_model {model!r}, not a pydantic model")
+    try:
+        model.model_json_schema()
+    except Exception as exc:  # noqa: BLE001 - whatever pydantic raises, said in one line
+        raise ConfigError(f"{where}: the tool {name!r} has arguments without a JSON schema: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not callable(getattr(tool, "run", None)):
+        raise ConfigError(f"{where}: the tool {name!r} has no run method")
 
 
 def _looks_like_tool(obj: Any) -> bool:
