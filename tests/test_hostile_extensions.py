@@ -135,6 +135,7 @@ def test_two_tools_of_one_name_from_one_source_are_refused(tmp_path: Path, works
               tools=[_defined(), _defined(effect=EffectClass.EXEC)], env=env).start("t")
 
 
+@pytest.mark.slow  # a CLI process for each id
 @pytest.mark.parametrize("run_id", ["..", ".", "-x", "a/b", "../../x", "a\x00b", "a\udcffb", "", "x" * 65])
 def test_a_run_id_that_is_no_folder_name_of_its_own_is_refused(tmp_path: Path, workspace: Path,
                                                               env: dict[str, str], run_id: str,
@@ -160,6 +161,7 @@ def _config(tmp_path: Path, text: str) -> dict[str, str]:
 START = ("start", "t", "--model", "scripted:/nonexistent")
 
 
+@pytest.mark.slow  # CLI processes
 @pytest.mark.parametrize("text, said, commands", [
     ("db = 5\n", "db must be text", [("list",), START]),
     ('db = ["a"]\n', "db must be text", [("list",), START]),

@@ -163,6 +163,7 @@ print(json.dumps(sorted(set(seen))))
 """
 
 
+@pytest.mark.slow  # a few hundred commands
 @pytest.mark.parametrize("stack", [64 * 1024, 256 * 1024, 8 << 20])
 def test_at_execs_limit_a_command_runs_or_is_refused_never_fails_to_start(tmp_path: Path, stack: int) -> None:
     # The estimate left out the program's path that the kernel copies as well: just under
