@@ -103,8 +103,13 @@ class Agent:
         return runner.execute(run_id, lease=(owner, epoch))
 
     def runs(self, *, status: str | None = None, limit: int = 50) -> list[RunRecord]:
-        """Runs, newest first (as `durable-agent list`)."""
-        return self.store.list_runs(status=status, limit=limit)
+        """Runs, newest first (as `durable-agent list`). UsageError for an unknown status or
+        a limit below 1, as the command says them."""
+        if status is not None and status not in {s.value for s in RunStatus}:
+            raise UsageError(f"unknown status {status!r}; one of: {', '.join(s.value for s in RunStatus)}")
+        if type(limit) is not int or limit < 1:
+            raise UsageError(f"limit must be a whole number of at least 1, not {limit!r}")
+        return self.store.list_runs(status=status, limit=min(limit, 1 << 31))  # (SQL takes no bigger)
 
     def show(self, run_id: str) -> RunView:
         """One run with its steps and approvals (as `durable-agent show`)."""

@@ -293,13 +293,18 @@ def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
     return 0
 
 
+_LINE_BREAKS = {0x2028: "\\u2028", 0x2029: "\\u2029", 0x85: "\\u0085"}
+
+
 def cmd_export(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.transcript import events
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     for event in events(store, run_id):
-        sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+        # JSON lets U+2028, U+2029 and U+0085 stand raw in strings, but readers that split on
+        # every line break (Python's str.splitlines) would cut an event there: escaped.
+        sys.stdout.write(json.dumps(event, ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
     return 0
 
 

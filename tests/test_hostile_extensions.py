@@ -193,3 +193,24 @@ def test_a_fifo_named_as_the_config_does_not_hang(tmp_path: Path, env: dict[str,
         done.set()
         proc.kill()
     assert proc.returncode == 2 and "not a regular file" in err and err.count("\n") == 1
+
+
+def test_runs_through_the_api_says_a_bad_status_or_limit_as_the_command_does(tmp_path: Path, workspace: Path,
+                                                                            env: dict[str, str]) -> None:
+    agent = Agent(model="scripted:/dev/null", workspace=workspace, db=f"sqlite:///{tmp_path / 'r.db'}", env=env)
+    for bad in ({"status": "bogus"}, {"limit": 0}, {"limit": -1}, {"limit": True}, {"limit": "5"}):
+        with pytest.raises(UsageError):
+            agent.runs(**bad)  # type: ignore[arg-type]
+    assert agent.runs(limit=10**20) == []  # (an OverflowError before)
+
+
+def test_export_escapes_the_line_breaks_that_splitlines_would_cut_on(cli: Callable[..., Any],
+                                                                      write_script: Callable[..., str]) -> None:
+    import json
+
+    text = "a\u2028b\u2029c\x85d"
+    script = write_script([{"content": text}])
+    assert cli("start", "t", "--model", script, "--run-id", "lb", "--quiet").code == 0
+    out = cli("export", "lb").stdout
+    lines = out.splitlines()  # every Python line break, not only \n
+    assert lines == out.split("\n")[:-1] and any(json.loads(line).get("content") == text for line in lines)
