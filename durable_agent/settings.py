@@ -20,6 +20,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -47,9 +48,9 @@ class ModelPrice(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    input_per_mtok: float = Field(ge=0)
+    input_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million prompt tokens."""
-    output_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million completion tokens."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
@@ -192,6 +193,14 @@ class Settings(BaseModel):
     def set_sandbox_mechanism(self, mechanism: str) -> None:
         self._sandbox_mechanism = mechanism
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes `max_steps = true` as 1: a slip in a config file, never meant.
+        if isinstance(value, bool) and info.field_name in _NUMBERS:
+            raise ValueError("must be a number, not true or false")
+        return value
+
     @field_validator("model")
     @classmethod
     def _script_path_is_absolute(cls, model: str | None) -> str | None:
@@ -251,6 +260,10 @@ def mask_url_password(url: str) -> str:
     user = userinfo.split(":", 1)[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
+
+# The settings that take a number (true/false is refused there: _numbers_are_not_booleans).
+_NUMBERS = frozenset(name for name, field in Settings.model_fields.items()
+                     if field.annotation in (int, float, int | None, float | None))
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
 BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats",
