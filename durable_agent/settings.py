@@ -134,8 +134,9 @@ class Settings(BaseModel):
     """Files larger than this are left out of snapshots (noted on the step)."""
     durability: Literal["full", "fast"] = "full"
     """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""
-    lease_seconds: float = Field(30.0, gt=0, le=1e9)
-    """How long a lease lasts without a heartbeat (at most 1e9, ~31 years: its expiry is a date)."""
+    lease_seconds: float = Field(30.0, ge=1, le=1e9)
+    """How long a lease lasts without a heartbeat: at least 1 s (the heartbeat renews it every
+    third of it; 0.001 s gave exit 7), at most 1e9 (~31 years: its expiry is a date)."""
     store_retry_attempts: int = Field(12, ge=1)
     """Tries of one checkpoint when the database fails transiently (lost connection, locked, I/O)."""
     store_retry_seconds: float = Field(60.0, gt=0)

@@ -33,7 +33,7 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
     attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
     lease = merged.get("lease_seconds", 30.0)
     if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
-            and _positive(seconds) and _positive(lease) and lease <= 1e9):
+            and _positive(seconds) and _positive(lease) and 1 <= lease <= 1e9):
         return StoreOptions(db, durability, attempts, float(seconds), float(lease))
     from durable_agent.settings import load_settings  # (pydantic: only for such values)
 

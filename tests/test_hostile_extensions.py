@@ -171,6 +171,7 @@ START = ("start", "t", "--model", "scripted:/nonexistent")
     ('max_steps = 1\n[durable-agent]\nshell = "allow"\n', "both beside and inside", [("list",), START]),
     ("max_steps = true\n", "must be a number, not true or false", [START]),  # was taken as 1
     ("store_retry_attempts = true\n", "must be a number", [("list",), START]),
+    ("lease_seconds = 0.001\n", "lease_seconds: Input should be greater than or equal to 1", [("list",), START]),
     ('[prices."m"]\ninput_per_mtok = 1e308\noutput_per_mtok = 1\n', "less than or equal", [START]),  # cost: inf
 ])
 def test_a_config_of_the_wrong_shape_is_one_line(tmp_path: Path, env: dict[str, str], workspace: Path, text: str,
