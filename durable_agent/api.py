@@ -70,7 +70,7 @@ class Agent:
         from durable_agent.store.leases import new_owner
         from durable_agent.wiring import build_runner
 
-        if not task.strip():
+        if not isinstance(task, str) or not task.strip():
             raise UsageError("the task is empty: say what the agent should do")
         runner = build_runner(self.settings, env=self._env, store=self.store, observer=self._observer,
                               extra_tools=self._tools)

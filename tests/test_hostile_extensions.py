@@ -218,3 +218,12 @@ def test_export_escapes_the_line_breaks_that_splitlines_would_cut_on(cli: Callab
     out = cli("export", "lb").stdout
     lines = out.splitlines()  # every Python line break, not only \n
     assert lines == out.split("\n")[:-1] and any(json.loads(line).get("content") == text for line in lines)
+
+
+def test_the_api_called_with_none_answers_with_its_own_errors(tmp_path: Path, workspace: Path,
+                                                              env: dict[str, str]) -> None:
+    agent = Agent(model="scripted:/dev/null", workspace=workspace, db=f"sqlite:///{tmp_path / 'n.db'}", env=env)
+    for call in (lambda: agent.show(None), lambda: agent.resume(None), lambda: agent.approve(None),  # type: ignore[arg-type]
+                 lambda: agent.start(None)):  # type: ignore[arg-type]
+        with pytest.raises(UsageError):  # RunNotFound is one
+            call()

@@ -110,8 +110,8 @@ class Store:
         would otherwise be the prefix of every run) and one that is not UTF-8 (argv bytes);
         one longer than any prefix a person types is matched whole (SQLite refuses a long
         LIKE pattern)."""
-        if not prefix or not is_utf8(prefix):
-            raise RunNotFound(prefix)
+        if not isinstance(prefix, str) or not prefix or not is_utf8(prefix):  # (None from the API)
+            raise RunNotFound(prefix if isinstance(prefix, str) else repr(prefix))
         with self._read() as conn:
             if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
                 return prefix
