@@ -252,12 +252,15 @@ def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step:
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
     except SystemExit as exc:  # a plugin's sys.exit() would end the harness, "successfully"
         return ToolResult(error=f"the tool called sys.exit({exc.code!r})")
+    if type(tool).__module__.startswith("durable_agent.tools."):  # ours: checked by the tests
+        return cast(ToolResult, result)
     return _checked(result)
 
 
 def _checked(result: object) -> ToolResult:
-    """What a tool returned, as the record can take it. Anything else is an error observation:
-    raised at recording time, it failed the run, and every resume ran the tool again."""
+    """What a plugged-in tool returned, as the record can take it. Anything else is an error
+    observation: raised at recording time, it failed the run, and every resume ran the tool
+    again."""
     if not isinstance(result, ToolResult):
         return ToolResult(error=f"the tool returned {type(result).__name__}, not a ToolResult")
     if not isinstance(result.output, str) or not isinstance(result.error, str | None):
