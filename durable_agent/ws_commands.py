@@ -93,7 +93,7 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
 def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.store.blobs import BlobStore, save_statements
     from durable_agent.workspace import snapshot
-    from durable_agent.workspace.materialize import materialize
+    from durable_agent.workspace.materialize import RestoreStopped, materialize
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
@@ -129,13 +129,8 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         print(f"undo with: {again}", flush=True)
     try:
         done = materialize(manifest, target, scanner, blobs.blob)
-    except OSError as exc:
-        where = os.fsdecode(exc.filename) if exc.filename else str(target)
-        raise DurableAgentError(f"the restore stopped at {where}: {exc.strerror or exc}"
-                                + (f"; undo with: {again}" if again else "")) from None
-    except KeyError as exc:  # a store written by hand, or by a version that lost a blob
-        raise DurableAgentError(f"the restore stopped halfway: {exc.args[0]}"
-                                + (f"; undo with: {again}" if again else "")) from None
+    except RestoreStopped as exc:
+        raise DurableAgentError(f"the restore {exc}" + (f"; undo with: {again}" if again else "")) from None
     print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
           else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
     return 0
@@ -146,7 +141,7 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.store.blobs import BlobStore
     from durable_agent.store.forks import fork_run
     from durable_agent.workspace import snapshot
-    from durable_agent.workspace.materialize import materialize
+    from durable_agent.workspace.materialize import RestoreStopped, materialize
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
@@ -169,9 +164,9 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
         target.mkdir(parents=True, exist_ok=True)
         if found is not None:
             materialize(snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob)
-    except OSError as exc:
-        where = os.fsdecode(exc.filename) if exc.filename else str(target)
-        raise DurableAgentError(f"cannot make the fork's workspace: {exc.strerror or exc} at {where}") from None
+    except (OSError, RestoreStopped) as exc:  # (mkdir's OSError names no more than the target)
+        why = exc if isinstance(exc, RestoreStopped) else f"{exc.strerror or exc} at {target}"
+        raise DurableAgentError(f"cannot make the fork's workspace: {why}") from None
     settings = dict(run.settings or {})
     settings["workspace"] = str(target)
     fork_run(store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task)

@@ -7,16 +7,21 @@ history (`assert_history_valid`), a ledger file written by the commands themselv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import forked_cli
+import pytest
 from scale_helpers import wait_for  # noqa: F401 - one poller for all test helpers
 
 
@@ -116,3 +121,27 @@ def assert_history_valid(db: Path, run_id: str) -> None:
 def ledger_lines(workspace: Path, name: str = "ledger") -> list[str]:
     path = workspace / name
     return path.read_text().splitlines() if path.exists() else []
+
+
+# Permission bits only stop a user who is not root: tests of what the harness may not read
+# run Python as `nobody`.
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable]
+
+
+def need_nobody(*programs: str) -> None:
+    if os.geteuid() != 0 or any(shutil.which(p) is None for p in ("setpriv", *programs)):
+        pytest.skip(f"needs root (to become nobody) and {', '.join(('setpriv', *programs))}")
+
+
+@contextlib.contextmanager
+def nobodys_folder() -> Iterator[Path]:
+    """A folder of `nobody`'s own under /tmp (pytest's own folder is root's alone)."""
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    base.chmod(0o755)
+    ws = base / "ws"
+    ws.mkdir()
+    shutil.chown(ws, "nobody")
+    try:
+        yield ws
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)  # (deep trees: not rmtree)

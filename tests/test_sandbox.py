@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sandbox_support import Listener, need_bwrap, open_listener
 from scale_helpers import wait_for
-from side_effects_support import run_cli
+from side_effects_support import AS_NOBODY, need_nobody, nobodys_folder, run_cli
 
 from durable_agent.tools.os_sandbox import (
     LANDLOCK_SCRIPT,
@@ -680,37 +680,27 @@ def test_a_folder_a_command_made_unlistable_is_listable_again_and_what_is_below_
     # repository below, and the next command could write d/sub/.git/config. Bound read-only
     # instead, `chmod 311 .` could never be undone. Needs a user the permission bits apply
     # to (root reads any folder): `nobody`, by setpriv.
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("git") is None:
-        pytest.skip("needs root (to become nobody), setpriv and git")
-    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable]
-    probe = [*as_nobody, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
+    need_nobody("git")
+    probe = [*AS_NOBODY, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
              "import durable_agent.tools.gitguard"]
     if subprocess.run(probe, capture_output=True, timeout=60).returncode != 0:
         pytest.skip("nobody cannot read this checkout or its Python")
-    base = Path(tempfile.mkdtemp(dir="/tmp"))  # (pytest's own folder is root's alone)
-    base.chmod(0o755)
-    ws = base / "ws"
-    ws.mkdir()
-    shutil.chown(ws, "nobody")
-    code = (f"import os, subprocess, sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
-            f"os.chdir({str(ws)!r}); subprocess.run('git init -q d/sub && chmod 311 d', shell=True, check=True); "
-            "from pathlib import Path; from durable_agent.tools.gitguard import git_protections; "
-            "print([str(p) for p in git_protections(Path('.'))[1]]); print(oct(os.stat('d').st_mode & 0o777))")
-    try:
-        proc = subprocess.run([*as_nobody, "-c", code], capture_output=True, text=True, timeout=60)
+    with nobodys_folder() as ws:
+        code = (f"import os, subprocess, sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); "
+                f"os.chdir({str(ws)!r}); subprocess.run('git init -q d/sub && chmod 311 d', shell=True, "
+                "check=True); from pathlib import Path; from durable_agent.tools.gitguard import git_protections; "
+                "print([str(p) for p in git_protections(Path('.'))[1]]); print(oct(os.stat('d').st_mode & 0o777))")
+        proc = subprocess.run([*AS_NOBODY, "-c", code], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         read_only, mode = proc.stdout.splitlines()
         assert str(ws / "d" / "sub" / ".git" / "config") in read_only, read_only  # found, protected
         assert mode == "0o711" and f"'{ws / 'd'}'" not in read_only  # listable again, not bound
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_path_entry_the_harness_may_not_look_into_is_passed_over() -> None:
     # `PATH=/root/.cargo/bin:...` for a harness that is not root: looking for a virtualenv
     # there raised PermissionError, and every command failed.
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root (to become nobody) and setpriv")
+    need_nobody()
     hidden = Path(tempfile.mkdtemp(dir="/tmp"))
     (hidden / "bin").mkdir()
     hidden.chmod(0o700)  # root's own
@@ -718,8 +708,7 @@ def test_a_path_entry_the_harness_may_not_look_into_is_passed_over() -> None:
             "from pathlib import Path; from durable_agent.tools.os_sandbox import programs_in_tmp; "
             f"print(programs_in_tmp({{'PATH': '{hidden}/bin:/usr/bin'}}, Path('/nonexistent')))")
     try:
-        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                               "-c", code], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([*AS_NOBODY, "-c", code], capture_output=True, text=True, timeout=60)
         if "ModuleNotFoundError" in proc.stderr or "Permission denied: '/work" in proc.stderr:
             pytest.skip("nobody cannot read this checkout or its Python")
         assert proc.returncode == 0, proc.stderr

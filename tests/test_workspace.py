@@ -515,27 +515,15 @@ print(json.dumps(found))
 def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted() -> None:
     # `chmod 311 d` (or a test suite's unreadable fixture): the scan could not list d, and
     # recorded all it held as deleted. A restore or fork to that step then deleted them.
-    # Needs a user the permission bits apply to (root reads everything): `nobody`.
-    import shutil
-    import sys
-    import tempfile
+    from side_effects_support import AS_NOBODY, need_nobody, nobodys_folder
 
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root (to become nobody) and setpriv")
-    base = Path(tempfile.mkdtemp(dir="/tmp"))  # (pytest's own folder is root's alone)
-    base.chmod(0o755)
-    ws = base / "ws"
-    ws.mkdir()
-    shutil.chown(ws, "nobody")
-    try:
-        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                               "-c", _UNREADABLE_SCAN, str(ws), str(Path(__file__).parents[1])],
+    need_nobody()
+    with nobodys_folder() as ws:
+        proc = subprocess.run([*AS_NOBODY, "-c", _UNREADABLE_SCAN, str(ws), str(Path(__file__).parents[1])],
                               capture_output=True, text=True, timeout=60)
         if "ModuleNotFoundError" in proc.stderr or "Permission denied: '/work" in proc.stderr:
             pytest.skip("nobody cannot read this checkout or its Python")
         assert proc.returncode == 0, proc.stderr
-    finally:
-        subprocess.run(["rm", "-rf", str(base)], check=False)
     found = json.loads(proc.stdout)
     everything = ["d/a.txt", "d/e/b.txt", "d/empty", "f.txt", "g/.gitignore"]
     assert found["first"] == {"manifest": everything, "unreadable": []}

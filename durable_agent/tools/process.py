@@ -167,8 +167,7 @@ def run_process(
     script: int | None = None
     try:
         assert launch.argv[-3:] == [shell, "-c", command]  # prepare wraps the program: the tail
-        guard = [sys.executable, "-I", "-S", str(GUARD_SCRIPT), "2147483647", "2147483647"]  # (_run's)
-        argv, script = fitted(launch.argv, launch.env, line, guard=guard,
+        argv, script = fitted(launch.argv, launch.env, line, guard=_guard_argv(2**31 - 1, 2**31 - 1),
                               mounts=sandbox is not None and sandbox.mechanism is Mechanism.BUBBLEWRAP)
         outcome = _run(argv, cwd=cwd, env=launch.env, timeout_s=timeout_s, output_cap=output_cap,
                        on_start=on_start, cancel=cancel, kill_grace_s=kill_grace_s,
@@ -179,6 +178,12 @@ def run_process(
         launch.cleanup()
     notes = launch.notes()
     return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
+
+
+def _guard_argv(watch_fd: int, status_fd: int) -> list[str]:
+    # -I -S: the guard must not be affected by the command's PYTHON* variables, and should
+    # start fast.
+    return [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_fd), str(status_fd)]
 
 
 def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
@@ -193,9 +198,7 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            # -I -S: the guard must not be affected by the command's PYTHON* variables,
-            # and should start fast.
-            [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w), *argv],
+            [*_guard_argv(watch_r, status_w), *argv],
             cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
             pass_fds=(watch_r, status_w, *pass_fds),

@@ -19,9 +19,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from durable_agent.errors import StoreError, UsageError
+from durable_agent.errors import DurableAgentError, StoreError, UsageError
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest, changes
 from durable_agent.workspace.scan import Scanner
+
+
+class RestoreStopped(DurableAgentError):
+    """Making the target stopped partway: "stopped at PATH: why" (a full disk, a folder the
+    harness may not write) or "stopped: why" (a blob the store lacks)."""
 
 
 def _remove(path: bytes) -> None:
@@ -144,12 +149,23 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
 def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
     """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s.
     Raises UsageError, having changed nothing, when that would destroy what snapshots leave
-    out (`_in_the_way`)."""
+    out (`_in_the_way`), and RestoreStopped when it stops partway."""
     broot = os.fsencode(str(root))
     for rel in target:  # a row edited by hand must not write outside `root`
         if rel.startswith(b"/") or b".." in rel.split(b"/") or b"" in rel.split(b"/"):
             raise StoreError(f"workspace snapshot path {rel!r} is not inside the workspace")
-    os.makedirs(broot, exist_ok=True)
+    try:
+        os.makedirs(broot, exist_ok=True)
+        return _materialize(target, root, broot, scanner, blob)
+    except OSError as exc:
+        where = os.fsdecode(exc.filename) if exc.filename else str(root)
+        raise RestoreStopped(f"stopped at {where}: {exc.strerror or exc}") from None
+    except KeyError as exc:  # a store written by hand, or by a version that lost a blob
+        raise RestoreStopped(f"stopped: {exc.args[0] if exc.args else exc}") from None
+
+
+def _materialize(target: Manifest, root: Path, broot: bytes, scanner: Scanner,
+                 blob: Callable[[str], bytes]) -> list[Change]:
     current = scanner.scan().manifest
     blocking = _in_the_way(broot, target, current)
     if blocking is not None:

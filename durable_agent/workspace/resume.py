@@ -25,7 +25,7 @@ from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
 from durable_agent.workspace import recorder, snapshot
 from durable_agent.workspace.manifest import changes, tree_id
-from durable_agent.workspace.materialize import materialize
+from durable_agent.workspace.materialize import RestoreStopped, materialize
 
 DRIFT = ApprovalKind.WORKSPACE_DRIFT
 CALL = "workspace"  # the approval's call id: the drift is the run's, not one tool call's
@@ -68,10 +68,8 @@ def check(ctx: StepContext) -> None:
                               f"the files it replaces: {undo}")  # first: said even if it stops halfway
             try:
                 materialize(recorded, root, scanner, blobs.blob)
-            except (OSError, UsageError, KeyError) as exc:  # a full disk; an ignored file in the way
-                why = f"{exc.strerror} at {os.fsdecode(exc.filename)}" if isinstance(exc, OSError) and \
-                    exc.filename else (exc.args[0] if exc.args else str(exc))
-                raise LoopExit(StopReason.WORKSPACE_DRIFT, f"could not put the snapshot back ({why}); the "
+            except (RestoreStopped, UsageError) as exc:  # a full disk; an ignored file in the way
+                raise LoopExit(StopReason.WORKSPACE_DRIFT, f"could not put the snapshot back ({exc}); the "
                                f"files as they were: {undo}; resume once it can be done") from None
         journal.commit([(USE_APPROVAL, {"b_id": approval.id, "used_at": utcnow()})])
         return
