@@ -113,27 +113,31 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     # The first line is the address (tests and scripts read it). A token given is not
     # printed back; without one, the link carries the key that acting takes (security.py).
     link = url + "?token=" + quote(access.link_secret, safe="")  # `+` would arrive as a space
-    print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
     # No lifespan: the app has no start-up or shut-down work, and a second signal during
     # shut-down cancelled it with a traceback.
     config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
     servers.append(server)
-    hung_up: list[int] = []
+    # From before the address is printed (a script may signal as soon as it reads it) until
+    # uvicorn's own handlers take over inside serve(), and when it raises again what they
+    # caught, a signal asks the server to stop: a KeyboardInterrupt raised into asyncio's
+    # start-up left a traceback. With --open, SIGHUP (a closed terminal) too, so that the
+    # page goes with the view (`finally`).
+    stopped: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if options.open_browser else [])):
+        signal.signal(sig, functools.partial(_stop, server, stopped))
+    print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
     try:
         if options.open_browser:
-            # Stopped by a signal, the view still takes the page with it: SIGTERM, which
-            # uvicorn re-raises once it has shut down, then ends through `finally`; SIGHUP (a
-            # closed terminal) shuts it down the way uvicorn's own signals do.
-            signal.signal(signal.SIGTERM, _exit_on)
-            signal.signal(signal.SIGHUP, functools.partial(_stop, server, hung_up))
             _open_in_browser(link, pages)
         server.run(sockets=[sock])
     finally:
         _remove(pages)
-    if hung_up:
-        raise SystemExit(128 + hung_up[0])
+    if stopped and stopped[0] == signal.SIGINT:
+        raise KeyboardInterrupt  # as a Ctrl-C ends every command
+    if stopped:
+        raise SystemExit(128 + stopped[0])
     return 0
 
 
@@ -152,10 +156,6 @@ def _open_in_browser(link: str, pages: list[Path]) -> None:
         timer = threading.Timer(delay, action)
         timer.daemon = True  # not after the view has stopped
         timer.start()
-
-
-def _exit_on(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _remove(pages: list[Path]) -> None:
