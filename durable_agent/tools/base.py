@@ -6,9 +6,11 @@ hash it will have after), so resume can tell whether an interrupted write landed
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -91,9 +93,16 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
     if isinstance(given, dict):
         return {"type": "function",
                 "function": {"name": tool.name, "description": tool.description, "parameters": given}}
-    params = tool.args_model.model_json_schema()
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": json.loads(_parameters(tool.args_model))}}
+
+
+@lru_cache(maxsize=256)
+def _parameters(args_model: type[BaseModel]) -> str:
+    """The argument model's JSON schema, as text: generating it cost a run (a worker's every
+    run) a few milliseconds, and each caller gets its own copy to keep or change."""
+    params = args_model.model_json_schema()
     params.pop("title", None)
     for prop in params.get("properties", {}).values():
         prop.pop("title", None)
-    return {"type": "function",
-            "function": {"name": tool.name, "description": tool.description, "parameters": params}}
+    return json.dumps(params)
