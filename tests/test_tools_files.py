@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from durable_agent.tools import build_tools
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, tool_schema
@@ -124,6 +125,28 @@ def test_schemas_come_from_the_argument_models() -> None:
     schema = tool_schema(tools["edit_file"])["function"]
     assert schema["name"] == "edit_file"
     assert set(schema["parameters"]["required"]) == {"path", "old_string", "new_string"}
+
+
+def test_a_schema_is_generated_once_per_process_and_each_caller_gets_its_own_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Args(BaseModel):
+        path: str
+
+    tool = build_tools("deny")["read_file"]
+    made: list[type[BaseModel]] = []
+    real = BaseModel.model_json_schema.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[BaseModel], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        made.append(cls)
+        return real(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(BaseModel, "model_json_schema", classmethod(counting))
+    monkeypatch.setattr(tool, "args_model", Args)
+    first = tool_schema(tool)
+    first["function"]["parameters"]["properties"]["path"]["type"] = "changed by a caller"
+    second = tool_schema(tool)
+    assert made == [Args]  # a run, or a worker's next run, does not generate it again
+    assert second["function"]["parameters"]["properties"]["path"] == {"type": "string"}
 
 
 def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: Path) -> None:
