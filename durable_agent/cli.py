@@ -359,9 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 4
     except BrokenPipeError:
         return 0
-    except OSError as exc:  # stdout on a full disk (> /dev/full), a terminal gone: one line
-        _error(f"cannot write the output: {exc.strerror or exc}")
-        streams.silence_stdout()
+    except OSError as exc:  # one line, never a traceback
+        if exc.filename is None and streams.output_broken():  # > /dev/full, a terminal gone
+            _error(f"cannot write the output: {exc.strerror or exc}")
+            streams.silence_stdout()
+        else:  # a file of the user's, a program to start: say which, and what went wrong
+            names = " -> ".join(repr(n if isinstance(n, int) else os.fsdecode(n))
+                                for n in (exc.filename, exc.filename2) if n is not None)
+            _error(f"{exc.strerror or exc}" + (f": {names}" if names else ""))
         return 1
 
 

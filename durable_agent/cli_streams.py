@@ -38,6 +38,15 @@ def silence_stdout() -> None:
         pass
 
 
+def output_broken() -> bool:
+    """Can stdout no longer take what is written to it? (Flushing what waits tells.)"""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return True
+    return False
+
+
 def lenient() -> None:
     """A character the terminal's encoding cannot take (a lone surrogate in a hand-edited
     row) is printed escaped, never a traceback halfway through `show` or `export`."""

@@ -138,6 +138,28 @@ def test_output_that_cannot_be_written_is_one_line(cli, write_script, env, works
     assert json.loads(cli("export", "r1").stdout.splitlines()[0])["type"] == "run_started"
 
 
+def test_an_os_error_that_is_not_the_output_names_its_file(monkeypatch, capsys) -> None:
+    # Before, every OSError reaching the CLI said "cannot write the output", naming nothing.
+    import errno
+
+    from durable_agent import cli, read_commands
+
+    def refuse(args: Any, env: dict[str, str]) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied", "/srv/repo/.env")
+
+    monkeypatch.setattr(read_commands, "cmd_show", refuse)
+    assert cli.main(["show", "r1"]) == 1
+    err = capsys.readouterr().err
+    assert err == "durable-agent: error: Permission denied: '/srv/repo/.env'\n", err
+
+    def rename(args: Any, env: dict[str, str]) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link", b"/a", None, "/b")
+
+    monkeypatch.setattr(read_commands, "cmd_show", rename)
+    assert cli.main(["show", "r1"]) == 1
+    assert capsys.readouterr().err == "durable-agent: error: Invalid cross-device link: '/a' -> '/b'\n"
+
+
 def test_a_fifo_among_the_git_hooks_does_not_hang_a_command(cli, write_script, workspace, sql) -> None:
     from sandbox_support import need_bwrap
 
