@@ -325,6 +325,30 @@ def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, en
     assert "copy.txt" in stat and "seed.txt" not in stat
 
 
+def test_a_worker_leaves_a_run_whose_id_names_no_folder_of_its_own(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # A store made before ids were checked may hold a run `..`: with --workspace-root ROOT it
+    # ran in ROOT/.., the parent folder, and rebuilt its snapshot there.
+    (workspace / "seed.txt").write_text("from the user's disk\n")
+    model = write_script([{"content": "done"}])
+    proc = da(["start", "t", "--model", model, "--run-id", "det", "--detach"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+            column = "id" if table == "runs" else "run_id" if "run_id" in columns else None
+            if column:
+                db.execute(f"UPDATE {table} SET {column} = '..' WHERE {column} = 'det'")
+    root = tmp_path / "hosts" / "h1"
+    proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "run id '..' cannot name a folder under --workspace-root" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "hosts" / "seed.txt").exists() and not root.exists()
+    shown = da(["show", "..", "--json"], env, tmp_path)
+    assert json.loads(shown.stdout)["status"] == "pending", shown.stdout  # left for another worker
+
+
 @pytest.mark.parametrize("rel", [b"../escaped", b"/etc/escaped", b"d/../../escaped", b"d//x"])
 def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Path, rel: bytes) -> None:
     from durable_agent.workspace.materialize import materialize
