@@ -34,11 +34,12 @@ from durable_agent.context_budget import (
 )
 from durable_agent.context_view import HEAD, stub, tool_names
 from durable_agent.errors import ModelError
-from durable_agent.messages import Message, ModelTurn, Usage, sha256_text
+from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
 from durable_agent.observer import StepEvent
 from durable_agent.replay import RunState
 from durable_agent.status import StepKind
 from durable_agent.step_context import StepContext
+from durable_agent.store.storable import storable
 
 TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
 KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at least one turn)
@@ -285,8 +286,9 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
                 # a forced compaction): that would summarize the same messages again.
                 raise ModelError(
                     f"compacting the context failed: the summary request was refused as too long ({exc}); "
-                    f"it holds up to {SUMMARY_INPUT:.0%} of the context budget. Lower context_window or "
-                    "--max-context-tokens, or set compact_model to a model with a larger window, then resume",
+                    f"it holds up to {SUMMARY_INPUT:.0%} of the context budget. Resume with a lower "
+                    "--max-context-tokens, or start the run again with compact_model set to a model with a "
+                    "larger window",
                     attempts=exc.attempts) from None
             raise
         summary = _summary_text(ctx, answer, cut)
@@ -307,11 +309,13 @@ _BEFORE = "\n\nThe summary before it:\n"
 
 
 def _summary_text(ctx: StepContext, answer: ModelTurn, cut: int) -> str:
-    """The summary as kept: redacted; never nothing (an empty answer, or tool calls only,
-    still says which results can be read again); at most SUMMARY_SHARE of the budget, or
-    the requests after it would pass the budget (cut there, and said so)."""
+    """The summary as kept: redacted, its reasoning block dropped; never nothing (an empty
+    answer, only reasoning, or tool calls only still says which results can be read
+    again); at most SUMMARY_SHARE of the budget, or the requests after it would pass the
+    budget (cut there, and said so); and as the store holds it (a NUL or a lone surrogate
+    cleaned), so the history in memory is the one a resume reads back."""
     s = ctx.state
-    text = ctx.redactor.redact((answer.content or "").strip())
+    text = ctx.redactor.redact(storable(without_reasoning(answer.content or "").strip()))
     if not text:
         # Every result replaced so far, newest first (a cut at the cap drops the oldest), then
         # what the last summary the model wrote said.
@@ -371,11 +375,20 @@ def _tell(ctx: StepContext, seq: int, what: str, before: int, after: int) -> Non
                                 detail=f"{what}: {before:,} → {after:,} tokens"))
 
 
+def over_budget(ctx: StepContext, counted: int) -> dict[str, int] | None:
+    """The next request's size and the budget when compaction left it over the budget
+    (nothing left to elide, no summary that helps): it is sent as it is, the provider's
+    window judges, but never without the run saying so (the timeline, the step's output)."""
+    tokens, budget = int(counted * ctx.state.calibration), request_budget(ctx.settings)
+    return {"tokens": tokens, "budget": budget} if tokens > budget else None
+
+
 def cannot_fit(ctx: StepContext, error: str) -> ModelError:
     """The provider still says the request is too long and nothing is left to compact."""
     tokens = count(ctx, ctx.state.request())
     return ModelError(
         f"{error} — tried: compacting the context (older tool outputs elided, older turns "
         f"summarized; {ctx.state.view.compactions} compactions) and one retry; the request is still "
-        f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Lower output_cap, "
-        "keep_recent_outputs or compact_at, or use a model with a larger context_window, then resume")
+        f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Resume with --model naming a "
+        "model with a larger window (its context_window from the config file's [models] table); the run "
+        "keeps the output_cap, keep_recent_outputs and compact_at it started with")

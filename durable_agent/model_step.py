@@ -74,6 +74,7 @@ def _model_step(ctx: StepContext) -> None:
     sent = s.request()  # a fresh list (the model may keep it): no second copy of the history
     sent.extend(lead)
     counted = compaction.counted_next(ctx, lead)
+    over = compaction.over_budget(ctx, counted)
     request: dict[str, Any] = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
                                "model": ctx.model.name}
     if s.view.compactions:
@@ -84,6 +85,9 @@ def _model_step(ctx: StepContext) -> None:
     with ctx.journal.step(key, StepKind.MODEL, request, turn=turn) as step:
         earlier = step.attempts - 1  # attempts of sessions before this one
         obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, attempts=step.attempts))
+        if over is not None:
+            obs.note(f"the request is ~{over['tokens']:,} tokens, over the context budget of {over['budget']:,}, "
+                     "and compacting cannot make it smaller: sent as it is")
 
         def on_attempt(n: int, failure: Failure | None) -> None:
             if failure is not None:
@@ -128,6 +132,8 @@ def _model_step(ctx: StepContext) -> None:
                                   "usage": replace(turn_out, usage=usage).to_dict()["usage"]}
         if not compaction.scripted(ctx.model):  # a script's counts are made up: nothing to calibrate
             output["context"] = {"counted": counted}
+        if over is not None:
+            output["over_budget"] = over
         if turn_out.finish_reason is not None:
             output["finish_reason"] = turn_out.finish_reason
         if nudge is not None:

@@ -338,6 +338,9 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         out = as_dict(s.output)
         names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
         call = f"model call {s.turn + 1} " if s.turn is not None else ""
+        over = as_dict(out.get("over_budget"))
+        if isinstance(over.get("tokens"), int) and isinstance(over.get("budget"), int):
+            call += f"(~{over['tokens']:,} tokens, over the budget of {over['budget']:,}) "
         if names:
             return call + "→ " + ", ".join(names)
         nudge = as_dict(out.get("nudge")).get("reason")

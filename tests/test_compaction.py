@@ -205,6 +205,12 @@ def test_a_request_that_cannot_fit_fails_saying_what_was_tried(windowed: Endpoin
     assert out["stop_reason"] == "model_error"
     assert "context_length" in out["error"] and "tried: compacting the context" in out["error"]
     assert sum(r["prompt_tokens"] > 500 for r in windowed.server.requests) <= 3  # bounded
+    # The advice works: a model with a larger window (the server's, now) finishes the run.
+    assert "Resume with --model naming a model with a larger window" in out["error"]
+    windowed.server.window = 100_000
+    windowed.configure(models={MODEL: {"context_window": 200_000}, "bigger": {"context_window": 100_000}})
+    again = windowed.resume(out["run_id"], "--model", "bigger", "--json")
+    assert again.code == 0 and again.json()["status"] == "completed", again.stderr
 
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
@@ -464,7 +470,43 @@ def test_a_tight_budget_compacts_the_same_way_through_crashes(
     # The same run twice on one server (answers depend only on the request): once whole, once
     # killed at every 7th checkpoint boundary of each process and resumed. Its compactions
     # (stage, turn, elided seqs, cut) and the requests it sent are the same.
-    api = windowed
+    _same_through_crashes(windowed, sql, task, size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_summary_with_bytes_the_store_cleans_compacts_the_same_way_through_crashes(
+        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # A NUL and a lone surrogate in the summary: kept raw in memory but stored cleaned, a
+    # resume read back another history than the first session held, and a crash after the
+    # next call's intent ended every resume in step_mismatch (and the rest sent other bytes).
+    windowed.server.add_faults([{"kind": "summary", "times": 1000, "message": {
+        "role": "assistant", "content": "Task:\u0000 read the files \ud800 so far"}}])
+    _same_through_crashes(windowed, sql, "fix the bug", 6144)
+    summaries = [o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
+    assert summaries and all("\x00" not in t and "\ud800" not in t for t in summaries)
+
+
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_summary_that_is_only_reasoning_counts_as_empty(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # It was kept as the summary, dropping the list of results that can be read again.
+    windowed.server.add_faults([{"kind": "summary", "times": 1000, "message": {
+        "role": "assistant", "content": "<think>what was done so far</think>\n"}}])
+    assert windowed.start("--max-context-tokens", "2200", task="fix the bug").code == 0
+    summaries = [o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
+    assert summaries and all(t.startswith("(the summary came back empty)") and "call_" in t for t in summaries)
+
+
+@pytest.mark.parametrize("windowed", [0], indirect=True)
+def test_a_request_over_the_budget_that_nothing_can_shrink_is_sent_saying_so(windowed: Endpoint) -> None:
+    # A --max-context-tokens below the task alone: sent and paid without a word, before.
+    result = windowed.start("--max-context-tokens", "1000", "--run-id", "big", task="fix it " + "x" * 20_000)
+    assert result.code == 0, result.stderr
+    assert "over the context budget of 1,000, and compacting cannot make it smaller" in result.stderr
+    assert "tokens, over the budget of 1,000) → answer" in windowed.cli("show", "big").stdout
+
+
+def _same_through_crashes(api: Endpoint, sql: Callable[..., list[Any]], task: str, size: int) -> None:
     write_files(api.workspace, 25, size=size)
     whole = api.start("--json", "--max-context-tokens", "2200", "--run-id", "whole", task=task)
     assert whole.code == 0, whole.stderr
