@@ -170,7 +170,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path | None,
                  base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """config file < environment < `base` (a run's recorded settings) < flags; the store URL
-    defaulted. Not validated."""
+    defaulted. Not validated. The `models` and `prices` tables merge by model."""
     merged: dict[str, Any] = {}
     if path is not None:
         merged.update(read_config_file(path))
@@ -178,7 +178,14 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
         if env.get(var):
             merged[key] = env[var]
     if base:
-        merged.update({k: v for k, v in base.items() if v is not None})
+        for key, value in base.items():
+            if value is None:
+                continue
+            if key in ("models", "prices") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+                # A model the run never used keeps its entry from the config file (`resume
+                # --model BIGGER` learns its window and price); the run's own entries stay.
+                value = {**merged[key], **value}
+            merged[key] = value
     merged.update({k: v for k, v in flags.items() if v is not None})
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
         if key in merged and not isinstance(merged[key], str | os.PathLike):

@@ -31,6 +31,21 @@ def test_layers_defaults_config_env_flags(tmp_path: Path) -> None:
     assert s.db and s.db.endswith("durable-agent/durable-agent.db")
 
 
+def test_a_resume_learns_the_window_and_price_of_a_model_the_run_never_used(tmp_path: Path) -> None:
+    # The recorded `models` table replaced the config file's whole: `resume --model bigger`
+    # (what a run that cannot fit is told to do) never saw bigger's context_window.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[models.small]\ncontext_window = 9000\n[models.bigger]\ncontext_window = 200000\n'
+                   '[prices.bigger]\ninput_per_mtok = 2\noutput_per_mtok = 8\n')
+    env = {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)}
+    recorded = {"model": "small", "models": {"small": {"context_window": 3000}},
+                "prices": {"small": {"input_per_mtok": 1, "output_per_mtok": 1}}}
+    s = load_settings({"model": "bigger"}, env, base=recorded)
+    assert s.models["bigger"].context_window == 200_000 and s.prices["bigger"].output_per_mtok == 8
+    assert s.models["small"].context_window == 3000  # the run's own entry stays as recorded
+    assert set(s.prices) == {"small", "bigger"}
+
+
 def test_api_key_is_never_in_the_recorded_settings() -> None:
     s = load_settings({}, {"OPENAI_API_KEY": "sk-secret-value-123", "HOME": "/tmp"})
     assert s.api_key is not None and "sk-secret" not in repr(s)
