@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -347,6 +348,34 @@ def pg_count() -> int:
             assert s.start({"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "terminate"}) == 0
             (count,) = [int(line.split()[1]) for line in s.faults() if line.startswith("statements")]
     return count
+
+
+@pytest.mark.postgres
+def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_url: str, tmp_path: Path) -> None:
+    # PostgreSQL's "too many clients" (53300) arrives from a failed connect as text only: it
+    # was taken for a wrong --db (exit 2, and a worker's finished command lost its result).
+    import psycopg
+    from scale_helpers import _libpq_url
+
+    role = f"da_slots_{uuid.uuid4().hex[:8]}"
+    schema = pg_url.rsplit("%3D", 1)[1]
+    with psycopg.connect(_libpq_url(pg_url), autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1')
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        try:
+            url = pg_url.replace("://postgres@", f"://{role}@", 1)
+            (tmp_path / "c.toml").write_text("store_retry_attempts = 2\nstore_retry_seconds = 1\n")
+            env = {**os.environ, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml")}
+            with psycopg.connect(_libpq_url(url)):  # the role's one slot
+                r = run_cli(env, tmp_path, "list")
+            assert r.code == 7, (r.code, r.stderr)
+            assert "too many connections" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+            r = run_cli(env, tmp_path, "list")  # the slot is free again
+            assert r.code == 0, r.stderr
+        finally:
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
 
 
 def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:

@@ -47,7 +47,10 @@ _LOST_TEXT = ("server closed the connection", "connection is closed", "terminati
               "connection socket closed", "another command is already in progress")
 # ... or a store that is there but busy, full or not reachable yet (sqlite3's text too).
 _BUSY_TEXT = ("connection refused", "could not connect", "connection timed out", "the database system is",
-              "database is locked", "disk i/o error", "database or disk is full")
+              "database is locked", "disk i/o error", "database or disk is full",
+              # PostgreSQL's connection slots all taken (53300, which psycopg's failed connect
+              # carries as text only): for the server, a role or a database
+              "too many clients", "too many connections", "remaining connection slots are reserved")
 _PG_LOST = ("57P01", "57P02", "57P03")
 
 
