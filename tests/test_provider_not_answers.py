@@ -152,6 +152,34 @@ def test_usage_that_counts_nothing_is_estimated_and_budgeted(
     assert model_outputs(sql)[0]["usage"]["estimated"] is True
 
 
+@pytest.mark.parametrize("usage", [{"prompt_tokens": 3_000_000_000, "completion_tokens": 5},
+                                   {"prompt_tokens": 2**63, "completion_tokens": 5},
+                                   {"prompt_tokens": 20, "completion_tokens": -5}],
+                         ids=["past-32-bits", "past-64-bits", "negative"])
+def test_a_count_that_is_no_count_is_estimated_and_the_answer_recorded_once(
+        api: Endpoint, store_url: str, usage: dict[str, Any]) -> None:
+    # The store refused the step's row (PostgreSQL: integer out of range, the run left
+    # `running`; SQLite: OverflowError, the run failed as a tool error) and every resume
+    # paid for the same call again.
+    api.server.add_faults([{"usage": usage, "times": 10}])
+    result = api.start("--db", store_url, "--json")
+    assert result.code == 0, result.stderr
+    out = result.json()
+    assert out["status"] == "completed" and 0 < out["prompt_tokens"] < 100_000
+    assert [r["turn"] for r in api.server.requests] == list(range(len(api.server.requests)))  # each paid once
+
+
+def test_a_finish_reason_that_is_not_a_word_is_not_stored(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # A provider echoing text (here the key it was sent) in finish_reason: stored verbatim.
+    from provider_support import KEY
+
+    api.server.add_faults([{"turn": 0, "finish_reason": KEY}, {"turn": 1, "finish_reason": "tool_calls"}])
+    assert api.start("--json").code == 0
+    outputs = model_outputs(sql)
+    assert "finish_reason" not in outputs[0] and outputs[1]["finish_reason"] == "tool_calls"
+    assert not sql("SELECT count(*) FROM steps WHERE output LIKE ?", f"%{KEY}%")[0][0]
+
+
 def test_reported_usage_is_not_marked_estimated(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     assert api.start("--json").code == 0
     assert all("estimated" not in o["usage"] for o in model_outputs(sql))

@@ -49,6 +49,12 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only then can json.loads
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 Scrub = Callable[[str], str]
+# A finish_reason is a word ("stop", "length", "tool_calls", "content_filter"); anything else
+# (a provider echoing text, even the key it was sent) is dropped, not stored.
+_WORD = re.compile(r"[A-Za-z_]{1,40}")
+# The most tokens one request can be said to use: steps count them in 32-bit columns (and no
+# window comes near it). A count past it is no count: the step estimates it.
+MAX_TOKENS = 2**31 - 1
 
 
 def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
@@ -77,7 +83,7 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
         raw = json.dumps({"problems": problems, "message": message}, ensure_ascii=False)[:RAW_CAP]
     finish = choice.get("finish_reason")
     return ModelTurn(content=content, tool_calls=calls, usage=_usage(data.get("usage")), raw=raw,
-                     finish_reason=finish if isinstance(finish, str) else None)
+                     finish_reason=scrub(finish) if isinstance(finish, str) and _WORD.fullmatch(finish) else None)
 
 
 def _json(text: str, content_type: str, scrub: Scrub) -> Any:
@@ -185,14 +191,17 @@ def _message(message: dict[str, Any]) -> tuple[str | None, tuple[ToolCall, ...],
 
 
 def _usage(usage: Any) -> Usage:
-    def count(name: str) -> int:
-        value = usage.get(name) if isinstance(usage, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    def count(name: str) -> int | None:
+        value = usage.get(name, 0)
+        good = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
+        return value if good else None
 
     if not isinstance(usage, dict) or not ({"prompt_tokens", "completion_tokens"} & usage.keys()):
         return Usage(reported=False)  # the step estimates it: budgets must keep working
     prompt, completion = count("prompt_tokens"), count("completion_tokens")
-    if prompt == 0 and completion == 0:  # no request costs nothing: a placeholder (mock servers)
+    # Nothing, or a count that is no count (negative, a float, past MAX_TOKENS, which the
+    # step's row cannot hold): estimated, so the answer is still recorded once.
+    if prompt is None or completion is None or prompt == completion == 0:
         return Usage(reported=False)
     return Usage(prompt_tokens=prompt, completion_tokens=completion)
 
