@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 import threading
 from argparse import Namespace
@@ -345,8 +346,21 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
     options = WorkerOptions(db=settings.db, concurrency=args.concurrency, lease_seconds=settings.lease_seconds,
                             poll_s=args.poll, once=args.once, quiet=args.quiet,
                             max_running=settings.max_running_runs,
-                            workspace_root=Path(args.workspace_root).resolve() if args.workspace_root else None)
+                            workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None)
     return run_worker(settings, options, env)
+
+
+def _workspace_root(given: str) -> Path:
+    """--workspace-root: made if missing, and a folder this worker can write run folders in,
+    checked before a run is claimed (a file or /proc there failed every run it took)."""
+    root = Path(given).resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--workspace-root {given}: cannot make it a folder ({exc.strerror or exc})") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ConfigError(f"--workspace-root {given}: this worker cannot write in it")
+    return root
 
 
 def cmd_ui(args: Namespace, env: dict[str, str]) -> int:

@@ -37,7 +37,7 @@ from typing import TextIO
 from sqlalchemy.engine import make_url
 
 from durable_agent import render
-from durable_agent.errors import DurableAgentError, LeaseLost, StoreError, UsageError
+from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError, UsageError
 from durable_agent.interrupts import Interrupts
 from durable_agent.outcome import RunReleased
 from durable_agent.settings import Settings, load_settings, recorded_settings
@@ -303,7 +303,10 @@ class Worker:
             if not RUN_ID.fullmatch(claim.run_id):  # `..` (made before ids were checked): not ROOT/..
                 raise UsageError(f"run id {claim.run_id!r} cannot name a folder under --workspace-root")
             flags["workspace"] = root / claim.run_id
-            (root / claim.run_id).mkdir(parents=True, exist_ok=True)
+            try:
+                (root / claim.run_id).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # the root gone or read-only since the start: say so, skip it
+                raise ConfigError(f"cannot make its folder under --workspace-root: {exc}") from None
         return load_settings(flags, self.env, base=recorded)
 
     def _give_back(self, claim: Claim, note: str | None) -> bool:

@@ -349,6 +349,23 @@ def test_a_worker_leaves_a_run_whose_id_names_no_folder_of_its_own(tmp_path, env
     assert json.loads(shown.stdout)["status"] == "pending", shown.stdout  # left for another worker
 
 
+def test_a_workspace_root_that_cannot_hold_run_folders_is_refused_before_a_claim(
+        tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    # A file, or a folder of /proc: every run claimed failed with a traceback, exit 0.
+    proc = da(["start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "q", "--detach"], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "a-file").write_text("")
+    for root in (tmp_path / "a-file", "/proc/nonexistent"):
+        proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"durable-agent: error: --workspace-root {root}: cannot make it a folder")
+    shown = da(["show", "q", "--json"], env, tmp_path)
+    assert json.loads(shown.stdout)["status"] == "pending" and json.loads(shown.stdout)["error"] is None
+    made = tmp_path / "new" / "root"  # a missing one is made
+    proc = da(["worker", "--once", "--workspace-root", str(made), "--poll", "0.1"], env, tmp_path)
+    assert proc.returncode == 0 and (made / "q").is_dir(), proc.stderr
+
+
 @pytest.mark.parametrize("rel", [b"../escaped", b"/etc/escaped", b"d/../../escaped", b"d//x"])
 def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Path, rel: bytes) -> None:
     from durable_agent.workspace.materialize import materialize
