@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -214,12 +213,13 @@ def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
 
 
 def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
+    from durable_agent.store import leases
     from durable_agent.store.engine import open_store_engine
     from durable_agent.store.runs import Store
 
     cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "L", "--max-steps", "1")
     store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))
-    store.acquire_lease("L", f"{socket.gethostname()}:{os.getpid()}:live", 60)  # this test process is alive
+    store.acquire_lease("L", leases.new_owner(), 60)  # this test process is alive
     r = cli_inproc("resume", "L", "--max-steps", "5")
     assert r.code == 6 and "another live process" in r.stderr
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -227,9 +227,17 @@ def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inpro
     store.engine.dispose()
     from sqlalchemy import text
 
-    with store.engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET lease_owner=:o WHERE id='L'"),
-                     {"o": f"{socket.gethostname()}:{dead.pid}:gone"})
+    from durable_agent.store.leases import _pid_space
+
+    def owned_by(owner: str) -> None:
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET lease_owner=:o WHERE id='L'"), {"o": owner})
+
+    # Without its pid's space (an owner of another PID namespace, or written before it was
+    # recorded) a missing pid proves nothing: the lease is left to expire.
+    owned_by(f"{socket.gethostname()}:{dead.pid}:gone")
+    assert cli_inproc("resume", "L", "--max-steps", "5").code == 6
+    owned_by(f"{socket.gethostname()}:{dead.pid}:gone-{_pid_space()}")
     r = cli_inproc("resume", "L", "--max-steps", "5")
     assert r.code == 0, r.stderr
     epochs = sorted({e for (e,) in sql("SELECT lease_epoch FROM steps WHERE run_id='L'")})

@@ -350,8 +350,10 @@ def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(engin
     store, queue = Store(engine), Queue(engine)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # reaped: its pid is provably dead
-    dead_owner = f"{socket.gethostname()}:{gone.pid}:dead"
-    alive_owner = f"{socket.gethostname()}:{os.getpid()}:alive"
+    from durable_agent.store.leases import _pid_space
+
+    dead_owner = f"{socket.gethostname()}:{gone.pid}:dead-{_pid_space()}"
+    alive_owner = f"{socket.gethostname()}:{os.getpid()}:alive-{_pid_space()}"
     for rid, holder in (("orphan", dead_owner), ("held", alive_owner)):
         store.create_run(rid, task="t", workspace=str(tmp_path), model="demo", settings={},
                          first_messages=[Message("user", "t")], lease=(holder, 600))

@@ -171,3 +171,41 @@ def test_an_owner_frozen_between_a_commands_pgid_and_its_start_never_starts_it_a
         err = (tmp_path / "first.err").read_text()
         assert "was not started" in err and "Traceback" not in err, err
         race.engine.dispose()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1) "
+                    "for a process with the same hostname in another PID namespace")
+def test_a_live_owner_is_not_taken_over_from_another_pid_namespace_of_the_same_host(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """Containers sharing the host's network share its name, not its pids: the owner's pid
+    was missing in the other namespace, so its live lease was taken at once (by `resume` and
+    by a worker's orphan claim) while its command still ran. Here the store is SQLite."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    command = "echo started > started; while [ ! -e go ]; do sleep 0.05; done; echo ran >> ledger"
+    script = [{"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]}, {"content": "done"}]
+    (tmp_path / "script.json").write_text(json.dumps(script))
+    (tmp_path / "config.toml").write_text('lease_seconds = 60\nsandbox = "off"\n')
+    env = {**env, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
+    first = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model",
+                              f"scripted:{tmp_path / 'script.json'}", "--shell", "allow", "--run-id", "live",
+                              "--quiet"], cwd=ws, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (ws / "started").exists(), 60, "the first owner's command")
+        elsewhere = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "durable_agent"]
+        resumed = subprocess.run([*elsewhere, "resume", "live", "--quiet"], cwd=ws, env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert resumed.returncode == 6 and "another live process" in resumed.stderr, resumed.stderr
+        worker = subprocess.run([*elsewhere, "worker", "--once", "--poll", "0.1"], cwd=ws, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert worker.returncode == 0 and "took over" not in worker.stderr, worker.stderr
+        assert "0 claimed" in worker.stderr or "claimed run" not in worker.stderr, worker.stderr
+        (ws / "go").touch()
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err.decode()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert (ws / "ledger").read_text() == "ran\n"

@@ -1,8 +1,9 @@
 """Leases: who may execute a run right now. Take, renew (the Journal's fence), is-live.
 
 A lease is (`lease_owner`, `lease_expires_at`, `lease_epoch`) on `runs`. The owner is
-`host:pid:nonce`, so a process on the same host can prove a holder dead (its pid is gone)
-and take the run over at once instead of waiting for the lease to expire. Resume, the
+`host:pid:nonce-space`, so a process on the same host, boot and PID namespace can prove a
+holder dead (its pid is gone) and take the run over at once instead of waiting for the
+lease to expire. Resume, the
 worker's queue and the renderers all ask the same question here.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from durable_agent.status import RunStatus
@@ -20,17 +22,36 @@ if TYPE_CHECKING:
 
 
 def new_owner() -> str:
-    """host:pid:nonce — the host and pid let a same-host resume see that the owner died."""
+    """host:pid:nonce-space — the host, the pid and the space its pid lives in (`_pid_space`)
+    let a process that sees the same pids find that the owner died."""
     import uuid  # (its import costs `list` and `show`, which never take a lease)
 
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}-{_pid_space()}"
+
+
+@lru_cache(maxsize=1)
+def _pid_space() -> str:
+    """This boot and PID namespace, in 8 hex digits ("" when they cannot be read). A hostname
+    is not enough: containers sharing the host's network (and name) each number their own
+    pids, and one's live owner looked dead from another, which took its lease at once."""
+    import hashlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+        space = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return hashlib.sha256(boot + b"/" + str(space).encode()).hexdigest()[:8]
 
 
 def owner_is_dead(owner: str) -> bool:
-    """True only when we can prove it: same host and that pid is gone."""
+    """True only when we can prove it: same host, boot and PID namespace, and that pid is gone.
+    (An owner written before the namespace was recorded is never judged: its lease expires.)"""
     host, _, rest = owner.partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    pid_text, _, nonce = rest.partition(":")
+    space = _pid_space()
+    if host != socket.gethostname() or not pid_text.isdigit() or not space or not nonce.endswith(f"-{space}"):
         return False
     try:
         os.kill(int(pid_text), 0)
