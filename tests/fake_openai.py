@@ -58,6 +58,7 @@ Actions, combinable in this order:
                                                 without Content-Length, then close
     {"short_body": n}                           declare the full Content-Length, send only
                                                 the first n bytes, then close (cut mid-body)
+    {"trickle": s}                              the normal answer, a byte every s seconds
     {"finish_reason": "length"}                 the normal answer with this finish_reason
     {"no_usage": true}                          the normal answer without a `usage` field
     {"usage": {...}}                            the normal answer with this `usage` (odd counts)
@@ -333,14 +334,15 @@ class _Handler(BaseHTTPRequestHandler):
             del completion["usage"]
         if "usage" in fault:
             completion["usage"] = fault["usage"]
-        self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"))
+        self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"),
+                   trickle=fault.get("trickle"))
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
               content_type: str | None = None, truncate: int | None = None,
-              short: int | None = None) -> None:
+              short: int | None = None, trickle: float | None = None) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
@@ -362,7 +364,14 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, str(value))
         self.end_headers()
-        self.wfile.write(data)
+        if trickle is None:
+            self.wfile.write(data)
+            return
+        for i in range(len(data)):  # each read gets a byte in time: only a deadline on the whole helps
+            if self.server.fake._stopping.wait(trickle):  # type: ignore[attr-defined]
+                return
+            self.wfile.write(data[i:i + 1])
+            self.wfile.flush()
 
 
 # --- separate-process mode ----------------------------------------------------------------

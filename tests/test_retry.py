@@ -10,6 +10,8 @@ from __future__ import annotations
 import email.utils
 import random
 import socket
+import sys
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -69,7 +71,9 @@ def failure_of(server: FakeOpenAI, fault: dict[str, Any], timeout: float = 5.0) 
     server.add_faults([fault])
     with pytest.raises(ProviderError) as caught:
         chat(make_model(server, timeout=timeout))()
-    assert isinstance(caught.value.__cause__, openai.OpenAIError)  # mapped at the boundary
+    # Mapped at the boundary: openai's errors, or its HTTP library's while the body is read.
+    http = tuple(m.HTTPError for m in (sys.modules.get("httpx2"), sys.modules.get("httpx")) if m is not None)
+    assert isinstance(caught.value.__cause__, (openai.OpenAIError, *http))
     return caught.value.failure
 
 
@@ -226,6 +230,19 @@ def test_timeout_is_retryable(server: FakeOpenAI) -> None:
     # The server answers after 2 s (it is woken early on stop); the client gives up at 0.2 s.
     failure = failure_of(server, {"delay": 2.0}, timeout=0.2)
     assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
+
+
+def test_an_answer_that_trickles_in_is_a_timeout_of_the_whole_request(server: FakeOpenAI) -> None:
+    # A byte every 0.05 s: each read is in time, so the read timeout alone let this call run
+    # for as long as the server liked (its run's cancel and time budget waiting on it).
+    server.add_faults([{"trickle": 0.05}])
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        chat(make_model(server, timeout=1.0))()
+    failure = caught.value.failure
+    assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
+    assert "still arriving after 1s" in failure.describe()
+    assert time.monotonic() - started < 10  # the whole answer would take 15 s or more
 
 
 def _error(message: str, code: str | None = None, kind: str = "invalid_request_error") -> Any:

@@ -40,6 +40,7 @@ import email.utils
 import math
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -88,6 +89,7 @@ class OpenAIChatModel:
                  api_type: str = "auto", api_version: str | None = None) -> None:
         self.name = model
         self.temperature = temperature
+        self.whole = read_timeout  # also the longest one answer may take to arrive, as a whole
         timeout = openai.Timeout(read_timeout, connect=connect_timeout)
         azure = azure_target(base_url)
         if api_type == "azure" or (api_type == "auto" and azure is not None):
@@ -113,10 +115,20 @@ class OpenAIChatModel:
             kwargs["tools"] = list(tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
-        with mapped_errors(self._scrub):
-            # The raw response: the body is ours to read, whatever shape it has.
-            response = self.client.chat.completions.with_raw_response.create(**kwargs).http_response
-            body = response.content
+        deadline = time.monotonic() + self.whole
+        with mapped_errors(self._scrub), \
+                self.client.chat.completions.with_streaming_response.create(**kwargs) as answer:
+            # The raw body is ours to read, whatever shape it has, and in pieces: the read
+            # timeout bounds each wait, so a server sending a byte a second held a call (and
+            # its run's cancel and time budget) for as long as it liked.
+            response = answer.http_response
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise ProviderError(Failure(RETRYABLE, "timeout", f"the answer was still arriving after "
+                                                f"{self.whole:g}s (request_timeout_s)"))
+            body = b"".join(chunks)
         return parse_completion(body, response.headers.get("content-type", ""), self._scrub)
 
 
