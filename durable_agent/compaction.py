@@ -157,12 +157,17 @@ def _tight_bar(ctx: StepContext) -> float:
 
 
 def _elidable(ctx: StepContext, *, tight: bool = False) -> list[int]:
-    """Seqs of tool results still sent verbatim, but the most recent `keep_recent_outputs`;
-    `tight`: every one the model was sent already too (not the last turn's results)."""
+    """Seqs of tool results still sent verbatim and longer than their stubs, but the most
+    recent `keep_recent_outputs`; `tight`: every one the model was sent already too (not the
+    last turn's results)."""
     s = ctx.state
     view = s.view
+    names = tool_names(s.messages)
+    # Only results longer than their stub: eliding a short one ("ok", a line) made the
+    # request bigger (58 of them: 2,403 -> 3,616 tokens).
     shown = [i for i in range(max(view.start, HEAD), len(s.messages))
-             if s.messages[i].role == "tool" and i not in view.elided]
+             if (m := s.messages[i]).role == "tool" and i not in view.elided
+             and len(m.content or "") > len(stub(m, names).content or "")]
     keep = ctx.settings.keep_recent_outputs
     older = shown[:-keep] if keep else shown
     if not tight:

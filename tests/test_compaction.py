@@ -290,6 +290,21 @@ def test_a_scripted_run_compacts_with_a_local_summary_that_takes_no_script_turn(
     assert summary.startswith("Task: as given.") and "call_" in summary
 
 
+def test_results_shorter_than_their_stubs_are_not_elided(
+        cli: Callable[..., Any], write_script: Callable[..., str], workspace: Path,
+        sql: Callable[..., list[Any]]) -> None:
+    # 58 one-line results elided made the request bigger: 2,403 -> 3,616 tokens.
+    (workspace / "a.txt").write_text("x\n")
+    model = write_script([*({"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt", "offset": i % 2}}]}
+                            for i in range(80)), {"content": "done"}])
+    result = cli("start", "read", "--model", model, "--max-context-tokens", "3000", "--max-repeats", "999",
+                 "--max-steps", "200", "--json")
+    assert result.code == 0, result.stderr
+    done = outputs(sql, "compact")
+    assert done, "the budget was never reached: the test shows nothing"
+    assert all(o["tokens_after"] < o["tokens_before"] for _, o in done), done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("windowed", [20], indirect=True)
 def test_counts_follow_a_provider_that_tokenizes_differently_also_after_a_resume(
