@@ -125,6 +125,10 @@ class Worker:
         self._active: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._skip: dict[str, float] = {}  # run id -> monotonic time until which we leave it
+        # Runs this worker stopped on a store fault, their leases still ours (nobody could
+        # release them): run id -> monotonic time by which that lease has expired. `--once`
+        # does not leave before then, so it takes them back instead of leaving them `running`.
+        self._interrupted: dict[str, float] = {}
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -164,11 +168,19 @@ class Worker:
                     if result.claim is not None:
                         self._start(result.claim)
                         continue  # fill the free slots before sleeping
-                    if o.once and not result.at_limit and self._running_count() == 0:
+                    if o.once and not result.at_limit and self._running_count() == 0 \
+                            and not self._still_ours():
                         return "nothing left to claim"
             self.wake.wait(o.poll_s)
             self.wake.clear()
         return "signal"
+
+    def _still_ours(self) -> bool:
+        """Is a lease of a run this worker was interrupted in still to expire?"""
+        now = time.monotonic()
+        with self._lock:
+            self._interrupted = {k: t for k, t in self._interrupted.items() if t > now}
+            return bool(self._interrupted)
 
     def _running_count(self) -> int:
         with self._lock:
@@ -192,6 +204,8 @@ class Worker:
 
     def _start(self, claim: Claim) -> None:
         self._count("claimed")
+        with self._lock:
+            self._interrupted.pop(claim.run_id, None)
         if claim.takeover:
             was = f"took over run {claim.run_id} from {claim.previous_owner or 'a released lease'}"
         else:
@@ -266,6 +280,8 @@ class Worker:
             # The database went away mid-run. Nothing is lost (the last checkpoint is
             # committed); the run is claimable again once the lease expires, by any worker.
             self._count("interrupted")
+            with self._lock:  # (a heartbeat renewed it at most a lease ago)
+                self._interrupted[rid] = time.monotonic() + self.options.lease_seconds + 1
             self.log.line(f"run {rid} interrupted: {exc}; it is claimable again when its lease expires")
             return
         except DurableAgentError as exc:  # e.g. one of its MCP servers will not start on this host

@@ -197,3 +197,38 @@ def test_a_blocked_run_goes_back_to_the_workers_after_approve(cli_inproc: Callab
     done = cli("worker", "--once", "--quiet", "--poll", "0.1")
     assert done.code == 0 and f"finished run {rid} · completed (finished)" in done.stderr
     assert (ws / "made.txt").exists()
+
+
+def test_worker_once_takes_back_a_run_a_store_fault_interrupted(
+        cli_inproc: Callable[..., Result], write_script: Callable[..., str], tmp_path: Path, db_path: Path,
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # The store failed past its retries (PostgreSQL's connection slots all taken, say): the
+    # lease stayed ours and could not be released, and `--once` left at once, "nothing left
+    # to claim", with the run `running` until another worker came by.
+    from durable_agent import worker
+    from durable_agent.errors import StoreUnavailable
+    from durable_agent.settings import load_settings
+
+    ws = tmp_path / "interrupted"
+    ws.mkdir()
+    rid = enqueue(cli_inproc, write_script([command_turn(LOG), {"content": "done"}]), ws)
+    built = []
+    real = worker.build_runner
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        runner = real(*args, **kwargs)
+        built.append(runner)
+        if len(built) == 1:
+            def unavailable(*_: Any, **__: Any) -> Any:
+                raise StoreUnavailable("the database is not reachable (too many clients already)")
+            runner.execute = unavailable
+        return runner
+
+    monkeypatch.setattr(worker, "build_runner", flaky)
+    settings = load_settings({"db": env["DURABLE_AGENT_DB"], "lease_seconds": 1}, env)
+    options = worker.WorkerOptions(db=env["DURABLE_AGENT_DB"], lease_seconds=1, poll_s=0.05, once=True, quiet=True)
+    assert worker.run_worker(settings, options, env) == 0
+    err = capsys.readouterr().err
+    assert f"run {rid} interrupted" in err and f"took over run {rid}" in err, err
+    assert len(built) == 2 and query(db_path, "SELECT status FROM runs") == [("completed",)]
+    assert ledger(ws) == ["call_0_0"]
