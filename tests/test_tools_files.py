@@ -270,3 +270,18 @@ def test_search_walks_a_tree_a_thousand_folders_deep(tmp_path: Path) -> None:
         assert found.error is None and "needle.txt" in found.output
     finally:
         subprocess.run(["rm", "-rf", "a"], cwd=tmp_path, check=True)  # (shutil.rmtree recurses too)
+
+
+@pytest.mark.parametrize("name, args", [("write_file", {"path": "sub/new.txt", "content": "x"}),
+                                        ("edit_file", {"path": "a.txt", "old_string": "a", "new_string": "b"})])
+def test_a_write_into_a_workspace_that_is_gone_does_not_make_a_new_one(tmp_path: Path, name: str,
+                                                                        args: dict[str, Any]) -> None:
+    # Deleted (or unmounted) under a running run: a write quietly made an empty one in its place.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a")
+    (ws / "a.txt").unlink()
+    ws.rmdir()
+    result = call(ws, name, **args)
+    assert result.error is not None and "is gone (deleted or unmounted): nothing was written" in result.error
+    assert not ws.exists()

@@ -32,6 +32,9 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False, store: str |
         raise ToolFailure(f"path {path!r} is outside the workspace; use a path relative to it")
     root, target = Path(real_root), Path(real)
     if for_write:
+        if not os.path.isdir(real_root):  # a write would make a new, empty one in its place
+            raise ToolFailure(f"the workspace {show_name(real_root)} is gone (deleted or unmounted): "
+                              "nothing was written")
         # Any git dir, nested ones too: a planted sub/.git/config runs its fsmonitor the next
         # time the *user* runs git there, outside any sandbox.
         if inside_git_dir(target, root, path):
