@@ -777,3 +777,24 @@ def test_a_deny_that_cannot_put_the_snapshot_back_stays_blocked_and_says_how_to_
     proc = da(["resume", "dn", "--max-steps", "5", "--quiet"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert (workspace / "out.log").read_text() == "agent\n" and not (workspace / ".gitignore").exists()
+
+
+@pytest.mark.parametrize("re2", [True, False], ids=["re2", "without-re2"])
+def test_a_planted_gitignore_cannot_make_the_scan_backtrack(tmp_path: Path, re2: bool) -> None:
+    # A command wrote this rule and a 255-byte name: Python's regex took 12 minutes (one more
+    # `*a`, for ever) in the harness itself, after the step, where no timeout or Ctrl-C reached.
+    # (In a child process: a regex match holds the GIL, no thread of the test could stop it.)
+    import sys
+
+    (tmp_path / ".gitignore").write_text("*a" * 14 + "b\n*.log\n")
+    (tmp_path / ("a" * 255)).write_text("x")
+    (tmp_path / "x.log").write_text("x")
+    code = ("import sys\n" + ("" if re2 else "sys.modules['re2'] = None  # as if google-re2 were missing\n")
+            + "from durable_agent.workspace.scan import Scanner\n"
+            + f"print(sorted(p.decode() for p in Scanner(__import__('pathlib').Path({str(tmp_path)!r}), "
+            + "['.git/'], 10_000).scan().manifest))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the scan of a 3-file workspace did not end in 60 s")
+    assert json.loads(out.stdout.replace("'", '"')) == [".gitignore", "a" * 255]  # the other rules still apply

@@ -58,9 +58,25 @@ class Scan:
 
 
 def _spec(lines: Sequence[str]) -> Any:
+    """A .gitignore's rules, matched in linear time. The workspace writes them (a command
+    can plant one), the harness matches them against every path after every step: with
+    Python's backtracking regexes `*a*a*a*a*ab` held one 255-byte name for seconds, one
+    more `*a` for minutes. pathspec's RE2 backend (google-re2) never backtracks; should RE2
+    be missing, a rule with more than MAX_STARS wildcards in one part is dropped (its
+    files are then snapshotted like the rest)."""
     import pathspec  # lazy: only a run that snapshots pays for it
 
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines, backend="re2")
+    except (ImportError, ValueError):  # (pathspec says "re2 is not available" its own way)
+        return pathspec.GitIgnoreSpec.from_lines([line for line in lines if _bounded(line)], backend="simple")
+
+
+MAX_STARS = 3  # wildcards in one part of a rule, for the backtracking fallback (_spec)
+
+
+def _bounded(rule: str) -> bool:
+    return all(part.replace("**", "").count("*") <= MAX_STARS for part in rule.split("/"))
 
 
 class _Walk:
