@@ -798,3 +798,17 @@ def test_a_planted_gitignore_cannot_make_the_scan_backtrack(tmp_path: Path, re2:
     except subprocess.TimeoutExpired:
         pytest.fail("the scan of a 3-file workspace did not end in 60 s")
     assert json.loads(out.stdout.replace("'", '"')) == [".gitignore", "a" * 255]  # the other rules still apply
+
+
+def test_rules_and_names_with_bytes_that_are_not_utf8_still_match(tmp_path: Path) -> None:
+    # RE2 takes UTF-8 only: a name with an undecodable byte failed the whole scan.
+    from durable_agent.workspace.scan import Scanner
+
+    root = os.fsencode(tmp_path)
+    with open(os.path.join(root, b".gitignore"), "wb") as f:
+        f.write(b"caf\xe9*\n*.log\n")
+    for name in (b"caf\xe9.txt", b"x\xff.log", b"x\xff.txt", b"caf\xc3\xa9.txt"):
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(b"x")
+    manifest = Scanner(tmp_path, [".git/"], 10_000).scan().manifest
+    assert set(manifest) == {b".gitignore", b"x\xff.txt", b"caf\xc3\xa9.txt"}

@@ -66,6 +66,7 @@ def _spec(lines: Sequence[str]) -> Any:
     files are then snapshotted like the rest)."""
     import pathspec  # lazy: only a run that snapshots pays for it
 
+    lines = [_matchable(line) for line in lines]
     try:
         return pathspec.GitIgnoreSpec.from_lines(lines, backend="re2")
     except (ImportError, ValueError):  # (pathspec says "re2 is not available" its own way)
@@ -73,6 +74,13 @@ def _spec(lines: Sequence[str]) -> Any:
 
 
 MAX_STARS = 3  # wildcards in one part of a rule, for the backtracking fallback (_spec)
+# RE2 takes UTF-8 only: the undecodable bytes of a name (U+DC80..U+DCFF, surrogateescape)
+# become private-use characters (U+F780..U+F7FF), in rules and paths alike, one for one.
+_PRIVATE = {c: c + 0x1B00 for c in range(0xDC80, 0xDD00)}
+
+
+def _matchable(text: str) -> str:
+    return text if text.isascii() else text.translate(_PRIVATE)
 
 
 def _bounded(rule: str) -> bool:
@@ -202,7 +210,7 @@ class Scanner:
         known = self._decisions.get((rel, is_dir))
         if known is not None:
             return known
-        text = os.fsdecode(rel) + ("/" if is_dir else "")
+        text = _matchable(os.fsdecode(rel) + ("/" if is_dir else ""))
         decided: bool | None = None
         for base, spec in reversed(specs):  # the deepest .gitignore that has a say wins
             sub = text[len(os.fsdecode(base)) + 1:] if base else text
