@@ -3,8 +3,7 @@
 A lease is (`lease_owner`, `lease_expires_at`, `lease_epoch`) on `runs`. The owner is
 `host:pid:nonce-space`, so a process on the same host, boot and PID namespace can prove a
 holder dead (its pid is gone) and take the run over at once instead of waiting for the
-lease to expire. Resume, the
-worker's queue and the renderers all ask the same question here.
+lease to expire. Resume, the worker's queue and the renderers all ask the same question here.
 """
 
 from __future__ import annotations
