@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable_agent.workspace.ignore_rules import compile_rules, matchable
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest, TreeIds
 
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
@@ -57,36 +58,6 @@ class Scan:
         return (self.entries, self.deleted) if old is self.base else None
 
 
-def _spec(lines: Sequence[str]) -> Any:
-    """A .gitignore's rules, matched in linear time. The workspace writes them (a command
-    can plant one), the harness matches them against every path after every step: with
-    Python's backtracking regexes `*a*a*a*a*ab` held one 255-byte name for seconds, one
-    more `*a` for minutes. pathspec's RE2 backend (google-re2) never backtracks; should RE2
-    be missing, a rule with more than MAX_STARS wildcards in one part is dropped (its
-    files are then snapshotted like the rest)."""
-    import pathspec  # lazy: only a run that snapshots pays for it
-
-    lines = [_matchable(line) for line in lines]
-    try:
-        return pathspec.GitIgnoreSpec.from_lines(lines, backend="re2")
-    except (ImportError, ValueError):  # (pathspec says "re2 is not available" its own way)
-        return pathspec.GitIgnoreSpec.from_lines([line for line in lines if _bounded(line)], backend="simple")
-
-
-MAX_STARS = 3  # wildcards in one part of a rule, for the backtracking fallback (_spec)
-# RE2 takes UTF-8 only: the undecodable bytes of a name (U+DC80..U+DCFF, surrogateescape)
-# become private-use characters (U+F780..U+F7FF), in rules and paths alike, one for one.
-_PRIVATE = {c: c + 0x1B00 for c in range(0xDC80, 0xDD00)}
-
-
-def _matchable(text: str) -> str:
-    return text if text.isascii() else text.translate(_PRIVATE)
-
-
-def _bounded(rule: str) -> bool:
-    return all(part.replace("**", "").count("*") <= MAX_STARS for part in rule.split("/"))
-
-
 class _Walk:
     """One scan's findings. An unchanged workspace writes nothing here but the directories
     it listed: the previous manifest and the stat cache stay as they are (building new ones
@@ -109,7 +80,7 @@ class Scanner:
     def __init__(self, root: Path, exclude: Sequence[str], size_cap: int) -> None:
         self.root = os.fsencode(str(root))
         self.size_cap = size_cap
-        self.exclude = _spec(list(exclude))
+        self.exclude = compile_rules(list(exclude))
         self.lock = threading.Lock()
         # directory -> name -> (stat key, entry) of every file (or link) of the previous
         # manifest; the key is None while the file is racy (it is read again).
@@ -200,7 +171,7 @@ class Scanner:
         except OSError:  # kept as last seen, its rules too (else what they left out comes in)
             return known[1] if known is not None else None
         lines = (data or b"").decode("utf-8", "surrogateescape").splitlines()
-        spec = _spec(lines)
+        spec = compile_rules(lines)
         self._ignores[rel_dir] = (key, spec)
         self._decisions.clear()  # a .gitignore changed: every decision is made again
         self._ignore_epoch += 1
@@ -210,7 +181,7 @@ class Scanner:
         known = self._decisions.get((rel, is_dir))
         if known is not None:
             return known
-        text = _matchable(os.fsdecode(rel) + ("/" if is_dir else ""))
+        text = matchable(os.fsdecode(rel) + ("/" if is_dir else ""))
         decided: bool | None = None
         for base, spec in reversed(specs):  # the deepest .gitignore that has a say wins
             sub = text[len(os.fsdecode(base)) + 1:] if base else text
