@@ -320,7 +320,8 @@ def _summary_text(ctx: StepContext, answer: ModelTurn, cut: int) -> str:
     budget (cut there, and said so); and as the store holds it (a NUL or a lone surrogate
     cleaned), so the history in memory is the one a resume reads back."""
     s = ctx.state
-    text = ctx.redactor.redact(storable(without_reasoning(answer.content or "").strip()))
+    redactor = ctx.redactor  # (the model's free text, like an answer: escaped spellings too)
+    text = redactor.redact_known_escaped(redactor.redact(storable(without_reasoning(answer.content or "").strip())))
     if not text:
         # Every result replaced so far, newest first (a cut at the cap drops the oldest), then
         # what the last summary the model wrote said.

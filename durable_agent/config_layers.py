@@ -182,9 +182,13 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
             if value is None:
                 continue
             if key in ("models", "prices") and isinstance(value, dict) and isinstance(merged.get(key), dict):
-                # A model the run never used keeps its entry from the config file (`resume
-                # --model BIGGER` learns its window and price); the run's own entries stay.
-                value = {**merged[key], **value}
+                # The model a resume switches to (`resume --model BIGGER`, as a run that
+                # cannot fit is told) takes its window and price from the config file when
+                # the run recorded none; nothing else of the file's tables comes in: a model
+                # the run used keeps what it ran with, and an edit about other models is no
+                # change to this run.
+                named = {flags.get("model"), flags.get("compact_model")} - {base.get("model"), base.get("compact_model")}
+                value = {**{m: merged[key][m] for m in named if m in merged[key]}, **value}
             merged[key] = value
     merged.update({k: v for k, v in flags.items() if v is not None})
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)

@@ -144,7 +144,7 @@ class Settings(BaseModel):
     max_running_runs: int | None = Field(None, ge=1)
     """Workers: runs executing at once over all workers sharing the database (no limit when unset)."""
     request_timeout_s: float = Field(600.0, gt=0)
-    """Read timeout of one model request, and the longest its whole answer may take to arrive."""
+    """The longest one model request may take, from connect to the last byte of its answer."""
     connect_timeout_s: float = Field(10.0, gt=0)
     """Connect timeout of one model request."""
     retry_max_attempts: int = Field(6, ge=1)

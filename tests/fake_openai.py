@@ -58,7 +58,16 @@ Actions, combinable in this order:
                                                 without Content-Length, then close
     {"short_body": n}                           declare the full Content-Length, send only
                                                 the first n bytes, then close (cut mid-body)
-    {"trickle": s}                              the normal answer, a byte every s seconds
+    {"trickle": s}                              the normal answer (or with "status", the error
+                                                body), a byte every s seconds
+    {"stall": "headers", "every": s}            a status line, then a header line every s
+                                                seconds, never the end of the headers
+    {"stall": "hints", "every": s}              a `103 Early Hints` every s seconds, forever
+    {"stall": "deflate", "every": s}            200, Content-Encoding: deflate, chunked, then an
+                                                empty deflate block every s seconds (decodes
+                                                to nothing), forever
+    {"headers": {...}}                          without "status": sent with the normal answer
+                                                (e.g. a Content-Encoding the body does not have)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
     {"no_usage": true}                          the normal answer without a `usage` field
     {"usage": {...}}                            the normal answer with this `usage` (odd counts)
@@ -313,11 +322,15 @@ class _Handler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
+        if "stall" in fault:
+            self._stall(str(fault["stall"]), float(fault.get("every", 0.2)))
+            return
         if "status" in fault:
             status = int(fault["status"])
             default = _error_body(status, f"fake error {status}")
             self._send(status, fault.get("body", default), fault.get("headers") or {},
-                       content_type=fault.get("content_type"), truncate=fault.get("truncate"))
+                       content_type=fault.get("content_type"), truncate=fault.get("truncate"),
+                       trickle=fault.get("trickle"))
             return
         if fake.window is not None and entry["prompt_tokens"] > fake.window:
             self._send(400, {"error": {
@@ -334,8 +347,29 @@ class _Handler(BaseHTTPRequestHandler):
             del completion["usage"]
         if "usage" in fault:
             completion["usage"] = fault["usage"]
-        self._send(200, completion, truncate=fault.get("truncate"), short=fault.get("short_body"),
-                   trickle=fault.get("trickle"))
+        self._send(200, completion, fault.get("headers") or {}, truncate=fault.get("truncate"),
+                   short=fault.get("short_body"), trickle=fault.get("trickle"))
+
+    def _stall(self, how: str, every: float) -> None:
+        """Bytes keep coming, every wait is short, the answer never does (see Faults)."""
+        self.close_connection = True
+        if how == "headers":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        elif how == "deflate":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n")
+        n = 0
+        with contextlib.suppress(OSError):
+            while not self.server.fake._stopping.wait(every):
+                n += 1
+                if how == "headers":
+                    self.wfile.write(f"X-Still-Thinking: {n}\r\n".encode())
+                elif how == "hints":
+                    self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+                else:  # (the zlib header first) an empty stored block: valid, decodes to nothing
+                    block = (b"x\x9c" if n == 1 else b"") + b"\x00\x00\x00\xff\xff"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                self.wfile.flush()
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))

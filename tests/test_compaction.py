@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI
-from provider_support import MODEL, Endpoint
+from provider_support import KEY, MODEL, Endpoint
 from scale_helpers import wait_for
 
 WINDOW = 16_000
@@ -500,6 +500,20 @@ def test_a_summary_with_bytes_the_store_cleans_compacts_the_same_way_through_cra
     _same_through_crashes(windowed, sql, "fix the bug", 6144)
     summaries = [o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
     assert summaries and all("\x00" not in t and "\ud800" not in t for t in summaries)
+
+
+@pytest.mark.parametrize("windowed", [20], indirect=True)
+def test_a_summary_keeps_no_escaped_spelling_of_the_harness_key(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    # A summary is the model's free text, like an answer: the key spelt with JSON escapes
+    # ("\u0073k-...", which any JSON reader decodes) was stored and sent back as it came.
+    escaped = "\\u00" + KEY[:1].encode().hex() + KEY[1:]
+    windowed.server.add_faults([{"kind": "summary", "times": 1000, "message": {
+        "role": "assistant", "content": 'Read 12 files. Config seen: {"api_key": "' + escaped + '"}'}}])
+    assert windowed.start("--max-context-tokens", "2200", task="fix the bug").code == 0
+    summaries = [o["summary"] for _, o in outputs(sql, "compact") if o["stage"] == "summarize"]
+    assert summaries and all(KEY[1:] not in t and "[REDACTED" in t for t in summaries)
+    sent = [json.dumps(r["body"]) for r in windowed.server.requests]
+    assert sum("Read 12 files" in body for body in sent) > 0 and not any(KEY[1:] in body for body in sent)
 
 
 @pytest.mark.parametrize("windowed", [20], indirect=True)

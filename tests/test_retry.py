@@ -232,17 +232,45 @@ def test_timeout_is_retryable(server: FakeOpenAI) -> None:
     assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
 
 
-def test_an_answer_that_trickles_in_is_a_timeout_of_the_whole_request(server: FakeOpenAI) -> None:
-    # A byte every 0.05 s: each read is in time, so the read timeout alone let this call run
-    # for as long as the server liked (its run's cancel and time budget waiting on it).
+@pytest.mark.parametrize("fault", [
+    {"trickle": 0.05},  # the answer, a byte every 0.05 s: ~15 s in all
+    {"status": 500, "trickle": 0.05},  # an error body, read by openai itself
+    {"stall": "headers", "every": 0.05},  # headers that never end
+    {"stall": "hints", "every": 0.05},  # 103 Early Hints forever (skipped by the HTTP library)
+    {"stall": "deflate", "every": 0.05},  # empty deflate blocks: bytes that decode to nothing
+], ids=["body", "error-body", "headers", "early-hints", "empty-deflate"])
+def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
+        server: FakeOpenAI, fault: dict[str, Any]) -> None:
+    # Each read gets bytes in time, so the read timeout alone let these calls run for as
+    # long as the server liked (the run's cancel and time budget waiting on them).
+    started = time.monotonic()
+    failure = failure_of(server, fault, timeout=1.0)
+    took = time.monotonic() - started
+    assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
+    assert "no whole answer within 1s (request_timeout_s)" in failure.describe()
+    assert took < 5, took
+
+
+def test_a_keep_alive_connection_obeys_the_next_calls_deadline(server: FakeOpenAI) -> None:
+    # The deadline belongs to the call, not to the connection: one kept alive from an
+    # answered call is bounded by the next call's request_timeout_s, and after a timeout
+    # the same model answers again.
+    model = make_model(server, timeout=1.0)
+    first = chat(model)()
+    assert first
     server.add_faults([{"trickle": 0.05}])
     started = time.monotonic()
     with pytest.raises(ProviderError) as caught:
-        chat(make_model(server, timeout=1.0))()
-    failure = caught.value.failure
-    assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
-    assert "still arriving after 1s" in failure.describe()
-    assert time.monotonic() - started < 10  # the whole answer would take 15 s or more
+        chat(model)()
+    assert caught.value.failure.reason == "timeout" and time.monotonic() - started < 5
+    assert chat(model)() == first
+
+
+def test_a_body_its_content_encoding_cannot_undo_is_retryable_not_a_bug(server: FakeOpenAI) -> None:
+    # Read by us, not inside openai, so openai does not wrap the decoding error.
+    failure = failure_of(server, {"headers": {"Content-Encoding": "gzip"}})
+    assert (failure.kind, failure.reason) == (RETRYABLE, "undecodable")
+    assert "Content-Encoding" in failure.message and "may be a bug" not in failure.describe()
 
 
 def _error(message: str, code: str | None = None, kind: str = "invalid_request_error") -> Any:

@@ -46,6 +46,21 @@ def test_a_resume_learns_the_window_and_price_of_a_model_the_run_never_used(tmp_
     assert set(s.prices) == {"small", "bigger"}
 
 
+def test_a_resume_keeps_what_the_run_ran_with_whatever_the_file_says_now(tmp_path: Path) -> None:
+    # The run used gpt-4o with the built-in window and no price; the file gained entries for
+    # it, and for a model the run never named, since. Neither is this run's business: the
+    # first would change its window and cost under it, the second showed as a change of
+    # settings on every resume and was written into the run.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[models."gpt-4o"]\ncontext_window = 4000\n[models.other]\ncontext_window = 9000\n'
+                   '[prices."gpt-4o"]\ninput_per_mtok = 500\noutput_per_mtok = 500\n')
+    env = {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)}
+    recorded = {"model": "gpt-4o", "models": {}, "prices": {}}
+    for flags in ({}, {"model": "gpt-4o"}):
+        s = load_settings(flags, env, base=recorded)
+        assert (s.models, s.prices) == ({}, {}), flags
+
+
 def test_api_key_is_never_in_the_recorded_settings() -> None:
     s = load_settings({}, {"OPENAI_API_KEY": "sk-secret-value-123", "HOME": "/tmp"})
     assert s.api_key is not None and "sk-secret" not in repr(s)

@@ -56,6 +56,8 @@ HINTS = {
     "invalid_response": "the endpoint's response is not OpenAI-compatible: check --base-url",
     "truncated_response": "the response was cut off before its end: resume the run; if it "
     "keeps happening, check --base-url and any proxy in between",
+    "undecodable": "the response body is not what its Content-Encoding says: resume the run; if it "
+    "keeps happening, check --base-url and any proxy in between",
     "client_error": "the client could not be used: check OPENAI_API_KEY and --base-url",
     "length": "the answer hit the output token limit",
     "content_filter": "the provider's content filter refused the request",

@@ -28,6 +28,7 @@ models, so odd answers are classified too. Exceptions are mapped by one table, `
     ├── SubjectTokenProviderError           permanent   auth
     └── WebSocket*Error                     permanent   websocket
     httpx2 / httpx TransportError           retryable   connection | timeout
+    httpx2 / httpx DecodingError            retryable   undecodable (a body its encoding cannot undo)
     anything else                           not caught: a bug, `unexpected` (failures.classify)
 
 tests/test_retry.py walks every exception class openai exports and fails if one has no
@@ -51,6 +52,7 @@ import openai
 
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn
+from durable_agent.models import deadline
 from durable_agent.models.answers import parse_completion
 from durable_agent.models.failures import (
     Failure,
@@ -108,6 +110,7 @@ class OpenAIChatModel:
         else:
             self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
+        self._hooked = deadline.hook(self.client)
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
         kwargs: dict[str, Any] = {"model": self.name, "messages": [m.to_api() for m in messages]}
@@ -115,32 +118,39 @@ class OpenAIChatModel:
             kwargs["tools"] = list(tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
-        deadline = time.monotonic() + self.whole
-        with mapped_errors(self._scrub), \
+        # request_timeout_s bounds the whole exchange, each socket operation of it (deadline.py);
+        # httpx alone bounds each wait, so a server sending a byte a second held a call, and
+        # its run's cancel and time budget, for as long as it liked.
+        ends = time.monotonic() + self.whole
+        with mapped_errors(self._scrub, self.whole), deadline.deadline(self.whole), \
                 self.client.chat.completions.with_streaming_response.create(**kwargs) as answer:
-            # The raw body is ours to read, whatever shape it has, and in pieces: the read
-            # timeout bounds each wait, so a server sending a byte a second held a call (and
-            # its run's cancel and time budget) for as long as it liked.
-            response = answer.http_response
+            response = answer.http_response  # the raw body is ours to read, whatever its shape
             chunks = []
             for chunk in response.iter_bytes():
                 chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise ProviderError(Failure(RETRYABLE, "timeout", f"the answer was still arriving after "
-                                                f"{self.whole:g}s (request_timeout_s)"))
+                if not self._hooked and time.monotonic() > ends:  # (an openai of another shape)
+                    raise ProviderError(_late(self.whole))
             body = b"".join(chunks)
         return parse_completion(body, response.headers.get("content-type", ""), self._scrub)
 
 
+def _late(seconds: float) -> Failure:
+    return Failure(RETRYABLE, "timeout", f"no whole answer within {seconds:g}s (request_timeout_s)")
+
+
 @contextmanager
-def mapped_errors(scrub: Scrub) -> Iterator[None]:
-    """Re-raise every mapped exception as a `ProviderError`; let the rest (bugs) through."""
+def mapped_errors(scrub: Scrub, whole: float | None = None) -> Iterator[None]:
+    """Re-raise every mapped exception as a `ProviderError`; let the rest (bugs) through.
+    A timeout once `whole` seconds have passed says it was the whole request's."""
+    started = time.monotonic()
     try:
         yield
     except Exception as exc:
         failure = map_exception(exc, scrub)
         if failure is None:
             raise
+        if failure.reason == "timeout" and whole is not None and time.monotonic() - started >= whole:
+            failure = _late(whole)
         raise ProviderError(failure) from exc
 
 
@@ -209,6 +219,11 @@ def _from_transport(exc: BaseException, scrub: Scrub) -> Failure:
                    scrub(str(exc) or type(exc).__name__))
 
 
+def _from_decoding(exc: BaseException, scrub: Scrub) -> Failure:
+    return Failure(RETRYABLE, "undecodable", scrub(f"the answer could not be decoded as its Content-Encoding "
+                                                   f"says ({exc})"))
+
+
 def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
     cut = _cut_body(exc)
     if cut is not None:
@@ -275,8 +290,10 @@ def _optional(*names: str) -> list[type[BaseException]]:
 def _transport_errors() -> dict[type[BaseException], Handler]:
     # The HTTP library openai loaded (httpx2 for openai 3.x, httpx before; 3.x also accepts
     # an httpx client): we never import one just to map it.
-    return {module.TransportError: _from_transport
-            for module in (sys.modules.get(name) for name in ("httpx2", "httpx")) if module is not None}
+    modules = [module for module in (sys.modules.get(name) for name in ("httpx2", "httpx")) if module is not None]
+    return {**{module.TransportError: _from_transport for module in modules},
+            # A body its Content-Encoding cannot undo (read by us, so openai does not wrap it)
+            **{module.DecodingError: _from_decoding for module in modules}}
 
 
 # The one mapping table; a subclass entry overrides its base (see `map_exception`).
