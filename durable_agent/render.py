@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.status import RunStatus
@@ -64,8 +64,8 @@ class Timeline(Observer):
 
     def __init__(self, out: TextIO, *, live: bool | None = None, interval: float = 0.1,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.out = out
         live = _is_tty(out) if live is None else live
+        out = self.out = cast(TextIO, _Forgiving(out))
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
         self.tokens = 0  # used by this process; a resume starts from 0
 
@@ -115,6 +115,31 @@ class Timeline(Observer):
             self.status.print(text)
         else:
             print(text, file=self.out, flush=True)
+
+
+class _Forgiving:
+    """The timeline's stream. Its reader gone (`| head`, a closed terminal) is no failure of
+    the run, which an observer never changes (it failed the step being reported, as a
+    tool_error): from the first write that fails, nothing more is written."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out, self.broken = out, False
+        self.encoding = getattr(out, "encoding", None)
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self._out.write(text)
+            except (OSError, ValueError):  # (ValueError: the stream was closed)
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._out.flush()
+            except (OSError, ValueError):
+                self.broken = True
 
 
 def step_line(e: StepEvent) -> str:

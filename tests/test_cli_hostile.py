@@ -200,3 +200,29 @@ def test_restore_and_fork_refuse_an_odd_snapshot_id_and_an_empty_directory(cli, 
     r = cli("fork", "r1", "--at", "1", "--workspace", "")
     assert r.code == 2 and one_line_error(r.stderr) and "--workspace is empty" in r.stderr, r.stderr
     assert sorted(p.name for p in workspace.iterdir()) == ["a.txt", "keep.txt"]
+
+
+def test_a_reader_of_the_timeline_that_goes_away_does_not_fail_the_run(  # type: ignore[no-untyped-def]
+        cli, env, workspace, write_script) -> None:
+    # `durable-agent resume ID 2>&1 | head -4`: once head had its lines, the next timeline
+    # line raised BrokenPipeError inside the step it reported, and the run ended
+    # `failed (tool_error)`. What is printed is a view; the run is in the store.
+    go = workspace / "node_modules" / "go"  # where a command sees it, and no snapshot looks (no drift)
+    script = write_script([
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "until [ -e node_modules/go ]; do sleep 0.05; done"}}]},
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "after.txt", "content": "x"}}]},
+        {"content": "done"},
+    ])
+    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
+                             "--run-id", "piped", "--shell", "allow"],
+                            cwd=workspace, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    assert b"piped" in proc.stderr.readline()  # the reader saw the start, then left
+    proc.stderr.close()
+    go.parent.mkdir()
+    go.touch()
+    assert proc.wait(timeout=120) == 0
+    shown = cli("show", "piped", "--json")
+    assert shown.code == 0 and json.loads(shown.stdout)["status"] == "completed", shown.stdout[:500]
+    assert (workspace / "after.txt").read_text() == "x"
