@@ -307,14 +307,19 @@ def test_results_shorter_than_their_stubs_are_not_elided(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("windowed", [20], indirect=True)
+@pytest.mark.parametrize("unreported", [False, True], ids=["usage", "no-usage-on-odd-turns"])
 def test_counts_follow_a_provider_that_tokenizes_differently_also_after_a_resume(
-        windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
+        windowed: Endpoint, sql: Callable[..., list[Any]], unreported: bool) -> None:
     """The server counts twice the harness's estimate (JSON length // 2). Calibrated with each
     call's reported prompt_tokens, and with the recorded one after a resume, no request is
-    refused: one session of 8 calls, then sessions of 2 (half the calls are a session's first)."""
+    refused: one session of 8 calls, then sessions of 2 (half the calls are a session's first).
+    A call without usage leaves the calibration as it was, live and after a resume alike
+    (a resume took 1.0 when a session's last call reported none)."""
     window = 12_000
     windowed.server.window = window
     windowed.server.chars_per_token = 2
+    if unreported:
+        windowed.server.add_faults([{"turn": t, "no_usage": True, "times": 100} for t in range(1, 40, 2)])
     windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
     result = windowed.start("--json", "--max-steps", "8", "--run-id", "cal")
     for steps in range(10, 40, 2):

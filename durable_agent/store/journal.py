@@ -40,7 +40,7 @@ from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
 from durable_agent.store.schema import approvals, messages, runs, steps
-from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step
+from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step, calibrating_output
 from durable_agent.store.storable import storable
 
 START_WITHIN = 0.8  # of the lease: see Journal.start_deadline
@@ -318,8 +318,7 @@ class Journal:
             done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
             compactions = [r[0] for r in conn.execute(
                 select(steps.c.output).where(*done, steps.c.kind == "compact").order_by(steps.c.seq))]
-            last_model = conn.execute(select(steps.c.output).where(*done, steps.c.kind == "model")
-                                      .order_by(steps.c.seq.desc()).limit(1)).scalar()
+            last_model = calibrating_output(conn, done)
             return Loaded(run=RunRecord.from_row(run), messages=msgs, open_steps=open_steps,
                           next_seq=0 if max_seq is None else max_seq + 1,
                           model_tokens=(int(prompt or 0), int(completion or 0)),

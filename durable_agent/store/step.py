@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from durable_agent.messages import Message
 from durable_agent.store.blobs import WorkspaceWrite
@@ -182,3 +182,22 @@ class Step:
         # the block normally without an outcome is a bug that would leave the step open.
         if kind is None and not self._ended:
             raise RuntimeError(f"step {self.key} left without complete() or fail()")
+
+
+def calibrating_output(conn: Connection, done: tuple[Any, ...]) -> Any:
+    """The output of the last completed model step whose prompt count the provider reported
+    (the one a live run calibrates by): a step with estimated counts, or a script's, leaves
+    the calibration as it was, live and on resume alike. Newest first, a page at a time."""
+    before: int | None = None
+    while True:
+        query = select(steps.c.seq, steps.c.output).where(*done, steps.c.kind == "model")
+        if before is not None:
+            query = query.where(steps.c.seq < before)
+        page = conn.execute(query.order_by(steps.c.seq.desc()).limit(64)).all()
+        for _seq, output in page:
+            usage = output.get("usage") if isinstance(output, dict) else None
+            if isinstance(usage, dict) and not usage.get("estimated") and isinstance(output.get("context"), dict):
+                return output
+        if len(page) < 64:
+            return None
+        before = page[-1][0]
