@@ -6,6 +6,7 @@ import getpass
 import json
 import os
 import sys
+import tempfile
 import threading
 from argparse import Namespace
 from pathlib import Path
@@ -358,8 +359,11 @@ def _workspace_root(given: str) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--workspace-root {given}: cannot make it a folder ({exc.strerror or exc})") from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise ConfigError(f"--workspace-root {given}: this worker cannot write in it")
+    try:  # tried, not asked (os.access): root may write anywhere, yet not make a folder in /proc
+        os.rmdir(tempfile.mkdtemp(prefix=".durable-agent-probe-", dir=root))
+    except OSError as exc:
+        raise ConfigError(f"--workspace-root {given}: this worker cannot make run folders in it "
+                          f"({exc.strerror or exc})") from None
     return root
 
 

@@ -359,11 +359,19 @@ def test_a_workspace_root_that_cannot_hold_run_folders_is_refused_before_a_claim
         proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith(f"durable-agent: error: --workspace-root {root}: cannot make it a folder")
+    # Folders that exist and that root may "write" by the permission bits, yet where no
+    # folder can be made: tried, not asked.
+    for root in ("/proc", "/sys/kernel"):
+        proc = da(["worker", "--once", "--workspace-root", root, "--poll", "0.1"], env, tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"durable-agent: error: --workspace-root {root}: this worker cannot make run "
+                                      f"folders in it")
     shown = da(["show", "q", "--json"], env, tmp_path)
     assert json.loads(shown.stdout)["status"] == "pending" and json.loads(shown.stdout)["error"] is None
     made = tmp_path / "new" / "root"  # a missing one is made
     proc = da(["worker", "--once", "--workspace-root", str(made), "--poll", "0.1"], env, tmp_path)
     assert proc.returncode == 0 and (made / "q").is_dir(), proc.stderr
+    assert sorted(p.name for p in made.iterdir()) == ["q"]  # the probe left nothing
 
 
 @pytest.mark.parametrize("rel", [b"../escaped", b"/etc/escaped", b"d/../../escaped", b"d//x"])
