@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -376,6 +377,42 @@ def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_
         finally:
             admin.execute(f'DROP OWNED BY "{role}"')
             admin.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.slow
+def test_a_server_that_accepts_and_says_nothing_is_a_store_to_wait_for_not_a_hang(tmp_path: Path) -> None:
+    # libpq waits for a silent server without end by default: `list`, `resume`, a worker
+    # hung for as long as it stayed silent (a partition, a proxy that stopped forwarding).
+    pytest.importorskip("psycopg")
+    with socket.socket() as silent:  # the kernel completes the handshakes; nobody answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/x"
+        (tmp_path / "c.toml").write_text("store_retry_attempts = 2\nstore_retry_seconds = 1\n")
+        env = {**os.environ, "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml")}
+        for given in (url, url + "?connect_timeout=2"):  # the URL's own bound is kept
+            r = run_cli({**env, "DURABLE_AGENT_DB": given}, tmp_path, "list", timeout=90)
+            assert r.code == 7, (r.code, r.stderr)
+            assert "unavailable" in r.stderr and "timeout" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.postgres
+def test_store_connections_are_probed_by_the_kernel_when_silent(pg_url: str) -> None:
+    # Waiting for an answer, a connection to a server gone silent is found dead by TCP
+    # keepalives and tcp_user_timeout (then retried, exit 7), as set on the socket itself.
+    from durable_agent.store.engine import make_engine
+
+    engine = make_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            fd = conn.connection.dbapi_connection.fileno()  # type: ignore[union-attr]
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+    finally:
+        engine.dispose()
 
 
 def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:

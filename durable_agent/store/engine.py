@@ -56,8 +56,10 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         if parsed.get_backend_name() == "sqlite":
             _check_sqlite_options(url, parsed.query)
             return _sqlite_engine(url, parsed.database, durability, pool)
-        engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool,
-                               **_client_binding(parsed.get_driver_name()))
+        binding = _client_binding(parsed.get_driver_name())
+        if parsed.get_driver_name() == "psycopg":  # (what the URL sets itself stays)
+            binding["connect_args"].update({k: v for k, v in SILENCE_BOUNDS.items() if k not in parsed.query})
+        engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool, **binding)
         event.listen(engine, "handle_error", _lost_is_disconnect)
         if parsed.get_driver_name() == "psycopg":
             event.listen(engine, "checkin", _not_autocommit)
@@ -74,6 +76,16 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
             f"the driver for {parsed.drivername} is not installed ({exc.name}); "
             "for PostgreSQL: pip install 'durable-agent[postgres]'"
         ) from None
+
+
+# A server that goes silent (a partition, a proxy that stopped forwarding, a half-open
+# socket) held `list` or a worker forever: libpq waits without end by default. Connecting
+# takes at most connect_timeout; an idle connection waiting for an answer is probed by TCP
+# keepalives (dead after ~25 s of silence); data the peer does not acknowledge within
+# tcp_user_timeout drops the connection. Each ends as a lost connection, retried by the
+# store's policy and then exit 7, like any other. Parameters of the URL take precedence.
+SILENCE_BOUNDS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                  "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
 def _client_binding(driver: str) -> dict[str, Any]:

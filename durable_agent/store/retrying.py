@@ -50,7 +50,9 @@ _BUSY_TEXT = ("connection refused", "could not connect", "connection timed out",
               "database is locked", "disk i/o error", "database or disk is full",
               # PostgreSQL's connection slots all taken (53300, which psycopg's failed connect
               # carries as text only): for the server, a role or a database
-              "too many clients", "too many connections", "remaining connection slots are reserved")
+              "too many clients", "too many connections", "remaining connection slots are reserved",
+              # libpq's connect_timeout (engine.SILENCE_BOUNDS): a server that answered nothing
+              "timeout expired")
 _PG_LOST = ("57P01", "57P02", "57P03")
 
 
