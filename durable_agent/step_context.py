@@ -8,9 +8,10 @@ the rows) and in `journal` (the step rows, the lease).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from durable_agent.guard import Limits
@@ -45,6 +46,16 @@ class StepContext:
     session_start: float  # clock() when this session took the run
     retry_policy: RetryPolicy | None = None  # None: the Settings defaults
     resumed: bool = False  # the run had a session before this one
+    workspace_id: tuple[int, int] | None = field(default=None, init=False)  # as this session found it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workspace_id", _identity(self.settings.workspace))
+
+    def workspace_moved(self) -> bool:
+        """Is the workspace another folder than the one this session started in? A mount
+        point unmounted under the run leaves the folder below it (empty), where a write or
+        a command would land and the next snapshot record every file as deleted by it."""
+        return self.workspace_id is not None and _identity(self.settings.workspace) != self.workspace_id
 
     def active_ms(self) -> int:
         """Active time over all sessions of the run, this one included."""
@@ -54,3 +65,11 @@ class StepContext:
         s = self.state
         return Counters(s.step_count, s.tool_call_count, s.prompt_tokens, s.completion_tokens,
                         len(s.messages), self.active_ms())
+
+
+def _identity(folder: str | os.PathLike[str]) -> tuple[int, int] | None:
+    try:
+        st = os.stat(folder)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino

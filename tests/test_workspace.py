@@ -820,3 +820,49 @@ def test_rules_and_names_with_bytes_that_are_not_utf8_still_match(tmp_path: Path
             f.write(b"x")
     manifest = Scanner(tmp_path, [".git/"], 10_000).scan().manifest
     assert set(manifest) == {b".gitignore", b"x\xff.txt", b"caf\xc3\xa9.txt"}
+
+
+def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_recorded_as_deleted(
+        tmp_path, env, write_script) -> None:  # type: ignore[no-untyped-def]
+    # The workspace is a mount point (a shared file system a worker mounts per run) and is
+    # unmounted while a command runs: the folder below it was written to, and the next
+    # snapshot recorded every file as deleted by the command.
+    import sys
+
+    from scale_helpers import wait_for
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ws)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (ws / "keep.txt").write_text("kept\n")
+        (ws / "node_modules").mkdir()  # (left out of snapshots: the test's signals go there)
+        script = write_script([
+            {"tool_calls": [{"name": "run_command", "arguments": {
+                "command": "touch node_modules/started; until [ -e node_modules/go ]; do sleep 0.05; done"}}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "sub/b.txt", "content": "b"}}]},
+            {"content": "done"},
+        ])
+        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
+                                 "--run-id", "mnt", "--shell", "allow"], cwd=ws, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: (ws / "node_modules" / "started").exists(), 60, "the command to start")
+        held = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)  # the mounted folder, reachable after the unmount
+        try:
+            subprocess.run(["umount", "-l", str(ws)], check=True)
+            os.close(os.open("node_modules/go", os.O_CREAT | os.O_WRONLY, dir_fd=held))  # the command may end
+        finally:
+            os.close(held)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        subprocess.run(["umount", "-l", str(ws)], capture_output=True)
+    assert proc.returncode == 1, err
+    assert "is not the folder this session started in" in err
+    assert list(ws.iterdir()) == []  # nothing written below the mount point
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    assert db.execute("SELECT count(*) FROM workspace_changes WHERE run_id = 'mnt' AND change = 'deleted'"
+                      ).fetchone() == (0,)
