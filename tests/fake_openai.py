@@ -66,6 +66,8 @@ Actions, combinable in this order:
     {"stall": "deflate", "every": s}            200, Content-Encoding: deflate, chunked, then an
                                                 empty deflate block every s seconds (decodes
                                                 to nothing), forever
+    {"gzip_bomb": n}                            200, Content-Encoding: gzip, n MiB of spaces
+                                                (a few KiB on the wire)
     {"headers": {...}}                          without "status": sent with the normal answer
                                                 (e.g. a Content-Encoding the body does not have)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
@@ -82,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -321,6 +324,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if "gzip_bomb" in fault:
+            packed = gzip.compress(b" " * (int(fault["gzip_bomb"]) << 20))
+            self.send_response(200)
+            for name, value in (("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
+                                ("Content-Length", str(len(packed)))):
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(packed)
             return
         if "stall" in fault:
             self._stall(str(fault["stall"]), float(fault.get("every", 0.2)))

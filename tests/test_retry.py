@@ -266,6 +266,19 @@ def test_a_keep_alive_connection_obeys_the_next_calls_deadline(server: FakeOpenA
     assert chat(model)() == first
 
 
+def test_an_answer_larger_than_the_cap_is_not_read_further(server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A few KiB of gzip on the wire, many MiB decoded: it was read whole into memory.
+    import durable_agent.models.openai_chat as openai_chat
+
+    monkeypatch.setattr(openai_chat, "MAX_ANSWER_BYTES", 1 << 20)
+    server.add_faults([{"gzip_bomb": 16}])
+    with pytest.raises(ProviderError) as caught:
+        chat(make_model(server))()
+    failure = caught.value.failure
+    assert (failure.kind, failure.reason) == (PERMANENT, "invalid_response")
+    assert "larger than 1 MiB" in failure.message
+
+
 def test_a_body_its_content_encoding_cannot_undo_is_retryable_not_a_bug(server: FakeOpenAI) -> None:
     # Read by us, not inside openai, so openai does not wrap the decoding error.
     failure = failure_of(server, {"headers": {"Content-Encoding": "gzip"}})

@@ -67,6 +67,7 @@ __all__ = ["MAPPED_TYPES", "OpenAIChatModel", "is_classified", "map_exception", 
 Scrub = Callable[[str], str]
 Handler = Callable[[BaseException, Scrub], Failure]
 RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
+MAX_ANSWER_BYTES = 64 << 20  # of one chat completion, decoded: no real answer comes near it
 
 
 _AZURE_URL = re.compile(r"^(?P<endpoint>[^?#]*?)/openai/deployments/(?P<deployment>[^/?#]+)")
@@ -125,9 +126,13 @@ class OpenAIChatModel:
         with mapped_errors(self._scrub, self.whole), deadline.deadline(self.whole), \
                 self.client.chat.completions.with_streaming_response.create(**kwargs) as answer:
             response = answer.http_response  # the raw body is ours to read, whatever its shape
-            chunks = []
+            chunks, size = [], 0
             for chunk in response.iter_bytes():
                 chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:  # decoded: a small gzip bomb is a large body
+                    raise ProviderError(Failure(PERMANENT, "invalid_response", f"the answer is larger than "
+                                                f"{MAX_ANSWER_BYTES >> 20} MiB: not read further"))
                 if not self._hooked and time.monotonic() > ends:  # (an openai of another shape)
                     raise ProviderError(_late(self.whole))
             body = b"".join(chunks)
