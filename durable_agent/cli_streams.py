@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, TextIO, cast
 
 from durable_agent.status import EXIT_USAGE
 
@@ -54,3 +54,39 @@ def lenient() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
+
+
+def forgiving(out: TextIO) -> TextIO:
+    """`out` for what a run prints while it runs and when it ends: the timeline, the header
+    lines, the summary, the answer. Output is a view of the run, which is in the store: a
+    reader that goes away failed the step being reported (tool_error), left a run just
+    created never executed, or made a finished run's exit code 0."""
+    return out if isinstance(out, _Forgiving) else cast(TextIO, _Forgiving(out))
+
+
+def is_broken(out: TextIO) -> bool:
+    return bool(getattr(out, "broken", False))
+
+
+class _Forgiving:
+    """A stream whose reader may go (`| head`, a closed terminal, a full disk): from the
+    first write that fails, nothing more is written, and `broken` says so."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out, self.broken = out, False
+        self.encoding = getattr(out, "encoding", None)
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self._out.write(text)
+            except (OSError, ValueError):  # (ValueError: the stream was closed)
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._out.flush()
+            except (OSError, ValueError):
+                self.broken = True

@@ -12,6 +12,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_agent import cli_streams as streams
 from durable_agent import render
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.interrupts import Interrupts
@@ -59,7 +60,7 @@ def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
     def first(_sig: int) -> None:
         cancel.set()
         if not quiet:
-            print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=sys.stderr)
+            print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=streams.forgiving(sys.stderr))
 
     def second(_sig: int) -> None:
         raise KeyboardInterrupt
@@ -77,17 +78,21 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
         if close is not None:
             close()
     run = runner.store.get_run(run_id)
+    out, err = streams.forgiving(sys.stdout), streams.forgiving(sys.stderr)  # the exit code is the run's
     if args.json:
-        print(json.dumps(render.result_json(run)))
+        print(json.dumps(render.result_json(run)), file=out, flush=True)
     else:
         if not args.quiet:
             rows = _step_rows(runner.store, run_id)
-            render.summary(run, sys.stderr, steps=None if rows is None else len(rows),
+            render.summary(run, err, steps=None if rows is None else len(rows),
                            estimated=rows is not None and render.estimated(rows))
         if outcome.answer:
-            print(outcome.answer)
+            print(outcome.answer, file=out, flush=True)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
-            print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=sys.stderr)
+            print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=err)
+    if streams.is_broken(out):
+        print(f"durable-agent: cannot write the output; the run is recorded: durable-agent show {run_id}", file=err)
+        streams.silence_stdout()
     return EXIT_CODES[RunStatus(run.status)]
 
 
@@ -128,8 +133,9 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     owner = new_owner()
     run_id = runner.create(args.task, args.run_id, lease_owner=owner)
     if not args.json:
-        print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=sys.stderr)
-        print(f"  resume with: durable-agent resume {run_id}", file=sys.stderr)
+        err = streams.forgiving(sys.stderr)
+        print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=err)
+        print(f"  resume with: durable-agent resume {run_id}", file=err)
     return _execute(runner, run_id, args, cancel, lease=(owner, 1))
 
 
@@ -172,13 +178,14 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
 
     owner = new_owner()
     epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
+    err = streams.forgiving(sys.stderr)  # from here on, the run is ours: output may not stop it
     if changes:
         store.update_settings(run_id, settings.redacted_dict())
         if not args.json:
-            print("resuming under different settings: " + "; ".join(changes), file=sys.stderr)
+            print("resuming under different settings: " + "; ".join(changes), file=err)
     if not args.json:
         where = f"model call {run.step_count}" if run.step_count else "the start"
-        print(f"run {run_id} · resuming from {where} ({run.status})", file=sys.stderr)
+        print(f"run {run_id} · resuming from {where} ({run.status})", file=err)
     return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
 
 

@@ -7,8 +7,9 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
+from durable_agent.cli_streams import forgiving
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.status import RunStatus
 from durable_agent.status_line import (
@@ -65,7 +66,7 @@ class Timeline(Observer):
     def __init__(self, out: TextIO, *, live: bool | None = None, interval: float = 0.1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         live = _is_tty(out) if live is None else live
-        out = self.out = cast(TextIO, _Forgiving(out))
+        out = self.out = forgiving(out)
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
         self.tokens = 0  # used by this process; a resume starts from 0
 
@@ -115,31 +116,6 @@ class Timeline(Observer):
             self.status.print(text)
         else:
             print(text, file=self.out, flush=True)
-
-
-class _Forgiving:
-    """The timeline's stream. Its reader gone (`| head`, a closed terminal) is no failure of
-    the run, which an observer never changes (it failed the step being reported, as a
-    tool_error): from the first write that fails, nothing more is written."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out, self.broken = out, False
-        self.encoding = getattr(out, "encoding", None)
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                self._out.write(text)
-            except (OSError, ValueError):  # (ValueError: the stream was closed)
-                self.broken = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self._out.flush()
-            except (OSError, ValueError):
-                self.broken = True
 
 
 def step_line(e: StepEvent) -> str:

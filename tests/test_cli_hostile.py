@@ -226,3 +226,31 @@ def test_a_reader_of_the_timeline_that_goes_away_does_not_fail_the_run(  # type:
     shown = cli("show", "piped", "--json")
     assert shown.code == 0 and json.loads(shown.stdout)["status"] == "completed", shown.stdout[:500]
     assert (workspace / "after.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("closed", ["stderr", "stdout"])
+def test_output_nobody_reads_changes_neither_the_run_nor_its_exit_code(  # type: ignore[no-untyped-def]
+        cli, env, workspace, write_script, closed) -> None:
+    # `start ... 2>&1 | true`: the header line failed after the run was created and leased,
+    # so it was never executed (left 'running'), exit 0; with stdout gone, a run that ended
+    # budget_exceeded exited 0 instead of 3.
+    script = write_script([
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}}]},
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "b"}}]},
+        {"content": "done"},
+    ])
+    for run_id, extra, code in (("full", [], 0), ("short", ["--max-steps", "1"], 3)):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first line
+        try:
+            streams = {closed: write, "stdout" if closed == "stderr" else "stderr": subprocess.DEVNULL}
+            proc = subprocess.run([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
+                                   "--run-id", run_id, *extra], cwd=workspace, env=env,
+                                  stdin=subprocess.DEVNULL, timeout=120, **streams)  # type: ignore[call-overload]
+        finally:
+            os.close(write)
+        assert proc.returncode == code, (run_id, proc.returncode)
+        shown = cli("show", run_id, "--json")
+        status = json.loads(shown.stdout)["status"]
+        assert status == ("completed" if code == 0 else "budget_exceeded"), (run_id, status)
+    assert (workspace / "b.txt").read_text() == "b"
