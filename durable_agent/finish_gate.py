@@ -28,6 +28,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
     key = f"verify:{turn}"
     if ctx.journal.completed(key) is not None:
         return True  # it passed before a crash hit the finish
+    ctx.check_workspace()
     # A check, not a side effect: a started one is simply run again.
     step = ctx.journal.find(key, StepKind.VERIFY, turn=turn, tool_name="verify")
     # The check can change files (build output, caches): snapshots before and after it.

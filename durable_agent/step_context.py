@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from durable_agent.errors import LoopExit
 from durable_agent.guard import Limits
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
 from durable_agent.replay import RunState
 from durable_agent.settings import Settings
+from durable_agent.status import StopReason
 from durable_agent.store.journal import Journal
 from durable_agent.store.step import Counters
 from durable_agent.tools.base import Tool
@@ -49,13 +52,28 @@ class StepContext:
     workspace_id: tuple[int, int] | None = field(default=None, init=False)  # as this session found it
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "workspace_id", _identity(self.settings.workspace))
+        # Held open while the session lasts: a folder deleted and made again would get the
+        # same inode number back (ext4 hands a freed one out again) and look unchanged.
+        try:
+            fd = os.open(self.settings.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return
+        weakref.finalize(self, os.close, fd)
+        st = os.fstat(fd)
+        object.__setattr__(self, "workspace_id", (st.st_dev, st.st_ino))
 
     def workspace_moved(self) -> bool:
         """Is the workspace another folder than the one this session started in? A mount
         point unmounted under the run leaves the folder below it (empty), where a write or
         a command would land and the next snapshot record every file as deleted by it."""
         return self.workspace_id is not None and _identity(self.settings.workspace) != self.workspace_id
+
+    def check_workspace(self) -> None:
+        """Stop the run (failed, resumable) before a write or a command in another folder."""
+        if self.workspace_moved():
+            raise LoopExit(StopReason.TOOL_ERROR, f"the workspace {self.settings.workspace} is not the folder "
+                           "this session started in (unmounted, or deleted and made again): nothing more was "
+                           "run or written; resume once it is back")
 
     def active_ms(self) -> int:
         """Active time over all sessions of the run, this one included."""

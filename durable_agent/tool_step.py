@@ -29,7 +29,7 @@ from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
 from durable_agent.settings import validation_text
-from durable_agent.status import EffectClass, StepKind, StopReason
+from durable_agent.status import EffectClass, StepKind
 from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, StepRecord, StepState
 from durable_agent.store.rows import utcnow
@@ -65,10 +65,8 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
     if stop is not None:
         raise LoopExit(*stop)
     tool = ctx.tools.get(call.name)
-    if tool is not None and tool.effect.value in _CHANGES_FILES and ctx.workspace_moved():
-        raise LoopExit(StopReason.TOOL_ERROR, f"the workspace {ctx.settings.workspace} is not the folder this "
-                       "session started in (unmounted, or deleted and made again): nothing more was run or "
-                       "written; resume once it is back")
+    if tool is not None and tool.effect.value in _CHANGES_FILES:
+        ctx.check_workspace()
     step = ctx.journal.find(tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name,
                             effect=tool.effect.value if tool else None)
     step.input = step.input or {"arguments": call.arguments_or_text()}
@@ -208,8 +206,7 @@ def _record(ctx: StepContext, call: ToolCall, step: Step, result: ToolResult, *,
     s.append(message)
     output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
     # A step that may have changed files ends with a snapshot, in the same transaction.
-    # (not of a workspace unmounted meanwhile: its files are not this step's deletions)
-    ws = recorder.after(ctx, step) if step.effect in _CHANGES_FILES and not ctx.workspace_moved() else None
+    ws = recorder.after(ctx, step) if step.effect in _CHANGES_FILES else None
     if ws is not None and ws.note:
         output["workspace_note"] = ws.note
     if result.error is None:

@@ -46,6 +46,8 @@ any request, so plain faults are consumed in order by the next requests. Selecto
 Actions, combinable in this order:
 
     {"delay": 5.0}                              sleep, then go on (answer normally if nothing else)
+    {"before": fn}                              in-process only: call fn() first, then go on (a
+                                                test acting while a model call is under way)
     {"drop": true}                              close the socket without a response
     {"status": 429, "headers": {"Retry-After": "2"}, "body": {"error": {...}}}
                                                 an error response; body defaults to an
@@ -318,6 +320,8 @@ class _Handler(BaseHTTPRequestHandler):
         entry = fake._record(path, headers, body, query)
         fault = entry["fault"] or {}
 
+        if callable(fault.get("before")):
+            fault["before"]()
         if fault.get("delay"):
             fake._stopping.wait(float(fault["delay"]))
         if fault.get("drop"):

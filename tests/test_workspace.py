@@ -822,8 +822,9 @@ def test_rules_and_names_with_bytes_that_are_not_utf8_still_match(tmp_path: Path
     assert set(manifest) == {b".gitignore", b"x\xff.txt", b"caf\xc3\xa9.txt"}
 
 
+@pytest.mark.parametrize("then", ["write", "verify"])
 def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_recorded_as_deleted(
-        tmp_path, env, write_script) -> None:  # type: ignore[no-untyped-def]
+        tmp_path, env, write_script, then) -> None:  # type: ignore[no-untyped-def]
     # The workspace is a mount point (a shared file system a worker mounts per run) and is
     # unmounted while a command runs: the folder below it was written to, and the next
     # snapshot recorded every file as deleted by the command.
@@ -844,11 +845,14 @@ def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_record
         script = write_script([
             {"tool_calls": [{"name": "run_command", "arguments": {
                 "command": "touch node_modules/started; until [ -e node_modules/go ]; do sleep 0.05; done"}}]},
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "sub/b.txt", "content": "b"}}]},
+            *([{"tool_calls": [{"name": "write_file", "arguments": {"path": "sub/b.txt", "content": "b"}}]}]
+              if then == "write" else []),
             {"content": "done"},
         ])
+        verify = ["--verify", "touch verified.txt"] if then == "verify" else []
         proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
-                                 "--run-id", "mnt", "--shell", "allow"], cwd=ws, env=env,
+                                 "--run-id", "mnt", "--shell", "allow", "--workspace", str(ws), *verify],
+                                cwd=tmp_path, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: (ws / "node_modules" / "started").exists(), 60, "the command to start")
         held = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)  # the mounted folder, reachable after the unmount
@@ -862,7 +866,35 @@ def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_record
         subprocess.run(["umount", "-l", str(ws)], capture_output=True)
     assert proc.returncode == 1, err
     assert "is not the folder this session started in" in err
-    assert list(ws.iterdir()) == []  # nothing written below the mount point
+    assert list(ws.iterdir()) == []  # nothing written below the mount point, nothing verified there
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     assert db.execute("SELECT count(*) FROM workspace_changes WHERE run_id = 'mnt' AND change = 'deleted'"
                       ).fetchone() == (0,)
+
+
+def test_a_workspace_deleted_and_made_again_during_a_model_call_is_not_taken_for_it(
+        tmp_path, env) -> None:  # type: ignore[no-untyped-def]
+    # ext4 hands the freed inode number to the new folder when nothing holds the old one:
+    # (device, inode) alone saw the same folder, and the run went on in the empty one.
+    import shutil
+
+    from fake_openai import FakeOpenAI
+    from provider_support import KEY
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep.txt").write_text("kept\n")
+
+    def replace_it() -> None:
+        shutil.rmtree(ws)
+        ws.mkdir()
+
+    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}}]},
+             {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "b"}}]},
+             {"content": "done"}]
+    with FakeOpenAI(script=turns, faults=[{"turn": 1, "before": replace_it}]) as server:
+        proc = da(["start", "t", "--base-url", server.url, "--model", "m", "--workspace", str(ws),
+                   "--run-id", "again"], env, tmp_path, extra={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 1, proc.stderr
+    assert "is not the folder this session started in" in proc.stderr
+    assert list(ws.iterdir()) == []

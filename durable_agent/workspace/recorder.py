@@ -32,7 +32,7 @@ def scanner(ctx: StepContext) -> Scanner:
 
 
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
-    if not ctx.settings.snapshots:
+    if not ctx.settings.snapshots or ctx.workspace_moved():  # (see after)
         return None
     snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id))
     snapshot.remember(snap.tree_id, snap.manifest)
@@ -94,7 +94,8 @@ def put_back(ctx: StepContext, tree: str) -> None:
 
 
 def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
-    if not ctx.settings.snapshots or not step.has_row or step.seq < 0:
+    # A workspace unmounted (or replaced) under the step: its files are not the step's deletions.
+    if not ctx.settings.snapshots or not step.has_row or step.seq < 0 or ctx.workspace_moved():
         return None
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
     snap = snapshot.take(scanner(ctx), blobs)
