@@ -99,7 +99,7 @@ def test_step_modules_do_not_import_the_runner() -> None:
                  "durable_agent.step_context", "durable_agent.approvals"):
         assert "durable_agent.runner" not in graph[name], name
     assert not any(t.startswith("durable_agent.") and t not in {
-        "durable_agent.guard", "durable_agent.models", "durable_agent.observer", "durable_agent.redact",
+        "durable_agent.errors", "durable_agent.guard", "durable_agent.models", "durable_agent.status", "durable_agent.observer", "durable_agent.redact",
         "durable_agent.replay", "durable_agent.settings", "durable_agent.store.journal", "durable_agent.store.step",
         "durable_agent.tools.base"} for t in graph["durable_agent.step_context"])
 
