@@ -379,6 +379,32 @@ def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_
             admin.execute(f'DROP ROLE "{role}"')
 
 
+@pytest.mark.postgres
+def test_a_refused_statement_quoting_words_of_a_lost_connection_is_not_a_store_to_wait_for(pg_url: str) -> None:
+    # A unique violation's message quotes the value: the agent's text ("timeout expired",
+    # "connection refused") made a permanent refusal look like a store gone (retried for a
+    # minute, then exit 7 "resumable", forever).
+    from sqlalchemy.exc import IntegrityError
+
+    from durable_agent.store import retrying
+    from durable_agent.store.engine import make_engine
+
+    engine = make_engine(pg_url)
+    try:
+        for words in (*retrying._BUSY_TEXT, *retrying._LOST_TEXT):
+            with engine.connect() as conn:
+                conn.execute(text("CREATE TEMP TABLE quoted (k text PRIMARY KEY)"))
+                conn.execute(text("INSERT INTO quoted VALUES (:k)"), {"k": words})
+                with pytest.raises(IntegrityError) as caught:
+                    conn.execute(text("INSERT INTO quoted VALUES (:k)"), {"k": words})
+                assert words in str(caught.value.orig).lower()
+                assert not retrying.is_transient(caught.value), words
+                assert not retrying.connection_lost(caught.value.orig), words
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.slow
 def test_a_server_that_accepts_and_says_nothing_is_a_store_to_wait_for_not_a_hang(tmp_path: Path) -> None:
     # libpq waits for a silent server without end by default: `list`, `resume`, a worker

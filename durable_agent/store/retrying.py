@@ -76,8 +76,9 @@ def connection_lost(orig: BaseException | None) -> bool:
         sqlstate = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _PG_LOST):
             return True
-        text = str(e).lower()
-        if any(t in text for t in _LOST_TEXT):
+        # The words only of an error the server did not classify: a server error's message
+        # may quote the agent's own text ("duplicate key value (...)=(timeout expired)").
+        if not sqlstate and any(t in str(e).lower() for t in _LOST_TEXT):
             return True
     return False
 
@@ -107,8 +108,7 @@ def is_transient(exc: BaseException) -> bool:
         name = getattr(orig, "sqlite_errorname", None)
         if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
             return True
-        text = str(orig).lower()
-        if any(t in text for t in _BUSY_TEXT):
+        if not sqlstate and any(t in str(orig).lower() for t in _BUSY_TEXT):  # (as in connection_lost)
             return True
     return False
 
