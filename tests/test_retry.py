@@ -251,6 +251,29 @@ def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
     assert took < 5, took
 
 
+def test_through_a_proxy_the_deadline_still_holds(server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With HTTP_PROXY set, httpx sends everything through the proxy's own transport and pool:
+    # only the default pool was bounded, so a trickled answer ran its 15 s, stalled headers
+    # for ever.
+    from forward_proxy import ForwardProxy
+
+    proxy = ForwardProxy()
+    try:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        model = make_model(server, timeout=1.0)
+        assert chat(model)() and proxy.lines and b"/chat/completions" in proxy.lines[0]  # it goes by the proxy
+        for fault in ({"trickle": 0.05}, {"stall": "headers", "every": 0.05}):
+            server.add_faults([fault])
+            started = time.monotonic()
+            with pytest.raises(ProviderError) as caught:
+                chat(model)()
+            assert caught.value.failure.reason == "timeout" and time.monotonic() - started < 5, fault
+    finally:
+        proxy.close()
+
+
 def test_a_keep_alive_connection_obeys_the_next_calls_deadline(server: FakeOpenAI) -> None:
     # The deadline belongs to the call, not to the connection: one kept alive from an
     # answered call is bounded by the next call's request_timeout_s, and after a timeout

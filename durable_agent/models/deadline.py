@@ -34,14 +34,20 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def hook(openai_client: Any) -> bool:
-    """Wrap the network backend of an openai client's connection pool; False when this
-    openai/httpx has another shape (then only the body read is bounded, by the caller)."""
-    pool = getattr(getattr(getattr(openai_client, "_client", None), "_transport", None), "_pool", None)
-    inner = getattr(pool, "_network_backend", None)
-    if inner is None or not callable(getattr(inner, "connect_tcp", None)):
+    """Wrap the network backend of every connection pool of an openai client: the default
+    transport's and each proxy's (HTTP(S)_PROXY mounts transports of their own, which then
+    carry all the traffic). False when any has another shape: then only the body read is
+    bounded, by the caller."""
+    http = getattr(openai_client, "_client", None)
+    mounts = getattr(http, "_mounts", None)
+    transports = [getattr(http, "_transport", None), *(mounts.values() if isinstance(mounts, dict) else [])]
+    pools = [getattr(t, "_pool", None) for t in transports if t is not None]
+    inners = [getattr(pool, "_network_backend", None) for pool in pools]
+    if not pools or not isinstance(mounts, dict) or not all(callable(getattr(i, "connect_tcp", None)) for i in inners):
         return False
-    if not isinstance(inner, _Backend):
-        pool._network_backend = _Backend(inner)  # type: ignore[union-attr]
+    for pool, inner in zip(pools, inners, strict=True):
+        if pool is not None and not isinstance(inner, _Backend):
+            pool._network_backend = _Backend(inner)
     return True
 
 
