@@ -441,6 +441,36 @@ def test_store_connections_are_probed_by_the_kernel_when_silent(pg_url: str) -> 
         engine.dispose()
 
 
+@pytest.mark.postgres
+def test_what_the_user_set_by_libpqs_own_means_wins_over_the_silence_bounds(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PGCONNECT_TIMEOUT and a service file's settings lost to the harness's own (libpq
+    # takes them only as defaults, under the connection's explicit arguments).
+    from sqlalchemy.engine import make_url
+
+    from durable_agent.store.engine import make_engine
+
+    def parameters(url: str) -> dict[str, str]:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                return dict(conn.connection.dbapi_connection.info.get_parameters())  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    got = parameters(pg_url)
+    assert (got["connect_timeout"], got["keepalives_idle"]) == ("3", "10")
+    monkeypatch.delenv("PGCONNECT_TIMEOUT")
+    where = make_url(pg_url)
+    service = tmp_path / "pg_service.conf"
+    service.write_text(f"[durable]\nconnect_timeout=4\nkeepalives_idle=44\nhost={where.host}\n"
+                       f"port={where.port or 5432}\ndbname={where.database}\nuser={where.username}\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(service))
+    got = parameters("postgresql+psycopg:///?service=durable")
+    assert (got["connect_timeout"], got["keepalives_idle"]) == ("4", "44")
+
+
 def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:
     s = Scenario(tmp / f"pg-{at}", env, url, f"pg{at}", snapshots=False)
     code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate"})

@@ -57,8 +57,8 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
             _check_sqlite_options(url, parsed.query)
             return _sqlite_engine(url, parsed.database, durability, pool)
         binding = _client_binding(parsed.get_driver_name())
-        if parsed.get_driver_name() == "psycopg":  # (what the URL sets itself stays)
-            binding["connect_args"].update({k: v for k, v in SILENCE_BOUNDS.items() if k not in parsed.query})
+        if parsed.get_driver_name() == "psycopg":
+            binding["connect_args"].update(_silence_bounds(parsed.query))
         engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool, **binding)
         event.listen(engine, "handle_error", _lost_is_disconnect)
         if parsed.get_driver_name() == "psycopg":
@@ -83,9 +83,20 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
 # takes at most connect_timeout; an idle connection waiting for an answer is probed by TCP
 # keepalives (dead after ~25 s of silence); data the peer does not acknowledge within
 # tcp_user_timeout drops the connection. Each ends as a lost connection, retried by the
-# store's policy and then exit 7, like any other. Parameters of the URL take precedence.
+# store's policy and then exit 7, like any other. What the user set takes precedence
+# (_silence_bounds).
 SILENCE_BOUNDS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
                   "keepalives_count": 3, "tcp_user_timeout": 30_000}
+
+
+def _silence_bounds(query: Mapping[str, Any]) -> dict[str, Any]:
+    """SILENCE_BOUNDS but for what the user set by libpq's own means, which would otherwise
+    lose to these: the URL's parameters, PGCONNECT_TIMEOUT, and a service (its file may set
+    any of them: a service is taken as it is)."""
+    if "service" in query or os.environ.get("PGSERVICE"):
+        return {}
+    given = set(query) | ({"connect_timeout"} if os.environ.get("PGCONNECT_TIMEOUT") else set())
+    return {k: v for k, v in SILENCE_BOUNDS.items() if k not in given}
 
 
 def _client_binding(driver: str) -> dict[str, Any]:
