@@ -184,6 +184,7 @@ def test_an_empty_workspace_flag_is_an_error_not_the_current_directory(cli, writ
     assert sql("SELECT id, status FROM runs") == [("queued", "pending")]
 
 
+@pytest.mark.slow
 def test_restore_and_fork_refuse_an_odd_snapshot_id_and_an_empty_directory(cli, write_script, env,
                                                                            workspace, tmp_path) -> None:
     (workspace / "keep.txt").write_text("mine\n")

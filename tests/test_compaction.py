@@ -106,6 +106,7 @@ def assert_each_request_extends_the_last(turns: list[dict[str, Any]], compacted_
 
 
 @pytest.mark.parametrize("windowed", [30], indirect=True)
+@pytest.mark.slow
 def test_between_compactions_each_request_extends_the_previous_one_exactly(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     windowed.server.window = 8000
@@ -181,6 +182,7 @@ def test_kill_during_the_summary_call_pays_it_again_once_and_after_it_never(
 
 
 @pytest.mark.parametrize("windowed", [30], indirect=True)
+@pytest.mark.slow
 def test_the_wall_forces_one_compaction_and_one_retry(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     # The harness believes the window is far larger than the server's: only the 400 stops it.
     windowed.configure(models={MODEL: {"context_window": 200_000}})
@@ -228,6 +230,7 @@ def test_read_output_returns_an_elided_result(windowed: Endpoint, sql: Callable[
 
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.slow
 def test_compact_by_hand_then_resume_sends_the_smaller_request(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     first = windowed.start("--json", "--max-steps", "6", "--run-id", "byhand")
@@ -366,6 +369,7 @@ def test_the_live_timeline_shows_each_compaction_with_tokens_before_and_after(
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
 @pytest.mark.parametrize("how", ["compact", "smaller cap"])
+@pytest.mark.slow
 def test_a_model_call_cut_off_by_a_crash_then_compacted_is_superseded_not_a_mismatch(
         windowed: Endpoint, sql: Callable[..., list[Any]], how: str) -> None:
     """Killed during model call 6; then the context is compacted before that call is made
@@ -394,6 +398,7 @@ def test_a_model_call_cut_off_by_a_crash_then_compacted_is_superseded_not_a_mism
 
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.slow
 def test_a_model_call_that_failed_after_this_turns_compaction_is_made_again_on_resume(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     """The provider fails (500s, retries exhausted) on the call right after a compaction: the
@@ -446,6 +451,7 @@ def test_compact_by_hand_keeps_the_lease_through_a_long_summary_call(
 
 @pytest.mark.parametrize(("windowed", "size", "chars_per_token"), [(20, 6144, 4), (20, 4096, 3)],
                          indirect=["windowed"], ids=["6kb", "4kb-denser-count"])
+@pytest.mark.slow
 def test_a_budget_barely_above_one_turn_does_not_pay_a_summary_every_turn(
         windowed: Endpoint, sql: Callable[..., list[Any]], size: int, chars_per_token: int) -> None:
     # Each turn reads a 6 KB file (~1.6k tokens), or 4 KB counted denser by the server: the
@@ -581,6 +587,7 @@ def test_a_refusal_right_after_a_tight_elide_compacts_again_without_reusing_its_
 
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.slow
 def test_compact_by_hand_after_a_tight_elide_of_the_same_turn(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     windowed.configure(keep_recent_outputs=0, retry_max_attempts=1, models={MODEL: {"context_window": WINDOW}})
@@ -594,6 +601,7 @@ def test_compact_by_hand_after_a_tight_elide_of_the_same_turn(
 
 
 @pytest.mark.parametrize("windowed", [12], indirect=True)
+@pytest.mark.slow
 def test_a_resume_with_a_smaller_budget_compacts_a_turn_that_compacted_already(
         windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     # Turn 7 of this run compacts by an elide alone (the request is then ~1.9k of 2.2k); the

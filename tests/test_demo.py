@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from durable_agent.demo.checks import check_story
 
 
@@ -103,6 +105,7 @@ def test_the_checks_catch_what_would_make_the_demo_a_lie() -> None:
     assert len(unfixed.problems) == 2
 
 
+@pytest.mark.slow
 def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(env, tmp_path: Path, workspace: Path) -> None:
     from side_effects_support import run_cli
 

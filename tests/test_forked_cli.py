@@ -49,6 +49,7 @@ def test_a_run_its_store_its_directory_and_a_sigkill(env: dict[str, str], worksp
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["status"] == "completed", resumed.stderr
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_the_command(env: dict[str, str], workspace: Path, tmp_path: Path) -> None:
     script = tmp_path / "s.json"
     script.write_text(json.dumps([{"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 60"}}]},

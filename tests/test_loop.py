@@ -267,6 +267,7 @@ def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> Non
     history_is_valid(sql, "live")
 
 
+@pytest.mark.slow
 def test_max_seconds_counts_active_time_across_resumes(cli_inproc, write_script, sql) -> None:
     # Wide margins: a loaded machine may spend a good part of a second before the first call.
     slow = {"delay_s": 0.5, **read("a")}

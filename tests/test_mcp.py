@@ -40,6 +40,7 @@ def tool_steps(sql: Callable[..., list[Any]]) -> list[tuple[Any, ...]]:
                "json_extract(output, '$.data') FROM steps WHERE kind = 'tool' ORDER BY seq")
 
 
+@pytest.mark.slow
 def test_tools_lists_every_source_with_effect_classes(cli: Callable[..., Any], tmp_path: Path,
                                                       workspace: Path) -> None:
     config = fault_config(tmp_path, workspace, extra="")
@@ -81,6 +82,7 @@ def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], s
     assert recorded["f__put"] == "write" and recorded["f__launch"] == "exec"
 
 
+@pytest.mark.slow
 def test_a_server_script_under_tmp_is_visible_in_the_sandbox(
         cli: Callable[..., Any], tmp_path: Path, workspace: Path, write_script: Callable[..., str],
         sql: Callable[..., list[Any]]) -> None:
@@ -106,6 +108,7 @@ def test_a_server_script_under_tmp_is_visible_in_the_sandbox(
     assert "No such file" in str(cat[1]) and "not the server's" not in str(cat[1])
 
 
+@pytest.mark.slow
 def test_huge_structured_content_is_not_kept(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:
     r = run_f([{"tool_calls": [call("f__bulky", size=1000), call("f__bulky", size=2_000_000)]}, {"content": "done"}],
               "--shell", "allow")
@@ -118,6 +121,7 @@ def test_huge_structured_content_is_not_kept(run_f: Callable[..., Any], sql: Cal
     assert len(big[4]) < 25_000  # the text the model sees is capped (output_cap)
 
 
+@pytest.mark.slow
 def test_an_answer_the_sdk_cannot_read_fails_the_call_at_once(run_f: Callable[..., Any],
                                                               sql: Callable[..., list[Any]], db_path: Path) -> None:
     # Nested past the SDK's parser's limits, the answer was logged and dropped there, and
@@ -138,6 +142,7 @@ def test_an_answer_the_sdk_cannot_read_fails_the_call_at_once(run_f: Callable[..
     assert "Failed to parse JSONRPC message" in log.read_text()
 
 
+@pytest.mark.slow
 def test_twin_names_call_their_own_tools(run_f: Callable[..., Any], sql: Callable[..., list[Any]]) -> None:
     r = run_f([{"tool_calls": [call("f__twin_a")]}, {"content": "done"}], "--shell", "allow")
     assert r.code == 0, r.stderr
