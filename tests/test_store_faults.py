@@ -291,13 +291,10 @@ def test_a_fault_at_every_statement_of_a_20_step_run(tmp_path: Path, env: dict[s
 
 def test_a_full_disk_stops_the_run_with_exit_7_and_it_resumes_once_there_is_room(
         tmp_path: Path, env: dict[str, str], sqlite_template: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    from mounts import mount_tmpfs
+
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    mount_tmpfs(disk, "1m")
     try:
         shutil.copy(sqlite_template, disk / "store.db")
         root = tmp_path / "run"

@@ -830,15 +830,11 @@ def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_record
     # snapshot recorded every file as deleted by the command.
     import sys
 
+    from mounts import mount_tmpfs
     from scale_helpers import wait_for
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     ws = tmp_path / "ws"
-    ws.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ws)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    mount_tmpfs(ws, "4m")
     try:
         (ws / "keep.txt").write_text("kept\n")
         (ws / "node_modules").mkdir()  # (left out of snapshots: the test's signals go there)
