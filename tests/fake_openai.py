@@ -68,8 +68,8 @@ Actions, combinable in this order:
     {"stall": "deflate", "every": s}            200, Content-Encoding: deflate, chunked, then an
                                                 empty deflate block every s seconds (decodes
                                                 to nothing), forever
-    {"gzip_bomb": n}                            200, Content-Encoding: gzip, n MiB of spaces
-                                                (a few KiB on the wire)
+    {"gzip_bomb": n}                            200 (or "status"), Content-Encoding: gzip, n MiB
+                                                of spaces (a few KiB on the wire)
     {"headers": {...}}                          without "status": sent with the normal answer
                                                 (e.g. a Content-Encoding the body does not have)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import hashlib
 import json
 import os
@@ -97,6 +96,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -330,8 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
         if "gzip_bomb" in fault:
-            packed = gzip.compress(b" " * (int(fault["gzip_bomb"]) << 20))
-            self.send_response(200)
+            packer, mib = zlib.compressobj(9, zlib.DEFLATED, 31), b" " * (1 << 20)  # (31: gzip framing)
+            packed = b"".join([*(packer.compress(mib) for _ in range(int(fault["gzip_bomb"]))), packer.flush()])
+            self.send_response(int(fault.get("status", 200)))
             for name, value in (("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
                                 ("Content-Length", str(len(packed)))):
                 self.send_header(name, value)

@@ -302,6 +302,32 @@ def test_an_answer_larger_than_the_cap_is_not_read_further(server: FakeOpenAI, m
     assert "larger than 1 MiB" in failure.message
 
 
+def test_an_error_body_is_read_in_pieces_and_capped(server: FakeOpenAI) -> None:
+    # openai reads an error's body itself, whole: 256 MiB of decoded spaces behind a 500 were
+    # all in memory at once (a 512 MiB one peaked at 1.6 GB).
+    import tracemalloc
+
+    server.add_faults([{"gzip_bomb": 256, "status": 500}])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProviderError) as caught:
+            chat(make_model(server))()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (caught.value.failure.reason, caught.value.failure.status) == ("server_error", 500)
+    assert peak < 64 << 20, peak
+
+
+@pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])
+def test_an_error_whose_body_cannot_be_decoded_keeps_its_status(server: FakeOpenAI, status: int, reason: str) -> None:
+    # It became a retryable `undecodable`: a 401 was retried, a 429's Retry-After lost.
+    failure = failure_of(server, {"status": status, "headers": {"Content-Encoding": "gzip", "Retry-After": "7"}})
+    assert (failure.reason, failure.status) == (reason, status)
+    if status == 429:
+        assert failure.retry_after == 7
+
+
 def test_a_body_its_content_encoding_cannot_undo_is_retryable_not_a_bug(server: FakeOpenAI) -> None:
     # Read by us, not inside openai, so openai does not wrap the decoding error.
     failure = failure_of(server, {"headers": {"Content-Encoding": "gzip"}})

@@ -51,6 +51,41 @@ def hook(openai_client: Any) -> bool:
     return True
 
 
+MAX_ERROR_BYTES = 1 << 20  # of an error response's body, decoded: its JSON says what went wrong
+
+
+def read_error_bodies_capped(openai_client: Any) -> bool:
+    """openai reads an error response's body itself, whole: a 0.5 MB gzip body that decodes
+    to 512 MiB took 1.6 GB. A response hook reads it first, in pieces, keeping at most
+    MAX_ERROR_BYTES; one its Content-Encoding cannot undo is kept empty, so the error is
+    still classified by its status (a 401 not retried, a 429's Retry-After kept)."""
+    http = getattr(openai_client, "_client", None)
+    hooks = getattr(http, "event_hooks", None)
+    if not isinstance(hooks, dict) or not isinstance(hooks.get("response"), list):
+        return False
+    hooks["response"] = [*hooks["response"], _read_error_body]
+    http.event_hooks = hooks  # type: ignore[union-attr]
+    return True
+
+
+def _read_error_body(response: Any) -> None:
+    if response.status_code < 400 or hasattr(response, "_content"):
+        return
+    kept, size = [], 0
+    try:
+        for chunk in response.iter_bytes():
+            kept.append(chunk[:max(MAX_ERROR_BYTES - size, 0)])
+            size += len(chunk)
+            if size > MAX_ERROR_BYTES:
+                break
+    except Exception as exc:  # noqa: BLE001 - the status says enough
+        if "Decoding" not in type(exc).__name__:
+            raise
+        kept = []
+    response.close()
+    response._content = b"".join(kept)
+
+
 def _bound(timeout: float | None, timeout_error: type[Exception]) -> float | None:
     """The wait allowed for one socket operation: its own timeout, cut at the deadline."""
     end = _DEADLINE.get()

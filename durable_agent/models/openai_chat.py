@@ -112,6 +112,7 @@ class OpenAIChatModel:
             self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
         self._hooked = deadline.hook(self.client)
+        deadline.read_error_bodies_capped(self.client)
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
         kwargs: dict[str, Any] = {"model": self.name, "messages": [m.to_api() for m in messages]}
