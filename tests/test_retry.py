@@ -316,7 +316,7 @@ def test_an_error_body_is_read_in_pieces_and_capped(server: FakeOpenAI) -> None:
     finally:
         tracemalloc.stop()
     assert (caught.value.failure.reason, caught.value.failure.status) == ("server_error", 500)
-    assert peak < 64 << 20, peak
+    assert peak < 16 << 20, peak
 
 
 @pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -71,19 +72,42 @@ def read_error_bodies_capped(openai_client: Any) -> bool:
 def _read_error_body(response: Any) -> None:
     if response.status_code < 400 or hasattr(response, "_content"):
         return
-    kept, size = [], 0
     try:
-        for chunk in response.iter_bytes():
-            kept.append(chunk[:max(MAX_ERROR_BYTES - size, 0)])
-            size += len(chunk)
-            if size > MAX_ERROR_BYTES:
-                break
+        body = _first_bytes(response, MAX_ERROR_BYTES)
     except Exception as exc:  # noqa: BLE001 - the status says enough
-        if "Decoding" not in type(exc).__name__:
+        if "Decoding" not in type(exc).__name__ and not isinstance(exc, zlib.error):
             raise
-        kept = []
+        body = b""
     response.close()
-    response._content = b"".join(kept)
+    response._content = body
+
+
+def _first_bytes(response: Any, cap: int) -> bytes:
+    """At most `cap` bytes of the decoded body. gzip and deflate are decoded here with a
+    bound on each piece's output (the HTTP library decodes a whole received piece at once:
+    64 KiB of gzip became 150 MB); other encodings by the library, in its pieces."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        kept, size = [], 0
+        for chunk in response.iter_bytes():
+            kept.append(chunk[:max(cap - size, 0)])
+            size += len(chunk)
+            if size >= cap:
+                break
+        return b"".join(kept)
+    unpack = None if encoding in ("", "identity") else zlib.decompressobj(47 if "gzip" in encoding else 15)
+    out = bytearray()
+    for raw in response.iter_raw():
+        if unpack is None:
+            out += raw[:cap - len(out)]
+        else:
+            data = raw
+            while data and len(out) < cap:  # output bounded per call; the rest waits in unconsumed_tail
+                out += unpack.decompress(data, cap - len(out))
+                data = unpack.unconsumed_tail
+        if len(out) >= cap:
+            break
+    return bytes(out)
 
 
 def _bound(timeout: float | None, timeout_error: type[Exception]) -> float | None:
