@@ -56,6 +56,9 @@ Actions, combinable in this order:
     {"message": {...}}                          the normal answer, with this raw assistant
                                                 message in choices[0] (odd provider shapes)
     {"content_type": "text/html"}               with "status": the Content-Type sent
+    {"encode": "gzip"}                          with "status": the body compressed so ("gzip",
+                                                "deflate", "raw-deflate": deflate without the
+                                                zlib header, which some servers send)
     {"truncate": n}                             send only the first n bytes of the body,
                                                 without Content-Length, then close
     {"short_body": n}                           declare the full Content-Length, send only
@@ -347,7 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
             default = _error_body(status, f"fake error {status}")
             self._send(status, fault.get("body", default), fault.get("headers") or {},
                        content_type=fault.get("content_type"), truncate=fault.get("truncate"),
-                       trickle=fault.get("trickle"))
+                       trickle=fault.get("trickle"), encode=fault.get("encode"))
             return
         if fake.window is not None and entry["prompt_tokens"] > fake.window:
             self._send(400, {"error": {
@@ -393,8 +396,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
               content_type: str | None = None, truncate: int | None = None,
-              short: int | None = None, trickle: float | None = None) -> None:
+              short: int | None = None, trickle: float | None = None, encode: str | None = None) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        if encode is not None:  # "gzip" | "deflate" (zlib) | "raw-deflate" (no zlib header, as some send it)
+            packer = zlib.compressobj(9, zlib.DEFLATED, {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encode])
+            data = packer.compress(data) + packer.flush()
+            headers = {**(headers or {}), "Content-Encoding": "gzip" if encode == "gzip" else "deflate"}
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
         if short is not None:

@@ -339,6 +339,20 @@ def _error(message: str, code: str | None = None, kind: str = "invalid_request_e
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
+_TOO_LONG = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+
+
+@pytest.mark.parametrize("fault", [
+    {"body": _error(_TOO_LONG, "context_length_exceeded"), "encode": "raw-deflate"},  # decoded like httpx does
+    {"body": _error(_TOO_LONG + " " + "x" * (2 << 20))},  # JSON cut at the error-body cap
+    {"body": _TOO_LONG, "content_type": "text/plain"},  # not JSON at all
+], ids=["raw-deflate", "over-the-cap", "plain-text"])
+def test_an_error_body_says_what_it_says_however_it_comes(server: FakeOpenAI, fault: dict[str, Any]) -> None:
+    # "maximum context length" is what starts a compaction: each of these was a bad_request.
+    failure = failure_of(server, {"status": 400, **fault})
+    assert (failure.kind, failure.reason) == (PERMANENT, "context_length"), failure.message[:300]
+
+
 @pytest.mark.parametrize(
     ("status", "body", "reason", "hint_mentions"),
     [

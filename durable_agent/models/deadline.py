@@ -96,15 +96,18 @@ def _first_bytes(response: Any, cap: int) -> bytes:
                 break
         return b"".join(kept)
     unpack = None if encoding in ("", "identity") else zlib.decompressobj(47 if "gzip" in encoding else 15)
-    out = bytearray()
+    out, first = bytearray(), True
     for raw in response.iter_raw():
         if unpack is None:
             out += raw[:cap - len(out)]
         else:
+            if first and encoding == "deflate" and raw[:1] and (raw[0] & 0x0F != 8 or int.from_bytes(raw[:2]) % 31):
+                unpack = zlib.decompressobj(-15)  # raw deflate, no zlib header (as httpx takes it too)
             data = raw
             while data and len(out) < cap:  # output bounded per call; the rest waits in unconsumed_tail
                 out += unpack.decompress(data, cap - len(out))
                 data = unpack.unconsumed_tail
+        first = first and not raw
         if len(out) >= cap:
             break
     return bytes(out)

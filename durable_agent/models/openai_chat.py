@@ -184,6 +184,10 @@ def _error_fields(exc: BaseException) -> tuple[str, str, str]:
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
         message = body["message"]
+    elif isinstance(body, str) and body.strip() and body.strip()[:200] not in message:
+        # Not JSON (text, or JSON cut at the error-body cap): its words still classify it
+        # ("maximum context length" is what starts a compaction), their beginning shown.
+        message = f"{message.rstrip('.')}: {body.strip()[:4096]}"
     return message, str(getattr(exc, "code", None) or ""), str(getattr(exc, "type", None) or "")
 
 
