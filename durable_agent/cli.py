@@ -377,7 +377,8 @@ def _is_usage(exc: Any) -> bool:
 
 
 def _error(message: str) -> None:
-    print(f"durable-agent: error: {message}", file=sys.stderr)
+    # (a stderr nobody reads must not turn exit 6 or 7 into 1)
+    print(f"durable-agent: error: {message}", file=streams.forgiving(sys.stderr))
 
 
 if __name__ == "__main__":

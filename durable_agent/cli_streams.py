@@ -61,7 +61,15 @@ def forgiving(out: TextIO) -> TextIO:
     lines, the summary, the answer. Output is a view of the run, which is in the store: a
     reader that goes away failed the step being reported (tool_error), left a run just
     created never executed, or made a finished run's exit code 0."""
-    return out if isinstance(out, _Forgiving) else cast(TextIO, _Forgiving(out))
+    if isinstance(out, _Forgiving):
+        return cast(TextIO, out)
+    known = _WRAPPED.get(id(out))
+    if known is None or known._out is not out:  # one per stream: once broken, it stays so
+        known = _WRAPPED[id(out)] = _Forgiving(out)
+    return cast(TextIO, known)
+
+
+_WRAPPED: dict[int, _Forgiving] = {}
 
 
 def is_broken(out: TextIO) -> bool:

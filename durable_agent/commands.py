@@ -141,7 +141,8 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
 
 def _print_queued(run_id: str, as_json: bool) -> None:
     """A detached start or resume: the run id, or with --json one object like every --json."""
-    print(json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id)
+    print(json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id,
+          file=streams.forgiving(sys.stdout), flush=True)  # (queued is queued, read or not)
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
@@ -251,9 +252,11 @@ def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     status = store.cancel(run_id)
     if status == "requested":
-        print(f"cancellation requested: run {run_id} stops at its next step boundary")
+        print(f"cancellation requested: run {run_id} stops at its next step boundary",
+              file=streams.forgiving(sys.stdout), flush=True)
     else:
-        print(f"run {run_id} cancelled; `durable-agent resume {run_id}` continues it")
+        print(f"run {run_id} cancelled; `durable-agent resume {run_id}` continues it",
+              file=streams.forgiving(sys.stdout), flush=True)
     return 0
 
 
@@ -337,7 +340,10 @@ def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
 
     if args.db == "":  # as for every other command: empty is a mistake, not "the default"
         raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out")
-    return run_demo(db=args.db, keep=args.keep, env=env)
+    code = run_demo(db=args.db, keep=args.keep, env=env)
+    if streams.is_broken(streams.forgiving(sys.stdout)):
+        streams.silence_stdout()  # (what waits in its buffer cannot be written either)
+    return code
 
 
 def cmd_worker(args: Namespace, env: dict[str, str]) -> int:

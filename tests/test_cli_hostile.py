@@ -255,3 +255,46 @@ def test_output_nobody_reads_changes_neither_the_run_nor_its_exit_code(  # type:
         status = json.loads(shown.stdout)["status"]
         assert status == ("completed" if code == 0 else "budget_exceeded"), (run_id, status)
     assert (workspace / "b.txt").read_text() == "b"
+
+
+def test_a_stderr_or_stdout_nobody_can_write_keeps_every_exit_code(  # type: ignore[no-untyped-def]
+        cli, env, workspace, write_script, tmp_path) -> None:
+    import importlib.util
+
+    # The error line itself failed: exit 2, 6 and 7 all became 1 (a resumable run reported
+    # failed); `start --detach >/dev/full` queued the run yet exited 1, "No space left on device".
+    def da_to(args: list[str], **streams: Any) -> int:
+        return subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=workspace, env=env,
+                              stdin=subprocess.DEVNULL, timeout=120, **streams).returncode
+
+    with open("/dev/full", "w") as full:
+        assert da_to(["resume", "nosuch"], stdout=subprocess.DEVNULL, stderr=full) == 2
+        if importlib.util.find_spec("psycopg") is not None:  # (a store that refuses: exit 7)
+            (tmp_path / "c.toml").write_text("store_retry_attempts = 2\nstore_retry_seconds = 1\n")
+            env_fast = {**env, "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml")}
+            assert subprocess.run([sys.executable, "-m", "durable_agent", "list", "--db", "postgresql://127.0.0.1:1/x"],
+                                  cwd=workspace, env=env_fast, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=full, timeout=120).returncode == 7
+        script = write_script([{"content": "done"}])
+        assert da_to(["start", "t", "--model", script, "--run-id", "queued", "--detach"],
+                     stdout=full, stderr=subprocess.DEVNULL) == 0
+    shown = cli("show", "queued", "--json")
+    assert json.loads(shown.stdout)["status"] == "pending"
+
+
+def test_the_demo_read_by_nobody_still_runs_to_its_end(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # `demo | head -c 2000`: the print failed mid-story, the resumed child was left running in
+    # a workspace this process then deleted (the run failed), and the demo exited 0.
+    db = tmp_path / "demo.db"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "durable_agent", "demo", "--db", f"sqlite:///{db}"],
+                              env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=180)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    import sqlite3
+
+    assert sqlite3.connect(db).execute("SELECT status FROM runs").fetchall() == [("completed",)]

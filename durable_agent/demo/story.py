@@ -33,6 +33,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import durable_agent
+from durable_agent.cli_streams import forgiving
 from durable_agent.config_layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.render import fmt_ms, step_what
@@ -67,7 +68,9 @@ def run_demo(db: str | None, keep: bool, env: Mapping[str, str]) -> int:
 
 
 def say(text: str = "") -> None:
-    print(text, flush=True)
+    # A reader that goes away (`demo | head`) must not leave a child running in a workspace
+    # this process then deletes: the story goes on to its end, unread.
+    print(text, file=forgiving(sys.stdout), flush=True)
 
 
 class _Demo:
