@@ -461,11 +461,15 @@ def test_what_the_user_set_by_libpqs_own_means_wins_over_the_silence_bounds(
     monkeypatch.delenv("PGCONNECT_TIMEOUT")
     where = make_url(pg_url)
     service = tmp_path / "pg_service.conf"
-    service.write_text(f"[durable]\nconnect_timeout=4\nkeepalives_idle=44\nhost={where.host}\n"
-                       f"port={where.port or 5432}\ndbname={where.database}\nuser={where.username}\n")
+    server = f"host={where.host}\nport={where.port or 5432}\ndbname={where.database}\nuser={where.username}\n"
+    service.write_text(f"[durable]\nconnect_timeout=4\nkeepalives_idle=44\n{server}[plain]\n{server}")
     monkeypatch.setenv("PGSERVICEFILE", str(service))
     got = parameters("postgresql+psycopg:///?service=durable")
-    assert (got["connect_timeout"], got["keepalives_idle"]) == ("4", "44")
+    assert (got["connect_timeout"], got["keepalives_idle"], got["tcp_user_timeout"]) == ("4", "44", "30000")
+    # A service that sets none of them gets them all (psycopg reads no connect_timeout from
+    # a service: a silent server held the connect for 130 s).
+    got = parameters("postgresql+psycopg:///?service=plain")
+    assert (got["connect_timeout"], got["keepalives_idle"]) == ("10", "10")
 
 
 def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:

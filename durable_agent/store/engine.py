@@ -91,12 +91,32 @@ SILENCE_BOUNDS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
 
 def _silence_bounds(query: Mapping[str, Any]) -> dict[str, Any]:
     """SILENCE_BOUNDS but for what the user set by libpq's own means, which would otherwise
-    lose to these: the URL's parameters, PGCONNECT_TIMEOUT, and a service (its file may set
-    any of them: a service is taken as it is)."""
-    if "service" in query or os.environ.get("PGSERVICE"):
-        return {}
+    lose to these: the URL's parameters, PGCONNECT_TIMEOUT, and what a named service's
+    file sets (psycopg reads no connect_timeout from a service: without one of ours, a
+    silent server held the connect for its default of 130 s)."""
     given = set(query) | ({"connect_timeout"} if os.environ.get("PGCONNECT_TIMEOUT") else set())
+    service = query.get("service") or os.environ.get("PGSERVICE")
+    if isinstance(service, str) and service:
+        given |= _service_keys(service)
     return {k: v for k, v in SILENCE_BOUNDS.items() if k not in given}
+
+
+def _service_keys(name: str) -> set[str]:
+    """The parameters a libpq service file sets for service `name` (the user's file, then
+    PGSYSCONFDIR's); none when it is in neither (libpq then says so itself)."""
+    import configparser
+
+    home = os.environ.get("PGSERVICEFILE") or os.path.expanduser("~/.pg_service.conf")
+    system = os.path.join(os.environ.get("PGSYSCONFDIR", ""), "pg_service.conf")
+    for path in (home, system) if os.environ.get("PGSYSCONFDIR") else (home,):
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.has_section(name):
+            return {key.strip().lower() for key in parser[name]}
+    return set()
 
 
 def _client_binding(driver: str) -> dict[str, Any]:
