@@ -589,3 +589,17 @@ def test_fake_runs_as_a_separate_process(tmp_path: Any) -> None:
         log = fake.requests()
     assert [(r["attempt"], (r["fault"] or {}).get("status")) for r in log] == [(1, 502), (2, None)]
     assert fake.proc.returncode is not None  # stopped on exit
+
+
+def test_a_socks_proxy_without_its_package_is_one_line_of_configuration(
+        server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ALL_PROXY=socks5://... without socksio: an ImportError traceback, exit 1.
+    import importlib.util
+
+    from durable_agent.errors import ConfigError
+
+    if importlib.util.find_spec("socksio") is not None:
+        pytest.skip("socksio is installed here: the proxy would be used")
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="cannot use the proxy the environment names.*socksio"):
+        make_model(server)

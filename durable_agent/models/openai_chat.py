@@ -94,22 +94,25 @@ class OpenAIChatModel:
         self.temperature = temperature
         self.whole = read_timeout  # also the longest one answer may take to arrive, as a whole
         timeout = openai.Timeout(read_timeout, connect=connect_timeout)
-        azure = azure_target(base_url)
-        if api_type == "azure" or (api_type == "auto" and azure is not None):
-            # Azure OpenAI: the deployment is in the path, the version in the query and the
-            # key in an `api-key` header, all of which the openai package's client builds.
-            endpoint, deployment, version = azure or ((base_url or "").rstrip("/"), None, None)
-            version = api_version or version
-            if not endpoint or not version:
-                raise ConfigError("Azure OpenAI needs the resource endpoint (--base-url "
-                                  "https://NAME.openai.azure.com or a deployment URL) and an API version "
-                                  "(`?api-version=...` in the URL, api_version in the config, or "
-                                  "OPENAI_API_VERSION)")
-            self.client: openai.OpenAI = openai.AzureOpenAI(
-                api_key=api_key, azure_endpoint=endpoint, azure_deployment=deployment, api_version=version,
-                max_retries=0, timeout=timeout)
-        else:
-            self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        try:
+            azure = azure_target(base_url)
+            if api_type == "azure" or (api_type == "auto" and azure is not None):
+                # Azure OpenAI: the deployment is in the path, the version in the query and the
+                # key in an `api-key` header, all of which the openai package's client builds.
+                endpoint, deployment, version = azure or ((base_url or "").rstrip("/"), None, None)
+                version = api_version or version
+                if not endpoint or not version:
+                    raise ConfigError("Azure OpenAI needs the resource endpoint (--base-url "
+                                      "https://NAME.openai.azure.com or a deployment URL) and an API version "
+                                      "(`?api-version=...` in the URL, api_version in the config, or "
+                                      "OPENAI_API_VERSION)")
+                self.client: openai.OpenAI = openai.AzureOpenAI(
+                    api_key=api_key, azure_endpoint=endpoint, azure_deployment=deployment, api_version=version,
+                    max_retries=0, timeout=timeout)
+            else:
+                self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        except ImportError as exc:  # ALL_PROXY=socks5://... without the package httpx needs for it
+            raise ConfigError(f"cannot use the proxy the environment names (ALL_PROXY, HTTPS_PROXY, HTTP_PROXY): {exc}") from None
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
         self._hooked = deadline.hook(self.client)
         deadline.read_error_bodies_capped(self.client)
