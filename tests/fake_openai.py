@@ -350,7 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
             default = _error_body(status, f"fake error {status}")
             self._send(status, fault.get("body", default), fault.get("headers") or {},
                        content_type=fault.get("content_type"), truncate=fault.get("truncate"),
-                       trickle=fault.get("trickle"), encode=fault.get("encode"))
+                       trickle=fault.get("trickle"), encode=fault.get("encode"), short=fault.get("short_body"))
             return
         if fake.window is not None and entry["prompt_tokens"] > fake.window:
             self._send(400, {"error": {

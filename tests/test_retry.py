@@ -320,6 +320,15 @@ def test_an_error_body_is_read_in_pieces_and_capped(server: FakeOpenAI) -> None:
 
 
 @pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])
+def test_an_error_whose_body_is_cut_short_keeps_its_status(server: FakeOpenAI, status: int, reason: str) -> None:
+    # It became a retryable `truncated_response`: a 401 was retried, a 429's Retry-After lost.
+    failure = failure_of(server, {"status": status, "short_body": 12, "headers": {"Retry-After": "7"}})
+    assert (failure.reason, failure.status) == (reason, status)
+    if status == 429:
+        assert failure.retry_after == 7
+
+
+@pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])
 def test_an_error_whose_body_cannot_be_decoded_keeps_its_status(server: FakeOpenAI, status: int, reason: str) -> None:
     # It became a retryable `undecodable`: a 401 was retried, a 429's Retry-After lost.
     failure = failure_of(server, {"status": status, "headers": {"Content-Encoding": "gzip", "Retry-After": "7"}})

@@ -72,31 +72,32 @@ def read_error_bodies_capped(openai_client: Any) -> bool:
 def _read_error_body(response: Any) -> None:
     if response.status_code < 400 or hasattr(response, "_content"):
         return
+    out = bytearray()
     try:
-        body = _first_bytes(response, MAX_ERROR_BYTES)
+        _first_bytes(response, MAX_ERROR_BYTES, out)
     except Exception as exc:  # noqa: BLE001 - the status says enough
-        if "Decoding" not in type(exc).__name__ and not isinstance(exc, zlib.error):
-            raise
-        body = b""
+        if "Timeout" in type(exc).__name__:
+            raise  # the whole request's deadline (or a read's) passed: a timeout, as any other
+        if "Decoding" in type(exc).__name__ or isinstance(exc, zlib.error):
+            out.clear()  # not what its encoding says: nothing of it is kept
+        # else cut short: what came is kept (a 401 was retried, a 429's Retry-After lost)
     response.close()
-    response._content = body
+    response._content = bytes(out)
 
 
-def _first_bytes(response: Any, cap: int) -> bytes:
-    """At most `cap` bytes of the decoded body. gzip and deflate are decoded here with a
-    bound on each piece's output (the HTTP library decodes a whole received piece at once:
-    64 KiB of gzip became 150 MB); other encodings by the library, in its pieces."""
+def _first_bytes(response: Any, cap: int, out: bytearray) -> None:
+    """At most `cap` bytes of the decoded body, into `out` as they come. gzip and deflate
+    are decoded here with a bound on each piece's output (the HTTP library decodes a whole
+    received piece at once: 64 KiB of gzip became 150 MB); others by the library."""
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
-        kept, size = [], 0
         for chunk in response.iter_bytes():
-            kept.append(chunk[:max(cap - size, 0)])
-            size += len(chunk)
-            if size >= cap:
-                break
-        return b"".join(kept)
+            out += chunk[:cap - len(out)]
+            if len(out) >= cap:
+                return
+        return
     unpack = None if encoding in ("", "identity") else zlib.decompressobj(47 if "gzip" in encoding else 15)
-    out, first = bytearray(), True
+    first = True
     for raw in response.iter_raw():
         if unpack is None:
             out += raw[:cap - len(out)]
@@ -109,8 +110,7 @@ def _first_bytes(response: Any, cap: int) -> bytes:
                 data = unpack.unconsumed_tail
         first = first and not raw
         if len(out) >= cap:
-            break
-    return bytes(out)
+            return
 
 
 def _bound(timeout: float | None, timeout_error: type[Exception]) -> float | None:
