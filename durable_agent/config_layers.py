@@ -187,8 +187,9 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
                 # the run recorded none; nothing else of the file's tables comes in: a model
                 # the run used keeps what it ran with, and an edit about other models is no
                 # change to this run.
-                named = {flags.get("model"), flags.get("compact_model")} - {base.get("model"), base.get("compact_model")}
-                value = {**{m: merged[key][m] for m in named if m in merged[key]}, **value}
+                named = flags.get("model")
+                if named not in (None, base.get("model"), base.get("compact_model")) and named in merged[key]:
+                    value = {named: merged[key][named], **value}
             merged[key] = value
     merged.update({k: v for k, v in flags.items() if v is not None})
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)

@@ -52,7 +52,7 @@ import openai
 
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn
-from durable_agent.models import deadline
+from durable_agent.models import bodies, deadline
 from durable_agent.models.answers import parse_completion
 from durable_agent.models.failures import (
     Failure,
@@ -115,7 +115,7 @@ class OpenAIChatModel:
             raise ConfigError(f"cannot use the proxy the environment names (ALL_PROXY, HTTPS_PROXY, HTTP_PROXY): {exc}") from None
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
         self._hooked = deadline.hook(self.client)
-        deadline.read_error_bodies_capped(self.client)
+        bodies.read_error_bodies_capped(self.client)
 
     def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
         kwargs: dict[str, Any] = {"model": self.name, "messages": [m.to_api() for m in messages]}
@@ -130,17 +130,17 @@ class OpenAIChatModel:
         with mapped_errors(self._scrub, self.whole), deadline.deadline(self.whole), \
                 self.client.chat.completions.with_streaming_response.create(**kwargs) as answer:
             response = answer.http_response  # the raw body is ours to read, whatever its shape
-            chunks, size = [], 0
-            for chunk in response.iter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_ANSWER_BYTES:  # decoded: a small gzip bomb is a large body
-                    raise ProviderError(Failure(PERMANENT, "invalid_response", f"the answer is larger than "
-                                                f"{MAX_ANSWER_BYTES >> 20} MiB: not read further"))
-                if not self._hooked and time.monotonic() > ends:  # (an openai of another shape)
+
+            def in_time() -> None:  # (an openai of another shape: only the body's pieces are timed)
+                if not self._hooked and time.monotonic() > ends:
                     raise ProviderError(_late(self.whole))
-            body = b"".join(chunks)
-        return parse_completion(body, response.headers.get("content-type", ""), self._scrub)
+
+            body = bytearray()
+            bodies.read_capped(response, MAX_ANSWER_BYTES + 1, body, in_time)
+            if len(body) > MAX_ANSWER_BYTES:  # decoded: a small gzip bomb is a large body
+                raise ProviderError(Failure(PERMANENT, "invalid_response", f"the answer is larger than "
+                                            f"{MAX_ANSWER_BYTES >> 20} MiB: not read further"))
+        return parse_completion(bytes(body), response.headers.get("content-type", ""), self._scrub)
 
 
 def _late(seconds: float) -> Failure:

@@ -32,7 +32,7 @@ def scanner(ctx: StepContext) -> Scanner:
 
 
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
-    if not ctx.settings.snapshots or ctx.workspace_moved():  # (see after)
+    if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
     snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id))
     snapshot.remember(snap.tree_id, snap.manifest)
