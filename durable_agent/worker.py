@@ -129,6 +129,10 @@ class Worker:
         # release them): run id -> monotonic time by which that lease has expired. `--once`
         # does not leave before then, so it takes them back instead of leaving them `running`.
         self._interrupted: dict[str, float] = {}
+        self._taken_back: set[str] = set()  # runs `--once` waited for and claimed again
+        # `--once`: the store failure it stops on (exit 7), rather than polling a store that
+        # is gone for ever or taking back, again and again, a run the store keeps failing.
+        self.store_failure: StoreError | None = None
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -148,11 +152,15 @@ class Worker:
         if left:
             self.log.line(f"left for other workers: {len(left)} run(s) this worker cannot execute: "
                           + ", ".join(sorted(left)))
+        if self.store_failure is not None:
+            raise self.store_failure  # one error line, exit 7 (cli.py)
         return 0
 
     def _loop(self) -> str:
         o = self.options
         while not self.stopping.is_set():
+            if o.once and self.store_failure is not None:  # claim nothing more; the runs in hand end
+                return "the store is unavailable"
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(new_owner(), o.lease_seconds, max_running=o.max_running,
@@ -160,6 +168,9 @@ class Worker:
                                               accept=_anywhere if o.workspace_root else _reachable)
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
+                    if o.once:  # (the store's own retries have waited already)
+                        self.store_failure = exc
+                        continue
                     result = None
                 if result is not None:
                     for rej in result.rejected:
@@ -205,7 +216,8 @@ class Worker:
     def _start(self, claim: Claim) -> None:
         self._count("claimed")
         with self._lock:
-            self._interrupted.pop(claim.run_id, None)
+            if self._interrupted.pop(claim.run_id, None) is not None:
+                self._taken_back.add(claim.run_id)
         if claim.takeover:
             was = f"took over run {claim.run_id} from {claim.previous_owner or 'a released lease'}"
         else:
@@ -281,7 +293,10 @@ class Worker:
             # committed); the run is claimable again once the lease expires, by any worker.
             self._count("interrupted")
             with self._lock:  # (a heartbeat renewed it at most a lease ago)
-                self._interrupted[rid] = time.monotonic() + self.options.lease_seconds + 1
+                if self.options.once and rid in self._taken_back:  # a second time: not a blip
+                    self.store_failure = exc
+                else:
+                    self._interrupted[rid] = time.monotonic() + self.options.lease_seconds + 1
             self.log.line(f"run {rid} interrupted: {exc}; it is claimable again when its lease expires")
             return
         except DurableAgentError as exc:  # e.g. one of its MCP servers will not start on this host

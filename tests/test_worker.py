@@ -3,8 +3,10 @@ queue, runs it cannot reach, SIGTERM between two steps, and a lease lost mid-com
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -199,8 +201,9 @@ def test_a_blocked_run_goes_back_to_the_workers_after_approve(cli_inproc: Callab
     assert (ws / "made.txt").exists()
 
 
+@pytest.mark.parametrize("failing", ["once", "always"])
 def test_worker_once_takes_back_a_run_a_store_fault_interrupted(
-        cli_inproc: Callable[..., Result], write_script: Callable[..., str], tmp_path: Path, db_path: Path,
+        failing: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str], tmp_path: Path, db_path: Path,
         env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The store failed past its retries (PostgreSQL's connection slots all taken, say): the
     # lease stayed ours and could not be released, and `--once` left at once, "nothing left
@@ -218,7 +221,7 @@ def test_worker_once_takes_back_a_run_a_store_fault_interrupted(
     def flaky(*args: Any, **kwargs: Any) -> Any:
         runner = real(*args, **kwargs)
         built.append(runner)
-        if len(built) == 1:
+        if len(built) == 1 or failing == "always":
             def unavailable(*_: Any, **__: Any) -> Any:
                 raise StoreUnavailable("the database is not reachable (too many clients already)")
             runner.execute = unavailable
@@ -227,8 +230,48 @@ def test_worker_once_takes_back_a_run_a_store_fault_interrupted(
     monkeypatch.setattr(worker, "build_runner", flaky)
     settings = load_settings({"db": env["DURABLE_AGENT_DB"], "lease_seconds": 1}, env)
     options = worker.WorkerOptions(db=env["DURABLE_AGENT_DB"], lease_seconds=1, poll_s=0.05, once=True, quiet=True)
+    if failing == "always":  # taken back once; failing again, it is not a blip: exit 7, not for ever
+        with pytest.raises(StoreUnavailable, match="too many clients"):
+            worker.run_worker(settings, options, env)
+        assert len(built) == 2 and query(db_path, "SELECT status FROM runs") == [("running",)]
+        return
     assert worker.run_worker(settings, options, env) == 0
     err = capsys.readouterr().err
     assert f"run {rid} interrupted" in err and f"took over run {rid}" in err, err
     assert len(built) == 2 and query(db_path, "SELECT status FROM runs") == [("completed",)]
     assert ledger(ws) == ["call_0_0"]
+
+
+def test_worker_once_stops_with_exit_7_on_a_store_that_keeps_failing(tmp_path: Path, env: dict[str, str]) -> None:
+    # The run fills the store's disk (a real 1 MiB tmpfs): the worker's run stops on it, and
+    # `--once` waited for the lease, took the run back, failed again, and so on for ever (or
+    # polled "cannot claim" for ever): a CI job that never ended. Now: exit 7, one line.
+    from mounts import mount_tmpfs
+    from side_effects_support import run_cli
+
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "1m")
+    try:
+        (tmp_path / "c.toml").write_text("store_retry_attempts = 2\nstore_retry_seconds = 1\n")
+        e = {**env, "DURABLE_AGENT_DB": f"sqlite:///{disk / 'store.db'}",
+             "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml")}
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        for i in range(60):  # outputs that fill 1 MiB long before the script ends
+            (ws / f"big{i}.txt").write_text(f"{i} " + "x" * 15_000)
+        turns = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]} for i in range(60)]
+        (tmp_path / "script.json").write_text(json.dumps([*turns, {"content": "done"}]))
+        queued = run_cli(e, ws, "start", "t", "--model", f"scripted:{tmp_path / 'script.json'}", "--max-steps", "70",
+                         "--run-id", "full", "--detach")
+        assert queued.code == 0, queued.stderr
+        worker = run_cli(e, ws, "worker", "--once", "--quiet", "--poll", "0.1", "--lease-seconds", "1", timeout=90)
+        assert worker.code == 7, worker.stderr
+        last = worker.stderr.strip().splitlines()[-1]
+        assert last.startswith("durable-agent: error: the store is unavailable: ") and "full" in last, worker.stderr
+        assert "Traceback" not in worker.stderr
+        # Room again: the next `worker --once` finishes the run from its last checkpoint.
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = run_cli(e, ws, "worker", "--once", "--quiet", "--poll", "0.1", "--lease-seconds", "1", timeout=90)
+        assert again.code == 0 and "finished run full · completed" in again.stderr, again.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
