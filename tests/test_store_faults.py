@@ -24,13 +24,16 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from scale_helpers import pg_schema
@@ -544,3 +547,70 @@ def test_connections_terminated_from_outside_at_random_moments(
         check(s, files_ref)
     print(f"PostgreSQL: {terminated} connections terminated from outside over 6 runs, all completed")
     assert terminated > 0
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_server_that_stops_answering_mid_run_is_not_waited_for_for_ever(
+        tmp_path: Path, env: dict[str, str], pg_url: str) -> None:
+    # A proxy that hung (or a SIGSTOPped server): its host acknowledges every byte and answers
+    # keepalives, so neither they nor tcp_user_timeout fire, and libpq waited for the answer
+    # to the run's next checkpoint for ever. Now the store's silence watchdog cuts the
+    # connection after twice the lease (at least 10 s), the store's retries find no server,
+    # exit 7; once the proxy is back the run resumes to its end, no command run twice.
+    from frozen_relay import relay_to
+    from scale_helpers import wait_for
+
+    where = urlsplit(pg_url)
+    with relay_to((where.hostname or "127.0.0.1", where.port or 5432)) as relay:
+        via = urlunsplit(where._replace(netloc=f"{where.username}@127.0.0.1:{relay.port}")) + "&connect_timeout=2"
+        s = Scenario(tmp_path / "frozen", env, via, "frozen", inspect_url=pg_url)
+        with (s.root / "config.toml").open("a") as config:
+            config.write("lease_seconds = 2\n")
+        err = s.root / "start.err"
+        with err.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model",
+                                     f"scripted:{s.root / 'script.json'}", "--shell", "allow", "--max-steps", "30",
+                                     "--run-id", "frozen", "--quiet"], cwd=s.ws, env=s.env, stdout=out, stderr=out)
+        try:
+            wait_for(lambda: (s.ws / "ledger").exists() and len((s.ws / "ledger").read_text().split()) >= 2,
+                     what="the run's second command")
+            relay.freeze()
+            frozen_at = time.monotonic()
+            code = proc.wait(timeout=90)
+        finally:
+            proc.kill()
+        waited = time.monotonic() - frozen_at
+        assert code == 7, err.read_text()
+        assert err.read_text().strip().splitlines()[-1].startswith("durable-agent: error: the store is unavailable")
+        assert 10 <= waited < 60, waited  # the bound, then the retries; not the 90 s of the test
+        relay.thaw()
+        s.resume_to_the_end()
+    ledger = (s.ws / "ledger").read_text().split()
+    assert sorted(ledger) == sorted(set(ledger)) and set(ledger) <= set(COMMANDS), ledger
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_silence_watchdog_cuts_only_a_connection_waiting_on_a_silent_server(pg_url: str) -> None:
+    # What the watchdog looks at: a command in progress with no byte moving for the bound.
+    # A connection left idle for longer (checked out or in the pool) is not cut; a command
+    # the server itself keeps silent on past the bound is, as a frozen server's would be.
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.silence import WATCHDOG, silence_bound
+
+    engine = open_store_engine(pg_url, lease_seconds=1)
+    bound = silence_bound(1)
+    try:
+        cuts = WATCHDOG.cuts
+        with engine.connect() as idle, engine.connect() as waiting:
+            assert idle.execute(text("SELECT 1")).scalar() == 1
+            idle.commit()
+            start = time.monotonic()
+            with pytest.raises(Exception, match="server closed the connection"):
+                waiting.execute(text(f"SELECT pg_sleep({bound * 3})"))
+            assert bound <= time.monotonic() - start < bound * 2
+            assert idle.execute(text("SELECT 2")).scalar() == 2  # idle as long: untouched
+        assert WATCHDOG.cuts == cuts + 1
+    finally:
+        engine.dispose()

@@ -317,4 +317,8 @@ def open_store_engine(url: str, *, durability: str = "full", pool_size: int | No
                       policy: retrying.StorePolicy | None = None, lease_seconds: float = 30.0) -> Engine:
     engine = make_engine(url, durability=durability, pool_size=pool_size, lease_seconds=lease_seconds)
     ensure_schema(engine, policy)
+    if engine.dialect.driver == "psycopg":  # (after the schema: a migration may rightly take long)
+        from durable_agent.store.silence import WATCHDOG, silence_bound
+
+        WATCHDOG.watch(engine, silence_bound(lease_seconds))
     return engine
