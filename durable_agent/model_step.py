@@ -7,12 +7,16 @@ never called again, because its answer is in the history and replay starts after
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate
 from durable_agent.errors import LoopExit
+from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import (
     CUT_NUDGE,
     EMPTY_NUDGE,
@@ -21,6 +25,7 @@ from durable_agent.messages import (
     ToolCall,
     without_reasoning,
 )
+from durable_agent.models import deadline
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.replay import RunState
@@ -98,13 +103,17 @@ def _model_step(ctx: StepContext) -> None:
         from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
 
         try:
-            answer, attempts = call_with_retries(
-                lambda: ctx.model.complete(sent, ctx.schemas, turn),
-                ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep, on_attempt=on_attempt)
+            with _stoppable(ctx):
+                answer, attempts = call_with_retries(
+                    lambda: ctx.model.complete(sent, ctx.schemas, turn),
+                    ctx.retry_policy or RetryPolicy(), sleep=_backoff(ctx), on_attempt=on_attempt)
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
             step.fail(str(exc), counters=ctx.counters())  # a failed call adds nothing to the history
             raise
+        except deadline.Stopped:
+            step.fail("cancelled while waiting for the model's answer", counters=ctx.counters())
+            raise LoopExit(StopReason.CANCELLED, "cancelled by request") from None
         turn_out: ModelTurn = answer
         calls = _call_ids(ctx, turn_out.tool_calls, turn)
         redactor = ctx.redactor
@@ -149,6 +158,28 @@ def _model_step(ctx: StepContext) -> None:
         raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row (no text "
                        "and no tool call, even after being told); `resume` nudges it once more, "
                        "e.g. with another --model")
+
+
+@contextlib.contextmanager
+def _stoppable(ctx: StepContext) -> Iterator[None]:
+    """While a provider's answer is awaited: `durable-agent cancel` (polled as for a command)
+    stops the call within a fraction of a second (models/deadline.py). A script answers at once."""
+    if compaction.scripted(ctx.model):
+        yield
+        return
+    with watch_cancel(ctx.cancel, ctx.journal), deadline.stopping(ctx.cancel):
+        yield
+
+
+def _backoff(ctx: StepContext) -> Callable[[float], None]:
+    """The wait between two tries, cut short by a cancel (an injected sleep, in tests, as given)."""
+    if ctx.sleep is not time.sleep:
+        return ctx.sleep
+
+    def pause(seconds: float) -> None:
+        if ctx.cancel.wait(seconds):
+            raise deadline.Stopped
+    return pause
 
 
 def empty_answer(message: Message | None) -> bool:

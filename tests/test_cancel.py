@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from side_effects_support import (
@@ -192,3 +194,36 @@ def test_sigterm_cancels_like_ctrl_c(env, write_script, workspace, sql) -> None:
     assert sql("SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
     content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
     assert "cancelled" in content
+
+
+@pytest.mark.parametrize("waiting_on", ["the answer", "a backoff"])
+def test_cancel_stops_a_run_waiting_on_the_model_at_once(
+        waiting_on: str, cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path,
+        db_path: Path) -> None:
+    # The cancel was seen only at the next step boundary: after the model answered (up to
+    # request_timeout_s, 10 minutes by default), or after a backoff between two tries.
+    from provider_support import serve
+
+    with serve(cli, env, workspace, tmp_path, [{"content": "never reached"}]) as ep:
+        ep.configure(request_timeout_s=120.0, retry_max_seconds=600.0)
+        if waiting_on == "the answer":
+            ep.server.add_faults([{"delay": 60}])
+        else:  # a 503, then a backoff of a minute before the next try
+            ep.server.add_faults([{"status": 503, "times": 10}])
+            ep.configure(retry_initial_wait_s=60.0, retry_max_wait_s=60.0, retry_after_cap_s=60.0)
+        proc = ep.popen("--run-id", "m", "--quiet")
+        try:
+            wait_for(lambda: ep.server.requests, what="the model request")
+            assert cli("cancel", "m", extra_env=ep.cli_env()).code == 0
+            asked = time.monotonic()
+            proc.wait(timeout=45)
+            stopped = time.monotonic() - asked
+        finally:
+            proc.kill()
+            _, err = proc.communicate()
+        assert proc.returncode == 4, err
+        assert stopped < 15, stopped  # the poll (0.5 s) and a read slice (0.25 s), not the minute
+        assert len(ep.server.requests) == 1
+    assert query(db_path, "SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
+    assert query(db_path, "SELECT kind, state, error FROM steps") == [
+        ("model", "failed", "cancelled while waiting for the model's answer")]

@@ -9,11 +9,16 @@ at most until the deadline of the call under way (a context variable, so a conne
 kept alive from an earlier call obeys the current one), and one that starts after it
 raises the HTTP library's own ReadTimeout, which openai reports as a timeout. No thread
 is left behind and nothing else changes: a call without a deadline runs as before.
+
+Inside `stopping(event)` a read waits in slices of STOP_SLICE_S and raises `Stopped` once
+the event is set: `durable-agent cancel` ends a call waiting on a slow model at once, not
+when the model answers (request_timeout_s, 10 minutes by default).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +26,14 @@ from contextvars import ContextVar
 from typing import Any
 
 _DEADLINE: ContextVar[float | None] = ContextVar("durable_agent_http_deadline", default=None)
+_STOP: ContextVar[threading.Event | None] = ContextVar("durable_agent_http_stop", default=None)
+STOP_SLICE_S = 0.25
+
+
+class Stopped(BaseException):
+    """The call was stopped (its run cancelled) while it waited for the answer. Not an
+    Exception, like KeyboardInterrupt: neither openai nor the retry layer take it for a
+    failed try, and the HTTP pool closes the connection it was read from."""
 
 
 @contextmanager
@@ -31,6 +44,16 @@ def deadline(seconds: float) -> Iterator[None]:
         yield
     finally:
         _DEADLINE.reset(token)
+
+
+@contextmanager
+def stopping(event: threading.Event) -> Iterator[None]:
+    """Reads of the hooked clients in this block raise `Stopped` soon after `event` is set."""
+    token = _STOP.set(event)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
 
 
 def hook(openai_client: Any) -> bool:
@@ -75,8 +98,21 @@ class _Stream:
         self._inner, self._error = inner, error
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        data: bytes = self._inner.read(max_bytes, _bound(timeout, self._error))
-        return data
+        stop = _STOP.get()
+        if stop is None:
+            data: bytes = self._inner.read(max_bytes, _bound(timeout, self._error))
+            return data
+        ends = None if timeout is None else time.monotonic() + timeout
+        while True:  # in slices, looking at the event between them (a timed-out recv can be made again)
+            if stop.is_set():
+                raise Stopped
+            wait = _bound(None if ends is None else max(0.0, ends - time.monotonic()), self._error)
+            try:
+                data = self._inner.read(max_bytes, STOP_SLICE_S if wait is None else min(wait, STOP_SLICE_S))
+                return data
+            except self._error:
+                if wait is not None and wait <= STOP_SLICE_S:
+                    raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._inner.write(buffer, _bound(timeout, self._error))
