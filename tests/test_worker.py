@@ -242,6 +242,7 @@ def test_worker_once_takes_back_a_run_a_store_fault_interrupted(
     assert ledger(ws) == ["call_0_0"]
 
 
+@pytest.mark.slow
 def test_worker_once_stops_with_exit_7_on_a_store_that_keeps_failing(tmp_path: Path, env: dict[str, str]) -> None:
     # The run fills the store's disk (a real 1 MiB tmpfs): the worker's run stops on it, and
     # `--once` waited for the lease, took the run back, failed again, and so on for ever (or
