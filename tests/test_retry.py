@@ -612,3 +612,24 @@ def test_a_socks_proxy_without_its_package_is_one_line_of_configuration(
     monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
     with pytest.raises(ConfigError, match="cannot use the proxy the environment names.*socksio"):
         make_model(server)
+
+
+@pytest.mark.parametrize("timeout", [0.2500001, 0.25001, 0.2501])
+def test_a_read_sliced_for_cancel_that_runs_out_is_a_timeout_not_a_connection_error(timeout: float) -> None:
+    # Read in slices (models/deadline.py `stopping`), a wait that ran out inside the loop's
+    # own overhead asked the socket for a read with timeout 0: non-blocking, which fails as
+    # a read error (classified "connection"), not as the timeout it is.
+    import threading
+
+    from durable_agent.models import deadline
+
+    class Inner:  # a socket read as httpcore makes it: timeout 0 is a non-blocking read
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            if timeout == 0:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            threading.Event().wait(timeout)
+            raise TimeoutError("timed out")
+
+    stream = deadline._Stream(Inner(), TimeoutError)
+    with deadline.stopping(threading.Event()), pytest.raises(TimeoutError):
+        stream.read(10, timeout)

@@ -614,3 +614,52 @@ def test_the_silence_watchdog_cuts_only_a_connection_waiting_on_a_silent_server(
         assert WATCHDOG.cuts == cuts + 1
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_connection_finalized_during_the_watchdogs_look_does_not_wedge_the_store(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A checked-out connection left in a reference cycle is closed by whichever thread the
+    # garbage collector runs in; in the watchdog's, inside its look, the pool's close event
+    # waited on the lock that thread held, and every later connect of the process with it.
+    import gc
+
+    from scale_helpers import wait_for
+
+    from durable_agent.store import silence
+    from durable_agent.store.engine import open_store_engine
+
+    engine = open_store_engine(pg_url, lease_seconds=1)
+    looked = threading.Event()
+    real = silence._silent_for
+
+    def look(conn: Any) -> int:  # a collection landing inside the look, in the watchdog's thread
+        gc.collect()
+        looked.set()
+        return real(conn)
+
+    monkeypatch.setattr(silence, "_silent_for", look)
+    gc.disable()
+    try:
+        class Cycle:
+            pass
+
+        cycle = Cycle()
+        cycle.me, cycle.conn = cycle, engine.connect()  # type: ignore[attr-defined]
+        cycle.conn.execute(text("SELECT 1"))  # type: ignore[attr-defined]
+        del cycle
+        wait_for(looked.is_set, what="the watchdog's look")
+        engine.pool.dispose()  # the next connect makes (and registers) a new connection
+        done = threading.Event()
+
+        def connect() -> None:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            done.set()
+
+        threading.Thread(target=connect, daemon=True).start()
+        assert done.wait(15), "a connect waited on the watchdog"
+    finally:
+        gc.enable()
+        engine.dispose()

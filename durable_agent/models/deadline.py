@@ -107,6 +107,8 @@ class _Stream:
             if stop.is_set():
                 raise Stopped
             wait = _bound(None if ends is None else max(0.0, ends - time.monotonic()), self._error)
+            if wait is not None and wait <= 0:  # (a zero timeout would read non-blocking: not a timeout)
+                raise self._error("timed out")
             try:
                 data = self._inner.read(max_bytes, STOP_SLICE_S if wait is None else min(wait, STOP_SLICE_S))
                 return data

@@ -8,9 +8,10 @@ kernel (TCP_INFO) when each last sent and received data: a connection waiting on
 (libpq says one is in progress) that has neither sent nor received a byte for `bound`
 seconds is waiting on a server that stopped answering. Its socket is shut down; the driver's wait ends as a lost connection, and the
 store's retries take over as for any other (a new connection, then exit 7 while the server
-stays silent). Nothing a run does waits that long on the database: the longest legitimate
-wait is for a run's row lock, which the server frees within a lease
-(engine._end_idle_transactions), and the bound is twice the lease.
+stays silent). The bound is twice the lease: a run's longest legitimate waits are for a row
+or the claim lock, which a holder idle in its transaction loses within a lease
+(engine._end_idle_transactions); a holder running a command that long (a migration, a
+COMMIT on a stalled disk) is treated as a silent server.
 
 Linux only (TCP_INFO); a connection over a Unix socket is not watched.
 """
@@ -46,8 +47,13 @@ class Watchdog:
     too) and the thread that looks at them every quarter of the bound."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # held while a socket is looked at: never closed under us
+        # Held while a socket is looked at, and by a pool closing one: the descriptor is never
+        # closed (and its number reused) under the look. Re-entrant: a connection the garbage
+        # collector finalizes inside the look, in this thread, is closed through `closing`.
+        # Registering takes no lock (one dict entry), so a checkout never waits on the look.
+        self._lock = threading.RLock()
         self._conns: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._started = threading.Lock()
         self._thread: threading.Thread | None = None
         self.cuts = 0
 
@@ -56,16 +62,24 @@ class Watchdog:
             return
 
         def connected(dbapi_conn: Any, _record: Any) -> None:
-            with self._lock:
-                self._conns[dbapi_conn] = bound_s
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="store-silence", daemon=True)
-                    self._thread.start()
+            self._conns[dbapi_conn] = bound_s
+            if self._thread is None:
+                with self._started:
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._run, name="store-silence", daemon=True)
+                        self._thread.start()
 
         def closing(dbapi_conn: Any, *_: Any) -> None:  # before the pool closes it
-            if dbapi_conn is not None:
-                with self._lock:
-                    self._conns.pop(dbapi_conn, None)
+            if dbapi_conn is None:
+                return
+            # Waits out a look under way (microseconds); should the watchdog ever be stuck,
+            # it is not waited for: nothing store-wide may hang on it.
+            got = self._lock.acquire(timeout=5)
+            try:
+                self._conns.pop(dbapi_conn, None)
+            finally:
+                if got:
+                    self._lock.release()
 
         def checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:  # one made before watch()
             if dbapi_conn not in self._conns:
