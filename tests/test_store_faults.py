@@ -663,3 +663,35 @@ def test_a_connection_finalized_during_the_watchdogs_look_does_not_wedge_the_sto
     finally:
         gc.enable()
         engine.dispose()
+
+
+def test_the_silence_watchdog_looks_while_connections_come_and_go() -> None:
+    # Registering takes no lock (a checkout never waits on the watchdog); its connections were
+    # held in a WeakKeyDictionary, whose iteration raises when another thread adds meanwhile,
+    # which would have ended the watchdog's thread for good, silently.
+    from durable_agent.store.silence import Watchdog
+
+    class Conn:  # no libpq connection: never silent, never cut
+        pass
+
+    dog = Watchdog()
+    dog._thread = threading.current_thread()  # looked at by this test, not by a thread of its own
+    conns = [Conn() for _ in range(4000)]
+    for conn in conns[:2000]:
+        dog.register(conn, 10.0)
+    del conn
+
+    def arrive() -> None:
+        for conn in conns[2000:]:
+            dog.register(conn, 10.0)
+
+    newcomer = threading.Thread(target=arrive)
+    newcomer.start()
+    while newcomer.is_alive():
+        dog.look()
+    newcomer.join()
+    dog.look()
+    assert all(dog._watched(conn) == 10.0 for conn in conns) and dog.cuts == 0
+    conns.clear()
+    dog.look()  # gone without a close event: forgotten
+    assert dog._conns == {}

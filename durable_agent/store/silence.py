@@ -43,16 +43,17 @@ def silence_bound(lease_seconds: float) -> float:
 
 
 class Watchdog:
-    """The connections of the engines it watches (weakly: one the pool dropped is gone here
-    too) and the thread that looks at them every quarter of the bound."""
+    """The connections of the engines it watches and the thread that looks at them every
+    quarter of the bound. Held weakly (a connection the pool dropped is gone here too), in a
+    plain dict by id: its copy is one C call, so registering needs no lock (iterating a
+    WeakKeyDictionary while another thread adds to it raises, and would end the thread)."""
 
     def __init__(self) -> None:
         # Held while a socket is looked at, and by a pool closing one: the descriptor is never
         # closed (and its number reused) under the look. Re-entrant: a connection the garbage
         # collector finalizes inside the look, in this thread, is closed through `closing`.
-        # Registering takes no lock (one dict entry), so a checkout never waits on the look.
         self._lock = threading.RLock()
-        self._conns: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._conns: dict[int, tuple[weakref.ref[Any], float]] = {}
         self._started = threading.Lock()
         self._thread: threading.Thread | None = None
         self.cuts = 0
@@ -62,12 +63,7 @@ class Watchdog:
             return
 
         def connected(dbapi_conn: Any, _record: Any) -> None:
-            self._conns[dbapi_conn] = bound_s
-            if self._thread is None:
-                with self._started:
-                    if self._thread is None:
-                        self._thread = threading.Thread(target=self._run, name="store-silence", daemon=True)
-                        self._thread.start()
+            self.register(dbapi_conn, bound_s)
 
         def closing(dbapi_conn: Any, *_: Any) -> None:  # before the pool closes it
             if dbapi_conn is None:
@@ -76,34 +72,52 @@ class Watchdog:
             # it is not waited for: nothing store-wide may hang on it.
             got = self._lock.acquire(timeout=5)
             try:
-                self._conns.pop(dbapi_conn, None)
+                self._conns.pop(id(dbapi_conn), None)
             finally:
                 if got:
                     self._lock.release()
 
-        def checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:  # one made before watch()
-            if dbapi_conn not in self._conns:
-                connected(dbapi_conn, record)
+        def checked_out(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:  # one made before watch()
+            if self._watched(dbapi_conn) is None:
+                self.register(dbapi_conn, bound_s)
 
         event.listen(engine, "connect", connected)
         event.listen(engine, "checkout", checked_out)
         for name in ("close", "invalidate", "detach", "close_detached"):
             event.listen(engine, name, closing)
 
+    def register(self, dbapi_conn: Any, bound_s: float) -> None:
+        self._conns[id(dbapi_conn)] = (weakref.ref(dbapi_conn), bound_s)
+        if self._thread is None:
+            with self._started:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="store-silence", daemon=True)
+                    self._thread.start()
+
+    def _watched(self, dbapi_conn: Any) -> float | None:
+        """Its bound, if this very connection is watched (an id outlives its object)."""
+        entry = self._conns.get(id(dbapi_conn))
+        return entry[1] if entry is not None and entry[0]() is dbapi_conn else None
+
     def _run(self) -> None:
         while True:
-            with self._lock:
-                bounds = list(self._conns.values())
-            time.sleep(min(bounds, default=MIN_BOUND_S) / 4)
-            with self._lock:
-                conns = list(self._conns.items())
-            for conn, bound in conns:
-                with self._lock:  # (a connection closed meanwhile was dropped by `closing`)
-                    if conn in self._conns and _silent_for(conn) > bound * 1000:
-                        self._conns.pop(conn, None)
-                        _cut(conn)
-                        self.cuts += 1
-            del conns  # not kept alive through the next sleep
+            time.sleep(min((bound for _, bound in list(self._conns.values())), default=MIN_BOUND_S) / 4)
+            self.look()
+
+    def look(self) -> None:
+        """Cut every watched connection silent for longer than its bound."""
+        for key, (ref, bound) in list(self._conns.items()):
+            conn = ref()
+            if conn is None:  # dropped without a close event: forget it (not a newcomer of its id)
+                if (entry := self._conns.get(key)) is not None and entry[0] is ref:
+                    self._conns.pop(key, None)
+                continue
+            with self._lock:  # (a connection closed meanwhile was dropped by `closing`)
+                if self._watched(conn) is not None and _silent_for(conn) > bound * 1000:
+                    self._conns.pop(key, None)
+                    _cut(conn)
+                    self.cuts += 1
+            del conn  # not kept alive through the next sleep
 
 
 def _silent_for(dbapi_conn: Any) -> int:
