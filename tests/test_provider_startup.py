@@ -33,9 +33,11 @@ def test_the_retry_layer_never_imports_openai_and_the_boundary_maps_its_errors()
         "import sys\n"
         "from durable_agent.models.retry import call_with_retries, classify\n"
         "print(classify(TimeoutError('slow')).reason, 'openai' in sys.modules)\n"
-        "import openai\n"
+        "import httpx, openai\n"
         "from durable_agent.models.openai_chat import map_exception\n"
-        "print(map_exception(openai.APITimeoutError(request=None)).reason)\n"
+        # openai >= 3.60 reads the request's headers in the constructor: give it one
+        "request = httpx.Request('POST', 'http://127.0.0.1/v1/chat/completions')\n"
+        "print(map_exception(openai.APITimeoutError(request=request)).reason)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["timeout False", "timeout"]
