@@ -285,3 +285,67 @@ def test_a_write_into_a_workspace_that_is_gone_does_not_make_a_new_one(tmp_path:
     result = call(ws, name, **args)
     assert result.error is not None and "is gone (deleted or unmounted): nothing was written" in result.error
     assert not ws.exists()
+
+
+def test_reading_a_small_file_does_not_ask_for_the_whole_cap(workspace: Path) -> None:
+    """A buffered read of n bytes allocates n up front: reading a 1 KiB file with
+    read(cap + 1) mapped 64 MiB for every read_file step (half a millisecond each)."""
+    import tracemalloc
+
+    (workspace / "small.txt").write_text("x" * 1024)
+    call(workspace, "read_file", path="small.txt")  # warm: imports, caches
+    tracemalloc.start()
+    try:
+        result = call(workspace, "read_file", path="small.txt")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.error is None and "x" * 100 in result.output
+    assert peak < 1 << 20, f"a 1 KiB read_file peaked at {peak:,} bytes"
+
+
+class _GrowingFile:
+    """A file whose stat said one size while it holds another (it grew or shrank since)."""
+
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self._f = io.BytesIO(data)
+        self.asked: list[int] = []
+
+    def read(self, n: int) -> bytes:
+        self.asked.append(n)
+        return self._f.read(n)
+
+
+def test_a_capped_read_gets_the_files_bytes_up_to_one_past_the_cap_whatever_its_size_said() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from durable_agent.tools.limits import read_capped
+
+    @settings(max_examples=200, deadline=None)
+    @given(data=st.binary(max_size=5000), hint=st.integers(min_value=-1, max_value=6000),
+           cap=st.integers(min_value=0, max_value=4000))
+    def check(data: bytes, hint: int, cap: int) -> None:
+        f = _GrowingFile(data)
+        got = read_capped(f, hint, cap)  # type: ignore[arg-type]
+        assert got == data[:cap + 1]
+        assert max(f.asked) <= max(hint, 0) + 1 or max(f.asked) <= 1 << 20  # never the cap up front
+
+    check()
+
+
+def test_a_file_larger_than_its_fstat_said_is_read_whole_up_to_the_cap(tmp_path: Path) -> None:
+    """A real file that grows between the fstat and the read (the size hint is stale)."""
+    from durable_agent.tools.limits import read_capped
+
+    path = tmp_path / "grows.bin"
+    path.write_bytes(b"a" * 10)
+    with path.open("rb") as f:
+        stale = os.fstat(f.fileno()).st_size
+        with path.open("ab") as w:
+            w.write(b"b" * (3 << 20))
+        assert read_capped(f, stale, 4 << 20) == b"a" * 10 + b"b" * (3 << 20)
+    with path.open("rb") as f:
+        assert read_capped(f, 10, 1 << 20) == (b"a" * 10 + b"b" * (3 << 20))[:(1 << 20) + 1]

@@ -25,7 +25,7 @@ from durable_agent.tools.encoding import (
     surrogate_note,
     text_encoding,
 )
-from durable_agent.tools.limits import cap_text, describe_binary
+from durable_agent.tools.limits import cap_text, describe_binary, read_capped
 from durable_agent.tools.sandbox import escapes, relative, resolve
 from durable_agent.tools.tree import walk
 
@@ -66,7 +66,7 @@ def regular_bytes(path: Path, shown: str) -> bytes:
     (`truncate -s 100G`)."""
     f, size = _open_regular(path, shown)
     with f:
-        data = f.read(MAX_READ_BYTES + 1) if size <= MAX_READ_BYTES else b""
+        data = read_capped(f, size, MAX_READ_BYTES) if size <= MAX_READ_BYTES else b""
     if size > MAX_READ_BYTES or len(data) > MAX_READ_BYTES:
         raise ToolFailure(f"{shown} is {max(size, len(data)):,} bytes, more than the {MAX_READ_BYTES >> 20} MiB a "
                           "file tool reads; read parts of it with a command (head, tail, sed -n)")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable_agent.tools.limits import read_capped
 from durable_agent.workspace.ignore_rules import compile_rules, matchable
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest, TreeIds
 
@@ -358,7 +359,7 @@ def _regular_bytes(path: bytes, cap: int) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
             return None
-        data = f.read(cap + 1)
+        data = read_capped(f, st.st_size, cap)
     return data if len(data) <= cap else None
 
 
