@@ -34,7 +34,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
     # The check can change files (build output, caches): snapshots before and after it.
     with step.start({"command": command}, workspace=recorder.before(ctx, step)):
         ctx.observer.step(StepEvent(step.seq, turn, "verify", command))
-        with watch_cancel(ctx.cancel, ctx.journal):
+        with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
             out = run_process(command, cwd=ctx.settings.workspace, timeout_s=ctx.settings.command_timeout_s,
                               env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
                               output_cap=ctx.settings.output_cap // 2, cancel=ctx.cancel,

@@ -1,14 +1,16 @@
-"""Threads that watch a run while its main thread is blocked in a model call or a command.
+"""The thread that watches a run while its main thread is blocked in a model call or a command.
 
 `Heartbeat` renews the lease every lease_seconds/3 and turns a cancel flag or a lost lease
-into the cancel event; `watch_cancel` polls the cancel flag faster while a command runs,
-so `durable-agent cancel` kills it within about half a second.
+into the cancel event; while a call is armed (`watch_cancel`) it also polls the cancel flag
+every CANCEL_POLL_S, so `durable-agent cancel` kills a command or ends a wait for the model
+within about half a second.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 from durable_agent.errors import LeaseLost
@@ -20,12 +22,18 @@ CANCEL_POLL_S = 0.5  # how soon a running command notices `durable-agent cancel`
 class Heartbeat:
     """Renews the lease while a long model call or command runs, and notices cancellation.
 
-    Runs in a thread because the main thread is blocked inside the call it protects.
+    Runs in a thread because the main thread is blocked inside the call it protects. One
+    thread for the session: a thread started and joined around every call cost a step about
+    a quarter of a millisecond (most of it the two hand-offs of the GIL).
     """
 
     def __init__(self, journal: Journal, interval: float, cancel: threading.Event) -> None:
         self.journal, self.interval, self.cancel = journal, interval, cancel
         self.lost = False
+        # Set and cleared by the main thread with a plain assignment: no lock, so a Ctrl-C
+        # landing there leaves nothing held. Not for nesting (nothing nests a call).
+        self.armed = False
+        self._tick = min(interval, CANCEL_POLL_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lease-heartbeat", daemon=True)
 
@@ -37,23 +45,40 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        renew_at = time.monotonic() + self.interval
+        while not self._stop.wait(self._tick):
             try:
-                if self.journal.heartbeat():
+                if time.monotonic() >= renew_at:
+                    renew_at = time.monotonic() + self.interval
+                    if self.journal.heartbeat():
+                        self.cancel.set()
+                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested():
                     self.cancel.set()
             except LeaseLost:
                 self.lost = True
                 self.cancel.set()  # stop a running command: its results could not be recorded
                 return
-            except Exception:  # noqa: BLE001 - a failed renewal is retried next beat
+            except Exception:  # noqa: BLE001 - a failed renewal or look is tried again next tick
                 continue
 
 
 @contextlib.contextmanager
-def watch_cancel(cancel: threading.Event, journal: Journal) -> Iterator[None]:
-    """While a command runs: turn `durable-agent cancel` (a database flag) into the cancel
-    event at once. The lease heartbeat notices it too, but only every lease_seconds/3."""
+def watch_cancel(cancel: threading.Event, journal: Journal, beat: Heartbeat | None = None) -> Iterator[None]:
+    """While a command or a model call runs: turn `durable-agent cancel` (a database flag)
+    into the cancel event within CANCEL_POLL_S. The session's heartbeat does the polling
+    when there is one; without (a caller outside a session), a thread of its own."""
+    if beat is not None and beat.running:
+        beat.armed = True
+        try:
+            yield
+        finally:
+            beat.armed = False
+        return
     stop = threading.Event()
 
     def poll() -> None:

@@ -167,7 +167,7 @@ def _stoppable(ctx: StepContext) -> Iterator[None]:
     if compaction.scripted(ctx.model):
         yield
         return
-    with watch_cancel(ctx.cancel, ctx.journal), deadline.stopping(ctx.cancel):
+    with watch_cancel(ctx.cancel, ctx.journal, ctx.beat), deadline.stopping(ctx.cancel):
         yield
 
 

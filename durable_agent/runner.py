@@ -77,7 +77,7 @@ class Runner:
                 try:
                     if self.tool_source is not None:  # the run's recorded tools (starting MCP servers
                         self.tools = self.tool_source.open(self.store, run_id)  # under a live lease)
-                    return self._drive(journal)
+                    return self._drive(journal, beat)
                 except errors.LeaseLost:
                     beat.lost = True
                     raise
@@ -89,7 +89,7 @@ class Runner:
             if self.tool_source is not None:
                 self.tool_source.close()
 
-    def context(self, journal: Journal, session_start: float) -> StepContext:
+    def context(self, journal: Journal, session_start: float, beat: Heartbeat | None = None) -> StepContext:
         """The run as rebuilt from its rows, ready for steps (also `durable-agent compact`)."""
         loaded = journal.load()
         s = self.settings
@@ -101,11 +101,11 @@ class Runner:
                            schemas=[tool_schema(t) for t in self.tools.values()], redactor=self.redactor,
                            observer=self.observer, cancel=self.cancel, env=self.env, limits=limits,
                            clock=time.monotonic, sleep=self.sleep, session_start=session_start,
-                           retry_policy=self.retry_policy, resumed=loaded.run.resume_count > 0)
+                           retry_policy=self.retry_policy, resumed=loaded.run.resume_count > 0, beat=beat)
 
-    def _drive(self, journal: Journal) -> Outcome:
+    def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
         start = time.monotonic()
-        ctx = self.context(journal, start)
+        ctx = self.context(journal, start, beat)
         self.observer.run_started(ctx.state.run_id, resumed=ctx.resumed or ctx.state.step_count > 0,
                                   steps_done=ctx.state.step_count)
         try:
@@ -132,13 +132,13 @@ class Runner:
         except KeyboardInterrupt:
             # "Stop now" can land between a change of the in-memory state and its commit:
             # end the run with what the database holds, not with what was in flight.
-            return finish(self.context(journal, start), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
+            return finish(self.context(journal, start, beat), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
         except (errors.LeaseLost, RunReleased, errors.StoreError):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,
             # with the reason, instead of staying `running` with a traceback.
-            return finish(self.context(journal, start), StopReason.TOOL_ERROR,
+            return finish(self.context(journal, start, beat), StopReason.TOOL_ERROR,
                            error=f"unexpected {type(exc).__name__}: {exc}")
 
     def _check_cancel(self, ctx: StepContext) -> None:

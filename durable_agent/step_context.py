@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable_agent.errors import LoopExit
 from durable_agent.guard import Limits
+from durable_agent.heartbeat import Heartbeat
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
@@ -49,6 +50,7 @@ class StepContext:
     session_start: float  # clock() when this session took the run
     retry_policy: RetryPolicy | None = None  # None: the Settings defaults
     resumed: bool = False  # the run had a session before this one
+    beat: Heartbeat | None = None  # the session's lease heartbeat, which also watches for a cancel
     workspace_id: tuple[int, int] | None = field(default=None, init=False)  # as this session found it
 
     def __post_init__(self) -> None:

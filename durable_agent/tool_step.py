@@ -181,7 +181,7 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
     step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
     try:
-        with watch_cancel(ctx.cancel, ctx.journal):
+        with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
             result = _invoke(ctx, tool, args, call, step=step)
     except KeyboardInterrupt:
         # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.

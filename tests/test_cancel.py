@@ -5,6 +5,7 @@ group (grandchildren included), leave a valid history, and the run can be resume
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -227,3 +228,73 @@ def test_cancel_stops_a_run_waiting_on_the_model_at_once(
     assert query(db_path, "SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
     assert query(db_path, "SELECT kind, state, error FROM steps") == [
         ("model", "failed", "cancelled while waiting for the model's answer")]
+
+
+
+def test_the_cancel_watch_is_the_sessions_heartbeat_not_a_thread_per_call(
+        cli_inproc, write_script, workspace, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A thread started and joined around every command and model call cost a step about a
+    quarter of a millisecond; the session's heartbeat polls the flag instead."""
+    import threading
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    commands = [{"tool_calls": [{"name": "run_command", "arguments": {"command": f"echo {i}"}}]} for i in range(8)]
+    result = cli_inproc("start", "t", "--shell", "allow", "--sandbox", "off", "--run-id", "cmds",
+                        "--model", write_script([*commands, {"content": "done"}]), "--verify", "true")
+    assert result.code == 0, result.err
+    assert started.count("lease-heartbeat") == 1, started  # guard the check: starts are counted
+    assert started.count("cancel-watch") == 0, started
+
+
+class _CountingJournal:
+    """What the heartbeat asks of a journal, counted."""
+
+    def __init__(self) -> None:
+        self.renewals = 0
+        self.looks = 0
+        self.renewed = threading.Event()
+        self.looked = threading.Event()
+
+    def heartbeat(self) -> bool:
+        self.renewals += 1
+        self.renewed.set()
+        return False
+
+    def cancel_requested(self) -> bool:
+        self.looks += 1
+        self.looked.set()
+        return self.looks >= 2  # the second look finds the flag set
+
+
+def test_the_heartbeat_looks_for_a_cancel_only_while_a_call_is_armed() -> None:
+    from durable_agent.heartbeat import Heartbeat, watch_cancel
+
+    journal = _CountingJournal()
+    cancel = threading.Event()
+    with Heartbeat(journal, 1.0, cancel) as beat:  # type: ignore[arg-type]
+        for _ in range(2):  # two renewals: ticks in between (every 0.5 s) went by unarmed
+            journal.renewed.clear()
+            assert journal.renewed.wait(10)
+        assert journal.looks == 0 and not cancel.is_set()
+        with watch_cancel(cancel, journal, beat):  # type: ignore[arg-type]
+            assert cancel.wait(10), "an armed call never saw the cancel"
+            assert journal.looks == 2
+        assert not beat.armed
+    assert not beat.running
+
+
+def test_without_a_heartbeat_the_cancel_watch_has_a_thread_of_its_own() -> None:
+    from durable_agent.heartbeat import watch_cancel
+
+    journal = _CountingJournal()
+    cancel = threading.Event()
+    with watch_cancel(cancel, journal):  # type: ignore[arg-type]
+        assert cancel.wait(10)
+    assert journal.looks == 2
