@@ -85,3 +85,123 @@ def test_default_database_lives_in_the_user_data_dir(cli, env) -> None:  # type:
     r = cli("db", "path")
     assert r.code == 0
     assert r.stdout.strip() == f"sqlite:///{env['XDG_DATA_HOME']}/durable-agent/durable-agent.db"
+
+
+# -- a new SQLite store is made from the generated head schema (store/head_sqlite.py) -----------
+def _schema_facts(path: Path) -> dict[str, object]:
+    """Everything SQLite knows of a store's schema: its objects' SQL, each table's columns
+    (hidden ones too) and foreign keys, the revision."""
+    db = sqlite3.connect(path)
+    try:
+        objects = sorted(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"), key=repr)
+        tables = [name for kind, name, _, _ in objects if kind == "table"]
+        return {
+            "objects": objects,
+            "columns": {t: db.execute(f"PRAGMA table_xinfo({t})").fetchall() for t in tables},
+            "foreign_keys": {t: db.execute(f"PRAGMA foreign_key_list({t})").fetchall() for t in tables},
+            "revision": db.execute("SELECT version_num FROM alembic_version").fetchall(),
+            "integrity": db.execute("PRAGMA integrity_check").fetchall(),
+        }
+    finally:
+        db.close()
+
+
+def test_a_new_sqlite_store_is_made_at_head_exactly_as_the_migrations_make_it(tmp_path: Path) -> None:
+    migrated = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
+    upgrade(migrated)
+    migrated.dispose()
+    open_store_engine(f"sqlite:///{tmp_path / 'new.db'}").dispose()
+    made, expected = _schema_facts(tmp_path / "new.db"), _schema_facts(tmp_path / "migrated.db")
+    assert made == expected
+    assert made["revision"] == [(HEAD_REVISION,)]
+
+
+def test_the_generated_head_schema_is_up_to_date() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gen_head_schema.py"
+    check = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    from durable_agent.store import head_sqlite
+
+    assert head_sqlite.REVISION == HEAD_REVISION
+
+
+def test_making_a_new_sqlite_store_does_not_import_alembic(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    code = ("import sys\nfrom durable_agent.store.engine import open_store_engine\n"
+            f"open_store_engine({url!r}).dispose()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert _schema_facts(tmp_path / "n.db")["revision"] == [(HEAD_REVISION,)]
+
+
+def test_processes_making_the_same_new_store_at_once_make_it_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared.db"
+    go = tmp_path / "go"
+    url = f"sqlite:///{path}"
+    code = ("import os, sys, time\nfrom durable_agent.store.engine import open_store_engine\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+            f"open_store_engine({url!r}).dispose()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    go.touch()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    migrated = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
+    upgrade(migrated)
+    migrated.dispose()
+    assert _schema_facts(path) == _schema_facts(tmp_path / "migrated.db")
+
+
+def test_a_sqlite_file_that_holds_other_tables_is_left_to_the_migrations(tmp_path: Path) -> None:
+    path = tmp_path / "theirs.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE notes (body TEXT)")
+    db.execute("INSERT INTO notes VALUES ('kept')")
+    db.commit()
+    db.close()
+    open_store_engine(f"sqlite:///{path}").dispose()  # the migrations add the store beside them
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT body FROM notes").fetchall() == [("kept",)]
+    assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD_REVISION,)]
+    db.close()
+
+
+@pytest.mark.slow
+def test_a_new_store_on_a_full_disk_is_made_whole_or_not_at_all(
+        tmp_path: Path, cli, write_script) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    from mounts import mount_tmpfs
+
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "1m")
+    try:
+        (disk / "filler").write_bytes(b"\0" * ((1 << 20) - (32 << 10)))  # 32 KiB left
+        db = disk / "new.db"
+        script = write_script([{"content": "done"}])
+        r = cli("start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet")
+        assert r.code == 7, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        if db.exists():  # whatever is there is no half-made store: empty, or nothing at all
+            check = sqlite3.connect(db)
+            assert check.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+            check.close()
+        r = cli("start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet")
+        assert r.code == 0, r.stderr
+        migrated = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
+        upgrade(migrated)
+        migrated.dispose()
+        facts, expected = _schema_facts(db), _schema_facts(tmp_path / "migrated.db")
+        assert facts["objects"] == expected["objects"] and facts["revision"] == expected["revision"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
