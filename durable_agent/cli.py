@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from durable_agent import cli_streams as streams  # tiny modules: keep --help fast
+from durable_agent import collector
 from durable_agent.cli_streams import Parser
 from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE
 
@@ -327,6 +328,14 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    collector.pause()  # until a run's loop begins (collector.py)
+    try:
+        return _main(argv)
+    finally:
+        collector.restore()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     streams.open_missing()
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import cli_streams as streams
-from durable_agent import render
+from durable_agent import collector, render
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.interrupts import Interrupts
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
@@ -70,6 +70,7 @@ def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
 
 def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
              lease: tuple[str, int] | None = None) -> int:
+    collector.from_here()
     try:
         with _interrupts(cancel, args.quiet or args.json):
             outcome = runner.execute(run_id, lease=lease)
@@ -361,6 +362,7 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
                             poll_s=args.poll, once=args.once, quiet=args.quiet,
                             max_running=settings.max_running_runs,
                             workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None)
+    collector.from_here()  # a worker lives long: its collector runs (collector.py)
     return run_worker(settings, options, env)
 
 
@@ -385,6 +387,7 @@ def cmd_ui(args: Namespace, env: dict[str, str]) -> int:
 
     settings = _store_settings(args, env)
     token = args.token if args.token is not None else (env.get(TOKEN_ENV) or None)
+    collector.from_here()  # a server lives long: its collector runs (collector.py)
     return serve(settings, ServeOptions(host=args.host, port=args.port, token=token,
                                            open_browser=args.open_browser))
 
