@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from durable_agent.errors import LoopExit
 from durable_agent.guard import Limits
-from durable_agent.heartbeat import Heartbeat
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
@@ -29,6 +28,7 @@ from durable_agent.store.step import Counters
 from durable_agent.tools.base import Tool
 
 if TYPE_CHECKING:  # tenacity's side stays unimported until a call fails
+    from durable_agent.heartbeat import Heartbeat
     from durable_agent.models.retry import RetryPolicy
 
 
