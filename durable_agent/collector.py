@@ -12,17 +12,32 @@ from __future__ import annotations
 
 import gc
 
+# One entry for each `main` under way: was the collector on, and was nothing frozen (then
+# what is frozen later is ours to unfreeze)?
+_found: list[tuple[bool, bool]] = []
+
 
 def pause() -> None:
+    _found.append((gc.isenabled(), gc.get_freeze_count() == 0))
     gc.disable()
 
 
 def from_here() -> None:
-    """The command's own work begins: what exists now lives as long as the process."""
-    gc.freeze()
+    """The command's own work begins: what exists now lives as long as the process.
+    (A caller that froze objects itself keeps them as they are: nothing more is frozen.)"""
+    if not _found:
+        return  # not under `main`: the collector is the caller's
+    if _found[-1][1]:
+        gc.freeze()
     gc.enable()
 
 
 def restore() -> None:
-    gc.unfreeze()
-    gc.enable()
+    """As `pause` found it: on or off, and only what `from_here` froze unfrozen."""
+    enabled, nothing_frozen = _found.pop() if _found else (True, True)
+    if nothing_frozen:
+        gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()

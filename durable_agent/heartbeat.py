@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from durable_agent.errors import LeaseLost
 from durable_agent.store.journal import Journal
@@ -27,8 +27,9 @@ class Heartbeat:
     a quarter of a millisecond (most of it the two hand-offs of the GIL).
     """
 
-    def __init__(self, journal: Journal, interval: float, cancel: threading.Event) -> None:
-        self.journal, self.interval, self.cancel = journal, interval, cancel
+    def __init__(self, journal: Journal, interval: float, cancel: threading.Event, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.journal, self.interval, self.cancel, self._clock = journal, interval, cancel, clock
         self.lost = False
         # Set and cleared by the main thread with a plain assignment: no lock, so a Ctrl-C
         # landing there leaves nothing held. Not for nesting (nothing nests a call).
@@ -50,14 +51,18 @@ class Heartbeat:
         return self._thread.is_alive() and not self._stop.is_set()
 
     def _loop(self) -> None:
-        renew_at = time.monotonic() + self.interval
-        while not self._stop.wait(self._tick):
+        renew_at = self._clock() + self.interval
+        # Each wait ends at the next look or at the renewal, whichever comes first: a
+        # renewal rounded up to the look's tick came up to half a second late on a short lease.
+        while not self._stop.wait(max(0.0, min(self._tick, renew_at - self._clock()))):
             try:
-                if time.monotonic() >= renew_at:
-                    renew_at = time.monotonic() + self.interval
+                if self._clock() >= renew_at:
+                    renew_at = self._clock() + self.interval
                     if self.journal.heartbeat():
                         self.cancel.set()
-                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested():
+                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested_once():
+                    # One try: a look retried through a store outage held the next renewal
+                    # back past the lease, and another worker took the run over.
                     self.cancel.set()
             except LeaseLost:
                 self.lost = True

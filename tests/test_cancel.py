@@ -272,6 +272,8 @@ class _CountingJournal:
         self.looked.set()
         return self.looks >= 2  # the second look finds the flag set
 
+    cancel_requested_once = cancel_requested
+
 
 def test_the_heartbeat_looks_for_a_cancel_only_while_a_call_is_armed() -> None:
     from durable_agent.heartbeat import Heartbeat, watch_cancel
@@ -298,3 +300,73 @@ def test_without_a_heartbeat_the_cancel_watch_has_a_thread_of_its_own() -> None:
     with watch_cancel(cancel, journal):  # type: ignore[arg-type]
         assert cancel.wait(10)
     assert journal.looks == 2
+
+
+class _FakeTime:
+    """The heartbeat's clock and its stop event in one: each wait moves the clock on by
+    its timeout at once, and the loop stops at `until`."""
+
+    def __init__(self, until: float) -> None:
+        self.now, self.until = 0.0, until
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, timeout: float) -> bool:
+        self.now += timeout
+        return self.now >= self.until
+
+    def set(self) -> None:
+        pass
+
+
+class _TimedJournal:
+    def __init__(self, clock: _FakeTime, *, looks_fail: bool) -> None:
+        self.clock, self.looks_fail = clock, looks_fail
+        self.renewed_at: list[float] = []
+        self.looked_at: list[float] = []
+        self.retried_looks = 0
+
+    def heartbeat(self) -> bool:
+        self.renewed_at.append(round(self.clock.now, 6))
+        return False
+
+    def cancel_requested_once(self) -> bool:
+        self.looked_at.append(round(self.clock.now, 6))
+        if self.looks_fail:
+            raise OSError("the store is down")
+        return False
+
+    def cancel_requested(self) -> bool:  # retried for up to a minute: not for the heartbeat
+        self.retried_looks += 1
+        return False
+
+
+def _beat(interval: float, until: float, *, armed: bool, looks_fail: bool = False) -> _TimedJournal:
+    from durable_agent.heartbeat import Heartbeat
+
+    clock = _FakeTime(until)
+    journal = _TimedJournal(clock, looks_fail=looks_fail)
+    beat = Heartbeat(journal, interval, threading.Event(), clock=clock)  # type: ignore[arg-type]
+    beat._stop = clock  # type: ignore[assignment]
+    beat.armed = armed
+    beat._loop()  # in this thread, on the fake clock
+    return journal
+
+
+def test_the_lease_is_renewed_every_interval_not_at_the_next_tick_after_it() -> None:
+    """A renewal rounded up to the half-second look came up to 0.5 s late: with a lease
+    of 1.6 s only 0.59 s of it was left, and a writer holding the lock that long lost the run."""
+    journal = _beat(1.6 / 3, 3.0, armed=False)
+    assert journal.renewed_at == pytest.approx([0.533333, 1.066667, 1.6, 2.133333, 2.666667], abs=1e-5)
+    journal = _beat(1.6, 7.0, armed=True)
+    assert journal.renewed_at == pytest.approx([1.6, 3.2, 4.8, 6.4], abs=1e-5)
+    assert len(journal.looked_at) >= 8  # armed: a look every half second between them
+
+
+def test_a_failing_look_for_a_cancel_neither_retries_nor_delays_the_renewal() -> None:
+    """The look is one try: retried through a store outage (up to a minute), it held the
+    renewal back past the lease, and a worker took the run over."""
+    journal = _beat(2.0, 9.0, armed=True, looks_fail=True)
+    assert journal.renewed_at == pytest.approx([2.0, 4.0, 6.0, 8.0], abs=1e-5)
+    assert len(journal.looked_at) >= 8 and journal.retried_looks == 0

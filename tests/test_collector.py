@@ -76,3 +76,27 @@ def test_the_long_lived_commands_run_with_the_collector_on(
     result = cli_inproc(command, *(["--once"] if command == "worker" else ["--port", "0"]))
     assert result.code == 0, result.err
     assert seen == [True]
+
+
+def test_main_leaves_a_callers_collector_off_and_its_frozen_objects_frozen(
+        cli_inproc, write_script) -> None:  # type: ignore[no-untyped-def]
+    from durable_agent.cli import main
+
+    gc.disable()
+    try:
+        with pytest.raises(SystemExit):
+            main(["--version"])
+        assert not gc.isenabled()
+        assert cli_inproc("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g3").code == 0
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    gc.freeze()  # as a server that forks would
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        assert cli_inproc("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g4").code == 0
+        after = gc.get_freeze_count()  # (frozen objects freed by their counts leave it)
+        assert frozen - 1000 < after <= frozen and gc.isenabled()  # not unfrozen, nothing added
+    finally:
+        gc.unfreeze()

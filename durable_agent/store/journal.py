@@ -345,8 +345,16 @@ class Journal:
         return None if row is None else StepRecord.from_row(row)
 
     def cancel_requested(self) -> bool:
-        return bool(self._read(lambda conn: conn.execute(
-            select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar()))
+        return bool(self._read(self._cancel_flag))
+
+    def cancel_requested_once(self) -> bool:
+        """`cancel_requested` in one try, not retried (raises on a fault): for the heartbeat's
+        thread, whose next lease renewal must not wait behind a read retried for a minute."""
+        with self.engine.connect().execution_options(readonly=True) as conn:
+            return self._cancel_flag(conn)
+
+    def _cancel_flag(self, conn: Connection) -> bool:
+        return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
 
     def approval_for(self, call_id: str, kind: str, *, used_too: bool = False) -> ApprovalRecord | None:
         """The latest decided, not yet used approval of this call, or a pending one (`used_too`:
