@@ -3,10 +3,10 @@
 Start-up makes a few hundred thousand objects that live as long as the process (modules,
 classes, the schema, pydantic's validators); the collections they set off find nothing to
 free and cost a one-step `start` about a tenth of its wall time (3% of its instructions:
-the rest is memory traffic). So `cli.main` pauses the
-collector for the command, a run's loop starts it again with everything made so far frozen
-out of later collections (which then also pass over it every time), and `main` leaves the
-collector as it found it for a caller in the same process (the tests, a program).
+the rest is memory traffic). So `cli.main` pauses the collector for the command, a run's
+loop starts it again with everything made so far frozen out of later collections (which
+then also pass over it every time), and `main` leaves the collector as it found it for a
+caller in the same process (the tests, a program).
 """
 
 from __future__ import annotations
