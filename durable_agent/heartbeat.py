@@ -60,7 +60,7 @@ class Heartbeat:
                     renew_at = self._clock() + self.interval
                     if self.journal.heartbeat():
                         self.cancel.set()
-                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested_once():
+                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested(once=True):
                     # One try: a look retried through a store outage held the next renewal
                     # back past the lease, and another worker took the run over.
                     self.cancel.set()

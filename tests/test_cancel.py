@@ -267,12 +267,10 @@ class _CountingJournal:
         self.renewed.set()
         return False
 
-    def cancel_requested(self) -> bool:
+    def cancel_requested(self, *, once: bool = False) -> bool:
         self.looks += 1
         self.looked.set()
         return self.looks >= 2  # the second look finds the flag set
-
-    cancel_requested_once = cancel_requested
 
 
 def test_the_heartbeat_looks_for_a_cancel_only_while_a_call_is_armed() -> None:
@@ -329,14 +327,13 @@ class _TimedJournal:
         self.renewed_at.append(round(self.clock.now, 6))
         return False
 
-    def cancel_requested_once(self) -> bool:
+    def cancel_requested(self, *, once: bool = False) -> bool:
+        if not once:  # retried for up to a minute: not for the heartbeat
+            self.retried_looks += 1
+            return False
         self.looked_at.append(round(self.clock.now, 6))
         if self.looks_fail:
             raise OSError("the store is down")
-        return False
-
-    def cancel_requested(self) -> bool:  # retried for up to a minute: not for the heartbeat
-        self.retried_looks += 1
         return False
 
 

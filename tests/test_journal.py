@@ -81,3 +81,32 @@ def test_a_lost_lease_and_ctrl_c_give_the_connection_back(tmp_path: Path) -> Non
     outcome = runner.execute(runner.create("t"))
     assert outcome.status == "cancelled"
     assert checked_out(engine) == 0
+
+
+def test_the_heartbeats_look_for_a_cancel_is_one_try_and_the_loops_is_retried() -> None:
+    """A server that refuses connections (here: nothing listens on the port): the look for
+    the heartbeat fails at once, without a wait, so its next lease renewal is not held back;
+    the ordinary read waits and tries again under the store policy."""
+    import socket
+
+    from durable_agent.errors import StoreUnavailable
+    from durable_agent.store.engine import make_engine
+    from durable_agent.store.journal import Journal
+    from durable_agent.store.retrying import StorePolicy
+
+    with socket.socket() as s:  # a free port, closed again: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = make_engine(f"postgresql://127.0.0.1:{port}/none")
+    waits: list[float] = []
+    journal = Journal(engine, "r", "me", 1, 30, policy=StorePolicy(max_attempts=3, max_seconds=30),
+                      sleep=waits.append)
+    try:
+        with pytest.raises(StoreUnavailable):
+            journal.cancel_requested(once=True)
+        assert waits == []
+        with pytest.raises(StoreUnavailable):
+            journal.cancel_requested()
+        assert len(waits) == 2  # three tries
+    finally:
+        engine.dispose()

@@ -295,8 +295,8 @@ class Journal:
             raise LeaseLost(self.run_id)
         self.cancel_seen = bool(row[0])
 
-    def _read(self, query: Callable[[Connection], Any]) -> Any:
-        return retrying.read(self.engine, query, self.policy, run_id=self.run_id, sleep=self.sleep)
+    def _read(self, query: Callable[[Connection], Any], policy: retrying.StorePolicy | None = None) -> Any:
+        return retrying.read(self.engine, query, policy or self.policy, run_id=self.run_id, sleep=self.sleep)
 
     # -- reads ---------------------------------------------------------------------------------
     def load(self) -> Loaded:
@@ -344,17 +344,10 @@ class Journal:
             steps.c.run_id == self.run_id, steps.c.idempotency_key == key)).first())
         return None if row is None else StepRecord.from_row(row)
 
-    def cancel_requested(self) -> bool:
-        return bool(self._read(self._cancel_flag))
-
-    def cancel_requested_once(self) -> bool:
-        """`cancel_requested` in one try, not retried (raises on a fault): for the heartbeat's
-        thread, whose next lease renewal must not wait behind a read retried for a minute."""
-        with self.engine.connect().execution_options(readonly=True) as conn:
-            return self._cancel_flag(conn)
-
-    def _cancel_flag(self, conn: Connection) -> bool:
-        return bool(conn.execute(select(runs.c.cancel_requested).where(runs.c.id == self.run_id)).scalar())
+    def cancel_requested(self, *, once: bool = False) -> bool:
+        """`once`: one try, for the heartbeat (its renewal must not wait behind a minute of retries)."""
+        return bool(self._read(lambda conn: conn.execute(select(runs.c.cancel_requested).where(
+            runs.c.id == self.run_id)).scalar(), retrying.StorePolicy(max_attempts=1) if once else None))
 
     def approval_for(self, call_id: str, kind: str, *, used_too: bool = False) -> ApprovalRecord | None:
         """The latest decided, not yet used approval of this call, or a pending one (`used_too`:
