@@ -133,15 +133,18 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
+    from durable_agent.tools.limits import read_capped
+
     try:
         # Without blocking: a FIFO named as the config (with no writer) would hang every command.
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
+            st = os.fstat(f.fileno())
+            mode = st.st_mode
             if stat.S_ISDIR(mode):
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
             if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
                 raise ConfigError(f"config file {path} is not a regular file")
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+            raw = read_capped(f, st.st_size, MAX_CONFIG_BYTES)
         if len(raw) > MAX_CONFIG_BYTES:  # /dev/zero, a log file named by mistake
             raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
         data = tomllib.loads(raw.decode("utf-8"))

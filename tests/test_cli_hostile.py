@@ -230,6 +230,7 @@ def test_a_reader_of_the_timeline_that_goes_away_does_not_fail_the_run(  # type:
 
 
 @pytest.mark.parametrize("closed", ["stderr", "stdout"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_output_nobody_reads_changes_neither_the_run_nor_its_exit_code(  # type: ignore[no-untyped-def]
         cli, env, workspace, write_script, closed) -> None:
     # `start ... 2>&1 | true`: the header line failed after the run was created and leased,
@@ -257,6 +258,7 @@ def test_output_nobody_reads_changes_neither_the_run_nor_its_exit_code(  # type:
     assert (workspace / "b.txt").read_text() == "b"
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_stderr_or_stdout_nobody_can_write_keeps_every_exit_code(  # type: ignore[no-untyped-def]
         cli, env, workspace, write_script, tmp_path) -> None:
     import importlib.util
@@ -282,6 +284,7 @@ def test_a_stderr_or_stdout_nobody_can_write_keeps_every_exit_code(  # type: ign
     assert json.loads(shown.stdout)["status"] == "pending"
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_the_demo_read_by_nobody_still_runs_to_its_end(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # `demo | head -c 2000`: the print failed mid-story, the resumed child was left running in
     # a workspace this process then deleted (the run failed), and the demo exited 0.
@@ -298,3 +301,38 @@ def test_the_demo_read_by_nobody_still_runs_to_its_end(env, tmp_path) -> None:  
     import sqlite3
 
     assert sqlite3.connect(db).execute("SELECT status FROM runs").fetchall() == [("completed",)]
+
+
+def test_a_small_script_or_config_is_read_without_a_buffer_the_size_of_the_cap(tmp_path) -> None:
+    # `f.read(cap + 1)` allocated the whole cap up front (64 MiB for a script, 4 MiB for the
+    # config) to read a few bytes; the cap itself still holds, to the byte.
+    import tracemalloc
+
+    from durable_agent.config_layers import MAX_CONFIG_BYTES, read_config_file
+    from durable_agent.errors import ConfigError
+    from durable_agent.models.scripted import MAX_SCRIPT_BYTES, load_script
+
+    script, config = tmp_path / "s.json", tmp_path / "c.toml"
+    script.write_text('[{"content": "done"}]')
+    config.write_text("max_steps = 7\n")
+    tracemalloc.start()
+    try:
+        assert load_script(script) == [{"content": "done"}]
+        assert read_config_file(config) == {"max_steps": 7}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    turn = b'[{"content": "done"}]'
+    script.write_bytes(turn + b" " * (MAX_SCRIPT_BYTES - len(turn)))  # exactly the cap: read
+    assert load_script(script) == [{"content": "done"}]
+    with script.open("ab") as f:
+        f.write(b" ")
+    with pytest.raises(ConfigError, match="larger than 64 MiB"):
+        load_script(script)
+    config.write_bytes(b"a = 1" + b" " * (MAX_CONFIG_BYTES - 6) + b"\n")
+    assert read_config_file(config) == {"a": 1}
+    with config.open("ab") as f:
+        f.write(b"\n")
+    with pytest.raises(ConfigError, match="larger than 4 MiB"):
+        read_config_file(config)

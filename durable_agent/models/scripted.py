@@ -10,6 +10,7 @@ An "arguments" string is passed through raw (to script malformed JSON). An optio
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -18,6 +19,7 @@ from typing import Any
 
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn, ToolCall, Usage
+from durable_agent.tools.limits import read_capped
 
 MAX_SCRIPT_BYTES = 64 * 1024 * 1024  # far above any real script; /dev/zero is not one
 
@@ -25,7 +27,7 @@ MAX_SCRIPT_BYTES = 64 * 1024 * 1024  # far above any real script; /dev/zero is n
 def load_script(path: Path) -> list[dict[str, Any]]:
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_SCRIPT_BYTES + 1)
+            raw = read_capped(f, os.fstat(f.fileno()).st_size, MAX_SCRIPT_BYTES)
         if len(raw) > MAX_SCRIPT_BYTES:
             raise ConfigError(f"script file {path} is larger than {MAX_SCRIPT_BYTES >> 20} MiB")
         data = json.loads(raw.decode("utf-8"))
