@@ -147,6 +147,7 @@ SHAPED = st.recursive(
 
 @settings(max_examples=300, deadline=None)
 @given(SHAPED)
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_any_json_body_is_an_answer_or_a_classified_failure(value: Any) -> None:
     body = json.dumps(value).encode()
     try:

@@ -67,6 +67,7 @@ def test_budget_stop_then_resume_runs_each_tool_once(tmp_path: Path, workspace: 
         agent.resume(first.run_id)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_approve_then_resume_under_shell_ask(tmp_path: Path, workspace: Path, env: dict[str, str],
                                              write_script: Callable[..., str], cli: Callable[..., Any]) -> None:
     model = write_script([{"tool_calls": [{"name": "count", "arguments": {"label": "x"}}]}, {"content": "ok"}])

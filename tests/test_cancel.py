@@ -198,6 +198,7 @@ def test_sigterm_cancels_like_ctrl_c(env, write_script, workspace, sql) -> None:
 
 
 @pytest.mark.parametrize("waiting_on", ["the answer", "a backoff"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_cancel_stops_a_run_waiting_on_the_model_at_once(
         waiting_on: str, cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path,
         db_path: Path) -> None:

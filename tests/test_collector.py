@@ -35,6 +35,7 @@ def test_a_command_that_runs_no_loop_or_fails_leaves_the_collector_on(cli_inproc
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_the_start_up_sets_off_no_collection(env: dict[str, str], workspace, write_script) -> None:  # type: ignore[no-untyped-def]
     """What the pause is for: in a new process, a start's imports and set-up set off no
     collection (each found next to nothing to free; a full one walks every object)."""

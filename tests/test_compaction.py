@@ -514,6 +514,7 @@ def test_a_summary_with_bytes_the_store_cleans_compacts_the_same_way_through_cra
 
 
 @pytest.mark.parametrize("windowed", [20], indirect=True)
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_summary_keeps_no_escaped_spelling_of_the_harness_key(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     # A summary is the model's free text, like an answer: the key spelt with JSON escapes
     # ("\u0073k-...", which any JSON reader decodes) was stored and sent back as it came.
@@ -528,6 +529,7 @@ def test_a_summary_keeps_no_escaped_spelling_of_the_harness_key(windowed: Endpoi
 
 
 @pytest.mark.parametrize("windowed", [20], indirect=True)
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_summary_that_is_only_reasoning_counts_as_empty(windowed: Endpoint, sql: Callable[..., list[Any]]) -> None:
     # It was kept as the summary, dropping the list of results that can be read again.
     windowed.server.add_faults([{"kind": "summary", "times": 1000, "message": {
@@ -678,6 +680,7 @@ def test_a_summary_refused_as_too_long_fails_the_run_saying_so_and_resume_does_n
     {"message": {"role": "assistant", "content": None, "tool_calls": [
         {"id": "x", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}},
 ], ids=["huge", "length", "empty", "tool-calls"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_an_odd_summary_answer_keeps_the_requests_under_the_budget_and_what_was_dropped_findable(
         windowed: Endpoint, sql: Callable[..., list[Any]], answer: dict[str, Any]) -> None:
     windowed.server.add_faults([{"kind": "summary", **answer, "times": 100}])

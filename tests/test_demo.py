@@ -16,6 +16,7 @@ import pytest
 from durable_agent.demo.checks import check_story
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_demo_crashes_resumes_and_shows_nothing_ran_twice(cli, env, tmp_path: Path, db_path: Path) -> None:
     # The user's own configuration must not change the story, nor their store receive the run.
     config = tmp_path / "user.toml"
@@ -59,6 +60,7 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(cli, env, tmp_path: Pa
             assert conn.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_demo_records_into_a_given_db_and_cleans_up_its_workspace(cli, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'mine.db'}"
     r = cli("demo", "--db", url, extra_env={"TMPDIR": str(tmp_path)})

@@ -26,6 +26,7 @@ def fresh(args: list[str], env: dict[str, str], cwd: Path, **kw: Any) -> subproc
 
 @pytest.mark.parametrize("args", [["--help"], ["nosuch"], ["list"], ["show", "nothing"], ["list", "--json"],
                                   ["start", "--help"], ["db", "current"]])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_answers_as_a_fresh_process(args: list[str], env: dict[str, str], workspace: Path) -> None:
     forked = forked_cli.run(args, env=env, cwd=workspace)
     plain = fresh(args, env, workspace)

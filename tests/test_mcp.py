@@ -62,6 +62,7 @@ def test_tools_lists_every_source_with_effect_classes(cli: Callable[..., Any], t
     assert len(twins) == 2 and sorted(twins.values()) == ["exec", "read"], twins
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_run_calls_the_server_and_records_results(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
                                                     workspace: Path) -> None:
     r = run_f([{"tool_calls": [call("f__lookup", key="a"), call("f__put", key="a", value="1"),
@@ -155,6 +156,7 @@ def test_twin_names_call_their_own_tools(run_f: Callable[..., Any], sql: Callabl
         ("f__twin_a", "read", "twin.a ran"), (other, "exec", "twin_a ran")]
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_the_server_is_contained_like_a_command(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
                                                 tmp_path: Path, workspace: Path, env: dict[str, str]) -> None:
     if env.get("DURABLE_AGENT_SANDBOX") == "off":
@@ -259,6 +261,7 @@ def test_an_unknown_command_is_a_config_error(cli: Callable[..., Any], write_scr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_the_server_gets_no_harness_secrets(run_f: Callable[..., Any], sql: Callable[..., list[Any]],
                                             cli: Callable[..., Any], env: dict[str, str]) -> None:
     env["SERVICE_TOKEN"] = "tok-abcdef123456"

@@ -62,6 +62,7 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(site)}
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_plugin_tool_is_listed_and_used_in_a_run(cli: Callable[..., Any], plugin_env: dict[str, str],
                                                    write_script: Callable[..., str], tmp_path: Path,
                                                    sql: Callable[..., list[Any]]) -> None:
@@ -95,6 +96,7 @@ def test_a_plugin_tool_is_listed_and_used_in_a_run(cli: Callable[..., Any], plug
     ("da_demo_plugin", "is not `package.module:Name`"),
     ("da_demo_plugin:Shout", "two tools are named 'shout'"),
 ])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_bad_tool_entry_is_one_line(cli: Callable[..., Any], plugin_env: dict[str, str], tmp_path: Path,
                                       spec: str, message: str) -> None:
     config = tmp_path / "config.toml"

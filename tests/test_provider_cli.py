@@ -216,6 +216,7 @@ def test_exhausted_retries_fail_then_resume_continues_from_that_step(
 # --- 4. cost-safe resume after kill -9 during a model call ------------------------------------
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_kill_during_a_slow_model_call_then_resume_requests_only_that_turn_again(
         api: Endpoint, sql: Callable[..., list[Any]]) -> None:
     slow_turn = 2

@@ -122,6 +122,7 @@ def test_the_document_has_ten_numbered_queries_each_with_an_expectation() -> Non
 
 @pytest.mark.parametrize("index", range(len(SQLITE_BLOCKS)),
                          ids=[f"{b.section[:30]}#{i}" for i, b in enumerate(SQLITE_BLOCKS)])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_each_documented_query_runs_on_sqlite_and_finds_what_it_promises(store, index: int) -> None:
     conn, runs = store
     block = SQLITE_BLOCKS[index]

@@ -239,6 +239,7 @@ def test_timeout_is_retryable(server: FakeOpenAI) -> None:
     {"stall": "hints", "every": 0.05},  # 103 Early Hints forever (skipped by the HTTP library)
     {"stall": "deflate", "every": 0.05},  # empty deflate blocks: bytes that decode to nothing
 ], ids=["body", "error-body", "headers", "early-hints", "empty-deflate"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
         server: FakeOpenAI, fault: dict[str, Any]) -> None:
     # Each read gets bytes in time, so the read timeout alone let these calls run for as

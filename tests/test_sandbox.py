@@ -274,6 +274,7 @@ def test_a_bare_repository_a_command_made_is_protected_from_the_next_command(  #
      "ln -s ../gf sub/.git && git -C sub rev-parse --git-dir", ".git/x/config"),
 ], ids=["root-shaped-like-one", "skipped-name", "common-dir-inside-dot-git", "name-ending-in-a-space",
         "inside-objects", "behind-a-link", "in-an-object-store-name", "link-to-a-gitdir-file"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_every_config_git_would_read_is_read_only_for_the_next_command(  # type: ignore[no-untyped-def]
         cli, workspace, write_script, db_path, make, config) -> None:
     need_bwrap()

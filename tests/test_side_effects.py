@@ -211,6 +211,7 @@ def test_kill_9_mid_command_kills_its_group_blocks_and_approval_runs_it_once(
     assert_history_valid(db_path, "k")
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_kill_9_mid_command_then_deny_tells_the_model_and_runs_nothing(
         cli, write_script, env, workspace, db_path, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},

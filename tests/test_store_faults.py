@@ -235,6 +235,7 @@ def _restart(s: Scenario) -> None:
 
 # -- SQLite -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["io_error", "full", "locked"])
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_one_failed_statement_is_retried_in_place(kind: str, tmp_path: Path, env: dict[str, str],
                                                    sqlite_template: Path, reference: Any) -> None:
     files_ref, count = reference
@@ -254,6 +255,7 @@ def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
         assert len(s.codes) >= 2 and s.codes[-1] == 0
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_run_totals_are_derived_from_the_rows_not_trusted(tmp_path: Path, env: dict[str, str],
                                                          sqlite_template: Path, reference: Any) -> None:
     """A counter that disagrees with the rows (a total written from memory after a failed

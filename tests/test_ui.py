@@ -21,6 +21,7 @@ pytest.importorskip("starlette", reason="the `ui` extra is not installed")
 FIRST = [Message("user", "t")]
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
     c = client(store_url)
@@ -143,6 +144,7 @@ def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
     assert (workspace / "made.txt").exists() and len(ledger_lines(workspace)) == 1  # ran exactly once
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_deny_names_the_token_holder_when_the_form_names_nobody(cli, write_script, store_url) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
     secret = "s" * 20
@@ -272,6 +274,7 @@ def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script,
     assert proc.returncode is not None
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
         cli, write_script, store_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
