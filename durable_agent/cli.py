@@ -333,6 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     finally:
         collector.restore()
+        # The process's own command (a caller from Python passes argv), one that ran threads
+        # (they need signal): its exit code decided, a Ctrl-C while it ends (a second press)
+        # printed a traceback from threading._shutdown or an atexit handler.
+        if argv is None and (signal := sys.modules.get("signal")) is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -336,3 +336,22 @@ def test_a_small_script_or_config_is_read_without_a_buffer_the_size_of_the_cap(t
         f.write(b"\n")
     with pytest.raises(ConfigError, match="larger than 4 MiB"):
         read_config_file(config)
+
+
+@pytest.mark.parametrize("entry", ["python -m durable_agent", "durable-agent"])
+def test_a_ctrl_c_while_the_process_ends_changes_nothing_and_prints_no_traceback(env, workspace, write_script,
+                                                                                 entry) -> None:
+    # A second Ctrl-C that lands after the command is over, while the interpreter ends (its
+    # threads joined, its atexit handlers run), printed a KeyboardInterrupt traceback from
+    # threading._shutdown and changed the exit code. Here the SIGINT is sent from an atexit
+    # handler, i.e. at that very moment, through the same entry points as the real command.
+    start = ("import runpy; runpy.run_module('durable_agent', run_name='__main__')" if entry.startswith("python")
+             else "from durable_agent.cli import main; raise SystemExit(main())")  # the console script's body
+    script = write_script([{"content": "done"}])
+    code = ("import atexit, os, signal, sys\n"
+            "atexit.register(os.kill, os.getpid(), signal.SIGINT)\n"
+            f"sys.argv = ['durable-agent', 'start', 't', '--model', {script!r}, '--quiet']\n" + start)
+    r = subprocess.run([sys.executable, "-c", code], cwd=workspace, env=env, capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout.strip() == "done", (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
