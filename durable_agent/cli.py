@@ -333,9 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     finally:
         collector.restore()
-        # The process's own command (a caller from Python passes argv), one that ran threads
-        # (they need signal): its exit code decided, a Ctrl-C while it ends (a second press)
-        # printed a traceback from threading._shutdown or an atexit handler.
+        # The process's own command (a caller from Python passes argv) that handled Ctrl-C
+        # or ran commands (both load signal; --help and list load it not, nor start threads):
+        # its exit code decided, a second press while it ends printed a traceback from
+        # threading._shutdown or an atexit handler.
         if argv is None and (signal := sys.modules.get("signal")) is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
