@@ -412,6 +412,52 @@ def instructions(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
     return int(proc.stderr.split("Collected :")[1].split()[0])
 
 
+# A 1-step start run under a wrapper that notes, at exit, the modules it loaded and the
+# project's dataclasses it created (each one execs its generated methods: a fixed cost per class).
+_NOTE_START = """import atexit, dataclasses, json, runpy, sys
+out, made = sys.argv.pop(1), []
+real = dataclasses._process_class
+def note(cls, *a, **k):
+    made.append(cls.__module__)
+    return real(cls, *a, **k)
+dataclasses._process_class = note
+atexit.register(lambda: open(out, "w").write(json.dumps({"modules": sorted(sys.modules),
+    "dataclasses": sum(m.startswith("durable_agent") for m in made)})))
+sys.argv[0] = "durable-agent"
+runpy.run_module("durable_agent", run_name="__main__")
+"""
+
+_DATACLASSES = """import sys
+from dataclasses import dataclass
+for _ in range(int(sys.argv[1])):
+    @dataclass(frozen=True)
+    class Record:
+        \"\"\"Five fields, as the project's records have about.\"\"\"
+        a: int
+        b: str = ""
+        c: tuple = ()
+        d: int = 0
+        e: str | None = None
+"""
+
+
+def start_breakdown(argv: list[str], cwd: Path, env: dict[str, str], root: Path) -> dict[str, int]:
+    """Where a 1-step start's instructions go beyond `import sqlalchemy, pydantic` and one
+    model: importing the project's modules it loads (nothing run), then running the command;
+    and what creating as many frozen dataclasses as it does costs on its own."""
+    found = root / "start-modules.json"
+    subprocess.run([sys.executable, "-c", _NOTE_START, str(found), *argv[3:]], cwd=cwd, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    noted = json.loads(found.read_text())
+    own = [m for m in noted["modules"] if m.startswith("durable_agent") and m != "durable_agent.__main__"]
+    imports = f"import importlib\nfor m in {own!r}:\n    importlib.import_module(m)\n"
+    n = noted["dataclasses"]
+    return {"start_imports_only_instr": instructions([sys.executable, "-c", imports], cwd, env),
+            "start_dataclasses": n,
+            "start_dataclasses_alone_instr": (instructions([sys.executable, "-c", _DATACLASSES, str(n)], cwd, env)
+                                              - instructions([sys.executable, "-c", _DATACLASSES, "0"], cwd, env))}
+
+
 def make_runs_store(url: str, n: int) -> None:
     """A store holding `n` finished one-step runs (run-0000 ...), for `list` and `show`."""
     store = Store(open_store_engine(url))
@@ -544,6 +590,8 @@ def main() -> int:
                        for k, (a, e) in commands.items()}
             counted.update({f"{k.removesuffix('_ms')}_instr": instructions([sys.executable, "-c", code], ws, env)
                             for k, code in BASELINES.items()})
+            counted.update(start_breakdown([sys.executable, "-m", "durable_agent", *commands["cold_start_1_step"][0]],
+                                           ws, env, root))
             results["instructions"] = counted
             results["instruction_ratios"] = startup_ratios(counted, "_instr")
         if opts.pg:
@@ -581,6 +629,15 @@ def print_table(r: dict[str, Any]) -> None:
     if "instruction_ratios" in r:
         print("  instructions (callgrind): " + " · ".join(f"{k} {v:,}" for k, v in r["instructions"].items()))
         print("  ratios in instructions: " + " · ".join(f"{k} {v}" for k, v in r["instruction_ratios"].items()))
+        i = r["instructions"]
+        if "start_imports_only_instr" in i:
+            base, model = i["import_sqlalchemy_pydantic_instr"], i["sqlalchemy_one_pydantic_model_instr"]
+            imports, start = i["start_imports_only_instr"], i["cold_start_1_step_instr"]
+            print(f"  1-step start, in instructions: import sqlalchemy, pydantic {base / 1e6:,.0f}M + the first "
+                  f"pydantic model {(model - base) / 1e6:,.0f}M + importing the project's modules {(imports - model) / 1e6:,.0f}M"
+                  f" + running the command {(start - imports) / 1e6:,.0f}M; the {i['start_dataclasses']} dataclasses "
+                  f"those modules define cost {i['start_dataclasses_alone_instr'] / 1e6:,.0f}M made on their own; "
+                  f"the target (1.5x) leaves {(1.5 * base - model) / 1e6:,.0f}M for the modules and the run")
     for row in r.get("postgresql", []):
         print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
               f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']} · the loop's own "
