@@ -894,3 +894,53 @@ def test_a_workspace_deleted_and_made_again_during_a_model_call_is_not_taken_for
     assert proc.returncode == 1, proc.stderr
     assert "is not the folder this session started in" in proc.stderr
     assert list(ws.iterdir()) == []
+
+
+def test_gitignore_rules_the_matcher_cannot_take_are_left_out_and_the_rest_still_apply(tmp_path: Path) -> None:
+    # A valid git line RE2 refuses (`[[:digit:]]`), a reversed range, a trailing backslash:
+    # each failed the whole scan, at creation and after every step, so a run whose model
+    # wrote one could never be resumed.
+    from durable_agent.workspace.scan import Scanner
+
+    (tmp_path / ".gitignore").write_text("*.[[:digit:]]\n[z-a]\nx\\\n*.log\nbuild/\n")
+    for name in ("a.1", "b.log", "c.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "out").write_text("x")
+    scanner = Scanner(tmp_path, [".git/"], 10_000)
+    assert set(scanner.scan().manifest) == {b".gitignore", b"a.1", b"c.txt"}  # left out: a.1 is kept
+    assert scanner.exclude_refused == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("ab*?![]-\\/:^{}.#  \t\udc80é"), max_size=12), max_size=6))
+def test_no_gitignore_line_makes_compiling_the_rules_fail(lines: list[str]) -> None:
+    from durable_agent.workspace.ignore_rules import compile_checked
+
+    spec, refused = compile_checked(lines)
+    spec.check_file("a/b.c")  # and the compiled rules match
+    assert {rule for rule, _ in refused} <= set(lines) | {line.translate({0xDC80: 0xF780}) for line in lines}
+
+
+def test_a_gitignore_the_model_writes_with_a_rule_git_takes_and_the_matcher_does_not_ends_nothing(
+        env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": ".gitignore", "content": "[z-a]\n*.[[:digit:]]\n"}}]},
+             {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.1", "content": "one\n"}}]},
+             {"content": "ok"}]
+    proc = _start(env, workspace, write_script(turns), "gi")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (workspace / "a.1").read_text() == "one\n"
+    assert "a.1" in da(["diff", "gi"], env, workspace).stdout  # snapshotted like any file
+
+
+def test_an_exclude_rule_the_matcher_cannot_take_is_refused_before_a_run_is_made(env, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "config.toml"
+    config.write_text('exclude = [".git/", "[z-a]"]\n')
+    script = tmp_path / "ok.json"
+    script.write_text('[{"content": "ok"}]')
+    proc = da(["start", "t", "--workspace", str(workspace), "--model", f"scripted:{script}", "--run-id", "ex"],
+              {**env, "DURABLE_AGENT_CONFIG": str(config)}, workspace)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'[z-a]' cannot be used" in proc.stderr
+    assert da(["show", "ex"], env, workspace).returncode == 2  # no run was made

@@ -3,6 +3,7 @@ that matching them takes linear time whatever a command planted."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,24 +14,74 @@ _PRIVATE = {c: c + 0x1B00 for c in range(0xDC80, 0xDD00)}
 
 
 def compile_rules(lines: Sequence[str]) -> Any:
-    """A .gitignore's rules, matched in linear time. The workspace writes them (a command
-    can plant one), the harness matches them against every path after every step: with
-    Python's backtracking regexes `*a*a*a*a*ab` held one 255-byte name for seconds, one
-    more `*a` for minutes. pathspec's RE2 backend (google-re2) never backtracks; should RE2
-    be missing, a rule with more than MAX_STARS wildcards in one part is dropped (its
-    files are then snapshotted like the rest). Paths are given through `matchable`."""
+    """A .gitignore's rules, matched in linear time (`compile_checked` without its list)."""
+    return compile_checked(lines)[0]
+
+
+def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
+    """A .gitignore's rules, matched in linear time, and the rules left out, each with why.
+
+    The workspace writes them (a command can plant one), the harness matches them against
+    every path after every step: with Python's backtracking regexes `*a*a*a*a*ab` held one
+    255-byte name for seconds, one more `*a` for minutes. pathspec's RE2 backend
+    (google-re2) never backtracks; should RE2 be missing, a rule with more than MAX_STARS
+    wildcards in one part is left out. So is a rule the matcher cannot take at all (`[z-a]`,
+    a trailing `\\`, a class like `[[:digit:]]` RE2 refuses): git itself may honour it, and
+    failing here would stop every snapshot of the run for good. A rule left out ignores
+    nothing: its files are snapshotted like the rest. Paths are given through `matchable`."""
     import pathspec  # lazy: only a run that snapshots pays for it
 
-    lines = [matchable(line) for line in lines]
-    try:
-        return pathspec.GitIgnoreSpec.from_lines(lines, backend="re2")
-    except (ImportError, ValueError):  # (pathspec says "re2 is not available" its own way)
-        return pathspec.GitIgnoreSpec.from_lines([line for line in lines if _bounded(line)], backend="simple")
+    rules = [matchable(line) for line in lines]
+    backend = "re2" if _have_re2() else "simple"
+    left_out = [] if backend == "re2" else [(r, f"more than {MAX_STARS} wildcards in one part")
+                                            for r in rules if not _bounded(r)]
+    rules = [r for r in rules if backend == "re2" or _bounded(r)]
+    with warnings.catch_warnings():  # re's FutureWarning on a `[[` the rule's author wrote
+        warnings.simplefilter("ignore")
+        try:
+            return pathspec.GitIgnoreSpec.from_lines(rules, backend=backend), left_out
+        except Exception:  # noqa: BLE001 - any rule the matcher refuses (re.error, RE2's Error, ValueError)
+            pass
+        kept = []
+        for rule in rules:  # only when one failed: each on its own, to keep all the others
+            why = _refused(pathspec, rule, backend)
+            if why is None:
+                kept.append(rule)
+            else:
+                left_out.append((rule, why))
+        try:
+            return pathspec.GitIgnoreSpec.from_lines(kept, backend=backend), left_out
+        except Exception as exc:  # noqa: BLE001 - each rule compiles alone, all of them do not
+            return pathspec.GitIgnoreSpec.from_lines([], backend=backend), [(r, str(exc)) for r in kept] + left_out
 
 
 def matchable(text: str) -> str:
     """A rule or a path as the compiled rules take it."""
     return text if text.isascii() else text.translate(_PRIVATE)
+
+
+def _refused(pathspec: Any, rule: str, backend: str) -> str | None:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([rule], backend=backend)
+    except Exception as exc:  # noqa: BLE001 - see compile_checked
+        return str(exc) or type(exc).__name__
+    return None
+
+
+_RE2: list[bool] = []
+
+
+def _have_re2() -> bool:
+    """Whether pathspec's RE2 backend works here (pathspec says it is missing its own way)."""
+    if not _RE2:
+        import pathspec
+
+        try:
+            pathspec.GitIgnoreSpec.from_lines([], backend="re2")
+            _RE2.append(True)
+        except (ImportError, ValueError):
+            _RE2.append(False)
+    return _RE2[0]
 
 
 def _bounded(rule: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, insert
 
+from durable_agent.errors import ConfigError
 from durable_agent.settings import Settings
 from durable_agent.step_context import StepContext
 from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
@@ -46,7 +47,11 @@ def at_creation(settings: Settings, engine: Engine, policy: StorePolicy | None =
     if not settings.snapshots or not settings.workspace.is_dir():
         return None
     blobs = BlobStore(engine, policy)
-    snap = snapshot.take(scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes), blobs)
+    scanner = scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes)
+    if scanner.exclude_refused:
+        rule, why = scanner.exclude_refused[0]
+        raise ConfigError(f"exclude: the rule {rule!r} cannot be used ({why}); write it another way")
+    snap = snapshot.take(scanner, blobs)
     save_statements(engine, snap.statements, policy)
     snapshot.remember(snap.tree_id, snap.manifest)
     return snap.tree_id

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_agent.tools.limits import read_capped
-from durable_agent.workspace.ignore_rules import compile_rules, matchable
+from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest, TreeIds
 
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
@@ -81,7 +81,9 @@ class Scanner:
     def __init__(self, root: Path, exclude: Sequence[str], size_cap: int) -> None:
         self.root = os.fsencode(str(root))
         self.size_cap = size_cap
-        self.exclude = compile_rules(list(exclude))
+        # The `exclude` setting's rules the matcher cannot take: a new run refuses them
+        # (recorder.at_creation); in a .gitignore they are left out (compile_checked).
+        self.exclude, self.exclude_refused = compile_checked(list(exclude))
         self.lock = threading.Lock()
         # directory -> name -> (stat key, entry) of every file (or link) of the previous
         # manifest; the key is None while the file is racy (it is read again).
