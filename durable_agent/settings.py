@@ -210,7 +210,28 @@ class Settings(BaseModel):
         if model and model.startswith("scripted:"):
             path = Path(model.removeprefix("scripted:")).expanduser()
             return f"scripted:{path if path.is_absolute() else Path.cwd() / path}"
+        if model and not model.isascii():
+            try:  # an endpoint's model name is sent as JSON text: bytes that are not UTF-8 cannot be
+                model.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("an endpoint's model name must be valid UTF-8") from None
         return model
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http(cls, url: str | None) -> str | None:
+        # Caught here, once, in one line: the client's own parser raised a traceback, and a
+        # URL it took but could never reach (`ftp://`, no host) made runs that failed later.
+        if not url:
+            return url
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parsed for its ValueError ("Port could not be cast...")
+        except ValueError as exc:
+            raise ValueError(f"not a URL: {mask_url_password(url)!r} ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, e.g. http://localhost:11434/v1; got {mask_url_password(url)!r}")
+        return url
 
     @field_validator("shell_always_ask")
     @classmethod

@@ -22,6 +22,16 @@ def one_line_error(stderr: str) -> bool:
     return len(lines) == 1 and lines[0].startswith("durable-agent: error: ") and "Traceback" not in stderr
 
 
+def no_runs(sql: Any) -> bool:
+    """The store holds no run (or was not even made)."""
+    import sqlite3
+
+    try:
+        return bool(sql("SELECT count(*) FROM runs") == [(0,)])
+    except sqlite3.OperationalError as exc:
+        return "no such table" in str(exc)
+
+
 def _run_raw(env: dict[str, str], cwd: Path, *args: str | bytes, **kw: Any) -> subprocess.CompletedProcess[bytes]:
     streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kw}
     return subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env,
@@ -116,6 +126,29 @@ def test_a_usage_error_is_one_line(cli, args) -> None:
     r = cli(*args)
     assert r.code == 2 and one_line_error(r.stderr), r.stderr
     assert "--help`" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://u:hunter2@h:abc/v1", "http://[zz]/v1", "not a url",
+                                 "ftp://u:hunter2@x", "http:///v1"])
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_a_base_url_that_is_no_http_url_is_one_line_before_any_run(env, workspace, sql, url, where) -> None:
+    # The client's URL parser raised a traceback (exit 1); `ftp://` or no host made a run
+    # that retried as a connection error and failed.
+    args = ["start", "t", "--model", "m1", "--quiet"] + (["--base-url", url] if where == "flag" else [])
+    r = _run_raw({**env, "OPENAI_API_KEY": "k", **({"OPENAI_BASE_URL": url} if where == "env" else {})},
+                 workspace, *args)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and one_line_error(err), err
+    assert "base_url" in err and "hunter2" not in err
+    assert no_runs(sql)
+
+
+def test_an_endpoint_model_name_that_is_not_utf8_is_one_line(env, workspace, sql) -> None:
+    r = _run_raw({**env, "OPENAI_API_KEY": "k"}, workspace, "start", "t", "--model", b"m\xff",
+                 "--base-url", "http://127.0.0.1:9/v1")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and one_line_error(err) and "UTF-8" in err, err
+    assert no_runs(sql)
 
 
 def test_list_with_a_limit_beyond_sql_integers_lists_all(cli, write_script) -> None:
