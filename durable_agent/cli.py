@@ -392,8 +392,8 @@ def _is_usage(exc: Any) -> bool:
 
 
 def _error(message: str) -> None:
-    # (a stderr nobody reads must not turn exit 6 or 7 into 1)
-    print(f"durable-agent: error: {message}", file=streams.forgiving(sys.stderr))
+    # (a stderr nobody reads must not turn exit 6 or 7 into 1; a message can quote a model)
+    print(f"durable-agent: error: {streams.visible(message)}", file=streams.forgiving(sys.stderr))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 from typing import NoReturn, TextIO, cast
 
 from durable_agent.status import EXIT_USAGE
+from durable_agent.visible import visible as visible  # (for cli.py: one import there)
 
 
 class Parser(argparse.ArgumentParser):

@@ -87,10 +87,10 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
             rows = _step_rows(runner.store, run_id)
             render.summary(run, err, steps=None if rows is None else len(rows),
                            estimated=rows is not None and render.estimated(rows))
-        if outcome.answer:
-            print(outcome.answer, file=out, flush=True)
+        if outcome.answer:  # as it is to a pipe or a file (data); escaped for a person's terminal
+            print(streams.visible(outcome.answer) if render.is_tty(sys.stdout) else outcome.answer, file=out, flush=True)
         elif outcome.error and args.quiet:  # the summary above says it otherwise
-            print(f"{run.status} ({run.stop_reason}): {outcome.error}", file=err)
+            print(streams.visible(f"{run.status} ({run.stop_reason}): {outcome.error}"), file=err)
     if streams.is_broken(out):
         print(f"durable-agent: cannot write the output; the run is recorded: durable-agent show {run_id}", file=err)
         streams.silence_stdout()
@@ -236,7 +236,7 @@ def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
     src = max((len(i.source) for i in infos), default=6)
     print(f"{'NAME':<{width}}  {'SOURCE':<{src}}  {'EFFECT':<6}  DESCRIPTION")
     for i in infos:
-        print(f"{i.name:<{width}}  {i.source:<{src}}  {i.effect:<6}  {i.description}")
+        print(streams.visible(f"{i.name:<{width}}  {i.source:<{src}}  {i.effect:<6}  {i.description}"))  # an MCP server's words
     return 0
 
 
@@ -281,7 +281,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
     what = f"`{pending.command}`" if pending.command else pending.tool_name
     verb = "denied" if args.deny else "approved"
-    print(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}")
+    print(streams.visible(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}"))
     print(f"continue with: durable-agent resume {run_id}")
     return 0
 

@@ -20,6 +20,7 @@ from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import as_dict, iso_utc, recorded_calls
+from durable_agent.visible import visible
 
 
 def fmt_ms(ms: int | None) -> str:
@@ -46,7 +47,7 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def _is_tty(out: TextIO) -> bool:
+def is_tty(out: TextIO) -> bool:
     try:
         return out.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream
@@ -65,7 +66,7 @@ class Timeline(Observer):
 
     def __init__(self, out: TextIO, *, live: bool | None = None, interval: float = 0.1,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        live = _is_tty(out) if live is None else live
+        live = is_tty(out) if live is None else live
         out = self.out = forgiving(out)
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
         self.tokens = 0  # used by this process; a resume starts from 0
@@ -106,12 +107,13 @@ class Timeline(Observer):
             text = "compacting the context (summary)"
         else:
             text = f"{e.name} {short(e.detail, 50)}".strip() + " running"
-        return text
+        return visible(text)
 
     def _so_far(self) -> str:
         return f"{self.tokens} tokens so far" if self.tokens else ""
 
     def _line(self, text: str) -> None:
+        text = visible(text)  # names, details and errors come from the model and commands
         if self.status is not None:
             self.status.print(text)
         else:
@@ -180,13 +182,13 @@ def summary(run: RunRecord, out: TextIO, *, steps: int | None = None, estimated:
     """`9 model calls · 17 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) ·
     0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
-    print(f"{counts(run, steps)} · "
+    print(visible(f"{counts(run, steps)} · "
           f"{_n(run.message_count, 'message')} · "
           f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_tokens_note(estimated)}"
           f"{_cost_text(run)} · "
-          f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})", file=out)
+          f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})"), file=out)
     if run.error and run.status != RunStatus.COMPLETED:
-        print(f"  {run.error}", file=out)
+        print(f"  {visible(run.error)}", file=out)
     if run.status != RunStatus.COMPLETED:
         print(f"  continue with: durable-agent resume {run.id}", file=out)
 
@@ -235,7 +237,7 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
         print(f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
-              f"{short(r.task, 50)}", file=out)
+              f"{visible(short(r.task, 50))}", file=out)
 
 
 def sandbox_line(settings: Any) -> str | None:
@@ -254,7 +256,7 @@ def sandbox_line(settings: Any) -> str | None:
 
 def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO) -> None:
     def p(text: str = "") -> None:
-        print(text, file=out)
+        print(visible(text), file=out)  # the task, answers, errors, tool names: the model's text
 
     live = _executing(run)
     p(f"run        {run.id}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from durable_agent.errors import DurableAgentError, UsageError
 from durable_agent.status import RUN_ID
+from durable_agent.visible import visible
 
 RUN_ID_RE = re.compile(rf"^{RUN_ID.pattern}$")  # as `start --run-id` takes it
 TREE_ID_RE = re.compile(r"^[0-9a-f]{64}$")  # sha256 of a snapshot's manifest
@@ -84,7 +85,7 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
                           "changes": [{"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found]},
                          ensure_ascii=False))
     elif args.stat:
-        sys.stdout.writelines(diffing.stat_lines(found))
+        sys.stdout.writelines(visible(line) for line in diffing.stat_lines(found))  # names a command chose
     else:
         sys.stdout.writelines(diffing.unified(old, new, found, blobs.blob))
     return 0

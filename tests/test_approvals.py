@@ -135,3 +135,26 @@ def test_resuming_with_shell_allow_settles_the_pending_question(cli, write_scrip
     assert (workspace / "made.txt").exists()
     decision, by, used = sql("SELECT decision, decided_by, used_at IS NOT NULL FROM approvals")[0]
     assert (decision, by, used) == ("approved", "policy (--shell allow)", 1)
+
+
+# A carriage return and ESC[2K erased the real command from the line a person reads before
+# approving; ESC[8m hid the rest; the approve output echoed the fake text.
+DISGUISED = "touch PWNED; echo harmless #\r\x1b[2K`ls -la` needs approval: a listing.\x1b[8m\u202e"
+
+
+def test_a_command_that_hides_itself_with_control_characters_is_shown_escaped_wherever_a_person_reads_it(
+        cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    script = write_script([_calls(DISGUISED), {"content": "done\x1b[31m red"}])
+    shown = [cli("start", "\x1b]52;c;aGk=\x07task", "--model", script, "--run-id", "esc")]
+    assert shown[0].code == 5
+    assert sql("SELECT command FROM approvals") == [(DISGUISED,)]  # stored as asked: it is what would run
+    shown += [cli("show", "esc"), cli("list"), cli("approve", "esc")]
+    for r in shown:
+        text = r.stdout + r.stderr
+        assert not set(text) & {"\r", "\x1b", "\x07", "\u202e"}, (r.stdout, r.stderr)
+    assert "touch PWNED; echo harmless #\\x0d\\x1b[2K" in shown[0].stderr  # the whole command, visible
+    assert "touch PWNED" in shown[1].stdout and "\\x1b]52;c;aGk=\\x07task" in shown[2].stdout
+    assert shown[3].stdout.startswith("approved `touch PWNED; echo harmless #\\x0d\\x1b[2K")
+    done = cli("resume", "esc", "--quiet")
+    assert done.code == 0 and (workspace / "PWNED").exists()  # it ran byte for byte
+    assert done.stdout == "done\x1b[31m red\n"  # the answer to a pipe is data: as the model gave it
