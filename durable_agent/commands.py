@@ -72,7 +72,7 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
              lease: tuple[str, int] | None = None) -> int:
     collector.from_here()
     try:
-        with _interrupts(cancel, args.quiet or args.json):
+        with _interrupts(cancel, args.quiet or args.json), render.json_if_cut_short(args.json, run_id):
             outcome = runner.execute(run_id, lease=lease)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line

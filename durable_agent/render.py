@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -216,6 +218,23 @@ def result_json(run: RunRecord) -> dict[str, Any]:
             "steps": run.step_count, "model_calls": run.step_count, "tool_calls": run.tool_call_count,
             "prompt_tokens": run.prompt_tokens,
             "completion_tokens": run.completion_tokens, "duration_ms": run.active_ms, "error": run.error}
+
+
+@contextlib.contextmanager
+def json_if_cut_short(as_json: bool, run_id: str) -> Iterator[None]:
+    """With --json stdout holds one object however the command ends: when the store goes
+    (exit 7) or another process takes the run (exit 6), the run id and the error, with the
+    rest null (the store could not say), so a script reads it as it reads any result."""
+    from durable_agent.errors import DurableAgentError
+
+    try:
+        yield
+    except DurableAgentError as exc:
+        if as_json:
+            doc = dict.fromkeys(("status", "stop_reason", "answer", "steps", "model_calls", "tool_calls",
+                                 "prompt_tokens", "completion_tokens", "duration_ms"))
+            print(json.dumps({"run_id": run_id, **doc, "error": str(exc)}), file=forgiving(sys.stdout), flush=True)
+        raise
 
 
 def show_json(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]) -> dict[str, Any]:

@@ -85,3 +85,27 @@ def test_the_json_result_names_model_calls(cli_inproc: Callable[..., Any], write
     # `steps` is the contract's name for model calls (as --max-steps counts them), kept;
     # `model_calls` says it in the timeline's words.
     assert (out["model_calls"], out["steps"], out["tool_calls"]) == (2, 2, 1)
+
+
+def test_a_run_the_store_is_lost_under_still_prints_one_json_object(cli: Callable[..., Any],
+                                                                     write_script: Callable[..., str],
+                                                                     tmp_path: Any) -> None:
+    # Exit 7 (the store unavailable) left stdout empty: a script's `json.loads` failed, and
+    # only stderr named the run to resume.
+    model = write_script([{"tool_calls": [{"name": "read_file", "arguments": {"path": "nope"}}]}] * 3 + [DONE])
+    log = tmp_path / "faults.log"
+    assert cli("start", "t", "--model", write_script([DONE]), "--quiet").code == 0  # the store made: counts alike
+    counted = cli("start", "t", "--model", model, "--json", "--run-id", "count",
+                  extra_env={"DURABLE_AGENT_FAULT": "full", "DURABLE_AGENT_FAULT_AT": "1000000",
+                             "DURABLE_AGENT_FAULT_LOG": str(log)})
+    assert counted.code == 0, counted.stderr
+    statements = int(log.read_text().split("statements ")[-1].split()[0])
+    stopped = cli("start", "t", "--model", model, "--json", "--run-id", "cut",
+                  extra_env={"DURABLE_AGENT_FAULT": "full", "DURABLE_AGENT_FAULT_AT": str(statements // 2),
+                             "DURABLE_AGENT_FAULT_REPEAT": "100000"})
+    assert stopped.code == 7, stopped.stderr
+    out = one_object(stopped.stdout)
+    assert out["run_id"] == "cut" and out["status"] is None and "store is unavailable" in out["error"]
+    assert set(out) == set(one_object(counted.stdout))  # the same keys as any result
+    resumed = cli("resume", "cut", "--json")
+    assert resumed.code == 0 and one_object(resumed.stdout)["status"] == "completed", resumed.stderr
