@@ -212,6 +212,27 @@ def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
     assert r.code == 2 and "completed; nothing to resume" in r.stderr
 
 
+def test_a_resume_that_looked_before_the_run_completed_neither_takes_nor_reopens_it(
+        cli_inproc, write_script, env, sql, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # `resume` read the run as running, then its owner finished it; the lease was taken all
+    # the same: the completed run was set running again, replayed, and its settings changed.
+    from durable_agent.store.runs import Store
+
+    assert cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "R").code == 0
+    before = sql("SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs")
+    real = Store.get_run
+
+    def seen_before_it_completed(self, run_id):  # type: ignore[no-untyped-def]
+        import dataclasses
+
+        return dataclasses.replace(real(self, run_id), status="running")
+
+    monkeypatch.setattr(Store, "get_run", seen_before_it_completed)
+    r = cli_inproc("resume", "R", "--max-steps", "1")
+    assert r.code == 2 and "run R is completed; nothing to resume" in r.stderr, r.stderr
+    assert sql("SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs") == before
+
+
 def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
     from durable_agent.store import leases
     from durable_agent.store.engine import open_store_engine

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, insert, select, text, update
 
 from durable_agent.errors import RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message
-from durable_agent.status import RunStatus
+from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store import leases, retrying
 from durable_agent.store.records import (
     ApprovalRecord,
@@ -233,6 +233,10 @@ class Store:
                 return int(row.lease_epoch)
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
+            # Read again under the lock: a run that completed since the caller looked (its
+            # owner finished while a `resume` started) is never taken, reopened and replayed.
+            if row.status not in RESUMABLE:
+                raise UsageError(f"run {run_id} is {row.status}; nothing to resume")
             return leases.take(conn, run_id, previous_epoch=row.lease_epoch, owner=owner,
                                lease_seconds=lease_seconds, now=now, clear_cancel=True)
 
