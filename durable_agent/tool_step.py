@@ -227,7 +227,8 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
                        command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
                        on_process_start=on_start,
                        sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
-                       stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db)
+                       stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db,
+                       write_by=ctx.journal.start_deadline())  # (a write's intent was the last checkpoint)
 
 
 def _stored_output(ctx: StepContext, call_id: str) -> str | None:

@@ -71,3 +71,50 @@ def test_drift_approved_applies_the_write(cli, write_script, workspace, sql) -> 
     assert (workspace / "a.txt").read_text() == "new\n"
     decision, used = sql("SELECT decision, used_at IS NOT NULL FROM approvals")[0]
     assert (decision, used) == ("approved", 1)
+
+
+@pytest.mark.slow  # waits out a real lease
+def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_another_s(
+        env, write_script, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Frozen (SIGSTOP: a paused VM, a stopped job) right after committing the write's intent;
+    # another process took the run over and finished it; thawed, the first wrote its old
+    # content over the newer file, and the completed run's workspace contradicted its record.
+    import os
+    import subprocess
+    import sys
+
+    from scale_helpers import wait_for
+    from side_effects_support import process_state, run_cli
+
+    (tmp_path / "config.toml").write_text("lease_seconds = 1\n")
+    env = {**env, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
+    first_write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "old\n"}}]}
+    second_write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "new\n"}}]}
+    model = write_script([first_write, second_write, {"content": "done"}])
+    with (tmp_path / "first.err").open("w") as err:
+        first = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", model,
+                                  "--run-id", "z", "--quiet"], cwd=workspace,
+                                 env={**env, "DURABLE_AGENT_STOP_AFTER": "6"},  # after the write's intent
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
+        assert not (workspace / "out.txt").exists()
+
+        def taken_over() -> bool:
+            r = run_cli(env, workspace, "resume", "z", "--quiet")
+            assert r.code in (0, 6), r.stderr  # 6 until the frozen owner's lease has run out
+            return r.code == 0
+
+        wait_for(taken_over, 30, "the takeover")
+        assert (workspace / "out.txt").read_text() == "new\n"
+        os.kill(first.pid, signal.SIGCONT)
+        assert first.wait(timeout=60) == 6
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGCONT)
+            first.kill()
+            first.wait()
+    assert (workspace / "out.txt").read_text() == "new\n"  # the thawed owner wrote nothing
+    assert [p.name for p in workspace.iterdir() if p.name.endswith(".tmp")] == []
+    err = (tmp_path / "first.err").read_text()
+    assert "Traceback" not in err and "the write was not made" in err, err

@@ -42,6 +42,9 @@ class ToolContext:
     store: str | None = None
     """The run's store URL: the file tools never write an SQLite store's own files (a store
     may lie in the workspace under --sandbox off or read-only)."""
+    write_by: float | None = None
+    """The CLOCK_BOOTTIME by which a file tool's write must land (its rename), still inside
+    the lease the step's intent wrote; None: no limit. See files.atomic_write."""
 
 
 @dataclass(frozen=True)
