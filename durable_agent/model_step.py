@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate
-from durable_agent.errors import LoopExit
+from durable_agent.errors import LeaseLost, LoopExit, StoreError
 from durable_agent.heartbeat import watch_cancel
 from durable_agent.messages import (
     CUT_NUDGE,
@@ -94,11 +94,17 @@ def _model_step(ctx: StepContext) -> None:
             obs.note(f"the request is ~{over['tokens']:,} tokens, over the context budget of {over['budget']:,}, "
                      "and compacting cannot make it smaller: sent as it is")
 
+        failed: list[str] = []
+
         def on_attempt(n: int, failure: Failure | None) -> None:
             if failure is not None:
-                step.set_attempts(earlier + n, failure.describe())
+                failed.append(failure.describe())
+                step.set_attempts(earlier + n, failed[-1])
                 obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="retry",
-                                   attempts=earlier + n, error=failure.describe()))
+                                   attempts=earlier + n, error=failed[-1]))
+
+        def before_retry(n: int) -> None:  # counted before it goes out: a crash in it still counts it
+            step.set_attempts(earlier + n, failed[-1] if failed else None)
 
         from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
 
@@ -106,8 +112,11 @@ def _model_step(ctx: StepContext) -> None:
             with _stoppable(ctx):
                 answer, attempts = call_with_retries(
                     lambda: ctx.model.complete(sent, ctx.schemas, turn),
-                    ctx.retry_policy or RetryPolicy(), sleep=_backoff(ctx), on_attempt=on_attempt)
+                    ctx.retry_policy or RetryPolicy(), sleep=_backoff(ctx), on_attempt=on_attempt,
+                    before_retry=before_retry)
         except ModelCallError as exc:
+            if isinstance(exc.__cause__, StoreError | LeaseLost):  # recording a try: the store's, not the model's
+                raise exc.__cause__ from None
             step.attempts = earlier + exc.attempts
             step.fail(str(exc), counters=ctx.counters())  # a failed call adds nothing to the history
             raise

@@ -634,3 +634,56 @@ def test_a_read_sliced_for_cancel_that_runs_out_is_a_timeout_not_a_connection_er
     stream = deadline._Stream(Inner(), TimeoutError)
     with deadline.stopping(threading.Event()), pytest.raises(TimeoutError):
         stream.read(10, timeout)
+
+
+def test_a_retry_the_process_dies_in_still_counts_as_a_try(tmp_path: Any, env: dict[str, str], workspace: Any,
+                                                           sql: Any) -> None:
+    # A 503, then a retry the process was killed in: the server saw 3 requests in all, the
+    # step said 2 (a try was recorded only once it had failed). SPEC §5: every try counts.
+    import subprocess
+    import sys
+
+    from scale_helpers import wait_for
+    from side_effects_support import run_cli
+
+    (tmp_path / "config.toml").write_text("retry_initial_wait_s = 0.01\nretry_max_wait_s = 0.01\n")
+    e = {**env, "OPENAI_API_KEY": "sk-test", "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
+    with spawn_fake_openai(tmp_path / "fake", [{"content": "done"}], [{"status": 503}, {"delay": 60}]) as fake:
+        args = ["start", "t", "--model", "m", "--base-url", fake.url, "--run-id", "a", "--quiet"]
+        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", *args], cwd=workspace, env=e,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: len(fake.requests()) >= 2, 30, "the retry to reach the server")
+        finally:
+            proc.kill()
+            proc.wait()
+        assert sql("SELECT attempts FROM steps WHERE kind = 'model'") == [(2,)]  # the one it died in, too
+        done = run_cli(e, workspace, "resume", "a", "--quiet")
+        assert done.code == 0, done.stderr
+        assert len(fake.requests()) == 3
+    assert sql("SELECT attempts FROM steps WHERE kind = 'model'") == [(3,)]
+
+
+def test_a_store_that_fails_while_a_retry_is_recorded_ends_the_session_as_the_stores_fault(
+        tmp_path: Any, env: dict[str, str], cli_inproc: Any, sql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Recording a retry's try is the store's work: its failure is exit 7 (resumable), never
+    # a model error that fails the run.
+    from durable_agent.errors import StoreUnavailable
+    from durable_agent.store.step import Step
+
+    (tmp_path / "config.toml").write_text("retry_initial_wait_s = 0.01\nretry_max_wait_s = 0.01\n")
+    env.update({"DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml"), "OPENAI_API_KEY": "sk-test"})  # (cli_inproc's)
+    with FakeOpenAI(script=[{"content": "ok"}], faults=[{"status": 503}]) as fake:
+        real = Step.set_attempts
+
+        def store_gone(self: Step, attempts: int, error: str | None) -> None:
+            if attempts == 2:  # the retry, before it goes out
+                raise StoreUnavailable("disk I/O error", "r")
+            real(self, attempts, error)
+
+        monkeypatch.setattr(Step, "set_attempts", store_gone)
+        r = cli_inproc("start", "t", "--model", "m", "--base-url", fake.url, "--run-id", "r", "--quiet")
+        assert r.code == 7 and "the store is unavailable: disk I/O error" in r.stderr, r.stderr
+        assert len(fake.requests) == 1  # the retry was not sent unrecorded
+        monkeypatch.setattr(Step, "set_attempts", real)
+    assert sql("SELECT status FROM runs") != [("failed",)]

@@ -74,12 +74,15 @@ def call_with_retries(
     *,
     sleep: Callable[[float], None] = time.sleep,
     on_attempt: Callable[[int, Failure | None], None] | None = None,
+    before_retry: Callable[[int], None] | None = None,
 ) -> tuple[T, int]:
     """Call `fn` until it succeeds, a permanent failure, or the policy is exhausted.
 
     Returns `(result, attempts)`, attempts counting the successful try. `on_attempt` is
     called after every try with its number and its `Failure` (None for the success), so
-    the caller can record attempts on the step. Raises `ModelCallError` on giving up.
+    the caller can record attempts on the step; `before_retry` before every try after the
+    first, with its number (recorded before it goes out, a try the process dies in still
+    counts). Raises `ModelCallError` on giving up.
     Exceptions that are not `Exception` (KeyboardInterrupt) propagate untouched.
     """
     attempts = 0
@@ -87,6 +90,8 @@ def call_with_retries(
     def attempt() -> T:
         nonlocal attempts
         attempts += 1
+        if attempts > 1 and before_retry is not None:
+            before_retry(attempts)
         try:
             result = fn()
         except Exception as exc:
