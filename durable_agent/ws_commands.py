@@ -93,6 +93,7 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
 
 def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.store.blobs import BlobStore, save_statements
+    from durable_agent.tools.encoding import show_name
     from durable_agent.workspace import snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
 
@@ -134,6 +135,10 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         raise DurableAgentError(f"the restore {exc}" + (f"; undo with: {again}" if again else "")) from None
     print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
           else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
+    big = sorted(show_name(os.fsdecode(path)) for path, entry in manifest.items() if entry.kind == "big")
+    if big:  # never stored (over snapshot_max_file_bytes): what is there of them is not the snapshot's
+        print(visible(f"left as they are, too large to have been snapshotted: {', '.join(big[:10])}"
+                      + (f" and {len(big) - 10} more" if len(big) > 10 else "")))
     return 0
 
 

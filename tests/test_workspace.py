@@ -118,6 +118,7 @@ def test_gitignore_exclude_and_size_cap(tmp_path, env, workspace, write_script) 
     proc = da(["restore", "ig2", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert "undo with: durable-agent restore ig2 --tree" in proc.stdout
+    assert "left as they are, too large to have been snapshotted: big.bin" in proc.stdout  # not silently
     assert (workspace / "keep.log").read_text() == "k\n"
     for kept in ("build/o", "x.log", "node_modules/m.js", "big.bin"):
         assert (workspace / kept).exists(), kept
