@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import cast
 
 from pydantic import BaseModel, ValidationError
@@ -228,7 +229,15 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
                        on_process_start=on_start,
                        sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
                        stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db,
-                       write_by=ctx.journal.start_deadline())  # (a write's intent was the last checkpoint)
+                       before_rename=lambda: _still_ours(ctx))
+
+
+def _still_ours(ctx: StepContext) -> None:
+    """Before a file tool's write lands: past the point where the lease its intent wrote
+    surely holds (a freeze, a very slow disk), a fenced checkpoint proves the run is still
+    ours and renews the lease, or raises LeaseLost and the write is never made."""
+    if time.clock_gettime(time.CLOCK_BOOTTIME) > ctx.journal.start_deadline():
+        ctx.journal.commit()
 
 
 def _stored_output(ctx: StepContext, call_id: str) -> str | None:

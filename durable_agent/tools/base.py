@@ -42,9 +42,9 @@ class ToolContext:
     store: str | None = None
     """The run's store URL: the file tools never write an SQLite store's own files (a store
     may lie in the workspace under --sandbox off or read-only)."""
-    write_by: float | None = None
-    """The CLOCK_BOOTTIME by which a file tool's write must land (its rename), still inside
-    the lease the step's intent wrote; None: no limit. See files.atomic_write."""
+    before_rename: Callable[[], None] | None = None
+    """Called by a file tool right before its write lands (the rename): raises LeaseLost when
+    the run may be another's by now (see files.atomic_write); None: no check."""
 
 
 @dataclass(frozen=True)

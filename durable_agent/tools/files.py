@@ -11,7 +11,7 @@ import os
 import re
 import stat
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -109,13 +109,13 @@ def planned_file_sha(plan: WritePlan, ctx: ToolContext) -> str | None:
     return file_sha(resolve(ctx.workspace, plan.path, for_write=True, store=ctx.store), plan.path)
 
 
-def atomic_write(path: Path, data: bytes, write_by: float | None = None) -> None:
+def atomic_write(path: Path, data: bytes, before_rename: Callable[[], None] | None = None) -> None:
     """Temp file in the same folder, fsync, rename: a crash leaves the old or the new file.
 
-    Renamed only by `write_by` (ToolContext.write_by): a process frozen after its intent
-    (SIGSTOP, a paused VM) for longer than its lease may wake when another has taken the
-    run over and finished it; its late write would then overwrite the newer file. It
-    raises StartTooLate instead, nothing written, as a command that would start too late."""
+    `before_rename` (ToolContext.before_rename) may raise to stop it, nothing written: a
+    process frozen after its intent (SIGSTOP, a paused VM) for longer than its lease may
+    wake when another has taken the run over and finished it, and its late write would
+    overwrite the newer file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else None
     prefix = f".{path.name}.da-"
@@ -131,10 +131,8 @@ def atomic_write(path: Path, data: bytes, write_by: float | None = None) -> None
             os.fsync(f.fileno())
         # mkstemp creates 0600; a new file gets what the user's umask gives (0644 usually).
         os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
-        if write_by is not None and time.clock_gettime(time.CLOCK_BOOTTIME) > write_by:
-            from durable_agent.tools.process import StartTooLate
-
-            raise StartTooLate(write_by, "the write was not made")
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -333,7 +331,7 @@ class WriteFile:
         path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         data, replaced = encode_content(args.content)
         existed = path.exists()
-        atomic_write(path, data, ctx.write_by)
+        atomic_write(path, data, ctx.before_rename)
         verb = "overwrote" if existed else "created"
         return ToolResult(output=f"{verb} {args.path} ({len(data)} bytes){surrogate_note(replaced)}",
                           data={"bytes": len(data)})
@@ -387,7 +385,7 @@ class EditFile:
 
     def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         path, _before, after = self._edited(args, ctx)
-        atomic_write(path, after, ctx.write_by)
+        atomic_write(path, after, ctx.before_rename)
         delta = args.new_string.count("\n") - args.old_string.count("\n")
         note = surrogate_note(encode_content(args.new_string)[1])
         return ToolResult(output=f"edited {args.path} ({delta:+d} lines){note}", data={"bytes": len(after)})

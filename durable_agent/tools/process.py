@@ -126,8 +126,8 @@ class StartTooLate(Exception):
     """The command was not started: the go came after the deadline `on_start` gave (the
     harness stalled past the point where its lease surely held). Nothing of it ran."""
 
-    def __init__(self, deadline: float, what: str = "the command was not started") -> None:
-        super().__init__(f"{what}: {_boottime() - deadline:.1f} s past its start deadline")
+    def __init__(self, deadline: float) -> None:
+        super().__init__(f"the command was not started: {_boottime() - deadline:.1f} s past its start deadline")
 
 
 def _boottime() -> float:
