@@ -945,3 +945,23 @@ def test_an_exclude_rule_the_matcher_cannot_take_is_refused_before_a_run_is_made
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'[z-a]' cannot be used" in proc.stderr
     assert da(["show", "ex"], env, workspace).returncode == 2  # no run was made
+
+
+@pytest.mark.parametrize("re2", [True, False], ids=["re2", "without-re2"])
+def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(tmp_path: Path, re2: bool) -> None:
+    # RE2 compiles a file's rules as one set, whose size is limited: 2,000 plain names failed
+    # it, every rule was then "left out", and the secret the first line ignores was stored.
+    import sys
+
+    names = ["secret.env", *(f"gen_{i}.txt" for i in range(3000)), "!gen_7.txt", "bad[z-a]"]
+    (tmp_path / ".gitignore").write_text("\n".join(names) + "\n")
+    for name in ("secret.env", "gen_5.txt", "gen_7.txt", "kept.txt"):
+        (tmp_path / name).write_text("x")
+    code = ("import sys, json\n" + ("" if re2 else "sys.modules['re2'] = None\n")
+            + "from pathlib import Path\nfrom durable_agent.workspace.scan import Scanner\n"
+            + f"s = Scanner(Path({str(tmp_path)!r}), ['.git/', *[f'x{{i}}/' for i in range(3000)]], 10_000)\n"
+            + "print(json.dumps([sorted(p.decode() for p in s.scan().manifest), s.exclude_refused]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    manifest, refused = json.loads(out.stdout)
+    assert manifest == [".gitignore", "gen_7.txt", "kept.txt"]  # in order: the later `!` still wins
+    assert refused == []  # 3,001 valid exclude rules are not refused for their number

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 MAX_STARS = 3  # wildcards in one part of a rule, for the backtracking fallback (compile_rules)
@@ -38,34 +39,48 @@ def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
     rules = [r for r in rules if backend == "re2" or _bounded(r)]
     with warnings.catch_warnings():  # re's FutureWarning on a `[[` the rule's author wrote
         warnings.simplefilter("ignore")
-        try:
-            return pathspec.GitIgnoreSpec.from_lines(rules, backend=backend), left_out
-        except Exception:  # noqa: BLE001 - any rule the matcher refuses (re.error, RE2's Error, ValueError)
-            pass
-        kept = []
-        for rule in rules:  # only when one failed: each on its own, to keep all the others
-            why = _refused(pathspec, rule, backend)
-            if why is None:
-                kept.append(rule)
-            else:
-                left_out.append((rule, why))
-        try:
-            return pathspec.GitIgnoreSpec.from_lines(kept, backend=backend), left_out
-        except Exception as exc:  # noqa: BLE001 - each rule compiles alone, all of them do not
-            return pathspec.GitIgnoreSpec.from_lines([], backend=backend), [(r, str(exc)) for r in kept] + left_out
+        parts = _compiled_parts(pathspec, rules, backend, left_out)
+    return (parts[0] if len(parts) == 1 else InOrder(parts)), left_out
+
+
+def _compiled_parts(pathspec: Any, rules: list[str], backend: str, left_out: list[tuple[str, str]]) -> list[Any]:
+    """`rules` compiled as one spec, or, when the matcher refuses them (a rule it cannot take;
+    RE2's limit on the size of one set, which a few thousand plain names reach), as the
+    halves compiled the same way, in order: a refused rule alone is left out, never the
+    others (an empty spec would snapshot what the .gitignore keeps out, secrets too)."""
+    try:
+        return [pathspec.GitIgnoreSpec.from_lines(rules, backend=backend)]
+    except Exception as exc:  # noqa: BLE001 - any rule the matcher refuses (re.error, RE2's Error, ValueError)
+        if len(rules) <= 1:
+            left_out += [(rule, str(exc) or type(exc).__name__) for rule in rules]
+            return []
+    half = len(rules) // 2
+    return _compiled_parts(pathspec, rules[:half], backend, left_out) + _compiled_parts(
+        pathspec, rules[half:], backend, left_out)
+
+
+class InOrder:
+    """Specs compiled from consecutive runs of one file's rules, matched as that file's rules:
+    the last rule that matches decides, so the last part that has a say does."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def check_file(self, path: str) -> Any:
+        result: Any = _NO_SAY
+        for part in reversed(self.parts):
+            result = part.check_file(path)
+            if result.include is not None:
+                break
+        return result
+
+
+_NO_SAY = SimpleNamespace(include=None)
 
 
 def matchable(text: str) -> str:
     """A rule or a path as the compiled rules take it."""
     return text if text.isascii() else text.translate(_PRIVATE)
-
-
-def _refused(pathspec: Any, rule: str, backend: str) -> str | None:
-    try:
-        pathspec.GitIgnoreSpec.from_lines([rule], backend=backend)
-    except Exception as exc:  # noqa: BLE001 - see compile_checked
-        return str(exc) or type(exc).__name__
-    return None
 
 
 _RE2: list[bool] = []
