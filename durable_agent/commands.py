@@ -74,11 +74,11 @@ def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
     try:
         with _interrupts(cancel, args.quiet or args.json), render.json_if_cut_short(args.json, run_id):
             outcome = runner.execute(run_id, lease=lease)
+            run = runner.store.get_run(run_id)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
         if close is not None:
             close()
-    run = runner.store.get_run(run_id)
     out, err = streams.forgiving(sys.stdout), streams.forgiving(sys.stderr)  # the exit code is the run's
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
@@ -179,7 +179,8 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.store.leases import new_owner
 
     owner = new_owner()
-    epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
+    with render.json_if_cut_short(args.json, run_id):
+        epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
     err = streams.forgiving(sys.stderr)  # from here on, the run is ours: output may not stop it
     if changes:
         store.update_settings(run_id, settings.redacted_dict())

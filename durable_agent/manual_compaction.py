@@ -34,7 +34,9 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; only a stopped run that can be resumed is compacted")
     owner = leases.new_owner()
-    epoch = store.acquire_lease(run_id, owner, runner.settings.lease_seconds)
+    # How the run stands when the lease is ours (a session may have ended since the read above):
+    # what is put back when the compaction is done.
+    epoch, (status, stop_reason, answer, error) = store.take_over(run_id, owner, runner.settings.lease_seconds)
     journal = Journal(store.engine, run_id, owner, epoch, runner.settings.lease_seconds,
                       policy=runner.store_policy, sleep=runner.sleep)
     try:
@@ -46,8 +48,8 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
             with Heartbeat(journal, max(0.2, runner.settings.lease_seconds / 3), runner.cancel):
                 compaction.compact(ctx, [], before, forced=True)
         finally:  # as it was found, also when the summary call failed (its step says why)
-            journal.finish_run(status=run.status, stop_reason=run.stop_reason, answer=run.answer,
-                               error=run.error, counters=ctx.counters())
+            journal.finish_run(status=status, stop_reason=stop_reason, answer=answer, error=error,
+                               counters=ctx.counters())
         return Compacted(before, compaction.count(ctx, s.request()), s.view.compactions - made)
     finally:
         journal.release_lease()

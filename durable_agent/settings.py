@@ -229,7 +229,7 @@ class Settings(BaseModel):
             parts.port  # noqa: B018 - parsed for its ValueError ("Port could not be cast...")
         except ValueError as exc:
             raise ValueError(f"not a URL: {mask_url_password(url)!r} ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
             raise ValueError(f"must be an http:// or https:// URL with a host, e.g. http://localhost:11434/v1; got {mask_url_password(url)!r}")
         return url
 

@@ -46,6 +46,7 @@ from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
 from durable_agent.store.runs import Store, store_policy
+from durable_agent.visible import visible
 from durable_agent.wiring import build_runner
 
 # How long a worker leaves alone a run it could not execute (workspace not mounted here,
@@ -77,7 +78,7 @@ class Log:
         stamp = time.strftime("%H:%M:%S")
         with self._lock:
             try:
-                self.out.write(f"{stamp} {text}\n")
+                self.out.write(f"{stamp} {visible(text)}\n")  # errors quote providers and models
                 self.out.flush()
             except (OSError, ValueError):  # stderr closed (a pipe reader went away): runs go on
                 pass

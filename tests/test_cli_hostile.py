@@ -129,7 +129,8 @@ def test_a_usage_error_is_one_line(cli, args) -> None:
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "http://u:hunter2@h:abc/v1", "http://[zz]/v1", "not a url",
-                                 "ftp://u:hunter2@x", "http:///v1"])
+                                 "ftp://u:hunter2@x", "http:///v1", "http://[::1]x/", "http://u:hunter2@[::1]]:80/",
+                                 "http://ho st/v1"])
 @pytest.mark.parametrize("where", ["flag", "env"])
 def test_a_base_url_that_is_no_http_url_is_one_line_before_any_run(env, workspace, sql, url, where) -> None:
     # The client's URL parser raised a traceback (exit 1); `ftp://` or no host made a run

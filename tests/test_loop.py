@@ -233,6 +233,46 @@ def test_a_resume_that_looked_before_the_run_completed_neither_takes_nor_reopens
     assert sql("SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs") == before
 
 
+def test_compact_puts_back_the_status_the_run_has_under_its_lease_not_the_one_it_read_before(
+        cli_inproc, write_script, sql, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Another session ended between `compact`'s read and its lease (blocked, an approval
+    # pending); compact then wrote back the status it had read first: budget_exceeded.
+    import sqlite3
+
+    from durable_agent.store.runs import Store
+
+    assert cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "C",
+                      "--max-steps", "1").code == 3
+    real = Store.take_over
+
+    def another_session_first(self, run_id, owner, lease_seconds):  # type: ignore[no-untyped-def]
+        db = sqlite3.connect(self.engine.url.database)
+        db.execute("UPDATE runs SET status = 'blocked', stop_reason = 'approval_required' WHERE id = ?", (run_id,))
+        db.commit()
+        db.close()
+        return real(self, run_id, owner, lease_seconds)
+
+    monkeypatch.setattr(Store, "take_over", another_session_first)
+    assert cli_inproc("compact", "C").code == 0
+    assert sql("SELECT status, stop_reason FROM runs") == [("blocked", "approval_required")]
+
+
+def test_resume_json_of_a_run_another_live_process_holds_is_one_object(
+        cli_inproc, write_script, env) -> None:  # type: ignore[no-untyped-def]
+    from durable_agent.store import leases
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.runs import Store
+
+    cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "J", "--max-steps", "1")
+    store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))
+    store.acquire_lease("J", leases.new_owner(), 60)  # this test process is alive
+    r = cli_inproc("resume", "J", "--json")
+    store.engine.dispose()
+    assert r.code == 6, r.stderr
+    out = json.loads(r.stdout)  # stdout held nothing
+    assert out["run_id"] == "J" and out["status"] is None and "another live process" in out["error"]
+
+
 def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
     from durable_agent.store import leases
     from durable_agent.store.engine import open_store_engine

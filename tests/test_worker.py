@@ -276,3 +276,19 @@ def test_worker_once_stops_with_exit_7_on_a_store_that_keeps_failing(tmp_path: P
         assert again.code == 0 and "finished run full · completed" in again.stderr, again.stderr
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_the_workers_log_prints_a_providers_control_characters_escaped(
+        cli: Callable[..., Result], workspace: Path) -> None:
+    # The worker's own lines (`finished run ... failed: <error>`) quoted the provider's error
+    # raw: an ESC sequence recoloured or erased the operator's terminal or CI log.
+    from fake_openai import FakeOpenAI
+
+    error = {"error": {"message": "bad \x1b[31mRED\x1b[0m \r\x1b[2Kinjected \u202eevil", "type": "invalid_request_error"}}
+    with FakeOpenAI(script=[{"content": "done"}], faults=[{"status": 400, "body": error}]) as fake:
+        queued = cli("start", "t", "--model", "m", "--base-url", fake.url, "--detach")
+        assert queued.code == 0, queued.stderr
+        res = cli("worker", "--once")
+    assert res.code == 0, res.stderr
+    assert "failed (model_error)" in res.stderr and "\\x1b[31mRED" in res.stderr, res.stderr
+    assert not set(res.stderr) & {"\x1b", "\r", "\u202e"}

@@ -61,6 +61,7 @@ from durable_agent.models.failures import (
     failure_for_status,
     scrubber,
 )
+from durable_agent.settings import mask_url_password
 
 __all__ = ["MAPPED_TYPES", "OpenAIChatModel", "is_classified", "map_exception", "parse_retry_after"]
 
@@ -113,6 +114,11 @@ class OpenAIChatModel:
                 self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
         except ImportError as exc:  # ALL_PROXY=socks5://... without the package httpx needs for it
             raise ConfigError(f"cannot use the proxy the environment names (ALL_PROXY, HTTPS_PROXY, HTTP_PROXY): {exc}") from None
+        except Exception as exc:  # the client's URL parser is stricter than urlsplit (settings.py)
+            if type(exc).__name__ != "InvalidURL":
+                raise
+            raise ConfigError(f"invalid settings: base_url: not a URL: {mask_url_password(base_url or '')!r} "
+                              f"({exc})") from None
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
         self._hooked = deadline.hook(self.client)
         bodies.read_error_bodies_capped(self.client)

@@ -36,7 +36,8 @@ T = TypeVar("T")
 
 def _locked_run(conn: Connection, run_id: str) -> Any:
     """The run's status and lease, locked until the transaction ends; RunNotFound if none."""
-    row = conn.execute(select(runs.c.status, runs.c.lease_owner, runs.c.lease_expires_at, runs.c.lease_epoch)
+    row = conn.execute(select(runs.c.status, runs.c.stop_reason, runs.c.answer, runs.c.error, runs.c.lease_owner,
+                              runs.c.lease_expires_at, runs.c.lease_epoch)
                        .where(runs.c.id == run_id).with_for_update()).first()
     if row is None:
         raise RunNotFound(run_id)
@@ -223,14 +224,21 @@ class Store:
         return dict(value) if value is not None else None
 
     # -- leases -------------------------------------------------------------------------
-    @_retried
     def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:
         """Take the run's lease and return the new epoch; RunBusy if a live owner holds it."""
+        return self.take_over(run_id, owner, lease_seconds)[0]
+
+    @_retried
+    def take_over(self, run_id: str, owner: str, lease_seconds: float) -> tuple[int, tuple[str, str | None, str | None,
+                                                                                         str | None]]:
+        """`acquire_lease`, also returning how the run stood just before, read under the same
+        lock (status, stop_reason, answer, error): what a `compact` puts back when it is done."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
+            stood = (row.status, row.stop_reason, row.answer, row.error)
             if row.lease_owner == owner:  # a retry after a COMMIT whose answer was lost: it landed
-                return int(row.lease_epoch)
+                return int(row.lease_epoch), stood
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
             # Read again under the lock: a run that completed since the caller looked (its
@@ -238,7 +246,7 @@ class Store:
             if row.status not in RESUMABLE:
                 raise UsageError(f"run {run_id} is {row.status}; nothing to resume")
             return leases.take(conn, run_id, previous_epoch=row.lease_epoch, owner=owner,
-                               lease_seconds=lease_seconds, now=now, clear_cancel=True)
+                               lease_seconds=lease_seconds, now=now, clear_cancel=True), stood
 
     # -- SQL written for people --------------------------------------------------------------
     @_retried
