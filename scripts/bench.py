@@ -447,7 +447,7 @@ def start_breakdown(argv: list[str], cwd: Path, env: dict[str, str], root: Path)
     and what creating as many frozen dataclasses as it does costs on its own."""
     found = root / "start-modules.json"
     subprocess.run([sys.executable, "-c", _NOTE_START, str(found), *argv[3:]], cwd=cwd, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     noted = json.loads(found.read_text())
     own = [m for m in noted["modules"] if m.startswith("durable_agent") and m != "durable_agent.__main__"]
     imports = f"import importlib\nfor m in {own!r}:\n    importlib.import_module(m)\n"
