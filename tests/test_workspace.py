@@ -965,3 +965,34 @@ def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(tmp_pa
     manifest, refused = json.loads(out.stdout)
     assert manifest == [".gitignore", "gen_7.txt", "kept.txt"]  # in order: the later `!` still wins
     assert refused == []  # 3,001 valid exclude rules are not refused for their number
+
+
+@pytest.mark.slow  # real git, a few thousand rules per trial
+@pytest.mark.parametrize("trial", range(6))
+def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(tmp_path: Path, trial: int) -> None:
+    # Rules past RE2's limit on one set are compiled in consecutive parts (ignore_rules.InOrder):
+    # with negations and directory rules spread across the parts, the files left are git's.
+    import random
+    import shutil
+
+    from durable_agent.workspace.ignore_rules import InOrder, _have_re2, compile_checked
+    from durable_agent.workspace.scan import Scanner
+
+    if shutil.which("git") is None or not _have_re2():
+        pytest.skip("needs git, and google-re2 (a set size limit is RE2's)")
+    rnd = random.Random(trial)
+    names = [f"f{i}.txt" for i in range(30)] + [f"d{i}/g{j}.log" for i in range(5) for j in range(4)]
+    for name in [*names, "sec.env", "d1/sec.env"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    vocab = [*(f"f{i}.txt" for i in range(30)), *(f"d{i}/" for i in range(5)), "*.log", "!g1.log", "!d2/g0.log",
+             "sec.env", "!f3.txt", "f*.txt", "!f1*.txt", "d1/*", "!d1/sec.env", "/f5.txt", "**/g2.log"]
+    lines = [rnd.choice(vocab) for _ in range(3000)] + [f"pad{i}.x" for i in range(2500)]
+    rnd.shuffle(lines)
+    (tmp_path / ".gitignore").write_text("\n".join(lines) + "\n")
+    assert isinstance(compile_checked(lines)[0], InOrder)  # the case under test: more than one part
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    git = subprocess.run(["git", "-C", str(tmp_path), "ls-files", "-o", "--exclude-standard"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    ours = [p.decode() for p in Scanner(tmp_path, [".git/"], 10_000).scan().manifest if (tmp_path / p.decode()).is_file()]
+    assert sorted(ours) == sorted(git)
