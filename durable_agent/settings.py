@@ -210,8 +210,14 @@ class Settings(BaseModel):
         if model and model.startswith("scripted:"):
             path = Path(model.removeprefix("scripted:")).expanduser()
             return f"scripted:{path if path.is_absolute() else Path.cwd() / path}"
-        if model and not model.isascii():
-            try:  # an endpoint's model name is sent as JSON text: bytes that are not UTF-8 cannot be
+        return model
+
+    @field_validator("model")
+    @classmethod
+    def _endpoint_model_is_utf8(cls, model: str | None) -> str | None:
+        # Sent as JSON text: bytes that are not UTF-8 failed the run later, as a bug.
+        if model and not model.startswith("scripted:") and not model.isascii():
+            try:
                 model.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValueError("an endpoint's model name must be valid UTF-8") from None

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -78,6 +79,19 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return process_state(pid) not in (None, "Z", "X")
+
+
+@contextlib.contextmanager
+def thawed_at_the_end(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """A process that froze itself (DURABLE_AGENT_STOP_AFTER) or was frozen: whatever the
+    block did, it is thawed and killed if still there, so it never outlives the test."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
 
 
 def process_state(pid: int) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from scale_helpers import pg_schema, wait_for
-from side_effects_support import process_state, run_cli
+from side_effects_support import process_state, run_cli, thawed_at_the_end
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -59,17 +59,12 @@ class Race:
 
     def take_over_and_thaw(self, first: subprocess.Popen[bytes]) -> list[str]:
         """Once the frozen owner's lease has expired: `resume` to the end here, then thaw it."""
-        try:
+        with thawed_at_the_end(first):
             wait_for(lambda: self.one("SELECT lease_expires_at < now() AT TIME ZONE 'UTC' FROM runs "
                                       "WHERE id = 'race'")[0], 30, "the frozen owner's lease to expire")
             decisions = _resume_to_the_end(self.env, self.ws, self.one)
             os.kill(first.pid, signal.SIGCONT)
             assert first.wait(timeout=60) == 6  # SPEC: the run is executed by another process
-        finally:
-            if first.poll() is None:
-                os.kill(first.pid, signal.SIGCONT)
-                first.kill()
-                first.wait()
         return decisions
 
     def check(self, decisions: list[str]) -> None:
@@ -142,7 +137,7 @@ def test_an_owner_frozen_between_a_commands_pgid_and_its_start_never_starts_it_a
     with pg_schema() as url:
         race = Race(url, tmp_path, env)
         first = race.start_first({"DURABLE_AGENT_STOP_AFTER": "8"})
-        try:
+        with thawed_at_the_end(first):
             wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
             assert race.one("SELECT pgid IS NOT NULL FROM steps WHERE run_id = 'race' AND kind = 'tool'")[0]
             wait_for(lambda: race.one("SELECT lease_expires_at < now() AT TIME ZONE 'UTC' FROM runs "
@@ -161,11 +156,6 @@ def test_an_owner_frozen_between_a_commands_pgid_and_its_start_never_starts_it_a
             assert done.returncode == 0, done.stderr
             os.kill(first.pid, signal.SIGCONT)
             assert first.wait(timeout=60) == 6
-        finally:
-            if first.poll() is None:
-                os.kill(first.pid, signal.SIGCONT)
-                first.kill()
-                first.wait()
         ledger = (race.ws / "ledger").read_text().split()
         assert Counter(ledger) == Counter(f"call_{i}_0" for i in range(TURNS)), ledger
         err = (tmp_path / "first.err").read_text()

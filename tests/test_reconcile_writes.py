@@ -84,7 +84,7 @@ def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_anot
     import sys
 
     from scale_helpers import wait_for
-    from side_effects_support import process_state, run_cli
+    from side_effects_support import process_state, run_cli, thawed_at_the_end
 
     (tmp_path / "config.toml").write_text("lease_seconds = 1\n")
     env = {**env, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
@@ -96,7 +96,7 @@ def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_anot
                                   "--run-id", "z", "--quiet"], cwd=workspace,
                                  env={**env, "DURABLE_AGENT_STOP_AFTER": "6"},  # after the write's intent
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-    try:
+    with thawed_at_the_end(first):
         wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
         assert not (workspace / "out.txt").exists()
 
@@ -109,11 +109,6 @@ def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_anot
         assert (workspace / "out.txt").read_text() == "new\n"
         os.kill(first.pid, signal.SIGCONT)
         assert first.wait(timeout=60) == 6
-    finally:
-        if first.poll() is None:
-            os.kill(first.pid, signal.SIGCONT)
-            first.kill()
-            first.wait()
     assert (workspace / "out.txt").read_text() == "new\n"  # the thawed owner wrote nothing
     assert [p.name for p in workspace.iterdir() if p.name.endswith(".tmp")] == []
     err = (tmp_path / "first.err").read_text()

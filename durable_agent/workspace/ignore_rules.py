@@ -3,6 +3,7 @@ that matching them takes linear time whatever a command planted."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -34,9 +35,10 @@ def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
 
     rules = [matchable(line) for line in lines]
     backend = "re2" if _have_re2() else "simple"
-    left_out = [] if backend == "re2" else [(r, f"more than {MAX_STARS} wildcards in one part")
-                                            for r in rules if not _bounded(r)]
-    rules = [r for r in rules if backend == "re2" or _bounded(r)]
+    left_out: list[tuple[str, str]] = []
+    if backend == "simple":
+        left_out = [(r, f"more than {MAX_STARS} wildcards in one part") for r in rules if not _bounded(r)]
+        rules = [r for r in rules if _bounded(r)]
     with warnings.catch_warnings():  # re's FutureWarning on a `[[` the rule's author wrote
         warnings.simplefilter("ignore")
         parts = _compiled_parts(pathspec, rules, backend, left_out)
@@ -83,20 +85,16 @@ def matchable(text: str) -> str:
     return text if text.isascii() else text.translate(_PRIVATE)
 
 
-_RE2: list[bool] = []
-
-
+@functools.cache
 def _have_re2() -> bool:
     """Whether pathspec's RE2 backend works here (pathspec says it is missing its own way)."""
-    if not _RE2:
-        import pathspec
+    import pathspec
 
-        try:
-            pathspec.GitIgnoreSpec.from_lines([], backend="re2")
-            _RE2.append(True)
-        except (ImportError, ValueError):
-            _RE2.append(False)
-    return _RE2[0]
+    try:
+        pathspec.GitIgnoreSpec.from_lines([], backend="re2")
+    except (ImportError, ValueError):
+        return False
+    return True
 
 
 def _bounded(rule: str) -> bool:
