@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from durable_agent.errors import UsageError
 from durable_agent.observer import Observer
@@ -31,8 +32,7 @@ from durable_agent.tool_sources import ToolInfo
 from durable_agent.tools.base import Tool
 
 
-@dataclass(frozen=True)
-class RunView:
+class RunView(Struct, frozen=True):
     """One run as `durable-agent show` sees it."""
 
     run: RunRecord

@@ -231,7 +231,7 @@ def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
     finally:
         tool_set.close()
     if args.json:
-        print(json.dumps([info.__dict__ for info in infos], indent=2))
+        print(json.dumps([info.as_dict() for info in infos], indent=2))
         return 0
     width = max((len(i.name) for i in infos), default=4)
     src = max((len(i.source) for i in infos), default=6)

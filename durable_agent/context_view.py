@@ -15,8 +15,9 @@ appending, so each request extends the previous one exactly (provider prompt cac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from durable_agent.messages import HistoryHash, Message
 
@@ -41,8 +42,7 @@ def stub(message: Message, names: Mapping[str, str]) -> Message:
     return Message("tool", stub_text(cid, names.get(cid, "tool"), message.content), tool_call_id=cid)
 
 
-@dataclass
-class ContextView:
+class ContextView(Struct):
     summary: str | None = None
     start: int = HEAD
     elided: dict[int, Message] = field(default_factory=dict)  # message seq -> its stub
@@ -54,8 +54,8 @@ class ContextView:
     # The request as last built and how many messages it covers: between compactions it only
     # grows, so each call appends the new messages instead of rebuilding (and re-looking-up
     # every elided seq) over the whole history before every model call.
-    _built: list[Message] = field(default_factory=list, repr=False)
-    _covered: int = field(default=-1, repr=False)
+    _built: list[Message] = field(default_factory=list)
+    _covered: int = field(default=-1)
 
     def request(self, messages: Sequence[Message]) -> list[Message]:
         if 0 <= self._covered <= len(messages):

@@ -6,13 +6,12 @@ third model call is never made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from durable_agent.status import StopReason
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Struct, frozen=True):
     max_steps: int
     max_tool_calls: int | None
     max_tokens: int | None

@@ -10,7 +10,8 @@ now with the smaller request.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from durable_agent import compaction
 from durable_agent.errors import UsageError
@@ -21,8 +22,7 @@ from durable_agent.store import leases
 from durable_agent.store.journal import Journal
 
 
-@dataclass(frozen=True)
-class Compacted:
+class Compacted(Struct, frozen=True):
     before: int
     after: int
     steps: int  # compact steps recorded

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from msgspec import Struct, field
 
 
 def canonical_json(value: Any) -> str:
@@ -103,8 +104,7 @@ def _json_kind(value: Any) -> str:
     return _kind(value)
 
 
-@dataclass(frozen=True)
-class ToolCall:
+class ToolCall(Struct, frozen=True):
     """One call the model asked for. `arguments` is the raw JSON text the model wrote."""
 
     id: str
@@ -190,8 +190,7 @@ class ToolCall:
         return cls(call_id, name, arguments), problem
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(Struct, frozen=True):
     role: str  # system | user | assistant | tool
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
@@ -207,8 +206,7 @@ class Message:
         return d
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     estimated: bool = False
@@ -218,14 +216,13 @@ class Usage:
     """False when the response carried no usable `usage`: the step estimates the counts."""
 
 
-@dataclass(frozen=True)
-class ModelTurn:
+class ModelTurn(Struct, frozen=True):
     """What one model call answered: text, tool calls, or both."""
 
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
-    raw: str | None = field(default=None, compare=False)
+    raw: str | None = None
     """The provider's message as it came (JSON text), kept only when part of it could not
     be used (a tool call without a name...): the step's output keeps the evidence."""
     finish_reason: str | None = None

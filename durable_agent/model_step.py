@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from durable_agent import compaction, guard
 from durable_agent.context_budget import calibrate

@@ -5,11 +5,10 @@ Only notifications: an observer never changes what the loop does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 
-@dataclass(frozen=True)
-class StepEvent:
+class StepEvent(Struct, frozen=True):
     seq: int
     turn: int
     kind: str  # model | tool | verify

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from durable_agent.status import STATUS_FOR_REASON, RunStatus, StopReason
 from durable_agent.step_context import StepContext
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(Struct, frozen=True):
     run_id: str
     status: RunStatus
     stop_reason: str | None

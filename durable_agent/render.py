@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TextIO
+
+from msgspec.structs import fields
 
 from durable_agent.cli_streams import forgiving
 from durable_agent.observer import Observer, StepEvent
@@ -201,7 +202,7 @@ def _iso(value: Any) -> Any:
 
 
 def row_json(row: Any) -> dict[str, Any]:
-    return {f.name: _iso(getattr(row, f.name)) for f in dataclasses.fields(row)}
+    return {f.name: _iso(getattr(row, f.name)) for f in fields(row)}
 
 
 def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:

@@ -9,8 +9,9 @@ is open, the next seq — are the Journal's.)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from durable_agent.context_budget import calibrate, count_message
 from durable_agent.context_view import ContextView, request_hash
@@ -18,8 +19,7 @@ from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, wi
 from durable_agent.store.storable import storable
 
 
-@dataclass
-class RunState:
+class RunState(Struct):
     run_id: str
     messages: list[Message]
     history: HistoryHash  # of the request messages (the view below), kept as messages come
@@ -36,7 +36,7 @@ class RunState:
     # (counter, compactions, messages counted, tokens): the request's count, kept as messages
     # come. Between compactions the request only grows, so each message is counted once
     # instead of the whole history before every call.
-    _tally: tuple[object, int, int, int] | None = field(default=None, repr=False)
+    _tally: tuple[object, int, int, int] | None = field(default=None)
 
     def request_tokens(self, counter: Callable[[str], int]) -> int:
         """The uncalibrated count of `request()` (context_budget.count_message per message)."""

@@ -12,8 +12,10 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
+from msgspec.structs import force_setattr
 
 from durable_agent.errors import LoopExit
 from durable_agent.guard import Limits
@@ -32,8 +34,7 @@ if TYPE_CHECKING:  # tenacity's side stays unimported until a call fails
     from durable_agent.models.retry import RetryPolicy
 
 
-@dataclass(frozen=True)
-class StepContext:
+class StepContext(Struct, frozen=True, weakref=True):
     journal: Journal
     state: RunState
     settings: Settings
@@ -51,7 +52,7 @@ class StepContext:
     retry_policy: RetryPolicy | None = None  # None: the Settings defaults
     resumed: bool = False  # the run had a session before this one
     beat: Heartbeat | None = None  # the session's lease heartbeat, which also watches for a cancel
-    workspace_id: tuple[int, int] | None = field(default=None, init=False)  # as this session found it
+    workspace_id: tuple[int, int] | None = None  # as this session found it (set by __post_init__)
 
     def __post_init__(self) -> None:
         # Held open while the session lasts: a folder deleted and made again would get the
@@ -62,7 +63,7 @@ class StepContext:
             return
         weakref.finalize(self, os.close, fd)
         st = os.fstat(fd)
-        object.__setattr__(self, "workspace_id", (st.st_dev, st.st_ino))
+        force_setattr(self, "workspace_id", (st.st_dev, st.st_ino))
 
     def workspace_moved(self) -> bool:
         """Is the workspace another folder than the one this session started in? A mount

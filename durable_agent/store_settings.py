@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from durable_agent.config_layers import default_config_path, merge_layers
 
 
-@dataclass(frozen=True)
-class StoreOptions:
+class StoreOptions(Struct, frozen=True):
     """The settings of the same names in `Settings` (their defaults too: a test holds them equal)."""
 
     db: str

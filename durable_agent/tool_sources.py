@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
+from msgspec.structs import asdict
 
 from durable_agent.errors import ConfigError
 from durable_agent.settings import Settings
@@ -24,12 +26,14 @@ if TYPE_CHECKING:
     from durable_agent.store.runs import Store
 
 
-@dataclass(frozen=True)
-class ToolInfo:
+class ToolInfo(Struct, frozen=True):
     name: str
     source: str
     effect: str
     description: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class ToolSet:

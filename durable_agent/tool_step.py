@@ -17,6 +17,7 @@ import os
 import time
 from typing import cast
 
+from msgspec.structs import asdict
 from pydantic import BaseModel, ValidationError
 
 from durable_agent import approvals, guard
@@ -114,7 +115,7 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             return _record(ctx, call, step, ToolResult(error=message))
-        step.start({"arguments": call.arguments_or_text(), "plan": plan.__dict__},
+        step.start({"arguments": call.arguments_or_text(), "plan": asdict(plan)},
                    workspace=recorder.before(ctx, step))
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))

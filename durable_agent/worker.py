@@ -30,10 +30,10 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from msgspec import Struct
 from sqlalchemy.engine import make_url
 
 from durable_agent import render
@@ -55,8 +55,7 @@ from durable_agent.wiring import build_runner
 SKIP_SECONDS = 300.0
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
+class WorkerOptions(Struct, frozen=True):
     db: str
     concurrency: int = 1
     lease_seconds: float = 30.0

@@ -223,9 +223,9 @@ def test_a_resume_that_looked_before_the_run_completed_neither_takes_nor_reopens
     real = Store.get_run
 
     def seen_before_it_completed(self, run_id):  # type: ignore[no-untyped-def]
-        import dataclasses
+        from msgspec.structs import replace
 
-        return dataclasses.replace(real(self, run_id), status="running")
+        return replace(real(self, run_id), status="running")
 
     monkeypatch.setattr(Store, "get_run", seen_before_it_completed)
     r = cli_inproc("resume", "R", "--max-steps", "1")

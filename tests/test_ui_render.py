@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import asdict
 
 from durable_agent.store.records import ApprovalRecord, MessageRecord, RunRecord, StepRecord
 from durable_agent.ui.pages import runs_list
@@ -84,7 +85,7 @@ def test_hostile_store_text_never_becomes_markup(text: str, kind: str) -> None:
 
 def test_the_chart_has_one_mark_per_step_and_marks_resumes_and_stops() -> None:
     steps = [_step(i, "x", "model" if i % 2 == 0 else "tool") for i in range(6)]
-    steps = [StepRecord(**{**s.__dict__, "lease_epoch": 1 if s.seq < 3 else 2,
+    steps = [StepRecord(**{**asdict(s), "lease_epoch": 1 if s.seq < 3 else 2,
                            "started_at": s.started_at + timedelta(seconds=100 if s.seq >= 3 else 0),
                            "finished_at": (s.finished_at or T0) + timedelta(seconds=100 if s.seq >= 3 else 0)})
              for s in steps]
@@ -99,7 +100,7 @@ def test_a_long_stop_is_drawn_narrow_and_labelled_so_the_steps_stay_readable() -
     is a labelled band of at most a tenth of the executing time, not 99% of the axis."""
     def step(seq: int, at: float, epoch: int) -> StepRecord:
         s = _step(seq, "x", "model")
-        return StepRecord(**{**s.__dict__, "started_at": T0 + timedelta(seconds=at),
+        return StepRecord(**{**asdict(s), "started_at": T0 + timedelta(seconds=at),
                              "finished_at": T0 + timedelta(seconds=at + 1), "lease_epoch": epoch})
 
     steps = [step(0, 0, 1), step(1, 2, 1), step(2, 1203, 2), step(3, 1205, 2)]

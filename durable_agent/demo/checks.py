@@ -6,14 +6,14 @@ Kept apart from story.py so the claims can be read, and tested, on their own.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from durable_agent.status import RunStatus
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 
 
-@dataclass
-class Verdict:
+class Verdict(Struct):
     lines: list[str] = field(default_factory=list)  # what happened, in words
     problems: list[str] = field(default_factory=list)  # claims the records contradict
 

@@ -27,10 +27,11 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+
+from msgspec import Struct
 
 import durable_agent
 from durable_agent.cli_streams import forgiving
@@ -47,8 +48,7 @@ WITNESS = ".test-runs.log"  # test_calc.py appends the call id that ran it
 CHILD_TIMEOUT_S = 120
 
 
-@dataclass(frozen=True)
-class Child:
+class Child(Struct, frozen=True):
     pid: int
     code: int
     hung: bool  # stopped by the demo's watchdog, not by the planned crash

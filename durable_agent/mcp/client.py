@@ -19,9 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
+
+from msgspec import Struct, field
 
 from durable_agent.errors import ConfigError
 
@@ -70,8 +71,7 @@ class CallTimedOut(Exception):
     """A call took longer than its timeout (it may still be running on the server)."""
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(Struct, frozen=True):
     """How to reach one server: an argv with its environment (stdio) or a URL."""
 
     name: str
@@ -83,16 +83,14 @@ class Launch:
     cleanup: Callable[[], None] = lambda: None
 
 
-@dataclass(frozen=True)
-class RemoteTool:
+class RemoteTool(Struct, frozen=True):
     name: str
     description: str
     input_schema: dict[str, Any]
     annotations: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class CallOutcome:
+class CallOutcome(Struct, frozen=True):
     text: str
     is_error: bool
     structured: Any

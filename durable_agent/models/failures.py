@@ -18,8 +18,9 @@ anything else as permanent `unexpected` (a bug in a client: it should have mappe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
+
+from msgspec import Struct
 
 from durable_agent.errors import ModelError
 from durable_agent.redact import Redactor
@@ -67,8 +68,7 @@ HINTS = {
 }
 
 
-@dataclass(frozen=True)
-class Failure:
+class Failure(Struct, frozen=True):
     """One classified model failure; safe to store and print (no secrets)."""
 
     kind: FailureKind

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from msgspec import Struct
 
 from durable_agent.models.failures import (
     Failure,
@@ -45,8 +46,7 @@ def _default(setting: str) -> Any:
     return Settings.model_fields[setting].default
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
+class RetryPolicy(Struct, frozen=True):
     """How long a model call keeps trying. Each field is the Settings field named beside it."""
 
     max_attempts: int = _default("retry_max_attempts")

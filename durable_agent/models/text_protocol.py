@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from durable_agent.messages import REASONING_BLOCK, Message, ModelTurn, ToolCall
 from durable_agent.models import ModelClient

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from msgspec import Struct, field
 from sqlalchemy import Connection, Engine, select
 
 from durable_agent.store import retrying
@@ -29,8 +29,7 @@ MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
 
 
-@dataclass(frozen=True)
-class TreeRow:
+class TreeRow(Struct, frozen=True):
     id: str
     base: str | None
     depth: int
@@ -38,8 +37,7 @@ class TreeRow:
     data: bytes
 
 
-@dataclass
-class WorkspaceWrite:
+class WorkspaceWrite(Struct):
     """What a snapshot adds to a step's transaction: raw statements (binary, not run through
     `storable`) and the step row's columns (`tree_before` or `tree_id`)."""
 
@@ -125,8 +123,7 @@ class BlobStore:
         return zlib.decompress(bytes(data))
 
 
-@dataclass(frozen=True)
-class TreeAt:
+class TreeAt(Struct, frozen=True):
     tree: str
     seq: int  # the step whose snapshot it is
     after: bool  # the snapshot after that step (False: from before it, e.g. the run's start)

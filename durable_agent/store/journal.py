@@ -25,10 +25,10 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
@@ -84,8 +84,7 @@ def _run(conn: Connection, statement: Executable | Prepared, params: Any) -> Non
         cursor.close()
 
 
-@dataclass(frozen=True)
-class Loaded:
+class Loaded(Struct, frozen=True):
     run: RunRecord
     messages: list[Message]
     open_steps: list[StepRecord]

@@ -20,10 +20,10 @@ import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import JSON, Connection, DateTime, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -41,8 +41,7 @@ CURSOR_HOOKS: list[Callable[[str, Connection], None]] = []
 SEND_AT = 1 << 20  # characters of statements waiting (a snapshot's blobs) sent at once
 
 
-@dataclass(slots=True)
-class _Waiting:
+class _Waiting(Struct):
     """Statements of an open PostgreSQL `transaction` not yet sent, bound into their text."""
 
     texts: list[str]
@@ -65,8 +64,7 @@ _WAITING: dict[int, _Waiting] = {}
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE (not imported: psycopg is optional)
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(Struct, frozen=True):
     """One statement for one dialect and one set of parameter names."""
 
     sql: str

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from msgspec import Struct, field
 from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
 
 from durable_agent.status import RunStatus
@@ -47,8 +47,7 @@ _CANDIDATE_COLUMNS = (runs.c.id, runs.c.status, runs.c.workspace, runs.c.setting
                       runs.c.lease_owner, runs.c.lease_epoch)
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(Struct, frozen=True):
     """A run whose lease this worker now holds, with what it needs to execute it."""
 
     run_id: str
@@ -60,14 +59,12 @@ class Claim:
     previous_owner: str | None
 
 
-@dataclass(frozen=True)
-class Rejected:
+class Rejected(Struct, frozen=True):
     run_id: str
     workspace: str
 
 
-@dataclass(frozen=True)
-class ClaimResult:
+class ClaimResult(Struct, frozen=True):
     claim: Claim | None = None
     rejected: list[Rejected] = field(default_factory=list)
     at_limit: bool = False  # the global limit of running runs is reached: try again later

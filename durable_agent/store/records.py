@@ -1,16 +1,17 @@
 """Typed records: what crosses the `store/` boundary instead of SQLAlchemy rows.
 
-Frozen dataclasses with the column names as fields, built once from a row (`from_row`),
+Frozen structs (msgspec) with the column names as fields, built once from a row (`from_row`),
 so code above the store never handles `Row[Any]` and a misspelt column is a type error.
 The string enums compare equal to the text stored in the columns users query.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Self
+
+from msgspec import Struct
 
 
 class StepState(StrEnum):
@@ -32,12 +33,12 @@ class ApprovalKind(StrEnum):
     WORKSPACE_DRIFT = "workspace_drift"  # resume found the files differ from the last snapshot
 
 
-class _Record:
+class _Record(Struct, frozen=True):
     @classmethod
     def from_row(cls, row: Any) -> Self:
         """Build from a row (or any object) that has at least the record's columns."""
         mapping = row._mapping if hasattr(row, "_mapping") else row
-        return cls(**{f.name: _get(mapping, f.name) for f in fields(cls)})  # type: ignore[arg-type]
+        return cls(**{name: _get(mapping, name) for name in cls.__struct_fields__})
 
 
 def _get(mapping: Any, name: str) -> Any:
@@ -47,8 +48,7 @@ def _get(mapping: Any, name: str) -> Any:
         return getattr(mapping, name, None)
 
 
-@dataclass(frozen=True)
-class RunRecord(_Record):
+class RunRecord(_Record, frozen=True):
     id: str
     task: str
     workspace: str
@@ -77,8 +77,7 @@ class RunRecord(_Record):
     tree_start: str | None = None  # 0006: workspace snapshot at creation
 
 
-@dataclass(frozen=True)
-class StepRecord(_Record):
+class StepRecord(_Record, frozen=True):
     run_id: str
     seq: int
     kind: str
@@ -103,8 +102,7 @@ class StepRecord(_Record):
     tree_id: str | None = None
 
 
-@dataclass(frozen=True)
-class ApprovalRecord(_Record):
+class ApprovalRecord(_Record, frozen=True):
     id: int
     run_id: str
     call_id: str
@@ -121,8 +119,7 @@ class ApprovalRecord(_Record):
     restore_workspace: bool | None = None  # 0006: `approve --restore`
 
 
-@dataclass(frozen=True)
-class MessageRecord(_Record):
+class MessageRecord(_Record, frozen=True):
     run_id: str
     seq: int
     role: str

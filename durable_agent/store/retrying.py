@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from msgspec import Struct
 from sqlalchemy.exc import DBAPIError
 
 if TYPE_CHECKING:
@@ -83,8 +83,7 @@ def connection_lost(orig: BaseException | None) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class StorePolicy:
+class StorePolicy(Struct, frozen=True):
     """How long a run waits for its store before it stops (exit 7, resumable)."""
 
     max_attempts: int = 12

@@ -7,10 +7,10 @@ one of its writes is fenced on the lease and retried like any checkpoint.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from msgspec import Struct
 from sqlalchemy import Connection, bindparam, select, update
 
 from durable_agent.messages import Message
@@ -32,8 +32,7 @@ USE_APPROVAL = Prepared(update(approvals).where(approvals.c.id == bindparam("b_i
 STEP_COLUMNS = tuple(c.name for c in steps.c if c.name != "id")
 
 
-@dataclass(frozen=True)
-class Counters:
+class Counters(Struct, frozen=True):
     """Run totals, written as absolute values with every checkpoint (replay rebuilds them)."""
 
     step_count: int

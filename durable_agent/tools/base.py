@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from msgspec import Struct, field
 from pydantic import BaseModel
 
 from durable_agent.status import EffectClass
@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from durable_agent.tools.os_sandbox import Sandbox
 
 
-@dataclass(frozen=True)
-class ToolContext:
+class ToolContext(Struct, frozen=True):
     workspace: Path
     run_id: str
     call_id: str
@@ -47,8 +46,7 @@ class ToolContext:
     the run may be another's by now (see files.atomic_write); None: no check."""
 
 
-@dataclass(frozen=True)
-class ToolResult:
+class ToolResult(Struct, frozen=True):
     """An observation. `error` set means the call failed; the model is told either way."""
 
     output: str = ""
@@ -65,8 +63,7 @@ class ToolFailure(Exception):
     """Raised inside a tool for an expected failure; becomes an error observation."""
 
 
-@dataclass(frozen=True)
-class WritePlan:
+class WritePlan(Struct, frozen=True):
     """A write's postcondition, recorded in the intent row before the write happens."""
 
     path: str

@@ -35,10 +35,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
@@ -72,8 +74,7 @@ class SandboxUnavailable(ToolFailure):
     """A sandboxed mode and no mechanism: the command is refused, never run unconfined."""
 
 
-@dataclass(frozen=True)
-class Sandbox:
+class Sandbox(Struct, frozen=True):
     """How commands of one run are contained. Build it with `resolve_sandbox`."""
 
     mode: SandboxMode
@@ -136,8 +137,7 @@ def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
             "store outside the workspace (--db) or pass --sandbox read-only")
 
 
-@dataclass
-class Launch:
+class Launch(Struct):
     """The argv and environment that run one command under the sandbox, and what to undo."""
 
     argv: list[str]

@@ -20,7 +20,6 @@ nothing of a recorded group still runs before reconciling its step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import selectors
@@ -30,8 +29,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from durable_agent.redact import is_secret_name
 from durable_agent.tools.base import ToolFailure
@@ -74,8 +75,7 @@ _NON_INTERACTIVE_ENV = {
 _DROPPED_ENV = ("FORCE_COLOR", "CLICOLOR_FORCE")  # would fight NO_COLOR
 
 
-@dataclass(frozen=True)
-class ProcessOutcome:
+class ProcessOutcome(Struct, frozen=True):
     """What happened. `exit_code` is None unless the command ended by itself (it is None
     after a timeout or cancel); negative means killed by that signal, as in subprocess."""
 
@@ -177,7 +177,7 @@ def run_process(
             os.close(script)
         launch.cleanup()
     notes = launch.notes()
-    return dataclasses.replace(outcome, notes=tuple(notes)) if notes else outcome
+    return replace(outcome, notes=tuple(notes)) if notes else outcome
 
 
 def _guard_argv(watch_fd: int, status_fd: int) -> list[str]:

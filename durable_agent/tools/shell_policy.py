@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from enum import StrEnum
+
+from msgspec import Struct, field
 
 
 class ShellDecision(StrEnum):
@@ -213,8 +214,7 @@ def _without_git_globals(words: list[str]) -> list[str]:
     return ["git", *rest]
 
 
-@dataclass
-class _Scan:
+class _Scan(Struct):
     segments: list[str] = field(default_factory=list)
     problem: str | None = None
 

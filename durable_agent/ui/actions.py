@@ -5,7 +5,7 @@ the run back on the workers' queue: in the browser, answering is asking it to go
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from durable_agent.errors import UsageError
 from durable_agent.status import RESUMABLE, RunStatus
@@ -20,8 +20,7 @@ NOTICES = {
 }
 
 
-@dataclass(frozen=True)
-class Done:
+class Done(Struct, frozen=True):
     run_id: str
     notice: str  # a key of NOTICES
 

@@ -8,11 +8,11 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from msgspec import Struct
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -42,8 +42,7 @@ STATUSES = {s.value for s in RunStatus}
 KEEPALIVE_S = 15.0
 
 
-@dataclass(frozen=True)
-class UiConfig:
+class UiConfig(Struct, frozen=True):
     store: Store
     access: Access
     user: str  # who decides when the form names nobody: "token-holder" or the local user

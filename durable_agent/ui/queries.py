@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import Engine, inspect, or_, select, text, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -28,14 +28,12 @@ PAGE_SIZE = 50
 CHANGES_VIEW = "step_changes"  # workspace snapshots (where the store has them): one row per changed file
 
 
-@dataclass(frozen=True)
-class RunPage:
+class RunPage(Struct, frozen=True):
     runs: list[RunRecord]
     next_cursor: str | None  # None on the last page
 
 
-@dataclass(frozen=True)
-class FileChange:
+class FileChange(Struct, frozen=True):
     path: str
     change: str
     bytes: int | None

@@ -7,9 +7,10 @@ page and its updates cannot drift apart."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from msgspec import Struct, field
 
 from durable_agent.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
 from durable_agent.status import RESUMABLE, RunStatus
@@ -31,8 +32,7 @@ INLINE_STEPS = 200  # up to this many steps their bodies are in the page; beyond
 MAX_PRE = 20_000  # characters of one input/output shown inline; the JSON API has all of it
 
 
-@dataclass(frozen=True)
-class RunView:
+class RunView(Struct, frozen=True):
     run: RunRecord
     steps: list[StepRecord]
     approvals: list[ApprovalRecord]

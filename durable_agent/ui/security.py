@@ -18,10 +18,10 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from msgspec import Struct, field
 from starlette.requests import cookie_parser
 
 Scope = MutableMapping[str, Any]
@@ -42,12 +42,11 @@ HEADERS = [  # what every answer says about itself
 ]
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(Struct, frozen=True):
     token: str | None = None
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     key: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # to act, without a token
-    on_link: Callable[[], None] | None = field(default=None, compare=False)  # called as the link is used
+    on_link: Callable[[], None] | None = None  # called as the link is used
 
     def token_ok(self, offered: str | None) -> bool:
         return self.token is None or (offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()))

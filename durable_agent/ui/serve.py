@@ -19,10 +19,11 @@ import sys
 import tempfile
 import threading
 import webbrowser
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+from msgspec import Struct
 
 from durable_agent.errors import ConfigError
 
@@ -37,8 +38,7 @@ TOKEN_CHARACTERS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 PAGE_SECONDS = 120.0  # how long `--open`'s page waits for a browser slow to start
 
 
-@dataclass(frozen=True)
-class ServeOptions:
+class ServeOptions(Struct, frozen=True):
     host: str
     port: int
     token: str | None

@@ -20,16 +20,16 @@ import json
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from durable_agent.tools.encoding import show_name
 
 FILE, LINK, DIR, BIG = "file", "link", "dir", "big"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(Struct, frozen=True):
     kind: str
     mode: int = 0  # permission bits (st_mode & 0o777) of files and directories
     ref: str = ""  # file: sha256 hex of the content
@@ -40,8 +40,7 @@ class Entry:
 Manifest = dict[bytes, Entry]
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(Struct, frozen=True):
     path: bytes
     change: str  # added | modified | deleted | mode
     bytes: int

@@ -22,9 +22,10 @@ import stat
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct, field
 
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
@@ -40,8 +41,7 @@ MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below
 _UNREADABLE = Entry(FILE, 0, "unreadable")  # _entry's answer for a file the harness may not read
 
 
-@dataclass
-class Scan:
+class Scan(Struct):
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap

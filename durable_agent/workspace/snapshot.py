@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
 from durable_agent.workspace.manifest import (
@@ -24,8 +25,7 @@ from durable_agent.workspace.manifest import (
 from durable_agent.workspace.scan import Scan, Scanner
 
 
-@dataclass
-class Snapshot:
+class Snapshot(Struct):
     tree_id: str
     manifest: Manifest
     statements: list[Statement]
