@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from durable_agent import __version__, collector
 from durable_agent import cli_streams as streams  # tiny modules: keep --help fast
-from durable_agent import collector
-from durable_agent.cli_streams import Parser
+from durable_agent.cli_streams import Parser, Subcommands
 from durable_agent.status import EXIT_BUSY, EXIT_STORE, EXIT_USAGE
 
 DESCRIPTION = """\
@@ -104,11 +104,12 @@ def _add_mcp(p: argparse.ArgumentParser) -> None:
                         "arguments, or an http(s) URL); repeatable; needs durable-agent[mcp]")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, a command's name, that command's arguments alone (Subcommands)."""
     parser = Parser(prog="durable-agent", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"durable-agent {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"durable-agent {__version__}")
+    sub = Subcommands(parser.add_subparsers(dest="command", metavar="COMMAND"), only)
 
     p = sub.add_parser("start", help="create a run and execute it in the foreground",
                        description="Create a run and execute it; the run id is printed first so it can be resumed.")
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "or open /?token=TOKEN once); default: $DURABLE_AGENT_UI_TOKEN")
     p.add_argument("--open", action="store_true", dest="open_browser", help="open the view in a browser")
     p.set_defaults(func=_command("cmd_ui"))
-    return parser
+    return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 
 def _command(name: str, module: str = "commands") -> Callable[[argparse.Namespace, dict[str, str]], int]:
@@ -319,12 +320,6 @@ def _command(name: str, module: str = "commands") -> Callable[[argparse.Namespac
         return int(getattr(importlib.import_module(f"durable_agent.{module}"), name)(args, env))
 
     return run
-
-
-def _version() -> str:
-    from durable_agent import __version__
-
-    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -343,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     streams.open_missing()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
     streams.lenient()
     if args.command is None:

@@ -71,15 +71,19 @@ def render() -> str:
     return "\n".join(out + tables).rstrip() + "\n"
 
 
-def main() -> int:
-    text = render()
+def write_or_check(target: Path, text: str, script: str) -> int:
+    """Write `text` to `target`; with --check, exit 1 instead when they differ."""
     if "--check" in sys.argv:
-        if TARGET.read_text() != text:
-            print(f"{TARGET} is out of date: run scripts/gen_default_config.py", file=sys.stderr)
+        if not target.exists() or target.read_text() != text:
+            print(f"{target} is out of date: run scripts/{script}", file=sys.stderr)
             return 1
         return 0
-    TARGET.write_text(text)
+    target.write_text(text)
     return 0
+
+
+def main() -> int:
+    return write_or_check(TARGET, render(), "gen_default_config.py")
 
 
 if __name__ == "__main__":

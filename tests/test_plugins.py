@@ -104,3 +104,30 @@ def test_a_bad_tool_entry_is_one_line(cli: Callable[..., Any], plugin_env: dict[
     r = cli("tools", extra_env={**plugin_env, "DURABLE_AGENT_CONFIG": str(config)})
     assert r.code == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_entry_points_found_are_the_standard_librarys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # plugins.entry_points reads only the distributions that name the group: the same entry
+    # points as metadata.entry_points(group=...), whatever the header's spaces, with a
+    # distribution shadowed by one of the same name earlier on sys.path, and others' groups.
+    from importlib import metadata
+
+    from durable_agent.tools.plugins import ENTRY_POINT_GROUP, entry_points
+
+    def dist(site: str, name: str, text: str) -> None:
+        info = tmp_path / site / f"{name.replace('-', '_')}-0.1.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(text)
+
+    dist("first", "da-shadowed", "[durable_agent.tools]\nwins = a:b\n")
+    dist("second", "da-shadowed", "[durable_agent.tools]\nloses = a:c\n")
+    dist("second", "da-spaced", "[console_scripts]\nx = a:d\n\n[ durable_agent.tools ]\nspaced = a:e\n")
+    dist("second", "da-other", "[other.group]\nnot_ours = a:f\n# durable_agent.tools named in a comment\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "second"))
+    monkeypatch.syspath_prepend(str(tmp_path / "first"))
+    ours = [(ep.name, ep.value, ep.dist.name if ep.dist else None) for ep in entry_points()]
+    theirs = [(ep.name, ep.value, ep.dist.name if ep.dist else None)
+              for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    assert sorted(ours) == sorted(theirs)
+    assert "wins" in {name for name, _, _ in ours} and "loses" not in {name for name, _, _ in ours}

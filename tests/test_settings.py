@@ -130,3 +130,16 @@ def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
     assert first.code == 3 and f"scripted:{here / 's.json'}" in first.stderr, first.stderr
     resumed = cli("resume", "rel", "--max-steps", "5", cwd=elsewhere)
     assert resumed.code == 0, resumed.stderr
+
+
+def test_every_number_setting_refuses_true_and_false_and_only_those_are_listed() -> None:
+    from pydantic import ValidationError
+
+    from durable_agent.settings import NUMBER_FIELDS
+
+    numbers = {name for name, field in Settings.model_fields.items()
+               if field.annotation in (int, float, int | None, float | None)}
+    assert set(NUMBER_FIELDS) == numbers and len(NUMBER_FIELDS) == len(numbers)
+    for name in NUMBER_FIELDS:
+        with pytest.raises(ValidationError, match="must be a number, not true or false"):
+            Settings(**{name: True})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from hashlib import sha256
 from pathlib import Path
@@ -349,3 +350,20 @@ def test_a_file_larger_than_its_fstat_said_is_read_whole_up_to_the_cap(tmp_path:
         assert read_capped(f, stale, 4 << 20) == b"a" * 10 + b"b" * (3 << 20)
     with path.open("rb") as f:
         assert read_capped(f, 10, 1 << 20) == (b"a" * 10 + b"b" * (3 << 20))[:(1 << 20) + 1]
+
+
+def test_the_built_in_tools_schemas_are_generated_current_and_are_what_the_model_is_offered() -> None:
+    import subprocess
+    import sys
+
+    from durable_agent.tools.base import generated_parameters
+    from durable_agent.tools.schemas import SCHEMAS
+
+    root = Path(__file__).resolve().parent.parent
+    check = subprocess.run([sys.executable, str(root / "scripts" / "gen_tool_schemas.py"), "--check"])
+    assert check.returncode == 0  # else: run scripts/gen_tool_schemas.py
+    tools = build_tools("allow").values()
+    assert len(SCHEMAS) == len(tools)
+    for tool in tools:
+        offered = tool_schema(tool)["function"]["parameters"]
+        assert offered == json.loads(generated_parameters(tool.args_model)) and offered.get("properties"), tool.name

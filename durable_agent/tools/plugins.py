@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, cast
+
+from msgspec import Struct
 
 from durable_agent.errors import ConfigError
 from durable_agent.status import EffectClass
@@ -20,15 +21,31 @@ from durable_agent.tools.base import Tool
 ENTRY_POINT_GROUP = "durable_agent.tools"
 
 
-@dataclass(frozen=True)
-class Loaded:
+class Loaded(Struct, frozen=True):
     tool: Tool
     source: str  # "plugin DIST" or "config MODULE:ATTR"
 
 
+def entry_points() -> list[metadata.EntryPoint]:
+    """`metadata.entry_points(group=ENTRY_POINT_GROUP)`, parsing only the entry_points.txt of
+    the distributions that name the group: the standard library parses every installed
+    distribution's (1.5% of a one-step start, measured). The same distributions count: the
+    first one of a name on sys.path, as the standard library dedups them."""
+    found, seen = [], set()
+    for dist in metadata.distributions():
+        name = getattr(dist, "_normalized_name", None) or dist.name  # the standard library's key
+        if name in seen:
+            continue
+        seen.add(name)
+        text = dist.read_text("entry_points.txt")
+        if text and ENTRY_POINT_GROUP in text:  # a superset: the parse below decides
+            found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    return found
+
+
 def load_plugins() -> list[Loaded]:
     loaded = []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_points():
         dist = ep.dist.name if ep.dist is not None else ep.value
         where = f"plugin {dist} (entry point {ep.name} = {ep.value})"
         try:

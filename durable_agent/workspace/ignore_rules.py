@@ -4,6 +4,7 @@ that matching them takes linear time whatever a command planted."""
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -31,7 +32,10 @@ def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
     a trailing `\\`, a class like `[[:digit:]]` RE2 refuses): git itself may honour it, and
     failing here would stop every snapshot of the run for good. A rule left out ignores
     nothing: its files are snapshotted like the rest. Paths are given through `matchable`."""
-    import pathspec  # lazy: only a run that snapshots pays for it
+    names = _directory_names(lines)
+    if names is not None:
+        return DirectoryNames(names), []
+    import pathspec  # lazy: only rules beyond plain directory names pay for it
 
     rules = [matchable(line) for line in lines]
     backend = "re2" if _have_re2() else "simple"
@@ -78,6 +82,32 @@ class InOrder:
 
 
 _NO_SAY = SimpleNamespace(include=None)
+_YES = SimpleNamespace(include=True)
+# A rule `NAME/` of these characters only ignores every directory so named, at any depth, with
+# all below it: nothing of gitignore's syntax (wildcards, escapes, `!`, `#`, spaces) is in it.
+_PLAIN_DIRECTORY = re.compile(r"[A-Za-z0-9_.-]+/")
+
+
+def _directory_names(lines: Sequence[str]) -> frozenset[str] | None:
+    """The names, when every rule is a plain `NAME/` (blank lines and comments aside), as the
+    `exclude` setting's default is: matched as set look-ups, without importing pathspec and
+    compiling its expressions (a sixth of a one-step run's start-up, measured)."""
+    rules = [line for line in lines if line.strip() and not line.startswith("#")]
+    if not all(_PLAIN_DIRECTORY.fullmatch(r) and r not in ("./", "../") for r in rules):
+        return None
+    return frozenset(r[:-1] for r in rules)
+
+
+class DirectoryNames:
+    """Rules that are all `NAME/`, matched as gitignore matches them (tests/test_ignore_rules.py
+    holds this to pathspec): a path is ignored when one of its directories has such a name."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def check_file(self, path: str) -> Any:
+        directories = path.split("/")[:-1]  # a directory's path ends in "/": all its parts are
+        return _YES if not self.names.isdisjoint(directories) else _NO_SAY
 
 
 def matchable(text: str) -> str:
