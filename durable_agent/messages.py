@@ -1,6 +1,6 @@
 """The conversation: messages, tool calls and model turns, and their canonical JSON.
 
-Plain frozen dataclasses rather than pydantic models: they are built and hashed on every
+Frozen msgspec Structs rather than pydantic models: they are built and hashed on every
 step (the hot path) and the CLI imports them before it knows it needs pydantic.
 """
 

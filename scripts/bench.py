@@ -412,50 +412,66 @@ def instructions(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
     return int(proc.stderr.split("Collected :")[1].split()[0])
 
 
-# A 1-step start run under a wrapper that notes, at exit, the modules it loaded and the
-# project's dataclasses it created (each one execs its generated methods: a fixed cost per class).
-_NOTE_START = """import atexit, dataclasses, json, runpy, sys
-out, made = sys.argv.pop(1), []
-real = dataclasses._process_class
-def note(cls, *a, **k):
-    made.append(cls.__module__)
-    return real(cls, *a, **k)
-dataclasses._process_class = note
-atexit.register(lambda: open(out, "w").write(json.dumps({"modules": sorted(sys.modules),
-    "dataclasses": sum(m.startswith("durable_agent") for m in made)})))
+# A 1-step start run under a wrapper that notes, at exit, the modules it loaded and how many
+# records (msgspec Structs) the project's modules define.
+_NOTE_START = """import atexit, json, runpy, sys
+out = sys.argv.pop(1)
+def note():
+    import msgspec
+    records = {c for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("durable_agent")
+               for c in vars(m).values() if isinstance(c, type) and issubclass(c, msgspec.Struct)
+               and c.__module__ == m.__name__}
+    open(out, "w").write(json.dumps({"modules": sorted(sys.modules), "records": len(records)}))
+atexit.register(note)
 sys.argv[0] = "durable-agent"
 runpy.run_module("durable_agent", run_name="__main__")
 """
 
-_DATACLASSES = """import sys
+# N classes of five fields, as the project's records have about: as msgspec Structs (what the
+# project defines) and as frozen dataclasses (what it defined before: each one compiles and
+# execs its generated methods).
+_RECORDS = """import sys
 from dataclasses import dataclass
-for _ in range(int(sys.argv[1])):
-    @dataclass(frozen=True)
-    class Record:
-        \"\"\"Five fields, as the project's records have about.\"\"\"
-        a: int
-        b: str = ""
-        c: tuple = ()
-        d: int = 0
-        e: str | None = None
+from msgspec import Struct
+n, kind = int(sys.argv[1]), sys.argv[2]
+for _ in range(n):
+    if kind == "struct":
+        class Record(Struct, frozen=True):
+            a: int
+            b: str = ""
+            c: tuple = ()
+            d: int = 0
+            e: str | None = None
+    else:
+        @dataclass(frozen=True)
+        class Record:
+            a: int
+            b: str = ""
+            c: tuple = ()
+            d: int = 0
+            e: str | None = None
 """
 
 
 def start_breakdown(argv: list[str], cwd: Path, env: dict[str, str], root: Path) -> dict[str, int]:
     """Where a 1-step start's instructions go beyond `import sqlalchemy, pydantic` and one
     model: importing the project's modules it loads (nothing run), then running the command;
-    and what creating as many frozen dataclasses as it does costs on its own."""
+    and what defining as many records as it does costs on its own, as Structs and as dataclasses."""
     found = root / "start-modules.json"
     subprocess.run([sys.executable, "-c", _NOTE_START, str(found), *argv[3:]], cwd=cwd, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     noted = json.loads(found.read_text())
     own = [m for m in noted["modules"] if m.startswith("durable_agent") and m != "durable_agent.__main__"]
     imports = f"import importlib\nfor m in {own!r}:\n    importlib.import_module(m)\n"
-    n = noted["dataclasses"]
+    n = noted["records"]
+
+    def records(kind: str) -> int:
+        return (instructions([sys.executable, "-c", _RECORDS, str(n), kind], cwd, env)
+                - instructions([sys.executable, "-c", _RECORDS, "0", kind], cwd, env))
+
     return {"start_imports_only_instr": instructions([sys.executable, "-c", imports], cwd, env),
-            "start_dataclasses": n,
-            "start_dataclasses_alone_instr": (instructions([sys.executable, "-c", _DATACLASSES, str(n)], cwd, env)
-                                              - instructions([sys.executable, "-c", _DATACLASSES, "0"], cwd, env))}
+            "start_records": n, "start_records_alone_instr": records("struct"),
+            "start_records_as_dataclasses_instr": records("dataclass")}
 
 
 def make_runs_store(url: str, n: int) -> None:
@@ -635,8 +651,9 @@ def print_table(r: dict[str, Any]) -> None:
             imports, start = i["start_imports_only_instr"], i["cold_start_1_step_instr"]
             print(f"  1-step start, in instructions: import sqlalchemy, pydantic {base / 1e6:,.0f}M + the first "
                   f"pydantic model {(model - base) / 1e6:,.0f}M + importing the project's modules {(imports - model) / 1e6:,.0f}M"
-                  f" + running the command {(start - imports) / 1e6:,.0f}M; the {i['start_dataclasses']} dataclasses "
-                  f"those modules define cost {i['start_dataclasses_alone_instr'] / 1e6:,.0f}M made on their own; "
+                  f" + running the command {(start - imports) / 1e6:,.0f}M; the {i['start_records']} records "
+                  f"those modules define cost {i['start_records_alone_instr'] / 1e6:,.0f}M made on their own "
+                  f"({i['start_records_as_dataclasses_instr'] / 1e6:,.0f}M as dataclasses); "
                   f"the target (1.5x) leaves {(1.5 * base - model) / 1e6:,.0f}M for the modules and the run")
     for row in r.get("postgresql", []):
         print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
