@@ -17,7 +17,6 @@ import os
 import time
 from typing import cast
 
-from msgspec.structs import asdict
 from pydantic import BaseModel, ValidationError
 
 from durable_agent import approvals, guard
@@ -115,8 +114,9 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             return _record(ctx, call, step, ToolResult(error=message))
-        step.start({"arguments": call.arguments_or_text(), "plan": asdict(plan)},
-                   workspace=recorder.before(ctx, step))
+        # Its fields, not the object: a plugin's plan may be any object that has them.
+        recorded = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha}
+        step.start({"arguments": call.arguments_or_text(), "plan": recorded}, workspace=recorder.before(ctx, step))
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     # Interrupted write: did it land? The recorded hashes decide, not a guess.

@@ -131,3 +131,89 @@ def test_the_entry_points_found_are_the_standard_librarys(tmp_path: Path, monkey
               for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
     assert sorted(ours) == sorted(theirs)
     assert "wins" in {name for name, _, _ in ours} and "loses" not in {name for name, _, _ in ours}
+
+
+def test_plugins_served_by_a_finders_own_distribution_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A distribution that is no folder of files gives its entry points its own way (no
+    # entry_points.txt to read first): they are asked for as the standard library asks.
+    import sys
+    from importlib import metadata
+    from importlib.metadata import Distribution, DistributionFinder, EntryPoint, EntryPoints
+
+    from durable_agent.tools.plugins import ENTRY_POINT_GROUP, entry_points
+
+    class Dist(Distribution):
+        def read_text(self, filename: str) -> str | None:
+            return "Metadata-Version: 2.1\nName: custom-tools\nVersion: 1\n" if filename == "METADATA" else None
+
+        def locate_file(self, path: Any) -> Any:
+            return path
+
+        @property
+        def entry_points(self) -> EntryPoints:
+            return EntryPoints([EntryPoint("shout", "my_tools:Shout", ENTRY_POINT_GROUP)._for(self)])
+
+    class Finder(DistributionFinder):
+        def find_spec(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        def find_distributions(self, context: Any = None) -> Any:
+            if context is None or context.name in (None, "custom-tools", "custom_tools"):
+                yield Dist()
+
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder()])
+    theirs = [ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    assert theirs == ["shout"]
+    assert [ep.name for ep in entry_points()] == theirs
+
+
+def test_a_python_write_tool_whose_plan_is_its_own_object_runs_and_is_recorded(tmp_path: Path) -> None:
+    # The WriteTool protocol reads a plan's path and hashes: any object that has them will do.
+    import dataclasses
+    import hashlib
+
+    from pydantic import BaseModel
+
+    from durable_agent import Agent, EffectClass, ToolResult
+
+    @dataclasses.dataclass(frozen=True)
+    class Plan:
+        path: str
+        before_sha: str | None
+        after_sha: str
+
+    class Args(BaseModel):
+        path: str
+
+    class Touch:
+        name = "touch"
+        description = "write x into a file"
+        args_model = Args
+        effect = EffectClass.WRITE
+
+        def plan(self, args: Args, ctx: Any) -> Plan:
+            return Plan(args.path, None, hashlib.sha256(b"x").hexdigest())
+
+        def current_sha(self, plan: Any, ctx: Any) -> str | None:
+            p = ctx.workspace / plan.path
+            return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+
+        def run(self, args: Args, ctx: Any) -> Any:
+            (ctx.workspace / args.path).write_text("x")
+            return ToolResult(output="ok")
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "touch", "arguments": {"path": "f.txt"}}]},
+                                  {"content": "done"}]))
+    db = tmp_path / "store.db"
+    outcome = Agent(model=f"scripted:{script}", workspace=ws, db=f"sqlite:///{db}", tools=[Touch()],
+                    shell="deny", sandbox="off").start("go")
+    assert outcome.status == "completed", outcome.error
+    assert (ws / "f.txt").read_text() == "x"
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        (plan,) = conn.execute("SELECT json_extract(input, '$.plan') FROM steps WHERE tool_name = 'touch'").fetchone()
+    assert json.loads(plan) == {"path": "f.txt", "before_sha": None, "after_sha": hashlib.sha256(b"x").hexdigest()}

@@ -37,7 +37,9 @@ def entry_points() -> list[metadata.EntryPoint]:
         if name in seen:
             continue
         seen.add(name)
-        text = dist.read_text("entry_points.txt")
+        # A distribution of files: its entry_points.txt, read as text first. Any other kind
+        # (a finder's own) may give its entry points otherwise: asked for them as they are.
+        text = dist.read_text("entry_points.txt") if isinstance(dist, metadata.PathDistribution) else ENTRY_POINT_GROUP
         if text and ENTRY_POINT_GROUP in text:  # a superset: the parse below decides
             found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
     return found
