@@ -55,7 +55,7 @@ class ContextView(Struct):
     # grows, so each call appends the new messages instead of rebuilding (and re-looking-up
     # every elided seq) over the whole history before every model call.
     _built: list[Message] = field(default_factory=list)
-    _covered: int = field(default=-1)
+    _covered: int = -1
 
     def request(self, messages: Sequence[Message]) -> list[Message]:
         if 0 <= self._covered <= len(messages):

@@ -36,7 +36,7 @@ class RunState(Struct):
     # (counter, compactions, messages counted, tokens): the request's count, kept as messages
     # come. Between compactions the request only grows, so each message is counted once
     # instead of the whole history before every call.
-    _tally: tuple[object, int, int, int] | None = field(default=None)
+    _tally: tuple[object, int, int, int] | None = None
 
     def request_tokens(self, counter: Callable[[str], int]) -> int:
         """The uncalibrated count of `request()` (context_budget.count_message per message)."""

@@ -39,7 +39,7 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
-from msgspec import Struct, field
+from msgspec import Struct
 from msgspec.structs import replace
 
 from durable_agent.tools.base import ToolFailure
@@ -142,8 +142,8 @@ class Launch(Struct):
 
     argv: list[str]
     env: dict[str, str]
-    cleanup: Callable[[], None] = field(default=lambda: None)
-    notes: Callable[[], list[str]] = field(default=lambda: [])
+    cleanup: Callable[[], None] = lambda: None
+    notes: Callable[[], list[str]] = lambda: []
     """After the command: what it did to git internals (see gitguard.git_changes)."""
 
 

@@ -37,11 +37,12 @@ def entry_points() -> list[metadata.EntryPoint]:
         if name in seen:
             continue
         seen.add(name)
-        # A distribution of files: its entry_points.txt, read as text first. Any other kind
-        # (a finder's own) may give its entry points otherwise: asked for them as they are.
-        text = dist.read_text("entry_points.txt") if isinstance(dist, metadata.PathDistribution) else ENTRY_POINT_GROUP
-        if text and ENTRY_POINT_GROUP in text:  # a superset: the parse below decides
-            found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+        if isinstance(dist, metadata.PathDistribution):  # files: skip one that never names the group
+            text = dist.read_text("entry_points.txt")
+            if not text or ENTRY_POINT_GROUP not in text:  # a superset: the parse below decides
+                continue
+        # (any other kind, a finder's own, may give its entry points otherwise: always asked)
+        found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
     return found
 
 
