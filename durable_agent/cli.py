@@ -338,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     streams.open_missing()
+    own = argv is None  # the process's own command (a caller from Python passes argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
@@ -347,12 +348,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     if any(os.environ.get(f"DURABLE_AGENT_{name}") for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT")):
         from durable_agent import fault_injection  # the crash and fault suites' real faults
-
         fault_injection.install(os.environ)
     from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy, StoreUnavailable
 
+    env = dict(os.environ)  # the command's, and what it starts gets: taken before the next line
+    if own:  # no pydantic plugins: a package's broken entry_points.txt failed every command (tests/test_plugins.py)
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
-        return int(args.func(args, dict(os.environ)))
+        return int(args.func(args, env))
     except StoreUnavailable as exc:
         _error(str(exc))
         return EXIT_STORE

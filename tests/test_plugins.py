@@ -217,3 +217,91 @@ def test_a_python_write_tool_whose_plan_is_its_own_object_runs_and_is_recorded(t
     with sqlite3.connect(db) as conn:
         (plan,) = conn.execute("SELECT json_extract(input, '$.plan') FROM steps WHERE tool_name = 'touch'").fetchone()
     assert json.loads(plan) == {"path": "f.txt", "before_sha": None, "after_sha": hashlib.sha256(b"x").hexdigest()}
+
+
+OWN_PLAN_TOOL = '''
+import dataclasses, hashlib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from durable_agent.status import EffectClass
+from durable_agent.tools.base import ToolResult
+
+LOG = Path(__file__).with_name("runs.log")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:  # not the harness's WritePlan: the protocol reads only these three fields
+    path: str
+    before_sha: str | None
+    after_sha: str
+
+
+class Args(BaseModel):
+    path: str
+
+
+class Touch:
+    name: ClassVar[str] = "touch"
+    description: ClassVar[str] = "Write x into a file."
+    args_model: ClassVar[Any] = Args
+    effect: ClassVar[EffectClass] = EffectClass.WRITE
+
+    def plan(self, args: Args, ctx: Any) -> Plan:
+        return Plan(args.path, None, hashlib.sha256(b"x").hexdigest())
+
+    def current_sha(self, plan: Any, ctx: Any) -> str | None:
+        p = ctx.workspace / plan.path
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+
+    def run(self, args: Args, ctx: Any) -> ToolResult:
+        with LOG.open("a") as log:
+            log.write(args.path + "\\n")
+        (ctx.workspace / args.path).write_text("x")
+        return ToolResult(output="ok")
+'''
+
+
+@pytest.mark.slow  # many CLI processes: the full lane only
+def test_a_plugin_write_with_its_own_plan_runs_once_whatever_checkpoint_the_process_is_killed_at(
+        cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path, workspace: Path) -> None:
+    # SIGKILL at each checkpoint boundary of a run whose one write is a plugin's with a plan
+    # of its own type, then resume: the write lands once, never twice, and the run completes.
+    site = tmp_path / "own_site"
+    site.mkdir()
+    (site / "own_plan_tool.py").write_text(OWN_PLAN_TOOL)
+    config = tmp_path / "own.toml"
+    config.write_text('tools = ["own_plan_tool:Touch"]\n')
+    extra = {"PYTHONPATH": str(site), "DURABLE_AGENT_CONFIG": str(config)}
+    for k in range(1, 7):
+        name = f"f{k}.txt"
+        model = write_script([{"tool_calls": [{"name": "touch", "arguments": {"path": name}}]}, {"content": "done"}])
+        first = cli("start", "touch", "--model", model, "--shell", "deny", "--sandbox", "off", "--run-id", f"own-{k}",
+                    extra_env={**extra, "DURABLE_AGENT_CRASH_AFTER": str(k)})
+        assert first.code == -9, (k, first.code, first.stderr)
+        done = cli("resume", f"own-{k}", extra_env=extra)
+        assert done.code == 0, (k, done.stderr)
+        assert (workspace / name).read_text() == "x"
+        runs = (site / "runs.log").read_text().splitlines() if (site / "runs.log").exists() else []
+        assert runs.count(name) == 1, (k, runs)
+
+
+def test_a_package_whose_entry_points_txt_is_not_utf8_breaks_no_command(
+        cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path) -> None:
+    # Any installed distribution's metadata is read when plugins are looked for (ours, and
+    # pydantic's own search as it builds its first model): one such file, not UTF-8, made
+    # every command that validates settings end in a UnicodeDecodeError traceback.
+    site = tmp_path / "broken_site"
+    info = site / "broken_pkg-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_bytes(b"[durable_agent.tools]\nx = y:z\n\xff\xfe\n")
+    extra = {"PYTHONPATH": str(site)}
+    r = cli("tools", "--json", extra_env=extra)
+    assert r.code == 0, r.stderr
+    assert "read_file" in {t["name"] for t in r.json()}
+    r = cli("start", "t", "--model", write_script([{"content": "done"}]), "--json", extra_env=extra)
+    assert r.code == 0, r.stderr
+    assert r.json()["answer"] == "done"

@@ -38,7 +38,10 @@ def entry_points() -> list[metadata.EntryPoint]:
             continue
         seen.add(name)
         if isinstance(dist, metadata.PathDistribution):  # files: skip one that never names the group
-            text = dist.read_text("entry_points.txt")
+            try:
+                text = dist.read_text("entry_points.txt")
+            except (OSError, UnicodeError):  # unreadable for every reader, ours or not: passed over
+                continue
             if not text or ENTRY_POINT_GROUP not in text:  # a superset: the parse below decides
                 continue
         # (any other kind, a finder's own, may give its entry points otherwise: always asked)
