@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from alembic import context
 from sqlalchemy import text
 
+from alembic import context
 from durable_agent.store.engine import make_engine
 from durable_agent.store.schema import metadata
 

@@ -15,17 +15,30 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Agent": "durable_agent.api", "RunView": "durable_agent.api", "Outcome": "durable_agent.outcome",
-    "EffectClass": "durable_agent.status", "Tool": "durable_agent.tools.base",
-    "ToolContext": "durable_agent.tools.base", "ToolResult": "durable_agent.tools.base",
+    "Agent": "durable_agent.api",
+    "RunView": "durable_agent.api",
+    "Outcome": "durable_agent.loop.outcome",
+    "EffectClass": "durable_agent.status",
+    "Tool": "durable_agent.tools.base",
+    "ToolContext": "durable_agent.tools.base",
+    "ToolResult": "durable_agent.tools.base",
     "ToolFailure": "durable_agent.tools.base",
 }
-__all__ = ["Agent", "EffectClass", "Outcome", "RunView", "Tool", "ToolContext", "ToolFailure",
-           "ToolResult", "__version__"]
+__all__ = [
+    "Agent",
+    "EffectClass",
+    "Outcome",
+    "RunView",
+    "Tool",
+    "ToolContext",
+    "ToolFailure",
+    "ToolResult",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from durable_agent.api import Agent, RunView
-    from durable_agent.outcome import Outcome
+    from durable_agent.loop.outcome import Outcome
     from durable_agent.status import EffectClass
     from durable_agent.tools.base import Tool, ToolContext, ToolFailure, ToolResult
 

@@ -1,3 +1,3 @@
-from durable_agent.cli import main
+from durable_agent.cli.parser import main
 
 raise SystemExit(main())

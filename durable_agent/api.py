@@ -21,14 +21,14 @@ from typing import Any
 
 from msgspec import Struct
 
+from durable_agent.config.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
+from durable_agent.config.tool_sources import ToolInfo
 from durable_agent.errors import UsageError
+from durable_agent.loop.outcome import Outcome
 from durable_agent.observer import Observer
-from durable_agent.outcome import Outcome
-from durable_agent.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.runs import Store
-from durable_agent.tool_sources import ToolInfo
 from durable_agent.tools.base import Tool
 
 
@@ -45,9 +45,17 @@ class Agent:
     args_model, effect and run; see docs/tools.md) to the built-in, plugin and MCP ones.
     `env` replaces `os.environ` as the source of credentials and of what commands inherit."""
 
-    def __init__(self, model: str | None = None, workspace: str | Path | None = None, db: str | None = None,
-                 tools: Sequence[Tool] = (), *, env: Mapping[str, str] | None = None,
-                 observer: Observer | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        workspace: str | Path | None = None,
+        db: str | None = None,
+        tools: Sequence[Tool] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        observer: Observer | None = None,
+        **settings: Any,
+    ) -> None:
         self._flags: dict[str, Any] = {"model": model, "db": db, **settings}
         if workspace is not None:
             self._flags["workspace"] = Path(workspace)
@@ -72,8 +80,13 @@ class Agent:
 
         if not isinstance(task, str) or not task.strip():
             raise UsageError("the task is empty: say what the agent should do")
-        runner = build_runner(self.settings, env=self._env, store=self.store, observer=self._observer,
-                              extra_tools=self._tools)
+        runner = build_runner(
+            self.settings,
+            env=self._env,
+            store=self.store,
+            observer=self._observer,
+            extra_tools=self._tools,
+        )
         runner.tool_source.prepare()  # an MCP server that cannot start fails before the run exists
         owner = new_owner()
         run_id = runner.create(task, run_id, lease_owner=owner)
@@ -87,7 +100,9 @@ class Agent:
 
         unknown = set(budgets) - set(BUDGET_FIELDS)
         if unknown:
-            raise UsageError(f"resume takes budgets only ({', '.join(BUDGET_FIELDS)}), not {', '.join(sorted(unknown))}")
+            raise UsageError(
+                f"resume takes budgets only ({', '.join(BUDGET_FIELDS)}), not {', '.join(sorted(unknown))}"
+            )
         store = self.store
         run_id = store.find_run_id(run_id)
         run = store.get_run(run_id)
@@ -95,8 +110,9 @@ class Agent:
             raise UsageError(f"run {run_id} is {run.status}; nothing to resume")
         flags = {"db": self.settings.db, **budgets}
         settings = load_settings(flags, self._env, base=recorded_settings(run.settings))
-        runner = build_runner(settings, env=self._env, store=store, observer=self._observer,
-                              extra_tools=self._tools)
+        runner = build_runner(
+            settings, env=self._env, store=store, observer=self._observer, extra_tools=self._tools
+        )
         owner = new_owner()
         epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
         store.update_settings(run_id, settings.redacted_dict())
@@ -106,10 +122,14 @@ class Agent:
         """Runs, newest first (as `durable-agent list`). UsageError for an unknown status or
         a limit below 1, as the command says them."""
         if status is not None and status not in {s.value for s in RunStatus}:
-            raise UsageError(f"unknown status {status!r}; one of: {', '.join(s.value for s in RunStatus)}")
+            raise UsageError(
+                f"unknown status {status!r}; one of: {', '.join(s.value for s in RunStatus)}"
+            )
         if type(limit) is not int or limit < 1:
             raise UsageError(f"limit must be a whole number of at least 1, not {limit!r}")
-        return self.store.list_runs(status=status, limit=min(limit, 1 << 31))  # (SQL takes no bigger)
+        return self.store.list_runs(
+            status=status, limit=min(limit, 1 << 31)
+        )  # (SQL takes no bigger)
 
     def show(self, run_id: str) -> RunView:
         """One run with its steps and approvals (as `durable-agent show`)."""
@@ -131,7 +151,9 @@ class Agent:
         """Every tool a run started now would be offered (as `durable-agent tools`)."""
         from durable_agent.wiring import build_tool_set
 
-        settings = self.settings.model_copy(update={"workspace": self.settings.workspace.expanduser().resolve()})
+        settings = self.settings.model_copy(
+            update={"workspace": self.settings.workspace.expanduser().resolve()}
+        )
         tool_set = build_tool_set(settings, self._env, self._tools)
         try:
             return tool_set.listing()

@@ -36,8 +36,10 @@ class ConfigError(UsageError):
 def checked_run_id(value: object) -> str:
     """`value` if it is a run id (status.RUN_ID; the API takes any value), else UsageError."""
     if not isinstance(value, str) or not RUN_ID.fullmatch(value):
-        raise UsageError(f"invalid run id {value!r}: 1 to 64 letters, digits, '.', '_' or '-', "
-                         "a letter or digit first")
+        raise UsageError(
+            f"invalid run id {value!r}: 1 to 64 letters, digits, '.', '_' or '-', "
+            "a letter or digit first"
+        )
     return value
 
 

@@ -55,8 +55,12 @@ def install(env: Mapping[str, str]) -> None:
     if at.isdigit():
         kind = env.get("DURABLE_AGENT_FAULT", "terminate")
         repeat = env.get("DURABLE_AGENT_FAULT_REPEAT", "1")
-        _statement_fault(int(at), kind, int(repeat) if repeat.isdigit() else 1,
-                         env.get("DURABLE_AGENT_FAULT_LOG"))
+        _statement_fault(
+            int(at),
+            kind,
+            int(repeat) if repeat.isdigit() else 1,
+            env.get("DURABLE_AGENT_FAULT_LOG"),
+        )
 
 
 def _signal_after(n: int, signum: int) -> None:
@@ -98,6 +102,7 @@ def _statement_fault(at: int, kind: str, repeat: int, log: str | None) -> None:
 
     # Every statement: Core's (cursor events) and the journal's prepared ones (their hook).
     if kind == "terminate":
+
         def after(conn: Any, *_: Any) -> None:
             if conn.dialect.name == "postgresql" and hit():
                 _terminate(conn)

@@ -27,10 +27,14 @@ REASONING_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.
 
 # What the model is told after an answer that is not final (model_step.py); an answer
 # followed by CUT_NUDGE is continued by the next one (replay.py joins them).
-CUT_NUDGE = ("Your answer was cut off: the response reached its length limit. Continue exactly "
-             "where it stopped, without repeating what you already wrote.")
-EMPTY_NUDGE = ("Your answer was empty: no text and no tool call. Answer the task, or call a tool "
-               "to make progress.")
+CUT_NUDGE = (
+    "Your answer was cut off: the response reached its length limit. Continue exactly "
+    "where it stopped, without repeating what you already wrote."
+)
+EMPTY_NUDGE = (
+    "Your answer was empty: no text and no tool call. Answer the task, or call a tool "
+    "to make progress."
+)
 
 
 def without_reasoning(text: str) -> str:
@@ -53,7 +57,9 @@ def _parse_object(arguments: str) -> dict[str, Any] | None:
         value = json.loads(arguments) if arguments.strip() else {}
     except (ValueError, RecursionError):  # nested deeper than Python recurses: not usable either
         return None
-    return value if isinstance(value, dict) and not _deeper_than(value, MAX_ARGUMENT_DEPTH) else None
+    return (
+        value if isinstance(value, dict) and not _deeper_than(value, MAX_ARGUMENT_DEPTH) else None
+    )
 
 
 MAX_ARGUMENT_DEPTH = 100
@@ -65,8 +71,12 @@ def _deeper_than(value: Any, limit: int) -> bool:
     """Whether `value` nests lists and objects more than `limit` deep (without recursing)."""
     level: list[Any] = [value]
     for _ in range(limit):
-        level = [v for item in level if isinstance(item, (dict, list))
-                 for v in (item.values() if isinstance(item, dict) else item)]
+        level = [
+            v
+            for item in level
+            if isinstance(item, (dict, list))
+            for v in (item.values() if isinstance(item, dict) else item)
+        ]
         if not level:
             return False
     return any(isinstance(item, (dict, list)) for item in level)
@@ -94,7 +104,13 @@ def _kind(value: Any) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
-    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else "not JSON"
+    return (
+        "a list"
+        if isinstance(value, list)
+        else "an object"
+        if isinstance(value, dict)
+        else "not JSON"
+    )
 
 
 def _json_kind(value: Any) -> str:
@@ -121,7 +137,9 @@ class ToolCall(Struct, frozen=True):
             return value
         too_deep = ValueError(f"arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep")
         try:
-            value = json.loads(self.arguments)  # raises the parser's own error when it is not JSON at all
+            value = json.loads(
+                self.arguments
+            )  # raises the parser's own error when it is not JSON at all
         except RecursionError:
             raise too_deep from None
         if _deeper_than(value, MAX_ARGUMENT_DEPTH):
@@ -145,8 +163,11 @@ class ToolCall(Struct, frozen=True):
         return f"{self.name}:{self.canonical_arguments()}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> ToolCall:
@@ -173,7 +194,9 @@ class ToolCall(Struct, frozen=True):
             fn = d if "function" not in d and "name" in d else None
         call_id = d["id"] if isinstance(d.get("id"), str) else ""
         if fn is None:
-            return cls(call_id, UNNAMED_TOOL, ""), f"a tool call has `function` {_kind(d.get('function'))}"
+            return cls(
+                call_id, UNNAMED_TOOL, ""
+            ), f"a tool call has `function` {_kind(d.get('function'))}"
         name, args = fn.get("name"), fn.get("arguments")
         problem = None
         if not isinstance(name, str) or not name.strip():
@@ -229,8 +252,10 @@ class ModelTurn(Struct, frozen=True):
     """The provider's `finish_reason` ("stop", "length", "tool_calls"...), when it gave one."""
 
     def to_dict(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {"prompt_tokens": self.usage.prompt_tokens,
-                                 "completion_tokens": self.usage.completion_tokens}
+        usage: dict[str, Any] = {
+            "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens,
+        }
         if self.usage.estimated:
             usage["estimated"] = True
         d: dict[str, Any] = {

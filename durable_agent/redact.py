@@ -31,7 +31,16 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _ANY_ESCAPE = re.compile(r'\\(?:u([0-9a-fA-F]{4})|(["\\\\/bfnrt]))')
-_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_SIMPLE_ESCAPES = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+}
 _NOT_JSON_WITH_SECRET = "[REDACTED] (arguments that were not JSON and held a secret)"
 _UNCLEANABLE = "[REDACTED] (text that held a secret in a spelling too deep to clean)"
 # A string of a valid JSON text, keys included (scanned from its start, outside any string).
@@ -40,8 +49,16 @@ _UNCLEANABLE = "[REDACTED] (text that held a secret in a spelling too deep to cl
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\Z)', re.DOTALL)
 
 # A credential-looking name: any of these anywhere in the name...
-_SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE",
-                      "CREDENTIAL", "PRIVATE")
+_SECRET_NAME_PARTS = (
+    "KEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "PRIVATE",
+)
 # ...or one of these as a whole `_`-separated word (as substrings they would also hit
 # PATH, AUTHOR, PATTERN: `GIT_AUTHOR_NAME` is not a secret, `NPM_AUTH` and `GH_PAT` are).
 _SECRET_NAME_WORDS = frozenset({"AUTH", "PASS", "PAT", "COOKIE", "DSN"})
@@ -49,8 +66,21 @@ _SECRET_NAME_WORDS = frozenset({"AUTH", "PASS", "PAT", "COOKIE", "DSN"})
 # Values too short or too common to redact: replacing every "true" or "1" in the
 # output would destroy it without protecting anything.
 MIN_SECRET_LENGTH = 6
-_BORING_VALUES = frozenset({"true", "false", "yes", "no", "none", "null", "unset", "changeme",
-                            "default", "enabled", "disabled"})
+_BORING_VALUES = frozenset(
+    {
+        "true",
+        "false",
+        "yes",
+        "no",
+        "none",
+        "null",
+        "unset",
+        "changeme",
+        "default",
+        "enabled",
+        "disabled",
+    }
+)
 
 # Key shapes that must start at a token boundary, so identifiers that merely contain a
 # prefix (`task-...` contains `sk-`) are left alone. The boundary is checked in
@@ -73,8 +103,23 @@ _BOUNDED_SHAPES = (
 # Every shape above starts with one of these (checked by a test): text holding none of them
 # and none of the known values cannot match, and `in` finds that at memchr speed, where the
 # alternation tries its branches at every `s`, `e`, `g`... of ordinary output.
-_SHAPE_PREFIXES = ("sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "AKIA", "ASIA",
-                   "xox", "AIza", "eyJ", "Bearer", "-----BEGIN ", "://")
+_SHAPE_PREFIXES = (
+    "sk-",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "AKIA",
+    "ASIA",
+    "xox",
+    "AIza",
+    "eyJ",
+    "Bearer",
+    "-----BEGIN ",
+    "://",
+)
 _FREE_SHAPES = (
     # A PEM private key, up to its END line, or to the end of a truncated text.
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
@@ -126,12 +171,16 @@ class Redactor:
         self._prefixes = tuple(literals) + (_SHAPE_PREFIXES if shapes else ())
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, shapes: bool = True,
-                 extra: Mapping[str, str] | None = None) -> Redactor:
+    def from_env(
+        cls, env: Mapping[str, str], *, shapes: bool = True, extra: Mapping[str, str] | None = None
+    ) -> Redactor:
         """Redact the values of credential-named variables in `env` and the `extra` secrets
         (e.g. the configured API key), and key shapes unless `shapes` is False."""
-        secrets = {name: value for name, value in env.items()
-                   if is_secret_name(name) and _worth_redacting(value)}
+        secrets = {
+            name: value
+            for name, value in env.items()
+            if is_secret_name(name) and _worth_redacting(value)
+        }
         secrets.update({k: v for k, v in (extra or {}).items() if _worth_redacting(v)})
         return cls(secrets, shapes=shapes)
 
@@ -209,7 +258,9 @@ class Redactor:
     def _known_in_string(self, match: re.Match[str]) -> str:
         token = match.group()
         value = json.loads(token)
-        cleaned = self.redact_known_escaped(self.redact_known(value))  # a string holding JSON in turn
+        cleaned = self.redact_known_escaped(
+            self.redact_known(value)
+        )  # a string holding JSON in turn
         return token if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
 
     def redact_json(self, obj: T) -> T:

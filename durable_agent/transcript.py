@@ -39,8 +39,16 @@ from durable_agent.store.storable import storable
 if TYPE_CHECKING:  # (render.py uses this module for `show`, which reads without SQLAlchemy)
     from durable_agent.store.runs import Store
 
-EVENT_TYPES = ("run_started", "model_completed", "tool_started", "tool_completed",
-               "context_compacted", "approval_requested", "run_resumed", "run_finished")
+EVENT_TYPES = (
+    "run_started",
+    "model_completed",
+    "tool_started",
+    "tool_completed",
+    "context_compacted",
+    "approval_requested",
+    "run_resumed",
+    "run_finished",
+)
 
 RESULT_CAP = 2000  # characters of a tool result kept in a transcript line
 ENDED = {"completed", "failed", "budget_exceeded", "cancelled", "blocked"}
@@ -58,7 +66,9 @@ def events(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     yield from build_events(run, store.steps(run_id), store.approvals(run_id))
 
 
-def build_events(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]) -> list[dict[str, Any]]:
+def build_events(
+    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]
+) -> list[dict[str, Any]]:
     """Pure: rows in, numbered events out (tests call it with rows from a real store)."""
     body = _merge(_step_events(run, steps), [_approval_event(a) for a in approvals])
     body = _place_resumes(body, run)
@@ -69,47 +79,103 @@ def build_events(run: RunRecord, steps: list[StepRecord], approvals: list[Approv
         event["seq"] = seq
         event["run_id"] = run.id
     # Fixed key order: type, run_id, seq, at, then the payload (readable with `head`).
-    return [{"type": e.pop("type"), "run_id": e.pop("run_id"), "seq": e.pop("seq"), "at": e.pop("at"), **e}
-            for e in out]
+    return [
+        {
+            "type": e.pop("type"),
+            "run_id": e.pop("run_id"),
+            "seq": e.pop("seq"),
+            "at": e.pop("at"),
+            **e,
+        }
+        for e in out
+    ]
 
 
 # -- one event per row ---------------------------------------------------------------------
 def _run_started(run: RunRecord) -> dict[str, Any]:
-    return {"type": "run_started", "at": iso_utc(run.created_at), "task": run.task, "model": run.model,
-            "workspace": run.workspace, "settings": run.settings}
+    return {
+        "type": "run_started",
+        "at": iso_utc(run.created_at),
+        "task": run.task,
+        "model": run.model,
+        "workspace": run.workspace,
+        "settings": run.settings,
+    }
 
 
 def _run_finished(run: RunRecord) -> dict[str, Any]:
-    return {"type": "run_finished", "at": iso_utc(run.finished_at or run.updated_at),
-            "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer, "error": run.error,
-            "model_calls": run.step_count, "tool_calls": run.tool_call_count,
-            "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
-            "messages": run.message_count, "active_ms": run.active_ms, "resume_count": run.resume_count}
+    return {
+        "type": "run_finished",
+        "at": iso_utc(run.finished_at or run.updated_at),
+        "status": run.status,
+        "stop_reason": run.stop_reason,
+        "answer": run.answer,
+        "error": run.error,
+        "model_calls": run.step_count,
+        "tool_calls": run.tool_call_count,
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "messages": run.message_count,
+        "active_ms": run.active_ms,
+        "resume_count": run.resume_count,
+    }
 
 
 def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in steps:
-        common = {"step_seq": s.seq, "turn": s.turn, "attempts": s.attempts, "_epoch": s.lease_epoch,
-                  "_time": s.started_at}
+        common = {
+            "step_seq": s.seq,
+            "turn": s.turn,
+            "attempts": s.attempts,
+            "_epoch": s.lease_epoch,
+            "_time": s.started_at,
+        }
         if s.kind == "model":
             if s.finished_at is None:
                 continue  # a call in flight (or cut off by a crash): nothing came back yet
-            out.append({"type": "model_completed", "at": iso_utc(s.finished_at), **common,
-                        "state": s.state, "model": as_dict(s.input).get("model", run.model),
-                        **_model_payload(s), "duration_ms": s.duration_ms, "error": s.error})
+            out.append(
+                {
+                    "type": "model_completed",
+                    "at": iso_utc(s.finished_at),
+                    **common,
+                    "state": s.state,
+                    "model": as_dict(s.input).get("model", run.model),
+                    **_model_payload(s),
+                    "duration_ms": s.duration_ms,
+                    "error": s.error,
+                }
+            )
             continue
         if s.kind == "compact":
             if s.finished_at is not None:
                 out.append(_compact_event(s, common))
             continue
         tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
-        out.append({"type": "tool_started", "at": iso_utc(s.started_at), **common, **tool,
-                    "effect": s.effect, "arguments": _arguments(s)})
+        out.append(
+            {
+                "type": "tool_started",
+                "at": iso_utc(s.started_at),
+                **common,
+                **tool,
+                "effect": s.effect,
+                "arguments": _arguments(s),
+            }
+        )
         if s.finished_at is not None:
-            out.append({"type": "tool_completed", "at": iso_utc(s.finished_at), **common, **tool,
-                        "_time": s.finished_at, "state": s.state, **_result_payload(s.output),
-                        "error": s.error, "duration_ms": s.duration_ms})
+            out.append(
+                {
+                    "type": "tool_completed",
+                    "at": iso_utc(s.finished_at),
+                    **common,
+                    **tool,
+                    "_time": s.finished_at,
+                    "state": s.state,
+                    **_result_payload(s.output),
+                    "error": s.error,
+                    "duration_ms": s.duration_ms,
+                }
+            )
     return out
 
 
@@ -126,27 +192,43 @@ def recorded_calls(value: Any) -> list[dict[str, Any]]:
     for c in value if isinstance(value, list) else []:
         if isinstance(c, dict):
             fn = as_dict(c.get("function", c))
-            calls.append({"id": c.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")})
+            calls.append(
+                {"id": c.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
+            )
     return calls
 
 
 def _model_payload(step: StepRecord) -> dict[str, Any]:
     output = as_dict(step.output)
-    calls = [{**c, "arguments": _maybe_json(c["arguments"])} for c in recorded_calls(output.get("tool_calls"))]
-    usage = output.get("usage") or {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
+    calls = [
+        {**c, "arguments": _maybe_json(c["arguments"])}
+        for c in recorded_calls(output.get("tool_calls"))
+    ]
+    usage = output.get("usage") or {
+        "prompt_tokens": step.prompt_tokens,
+        "completion_tokens": step.completion_tokens,
+    }
     return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
 
 
 def _compact_event(step: StepRecord, common: dict[str, Any]) -> dict[str, Any]:
     out = as_dict(step.output)
     elided = out.get("elided")
-    return {"type": "context_compacted", "at": iso_utc(step.finished_at), **common, "state": step.state,
-            "stage": out.get("stage") or as_dict(step.input).get("stage"),
-            "tokens_before": out.get("tokens_before"), "tokens_after": out.get("tokens_after"),
-            "elided": elided if isinstance(elided, list) else [], "summary_start": out.get("start"),
-            "summary": out.get("summary"), "usage": {"prompt_tokens": step.prompt_tokens,
-                                                     "completion_tokens": step.completion_tokens},
-            "duration_ms": step.duration_ms, "error": step.error}
+    return {
+        "type": "context_compacted",
+        "at": iso_utc(step.finished_at),
+        **common,
+        "state": step.state,
+        "stage": out.get("stage") or as_dict(step.input).get("stage"),
+        "tokens_before": out.get("tokens_before"),
+        "tokens_after": out.get("tokens_after"),
+        "elided": elided if isinstance(elided, list) else [],
+        "summary_start": out.get("start"),
+        "summary": out.get("summary"),
+        "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens},
+        "duration_ms": step.duration_ms,
+        "error": step.error,
+    }
 
 
 def _arguments(step: StepRecord) -> Any:
@@ -167,15 +249,35 @@ def _result_payload(output: Any) -> dict[str, Any]:
         text, data = output.get("result") or "", output.get("data")
     if not isinstance(text, str):  # not what this version writes: show it, do not fail on it
         text = json.dumps(text, ensure_ascii=False)
-    kept = text if len(text) <= RESULT_CAP else text[:RESULT_CAP] + f"…[truncated: {len(text)} chars in all]"
-    return {"result": kept, "result_chars": len(text), "truncated": len(text) > RESULT_CAP, "data": data}
+    kept = (
+        text
+        if len(text) <= RESULT_CAP
+        else text[:RESULT_CAP] + f"…[truncated: {len(text)} chars in all]"
+    )
+    return {
+        "result": kept,
+        "result_chars": len(text),
+        "truncated": len(text) > RESULT_CAP,
+        "data": data,
+    }
 
 
 def _approval_event(a: ApprovalRecord) -> dict[str, Any]:
-    return {"type": "approval_requested", "at": iso_utc(a.requested_at), "_time": a.requested_at,
-            "approval_id": a.id, "approval_kind": a.kind, "call_id": a.call_id, "tool_name": a.tool_name,
-            "command": a.command, "reason": a.reason, "decision": a.decision, "decided_by": a.decided_by,
-            "decided_at": iso_utc(a.decided_at), "used_at": iso_utc(a.used_at)}
+    return {
+        "type": "approval_requested",
+        "at": iso_utc(a.requested_at),
+        "_time": a.requested_at,
+        "approval_id": a.id,
+        "approval_kind": a.kind,
+        "call_id": a.call_id,
+        "tool_name": a.tool_name,
+        "command": a.command,
+        "reason": a.reason,
+        "decision": a.decision,
+        "decided_by": a.decided_by,
+        "decided_at": iso_utc(a.decided_at),
+        "used_at": iso_utc(a.used_at),
+    }
 
 
 def _maybe_json(text: Any) -> Any:
@@ -188,7 +290,9 @@ def _maybe_json(text: Any) -> Any:
 
 
 # -- ordering ------------------------------------------------------------------------------
-def _merge(step_events: list[dict[str, Any]], approval_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _merge(
+    step_events: list[dict[str, Any]], approval_events: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Steps keep their seq order (the truth); each approval goes before the first step event
     that happened after it was requested."""
     out: list[dict[str, Any]] = []
@@ -209,8 +313,15 @@ def _place_resumes(body: list[dict[str, Any]], run: RunRecord) -> list[dict[str,
     def resume() -> None:
         nonlocal epoch, fresh, blocked
         epoch += 1
-        out.append({"type": "run_resumed", "at": None, "lease_epoch": epoch, "resume": epoch - 1,
-                    "after_step_seq": _last_step_seq(out)})
+        out.append(
+            {
+                "type": "run_resumed",
+                "at": None,
+                "lease_epoch": epoch,
+                "resume": epoch - 1,
+                "after_step_seq": _last_step_seq(out),
+            }
+        )
         fresh, blocked = True, False
 
     for event in body:

@@ -7,14 +7,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from durable_agent.config.settings import Settings
+from durable_agent.config.tool_sources import ToolSet
 from durable_agent.errors import ConfigError
+from durable_agent.loop.runner import Runner
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.runner import Runner
-from durable_agent.settings import Settings
 from durable_agent.store.runs import Store, open_store, store_policy
-from durable_agent.tool_sources import ToolSet
 from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox, store_refusal
 
@@ -52,13 +52,21 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
                 f"model {name!r} needs an API key: set OPENAI_API_KEY (or pass --base-url for a "
                 "local OpenAI-compatible server that needs none)"
             )
-        key = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore it, the client wants one
+        key = (
+            "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore it, the client wants one
+        )
     from durable_agent.models.openai_chat import OpenAIChatModel
 
-    return OpenAIChatModel(name, api_key=key, base_url=settings.base_url,
-                           read_timeout=settings.request_timeout_s,
-                           connect_timeout=settings.connect_timeout_s, temperature=settings.temperature,
-                           api_type=settings.api_type, api_version=settings.api_version)
+    return OpenAIChatModel(
+        name,
+        api_key=key,
+        base_url=settings.base_url,
+        read_timeout=settings.request_timeout_s,
+        connect_timeout=settings.connect_timeout_s,
+        temperature=settings.temperature,
+        api_type=settings.api_type,
+        api_version=settings.api_version,
+    )
 
 
 def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
@@ -67,9 +75,15 @@ def retry_policy(settings: Settings):  # type: ignore[no-untyped-def]
     return RetryPolicy.from_settings(settings)
 
 
-def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | None = None,
-                 observer: Observer | None = None, cancel: threading.Event | None = None,
-                 extra_tools: Sequence[Tool] = ()) -> Runner:
+def build_runner(
+    settings: Settings,
+    *,
+    env: Mapping[str, str],
+    store: Store | None = None,
+    observer: Observer | None = None,
+    cancel: threading.Event | None = None,
+    extra_tools: Sequence[Tool] = (),
+) -> Runner:
     """A Runner for `settings` (not changed: the resolved workspace goes into a copy)."""
     workspace = settings.workspace.expanduser().resolve()
     if not workspace.is_dir():
@@ -78,11 +92,14 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
     stdio_servers = any(s.command for s in settings.mcp_servers.values())
     if settings.shell != "deny" or settings.verify or stdio_servers:
-        from durable_agent.config_layers import default_db_url
+        from durable_agent.config.layers import default_db_url
 
         # A worker gives the run back for one whose host can contain its commands.
-        why = (sandbox.refusal() if sandbox.mechanism is Mechanism.NONE
-               else store_refusal(sandbox, settings.db or default_db_url(env), workspace))
+        why = (
+            sandbox.refusal()
+            if sandbox.mechanism is Mechanism.NONE
+            else store_refusal(sandbox, settings.db or default_db_url(env), workspace)
+        )
         if why:
             raise ConfigError(why)
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
@@ -91,39 +108,53 @@ def build_runner(settings: Settings, *, env: Mapping[str, str], store: Store | N
     key = {"api_key": settings.api_key.get_secret_value()} if settings.api_key else {}
     redactor = Redactor.from_env(env, shapes=settings.redact_observations, extra=key)
     tool_set = build_tool_set(settings, env, extra_tools)
-    return Runner(store=store or open_store(settings), settings=settings, model=build_model(settings),
-                  tools=dict(tool_set.local), env=env, redactor=redactor,
-                  observer=observer, cancel=cancel, retry_policy=retry_policy(settings),
-                  store_policy=store_policy(settings), tool_source=tool_set)
+    return Runner(
+        store=store or open_store(settings),
+        settings=settings,
+        model=build_model(settings),
+        tools=dict(tool_set.local),
+        env=env,
+        redactor=redactor,
+        observer=observer,
+        cancel=cancel,
+        retry_policy=retry_policy(settings),
+        store_policy=store_policy(settings),
+        tool_source=tool_set,
+    )
 
 
 def _without_the_store(settings: Settings, env: Mapping[str, str]) -> Settings:
     """A SQLite store kept inside the workspace (allowed unless commands may write there) is
     left out of its snapshots: its own writes are not the run's changes to the files, and
     would read as drift on every resume."""
-    from durable_agent.config_layers import default_db_url, store_files
+    from durable_agent.config.layers import default_db_url, store_files
 
     root = str(settings.workspace)
     mine = []
     for i, path in enumerate(store_files(settings.db or default_db_url(env))):
         if not path.startswith(os.path.join(root, "")):
             return settings
-        rel = "".join("\\" + c if c in "\\[]*?!# " else c  # gitignore syntax: these are literal
-                      for c in os.path.relpath(path, root))
+        rel = "".join(
+            "\\" + c if c in "\\[]*?!# " else c  # gitignore syntax: these are literal
+            for c in os.path.relpath(path, root)
+        )
         mine.append(f"/{rel}/" if i == 4 else f"/{rel}")  # the last one is the MCP log folder
     if not mine:
         return settings
-    return settings.model_copy(update={"exclude": [*settings.exclude,
-                                                   *(p for p in mine if p not in settings.exclude)]})
+    return settings.model_copy(
+        update={"exclude": [*settings.exclude, *(p for p in mine if p not in settings.exclude)]}
+    )
 
 
-def build_tool_set(settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()) -> ToolSet:
+def build_tool_set(
+    settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()
+) -> ToolSet:
     return ToolSet(settings, env, extra=extra_tools, log_dir=log_dir(settings, env))
 
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
     """Where MCP servers' stderr is kept: next to a SQLite store, else in the data directory."""
-    from durable_agent.config_layers import default_db_url, store_files
+    from durable_agent.config.layers import default_db_url, store_files
 
     files = store_files(settings.db or default_db_url(env)) or store_files(default_db_url(env))
     return Path(files[4])

@@ -36,11 +36,11 @@ from typing import TextIO
 from msgspec import Struct
 from sqlalchemy.engine import make_url
 
-from durable_agent import render
+from durable_agent.cli import render
+from durable_agent.config.settings import Settings, load_settings, recorded_settings
 from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError, UsageError
-from durable_agent.interrupts import Interrupts
-from durable_agent.outcome import RunReleased
-from durable_agent.settings import Settings, load_settings, recorded_settings
+from durable_agent.loop.interrupts import Interrupts
+from durable_agent.loop.outcome import RunReleased
 from durable_agent.status import RUN_ID
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
@@ -105,9 +105,13 @@ def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str
     """Run a worker on `settings.db` until it is told to stop (or, with `once`, runs out)."""
     assert settings.db is not None
     policy = store_policy(settings)
-    engine = open_store_engine(settings.db, durability=settings.durability,
-                               pool_size=2 * options.concurrency + 2, policy=policy,
-                               lease_seconds=options.lease_seconds)
+    engine = open_store_engine(
+        settings.db,
+        durability=settings.durability,
+        pool_size=2 * options.concurrency + 2,
+        policy=policy,
+        lease_seconds=options.lease_seconds,
+    )
     try:
         return Worker(Store(engine, policy), options, env, Log(sys.stderr)).run()
     finally:
@@ -115,7 +119,9 @@ def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str
 
 
 class Worker:
-    def __init__(self, store: Store, options: WorkerOptions, env: Mapping[str, str], log: Log) -> None:
+    def __init__(
+        self, store: Store, options: WorkerOptions, env: Mapping[str, str], log: Log
+    ) -> None:
         self.store, self.options, self.env, self.log = store, options, env, log
         self.queue = Queue(store.engine)
         self.name = new_owner().rsplit(":", 1)[0]  # host:pid; each claim gets its own owner
@@ -139,19 +145,25 @@ class Worker:
         o = self.options
         url = make_url(self.store.engine.url).render_as_string(hide_password=True)
         limit = f" · global limit {o.max_running}" if o.max_running else ""
-        self.log.line(f"worker {self.name} · {url} · concurrency {o.concurrency} · "
-                      f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}")
+        self.log.line(
+            f"worker {self.name} · {url} · concurrency {o.concurrency} · "
+            f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}"
+        )
         with Interrupts(self._first_signal, self._second_signal):
             reason = self._loop()
             self._drain()
         c = self.counts
         done = ", ".join(f"{n} {k}" for k, n in sorted(c.items()) if k not in {"claimed"})
-        self.log.line(f"worker {self.name} stopped ({reason}) · {c['claimed']} claimed"
-                      + (f" · {done}" if done else ""))
+        self.log.line(
+            f"worker {self.name} stopped ({reason}) · {c['claimed']} claimed"
+            + (f" · {done}" if done else "")
+        )
         left = self._skipped_now()
         if left:
-            self.log.line(f"left for other workers: {len(left)} run(s) this worker cannot execute: "
-                          + ", ".join(sorted(left)))
+            self.log.line(
+                f"left for other workers: {len(left)} run(s) this worker cannot execute: "
+                + ", ".join(sorted(left))
+            )
         if self.store_failure is not None:
             raise self.store_failure  # one error line, exit 7 (cli.py)
         return 0
@@ -159,13 +171,19 @@ class Worker:
     def _loop(self) -> str:
         o = self.options
         while not self.stopping.is_set():
-            if o.once and self.store_failure is not None:  # claim nothing more; the runs in hand end
+            if (
+                o.once and self.store_failure is not None
+            ):  # claim nothing more; the runs in hand end
                 return "the store is unavailable"
             if self._running_count() < o.concurrency:
                 try:
-                    result = self.queue.claim(new_owner(), o.lease_seconds, max_running=o.max_running,
-                                              exclude=self._skipped_now(),
-                                              accept=_anywhere if o.workspace_root else _reachable)
+                    result = self.queue.claim(
+                        new_owner(),
+                        o.lease_seconds,
+                        max_running=o.max_running,
+                        exclude=self._skipped_now(),
+                        accept=_anywhere if o.workspace_root else _reachable,
+                    )
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
                     if o.once:  # (the store's own retries have waited already)
@@ -174,13 +192,20 @@ class Worker:
                     result = None
                 if result is not None:
                     for rej in result.rejected:
-                        self._skip_run(rej.run_id, f"its workspace {rej.workspace} is not a directory on "
-                                                   "this machine; left queued for a worker that can reach it")
+                        self._skip_run(
+                            rej.run_id,
+                            f"its workspace {rej.workspace} is not a directory on "
+                            "this machine; left queued for a worker that can reach it",
+                        )
                     if result.claim is not None:
                         self._start(result.claim)
                         continue  # fill the free slots before sleeping
-                    if o.once and not result.at_limit and self._running_count() == 0 \
-                            and not self._still_ours():
+                    if (
+                        o.once
+                        and not result.at_limit
+                        and self._running_count() == 0
+                        and not self._still_ours()
+                    ):
                         return "nothing left to claim"
             self.wake.wait(o.poll_s)
             self.wake.clear()
@@ -223,7 +248,9 @@ class Worker:
         else:
             was = f"claimed run {claim.run_id}"
         self.log.line(f"{was} (epoch {claim.epoch})")
-        thread = threading.Thread(target=self._execute, args=(claim,), name=f"run-{claim.run_id}", daemon=True)
+        thread = threading.Thread(
+            target=self._execute, args=(claim,), name=f"run-{claim.run_id}", daemon=True
+        )
         with self._lock:
             self._active[claim.run_id] = thread
         thread.start()
@@ -232,8 +259,10 @@ class Worker:
         with self._lock:
             threads = list(self._active.values())
         if threads and self.stopping.is_set():
-            self.log.line(f"stopping: {len(threads)} run(s) finish their current step, then go back to "
-                          "the queue (signal again to exit at once)")
+            self.log.line(
+                f"stopping: {len(threads)} run(s) finish their current step, then go back to "
+                "the queue (signal again to exit at once)"
+            )
         for t in threads:
             t.join()
 
@@ -245,8 +274,11 @@ class Worker:
 
     def _second_signal(self, signum: int) -> None:
         with contextlib.suppress(OSError):
-            os.write(2, b"second signal: exiting now; other workers take the runs over when "
-                        b"their leases expire\n")
+            os.write(
+                2,
+                b"second signal: exiting now; other workers take the runs over when "
+                b"their leases expire\n",
+            )
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
 
@@ -265,8 +297,13 @@ class Worker:
         try:
             settings = self._run_settings(claim)
             observer = None if self.options.quiet else render.Timeline(_RunStream(self.log, rid))  # type: ignore[arg-type]
-            runner = build_runner(settings, env=self.env, store=self.store, observer=observer,
-                                  cancel=threading.Event())
+            runner = build_runner(
+                settings,
+                env=self.env,
+                store=self.store,
+                observer=observer,
+                cancel=threading.Event(),
+            )
         except DurableAgentError as exc:  # e.g. a scripted model file or an API key missing here
             self._give_back(claim, f"cannot execute it on worker {self.name}: {exc}")
             self._skip_run(rid, f"{exc}; left queued for another worker")
@@ -279,14 +316,18 @@ class Worker:
         except RunReleased:
             self._count("released")
             if self._give_back(claim, None):
-                self.log.line(f"released run {rid} between two steps; it is pending for another worker")
+                self.log.line(
+                    f"released run {rid} between two steps; it is pending for another worker"
+                )
             return
         except LeaseLost:
             # Another worker took the lease (ours expired: this process stalled or lost the
             # database for longer than the lease). The fence made sure we wrote nothing more.
             self._count("lost")
-            self.log.line(f"lost run {rid}: its lease was taken over by another worker; "
-                          "this worker wrote nothing more to it")
+            self.log.line(
+                f"lost run {rid}: its lease was taken over by another worker; "
+                "this worker wrote nothing more to it"
+            )
             return
         except StoreError as exc:
             # The database went away mid-run. Nothing is lost (the last checkpoint is
@@ -297,7 +338,9 @@ class Worker:
                     self.store_failure = exc
                 else:
                     self._interrupted[rid] = time.monotonic() + self.options.lease_seconds + 1
-            self.log.line(f"run {rid} interrupted: {exc}; it is claimable again when its lease expires")
+            self.log.line(
+                f"run {rid} interrupted: {exc}; it is claimable again when its lease expires"
+            )
             return
         except DurableAgentError as exc:  # e.g. one of its MCP servers will not start on this host
             self._give_back(claim, f"cannot execute it on worker {self.name}: {exc}")
@@ -313,26 +356,37 @@ class Worker:
             counts = f" · {run.step_count} model calls · {run.tool_call_count} tool calls"
         except StoreError:
             counts = ""
-        self.log.line(f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
-                      f"{secs:.1f}s{tail}")
+        self.log.line(
+            f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
+            f"{secs:.1f}s{tail}"
+        )
 
     def _unexpected(self, claim: Claim, exc: Exception) -> None:
         """A bug, most likely: say everything, give the run back, and leave it alone for a while
         here (another worker, or a fixed version, may do better)."""
         self._count("crashed")
-        self.log.line(f"run {claim.run_id} stopped on an unexpected error: {exc!r}\n"
-                      + traceback.format_exc().rstrip())
+        self.log.line(
+            f"run {claim.run_id} stopped on an unexpected error: {exc!r}\n"
+            + traceback.format_exc().rstrip()
+        )
         self._give_back(claim, f"worker {self.name} hit an unexpected error: {exc!r}")
         self._skip_run(claim.run_id, "unexpected error (see above); left queued for another worker")
 
     def _run_settings(self, claim: Claim) -> Settings:
         # Like `resume`: the run's recorded settings, with this worker's database and lease.
         recorded = recorded_settings(claim.settings)
-        flags: dict[str, object] = {"db": self.options.db, "lease_seconds": self.options.lease_seconds}
+        flags: dict[str, object] = {
+            "db": self.options.db,
+            "lease_seconds": self.options.lease_seconds,
+        }
         root = self.options.workspace_root
         if root is not None:  # no shared file system: the run's files come from the store
-            if not RUN_ID.fullmatch(claim.run_id):  # `..` (made before ids were checked): not ROOT/..
-                raise UsageError(f"run id {claim.run_id!r} cannot name a folder under --workspace-root")
+            if not RUN_ID.fullmatch(
+                claim.run_id
+            ):  # `..` (made before ids were checked): not ROOT/..
+                raise UsageError(
+                    f"run id {claim.run_id!r} cannot name a folder under --workspace-root"
+                )
             flags["workspace"] = root / claim.run_id
             try:
                 (root / claim.run_id).mkdir(parents=True, exist_ok=True)
@@ -344,8 +398,10 @@ class Worker:
         try:
             return self.queue.release(claim.run_id, claim.owner, claim.epoch, note=note)
         except StoreError as exc:  # the lease then simply expires and someone takes it over
-            self.log.line(f"could not release run {claim.run_id} ({exc}); it is claimable "
-                          "when its lease expires")
+            self.log.line(
+                f"could not release run {claim.run_id} ({exc}); it is claimable "
+                "when its lease expires"
+            )
             return False
 
 

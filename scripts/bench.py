@@ -35,11 +35,11 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from durable_agent.config.settings import Settings
+from durable_agent.loop.runner import Runner
 from durable_agent.messages import Message
 from durable_agent.models.scripted import ScriptedModel
 from durable_agent.redact import Redactor
-from durable_agent.runner import Runner
-from durable_agent.settings import Settings
 from durable_agent.store import prepared
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.journal import BOUNDARY_HOOKS
@@ -47,7 +47,9 @@ from durable_agent.store.runs import Store
 from durable_agent.tools import build_tools
 from durable_agent.tools.base import ToolContext
 
-PAYLOAD = "".join(f"line {i:04d} of the benchmark payload, padded to about sixty bytes..\n" for i in range(16))[:1024]
+PAYLOAD = "".join(
+    f"line {i:04d} of the benchmark payload, padded to about sixty bytes..\n" for i in range(16)
+)[:1024]
 
 
 def script(n: int) -> list[dict[str, Any]]:
@@ -56,7 +58,11 @@ def script(n: int) -> list[dict[str, Any]]:
     The read alternates between two offsets so the repeated-action guard stays quiet.
     """
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "read_file", "arguments": {"path": "payload.txt", "offset": i % 2}}]}
+        {
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "payload.txt", "offset": i % 2}}
+            ]
+        }
         for i in range(n - 1)
     ]
     turns.append({"content": "done"})
@@ -164,7 +170,9 @@ def pg_schema_url(base: str, name: str) -> str:
     """A fresh schema on the server at `base`, as a URL whose connections use it."""
     import psycopg
 
-    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+    with psycopg.connect(
+        base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as c:
         c.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         c.execute(f'CREATE SCHEMA "{name}"')
     sep = "&" if "?" in base else "?"
@@ -180,7 +188,9 @@ def floor_b_pg(commits: int, url: str) -> float:
         db.commit()
         start = time.perf_counter()
         for i in range(commits):
-            db.execute("INSERT INTO floor_b (run, seq, body) VALUES (%s, %s, %s)", ("r", i, "x" * 64))
+            db.execute(
+                "INSERT INTO floor_b (run, seq, body) VALUES (%s, %s, %s)", ("r", i, "x" * 64)
+            )
             db.commit()
         return time.perf_counter() - start
 
@@ -192,11 +202,20 @@ def pg_copy_store(base: str, source: str, name: str) -> str:
 
     url = pg_schema_url(base, name)
     open_store_engine(url).dispose()
-    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
-        tables = [r[0] for r in c.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
-            "AND table_type = 'BASE TABLE' AND table_name <> 'alembic_version'", (source,))]
-        for table in sorted(tables, key=lambda t: t != "runs"):  # the runs first: the rest refer to them
+    with psycopg.connect(
+        base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as c:
+        tables = [
+            r[0]
+            for r in c.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_type = 'BASE TABLE' AND table_name <> 'alembic_version'",
+                (source,),
+            )
+        ]
+        for table in sorted(
+            tables, key=lambda t: t != "runs"
+        ):  # the runs first: the rest refer to them
             c.execute(f'INSERT INTO "{name}"."{table}" SELECT * FROM "{source}"."{table}"')
     return url
 
@@ -208,12 +227,19 @@ def floor_c_pg(transactions: list[list[tuple[str, Any, bool]]], url: str) -> flo
     in a second."""
     import psycopg
 
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True,
-                         cursor_factory=psycopg.ClientCursor) as db:
+    with psycopg.connect(
+        url.replace("postgresql+psycopg://", "postgresql://"),
+        autocommit=True,
+        cursor_factory=psycopg.ClientCursor,
+    ) as db:
         cur = db.cursor()
         start = time.perf_counter()
         for statements in transactions:
-            texts = [cur.mogrify(sql, row) for sql, params, many in statements for row in (params if many else [params])]
+            texts = [
+                cur.mogrify(sql, row)
+                for sql, params, many in statements
+                for row in (params if many else [params])
+            ]
             cur.execute(f"BEGIN;\n{texts[0]}")
             while cur.nextset():
                 pass
@@ -233,8 +259,12 @@ def _drop_schemas(base: str, like: str) -> None:
     """The schemas this run made (they hold a store each: left, they would fill the server)."""
     import psycopg
 
-    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
-        for (name,) in c.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (like,)).fetchall():
+    with psycopg.connect(
+        base.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as c:
+        for (name,) in c.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (like,)
+        ).fetchall():
             c.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
@@ -256,25 +286,46 @@ def _pg_table(base: str, sizes: list[int], repeat: int, root: Path) -> list[dict
                 seconds = time.perf_counter() - start
             runner.store.engine.dispose()
             a = floor_a(n, ws)
-            b = floor_b_pg(counts["commits"], pg_schema_url(base, f"da_floor_{os.getpid()}_{n}_{rep}"))
+            b = floor_b_pg(
+                counts["commits"], pg_schema_url(base, f"da_floor_{os.getpid()}_{n}_{rep}")
+            )
             c = floor_c_pg(capture.transactions, copy)
             rows.append({"seconds": seconds, "a": a, "b": b, "c": c})
         med = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "a", "b", "c")}
-        overhead, floor, floor_c = ((med["seconds"] - med["a"]) / n * 1000, med["b"] / n * 1000,
-                                    med["c"] / n * 1000)
-        out.append({"steps": n, "overhead_ms_per_step": round(overhead, 3), "floor_b_ms_per_step": round(floor, 3),
-                    "overhead_vs_floor_b": round(overhead / floor, 2), "floor_c_ms_per_step": round(floor_c, 3),
-                    "overhead_vs_floor_c": round(overhead / floor_c, 2),
-                    "floor_c_vs_floor_b": round(floor_c / floor, 2),
-                    "python_ms_per_step": round(overhead - floor_c, 3)})
+        overhead, floor, floor_c = (
+            (med["seconds"] - med["a"]) / n * 1000,
+            med["b"] / n * 1000,
+            med["c"] / n * 1000,
+        )
+        out.append(
+            {
+                "steps": n,
+                "overhead_ms_per_step": round(overhead, 3),
+                "floor_b_ms_per_step": round(floor, 3),
+                "overhead_vs_floor_b": round(overhead / floor, 2),
+                "floor_c_ms_per_step": round(floor_c, 3),
+                "overhead_vs_floor_c": round(overhead / floor_c, 2),
+                "floor_c_vs_floor_b": round(floor_c / floor, 2),
+                "python_ms_per_step": round(overhead - floor_c, 3),
+            }
+        )
         print(f"measured PostgreSQL N={n}", file=sys.stderr)
     return out
 
 
 # -- durable-agent ------------------------------------------------------------------------------
-def agent_runner(db_url: str, ws: Path, n: int, max_steps: int, durability: str) -> tuple[Runner, dict[str, int]]:
-    settings = Settings(workspace=ws, model="bench", db=db_url, max_steps=max_steps, max_repeats=n + 1,
-                        shell="deny", durability=durability)
+def agent_runner(
+    db_url: str, ws: Path, n: int, max_steps: int, durability: str
+) -> tuple[Runner, dict[str, int]]:
+    settings = Settings(
+        workspace=ws,
+        model="bench",
+        db=db_url,
+        max_steps=max_steps,
+        max_repeats=n + 1,
+        shell="deny",
+        durability=durability,
+    )
     engine = open_store_engine(db_url, durability=durability)
     counts = {"commits": 0}
     # Checkpoints commit on the DBAPI connection (store/prepared.py), which SQLAlchemy's
@@ -288,8 +339,14 @@ def agent_runner(db_url: str, ws: Path, n: int, max_steps: int, durability: str)
 
     BOUNDARY_HOOKS.append(_count)
 
-    runner = Runner(store=Store(engine), settings=settings, model=ScriptedModel(script(n), "bench"),
-                    tools=build_tools("deny"), env={}, redactor=Redactor.from_env({}))
+    runner = Runner(
+        store=Store(engine),
+        settings=settings,
+        model=ScriptedModel(script(n), "bench"),
+        tools=build_tools("deny"),
+        env={},
+        redactor=Redactor.from_env({}),
+    )
     return runner, counts
 
 
@@ -323,8 +380,15 @@ def agent_run(n: int, root: Path, durability: str, *, trace_memory: bool = False
     assert outcome.status == "completed", outcome
     commits = counts["commits"]
     runner.store.engine.dispose()
-    return {"seconds": elapsed, "commits": commits, "peak_mb": peak / 1e6, "db": db_path, "url": url,
-            "transactions": capture.transactions, "floor_c_copy": copy}
+    return {
+        "seconds": elapsed,
+        "commits": commits,
+        "peak_mb": peak / 1e6,
+        "db": db_path,
+        "url": url,
+        "transactions": capture.transactions,
+        "floor_c_copy": copy,
+    }
 
 
 def db_bytes(db_path: Path) -> int:
@@ -366,8 +430,14 @@ def cold_start(args: list[str], cwd: Path, env: dict[str, str], repeat: int) -> 
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "durable_agent", *args],
+            cwd=cwd,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -384,31 +454,48 @@ def python_time(code: str, repeat: int) -> float:
 # Whole-process baselines of the start-up ratios. `import pydantic` alone is lazy in pydantic
 # 2 (its machinery loads with the first model class), so the cost of using it at all is
 # measured too: one model defined and validated.
-BASELINES = {"bare_python_ms": "pass", "import_sqlalchemy_ms": "import sqlalchemy",
-             "import_sqlalchemy_pydantic_ms": "import sqlalchemy, pydantic",
-             "sqlalchemy_one_pydantic_model_ms": "import sqlalchemy, pydantic\n"
-                                                 "class M(pydantic.BaseModel):\n    x: int = 0\nM(x=1)"}
+BASELINES = {
+    "bare_python_ms": "pass",
+    "import_sqlalchemy_ms": "import sqlalchemy",
+    "import_sqlalchemy_pydantic_ms": "import sqlalchemy, pydantic",
+    "sqlalchemy_one_pydantic_model_ms": "import sqlalchemy, pydantic\n"
+    "class M(pydantic.BaseModel):\n    x: int = 0\nM(x=1)",
+}
 
 
 def startup_ratios(r: dict[str, Any], unit: str) -> dict[str, float]:
     """The issue's ratios (and the stretch's: list and show against bare python)."""
+
     def ratio(a: str, b: str) -> float:
         return round(r[f"{a}{unit}"] / r[f"{b}{unit}"], 2)
 
-    return {"help_vs_bare": ratio("cold_help", "bare_python"),
-            "list_vs_import_sqlalchemy": ratio("cold_list_1000", "import_sqlalchemy"),
-            "show_vs_import_sqlalchemy": ratio("cold_show", "import_sqlalchemy"),
-            "list_vs_bare": ratio("cold_list_1000", "bare_python"),
-            "show_vs_bare": ratio("cold_show", "bare_python"),
-            "start_vs_import_sqlalchemy_pydantic": ratio("cold_start_1_step", "import_sqlalchemy_pydantic"),
-            "start_vs_sqlalchemy_one_pydantic_model": ratio("cold_start_1_step", "sqlalchemy_one_pydantic_model")}
+    return {
+        "help_vs_bare": ratio("cold_help", "bare_python"),
+        "list_vs_import_sqlalchemy": ratio("cold_list_1000", "import_sqlalchemy"),
+        "show_vs_import_sqlalchemy": ratio("cold_show", "import_sqlalchemy"),
+        "list_vs_bare": ratio("cold_list_1000", "bare_python"),
+        "show_vs_bare": ratio("cold_show", "bare_python"),
+        "start_vs_import_sqlalchemy_pydantic": ratio(
+            "cold_start_1_step", "import_sqlalchemy_pydantic"
+        ),
+        "start_vs_sqlalchemy_one_pydantic_model": ratio(
+            "cold_start_1_step", "sqlalchemy_one_pydantic_model"
+        ),
+    }
 
 
 def instructions(argv: list[str], cwd: Path, env: dict[str, str]) -> int:
     """Instructions one whole process executes, counted by callgrind: the same count for the
     same binary and inputs whatever else the machine does (wall times here vary by 30%)."""
-    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], cwd=cwd,
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
     return int(proc.stderr.split("Collected :")[1].split()[0])
 
 
@@ -458,28 +545,48 @@ def start_breakdown(argv: list[str], cwd: Path, env: dict[str, str], root: Path)
     model: importing the project's modules it loads (nothing run), then running the command;
     and what defining as many records as it does costs on its own, as Structs and as dataclasses."""
     found = root / "start-modules.json"
-    subprocess.run([sys.executable, "-c", _NOTE_START, str(found), *argv[3:]], cwd=cwd, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", _NOTE_START, str(found), *argv[3:]],
+        cwd=cwd,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     noted = json.loads(found.read_text())
-    own = [m for m in noted["modules"] if m.startswith("durable_agent") and m != "durable_agent.__main__"]
+    own = [
+        m
+        for m in noted["modules"]
+        if m.startswith("durable_agent") and m != "durable_agent.__main__"
+    ]
     imports = f"import importlib\nfor m in {own!r}:\n    importlib.import_module(m)\n"
     n = noted["records"]
 
     def records(kind: str) -> int:
-        return (instructions([sys.executable, "-c", _RECORDS, str(n), kind], cwd, env)
-                - instructions([sys.executable, "-c", _RECORDS, "0", kind], cwd, env))
+        return instructions(
+            [sys.executable, "-c", _RECORDS, str(n), kind], cwd, env
+        ) - instructions([sys.executable, "-c", _RECORDS, "0", kind], cwd, env)
 
-    return {"start_imports_only_instr": instructions([sys.executable, "-c", imports], cwd, env),
-            "start_records": n, "start_records_alone_instr": records("struct"),
-            "start_records_as_dataclasses_instr": records("dataclass")}
+    return {
+        "start_imports_only_instr": instructions([sys.executable, "-c", imports], cwd, env),
+        "start_records": n,
+        "start_records_alone_instr": records("struct"),
+        "start_records_as_dataclasses_instr": records("dataclass"),
+    }
 
 
 def make_runs_store(url: str, n: int) -> None:
     """A store holding `n` finished one-step runs (run-0000 ...), for `list` and `show`."""
     store = Store(open_store_engine(url))
     for i in range(n):
-        store.create_run(f"run-{i:04d}", task=f"task {i}", workspace="/w", model="bench", settings={},
-                         first_messages=[Message("system", "s"), Message("user", f"task {i}")])
+        store.create_run(
+            f"run-{i:04d}",
+            task=f"task {i}",
+            workspace="/w",
+            model="bench",
+            settings={},
+            first_messages=[Message("system", "s"), Message("user", f"task {i}")],
+        )
     store.engine.dispose()
 
 
@@ -492,9 +599,11 @@ def sandbox_overhead(root: Path, repeat: int) -> dict[str, Any]:
     ws = root / "sandbox-ws"
     ws.mkdir()
     env = command_env(os.environ, run_id="bench", call_id="bench")
-    variants = {"off": resolve_sandbox("off", False, os.environ),
-                "bubblewrap": resolve_sandbox("workspace-write", False, os.environ),
-                "landlock": resolve_sandbox("workspace-write", False, {"PATH": str(root / "no-bwrap")})}
+    variants = {
+        "off": resolve_sandbox("off", False, os.environ),
+        "bubblewrap": resolve_sandbox("workspace-write", False, os.environ),
+        "landlock": resolve_sandbox("workspace-write", False, {"PATH": str(root / "no-bwrap")}),
+    }
     out: dict[str, Any] = {}
     for name, sandbox in variants.items():
         if name != "off" and sandbox.mechanism is not Mechanism(name):
@@ -512,19 +621,32 @@ def sandbox_overhead(root: Path, repeat: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", default="50,200,1000", help="comma-separated run lengths")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--durability", choices=["full", "fast"], default="full")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--instructions", action="store_true",
-                        help="also count the start-up commands' instructions under valgrind (deterministic)")
-    parser.add_argument("--pg", metavar="URL", help="also measure on this PostgreSQL server (a schema per run), "
-                                                     "e.g. postgresql://127.0.0.1/test")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count the start-up commands' instructions under valgrind (deterministic)",
+    )
+    parser.add_argument(
+        "--pg",
+        metavar="URL",
+        help="also measure on this PostgreSQL server (a schema per run), "
+        "e.g. postgresql://127.0.0.1/test",
+    )
     opts = parser.parse_args()
     sizes = [int(s) for s in opts.steps.split(",")]
     synchronous = "FULL" if opts.durability == "full" else "NORMAL"
-    results: dict[str, Any] = {"durability": opts.durability, "python": sys.version.split()[0], "sizes": []}
+    results: dict[str, Any] = {
+        "durability": opts.durability,
+        "python": sys.version.split()[0],
+        "sizes": [],
+    }
     root = Path(tempfile.mkdtemp(prefix="da-bench-"))
     try:
         (root / "empty").mkdir()
@@ -541,8 +663,13 @@ def main() -> int:
                 b = floor_b(agent["commits"], base, synchronous)
                 c = floor_c(agent.pop("transactions"), agent["floor_c_copy"], synchronous)
                 rows.append({"a": a, "b": b, "c": c, **agent})
-            med = {k: statistics.median(r[k] for r in rows) for k in ("a", "b", "c", "seconds", "commits")}
-            med["peak_mb"] = agent_run(n, root / f"n{n}-0", opts.durability, trace_memory=True)["peak_mb"]
+            med = {
+                k: statistics.median(r[k] for r in rows)
+                for k in ("a", "b", "c", "seconds", "commits")
+            }
+            med["peak_mb"] = agent_run(n, root / f"n{n}-0", opts.durability, trace_memory=True)[
+                "peak_mb"
+            ]
             overhead = (med["seconds"] - med["a"]) / n * 1000
             floor_b_ms = med["b"] / n * 1000
             floor_c_ms = med["c"] / n * 1000
@@ -566,13 +693,21 @@ def main() -> int:
                 # nothing is copied per step. The raw size / N is kept for reference.
                 "bytes_per_step": round((db_bytes(rows[-1]["db"]) - empty) / n),
                 "raw_bytes_per_step": round(db_bytes(rows[-1]["db"]) / n),
-                "resume_ms": round(statistics.median(resume_time(n, root / f"r{n}-{i}", opts.durability)
-                                                     for i in range(opts.repeat)) * 1000, 1),
+                "resume_ms": round(
+                    statistics.median(
+                        resume_time(n, root / f"r{n}-{i}", opts.durability)
+                        for i in range(opts.repeat)
+                    )
+                    * 1000,
+                    1,
+                ),
                 "peak_mb": round(med["peak_mb"], 2),
             }
             results["sizes"].append(res)
             print(f"measured N={n}", file=sys.stderr)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))
+        }
         env["DURABLE_AGENT_DB"] = f"sqlite:///{root / 'cold.db'}"
         # As installed by pip, which compiles the bytecode: an editable checkout run with
         # PYTHONDONTWRITEBYTECODE (CI images set it) would compile ~70 modules on every start,
@@ -580,38 +715,76 @@ def main() -> int:
         import compileall
 
         import durable_agent
+
         compileall.compile_dir(str(Path(durable_agent.__file__).parent), quiet=1)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         ws = make_workspace(root / "cold")
         one = root / "one.json"
         one.write_text(json.dumps([{"content": "done"}]))
-        subprocess.run([sys.executable, "-m", "durable_agent", "db", "upgrade"], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        results["cold_help_ms"] = round(cold_start(["--help"], ws, env, max(5, opts.repeat)) * 1000, 1)
+        subprocess.run(
+            [sys.executable, "-m", "durable_agent", "db", "upgrade"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        results["cold_help_ms"] = round(
+            cold_start(["--help"], ws, env, max(5, opts.repeat)) * 1000, 1
+        )
         results["cold_start_1_step_ms"] = round(
-            cold_start(["start", "t", "--model", f"scripted:{one}", "--quiet"], ws, env, max(5, opts.repeat)) * 1000, 1)
+            cold_start(
+                ["start", "t", "--model", f"scripted:{one}", "--quiet"],
+                ws,
+                env,
+                max(5, opts.repeat),
+            )
+            * 1000,
+            1,
+        )
         many = root / "many.db"
         make_runs_store(f"sqlite:///{many}", 1000)
         many_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{many}"}
-        results["cold_list_1000_ms"] = round(cold_start(["list"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
-        results["cold_show_ms"] = round(cold_start(["show", "run-0500"], ws, many_env, max(5, opts.repeat)) * 1000, 1)
+        results["cold_list_1000_ms"] = round(
+            cold_start(["list"], ws, many_env, max(5, opts.repeat)) * 1000, 1
+        )
+        results["cold_show_ms"] = round(
+            cold_start(["show", "run-0500"], ws, many_env, max(5, opts.repeat)) * 1000, 1
+        )
         for key, code in BASELINES.items():
             results[key] = round(python_time(code, max(5, opts.repeat)) * 1000, 1)
         results["startup_ratios"] = startup_ratios(results, "_ms")
         if opts.instructions:
-            commands = {"cold_help": (["--help"], env), "cold_start_1_step": (["start", "t", "--model", f"scripted:{one}",
-                                                                               "--quiet"], env),
-                        "cold_list_1000": (["list"], many_env), "cold_show": (["show", "run-0500"], many_env)}
-            counted = {f"{k}_instr": instructions([sys.executable, "-m", "durable_agent", *a], ws, e)
-                       for k, (a, e) in commands.items()}
-            counted.update({f"{k.removesuffix('_ms')}_instr": instructions([sys.executable, "-c", code], ws, env)
-                            for k, code in BASELINES.items()})
-            counted.update(start_breakdown([sys.executable, "-m", "durable_agent", *commands["cold_start_1_step"][0]],
-                                           ws, env, root))
+            commands = {
+                "cold_help": (["--help"], env),
+                "cold_start_1_step": (["start", "t", "--model", f"scripted:{one}", "--quiet"], env),
+                "cold_list_1000": (["list"], many_env),
+                "cold_show": (["show", "run-0500"], many_env),
+            }
+            counted = {
+                f"{k}_instr": instructions([sys.executable, "-m", "durable_agent", *a], ws, e)
+                for k, (a, e) in commands.items()
+            }
+            counted.update(
+                {
+                    f"{k.removesuffix('_ms')}_instr": instructions(
+                        [sys.executable, "-c", code], ws, env
+                    )
+                    for k, code in BASELINES.items()
+                }
+            )
+            counted.update(
+                start_breakdown(
+                    [sys.executable, "-m", "durable_agent", *commands["cold_start_1_step"][0]],
+                    ws,
+                    env,
+                    root,
+                )
+            )
             results["instructions"] = counted
             results["instruction_ratios"] = startup_ratios(counted, "_instr")
         if opts.pg:
-            results["postgresql"] = pg_table(opts.pg, [s for s in sizes if s <= 1000], opts.repeat, root)
+            results["postgresql"] = pg_table(
+                opts.pg, [s for s in sizes if s <= 1000], opts.repeat, root
+            )
         results["sandbox"] = sandbox_overhead(root, opts.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -622,48 +795,75 @@ def main() -> int:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    head = (f"{'N':>5} {'wall s':>8} {'floorA s':>9} {'floorB s':>9} {'ovh ms/step':>12} {'floorB ms/step':>15} "
-            f"{'ovh/floorB':>10} {'floorC ms/step':>15} {'ovh/floorC':>10} {'py ms/step':>10} "
-            f"{'commits/step':>13} {'bytes/step':>11} {'resume ms':>10} {'peak MB':>8}")
+    head = (
+        f"{'N':>5} {'wall s':>8} {'floorA s':>9} {'floorB s':>9} {'ovh ms/step':>12} {'floorB ms/step':>15} "
+        f"{'ovh/floorB':>10} {'floorC ms/step':>15} {'ovh/floorC':>10} {'py ms/step':>10} "
+        f"{'commits/step':>13} {'bytes/step':>11} {'resume ms':>10} {'peak MB':>8}"
+    )
     print(f"durability={r['durability']}  python {r['python']}")
     print(head)
     for s in r["sizes"]:
-        print(f"{s['steps']:>5} {s['wall_s']:>8} {s['floor_a_s']:>9} {s['floor_b_s']:>9} "
-              f"{s['overhead_ms_per_step']:>12} {s['floor_b_ms_per_step']:>15} {s['overhead_vs_floor_b']:>10} "
-              f"{s['floor_c_ms_per_step']:>15} {s['overhead_vs_floor_c']:>10} {s['python_ms_per_step']:>10} "
-              f"{s['commits_per_step']:>13} {s['bytes_per_step']:>11} {s['resume_ms']:>10} {s['peak_mb']:>8}")
-    print("least ovh/floorB possible (floor C / floor B: the loop's own transactions with no Python of the "
-          "harness): " + " · ".join(f"N={s['steps']} {s['floor_c_vs_floor_b']}" for s in r["sizes"]))
-    print(f"bytes/step: beyond an empty store of {r['empty_store_bytes']} bytes "
-          f"(raw size / N: {', '.join(str(s['raw_bytes_per_step']) for s in r['sizes'])})")
-    print(f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
-          f"· list (1,000 runs) {r['cold_list_1000_ms']} ms · show {r['cold_show_ms']} ms")
-    print(f"  baselines: bare python {r['bare_python_ms']} ms · import sqlalchemy {r['import_sqlalchemy_ms']} ms"
-          f" · import sqlalchemy, pydantic {r['import_sqlalchemy_pydantic_ms']} ms"
-          f" · and one pydantic model {r['sqlalchemy_one_pydantic_model_ms']} ms")
+        print(
+            f"{s['steps']:>5} {s['wall_s']:>8} {s['floor_a_s']:>9} {s['floor_b_s']:>9} "
+            f"{s['overhead_ms_per_step']:>12} {s['floor_b_ms_per_step']:>15} {s['overhead_vs_floor_b']:>10} "
+            f"{s['floor_c_ms_per_step']:>15} {s['overhead_vs_floor_c']:>10} {s['python_ms_per_step']:>10} "
+            f"{s['commits_per_step']:>13} {s['bytes_per_step']:>11} {s['resume_ms']:>10} {s['peak_mb']:>8}"
+        )
+    print(
+        "least ovh/floorB possible (floor C / floor B: the loop's own transactions with no Python of the "
+        "harness): " + " · ".join(f"N={s['steps']} {s['floor_c_vs_floor_b']}" for s in r["sizes"])
+    )
+    print(
+        f"bytes/step: beyond an empty store of {r['empty_store_bytes']} bytes "
+        f"(raw size / N: {', '.join(str(s['raw_bytes_per_step']) for s in r['sizes'])})"
+    )
+    print(
+        f"cold start: --help {r['cold_help_ms']} ms · 1-step start {r['cold_start_1_step_ms']} ms "
+        f"· list (1,000 runs) {r['cold_list_1000_ms']} ms · show {r['cold_show_ms']} ms"
+    )
+    print(
+        f"  baselines: bare python {r['bare_python_ms']} ms · import sqlalchemy {r['import_sqlalchemy_ms']} ms"
+        f" · import sqlalchemy, pydantic {r['import_sqlalchemy_pydantic_ms']} ms"
+        f" · and one pydantic model {r['sqlalchemy_one_pydantic_model_ms']} ms"
+    )
     print("  ratios: " + " · ".join(f"{k} {v}" for k, v in r["startup_ratios"].items()))
     if "instruction_ratios" in r:
-        print("  instructions (callgrind): " + " · ".join(f"{k} {v:,}" for k, v in r["instructions"].items()))
-        print("  ratios in instructions: " + " · ".join(f"{k} {v}" for k, v in r["instruction_ratios"].items()))
+        print(
+            "  instructions (callgrind): "
+            + " · ".join(f"{k} {v:,}" for k, v in r["instructions"].items())
+        )
+        print(
+            "  ratios in instructions: "
+            + " · ".join(f"{k} {v}" for k, v in r["instruction_ratios"].items())
+        )
         i = r["instructions"]
         if "start_imports_only_instr" in i:
-            base, model = i["import_sqlalchemy_pydantic_instr"], i["sqlalchemy_one_pydantic_model_instr"]
+            base, model = (
+                i["import_sqlalchemy_pydantic_instr"],
+                i["sqlalchemy_one_pydantic_model_instr"],
+            )
             imports, start = i["start_imports_only_instr"], i["cold_start_1_step_instr"]
-            print(f"  1-step start, in instructions: import sqlalchemy, pydantic {base / 1e6:,.0f}M + the first "
-                  f"pydantic model {(model - base) / 1e6:,.0f}M + importing the project's modules {(imports - model) / 1e6:,.0f}M"
-                  f" + running the command {(start - imports) / 1e6:,.0f}M; the {i['start_records']} records "
-                  f"those modules define cost {i['start_records_alone_instr'] / 1e6:,.0f}M made on their own "
-                  f"({i['start_records_as_dataclasses_instr'] / 1e6:,.0f}M as dataclasses); "
-                  f"the target (1.5x) leaves {(1.5 * base - model) / 1e6:,.0f}M for the modules and the run")
+            print(
+                f"  1-step start, in instructions: import sqlalchemy, pydantic {base / 1e6:,.0f}M + the first "
+                f"pydantic model {(model - base) / 1e6:,.0f}M + importing the project's modules {(imports - model) / 1e6:,.0f}M"
+                f" + running the command {(start - imports) / 1e6:,.0f}M; the {i['start_records']} records "
+                f"those modules define cost {i['start_records_alone_instr'] / 1e6:,.0f}M made on their own "
+                f"({i['start_records_as_dataclasses_instr'] / 1e6:,.0f}M as dataclasses); "
+                f"the target (1.5x) leaves {(1.5 * base - model) / 1e6:,.0f}M for the modules and the run"
+            )
     for row in r.get("postgresql", []):
-        print(f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
-              f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']} · the loop's own "
-              f"transactions replayed {row['floor_c_ms_per_step']} ms/step (×{row['overhead_vs_floor_c']}; "
-              f"Python {row['python_ms_per_step']} ms/step; least ×{row['floor_c_vs_floor_b']})")
+        print(
+            f"PostgreSQL N={row['steps']}: overhead {row['overhead_ms_per_step']} ms/step · raw psycopg floor "
+            f"{row['floor_b_ms_per_step']} ms/step · ×{row['overhead_vs_floor_b']} · the loop's own "
+            f"transactions replayed {row['floor_c_ms_per_step']} ms/step (×{row['overhead_vs_floor_c']}; "
+            f"Python {row['python_ms_per_step']} ms/step; least ×{row['floor_c_vs_floor_b']})"
+        )
     sb = r.get("sandbox", {})
     parts = [f"unsandboxed {sb.get('off_ms')} ms"] + [
-        f"{name} {sb[name + '_ms']} ms (×{sb[name + '_ratio']})" for name in ("bubblewrap", "landlock")
-        if name + "_ms" in sb]
+        f"{name} {sb[name + '_ms']} ms (×{sb[name + '_ratio']})"
+        for name in ("bubblewrap", "landlock")
+        if name + "_ms" in sb
+    ]
     print("one `true` command: " + " · ".join(parts))
 
 

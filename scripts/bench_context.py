@@ -55,33 +55,68 @@ def one_run(turns: int, size: int, window: int | None) -> dict[str, Any]:
         make_files(workspace, turns, size)
         config = base / "config.toml"
         config.write_text(f'[models."{MODEL}"]\ncontext_window = {window or UNBOUNDED}\n')
-        script = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"f{i:03}.txt"}}]}
-                  for i in range(turns)] + [{"content": "done"}]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
-        env.update(OPENAI_API_KEY="sk-bench", DURABLE_AGENT_CONFIG=str(config), DURABLE_AGENT_SANDBOX="off",
-                   DURABLE_AGENT_DB=f"sqlite:///{base / 'store.db'}")
+        script = [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": f"f{i:03}.txt"}}]}
+            for i in range(turns)
+        ] + [{"content": "done"}]
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))
+        }
+        env.update(
+            OPENAI_API_KEY="sk-bench",
+            DURABLE_AGENT_CONFIG=str(config),
+            DURABLE_AGENT_SANDBOX="off",
+            DURABLE_AGENT_DB=f"sqlite:///{base / 'store.db'}",
+        )
         with FakeOpenAI(script=script, window=window) as server:
             started = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-m", "durable_agent", "start", "read every file", "--base-url", server.url,
-                 "--model", MODEL, "--max-steps", str(turns + 10), "--json"],
-                cwd=workspace, env=env, capture_output=True, text=True, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "durable_agent",
+                    "start",
+                    "read every file",
+                    "--base-url",
+                    server.url,
+                    "--model",
+                    MODEL,
+                    "--max-steps",
+                    str(turns + 10),
+                    "--json",
+                ],
+                cwd=workspace,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             seconds = time.perf_counter() - started
             requests = list(server.requests)
         if proc.returncode != 0:
-            raise SystemExit(f"run failed ({proc.returncode}): {proc.stdout[-300:]} {proc.stderr[-300:]}")
+            raise SystemExit(
+                f"run failed ({proc.returncode}): {proc.stdout[-300:]} {proc.stderr[-300:]}"
+            )
         with sqlite3.connect(base / "store.db") as db:
-            stages = dict(db.execute("SELECT json_extract(output, '$.stage'), count(*) FROM steps "
-                                     "WHERE kind = 'compact' GROUP BY 1").fetchall())
+            stages = dict(
+                db.execute(
+                    "SELECT json_extract(output, '$.stage'), count(*) FROM steps "
+                    "WHERE kind = 'compact' GROUP BY 1"
+                ).fetchall()
+            )
         turns_sent = [r for r in requests if r["kind"] == "turn"]
         return {
-            "window": window, "model_calls": len(turns_sent),
+            "window": window,
+            "model_calls": len(turns_sent),
             "prompt_tokens_total": sum(r["prompt_tokens"] for r in requests),
             "largest_request": max(r["prompt_tokens"] for r in requests),
-            "compactions": sum(stages.values()), "elide_steps": stages.get("elide", 0),
+            "compactions": sum(stages.values()),
+            "elide_steps": stages.get("elide", 0),
             "summarize_steps": stages.get("summarize", 0),
             "summary_calls": sum(r["kind"] == "summary" for r in requests),
-            "refused_over_window": sum(1 for r in requests if window and r["prompt_tokens"] > window),
+            "refused_over_window": sum(
+                1 for r in requests if window and r["prompt_tokens"] > window
+            ),
             "seconds": round(seconds, 1),
         }
 
@@ -96,14 +131,20 @@ def main() -> int:
     rows = [one_run(args.turns, args.bytes, None)]
     rows += [one_run(args.turns, args.bytes, int(w)) for w in args.windows.split(",") if w]
     base = rows[0]["prompt_tokens_total"]
-    print(f"{args.turns} turns, {args.bytes:,}-byte tool outputs (tokens as the server counts them)")
-    print(f"{'window':>12} {'prompt tokens':>14} {'vs none':>8} {'largest':>9} {'compact':>8} "
-          f"{'elide':>6} {'summ.':>6} {'calls':>6} {'time':>7}")
+    print(
+        f"{args.turns} turns, {args.bytes:,}-byte tool outputs (tokens as the server counts them)"
+    )
+    print(
+        f"{'window':>12} {'prompt tokens':>14} {'vs none':>8} {'largest':>9} {'compact':>8} "
+        f"{'elide':>6} {'summ.':>6} {'calls':>6} {'time':>7}"
+    )
     for r in rows:
         label = "none" if r["window"] is None else f"{r['window']:,}"
-        print(f"{label:>12} {r['prompt_tokens_total']:>14,} {r['prompt_tokens_total'] / base:>7.1%} "
-              f"{r['largest_request']:>9,} {r['compactions']:>8} {r['elide_steps']:>6} {r['summarize_steps']:>6} "
-              f"{r['model_calls'] + r['summary_calls']:>6} {r['seconds']:>6}s")
+        print(
+            f"{label:>12} {r['prompt_tokens_total']:>14,} {r['prompt_tokens_total'] / base:>7.1%} "
+            f"{r['largest_request']:>9,} {r['compactions']:>8} {r['elide_steps']:>6} {r['summarize_steps']:>6} "
+            f"{r['model_calls'] + r['summary_calls']:>6} {r['seconds']:>6}s"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

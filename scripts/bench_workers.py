@@ -34,13 +34,15 @@ from pathlib import Path
 
 from sqlalchemy import func, select, text
 
-from durable_agent.settings import load_settings
+from durable_agent.config.settings import load_settings
 from durable_agent.store import schema
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
 
-DEFAULT_PG = os.environ.get("DURABLE_AGENT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+DEFAULT_PG = os.environ.get(
+    "DURABLE_AGENT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,16 @@ def write_script(path: Path, steps: int, delay_s: float = 0.0) -> str:
     return f"scripted:{path}"
 
 
-def measure(url: str, tmp: Path, model: str, *, workers: int, runs: int, concurrency: int,
-            env: dict[str, str]) -> Result:
+def measure(
+    url: str,
+    tmp: Path,
+    model: str,
+    *,
+    workers: int,
+    runs: int,
+    concurrency: int,
+    env: dict[str, str],
+) -> Result:
     engine = open_store_engine(url)
     try:
         store = Store(engine)
@@ -93,21 +103,52 @@ def measure(url: str, tmp: Path, model: str, *, workers: int, runs: int, concurr
             ws = tmp / f"ws-{uuid.uuid4().hex[:8]}"
             ws.mkdir()
             (ws / "file.txt").write_text("x\n")
-            settings = load_settings({"workspace": ws, "model": model, "db": url, "max_steps": 1000,
-                                      "max_repeats": 1000}, env)
+            settings = load_settings(
+                {
+                    "workspace": ws,
+                    "model": model,
+                    "db": url,
+                    "max_steps": 1000,
+                    "max_repeats": 1000,
+                },
+                env,
+            )
             build_runner(settings, env=env, store=store).create(f"bench {i}")
-        cmd = [sys.executable, "-m", "durable_agent", "worker", "--db", url, "--once", "--quiet",
-               "--poll", "0.05", "--concurrency", str(concurrency)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "durable_agent",
+            "worker",
+            "--db",
+            url,
+            "--once",
+            "--quiet",
+            "--poll",
+            "0.05",
+            "--concurrency",
+            str(concurrency),
+        ]
         t0 = time.perf_counter()
-        procs = [subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+        procs = [
+            subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(workers)
+        ]
         errors = [p.communicate()[1] for p in procs]
         wall = time.perf_counter() - t0
         for p, err in zip(procs, errors, strict=True):
             if p.returncode != 0:
                 raise SystemExit(f"a worker failed ({p.returncode}):\n{err}")
         with engine.connect() as conn:
-            status = dict(conn.execute(text("SELECT status, count(*) FROM runs GROUP BY status")).all())
+            status = dict(
+                conn.execute(text("SELECT status, count(*) FROM runs GROUP BY status")).all()
+            )
             if status != {"completed": runs}:
                 raise SystemExit(f"not every run completed: {status}")
             model_steps = conn.execute(text("SELECT sum(step_count) FROM runs")).scalar_one()
@@ -122,15 +163,30 @@ def measure(url: str, tmp: Path, model: str, *, workers: int, runs: int, concurr
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", default=DEFAULT_PG, help="PostgreSQL URL of a database to create schemas in "
-                                                         "(or sqlite:///… for a file per measurement)")
-    parser.add_argument("--workers", default="1,2,4", help="worker process counts to measure (default 1,2,4)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--db",
+        default=DEFAULT_PG,
+        help="PostgreSQL URL of a database to create schemas in "
+        "(or sqlite:///… for a file per measurement)",
+    )
+    parser.add_argument(
+        "--workers", default="1,2,4", help="worker process counts to measure (default 1,2,4)"
+    )
     parser.add_argument("--runs", type=int, default=40, help="runs per measurement (default 40)")
     parser.add_argument("--steps", type=int, default=10, help="model steps per run (default 10)")
-    parser.add_argument("--concurrency", type=int, default=1, help="--concurrency of each worker (default 1)")
-    parser.add_argument("--model-delay", type=float, default=0.0, metavar="S",
-                        help="seconds each scripted model call takes (default 0: measure the harness)")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="--concurrency of each worker (default 1)"
+    )
+    parser.add_argument(
+        "--model-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds each scripted model call takes (default 0: measure the harness)",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
@@ -140,21 +196,36 @@ def main() -> int:
         model = write_script(tmp / "script.json", args.steps, args.model_delay)
         for n in counts:
             with fresh_store(args.db, tmp) as url:
-                results.append(measure(url, tmp, model, workers=n, runs=args.runs,
-                                       concurrency=args.concurrency, env=env))
+                results.append(
+                    measure(
+                        url,
+                        tmp,
+                        model,
+                        workers=n,
+                        runs=args.runs,
+                        concurrency=args.concurrency,
+                        env=env,
+                    )
+                )
     backend = "PostgreSQL" if args.db.startswith("postgres") else "SQLite"
-    print(f"{backend} · {args.runs} runs × {args.steps} model steps (+{args.steps - 1} list_files) · "
-          f"worker --concurrency {args.concurrency} · model call {args.model_delay * 1000:g} ms · "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"{backend} · {args.runs} runs × {args.steps} model steps (+{args.steps - 1} list_files) · "
+        f"worker --concurrency {args.concurrency} · model call {args.model_delay * 1000:g} ms · "
+        f"{os.cpu_count()} CPUs"
+    )
     header = f"{'workers':>7}  {'wall s':>7}  {'busy s':>7}  {'runs/s':>7}  {'model steps/s':>13}  {'step rows/s':>11}  {'speed-up':>8}"
     print(header)
     print("-" * len(header))
     base = results[0].runs / results[0].busy_s
     for r in results:
         rps = r.runs / r.busy_s
-        print(f"{r.workers:>7}  {r.wall_s:>7.2f}  {r.busy_s:>7.2f}  {rps:>7.1f}  {r.model_steps / r.busy_s:>13.0f}  "
-              f"{r.step_rows / r.busy_s:>11.0f}  {rps / base:>7.2f}×")
-    print("rates use the busy window (first step written → last run finished); wall adds worker start-up")
+        print(
+            f"{r.workers:>7}  {r.wall_s:>7.2f}  {r.busy_s:>7.2f}  {rps:>7.1f}  {r.model_steps / r.busy_s:>13.0f}  "
+            f"{r.step_rows / r.busy_s:>11.0f}  {rps / base:>7.2f}×"
+        )
+    print(
+        "rates use the busy window (first step written → last run finished); wall adds worker start-up"
+    )
     return 0
 
 

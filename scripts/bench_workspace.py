@@ -87,8 +87,12 @@ def walk_floor(root: Path) -> int:
 
 def stored_bytes(blobs: BlobStore) -> int:
     with blobs.engine.connect() as conn:
-        b = conn.execute(select(func.coalesce(func.sum(func.length(workspace_blobs.c.data)), 0))).scalar()
-        t = conn.execute(select(func.coalesce(func.sum(func.length(workspace_trees.c.data)), 0))).scalar()
+        b = conn.execute(
+            select(func.coalesce(func.sum(func.length(workspace_blobs.c.data)), 0))
+        ).scalar()
+        t = conn.execute(
+            select(func.coalesce(func.sum(func.length(workspace_trees.c.data)), 0))
+        ).scalar()
     return int(b or 0) + int(t or 0)
 
 
@@ -99,7 +103,9 @@ def commit(blobs: BlobStore, snap: snapshot.Snapshot) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--size", type=int, default=10_000, help="bytes per file")
     parser.add_argument("--repeat", type=int, default=21)
@@ -117,7 +123,11 @@ def main() -> int:
         first_ms = (time.perf_counter() - t) * 1000
         commit(blobs, first)
         snapshot.take(scanner, blobs)  # confirms the first snapshot's blobs are stored
-        r: dict[str, Any] = {"files": args.files, "bytes": args.files * args.size, "first_snapshot_ms": first_ms}
+        r: dict[str, Any] = {
+            "files": args.files,
+            "bytes": args.files * args.size,
+            "first_snapshot_ms": first_ms,
+        }
         r["unchanged_scan_ms"] = median_ms(scanner.scan, args.repeat)
         # The floor is measured next to each timing (alternating), so both see the same
         # machine: on a noisy one the ratios hold where the milliseconds do not.

@@ -12,23 +12,35 @@ import json
 import sys
 from pathlib import Path
 
-from durable_agent import settings as settings_module
-from durable_agent.settings import Settings
+from durable_agent.config import settings as settings_module
+from durable_agent.config.settings import Settings
 
 TARGET = Path(__file__).resolve().parent.parent / "config" / "default.toml"
 SKIP = {"workspace", "api_key"}  # per run (a flag) and a secret (the environment)
 EXAMPLES = {
-    "model": '"gpt-4.1-mini"', "base_url": '"http://localhost:11434/v1"',
-    "db": '"sqlite:////path/to/durable-agent.db"', "max_tool_calls": "200", "max_tokens": "2000000",
-    "max_seconds": "3600", "verify": '"python -m pytest -q"', "temperature": "0.2", "max_cost": "5.0",
+    "model": '"gpt-4.1-mini"',
+    "base_url": '"http://localhost:11434/v1"',
+    "db": '"sqlite:////path/to/durable-agent.db"',
+    "max_tool_calls": "200",
+    "max_tokens": "2000000",
+    "max_seconds": "3600",
+    "verify": '"python -m pytest -q"',
+    "temperature": "0.2",
+    "max_cost": "5.0",
     "max_running_runs": "8",
 }
 TABLE_EXAMPLES = {
     "prices": ['# [prices."gpt-4.1-mini"]', "# input_per_mtok = 0.40", "# output_per_mtok = 1.60"],
     "models": ['# [models."gpt-4.1-mini"]', "# context_window = 1047576"],
-    "mcp_servers": ["# [mcp_servers.time]", '# command = "mcp-server-time"', "# args = []",
-                    '# env = { TZ = "UTC" }', '# # url = "http://127.0.0.1:8000/mcp"  (instead of command)',
-                    "# [mcp_servers.time.tools.get_current_time]", '# effect = "read"'],
+    "mcp_servers": [
+        "# [mcp_servers.time]",
+        '# command = "mcp-server-time"',
+        "# args = []",
+        '# env = { TZ = "UTC" }',
+        '# # url = "http://127.0.0.1:8000/mcp"  (instead of command)',
+        "# [mcp_servers.time.tools.get_current_time]",
+        '# effect = "read"',
+    ],
 }
 
 
@@ -38,9 +50,13 @@ def field_docs() -> dict[str, str]:
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings"]
     docs: dict[str, str] = {}
     for field, after in zip(cls.body, cls.body[1:], strict=False):
-        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[field.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
@@ -48,7 +64,7 @@ def field_docs() -> dict[str, str]:
 def render() -> str:
     out = [
         "# durable-agent settings: every setting, its default and what it does.",
-        "# Generated from durable_agent/settings.py by scripts/gen_default_config.py.",
+        "# Generated from durable_agent/config/settings.py by scripts/gen_default_config.py.",
         "# Copy to ~/.config/durable-agent/config.toml, or point DURABLE_AGENT_CONFIG at a file.",
         "# Precedence: defaults < config file < environment < command-line flags.",
         "# Settings that are unset by default are shown commented out.",
@@ -65,8 +81,11 @@ def render() -> str:
             tables += [*doc, *TABLE_EXAMPLES[name], ""]
             continue
         out += doc
-        out.append(f"# {name} = {EXAMPLES.get(name, '...')}" if default is None
-                   else f"{name} = {json.dumps(default)}")
+        out.append(
+            f"# {name} = {EXAMPLES.get(name, '...')}"
+            if default is None
+            else f"{name} = {json.dumps(default)}"
+        )
         out.append("")
     return "\n".join(out + tables).rstrip() + "\n"
 

@@ -32,8 +32,12 @@ def migrated_schema() -> tuple[str, list[str]]:
         db = sqlite3.connect(path)
         try:
             (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
-            statements = [sql for (sql,) in db.execute(
-                "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid")]
+            statements = [
+                sql
+                for (sql,) in db.execute(
+                    "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"
+                )
+            ]
         finally:
             db.close()
     return revision, statements

@@ -38,8 +38,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     if NO_SANDBOX:
-        return ("sandbox: neither bubblewrap nor Landlock works here; runs in tests use "
-                "DURABLE_AGENT_SANDBOX=off and the sandbox tests are skipped")
+        return (
+            "sandbox: neither bubblewrap nor Landlock works here; runs in tests use "
+            "DURABLE_AGENT_SANDBOX=off and the sandbox tests are skipped"
+        )
     return None
 
 
@@ -55,8 +57,7 @@ class Result:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
     if NO_SANDBOX:
         e["DURABLE_AGENT_SANDBOX"] = "off"
     e["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
@@ -104,18 +105,28 @@ def write_script(tmp_path: Path) -> Callable[[list[dict[str, Any]]], str]:
 
 @pytest.fixture
 def cli(env: dict[str, str], workspace: Path) -> Callable[..., Result]:
-    def run(*args: str, extra_env: dict[str, str] | None = None, timeout: float = 120,
-            cwd: Path | None = None) -> Result:
-        proc = forked_cli.run(args, env={**env, **(extra_env or {})}, cwd=cwd or workspace, timeout=timeout)
+    def run(
+        *args: str,
+        extra_env: dict[str, str] | None = None,
+        timeout: float = 120,
+        cwd: Path | None = None,
+    ) -> Result:
+        proc = forked_cli.run(
+            args, env={**env, **(extra_env or {})}, cwd=cwd or workspace, timeout=timeout
+        )
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run
 
 
 @pytest.fixture
-def cli_inproc(env: dict[str, str], workspace: Path, monkeypatch: pytest.MonkeyPatch,
-               capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    from durable_agent.cli import main
+def cli_inproc(
+    env: dict[str, str],
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Callable[..., Result]:
+    from durable_agent.cli.parser import main
 
     def run(*args: str) -> Result:
         for k in list(os.environ):

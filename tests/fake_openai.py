@@ -123,8 +123,12 @@ def message_hash(message: Json) -> str:
 
 def request_turn(messages: list[Json]) -> int:
     assistants = [m for m in messages if m.get("role") == "assistant"]
-    turns = [int(found.group(1)) + 1 for m in assistants for c in m.get("tool_calls") or []
-             if (found := _CALL_TURN.match(str(c.get("id"))))]
+    turns = [
+        int(found.group(1)) + 1
+        for m in assistants
+        for c in m.get("tool_calls") or []
+        if (found := _CALL_TURN.match(str(c.get("id"))))
+    ]
     return max([len(assistants), *turns])
 
 
@@ -219,7 +223,9 @@ class FakeOpenAI:
         with self._lock:
             number = len(self.requests) + 1
             attempt = 1 + sum(1 for r in self.requests if r["turn"] == turn)
-            fault = self._take_fault({"request": number, "turn": turn, "attempt": attempt, "kind": kind})
+            fault = self._take_fault(
+                {"request": number, "turn": turn, "attempt": attempt, "kind": kind}
+            )
             entry = {
                 "request": number,
                 "turn": turn,
@@ -252,8 +258,10 @@ class FakeOpenAI:
         if turn < 0:  # a summary request
             text = str((body.get("messages") or [{}])[-1].get("content") or "")
             calls = sorted(set(re.findall(r"\[(call_\d+_\d+)\]", text)))
-            step: Json = {"content": f"Task: as given. Files read so far: {len(calls)} "
-                                     f"(calls {', '.join(calls[:3])}...). Next steps: go on reading."}
+            step: Json = {
+                "content": f"Task: as given. Files read so far: {len(calls)} "
+                f"(calls {', '.join(calls[:3])}...). Next steps: go on reading."
+            }
         else:
             step = self.script[turn] if turn < len(self.script) else {"content": "script exhausted"}
         tool_calls = [
@@ -333,11 +341,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
         if "gzip_bomb" in fault:
-            packer, mib = zlib.compressobj(9, zlib.DEFLATED, 31), b" " * (1 << 20)  # (31: gzip framing)
-            packed = b"".join([*(packer.compress(mib) for _ in range(int(fault["gzip_bomb"]))), packer.flush()])
+            packer, mib = (
+                zlib.compressobj(9, zlib.DEFLATED, 31),
+                b" " * (1 << 20),
+            )  # (31: gzip framing)
+            packed = b"".join(
+                [*(packer.compress(mib) for _ in range(int(fault["gzip_bomb"]))), packer.flush()]
+            )
             self.send_response(int(fault.get("status", 200)))
-            for name, value in (("Content-Type", "application/json"), ("Content-Encoding", "gzip"),
-                                ("Content-Length", str(len(packed)))):
+            for name, value in (
+                ("Content-Type", "application/json"),
+                ("Content-Encoding", "gzip"),
+                ("Content-Length", str(len(packed))),
+            ):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(packed)
@@ -348,15 +364,30 @@ class _Handler(BaseHTTPRequestHandler):
         if "status" in fault:
             status = int(fault["status"])
             default = _error_body(status, f"fake error {status}")
-            self._send(status, fault.get("body", default), fault.get("headers") or {},
-                       content_type=fault.get("content_type"), truncate=fault.get("truncate"),
-                       trickle=fault.get("trickle"), encode=fault.get("encode"), short=fault.get("short_body"))
+            self._send(
+                status,
+                fault.get("body", default),
+                fault.get("headers") or {},
+                content_type=fault.get("content_type"),
+                truncate=fault.get("truncate"),
+                trickle=fault.get("trickle"),
+                encode=fault.get("encode"),
+                short=fault.get("short_body"),
+            )
             return
         if fake.window is not None and entry["prompt_tokens"] > fake.window:
-            self._send(400, {"error": {
-                "message": f"This model's maximum context length is {fake.window} tokens. However, your "
-                           f"messages resulted in {entry['prompt_tokens']} tokens.",
-                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+            self._send(
+                400,
+                {
+                    "error": {
+                        "message": f"This model's maximum context length is {fake.window} tokens. However, your "
+                        f"messages resulted in {entry['prompt_tokens']} tokens.",
+                        "type": "invalid_request_error",
+                        "param": "messages",
+                        "code": "context_length_exceeded",
+                    }
+                },
+            )
             return
         completion = fake._completion(entry["turn"], body)
         if "message" in fault:
@@ -367,8 +398,14 @@ class _Handler(BaseHTTPRequestHandler):
             del completion["usage"]
         if "usage" in fault:
             completion["usage"] = fault["usage"]
-        self._send(200, completion, fault.get("headers") or {}, truncate=fault.get("truncate"),
-                   short=fault.get("short_body"), trickle=fault.get("trickle"))
+        self._send(
+            200,
+            completion,
+            fault.get("headers") or {},
+            truncate=fault.get("truncate"),
+            short=fault.get("short_body"),
+            trickle=fault.get("trickle"),
+        )
 
     def _stall(self, how: str, every: float) -> None:
         """Bytes keep coming, every wait is short, the answer never does (see Faults)."""
@@ -376,8 +413,10 @@ class _Handler(BaseHTTPRequestHandler):
         if how == "headers":
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
         elif how == "deflate":
-            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n")
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
         n = 0
         with contextlib.suppress(OSError):
             while not self.server.fake._stopping.wait(every):
@@ -385,7 +424,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if how == "headers":
                     self.wfile.write(f"X-Still-Thinking: {n}\r\n".encode())
                 elif how == "hints":
-                    self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+                    self.wfile.write(
+                        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+                    )
                 else:  # (the zlib header first) an empty stored block: valid, decodes to nothing
                     block = (b"x\x9c" if n == 1 else b"") + b"\x00\x00\x00\xff\xff"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
@@ -394,14 +435,30 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))
 
-    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None, *,
-              content_type: str | None = None, truncate: int | None = None,
-              short: int | None = None, trickle: float | None = None, encode: str | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        body: Any,
+        headers: dict[str, str] | None = None,
+        *,
+        content_type: str | None = None,
+        truncate: int | None = None,
+        short: int | None = None,
+        trickle: float | None = None,
+        encode: str | None = None,
+    ) -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        if encode is not None:  # "gzip" | "deflate" (zlib) | "raw-deflate" (no zlib header, as some send it)
-            packer = zlib.compressobj(9, zlib.DEFLATED, {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encode])
+        if (
+            encode is not None
+        ):  # "gzip" | "deflate" (zlib) | "raw-deflate" (no zlib header, as some send it)
+            packer = zlib.compressobj(
+                9, zlib.DEFLATED, {"gzip": 31, "deflate": 15, "raw-deflate": -15}[encode]
+            )
             data = packer.compress(data) + packer.flush()
-            headers = {**(headers or {}), "Content-Encoding": "gzip" if encode == "gzip" else "deflate"}
+            headers = {
+                **(headers or {}),
+                "Content-Encoding": "gzip" if encode == "gzip" else "deflate",
+            }
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
         if short is not None:
@@ -425,10 +482,12 @@ class _Handler(BaseHTTPRequestHandler):
         if trickle is None:
             self.wfile.write(data)
             return
-        for i in range(len(data)):  # each read gets a byte in time: only a deadline on the whole helps
+        for i in range(
+            len(data)
+        ):  # each read gets a byte in time: only a deadline on the whole helps
             if self.server.fake._stopping.wait(trickle):  # type: ignore[attr-defined]
                 return
-            self.wfile.write(data[i:i + 1])
+            self.wfile.write(data[i : i + 1])
             self.wfile.flush()
 
 
@@ -507,15 +566,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--faults", help="JSON list of faults")
     parser.add_argument("--log", help="append every request to this JSONL file")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--window", type=int, help="answer 400 context_length_exceeded above this many tokens")
-    parser.add_argument("--chars-per-token", type=int, default=4, help="count a request as JSON length // N")
+    parser.add_argument(
+        "--window", type=int, help="answer 400 context_length_exceeded above this many tokens"
+    )
+    parser.add_argument(
+        "--chars-per-token", type=int, default=4, help="count a request as JSON length // N"
+    )
     args = parser.parse_args(argv)
 
     def load(path: str | None) -> list[Json]:
         return json.loads(Path(path).read_text(encoding="utf-8")) if path else []
 
-    server = FakeOpenAI(load(args.script), load(args.faults), log_path=args.log, port=args.port,
-                        window=args.window, chars_per_token=args.chars_per_token)
+    server = FakeOpenAI(
+        load(args.script),
+        load(args.faults),
+        log_path=args.log,
+        port=args.port,
+        window=args.window,
+        chars_per_token=args.chars_per_token,
+    )
 
     def on_signal(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, which runs in this thread: call it from another.

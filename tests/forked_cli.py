@@ -42,11 +42,26 @@ from typing import Any
 # the zygote keeps the zygote's values, so a command whose environment changes one of them
 # runs as a plain subprocess.
 _STARTUP_PREFIXES = ("PYTHON", "LC_", "LANG", "VIRTUAL_ENV")
-_PRELOAD = ("durable_agent.cli", "durable_agent.commands", "durable_agent.wiring", "durable_agent.settings",
-            "durable_agent.runner", "durable_agent.store.engine", "durable_agent.store.runs",
-            "durable_agent.read_commands", "durable_agent.render", "durable_agent.ws_commands",
-            "durable_agent.models.openai_model", "durable_agent.worker", "sqlalchemy.dialects.sqlite",
-            "alembic.command", "alembic.config", "alembic.runtime.migration", "openai", "psycopg")
+_PRELOAD = (
+    "durable_agent.cli.parser",
+    "durable_agent.cli.commands",
+    "durable_agent.wiring",
+    "durable_agent.config.settings",
+    "durable_agent.loop.runner",
+    "durable_agent.store.engine",
+    "durable_agent.store.runs",
+    "durable_agent.cli.read_commands",
+    "durable_agent.cli.render",
+    "durable_agent.cli.ws_commands",
+    "durable_agent.models.openai_model",
+    "durable_agent.worker",
+    "sqlalchemy.dialects.sqlite",
+    "alembic.command",
+    "alembic.config",
+    "alembic.runtime.migration",
+    "openai",
+    "psycopg",
+)
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -62,8 +77,13 @@ class _Zygote:
         self.path = os.path.join(self.dir, "sock")
         self.env = _BASE_ENV
         # stdin is the zygote's lifeline: when this process ends, it reads EOF and exits.
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=self.env, cwd=self.dir)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, self.path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            cwd=self.dir,
+        )
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if ready != b"ready\n":
@@ -83,8 +103,15 @@ def _get() -> _Zygote:
 
 
 # Inherited by a fresh process from the test process as it is at the call.
-_LIMITS = (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE, resource.RLIMIT_AS,
-           resource.RLIMIT_CPU, resource.RLIMIT_CORE, resource.RLIMIT_STACK)
+_LIMITS = (
+    resource.RLIMIT_NOFILE,
+    resource.RLIMIT_NPROC,
+    resource.RLIMIT_FSIZE,
+    resource.RLIMIT_AS,
+    resource.RLIMIT_CPU,
+    resource.RLIMIT_CORE,
+    resource.RLIMIT_STACK,
+)
 
 
 def _umask() -> int:
@@ -100,28 +127,53 @@ def usable(env: Mapping[str, str]) -> bool:
     return _startup_env(env) == _startup_env(_BASE_ENV)
 
 
-def run(args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, timeout: float = 120,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path | str,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`subprocess.run([sys.executable, "-m", "durable_agent", *args], capture_output=True,
     text=True, stdin=DEVNULL or `input`)`, in a forked process when it can be."""
     argv = [sys.executable, "-m", "durable_agent", *args]
     if not usable(env):
-        kwargs: dict[str, Any] = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
-        return subprocess.run(argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout,
-                              **kwargs)
+        kwargs: dict[str, Any] = (
+            {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+        )
+        return subprocess.run(
+            argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout, **kwargs
+        )
     if not os.path.isdir(cwd):
-        raise FileNotFoundError(2, "No such file or directory", str(cwd))  # as subprocess.run raises it
+        raise FileNotFoundError(
+            2, "No such file or directory", str(cwd)
+        )  # as subprocess.run raises it
     zygote = _get()
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as stdin,
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+    ):
         if input is not None:
             stdin.write(input.encode())
             stdin.seek(0)
-        request = json.dumps({"args": list(args), "env": dict(env), "cwd": str(cwd), "umask": _umask(),
-                              "limits": {str(r): resource.getrlimit(r) for r in _LIMITS}}).encode()
+        request = json.dumps(
+            {
+                "args": list(args),
+                "env": dict(env),
+                "cwd": str(cwd),
+                "umask": _umask(),
+                "limits": {str(r): resource.getrlimit(r) for r in _LIMITS},
+            }
+        ).encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(zygote.path)
-            socket.send_fds(sock, [len(request).to_bytes(8, "big") + request],
-                            [stdin.fileno(), out.fileno(), err.fileno()])
+            socket.send_fds(
+                sock,
+                [len(request).to_bytes(8, "big") + request],
+                [stdin.fileno(), out.fileno(), err.fileno()],
+            )
             answers = sock.makefile("rb")
             pid = json.loads(answers.readline())["pid"]
             deadline = time.monotonic() + timeout
@@ -136,7 +188,9 @@ def run(args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, timeout
             code = json.loads(line)["code"]
         out.seek(0)
         err.seek(0)
-        stdout = io.TextIOWrapper(out).read()  # as text=True decodes: locale encoding, universal newlines
+        stdout = io.TextIOWrapper(
+            out
+        ).read()  # as text=True decodes: locale encoding, universal newlines
         stderr = io.TextIOWrapper(err).read()
     if timed_out:
         raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
@@ -154,7 +208,9 @@ def _serve(path: str) -> Job | None:
     import importlib
 
     for name in _PRELOAD:
-        with contextlib.suppress(ImportError):  # an optional extra not installed: its commands import it
+        with contextlib.suppress(
+            ImportError
+        ):  # an optional extra not installed: its commands import it
             importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -230,7 +286,10 @@ def _become_cli(request: dict[str, Any], fds: list[int]) -> None:
     random.seed()
     import durable_agent
 
-    sys.argv = [os.path.join(os.path.dirname(durable_agent.__file__ or ""), "__main__.py"), *request["args"]]
+    sys.argv = [
+        os.path.join(os.path.dirname(durable_agent.__file__ or ""), "__main__.py"),
+        *request["args"],
+    ]
     _exit_as_the_interpreter(_run_main())
 
 
@@ -239,7 +298,7 @@ def _run_main() -> int:
     import traceback
 
     try:
-        from durable_agent.cli import main
+        from durable_agent.cli.parser import main
 
         raise SystemExit(main())
     except SystemExit as exc:
@@ -269,7 +328,7 @@ def _exit_as_the_interpreter(code: int) -> None:
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)  # exact types: an ABC check
-    for obj in gc.get_objects():                                         # per object costs a second
+    for obj in gc.get_objects():  # per object costs a second
         try:
             if type(obj) is sqlite3.Connection:
                 obj.close()

@@ -12,7 +12,9 @@ from collections.abc import Callable
 _ABSOLUTE = re.compile(rb"^([A-Z]+ )http://[^/]+(/)", re.MULTILINE)
 
 
-def _pipe(src: socket.socket, dst: socket.socket, rewrite: Callable[[bytes], bytes] | None = None) -> None:
+def _pipe(
+    src: socket.socket, dst: socket.socket, rewrite: Callable[[bytes], bytes] | None = None
+) -> None:
     try:
         while data := src.recv(65536):
             dst.sendall(rewrite(data) if rewrite else data)

@@ -22,9 +22,10 @@ def fault_config(tmp_path: Path, workspace: Path, *, extra: str = "", server_env
     counter = workspace / ".counter"
     path = tmp_path / "config.toml"
     path.write_text(
-        f"{extra}\nexclude = [\".git/\", \".counter*\"]\n[mcp_servers.f]\ncommand = {json.dumps(sys.executable)}\n"
+        f'{extra}\nexclude = [".git/", ".counter*"]\n[mcp_servers.f]\ncommand = {json.dumps(sys.executable)}\n'
         f"args = [{json.dumps(str(FAULT_SERVER))}]\n"
-        f"env = {{ MCP_TEST_COUNTER = {json.dumps(str(counter))}{server_env} }}\n")
+        f"env = {{ MCP_TEST_COUNTER = {json.dumps(str(counter))}{server_env} }}\n"
+    )
     return path
 
 

@@ -43,7 +43,9 @@ def toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+        )
     raise TypeError(f"no TOML for {value!r}")
 
 
@@ -78,15 +80,22 @@ class Endpoint:
         """`start` in a child process this test can kill."""
         return subprocess.Popen(
             [sys.executable, "-m", "durable_agent", "start", task, *self.model_flags(), *args],
-            cwd=self.workspace, env={**self.env, **self.cli_env()}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=self.workspace,
+            env={**self.env, **self.cli_env()},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     # --- what the server saw -------------------------------------------------------------
 
     def turns(self) -> list[tuple[int, int, int | None]]:
         """(turn, attempt, injected status or None) of every request, in order."""
-        return [(r["turn"], r["attempt"], (r["fault"] or {}).get("status")) for r in self.server.requests]
+        return [
+            (r["turn"], r["attempt"], (r["fault"] or {}).get("status"))
+            for r in self.server.requests
+        ]
 
     def answered(self) -> dict[int, int]:
         """How many times each turn got a normal answer (no fault at all)."""
@@ -116,8 +125,13 @@ def database_bytes(db_path: Path) -> bytes:
 
 
 @contextmanager
-def serve(cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path,
-          script: list[dict[str, Any]]) -> Iterator[Endpoint]:
+def serve(
+    cli: Callable[..., Any],
+    env: dict[str, str],
+    workspace: Path,
+    tmp_path: Path,
+    script: list[dict[str, Any]],
+) -> Iterator[Endpoint]:
     """A fake endpoint serving `script`, with the workspace's notes file the scripts read."""
     (workspace / "notes.txt").write_text("remember the milk\n")
     with FakeOpenAI(script=script) as server:

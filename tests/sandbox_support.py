@@ -25,9 +25,26 @@ def bwrap_problem() -> str | None:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    proc = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                           "--unshare-pid", "--unshare-net", "--cap-drop", "ALL", "true"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [
+            bwrap,
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--cap-drop",
+            "ALL",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         return f"bwrap does not work here: {proc.stderr.strip()}"
     return None
@@ -66,7 +83,9 @@ class Listener:
     """A TCP listener on 127.0.0.1, outside any sandbox. `connections()` reads its backlog
     without waiting: a command that connected has done so before it exited."""
 
-    sock: socket.socket = field(default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    sock: socket.socket = field(
+        default_factory=lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    )
 
     def __post_init__(self) -> None:
         self.sock.bind(("127.0.0.1", 0))
@@ -97,8 +116,9 @@ def open_listener() -> Iterator[Listener]:
         server.sock.close()
 
 
-def drive_to_end(env: dict[str, str], cwd: Path, run_id: str, start_args: list[str],
-                 *, max_rounds: int = 60) -> tuple[Done, int]:
+def drive_to_end(
+    env: dict[str, str], cwd: Path, run_id: str, start_args: list[str], *, max_rounds: int = 60
+) -> tuple[Done, int]:
     """`start`, then approve and resume for as long as the run stops `blocked` (exit 5).
     Returns the last result and how many approvals it took."""
     done = run_cli(env, cwd, "start", *start_args, "--run-id", run_id)
@@ -113,5 +133,8 @@ def drive_to_end(env: dict[str, str], cwd: Path, run_id: str, start_args: list[s
 
 def store_bytes(db: Path) -> bytes:
     """The database as it is on disk: main file, WAL and shared memory."""
-    return b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal"),
-                                             db.with_name(db.name + "-shm")) if p.exists())
+    return b"".join(
+        p.read_bytes()
+        for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"))
+        if p.exists()
+    )

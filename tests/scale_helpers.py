@@ -61,12 +61,15 @@ def pg_schema() -> Iterator[str]:
 
 def _unavailable(reason: str) -> NoReturn:
     if in_ci():
-        pytest.fail(f"{reason} — CI=true, so the PostgreSQL tests must run (start it: {PG_START_HINT})")
+        pytest.fail(
+            f"{reason} — CI=true, so the PostgreSQL tests must run (start it: {PG_START_HINT})"
+        )
     pytest.skip(f"{reason} (set DURABLE_AGENT_TEST_PG_URL or start it: {PG_START_HINT})")
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "",
-             interval_s: float = 0.02) -> Any:
+def wait_for(
+    condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "", interval_s: float = 0.02
+) -> Any:
     """Poll until `condition()` is truthy and return it; fail the test at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -90,9 +93,13 @@ class Workers:
     def start(self, *flags: str) -> subprocess.Popen[bytes]:
         n = len(self.procs)
         with (self.logs / f"worker{n}.log").open("wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "worker", "--db", self.db, *flags],
-                                    env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "durable_agent", "worker", "--db", self.db, *flags],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         self.procs.append(proc)
         return proc
 

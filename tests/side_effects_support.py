@@ -66,8 +66,14 @@ def spawn(env: dict[str, str], cwd: Path, logs: Path, *args: str) -> Spawned:
     logs.mkdir(parents=True, exist_ok=True)
     out, err = logs / "cli.out", logs / "cli.err"
     with out.open("wb") as o, err.open("wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", *args], cwd=cwd, env=env,
-                                stdin=subprocess.DEVNULL, stdout=o, stderr=e)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_agent", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=o,
+            stderr=e,
+        )
     return Spawned(proc, out, err)
 
 
@@ -98,9 +104,12 @@ def process_state(pid: int) -> str | None:
     """The kernel's one-letter state of a process (R, S, T for stopped, Z...), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
+    except (
+        FileNotFoundError,
+        ProcessLookupError,
+    ):  # gone before the open, or between open and read
         return None
-    return stat[stat.rfind(")") + 2:].split()[0]
+    return stat[stat.rfind(")") + 2 :].split()[0]
 
 
 def query(db: Path, statement: str, *params: Any) -> list[Any]:
@@ -121,7 +130,11 @@ def poll_query(db: Path, statement: str, *params: Any) -> list[Any]:
 def assert_history_valid(db: Path, run_id: str) -> None:
     """SPEC §3: every assistant tool call has exactly one tool result, before the next
     assistant message (a call cut short still gets an honest error result)."""
-    rows = query(db, "SELECT role, tool_calls, tool_call_id FROM messages WHERE run_id=? ORDER BY seq", run_id)
+    rows = query(
+        db,
+        "SELECT role, tool_calls, tool_call_id FROM messages WHERE run_id=? ORDER BY seq",
+        run_id,
+    )
     open_ids: list[str] = []
     for role, tool_calls, tool_call_id in rows:
         if role == "assistant":

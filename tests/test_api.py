@@ -22,10 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_documented_example_runs(tmp_path: Path, env: dict[str, str]) -> None:
     doc = (ROOT / "docs" / "api.md").read_text()
     (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
-    expected = doc[doc.index("It prints:"):].split("```")[1].strip()
+    expected = doc[doc.index("It prints:") :].split("```")[1].strip()
     (tmp_path / "example.py").write_text(code)
-    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == expected
 
@@ -48,13 +54,25 @@ class Counted:
         return ToolResult(output="counted " + args.label)
 
 
-def test_budget_stop_then_resume_runs_each_tool_once(tmp_path: Path, workspace: Path, env: dict[str, str],
-                                                     write_script: Callable[..., str]) -> None:
-    model = write_script([{"tool_calls": [{"name": "count", "arguments": {"label": "a"}}]},
-                          {"tool_calls": [{"name": "count", "arguments": {"label": "b"}}]},
-                          {"content": "done"}])
-    agent = Agent(model=model, workspace=workspace, db=f"sqlite:///{tmp_path / 'api.db'}", tools=[Counted()],
-                  shell="allow", max_steps=1, env=env)
+def test_budget_stop_then_resume_runs_each_tool_once(
+    tmp_path: Path, workspace: Path, env: dict[str, str], write_script: Callable[..., str]
+) -> None:
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "count", "arguments": {"label": "a"}}]},
+            {"tool_calls": [{"name": "count", "arguments": {"label": "b"}}]},
+            {"content": "done"},
+        ]
+    )
+    agent = Agent(
+        model=model,
+        workspace=workspace,
+        db=f"sqlite:///{tmp_path / 'api.db'}",
+        tools=[Counted()],
+        shell="allow",
+        max_steps=1,
+        env=env,
+    )
     first = agent.start("count twice")
     assert (first.status, first.stop_reason) == ("budget_exceeded", "max_steps")
     done = agent.resume(first.run_id, max_steps=5)
@@ -68,9 +86,16 @@ def test_budget_stop_then_resume_runs_each_tool_once(tmp_path: Path, workspace: 
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_approve_then_resume_under_shell_ask(tmp_path: Path, workspace: Path, env: dict[str, str],
-                                             write_script: Callable[..., str], cli: Callable[..., Any]) -> None:
-    model = write_script([{"tool_calls": [{"name": "count", "arguments": {"label": "x"}}]}, {"content": "ok"}])
+def test_approve_then_resume_under_shell_ask(
+    tmp_path: Path,
+    workspace: Path,
+    env: dict[str, str],
+    write_script: Callable[..., str],
+    cli: Callable[..., Any],
+) -> None:
+    model = write_script(
+        [{"tool_calls": [{"name": "count", "arguments": {"label": "x"}}]}, {"content": "ok"}]
+    )
     db = f"sqlite:///{tmp_path / 'store.db'}"  # the CLI fixture's store: both see the same run
     agent = Agent(model=model, workspace=workspace, db=db, tools=[Counted()], shell="ask", env=env)
     blocked = agent.start("count once")

@@ -39,26 +39,44 @@ def real_db(cli: Callable[..., Result], script: str, tmp_path: Path) -> Path:
 
 
 # -- files that are not a usable database ------------------------------------------------------
-@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["export", "x"], ["db", "current"],
-                                     ["db", "upgrade"], ["start", "t", "--model", "demo"]])
-def test_a_text_file_is_not_a_database(cli: Callable[..., Result], tmp_path: Path, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["list"],
+        ["show", "x"],
+        ["export", "x"],
+        ["db", "current"],
+        ["db", "upgrade"],
+        ["start", "t", "--model", "demo"],
+    ],
+)
+def test_a_text_file_is_not_a_database(
+    cli: Callable[..., Result], tmp_path: Path, command: list[str]
+) -> None:
     text = tmp_path / "notes.txt"
     text.write_text("these are my notes\n" * 20)
-    one_error_line(cli(*command, "--db", str(text)), "cannot use the store", "notes.txt", "file is not a database")
+    one_error_line(
+        cli(*command, "--db", str(text)),
+        "cannot use the store",
+        "notes.txt",
+        "file is not a database",
+    )
     assert text.read_text() == "these are my notes\n" * 20  # not turned into a database either
 
 
 @pytest.mark.parametrize("command", [["list"], ["resume", "x"], ["start", "t", "--model", "demo"]])
-def test_a_truncated_database(cli: Callable[..., Result], real_db: Path, tmp_path: Path,
-                              command: list[str]) -> None:
+def test_a_truncated_database(
+    cli: Callable[..., Result], real_db: Path, tmp_path: Path, command: list[str]
+) -> None:
     cut = tmp_path / "cut.db"
     cut.write_bytes(real_db.read_bytes()[:100])  # the header survives, the pages are gone
     one_error_line(cli(*command, "--db", str(cut)), "cannot use the store", "cut.db", "malformed")
 
 
 @pytest.mark.parametrize("command", [["list"], ["start", "t", "--model", "demo"]])
-def test_a_device_or_a_folder_is_not_a_database(cli: Callable[..., Result], tmp_path: Path,
-                                                command: list[str]) -> None:
+def test_a_device_or_a_folder_is_not_a_database(
+    cli: Callable[..., Result], tmp_path: Path, command: list[str]
+) -> None:
     """SQLite opens /dev/null and then fails every write with "disk I/O error": that is a
     wrong --db (exit 2 at once), not a store that went away (retried, then exit 7)."""
     for path in ("/dev/null", str(tmp_path)):
@@ -68,7 +86,9 @@ def test_a_device_or_a_folder_is_not_a_database(cli: Callable[..., Result], tmp_
 def test_a_folder_that_is_a_file(cli: Callable[..., Result], tmp_path: Path) -> None:
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
-    one_error_line(cli("list", "--db", str(blocker / "sub" / "store.db")), "cannot create the database folder")
+    one_error_line(
+        cli("list", "--db", str(blocker / "sub" / "store.db")), "cannot create the database folder"
+    )
 
 
 @pytest.fixture
@@ -78,8 +98,12 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("needs root to mount a read-only tmpfs")
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
     try:
         yield mnt
@@ -91,24 +115,32 @@ def make_read_only(mnt: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
 
 
-def test_a_new_store_in_an_unwritable_folder(cli: Callable[..., Result], read_only_dir: Path,
-                                             script: str) -> None:
+def test_a_new_store_in_an_unwritable_folder(
+    cli: Callable[..., Result], read_only_dir: Path, script: str
+) -> None:
     make_read_only(read_only_dir)
     for command in (["list"], ["start", "t", "--model", script]):
-        one_error_line(cli(*command, "--db", str(read_only_dir / "new.db")),
-                       "cannot use the store", "unable to open database file")
+        one_error_line(
+            cli(*command, "--db", str(read_only_dir / "new.db")),
+            "cannot use the store",
+            "unable to open database file",
+        )
 
 
-def test_an_existing_store_on_a_read_only_file_system(cli: Callable[..., Result], read_only_dir: Path,
-                                                      real_db: Path, script: str) -> None:
+def test_an_existing_store_on_a_read_only_file_system(
+    cli: Callable[..., Result], read_only_dir: Path, real_db: Path, script: str
+) -> None:
     shutil.copy(real_db, read_only_dir / "store.db")
     make_read_only(read_only_dir)
-    one_error_line(cli("start", "t", "--model", script, "--db", str(read_only_dir / "store.db")),
-                   "cannot use the store")
+    one_error_line(
+        cli("start", "t", "--model", script, "--db", str(read_only_dir / "store.db")),
+        "cannot use the store",
+    )
 
 
-def test_list_and_show_of_a_store_on_a_read_only_file_system(cli: Callable[..., Result], read_only_dir: Path,
-                                                             real_db: Path) -> None:
+def test_list_and_show_of_a_store_on_a_read_only_file_system(
+    cli: Callable[..., Result], read_only_dir: Path, real_db: Path
+) -> None:
     """A backup or a snapshot: the plain read (store/sqlite_reads.py) opens it as it is
     (immutable: nobody can write it there), where SQLite would need to create its -shm.
     What it cannot answer (a run that is not there) is refused in one line, saying why."""
@@ -126,40 +158,68 @@ def test_list_and_show_of_a_store_on_a_read_only_file_system(cli: Callable[..., 
 
 
 # -- settings ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command", [["list"], ["show", "x"], ["db", "current"], ["worker", "--once"],
-                                     ["start", "t", "--model", "demo"], ["resume", "x"], ["demo"]])
-def test_an_empty_db_flag_is_an_error_not_the_default_store(cli: Callable[..., Result], env: dict[str, str],
-                                                            command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["list"],
+        ["show", "x"],
+        ["db", "current"],
+        ["worker", "--once"],
+        ["start", "t", "--model", "demo"],
+        ["resume", "x"],
+        ["demo"],
+    ],
+)
+def test_an_empty_db_flag_is_an_error_not_the_default_store(
+    cli: Callable[..., Result], env: dict[str, str], command: list[str]
+) -> None:
     result = cli(*command, "--db", "")
     one_error_line(result, "the store URL is empty")
-    assert not Path(env["XDG_DATA_HOME"], "durable-agent").exists()  # the default store was not touched
+    assert not Path(
+        env["XDG_DATA_HOME"], "durable-agent"
+    ).exists()  # the default store was not touched
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", ":memory:", "sqlite:///",
-                                 "sqlite+pysqlite:///", "sqlite:///?timeout=5",
-                                 "sqlite:///file::memory:?uri=true",
-                                 "sqlite:///file:x?mode=memory&cache=shared&uri=true"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://",
+        "sqlite:///:memory:",
+        ":memory:",
+        "sqlite:///",
+        "sqlite+pysqlite:///",
+        "sqlite:///?timeout=5",
+        "sqlite:///file::memory:?uri=true",
+        "sqlite:///file:x?mode=memory&cache=shared&uri=true",
+    ],
+)
 def test_an_in_memory_store_is_refused(cli: Callable[..., Result], script: str, url: str) -> None:
     # It would print "resume with ..." for a run that is gone when the process ends.
     one_error_line(cli("start", "t", "--model", script, "--db", url), "in memory", "keeps nothing")
 
 
 @pytest.mark.parametrize("query", ["mode=ro", "cache=shared&timeout=5", "immutable=1"])
-def test_an_option_sqlite_would_ignore_is_refused_not_warned_about(cli: Callable[..., Result], script: str,
-                                                                    tmp_path: Path, query: str) -> None:
+def test_an_option_sqlite_would_ignore_is_refused_not_warned_about(
+    cli: Callable[..., Result], script: str, tmp_path: Path, query: str
+) -> None:
     """`?mode=ro` without uri=true: SQLAlchemy warned in three lines and opened the file for
     writing anyway. Options it does read, and any option of an SQLite URI, still work."""
     db = tmp_path / "x.db"
     for args in (["list"], ["start", "t", "--model", script]):
-        one_error_line(cli(*args, "--db", f"sqlite:///{db}?{query}"), "only in an SQLite URI", "uri=true")
+        one_error_line(
+            cli(*args, "--db", f"sqlite:///{db}?{query}"), "only in an SQLite URI", "uri=true"
+        )
     assert not db.exists()
     assert cli("start", "t", "--model", script, "--db", f"sqlite:///{db}?timeout=5").code == 0
     listed = cli("list", "--db", f"sqlite:///file:{db}?mode=ro&uri=yes")
-    assert listed.code == 0 and "completed" in listed.stdout and "Warning" not in listed.stderr, listed
+    assert listed.code == 0 and "completed" in listed.stdout and "Warning" not in listed.stderr, (
+        listed
+    )
 
 
-def test_a_store_name_that_is_not_utf8_is_refused_in_one_line(cli: Callable[..., Result], script: str,
-                                                               tmp_path: Path) -> None:
+def test_a_store_name_that_is_not_utf8_is_refused_in_one_line(
+    cli: Callable[..., Result], script: str, tmp_path: Path
+) -> None:
     """It crashed `start` with a UnicodeEncodeError after creating an empty file."""
     name = os.fsdecode(str(tmp_path).encode() + b"/st\xff.db")
     for args in (["start", "t", "--model", script], ["list"], ["show", "x"]):
@@ -167,29 +227,55 @@ def test_a_store_name_that_is_not_utf8_is_refused_in_one_line(cli: Callable[...,
     assert list(tmp_path.glob("st*")) == []
 
 
-@pytest.mark.parametrize("flag", [["--max-seconds", "inf"], ["--max-seconds", "nan"], ["--max-seconds=-inf"],
-                                  ["--max-cost", "inf"], ["--max-cost", "nan"]])
-def test_non_finite_budgets_are_refused(cli: Callable[..., Result], script: str, flag: list[str],
-                                        sql: Callable[..., list[object]], db_path: Path) -> None:
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--max-seconds", "inf"],
+        ["--max-seconds", "nan"],
+        ["--max-seconds=-inf"],
+        ["--max-cost", "inf"],
+        ["--max-cost", "nan"],
+    ],
+)
+def test_non_finite_budgets_are_refused(
+    cli: Callable[..., Result],
+    script: str,
+    flag: list[str],
+    sql: Callable[..., list[object]],
+    db_path: Path,
+) -> None:
     field = flag[0].split("=")[0][2:].replace("-", "_")
     one_error_line(cli("start", "t", "--model", script, *flag), "finite", field)
     assert not db_path.exists() or sql("SELECT count(*) FROM runs") == [(0,)]
 
 
-def test_non_finite_numbers_in_the_config_file_are_refused(cli: Callable[..., Result], script: str,
-                                                           tmp_path: Path) -> None:
-    for line in ("max_seconds = inf", "max_cost = nan", "command_timeout_s = inf", "lease_seconds = nan",
-                 'prices."m" = {input_per_mtok = inf, output_per_mtok = 1.0}'):
+def test_non_finite_numbers_in_the_config_file_are_refused(
+    cli: Callable[..., Result], script: str, tmp_path: Path
+) -> None:
+    for line in (
+        "max_seconds = inf",
+        "max_cost = nan",
+        "command_timeout_s = inf",
+        "lease_seconds = nan",
+        'prices."m" = {input_per_mtok = inf, output_per_mtok = 1.0}',
+    ):
         config = tmp_path / "config.toml"
         config.write_text(line + "\n")
-        result = cli("start", "t", "--model", script, extra_env={"DURABLE_AGENT_CONFIG": str(config)})
+        result = cli(
+            "start", "t", "--model", script, extra_env={"DURABLE_AGENT_CONFIG": str(config)}
+        )
         one_error_line(result, "finite")
 
 
 def test_resume_refuses_a_non_finite_raise_and_keeps_the_recorded_budget(
-        cli: Callable[..., Result], write_script: Callable[..., str], sql: Callable[..., list[object]]) -> None:
-    model = write_script([{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}])
-    started = cli("start", "t", "--model", model, "--max-steps", "1", "--max-seconds", "30", "--json")
+    cli: Callable[..., Result], write_script: Callable[..., str], sql: Callable[..., list[object]]
+) -> None:
+    model = write_script(
+        [{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]
+    )
+    started = cli(
+        "start", "t", "--model", model, "--max-steps", "1", "--max-seconds", "30", "--json"
+    )
     assert started.code == 3, started.stderr
     run_id = started.json()["run_id"]
     one_error_line(cli("resume", run_id, "--max-seconds", "inf"), "finite")
@@ -198,7 +284,16 @@ def test_resume_refuses_a_non_finite_raise_and_keeps_the_recorded_budget(
     assert json.loads(sql("SELECT settings FROM runs")[0][0])["max_seconds"] == 30.0
 
 
-@pytest.mark.parametrize("flag", [["--lease-seconds", "inf"], ["--lease-seconds", "nan"], ["--poll", "nan"],
-                                  ["--poll", "inf"], ["--poll", "1e300"], ["--lease-seconds", "1e12"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--lease-seconds", "inf"],
+        ["--lease-seconds", "nan"],
+        ["--poll", "nan"],
+        ["--poll", "inf"],
+        ["--poll", "1e300"],
+        ["--lease-seconds", "1e12"],
+    ],
+)
 def test_worker_refuses_non_finite_times(cli: Callable[..., Result], flag: list[str]) -> None:
     one_error_line(cli("worker", "--once", *flag))

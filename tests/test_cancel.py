@@ -34,20 +34,45 @@ def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     config.write_text('sandbox = "off"\n')
     return {**env, "DURABLE_AGENT_CONFIG": str(config)}
 
+
 # The shell writes its pid, starts a grandchild in the background and writes that pid,
 # then waits: both must be gone after the cancel, long before 30 s.
 SLEEPER = "echo $$ > shell.pid; sleep 30 & echo $! > child.pid; sleep 30"
-SCRIPT = [{"tool_calls": [{"name": "run_command", "arguments": {"command": SLEEPER}}]},
-          {"content": "done after resume"}]
+SCRIPT = [
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": SLEEPER}}]},
+    {"content": "done after resume"},
+]
 
 
-def _start_sleeper(env: dict[str, str], workspace: Path, db: Path, tmp_path: Path, script: str,
-                   command_started: bool = True) -> tuple[Spawned, int, list[int]]:
-    cli = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", script, "--shell", "allow",
-                "--run-id", "c")
-    pgid = wait_for(lambda: poll_query(db, "SELECT pgid FROM steps WHERE tool_name='run_command' "
-                                           "AND state='started' AND pgid IS NOT NULL"),
-                    what="the running command's pgid")[0][0]
+def _start_sleeper(
+    env: dict[str, str],
+    workspace: Path,
+    db: Path,
+    tmp_path: Path,
+    script: str,
+    command_started: bool = True,
+) -> tuple[Spawned, int, list[int]]:
+    cli = spawn(
+        env,
+        workspace,
+        tmp_path / "logs",
+        "start",
+        "t",
+        "--model",
+        script,
+        "--shell",
+        "allow",
+        "--run-id",
+        "c",
+    )
+    pgid = wait_for(
+        lambda: poll_query(
+            db,
+            "SELECT pgid FROM steps WHERE tool_name='run_command' "
+            "AND state='started' AND pgid IS NOT NULL",
+        ),
+        what="the running command's pgid",
+    )[0][0]
     pids = wait_for(lambda: _pids(workspace), what="the command's pid files")
     assert all(pid_alive(p) for p in pids) and process_group_alive(pgid)
     return cli, pgid, pids
@@ -62,7 +87,9 @@ def _pids(workspace: Path) -> list[int] | None:
     return [int(t) for t in texts] if all(texts) else None
 
 
-def _assert_cancelled_and_clean(cli: Spawned, pgid: int, pids: list[int], db: Path, started: float) -> None:
+def _assert_cancelled_and_clean(
+    cli: Spawned, pgid: int, pids: list[int], db: Path, started: float
+) -> None:
     assert cli.wait(timeout=25) == 4, cli.stderr()
     assert time.monotonic() - started < 20, "the command was waited for instead of killed"
     # Nothing of the command survives: not the shell, not its background grandchild.
@@ -78,7 +105,8 @@ def _assert_cancelled_and_clean(cli: Spawned, pgid: int, pids: list[int], db: Pa
 
 
 def test_ctrl_c_kills_the_command_group_and_resume_continues(
-        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, workspace, db_path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, write_script(SCRIPT))
     started = time.monotonic()
     try:
@@ -96,14 +124,17 @@ def test_ctrl_c_kills_the_command_group_and_resume_continues(
 
 
 def test_cancel_from_another_shell_kills_the_command_promptly(
-        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, workspace, db_path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, write_script(SCRIPT))
     started = time.monotonic()
     try:
         r = cli("cancel", "c")
         assert r.code == 0 and r.stdout.startswith("cancellation requested"), r.stdout + r.stderr
         # Not only at the next lease heartbeat (every 10 s by default): within a second or so.
-        wait_for(lambda: not process_group_alive(pgid), timeout_s=8, what="the command to be killed")
+        wait_for(
+            lambda: not process_group_alive(pgid), timeout_s=8, what="the command to be killed"
+        )
         _assert_cancelled_and_clean(proc, pgid, pids, db_path, started)
     finally:
         proc.kill()
@@ -112,17 +143,24 @@ def test_cancel_from_another_shell_kills_the_command_promptly(
 
 
 def test_second_ctrl_c_stops_now_and_still_records_the_call(
-        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, workspace, db_path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # The shell ignores SIGTERM, so after the first Ctrl-C the command lingers in its grace
     # period (SIGKILL comes 2 s later): the second Ctrl-C lands while it still runs.
     stubborn = "trap '' TERM; " + SLEEPER.replace("sleep 30 &", "(trap '' TERM; sleep 30) &")
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": stubborn}}]},
-                           {"content": "done after resume"}])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": stubborn}}]},
+            {"content": "done after resume"},
+        ]
+    )
     proc, pgid, pids = _start_sleeper(env, workspace, db_path, tmp_path, script)
     started = time.monotonic()
     try:
         proc.proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "cancelling at the next step boundary" in proc.stderr(), what="the first Ctrl-C")
+        wait_for(
+            lambda: "cancelling at the next step boundary" in proc.stderr(), what="the first Ctrl-C"
+        )
         proc.proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=25) == 4, proc.stderr()
     finally:
@@ -141,14 +179,30 @@ def test_second_ctrl_c_stops_now_and_still_records_the_call(
 
 
 def test_ctrl_c_during_verification_is_not_a_failed_check(
-        cli, write_script, env, workspace, db_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, workspace, db_path, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     (workspace / "slow").write_text("")
     verify = "echo $$ > shell.pid; echo $$ > child.pid; if [ -f slow ]; then sleep 30; fi"
-    proc = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", write_script([{"content": "done"}]),
-                 "--verify", verify, "--run-id", "c")
+    proc = spawn(
+        env,
+        workspace,
+        tmp_path / "logs",
+        "start",
+        "t",
+        "--model",
+        write_script([{"content": "done"}]),
+        "--verify",
+        verify,
+        "--run-id",
+        "c",
+    )
     try:
-        wait_for(lambda: poll_query(db_path, "SELECT 1 FROM steps WHERE kind='verify' AND state='started'"),
-                 what="the verify step")
+        wait_for(
+            lambda: poll_query(
+                db_path, "SELECT 1 FROM steps WHERE kind='verify' AND state='started'"
+            ),
+            what="the verify step",
+        )
         pid = wait_for(lambda: _pids(workspace), what="the verify command")[0]
         proc.proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=25) == 4, proc.stderr()
@@ -157,8 +211,12 @@ def test_ctrl_c_during_verification_is_not_a_failed_check(
     assert not pid_alive(pid)
     # A cancelled check says nothing about the answer: the model is not told it failed,
     # and resume runs the check again on the same step.
-    assert query(db_path, "SELECT state, error FROM steps WHERE kind='verify'") == [("failed", "cancelled")]
-    assert query(db_path, "SELECT count(*) FROM messages WHERE content LIKE 'Verification failed%'") == [(0,)]
+    assert query(db_path, "SELECT state, error FROM steps WHERE kind='verify'") == [
+        ("failed", "cancelled")
+    ]
+    assert query(
+        db_path, "SELECT count(*) FROM messages WHERE content LIKE 'Verification failed%'"
+    ) == [(0,)]
     (workspace / "slow").unlink()
     # A person changed the workspace since the last snapshot: resume asks before going on.
     r = cli("resume", "c")
@@ -166,7 +224,9 @@ def test_ctrl_c_during_verification_is_not_a_failed_check(
     assert cli("approve", "c").code == 0
     r = cli("resume", "c")
     assert r.code == 0 and r.stdout.strip() == "done", r.stderr
-    assert query(db_path, "SELECT state, attempts FROM steps WHERE kind='verify'") == [("completed", 2)]
+    assert query(db_path, "SELECT state, attempts FROM steps WHERE kind='verify'") == [
+        ("completed", 2)
+    ]
     assert query(db_path, "SELECT step_count FROM runs") == [(1,)]
 
 
@@ -177,11 +237,32 @@ def test_sigterm_cancels_like_ctrl_c(env, write_script, workspace, sql) -> None:
     import sys as _sys
     import time as _time
 
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 30"}}]},
-                           {"content": "done"}])
-    proc = _subprocess.Popen([_sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
-                              "--shell", "allow", "--run-id", "term", "--quiet"], env=env, cwd=workspace,
-                             stdout=_subprocess.DEVNULL, stderr=_subprocess.DEVNULL)
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 30"}}]},
+            {"content": "done"},
+        ]
+    )
+    proc = _subprocess.Popen(
+        [
+            _sys.executable,
+            "-m",
+            "durable_agent",
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+            "--run-id",
+            "term",
+            "--quiet",
+        ],
+        env=env,
+        cwd=workspace,
+        stdout=_subprocess.DEVNULL,
+        stderr=_subprocess.DEVNULL,
+    )
     deadline = _time.monotonic() + 30
     while _time.monotonic() < deadline:
         try:
@@ -200,8 +281,13 @@ def test_sigterm_cancels_like_ctrl_c(env, write_script, workspace, sql) -> None:
 @pytest.mark.parametrize("waiting_on", ["the answer", "a backoff"])
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_cancel_stops_a_run_waiting_on_the_model_at_once(
-        waiting_on: str, cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path,
-        db_path: Path) -> None:
+    waiting_on: str,
+    cli: Callable[..., Any],
+    env: dict[str, str],
+    workspace: Path,
+    tmp_path: Path,
+    db_path: Path,
+) -> None:
     # The cancel was seen only at the next step boundary: after the model answered (up to
     # request_timeout_s, 10 minutes by default), or after a backoff between two tries.
     from provider_support import serve
@@ -228,12 +314,13 @@ def test_cancel_stops_a_run_waiting_on_the_model_at_once(
         assert len(ep.server.requests) == 1
     assert query(db_path, "SELECT status, stop_reason FROM runs") == [("cancelled", "cancelled")]
     assert query(db_path, "SELECT kind, state, error FROM steps") == [
-        ("model", "failed", "cancelled while waiting for the model's answer")]
-
+        ("model", "failed", "cancelled while waiting for the model's answer")
+    ]
 
 
 def test_the_cancel_watch_is_the_sessions_heartbeat_not_a_thread_per_call(
-        cli_inproc, write_script, workspace, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, write_script, workspace, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """A thread started and joined around every command and model call cost a step about a
     quarter of a millisecond; the session's heartbeat polls the flag instead."""
     import threading
@@ -246,9 +333,24 @@ def test_the_cancel_watch_is_the_sessions_heartbeat_not_a_thread_per_call(
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", counting_start)
-    commands = [{"tool_calls": [{"name": "run_command", "arguments": {"command": f"echo {i}"}}]} for i in range(8)]
-    result = cli_inproc("start", "t", "--shell", "allow", "--sandbox", "off", "--run-id", "cmds",
-                        "--model", write_script([*commands, {"content": "done"}]), "--verify", "true")
+    commands = [
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": f"echo {i}"}}]}
+        for i in range(8)
+    ]
+    result = cli_inproc(
+        "start",
+        "t",
+        "--shell",
+        "allow",
+        "--sandbox",
+        "off",
+        "--run-id",
+        "cmds",
+        "--model",
+        write_script([*commands, {"content": "done"}]),
+        "--verify",
+        "true",
+    )
     assert result.code == 0, result.err
     assert started.count("lease-heartbeat") == 1, started  # guard the check: starts are counted
     assert started.count("cancel-watch") == 0, started
@@ -275,10 +377,12 @@ class _CountingJournal:
 
 
 def test_the_heartbeat_looks_for_a_cancel_only_while_a_call_is_armed() -> None:
-    from durable_agent.heartbeat import Heartbeat, watch_cancel
+    from durable_agent.loop.heartbeat import Heartbeat, watch_cancel
 
     assert _beat(1.0, 5.0, armed=False).looked_at == []  # renewals only (they bring the flag too)
-    assert _beat(1.0, 5.0, armed=True).looked_at == pytest.approx([0.5, 1.5, 2.5, 3.5, 4.5], abs=1e-5)
+    assert _beat(1.0, 5.0, armed=True).looked_at == pytest.approx(
+        [0.5, 1.5, 2.5, 3.5, 4.5], abs=1e-5
+    )
     # The real thread: an armed call sees the flag within a look; the end disarms it.
     journal = _CountingJournal()
     cancel = threading.Event()
@@ -290,7 +394,7 @@ def test_the_heartbeat_looks_for_a_cancel_only_while_a_call_is_armed() -> None:
 
 
 def test_without_a_heartbeat_the_cancel_watch_has_a_thread_of_its_own() -> None:
-    from durable_agent.heartbeat import watch_cancel
+    from durable_agent.loop.heartbeat import watch_cancel
 
     journal = _CountingJournal()
     cancel = threading.Event()
@@ -339,7 +443,7 @@ class _TimedJournal:
 
 
 def _beat(interval: float, until: float, *, armed: bool, looks_fail: bool = False) -> _TimedJournal:
-    from durable_agent.heartbeat import Heartbeat
+    from durable_agent.loop.heartbeat import Heartbeat
 
     clock = _FakeTime(until)
     journal = _TimedJournal(clock, looks_fail=looks_fail)
@@ -354,7 +458,9 @@ def test_the_lease_is_renewed_every_interval_not_at_the_next_tick_after_it() -> 
     """A renewal rounded up to the half-second look came up to 0.5 s late: with a lease
     of 1.6 s only 0.59 s of it was left, and a writer holding the lock that long lost the run."""
     journal = _beat(1.6 / 3, 3.0, armed=False)
-    assert journal.renewed_at == pytest.approx([0.533333, 1.066667, 1.6, 2.133333, 2.666667], abs=1e-5)
+    assert journal.renewed_at == pytest.approx(
+        [0.533333, 1.066667, 1.6, 2.133333, 2.666667], abs=1e-5
+    )
     journal = _beat(1.6, 7.0, armed=True)
     assert journal.renewed_at == pytest.approx([1.6, 3.2, 4.8, 6.4], abs=1e-5)
     assert len(journal.looked_at) >= 8  # armed: a look every half second between them

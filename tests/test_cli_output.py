@@ -16,9 +16,9 @@ def one_object(stdout: str) -> dict[str, Any]:
     return value
 
 
-def test_detached_start_and_resume_print_one_json_object(cli_inproc: Callable[..., Any],
-                                                         write_script: Callable[..., str],
-                                                         sql: Callable[..., list[Any]]) -> None:
+def test_detached_start_and_resume_print_one_json_object(
+    cli_inproc: Callable[..., Any], write_script: Callable[..., str], sql: Callable[..., list[Any]]
+) -> None:
     model = write_script([DONE])
     started = cli_inproc("start", "t", "--model", model, "--detach", "--json")
     assert started.code == 0, started.stderr
@@ -35,7 +35,9 @@ def test_detached_start_and_resume_print_one_json_object(cli_inproc: Callable[..
     assert one_object(resumed.stdout) == {"run_id": out["run_id"], "status": "pending"}
 
 
-def test_every_json_flag_prints_json_only(cli_inproc: Callable[..., Any], write_script: Callable[..., str]) -> None:
+def test_every_json_flag_prints_json_only(
+    cli_inproc: Callable[..., Any], write_script: Callable[..., str]
+) -> None:
     done = cli_inproc("start", "t", "--model", write_script([DONE]), "--json")
     run_id = one_object(done.stdout)["run_id"]
     assert one_object(cli_inproc("show", run_id, "--json").stdout)["id"] == run_id
@@ -54,8 +56,9 @@ def test_resume_help_says_the_recorded_budget_applies(cli: Callable[..., Any]) -
     assert "(default 50)" in start  # start keeps its defaults
 
 
-def test_model_calls_and_steps_are_named_apart(cli: Callable[..., Any], write_script: Callable[..., str],
-                                                workspace: Any) -> None:
+def test_model_calls_and_steps_are_named_apart(
+    cli: Callable[..., Any], write_script: Callable[..., str], workspace: Any
+) -> None:
     (workspace / "a.txt").write_text("hi\n")
     read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
     model = write_script([read, read, DONE])
@@ -77,35 +80,66 @@ def test_model_calls_and_steps_are_named_apart(cli: Callable[..., Any], write_sc
     assert listed[1].split()[:3] == ["w1", "completed", "3"]  # model calls, not the 5 steps
 
 
-def test_the_json_result_names_model_calls(cli_inproc: Callable[..., Any], write_script: Callable[..., str],
-                                           workspace: Any) -> None:
+def test_the_json_result_names_model_calls(
+    cli_inproc: Callable[..., Any], write_script: Callable[..., str], workspace: Any
+) -> None:
     (workspace / "a.txt").write_text("hi\n")
     read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
-    out = one_object(cli_inproc("start", "t", "--model", write_script([read, DONE]), "--json").stdout)
+    out = one_object(
+        cli_inproc("start", "t", "--model", write_script([read, DONE]), "--json").stdout
+    )
     # `steps` is the contract's name for model calls (as --max-steps counts them), kept;
     # `model_calls` says it in the timeline's words.
     assert (out["model_calls"], out["steps"], out["tool_calls"]) == (2, 2, 1)
 
 
-def test_a_run_the_store_is_lost_under_still_prints_one_json_object(cli: Callable[..., Any],
-                                                                     write_script: Callable[..., str],
-                                                                     tmp_path: Any) -> None:
+def test_a_run_the_store_is_lost_under_still_prints_one_json_object(
+    cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Any
+) -> None:
     # Exit 7 (the store unavailable) left stdout empty: a script's `json.loads` failed, and
     # only stderr named the run to resume.
-    model = write_script([{"tool_calls": [{"name": "read_file", "arguments": {"path": "nope"}}]}] * 3 + [DONE])
+    model = write_script(
+        [{"tool_calls": [{"name": "read_file", "arguments": {"path": "nope"}}]}] * 3 + [DONE]
+    )
     log = tmp_path / "faults.log"
-    assert cli("start", "t", "--model", write_script([DONE]), "--quiet").code == 0  # the store made: counts alike
-    counted = cli("start", "t", "--model", model, "--json", "--run-id", "count",
-                  extra_env={"DURABLE_AGENT_FAULT": "full", "DURABLE_AGENT_FAULT_AT": "1000000",
-                             "DURABLE_AGENT_FAULT_LOG": str(log)})
+    assert (
+        cli("start", "t", "--model", write_script([DONE]), "--quiet").code == 0
+    )  # the store made: counts alike
+    counted = cli(
+        "start",
+        "t",
+        "--model",
+        model,
+        "--json",
+        "--run-id",
+        "count",
+        extra_env={
+            "DURABLE_AGENT_FAULT": "full",
+            "DURABLE_AGENT_FAULT_AT": "1000000",
+            "DURABLE_AGENT_FAULT_LOG": str(log),
+        },
+    )
     assert counted.code == 0, counted.stderr
     statements = int(log.read_text().split("statements ")[-1].split()[0])
-    stopped = cli("start", "t", "--model", model, "--json", "--run-id", "cut",
-                  extra_env={"DURABLE_AGENT_FAULT": "full", "DURABLE_AGENT_FAULT_AT": str(statements // 2),
-                             "DURABLE_AGENT_FAULT_REPEAT": "100000"})
+    stopped = cli(
+        "start",
+        "t",
+        "--model",
+        model,
+        "--json",
+        "--run-id",
+        "cut",
+        extra_env={
+            "DURABLE_AGENT_FAULT": "full",
+            "DURABLE_AGENT_FAULT_AT": str(statements // 2),
+            "DURABLE_AGENT_FAULT_REPEAT": "100000",
+        },
+    )
     assert stopped.code == 7, stopped.stderr
     out = one_object(stopped.stdout)
-    assert out["run_id"] == "cut" and out["status"] is None and "store is unavailable" in out["error"]
+    assert (
+        out["run_id"] == "cut" and out["status"] is None and "store is unavailable" in out["error"]
+    )
     assert set(out) == set(one_object(counted.stdout))  # the same keys as any result
     resumed = cli("resume", "cut", "--json")
     assert resumed.code == 0 and one_object(resumed.stdout)["status"] == "completed", resumed.stderr

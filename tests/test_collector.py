@@ -1,4 +1,4 @@
-"""The garbage collector around a command (durable_agent/collector.py): paused for the
+"""The garbage collector around a command (durable_agent/cli/collector.py): paused for the
 start-up, on (with the start-up frozen) for a run's loop, and as it was after `main`."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 
 def test_a_run_loops_with_the_collector_on_and_main_leaves_it_as_it_found_it(
-        cli_inproc, write_script, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from durable_agent.runner import Runner
+    cli_inproc, write_script, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from durable_agent.loop.runner import Runner
 
     seen: list[tuple[bool, int]] = []
     real = Runner.execute
@@ -22,7 +23,9 @@ def test_a_run_loops_with_the_collector_on_and_main_leaves_it_as_it_found_it(
 
     monkeypatch.setattr(Runner, "execute", execute)
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    result = cli_inproc("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g1")
+    result = cli_inproc(
+        "start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g1"
+    )
     assert result.code == 0, result.err
     assert len(seen) == 1 and seen[0][0] and seen[0][1] > 1000, seen  # on, the start-up frozen
     assert gc.isenabled() and gc.get_freeze_count() == 0
@@ -45,7 +48,7 @@ def test_the_start_up_sets_off_no_collection(env: dict[str, str], workspace, wri
 
     code = (
         "import gc, json, sys\n"
-        "from durable_agent.cli import main\n"
+        "from durable_agent.cli.parser import main\n"
         "seen, inside = [], [False]\n"
         "gc.callbacks.append(lambda phase, info: phase == 'start' and inside[0]"
         " and seen.append((info['generation'], gc.get_freeze_count() > 0)))\n"
@@ -55,10 +58,32 @@ def test_the_start_up_sets_off_no_collection(env: dict[str, str], workspace, wri
         "print(json.dumps(seen))\n"
         "sys.exit(code)\n"
     )
-    script = write_script([{"tool_calls": [{"name": "read_file", "arguments": {"path": f"f{i}"}}]}
-                           for i in range(300)] + [{"content": "done"}])
-    out = subprocess.run([sys.executable, "-c", code, "start", "t", "--model", script, "--quiet", "--max-steps", "400"],
-                         env=env, cwd=workspace, capture_output=True, text=True, timeout=120)
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": f"f{i}"}}]}
+            for i in range(300)
+        ]
+        + [{"content": "done"}]
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "start",
+            "t",
+            "--model",
+            script,
+            "--quiet",
+            "--max-steps",
+            "400",
+        ],
+        env=env,
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert [s for s in seen if not s[1]] == [], seen  # none while starting up
@@ -67,7 +92,8 @@ def test_the_start_up_sets_off_no_collection(env: dict[str, str], workspace, wri
 
 @pytest.mark.parametrize("command", ["worker", "ui"])
 def test_the_long_lived_commands_run_with_the_collector_on(
-        cli_inproc, monkeypatch: pytest.MonkeyPatch, command: str) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:  # type: ignore[no-untyped-def]
     import durable_agent.ui.serve as serve_module
     import durable_agent.worker as worker_module
 
@@ -80,15 +106,21 @@ def test_the_long_lived_commands_run_with_the_collector_on(
 
 
 def test_main_leaves_a_callers_collector_off_and_its_frozen_objects_frozen(
-        cli_inproc, write_script) -> None:  # type: ignore[no-untyped-def]
-    from durable_agent.cli import main
+    cli_inproc, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    from durable_agent.cli.parser import main
 
     gc.disable()
     try:
         with pytest.raises(SystemExit):
             main(["--version"])
         assert not gc.isenabled()
-        assert cli_inproc("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g3").code == 0
+        assert (
+            cli_inproc(
+                "start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g3"
+            ).code
+            == 0
+        )
         assert not gc.isenabled()
     finally:
         gc.enable()
@@ -96,7 +128,12 @@ def test_main_leaves_a_callers_collector_off_and_its_frozen_objects_frozen(
     try:
         frozen = gc.get_freeze_count()
         assert frozen > 1000
-        assert cli_inproc("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g4").code == 0
+        assert (
+            cli_inproc(
+                "start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "g4"
+            ).code
+            == 0
+        )
         after = gc.get_freeze_count()  # (frozen objects freed by their counts leave it)
         assert frozen - 1000 < after <= frozen and gc.isenabled()  # not unfrozen, nothing added
     finally:

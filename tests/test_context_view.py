@@ -8,17 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_agent.context_budget import DEFAULT_WINDOW, calibrate, context_window, request_budget
-from durable_agent.context_view import HEAD, ContextView, stub_text
+from durable_agent.config.settings import Settings
+from durable_agent.context.budget import DEFAULT_WINDOW, calibrate, context_window, request_budget
+from durable_agent.context.view import HEAD, ContextView, stub_text
+from durable_agent.loop.replay import rebuild
 from durable_agent.messages import Message, ToolCall
-from durable_agent.replay import rebuild
-from durable_agent.settings import Settings
 
 
 def history(calls_per_turn: list[int]) -> list[Message]:
     out = [Message("system", "sys"), Message("user", "task")]
     for t, n in enumerate(calls_per_turn):
-        calls = tuple(ToolCall(f"call_{t}_{i}", "read_file", f'{{"path": "f{t}_{i}"}}') for i in range(n))
+        calls = tuple(
+            ToolCall(f"call_{t}_{i}", "read_file", f'{{"path": "f{t}_{i}"}}') for i in range(n)
+        )
         out.append(Message("assistant", None if n else "thinking", tool_calls=calls))
         out += [Message("tool", f"content {c.id}" * 50, tool_call_id=c.id) for c in calls]
     return out
@@ -41,20 +43,30 @@ def test_calibration_follows_the_provider_within_bounds() -> None:
 
 def test_a_stub_names_the_tool_the_size_and_read_output() -> None:
     assert stub_text("call_12", "read_file", "x" * 6144) == (
-        '[output of read_file call_12 elided: 6,144 bytes; call read_output("call_12") to see it again]')
+        '[output of read_file call_12 elided: 6,144 bytes; call read_output("call_12") to see it again]'
+    )
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=2, max_size=12), st.data())
-def test_a_tool_call_and_its_results_are_never_split(calls_per_turn: list[int], data: st.DataObject) -> None:
+def test_a_tool_call_and_its_results_are_never_split(
+    calls_per_turn: list[int], data: st.DataObject
+) -> None:
     messages = history(calls_per_turn)
     assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
     cut = data.draw(st.sampled_from(assistants))
     tools = [i for i, m in enumerate(messages) if m.role == "tool" and i >= cut]
     elided = data.draw(st.lists(st.sampled_from(tools), unique=True)) if tools else []
-    state = rebuild("r", messages, active_ms=0, model_tokens=(0, 0),
-                    compactions=[{"stage": "elide", "turn": 1, "elided": elided},
-                                 {"stage": "summarize", "turn": 2, "start": cut, "summary": "S"}])
+    state = rebuild(
+        "r",
+        messages,
+        active_ms=0,
+        model_tokens=(0, 0),
+        compactions=[
+            {"stage": "elide", "turn": 1, "elided": elided},
+            {"stage": "summarize", "turn": 2, "start": cut, "summary": "S"},
+        ],
+    )
     request = state.request()
     assert request[:HEAD] == messages[:HEAD]
     called = [c.id for m in request if m.role == "assistant" for c in m.tool_calls]
@@ -68,10 +80,12 @@ def test_a_tool_call_and_its_results_are_never_split(calls_per_turn: list[int], 
     assert live.request(messages) == request
 
 
-def test_openai_models_are_counted_with_tiktoken_when_it_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_openai_models_are_counted_with_tiktoken_when_it_is_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import types
 
-    from durable_agent import context_budget
+    from durable_agent.context import budget as context_budget
 
     class Encoding:
         def encode(self, text: str, disallowed_special: tuple[str, ...] = ()) -> list[int]:
@@ -83,6 +97,8 @@ def test_openai_models_are_counted_with_tiktoken_when_it_is_there(monkeypatch: p
     monkeypatch.setattr(context_budget, "_COUNTERS", {})
     text = "a few words of text " * 10
     assert context_budget.text_counter("gpt-4o-mini")(text) == 50
-    assert context_budget.text_counter("qwen2.5-coder")(text) == (len(text) + 3) // 4  # the estimate
+    assert (
+        context_budget.text_counter("qwen2.5-coder")(text) == (len(text) + 3) // 4
+    )  # the estimate
     fake.encoding_for_model = lambda name: (_ for _ in ()).throw(KeyError(name))  # type: ignore[attr-defined]
     assert context_budget.text_counter("gpt-unknown")(text) == (len(text) + 3) // 4

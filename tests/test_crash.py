@@ -24,24 +24,52 @@ import pytest
 def script_turns() -> list[dict[str, Any]]:
     """41 model turns over read, write and edit tools; edits chain on one file."""
     turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "log.txt", "content": "END\n"}}]}
+        {
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "log.txt", "content": "END\n"}}
+            ]
+        }
     ]
     for i in range(19):
-        turns.append({"tool_calls": [
-            {"name": "write_file", "arguments": {"path": f"src/f{i}.txt", "content": f"value {i}\n"}},
-            {"name": "read_file", "arguments": {"path": f"src/f{i}.txt"}},
-        ]})
-        turns.append({"tool_calls": [
-            {"name": "edit_file", "arguments": {"path": "log.txt", "old_string": "END", "new_string": f"line {i}\nEND"}},
-            {"name": "search_text", "arguments": {"pattern": "value", "path": "src"}},
-        ]})
-    turns.append({"tool_calls": [{"name": "list_files", "arguments": {"path": ".", "max_depth": 3}}]})
+        turns.append(
+            {
+                "tool_calls": [
+                    {
+                        "name": "write_file",
+                        "arguments": {"path": f"src/f{i}.txt", "content": f"value {i}\n"},
+                    },
+                    {"name": "read_file", "arguments": {"path": f"src/f{i}.txt"}},
+                ]
+            }
+        )
+        turns.append(
+            {
+                "tool_calls": [
+                    {
+                        "name": "edit_file",
+                        "arguments": {
+                            "path": "log.txt",
+                            "old_string": "END",
+                            "new_string": f"line {i}\nEND",
+                        },
+                    },
+                    {"name": "search_text", "arguments": {"pattern": "value", "path": "src"}},
+                ]
+            }
+        )
+    turns.append(
+        {"tool_calls": [{"name": "list_files", "arguments": {"path": ".", "max_depth": 3}}]}
+    )
     turns.append({"content": "finished the chores"})
     return turns
 
 
 def tree(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_text()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | None = None) -> int:
@@ -56,21 +84,45 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | 
 
 def check_ledger(sql, run_id: str, turns: int) -> None:  # type: ignore[no-untyped-def]
     assert sql("SELECT status, stop_reason, answer FROM runs WHERE id=?", run_id)[0] == (
-        "completed", "finished", "finished the chores")
-    assert sql("SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id=? GROUP BY 1 HAVING COUNT(*) > 1",
-               run_id) == []
-    per_turn = sql("SELECT turn, COUNT(*) FROM steps WHERE run_id=? AND kind='model' AND state='completed' "
-                   "GROUP BY turn ORDER BY turn", run_id)
+        "completed",
+        "finished",
+        "finished the chores",
+    )
+    assert (
+        sql(
+            "SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id=? GROUP BY 1 HAVING COUNT(*) > 1",
+            run_id,
+        )
+        == []
+    )
+    per_turn = sql(
+        "SELECT turn, COUNT(*) FROM steps WHERE run_id=? AND kind='model' AND state='completed' "
+        "GROUP BY turn ORDER BY turn",
+        run_id,
+    )
     assert per_turn == [(t, 1) for t in range(turns)], "each model turn completed exactly once"
-    assert sql("SELECT COUNT(*) FROM steps WHERE run_id=? AND state != 'completed'", run_id) == [(0,)]
+    assert sql("SELECT COUNT(*) FROM steps WHERE run_id=? AND state != 'completed'", run_id) == [
+        (0,)
+    ]
     # The run's totals agree with its history.
-    assert sql("SELECT step_count, tool_call_count, message_count FROM runs WHERE id=?", run_id) == [(
-        turns,
-        sql("SELECT COUNT(*) FROM messages WHERE run_id=? AND role='tool'", run_id)[0][0],
-        sql("SELECT COUNT(*) FROM messages WHERE run_id=?", run_id)[0][0])]
+    assert sql(
+        "SELECT step_count, tool_call_count, message_count FROM runs WHERE id=?", run_id
+    ) == [
+        (
+            turns,
+            sql("SELECT COUNT(*) FROM messages WHERE run_id=? AND role='tool'", run_id)[0][0],
+            sql("SELECT COUNT(*) FROM messages WHERE run_id=?", run_id)[0][0],
+        )
+    ]
     # One tool message per call, no call answered twice.
-    assert sql("SELECT tool_call_id, COUNT(*) FROM messages WHERE run_id=? AND role='tool' "
-               "GROUP BY 1 HAVING COUNT(*) > 1", run_id) == []
+    assert (
+        sql(
+            "SELECT tool_call_id, COUNT(*) FROM messages WHERE run_id=? AND role='tool' "
+            "GROUP BY 1 HAVING COUNT(*) > 1",
+            run_id,
+        )
+        == []
+    )
 
 
 @pytest.fixture
@@ -92,9 +144,16 @@ def reference(tmp_path: Path, env: dict[str, str], scripted: tuple[str, int]) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("every", [6, 7])  # odd: just before a commit; even: just after
-def test_crash_at_every_kth_checkpoint_then_resume(every, tmp_path, env, workspace, scripted, reference, sql) -> None:  # type: ignore[no-untyped-def]
+def test_crash_at_every_kth_checkpoint_then_resume(
+    every, tmp_path, env, workspace, scripted, reference, sql
+) -> None:  # type: ignore[no-untyped-def]
     model, turns = scripted
-    code = run_cli(["start", "chores", "--model", model, "--run-id", "crashy"], env, workspace, crash_after=every)
+    code = run_cli(
+        ["start", "chores", "--model", model, "--run-id", "crashy"],
+        env,
+        workspace,
+        crash_after=every,
+    )
     assert code == -signal.SIGKILL
     crashes = 1
     # A crash right after the final commit leaves a completed run: nothing left to resume.
@@ -112,7 +171,9 @@ def test_crash_at_every_kth_checkpoint_then_resume(every, tmp_path, env, workspa
 
 
 @pytest.mark.slow
-def test_kill_from_outside_at_arbitrary_moments(tmp_path, env, workspace, scripted, reference, sql) -> None:  # type: ignore[no-untyped-def]
+def test_kill_from_outside_at_arbitrary_moments(
+    tmp_path, env, workspace, scripted, reference, sql
+) -> None:  # type: ignore[no-untyped-def]
     model, turns = scripted
     # Slow each model turn a little so kills land in calls, tool steps and commits alike.
     slow = [dict(t, delay_s=0.01) for t in json.loads(Path(model[9:]).read_text())]
@@ -121,8 +182,13 @@ def test_kill_from_outside_at_arbitrary_moments(tmp_path, env, workspace, script
     args = ["start", "chores", "--model", f"scripted:{path}", "--run-id", "outside", "--quiet"]
     kills = 0
     for attempt in range(60):
-        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", *args], env=env, cwd=workspace,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_agent", *args],
+            env=env,
+            cwd=workspace,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         # Wait for progress past where this session started, then kill at a varying delay.
         before = progress(sql)
         deadline = time.monotonic() + 30

@@ -17,13 +17,22 @@ from durable_agent.demo.checks import check_story
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_demo_crashes_resumes_and_shows_nothing_ran_twice(cli, env, tmp_path: Path, db_path: Path) -> None:
+def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
+    cli, env, tmp_path: Path, db_path: Path
+) -> None:
     # The user's own configuration must not change the story, nor their store receive the run.
     config = tmp_path / "user.toml"
     config.write_text('max_steps = 2\nverify = "false"\nshell = "deny"\n')
     began = time.monotonic()
-    r = cli("demo", "--keep", extra_env={"DURABLE_AGENT_CONFIG": str(config), "OPENAI_API_KEY": "sk-unused",
-                                         "TMPDIR": str(tmp_path)})  # what it keeps goes with the test
+    r = cli(
+        "demo",
+        "--keep",
+        extra_env={
+            "DURABLE_AGENT_CONFIG": str(config),
+            "OPENAI_API_KEY": "sk-unused",
+            "TMPDIR": str(tmp_path),
+        },
+    )  # what it keeps goes with the test
     elapsed = time.monotonic() - began
     assert r.code == 0, r.stdout + r.stderr
     assert elapsed < 30, f"the demo took {elapsed:.1f} s"
@@ -36,7 +45,10 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(cli, env, tmp_path: Pa
     assert "exited with code 0" in out
     assert "kept as recorded, not run again" in out
     assert "(no rows)" in out
-    assert "test_calc.py logged 2 runs in the workspace, by call: call_2_0 ×1 (before the crash), call_6_0 ×1 (after)" in out
+    assert (
+        "test_calc.py logged 2 runs in the workspace, by call: call_2_0 ×1 (before the crash), call_6_0 ×1 (after)"
+        in out
+    )
     assert "edit_file (step 12): cut off by the crash; the resume checked the workspace" in out
     assert out.rstrip().splitlines()[-1].startswith("kept: ")
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in out
@@ -46,11 +58,14 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(cli, env, tmp_path: Pa
     assert root.parent == tmp_path
     with sqlite3.connect(root / "demo.db") as conn:
         [(run_id, status, resumes, steps)] = conn.execute(
-            "SELECT id, status, resume_count, step_count FROM runs").fetchall()
+            "SELECT id, status, resume_count, step_count FROM runs"
+        ).fetchall()
         assert (status, resumes, steps) == ("completed", 1, 9)
         assert conn.execute("SELECT COUNT(*) FROM steps WHERE attempts != 1").fetchone() == (0,)
-        edit = conn.execute("SELECT state, json_extract(output, '$.result') FROM steps "
-                            "WHERE tool_name = 'edit_file'").fetchone()
+        edit = conn.execute(
+            "SELECT state, json_extract(output, '$.result') FROM steps "
+            "WHERE tool_name = 'edit_file'"
+        ).fetchone()
         assert edit[0] == "completed" and "already has the intended content" in edit[1]
     assert f"run {run_id}" in out
     assert (root / "project" / ".test-runs.log").read_text().split() == ["call_2_0", "call_6_0"]
@@ -68,53 +83,105 @@ def test_demo_records_into_a_given_db_and_cleans_up_its_workspace(cli, tmp_path:
     workspace = Path(re.search(r"workspace  (\S+)", r.stdout).group(1))  # type: ignore[union-attr]
     assert not workspace.exists()
     with sqlite3.connect(tmp_path / "mine.db") as conn:
-        assert conn.execute("SELECT status, resume_count FROM runs").fetchall() == [("completed", 1)]
+        assert conn.execute("SELECT status, resume_count FROM runs").fetchall() == [
+            ("completed", 1)
+        ]
     assert f"--db {url}" in r.stdout  # how to look at it again
 
 
 T0, T1 = datetime(2026, 1, 1, 12, 0, 0), datetime(2026, 1, 1, 12, 0, 1)
 
 
-def step(seq: int, kind: str, state: str = "completed", finished_at: datetime | None = T0, attempts: int = 1,
-         tool_name: str | None = None, call_id: str | None = None) -> SimpleNamespace:
-    return SimpleNamespace(seq=seq, kind=kind, state=state, finished_at=finished_at, attempts=attempts,
-                           tool_name=tool_name, call_id=call_id, idempotency_key=f"{kind}:{seq}",
-                           prompt_tokens=10 if kind == "model" else None,
-                           completion_tokens=5 if kind == "model" else None, output={"result": "ok"})
+def step(
+    seq: int,
+    kind: str,
+    state: str = "completed",
+    finished_at: datetime | None = T0,
+    attempts: int = 1,
+    tool_name: str | None = None,
+    call_id: str | None = None,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        seq=seq,
+        kind=kind,
+        state=state,
+        finished_at=finished_at,
+        attempts=attempts,
+        tool_name=tool_name,
+        call_id=call_id,
+        idempotency_key=f"{kind}:{seq}",
+        prompt_tokens=10 if kind == "model" else None,
+        completion_tokens=5 if kind == "model" else None,
+        output={"result": "ok"},
+    )
 
 
 def test_the_checks_catch_what_would_make_the_demo_a_lie() -> None:
-    run = SimpleNamespace(status="completed", stop_reason="finished", step_count=2, prompt_tokens=20,
-                          completion_tokens=10)
+    run = SimpleNamespace(
+        status="completed",
+        stop_reason="finished",
+        step_count=2,
+        prompt_tokens=20,
+        completion_tokens=10,
+    )
     before = [step(0, "model"), step(1, "tool", tool_name="run_command", call_id="c1")]
     honest = [*before, step(2, "model")]
     fixed = "def add(a, b):\n    return a + b\n"
-    good = check_story(run=run, before=before, after=honest, resumed_code=0, witness_before=Counter(c1=1),
-                       witness=Counter(c1=1), calc_py=fixed)
+    good = check_story(
+        run=run,
+        before=before,
+        after=honest,
+        resumed_code=0,
+        witness_before=Counter(c1=1),
+        witness=Counter(c1=1),
+        calc_py=fixed,
+    )
     assert good.ok, good.problems
 
-    rerun = [before[0], step(1, "tool", finished_at=T1, tool_name="run_command", call_id="c1"), step(2, "model")]
-    bad = check_story(run=run, before=before, after=rerun, resumed_code=0, witness_before=Counter(c1=1),
-                      witness=Counter(c1=2), calc_py=fixed)
+    rerun = [
+        before[0],
+        step(1, "tool", finished_at=T1, tool_name="run_command", call_id="c1"),
+        step(2, "model"),
+    ]
+    bad = check_story(
+        run=run,
+        before=before,
+        after=rerun,
+        resumed_code=0,
+        witness_before=Counter(c1=1),
+        witness=Counter(c1=2),
+        calc_py=fixed,
+    )
     assert not bad.ok
     assert "step 2 (tool) was executed again after the resume" in bad.problems
     assert any("the workspace saw test runs {'c1': 2}" in p for p in bad.problems)
 
-    unfixed = check_story(run=SimpleNamespace(**{**vars(run), "status": "failed"}), before=before, after=honest,
-                          resumed_code=1, witness_before=Counter(c1=1), witness=Counter(c1=1),
-                          calc_py="return a - b")
+    unfixed = check_story(
+        run=SimpleNamespace(**{**vars(run), "status": "failed"}),
+        before=before,
+        after=honest,
+        resumed_code=1,
+        witness_before=Counter(c1=1),
+        witness=Counter(c1=1),
+        calc_py="return a - b",
+    )
     assert not unfixed.ok
     assert len(unfixed.problems) == 2
 
 
 @pytest.mark.slow
-def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(env, tmp_path: Path, workspace: Path) -> None:
+def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(
+    env, tmp_path: Path, workspace: Path
+) -> None:
     from side_effects_support import run_cli
 
     empty = tmp_path / "empty-path"  # no bwrap on PATH; Landlock ruled out by the test hook
     empty.mkdir()
-    r = run_cli({**env, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1", "TMPDIR": str(tmp_path)},
-                workspace, "demo")
+    r = run_cli(
+        {**env, "PATH": str(empty), "DURABLE_AGENT_NO_LANDLOCK": "1", "TMPDIR": str(tmp_path)},
+        workspace,
+        "demo",
+    )
     assert r.code == 0, r.stdout + r.stderr
     lines = [line for line in r.stdout.splitlines() if "unsandboxed" in line]
     assert len(lines) == 1 and "no bubblewrap, no Landlock" in lines[0]

@@ -29,8 +29,8 @@ def test_every_stop_reason_is_documented_with_a_status() -> None:
 
 
 def test_the_scripted_model_example_is_a_valid_script_and_readme_links_it() -> None:
-    section = MODELS[MODELS.index("### Scripted models"):]
-    section = section[:section.index("\n### ", 5)]
+    section = MODELS[MODELS.index("### Scripted models") :]
+    section = section[: section.index("\n### ", 5)]
     (example,) = re.findall(r"```json\n(.*?)```", section, re.S)
     turns = validate_script(json.loads(example), "docs/models.md")
     assert any("tool_calls" in t for t in turns) and "content" in turns[-1]
@@ -46,7 +46,7 @@ def test_the_readme_says_what_shell_ask_does_and_does_not_guarantee() -> None:
     text = " ".join(README.split())
     assert "anything destructive" not in text  # the old promise it cannot keep
     start = text.index("`--shell ask` (the default) is not the boundary")
-    said = text[start:start + 1200]
+    said = text[start : start + 1200]
     assert "What it does guarantee:" in said and "What it does not guarantee:" in said
     assert "sandbox" in said and "it is a lexer, not a shell" in said
 
@@ -55,7 +55,11 @@ def test_the_readme_and_models_doc_name_model_calls_and_answers_that_are_not_fin
     text, models = " ".join(README.split()), " ".join(MODELS.split())
     assert "`6 model calls · 11 steps · 5 tool calls · ...`" in text
     assert "resuming from model call 6" in text and "`MODEL CALLS`" in text
-    for words in ("cut off at the length limit, told to continue", "empty answer, told to answer", "~989+8"):
+    for words in (
+        "cut off at the length limit, told to continue",
+        "empty answer, told to answer",
+        "~989+8",
+    ):
         assert words in text and words in models, words
 
 
@@ -63,16 +67,28 @@ def test_the_readme_and_models_doc_name_model_calls_and_answers_that_are_not_fin
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Flags in backticks that belong to other programs (servers, bwrap, pytest, git, scripts/test).
-FOREIGN_FLAGS = {"--basetemp", "--cap-drop", "--enable-auto-tool-choice", "--tool-call-parser", "--jinja",
-                 "--new-session", "--filter", "--fast", "--bare"}
+FOREIGN_FLAGS = {
+    "--basetemp",
+    "--cap-drop",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "--jinja",
+    "--new-session",
+    "--filter",
+    "--fast",
+    "--bare",
+}
 # The benchmark's own flags (scripts/bench.py), which exist there.
 BENCH_SOURCE = (ROOT / "scripts" / "bench.py").read_text()
-FOREIGN_FLAGS |= {f for f in ("--pg", "--instructions", "--json", "--steps", "--repeat")
-                  if f'add_argument("{f}"' in BENCH_SOURCE}
+FOREIGN_FLAGS |= {
+    f
+    for f in ("--pg", "--instructions", "--json", "--steps", "--repeat")
+    if re.search(rf'add_argument\(\s*"{f}"', BENCH_SOURCE)
+}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    from durable_agent.cli import build_parser
+    from durable_agent.cli.parser import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -104,7 +120,7 @@ def _fenced_command_lines() -> list[tuple[str, list[str]]]:
 
 
 def test_every_command_line_in_the_code_blocks_parses_with_the_real_parser() -> None:
-    from durable_agent.cli import build_parser
+    from durable_agent.cli.parser import build_parser
 
     lines = _fenced_command_lines()
     assert len(lines) >= 20 and any(args[:1] == ["worker"] for _, args in lines)
@@ -123,7 +139,9 @@ def test_every_inline_command_names_a_subcommand_and_only_its_own_flags() -> Non
     checked, bad = 0, []
     for doc in DOCS:
         text = doc.read_text()
-        spans = re.findall(r"`durable-agent ([^`]+)`", text) + re.findall(rf"`((?:{names}) (?:--|\.\.\. )[^`]*)`", text)
+        spans = re.findall(r"`durable-agent ([^`]+)`", text) + re.findall(
+            rf"`((?:{names}) (?:--|\.\.\. )[^`]*)`", text
+        )
         for span in spans:
             words = span.split()
             if words[0].startswith("-") or words[0].endswith(":") or "\\|" in span:
@@ -134,25 +152,38 @@ def test_every_inline_command_names_a_subcommand_and_only_its_own_flags() -> Non
                 continue
             known = parsers[words[0]]._option_string_actions
             tokens = shlex.split(span)  # a quoted argument's own flags are not ours
-            bad += [f"{doc.name}: {span} ({token})" for token in tokens
-                    if token.startswith("--") and token.split("=")[0] not in known]
+            bad += [
+                f"{doc.name}: {span} ({token})"
+                for token in tokens
+                if token.startswith("--") and token.split("=")[0] not in known
+            ]
     assert checked > 40 and not bad, bad
 
 
 def test_every_flag_in_backticks_exists_or_belongs_to_another_program() -> None:
     known = {flag for p in _subparsers().values() for flag in p._option_string_actions}
-    bad = {(doc.name, flag) for doc in DOCS for span in re.findall(r"`([^`\n]+)`", doc.read_text())
-           for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", span) if flag not in known | FOREIGN_FLAGS}
+    bad = {
+        (doc.name, flag)
+        for doc in DOCS
+        for span in re.findall(r"`([^`\n]+)`", doc.read_text())
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", span)
+        if flag not in known | FOREIGN_FLAGS
+    }
     assert not bad, sorted(bad)
 
 
 def test_the_readme_lists_every_flag_of_start_and_resume_help_matches_the_table() -> None:
     parsers = _subparsers()
-    flags_of_start = README[README.index("Flags of `start`:"):README.index("Output: the timeline")]
-    missing = [f for f in parsers["start"]._option_string_actions if f.startswith("--") and f != "--help"
-               and f"`{f}" not in flags_of_start]
+    flags_of_start = README[
+        README.index("Flags of `start`:") : README.index("Output: the timeline")
+    ]
+    missing = [
+        f
+        for f in parsers["start"]._option_string_actions
+        if f.startswith("--") and f != "--help" and f"`{f}" not in flags_of_start
+    ]
     assert not missing, missing
-    table = README[README.index("## Commands"):README.index("Flags of `start`:")]
+    table = README[README.index("## Commands") : README.index("Flags of `start`:")]
     assert set(re.findall(r"^\| `durable-agent (\w+)", table, re.M)) | {"show"} == set(parsers)
 
 
@@ -172,16 +203,22 @@ def test_every_relative_link_and_its_anchor_resolves() -> None:
             file = (doc.parent / path).resolve() if path else doc
             if not file.exists():
                 bad.append(f"{doc.name}: {target}")
-            elif anchor and anchor not in {_slug(h) for h in re.findall(r"^#+ (.*)$", file.read_text(), re.M)}:
+            elif anchor and anchor not in {
+                _slug(h) for h in re.findall(r"^#+ (.*)$", file.read_text(), re.M)
+            }:
                 bad.append(f"{doc.name}: {target} (no such heading)")
     assert checked > 15 and not bad, bad
 
 
 def test_every_toml_block_of_the_docs_is_accepted_by_the_settings() -> None:
-    from durable_agent.settings import Settings
+    from durable_agent.config.settings import Settings
 
-    blocks = [b for doc in DOCS for b in re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S)
-              if "[project." not in b]  # a plugin's own pyproject.toml
+    blocks = [
+        b
+        for doc in DOCS
+        for b in re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S)
+        if "[project." not in b
+    ]  # a plugin's own pyproject.toml
     assert len(blocks) >= 4
     for block in blocks:
         Settings(**tomllib.loads(block))
@@ -190,13 +227,28 @@ def test_every_toml_block_of_the_docs_is_accepted_by_the_settings() -> None:
 def test_the_schema_doc_names_every_column_of_every_table_and_view(cli, db_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert cli("db", "upgrade").code == 0
     revision = cli("db", "current").stdout.strip()  # what the docs show `db current` print
-    shown = [r for doc in DOCS for r in re.findall(r"durable-agent db current +# (\S+)", doc.read_text())]
+    shown = [
+        r for doc in DOCS for r in re.findall(r"durable-agent db current +# (\S+)", doc.read_text())
+    ]
     assert shown and set(shown) == {revision}, (shown, revision)
     schema = (ROOT / "docs" / "schema.md").read_text()
     db = sqlite3.connect(db_path)
-    objects = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-                                              "AND name NOT LIKE 'sqlite_%' AND name != 'alembic_version'")]
-    assert {"runs", "steps", "messages", "approvals", "run_timeline", "tool_calls", "run_totals"} <= set(objects)
+    objects = [
+        name
+        for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT LIKE 'sqlite_%' AND name != 'alembic_version'"
+        )
+    ]
+    assert {
+        "runs",
+        "steps",
+        "messages",
+        "approvals",
+        "run_timeline",
+        "tool_calls",
+        "run_totals",
+    } <= set(objects)
     sections = re.split(r"\n(?=## |`\w+` — )", schema)
     views = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| (.*) \|$", schema, re.M))
     for name in objects:
@@ -211,10 +263,17 @@ def test_the_schema_doc_names_every_column_of_every_table_and_view(cli, db_path:
 
 def test_every_command_explains_itself_in_its_help() -> None:
     """`durable-agent CMD --help` says what CMD does, not only its usage line."""
-    from durable_agent.cli import EPILOG
+    from durable_agent.cli.parser import EPILOG
 
     for name, parser in _subparsers().items():
         assert parser.description and len(parser.description) > 40, name
-    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_VERSION", "DURABLE_AGENT_MODEL",
-                "DURABLE_AGENT_DB", "DURABLE_AGENT_SANDBOX", "DURABLE_AGENT_CONFIG"):
+    for var in (
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_VERSION",
+        "DURABLE_AGENT_MODEL",
+        "DURABLE_AGENT_DB",
+        "DURABLE_AGENT_SANDBOX",
+        "DURABLE_AGENT_CONFIG",
+    ):
         assert var in EPILOG and var in README, var

@@ -30,7 +30,9 @@ def test_list_on_an_empty_store_says_how_to_begin(cli_inproc) -> None:
     assert (r.code, r.stdout.strip()) == (0, "no runs with status failed")
 
 
-@pytest.mark.parametrize("command", [["show", "nope"], ["show", "nope", "--json"], ["export", "nope"]])
+@pytest.mark.parametrize(
+    "command", [["show", "nope"], ["show", "nope", "--json"], ["export", "nope"]]
+)
 def test_unknown_run_id_exits_2_with_a_hint(cli_inproc, write_script, command) -> None:
     for populated in (False, True):  # an empty store, then one with a run in it
         if populated:
@@ -41,14 +43,19 @@ def test_unknown_run_id_exits_2_with_a_hint(cli_inproc, write_script, command) -
         assert "no run with id 'nope'" in r.stderr and "durable-agent list" in r.stderr
 
 
-def test_list_is_newest_first_filters_by_status_and_rejects_unknown_statuses(cli_inproc, write_script) -> None:
+def test_list_is_newest_first_filters_by_status_and_rejects_unknown_statuses(
+    cli_inproc, write_script
+) -> None:
     done = start(cli_inproc, write_script([{"content": "done"}]))
     cut = start(cli_inproc, write_script(FIX), "--max-steps", "1")
     r = cli_inproc("list")
     assert r.code == 0
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "STATUS", "MODEL", "CALLS", "TOKENS", "AGE", "TASK"]
-    assert [line.split()[:3] for line in lines[1:]] == [[cut, "budget_exceeded", "1"], [done, "completed", "1"]]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        [cut, "budget_exceeded", "1"],
+        [done, "completed", "1"],
+    ]
 
     r = cli_inproc("list", "--status", "completed", "--json")
     rows = json.loads(r.stdout)
@@ -59,7 +66,9 @@ def test_list_is_newest_first_filters_by_status_and_rejects_unknown_statuses(cli
     assert r.code == 2 and "unknown status 'bogus'" in r.stderr
 
 
-def test_show_prints_header_timeline_tokens_attempts_and_errors(cli_inproc, write_script, sql) -> None:
+def test_show_prints_header_timeline_tokens_attempts_and_errors(
+    cli_inproc, write_script, sql
+) -> None:
     run_id = start(cli_inproc, write_script(FIX))
     r = cli_inproc("show", run_id[:6])  # a unique prefix is enough
     assert r.code == 0
@@ -67,14 +76,21 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(cli_inproc, writ
     assert f"run        {run_id}" in out
     assert "status     completed (finished)" in out
     assert "answer     wrote a.txt" in out
-    (prompt, completion), = sql("SELECT prompt_tokens, completion_tokens FROM runs WHERE id=?", run_id)
+    ((prompt, completion),) = sql(
+        "SELECT prompt_tokens, completion_tokens FROM runs WHERE id=?", run_id
+    )
     # Model calls (what --max-steps counts) and steps (the table's rows) are named apart.
-    assert f"3 model calls · 5 steps · 2 tool calls · 7 messages · {prompt}+{completion} tokens" in out
+    assert (
+        f"3 model calls · 5 steps · 2 tool calls · 7 messages · {prompt}+{completion} tokens" in out
+    )
 
-    table = out[out.index("#  KIND"):].splitlines()
+    table = out[out.index("#  KIND") :].splitlines()
     assert table[0].split() == ["#", "KIND", "STATE", "TIME", "TOKENS", "TRIES", "WHAT"]
-    rows = sql("SELECT seq, kind, state, prompt_tokens, completion_tokens, error FROM steps "
-               "WHERE run_id=? ORDER BY seq", run_id)
+    rows = sql(
+        "SELECT seq, kind, state, prompt_tokens, completion_tokens, error FROM steps "
+        "WHERE run_id=? ORDER BY seq",
+        run_id,
+    )
     printed = [line for line in table[1:] if re.match(r"\s+\d+  ", line)]
     assert len(printed) == len(rows) == 5
     for line, (seq, kind, state, p, c, _error) in zip(printed, rows, strict=True):
@@ -90,23 +106,34 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(cli_inproc, writ
 
 
 def test_show_json_has_the_run_its_steps_and_approvals(cli_inproc, write_script, sql) -> None:
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": "touch made.txt"}}]},
-                           {"content": "ok"}])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch made.txt"}}]},
+            {"content": "ok"},
+        ]
+    )
     r = cli_inproc("start", "t", "--model", script, "--shell", "ask", "--json")
     assert r.code == 5, r.stderr  # blocked: the command is not on the allowlist
     run_id = r.json()["run_id"]
 
     doc = cli_inproc("show", run_id, "--json").json()
-    assert (doc["id"], doc["status"], doc["stop_reason"]) == (run_id, "blocked", "approval_required")
+    assert (doc["id"], doc["status"], doc["stop_reason"]) == (
+        run_id,
+        "blocked",
+        "approval_required",
+    )
     assert [s["seq"] for s in doc["steps"]] == [0]
     assert doc["steps"][0]["output"]["tool_calls"][0]["function"]["name"] == "run_command"
     assert doc["created_at"].endswith("Z")
     [approval] = doc["approvals"]
     assert (approval["kind"], approval["command"], approval["decision"]) == (
-        "approval_required", "touch made.txt", None)
+        "approval_required",
+        "touch made.txt",
+        None,
+    )
 
     text = cli_inproc("show", run_id).stdout
-    approvals = text[text.index("\napprovals\n"):]
+    approvals = text[text.index("\napprovals\n") :]
     assert "approval_required · PENDING · call call_0_0 · touch made.txt" in approvals
     assert f"durable-agent approve {run_id}" in text
 
@@ -117,11 +144,27 @@ def test_show_json_has_the_run_its_steps_and_approvals(cli_inproc, write_script,
 
 
 def test_show_marks_a_crashed_step_cut_off_and_where_the_resume_began(cli, write_script) -> None:
-    script = write_script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]},
-                           {"content": "done"}])
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
     # Boundaries: model intent (1, 2), model outcome (3, 4), write intent (5, 6): 6 is just
     # after the write's intent committed, before the file is written.
-    r = cli("start", "t", "--model", script, "--run-id", "crashy", extra_env={"DURABLE_AGENT_CRASH_AFTER": "6"})
+    r = cli(
+        "start",
+        "t",
+        "--model",
+        script,
+        "--run-id",
+        "crashy",
+        extra_env={"DURABLE_AGENT_CRASH_AFTER": "6"},
+    )
     assert r.code == -9
     out = cli("show", "crashy").stdout
     assert "status     running" in out
@@ -134,7 +177,11 @@ def test_show_marks_a_crashed_step_cut_off_and_where_the_resume_began(cli, write
     assert "resumed 1×" in out
     lines = out.splitlines()
     marker = next(i for i, line in enumerate(lines) if "── resumed (lease epoch 2) ──" in line)
-    assert lines[marker + 1].split()[:3] == ["2", "tool", "completed"]  # the write, settled by the resume
+    assert lines[marker + 1].split()[:3] == [
+        "2",
+        "tool",
+        "completed",
+    ]  # the write, settled by the resume
     assert "cut off" not in out and "is gone" not in out
 
 

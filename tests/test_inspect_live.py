@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 from scale_helpers import wait_for
 
+from durable_agent.cli.render import StatusLine, Timeline, summary
 from durable_agent.observer import StepEvent
-from durable_agent.render import StatusLine, Timeline, summary
 
 ERASE = StatusLine.ERASE
 
@@ -53,10 +53,22 @@ def test_not_a_tty_gets_plain_lines_only() -> None:
     out = io.StringIO()
     t = Timeline(out)  # a StringIO is not a terminal
     t.step(model("started"))
-    t.step(model("completed", detail="read_file", duration_ms=5, prompt_tokens=10, completion_tokens=2))
+    t.step(
+        model("completed", detail="read_file", duration_ms=5, prompt_tokens=10, completion_tokens=2)
+    )
     t.step(StepEvent(-1, 1, "tool", "read_file", detail="a.txt"))
-    t.step(StepEvent(1, 1, "tool", "read_file", detail="a.txt", state="failed", duration_ms=1,
-                     error="file not found: a.txt\nmore"))
+    t.step(
+        StepEvent(
+            1,
+            1,
+            "tool",
+            "read_file",
+            detail="a.txt",
+            state="failed",
+            duration_ms=1,
+            error="file not found: a.txt\nmore",
+        )
+    )
     t.close()
     assert t.status is None
     assert out.getvalue() == (
@@ -71,16 +83,26 @@ def test_on_a_tty_the_status_line_is_erased_before_each_timeline_line() -> None:
     t.step(model("started"))
     assert out.text() == ERASE + "| model m thinking 0.0 s"
     clock.now += 1.5
-    t.step(model("completed", detail="edit_file", duration_ms=1500, prompt_tokens=7, completion_tokens=3))
+    t.step(
+        model(
+            "completed", detail="edit_file", duration_ms=1500, prompt_tokens=7, completion_tokens=3
+        )
+    )
     t.step(StepEvent(-1, 1, "tool", "edit_file", detail="src/app.py"))
     clock.now += 0.25
-    t.step(StepEvent(1, 1, "tool", "edit_file", detail="src/app.py", state="completed", duration_ms=12))
+    t.step(
+        StepEvent(1, 1, "tool", "edit_file", detail="src/app.py", state="completed", duration_ms=12)
+    )
     t.close()
     assert out.text() == (
-        ERASE + "| model m thinking 0.0 s"
-        + ERASE + "Step 1 · model call 1 · m → edit_file · 1.5 s · 7+3 tokens\n"
-        + ERASE + "| edit_file src/app.py running 0.0 s · 10 tokens so far"
-        + ERASE + "Step 2 · tool · edit_file src/app.py · 12 ms\n"
+        ERASE
+        + "| model m thinking 0.0 s"
+        + ERASE
+        + "Step 1 · model call 1 · m → edit_file · 1.5 s · 7+3 tokens\n"
+        + ERASE
+        + "| edit_file src/app.py running 0.0 s · 10 tokens so far"
+        + ERASE
+        + "Step 2 · tool · edit_file src/app.py · 12 ms\n"
     )
 
 
@@ -106,27 +128,52 @@ def test_a_retry_is_a_line_and_the_step_keeps_its_clock() -> None:
     clock.now += 2
     t.step(model("retry", attempts=1, error="429 rate limited"))
     assert out.text().endswith(
-        ERASE + "  ↺ model m: attempt 1 failed: 429 rate limited\n"
-        + ERASE + "| model m thinking 2.0 s · retrying: attempt 2")
+        ERASE
+        + "  ↺ model m: attempt 1 failed: 429 rate limited\n"
+        + ERASE
+        + "| model m thinking 2.0 s · retrying: attempt 2"
+    )
     t.close()
 
 
 def test_summary_line() -> None:
-    run = SimpleNamespace(id="r1", status="completed", stop_reason="finished", step_count=9, tool_call_count=1,
-                          message_count=19, prompt_tokens=329, completion_tokens=156, active_ms=1324, error=None,
-                          model="m", settings=None)
+    run = SimpleNamespace(
+        id="r1",
+        status="completed",
+        stop_reason="finished",
+        step_count=9,
+        tool_call_count=1,
+        message_count=19,
+        prompt_tokens=329,
+        completion_tokens=156,
+        active_ms=1324,
+        error=None,
+        model="m",
+        settings=None,
+    )
     out = io.StringIO()
     summary(run, out)
-    assert out.getvalue() == ("9 model calls · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "
-                              "completed (finished)\n")
-    run.status, run.stop_reason, run.error = "budget_exceeded", "max_steps", "the step budget (9) is used up"
+    assert out.getvalue() == (
+        "9 model calls · 1 tool call · 19 messages · 485 tokens (329 in + 156 out) · 1.3 s · "
+        "completed (finished)\n"
+    )
+    run.status, run.stop_reason, run.error = (
+        "budget_exceeded",
+        "max_steps",
+        "the step budget (9) is used up",
+    )
     out = io.StringIO()
     summary(run, out)
-    assert out.getvalue().splitlines()[1:] == ["  the step budget (9) is used up",
-                                               "  continue with: durable-agent resume r1"]
+    assert out.getvalue().splitlines()[1:] == [
+        "  the step budget (9) is used up",
+        "  continue with: durable-agent resume r1",
+    ]
 
 
-SLOW = [{"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]}, {"content": "done"}]
+SLOW = [
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]},
+    {"content": "done"},
+]
 
 
 def test_cli_on_a_pipe_has_no_control_codes_and_json_is_alone(cli, write_script) -> None:
@@ -140,16 +187,42 @@ def test_cli_on_a_pipe_has_no_control_codes_and_json_is_alone(cli, write_script)
 
     r = cli("start", "t", "--model", script, "--shell", "allow", "--json")
     assert r.code == 0 and r.stderr == ""
-    assert set(r.json()) >= {"run_id", "status", "stop_reason", "answer", "steps", "tool_calls",
-                             "prompt_tokens", "completion_tokens", "duration_ms"}
+    assert set(r.json()) >= {
+        "run_id",
+        "status",
+        "stop_reason",
+        "answer",
+        "steps",
+        "tool_calls",
+        "prompt_tokens",
+        "completion_tokens",
+        "duration_ms",
+    }
 
 
-def test_cli_on_a_terminal_shows_what_runs_and_erases_it(env, workspace: Path, write_script) -> None:
+def test_cli_on_a_terminal_shows_what_runs_and_erases_it(
+    env, workspace: Path, write_script
+) -> None:
     script = write_script(SLOW)
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
-                             "--shell", "allow"], cwd=workspace, env=env,
-                            stdin=follower, stdout=follower, stderr=follower)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_agent",
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+        ],
+        cwd=workspace,
+        env=env,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+    )
     os.close(follower)
     chunks = []
     while True:  # until the child closes its end of the terminal
@@ -163,7 +236,9 @@ def test_cli_on_a_terminal_shows_what_runs_and_erases_it(env, workspace: Path, w
     os.close(leader)
     assert proc.wait(timeout=60) == 0
     text = b"".join(chunks).decode()
-    assert ERASE + "⠋ model " in text and " thinking 0.0 s" in text  # the label is cut, never the time
+    assert (
+        ERASE + "⠋ model " in text and " thinking 0.0 s" in text
+    )  # the label is cut, never the time
     assert "run_command echo hi running" in text
     # Every timeline line starts on a cleared line: no status text is left in front of it.
     for line in text.split("\r\n"):

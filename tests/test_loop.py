@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from side_effects_support import assert_history_valid
 
-WRITE = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello\n"}}]}
+WRITE = {
+    "tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello\n"}}]
+}
 DONE = {"content": "all done"}
 
 
@@ -31,14 +33,20 @@ def history_is_valid(sql, run_id: str) -> None:  # type: ignore[no-untyped-def]
     assert_history_valid(Path(db), run_id)
 
 
-def test_completed_run_prints_id_first_answer_on_stdout(cli_inproc, write_script, workspace, sql) -> None:
-    r = cli_inproc("start", "write a file", "--model", write_script([WRITE, DONE]), "--run-id", "r1")
+def test_completed_run_prints_id_first_answer_on_stdout(
+    cli_inproc, write_script, workspace, sql
+) -> None:
+    r = cli_inproc(
+        "start", "write a file", "--model", write_script([WRITE, DONE]), "--run-id", "r1"
+    )
     assert r.code == 0
     assert r.stdout.strip() == "all done"
     assert r.stderr.splitlines()[0].startswith("run r1")
     assert "Step 1" in r.stderr and "write_file" in r.stderr
     assert (workspace / "out.txt").read_text() == "hello\n"
-    status, reason, steps, tools = sql("SELECT status, stop_reason, step_count, tool_call_count FROM runs")[0]
+    status, reason, steps, tools = sql(
+        "SELECT status, stop_reason, step_count, tool_call_count FROM runs"
+    )[0]
     assert (status, reason, steps, tools) == ("completed", "finished", 2, 1)
     history_is_valid(sql, "r1")
 
@@ -47,14 +55,25 @@ def test_json_output_is_one_object(cli_inproc, write_script) -> None:
     r = cli_inproc("start", "t", "--model", write_script([WRITE, DONE]), "--json")
     assert r.code == 0
     doc = json.loads(r.stdout)
-    for key in ("run_id", "status", "stop_reason", "answer", "steps", "tool_calls", "prompt_tokens",
-                "completion_tokens", "duration_ms"):
+    for key in (
+        "run_id",
+        "status",
+        "stop_reason",
+        "answer",
+        "steps",
+        "tool_calls",
+        "prompt_tokens",
+        "completion_tokens",
+        "duration_ms",
+    ):
         assert key in doc
     assert doc["status"] == "completed" and doc["steps"] == 2 and doc["tool_calls"] == 1
     assert doc["prompt_tokens"] > 0 and doc["completion_tokens"] > 0
 
 
-def test_max_steps_allows_exactly_that_many_model_calls_and_resume_raises_it(cli_inproc, write_script, sql) -> None:
+def test_max_steps_allows_exactly_that_many_model_calls_and_resume_raises_it(
+    cli_inproc, write_script, sql
+) -> None:
     script = write_script([read("a.txt"), read("b.txt"), read("c.txt"), DONE])
     r = cli_inproc("start", "t", "--model", script, "--max-steps", "2", "--run-id", "ms")
     assert r.code == 3
@@ -71,18 +90,33 @@ def test_max_steps_allows_exactly_that_many_model_calls_and_resume_raises_it(cli
 
 def test_max_tool_calls_and_max_tokens(cli_inproc, write_script, sql) -> None:
     script = write_script([read("a"), read("b"), read("c"), DONE])
-    assert cli_inproc("start", "t", "--model", script, "--max-tool-calls", "2", "--run-id", "tc").code == 3
-    assert sql("SELECT stop_reason, tool_call_count FROM runs WHERE id='tc'")[0] == ("max_tool_calls", 2)
-    assert cli_inproc("start", "t", "--model", script, "--max-tokens", "30", "--run-id", "tk").code == 3
-    reason, p, c = sql("SELECT stop_reason, prompt_tokens, completion_tokens FROM runs WHERE id='tk'")[0]
+    assert (
+        cli_inproc("start", "t", "--model", script, "--max-tool-calls", "2", "--run-id", "tc").code
+        == 3
+    )
+    assert sql("SELECT stop_reason, tool_call_count FROM runs WHERE id='tc'")[0] == (
+        "max_tool_calls",
+        2,
+    )
+    assert (
+        cli_inproc("start", "t", "--model", script, "--max-tokens", "30", "--run-id", "tk").code
+        == 3
+    )
+    reason, p, c = sql(
+        "SELECT stop_reason, prompt_tokens, completion_tokens FROM runs WHERE id='tk'"
+    )[0]
     assert reason == "max_tokens" and p + c >= 30
     assert model_steps(sql, "tk") < 4
 
 
-def test_repeated_action_stops_before_the_extra_call_and_is_resumable(cli_inproc, write_script, sql, workspace) -> None:
+def test_repeated_action_stops_before_the_extra_call_and_is_resumable(
+    cli_inproc, write_script, sql, workspace
+) -> None:
     (workspace / "a.txt").write_text("x")
     same = {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt", "offset": 0}}]}
-    same_reordered = {"tool_calls": [{"name": "read_file", "arguments": {"offset": 0, "path": "a.txt"}}]}
+    same_reordered = {
+        "tool_calls": [{"name": "read_file", "arguments": {"offset": 0, "path": "a.txt"}}]
+    }
     script = write_script([same, same_reordered, same, same, DONE])
     r = cli_inproc("start", "t", "--model", script, "--run-id", "rep", "--max-repeats", "3")
     assert r.code == 3
@@ -93,14 +127,16 @@ def test_repeated_action_stops_before_the_extra_call_and_is_resumable(cli_inproc
 
 
 def test_bad_calls_are_observations_and_the_loop_goes_on(cli_inproc, write_script, sql) -> None:
-    script = write_script([
-        {"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
-        {"tool_calls": [{"name": "read_file", "arguments": "{not json"}]},
-        {"tool_calls": [{"name": "read_file", "arguments": {"offset": 3}}]},
-        read("missing.txt"),
-        {"tool_calls": [{"name": "read_file", "arguments": {"path": "../../etc/passwd"}}]},
-        DONE,
-    ])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
+            {"tool_calls": [{"name": "read_file", "arguments": "{not json"}]},
+            {"tool_calls": [{"name": "read_file", "arguments": {"offset": 3}}]},
+            read("missing.txt"),
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "../../etc/passwd"}}]},
+            DONE,
+        ]
+    )
     r = cli_inproc("start", "t", "--model", script, "--run-id", "obs")
     assert r.code == 0
     results = [c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq")]
@@ -125,7 +161,12 @@ def test_each_message_is_stored_once(cli_inproc, write_script, sql) -> None:
 
 
 def test_duplicate_provider_call_ids_are_replaced(cli_inproc, write_script, sql) -> None:
-    two = {"tool_calls": [{"name": "list_files", "arguments": {}}, {"name": "list_files", "arguments": {"path": "."}}]}
+    two = {
+        "tool_calls": [
+            {"name": "list_files", "arguments": {}},
+            {"name": "list_files", "arguments": {"path": "."}},
+        ]
+    }
     cli_inproc("start", "t", "--model", write_script([two, two, DONE]), "--run-id", "ids")
     ids = [r[0] for r in sql("SELECT call_id FROM steps WHERE kind='tool'")]
     assert len(ids) == len(set(ids)) == 4
@@ -140,7 +181,10 @@ def test_duplicate_provider_call_ids_are_replaced(cli_inproc, write_script, sql)
         (["start", "t", "--model", "gpt-4.1-mini"], "OPENAI_API_KEY"),
         (["start", "t", "--model", "scripted:/no/such/file.json"], "script file not found"),
         (["start", "t", "--model", "demo", "--max-steps", "0"], "max_steps"),
-        (["start", "t", "--model", "demo", "--workspace", "/no/such/dir"], "workspace is not a directory"),
+        (
+            ["start", "t", "--model", "demo", "--workspace", "/no/such/dir"],
+            "workspace is not a directory",
+        ),
         (["start", "t", "--model", "demo", "--run-id", "bad id!"], "--run-id"),
     ],
 )
@@ -152,9 +196,12 @@ def test_usage_errors_are_one_line_and_exit_2(cli_inproc, args, needle) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("arguments", "kind"), [("[1,2]", "a list"), ("3", "a number"), ('"x"', "a string")])
+@pytest.mark.parametrize(
+    ("arguments", "kind"), [("[1,2]", "a list"), ("3", "a number"), ('"x"', "a string")]
+)
 def test_valid_json_that_is_not_an_object_is_not_called_invalid_json(
-        cli_inproc, write_script, sql, arguments: str, kind: str) -> None:
+    cli_inproc, write_script, sql, arguments: str, kind: str
+) -> None:
     script = write_script([{"tool_calls": [{"name": "read_file", "arguments": arguments}]}, DONE])
     assert cli_inproc("start", "t", "--model", script).code == 0
     ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
@@ -162,10 +209,14 @@ def test_valid_json_that_is_not_an_object_is_not_called_invalid_json(
     assert "not valid JSON" not in result
 
 
-def test_search_text_says_which_files_it_skipped_as_too_big(cli_inproc, write_script, sql, workspace) -> None:
+def test_search_text_says_which_files_it_skipped_as_too_big(
+    cli_inproc, write_script, sql, workspace
+) -> None:
     (workspace / "big.log").write_text("needle\n" + "x" * 2_100_000)
     (workspace / "small.txt").write_text("hay\n")
-    script = write_script([{"tool_calls": [{"name": "search_text", "arguments": {"pattern": "needle"}}]}, DONE])
+    script = write_script(
+        [{"tool_calls": [{"name": "search_text", "arguments": {"pattern": "needle"}}]}, DONE]
+    )
     assert cli_inproc("start", "t", "--model", script).code == 0
     ((result,),) = sql("SELECT content FROM messages WHERE role='tool'")
     assert result.startswith("no matches")
@@ -184,20 +235,32 @@ def test_unreadable_script_is_a_clear_error(cli_inproc, tmp_path: Path) -> None:
     assert r.code == 2 and "not valid JSON" in r.stderr
 
 
-@pytest.mark.parametrize(("script", "problem"), [
-    ([DONE, {"content": 42}], 'turn 1 has a "content" that is a number, not text'),
-    ([{"tool_calls": {"name": "read_file"}}], 'turn 0 has "tool_calls" that is an object, not a list'),
-    ([{"tool_calls": [{"name": "read_file", "arguments": [1]}]}], 'turn 0 has a tool call (0) whose "arguments"'),
-    ([DONE, DONE, "done"], "turn 2 must be an object, not a string"),
-    ([{"content": "x", "delay_s": "soon"}], 'turn 0 has a "delay_s" that is a string'),
-    ({"content": "x"}, "must be a JSON list of turns, not an object"),
-    ([DONE, {"content": "x", "contnet": "y"}], 'turn 1 has an unknown key "contnet"'),
-    ([{"tool_calls": [{"name": "read_file", "argumnets": {"path": "a"}}]}],
-     'turn 0 has a tool call (0) with an unknown key "argumnets"'),
-    ([], 'has no turns: give at least one'),
-])
+@pytest.mark.parametrize(
+    ("script", "problem"),
+    [
+        ([DONE, {"content": 42}], 'turn 1 has a "content" that is a number, not text'),
+        (
+            [{"tool_calls": {"name": "read_file"}}],
+            'turn 0 has "tool_calls" that is an object, not a list',
+        ),
+        (
+            [{"tool_calls": [{"name": "read_file", "arguments": [1]}]}],
+            'turn 0 has a tool call (0) whose "arguments"',
+        ),
+        ([DONE, DONE, "done"], "turn 2 must be an object, not a string"),
+        ([{"content": "x", "delay_s": "soon"}], 'turn 0 has a "delay_s" that is a string'),
+        ({"content": "x"}, "must be a JSON list of turns, not an object"),
+        ([DONE, {"content": "x", "contnet": "y"}], 'turn 1 has an unknown key "contnet"'),
+        (
+            [{"tool_calls": [{"name": "read_file", "argumnets": {"path": "a"}}]}],
+            'turn 0 has a tool call (0) with an unknown key "argumnets"',
+        ),
+        ([], "has no turns: give at least one"),
+    ],
+)
 def test_a_wrong_script_is_refused_when_loaded_with_the_turn(
-        cli_inproc, tmp_path: Path, sql, script: object, problem: str) -> None:
+    cli_inproc, tmp_path: Path, sql, script: object, problem: str
+) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps(script))
     r = cli_inproc("start", "t", "--model", f"scripted:{path}")
@@ -213,13 +276,19 @@ def test_resume_of_a_completed_run_exits_2(cli_inproc, write_script) -> None:
 
 
 def test_a_resume_that_looked_before_the_run_completed_neither_takes_nor_reopens_it(
-        cli_inproc, write_script, env, sql, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, write_script, env, sql, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     # `resume` read the run as running, then its owner finished it; the lease was taken all
     # the same: the completed run was set running again, replayed, and its settings changed.
     from durable_agent.store.runs import Store
 
-    assert cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "R").code == 0
-    before = sql("SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs")
+    assert (
+        cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "R").code
+        == 0
+    )
+    before = sql(
+        "SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs"
+    )
     real = Store.get_run
 
     def seen_before_it_completed(self, run_id):  # type: ignore[no-untyped-def]
@@ -230,24 +299,44 @@ def test_a_resume_that_looked_before_the_run_completed_neither_takes_nor_reopens
     monkeypatch.setattr(Store, "get_run", seen_before_it_completed)
     r = cli_inproc("resume", "R", "--max-steps", "1")
     assert r.code == 2 and "run R is completed; nothing to resume" in r.stderr, r.stderr
-    assert sql("SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs") == before
+    assert (
+        sql(
+            "SELECT status, stop_reason, lease_epoch, finished_at, settings, resume_count FROM runs"
+        )
+        == before
+    )
 
 
 def test_compact_puts_back_the_status_the_run_has_under_its_lease_not_the_one_it_read_before(
-        cli_inproc, write_script, sql, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, write_script, sql, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     # Another session ended between `compact`'s read and its lease (blocked, an approval
     # pending); compact then wrote back the status it had read first: budget_exceeded.
     import sqlite3
 
     from durable_agent.store.runs import Store
 
-    assert cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "C",
-                      "--max-steps", "1").code == 3
+    assert (
+        cli_inproc(
+            "start",
+            "t",
+            "--model",
+            write_script([read("a"), DONE]),
+            "--run-id",
+            "C",
+            "--max-steps",
+            "1",
+        ).code
+        == 3
+    )
     real = Store.take_over
 
     def another_session_first(self, run_id, owner, lease_seconds):  # type: ignore[no-untyped-def]
         db = sqlite3.connect(self.engine.url.database)
-        db.execute("UPDATE runs SET status = 'blocked', stop_reason = 'approval_required' WHERE id = ?", (run_id,))
+        db.execute(
+            "UPDATE runs SET status = 'blocked', stop_reason = 'approval_required' WHERE id = ?",
+            (run_id,),
+        )
         db.commit()
         db.close()
         return real(self, run_id, owner, lease_seconds)
@@ -258,12 +347,22 @@ def test_compact_puts_back_the_status_the_run_has_under_its_lease_not_the_one_it
 
 
 def test_resume_json_of_a_run_another_live_process_holds_is_one_object(
-        cli_inproc, write_script, env) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, write_script, env
+) -> None:  # type: ignore[no-untyped-def]
     from durable_agent.store import leases
     from durable_agent.store.engine import open_store_engine
     from durable_agent.store.runs import Store
 
-    cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "J", "--max-steps", "1")
+    cli_inproc(
+        "start",
+        "t",
+        "--model",
+        write_script([read("a"), DONE]),
+        "--run-id",
+        "J",
+        "--max-steps",
+        "1",
+    )
     store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))
     store.acquire_lease("J", leases.new_owner(), 60)  # this test process is alive
     r = cli_inproc("resume", "J", "--json")
@@ -273,12 +372,23 @@ def test_resume_json_of_a_run_another_live_process_holds_is_one_object(
     assert out["run_id"] == "J" and out["status"] is None and "another live process" in out["error"]
 
 
-def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(cli_inproc, write_script, env, sql) -> None:
+def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(
+    cli_inproc, write_script, env, sql
+) -> None:
     from durable_agent.store import leases
     from durable_agent.store.engine import open_store_engine
     from durable_agent.store.runs import Store
 
-    cli_inproc("start", "t", "--model", write_script([read("a"), DONE]), "--run-id", "L", "--max-steps", "1")
+    cli_inproc(
+        "start",
+        "t",
+        "--model",
+        write_script([read("a"), DONE]),
+        "--run-id",
+        "L",
+        "--max-steps",
+        "1",
+    )
     store = Store(open_store_engine(env["DURABLE_AGENT_DB"]))
     store.acquire_lease("L", leases.new_owner(), 60)  # this test process is alive
     r = cli_inproc("resume", "L", "--max-steps", "5")
@@ -312,18 +422,41 @@ def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> Non
     assert sql("SELECT status FROM runs WHERE id=?", run_id)[0][0] == "cancelled"
 
     slow = write_script([{"delay_s": 0.3, **read("a")}] * 200)
-    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", slow,
-                             "--run-id", "live", "--max-repeats", "1000", "--quiet"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_agent",
+            "start",
+            "t",
+            "--model",
+            slow,
+            "--run-id",
+            "live",
+            "--max-repeats",
+            "1000",
+            "--quiet",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        rows = sql("SELECT step_count FROM runs WHERE id='live'") if Path(env["DURABLE_AGENT_DB"][10:]).exists() else []
+        rows = (
+            sql("SELECT step_count FROM runs WHERE id='live'")
+            if Path(env["DURABLE_AGENT_DB"][10:]).exists()
+            else []
+        )
         if rows and rows[0][0] >= 1:
             break
         time.sleep(0.05)
     assert cli("cancel", "live").stdout.startswith("cancellation requested")
     assert proc.wait(timeout=30) == 4
-    status, reason, steps = sql("SELECT status, stop_reason, step_count FROM runs WHERE id='live'")[0]
+    status, reason, steps = sql("SELECT status, stop_reason, step_count FROM runs WHERE id='live'")[
+        0
+    ]
     assert (status, reason) == ("cancelled", "cancelled") and steps < 200
     history_is_valid(sql, "live")
 
@@ -332,9 +465,28 @@ def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> Non
 def test_max_seconds_counts_active_time_across_resumes(cli_inproc, write_script, sql) -> None:
     # Wide margins: a loaded machine may spend a good part of a second before the first call.
     slow = {"delay_s": 0.5, **read("a")}
-    script = write_script([slow, dict(slow, tool_calls=[{"name": "read_file", "arguments": {"path": "b"}}]),
-                           slow, slow, slow, DONE])
-    r = cli_inproc("start", "t", "--model", script, "--max-seconds", "1.2", "--run-id", "secs", "--max-repeats", "9")
+    script = write_script(
+        [
+            slow,
+            dict(slow, tool_calls=[{"name": "read_file", "arguments": {"path": "b"}}]),
+            slow,
+            slow,
+            slow,
+            DONE,
+        ]
+    )
+    r = cli_inproc(
+        "start",
+        "t",
+        "--model",
+        script,
+        "--max-seconds",
+        "1.2",
+        "--run-id",
+        "secs",
+        "--max-repeats",
+        "9",
+    )
     assert r.code == 3
     reason, steps, active = sql("SELECT stop_reason, step_count, active_ms FROM runs")[0]
     assert reason == "max_seconds" and 1 <= steps < 6 and active >= 1200
@@ -352,7 +504,9 @@ def test_run_ids_can_be_abbreviated_unless_ambiguous(cli_inproc, write_script) -
     assert r.code == 2 and "ambiguous" in r.stderr and "abc-one" in r.stderr
 
 
-def test_a_tool_that_raises_is_an_observation_not_a_crash(cli_inproc, write_script, workspace, sql) -> None:
+def test_a_tool_that_raises_is_an_observation_not_a_crash(
+    cli_inproc, write_script, workspace, sql
+) -> None:
     from typing import ClassVar
 
     from pydantic import BaseModel
@@ -375,10 +529,17 @@ def test_a_tool_that_raises_is_an_observation_not_a_crash(cli_inproc, write_scri
     (workspace / "a.txt").write_text("a file, not a folder\n")
     registry.register_tool(Broken())
     try:
-        script = write_script([
-            {"tool_calls": [{"name": "broken", "arguments": {}}]},
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt/x", "content": "x"}}]},
-            DONE])
+        script = write_script(
+            [
+                {"tool_calls": [{"name": "broken", "arguments": {}}]},
+                {
+                    "tool_calls": [
+                        {"name": "write_file", "arguments": {"path": "a.txt/x", "content": "x"}}
+                    ]
+                },
+                DONE,
+            ]
+        )
         r = cli_inproc("start", "t", "--model", script, "--run-id", "boom")
     finally:
         registry._custom.pop("broken", None)
@@ -389,13 +550,25 @@ def test_a_tool_that_raises_is_an_observation_not_a_crash(cli_inproc, write_scri
     assert (workspace / "a.txt").read_text() == "a file, not a folder\n"
 
 
-def test_arguments_nested_past_pythons_recursion_limit_are_an_error_the_model_sees(cli, write_script, sql) -> None:  # type: ignore[no-untyped-def]
+def test_arguments_nested_past_pythons_recursion_limit_are_an_error_the_model_sees(
+    cli, write_script, sql
+) -> None:  # type: ignore[no-untyped-def]
     # json.loads raises RecursionError, not ValueError, for a value nested ~1,000 deep: the
     # run ended "failed (tool_error): unexpected RecursionError".
     deep = "[" * 100_000 + "]" * 100_000
-    script = write_script([
-        {"tool_calls": [{"name": "write_file", "arguments": '{"path": "a.txt", "content": "x", "n": ' + deep + "}"}]},
-        {"content": "done"}])
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "write_file",
+                        "arguments": '{"path": "a.txt", "content": "x", "n": ' + deep + "}",
+                    }
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
     r = cli("start", "t", "--model", script, "--run-id", "deep")
     assert r.code == 0, r.stderr
     (error,) = sql("SELECT error FROM steps WHERE run_id = 'deep' AND kind = 'tool'")[0]

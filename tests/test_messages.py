@@ -16,13 +16,21 @@ def digest(*messages: Message) -> str:
 
 def test_same_history_same_digest_and_every_field_counts() -> None:
     call = ToolCall("call_0_0", "read_file", '{"path": "a"}')
-    base = [Message("system", "s"), Message("user", "t"), Message("assistant", None, (call,)),
-            Message("tool", "x", tool_call_id="call_0_0")]
+    base = [
+        Message("system", "s"),
+        Message("user", "t"),
+        Message("assistant", None, (call,)),
+        Message("tool", "x", tool_call_id="call_0_0"),
+    ]
     assert digest(*base) == digest(*base)
     variants = [
         [Message("system", "s!"), *base[1:]],
         [*base[:2], Message("assistant", "", (call,)), base[3]],  # None is not ""
-        [*base[:2], Message("assistant", None, (ToolCall("call_0_0", "read_file", '{"path": "b"}'),)), base[3]],
+        [
+            *base[:2],
+            Message("assistant", None, (ToolCall("call_0_0", "read_file", '{"path": "b"}'),)),
+            base[3],
+        ],
         [*base[:3], Message("tool", "x", tool_call_id="call_0_1")],
         base[:3],
     ]
@@ -30,7 +38,9 @@ def test_same_history_same_digest_and_every_field_counts() -> None:
 
 
 def test_boundaries_between_messages_are_unambiguous() -> None:
-    assert digest(Message("user", "ab"), Message("user", "c")) != digest(Message("user", "a"), Message("user", "bc"))
+    assert digest(Message("user", "ab"), Message("user", "c")) != digest(
+        Message("user", "a"), Message("user", "bc")
+    )
 
 
 def test_arguments_nested_past_the_limit_are_refused_where_they_come_in() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-PLUGIN = '''
+PLUGIN = """
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -46,7 +46,7 @@ def make() -> Shout:
 
 
 NOT_A_TOOL = 42
-'''
+"""
 
 
 @pytest.fixture
@@ -63,42 +63,75 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_a_plugin_tool_is_listed_and_used_in_a_run(cli: Callable[..., Any], plugin_env: dict[str, str],
-                                                   write_script: Callable[..., str], tmp_path: Path,
-                                                   sql: Callable[..., list[Any]]) -> None:
+def test_a_plugin_tool_is_listed_and_used_in_a_run(
+    cli: Callable[..., Any],
+    plugin_env: dict[str, str],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    sql: Callable[..., list[Any]],
+) -> None:
     config = tmp_path / "config.toml"
     config.write_text('tools = ["da_demo_plugin:Whisper"]\n')
     extra_env = {**plugin_env, "DURABLE_AGENT_CONFIG": str(config)}
     r = cli("tools", "--json", extra_env=extra_env)
     assert r.code == 0, r.stderr
     tools = {t["name"]: t for t in r.json()}
-    assert tools["shout"] == {"name": "shout", "source": "plugin da-demo-plugin", "effect": "read",
-                              "description": "Upper-case a text."}
+    assert tools["shout"] == {
+        "name": "shout",
+        "source": "plugin da-demo-plugin",
+        "effect": "read",
+        "description": "Upper-case a text.",
+    }
     assert tools["whisper"]["source"] == "config da_demo_plugin:Whisper"
     table = cli("tools", "--shell", "deny", extra_env=extra_env).stdout.splitlines()
     assert table[0].split() == ["NAME", "SOURCE", "EFFECT", "DESCRIPTION"]
-    assert ["shout", "plugin", "da-demo-plugin", "read", "Upper-case", "a", "text."] in [r.split() for r in table]
+    assert ["shout", "plugin", "da-demo-plugin", "read", "Upper-case", "a", "text."] in [
+        r.split() for r in table
+    ]
     assert not any(r.startswith("run_command") for r in table)  # --shell deny: not offered
-    model = write_script([{"tool_calls": [{"name": "shout", "arguments": {"text": "hi"}},
-                                          {"name": "whisper", "arguments": {"text": "HO"}}]},
-                          {"content": "done"}])
-    r = cli("start", "use the plugin", "--model", model, "--json", "--run-id", "plug", extra_env=extra_env)
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "shout", "arguments": {"text": "hi"}},
+                    {"name": "whisper", "arguments": {"text": "HO"}},
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    r = cli(
+        "start",
+        "use the plugin",
+        "--model",
+        model,
+        "--json",
+        "--run-id",
+        "plug",
+        extra_env=extra_env,
+    )
     assert r.code == 0, r.stderr
-    rows = sql("SELECT tool_name, effect, json_extract(output, '$.result') FROM steps "
-               "WHERE kind = 'tool' ORDER BY seq")
+    rows = sql(
+        "SELECT tool_name, effect, json_extract(output, '$.result') FROM steps "
+        "WHERE kind = 'tool' ORDER BY seq"
+    )
     assert rows == [("shout", "read", "HI (run plug)"), ("whisper", "read", "ho")]
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("da_demo_plugin:NOT_A_TOOL", "is not a tool"),
-    ("da_demo_plugin:Missing", "cannot import 'da_demo_plugin:Missing'"),
-    ("no_such_module_here:X", "cannot import"),
-    ("da_demo_plugin", "is not `package.module:Name`"),
-    ("da_demo_plugin:Shout", "two tools are named 'shout'"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("da_demo_plugin:NOT_A_TOOL", "is not a tool"),
+        ("da_demo_plugin:Missing", "cannot import 'da_demo_plugin:Missing'"),
+        ("no_such_module_here:X", "cannot import"),
+        ("da_demo_plugin", "is not `package.module:Name`"),
+        ("da_demo_plugin:Shout", "two tools are named 'shout'"),
+    ],
+)
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_a_bad_tool_entry_is_one_line(cli: Callable[..., Any], plugin_env: dict[str, str], tmp_path: Path,
-                                      spec: str, message: str) -> None:
+def test_a_bad_tool_entry_is_one_line(
+    cli: Callable[..., Any], plugin_env: dict[str, str], tmp_path: Path, spec: str, message: str
+) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f"tools = [{json.dumps(spec)}]\n")
     r = cli("tools", extra_env={**plugin_env, "DURABLE_AGENT_CONFIG": str(config)})
@@ -106,7 +139,9 @@ def test_a_bad_tool_entry_is_one_line(cli: Callable[..., Any], plugin_env: dict[
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_the_entry_points_found_are_the_standard_librarys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_entry_points_found_are_the_standard_librarys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # plugins.entry_points reads only the distributions that name the group: the same entry
     # points as metadata.entry_points(group=...), whatever the header's spaces, with a
     # distribution shadowed by one of the same name earlier on sys.path, and others' groups.
@@ -122,18 +157,30 @@ def test_the_entry_points_found_are_the_standard_librarys(tmp_path: Path, monkey
 
     dist("first", "da-shadowed", "[durable_agent.tools]\nwins = a:b\n")
     dist("second", "da-shadowed", "[durable_agent.tools]\nloses = a:c\n")
-    dist("second", "da-spaced", "[console_scripts]\nx = a:d\n\n[ durable_agent.tools ]\nspaced = a:e\n")
-    dist("second", "da-other", "[other.group]\nnot_ours = a:f\n# durable_agent.tools named in a comment\n")
+    dist(
+        "second",
+        "da-spaced",
+        "[console_scripts]\nx = a:d\n\n[ durable_agent.tools ]\nspaced = a:e\n",
+    )
+    dist(
+        "second",
+        "da-other",
+        "[other.group]\nnot_ours = a:f\n# durable_agent.tools named in a comment\n",
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "second"))
     monkeypatch.syspath_prepend(str(tmp_path / "first"))
     ours = [(ep.name, ep.value, ep.dist.name if ep.dist else None) for ep in entry_points()]
-    theirs = [(ep.name, ep.value, ep.dist.name if ep.dist else None)
-              for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    theirs = [
+        (ep.name, ep.value, ep.dist.name if ep.dist else None)
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)
+    ]
     assert sorted(ours) == sorted(theirs)
     assert "wins" in {name for name, _, _ in ours} and "loses" not in {name for name, _, _ in ours}
 
 
-def test_plugins_served_by_a_finders_own_distribution_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugins_served_by_a_finders_own_distribution_are_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A distribution that is no folder of files gives its entry points its own way (no
     # entry_points.txt to read first): they are asked for as the standard library asks.
     import sys
@@ -144,14 +191,20 @@ def test_plugins_served_by_a_finders_own_distribution_are_found(monkeypatch: pyt
 
     class Dist(Distribution):
         def read_text(self, filename: str) -> str | None:
-            return "Metadata-Version: 2.1\nName: custom-tools\nVersion: 1\n" if filename == "METADATA" else None
+            return (
+                "Metadata-Version: 2.1\nName: custom-tools\nVersion: 1\n"
+                if filename == "METADATA"
+                else None
+            )
 
         def locate_file(self, path: Any) -> Any:
             return path
 
         @property
         def entry_points(self) -> EntryPoints:
-            return EntryPoints([EntryPoint("shout", "my_tools:Shout", ENTRY_POINT_GROUP)._for(self)])
+            return EntryPoints(
+                [EntryPoint("shout", "my_tools:Shout", ENTRY_POINT_GROUP)._for(self)]
+            )
 
     class Finder(DistributionFinder):
         def find_spec(self, *args: Any, **kwargs: Any) -> None:
@@ -167,7 +220,9 @@ def test_plugins_served_by_a_finders_own_distribution_are_found(monkeypatch: pyt
     assert [ep.name for ep in entry_points()] == theirs
 
 
-def test_a_python_write_tool_whose_plan_is_its_own_object_runs_and_is_recorded(tmp_path: Path) -> None:
+def test_a_python_write_tool_whose_plan_is_its_own_object_runs_and_is_recorded(
+    tmp_path: Path,
+) -> None:
     # The WriteTool protocol reads a plan's path and hashes: any object that has them will do.
     import dataclasses
     import hashlib
@@ -205,21 +260,39 @@ def test_a_python_write_tool_whose_plan_is_its_own_object_runs_and_is_recorded(t
     ws = tmp_path / "ws"
     ws.mkdir()
     script = tmp_path / "s.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "touch", "arguments": {"path": "f.txt"}}]},
-                                  {"content": "done"}]))
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "touch", "arguments": {"path": "f.txt"}}]},
+                {"content": "done"},
+            ]
+        )
+    )
     db = tmp_path / "store.db"
-    outcome = Agent(model=f"scripted:{script}", workspace=ws, db=f"sqlite:///{db}", tools=[Touch()],
-                    shell="deny", sandbox="off").start("go")
+    outcome = Agent(
+        model=f"scripted:{script}",
+        workspace=ws,
+        db=f"sqlite:///{db}",
+        tools=[Touch()],
+        shell="deny",
+        sandbox="off",
+    ).start("go")
     assert outcome.status == "completed", outcome.error
     assert (ws / "f.txt").read_text() == "x"
     import sqlite3
 
     with sqlite3.connect(db) as conn:
-        (plan,) = conn.execute("SELECT json_extract(input, '$.plan') FROM steps WHERE tool_name = 'touch'").fetchone()
-    assert json.loads(plan) == {"path": "f.txt", "before_sha": None, "after_sha": hashlib.sha256(b"x").hexdigest()}
+        (plan,) = conn.execute(
+            "SELECT json_extract(input, '$.plan') FROM steps WHERE tool_name = 'touch'"
+        ).fetchone()
+    assert json.loads(plan) == {
+        "path": "f.txt",
+        "before_sha": None,
+        "after_sha": hashlib.sha256(b"x").hexdigest(),
+    }
 
 
-OWN_PLAN_TOOL = '''
+OWN_PLAN_TOOL = """
 import dataclasses, hashlib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -261,12 +334,13 @@ class Touch:
             log.write(args.path + "\\n")
         (ctx.workspace / args.path).write_text("x")
         return ToolResult(output="ok")
-'''
+"""
 
 
 @pytest.mark.slow  # many CLI processes: the full lane only
 def test_a_plugin_write_with_its_own_plan_runs_once_whatever_checkpoint_the_process_is_killed_at(
-        cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path, workspace: Path) -> None:
+    cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path, workspace: Path
+) -> None:
     # SIGKILL at each checkpoint boundary of a run whose one write is a plugin's with a plan
     # of its own type, then resume: the write lands once, never twice, and the run completes.
     site = tmp_path / "own_site"
@@ -277,9 +351,22 @@ def test_a_plugin_write_with_its_own_plan_runs_once_whatever_checkpoint_the_proc
     extra = {"PYTHONPATH": str(site), "DURABLE_AGENT_CONFIG": str(config)}
     for k in range(1, 7):
         name = f"f{k}.txt"
-        model = write_script([{"tool_calls": [{"name": "touch", "arguments": {"path": name}}]}, {"content": "done"}])
-        first = cli("start", "touch", "--model", model, "--shell", "deny", "--sandbox", "off", "--run-id", f"own-{k}",
-                    extra_env={**extra, "DURABLE_AGENT_CRASH_AFTER": str(k)})
+        model = write_script(
+            [{"tool_calls": [{"name": "touch", "arguments": {"path": name}}]}, {"content": "done"}]
+        )
+        first = cli(
+            "start",
+            "touch",
+            "--model",
+            model,
+            "--shell",
+            "deny",
+            "--sandbox",
+            "off",
+            "--run-id",
+            f"own-{k}",
+            extra_env={**extra, "DURABLE_AGENT_CRASH_AFTER": str(k)},
+        )
         assert first.code == -9, (k, first.code, first.stderr)
         done = cli("resume", f"own-{k}", extra_env=extra)
         assert done.code == 0, (k, done.stderr)
@@ -289,7 +376,8 @@ def test_a_plugin_write_with_its_own_plan_runs_once_whatever_checkpoint_the_proc
 
 
 def test_a_package_whose_entry_points_txt_is_not_utf8_breaks_no_command(
-        cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path) -> None:
+    cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path
+) -> None:
     # Any installed distribution's metadata is read when plugins are looked for (ours, and
     # pydantic's own search as it builds its first model): one such file, not UTF-8, made
     # every command that validates settings end in a UnicodeDecodeError traceback.

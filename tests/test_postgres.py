@@ -57,17 +57,25 @@ def engine(store_url: str) -> Iterator[Engine]:
 def add_runs(store: Store, n: int, workspace: Path, prefix: str = "run") -> list[str]:
     ids = [f"{prefix}{i:03d}" for i in range(n)]
     for rid in ids:
-        store.create_run(rid, task=f"task {rid}", workspace=str(workspace), model="scripted:x",
-                         settings={"max_steps": 5},
-                         first_messages=[Message("system", "s"), Message("user", f"task {rid}")])
+        store.create_run(
+            rid,
+            task=f"task {rid}",
+            workspace=str(workspace),
+            model="scripted:x",
+            settings={"max_steps": 5},
+            first_messages=[Message("system", "s"), Message("user", f"task {rid}")],
+        )
     return ids
 
 
 def expire_lease(engine: Engine, run_id: str) -> None:
     """What time does to a worker that stopped renewing (crashed, paused, partitioned)."""
     with engine.begin() as conn:
-        conn.execute(update(runs).where(runs.c.id == run_id)
-                     .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
 
 
 ZERO = Counters(0, 0, 0, 0, 2, 0)
@@ -75,24 +83,51 @@ ZERO = Counters(0, 0, 0, 0, 2, 0)
 
 # -- PostgreSQL: migrations and the CLI ---------------------------------------------------------
 @pytest.mark.postgres
-def test_migrations_build_the_schema_with_views_and_indexes_in_a_private_schema(pg_url: str) -> None:
+def test_migrations_build_the_schema_with_views_and_indexes_in_a_private_schema(
+    pg_url: str,
+) -> None:
     engine = open_store_engine(pg_url)
     try:
         assert current_revision(engine) == HEAD_REVISION
         with engine.connect() as conn:
             schema = conn.execute(text("SELECT current_schema()")).scalar_one()
             assert schema.startswith("da_test_")  # everything landed in the test's schema
-            tables = set(conn.execute(text(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-            )).scalars())
-            assert {"runs", "steps", "messages", "approvals", "alembic_version", "run_timeline"} <= tables
-            indexes = set(conn.execute(text(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'runs'"
-            )).scalars())
-            assert {"ix_runs_claimable", "ix_runs_created_id", "ix_runs_status_created_id"} <= indexes
-            assert conn.execute(text(
-                "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
-                "AND table_name = 'steps' AND column_name = 'input'")).scalar_one() == "jsonb"
+            tables = set(
+                conn.execute(
+                    text(
+                        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+                    )
+                ).scalars()
+            )
+            assert {
+                "runs",
+                "steps",
+                "messages",
+                "approvals",
+                "alembic_version",
+                "run_timeline",
+            } <= tables
+            indexes = set(
+                conn.execute(
+                    text(
+                        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'runs'"
+                    )
+                ).scalars()
+            )
+            assert {
+                "ix_runs_claimable",
+                "ix_runs_created_id",
+                "ix_runs_status_created_id",
+            } <= indexes
+            assert (
+                conn.execute(
+                    text(
+                        "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+                        "AND table_name = 'steps' AND column_name = 'input'"
+                    )
+                ).scalar_one()
+                == "jsonb"
+            )
         # Down past the queue indexes and up again: both directions work on PostgreSQL.
         upgrade_to(engine, "0002", down=True)
         assert current_revision(engine) == "0002"
@@ -124,11 +159,18 @@ def test_claim_query_reads_the_partial_index(pg_url: str, tmp_path: Path) -> Non
         with engine.begin() as conn:
             conn.execute(text("UPDATE runs SET status = 'completed' WHERE id < 'run040'"))
             conn.execute(text("ANALYZE runs"))
-            conn.execute(text("SET LOCAL enable_seqscan = off"))  # tiny table: ask what it *can* use
-            plan = "\n".join(conn.execute(text(
-                "EXPLAIN SELECT id FROM runs WHERE status IN ('pending', 'running') "
-                "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
-                "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED")).scalars())
+            conn.execute(
+                text("SET LOCAL enable_seqscan = off")
+            )  # tiny table: ask what it *can* use
+            plan = "\n".join(
+                conn.execute(
+                    text(
+                        "EXPLAIN SELECT id FROM runs WHERE status IN ('pending', 'running') "
+                        "AND (lease_expires_at IS NULL OR lease_expires_at <= now()) "
+                        "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
+                    )
+                ).scalars()
+            )
         assert "ix_runs_claimable" in plan, plan
         assert "Sort" not in plan, plan  # rows come in claim order straight from the index
     finally:
@@ -138,13 +180,20 @@ def test_claim_query_reads_the_partial_index(pg_url: str, tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_cli_start_list_show_export_work_unchanged_on_postgres(
-        pg_url: str, env: dict[str, str], workspace: Path, write_script: Callable[..., str]) -> None:
+    pg_url: str, env: dict[str, str], workspace: Path, write_script: Callable[..., str]
+) -> None:
     env = {**env, "DURABLE_AGENT_DB": pg_url}
-    model = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo pg-ok"}}]},
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x\n"}}]},
-        {"content": "done"},
-    ])
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo pg-ok"}}]},
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "a.txt", "content": "x\n"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return forked_cli.run(args, env=env, cwd=workspace)
@@ -152,7 +201,12 @@ def test_cli_start_list_show_export_work_unchanged_on_postgres(
     started = cli("start", "do it", "--model", model, "--shell", "allow", "--json")
     assert started.returncode == 0, started.stderr
     result = json.loads(started.stdout)
-    assert (result["status"], result["answer"], result["steps"], result["tool_calls"]) == ("completed", "done", 3, 2)
+    assert (result["status"], result["answer"], result["steps"], result["tool_calls"]) == (
+        "completed",
+        "done",
+        3,
+        2,
+    )
     rid = result["run_id"]
     listed = cli("list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -161,7 +215,9 @@ def test_cli_start_list_show_export_work_unchanged_on_postgres(
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert [(s["kind"], s["state"]) for s in doc["steps"]] == [
-        ("model", "completed"), ("tool", "completed")] * 2 + [("model", "completed")]
+        ("model", "completed"),
+        ("tool", "completed"),
+    ] * 2 + [("model", "completed")]
     exported = cli("export", rid)
     assert exported.returncode == 0, exported.stderr
     types = [json.loads(line)["type"] for line in exported.stdout.splitlines()]
@@ -170,10 +226,17 @@ def test_cli_start_list_show_export_work_unchanged_on_postgres(
     engine = open_store_engine(pg_url)
     try:
         with engine.connect() as conn:
-            args = conn.execute(text(
-                "SELECT tool_name, input -> 'arguments' ->> 'command', input -> 'arguments' ->> 'path' "
-                "FROM steps WHERE run_id = :r AND kind = 'tool' ORDER BY seq"), {"r": rid}).all()
-        assert [tuple(a) for a in args] == [("run_command", "echo pg-ok", None), ("write_file", None, "a.txt")]
+            args = conn.execute(
+                text(
+                    "SELECT tool_name, input -> 'arguments' ->> 'command', input -> 'arguments' ->> 'path' "
+                    "FROM steps WHERE run_id = :r AND kind = 'tool' ORDER BY seq"
+                ),
+                {"r": rid},
+            ).all()
+        assert [tuple(a) for a in args] == [
+            ("run_command", "echo pg-ok", None),
+            ("write_file", None, "a.txt"),
+        ]
     finally:
         engine.dispose()
     assert (workspace / "a.txt").read_text() == "x\n"
@@ -211,7 +274,9 @@ def test_concurrent_claims_never_hand_out_a_run_twice(engine: Engine, tmp_path: 
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT id, status, lease_owner, lease_epoch FROM runs")).all()
     owners = {r: o for r, o, _ in claimed}
-    assert all(r.status == "running" and r.lease_epoch == 1 and r.lease_owner == owners[r.id] for r in rows)
+    assert all(
+        r.status == "running" and r.lease_epoch == 1 and r.lease_owner == owners[r.id] for r in rows
+    )
 
 
 def test_global_limit_holds_under_concurrent_claims(engine: Engine, tmp_path: Path) -> None:
@@ -239,40 +304,62 @@ def test_global_limit_holds_under_concurrent_claims(engine: Engine, tmp_path: Pa
     assert len(got) == 3 and len(set(got)) == 3
     assert len(limited) == 5
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT COUNT(*) FROM runs WHERE status = 'running' "
-                                 "AND lease_owner IS NOT NULL")).scalar() == 3
+        assert (
+            conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM runs WHERE status = 'running' AND lease_owner IS NOT NULL"
+                )
+            ).scalar()
+            == 3
+        )
     # A finished run frees its slot.
     rid = got[0]
     with engine.begin() as conn:
-        conn.execute(update(runs).where(runs.c.id == rid).values(status="completed", lease_owner=None,
-                                                                 lease_expires_at=None))
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == rid)
+            .values(status="completed", lease_owner=None, lease_expires_at=None)
+        )
     assert queue.claim(OWNER_C, 60, max_running=3).claim is not None
     assert queue.claim(OWNER_C, 60, max_running=3).at_limit
 
 
-def test_a_live_lease_is_not_claimable_an_expired_one_is_taken_over(engine: Engine, tmp_path: Path) -> None:
+def test_a_live_lease_is_not_claimable_an_expired_one_is_taken_over(
+    engine: Engine, tmp_path: Path
+) -> None:
     store, queue = Store(engine), Queue(engine)
     (rid,) = add_runs(store, 1, tmp_path)
     first = queue.claim(OWNER_A, 60).claim
     assert first is not None and first.epoch == 1 and not first.takeover
     assert queue.claim(OWNER_B, 60).claim is None  # live: nobody else gets it
-    assert store.cancel(rid) == "requested"  # a cancel that reached the run just before its worker died
+    assert (
+        store.cancel(rid) == "requested"
+    )  # a cancel that reached the run just before its worker died
     expire_lease(engine, rid)
     second = queue.claim(OWNER_B, 60).claim
     assert second is not None
-    assert (second.run_id, second.epoch, second.takeover, second.previous_owner) == (rid, 2, True, OWNER_A)
+    assert (second.run_id, second.epoch, second.takeover, second.previous_owner) == (
+        rid,
+        2,
+        True,
+        OWNER_A,
+    )
     run = store.get_run(rid)
     assert (run.lease_owner, run.lease_epoch, run.status) == (OWNER_B, 2, "running")
     assert run.cancel_requested  # kept: the new owner must still honour the cancel
     assert run.resume_count == 1
 
 
-def test_unreachable_workspaces_are_passed_over_and_left_queued(engine: Engine, tmp_path: Path) -> None:
+def test_unreachable_workspaces_are_passed_over_and_left_queued(
+    engine: Engine, tmp_path: Path
+) -> None:
     store, queue = Store(engine), Queue(engine)
     ids = add_runs(store, 3, tmp_path)
     result = queue.claim(OWNER_A, 60, accept=lambda ws: False)
     assert result.claim is None and [r.run_id for r in result.rejected] == ids
-    assert all(store.get_run(r).status == "pending" and store.get_run(r).lease_owner is None for r in ids)
+    assert all(
+        store.get_run(r).status == "pending" and store.get_run(r).lease_owner is None for r in ids
+    )
     result = queue.claim(OWNER_A, 60, exclude={ids[0]})
     assert result.claim is not None and result.claim.run_id == ids[1]
 
@@ -292,11 +379,14 @@ def test_a_stolen_lease_fences_every_write_of_the_old_owner(engine: Engine, tmp_
 
     def writes(j: Journal) -> dict[str, Callable[[], object]]:
         return {
-            "complete": lambda: first.complete({"x": 1}, messages=[Message("assistant", "hi")], counters=ZERO),
+            "complete": lambda: first.complete(
+                {"x": 1}, messages=[Message("assistant", "hi")], counters=ZERO
+            ),
             "start": lambda: j.find("tool:c1:x", "tool", turn=0, call_id="c1").start({}),
             "heartbeat": j.heartbeat,
-            "finish_run": lambda: j.finish_run(status="completed", stop_reason="finished", answer="x",
-                                               error=None, counters=ZERO),
+            "finish_run": lambda: j.finish_run(
+                status="completed", stop_reason="finished", answer="x", error=None, counters=ZERO
+            ),
         }
 
     for name, write in writes(old).items():
@@ -327,23 +417,41 @@ def test_a_stolen_lease_fences_every_write_of_the_old_owner(engine: Engine, tmp_
     current.load()
     current.find("tool:c1:x", "tool", turn=0, call_id="c1").start({})
     assert [(s.seq, s.state, s.lease_epoch) for s in store.steps(rid)] == [
-        (0, "completed", epoch_a), (1, "started", claim.epoch)]
+        (0, "completed", epoch_a),
+        (1, "started", claim.epoch),
+    ]
 
 
-def test_a_foreground_start_is_created_leased_so_no_worker_can_claim_it(engine: Engine, tmp_path: Path) -> None:
+def test_a_foreground_start_is_created_leased_so_no_worker_can_claim_it(
+    engine: Engine, tmp_path: Path
+) -> None:
     store, queue = Store(engine), Queue(engine)
-    store.create_run("fg", task="t", workspace=str(tmp_path), model="demo", settings={},
-                     first_messages=[Message("user", "t")], lease=(OWNER_A, 60))
+    store.create_run(
+        "fg",
+        task="t",
+        workspace=str(tmp_path),
+        model="demo",
+        settings={},
+        first_messages=[Message("user", "t")],
+        lease=(OWNER_A, 60),
+    )
     assert queue.claim(OWNER_B, 60).claim is None
     run = store.get_run("fg")
     assert (run.status, run.lease_owner, run.lease_epoch) == ("running", OWNER_A, 1)
     journal = Journal(engine, "fg", OWNER_A, 1, 60)  # the starter writes under that lease
-    journal.finish_run(status="completed", stop_reason="finished", answer="ok", error=None,
-                       counters=Counters(0, 0, 0, 0, 1, 0))
+    journal.finish_run(
+        status="completed",
+        stop_reason="finished",
+        answer="ok",
+        error=None,
+        counters=Counters(0, 0, 0, 0, 1, 0),
+    )
     assert store.get_run("fg").status == "completed"
 
 
-def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(engine: Engine, tmp_path: Path) -> None:
+def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(
+    engine: Engine, tmp_path: Path
+) -> None:
     import os
     import socket
 
@@ -355,8 +463,15 @@ def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(engin
     dead_owner = f"{socket.gethostname()}:{gone.pid}:dead-{_pid_space()}"
     alive_owner = f"{socket.gethostname()}:{os.getpid()}:alive-{_pid_space()}"
     for rid, holder in (("orphan", dead_owner), ("held", alive_owner)):
-        store.create_run(rid, task="t", workspace=str(tmp_path), model="demo", settings={},
-                         first_messages=[Message("user", "t")], lease=(holder, 600))
+        store.create_run(
+            rid,
+            task="t",
+            workspace=str(tmp_path),
+            model="demo",
+            settings={},
+            first_messages=[Message("user", "t")],
+            lease=(holder, 600),
+        )
     claim = queue.claim(OWNER_B, 60).claim
     assert claim is not None and (claim.run_id, claim.epoch, claim.takeover) == ("orphan", 2, True)
     assert claim.previous_owner == dead_owner

@@ -30,7 +30,7 @@ import pytest
 from scale_helpers import Workers, owner_pid, pg_schema, wait_for
 from sqlalchemy import Engine, text
 
-from durable_agent.settings import load_settings
+from durable_agent.config.settings import load_settings
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
 from durable_agent.wiring import build_runner
@@ -72,8 +72,10 @@ def command(n: int) -> dict[str, Any]:
     # The sleep comes after the append: a kill then lands in the worst window, where the
     # side effect happened and its outcome is not recorded. The comment keeps fingerprints
     # distinct (max_repeats).
-    return {"name": "run_command",
-            "arguments": {"command": f'echo "$DURABLE_AGENT_CALL_ID" >> ledger.txt; sleep 0.4 # {n}'}}
+    return {
+        "name": "run_command",
+        "arguments": {"command": f'echo "$DURABLE_AGENT_CALL_ID" >> ledger.txt; sleep 0.4 # {n}'},
+    }
 
 
 SCRIPT = [
@@ -113,7 +115,8 @@ def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
-        pg_url: str, engine: Engine, env: dict[str, str], tmp_path: Path, workers: Workers) -> None:
+    pg_url: str, engine: Engine, env: dict[str, str], tmp_path: Path, workers: Workers
+) -> None:
     with engine.begin() as conn:
         for statement in AUDIT_SQL:
             conn.execute(text(statement))
@@ -141,25 +144,40 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
     host = socket.gethostname()
 
     def victim_mid_command() -> bool:
-        found = rows(engine, "SELECT r.lease_owner FROM runs r JOIN steps s ON s.run_id = r.id "
-                             "WHERE s.kind = 'tool' AND s.state = 'started' AND r.lease_owner IS NOT NULL")
+        found = rows(
+            engine,
+            "SELECT r.lease_owner FROM runs r JOIN steps s ON s.run_id = r.id "
+            "WHERE s.kind = 'tool' AND s.state = 'started' AND r.lease_owner IS NOT NULL",
+        )
         return any(owner_pid(o) == victim.pid and o.startswith(host + ":") for (o,) in found)
 
     wait_for(victim_mid_command, 60, "the victim worker to be in the middle of a command", 0.01)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     # What the victim held when it died (it can write nothing more, so this is final).
-    held = {r.id: r for r in rows(engine, "SELECT id, lease_owner, lease_epoch FROM runs")
-            if owner_pid(r.lease_owner) == victim.pid}
-    cut_off = {(r.run_id, r.call_id): r.began for r in rows(
-        engine, "SELECT run_id, call_id, pgid IS NOT NULL AS began FROM steps "
-                "WHERE kind = 'tool' AND state = 'started'") if r.run_id in held}
+    held = {
+        r.id: r
+        for r in rows(engine, "SELECT id, lease_owner, lease_epoch FROM runs")
+        if owner_pid(r.lease_owner) == victim.pid
+    }
+    cut_off = {
+        (r.run_id, r.call_id): r.began
+        for r in rows(
+            engine,
+            "SELECT run_id, call_id, pgid IS NOT NULL AS began FROM steps "
+            "WHERE kind = 'tool' AND state = 'started'",
+        )
+        if r.run_id in held
+    }
     assert held and cut_off
 
     def all_done() -> bool:
         for p in survivors:
             assert p.poll() is None, f"a surviving worker exited early:\n{workers.log(p)}"
-        return rows(engine, "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")[0][0] == 0
+        return (
+            rows(engine, "SELECT count(*) FROM runs WHERE status IN ('pending', 'running')")[0][0]
+            == 0
+        )
 
     wait_for(all_done, 240, "every run to end", 0.2)
     for p in survivors:
@@ -171,9 +189,14 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
     assert "stopped (nothing left to claim) · 0 claimed" in workers.log(once)
 
     # Every run completed, including the ones taken over from the victim.
-    final = {r.id: r for r in rows(engine, "SELECT id, status, answer, lease_epoch, step_count FROM runs")}
+    final = {
+        r.id: r
+        for r in rows(engine, "SELECT id, status, answer, lease_epoch, step_count FROM runs")
+    }
     assert len(final) == RUNS
-    assert {(r.status, r.answer, r.step_count) for r in final.values()} == {("completed", "done", 4)}
+    assert {(r.status, r.answer, r.step_count) for r in final.values()} == {
+        ("completed", "done", 4)
+    }
     for rid, was in held.items():
         assert final[rid].lease_epoch > was.lease_epoch
         assert f"took over run {rid} from {was.lease_owner}" in survivor_logs
@@ -181,8 +204,9 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
     # Ledgers: nothing ran twice; recorded calls ran once; interrupted ones at most once.
     tool_steps = rows(engine, "SELECT run_id, call_id, state, error FROM steps WHERE kind = 'tool'")
     assert len(tool_steps) == RUNS * CALLS_PER_RUN
-    interrupted = {(s.run_id, s.call_id) for s in tool_steps
-                   if s.error and "interrupted by a crash" in s.error}
+    interrupted = {
+        (s.run_id, s.call_id) for s in tool_steps if s.error and "interrupted by a crash" in s.error
+    }
     # A command whose pgid was committed may have run: the model is told. One cut off before
     # that never began (the guard waits for the pgid): it is run, once, like any other.
     assert {k for k, began in cut_off.items() if began} <= interrupted
@@ -197,7 +221,9 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
             if (rid, s.call_id) in interrupted:
                 assert counts[s.call_id] <= 1
             else:
-                assert counts[s.call_id] == 1, f"run {rid}: call {s.call_id} recorded but not in the ledger"
+                assert counts[s.call_id] == 1, (
+                    f"run {rid}: call {s.call_id} recorded but not in the ledger"
+                )
 
     # Epochs never go backwards along a run's steps.
     by_run: dict[str, list[int]] = defaultdict(list)
@@ -212,8 +238,9 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
     epoch_began: dict[tuple[str, int], Any] = {}
     for t in transitions:
         assert t.new_epoch == t.old_epoch + 1
-        assert (t.old_owner is None or t.old_expires <= t.at
-                or owner_pid(t.old_owner) == victim.pid), f"lease of {t.run_id} taken while live: {t}"
+        assert (
+            t.old_owner is None or t.old_expires <= t.at or owner_pid(t.old_owner) == victim.pid
+        ), f"lease of {t.run_id} taken while live: {t}"
         epoch_owner[(t.run_id, t.new_epoch)] = t.new_owner
         epoch_began[(t.run_id, t.new_epoch)] = t.at
     takeovers = [t for t in transitions if owner_pid(t.old_owner) == victim.pid]
@@ -228,4 +255,6 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
         assert w.run_owner == epoch_owner[(w.run_id, w.run_epoch)], w
         assert w.step_epoch <= w.run_epoch and (w.op == "UPDATE" or w.step_epoch == w.run_epoch), w
         following = epoch_began.get((w.run_id, w.run_epoch + 1))
-        assert following is None or w.at < following, f"write of epoch {w.run_epoch} after the next began: {w}"
+        assert following is None or w.at < following, (
+            f"write of epoch {w.run_epoch} after the next began: {w}"
+        )

@@ -116,8 +116,9 @@ def test_undecodable_output_is_replaced_not_fatal(tmp_path: Path) -> None:
 
 
 def test_output_is_capped_with_a_marker_and_the_original_size(tmp_path: Path) -> None:
-    out = run("python3 -c \"print('H' * 5000 + 'x' * 90000 + 'T' * 5000)\"", tmp_path,
-              output_cap=1000)
+    out = run(
+        "python3 -c \"print('H' * 5000 + 'x' * 90000 + 'T' * 5000)\"", tmp_path, output_cap=1000
+    )
     assert out.stdout_bytes == 100_001
     assert len(out.stdout) <= 1000
     assert out.stdout.startswith("H" * 400)
@@ -125,7 +126,8 @@ def test_output_is_capped_with_a_marker_and_the_original_size(tmp_path: Path) ->
     assert "[... truncated " in out.stdout and " of 100001 bytes ...]" in out.stdout
     omitted = int(out.stdout.split("[... truncated ")[1].split(" ")[0])
     assert omitted == 100_001 - len(out.stdout.split("\n[...")[0]) - len(
-        out.stdout.split("...]\n")[1])
+        out.stdout.split("...]\n")[1]
+    )
 
 
 def test_output_just_under_the_cap_is_untouched(tmp_path: Path) -> None:
@@ -142,8 +144,10 @@ def test_multibyte_output_is_capped_in_characters(tmp_path: Path) -> None:
 
 def test_huge_output_on_both_streams_does_not_deadlock(tmp_path: Path) -> None:
     # 20 MB on each pipe, interleaved: a reader that drains one pipe at a time would hang.
-    script = ("import sys\nfor _ in range(200):\n"
-              "    sys.stdout.write('o' * 100000); sys.stderr.write('e' * 100000)\n")
+    script = (
+        "import sys\nfor _ in range(200):\n"
+        "    sys.stdout.write('o' * 100000); sys.stderr.write('e' * 100000)\n"
+    )
     (tmp_path / "spam.py").write_text(script)
     out = run(f"{sys.executable} spam.py", tmp_path, timeout_s=60, output_cap=100)
     assert out.exit_code == 0, out.stderr
@@ -163,8 +167,12 @@ def test_timeout_kills_the_whole_group_including_grandchildren(tmp_path: Path) -
 
 
 def test_timeout_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Path) -> None:
-    out = run("trap '' TERM; echo ready; while :; do sleep 0.05; done", tmp_path,
-              timeout_s=0.5, kill_grace_s=0.3)
+    out = run(
+        "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+        tmp_path,
+        timeout_s=0.5,
+        kill_grace_s=0.3,
+    )
     assert out.timed_out and out.stdout == "ready\n"
     assert not process_group_alive(out.pgid)
 
@@ -172,8 +180,11 @@ def test_timeout_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Path) ->
 def test_cancel_event_kills_the_group(tmp_path: Path) -> None:
     cancel = threading.Event()
     outcome: list[ProcessOutcome] = []
-    worker = threading.Thread(target=lambda: outcome.append(
-        run("sleep 100 & echo $! > bg.pid; wait", tmp_path, timeout_s=60, cancel=cancel)))
+    worker = threading.Thread(
+        target=lambda: outcome.append(
+            run("sleep 100 & echo $! > bg.pid; wait", tmp_path, timeout_s=60, cancel=cancel)
+        )
+    )
     worker.start()
     wait_for(lambda: read_pid(tmp_path / "bg.pid") is not None, what="the command to start")
     bg = read_pid(tmp_path / "bg.pid")
@@ -232,21 +243,42 @@ def test_failing_on_start_means_the_command_never_runs(tmp_path: Path) -> None:
 
 
 def test_command_env_drops_credentials_and_adds_ids(tmp_path: Path) -> None:
-    parent = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MY_API_KEY": "k-123456",
-              "GITHUB_TOKEN": "t", "aws_secret_access_key": "s", "DB_PASSWORD": "p",
-              "DATABASE_URL": "postgresql://u:hunter2@db/app", "GIT_AUTHOR_NAME": "Ada",
-              "PAGER": "less", "FORCE_COLOR": "1", "DURABLE_AGENT_CRASH_AFTER": "3",
-              "DURABLE_AGENT_DB": "sqlite:////tmp/x.db", "DURABLE_AGENT_CALL_ID": "outer"}
+    parent = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "MY_API_KEY": "k-123456",
+        "GITHUB_TOKEN": "t",
+        "aws_secret_access_key": "s",
+        "DB_PASSWORD": "p",
+        "DATABASE_URL": "postgresql://u:hunter2@db/app",
+        "GIT_AUTHOR_NAME": "Ada",
+        "PAGER": "less",
+        "FORCE_COLOR": "1",
+        "DURABLE_AGENT_CRASH_AFTER": "3",
+        "DURABLE_AGENT_DB": "sqlite:////tmp/x.db",
+        "DURABLE_AGENT_CALL_ID": "outer",
+    }
     env = command_env(parent, run_id="run-1", call_id="call-9")
-    for name in ("MY_API_KEY", "GITHUB_TOKEN", "aws_secret_access_key", "DB_PASSWORD",
-                 "DATABASE_URL", "FORCE_COLOR", "DURABLE_AGENT_CRASH_AFTER", "DURABLE_AGENT_DB"):
+    for name in (
+        "MY_API_KEY",
+        "GITHUB_TOKEN",
+        "aws_secret_access_key",
+        "DB_PASSWORD",
+        "DATABASE_URL",
+        "FORCE_COLOR",
+        "DURABLE_AGENT_CRASH_AFTER",
+        "DURABLE_AGENT_DB",
+    ):
         assert name not in env
     assert env["GIT_AUTHOR_NAME"] == "Ada" and env["HOME"] == str(tmp_path)
     assert env["PAGER"] == env["GIT_PAGER"] == "cat"
     assert env["GIT_TERMINAL_PROMPT"] == "0" and env["NO_COLOR"] == "1"
 
-    out = run('echo "${MY_API_KEY:-unset} $DURABLE_AGENT_RUN_ID $DURABLE_AGENT_CALL_ID $PAGER"',
-              tmp_path, env=env)
+    out = run(
+        'echo "${MY_API_KEY:-unset} $DURABLE_AGENT_RUN_ID $DURABLE_AGENT_CALL_ID $PAGER"',
+        tmp_path,
+        env=env,
+    )
     assert out.stdout == "unset run-1 call-9 cat\n"
 
 
@@ -259,14 +291,19 @@ def test_the_guard_ignores_the_commands_python_settings(tmp_path: Path) -> None:
 
 def test_kill_process_group_for_resume(tmp_path: Path) -> None:
     # A group that outlived its recorder, as resume may find one.
-    proc = subprocess.Popen(["sleep", "100"], start_new_session=True,
-                            env=dict(os.environ, DURABLE_AGENT_CALL_ID="call-1", DURABLE_AGENT_RUN_ID="run-a"))
+    proc = subprocess.Popen(
+        ["sleep", "100"],
+        start_new_session=True,
+        env=dict(os.environ, DURABLE_AGENT_CALL_ID="call-1", DURABLE_AGENT_RUN_ID="run-a"),
+    )
     _started_groups.append(proc.pid)
     try:
         assert process_group_alive(proc.pid)
         assert process_group_alive(proc.pid, call_id="call-1")
         assert process_group_alive(proc.pid, call_id="call-1", run_id="run-a")
-        assert not process_group_alive(proc.pid, call_id="call-1", run_id="run-b")  # same call id, other run
+        assert not process_group_alive(
+            proc.pid, call_id="call-1", run_id="run-b"
+        )  # same call id, other run
         assert not kill_process_group(proc.pid, call_id="call-1", run_id="run-b")
         assert not process_group_alive(proc.pid, call_id="someone-else")
         assert not kill_process_group(proc.pid, call_id="someone-else")  # not ours: untouched
@@ -310,8 +347,11 @@ def test_command_dies_with_a_harness_killed_by_sigkill(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     harness = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
     try:
-        wait_for(lambda: read_pid(tmp_path / "child.pid") is not None, 15,
-                 "the harness to start its command")
+        wait_for(
+            lambda: read_pid(tmp_path / "child.pid") is not None,
+            15,
+            "the harness to start its command",
+        )
         child = read_pid(tmp_path / "child.pid")
         pgid = read_pid(tmp_path / "pgid")
         assert child is not None and pgid is not None
@@ -332,19 +372,44 @@ def test_command_dies_with_a_harness_killed_by_sigkill(tmp_path: Path) -> None:
             _started_groups.append(pgid)
 
 
-@pytest.mark.parametrize(("go", "starts"), [(b"g -\n", True), (b"g %.6f\n", True), (b"g -\nmore", True),
-                                            (b"g 1.0\n", False), (b"g nan\n", False), (b"g abc\n", False),
-                                            (b"x\n", False), (b"", False)])
-def test_the_guard_starts_the_command_only_on_a_go_before_its_deadline(go: bytes, starts: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("go", "starts"),
+    [
+        (b"g -\n", True),
+        (b"g %.6f\n", True),
+        (b"g -\nmore", True),
+        (b"g 1.0\n", False),
+        (b"g nan\n", False),
+        (b"g abc\n", False),
+        (b"x\n", False),
+        (b"", False),
+    ],
+)
+def test_the_guard_starts_the_command_only_on_a_go_before_its_deadline(
+    go: bytes, starts: bool, tmp_path: Path
+) -> None:
     # The harness's own check comes first (run_process); this is the guard's, for a harness
     # frozen between that check and its write. b"%.6f": an hour from now; 1.0: long past.
     if b"%" in go:
         go = go % (time.clock_gettime(time.CLOCK_BOOTTIME) + 3600)
     watch_r, watch_w = os.pipe()
     status_r, status_w = os.pipe()
-    guard = subprocess.Popen([sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_r), str(status_w),
-                              "/bin/sh", "-c", "echo ran > ledger"], cwd=tmp_path, pass_fds=(watch_r, status_w),
-                             start_new_session=True)
+    guard = subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(GUARD_SCRIPT),
+            str(watch_r),
+            str(status_w),
+            "/bin/sh",
+            "-c",
+            "echo ran > ledger",
+        ],
+        cwd=tmp_path,
+        pass_fds=(watch_r, status_w),
+        start_new_session=True,
+    )
     os.close(watch_r)
     os.close(status_w)
     os.write(watch_w, go)

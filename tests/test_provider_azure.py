@@ -19,8 +19,9 @@ SCRIPT: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
-        tmp_path: Path) -> Iterator[Endpoint]:
+def api(
+    cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path
+) -> Iterator[Endpoint]:
     with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
         yield endpoint
 
@@ -30,7 +31,9 @@ def root(api: Endpoint) -> str:
 
 
 def run(api: Endpoint, *flags: str) -> Any:
-    return api.cli("start", "fix the bug", "--model", "gpt-4o", *flags, "--json", extra_env=api.cli_env())
+    return api.cli(
+        "start", "fix the bug", "--model", "gpt-4o", *flags, "--json", extra_env=api.cli_env()
+    )
 
 
 def assert_azure_requests(api: Endpoint, deployment: str, version: str) -> None:
@@ -49,7 +52,9 @@ def test_a_deployment_url_is_detected_as_azure(api: Endpoint) -> None:
     assert_azure_requests(api, "my-dep", "2024-10-21")
 
 
-def test_api_type_azure_with_the_resource_endpoint_and_an_api_version_setting(api: Endpoint) -> None:
+def test_api_type_azure_with_the_resource_endpoint_and_an_api_version_setting(
+    api: Endpoint,
+) -> None:
     api.configure(api_version="2025-01-01-preview")
     result = run(api, "--base-url", root(api), "--api-type", "azure")
     assert result.code == 0, result.stderr
@@ -65,5 +70,6 @@ def test_azure_without_an_api_version_is_a_configuration_error(api: Endpoint) ->
 
 def test_an_ordinary_url_stays_openai() -> None:
     assert azure_target("http://localhost:11434/v1") is None
-    assert azure_target("https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=v") == (
-        "https://x.openai.azure.com", "d", "v")
+    assert azure_target(
+        "https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=v"
+    ) == ("https://x.openai.azure.com", "d", "v")

@@ -19,8 +19,8 @@ import pytest
 from provider_support import KEY, MODEL, Endpoint, database_bytes, http_library, serve
 from scale_helpers import wait_for
 
+from durable_agent.config.settings import load_settings
 from durable_agent.models.openai_chat import OpenAIChatModel
-from durable_agent.settings import load_settings
 from durable_agent.wiring import build_model
 
 SCRIPT: list[dict[str, Any]] = [
@@ -32,8 +32,9 @@ SCRIPT: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
-        tmp_path: Path) -> Iterator[Endpoint]:
+def api(
+    cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path
+) -> Iterator[Endpoint]:
     with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
         yield endpoint
 
@@ -55,18 +56,37 @@ def the_run(sql: Callable[..., list[Any]]) -> tuple[Any, ...]:
 
 
 def test_rate_limit_then_server_error_are_retried_and_counted(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
-    api.server.add_faults([
-        {"turn": 1, "attempt": 1, "status": 429, "headers": {"Retry-After": "0"},
-         "body": {"error": {"message": "Rate limit reached", "type": "requests",
-                            "code": "rate_limit_exceeded"}}},
-        {"turn": 1, "attempt": 2, "status": 503},
-    ])
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
+    api.server.add_faults(
+        [
+            {
+                "turn": 1,
+                "attempt": 1,
+                "status": 429,
+                "headers": {"Retry-After": "0"},
+                "body": {
+                    "error": {
+                        "message": "Rate limit reached",
+                        "type": "requests",
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+            },
+            {"turn": 1, "attempt": 2, "status": 503},
+        ]
+    )
     result = api.start("--json")
     assert result.code == 0, result.stderr
     assert result.json()["status"] == "completed"
-    assert api.turns() == [(0, 1, None), (1, 1, 429), (1, 2, 503), (1, 3, None),
-                           (2, 1, None), (3, 1, None)]
+    assert api.turns() == [
+        (0, 1, None),
+        (1, 1, 429),
+        (1, 2, 503),
+        (1, 3, None),
+        (2, 1, None),
+        (3, 1, None),
+    ]
     state, attempts, _ = model_step(sql, 1)
     assert (state, attempts) == ("completed", 3)
     assert model_step(sql, 0)[:2] == ("completed", 1)
@@ -88,7 +108,8 @@ def test_dropped_connection_is_retried(api: Endpoint, sql: Callable[..., list[An
 
 @pytest.mark.slow
 def test_a_response_slower_than_the_read_timeout_is_retried(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(request_timeout_s=1.5)  # far below the delay, far above a normal answer
     api.server.add_faults([{"turn": 0, "attempt": 1, "delay": 30.0}])
     began = time.monotonic()
@@ -101,7 +122,8 @@ def test_a_response_slower_than_the_read_timeout_is_retried(
 
 
 def test_timeouts_that_exhaust_the_policy_fail_as_timeouts(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(request_timeout_s=0.3, retry_max_attempts=2)
     api.server.add_faults([{"turn": 0, "delay": 30.0, "times": 2}])
     result = api.start()
@@ -113,9 +135,15 @@ def test_timeouts_that_exhaust_the_policy_fail_as_timeouts(
 
 
 def test_both_timeouts_reach_the_client_and_the_sdk_does_not_retry(env: dict[str, str]) -> None:
-    settings = load_settings({"model": MODEL, "base_url": "http://127.0.0.1:9/v1",
-                              "request_timeout_s": 7.5, "connect_timeout_s": 1.5},
-                             {**env, "OPENAI_API_KEY": KEY})
+    settings = load_settings(
+        {
+            "model": MODEL,
+            "base_url": "http://127.0.0.1:9/v1",
+            "request_timeout_s": 7.5,
+            "connect_timeout_s": 1.5,
+        },
+        {**env, "OPENAI_API_KEY": KEY},
+    )
     model = build_model(settings)
     assert isinstance(model, OpenAIChatModel)
     timeout = model.client.timeout
@@ -125,13 +153,21 @@ def test_both_timeouts_reach_the_client_and_the_sdk_does_not_retry(env: dict[str
 
 
 def test_an_unreachable_endpoint_is_retried_then_fails_with_a_hint(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     api.configure(retry_max_attempts=3)
-    result = api.cli("start", "task", "--base-url", f"http://127.0.0.1:{port}/v1",
-                     "--model", MODEL, extra_env=api.cli_env())
+    result = api.cli(
+        "start",
+        "task",
+        "--base-url",
+        f"http://127.0.0.1:{port}/v1",
+        "--model",
+        MODEL,
+        extra_env=api.cli_env(),
+    )
     assert result.code == 1, result.stderr
     error = the_run(sql)[3]
     assert error.startswith("model call failed after 3 attempts: connection: ")
@@ -147,24 +183,57 @@ def _error(message: str, code: str | None, kind: str = "invalid_request_error") 
 
 
 PERMANENT = [
-    pytest.param(401, _error(f"Incorrect API key provided: {KEY}.", "invalid_api_key"),
-                 "auth (401)", "OPENAI_API_KEY", id="401-auth"),
-    pytest.param(429, _error("You exceeded your current quota, please check your plan.",
-                             "insufficient_quota", "insufficient_quota"),
-                 "insufficient_quota (429)", "add credit", id="429-insufficient-quota"),
-    pytest.param(400, _error("This model's maximum context length is 8192 tokens. However, your "
-                             "messages resulted in 9001 tokens.", "context_length_exceeded"),
-                 "context_length (400)", "context", id="400-context-length"),
-    pytest.param(404, _error("The model `fake-model` does not exist or you do not have access.",
-                             "model_not_found"),
-                 "not_found (404)", "check --model", id="404-model"),
+    pytest.param(
+        401,
+        _error(f"Incorrect API key provided: {KEY}.", "invalid_api_key"),
+        "auth (401)",
+        "OPENAI_API_KEY",
+        id="401-auth",
+    ),
+    pytest.param(
+        429,
+        _error(
+            "You exceeded your current quota, please check your plan.",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+        "insufficient_quota (429)",
+        "add credit",
+        id="429-insufficient-quota",
+    ),
+    pytest.param(
+        400,
+        _error(
+            "This model's maximum context length is 8192 tokens. However, your "
+            "messages resulted in 9001 tokens.",
+            "context_length_exceeded",
+        ),
+        "context_length (400)",
+        "context",
+        id="400-context-length",
+    ),
+    pytest.param(
+        404,
+        _error(
+            "The model `fake-model` does not exist or you do not have access.", "model_not_found"
+        ),
+        "not_found (404)",
+        "check --model",
+        id="404-model",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("status", "body", "reason", "hint"), PERMANENT)
 def test_permanent_errors_fail_after_one_request_and_never_leak_the_key(
-        api: Endpoint, sql: Callable[..., list[Any]], db_path: Path,
-        status: int, body: Any, reason: str, hint: str) -> None:
+    api: Endpoint,
+    sql: Callable[..., list[Any]],
+    db_path: Path,
+    status: int,
+    body: Any,
+    reason: str,
+    hint: str,
+) -> None:
     api.server.add_faults([{"turn": 0, "status": status, "body": body, "times": 99}])
     result = api.start()
     assert result.code == 1, result.stderr
@@ -193,7 +262,8 @@ def test_no_api_key_for_a_hosted_model_is_a_usage_error(cli: Callable[..., Any])
 
 @pytest.mark.slow
 def test_exhausted_retries_fail_then_resume_continues_from_that_step(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(retry_max_attempts=3)
     api.server.add_faults([{"turn": 2, "status": 502, "times": 3}])
     first = api.start()
@@ -218,13 +288,16 @@ def test_exhausted_retries_fail_then_resume_continues_from_that_step(
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_kill_during_a_slow_model_call_then_resume_requests_only_that_turn_again(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     slow_turn = 2
     api.server.add_faults([{"turn": slow_turn, "attempt": 1, "delay": 60.0}])
     proc = api.popen("--run-id", "killed-run", "--quiet")
     try:
-        wait_for(lambda: any(r["turn"] == slow_turn for r in api.server.requests),
-                 what=f"the request of turn {slow_turn}")
+        wait_for(
+            lambda: any(r["turn"] == slow_turn for r in api.server.requests),
+            what=f"the request of turn {slow_turn}",
+        )
         # The intent row is committed before the request is sent: the step is in flight.
         assert model_step(sql, slow_turn)[:2] == ("started", 1)
         os.kill(proc.pid, signal.SIGKILL)
@@ -245,5 +318,7 @@ def test_kill_during_a_slow_model_call_then_resume_requests_only_that_turn_again
     assert model_step(sql, slow_turn)[:2] == ("completed", 2)
     _, status, reason, _, step_count, tool_calls = the_run(sql)
     assert (status, reason, step_count, tool_calls) == ("completed", "finished", len(SCRIPT), 3)
-    assert sql("SELECT count(*) FROM steps WHERE kind = 'tool' AND tool_name = 'write_file'") == [(1,)]
+    assert sql("SELECT count(*) FROM steps WHERE kind = 'tool' AND tool_name = 'write_file'") == [
+        (1,)
+    ]
     assert (api.workspace / "out.txt").read_text() == "done\n"

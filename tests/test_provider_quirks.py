@@ -34,8 +34,9 @@ BUG = "may be a bug"
 
 
 @pytest.fixture
-def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
-        tmp_path: Path) -> Iterator[Endpoint]:
+def api(
+    cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path
+) -> Iterator[Endpoint]:
     with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
         yield endpoint
 
@@ -61,29 +62,50 @@ def readable(api: Endpoint, run_id: str) -> list[dict[str, Any]]:
 
 
 def test_arguments_sent_as_an_object_are_used_as_the_object(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
-    api.server.add_faults([{"turn": 1, "message": {
-        "role": "assistant", "content": None,
-        "tool_calls": [{"id": "call_obj", "type": "function",
-                        "function": {"name": "read_file", "arguments": {"path": "notes.txt"}}}]}}])
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
+    api.server.add_faults(
+        [
+            {
+                "turn": 1,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_obj",
+                            "type": "function",
+                            "function": {"name": "read_file", "arguments": {"path": "notes.txt"}},
+                        }
+                    ],
+                },
+            }
+        ]
+    )
     result = api.start("--json")
     assert result.code == 0, result.stderr
     assert result.json()["status"] == "completed"
     assert api.answered() == {0: 1, 2: 1} and len(api.server.requests) == 3  # turn 1 once
-    stored = sql("SELECT tool_calls FROM messages WHERE role = 'assistant' AND tool_calls LIKE '%call_obj%'")
+    stored = sql(
+        "SELECT tool_calls FROM messages WHERE role = 'assistant' AND tool_calls LIKE '%call_obj%'"
+    )
     (call,) = json.loads(stored[0][0])
     assert call["function"] == {"name": "read_file", "arguments": '{"path":"notes.txt"}'}
     (observation,) = sql("SELECT content FROM messages WHERE tool_call_id = 'call_obj'")
     assert "remember the milk" in observation[0]  # the tool really ran with those arguments
     # What goes back to the provider is the wire form again: arguments as a string.
     sent = api.server.requests[-1]["body"]["messages"]
-    assert any(c["function"]["arguments"] == '{"path":"notes.txt"}'
-               for m in sent for c in m.get("tool_calls") or [])
+    assert any(
+        c["function"]["arguments"] == '{"path":"notes.txt"}'
+        for m in sent
+        for c in m.get("tool_calls") or []
+    )
 
 
 UNNAMED = [
-    pytest.param({"name": None, "arguments": '{"path": "notes.txt"}'}, "no function name",
-                 id="name-null"),
+    pytest.param(
+        {"name": None, "arguments": '{"path": "notes.txt"}'}, "no function name", id="name-null"
+    ),
     pytest.param({"arguments": '{"path": "notes.txt"}'}, "no function name", id="name-missing"),
     pytest.param(None, "`function` null", id="function-null"),
 ]
@@ -92,17 +114,26 @@ UNNAMED = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("function", "problem"), UNNAMED)
 def test_a_tool_call_without_a_name_is_an_error_observation_and_never_bought_twice(
-        api: Endpoint, sql: Callable[..., list[Any]], function: Any, problem: str) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]], function: Any, problem: str
+) -> None:
     wire = {"id": "call_odd", "type": "function", "function": function}
-    api.server.add_faults([{"turn": 0, "message": {"role": "assistant", "content": "let me look",
-                                                   "tool_calls": [wire]}}])
+    api.server.add_faults(
+        [
+            {
+                "turn": 0,
+                "message": {"role": "assistant", "content": "let me look", "tool_calls": [wire]},
+            }
+        ]
+    )
     first = api.start("--max-steps", "1", "--json")
     assert first.code == 3, first.stderr  # stopped by the budget, after the observation
     run_id = first.json()["run_id"]
     assert BUG not in first.stderr
 
     # The paid answer is recorded, with what came, and the call is answered with an error.
-    (output,) = sql("SELECT output FROM steps WHERE kind = 'model' AND turn = 0 AND state = 'completed'")
+    (output,) = sql(
+        "SELECT output FROM steps WHERE kind = 'model' AND turn = 0 AND state = 'completed'"
+    )
     raw = json.loads(json.loads(output[0])["raw"])
     assert raw["message"]["tool_calls"] == [wire]
     assert problem in raw["problems"][0]
@@ -127,7 +158,8 @@ def test_a_tool_call_without_a_name_is_an_error_observation_and_never_bought_twi
 
 @pytest.mark.slow
 def test_stored_tool_calls_of_any_shape_never_break_show_export_or_resume(
-        api: Endpoint, sql: Callable[..., list[Any]], db_path: Path) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]], db_path: Path
+) -> None:
     first = api.start("--max-steps", "1", "--json")
     assert first.code == 3, first.stderr
     run_id = first.json()["run_id"]
@@ -138,7 +170,9 @@ def test_stored_tool_calls_of_any_shape_never_break_show_export_or_resume(
     import sqlite3
 
     with sqlite3.connect(db_path) as db:
-        db.execute("UPDATE messages SET tool_calls = ? WHERE role = 'assistant'", (json.dumps(odd),))
+        db.execute(
+            "UPDATE messages SET tool_calls = ? WHERE role = 'assistant'", (json.dumps(odd),)
+        )
     readable(api, run_id)
     second = api.resume(run_id, "--max-steps", "5", "--json")
     assert "Traceback" not in second.stderr and BUG not in second.stderr
@@ -151,9 +185,18 @@ def test_stored_tool_calls_of_any_shape_never_break_show_export_or_resume(
 
 
 TRANSIENT = [
-    pytest.param({"status": 200, "body": {"error": {
-        "message": "The server had an error while processing your request.", "type": "server_error"}}},
-        id="200-with-server-error"),
+    pytest.param(
+        {
+            "status": 200,
+            "body": {
+                "error": {
+                    "message": "The server had an error while processing your request.",
+                    "type": "server_error",
+                }
+            },
+        },
+        id="200-with-server-error",
+    ),
     pytest.param({"truncate": 60}, id="truncated-without-content-length"),
     pytest.param({"short_body": 60}, id="cut-short-of-its-content-length"),
 ]
@@ -161,17 +204,21 @@ TRANSIENT = [
 
 @pytest.mark.parametrize("fault", TRANSIENT)
 def test_transient_bad_responses_are_retried(
-        api: Endpoint, sql: Callable[..., list[Any]], fault: dict[str, Any]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]], fault: dict[str, Any]
+) -> None:
     api.server.add_faults([{"turn": 1, "attempt": 1, **fault}])
     result = api.start("--json")
     assert result.code == 0, result.stderr
     assert result.json()["status"] == "completed"
     assert [(t, a) for t, a, _ in api.turns()] == [(0, 1), (1, 1), (1, 2), (2, 1)]
-    assert sql("SELECT state, attempts FROM steps WHERE kind = 'model' AND turn = 1") == [("completed", 2)]
+    assert sql("SELECT state, attempts FROM steps WHERE kind = 'model' AND turn = 1") == [
+        ("completed", 2)
+    ]
 
 
 def test_a_truncated_body_that_stays_truncated_fails_resumable(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(retry_max_attempts=2)
     api.server.add_faults([{"turn": 0, "truncate": 60, "times": 2}])
     result = api.start()
@@ -182,7 +229,9 @@ def test_a_truncated_body_that_stays_truncated_fails_resumable(
     assert "--base-url" in error and BUG not in error
 
 
-def test_a_body_cut_mid_stream_says_what_happened(api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+def test_a_body_cut_mid_stream_says_what_happened(
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     # The headers came, the body stopped short: the endpoint was reached (issue 17).
     api.configure(retry_max_attempts=2)
     api.server.add_faults([{"turn": 0, "short_body": 60, "times": 2}])
@@ -195,26 +244,64 @@ def test_a_body_cut_mid_stream_says_what_happened(api: Endpoint, sql: Callable[.
 
 
 PERMANENT = [
-    pytest.param({"status": 200, "body": {"error": {
-        "message": "Model qwen-9 is not loaded", "type": "invalid_request_error", "code": None}}},
-        "api_error", "Model qwen-9 is not loaded", "see its message", id="200-with-request-error"),
-    pytest.param({"status": 200, "body": {"id": "chatcmpl-1", "object": "chat.completion",
-                                          "choices": []}},
-                 "invalid_response", "empty `choices`", "--base-url", id="empty-choices"),
-    pytest.param({"status": 200, "content_type": "text/html; charset=utf-8",
-                  "body": "<!doctype html><html><head><title>Open WebUI</title></head></html>"},
-                 "invalid_response", "HTML page, not JSON: ('Open WebUI')", "--base-url", id="html"),
-    pytest.param({"status": 200, "content_type": "text/event-stream",
-                  "body": 'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'},
-                 "invalid_response", "server-sent event stream", "--base-url", id="sse"),
+    pytest.param(
+        {
+            "status": 200,
+            "body": {
+                "error": {
+                    "message": "Model qwen-9 is not loaded",
+                    "type": "invalid_request_error",
+                    "code": None,
+                }
+            },
+        },
+        "api_error",
+        "Model qwen-9 is not loaded",
+        "see its message",
+        id="200-with-request-error",
+    ),
+    pytest.param(
+        {"status": 200, "body": {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}},
+        "invalid_response",
+        "empty `choices`",
+        "--base-url",
+        id="empty-choices",
+    ),
+    pytest.param(
+        {
+            "status": 200,
+            "content_type": "text/html; charset=utf-8",
+            "body": "<!doctype html><html><head><title>Open WebUI</title></head></html>",
+        },
+        "invalid_response",
+        "HTML page, not JSON: ('Open WebUI')",
+        "--base-url",
+        id="html",
+    ),
+    pytest.param(
+        {
+            "status": 200,
+            "content_type": "text/event-stream",
+            "body": 'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n',
+        },
+        "invalid_response",
+        "server-sent event stream",
+        "--base-url",
+        id="sse",
+    ),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("fault", "reason", "says", "hint"), PERMANENT)
 def test_bad_responses_fail_fast_with_the_providers_words_and_resume(
-        api: Endpoint, sql: Callable[..., list[Any]],
-        fault: dict[str, Any], reason: str, says: str, hint: str) -> None:
+    api: Endpoint,
+    sql: Callable[..., list[Any]],
+    fault: dict[str, Any],
+    reason: str,
+    says: str,
+    hint: str,
+) -> None:
     api.server.add_faults([{"turn": 1, **fault}])
     first = api.start()
     assert first.code == 1, first.stderr
@@ -230,16 +317,21 @@ def test_bad_responses_fail_fast_with_the_providers_words_and_resume(
     assert second.code == 0, second.stderr
     assert second.json()["status"] == "completed"
     assert [t for t, _, _ in api.turns()] == [0, 1, 1, 2]  # turn 0 was not asked again
-    assert sql("SELECT state, attempts FROM steps WHERE kind = 'model' AND turn = 1") == [("completed", 2)]
+    assert sql("SELECT state, attempts FROM steps WHERE kind = 'model' AND turn = 1") == [
+        ("completed", 2)
+    ]
 
 
 def test_an_endpoint_that_hangs_up_without_answering_is_not_called_unreachable(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(retry_max_attempts=2)
     api.server.add_faults([{"turn": 0, "drop": True, "times": 2}])
     result = api.start()
     assert result.code == 1, result.stderr
     _, _, reason, error, _ = the_run(sql)
     assert error.startswith("model call failed after 2 attempts: disconnected: "), error
-    assert "closed the connection without answering" in error and "hung up before answering" in error
+    assert (
+        "closed the connection without answering" in error and "hung up before answering" in error
+    )
     assert "could not reach the endpoint" not in result.stderr and BUG not in error

@@ -20,20 +20,33 @@ from durable_agent.models.text_protocol import (
     to_text_messages,
 )
 
-READ = {"type": "function", "function": {
-    "name": "read_file", "description": "Read a file.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
-LIST = {"type": "function", "function": {
-    "name": "list_files", "description": "List files.", "parameters": {"type": "object"}}}
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
+}
+LIST = {
+    "type": "function",
+    "function": {
+        "name": "list_files",
+        "description": "List files.",
+        "parameters": {"type": "object"},
+    },
+}
 
 
 # --- parsing ----------------------------------------------------------------------------------
 
 
 def test_one_call_per_line_with_ids_from_turn_and_position() -> None:
-    text = ('I will look first.\n'
-            'TOOL_CALL {"name": "list_files", "input": {}}\n'
-            'TOOL_CALL {"name": "read_file", "input": {"path": "a.txt"}}\n')
+    text = (
+        "I will look first.\n"
+        'TOOL_CALL {"name": "list_files", "input": {}}\n'
+        'TOOL_CALL {"name": "read_file", "input": {"path": "a.txt"}}\n'
+    )
     assert parse_tool_calls(text, 3) == (
         ToolCall("call_3_0", "list_files", "{}"),
         ToolCall("call_3_1", "read_file", '{"path": "a.txt"}'),
@@ -41,11 +54,15 @@ def test_one_call_per_line_with_ids_from_turn_and_position() -> None:
 
 
 def test_pretty_printed_json_in_a_code_fence_and_arguments_spelling() -> None:
-    text = ('```\nTOOL_CALL {\n  "name": "read_file",\n  "input": {"path": "b.txt"}\n}\n```\n'
-            '- TOOL_CALL: {"name": "read_file", "arguments": "{\\"path\\": \\"c.txt\\"}"}')
+    text = (
+        '```\nTOOL_CALL {\n  "name": "read_file",\n  "input": {"path": "b.txt"}\n}\n```\n'
+        '- TOOL_CALL: {"name": "read_file", "arguments": "{\\"path\\": \\"c.txt\\"}"}'
+    )
     calls = parse_tool_calls(text, 0)
     assert [(c.name, c.parsed_arguments()) for c in calls] == [
-        ("read_file", {"path": "b.txt"}), ("read_file", {"path": "c.txt"})]
+        ("read_file", {"path": "b.txt"}),
+        ("read_file", {"path": "c.txt"}),
+    ]
 
 
 def test_a_final_answer_has_no_calls_even_when_it_mentions_the_marker() -> None:
@@ -53,12 +70,15 @@ def test_a_final_answer_has_no_calls_even_when_it_mentions_the_marker() -> None:
     assert parse_tool_calls("TOOL_CALLS are fun", 1) == ()
 
 
-@pytest.mark.parametrize(("line", "name"), [
-    ('TOOL_CALL {"name": "read_file", "input": {"path": "a.txt"', "read_file"),  # cut short
-    ("TOOL_CALL read_file a.txt", UNPARSED),                                    # not JSON
-    ('TOOL_CALL {"input": {"path": "a.txt"}}', UNPARSED),                       # no name
-    ('TOOL_CALL ["read_file"]', UNPARSED),                                      # not an object
-])
+@pytest.mark.parametrize(
+    ("line", "name"),
+    [
+        ('TOOL_CALL {"name": "read_file", "input": {"path": "a.txt"', "read_file"),  # cut short
+        ("TOOL_CALL read_file a.txt", UNPARSED),  # not JSON
+        ('TOOL_CALL {"input": {"path": "a.txt"}}', UNPARSED),  # no name
+        ('TOOL_CALL ["read_file"]', UNPARSED),  # not an object
+    ],
+)
 def test_unparsable_calls_become_calls_the_runner_rejects(line: str, name: str) -> None:
     (call,) = parse_tool_calls(line, 2)
     assert (call.id, call.name) == ("call_2_0", name)
@@ -86,8 +106,9 @@ def test_history_is_plain_text_with_results_as_one_user_message() -> None:
     system = sent[0].content or ""
     assert system.startswith("You are an agent.") and "TOOL_CALL" in system
     assert "- read_file: Read a file." in system and '"path":{"type":"string"}' in system
-    assert sent[2].content == ('TOOL_CALL {"name": "list_files", "input": {}}\n'
-                               'TOOL_CALL {"name": "nope", "input": {}}')
+    assert sent[2].content == (
+        'TOOL_CALL {"name": "list_files", "input": {}}\nTOOL_CALL {"name": "nope", "input": {}}'
+    )
     results = sent[3].content or ""
     assert "TOOL_CALL result (list_files call_0_0):\na.txt" in results
     assert results.endswith(f"Error: unknown tool 'nope'\n({FORMAT_HINT})")  # how to do it right
@@ -127,8 +148,9 @@ TEXT_SCRIPT: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
-        tmp_path: Path) -> Iterator[Endpoint]:
+def api(
+    cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path
+) -> Iterator[Endpoint]:
     (workspace / "notes.txt").write_text("remember the milk\n")
     with FakeOpenAI(script=TEXT_SCRIPT) as server:
         yield Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
@@ -139,7 +161,11 @@ def test_text_protocol_end_to_end(api: Endpoint, sql: Callable[..., list[Any]]) 
     assert result.code == 0, result.stderr
     out = result.json()
     assert (out["status"], out["answer"], out["steps"], out["tool_calls"]) == (
-        "completed", "Wrote out.txt.", 4, 3)
+        "completed",
+        "Wrote out.txt.",
+        4,
+        3,
+    )
     bodies = [r["body"] for r in api.server.requests]
     assert [r["turn"] for r in api.server.requests] == [0, 1, 2, 3]
     assert all("tools" not in b for b in bodies)  # described in the prompt instead
@@ -154,14 +180,20 @@ def test_text_protocol_end_to_end(api: Endpoint, sql: Callable[..., list[Any]]) 
     last = bodies[2]["messages"][-1]
     assert "invalid arguments for write_file" in last["content"] and FORMAT_HINT in last["content"]
 
-    steps = sql("SELECT call_id, tool_name, error IS NOT NULL FROM steps "
-                "WHERE kind = 'tool' ORDER BY seq")
-    assert steps == [("call_0_0", "read_file", 0), ("call_1_0", "write_file", 1),
-                     ("call_2_0", "write_file", 0)]
+    steps = sql(
+        "SELECT call_id, tool_name, error IS NOT NULL FROM steps WHERE kind = 'tool' ORDER BY seq"
+    )
+    assert steps == [
+        ("call_0_0", "read_file", 0),
+        ("call_1_0", "write_file", 1),
+        ("call_2_0", "write_file", 0),
+    ]
     assert (api.workspace / "out.txt").read_text() == "ok"
     # Stored canonically (assistant tool_calls + tool results), whatever went over the wire.
-    stored = sql("SELECT json_extract(tool_calls, '$[0].function.arguments') FROM messages "
-                 "WHERE role = 'assistant' AND tool_calls IS NOT NULL ORDER BY seq LIMIT 1")
+    stored = sql(
+        "SELECT json_extract(tool_calls, '$[0].function.arguments') FROM messages "
+        "WHERE role = 'assistant' AND tool_calls IS NOT NULL ORDER BY seq LIMIT 1"
+    )
     assert json.loads(stored[0][0]) == {"path": "notes.txt"}
     assert sql("SELECT json_extract(settings, '$.tool_protocol') FROM runs") == [("text",)]
 

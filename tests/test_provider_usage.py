@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from provider_support import MODEL, Endpoint, serve
 
-from durable_agent import guard
-from durable_agent.settings import ModelPrice
+from durable_agent.config.settings import ModelPrice
+from durable_agent.loop import guard
 from durable_agent.status import StopReason
 
 SCRIPT: list[dict[str, Any]] = [
@@ -27,8 +27,9 @@ PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0}  # absurd, so cent
 
 
 @pytest.fixture
-def api(cli: Callable[..., Any], env: dict[str, str], workspace: Path,
-        tmp_path: Path) -> Iterator[Endpoint]:
+def api(
+    cli: Callable[..., Any], env: dict[str, str], workspace: Path, tmp_path: Path
+) -> Iterator[Endpoint]:
     with serve(cli, env, workspace, tmp_path, SCRIPT) as endpoint:
         yield endpoint
 
@@ -38,13 +39,16 @@ def reported_prompt_tokens(request: dict[str, Any]) -> int:
 
 
 def test_usage_of_each_response_is_recorded_on_its_step_and_summed_on_the_run(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     result = api.start("--json")
     assert result.code == 0, result.stderr
     expected = [(r["turn"], reported_prompt_tokens(r), 5) for r in api.server.requests]
     assert len(expected) == len(SCRIPT)
-    steps = sql("SELECT turn, prompt_tokens, completion_tokens FROM steps "
-                "WHERE kind = 'model' ORDER BY turn")
+    steps = sql(
+        "SELECT turn, prompt_tokens, completion_tokens FROM steps "
+        "WHERE kind = 'model' ORDER BY turn"
+    )
     assert [tuple(s) for s in steps] == expected
     prompt, completion = sum(p for _, p, _ in expected), 5 * len(SCRIPT)
     assert sql("SELECT prompt_tokens, completion_tokens FROM runs") == [(prompt, completion)]
@@ -56,7 +60,8 @@ def test_usage_of_each_response_is_recorded_on_its_step_and_summed_on_the_run(
 
 @pytest.mark.slow
 def test_max_tokens_stops_before_the_next_call_and_resume_can_raise_it(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     first = api.start("--json", "--max-tokens", "50")
     assert first.code == 3, first.stderr
     out = first.json()
@@ -73,7 +78,8 @@ def test_max_tokens_stops_before_the_next_call_and_resume_can_raise_it(
 
 @pytest.mark.slow
 def test_max_cost_stops_as_budget_exceeded_max_tokens_with_a_cost_message(
-        api: Endpoint, sql: Callable[..., list[Any]]) -> None:
+    api: Endpoint, sql: Callable[..., list[Any]]
+) -> None:
     api.configure(prices={MODEL: PRICE})
     first = api.start("--json", "--max-cost", "0.05")
     assert first.code == 3, first.stderr
@@ -103,7 +109,9 @@ def test_max_cost_without_a_price_for_the_model_is_a_configuration_error(api: En
     assert result.code == 2
     assert f'prices."{MODEL}"' in result.stderr
     # pydantic's framing stays out of the one line (issue 17: the words say what is wrong)
-    assert "Value error" not in result.stderr and "invalid settings: --max-cost needs" in result.stderr, result.stderr
+    assert (
+        "Value error" not in result.stderr and "invalid settings: --max-cost needs" in result.stderr
+    ), result.stderr
     assert api.server.requests == []
 
 
@@ -113,12 +121,15 @@ def test_cost_is_computed_per_million_tokens() -> None:
     assert price.cost(250_000, 500_000) == pytest.approx(0.1 + 0.8)
 
 
-@pytest.mark.parametrize(("max_cost", "spent", "stops"), [
-    (None, 99.0, False),   # no budget
-    (1.0, None, False),    # no price: nothing to compare
-    (1.0, 0.999, False),
-    (1.0, 1.0, True),      # reached: the next call would exceed it
-])
+@pytest.mark.parametrize(
+    ("max_cost", "spent", "stops"),
+    [
+        (None, 99.0, False),  # no budget
+        (1.0, None, False),  # no price: nothing to compare
+        (1.0, 0.999, False),
+        (1.0, 1.0, True),  # reached: the next call would exceed it
+    ],
+)
 def test_cost_budget_decision(max_cost: float | None, spent: float | None, stops: bool) -> None:
     decision = guard.before_model_cost(max_cost, spent)
     assert (decision is not None) == stops

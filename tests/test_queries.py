@@ -75,7 +75,9 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, crash_after: int | 
 def populate(db: str, root: Path) -> dict[str, str]:
     """A few real runs of each kind; returns their ids by role."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "DURABLE_AGENT_"))}
-    env.update(XDG_CONFIG_HOME=str(root / "config"), XDG_DATA_HOME=str(root / "data"), DURABLE_AGENT_DB=db)
+    env.update(
+        XDG_CONFIG_HOME=str(root / "config"), XDG_DATA_HOME=str(root / "data"), DURABLE_AGENT_DB=db
+    )
     ws = root / "ws"
     ws.mkdir()
 
@@ -84,23 +86,55 @@ def populate(db: str, root: Path) -> dict[str, str]:
         path.write_text(json.dumps(turns))
         return f"scripted:{path}"
 
-    write = script("write", [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "1"}}]},
-                             {"content": "ok"}])
-    ask = script("ask", [{"tool_calls": [{"name": "run_command", "arguments": {"command": "touch b"}}]},
-                         {"content": "ok"}])
+    write = script(
+        "write",
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "1"}}]},
+            {"content": "ok"},
+        ],
+    )
+    ask = script(
+        "ask",
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch b"}}]},
+            {"content": "ok"},
+        ],
+    )
     out = run_cli(["demo", "--db", db], env, ws)  # the demo ignores DURABLE_AGENT_DB on purpose
     assert out.startswith("0\n"), out
     demo = re.search(r"run (demo-\w+)", out).group(1)  # type: ignore[union-attr]
-    assert run_cli(["start", "t", "--model", ask, "--shell", "ask", "--run-id", "blocked"], env, ws)[0] == "5"
-    assert run_cli(["start", "t", "--model", write, "--run-id", "crashed"], env, ws, crash_after=6)[:3] == "-9\n"
-    assert run_cli(["start", "t", "--model", write, "--run-id", "retried"], env, ws, crash_after=2)[:3] == "-9\n"
+    assert (
+        run_cli(["start", "t", "--model", ask, "--shell", "ask", "--run-id", "blocked"], env, ws)[0]
+        == "5"
+    )
+    assert (
+        run_cli(["start", "t", "--model", write, "--run-id", "crashed"], env, ws, crash_after=6)[:3]
+        == "-9\n"
+    )
+    assert (
+        run_cli(["start", "t", "--model", write, "--run-id", "retried"], env, ws, crash_after=2)[:3]
+        == "-9\n"
+    )
     assert run_cli(["resume", "retried"], env, ws)[0] == "0"
-    assert run_cli(["start", "t", "--model", write, "--run-id", "over", "--max-steps", "1"], env, ws)[0] == "3"
-    return {"demo": demo, "blocked": "blocked", "crashed": "crashed", "retried": "retried", "over": "over"}
+    assert (
+        run_cli(["start", "t", "--model", write, "--run-id", "over", "--max-steps", "1"], env, ws)[
+            0
+        ]
+        == "3"
+    )
+    return {
+        "demo": demo,
+        "blocked": "blocked",
+        "crashed": "crashed",
+        "retried": "retried",
+        "over": "over",
+    }
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sqlite3.Connection, dict[str, str]]]:
+def store(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[sqlite3.Connection, dict[str, str]]]:
     root = tmp_path_factory.mktemp("queries")
     db = root / "store.db"
     runs = populate(f"sqlite:///{db}", root)
@@ -120,8 +154,11 @@ def test_the_document_has_ten_numbered_queries_each_with_an_expectation() -> Non
         assert len([b for b in SQLITE_BLOCKS if b.section == section]) == len(expected), section
 
 
-@pytest.mark.parametrize("index", range(len(SQLITE_BLOCKS)),
-                         ids=[f"{b.section[:30]}#{i}" for i, b in enumerate(SQLITE_BLOCKS)])
+@pytest.mark.parametrize(
+    "index",
+    range(len(SQLITE_BLOCKS)),
+    ids=[f"{b.section[:30]}#{i}" for i, b in enumerate(SQLITE_BLOCKS)],
+)
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_each_documented_query_runs_on_sqlite_and_finds_what_it_promises(store, index: int) -> None:
     conn, runs = store
@@ -140,20 +177,39 @@ def test_each_documented_query_runs_on_sqlite_and_finds_what_it_promises(store, 
 def test_the_views_on_sqlite(store) -> None:
     conn, runs = store
     demo = runs["demo"]
-    tool_rows = conn.execute("SELECT tool_name, json_extract(arguments, '$.path'), duration_ms FROM tool_calls "
-                             "WHERE run_id = ? ORDER BY seq", (demo,)).fetchall()
-    assert [t for t, _, _ in tool_rows] == ["list_files", "read_file", "run_command", "search_text", "read_file",
-                                            "edit_file", "run_command", "write_file"]
+    tool_rows = conn.execute(
+        "SELECT tool_name, json_extract(arguments, '$.path'), duration_ms FROM tool_calls "
+        "WHERE run_id = ? ORDER BY seq",
+        (demo,),
+    ).fetchall()
+    assert [t for t, _, _ in tool_rows] == [
+        "list_files",
+        "read_file",
+        "run_command",
+        "search_text",
+        "read_file",
+        "edit_file",
+        "run_command",
+        "write_file",
+    ]
     assert tool_rows[1][1] == "README.md" and all(d is not None for _, _, d in tool_rows)
 
-    totals = conn.execute("SELECT model_calls, tool_calls, total_tokens, prompt_tokens + completion_tokens, "
-                          "resume_count, step_rows, unfinished_steps, extra_attempts, pending_approvals "
-                          "FROM run_totals WHERE run_id = ?", (demo,)).fetchone()
+    totals = conn.execute(
+        "SELECT model_calls, tool_calls, total_tokens, prompt_tokens + completion_tokens, "
+        "resume_count, step_rows, unfinished_steps, extra_attempts, pending_approvals "
+        "FROM run_totals WHERE run_id = ?",
+        (demo,),
+    ).fetchone()
     assert totals[:2] == (9, 8) and totals[2] == totals[3] and totals[4:] == (1, 17, 0, 0, 0)
-    assert conn.execute("SELECT unfinished_steps FROM run_totals WHERE run_id = 'crashed'").fetchone() == (1,)
-    assert conn.execute("SELECT extra_attempts FROM run_totals WHERE run_id = 'retried'").fetchone() == (1,)
-    assert conn.execute("SELECT run_id, kind, command, run_status FROM pending_approvals").fetchall() == [
-        ("blocked", "approval_required", "touch b", "blocked")]
+    assert conn.execute(
+        "SELECT unfinished_steps FROM run_totals WHERE run_id = 'crashed'"
+    ).fetchone() == (1,)
+    assert conn.execute(
+        "SELECT extra_attempts FROM run_totals WHERE run_id = 'retried'"
+    ).fetchone() == (1,)
+    assert conn.execute(
+        "SELECT run_id, kind, command, run_status FROM pending_approvals"
+    ).fetchall() == [("blocked", "approval_required", "touch b", "blocked")]
 
 
 @pytest.mark.slow

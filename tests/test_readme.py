@@ -16,11 +16,17 @@ def test_readme_opens_with_the_demo_and_the_test_command() -> None:
 
 
 def test_readme_queries_run_on_a_real_store(cli, write_script, db_path: Path) -> None:  # type: ignore[no-untyped-def]
-    script = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]},
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}]},
-        {"content": "done"},
-    ])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]},
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
     assert cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "readme").code == 0
     blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), re.S)
     statements = [s.strip() for block in blocks for s in block.split(";") if s.strip()]

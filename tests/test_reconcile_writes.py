@@ -15,8 +15,15 @@ WRITE = {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "c
 
 
 def start(cli, write_script, crash_after: int):  # type: ignore[no-untyped-def]
-    r = cli("start", "t", "--model", write_script([WRITE, {"content": "ok"}]), "--run-id", "w",
-            extra_env={"DURABLE_AGENT_CRASH_AFTER": str(crash_after)})
+    r = cli(
+        "start",
+        "t",
+        "--model",
+        write_script([WRITE, {"content": "ok"}]),
+        "--run-id",
+        "w",
+        extra_env={"DURABLE_AGENT_CRASH_AFTER": str(crash_after)},
+    )
     assert r.code == -signal.SIGKILL
     return r
 
@@ -28,17 +35,24 @@ def test_write_not_yet_applied_is_applied_on_resume(cli, write_script, workspace
     assert sql("SELECT state FROM steps WHERE tool_name='write_file'") == [("started",)]
     assert cli("resume", "w").code == 0
     assert (workspace / "a.txt").read_text() == "new\n"
-    assert sql("SELECT state, attempts FROM steps WHERE tool_name='write_file'") == [("completed", 2)]
+    assert sql("SELECT state, attempts FROM steps WHERE tool_name='write_file'") == [
+        ("completed", 2)
+    ]
 
 
-def test_write_that_landed_is_marked_done_without_writing(cli, write_script, workspace, sql) -> None:
+def test_write_that_landed_is_marked_done_without_writing(
+    cli, write_script, workspace, sql
+) -> None:
     (workspace / "a.txt").write_text("old\n")
     start(cli, write_script, 7)
     assert (workspace / "a.txt").read_text() == "new\n"
     mtime = (workspace / "a.txt").stat().st_mtime_ns
     assert cli("resume", "w").code == 0
     assert (workspace / "a.txt").stat().st_mtime_ns == mtime
-    state, attempts, = sql("SELECT state, attempts FROM steps WHERE tool_name='write_file'")[0]
+    (
+        state,
+        attempts,
+    ) = sql("SELECT state, attempts FROM steps WHERE tool_name='write_file'")[0]
     assert (state, attempts) == ("completed", 1)
     content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
     assert "already has the intended content" in content
@@ -57,7 +71,9 @@ def test_drift_blocks_until_a_person_decides(cli, write_script, workspace, sql) 
     assert cli("approve", "w", "--deny").code == 0
     assert cli("resume", "w").code == 0
     assert (workspace / "a.txt").read_text() == "someone else's edit\n"
-    assert "chose not to apply it again" in sql("SELECT content FROM messages WHERE role='tool'")[0][0]
+    assert (
+        "chose not to apply it again" in sql("SELECT content FROM messages WHERE role='tool'")[0][0]
+    )
 
 
 @pytest.mark.slow
@@ -75,7 +91,8 @@ def test_drift_approved_applies_the_write(cli, write_script, workspace, sql) -> 
 
 @pytest.mark.slow  # waits out a real lease
 def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_another_s(
-        env, write_script, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env, write_script, workspace, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # Frozen (SIGSTOP: a paused VM, a stopped job) right after committing the write's intent;
     # another process took the run over and finished it; thawed, the first wrote its old
     # content over the newer file, and the completed run's workspace contradicted its record.
@@ -88,14 +105,33 @@ def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_anot
 
     (tmp_path / "config.toml").write_text("lease_seconds = 1\n")
     env = {**env, "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
-    first_write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "old\n"}}]}
-    second_write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "new\n"}}]}
+    first_write = {
+        "tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "old\n"}}]
+    }
+    second_write = {
+        "tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "new\n"}}]
+    }
     model = write_script([first_write, second_write, {"content": "done"}])
     with (tmp_path / "first.err").open("w") as err:
-        first = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", model,
-                                  "--run-id", "z", "--quiet"], cwd=workspace,
-                                 env={**env, "DURABLE_AGENT_STOP_AFTER": "6"},  # after the write's intent
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        first = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "durable_agent",
+                "start",
+                "t",
+                "--model",
+                model,
+                "--run-id",
+                "z",
+                "--quiet",
+            ],
+            cwd=workspace,
+            env={**env, "DURABLE_AGENT_STOP_AFTER": "6"},  # after the write's intent
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     with thawed_at_the_end(first):
         wait_for(lambda: process_state(first.pid) == "T", 60, "the first process to freeze itself")
         assert not (workspace / "out.txt").exists()
@@ -116,7 +152,8 @@ def test_an_owner_frozen_after_a_writes_intent_never_writes_once_the_run_is_anot
 
 
 def test_a_write_slower_than_its_lease_margin_renews_the_lease_and_lands(
-        cli_inproc, write_script, workspace, sql, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cli_inproc, write_script, workspace, sql, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     # Past the point where the intent's lease surely holds (a very slow disk, say), the write
     # is not refused while the run is still ours: a fenced checkpoint proves it, then it lands.
     import threading
@@ -132,7 +169,14 @@ def test_a_write_slower_than_its_lease_margin_renews_the_lease_and_lands(
 
         BOUNDARY_HOOKS.append(hook)
         try:
-            r = cli_inproc("start", "t", "--model", write_script([WRITE, {"content": "ok"}]), "--run-id", run_id)
+            r = cli_inproc(
+                "start",
+                "t",
+                "--model",
+                write_script([WRITE, {"content": "ok"}]),
+                "--run-id",
+                run_id,
+            )
         finally:
             BOUNDARY_HOOKS.remove(hook)
         assert r.code == 0, r.stderr
@@ -141,6 +185,10 @@ def test_a_write_slower_than_its_lease_margin_renews_the_lease_and_lands(
         return len(done)
 
     on_time = checkpoints("on-time")
-    monkeypatch.setattr(Journal, "start_deadline", lambda self: float("-inf"))  # every write is "late"
+    monkeypatch.setattr(
+        Journal, "start_deadline", lambda self: float("-inf")
+    )  # every write is "late"
     assert checkpoints("slow") == on_time + 1  # the one that proved the run still ours
-    assert sql("SELECT state FROM steps WHERE run_id = 'slow' AND tool_name = 'write_file'") == [("completed",)]
+    assert sql("SELECT state FROM steps WHERE run_id = 'slow' AND tool_name = 'write_file'") == [
+        ("completed",)
+    ]

@@ -32,11 +32,14 @@ def redactor() -> Redactor:
 
 
 def test_env_secrets_are_named_in_the_replacement(redactor: Redactor) -> None:
-    text = (f"key={OPENAI}\ntoken: gh-internal-7f3a9c2e, pw correct-horse-battery "
-            "aws wJalrXUtnFEMI/K7MDENG/bPxRfiCY.")
+    text = (
+        f"key={OPENAI}\ntoken: gh-internal-7f3a9c2e, pw correct-horse-battery "
+        "aws wJalrXUtnFEMI/K7MDENG/bPxRfiCY."
+    )
     assert redactor.redact(text) == (
         "key=[REDACTED:OPENAI_API_KEY]\ntoken: [REDACTED:GITHUB_TOKEN], "
-        "pw [REDACTED:DB_PASSWORD] aws [REDACTED:aws_secret_access_key].")
+        "pw [REDACTED:DB_PASSWORD] aws [REDACTED:aws_secret_access_key]."
+    )
 
 
 def test_secret_inside_a_longer_string_is_still_redacted(redactor: Redactor) -> None:
@@ -44,26 +47,31 @@ def test_secret_inside_a_longer_string_is_still_redacted(redactor: Redactor) -> 
 
 
 def test_non_secrets_are_untouched(redactor: Redactor) -> None:
-    text = ("HOME is /home/ada, editor vim-tiny-editor, true, abc12, 1\n"
-            "task-runner-configuration-for-the-build sk-learn-model-selection-guide\n"
-            "def get_api_key(): return os.environ['OPENAI_API_KEY']\n"
-            "https://example.com/path?q=1 and git@github.com:org/repo.git\n"
-            "Bearer\n")
+    text = (
+        "HOME is /home/ada, editor vim-tiny-editor, true, abc12, 1\n"
+        "task-runner-configuration-for-the-build sk-learn-model-selection-guide\n"
+        "def get_api_key(): return os.environ['OPENAI_API_KEY']\n"
+        "https://example.com/path?q=1 and git@github.com:org/repo.git\n"
+        "Bearer\n"
+    )
     assert redactor.redact(text) == text
 
 
-@pytest.mark.parametrize("secret", [
-    "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v2W3x4",  # OpenAI legacy
-    OPENAI.replace("Ab3", "Zz9"),  # OpenAI project key (not from the environment)
-    "sk-ant-api03-" + "Xy9_" * 20 + "AA",  # Anthropic
-    "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",  # GitHub classic
-    "gho_" + "Q" * 36,
-    "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",  # GitHub fine-grained
-    "AKIAIOSFODNN7EXAMPLE",  # AWS
-    "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",  # Slack
-    "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",  # Google
-    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0",
-])
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v2W3x4",  # OpenAI legacy
+        OPENAI.replace("Ab3", "Zz9"),  # OpenAI project key (not from the environment)
+        "sk-ant-api03-" + "Xy9_" * 20 + "AA",  # Anthropic
+        "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",  # GitHub classic
+        "gho_" + "Q" * 36,
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",  # GitHub fine-grained
+        "AKIAIOSFODNN7EXAMPLE",  # AWS
+        "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",  # Slack
+        "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",  # Google
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0",
+    ],
+)
 def test_key_shapes_are_redacted(secret: str) -> None:
     redacted = Redactor().redact(f"config: {secret} (copied)")
     assert redacted == "config: [REDACTED] (copied)"
@@ -76,15 +84,18 @@ def test_shape_must_start_a_word() -> None:
 
 def test_bearer_and_url_passwords_keep_the_readable_part() -> None:
     r = Redactor()
-    assert r.redact("Authorization: Bearer abc123.def456-ghi") == \
-        "Authorization: Bearer [REDACTED]"
-    assert r.redact("DATABASE_URL=postgresql://app:s3cr3t!@db:5432/prod") == \
-        "DATABASE_URL=postgresql://app:[REDACTED]@db:5432/prod"
+    assert r.redact("Authorization: Bearer abc123.def456-ghi") == "Authorization: Bearer [REDACTED]"
+    assert (
+        r.redact("DATABASE_URL=postgresql://app:s3cr3t!@db:5432/prod")
+        == "DATABASE_URL=postgresql://app:[REDACTED]@db:5432/prod"
+    )
 
 
 def test_private_keys_are_redacted_whole_even_when_truncated() -> None:
-    pem = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nQUFBQUFB\n"
-           "-----END OPENSSH PRIVATE KEY-----")
+    pem = (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nQUFBQUFB\n"
+        "-----END OPENSSH PRIVATE KEY-----"
+    )
     r = Redactor()
     assert r.redact(f"before\n{pem}\nafter") == "before\n[REDACTED]\nafter"
     assert r.redact("cat id_rsa:\n" + pem[:60]) == "cat id_rsa:\n[REDACTED]"
@@ -103,23 +114,42 @@ def test_regex_metacharacters_in_secrets_are_literal() -> None:
 
 
 def test_redact_json_walks_nested_values_and_keys(redactor: Redactor) -> None:
-    obj: dict[str, Any] = {"args": {"command": f"curl -H 'Authorization: Bearer {OPENAI}'", "n": 3},
-           "list": ["ok", ("correct-horse-battery", None, 1.5, True)],
-           "correct-horse-battery": "key as well"}
+    obj: dict[str, Any] = {
+        "args": {"command": f"curl -H 'Authorization: Bearer {OPENAI}'", "n": 3},
+        "list": ["ok", ("correct-horse-battery", None, 1.5, True)],
+        "correct-horse-battery": "key as well",
+    }
     assert redactor.redact_json(obj) == {
         "args": {"command": "curl -H 'Authorization: Bearer [REDACTED]'", "n": 3},
         "list": ["ok", ("[REDACTED:DB_PASSWORD]", None, 1.5, True)],
-        "[REDACTED:DB_PASSWORD]": "key as well"}
+        "[REDACTED:DB_PASSWORD]": "key as well",
+    }
     assert obj["list"][1][0] == "correct-horse-battery"  # a copy: the input is unchanged
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("OPENAI_API_KEY", True), ("api_key", True), ("GH_TOKEN", True), ("AWS_SESSION_TOKEN", True),
-    ("CLIENT_SECRET", True), ("PGPASSWORD", True), ("SMTP_PASSWD", True), ("NPM_AUTH", True),
-    ("GOOGLE_APPLICATION_CREDENTIALS", True), ("SENTRY_DSN", True), ("GH_PAT", True),
-    ("PATH", False), ("HOME", False), ("GIT_AUTHOR_NAME", False), ("PWD", False),
-    ("PYTHONPATH", False), ("TERM", False), ("LANG", False),
-])
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("OPENAI_API_KEY", True),
+        ("api_key", True),
+        ("GH_TOKEN", True),
+        ("AWS_SESSION_TOKEN", True),
+        ("CLIENT_SECRET", True),
+        ("PGPASSWORD", True),
+        ("SMTP_PASSWD", True),
+        ("NPM_AUTH", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("SENTRY_DSN", True),
+        ("GH_PAT", True),
+        ("PATH", False),
+        ("HOME", False),
+        ("GIT_AUTHOR_NAME", False),
+        ("PWD", False),
+        ("PYTHONPATH", False),
+        ("TERM", False),
+        ("LANG", False),
+    ],
+)
 def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 
@@ -139,7 +169,10 @@ def test_redact_known_replaces_only_the_harness_secrets() -> None:
     text = "pw=correct-horse-battery key=AKIAIOSFODNN7EXAMPLE"
     assert r.redact_known(text) == "pw=[REDACTED:DB_PASSWORD] key=AKIAIOSFODNN7EXAMPLE"
     assert r.redact(text) == "pw=[REDACTED:DB_PASSWORD] key=[REDACTED]"
-    assert Redactor({"X_TOKEN": "abcdefgh"}, shapes=False).redact(text + " abcdefgh") == text + " [REDACTED:X_TOKEN]"
+    assert (
+        Redactor({"X_TOKEN": "abcdefgh"}, shapes=False).redact(text + " abcdefgh")
+        == text + " [REDACTED:X_TOKEN]"
+    )
     assert Redactor().redact_known(text) == text
 
 
@@ -157,10 +190,36 @@ def test_every_key_shape_contains_one_of_the_prefilters_prefixes(data: st.DataOb
     assert any(p in found for p in redact_module._SHAPE_PREFIXES), (pattern, found)
 
 
-_pieces = st.sampled_from(["sk-", "proj-", "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z", "ghp_", "github_pat_",
-                           "AKIA", "IOSFODNN7EXAMPLE", "xoxb-", "AIza", "eyJ", ".", "Bearer ", "://me:",
-                           "@db", "-----BEGIN RSA PRIVATE KEY-----", "\n", " ", "e", "s", "g", "-", "_",
-                           "correct-horse-battery", "x" * 40, "12345", "é"])
+_pieces = st.sampled_from(
+    [
+        "sk-",
+        "proj-",
+        "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
+        "ghp_",
+        "github_pat_",
+        "AKIA",
+        "IOSFODNN7EXAMPLE",
+        "xoxb-",
+        "AIza",
+        "eyJ",
+        ".",
+        "Bearer ",
+        "://me:",
+        "@db",
+        "-----BEGIN RSA PRIVATE KEY-----",
+        "\n",
+        " ",
+        "e",
+        "s",
+        "g",
+        "-",
+        "_",
+        "correct-horse-battery",
+        "x" * 40,
+        "12345",
+        "é",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -178,17 +237,28 @@ def test_arguments_keep_every_byte_but_the_string_that_held_the_secret() -> None
     escaped = '"\\u0074ok-abcdef123456 \\u00e9"'
     text = '{"n": 1e400, "m": 1E2, "k": "a\\u0041", "k": ' + escaped + ',\n "z": [1.50, -0.0]}'
     out = r.redact_known_arguments(text)
-    assert out == '{"n": 1e400, "m": 1E2, "k": "a\\u0041", "k": "[REDACTED:X_TOKEN] é",\n "z": [1.50, -0.0]}'
-    assert r.redact_known_arguments(text.replace(escaped, '"plain"')) == text.replace(escaped, '"plain"')
+    assert (
+        out
+        == '{"n": 1e400, "m": 1E2, "k": "a\\u0041", "k": "[REDACTED:X_TOKEN] é",\n "z": [1.50, -0.0]}'
+    )
+    assert r.redact_known_arguments(text.replace(escaped, '"plain"')) == text.replace(
+        escaped, '"plain"'
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-                          max_leaves=8),
-       ascii_only=st.booleans(), spot=st.integers(min_value=0))
+@given(
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    ),
+    ascii_only=st.booleans(),
+    spot=st.integers(min_value=0),
+)
 def test_a_secret_escaped_anywhere_in_json_arguments_never_survives_and_nothing_else_changes(
-        value: Any, ascii_only: bool, spot: int) -> None:
+    value: Any, ascii_only: bool, spot: int
+) -> None:
     import json
 
     secret = "tok-abcdef123456"
@@ -223,22 +293,48 @@ def test_arguments_that_are_not_json_never_hand_a_tool_json_that_decodes_to_the_
     # became `\u0074`, which the tool's own parse decoded to the secret.
     secret = "tok-abcdef1234567890/xyz"
     r = Redactor({"API_KEY": secret})
-    for text in (r'{"command": "echo \u0074ok-abcdef1234567890\/xyz; echo \u005cu0074ok-abcdef1234567890\/xyz\u0022}',
-                 r'{"c": "\u0074ok-abcdef1234567890\/xyz\u0022, "d": "\u005c\u0075\u0030\u0030\u0037\u0034ok"}',
-                 '{"c": "tok-abcdef1234567890\\/xyz'):
+    for text in (
+        r'{"command": "echo \u0074ok-abcdef1234567890\/xyz; echo \u005cu0074ok-abcdef1234567890\/xyz\u0022}',
+        r'{"c": "\u0074ok-abcdef1234567890\/xyz\u0022, "d": "\u005c\u0075\u0030\u0030\u0037\u0034ok"}',
+        '{"c": "tok-abcdef1234567890\\/xyz',
+    ):
         out = r.redact_known_arguments(text)
         assert all(secret not in d for d in _decoded_every_way(out)), out
 
 
 @settings(max_examples=400, deadline=None)
-@given(parts=st.lists(st.sampled_from(['{"c": "', '"', "}", "\\u0022", "\\u005c", "\\\\", "\\/", " ", "x",
-                                       "SECRET", "ESCAPED", "DOUBLE", "SLASHED"]), max_size=12))
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [
+                '{"c": "',
+                '"',
+                "}",
+                "\\u0022",
+                "\\u005c",
+                "\\\\",
+                "\\/",
+                " ",
+                "x",
+                "SECRET",
+                "ESCAPED",
+                "DOUBLE",
+                "SLASHED",
+            ]
+        ),
+        max_size=12,
+    )
+)
 def test_no_spelling_of_the_secret_in_broken_json_survives(parts: list[str]) -> None:
     import json
 
     secret = "tok-abc/def123456"
-    spellings = {"SECRET": secret, "ESCAPED": "".join(f"\\u{ord(c):04x}" for c in secret),
-                 "DOUBLE": "".join(f"\\u005cu{ord(c):04x}" for c in secret), "SLASHED": secret.replace("/", "\\/")}
+    spellings = {
+        "SECRET": secret,
+        "ESCAPED": "".join(f"\\u{ord(c):04x}" for c in secret),
+        "DOUBLE": "".join(f"\\u005cu{ord(c):04x}" for c in secret),
+        "SLASHED": secret.replace("/", "\\/"),
+    }
     text = "".join(spellings.get(p, p) for p in parts)
     out = Redactor({"API_KEY": secret}).redact_known_arguments(text)
     try:
@@ -259,11 +355,13 @@ def test_free_text_keeps_every_byte_unless_an_escaped_secret_is_in_it() -> None:
     assert r.redact_known_escaped(prose) == prose  # no secret: byte for byte, odd escapes and all
     hidden = "".join(f"\\u{ord(c):04x}" for c in secret)
     inside = 'TOOL_CALL {"name": "w", "input": {"c": "' + hidden + '", "n": 1e400}}'
-    assert r.redact_known_escaped(inside) == 'TOOL_CALL {"name": "w", "input": {"c": "[REDACTED:API_KEY]", "n": 1e400}}'
-    for broken in ('He said "' + hidden, 'x \\u0022' + hidden + '\\u0022 "C:\\q"'):
+    assert (
+        r.redact_known_escaped(inside)
+        == 'TOOL_CALL {"name": "w", "input": {"c": "[REDACTED:API_KEY]", "n": 1e400}}'
+    )
+    for broken in ('He said "' + hidden, "x \\u0022" + hidden + '\\u0022 "C:\\q"'):
         out = r.redact_known_escaped(broken)
         assert all(secret not in d for d in _decoded_every_way(out)), out
-
 
 
 def _spelt(secret: str, level: int) -> str:
@@ -284,12 +382,18 @@ def test_a_secret_escaped_twice_or_inside_a_json_string_of_json_is_found_too() -
     secret = "sk-proj-ABCDEF1234567890abcdef"
     r = Redactor({"MY_API_KEY": secret})
     once, twice = _spelt(secret, 1), _spelt(secret, 2)
-    texts = ['TOOL_CALL {"name": "write_file", "input": "{\\"path\\": \\"a\\", \\"content\\": \\"' + twice + '\\"}"}',
-             f"See {once} and {twice}",
-             json.dumps({"role": "assistant", "content": f"note {once}"})]
+    texts = [
+        'TOOL_CALL {"name": "write_file", "input": "{\\"path\\": \\"a\\", \\"content\\": \\"'
+        + twice
+        + '\\"}"}',
+        f"See {once} and {twice}",
+        json.dumps({"role": "assistant", "content": f"note {once}"}),
+    ]
     for text in texts:
         _assert_no_spelling(secret, r.redact_known_escaped(text))
-    _assert_no_spelling(secret, r.redact_known_arguments('{"path": "a", "content": "' + twice + '"}'))
+    _assert_no_spelling(
+        secret, r.redact_known_arguments('{"path": "a", "content": "' + twice + '"}')
+    )
 
 
 def test_a_spelling_deeper_than_we_look_never_comes_out_nearer() -> None:

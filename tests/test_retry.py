@@ -23,6 +23,7 @@ import pytest
 from fake_openai import FakeOpenAI, spawn_fake_openai
 from provider_support import http_library
 
+from durable_agent.config.settings import load_settings
 from durable_agent.messages import Message
 from durable_agent.models.failures import ProviderError
 from durable_agent.models.openai_chat import (
@@ -39,7 +40,6 @@ from durable_agent.models.retry import (
     call_with_retries,
     classify,
 )
-from durable_agent.settings import load_settings
 
 KEY = "sk-test-0123456789abcdef"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -59,8 +59,9 @@ def make_client(server: FakeOpenAI, api_key: str = KEY, timeout: float = 5.0) ->
 
 
 def make_model(server: FakeOpenAI, api_key: str = KEY, timeout: float = 5.0) -> OpenAIChatModel:
-    return OpenAIChatModel("m", api_key=api_key, base_url=server.url, read_timeout=timeout,
-                           connect_timeout=timeout)
+    return OpenAIChatModel(
+        "m", api_key=api_key, base_url=server.url, read_timeout=timeout, connect_timeout=timeout
+    )
 
 
 def chat(model: OpenAIChatModel) -> Callable[[], str | None]:
@@ -72,7 +73,9 @@ def failure_of(server: FakeOpenAI, fault: dict[str, Any], timeout: float = 5.0) 
     with pytest.raises(ProviderError) as caught:
         chat(make_model(server, timeout=timeout))()
     # Mapped at the boundary: openai's errors, or its HTTP library's while the body is read.
-    http = tuple(m.HTTPError for m in (sys.modules.get("httpx2"), sys.modules.get("httpx")) if m is not None)
+    http = tuple(
+        m.HTTPError for m in (sys.modules.get("httpx2"), sys.modules.get("httpx")) if m is not None
+    )
     assert isinstance(caught.value.__cause__, (openai.OpenAIError, *http))
     return caught.value.failure
 
@@ -131,8 +134,11 @@ def test_exceptions_outside_http_responses(
     [
         (lambda http: http.ConnectError("refused"), RETRYABLE, "connection"),
         (lambda http: http.ReadTimeout("slow"), RETRYABLE, "timeout"),
-        (lambda http: openai.OpenAIError("The api_key client option must be set"), PERMANENT,
-         "client_error"),
+        (
+            lambda http: openai.OpenAIError("The api_key client option must be set"),
+            PERMANENT,
+            "client_error",
+        ),
     ],
 )
 def test_client_exceptions_are_mapped_at_the_boundary(
@@ -149,9 +155,13 @@ def test_policy_defaults_are_the_settings_defaults(tmp_path: Any) -> None:
     settings = load_settings({"db": f"sqlite:///{tmp_path / 'x.db'}"}, {})
     assert RetryPolicy() == RetryPolicy.from_settings(settings)
     assert RetryPolicy().max_total_seconds == settings.retry_max_seconds
-    custom = load_settings({"db": "sqlite:///unused.db", "retry_max_seconds": 7.0, "retry_max_attempts": 2}, {})
-    assert (RetryPolicy.from_settings(custom).max_total_seconds,
-            RetryPolicy.from_settings(custom).max_attempts) == (7.0, 2)
+    custom = load_settings(
+        {"db": "sqlite:///unused.db", "retry_max_seconds": 7.0, "retry_max_attempts": 2}, {}
+    )
+    assert (
+        RetryPolicy.from_settings(custom).max_total_seconds,
+        RetryPolicy.from_settings(custom).max_attempts,
+    ) == (7.0, 2)
 
 
 # --- (b) SPEC section 6 examples, as raised by the real client ------------------------------
@@ -232,16 +242,21 @@ def test_timeout_is_retryable(server: FakeOpenAI) -> None:
     assert (failure.kind, failure.reason) == (RETRYABLE, "timeout")
 
 
-@pytest.mark.parametrize("fault", [
-    {"trickle": 0.05},  # the answer, a byte every 0.05 s: ~15 s in all
-    {"status": 500, "trickle": 0.05},  # an error body, read by openai itself
-    {"stall": "headers", "every": 0.05},  # headers that never end
-    {"stall": "hints", "every": 0.05},  # 103 Early Hints forever (skipped by the HTTP library)
-    {"stall": "deflate", "every": 0.05},  # empty deflate blocks: bytes that decode to nothing
-], ids=["body", "error-body", "headers", "early-hints", "empty-deflate"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"trickle": 0.05},  # the answer, a byte every 0.05 s: ~15 s in all
+        {"status": 500, "trickle": 0.05},  # an error body, read by openai itself
+        {"stall": "headers", "every": 0.05},  # headers that never end
+        {"stall": "hints", "every": 0.05},  # 103 Early Hints forever (skipped by the HTTP library)
+        {"stall": "deflate", "every": 0.05},  # empty deflate blocks: bytes that decode to nothing
+    ],
+    ids=["body", "error-body", "headers", "early-hints", "empty-deflate"],
+)
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
-        server: FakeOpenAI, fault: dict[str, Any]) -> None:
+    server: FakeOpenAI, fault: dict[str, Any]
+) -> None:
     # Each read gets bytes in time, so the read timeout alone let these calls run for as
     # long as the server liked (the run's cancel and time budget waiting on them).
     started = time.monotonic()
@@ -252,7 +267,9 @@ def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
     assert took < 5, took
 
 
-def test_through_a_proxy_the_deadline_still_holds(server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_through_a_proxy_the_deadline_still_holds(
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # With HTTP_PROXY set, httpx sends everything through the proxy's own transport and pool:
     # only the default pool was bounded, so a trickled answer ran its 15 s, stalled headers
     # for ever.
@@ -260,17 +277,29 @@ def test_through_a_proxy_the_deadline_still_holds(server: FakeOpenAI, monkeypatc
 
     proxy = ForwardProxy()
     try:
-        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy", "http_proxy"):
+        for name in (
+            "NO_PROXY",
+            "no_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "http_proxy",
+        ):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
         model = make_model(server, timeout=1.0)
-        assert chat(model)() and proxy.lines and b"/chat/completions" in proxy.lines[0]  # it goes by the proxy
+        assert (
+            chat(model)() and proxy.lines and b"/chat/completions" in proxy.lines[0]
+        )  # it goes by the proxy
         for fault in ({"trickle": 0.05}, {"stall": "headers", "every": 0.05}):
             server.add_faults([fault])
             started = time.monotonic()
             with pytest.raises(ProviderError) as caught:
                 chat(model)()
-            assert caught.value.failure.reason == "timeout" and time.monotonic() - started < 5, fault
+            assert caught.value.failure.reason == "timeout" and time.monotonic() - started < 5, (
+                fault
+            )
     finally:
         proxy.close()
 
@@ -290,7 +319,9 @@ def test_a_keep_alive_connection_obeys_the_next_calls_deadline(server: FakeOpenA
     assert chat(model)() == first
 
 
-def test_an_answer_larger_than_the_cap_is_not_read_further(server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_answer_larger_than_the_cap_is_not_read_further(
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A few KiB of gzip on the wire, many MiB decoded: it was read whole into memory.
     import durable_agent.models.openai_chat as openai_chat
 
@@ -320,19 +351,31 @@ def test_an_error_body_is_read_in_pieces_and_capped(server: FakeOpenAI) -> None:
     assert peak < 16 << 20, peak
 
 
-@pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])
-def test_an_error_whose_body_is_cut_short_keeps_its_status(server: FakeOpenAI, status: int, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")]
+)
+def test_an_error_whose_body_is_cut_short_keeps_its_status(
+    server: FakeOpenAI, status: int, reason: str
+) -> None:
     # It became a retryable `truncated_response`: a 401 was retried, a 429's Retry-After lost.
-    failure = failure_of(server, {"status": status, "short_body": 12, "headers": {"Retry-After": "7"}})
+    failure = failure_of(
+        server, {"status": status, "short_body": 12, "headers": {"Retry-After": "7"}}
+    )
     assert (failure.reason, failure.status) == (reason, status)
     if status == 429:
         assert failure.retry_after == 7
 
 
-@pytest.mark.parametrize(("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")])
-def test_an_error_whose_body_cannot_be_decoded_keeps_its_status(server: FakeOpenAI, status: int, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "reason"), [(401, "auth"), (429, "rate_limit"), (500, "server_error")]
+)
+def test_an_error_whose_body_cannot_be_decoded_keeps_its_status(
+    server: FakeOpenAI, status: int, reason: str
+) -> None:
     # It became a retryable `undecodable`: a 401 was retried, a 429's Retry-After lost.
-    failure = failure_of(server, {"status": status, "headers": {"Content-Encoding": "gzip", "Retry-After": "7"}})
+    failure = failure_of(
+        server, {"status": status, "headers": {"Content-Encoding": "gzip", "Retry-After": "7"}}
+    )
     assert (failure.reason, failure.status) == (reason, status)
     if status == 429:
         assert failure.retry_after == 7
@@ -352,12 +395,21 @@ def _error(message: str, code: str | None = None, kind: str = "invalid_request_e
 _TOO_LONG = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
 
 
-@pytest.mark.parametrize("fault", [
-    {"body": _error(_TOO_LONG, "context_length_exceeded"), "encode": "raw-deflate"},  # decoded like httpx does
-    {"body": _error(_TOO_LONG + " " + "x" * (2 << 20))},  # JSON cut at the error-body cap
-    {"body": _TOO_LONG, "content_type": "text/plain"},  # not JSON at all
-], ids=["raw-deflate", "over-the-cap", "plain-text"])
-def test_an_error_body_says_what_it_says_however_it_comes(server: FakeOpenAI, fault: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {
+            "body": _error(_TOO_LONG, "context_length_exceeded"),
+            "encode": "raw-deflate",
+        },  # decoded like httpx does
+        {"body": _error(_TOO_LONG + " " + "x" * (2 << 20))},  # JSON cut at the error-body cap
+        {"body": _TOO_LONG, "content_type": "text/plain"},  # not JSON at all
+    ],
+    ids=["raw-deflate", "over-the-cap", "plain-text"],
+)
+def test_an_error_body_says_what_it_says_however_it_comes(
+    server: FakeOpenAI, fault: dict[str, Any]
+) -> None:
     # "maximum context length" is what starts a compaction: each of these was a bad_request.
     failure = failure_of(server, {"status": 400, **fault})
     assert (failure.kind, failure.reason) == (PERMANENT, "context_length"), failure.message[:300]
@@ -506,7 +558,12 @@ def test_permanent_failure_is_not_retried(server: FakeOpenAI) -> None:
             on_attempt=lambda n, failure: seen.append(n),
         )
     assert len(server.requests) == 1
-    assert (caught.value.attempts, caught.value.failure.retryable, sleep.delays, seen) == (1, False, [], [1])
+    assert (caught.value.attempts, caught.value.failure.retryable, sleep.delays, seen) == (
+        1,
+        False,
+        [],
+        [1],
+    )
     assert str(caught.value) == (
         "model call failed after 1 attempt: auth (401): Incorrect API key. "
         + caught.value.failure.hint
@@ -592,8 +649,9 @@ def test_fake_turn_comes_from_the_request_and_faults_key_on_turn_and_attempt() -
 
 def test_fake_runs_as_a_separate_process(tmp_path: Any) -> None:
     with spawn_fake_openai(tmp_path, [{"content": "from the child"}], [{"status": 502}]) as fake:
-        model = OpenAIChatModel("m", api_key=KEY, base_url=fake.url, read_timeout=5.0,
-                                connect_timeout=5.0)
+        model = OpenAIChatModel(
+            "m", api_key=KEY, base_url=fake.url, read_timeout=5.0, connect_timeout=5.0
+        )
         result, attempts = call_with_retries(chat(model), RetryPolicy(), sleep=FakeSleep())
         assert (result, attempts) == ("from the child", 2)
         log = fake.requests()
@@ -602,7 +660,8 @@ def test_fake_runs_as_a_separate_process(tmp_path: Any) -> None:
 
 
 def test_a_socks_proxy_without_its_package_is_one_line_of_configuration(
-        server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # ALL_PROXY=socks5://... without socksio: an ImportError traceback, exit 1.
     import importlib.util
 
@@ -616,7 +675,9 @@ def test_a_socks_proxy_without_its_package_is_one_line_of_configuration(
 
 
 @pytest.mark.parametrize("timeout", [0.2500001, 0.25001, 0.2501])
-def test_a_read_sliced_for_cancel_that_runs_out_is_a_timeout_not_a_connection_error(timeout: float) -> None:
+def test_a_read_sliced_for_cancel_that_runs_out_is_a_timeout_not_a_connection_error(
+    timeout: float,
+) -> None:
     # Read in slices (models/deadline.py `stopping`), a wait that ran out inside the loop's
     # own overhead asked the socket for a read with timeout 0: non-blocking, which fails as
     # a read error (classified "connection"), not as the timeout it is.
@@ -636,8 +697,9 @@ def test_a_read_sliced_for_cancel_that_runs_out_is_a_timeout_not_a_connection_er
         stream.read(10, timeout)
 
 
-def test_a_retry_the_process_dies_in_still_counts_as_a_try(tmp_path: Any, env: dict[str, str], workspace: Any,
-                                                           sql: Any) -> None:
+def test_a_retry_the_process_dies_in_still_counts_as_a_try(
+    tmp_path: Any, env: dict[str, str], workspace: Any, sql: Any
+) -> None:
     # A 503, then a retry the process was killed in: the server saw 3 requests in all, the
     # step said 2 (a try was recorded only once it had failed). SPEC §5: every try counts.
     import subprocess
@@ -648,16 +710,26 @@ def test_a_retry_the_process_dies_in_still_counts_as_a_try(tmp_path: Any, env: d
 
     (tmp_path / "config.toml").write_text("retry_initial_wait_s = 0.01\nretry_max_wait_s = 0.01\n")
     e = {**env, "OPENAI_API_KEY": "sk-test", "DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml")}
-    with spawn_fake_openai(tmp_path / "fake", [{"content": "done"}], [{"status": 503}, {"delay": 60}]) as fake:
+    with spawn_fake_openai(
+        tmp_path / "fake", [{"content": "done"}], [{"status": 503}, {"delay": 60}]
+    ) as fake:
         args = ["start", "t", "--model", "m", "--base-url", fake.url, "--run-id", "a", "--quiet"]
-        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", *args], cwd=workspace, env=e,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_agent", *args],
+            cwd=workspace,
+            env=e,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_for(lambda: len(fake.requests()) >= 2, 30, "the retry to reach the server")
         finally:
             proc.kill()
             proc.wait()
-        assert sql("SELECT attempts FROM steps WHERE kind = 'model'") == [(2,)]  # the one it died in, too
+        assert sql("SELECT attempts FROM steps WHERE kind = 'model'") == [
+            (2,)
+        ]  # the one it died in, too
         done = run_cli(e, workspace, "resume", "a", "--quiet")
         assert done.code == 0, done.stderr
         assert len(fake.requests()) == 3
@@ -665,14 +737,17 @@ def test_a_retry_the_process_dies_in_still_counts_as_a_try(tmp_path: Any, env: d
 
 
 def test_a_store_that_fails_while_a_retry_is_recorded_ends_the_session_as_the_stores_fault(
-        tmp_path: Any, env: dict[str, str], cli_inproc: Any, sql: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, env: dict[str, str], cli_inproc: Any, sql: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Recording a retry's try is the store's work: its failure is exit 7 (resumable), never
     # a model error that fails the run.
     from durable_agent.errors import StoreUnavailable
     from durable_agent.store.step import Step
 
     (tmp_path / "config.toml").write_text("retry_initial_wait_s = 0.01\nretry_max_wait_s = 0.01\n")
-    env.update({"DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml"), "OPENAI_API_KEY": "sk-test"})  # (cli_inproc's)
+    env.update(
+        {"DURABLE_AGENT_CONFIG": str(tmp_path / "config.toml"), "OPENAI_API_KEY": "sk-test"}
+    )  # (cli_inproc's)
     with FakeOpenAI(script=[{"content": "ok"}], faults=[{"status": 503}]) as fake:
         real = Step.set_attempts
 
@@ -682,7 +757,9 @@ def test_a_store_that_fails_while_a_retry_is_recorded_ends_the_session_as_the_st
             real(self, attempts, error)
 
         monkeypatch.setattr(Step, "set_attempts", store_gone)
-        r = cli_inproc("start", "t", "--model", "m", "--base-url", fake.url, "--run-id", "r", "--quiet")
+        r = cli_inproc(
+            "start", "t", "--model", "m", "--base-url", fake.url, "--run-id", "r", "--quiet"
+        )
         assert r.code == 7 and "the store is unavailable: disk I/O error" in r.stderr, r.stderr
         assert len(fake.requests) == 1  # the retry was not sent unrecorded
         monkeypatch.setattr(Step, "set_attempts", real)

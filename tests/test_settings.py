@@ -9,23 +9,31 @@ from pathlib import Path
 
 import pytest
 
+from durable_agent.config.settings import Settings, load_settings
 from durable_agent.errors import ConfigError
-from durable_agent.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_default_toml_is_current_and_loads() -> None:
-    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_default_config.py"), "--check"])
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_default_config.py"), "--check"]
+    )
     assert check.returncode == 0
     data = tomllib.loads((ROOT / "config" / "default.toml").read_text())
-    assert Settings(**data).model_dump(exclude={"workspace"}) == Settings().model_dump(exclude={"workspace"})
+    assert Settings(**data).model_dump(exclude={"workspace"}) == Settings().model_dump(
+        exclude={"workspace"}
+    )
 
 
 def test_layers_defaults_config_env_flags(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('max_steps = 7\nmodel = "from-config"\nmax_repeats = 9\n')
-    env = {"DURABLE_AGENT_CONFIG": str(cfg), "DURABLE_AGENT_MODEL": "from-env", "HOME": str(tmp_path)}
+    env = {
+        "DURABLE_AGENT_CONFIG": str(cfg),
+        "DURABLE_AGENT_MODEL": "from-env",
+        "HOME": str(tmp_path),
+    }
     s = load_settings({"max_repeats": 2}, env)
     assert (s.max_steps, s.model, s.max_repeats) == (7, "from-env", 2)
     assert s.db and s.db.endswith("durable-agent/durable-agent.db")
@@ -35,11 +43,16 @@ def test_a_resume_learns_the_window_and_price_of_a_model_the_run_never_used(tmp_
     # The recorded `models` table replaced the config file's whole: `resume --model bigger`
     # (what a run that cannot fit is told to do) never saw bigger's context_window.
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[models.small]\ncontext_window = 9000\n[models.bigger]\ncontext_window = 200000\n'
-                   '[prices.bigger]\ninput_per_mtok = 2\noutput_per_mtok = 8\n')
+    cfg.write_text(
+        "[models.small]\ncontext_window = 9000\n[models.bigger]\ncontext_window = 200000\n"
+        "[prices.bigger]\ninput_per_mtok = 2\noutput_per_mtok = 8\n"
+    )
     env = {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)}
-    recorded = {"model": "small", "models": {"small": {"context_window": 3000}},
-                "prices": {"small": {"input_per_mtok": 1, "output_per_mtok": 1}}}
+    recorded = {
+        "model": "small",
+        "models": {"small": {"context_window": 3000}},
+        "prices": {"small": {"input_per_mtok": 1, "output_per_mtok": 1}},
+    }
     s = load_settings({"model": "bigger"}, env, base=recorded)
     assert s.models["bigger"].context_window == 200_000 and s.prices["bigger"].output_per_mtok == 8
     assert s.models["small"].context_window == 3000  # the run's own entry stays as recorded
@@ -52,8 +65,10 @@ def test_a_resume_keeps_what_the_run_ran_with_whatever_the_file_says_now(tmp_pat
     # first would change its window and cost under it, the second showed as a change of
     # settings on every resume and was written into the run.
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[models."gpt-4o"]\ncontext_window = 4000\n[models.other]\ncontext_window = 9000\n'
-                   '[prices."gpt-4o"]\ninput_per_mtok = 500\noutput_per_mtok = 500\n')
+    cfg.write_text(
+        '[models."gpt-4o"]\ncontext_window = 4000\n[models.other]\ncontext_window = 9000\n'
+        '[prices."gpt-4o"]\ninput_per_mtok = 500\noutput_per_mtok = 500\n'
+    )
     env = {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path)}
     recorded = {"model": "gpt-4o", "models": {}, "prices": {}}
     for flags in ({}, {"model": "gpt-4o"}):
@@ -67,9 +82,15 @@ def test_api_key_is_never_in_the_recorded_settings() -> None:
     assert "sk-secret" not in str(s.redacted_dict())
 
 
-@pytest.mark.parametrize(("content", "needle"), [("max_steps = 'x'", "max_steps"), ("nonsense = 1", "nonsense"),
-                                                 ("not toml", "cannot read config"),
-                                                 ("lease_seconds = 1e12", "lease_seconds")])  # past datetime's range
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("max_steps = 'x'", "max_steps"),
+        ("nonsense = 1", "nonsense"),
+        ("not toml", "cannot read config"),
+        ("lease_seconds = 1e12", "lease_seconds"),
+    ],
+)  # past datetime's range
 def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(content)
@@ -89,15 +110,22 @@ def test_no_password_is_in_the_recorded_settings() -> None:
 
 
 def test_recorded_settings_leave_out_what_was_never_stored_in_full() -> None:
-    from durable_agent.settings import recorded_settings
+    from durable_agent.config.settings import recorded_settings
 
-    stored = Settings(db="postgresql://u:secret@h/d", base_url="http://u:pw@host/v1").redacted_dict()
+    stored = Settings(
+        db="postgresql://u:secret@h/d", base_url="http://u:pw@host/v1"
+    ).redacted_dict()
     base = recorded_settings(stored)
     assert "db" not in base and "base_url" not in base  # the env or flags supply them again
-    assert recorded_settings({"base_url": "http://localhost:11434/v1"})["base_url"] == "http://localhost:11434/v1"
+    assert (
+        recorded_settings({"base_url": "http://localhost:11434/v1"})["base_url"]
+        == "http://localhost:11434/v1"
+    )
 
 
-def test_build_runner_leaves_the_callers_settings_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_runner_leaves_the_callers_settings_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The runner gets a copy with the workspace resolved and the sandbox found; the caller's
     Settings (an API user's, a worker's) keep what was given."""
     from durable_agent.store.engine import open_store_engine
@@ -107,7 +135,9 @@ def test_build_runner_leaves_the_callers_settings_as_they_were(tmp_path: Path, m
     (tmp_path / "ws").mkdir()
     monkeypatch.chdir(tmp_path)
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    settings = load_settings({"workspace": "ws", "model": "demo", "db": f"sqlite:///{tmp_path / 's.db'}"}, env)
+    settings = load_settings(
+        {"workspace": "ws", "model": "demo", "db": f"sqlite:///{tmp_path / 's.db'}"}, env
+    )
     before = settings.redacted_dict()
     engine = open_store_engine(str(settings.db))
     try:
@@ -121,12 +151,17 @@ def test_build_runner_leaves_the_callers_settings_as_they_were(tmp_path: Path, m
 
 
 def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
-        cli, env: dict[str, str], tmp_path: Path) -> None:  # noqa: ANN001
+    cli, env: dict[str, str], tmp_path: Path
+) -> None:  # noqa: ANN001
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     here.mkdir()
     elsewhere.mkdir()
-    (here / "s.json").write_text('[{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]')
-    first = cli("start", "t", "--model", "scripted:s.json", "--max-steps", "1", "--run-id", "rel", cwd=here)
+    (here / "s.json").write_text(
+        '[{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]'
+    )
+    first = cli(
+        "start", "t", "--model", "scripted:s.json", "--max-steps", "1", "--run-id", "rel", cwd=here
+    )
     assert first.code == 3 and f"scripted:{here / 's.json'}" in first.stderr, first.stderr
     resumed = cli("resume", "rel", "--max-steps", "5", cwd=elsewhere)
     assert resumed.code == 0, resumed.stderr
@@ -135,10 +170,13 @@ def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
 def test_every_number_setting_refuses_true_and_false_and_only_those_are_listed() -> None:
     from pydantic import ValidationError
 
-    from durable_agent.settings import NUMBER_FIELDS
+    from durable_agent.config.settings import NUMBER_FIELDS
 
-    numbers = {name for name, field in Settings.model_fields.items()
-               if field.annotation in (int, float, int | None, float | None)}
+    numbers = {
+        name
+        for name, field in Settings.model_fields.items()
+        if field.annotation in (int, float, int | None, float | None)
+    }
     assert set(NUMBER_FIELDS) == numbers and len(NUMBER_FIELDS) == len(numbers)
     for name in NUMBER_FIELDS:
         with pytest.raises(ValidationError, match="must be a number, not true or false"):

@@ -193,8 +193,9 @@ def test_destructive_commands_ask(command: str) -> None:
     assert reason.startswith("destructive")
 
 
-@pytest.mark.parametrize("command", ["pytest -q && rm -rf build", "find . -delete",
-                                     "git log && git reset --hard"])
+@pytest.mark.parametrize(
+    "command", ["pytest -q && rm -rf build", "find . -delete", "git log && git reset --hard"]
+)
 def test_destructive_asks_even_behind_an_allowlisted_prefix(command: str) -> None:
     # A broad allowlist must not let a destructive command through.
     decision, reason = decide(command, "ask", allowlist=["pytest", "find", "git", "rm"])

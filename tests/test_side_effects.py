@@ -40,8 +40,12 @@ APPEND = "echo $DURABLE_AGENT_CALL_ID >> ledger"
 #   call_0_1: intent 11-12, pgid 13-14, (runs), outcome 15-16
 #   model 1: intent 17-18, outcome 19-20;  run finished 21-22
 LEDGER_SCRIPT = [
-    {"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}},
-                    {"name": "run_command", "arguments": {"command": APPEND + " && echo second"}}]},
+    {
+        "tool_calls": [
+            {"name": "run_command", "arguments": {"command": APPEND}},
+            {"name": "run_command", "arguments": {"command": APPEND + " && echo second"}},
+        ]
+    },
     {"content": "done"},
 ]
 BOUNDARIES = 22
@@ -57,8 +61,15 @@ def _scenario_env(env: dict[str, str], root: Path) -> tuple[dict[str, str], Path
     return {**env, "DURABLE_AGENT_DB": f"sqlite:///{root / 'store.db'}"}, root / "ws", script
 
 
-def _drive_to_the_end(env: dict[str, str], ws: Path, db: Path, *, deny: bool, crash_env: dict[str, str],
-                      max_sessions: int = 30) -> list[str]:
+def _drive_to_the_end(
+    env: dict[str, str],
+    ws: Path,
+    db: Path,
+    *,
+    deny: bool,
+    crash_env: dict[str, str],
+    max_sessions: int = 30,
+) -> list[str]:
     """Resume until completed, deciding every approval the run blocks on. Returns the exit
     codes seen, for the failure message."""
     codes: list[str] = []
@@ -70,7 +81,9 @@ def _drive_to_the_end(env: dict[str, str], ws: Path, db: Path, *, deny: bool, cr
         if r.code == 0:
             return codes
         if r.code == 5:
-            decided = run_cli(env, ws, "approve", "r", "--by", "tester", *(["--deny"] if deny else []))
+            decided = run_cli(
+                env, ws, "approve", "r", "--by", "tester", *(["--deny"] if deny else [])
+            )
             assert decided.code == 0, decided.stderr
         elif r.code != -signal.SIGKILL:
             pytest.fail(f"resume exited {r.code}: {r.stderr}")
@@ -83,8 +96,11 @@ def _check_ledger(db: Path, ws: Path) -> Counter[str]:
     assert_history_valid(db, "r")
     runs = Counter(ledger_lines(ws))
     assert set(runs) <= set(CALLS)
-    decided = query(db, "SELECT call_id, decision FROM approvals WHERE kind='uncertain_side_effect' "
-                        "AND decided_by='tester' AND used_at IS NOT NULL")
+    decided = query(
+        db,
+        "SELECT call_id, decision FROM approvals WHERE kind='uncertain_side_effect' "
+        "AND decided_by='tester' AND used_at IS NOT NULL",
+    )
     approved = Counter(c for c, d in decided if d == "approved")
     for call in CALLS:
         # A re-run only ever happens with a person's recorded approval, one per re-run.
@@ -95,7 +111,9 @@ def _check_ledger(db: Path, ws: Path) -> Counter[str]:
             assert "chose not to run it again" in told
     # Every call has exactly one step row, and it is settled.
     states = query(db, "SELECT call_id, state FROM steps WHERE kind='tool' ORDER BY call_id")
-    assert [c for c, _ in states] == list(CALLS) and all(s in ("completed", "failed") for _, s in states)
+    assert [c for c, _ in states] == list(CALLS) and all(
+        s in ("completed", "failed") for _, s in states
+    )
     return runs
 
 
@@ -103,12 +121,34 @@ def test_the_sweep_covers_every_boundary(env: dict[str, str], tmp_path: Path) ->
     # If the checkpoints of this script change, BOUNDARIES must follow, or the sweep below
     # silently stops covering the last windows.
     env1, ws1, script1 = _scenario_env(env, tmp_path / "last")
-    last = run_cli({**env1, "DURABLE_AGENT_CRASH_AFTER": str(BOUNDARIES)}, ws1, "start", "t", "--quiet",
-                   "--model", f"scripted:{script1}", "--shell", "allow", "--run-id", "r")
+    last = run_cli(
+        {**env1, "DURABLE_AGENT_CRASH_AFTER": str(BOUNDARIES)},
+        ws1,
+        "start",
+        "t",
+        "--quiet",
+        "--model",
+        f"scripted:{script1}",
+        "--shell",
+        "allow",
+        "--run-id",
+        "r",
+    )
     assert last.code == -signal.SIGKILL
     env2, ws2, script2 = _scenario_env(env, tmp_path / "past")
-    past = run_cli({**env2, "DURABLE_AGENT_CRASH_AFTER": str(BOUNDARIES + 1)}, ws2, "start", "t", "--quiet",
-                   "--model", f"scripted:{script2}", "--shell", "allow", "--run-id", "r")
+    past = run_cli(
+        {**env2, "DURABLE_AGENT_CRASH_AFTER": str(BOUNDARIES + 1)},
+        ws2,
+        "start",
+        "t",
+        "--quiet",
+        "--model",
+        f"scripted:{script2}",
+        "--shell",
+        "allow",
+        "--run-id",
+        "r",
+    )
     assert past.code == 0, past.stderr
     assert ledger_lines(ws2) == list(CALLS)
 
@@ -129,33 +169,62 @@ EXPECTED = {
 
 @pytest.mark.slow
 def test_crash_at_every_boundary_then_resume_runs_each_command_once_unless_approved(
-        env: dict[str, str], tmp_path: Path) -> None:
+    env: dict[str, str], tmp_path: Path
+) -> None:
     def scenario(n: int) -> tuple[int, Counter[str], list[Any]]:
         root = tmp_path / f"crash{n}"
         senv, ws, script = _scenario_env(env, root)
-        r = run_cli({**senv, "DURABLE_AGENT_CRASH_AFTER": str(n)}, ws, "start", "t", "--quiet",
-                    "--model", f"scripted:{script}", "--shell", "allow", "--run-id", "r")
+        r = run_cli(
+            {**senv, "DURABLE_AGENT_CRASH_AFTER": str(n)},
+            ws,
+            "start",
+            "t",
+            "--quiet",
+            "--model",
+            f"scripted:{script}",
+            "--shell",
+            "allow",
+            "--run-id",
+            "r",
+        )
         assert r.code == -signal.SIGKILL, (n, r.code, r.stderr)
         _drive_to_the_end(senv, ws, root / "store.db", deny=n in DENIED, crash_env={})
         runs = _check_ledger(root / "store.db", ws)
         return n, runs, query(root / "store.db", "SELECT call_id, decision FROM approvals")
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = {n: (runs, approvals) for n, runs, approvals in pool.map(scenario, range(1, BOUNDARIES + 1))}
+        results = {
+            n: (runs, approvals)
+            for n, runs, approvals in pool.map(scenario, range(1, BOUNDARIES + 1))
+        }
     for n, (runs, approvals) in results.items():
         assert runs == EXPECTED.get(n, ONCE_EACH), (n, runs)
-        expected = [(UNCERTAIN[n], "denied" if n in DENIED else "approved")] if n in UNCERTAIN else []
+        expected = (
+            [(UNCERTAIN[n], "denied" if n in DENIED else "approved")] if n in UNCERTAIN else []
+        )
         assert approvals == expected, (n, approvals)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("every", [7, 11])
 def test_repeated_crashes_every_kth_boundary_still_settle_each_command(
-        every: int, env: dict[str, str], tmp_path: Path) -> None:
+    every: int, env: dict[str, str], tmp_path: Path
+) -> None:
     senv, ws, script = _scenario_env(env, tmp_path / "chain")
     crash = {"DURABLE_AGENT_CRASH_AFTER": str(every)}
-    r = run_cli({**senv, **crash}, ws, "start", "t", "--quiet", "--model", f"scripted:{script}",
-                "--shell", "allow", "--run-id", "r")
+    r = run_cli(
+        {**senv, **crash},
+        ws,
+        "start",
+        "t",
+        "--quiet",
+        "--model",
+        f"scripted:{script}",
+        "--shell",
+        "allow",
+        "--run-id",
+        "r",
+    )
     assert r.code == -signal.SIGKILL
     _drive_to_the_end(senv, ws, tmp_path / "chain" / "store.db", deny=False, crash_env=crash)
     runs = _check_ledger(tmp_path / "chain" / "store.db", ws)
@@ -165,14 +234,32 @@ def test_repeated_crashes_every_kth_boundary_still_settle_each_command(
 SLOW_APPEND = "echo $DURABLE_AGENT_CALL_ID > started; sleep 2; " + APPEND
 
 
-def _kill_mid_command(env: dict[str, str], workspace: Path, db: Path, tmp_path: Path, script: str) -> int:
+def _kill_mid_command(
+    env: dict[str, str], workspace: Path, db: Path, tmp_path: Path, script: str
+) -> int:
     """Start a run, SIGKILL the CLI while its command sleeps; returns the command's pgid."""
-    cli = spawn(env, workspace, tmp_path / "logs", "start", "t", "--model", script, "--shell", "allow",
-                "--run-id", "k")
+    cli = spawn(
+        env,
+        workspace,
+        tmp_path / "logs",
+        "start",
+        "t",
+        "--model",
+        script,
+        "--shell",
+        "allow",
+        "--run-id",
+        "k",
+    )
     try:
-        pgid = wait_for(lambda: poll_query(db, "SELECT pgid FROM steps WHERE tool_name='run_command' "
-                                               "AND state='started' AND pgid IS NOT NULL"),
-                        what="the started run_command step with its pgid")[0][0]
+        pgid = wait_for(
+            lambda: poll_query(
+                db,
+                "SELECT pgid FROM steps WHERE tool_name='run_command' "
+                "AND state='started' AND pgid IS NOT NULL",
+            ),
+            what="the started run_command step with its pgid",
+        )[0][0]
         wait_for(lambda: (workspace / "started").exists(), what="the command to start")
         assert process_group_alive(pgid, call_id="call_0_0")
         os.kill(cli.proc.pid, signal.SIGKILL)  # from outside, like the OOM killer
@@ -180,15 +267,22 @@ def _kill_mid_command(env: dict[str, str], workspace: Path, db: Path, tmp_path: 
     finally:
         cli.kill()
     # The guard sees its pipe to the dead harness close and kills the whole group.
-    wait_for(lambda: not process_group_alive(pgid), timeout_s=10, what=f"process group {pgid} to die")
+    wait_for(
+        lambda: not process_group_alive(pgid), timeout_s=10, what=f"process group {pgid} to die"
+    )
     return pgid
 
 
 @pytest.mark.slow
 def test_kill_9_mid_command_kills_its_group_blocks_and_approval_runs_it_once(
-        cli, write_script, env, workspace, db_path, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},
-                           {"content": "done"}])
+    cli, write_script, env, workspace, db_path, sql, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},
+            {"content": "done"},
+        ]
+    )
     pgid = _kill_mid_command(env, workspace, db_path, tmp_path, script)
     assert ledger_lines(workspace) == []  # killed in its sleep: the append never happened
 
@@ -204,18 +298,26 @@ def test_kill_9_mid_command_kills_its_group_blocks_and_approval_runs_it_once(
     r = cli("resume", "k")
     assert r.code == 0, r.stderr
     assert ledger_lines(workspace) == ["call_0_0"]
-    seq, attempts, state, new_pgid = sql("SELECT seq, attempts, state, pgid FROM steps WHERE call_id='call_0_0'")[0]
+    seq, attempts, state, new_pgid = sql(
+        "SELECT seq, attempts, state, pgid FROM steps WHERE call_id='call_0_0'"
+    )[0]
     assert (attempts, state) == (2, "completed") and new_pgid != pgid
-    assert sql("SELECT call_id, kind, decision, decided_by, step_seq, used_at IS NOT NULL, command FROM approvals") \
-        == [("call_0_0", "uncertain_side_effect", "approved", "alice", seq, 1, SLOW_APPEND)]
+    assert sql(
+        "SELECT call_id, kind, decision, decided_by, step_seq, used_at IS NOT NULL, command FROM approvals"
+    ) == [("call_0_0", "uncertain_side_effect", "approved", "alice", seq, 1, SLOW_APPEND)]
     assert_history_valid(db_path, "k")
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_kill_9_mid_command_then_deny_tells_the_model_and_runs_nothing(
-        cli, write_script, env, workspace, db_path, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},
-                           {"content": "done"}])
+    cli, write_script, env, workspace, db_path, sql, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": SLOW_APPEND}}]},
+            {"content": "done"},
+        ]
+    )
     _kill_mid_command(env, workspace, db_path, tmp_path, script)
     assert cli("resume", "k").code == 5
     assert cli("approve", "k", "--deny").code == 0
@@ -230,14 +332,28 @@ def test_kill_9_mid_command_then_deny_tells_the_model_and_runs_nothing(
 
 
 def test_unattended_setting_tells_the_model_instead_of_blocking(
-        cli, write_script, env, workspace, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, workspace, sql, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "worker.toml"
     config.write_text('on_uncertain_exec = "tell_model"\n')
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}}]},
-                           {"content": "done"}])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}}]},
+            {"content": "done"},
+        ]
+    )
     # Boundary 9: the command has run, its outcome is not committed.
-    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "u",
-            extra_env={"DURABLE_AGENT_CRASH_AFTER": "9", "DURABLE_AGENT_CONFIG": str(config)})
+    r = cli(
+        "start",
+        "t",
+        "--model",
+        script,
+        "--shell",
+        "allow",
+        "--run-id",
+        "u",
+        extra_env={"DURABLE_AGENT_CRASH_AFTER": "9", "DURABLE_AGENT_CONFIG": str(config)},
+    )
     assert r.code == -signal.SIGKILL
     assert ledger_lines(workspace) == ["call_0_0"]
     r = cli("resume", "u", extra_env={"DURABLE_AGENT_CONFIG": str(config)})
@@ -251,27 +367,63 @@ def test_unattended_setting_tells_the_model_instead_of_blocking(
 def test_run_command_results_are_observations(cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
     # Non-zero exit, stderr, a timeout that kills the group, a huge output: all go back to the
     # model as tool results and the loop goes on to the answer.
-    script = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "pwd; echo oops >&2; exit 3"}}]},
-        {"tool_calls": [{"name": "run_command", "arguments": {
-            "command": "sleep 30 & echo $! > bg.pid; sleep 30", "timeout_s": 1}}]},
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "seq 1 200000"}}]},
-        {"content": "done"}])
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "run_command", "arguments": {"command": "pwd; echo oops >&2; exit 3"}}
+                ]
+            },
+            {
+                "tool_calls": [
+                    {
+                        "name": "run_command",
+                        "arguments": {
+                            "command": "sleep 30 & echo $! > bg.pid; sleep 30",
+                            "timeout_s": 1,
+                        },
+                    }
+                ]
+            },
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "seq 1 200000"}}]},
+            {"content": "done"},
+        ]
+    )
     # Unsandboxed: bg.pid must be a host pid (the sandbox's PID namespace has its own).
-    r = cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "o", "--sandbox", "off")
+    r = cli(
+        "start", "t", "--model", script, "--shell", "allow", "--run-id", "o", "--sandbox", "off"
+    )
     assert r.code == 0 and r.stdout.strip() == "done", r.stderr
-    first, timed, big = (c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq"))
+    first, timed, big = (
+        c for (c,) in sql("SELECT content FROM messages WHERE role='tool' ORDER BY seq")
+    )
     assert first.startswith("exit code: 3") and str(workspace) in first and "stderr:\noops" in first
     assert timed.startswith("Error: timed out after 1 s") and "exit code: none (killed)" in timed
     assert not pid_alive(int((workspace / "bg.pid").read_text()))  # the background child went too
     assert "truncated" in big and "200000" in big and len(big) <= 20_000
-    assert sql("SELECT state FROM steps WHERE kind='tool' ORDER BY seq") == [("completed",), ("failed",), ("completed",)]
+    assert sql("SELECT state FROM steps WHERE kind='tool' ORDER BY seq") == [
+        ("completed",),
+        ("failed",),
+        ("completed",),
+    ]
 
 
-def test_a_long_command_output_is_cut_once_with_one_marker(cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
-    script = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "seq 1 200000; seq 1 50000 >&2"}}]},
-        {"content": "done"}])
+def test_a_long_command_output_is_cut_once_with_one_marker(
+    cli, write_script, workspace, sql
+) -> None:  # type: ignore[no-untyped-def]
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "run_command",
+                        "arguments": {"command": "seq 1 200000; seq 1 50000 >&2"},
+                    }
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
     assert cli("start", "t", "--model", script, "--shell", "allow").code == 0
     content = sql("SELECT content FROM messages WHERE role='tool'")[0][0]
     assert content.count("truncated") == 2  # one marker per stream, none from a second cap
@@ -279,11 +431,15 @@ def test_a_long_command_output_is_cut_once_with_one_marker(cli, write_script, wo
 
 
 # -- A command cut off before its process group was committed never began ---------------------
-ONE_APPEND = [{"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}}]}, {"content": "done"}]
+ONE_APPEND = [
+    {"tool_calls": [{"name": "run_command", "arguments": {"command": APPEND}}]},
+    {"content": "done"},
+]
 
 
 def test_a_command_cut_off_before_its_pgid_runs_on_resume_without_a_question_even_under_ask(
-        cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, workspace, sql
+) -> None:  # type: ignore[no-untyped-def]
     # --shell ask: the person approves the command; the attempt is killed between its intent
     # (boundary 6, committed) and its pgid. That approval was for a command that never ran:
     # it still stands, and no other question is asked.
@@ -300,16 +456,31 @@ def test_a_command_cut_off_before_its_pgid_runs_on_resume_without_a_question_eve
 
 
 def test_a_retry_approved_after_a_crash_and_cut_off_before_its_pgid_runs_without_a_second_question(
-        cli, write_script, workspace, sql) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, workspace, sql
+) -> None:  # type: ignore[no-untyped-def]
     # Boundary 8: the pgid is committed, the guard never got the go: a person decides. The
     # approved retry is cut off before its own pgid (the old attempt's is not kept): it runs.
     script = write_script(ONE_APPEND)
-    assert cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "b",
-               extra_env={"DURABLE_AGENT_CRASH_AFTER": "8"}).code == -signal.SIGKILL
+    assert (
+        cli(
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+            "--run-id",
+            "b",
+            extra_env={"DURABLE_AGENT_CRASH_AFTER": "8"},
+        ).code
+        == -signal.SIGKILL
+    )
     assert cli("resume", "b").code == 5
     assert cli("approve", "b", "--by", "alice").code == 0
     assert cli("resume", "b", extra_env={"DURABLE_AGENT_CRASH_AFTER": "2"}).code == -signal.SIGKILL
-    assert sql("SELECT state, pgid, attempts FROM steps WHERE kind = 'tool'") == [("started", None, 2)]
+    assert sql("SELECT state, pgid, attempts FROM steps WHERE kind = 'tool'") == [
+        ("started", None, 2)
+    ]
     r = cli("resume", "b")
     assert r.code == 0, r.stderr
     assert ledger_lines(workspace) == ["call_0_0"]
@@ -318,16 +489,33 @@ def test_a_retry_approved_after_a_crash_and_cut_off_before_its_pgid_runs_without
 
 @pytest.mark.parametrize("why", ["an older row", "fast durability", "files changed"])
 def test_a_command_cut_off_before_its_pgid_still_asks_without_the_evidence(
-        why: str, cli, write_script, workspace, db_path, sql) -> None:  # type: ignore[no-untyped-def]
+    why: str, cli, write_script, workspace, db_path, sql
+) -> None:  # type: ignore[no-untyped-def]
     script = write_script(ONE_APPEND)
     flags = ("--durability", "fast") if why == "fast durability" else ()
-    assert cli("start", "t", "--model", script, "--shell", "allow", "--run-id", "c", *flags,
-               extra_env={"DURABLE_AGENT_CRASH_AFTER": "6"}).code == -signal.SIGKILL
+    assert (
+        cli(
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+            "--run-id",
+            "c",
+            *flags,
+            extra_env={"DURABLE_AGENT_CRASH_AFTER": "6"},
+        ).code
+        == -signal.SIGKILL
+    )
     assert sql("SELECT state, pgid FROM steps WHERE kind = 'tool'") == [("started", None)]
     if why == "an older row":  # written by a release that did not record the protocol
         import sqlite3
+
         with sqlite3.connect(db_path) as conn:
-            conn.execute("UPDATE steps SET input = json_remove(input, '$.pgid_before_start') WHERE kind = 'tool'")
+            conn.execute(
+                "UPDATE steps SET input = json_remove(input, '$.pgid_before_start') WHERE kind = 'tool'"
+            )
     if why == "files changed":  # something ran after all: only a person can tell what
         (workspace / "ledger").write_text("call_0_0\n")
     r = cli("resume", "c")
@@ -340,7 +528,7 @@ import os, signal, sys
 from typing import ClassVar
 from pydantic import BaseModel
 from durable_agent import tools
-from durable_agent.cli import main
+from durable_agent.cli.parser import main
 from durable_agent.status import EffectClass
 
 
@@ -367,16 +555,33 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_tool_of_its_own_under_the_run_command_name_that_ran_is_asked_about_not_run_again(
-        env, write_script, workspace, sql, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env, write_script, workspace, sql, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # No pgid is ever recorded by such a tool: its intent must not claim the guard protocol,
     # or the built-in run_command that answers on resume would run the command again.
     script = write_script(ONE_APPEND)
     program = tmp_path / "program.py"
     program.write_text(SHADOW)
     outside = tmp_path / "outside-ledger"
-    first = subprocess.run([sys.executable, str(program), "start", "t", "--model", script, "--shell", "allow",
-                            "--run-id", "s"], cwd=workspace, env={**env, "OUTSIDE_LEDGER": str(outside)},
-                           capture_output=True, text=True, timeout=120)
+    first = subprocess.run(
+        [
+            sys.executable,
+            str(program),
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+            "--run-id",
+            "s",
+        ],
+        cwd=workspace,
+        env={**env, "OUTSIDE_LEDGER": str(outside)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert outside.read_text().split() == ["call_0_0"]  # it acted (the workspace is unchanged)
     assert sql("SELECT state, pgid FROM steps WHERE kind = 'tool'") == [("started", None)]

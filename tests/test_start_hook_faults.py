@@ -33,9 +33,25 @@ from durable_agent.store.step import Step
 from durable_agent.tools.base import ToolContext, ToolResult
 from durable_agent.tools.process import command_env, run_process
 
-SCRIPT = [{"tool_calls": [{"name": "run_command", "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"}}]},
-          {"content": "done"}]
-STORE_WORDS = ("operationalerror", "disk i/o", "sqlalchemy", "terminating", "psycopg", "update steps")
+SCRIPT = [
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"},
+            }
+        ]
+    },
+    {"content": "done"},
+]
+STORE_WORDS = (
+    "operationalerror",
+    "disk i/o",
+    "sqlalchemy",
+    "terminating",
+    "psycopg",
+    "update steps",
+)
 
 
 @contextmanager
@@ -67,6 +83,7 @@ def failing(times: int) -> Iterator[list[int]]:
 @pytest.fixture
 def hook_fails(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
     """Arm `failing(times)` around every `Step.set_pgid` of the runs that follow."""
+
     def arm(times: int) -> list[int]:
         original = Step.set_pgid
         hits = [0]
@@ -85,15 +102,24 @@ def hook_fails(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
 
 
 @pytest.fixture
-def run(store_url: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str],
-        tmp_path: Path, env: dict[str, str]) -> Callable[..., Result]:
+def run(
+    store_url: str,
+    cli_inproc: Callable[..., Result],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    env: dict[str, str],
+) -> Callable[..., Result]:
     config = tmp_path / "config.toml"
     config.write_text("store_retry_attempts = 3\nstore_retry_seconds = 2\n")
     env["DURABLE_AGENT_CONFIG"] = str(config)
     model = write_script(SCRIPT)
 
     def cli(command: str, *args: str) -> Result:
-        extra = ("t", "--model", model, "--shell", "allow", "--run-id", "r") if command == "start" else ()
+        extra = (
+            ("t", "--model", model, "--shell", "allow", "--run-id", "r")
+            if command == "start"
+            else ()
+        )
         return cli_inproc(command, *extra, *args, "--db", store_url)
 
     return cli
@@ -109,8 +135,11 @@ def rows(store_url: str, statement: str) -> list[Any]:
 
 
 def tool_rows(store_url: str) -> list[Any]:
-    return rows(store_url, "SELECT state, pgid IS NOT NULL, output, error FROM steps "
-                           "WHERE run_id = 'r' AND kind = 'tool'")
+    return rows(
+        store_url,
+        "SELECT state, pgid IS NOT NULL, output, error FROM steps "
+        "WHERE run_id = 'r' AND kind = 'tool'",
+    )
 
 
 def no_store_words(store_url: str) -> None:
@@ -120,8 +149,11 @@ def no_store_words(store_url: str) -> None:
 
 
 def test_one_failed_write_in_the_start_hook_is_retried_and_the_command_runs_once(
-        run: Callable[..., Result], hook_fails: Callable[[int], list[int]], store_url: str,
-        workspace: Path) -> None:
+    run: Callable[..., Result],
+    hook_fails: Callable[[int], list[int]],
+    store_url: str,
+    workspace: Path,
+) -> None:
     hits = hook_fails(1)
     started = run("start", "--json")
     assert started.code == 0, started.stderr
@@ -135,8 +167,12 @@ def test_one_failed_write_in_the_start_hook_is_retried_and_the_command_runs_once
 
 
 def test_a_start_hook_whose_write_keeps_failing_stops_the_run_before_the_command(
-        run: Callable[..., Result], hook_fails: Callable[[int], list[int]], store_url: str,
-        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Callable[..., Result],
+    hook_fails: Callable[[int], list[int]],
+    store_url: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     hits = hook_fails(10_000)
     started = run("start")
     assert started.code == 7, started.stderr
@@ -148,7 +184,9 @@ def test_a_start_hook_whose_write_keeps_failing_stops_the_run_before_the_command
     # Not recorded as the command's result: the step stays started, with nothing in it,
     # and the model was told nothing.
     assert tool_rows(store_url) == [("started", False, None, None)]
-    assert rows(store_url, "SELECT COUNT(*) FROM messages WHERE run_id = 'r' AND role = 'tool'") == [(0,)]
+    assert rows(
+        store_url, "SELECT COUNT(*) FROM messages WHERE run_id = 'r' AND role = 'tool'"
+    ) == [(0,)]
     shown = run("show", "r")
     assert shown.code == 0 and "its process is gone" in shown.stdout, shown.stdout
 
@@ -167,6 +205,7 @@ def test_a_start_hook_whose_write_keeps_failing_stops_the_run_before_the_command
 def late(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
     """The next `times` pgid records return a start deadline already past, as after a stall
     (a slow store, a frozen process) that the lease survived. Returns the calls seen."""
+
     def arm(times: int) -> list[int]:
         original = Step.set_pgid
         calls = [0]
@@ -183,7 +222,8 @@ def late(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[int]]:
 
 
 def test_a_command_late_to_start_while_the_run_is_still_ours_gets_one_more_try(
-        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path) -> None:
+    run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path
+) -> None:
     calls = late(1)
     started = run("start", "--json")
     assert started.code == 0, started.stderr
@@ -193,14 +233,20 @@ def test_a_command_late_to_start_while_the_run_is_still_ours_gets_one_more_try(
 
 
 def test_a_command_late_twice_stops_the_run_and_resume_runs_it_without_a_question(
-        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Callable[..., Result],
+    late: Callable[[int], list[int]],
+    store_url: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     late(2)
     started = run("start")
     assert started.code == 7, started.stderr
     assert "not started" in started.stderr and "raise lease_seconds" in started.stderr
     assert not (workspace / "ledger").exists()
-    assert tool_rows(store_url) == [("started", False, None, None)]  # its pgid cleared: it never began
+    assert tool_rows(store_url) == [
+        ("started", False, None, None)
+    ]  # its pgid cleared: it never began
     monkeypatch.undo()
     finished = run("resume", "r", "--json")
     assert finished.code == 0 and finished.json()["status"] == "completed", finished.stderr
@@ -209,8 +255,12 @@ def test_a_command_late_twice_stops_the_run_and_resume_runs_it_without_a_questio
 
 
 def test_a_guard_that_finds_the_go_late_gets_one_more_try_too(
-        run: Callable[..., Result], late: Callable[[int], list[int]], store_url: str, workspace: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Callable[..., Result],
+    late: Callable[[int], list[int]],
+    store_url: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The stall after the harness's own check (faked: its clock stands still), before the
     # go: the guard itself answers `late`.
     from durable_agent.tools import process
@@ -222,7 +272,6 @@ def test_a_guard_that_finds_the_go_late_gets_one_more_try_too(
     assert calls == [2]
     assert (workspace / "ledger").read_text().split() == ["call_0_0"]
     assert [r[:2] for r in tool_rows(store_url)] == [("completed", True)]
-
 
 
 class NoArgs(BaseModel):
@@ -239,19 +288,31 @@ class TwoCommands:
 
     def run(self, args: NoArgs, ctx: ToolContext) -> ToolResult:
         for word in ("first", "second"):
-            run_process(f"echo {word} >> ledger", cwd=ctx.workspace, timeout_s=30,
-                        env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
-                        on_start=ctx.on_process_start, sandbox=ctx.sandbox, workspace=ctx.workspace)
+            run_process(
+                f"echo {word} >> ledger",
+                cwd=ctx.workspace,
+                timeout_s=30,
+                env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
+                on_start=ctx.on_process_start,
+                sandbox=ctx.sandbox,
+                workspace=ctx.workspace,
+            )
         return ToolResult(output="ran both")
 
 
 def test_another_exec_tool_late_to_start_its_second_command_is_never_run_again(
-        store_url: str, cli_inproc: Callable[..., Result], write_script: Callable[..., str],
-        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_url: str,
+    cli_inproc: Callable[..., Result],
+    write_script: Callable[..., str],
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Only run_command is known to start nothing before its one command: another tool's `run`
     # started its first command already, so it is not tried again (the session ends, exit 6).
     monkeypatch.setitem(registry._custom, TwoCommands.name, TwoCommands())
-    model = write_script([{"tool_calls": [{"name": "two_commands", "arguments": {}}]}, {"content": "done"}])
+    model = write_script(
+        [{"tool_calls": [{"name": "two_commands", "arguments": {}}]}, {"content": "done"}]
+    )
     original = Step.set_pgid
     calls = [0]
 
@@ -261,7 +322,9 @@ def test_another_exec_tool_late_to_start_its_second_command_is_never_run_again(
         return deadline - 3600 if calls[0] == 2 else deadline  # the second command is late
 
     monkeypatch.setattr(Step, "set_pgid", set_pgid)
-    started = cli_inproc("start", "t", "--model", model, "--shell", "allow", "--run-id", "p", "--db", store_url)
+    started = cli_inproc(
+        "start", "t", "--model", model, "--shell", "allow", "--run-id", "p", "--db", store_url
+    )
     assert started.code == 6, started.stderr
     assert "not started" in started.stderr
     assert (workspace / "ledger").read_text().split() == ["first"]

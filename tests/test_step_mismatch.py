@@ -16,14 +16,30 @@ from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
 
 
-def test_resume_after_the_history_was_edited_stops_as_step_mismatch(cli, write_script, db_path: Path) -> None:  # type: ignore[no-untyped-def]
-    script = write_script([{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}])
+def test_resume_after_the_history_was_edited_stops_as_step_mismatch(
+    cli, write_script, db_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    script = write_script(
+        [{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]
+    )
     # Boundary 2: the first model call's intent is committed, its answer is not.
-    crashed = cli("start", "task", "--model", script, "--run-id", "mm", extra_env={"DURABLE_AGENT_CRASH_AFTER": "2"})
+    crashed = cli(
+        "start",
+        "task",
+        "--model",
+        script,
+        "--run-id",
+        "mm",
+        extra_env={"DURABLE_AGENT_CRASH_AFTER": "2"},
+    )
     assert crashed.code == -9
     with sqlite3.connect(db_path) as conn:
-        (key,) = conn.execute("SELECT idempotency_key FROM steps WHERE run_id='mm' AND kind='model'").fetchone()
-        conn.execute("UPDATE messages SET content = 'another task' WHERE run_id='mm' AND role='user'")
+        (key,) = conn.execute(
+            "SELECT idempotency_key FROM steps WHERE run_id='mm' AND kind='model'"
+        ).fetchone()
+        conn.execute(
+            "UPDATE messages SET content = 'another task' WHERE run_id='mm' AND role='user'"
+        )
     resumed = cli("resume", "mm", "--json")
     assert resumed.code == 1, resumed.stderr
     out = json.loads(resumed.stdout)
@@ -38,8 +54,15 @@ def test_resume_after_the_history_was_edited_stops_as_step_mismatch(cli, write_s
 def test_step_mismatch_carries_its_fields(tmp_path: Path) -> None:
     engine = open_store_engine(f"sqlite:///{tmp_path / 's.db'}")
     store = Store(engine)
-    store.create_run("r", task="t", workspace=str(tmp_path), model="m", settings={},
-                     first_messages=[Message("user", "t")], lease=("host:1:x", 60))
+    store.create_run(
+        "r",
+        task="t",
+        workspace=str(tmp_path),
+        model="m",
+        settings={},
+        first_messages=[Message("user", "t")],
+        lease=("host:1:x", 60),
+    )
     journal = Journal(engine, "r", "host:1:x", 1, 60)
     journal.load()
     journal.step("model:0:aaaa", "model", {"turn": 0}, turn=0)
@@ -47,5 +70,10 @@ def test_step_mismatch_carries_its_fields(tmp_path: Path) -> None:
     with pytest.raises(StepMismatch) as caught:
         journal.find("model:0:bbbb", "model", turn=0)
     exc = caught.value
-    assert (exc.run_id, exc.seq, exc.expected_key, exc.recorded_key) == ("r", 0, "model:0:bbbb", "model:0:aaaa")
+    assert (exc.run_id, exc.seq, exc.expected_key, exc.recorded_key) == (
+        "r",
+        0,
+        "model:0:bbbb",
+        "model:0:aaaa",
+    )
     engine.dispose()

@@ -33,13 +33,29 @@ from durable_agent.tools.encoding import (
 # Every code point, surrogates and NUL included (hypothesis leaves out surrogates by default).
 ANY_CHAR = st.characters(exclude_categories=())
 ANY_TEXT = st.text(ANY_CHAR, max_size=40)
-NASTY_TEXT = st.one_of(ANY_TEXT, st.sampled_from(["\ud800", "\udcff", "a\x00b", "\\x00", "\\xff", "\ufffd",
-                                                  "x\udc80y\ud83d", "\x00\x00", ""]))
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                    NASTY_TEXT, st.binary(max_size=10))
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.tuples(inner, inner),
-    st.dictionaries(NASTY_TEXT, inner, max_size=4)), max_leaves=20)
+NASTY_TEXT = st.one_of(
+    ANY_TEXT,
+    st.sampled_from(
+        ["\ud800", "\udcff", "a\x00b", "\\x00", "\\xff", "\ufffd", "x\udc80y\ud83d", "\x00\x00", ""]
+    ),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    NASTY_TEXT,
+    st.binary(max_size=10),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(NASTY_TEXT, inner, max_size=4),
+    ),
+    max_leaves=20,
+)
 
 FAST = settings(max_examples=100, deadline=None)
 
@@ -116,13 +132,15 @@ def test_storable_spells_each_problem() -> None:
     assert storable("bad\udcff\udcfe.txt") == "bad\\xff\\xfe.txt"  # surrogateescape: the byte
     assert storable("a\x00b") == "a\\x00b"
     assert storable({"k\x00": [1.5, math.inf, -math.inf, math.nan, b"\xffok"]}) == {
-        "k\\x00": [1.5, "Infinity", "-Infinity", "NaN", "\\xffok"]}
+        "k\\x00": [1.5, "Infinity", "-Infinity", "NaN", "\\xffok"]
+    }
     assert storable((None, True, 3)) == (None, True, 3)
 
 
 # -- names and text ----------------------------------------------------------------------------
 NAME_BYTES = st.binary(min_size=1, max_size=16).filter(
-    lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b".."))
+    lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b"..")
+)
 
 
 @FAST
@@ -140,7 +158,9 @@ def test_a_file_really_named_with_a_backslash_escape_wins(tmp_path: Path) -> Non
     (tmp_path / "a\\xffb").write_text("literal")
     assert name_from_arg(tmp_path, "a\\xffb") == "a\\xffb"
     assert name_from_arg(tmp_path, "c\\xffd") == "c\udcffd"
-    assert name_from_arg(tmp_path, "e\\x41f") == "e\\x41f"  # below 0x80 every byte decodes: never escaped
+    assert (
+        name_from_arg(tmp_path, "e\\x41f") == "e\\x41f"
+    )  # below 0x80 every byte decodes: never escaped
 
 
 @FAST
@@ -157,7 +177,10 @@ def test_decoded_text_is_storable_and_utf8_stays_exact(data: bytes) -> None:
 
 
 def test_decoding_rules() -> None:
-    assert decode_text("café olé\n".encode("latin-1")) == ("café olé\n", "decoded as latin-1: the text is not UTF-8")
+    assert decode_text("café olé\n".encode("latin-1")) == (
+        "café olé\n",
+        "decoded as latin-1: the text is not UTF-8",
+    )
     text, note = decode_text("naïve café ".encode() + b"\xff")
     assert text == "naïve café \\xff" and note and "1 byte(s)" in note
     assert decode_text(b"a\x00b") == ("a\\x00b", None)
@@ -183,32 +206,71 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         eng.dispose()
 
 
-def test_every_storable_value_is_written_and_read_back_unchanged_on_both_dialects(engine: Engine) -> None:
+def test_every_storable_value_is_written_and_read_back_unchanged_on_both_dialects(
+    engine: Engine,
+) -> None:
     now = utcnow()
     with engine.begin() as conn:
-        conn.execute(insert(runs).values(id="r", task="t", workspace="w", model="m", status="pending",
-                                         created_at=now, updated_at=now))
+        conn.execute(
+            insert(runs).values(
+                id="r",
+                task="t",
+                workspace="w",
+                model="m",
+                status="pending",
+                created_at=now,
+                updated_at=now,
+            )
+        )
     seq = iter(range(1_000_000))
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
     @given(text=NASTY_TEXT, value=VALUES)
     def write_and_read(text: str, value: Any) -> None:
         n = next(seq)
-        row = storable({"run_id": "r", "seq": n, "kind": "tool", "state": "completed",
-                        "idempotency_key": f"k{n}:{text}", "call_id": text, "tool_name": text[:100],
-                        "input": {"arguments": value}, "output": value, "error": text, "started_at": now})
-        message = storable({"run_id": "r", "seq": n, "role": "tool", "content": text,
-                            "tool_calls": [{"function": {"arguments": text}}], "created_at": now})
+        row = storable(
+            {
+                "run_id": "r",
+                "seq": n,
+                "kind": "tool",
+                "state": "completed",
+                "idempotency_key": f"k{n}:{text}",
+                "call_id": text,
+                "tool_name": text[:100],
+                "input": {"arguments": value},
+                "output": value,
+                "error": text,
+                "started_at": now,
+            }
+        )
+        message = storable(
+            {
+                "run_id": "r",
+                "seq": n,
+                "role": "tool",
+                "content": text,
+                "tool_calls": [{"function": {"arguments": text}}],
+                "created_at": now,
+            }
+        )
         with engine.begin() as conn:  # a DataError here is the bug this module exists for
             conn.execute(insert(steps), [row])
             conn.execute(insert(messages), [message])
         with engine.connect() as conn:
             got = conn.execute(select(steps).where(steps.c.run_id == "r", steps.c.seq == n)).one()
-            msg = conn.execute(select(messages).where(messages.c.run_id == "r", messages.c.seq == n)).one()
+            msg = conn.execute(
+                select(messages).where(messages.c.run_id == "r", messages.c.seq == n)
+            ).one()
         # JSON has no tuples: compare as JSON would hand them back.
         assert same_json(got.input, json.loads(json.dumps(row["input"])))
         assert same_json(got.output, json.loads(json.dumps(row["output"])))
-        assert (got.error, got.call_id, msg.content) == (row["error"], row["call_id"], message["content"])
+        assert (got.error, got.call_id, msg.content) == (
+            row["error"],
+            row["call_id"],
+            message["content"],
+        )
         assert msg.tool_calls == message["tool_calls"]
 
     write_and_read()

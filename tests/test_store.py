@@ -12,12 +12,45 @@ from durable_agent.store.engine import make_engine, migrations_dir, open_store_e
 from durable_agent.store.schema import HEAD_REVISION
 
 FIXED_COLUMNS = {
-    "runs": {"id", "task", "workspace", "model", "status", "stop_reason", "answer", "error", "created_at",
-             "updated_at", "finished_at", "step_count", "tool_call_count", "prompt_tokens",
-             "completion_tokens", "lease_owner", "lease_expires_at", "lease_epoch", "cancel_requested"},
-    "steps": {"run_id", "seq", "kind", "state", "idempotency_key", "call_id", "tool_name", "input", "output",
-              "error", "attempts", "prompt_tokens", "completion_tokens", "started_at", "finished_at",
-              "duration_ms"},
+    "runs": {
+        "id",
+        "task",
+        "workspace",
+        "model",
+        "status",
+        "stop_reason",
+        "answer",
+        "error",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "step_count",
+        "tool_call_count",
+        "prompt_tokens",
+        "completion_tokens",
+        "lease_owner",
+        "lease_expires_at",
+        "lease_epoch",
+        "cancel_requested",
+    },
+    "steps": {
+        "run_id",
+        "seq",
+        "kind",
+        "state",
+        "idempotency_key",
+        "call_id",
+        "tool_name",
+        "input",
+        "output",
+        "error",
+        "attempts",
+        "prompt_tokens",
+        "completion_tokens",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+    },
     "messages": {"run_id", "seq", "role", "content", "tool_calls", "tool_call_id"},
 }
 
@@ -26,7 +59,9 @@ def test_upgrade_empty_database_to_head_and_select_everything(tmp_path: Path) ->
     engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
     upgrade(engine)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD_REVISION
+        assert (
+            conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD_REVISION
+        )
         for table in ("runs", "steps", "messages", "approvals", "run_timeline"):
             assert conn.execute(text(f"SELECT * FROM {table}")).all() == []
     db = sqlite3.connect(tmp_path / "a.db")
@@ -93,12 +128,16 @@ def _schema_facts(path: Path) -> dict[str, object]:
     (hidden ones too) and foreign keys, the revision."""
     db = sqlite3.connect(path)
     try:
-        objects = sorted(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"), key=repr)
+        objects = sorted(
+            db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"), key=repr
+        )
         tables = [name for kind, name, _, _ in objects if kind == "table"]
         return {
             "objects": objects,
             "columns": {t: db.execute(f"PRAGMA table_xinfo({t})").fetchall() for t in tables},
-            "foreign_keys": {t: db.execute(f"PRAGMA foreign_key_list({t})").fetchall() for t in tables},
+            "foreign_keys": {
+                t: db.execute(f"PRAGMA foreign_key_list({t})").fetchall() for t in tables
+            },
             "revision": db.execute("SELECT version_num FROM alembic_version").fetchall(),
             "integrity": db.execute("PRAGMA integrity_check").fetchall(),
         }
@@ -106,7 +145,9 @@ def _schema_facts(path: Path) -> dict[str, object]:
         db.close()
 
 
-def test_a_new_sqlite_store_is_made_at_head_exactly_as_the_migrations_make_it(tmp_path: Path) -> None:
+def test_a_new_sqlite_store_is_made_at_head_exactly_as_the_migrations_make_it(
+    tmp_path: Path,
+) -> None:
     migrated = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
     upgrade(migrated)
     migrated.dispose()
@@ -133,9 +174,11 @@ def test_making_a_new_sqlite_store_does_not_import_alembic(tmp_path: Path) -> No
     import sys
 
     url = f"sqlite:///{tmp_path / 'n.db'}"
-    code = ("import sys\nfrom durable_agent.store.engine import open_store_engine\n"
-            f"open_store_engine({url!r}).dispose()\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n")
+    code = (
+        "import sys\nfrom durable_agent.store.engine import open_store_engine\n"
+        f"open_store_engine({url!r}).dispose()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert _schema_facts(tmp_path / "n.db")["revision"] == [(HEAD_REVISION,)]
@@ -148,10 +191,15 @@ def test_processes_making_the_same_new_store_at_once_make_it_once(tmp_path: Path
     path = tmp_path / "shared.db"
     go = tmp_path / "go"
     url = f"sqlite:///{path}"
-    code = ("import os, sys, time\nfrom durable_agent.store.engine import open_store_engine\n"
-            f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
-            f"open_store_engine({url!r}).dispose()\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    code = (
+        "import os, sys, time\nfrom durable_agent.store.engine import open_store_engine\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.001)\n"
+        f"open_store_engine({url!r}).dispose()\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     go.touch()
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, errors
@@ -177,7 +225,8 @@ def test_a_sqlite_file_that_holds_other_tables_is_left_to_the_migrations(tmp_pat
 
 @pytest.mark.slow
 def test_a_new_store_on_a_full_disk_is_made_whole_or_not_at_all(
-        tmp_path: Path, cli, write_script) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, cli, write_script
+) -> None:  # type: ignore[no-untyped-def]
     import subprocess
 
     from mounts import mount_tmpfs
@@ -188,7 +237,9 @@ def test_a_new_store_on_a_full_disk_is_made_whole_or_not_at_all(
         (disk / "filler").write_bytes(b"\0" * ((1 << 20) - (32 << 10)))  # 32 KiB left
         db = disk / "new.db"
         script = write_script([{"content": "done"}])
-        r = cli("start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet")
+        r = cli(
+            "start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet"
+        )
         assert r.code == 7, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
@@ -196,7 +247,9 @@ def test_a_new_store_on_a_full_disk_is_made_whole_or_not_at_all(
             check = sqlite3.connect(db)
             assert check.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
             check.close()
-        r = cli("start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet")
+        r = cli(
+            "start", "t", "--model", script, "--db", f"sqlite:///{db}", "--run-id", "f", "--quiet"
+        )
         assert r.code == 0, r.stderr
         migrated = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
         upgrade(migrated)

@@ -49,19 +49,37 @@ def script() -> list[dict[str, Any]]:
     for i in range(TURNS):
         kind = i % 5
         if kind == 0:
-            call = {"name": "write_file", "arguments": {"path": f"f{i}.txt", "content": f"line {i}\n"}}
+            call = {
+                "name": "write_file",
+                "arguments": {"path": f"f{i}.txt", "content": f"line {i}\n"},
+            }
         elif kind == 1:
-            call = {"name": "run_command", "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"}}
+            call = {
+                "name": "run_command",
+                "arguments": {"command": "echo $DURABLE_AGENT_CALL_ID >> ledger"},
+            }
         elif kind == 2:
-            call = {"name": "edit_file", "arguments": {"path": f"f{i - 2}.txt", "old_string": f"line {i - 2}",
-                                                       "new_string": f"edited {i - 2}"}}
+            call = {
+                "name": "edit_file",
+                "arguments": {
+                    "path": f"f{i - 2}.txt",
+                    "old_string": f"line {i - 2}",
+                    "new_string": f"edited {i - 2}",
+                },
+            }
         elif kind == 3:
             call = {"name": "read_file", "arguments": {"path": f"f{i - 3}.txt"}}
         else:
-            call = {"name": "run_command",
-                    "arguments": {"command": "printf 'a\\tb' > out_$DURABLE_AGENT_CALL_ID.txt; "
-                                             "echo $DURABLE_AGENT_CALL_ID >> ledger"}}
-        turns.append({"tool_calls": [call, {"name": "list_files", "arguments": {}}] if kind == 3 else [call]})
+            call = {
+                "name": "run_command",
+                "arguments": {
+                    "command": "printf 'a\\tb' > out_$DURABLE_AGENT_CALL_ID.txt; "
+                    "echo $DURABLE_AGENT_CALL_ID >> ledger"
+                },
+            }
+        turns.append(
+            {"tool_calls": [call, {"name": "list_files", "arguments": {}}] if kind == 3 else [call]}
+        )
     turns.append({"content": "done"})
     return turns
 
@@ -72,8 +90,15 @@ COMMANDS = [f"call_{i}_0" for i in range(TURNS) if i % 5 in (1, 4)]
 class Scenario:
     """One run in its own workspace (and, on SQLite, its own database file)."""
 
-    def __init__(self, root: Path, env: dict[str, str], url: str, run_id: str,
-                 inspect_url: str | None = None, snapshots: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        env: dict[str, str],
+        url: str,
+        run_id: str,
+        inspect_url: str | None = None,
+        snapshots: bool = True,
+    ) -> None:
         self.root, self.url, self.run_id = root, url, run_id
         # The test's own reads go through a URL the fault injection does not aim at.
         self.inspect_url = inspect_url or url
@@ -82,17 +107,35 @@ class Scenario:
         (root / "script.json").write_text(json.dumps(script()))
         # Commands run unsandboxed here: containment adds no store statement, has its own
         # suites, and would cost the sweeps' hundreds of runs a bubblewrap start per command.
-        (root / "config.toml").write_text("store_retry_attempts = 4\nstore_retry_seconds = 3\nsandbox = \"off\"\n"
-                                          f"snapshots = {'true' if snapshots else 'false'}\n")
-        self.env = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(root / "config.toml")}
+        (root / "config.toml").write_text(
+            'store_retry_attempts = 4\nstore_retry_seconds = 3\nsandbox = "off"\n'
+            f"snapshots = {'true' if snapshots else 'false'}\n"
+        )
+        self.env = {
+            **env,
+            "DURABLE_AGENT_DB": url,
+            "DURABLE_AGENT_CONFIG": str(root / "config.toml"),
+        }
         self.codes: list[int] = []
         self.stderr: list[str] = []
         self.decisions: list[str] = []
 
     def start(self, fault: dict[str, str]) -> int:
-        r = run_cli({**self.env, **fault, "DURABLE_AGENT_FAULT_LOG": str(self.root / "faults.log")}, self.ws,
-                    "start", "t", "--model", f"scripted:{self.root / 'script.json'}", "--shell", "allow",
-                    "--max-steps", "30", "--run-id", self.run_id, "--quiet")
+        r = run_cli(
+            {**self.env, **fault, "DURABLE_AGENT_FAULT_LOG": str(self.root / "faults.log")},
+            self.ws,
+            "start",
+            "t",
+            "--model",
+            f"scripted:{self.root / 'script.json'}",
+            "--shell",
+            "allow",
+            "--max-steps",
+            "30",
+            "--run-id",
+            self.run_id,
+            "--quiet",
+        )
         self.codes.append(r.code)
         self.stderr.append(r.stderr)
         return r.code
@@ -113,11 +156,24 @@ class Scenario:
         """Answer an `uncertain_side_effect` question as the person it asks would: look at
         the workspace. The store failed around a command (its process group or its outcome
         could not be recorded), so the harness cannot know whether it ran; the ledger can."""
-        ((call_id, kind),) = self.rows("SELECT call_id, kind FROM approvals WHERE run_id = :rid "
-                                       "AND decision IS NULL")
+        ((call_id, kind),) = self.rows(
+            "SELECT call_id, kind FROM approvals WHERE run_id = :rid AND decision IS NULL"
+        )
         assert kind == "uncertain_side_effect"
-        ran = call_id in (self.ws / "ledger").read_text().split() if (self.ws / "ledger").exists() else False
-        r = run_cli(self.env, self.ws, "approve", self.run_id, *(["--deny"] if ran else []), "--by", "tester")
+        ran = (
+            call_id in (self.ws / "ledger").read_text().split()
+            if (self.ws / "ledger").exists()
+            else False
+        )
+        r = run_cli(
+            self.env,
+            self.ws,
+            "approve",
+            self.run_id,
+            *(["--deny"] if ran else []),
+            "--by",
+            "tester",
+        )
         assert r.code == 0, r.stderr
         self.decisions.append("denied" if ran else "approved")
 
@@ -142,8 +198,9 @@ def _engine(url: str) -> Engine:
     """One engine per store for the checks (the sweeps run hundreds of them)."""
     with _ENGINES_LOCK:
         if url not in _ENGINES:
-            _ENGINES[url] = create_engine(url.replace("postgresql://", "postgresql+psycopg://"),
-                                          poolclass=NullPool)
+            _ENGINES[url] = create_engine(
+                url.replace("postgresql://", "postgresql+psycopg://"), poolclass=NullPool
+            )
         return _ENGINES[url]
 
 
@@ -153,31 +210,53 @@ def files(ws: Path) -> dict[str, bytes]:
 
 def check(s: Scenario, reference: dict[str, bytes]) -> None:
     """What must hold after any fault and any number of resumes."""
-    assert s.rows("SELECT status, stop_reason FROM runs WHERE id = :rid") == [("completed", "finished")]
+    assert s.rows("SELECT status, stop_reason FROM runs WHERE id = :rid") == [
+        ("completed", "finished")
+    ]
     assert files(s.ws) == reference
     assert Counter((s.ws / "ledger").read_text().split()) == Counter(COMMANDS)  # each exactly once
     tool_rows = s.rows("SELECT call_id, state FROM steps WHERE run_id = :rid AND kind = 'tool'")
-    assert sorted(c for c, _ in tool_rows) == sorted(set(c for c, _ in tool_rows)), "a call has two step rows"
+    assert sorted(c for c, _ in tool_rows) == sorted(set(c for c, _ in tool_rows)), (
+        "a call has two step rows"
+    )
     assert all(state in ("completed", "failed") for _, state in tool_rows)
     # A store failure is never recorded as a tool's result (the old bug: SQL text as the output).
-    for (output, error) in s.rows("SELECT output, error FROM steps WHERE run_id = :rid AND kind = 'tool'"):
+    for output, error in s.rows(
+        "SELECT output, error FROM steps WHERE run_id = :rid AND kind = 'tool'"
+    ):
         text_seen = f"{output} {error}".lower()
-        assert not any(w in text_seen for w in ("operationalerror", "disk i/o", "sqlalchemy", "terminating"))
-    keys = s.rows("SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id = :rid GROUP BY idempotency_key "
-                  "HAVING COUNT(*) > 1")
+        assert not any(
+            w in text_seen for w in ("operationalerror", "disk i/o", "sqlalchemy", "terminating")
+        )
+    keys = s.rows(
+        "SELECT idempotency_key, COUNT(*) FROM steps WHERE run_id = :rid GROUP BY idempotency_key "
+        "HAVING COUNT(*) > 1"
+    )
     assert keys == []
-    model_done = s.rows("SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' "
-                        "AND state = 'completed'")[0][0]
+    model_done = s.rows(
+        "SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' AND state = 'completed'"
+    )[0][0]
     assert model_done == TURNS + 1  # each model turn paid for exactly once
-    (run,) = s.rows("SELECT step_count, tool_call_count, prompt_tokens, completion_tokens, message_count "
-                    "FROM runs WHERE id = :rid")
+    (run,) = s.rows(
+        "SELECT step_count, tool_call_count, prompt_tokens, completion_tokens, message_count "
+        "FROM runs WHERE id = :rid"
+    )
     roles = dict(s.rows("SELECT role, COUNT(*) FROM messages WHERE run_id = :rid GROUP BY role"))
-    tokens = s.rows("SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM steps "
-                    "WHERE run_id = :rid AND kind = 'model'")[0]
-    assert tuple(run) == (roles["assistant"], roles["tool"], tokens[0], tokens[1], sum(roles.values()))
+    tokens = s.rows(
+        "SELECT SUM(prompt_tokens), SUM(completion_tokens) FROM steps "
+        "WHERE run_id = :rid AND kind = 'model'"
+    )[0]
+    assert tuple(run) == (
+        roles["assistant"],
+        roles["tool"],
+        tokens[0],
+        tokens[1],
+        sum(roles.values()),
+    )
     open_calls: list[str] = []
-    for role, calls, call_id in s.rows("SELECT role, tool_calls, tool_call_id FROM messages "
-                                       "WHERE run_id = :rid ORDER BY seq"):
+    for role, calls, call_id in s.rows(
+        "SELECT role, tool_calls, tool_call_id FROM messages WHERE run_id = :rid ORDER BY seq"
+    ):
         if role == "assistant":
             assert not open_calls, f"calls {open_calls} have no result"
             calls = json.loads(calls) if isinstance(calls, str) else calls
@@ -197,7 +276,9 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> tuple[dict[str, bytes], int]:
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path
+) -> tuple[dict[str, bytes], int]:
     """An uninterrupted run's workspace, and how many statements its thread executes."""
     root = tmp_path_factory.mktemp("reference")
     s = _sqlite(root, dict(os.environ), sqlite_template)
@@ -212,17 +293,32 @@ def _sqlite(root: Path, env: dict[str, str], template: Path, run_id: str = "r") 
     return Scenario(root, env, f"sqlite:///{root / 'store.db'}", run_id)
 
 
-def _sqlite_fault(tmp: Path, env: dict[str, str], template: Path, reference: dict[str, bytes],
-                  at: int, kind: str, repeat: int = 1) -> Scenario:
+def _sqlite_fault(
+    tmp: Path,
+    env: dict[str, str],
+    template: Path,
+    reference: dict[str, bytes],
+    at: int,
+    kind: str,
+    repeat: int = 1,
+) -> Scenario:
     s = _sqlite(tmp / f"{kind}-{at}-{repeat}", env, template)
-    code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": kind,
-                    "DURABLE_AGENT_FAULT_REPEAT": str(repeat)})
+    code = s.start(
+        {
+            "DURABLE_AGENT_FAULT_AT": str(at),
+            "DURABLE_AGENT_FAULT": kind,
+            "DURABLE_AGENT_FAULT_REPEAT": str(repeat),
+        }
+    )
     assert code in (0, 7), (at, kind, code, s.stderr[-1])
     if code == 7:
         lines = s.stderr[-1].strip().splitlines()
         assert "Traceback" not in s.stderr[-1]
         assert lines[-1].startswith("durable-agent: error: the store is unavailable: ")
-        assert lines[-1].endswith(f"the run is resumable: `durable-agent resume {s.run_id}`") or s.status() is None
+        assert (
+            lines[-1].endswith(f"the run is resumable: `durable-agent resume {s.run_id}`")
+            or s.status() is None
+        )
     s.resume_to_the_end() if s.status() is not None else _restart(s)
     check(s, reference)
     return s
@@ -236,8 +332,9 @@ def _restart(s: Scenario) -> None:
 # -- SQLite -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["io_error", "full", "locked"])
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_one_failed_statement_is_retried_in_place(kind: str, tmp_path: Path, env: dict[str, str],
-                                                   sqlite_template: Path, reference: Any) -> None:
+def test_one_failed_statement_is_retried_in_place(
+    kind: str, tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any
+) -> None:
     files_ref, count = reference
     for at in (1, count // 2):
         s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, kind)
@@ -247,7 +344,8 @@ def test_one_failed_statement_is_retried_in_place(kind: str, tmp_path: Path, env
 
 @pytest.mark.slow
 def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
-        tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any) -> None:
+    tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any
+) -> None:
     files_ref, count = reference
     for at in (count // 4, count - 3):
         s = _sqlite_fault(tmp_path, env, sqlite_template, files_ref, at, "io_error", repeat=10_000)
@@ -256,27 +354,38 @@ def test_a_store_that_stays_away_stops_the_run_with_exit_7_and_it_resumes(
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_run_totals_are_derived_from_the_rows_not_trusted(tmp_path: Path, env: dict[str, str],
-                                                         sqlite_template: Path, reference: Any) -> None:
+def test_run_totals_are_derived_from_the_rows_not_trusted(
+    tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any
+) -> None:
     """A counter that disagrees with the rows (a total written from memory after a failed
     commit, or a hand edit) is corrected, never a reason to refuse the run."""
     files_ref, count = reference
     s = _sqlite(tmp_path / "totals", env, sqlite_template)
-    code = s.start({"DURABLE_AGENT_FAULT_AT": str(count // 2), "DURABLE_AGENT_FAULT": "io_error",
-                    "DURABLE_AGENT_FAULT_REPEAT": "10000"})
+    code = s.start(
+        {
+            "DURABLE_AGENT_FAULT_AT": str(count // 2),
+            "DURABLE_AGENT_FAULT": "io_error",
+            "DURABLE_AGENT_FAULT_REPEAT": "10000",
+        }
+    )
     assert code == 7
     engine = create_engine(s.url)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE runs SET step_count = step_count + 5, tool_call_count = 999, "
-                          "prompt_tokens = 7, message_count = 1 WHERE id = 'r'"))
+        conn.execute(
+            text(
+                "UPDATE runs SET step_count = step_count + 5, tool_call_count = 999, "
+                "prompt_tokens = 7, message_count = 1 WHERE id = 'r'"
+            )
+        )
     engine.dispose()
     s.resume_to_the_end()
     check(s, files_ref)  # check() compares every total with the rows
 
 
 @pytest.mark.slow
-def test_a_fault_at_every_statement_of_a_20_step_run(tmp_path: Path, env: dict[str, str],
-                                                     sqlite_template: Path, reference: Any) -> None:
+def test_a_fault_at_every_statement_of_a_20_step_run(
+    tmp_path: Path, env: dict[str, str], sqlite_template: Path, reference: Any
+) -> None:
     files_ref, count = reference
 
     def one(at: int) -> tuple[int, list[int]]:
@@ -289,13 +398,16 @@ def test_a_fault_at_every_statement_of_a_20_step_run(tmp_path: Path, env: dict[s
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(pool.map(one, range(1, count + 1)))
     stopped = sum(1 for codes in results.values() if codes[0] == 7)
-    print(f"SQLite: {count} statement boundaries, {count} faults injected, {stopped} runs stopped "
-          f"with exit 7 and resumed, {count - stopped} recovered in place, 0 duplicates")
+    print(
+        f"SQLite: {count} statement boundaries, {count} faults injected, {stopped} runs stopped "
+        f"with exit 7 and resumed, {count - stopped} recovered in place, 0 duplicates"
+    )
     assert len(results) == count
 
 
 def test_a_full_disk_stops_the_run_with_exit_7_and_it_resumes_once_there_is_room(
-        tmp_path: Path, env: dict[str, str], sqlite_template: Path) -> None:
+    tmp_path: Path, env: dict[str, str], sqlite_template: Path
+) -> None:
     from mounts import mount_tmpfs
 
     disk = tmp_path / "disk"
@@ -306,20 +418,41 @@ def test_a_full_disk_stops_the_run_with_exit_7_and_it_resumes_once_there_is_room
         s = Scenario(root, env, f"sqlite:///{disk / 'store.db'}", "full")
         for i in range(60):  # outputs that fill 1 MiB long before the script ends
             (s.ws / f"big{i}.txt").write_text(f"{i} " + "x" * 15_000)
-        turns = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]} for i in range(60)]
+        turns = [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]}
+            for i in range(60)
+        ]
         (root / "script.json").write_text(json.dumps([*turns, {"content": "done"}]))
-        r = run_cli(s.env, s.ws, "start", "t", "--model", f"scripted:{root / 'script.json'}", "--max-steps", "70",
-                    "--run-id", "full", "--quiet")
+        r = run_cli(
+            s.env,
+            s.ws,
+            "start",
+            "t",
+            "--model",
+            f"scripted:{root / 'script.json'}",
+            "--max-steps",
+            "70",
+            "--run-id",
+            "full",
+            "--quiet",
+        )
         assert r.code == 7, r.stderr
         assert "Traceback" not in r.stderr
         last = r.stderr.strip().splitlines()[-1]
-        assert last.startswith("durable-agent: error: the store is unavailable: ") and "full" in last, last
+        assert (
+            last.startswith("durable-agent: error: the store is unavailable: ") and "full" in last
+        ), last
         shown = run_cli(s.env, s.ws, "show", "full")
         assert shown.code == 0 and "its process is gone" in shown.stdout
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         s.resume_to_the_end()
-        assert s.rows("SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' "
-                      "AND state = 'completed'")[0][0] == 61
+        assert (
+            s.rows(
+                "SELECT COUNT(*) FROM steps WHERE run_id = :rid AND kind = 'model' "
+                "AND state = 'completed'"
+            )[0][0]
+            == 61
+        )
         assert s.rows("SELECT step_count, tool_call_count FROM runs WHERE id = :rid") == [(61, 60)]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
@@ -348,13 +481,20 @@ def pg_count() -> int:
         assert r.code == 0, r.stderr
         with tempfile.TemporaryDirectory() as tmp:
             s = Scenario(Path(tmp) / "ref", dict(os.environ), url, "ref", snapshots=False)
-            assert s.start({"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "terminate"}) == 0
-            (count,) = [int(line.split()[1]) for line in s.faults() if line.startswith("statements")]
+            assert (
+                s.start({"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "terminate"})
+                == 0
+            )
+            (count,) = [
+                int(line.split()[1]) for line in s.faults() if line.startswith("statements")
+            ]
     return count
 
 
 @pytest.mark.postgres
-def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_url: str, tmp_path: Path) -> None:
+def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(
+    pg_url: str, tmp_path: Path
+) -> None:
     # PostgreSQL's "too many clients" (53300) arrives from a failed connect as text only: it
     # was taken for a wrong --db (exit 2, and a worker's finished command lost its result).
     import psycopg
@@ -369,7 +509,11 @@ def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_
         try:
             url = pg_url.replace("://postgres@", f"://{role}@", 1)
             (tmp_path / "c.toml").write_text("store_retry_attempts = 2\nstore_retry_seconds = 1\n")
-            env = {**os.environ, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml")}
+            env = {
+                **os.environ,
+                "DURABLE_AGENT_DB": url,
+                "DURABLE_AGENT_CONFIG": str(tmp_path / "c.toml"),
+            }
             with psycopg.connect(_libpq_url(url)):  # the role's one slot
                 r = run_cli(env, tmp_path, "list")
             assert r.code == 7, (r.code, r.stderr)
@@ -382,7 +526,9 @@ def test_connection_slots_all_taken_is_a_store_to_wait_for_not_a_wrong_store(pg_
 
 
 @pytest.mark.postgres
-def test_a_refused_statement_quoting_words_of_a_lost_connection_is_not_a_store_to_wait_for(pg_url: str) -> None:
+def test_a_refused_statement_quoting_words_of_a_lost_connection_is_not_a_store_to_wait_for(
+    pg_url: str,
+) -> None:
     # A unique violation's message quotes the value: the agent's text ("timeout expired",
     # "connection refused") made a permanent refusal look like a store gone (retried for a
     # minute, then exit 7 "resumable", forever).
@@ -408,7 +554,9 @@ def test_a_refused_statement_quoting_words_of_a_lost_connection_is_not_a_store_t
 
 
 @pytest.mark.slow
-def test_a_server_that_accepts_and_says_nothing_is_a_store_to_wait_for_not_a_hang(tmp_path: Path) -> None:
+def test_a_server_that_accepts_and_says_nothing_is_a_store_to_wait_for_not_a_hang(
+    tmp_path: Path,
+) -> None:
     # libpq waits for a silent server without end by default: `list`, `resume`, a worker
     # hung for as long as it stayed silent (a partition, a proxy that stopped forwarding).
     pytest.importorskip("psycopg")
@@ -421,7 +569,9 @@ def test_a_server_that_accepts_and_says_nothing_is_a_store_to_wait_for_not_a_han
         for given in (url, url + "?connect_timeout=2"):  # the URL's own bound is kept
             r = run_cli({**env, "DURABLE_AGENT_DB": given}, tmp_path, "list", timeout=90)
             assert r.code == 7, (r.code, r.stderr)
-            assert "unavailable" in r.stderr and "timeout" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+            assert (
+                "unavailable" in r.stderr and "timeout" in r.stderr and r.stderr.count("\n") == 1
+            ), r.stderr
 
 
 @pytest.mark.postgres
@@ -445,7 +595,8 @@ def test_store_connections_are_probed_by_the_kernel_when_silent(pg_url: str) -> 
 
 @pytest.mark.postgres
 def test_what_the_user_set_by_libpqs_own_means_wins_over_the_silence_bounds(
-        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # PGCONNECT_TIMEOUT and a service file's settings lost to the harness's own (libpq
     # takes them only as defaults, under the connection's explicit arguments).
     from sqlalchemy.engine import make_url
@@ -467,17 +618,25 @@ def test_what_the_user_set_by_libpqs_own_means_wins_over_the_silence_bounds(
     where = make_url(pg_url)
     service = tmp_path / "pg_service.conf"
     server = f"host={where.host}\nport={where.port or 5432}\ndbname={where.database}\nuser={where.username}\n"
-    service.write_text(f"[durable]\nconnect_timeout=4\nkeepalives_idle=44\n{server}[plain]\n{server}")
+    service.write_text(
+        f"[durable]\nconnect_timeout=4\nkeepalives_idle=44\n{server}[plain]\n{server}"
+    )
     monkeypatch.setenv("PGSERVICEFILE", str(service))
     got = parameters("postgresql+psycopg:///?service=durable")
-    assert (got["connect_timeout"], got["keepalives_idle"], got["tcp_user_timeout"]) == ("4", "44", "30000")
+    assert (got["connect_timeout"], got["keepalives_idle"], got["tcp_user_timeout"]) == (
+        "4",
+        "44",
+        "30000",
+    )
     # A service that sets none of them gets them all (psycopg reads no connect_timeout from
     # a service: a silent server held the connect for 130 s).
     got = parameters("postgresql+psycopg:///?service=plain")
     assert (got["connect_timeout"], got["keepalives_idle"]) == ("10", "10")
 
 
-def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int) -> Scenario:
+def _pg_fault(
+    tmp: Path, env: dict[str, str], url: str, reference: dict[str, bytes], at: int
+) -> Scenario:
     s = Scenario(tmp / f"pg-{at}", env, url, f"pg{at}", snapshots=False)
     code = s.start({"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate"})
     assert code in (0, 7), (at, code, s.stderr[-1])
@@ -489,7 +648,8 @@ def _pg_fault(tmp: Path, env: dict[str, str], url: str, reference: dict[str, byt
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
-        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int) -> None:
+    tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int
+) -> None:
     files_ref, _ = reference
     for at in (pg_count // 3, pg_count - 2):
         s = _pg_fault(tmp_path, env, pg_url, files_ref, at)
@@ -500,21 +660,29 @@ def test_a_terminated_connection_is_replaced_and_the_run_goes_on(
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_terminated_connection_at_every_statement_of_a_20_step_run(
-        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int) -> None:
+    tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any, pg_count: int
+) -> None:
     files_ref, _ = reference
     count = pg_count
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda at: _pg_fault(tmp_path, env, pg_url, files_ref, at), range(1, count + 1)))
+        results = list(
+            pool.map(
+                lambda at: _pg_fault(tmp_path, env, pg_url, files_ref, at), range(1, count + 1)
+            )
+        )
     hit = sum(1 for s in results if s.faults() and s.faults()[0].startswith("fault"))
-    print(f"PostgreSQL: {count} statement boundaries, {hit} backends terminated, "
-          f"{sum(1 for s in results if s.codes[0] != 0)} runs stopped and resumed, 0 duplicates")
+    print(
+        f"PostgreSQL: {count} statement boundaries, {hit} backends terminated, "
+        f"{sum(1 for s in results if s.codes[0] != 0)} runs stopped and resumed, 0 duplicates"
+    )
     assert hit == count
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_connections_terminated_from_outside_at_random_moments(
-        tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any) -> None:
+    tmp_path: Path, env: dict[str, str], pg_url: str, reference: Any
+) -> None:
     import psycopg
 
     files_ref, _ = reference
@@ -523,16 +691,24 @@ def test_connections_terminated_from_outside_at_random_moments(
     terminated = 0
     for n in range(6):
         app = f"da_fault_{os.getpid()}_{n}"
-        s = Scenario(tmp_path / f"random-{n}", env, f"{pg_url}&application_name={app}", f"rnd{n}",
-                     inspect_url=pg_url)
+        s = Scenario(
+            tmp_path / f"random-{n}",
+            env,
+            f"{pg_url}&application_name={app}",
+            f"rnd{n}",
+            inspect_url=pg_url,
+        )
         stop = threading.Event()
 
         def killer(stop: threading.Event = stop, app: str = app) -> None:
             nonlocal terminated
             with psycopg.connect(admin_url, autocommit=True) as admin:
                 while not stop.wait(rng.uniform(0.05, 0.4)):
-                    got = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                        "WHERE application_name = %s", (app,)).fetchall()
+                    got = admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = %s",
+                        (app,),
+                    ).fetchall()
                     terminated += len(got)
 
         thread = threading.Thread(target=killer)
@@ -547,14 +723,17 @@ def test_connections_terminated_from_outside_at_random_moments(
             thread.join()
         s.resume_to_the_end()
         check(s, files_ref)
-    print(f"PostgreSQL: {terminated} connections terminated from outside over 6 runs, all completed")
+    print(
+        f"PostgreSQL: {terminated} connections terminated from outside over 6 runs, all completed"
+    )
     assert terminated > 0
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_server_that_stops_answering_mid_run_is_not_waited_for_for_ever(
-        tmp_path: Path, env: dict[str, str], pg_url: str) -> None:
+    tmp_path: Path, env: dict[str, str], pg_url: str
+) -> None:
     # A proxy that hung (or a SIGSTOPped server): its host acknowledges every byte and answers
     # keepalives, so neither they nor tcp_user_timeout fire, and libpq waited for the answer
     # to the run's next checkpoint for ever. Now the store's silence watchdog cuts the
@@ -565,18 +744,44 @@ def test_a_server_that_stops_answering_mid_run_is_not_waited_for_for_ever(
 
     where = urlsplit(pg_url)
     with relay_to((where.hostname or "127.0.0.1", where.port or 5432)) as relay:
-        via = urlunsplit(where._replace(netloc=f"{where.username}@127.0.0.1:{relay.port}")) + "&connect_timeout=2"
+        via = (
+            urlunsplit(where._replace(netloc=f"{where.username}@127.0.0.1:{relay.port}"))
+            + "&connect_timeout=2"
+        )
         s = Scenario(tmp_path / "frozen", env, via, "frozen", inspect_url=pg_url)
         with (s.root / "config.toml").open("a") as config:
             config.write("lease_seconds = 2\n")
         err = s.root / "start.err"
         with err.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model",
-                                     f"scripted:{s.root / 'script.json'}", "--shell", "allow", "--max-steps", "30",
-                                     "--run-id", "frozen", "--quiet"], cwd=s.ws, env=s.env, stdout=out, stderr=out)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "durable_agent",
+                    "start",
+                    "t",
+                    "--model",
+                    f"scripted:{s.root / 'script.json'}",
+                    "--shell",
+                    "allow",
+                    "--max-steps",
+                    "30",
+                    "--run-id",
+                    "frozen",
+                    "--quiet",
+                ],
+                cwd=s.ws,
+                env=s.env,
+                stdout=out,
+                stderr=out,
+            )
         try:
-            wait_for(lambda: (s.ws / "ledger").exists() and len((s.ws / "ledger").read_text().split()) >= 2,
-                     what="the run's second command")
+            wait_for(
+                lambda: (
+                    (s.ws / "ledger").exists() and len((s.ws / "ledger").read_text().split()) >= 2
+                ),
+                what="the run's second command",
+            )
             relay.freeze()
             frozen_at = time.monotonic()
             code = proc.wait(timeout=90)
@@ -584,7 +789,12 @@ def test_a_server_that_stops_answering_mid_run_is_not_waited_for_for_ever(
             proc.kill()
         waited = time.monotonic() - frozen_at
         assert code == 7, err.read_text()
-        assert err.read_text().strip().splitlines()[-1].startswith("durable-agent: error: the store is unavailable")
+        assert (
+            err.read_text()
+            .strip()
+            .splitlines()[-1]
+            .startswith("durable-agent: error: the store is unavailable")
+        )
         assert 10 <= waited < 60, waited  # the bound, then the retries; not the 90 s of the test
         relay.thaw()
         s.resume_to_the_end()
@@ -594,7 +804,9 @@ def test_a_server_that_stops_answering_mid_run_is_not_waited_for_for_ever(
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_the_silence_watchdog_cuts_only_a_connection_waiting_on_a_silent_server(pg_url: str) -> None:
+def test_the_silence_watchdog_cuts_only_a_connection_waiting_on_a_silent_server(
+    pg_url: str,
+) -> None:
     # What the watchdog looks at: a command in progress with no byte moving for the bound.
     # A connection left idle for longer (checked out or in the pool) is not cut; a command
     # the server itself keeps silent on past the bound is, as a frozen server's would be.
@@ -621,7 +833,8 @@ def test_the_silence_watchdog_cuts_only_a_connection_waiting_on_a_silent_server(
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_connection_finalized_during_the_watchdogs_look_does_not_wedge_the_store(
-        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A checked-out connection left in a reference cycle is closed by whichever thread the
     # garbage collector runs in; in the watchdog's, inside its look, the pool's close event
     # waited on the lock that thread held, and every later connect of the process with it.
@@ -644,6 +857,7 @@ def test_a_connection_finalized_during_the_watchdogs_look_does_not_wedge_the_sto
     monkeypatch.setattr(silence, "_silent_for", look)
     gc.disable()
     try:
+
         class Cycle:
             pass
 

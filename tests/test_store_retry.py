@@ -44,13 +44,18 @@ def value(engine: Engine, row: int) -> int:
         return int(conn.execute(text("SELECT v FROM t WHERE id = :id"), {"id": row}).scalar_one())
 
 
-def test_a_serialization_failure_is_retried_and_the_transaction_goes_through(engine: Engine) -> None:
+def test_a_serialization_failure_is_retried_and_the_transaction_goes_through(
+    engine: Engine,
+) -> None:
     seen: list[BaseException] = []
     tries = [0]
 
     def attempt() -> None:
         tries[0] += 1
-        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+        with (
+            engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn,
+            conn.begin(),
+        ):
             conn.execute(text("SELECT v FROM t WHERE id = 1")).scalar()
             if tries[0] == 1:  # another writer commits under our snapshot, once
                 with engine.begin() as other:
@@ -85,7 +90,10 @@ def test_a_deadlock_is_retried_and_both_transactions_go_through(engine: Engine) 
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(1, 2)), threading.Thread(target=worker, args=(2, 1))]
+    threads = [
+        threading.Thread(target=worker, args=(1, 2)),
+        threading.Thread(target=worker, args=(2, 1)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

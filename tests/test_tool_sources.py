@@ -10,20 +10,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from durable_agent.config.settings import load_settings
 from durable_agent.errors import ConfigError
 from durable_agent.mcp.config import parse_cli_server
 from durable_agent.mcp.tools import effect_of, tool_name
-from durable_agent.settings import load_settings
 from durable_agent.status import EffectClass
 
 hint = st.sampled_from([True, False, None])
 
 
 @given(read_only=hint, idempotent=hint, destructive=hint)
-def test_effect_class_from_annotations(read_only: bool | None, idempotent: bool | None,
-                                       destructive: bool | None) -> None:
-    annotations = {k: v for k, v in {"readOnlyHint": read_only, "idempotentHint": idempotent,
-                                     "destructiveHint": destructive}.items() if v is not None}
+def test_effect_class_from_annotations(
+    read_only: bool | None, idempotent: bool | None, destructive: bool | None
+) -> None:
+    annotations = {
+        k: v
+        for k, v in {
+            "readOnlyHint": read_only,
+            "idempotentHint": idempotent,
+            "destructiveHint": destructive,
+        }.items()
+        if v is not None
+    }
     effect, asks = effect_of(annotations, None)
     if read_only:
         assert (effect, asks) == (EffectClass.READ, False)
@@ -35,7 +43,10 @@ def test_effect_class_from_annotations(read_only: bool | None, idempotent: bool 
     assert effect_of(annotations, "read")[0] is EffectClass.READ  # the config's word wins
 
 
-@given(server=st.from_regex(r"[A-Za-z0-9_-]{1,32}", fullmatch=True), remote=st.text(min_size=1, max_size=100))
+@given(
+    server=st.from_regex(r"[A-Za-z0-9_-]{1,32}", fullmatch=True),
+    remote=st.text(min_size=1, max_size=100),
+)
 def test_tool_names_are_valid_function_names(server: str, remote: str) -> None:
     name = tool_name(server, remote)
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name)
@@ -47,8 +58,10 @@ def test_tool_names_are_valid_function_names(server: str, remote: str) -> None:
 
 def test_cli_servers_add_to_the_config_and_resume_keeps_the_run_s(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
-    config.write_text('[mcp_servers.a]\ncommand = "srv-a"\nenv = { API_TOKEN = "tok-secret-1", MODE = "x" }\n'
-                      '[mcp_servers.b]\nurl = "https://user:pw@example.com/mcp"\n')
+    config.write_text(
+        '[mcp_servers.a]\ncommand = "srv-a"\nenv = { API_TOKEN = "tok-secret-1", MODE = "x" }\n'
+        '[mcp_servers.b]\nurl = "https://user:pw@example.com/mcp"\n'
+    )
     env = {"DURABLE_AGENT_CONFIG": str(config), "HOME": str(tmp_path)}
     name, spec = parse_cli_server("c=srv-c --flag 'two words'")
     settings = load_settings({"mcp_servers": {name: spec}}, env)
@@ -65,21 +78,29 @@ def test_cli_servers_add_to_the_config_and_resume_keeps_the_run_s(tmp_path: Path
     assert again.mcp_servers["a"].env == {"API_TOKEN": "tok-secret-1", "MODE": "x"}
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("noequals", "NAME=COMMAND"), ("x=", "NAME=COMMAND"), ("=cmd", "NAME=COMMAND"),
-    ("x=cmd 'unclosed", "No closing quotation"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("noequals", "NAME=COMMAND"),
+        ("x=", "NAME=COMMAND"),
+        ("=cmd", "NAME=COMMAND"),
+        ("x=cmd 'unclosed", "No closing quotation"),
+    ],
+)
 def test_bad_mcp_flags_are_config_errors(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_cli_server(spec)
 
 
-@pytest.mark.parametrize(("toml", "message"), [
-    ('[mcp_servers.a]\nargs = ["x"]\n', "either `command`"),
-    ('[mcp_servers.a]\ncommand = "x"\nurl = "http://h/mcp"\n', "either `command`"),
-    ('[mcp_servers."a__b"]\ncommand = "x"\n', "no '__'"),
-    ('[mcp_servers.a]\ncommand = "x"\n[mcp_servers.a.tools.t]\neffect = "maybe"\n', "effect"),
-])
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[mcp_servers.a]\nargs = ["x"]\n', "either `command`"),
+        ('[mcp_servers.a]\ncommand = "x"\nurl = "http://h/mcp"\n', "either `command`"),
+        ('[mcp_servers."a__b"]\ncommand = "x"\n', "no '__'"),
+        ('[mcp_servers.a]\ncommand = "x"\n[mcp_servers.a.tools.t]\neffect = "maybe"\n', "effect"),
+    ],
+)
 def test_bad_server_config_is_one_config_error(tmp_path: Path, toml: str, message: str) -> None:
     config = tmp_path / "c.toml"
     config.write_text(toml)
@@ -93,8 +114,14 @@ def test_the_first_recorded_catalog_wins(store_url: str, tmp_path: Path) -> None
     from durable_agent.store.runs import Store
 
     store = Store(open_store_engine(store_url, durability="full"))
-    store.create_run("r1", task="t", workspace=str(tmp_path), model="m", settings={},
-                     first_messages=[Message("user", "t")])
+    store.create_run(
+        "r1",
+        task="t",
+        workspace=str(tmp_path),
+        model="m",
+        settings={},
+        first_messages=[Message("user", "t")],
+    )
     assert store.tool_sources("r1") is None
     first = {"mcp_servers": {"a": {"tools": [{"name": "a__x", "effect": "read"}]}}}
     assert store.record_tool_sources("r1", first) == first

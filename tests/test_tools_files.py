@@ -25,7 +25,9 @@ def call(ws: Path, name: str, cap: int = 20_000, **args: object) -> ToolResult:
         return ToolResult(error=str(exc))
 
 
-@pytest.mark.parametrize("path", ["../outside.txt", "/etc/passwd", "sub/../../x", "link/secret.txt", "link2"])
+@pytest.mark.parametrize(
+    "path", ["../outside.txt", "/etc/passwd", "sub/../../x", "link/secret.txt", "link2"]
+)
 def test_paths_that_escape_are_refused(workspace: Path, tmp_path: Path, path: str) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -56,7 +58,10 @@ def test_write_is_atomic_keeps_mode_and_leaves_no_temp_files(workspace: Path) ->
     assert call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\n").error is None
     os.chmod(target, 0o755)
     (target.parent / ".run.sh.da-leftover.tmp").write_text("from a killed write")
-    assert call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\necho hi\n").error is None
+    assert (
+        call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\necho hi\n").error
+        is None
+    )
     assert target.read_text() == "#!/bin/sh\necho hi\n"
     assert target.stat().st_mode & 0o777 == 0o755
     assert sorted(p.name for p in target.parent.iterdir()) == ["run.sh"]
@@ -77,13 +82,22 @@ def test_write_plan_records_before_and_after_hashes(workspace: Path) -> None:
 
 def test_edit_must_match_exactly_once(workspace: Path) -> None:
     (workspace / "a.py").write_text("x = 1\ny = 1\n")
-    assert "found 2 times" in (call(workspace, "edit_file", path="a.py", old_string="= 1", new_string="= 2").error or "")
-    assert "not found" in (call(workspace, "edit_file", path="a.py", old_string="z", new_string="q").error or "")
+    assert "found 2 times" in (
+        call(workspace, "edit_file", path="a.py", old_string="= 1", new_string="= 2").error or ""
+    )
+    assert "not found" in (
+        call(workspace, "edit_file", path="a.py", old_string="z", new_string="q").error or ""
+    )
     ok = call(workspace, "edit_file", path="a.py", old_string="y = 1", new_string="y = 2")
     assert ok.error is None and (workspace / "a.py").read_text() == "x = 1\ny = 2\n"
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
     edit = EditFile()
-    plan = edit.plan(edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 3"}), ctx)
+    plan = edit.plan(
+        edit.args_model.model_validate(
+            {"path": "a.py", "old_string": "x = 1", "new_string": "x = 3"}
+        ),
+        ctx,
+    )
     assert plan.before_sha == file_sha(workspace / "a.py") != plan.after_sha
 
 
@@ -113,15 +127,28 @@ def test_list_and_search(workspace: Path) -> None:
     (workspace / ".git" / "HEAD").write_text("def add")
     listing = call(workspace, "list_files", path=".", max_depth=3).output.splitlines()
     assert "src/" in listing and "src/pkg/m.py" in listing and not any(".git" in x for x in listing)
-    assert call(workspace, "list_files", path=".", max_depth=1).output.splitlines() == ["README.md", "src/"]
-    assert call(workspace, "search_text", pattern=r"def add", glob="*.py").output == "src/pkg/m.py:1: def add(a, b):"
+    assert call(workspace, "list_files", path=".", max_depth=1).output.splitlines() == [
+        "README.md",
+        "src/",
+    ]
+    assert (
+        call(workspace, "search_text", pattern=r"def add", glob="*.py").output
+        == "src/pkg/m.py:1: def add(a, b):"
+    )
     assert "invalid regular expression" in (call(workspace, "search_text", pattern="(").error or "")
 
 
 def test_schemas_come_from_the_argument_models() -> None:
     tools = build_tools("allow")
-    assert set(tools) == {"list_files", "read_file", "search_text", "write_file", "edit_file", "run_command",
-                          "read_output"}
+    assert set(tools) == {
+        "list_files",
+        "read_file",
+        "search_text",
+        "write_file",
+        "edit_file",
+        "run_command",
+        "read_output",
+    }
     assert "run_command" not in build_tools("deny")
     schema = tool_schema(tools["edit_file"])["function"]
     assert schema["name"] == "edit_file"
@@ -129,7 +156,8 @@ def test_schemas_come_from_the_argument_models() -> None:
 
 
 def test_a_schema_is_generated_once_per_process_and_each_caller_gets_its_own_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     class Args(BaseModel):
         path: str
 
@@ -157,7 +185,9 @@ def test_edit_keeps_bytes_it_does_not_touch_and_hashes_the_real_file(workspace: 
     (workspace / "a.py").write_bytes(original)
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
     edit = EditFile()
-    args = edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"})
+    args = edit.args_model.model_validate(
+        {"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"}
+    )
     with pytest.raises(ToolFailure, match="a.py is not UTF-8 text; use write_file"):
         edit.plan(args, ctx)
     result = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = 2")
@@ -173,8 +203,12 @@ def test_latin1_text_is_read_and_edited_as_latin1(workspace: Path) -> None:
     (workspace / "a.py").write_bytes(original)
     shown = call(workspace, "read_file", path="a.py").output
     assert "name = 'café'" in shown and "[decoded as latin-1" in shown
-    assert call(workspace, "edit_file", path="a.py", old_string="café", new_string="olé").error is None
-    assert (workspace / "a.py").read_bytes() == original.replace(b"caf\xe9", b"ol\xe9")  # still Latin-1
+    assert (
+        call(workspace, "edit_file", path="a.py", old_string="café", new_string="olé").error is None
+    )
+    assert (workspace / "a.py").read_bytes() == original.replace(
+        b"caf\xe9", b"ol\xe9"
+    )  # still Latin-1
     refused = call(workspace, "edit_file", path="a.py", old_string="x = 1", new_string="x = '€'")
     assert refused.error and "Latin-1 cannot hold" in refused.error
     assert (workspace / "a.py").read_bytes() == original.replace(b"caf\xe9", b"ol\xe9")
@@ -185,7 +219,9 @@ def test_edit_plan_hashes_the_files_bytes(workspace: Path) -> None:
     (workspace / "a.py").write_bytes(original)
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")
     edit = EditFile()
-    args = edit.args_model.model_validate({"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"})
+    args = edit.args_model.model_validate(
+        {"path": "a.py", "old_string": "x = 1", "new_string": "x = 2"}
+    )
     plan = edit.plan(args, ctx)
     assert plan.before_sha == file_sha(workspace / "a.py") == sha256(original).hexdigest()
     edit.run(args, ctx)
@@ -212,13 +248,16 @@ def test_a_file_in_the_way_of_a_folder_is_an_error_not_an_exception(workspace: P
     assert (workspace / "README.md").read_text() == "a file\n"
 
 
-def test_an_unreadable_file_is_an_error_not_an_exception(workspace: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreadable_file_is_an_error_not_an_exception(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (workspace / "locked.txt").write_text("x")
     real_open = os.open
 
     def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if os.fspath(path).endswith("locked.txt"):  # chmod 0 does not stop root, who may run the tests
+        if os.fspath(path).endswith(
+            "locked.txt"
+        ):  # chmod 0 does not stop root, who may run the tests
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real_open(path, flags, *args, **kwargs)
 
@@ -240,11 +279,15 @@ def test_a_huge_file_is_refused_without_reading_it_into_memory(workspace: Path) 
         f.truncate(size)  # sparse: takes no disk
     tracemalloc.start()
     try:
-        for name, args in (("read_file", {"path": "big.txt", "limit": 1}),
-                           ("edit_file", {"path": "big.txt", "old_string": "a", "new_string": "b"})):
+        for name, args in (
+            ("read_file", {"path": "big.txt", "limit": 1}),
+            ("edit_file", {"path": "big.txt", "old_string": "a", "new_string": "b"}),
+        ):
             out = call(workspace, name, **args)
             assert out.error and "more than the 64 MiB a file tool reads" in out.error, out
-        assert call(workspace, "search_text", pattern="x").error is None  # skipped, the search goes on
+        assert (
+            call(workspace, "search_text", pattern="x").error is None
+        )  # skipped, the search goes on
         assert file_sha(workspace / "big.txt") == _zeros_sha(size)  # a hash streams: any size
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -263,7 +306,9 @@ def test_search_walks_a_tree_a_thousand_folders_deep(tmp_path: Path) -> None:
     # Python 3.11's os.walk recursed a level a call: RecursionError, a failed run.
     import subprocess
 
-    subprocess.run(["mkdir", "-p", "/".join(["a"] * 1100)], cwd=tmp_path, check=True)  # (pathlib's recurses)
+    subprocess.run(
+        ["mkdir", "-p", "/".join(["a"] * 1100)], cwd=tmp_path, check=True
+    )  # (pathlib's recurses)
     deep = tmp_path.joinpath(*["a"] * 1100)
     (deep / "needle.txt").write_text("the needle\n")
     try:
@@ -273,10 +318,16 @@ def test_search_walks_a_tree_a_thousand_folders_deep(tmp_path: Path) -> None:
         subprocess.run(["rm", "-rf", "a"], cwd=tmp_path, check=True)  # (shutil.rmtree recurses too)
 
 
-@pytest.mark.parametrize("name, args", [("write_file", {"path": "sub/new.txt", "content": "x"}),
-                                        ("edit_file", {"path": "a.txt", "old_string": "a", "new_string": "b"})])
-def test_a_write_into_a_workspace_that_is_gone_does_not_make_a_new_one(tmp_path: Path, name: str,
-                                                                        args: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("write_file", {"path": "sub/new.txt", "content": "x"}),
+        ("edit_file", {"path": "a.txt", "old_string": "a", "new_string": "b"}),
+    ],
+)
+def test_a_write_into_a_workspace_that_is_gone_does_not_make_a_new_one(
+    tmp_path: Path, name: str, args: dict[str, Any]
+) -> None:
     # Deleted (or unmounted) under a running run: a write quietly made an empty one in its place.
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -284,7 +335,10 @@ def test_a_write_into_a_workspace_that_is_gone_does_not_make_a_new_one(tmp_path:
     (ws / "a.txt").unlink()
     ws.rmdir()
     result = call(ws, name, **args)
-    assert result.error is not None and "is gone (deleted or unmounted): nothing was written" in result.error
+    assert (
+        result.error is not None
+        and "is gone (deleted or unmounted): nothing was written" in result.error
+    )
     assert not ws.exists()
 
 
@@ -326,12 +380,15 @@ def test_a_capped_read_gets_the_files_bytes_up_to_one_past_the_cap_whatever_its_
     from durable_agent.tools.limits import read_capped
 
     @settings(max_examples=200, deadline=None)
-    @given(data=st.binary(max_size=5000), hint=st.integers(min_value=-1, max_value=6000),
-           cap=st.integers(min_value=0, max_value=4000))
+    @given(
+        data=st.binary(max_size=5000),
+        hint=st.integers(min_value=-1, max_value=6000),
+        cap=st.integers(min_value=0, max_value=4000),
+    )
     def check(data: bytes, hint: int, cap: int) -> None:
         f = _GrowingFile(data)
         got = read_capped(f, hint, cap)  # type: ignore[arg-type]
-        assert got == data[:cap + 1]
+        assert got == data[: cap + 1]
         assert max(f.asked) <= max(hint, 0) + 1 or max(f.asked) <= 1 << 20  # never the cap up front
 
     check()
@@ -349,10 +406,12 @@ def test_a_file_larger_than_its_fstat_said_is_read_whole_up_to_the_cap(tmp_path:
             w.write(b"b" * (3 << 20))
         assert read_capped(f, stale, 4 << 20) == b"a" * 10 + b"b" * (3 << 20)
     with path.open("rb") as f:
-        assert read_capped(f, 10, 1 << 20) == (b"a" * 10 + b"b" * (3 << 20))[:(1 << 20) + 1]
+        assert read_capped(f, 10, 1 << 20) == (b"a" * 10 + b"b" * (3 << 20))[: (1 << 20) + 1]
 
 
-def test_the_built_in_tools_schemas_are_generated_current_and_are_what_the_model_is_offered() -> None:
+def test_the_built_in_tools_schemas_are_generated_current_and_are_what_the_model_is_offered() -> (
+    None
+):
     import subprocess
     import sys
 
@@ -360,10 +419,14 @@ def test_the_built_in_tools_schemas_are_generated_current_and_are_what_the_model
     from durable_agent.tools.schemas import SCHEMAS
 
     root = Path(__file__).resolve().parent.parent
-    check = subprocess.run([sys.executable, str(root / "scripts" / "gen_tool_schemas.py"), "--check"])
+    check = subprocess.run(
+        [sys.executable, str(root / "scripts" / "gen_tool_schemas.py"), "--check"]
+    )
     assert check.returncode == 0  # else: run scripts/gen_tool_schemas.py
     tools = build_tools("allow").values()
     assert len(SCHEMAS) == len(tools)
     for tool in tools:
         offered = tool_schema(tool)["function"]["parameters"]
-        assert offered == json.loads(generated_parameters(tool.args_model)) and offered.get("properties"), tool.name
+        assert offered == json.loads(generated_parameters(tool.args_model)) and offered.get(
+            "properties"
+        ), tool.name

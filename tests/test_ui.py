@@ -26,8 +26,14 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
     make_runs(cli, write_script, store_url)
     c = client(store_url)
     page = c.get("/")
-    assert page.status_code == 200 and 'href="/runs/done"' in page.text and 'href="/runs/wait"' in page.text
-    assert "<script>alert" not in page.text and "finish &lt;it&gt;" in page.text  # stored text is escaped
+    assert (
+        page.status_code == 200
+        and 'href="/runs/done"' in page.text
+        and 'href="/runs/wait"' in page.text
+    )
+    assert (
+        "<script>alert" not in page.text and "finish &lt;it&gt;" in page.text
+    )  # stored text is escaped
     blocked = c.get("/", params={"status": "blocked"}).text
     assert 'href="/runs/wait"' in blocked and 'href="/runs/done"' not in blocked
     found = c.get("/", params={"q": "NEEDS a"}).text
@@ -37,23 +43,34 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
     run = c.get("/runs/done")
     assert run.status_code == 200 and 'id="timeline"' in run.text
     steps = open_store(store_url).steps("done")
-    assert run.text.count('<rect class="mark') == len(steps) == run.text.count('<details class="step"')
+    assert (
+        run.text.count('<rect class="mark') == len(steps) == run.text.count('<details class="step"')
+    )
     assert "<script>alert(1)" not in run.text and "done &lt;script&gt;alert(1)" in run.text
-    assert all(f"k-{k}" in run.text for k in ("model",)) and "e-write" in run.text and "e-exec" in run.text
+    assert (
+        all(f"k-{k}" in run.text for k in ("model",))
+        and "e-write" in run.text
+        and "e-exec" in run.text
+    )
     waiting = c.get("/runs/wait").text
     assert 'id="approve-button"' in waiting and "touch made.txt" in waiting
 
     shown = cli("show", "done", "--json", extra_env={"DURABLE_AGENT_DB": store_url})
-    assert c.get("/api/runs/done").json() == json.loads(shown.stdout)  # the same document as the CLI's
+    assert c.get("/api/runs/done").json() == json.loads(
+        shown.stdout
+    )  # the same document as the CLI's
     assert c.get("/api/runs/done/steps").json() == json.loads(shown.stdout)["steps"]
-    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 2}).json()] == \
-        [s.seq for s in steps if s.seq >= 2]
+    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 2}).json()] == [
+        s.seq for s in steps if s.seq >= 2
+    ]
     listed = c.get("/api/runs").json()
     cli_list = json.loads(cli("list", "--json", extra_env={"DURABLE_AGENT_DB": store_url}).stdout)
     assert listed == {"runs": cli_list, "next": None}
 
     events = c.get("/api/runs/done/events")  # a finished run: one update, then the end
-    assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+    assert events.status_code == 200 and events.headers["content-type"].startswith(
+        "text/event-stream"
+    )
     update = _events(events.text)
     assert [name for name, _ in update] == ["update", "end"]
     assert update[0][1]["count"] == len(steps) and update[0][1]["status"] == "completed"
@@ -65,17 +82,31 @@ def test_every_page_and_api_route(cli, write_script, store_url) -> None:  # type
     body = c.get("/runs/done/steps/1")  # a step's body, as long pages fetch it when it is opened
     assert body.status_code == 200 and "<h4>input</h4>" in body.text and "a.txt" in body.text
     assert "<dt>attempts</dt><dd>1</dd>" in body.text and "<dt>duration</dt>" in body.text
-    assert c.get("/runs/done/steps/999").status_code == 404 and c.get("/runs/nope/steps/0").status_code == 404
-    assert [s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()] == [1]
-    write = next(s for s in steps if s.tool_name == "write_file")  # the step's diff, from its snapshots
+    assert (
+        c.get("/runs/done/steps/999").status_code == 404
+        and c.get("/runs/nope/steps/0").status_code == 404
+    )
+    assert [
+        s["seq"] for s in c.get("/api/runs/done/steps", params={"from": 1, "limit": 1}).json()
+    ] == [1]
+    write = next(
+        s for s in steps if s.tool_name == "write_file"
+    )  # the step's diff, from its snapshots
     diff = c.get(f"/runs/done/steps/{write.seq}/diff")
     assert diff.status_code == 200 and diff.headers["content-type"].startswith("text/plain")
     assert "+<b>hi</b>" in diff.text and "a.txt" in diff.text
-    assert f'href="/runs/done/steps/{write.seq}/diff"' in c.get(f"/runs/done/steps/{write.seq}").text
+    assert (
+        f'href="/runs/done/steps/{write.seq}/diff"' in c.get(f"/runs/done/steps/{write.seq}").text
+    )
     assert c.get("/runs/done/steps/0/diff").text == ""  # a model call changes no files
     assert c.get("/runs/done/steps/999/diff").status_code == 404
     assert c.get("/static/ui.js").status_code == 200 and c.get("/static/ui.css").status_code == 200
-    for missing in ("/runs/nope", "/api/runs/nope", "/api/runs/nope/steps", "/api/runs/nope/events"):
+    for missing in (
+        "/runs/nope",
+        "/api/runs/nope",
+        "/api/runs/nope/steps",
+        "/api/runs/nope/events",
+    ):
         assert c.get(missing).status_code == 404, missing
     assert "nope" in c.get("/api/runs/nope").json()["error"]
 
@@ -92,10 +123,20 @@ def _events(text: str) -> list[tuple[str, Any]]:
 def test_keyset_pages_visit_every_run_once_in_order_even_with_equal_times(store_url) -> None:  # type: ignore[no-untyped-def]
     store = open_store(store_url)
     for i in range(23):
-        store.create_run(f"r{i:02d}", task=f"task {i}", workspace="/w", model="m", settings={}, first_messages=FIRST)
+        store.create_run(
+            f"r{i:02d}",
+            task=f"task {i}",
+            workspace="/w",
+            model="m",
+            settings={},
+            first_messages=FIRST,
+        )
     with store.engine.begin() as conn:  # ties on created_at: the id decides, and no row is lost
         from sqlalchemy import text
-        conn.execute(text("UPDATE runs SET created_at = (SELECT min(created_at) FROM runs) WHERE id < 'r10'"))
+
+        conn.execute(
+            text("UPDATE runs SET created_at = (SELECT min(created_at) FROM runs) WHERE id < 'r10'")
+        )
     c = client(store_url)
     seen: list[str] = []
     after: str | None = None
@@ -107,17 +148,24 @@ def test_keyset_pages_visit_every_run_once_in_order_even_with_equal_times(store_
         after = doc["next"]
         if after is None:
             break
-    assert pages == 5 and sorted(seen) == sorted(f"r{i:02d}" for i in range(23)) and len(set(seen)) == 23
+    assert (
+        pages == 5
+        and sorted(seen) == sorted(f"r{i:02d}" for i in range(23))
+        and len(set(seen)) == 23
+    )
     expected = [r.id for r in store.list_runs(limit=100)]
     assert seen == expected  # the CLI's order: newest first, then id
     html = c.get("/", params={"limit": 5}).text
     assert 'id="next-page"' in html
-    assert c.get("/api/runs", params={"after": "not-a-cursor"}).json()["runs"][0]["id"] == expected[0]
+    assert (
+        c.get("/api/runs", params={"after": "not-a-cursor"}).json()["runs"][0]["id"] == expected[0]
+    )
 
 
 @pytest.mark.slow  # a worker process executes the approved run
 def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
-        cli, write_script, store_url, env, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, store_url, env, workspace, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
     c = client(store_url)
     token = csrf_of(c.get("/runs/wait").text)
@@ -141,16 +189,22 @@ def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
     finally:
         workers.kill_all()
     assert store.get_run("wait").status == "completed"
-    assert (workspace / "made.txt").exists() and len(ledger_lines(workspace)) == 1  # ran exactly once
+    assert (workspace / "made.txt").exists() and len(
+        ledger_lines(workspace)
+    ) == 1  # ran exactly once
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_deny_names_the_token_holder_when_the_form_names_nobody(cli, write_script, store_url) -> None:  # type: ignore[no-untyped-def]
+def test_deny_names_the_token_holder_when_the_form_names_nobody(
+    cli, write_script, store_url
+) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
     secret = "s" * 20
     c = client(store_url, token=secret, user="token-holder")
     c.headers["Authorization"] = f"Bearer {secret}"
-    r = c.post("/runs/wait/deny", data={"csrf": csrf_of(c.get("/runs/wait").text)}, follow_redirects=False)
+    r = c.post(
+        "/runs/wait/deny", data={"csrf": csrf_of(c.get("/runs/wait").text)}, follow_redirects=False
+    )
     assert r.status_code == 303
     (decision,) = open_store(store_url).approvals("wait")
     assert (decision.decision, decision.decided_by) == ("denied", "ui:token-holder")
@@ -161,13 +215,24 @@ def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no
     from durable_agent.store.leases import new_owner
 
     store = open_store(store_url)
-    store.create_run("live", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST,
-                     lease=(new_owner(), 60))  # held by this (live) process: executing
-    store.create_run("queued", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST)
+    store.create_run(
+        "live",
+        task="t",
+        workspace="/w",
+        model="m",
+        settings={},
+        first_messages=FIRST,
+        lease=(new_owner(), 60),
+    )  # held by this (live) process: executing
+    store.create_run(
+        "queued", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST
+    )
     c = client(store_url)
     token = csrf_of(c.get("/runs/live").text)
     assert 'id="cancel-button"' in c.get("/runs/live").text
-    assert c.post("/runs/live/cancel", data={"csrf": token}, follow_redirects=False).status_code == 303
+    assert (
+        c.post("/runs/live/cancel", data={"csrf": token}, follow_redirects=False).status_code == 303
+    )
     run = store.get_run("live")
     assert (run.status, run.cancel_requested) == ("running", True)  # it stops at its next boundary
     c.post("/runs/queued/cancel", data={"csrf": token})
@@ -178,13 +243,16 @@ def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no
     assert store.get_run("queued").status == "pending"
     with store.engine.begin() as conn:
         from sqlalchemy import text
+
         conn.execute(text("UPDATE runs SET status = 'completed' WHERE id = 'queued'"))
     refused = c.post("/runs/queued/resume", data={"csrf": token})
     assert refused.status_code == 409 and "nothing to resume" in refused.text
     assert c.post("/runs/nope/cancel", data={"csrf": token}).status_code == 404
 
 
-@pytest.mark.parametrize("secret", ["t0ken-" + "x" * 20, "t0ken+/=~." + "x" * 20])  # every character --token takes
+@pytest.mark.parametrize(
+    "secret", ["t0ken-" + "x" * 20, "t0ken+/=~." + "x" * 20]
+)  # every character --token takes
 def test_token_host_origin_and_body_limits(store_url, secret) -> None:  # type: ignore[no-untyped-def]
     c = client(store_url, token=secret)
     for path in ("/", "/api/runs", "/static/ui.js", "/runs/x"):
@@ -194,7 +262,9 @@ def test_token_host_origin_and_body_limits(store_url, secret) -> None:  # type: 
     assert c.get("/api/runs", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
     assert c.get("/", params={"token": "wrong"}).status_code == 401
     r = c.get("/", params={"token": secret, "status": "blocked"}, follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/?status=blocked"  # the token leaves the address
+    assert (
+        r.status_code == 303 and r.headers["location"] == "/?status=blocked"
+    )  # the token leaves the address
     assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=Strict" in r.headers["set-cookie"]
     page = c.get("/")  # the cookie now carries it
     assert page.status_code == 200 and "access-control-allow-origin" not in page.headers
@@ -204,34 +274,55 @@ def test_token_host_origin_and_body_limits(store_url, secret) -> None:  # type: 
     for others in ("flag", "theme=dark mode", 'json={"a":1}', "back=sl\\ash"):
         cookies = f"{others}; durable_agent_token={secret}; later=1"
         assert fresh.get("/", headers={"Cookie": cookies}).status_code == 200, others
-    assert page.headers["x-frame-options"] == "DENY" and "default-src 'self'" in page.headers["content-security-policy"]
+    assert (
+        page.headers["x-frame-options"] == "DENY"
+        and "default-src 'self'" in page.headers["content-security-policy"]
+    )
 
     open_view = client(store_url)  # no token: loopback names only (no DNS rebinding)
     assert open_view.get("/", headers={"Host": "evil.example:8765"}).status_code == 421
     assert open_view.get("/", headers={"Host": "localhost:8765"}).status_code == 200
     token = csrf_of(open_view.get("/").text)
-    cross = open_view.post("/runs/x/cancel", data={"csrf": token}, headers={"Origin": "http://evil.example"})
+    cross = open_view.post(
+        "/runs/x/cancel", data={"csrf": token}, headers={"Origin": "http://evil.example"}
+    )
     assert cross.status_code == 403
-    big = open_view.post("/runs/x/cancel", content=b"csrf=" + b"a" * 100_000,
-                         headers={"content-type": "application/x-www-form-urlencoded"})
+    big = open_view.post(
+        "/runs/x/cancel",
+        content=b"csrf=" + b"a" * 100_000,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert big.status_code == 413
 
     def chunks() -> Any:
         yield b"csrf=" + b"a" * 10_000
         yield b"a" * 10_000
 
-    streamed = open_view.post("/runs/x/cancel", content=chunks(),
-                              headers={"content-type": "application/x-www-form-urlencoded"})
+    streamed = open_view.post(
+        "/runs/x/cancel",
+        content=chunks(),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert streamed.status_code == 413
 
 
-def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inproc, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(
+    cli_inproc, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     r = cli_inproc("ui", "--host", "0.0.0.0")
     assert r.code == 2 and r.stderr.count("\n") == 1 and "without --token" in r.stderr
     r = cli_inproc("ui", "--host", "0.0.0.0", "--token", "short")
     assert r.code == 2 and "at least 16 characters" in r.stderr
-    for odd in ("with space" * 2, "semi;colon" * 2, "hash#ampersand&" * 2, "é" * 16, "line\nbreak" * 2):
-        r = cli_inproc("ui", "--host", "0.0.0.0", "--token", odd)  # a cookie or a link would change it
+    for odd in (
+        "with space" * 2,
+        "semi;colon" * 2,
+        "hash#ampersand&" * 2,
+        "é" * 16,
+        "line\nbreak" * 2,
+    ):
+        r = cli_inproc(
+            "ui", "--host", "0.0.0.0", "--token", odd
+        )  # a cookie or a link would change it
         assert r.code == 2 and r.stderr.count("\n") == 1 and "may hold only" in r.stderr, odd
     r = cli_inproc("ui", "--port", "70000")
     assert r.code == 2 and "--port" in r.stderr
@@ -245,11 +336,15 @@ def test_cli_refuses_an_open_address_without_a_token_and_a_missing_extra(cli_inp
     with pytest.raises(ConfigError, match=r"pip install 'durable-agent\[ui\]'"):
         require_extra()
     r = cli_inproc("ui")  # the command itself: one line naming the extra, no traceback
-    assert r.code == 2 and r.stderr.count("\n") == 1 and "pip install 'durable-agent[ui]'" in r.stderr, r.stderr
+    assert (
+        r.code == 2 and r.stderr.count("\n") == 1 and "pip install 'durable-agent[ui]'" in r.stderr
+    ), r.stderr
 
 
 @pytest.mark.slow  # a real server process
-def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script, store_url, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_real_uvicorn_process_serves_the_store_with_a_token(
+    cli, write_script, store_url, env, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
     make_runs(cli, write_script, store_url)
@@ -265,9 +360,13 @@ def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script,
             body = "".join(events.iter_text())
         assert "event: update" in body and "event: end" in body
         page = httpx.get(url + "runs/wait", headers=auth).text
-        r = httpx.post(url + "runs/wait/approve", headers=auth, data={"csrf": csrf_of(page), "by": "carol"})
+        r = httpx.post(
+            url + "runs/wait/approve", headers=auth, data={"csrf": csrf_of(page), "by": "carol"}
+        )
         assert r.status_code == 303
-        wait_for(lambda: open_store(store_url).get_run("wait").status == "pending", 10, "the run queued")
+        wait_for(
+            lambda: open_store(store_url).get_run("wait").status == "pending", 10, "the run queued"
+        )
         assert open_store(store_url).approvals("wait")[0].decided_by == "ui:carol"
     finally:
         stop(proc)
@@ -276,17 +375,32 @@ def test_a_real_uvicorn_process_serves_the_store_with_a_token(cli, write_script,
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
-        cli, write_script, store_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, store_url, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     make_runs(cli, write_script, store_url)
     env = {"DURABLE_AGENT_DB": store_url}
-    r = cli("fork", "done", "--at", "1", "--workspace", str(tmp_path / "forked"), "--run-id", "fk", extra_env=env)
+    r = cli(
+        "fork",
+        "done",
+        "--at",
+        "1",
+        "--workspace",
+        str(tmp_path / "forked"),
+        "--run-id",
+        "fk",
+        extra_env=env,
+    )
     assert r.code == 0, r.stderr
-    assert cli("cancel", "fk", extra_env=env).code == 0  # stopped: its stream sends one update, then ends
+    assert (
+        cli("cancel", "fk", extra_env=env).code == 0
+    )  # stopped: its stream sends one update, then ends
     c = client(store_url)
     lineage = 'forked from</th><td><a href="/runs/done">done</a> after step 1'  # `--at` and `show` count from 1
     assert lineage in c.get("/runs/fk").text
     (update, _end) = _events(c.get("/api/runs/fk/events").text)
-    assert update[0] == "update" and lineage in update[1]["header"]  # the page's header is replaced by this one
+    assert (
+        update[0] == "update" and lineage in update[1]["header"]
+    )  # the page's header is replaced by this one
     assert "forked from" not in c.get("/runs/done").text
 
 
@@ -295,8 +409,10 @@ def _stand_in_browser(tmp_path: Path) -> tuple[Path, Path]:
     page and its folder, and the page's text."""
     opened, page = tmp_path / "opened.txt", tmp_path / "page.html"
     browser = tmp_path / "browser.sh"
-    browser.write_text(f'#!/bin/sh\np="${{1#file://}}"\nstat -c %a "$p" "$(dirname "$p")" > {tmp_path}/modes\n'
-                       f'cat "$p" > {page}\necho "$1" >> {opened}\n')
+    browser.write_text(
+        f'#!/bin/sh\np="${{1#file://}}"\nstat -c %a "$p" "$(dirname "$p")" > {tmp_path}/modes\n'
+        f'cat "$p" > {page}\necho "$1" >> {opened}\n'
+    )
     browser.chmod(0o755)
     return browser, opened
 
@@ -321,8 +437,14 @@ def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env,
 
     def opened_page(log: str, extra: dict[str, str], *flags: str) -> tuple[Any, str, Path]:
         opened.unlink(missing_ok=True)
-        proc, url = start_ui({**base, **extra}, env["DURABLE_AGENT_DB"], "--open", *flags, log=tmp_path / log)
-        wait_for(lambda: opened.exists() and opened.read_text().endswith("\n"), 20, "the browser to be opened")
+        proc, url = start_ui(
+            {**base, **extra}, env["DURABLE_AGENT_DB"], "--open", *flags, log=tmp_path / log
+        )
+        wait_for(
+            lambda: opened.exists() and opened.read_text().endswith("\n"),
+            20,
+            "the browser to be opened",
+        )
         (given,) = opened.read_text().splitlines()
         assert given.startswith("file:///") and secret not in given and "token" not in given
         return proc, url, Path(given.removeprefix("file://")).parent
@@ -333,12 +455,18 @@ def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env,
         runtime = None
     if runtime is not None:
         try:
-            proc, url, folder = opened_page("ui1.log", {"XDG_RUNTIME_DIR": str(runtime)}, "--token", secret)
+            proc, url, folder = opened_page(
+                "ui1.log", {"XDG_RUNTIME_DIR": str(runtime)}, "--token", secret
+            )
             try:
                 assert folder.parent == runtime and folder.exists()
                 assert (tmp_path / "modes").read_text().split() == ["600", "700"]  # the user's own
-                assert f'content="0; url={url}?token={quoted}"' in (tmp_path / "page.html").read_text()
-                with contextlib.suppress(urllib.error.HTTPError):  # the redirect that sets the cookie
+                assert (
+                    f'content="0; url={url}?token={quoted}"' in (tmp_path / "page.html").read_text()
+                )
+                with contextlib.suppress(
+                    urllib.error.HTTPError
+                ):  # the redirect that sets the cookie
                     urllib.request.urlopen(f"{url}?token={quoted}", timeout=10)
                 assert not folder.exists()  # the browser has followed it: the page is gone at once
             finally:
@@ -362,7 +490,8 @@ def test_open_hands_the_browser_a_private_page_that_leads_on_with_the_token(env,
 
 @pytest.mark.slow
 def test_an_agents_command_with_the_network_on_cannot_act_through_the_view(
-        cli, write_script, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # With the network on, a sandboxed command shares the loopback: it can read every page
     # of a view started without --token, the CSRF token in it included. Acting takes the key
     # in the link the view printed (in the person's terminal), which no page carries.
@@ -373,17 +502,43 @@ def test_an_agents_command_with_the_network_on_cannot_act_through_the_view(
     make_runs(cli, write_script, url)
     proc, address = start_ui(env, url, log=tmp_path / "ui.log")
     try:
-        attack = ("import re, urllib.request, urllib.parse, urllib.error as e\n"
-                  f"page = urllib.request.urlopen('{address}runs/wait').read().decode()\n"
-                  "csrf = re.search('data-csrf=\"([^\"]+)\"', page).group(1)\n"
-                  "body = urllib.parse.urlencode({'csrf': csrf, 'by': 'mallory'}).encode()\n"
-                  "try:\n"
-                  f"    print('status', urllib.request.urlopen('{address}runs/wait/approve', body).status)\n"
-                  "except e.HTTPError as x:\n"
-                  "    print('status', x.code)\n")
-        script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {
-            "command": f"python3 -c \"$(cat <<'EOF'\n{attack}EOF\n)\""}}]}, {"content": "tried"}])
-        r = cli("start", "t", "--model", script, "--shell", "allow", "--network", "on", "--run-id", "agent")
+        attack = (
+            "import re, urllib.request, urllib.parse, urllib.error as e\n"
+            f"page = urllib.request.urlopen('{address}runs/wait').read().decode()\n"
+            'csrf = re.search(\'data-csrf="([^"]+)"\', page).group(1)\n'
+            "body = urllib.parse.urlencode({'csrf': csrf, 'by': 'mallory'}).encode()\n"
+            "try:\n"
+            f"    print('status', urllib.request.urlopen('{address}runs/wait/approve', body).status)\n"
+            "except e.HTTPError as x:\n"
+            "    print('status', x.code)\n"
+        )
+        script = write_script(
+            [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "run_command",
+                            "arguments": {
+                                "command": f"python3 -c \"$(cat <<'EOF'\n{attack}EOF\n)\""
+                            },
+                        }
+                    ]
+                },
+                {"content": "tried"},
+            ]
+        )
+        r = cli(
+            "start",
+            "t",
+            "--model",
+            script,
+            "--shell",
+            "allow",
+            "--network",
+            "on",
+            "--run-id",
+            "agent",
+        )
         assert r.code == 0, r.stderr
         store = open_store(url)
         told = [m.content for m in store.messages("agent") if m.role == "tool"][0]
@@ -403,13 +558,24 @@ def test_a_second_signal_during_shut_down_ends_the_view_without_a_traceback(env,
 
     # (A first signal right after the address is printed, before uvicorn's handlers, raised
     # a KeyboardInterrupt into asyncio's start-up: a traceback, seen once in a CI run.)
-    for i, (first, gap) in enumerate([(signal.SIGTERM, 0.02), (signal.SIGINT, 0.05), (signal.SIGTERM, 0.08),
-                                      (signal.SIGINT, 0.11), (signal.SIGTERM, 0.14), (signal.SIGINT, 0.03),
-                                      (signal.SIGINT, 0.0), (signal.SIGTERM, 0.0)]):
+    for i, (first, gap) in enumerate(
+        [
+            (signal.SIGTERM, 0.02),
+            (signal.SIGINT, 0.05),
+            (signal.SIGTERM, 0.08),
+            (signal.SIGINT, 0.11),
+            (signal.SIGTERM, 0.14),
+            (signal.SIGINT, 0.03),
+            (signal.SIGINT, 0.0),
+            (signal.SIGTERM, 0.0),
+        ]
+    ):
         log = tmp_path / f"ui{i}.log"
         proc, _url = start_ui(env, env["DURABLE_AGENT_DB"], log=log)
         proc.send_signal(first)
-        time.sleep(gap)  # the second signal lands somewhere in the shut-down, not to wait for anything
+        time.sleep(
+            gap
+        )  # the second signal lands somewhere in the shut-down, not to wait for anything
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=10)
         assert "Traceback" not in log.read_text(), (first, gap, log.read_text())
@@ -417,7 +583,8 @@ def test_a_second_signal_during_shut_down_ends_the_view_without_a_traceback(env,
 
 @pytest.mark.slow  # a real server process, a live event stream
 def test_stopping_the_view_with_a_page_open_ends_its_stream_without_a_traceback(
-        cli, write_script, env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli, write_script, env, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     # A run page keeps an event stream open while its run is live; Ctrl-C then made uvicorn
     # wait out its graceful timeout and cancel the stream, with a traceback.
     import signal
@@ -425,7 +592,15 @@ def test_stopping_the_view_with_a_page_open_ends_its_stream_without_a_traceback(
     import urllib.request
 
     url = env["DURABLE_AGENT_DB"]
-    r = cli("start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "queued", "--detach")
+    r = cli(
+        "start",
+        "t",
+        "--model",
+        write_script([{"content": "done"}]),
+        "--run-id",
+        "queued",
+        "--detach",
+    )
     assert r.code == 0, r.stderr  # pending, for a worker: its page stays live
     for sig in (signal.SIGINT, signal.SIGTERM):
         log = tmp_path / f"ui-{sig}.log"
@@ -433,7 +608,9 @@ def test_stopping_the_view_with_a_page_open_ends_its_stream_without_a_traceback(
         opened = threading.Event()
         read: list[bytes] = []
 
-        def listen(address: str = address, opened: threading.Event = opened, read: list[bytes] = read) -> None:
+        def listen(
+            address: str = address, opened: threading.Event = opened, read: list[bytes] = read
+        ) -> None:
             with urllib.request.urlopen(f"{address}api/runs/queued/events", timeout=30) as stream:
                 read.append(stream.readline())
                 opened.set()

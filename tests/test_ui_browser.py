@@ -23,12 +23,16 @@ from ui_support import make_runs, open_store, printed_link, start_ui, stop, synt
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "ui"
-CHROMIUM = os.environ.get("DURABLE_AGENT_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = (
+    os.environ.get("DURABLE_AGENT_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+)
 
 
 def _missing(reason: str) -> None:
     if in_ci():
-        pytest.fail(f"{reason} — CI=true, so the browser tests must run (.ci/run installs chromium)")
+        pytest.fail(
+            f"{reason} — CI=true, so the browser tests must run (.ci/run installs chromium)"
+        )
     pytest.skip(reason)
 
 
@@ -94,29 +98,61 @@ def test_runs_list_and_a_finished_run(cli, write_script, ui, page) -> None:  # t
     _shot(page, "finished-run")
 
 
-def test_an_executing_run_gains_steps_without_a_reload(env, write_script, workspace, ui, page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_executing_run_gains_steps_without_a_reload(
+    env, write_script, workspace, ui, page, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     url, address = ui
     (workspace / "a.txt").write_text("a\n")
-    turns: list[dict[str, Any]] = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}], "delay_s": 0.6}
-                                   for _ in range(8)]
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}], "delay_s": 0.6}
+        for _ in range(8)
+    ]
     script = write_script([*turns, {"content": "finished slowly"}])
     log = (tmp_path / "run.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "slow", "--model", script,
-                             "--run-id", "slow", "--max-repeats", "20", "--quiet", "--db", url],
-                            cwd=workspace, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_agent",
+            "start",
+            "slow",
+            "--model",
+            script,
+            "--run-id",
+            "slow",
+            "--max-repeats",
+            "20",
+            "--quiet",
+            "--db",
+            url,
+        ],
+        cwd=workspace,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     try:
         store = open_store(url)
-        wait_for(lambda: store.run_exists("slow") and store.steps("slow"), 30, "the run's first step")
+        wait_for(
+            lambda: store.run_exists("slow") and store.steps("slow"), 30, "the run's first step"
+        )
         page.goto(address + "runs/slow")
         page.evaluate("window.__sameDocument = 'yes'")
         at_first = page.locator("#timeline rect.mark").count()
         assert store.get_run("slow").status == "running"
-        page.wait_for_function(f"() => document.querySelectorAll('#timeline rect.mark').length > {at_first}", timeout=20_000)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#timeline rect.mark').length > {at_first}",
+            timeout=20_000,
+        )
         _shot(page, "executing-run")
         assert proc.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()
         total = len(store.steps("slow"))
-        page.wait_for_function(f"() => document.querySelectorAll('#timeline rect.mark').length === {total} && "
-                               "document.querySelector('#header .status').textContent === 'completed'", timeout=20_000)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('#timeline rect.mark').length === {total} && "
+            "document.querySelector('#header .status').textContent === 'completed'",
+            timeout=20_000,
+        )
         assert page.locator("#steps details.step").count() == total == 17
         assert page.locator("#step-count").inner_text() == str(total)
         assert page.evaluate("window.__sameDocument") == "yes"  # no reload happened
@@ -126,7 +162,9 @@ def test_an_executing_run_gains_steps_without_a_reload(env, write_script, worksp
             proc.wait()
 
 
-def test_approve_in_the_browser_and_the_run_continues(cli, write_script, env, workspace, ui, page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_approve_in_the_browser_and_the_run_continues(
+    cli, write_script, env, workspace, ui, page, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     url, address = ui
     make_runs(cli, write_script, url)
     workers = Workers({**env, "DURABLE_AGENT_DB": url}, url, tmp_path / "logs")
@@ -139,13 +177,18 @@ def test_approve_in_the_browser_and_the_run_continues(cli, write_script, env, wo
         page.fill("#question form[action$='/approve'] input[name=by]", "dora")
         page.click("#approve-button")
         page.wait_for_selector("#notice")
-        page.wait_for_function("() => document.querySelector('#header .status').textContent === 'completed'", timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelector('#header .status').textContent === 'completed'",
+            timeout=60_000,
+        )
         _shot(page, "approved-run")
     finally:
         workers.kill_all()
     store = open_store(url)
     assert store.get_run("wait").answer == "made it"
-    assert [(a.decision, a.decided_by) for a in store.approvals("wait")] == [("approved", "ui:dora")]
+    assert [(a.decision, a.decided_by) for a in store.approvals("wait")] == [
+        ("approved", "ui:dora")
+    ]
     assert (workspace / "made.txt").exists()
 
 
@@ -154,19 +197,28 @@ def test_a_page_of_1000_steps_renders_in_under_a_second(ui, page) -> None:  # ty
     synthetic_run(url, "long", 1000)
     import httpx
 
-    assert httpx.get(address + "runs/long").status_code == 200  # warm: the server's first imports are not the page's
+    assert (
+        httpx.get(address + "runs/long").status_code == 200
+    )  # warm: the server's first imports are not the page's
     # The best of three loads: a shared 2-core machine stalls a single one now and then
     # (1,020 ms once in CI, against ~600 ms typical); a page that is slow is slow every time.
     loads: list[dict[str, float]] = []
     for _ in range(3):
         page.goto(address + "runs/long", wait_until="load")
-        loads.append(page.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
-                                   " return {load: n.loadEventEnd - n.startTime,"
-                                   " dom: n.domContentLoadedEventEnd - n.startTime,"
-                                   " response: n.responseEnd - n.startTime}; })()"))
+        loads.append(
+            page.evaluate(
+                "(() => { const n = performance.getEntriesByType('navigation')[0];"
+                " return {load: n.loadEventEnd - n.startTime,"
+                " dom: n.domContentLoadedEventEnd - n.startTime,"
+                " response: n.responseEnd - n.startTime}; })()"
+            )
+        )
     timing = min(loads, key=lambda t: t["load"])
     assert page.locator("#timeline rect.mark").count() == 1000
-    assert page.locator("#timeline line.resume").count() == 1 and page.locator("#timeline rect.gap").count() == 1
+    assert (
+        page.locator("#timeline line.resume").count() == 1
+        and page.locator("#timeline rect.gap").count() == 1
+    )
     assert page.locator("#timeline rect.k-compact").count() == 1
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "render-1000-steps.json").write_text(json.dumps(loads))
@@ -175,4 +227,6 @@ def test_a_page_of_1000_steps_renders_in_under_a_second(ui, page) -> None:  # ty
     assert timing["load"] < 1000, loads
     row = page.locator("#step-999")  # a long page fetches a step's body when it is opened
     row.locator("summary").click()
-    page.wait_for_function("() => document.querySelector('#step-999 .body').textContent.includes('output of step 999')")
+    page.wait_for_function(
+        "() => document.querySelector('#step-999 .body').textContent.includes('output of step 999')"
+    )

@@ -14,7 +14,16 @@ from ui_support import client, open_store
 pytestmark = pytest.mark.slow
 pytest.importorskip("starlette", reason="the `ui` extra is not installed")
 RUNS = 100_000
-STATUSES = ("completed", "completed", "completed", "failed", "blocked", "budget_exceeded", "cancelled", "pending")
+STATUSES = (
+    "completed",
+    "completed",
+    "completed",
+    "failed",
+    "blocked",
+    "budget_exceeded",
+    "cancelled",
+    "pending",
+)
 
 
 def _fill(url: str) -> None:
@@ -29,16 +38,33 @@ def _fill(url: str) -> None:
     with store.engine.begin() as conn:
         for i in range(RUNS):
             when = start + timedelta(seconds=i * 20)
-            batch.append({"id": f"run-{i:06d}", "task": f"task number {i} fix the {('parser', 'tests', 'docs')[i % 3]}",
-                          "workspace": "/w", "model": "gpt", "status": STATUSES[i % len(STATUSES)],
-                          "created_at": when, "updated_at": when, "step_count": i % 40, "tool_call_count": i % 30,
-                          "prompt_tokens": i, "completion_tokens": i // 3, "lease_epoch": 1, "cancel_requested": False,
-                          "message_count": 3, "active_ms": i % 9000, "resume_count": 0, "settings": {}})
+            batch.append(
+                {
+                    "id": f"run-{i:06d}",
+                    "task": f"task number {i} fix the {('parser', 'tests', 'docs')[i % 3]}",
+                    "workspace": "/w",
+                    "model": "gpt",
+                    "status": STATUSES[i % len(STATUSES)],
+                    "created_at": when,
+                    "updated_at": when,
+                    "step_count": i % 40,
+                    "tool_call_count": i % 30,
+                    "prompt_tokens": i,
+                    "completion_tokens": i // 3,
+                    "lease_epoch": 1,
+                    "cancel_requested": False,
+                    "message_count": 3,
+                    "active_ms": i % 9000,
+                    "resume_count": 0,
+                    "settings": {},
+                }
+            )
             if len(batch) == 5000:
                 conn.execute(insert(runs), batch)
                 batch = []
         if store.engine.dialect.name == "postgresql":
             from sqlalchemy import text
+
             conn.execute(text("ANALYZE runs"))
 
 
@@ -70,7 +96,9 @@ def test_runs_list_pages_are_as_fast_deep_as_on_top(store_url) -> None:  # type:
     deep_cursor = encode_cursor(near_end)
     figures["page 1,998"], deep = _timed(c, {"after": deep_cursor})
     assert [r["id"] for r in deep["runs"]][:2] == ["run-000099", "run-000098"]
-    figures["status=blocked, deep"], blocked = _timed(c, {"status": "blocked", "after": deep_cursor})
+    figures["status=blocked, deep"], blocked = _timed(
+        c, {"status": "blocked", "after": deep_cursor}
+    )
     assert blocked["runs"] and all(r["status"] == "blocked" for r in blocked["runs"])
     figures["text filter, page 1"], found = _timed(c, {"q": "number 99999"})
     assert [r["id"] for r in found["runs"]] == ["run-099999"]
@@ -79,4 +107,8 @@ def test_runs_list_pages_are_as_fast_deep_as_on_top(store_url) -> None:  # type:
     figures["HTML page 1"] = time.perf_counter() - t
     print({k: f"{v * 1000:.0f} ms" for k, v in figures.items()})
     # Keyset pages cost the same at any depth (OFFSET would read 99,900 rows first).
-    assert figures["page 1,998"] < 0.5 and figures["status=blocked, deep"] < 0.5 and figures["page 1"] < 0.5
+    assert (
+        figures["page 1,998"] < 0.5
+        and figures["status=blocked, deep"] < 0.5
+        and figures["page 1"] < 0.5
+    )

@@ -33,26 +33,84 @@ NAME = "n\\xffm"  # a file name with the byte 0xff, as the tools take it back
 
 MIXED = [
     {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hello\n"}}]},
-    {"tool_calls": [{"name": "run_command", "arguments": {
-        "command": "mkdir -p d/e && echo hi > d/e/f && printf '\\000\\001\\377bin' > bin.dat"}}]},
-    {"tool_calls": [{"name": "edit_file", "arguments": {"path": "a.txt", "old_string": "hello", "new_string": "bye"}}]},
-    {"tool_calls": [{"name": "run_command", "arguments": {
-        "command": "chmod +x a.txt && ln -s a.txt link && printf 'x' > \"$(printf 'n\\377m')\""}}]},
-    {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm d/e/f && mv a.txt b.txt && mkdir -p empty/x"}}]},
-    {"tool_calls": [{"name": "write_file", "arguments": {"path": "d/new.txt", "content": "new\n"}}]},
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {
+                    "command": "mkdir -p d/e && echo hi > d/e/f && printf '\\000\\001\\377bin' > bin.dat"
+                },
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "edit_file",
+                "arguments": {"path": "a.txt", "old_string": "hello", "new_string": "bye"},
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {
+                    "command": "chmod +x a.txt && ln -s a.txt link && printf 'x' > \"$(printf 'n\\377m')\""
+                },
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {"command": "rm d/e/f && mv a.txt b.txt && mkdir -p empty/x"},
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "d/new.txt", "content": "new\n"}}
+        ]
+    },
     {"tool_calls": [{"name": "write_file", "arguments": {"path": NAME, "content": "utf8 now\n"}}]},
-    {"tool_calls": [{"name": "run_command", "arguments": {"command": "rm -r d link && chmod 600 bin.dat"}}]},
+    {
+        "tool_calls": [
+            {"name": "run_command", "arguments": {"command": "rm -r d link && chmod 600 bin.dat"}}
+        ]
+    },
     {"content": "done"},
 ]
 
 
-def _start(env: dict[str, str], ws: Path, model: str, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return da(["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow", "--run-id", run_id,
-               "--quiet", *extra], env, ws)
+def _start(
+    env: dict[str, str], ws: Path, model: str, run_id: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return da(
+        [
+            "start",
+            "t",
+            "--workspace",
+            str(ws),
+            "--model",
+            model,
+            "--shell",
+            "allow",
+            "--run-id",
+            run_id,
+            "--quiet",
+            *extra,
+        ],
+        env,
+        ws,
+    )
 
 
 @pytest.mark.slow
-def test_restore_at_every_step_equals_the_workspace_right_after_it(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_restore_at_every_step_equals_the_workspace_right_after_it(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     model = write_script(MIXED)
     copies = [picture(workspace)]  # copies[k]: after k tool steps (= after model call k+1)
     proc = _start(env, workspace, model, "rt", "--max-steps", "1")
@@ -75,10 +133,14 @@ def test_restore_at_every_step_equals_the_workspace_right_after_it(tmp_path, env
     # Every change kind was recorded, command-made ones included, and the view shows them.
     kinds = {r[0] for r in db.execute("SELECT change FROM step_changes WHERE run_id='rt'")}
     assert kinds == {"added", "modified", "deleted", "mode"}
-    assert ("d/e/f", "added") in db.execute("SELECT path, change FROM step_changes WHERE run_id='rt' AND seq=3").fetchall()
+    assert ("d/e/f", "added") in db.execute(
+        "SELECT path, change FROM step_changes WHERE run_id='rt' AND seq=3"
+    ).fetchall()
     # Reads and model calls take no snapshot.
-    assert db.execute("SELECT COUNT(*) FROM steps WHERE run_id='rt' AND kind='model' AND "
-                      "(tree_id IS NOT NULL OR tree_before IS NOT NULL)").fetchone() == (0,)
+    assert db.execute(
+        "SELECT COUNT(*) FROM steps WHERE run_id='rt' AND kind='model' AND "
+        "(tree_id IS NOT NULL OR tree_before IS NOT NULL)"
+    ).fetchone() == (0,)
 
 
 def test_diff_shows_command_made_changes_and_one_step(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +151,10 @@ def test_diff_shows_command_made_changes_and_one_step(env, workspace, write_scri
     assert "Binary files a/bin.dat and b/bin.dat differ" in whole.stdout
     assert "d/e/f" not in whole.stdout  # created and deleted within the run
     stat4 = json.loads(da(["diff", "df", "--step", "4", "--json"], env, workspace).stdout)
-    assert {(c["path"], c["change"]) for c in stat4["changes"]} == {("d/e/f", "added"), ("bin.dat", "added")}
+    assert {(c["path"], c["change"]) for c in stat4["changes"]} == {
+        ("d/e/f", "added"),
+        ("bin.dat", "added"),
+    }
     one = da(["diff", "df", "--step", "8", "--stat"], env, workspace)
     assert "a.txt" in one.stdout and "mode" in one.stdout and "link" in one.stdout
     assert da(["diff", "df", "--step", "99"], env, workspace).returncode == 2
@@ -101,31 +166,66 @@ def test_gitignore_exclude_and_size_cap(tmp_path, env, workspace, write_script) 
     (workspace / "node_modules" / "m.js").write_text("x")
     config = tmp_path / "c.toml"
     config.write_text("snapshot_max_file_bytes = 1000\n")
-    model = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {
-            "command": "mkdir build && echo o > build/o && echo l > x.log && echo k > keep.log && head -c 5000 /dev/zero > big.bin"}}]},
-        {"content": "done"}])
-    proc = da(["start", "t", "--workspace", str(workspace), "--model", model, "--shell", "allow",
-               "--run-id", "ig2", "--quiet"], env, workspace, extra={"DURABLE_AGENT_CONFIG": str(config)})
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "run_command",
+                        "arguments": {
+                            "command": "mkdir build && echo o > build/o && echo l > x.log && echo k > keep.log && head -c 5000 /dev/zero > big.bin"
+                        },
+                    }
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    proc = da(
+        [
+            "start",
+            "t",
+            "--workspace",
+            str(workspace),
+            "--model",
+            model,
+            "--shell",
+            "allow",
+            "--run-id",
+            "ig2",
+            "--quiet",
+        ],
+        env,
+        workspace,
+        extra={"DURABLE_AGENT_CONFIG": str(config)},
+    )
     assert proc.returncode == 0, proc.stderr
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     paths = {r[0] for r in db.execute("SELECT path FROM step_changes WHERE run_id='ig2'")}
     assert paths == {"keep.log", "big.bin"}
-    note = db.execute("SELECT json_extract(output, '$.workspace_note') FROM steps WHERE run_id='ig2' AND seq=1").fetchone()[0]
+    note = db.execute(
+        "SELECT json_extract(output, '$.workspace_note') FROM steps WHERE run_id='ig2' AND seq=1"
+    ).fetchone()[0]
     assert "big.bin" in note and "size cap" in note
     # restore --force leaves ignored, excluded and oversized files alone.
     (workspace / "keep.log").unlink()
     proc = da(["restore", "ig2", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert "undo with: durable-agent restore ig2 --tree" in proc.stdout
-    assert "left as they are, too large to have been snapshotted: big.bin" in proc.stdout  # not silently
+    assert (
+        "left as they are, too large to have been snapshotted: big.bin" in proc.stdout
+    )  # not silently
     assert (workspace / "keep.log").read_text() == "k\n"
     for kept in ("build/o", "x.log", "node_modules/m.js", "big.bin"):
         assert (workspace / kept).exists(), kept
 
 
-def test_restore_refuses_a_non_empty_dir_without_force(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
-    assert _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "nf").returncode == 0
+def test_restore_refuses_a_non_empty_dir_without_force(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    assert (
+        _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "nf").returncode == 0
+    )
     other = tmp_path / "other"
     other.mkdir()
     (other / "mine.txt").write_text("precious")
@@ -140,34 +240,49 @@ def test_restore_refuses_a_non_empty_dir_without_force(tmp_path, env, workspace,
 
 
 @pytest.mark.slow
-def test_fork_copies_history_and_files_and_leaves_the_original(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_fork_copies_history_and_files_and_leaves_the_original(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     model = write_script(MIXED)
     assert _start(env, workspace, model, "orig").returncode == 0
     original = picture(workspace)
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     before = db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall()
     fork_ws = tmp_path / "forked"
-    proc = da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws), "--run-id", "f1", "--json"], env, workspace)
+    proc = da(
+        ["fork", "orig", "--at", "3", "--workspace", str(fork_ws), "--run-id", "f1", "--json"],
+        env,
+        workspace,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["run_id"] == "f1"
     at3 = tmp_path / "at3"
     assert da(["restore", "orig", "--at", "3", "--to", str(at3)], env, workspace).returncode == 0
     assert picture(fork_ws) == picture(at3)
     # Step 3 is the model call whose run_command had not run: closed, not left open.
-    tool_msgs = db.execute("SELECT content FROM messages WHERE run_id='f1' AND role='tool'").fetchall()
+    tool_msgs = db.execute(
+        "SELECT content FROM messages WHERE run_id='f1' AND role='tool'"
+    ).fetchall()
     assert tool_msgs[-1][0] == "error: not run in this fork"
-    assert db.execute("SELECT forked_from, fork_seq, status FROM runs WHERE id='f1'").fetchone() == ("orig", 2, "pending")
+    assert db.execute(
+        "SELECT forked_from, fork_seq, status FROM runs WHERE id='f1'"
+    ).fetchone() == ("orig", 2, "pending")
     shown = da(["show", "f1"], env, workspace).stdout
     assert "forked     from orig after step 3" in shown
     proc = da(["resume", "f1", "--quiet"], env, fork_ws)
     assert proc.returncode == 0, proc.stderr
     assert db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall() == before
     assert picture(workspace) == original
-    assert da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws)], env, workspace).returncode == 2
+    assert (
+        da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws)], env, workspace).returncode
+        == 2
+    )
 
 
 @pytest.mark.slow
-def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     model = write_script(MIXED)
     assert _start(env, workspace, model, "mv", "--max-steps", "4").returncode == 3
     expected = picture(workspace)
@@ -177,7 +292,9 @@ def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(tmp_path, env, 
     assert picture(elsewhere) == expected
     (elsewhere / "b.txt").write_text("edited by a person\n")
     (elsewhere / "zzz").write_text("new")
-    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "5", "--json"], env, tmp_path)
+    proc = da(
+        ["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "5", "--json"], env, tmp_path
+    )
     assert proc.returncode == 5 and json.loads(proc.stdout)["stop_reason"] == "workspace_drift"
     shown = da(["show", "mv"], env, tmp_path).stdout
     assert "zzz (added)" in shown and "b.txt (added)" in shown
@@ -185,24 +302,39 @@ def test_resume_rebuilds_a_missing_workspace_and_blocks_on_drift(tmp_path, env, 
     proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "4"], env, tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert picture(elsewhere) == expected  # --deny put the snapshot back
-    undo = proc.stderr.split("the files it replaces: ", 1)[1].splitlines()[0].split()  # after keeping them
+    undo = (
+        proc.stderr.split("the files it replaces: ", 1)[1].splitlines()[0].split()
+    )  # after keeping them
     undone = tmp_path / "undone"
-    assert da([*undo[1:undo.index("--to") + 1], str(undone)], env, tmp_path).returncode == 0
-    assert (undone / "b.txt").read_text() == "edited by a person\n" and (undone / "zzz").read_text() == "new"
+    assert da([*undo[1 : undo.index("--to") + 1], str(undone)], env, tmp_path).returncode == 0
+    assert (undone / "b.txt").read_text() == "edited by a person\n" and (
+        undone / "zzz"
+    ).read_text() == "new"
     (elsewhere / "zzz").write_text("again")
     assert da(["resume", "mv", "--workspace", str(elsewhere)], env, tmp_path).returncode == 5
     assert da(["approve", "mv"], env, tmp_path).returncode == 0
-    proc = da(["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "50", "--quiet"], env, tmp_path)
+    proc = da(
+        ["resume", "mv", "--workspace", str(elsewhere), "--max-steps", "50", "--quiet"],
+        env,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (elsewhere / "zzz").read_text() == "again"  # approved: the files as they were
 
 
 def _git(ws: Path, env: dict[str, str], *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=ws, env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=ws,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
 
 
-def test_git_repository_is_byte_identical_after_run_fork_and_restore(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_git_repository_is_byte_identical_after_run_fork_and_restore(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     home = tmp_path / "home"
     home.mkdir()
     genv = {**env, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
@@ -218,21 +350,34 @@ def test_git_repository_is_byte_identical_after_run_fork_and_restore(tmp_path, e
     git_before = picture(workspace / ".git")
     model = write_script(MIXED)
     assert _start(genv, workspace, model, "g").returncode == 0
-    assert da(["fork", "g", "--at", "5", "--workspace", str(tmp_path / "fk")], genv, workspace).returncode == 0
+    assert (
+        da(
+            ["fork", "g", "--at", "5", "--workspace", str(tmp_path / "fk")], genv, workspace
+        ).returncode
+        == 0
+    )
     proc = da(["restore", "g", "--at", "1", "--to", str(workspace), "--force"], genv, workspace)
     assert proc.returncode == 0, proc.stderr
     assert picture(workspace / ".git") == git_before
     assert not (home / ".gitconfig").exists() and list(home.iterdir()) == []
     # The restored workspace is the one the run started from: untracked files included.
-    assert (workspace / "untracked.txt").read_text() == "u\n" and (workspace / "a.txt").read_text() == "hello\n"
+    assert (workspace / "untracked.txt").read_text() == "u\n" and (
+        workspace / "a.txt"
+    ).read_text() == "hello\n"
     assert not (tmp_path / "fk" / ".git").exists()
 
 
 # -- the manifest format, with hostile names ---------------------------------------------------
-names = st.binary(min_size=1, max_size=12).filter(lambda b: b"\0" not in b and b"/" not in b and b not in (b".", b".."))
+names = st.binary(min_size=1, max_size=12).filter(
+    lambda b: b"\0" not in b and b"/" not in b and b not in (b".", b"..")
+)
 entries = st.one_of(
-    st.builds(lambda r, m, s: Entry(FILE, m, r, size=s), st.text("0123456789abcdef", min_size=64, max_size=64),
-              st.integers(0, 0o777), st.integers(0, 2**40)),
+    st.builds(
+        lambda r, m, s: Entry(FILE, m, r, size=s),
+        st.text("0123456789abcdef", min_size=64, max_size=64),
+        st.integers(0, 0o777),
+        st.integers(0, 2**40),
+    ),
     st.builds(lambda t: Entry(LINK, target=t), names),
 )
 
@@ -243,10 +388,14 @@ def test_manifests_round_trip_any_names(old: dict[bytes, Entry], new: dict[bytes
     assert apply_stored(None, encode_full(old)) == old
     delta, _ = encode_delta(old, new)
     assert apply_stored(old, delta) == new
-    assert {c.path for c in changes(old, new)} == {p for p in set(old) | set(new) if old.get(p) != new.get(p)}
+    assert {c.path for c in changes(old, new)} == {
+        p for p in set(old) | set(new) if old.get(p) != new.get(p)
+    }
 
 
-def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unchanged_workspace_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from durable_agent.workspace import scan
     from durable_agent.workspace.scan import Scanner
 
@@ -259,19 +408,49 @@ def test_unchanged_workspace_is_not_hashed_again(tmp_path: Path, monkeypatch: py
     assert list(scanner.scan().contents) != list(first.contents)
 
 
-def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_the_start(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_the_start(
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     import signal
     import sys
     import time
 
     (workspace / "keep.txt").write_text("before\n")
-    model = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {
-            "command": "echo partial > p.txt && rm keep.txt && sleep ${DA_TEST_DELAY:-0} && echo done > d.txt"}}]},
-        {"content": "done"}])
-    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", model, "--shell", "allow",
-                             "--run-id", "cut", "--quiet"], cwd=workspace, env={**env, "DA_TEST_DELAY": "60"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "run_command",
+                        "arguments": {
+                            "command": "echo partial > p.txt && rm keep.txt && sleep ${DA_TEST_DELAY:-0} && echo done > d.txt"
+                        },
+                    }
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_agent",
+            "start",
+            "t",
+            "--model",
+            model,
+            "--shell",
+            "allow",
+            "--run-id",
+            "cut",
+            "--quiet",
+        ],
+        cwd=workspace,
+        env={**env, "DA_TEST_DELAY": "60"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while not (workspace / "p.txt").exists() or (workspace / "keep.txt").exists():
         assert time.monotonic() < deadline and proc.poll() is None
@@ -289,7 +468,9 @@ def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_
     assert (workspace / "d.txt").read_text() == "done\n"
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     # Re-run from the pre-command snapshot: keep.txt came back and was deleted again.
-    changed = set(db.execute("SELECT path, change FROM step_changes WHERE run_id='cut' AND seq=1").fetchall())
+    changed = set(
+        db.execute("SELECT path, change FROM step_changes WHERE run_id='cut' AND seq=1").fetchall()
+    )
     assert changed == {("p.txt", "added"), ("keep.txt", "deleted"), ("d.txt", "added")}
 
 
@@ -309,12 +490,25 @@ def test_a_changed_gitignore_applies_to_files_already_cached(tmp_path: Path) -> 
     assert set(scanner.scan().manifest) == {b"a.log", b"sub/.gitignore", b"sub/c.txt"}
 
 
-def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_a_detached_run_starts_on_another_root_with_the_users_files(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     (workspace / "seed.txt").write_text("from the user's disk\n")
-    model = write_script([
-        {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat seed.txt > copy.txt"}}]},
-        {"content": "done"}])
-    proc = da(["start", "t", "--model", model, "--shell", "allow", "--run-id", "det", "--detach"], env, workspace)
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "run_command", "arguments": {"command": "cat seed.txt > copy.txt"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    proc = da(
+        ["start", "t", "--model", model, "--shell", "allow", "--run-id", "det", "--detach"],
+        env,
+        workspace,
+    )
     assert proc.returncode == 0, proc.stderr
     root = tmp_path / "other-host"
     proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
@@ -326,7 +520,9 @@ def test_a_detached_run_starts_on_another_root_with_the_users_files(tmp_path, en
     assert "copy.txt" in stat and "seed.txt" not in stat
 
 
-def test_a_worker_leaves_a_run_whose_id_names_no_folder_of_its_own(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_leaves_a_run_whose_id_names_no_folder_of_its_own(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # A store made before ids were checked may hold a run `..`: with --workspace-root ROOT it
     # ran in ROOT/.., the parent folder, and rebuilt its snapshot there.
     (workspace / "seed.txt").write_text("from the user's disk\n")
@@ -351,24 +547,38 @@ def test_a_worker_leaves_a_run_whose_id_names_no_folder_of_its_own(tmp_path, env
 
 
 def test_a_workspace_root_that_cannot_hold_run_folders_is_refused_before_a_claim(
-        tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # A file, or a folder of /proc: every run claimed failed with a traceback, exit 0.
-    proc = da(["start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "q", "--detach"], env, workspace)
+    proc = da(
+        ["start", "t", "--model", write_script([{"content": "done"}]), "--run-id", "q", "--detach"],
+        env,
+        workspace,
+    )
     assert proc.returncode == 0, proc.stderr
     (tmp_path / "a-file").write_text("")
     for root in (tmp_path / "a-file", "/proc/nonexistent"):
-        proc = da(["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path)
+        proc = da(
+            ["worker", "--once", "--workspace-root", str(root), "--poll", "0.1"], env, tmp_path
+        )
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert proc.stderr.startswith(f"durable-agent: error: --workspace-root {root}: cannot make it a folder")
+        assert proc.stderr.startswith(
+            f"durable-agent: error: --workspace-root {root}: cannot make it a folder"
+        )
     # Folders that exist and that root may "write" by the permission bits, yet where no
     # folder can be made: tried, not asked.
     for root in ("/proc", "/sys/kernel"):
         proc = da(["worker", "--once", "--workspace-root", root, "--poll", "0.1"], env, tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert proc.stderr.startswith(f"durable-agent: error: --workspace-root {root}: this worker cannot make run "
-                                      f"folders in it")
+        assert proc.stderr.startswith(
+            f"durable-agent: error: --workspace-root {root}: this worker cannot make run "
+            f"folders in it"
+        )
     shown = da(["show", "q", "--json"], env, tmp_path)
-    assert json.loads(shown.stdout)["status"] == "pending" and json.loads(shown.stdout)["error"] is None
+    assert (
+        json.loads(shown.stdout)["status"] == "pending"
+        and json.loads(shown.stdout)["error"] is None
+    )
     made = tmp_path / "new" / "root"  # a missing one is made
     proc = da(["worker", "--once", "--workspace-root", str(made), "--poll", "0.1"], env, tmp_path)
     assert proc.returncode == 0 and (made / "q").is_dir(), proc.stderr
@@ -376,7 +586,9 @@ def test_a_workspace_root_that_cannot_hold_run_folders_is_refused_before_a_claim
 
 
 @pytest.mark.parametrize("rel", [b"../escaped", b"/etc/escaped", b"d/../../escaped", b"d//x"])
-def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Path, rel: bytes) -> None:
+def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(
+    tmp_path: Path, rel: bytes
+) -> None:
     from durable_agent.workspace.materialize import materialize
     from durable_agent.workspace.scan import Scanner
 
@@ -385,7 +597,12 @@ def test_a_hand_edited_snapshot_never_writes_outside_the_workspace(tmp_path: Pat
     from durable_agent.errors import StoreError
 
     with pytest.raises(StoreError, match="not inside the workspace"):
-        materialize({rel: Entry(FILE, 0o644, "x" * 64, b"", 1)}, root, Scanner(root, [], 10_000), lambda _: b"!")
+        materialize(
+            {rel: Entry(FILE, 0o644, "x" * 64, b"", 1)},
+            root,
+            Scanner(root, [], 10_000),
+            lambda _: b"!",
+        )
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "ws"]
 
 
@@ -399,7 +616,11 @@ _ops = st.one_of(
     st.tuples(st.just("chmod"), _op_names, st.sampled_from([0o644, 0o755, 0o600])),
     st.tuples(st.just("link"), _op_names, st.sampled_from([b"a", b"../nowhere", b"d"])),
     st.tuples(st.just("mkdir"), st.sampled_from(["e1", "d/e2", "a"])),
-    st.tuples(st.just("ignore"), st.sampled_from(["", "d/"]), st.sampled_from(["", "*.log\n", "c\n!x.log\n", "f/\n"])),
+    st.tuples(
+        st.just("ignore"),
+        st.sampled_from(["", "d/"]),
+        st.sampled_from(["", "*.log\n", "c\n!x.log\n", "f/\n"]),
+    ),
 )
 
 
@@ -467,11 +688,15 @@ def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...
 
 
 @pytest.mark.parametrize("name", ["store.db", "state dir/runs[1].db"])
-def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspace, write_script, name) -> None:  # type: ignore[no-untyped-def]
+def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(
+    env, workspace, write_script, name
+) -> None:  # type: ignore[no-untyped-def]
     # Allowed where sandboxed commands cannot write it (--sandbox off / read-only): its own
     # writes (the file, -wal, -shm) are not the run's changes and must not read as drift, and
     # no file tool may overwrite it.
-    clobber = {"tool_calls": [{"name": "write_file", "arguments": {"path": name, "content": "gone"}}]}
+    clobber = {
+        "tool_calls": [{"name": "write_file", "arguments": {"path": name, "content": "gone"}}]
+    }
     model = write_script(MIXED[:1] + MIXED[5:6] + [clobber, {"content": "done"}])
     db = ["--db", str(workspace / name)]
     proc = _start(env, workspace, model, "in", "--max-steps", "1", "--sandbox", "off", *db)
@@ -480,27 +705,55 @@ def test_a_store_inside_the_workspace_is_not_part_of_its_snapshots(env, workspac
     assert proc.returncode == 0, proc.stdout + proc.stderr  # not blocked (workspace_drift)
     changed = sqlite3.connect(workspace / name).execute("select path from step_changes").fetchall()
     assert sorted(p for (p,) in changed) == ["a.txt", "d/new.txt"]
-    assert "store" not in da(["diff", "in", "--stat", *db], env, workspace).stdout.replace("durable", "")
-    shown = da(["show", "in", *db], env, workspace).stdout  # the store was not overwritten by the run
+    assert "store" not in da(["diff", "in", "--stat", *db], env, workspace).stdout.replace(
+        "durable", ""
+    )
+    shown = da(
+        ["show", "in", *db], env, workspace
+    ).stdout  # the store was not overwritten by the run
     assert "completed" in shown and "this run's own store" in shown
 
 
 def test_a_fifo_or_endless_file_planted_as_gitignore_does_not_hang_the_snapshot(
-        env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # A command plants a FIFO (whose open waits for a writer for good) and a link to
     # /dev/zero (endless) where the scan reads ignore rules. Each session that scanned
     # there hung: the run, its cancel, every resume. git does not read a .gitignore that
     # is a link, and nothing but a regular file is read.
-    turns = [{"tool_calls": [{"name": "run_command", "arguments": {
-        "command": "mkfifo .gitignore && mkdir sub && ln -s /dev/zero sub/.gitignore && echo '*.log' > keep.txt "
-                   "&& mkfifo pipe && echo x > a.log"}}]},
-             {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo more >> keep.txt"}}]},
-             {"content": "done"}]
+    turns = [
+        {
+            "tool_calls": [
+                {
+                    "name": "run_command",
+                    "arguments": {
+                        "command": "mkfifo .gitignore && mkdir sub && ln -s /dev/zero sub/.gitignore && echo '*.log' > keep.txt "
+                        "&& mkfifo pipe && echo x > a.log"
+                    },
+                }
+            ]
+        },
+        {
+            "tool_calls": [
+                {"name": "run_command", "arguments": {"command": "echo more >> keep.txt"}}
+            ]
+        },
+        {"content": "done"},
+    ]
     done = _start(env, workspace, write_script(turns), "ff")
     assert done.returncode == 0, done.stderr
     stat = json.loads(da(["diff", "ff", "--json"], env, workspace, timeout=30).stdout)
-    assert {c["path"] for c in stat["changes"]} == {"keep.txt", "a.log", "sub/.gitignore"}  # the link, as a link
-    restored = da(["restore", "ff", "--at", "3", "--to", str(workspace.parent / "r")], env, workspace, timeout=30)
+    assert {c["path"] for c in stat["changes"]} == {
+        "keep.txt",
+        "a.log",
+        "sub/.gitignore",
+    }  # the link, as a link
+    restored = da(
+        ["restore", "ff", "--at", "3", "--to", str(workspace.parent / "r")],
+        env,
+        workspace,
+        timeout=30,
+    )
     assert restored.returncode == 0, restored.stderr
     assert (workspace.parent / "r" / "keep.txt").read_text().startswith("*.log\n")
     assert not (workspace.parent / "r" / "pipe").exists()  # not a file: not in the snapshot
@@ -569,8 +822,12 @@ def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted
 
     need_nobody()
     with nobodys_folder() as ws:
-        proc = subprocess.run([*AS_NOBODY, "-c", _UNREADABLE_SCAN, str(ws), str(Path(__file__).parents[1])],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [*AS_NOBODY, "-c", _UNREADABLE_SCAN, str(ws), str(Path(__file__).parents[1])],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if "ModuleNotFoundError" in proc.stderr or "Permission denied: '/work" in proc.stderr:
             pytest.skip("nobody cannot read this checkout or its Python")
         assert proc.returncode == 0, proc.stderr
@@ -584,34 +841,57 @@ def test_what_the_harness_may_not_read_is_kept_as_last_seen_not_recorded_deleted
     assert found["fresh, closed"] == {"manifest": ["g/x.log"]}
     # Seeded with what the store has, a new process keeps the same; only the rules of a
     # .gitignore it cannot read are unknown to it (the store has its bytes, not the scanner).
-    assert found["seeded, closed"] == {"manifest": [*everything, "g/x.log"], "unreadable": found["closed"]["unreadable"]}
+    assert found["seeded, closed"] == {
+        "manifest": [*everything, "g/x.log"],
+        "unreadable": found["closed"]["unreadable"],
+    }
     assert found["open"] == {"manifest": everything, "unreadable": []}
     without_a = [p for p in everything if p != "d/a.txt"]
     assert found["gone while hidden"] == [without_a, without_a, without_a]
     assert found["not searchable"] == {"manifest": without_a, "unreadable": ["d"]}
-    after_rules = [".gitignore", "d/e", "d/empty", "g/.gitignore"]  # *.txt ignored: d/e is empty now
+    after_rules = [
+        ".gitignore",
+        "d/e",
+        "d/empty",
+        "g/.gitignore",
+    ]  # *.txt ignored: d/e is empty now
     assert found["rules changed while hidden"] == [after_rules, after_rules]
     assert found["root closed"] == {"manifest": after_rules, "unreadable": [""]}
 
 
 @pytest.mark.parametrize("planted", [".durable-agent-restore.tmp", "new-name"])
-def test_a_link_the_agent_planted_never_takes_a_restore_outside(tmp_path, env, workspace, write_script, planted) -> None:  # type: ignore[no-untyped-def]
+def test_a_link_the_agent_planted_never_takes_a_restore_outside(
+    tmp_path, env, workspace, write_script, planted
+) -> None:  # type: ignore[no-untyped-def]
     # restore wrote each file through a fixed temporary name: an agent's command that put a
     # link there (to ~/.bashrc, say) had restore, fork and a rebuilding resume write its
     # bytes, with its mode, outside the target. The link itself must come back as it was.
     victim, missing = tmp_path / "victim", tmp_path / "planted.sh"
     victim.write_text("ORIGINAL\n")
     victim.chmod(0o600)
-    command = (f"ln -s {victim} {planted}; ln -s {missing} .durable-agent-restore.tmp2; "
-               "printf 'PWNED\\n' > payload.txt; chmod 755 payload.txt; mkdir d; ln -s ../../.. d/up; echo x > d/f")
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
-                           {"tool_calls": [{"name": "run_command", "arguments": {"command": "true"}}]},
-                           {"content": "ok"}])
-    assert _start(env, workspace, script, "pl", "--sandbox", "off", "--max-steps", "2").returncode == 3
+    command = (
+        f"ln -s {victim} {planted}; ln -s {missing} .durable-agent-restore.tmp2; "
+        "printf 'PWNED\\n' > payload.txt; chmod 755 payload.txt; mkdir d; ln -s ../../.. d/up; echo x > d/f"
+    )
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "true"}}]},
+            {"content": "ok"},
+        ]
+    )
+    assert (
+        _start(env, workspace, script, "pl", "--sandbox", "off", "--max-steps", "2").returncode == 3
+    )
     expected = picture(workspace)
-    runs = [(["restore", "pl", "--at", "2", "--to", str(tmp_path / "fresh")], 0),
-            (["fork", "pl", "--at", "2", "--workspace", str(tmp_path / "forked"), "--run-id", "pl2"], 0),
-            (["resume", "pl", "--workspace", str(tmp_path / "rebuilt"), "--max-steps", "2"], 3)]  # rebuilt, stops
+    runs = [
+        (["restore", "pl", "--at", "2", "--to", str(tmp_path / "fresh")], 0),
+        (
+            ["fork", "pl", "--at", "2", "--workspace", str(tmp_path / "forked"), "--run-id", "pl2"],
+            0,
+        ),
+        (["resume", "pl", "--workspace", str(tmp_path / "rebuilt"), "--max-steps", "2"], 3),
+    ]  # rebuilt, stops
     for args, code in runs:
         proc = da(args, env, tmp_path)
         assert proc.returncode == code, proc.stderr
@@ -641,30 +921,52 @@ def test_a_folder_past_path_max_is_noted_not_recorded_empty(tmp_path: Path) -> N
     try:
         scan = Scanner(tmp_path, DEFAULT_EXCLUDE, 1 << 20).scan()
         assert scan.unreadable and all(len(p) + len(str(tmp_path)) > 4000 for p in scan.unreadable)
-        assert not any(p in scan.manifest for p in scan.unreadable)  # left out (never seen), not "empty"
+        assert not any(
+            p in scan.manifest for p in scan.unreadable
+        )  # left out (never seen), not "empty"
         assert all(len(p) + len(str(tmp_path)) < 4096 for p in scan.manifest)
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 200))], check=False)
 
 
-
-def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # A real full disk: the target on a 1 MiB tmpfs. The undo line came only after a restore
     # that succeeded; one stopped halfway said "cannot write the output", naming nothing.
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {
-        "command": "head -c 3000000 /dev/urandom > big.bin; echo small > a.txt"}}]}, {"content": "ok"}])
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "run_command",
+                        "arguments": {
+                            "command": "head -c 3000000 /dev/urandom > big.bin; echo small > a.txt"
+                        },
+                    }
+                ]
+            },
+            {"content": "ok"},
+        ]
+    )
     assert _start(env, workspace, script, "full").returncode == 0
     target = tmp_path / "small-disk"
     target.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=False).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=False
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         (target / "mine.txt").write_text("precious")
         proc = da(["restore", "full", "--at", "2", "--to", str(target), "--force"], env, workspace)
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-        assert "the restore stopped at" in proc.stderr and "No space left" in proc.stderr and "undo with:" in proc.stderr
+        assert (
+            "the restore stopped at" in proc.stderr
+            and "No space left" in proc.stderr
+            and "undo with:" in proc.stderr
+        )
         undo = proc.stdout.split("undo with: ", 1)[1].splitlines()[0]  # printed before it began
         assert da(undo.split()[1:], env, workspace).returncode == 0
         assert sorted(p.name for p in target.iterdir()) == ["mine.txt"]
@@ -673,14 +975,26 @@ def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(tmp_pa
         subprocess.run(["umount", str(target)], check=False)
 
 
-def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     forged = "x\ndiff --durable-agent a/README b/README\nnew file mode 755"
-    script = write_script([{"tool_calls": [{"name": "write_file", "arguments": {"path": forged, "content": "hi\n"}}]},
-                           {"content": "ok"}])
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": forged, "content": "hi\n"}}
+                ]
+            },
+            {"content": "ok"},
+        ]
+    )
     assert _start(env, workspace, script, "nl").returncode == 0
     assert (workspace / forged).read_text() == "hi\n"  # the name itself is kept as written
     stat = da(["diff", "nl", "--stat"], env, workspace)
-    assert stat.returncode == 0 and len(stat.stdout.splitlines()) == 2, stat.stdout  # one change, one total
+    assert stat.returncode == 0 and len(stat.stdout.splitlines()) == 2, (
+        stat.stdout
+    )  # one change, one total
     shown = "x\\x0adiff --durable-agent a/README b/README\\x0anew file mode 755"
     assert shown in stat.stdout
     full = da(["diff", "nl"], env, workspace).stdout
@@ -688,14 +1002,20 @@ def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(env, workspace, 
     assert headers == [f"diff --durable-agent a/{shown} b/{shown}"]
 
 
-def test_restore_never_destroys_what_snapshots_leave_out(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_restore_never_destroys_what_snapshots_leave_out(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # In place (--force), restore replaced an ignored file, removed a git repository that had
     # taken the place of a `.git` file, and emptied a folder of ignored logs: none of them in
     # the undo snapshot, so the undo could not bring them back. Now it refuses, changing
     # nothing, and names what is in the way; what is ignored in a folder it removes stays.
     command = "mkdir sub && echo 'gitdir: ../elsewhere' > sub/.git && echo old > a.txt"
-    script = write_script([{"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
-                           {"content": "ok"}])
+    script = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+            {"content": "ok"},
+        ]
+    )
     assert _start(env, workspace, script, "keep", "--sandbox", "off").returncode == 0
     (workspace / "sub" / ".git").unlink()
     _git(workspace / "sub", env, "init", "-q")
@@ -705,7 +1025,9 @@ def test_restore_never_destroys_what_snapshots_leave_out(tmp_path, env, workspac
     (workspace / "logs" / "x.log").write_text("L\n")
 
     def restore() -> subprocess.CompletedProcess[str]:
-        return da(["restore", "keep", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
+        return da(
+            ["restore", "keep", "--at", "2", "--to", str(workspace), "--force"], env, workspace
+        )
 
     for blocking in ("a.txt", "sub/.git/"):
         before = picture(workspace)
@@ -721,13 +1043,21 @@ def test_restore_never_destroys_what_snapshots_leave_out(tmp_path, env, workspac
     assert (workspace / "logs" / "x.log").read_text() == "L\n"  # ignored: left where it was
 
 
-def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # The drift check's own scan read the person's files, and the next step's snapshot then
     # found nothing new to store: its tree named blobs that were never written, and a
     # restore to that step failed with a traceback (KeyError).
-    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "agent\n"}}]},
-             {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo more > c.txt"}}]},
-             {"content": "ok"}]
+    turns = [
+        {
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "a.txt", "content": "agent\n"}}
+            ]
+        },
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo more > c.txt"}}]},
+        {"content": "ok"},
+    ]
     assert _start(env, workspace, write_script(turns), "ap", "--max-steps", "1").returncode == 3
     (workspace / "b.txt").write_text("the person's own\n")
     assert da(["resume", "ap", "--quiet"], env, workspace).returncode == 5  # workspace_drift
@@ -735,16 +1065,26 @@ def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(tmp_path, 
     proc = da(["resume", "ap", "--quiet", "--max-steps", "10"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     expected = picture(workspace)
-    last = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")).execute(
-        "SELECT MAX(seq) FROM steps WHERE run_id = 'ap' AND tree_id IS NOT NULL").fetchone()[0]
-    proc = da(["restore", "ap", "--at", str(last + 1), "--to", str(tmp_path / "back")], env, workspace)
+    last = (
+        sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+        .execute("SELECT MAX(seq) FROM steps WHERE run_id = 'ap' AND tree_id IS NOT NULL")
+        .fetchone()[0]
+    )
+    proc = da(
+        ["restore", "ap", "--at", str(last + 1), "--to", str(tmp_path / "back")], env, workspace
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "back" / "b.txt").read_text() == "the person's own\n"
     assert picture(tmp_path / "back") == expected
 
 
-def test_a_snapshot_naming_a_blob_the_store_lacks_fails_restore_in_one_line(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
-    assert _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "lack").returncode == 0
+def test_a_snapshot_naming_a_blob_the_store_lacks_fails_restore_in_one_line(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    assert (
+        _start(env, workspace, write_script(MIXED[:1] + [{"content": "ok"}]), "lack").returncode
+        == 0
+    )
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     with db:
         db.execute("DELETE FROM workspace_blobs")  # as a store edited by hand would lack them
@@ -753,39 +1093,75 @@ def test_a_snapshot_naming_a_blob_the_store_lacks_fails_restore_in_one_line(tmp_
     assert "is not in the store" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_restore_goes_ahead_where_nothing_would_be_lost(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+def test_restore_goes_ahead_where_nothing_would_be_lost(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
     # Refused before: a file ignored since but holding the very bytes the snapshot has, and a
     # folder that a command turned into a link (the check followed it to files elsewhere).
-    turns = [{"tool_calls": [{"name": "run_command", "arguments": {
-        "command": "mkdir lib build && echo x > lib/x.py && echo js > build/out.js"}}]},
-        {"tool_calls": [{"name": "run_command", "arguments": {
-            "command": "printf 'build/\\n' > .gitignore && mv lib src && ln -s src lib"}}]},
-        {"content": "ok"}]
+    turns = [
+        {
+            "tool_calls": [
+                {
+                    "name": "run_command",
+                    "arguments": {
+                        "command": "mkdir lib build && echo x > lib/x.py && echo js > build/out.js"
+                    },
+                }
+            ]
+        },
+        {
+            "tool_calls": [
+                {
+                    "name": "run_command",
+                    "arguments": {
+                        "command": "printf 'build/\\n' > .gitignore && mv lib src && ln -s src lib"
+                    },
+                }
+            ]
+        },
+        {"content": "ok"},
+    ]
     assert _start(env, workspace, write_script(turns), "ok1", "--sandbox", "off").returncode == 0
     proc = da(["restore", "ok1", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert (workspace / "lib").is_dir() and not (workspace / "lib").is_symlink()
-    assert (workspace / "lib" / "x.py").read_text() == "x\n" and (workspace / "build" / "out.js").read_text() == "js\n"
+    assert (workspace / "lib" / "x.py").read_text() == "x\n" and (
+        workspace / "build" / "out.js"
+    ).read_text() == "js\n"
 
 
-def test_a_deny_that_cannot_put_the_snapshot_back_stays_blocked_and_says_how_to_undo(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
-    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "out.log", "content": "agent\n"}}]},
-             {"content": "ok"}]
+def test_a_deny_that_cannot_put_the_snapshot_back_stays_blocked_and_says_how_to_undo(
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    turns = [
+        {
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "out.log", "content": "agent\n"}}
+            ]
+        },
+        {"content": "ok"},
+    ]
     assert _start(env, workspace, write_script(turns), "dn", "--max-steps", "1").returncode == 3
     (workspace / ".gitignore").write_text("*.log\n")
-    (workspace / "out.log").write_text("the person's\n")  # ignored now, and not what the snapshot has
+    (workspace / "out.log").write_text(
+        "the person's\n"
+    )  # ignored now, and not what the snapshot has
     assert da(["resume", "dn", "--quiet"], env, workspace).returncode == 5
     assert da(["approve", "dn", "--deny"], env, workspace).returncode == 0
     proc = da(["resume", "dn", "--max-steps", "5"], env, workspace)
     assert proc.returncode == 5, proc.stderr  # blocked again, not failed
-    assert "could not put the snapshot back" in proc.stderr and "would destroy out.log" in proc.stderr
+    assert (
+        "could not put the snapshot back" in proc.stderr and "would destroy out.log" in proc.stderr
+    )
     assert (workspace / "out.log").read_text() == "the person's\n"
     undo = proc.stderr.split("the files it replaces: ", 1)[1].split()
     assert undo[:2] == ["durable-agent", "restore"] and "--tree" in undo  # said before it began
     (workspace / "out.log").unlink()  # the person moves it away: the deny goes through
     proc = da(["resume", "dn", "--max-steps", "5", "--quiet"], env, workspace)
     assert proc.returncode == 0, proc.stderr
-    assert (workspace / "out.log").read_text() == "agent\n" and not (workspace / ".gitignore").exists()
+    assert (workspace / "out.log").read_text() == "agent\n" and not (
+        workspace / ".gitignore"
+    ).exists()
 
 
 @pytest.mark.parametrize("re2", [True, False], ids=["re2", "without-re2"])
@@ -798,15 +1174,23 @@ def test_a_planted_gitignore_cannot_make_the_scan_backtrack(tmp_path: Path, re2:
     (tmp_path / ".gitignore").write_text("*a" * 14 + "b\n*.log\n")
     (tmp_path / ("a" * 255)).write_text("x")
     (tmp_path / "x.log").write_text("x")
-    code = ("import sys\n" + ("" if re2 else "sys.modules['re2'] = None  # as if google-re2 were missing\n")
-            + "from durable_agent.workspace.scan import Scanner\n"
-            + f"print(sorted(p.decode() for p in Scanner(__import__('pathlib').Path({str(tmp_path)!r}), "
-            + "['.git/'], 10_000).scan().manifest))")
+    code = (
+        "import sys\n"
+        + ("" if re2 else "sys.modules['re2'] = None  # as if google-re2 were missing\n")
+        + "from durable_agent.workspace.scan import Scanner\n"
+        + f"print(sorted(p.decode() for p in Scanner(__import__('pathlib').Path({str(tmp_path)!r}), "
+        + "['.git/'], 10_000).scan().manifest))"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the scan of a 3-file workspace did not end in 60 s")
-    assert json.loads(out.stdout.replace("'", '"')) == [".gitignore", "a" * 255]  # the other rules still apply
+    assert json.loads(out.stdout.replace("'", '"')) == [
+        ".gitignore",
+        "a" * 255,
+    ]  # the other rules still apply
 
 
 def test_rules_and_names_with_bytes_that_are_not_utf8_still_match(tmp_path: Path) -> None:
@@ -825,7 +1209,8 @@ def test_rules_and_names_with_bytes_that_are_not_utf8_still_match(tmp_path: Path
 
 @pytest.mark.parametrize("then", ["write", "verify"])
 def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_recorded_as_deleted(
-        tmp_path, env, write_script, then) -> None:  # type: ignore[no-untyped-def]
+    tmp_path, env, write_script, then
+) -> None:  # type: ignore[no-untyped-def]
     # The workspace is a mount point (a shared file system a worker mounts per run) and is
     # unmounted while a command runs: the folder below it was written to, and the next
     # snapshot recorded every file as deleted by the command.
@@ -839,23 +1224,69 @@ def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_record
     try:
         (ws / "keep.txt").write_text("kept\n")
         (ws / "node_modules").mkdir()  # (left out of snapshots: the test's signals go there)
-        script = write_script([
-            {"tool_calls": [{"name": "run_command", "arguments": {
-                "command": "touch node_modules/started; until [ -e node_modules/go ]; do sleep 0.05; done"}}]},
-            *([{"tool_calls": [{"name": "write_file", "arguments": {"path": "sub/b.txt", "content": "b"}}]}]
-              if then == "write" else []),
-            {"content": "done"},
-        ])
+        script = write_script(
+            [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "run_command",
+                            "arguments": {
+                                "command": "touch node_modules/started; until [ -e node_modules/go ]; do sleep 0.05; done"
+                            },
+                        }
+                    ]
+                },
+                *(
+                    [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "write_file",
+                                    "arguments": {"path": "sub/b.txt", "content": "b"},
+                                }
+                            ]
+                        }
+                    ]
+                    if then == "write"
+                    else []
+                ),
+                {"content": "done"},
+            ]
+        )
         verify = ["--verify", "touch verified.txt"] if then == "verify" else []
-        proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "start", "t", "--model", script,
-                                 "--run-id", "mnt", "--shell", "allow", "--workspace", str(ws), *verify],
-                                cwd=tmp_path, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "durable_agent",
+                "start",
+                "t",
+                "--model",
+                script,
+                "--run-id",
+                "mnt",
+                "--shell",
+                "allow",
+                "--workspace",
+                str(ws),
+                *verify,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: (ws / "node_modules" / "started").exists(), 60, "the command to start")
-        held = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)  # the mounted folder, reachable after the unmount
+        held = os.open(
+            ws, os.O_RDONLY | os.O_DIRECTORY
+        )  # the mounted folder, reachable after the unmount
         try:
             subprocess.run(["umount", "-l", str(ws)], check=True)
-            os.close(os.open("node_modules/go", os.O_CREAT | os.O_WRONLY, dir_fd=held))  # the command may end
+            os.close(
+                os.open("node_modules/go", os.O_CREAT | os.O_WRONLY, dir_fd=held)
+            )  # the command may end
         finally:
             os.close(held)
         out, err = proc.communicate(timeout=120)
@@ -865,12 +1296,14 @@ def test_a_workspace_unmounted_under_the_run_is_neither_written_below_nor_record
     assert "is not the folder this session started in" in err
     assert list(ws.iterdir()) == []  # nothing written below the mount point, nothing verified there
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
-    assert db.execute("SELECT count(*) FROM workspace_changes WHERE run_id = 'mnt' AND change = 'deleted'"
-                      ).fetchone() == (0,)
+    assert db.execute(
+        "SELECT count(*) FROM workspace_changes WHERE run_id = 'mnt' AND change = 'deleted'"
+    ).fetchone() == (0,)
 
 
 def test_a_workspace_deleted_and_made_again_during_a_model_call_is_not_taken_for_it(
-        tmp_path, env) -> None:  # type: ignore[no-untyped-def]
+    tmp_path, env
+) -> None:  # type: ignore[no-untyped-def]
     # ext4 hands the freed inode number to the new folder when nothing holds the old one:
     # (device, inode) alone saw the same folder, and the run went on in the empty one.
     import shutil
@@ -886,18 +1319,37 @@ def test_a_workspace_deleted_and_made_again_during_a_model_call_is_not_taken_for
         shutil.rmtree(ws)
         ws.mkdir()
 
-    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}}]},
-             {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "b"}}]},
-             {"content": "done"}]
+    turns = [
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}}]},
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "b.txt", "content": "b"}}]},
+        {"content": "done"},
+    ]
     with FakeOpenAI(script=turns, faults=[{"turn": 1, "before": replace_it}]) as server:
-        proc = da(["start", "t", "--base-url", server.url, "--model", "m", "--workspace", str(ws),
-                   "--run-id", "again"], env, tmp_path, extra={"OPENAI_API_KEY": KEY})
+        proc = da(
+            [
+                "start",
+                "t",
+                "--base-url",
+                server.url,
+                "--model",
+                "m",
+                "--workspace",
+                str(ws),
+                "--run-id",
+                "again",
+            ],
+            env,
+            tmp_path,
+            extra={"OPENAI_API_KEY": KEY},
+        )
     assert proc.returncode == 1, proc.stderr
     assert "is not the folder this session started in" in proc.stderr
     assert list(ws.iterdir()) == []
 
 
-def test_gitignore_rules_the_matcher_cannot_take_are_left_out_and_the_rest_still_apply(tmp_path: Path) -> None:
+def test_gitignore_rules_the_matcher_cannot_take_are_left_out_and_the_rest_still_apply(
+    tmp_path: Path,
+) -> None:
     # A valid git line RE2 refuses (`[[:digit:]]`), a reversed range, a trailing backslash:
     # each failed the whole scan, at creation and after every step, so a run whose model
     # wrote one could never be resumed.
@@ -909,25 +1361,45 @@ def test_gitignore_rules_the_matcher_cannot_take_are_left_out_and_the_rest_still
     (tmp_path / "build").mkdir()
     (tmp_path / "build" / "out").write_text("x")
     scanner = Scanner(tmp_path, [".git/"], 10_000)
-    assert set(scanner.scan().manifest) == {b".gitignore", b"a.1", b"c.txt"}  # left out: a.1 is kept
+    assert set(scanner.scan().manifest) == {
+        b".gitignore",
+        b"a.1",
+        b"c.txt",
+    }  # left out: a.1 is kept
     assert scanner.exclude_refused == []
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.text(alphabet=st.sampled_from("ab*?![]-\\/:^{}.#  \t\udc80é"), max_size=12), max_size=6))
+@given(
+    st.lists(
+        st.text(alphabet=st.sampled_from("ab*?![]-\\/:^{}.#  \t\udc80é"), max_size=12), max_size=6
+    )
+)
 def test_no_gitignore_line_makes_compiling_the_rules_fail(lines: list[str]) -> None:
     from durable_agent.workspace.ignore_rules import compile_checked
 
     spec, refused = compile_checked(lines)
     spec.check_file("a/b.c")  # and the compiled rules match
-    assert {rule for rule, _ in refused} <= set(lines) | {line.translate({0xDC80: 0xF780}) for line in lines}
+    assert {rule for rule, _ in refused} <= set(lines) | {
+        line.translate({0xDC80: 0xF780}) for line in lines
+    }
 
 
 def test_a_gitignore_the_model_writes_with_a_rule_git_takes_and_the_matcher_does_not_ends_nothing(
-        env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
-    turns = [{"tool_calls": [{"name": "write_file", "arguments": {"path": ".gitignore", "content": "[z-a]\n*.[[:digit:]]\n"}}]},
-             {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.1", "content": "one\n"}}]},
-             {"content": "ok"}]
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    turns = [
+        {
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {"path": ".gitignore", "content": "[z-a]\n*.[[:digit:]]\n"},
+                }
+            ]
+        },
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.1", "content": "one\n"}}]},
+        {"content": "ok"},
+    ]
     proc = _start(env, workspace, write_script(turns), "gi")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -935,20 +1407,39 @@ def test_a_gitignore_the_model_writes_with_a_rule_git_takes_and_the_matcher_does
     assert "a.1" in da(["diff", "gi"], env, workspace).stdout  # snapshotted like any file
 
 
-def test_an_exclude_rule_the_matcher_cannot_take_is_refused_before_a_run_is_made(env, workspace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_exclude_rule_the_matcher_cannot_take_is_refused_before_a_run_is_made(
+    env, workspace, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "config.toml"
     config.write_text('exclude = [".git/", "[z-a]"]\n')
     script = tmp_path / "ok.json"
     script.write_text('[{"content": "ok"}]')
-    proc = da(["start", "t", "--workspace", str(workspace), "--model", f"scripted:{script}", "--run-id", "ex"],
-              {**env, "DURABLE_AGENT_CONFIG": str(config)}, workspace)
+    proc = da(
+        [
+            "start",
+            "t",
+            "--workspace",
+            str(workspace),
+            "--model",
+            f"scripted:{script}",
+            "--run-id",
+            "ex",
+        ],
+        {**env, "DURABLE_AGENT_CONFIG": str(config)},
+        workspace,
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'[z-a]' cannot be used" in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        and "'[z-a]' cannot be used" in proc.stderr
+    )
     assert da(["show", "ex"], env, workspace).returncode == 2  # no run was made
 
 
 @pytest.mark.parametrize("re2", [True, False], ids=["re2", "without-re2"])
-def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(tmp_path: Path, re2: bool) -> None:
+def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(
+    tmp_path: Path, re2: bool
+) -> None:
     # RE2 compiles a file's rules as one set, whose size is limited: 2,000 plain names failed
     # it, every rule was then "left out", and the secret the first line ignores was stored.
     import sys
@@ -957,11 +1448,16 @@ def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(tmp_pa
     (tmp_path / ".gitignore").write_text("\n".join(names) + "\n")
     for name in ("secret.env", "gen_5.txt", "gen_7.txt", "kept.txt"):
         (tmp_path / name).write_text("x")
-    code = ("import sys, json\n" + ("" if re2 else "sys.modules['re2'] = None\n")
-            + "from pathlib import Path\nfrom durable_agent.workspace.scan import Scanner\n"
-            + f"s = Scanner(Path({str(tmp_path)!r}), ['.git/', *[f'x{{i}}/' for i in range(3000)]], 10_000)\n"
-            + "print(json.dumps([sorted(p.decode() for p in s.scan().manifest), s.exclude_refused]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys, json\n"
+        + ("" if re2 else "sys.modules['re2'] = None\n")
+        + "from pathlib import Path\nfrom durable_agent.workspace.scan import Scanner\n"
+        + f"s = Scanner(Path({str(tmp_path)!r}), ['.git/', *[f'x{{i}}/' for i in range(3000)]], 10_000)\n"
+        + "print(json.dumps([sorted(p.decode() for p in s.scan().manifest), s.exclude_refused]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     manifest, refused = json.loads(out.stdout)
     assert manifest == [".gitignore", "gen_7.txt", "kept.txt"]  # in order: the later `!` still wins
     assert refused == []  # 3,001 valid exclude rules are not refused for their number
@@ -969,7 +1465,9 @@ def test_a_gitignore_too_big_for_one_rule_set_still_ignores_what_it_lists(tmp_pa
 
 @pytest.mark.slow  # real git, a few thousand rules per trial
 @pytest.mark.parametrize("trial", range(6))
-def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(tmp_path: Path, trial: int) -> None:
+def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(
+    tmp_path: Path, trial: int
+) -> None:
     # Rules past RE2's limit on one set are compiled in consecutive parts (ignore_rules.InOrder):
     # with negations and directory rules spread across the parts, the files left are git's.
     import random
@@ -981,18 +1479,41 @@ def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(tmp_path: Pat
     if shutil.which("git") is None or not _have_re2():
         pytest.skip("needs git, and google-re2 (a set size limit is RE2's)")
     rnd = random.Random(trial)
-    names = [f"f{i}.txt" for i in range(30)] + [f"d{i}/g{j}.log" for i in range(5) for j in range(4)]
+    names = [f"f{i}.txt" for i in range(30)] + [
+        f"d{i}/g{j}.log" for i in range(5) for j in range(4)
+    ]
     for name in [*names, "sec.env", "d1/sec.env"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    vocab = [*(f"f{i}.txt" for i in range(30)), *(f"d{i}/" for i in range(5)), "*.log", "!g1.log", "!d2/g0.log",
-             "sec.env", "!f3.txt", "f*.txt", "!f1*.txt", "d1/*", "!d1/sec.env", "/f5.txt", "**/g2.log"]
+    vocab = [
+        *(f"f{i}.txt" for i in range(30)),
+        *(f"d{i}/" for i in range(5)),
+        "*.log",
+        "!g1.log",
+        "!d2/g0.log",
+        "sec.env",
+        "!f3.txt",
+        "f*.txt",
+        "!f1*.txt",
+        "d1/*",
+        "!d1/sec.env",
+        "/f5.txt",
+        "**/g2.log",
+    ]
     lines = [rnd.choice(vocab) for _ in range(3000)] + [f"pad{i}.x" for i in range(2500)]
     rnd.shuffle(lines)
     (tmp_path / ".gitignore").write_text("\n".join(lines) + "\n")
     assert isinstance(compile_checked(lines)[0], InOrder)  # the case under test: more than one part
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    git = subprocess.run(["git", "-C", str(tmp_path), "ls-files", "-o", "--exclude-standard"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    ours = [p.decode() for p in Scanner(tmp_path, [".git/"], 10_000).scan().manifest if (tmp_path / p.decode()).is_file()]
+    git = subprocess.run(
+        ["git", "-C", str(tmp_path), "ls-files", "-o", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    ours = [
+        p.decode()
+        for p in Scanner(tmp_path, [".git/"], 10_000).scan().manifest
+        if (tmp_path / p.decode()).is_file()
+    ]
     assert sorted(ours) == sorted(git)

@@ -33,15 +33,36 @@ def heavy_turns(delay_s: float = 0.0) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = []
     for i in range(3):
         turns += [
-            {"tool_calls": [
-                {"name": "write_file", "arguments": {"path": f"src/m{i}.py", "content": f"x = {i}\n"}},
-                {"name": "run_command", "arguments": {
-                    "command": f"mkdir -p out/{i} && printf 'built {i}\\n' > out/{i}/a.txt && cp src/m{i}.py out/{i}/"}},
-            ]},
-            {"tool_calls": [
-                {"name": "edit_file", "arguments": {"path": f"src/m{i}.py", "old_string": f"x = {i}", "new_string": f"x = {i * 10}"}},
-                {"name": "run_command", "arguments": {"command": f"rm -rf out/{i - 1} && chmod +x src/m{i}.py"}},
-            ]},
+            {
+                "tool_calls": [
+                    {
+                        "name": "write_file",
+                        "arguments": {"path": f"src/m{i}.py", "content": f"x = {i}\n"},
+                    },
+                    {
+                        "name": "run_command",
+                        "arguments": {
+                            "command": f"mkdir -p out/{i} && printf 'built {i}\\n' > out/{i}/a.txt && cp src/m{i}.py out/{i}/"
+                        },
+                    },
+                ]
+            },
+            {
+                "tool_calls": [
+                    {
+                        "name": "edit_file",
+                        "arguments": {
+                            "path": f"src/m{i}.py",
+                            "old_string": f"x = {i}",
+                            "new_string": f"x = {i * 10}",
+                        },
+                    },
+                    {
+                        "name": "run_command",
+                        "arguments": {"command": f"rm -rf out/{i - 1} && chmod +x src/m{i}.py"},
+                    },
+                ]
+            },
         ]
     turns.append({"content": "built"})
     return [dict(t, delay_s=delay_s) for t in turns] if delay_s else turns
@@ -50,7 +71,9 @@ def heavy_turns(delay_s: float = 0.0) -> list[dict[str, Any]]:
 def _resume_until_done(run_id: str, env: dict[str, str], ws: Path, every: int) -> int:
     crashes = 0
     for _ in range(500):
-        proc = da(["resume", run_id, "--quiet"], env, ws, extra={"DURABLE_AGENT_CRASH_AFTER": str(every)})
+        proc = da(
+            ["resume", run_id, "--quiet"], env, ws, extra={"DURABLE_AGENT_CRASH_AFTER": str(every)}
+        )
         if proc.returncode == -signal.SIGKILL:
             crashes += 1
             continue
@@ -58,7 +81,9 @@ def _resume_until_done(run_id: str, env: dict[str, str], ws: Path, every: int) -
             assert da(["approve", run_id], env, ws).returncode == 0
             continue
         # A crash right after the final commit leaves a completed run: nothing left to resume.
-        assert proc.returncode == 0 or (proc.returncode == 2 and "is completed" in proc.stderr), proc.stderr
+        assert proc.returncode == 0 or (proc.returncode == 2 and "is completed" in proc.stderr), (
+            proc.stderr
+        )
         return crashes
     pytest.fail("the run did not complete")
 
@@ -67,8 +92,15 @@ def _check_snapshots_whole(db_url: str, run_id: str) -> int:
     engine = open_store_engine(db_url)
     blobs = BlobStore(engine)
     with engine.connect() as conn:
-        trees = [r[0] for r in conn.execute(text(
-            "SELECT tree_id FROM steps WHERE run_id=:r AND state='completed' AND tree_id IS NOT NULL"), {"r": run_id})]
+        trees = [
+            r[0]
+            for r in conn.execute(
+                text(
+                    "SELECT tree_id FROM steps WHERE run_id=:r AND state='completed' AND tree_id IS NOT NULL"
+                ),
+                {"r": run_id},
+            )
+        ]
     for tree in trees:
         manifest = snapshot.load(blobs, tree)
         refs = blob_refs(manifest.values())
@@ -80,7 +112,9 @@ def _check_snapshots_whole(db_url: str, run_id: str) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("every", [6, 7])  # odd: just before a commit; even: just after (a command
 # takes 3 commits to finish: fewer boundaries per session would cut it off forever)
-def test_sigkill_at_commit_boundaries_resumes_to_the_same_workspace(every, tmp_path, env, workspace) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_at_commit_boundaries_resumes_to_the_same_workspace(
+    every, tmp_path, env, workspace
+) -> None:  # type: ignore[no-untyped-def]
     script = tmp_path / "heavy.json"
     script.write_text(json.dumps(heavy_turns()))
     ref_ws = tmp_path / "reference"
@@ -88,8 +122,12 @@ def test_sigkill_at_commit_boundaries_resumes_to_the_same_workspace(every, tmp_p
     ref_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{tmp_path / 'reference.db'}"}
     args = ["--model", f"scripted:{script}", "--shell", "allow", "--quiet"]
     assert da(["start", "heavy", "--run-id", "ref", *args], ref_env, ref_ws).returncode == 0
-    proc = da(["start", "heavy", "--run-id", "crashy", *args], env, workspace,
-              extra={"DURABLE_AGENT_CRASH_AFTER": str(every)})
+    proc = da(
+        ["start", "heavy", "--run-id", "crashy", *args],
+        env,
+        workspace,
+        extra={"DURABLE_AGENT_CRASH_AFTER": str(every)},
+    )
     assert proc.returncode == -signal.SIGKILL
     crashes = 1 + _resume_until_done("crashy", env, workspace, every)
     assert crashes > 8, "the crashes should be spread over the whole run"
@@ -98,7 +136,14 @@ def test_sigkill_at_commit_boundaries_resumes_to_the_same_workspace(every, tmp_p
     # The last snapshot is the workspace: restoring it elsewhere gives the same files.
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     last = db.execute("SELECT MAX(seq) FROM steps WHERE run_id='crashy'").fetchone()[0]
-    assert da(["restore", "crashy", "--at", str(last + 1), "--to", str(tmp_path / "r")], env, workspace).returncode == 0
+    assert (
+        da(
+            ["restore", "crashy", "--at", str(last + 1), "--to", str(tmp_path / "r")],
+            env,
+            workspace,
+        ).returncode
+        == 0
+    )
     assert picture(tmp_path / "r") == picture(workspace)
 
 
@@ -113,38 +158,79 @@ def test_worker_on_another_root_rebuilds_the_workspace_after_a_sigkill(tmp_path,
     fast = tmp_path / "fast.json"
     fast.write_text(json.dumps(heavy_turns()))
     ref_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{tmp_path / 'reference.db'}"}
-    assert da(["start", "heavy", "--model", f"scripted:{fast}", "--shell", "allow", "--quiet"],
-              ref_env, ref_ws).returncode == 0
+    assert (
+        da(
+            ["start", "heavy", "--model", f"scripted:{fast}", "--shell", "allow", "--quiet"],
+            ref_env,
+            ref_ws,
+        ).returncode
+        == 0
+    )
     root1, root2 = tmp_path / "host1", tmp_path / "host2"
     with pg_schema() as url:
         wenv = {**env, "DURABLE_AGENT_DB": url}
         queued = tmp_path / "queued"
         queued.mkdir()
-        proc = da(["start", "heavy", "--model", f"scripted:{script}", "--shell", "allow", "--run-id", "two",
-                   "--detach", "--workspace", str(queued)], wenv, tmp_path)
+        proc = da(
+            [
+                "start",
+                "heavy",
+                "--model",
+                f"scripted:{script}",
+                "--shell",
+                "allow",
+                "--run-id",
+                "two",
+                "--detach",
+                "--workspace",
+                str(queued),
+            ],
+            wenv,
+            tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         engine = open_store_engine(url)
         workers = Workers(wenv, url, tmp_path / "logs")
         try:
-            first = workers.start("--workspace-root", str(root1), "--lease-seconds", "2", "--poll", "0.1")
+            first = workers.start(
+                "--workspace-root", str(root1), "--lease-seconds", "2", "--poll", "0.1"
+            )
 
             def in_model_call_after_some_tools() -> bool:
                 with engine.connect() as conn:
-                    done = conn.execute(text("SELECT COUNT(*) FROM steps WHERE run_id='two' AND kind='tool' "
-                                             "AND state='completed'")).scalar()
-                    last = conn.execute(text("SELECT kind, state FROM steps WHERE run_id='two' "
-                                             "ORDER BY seq DESC LIMIT 1")).first()
-                return bool(done and done >= 6 and last is not None and tuple(last) == ("model", "started"))
+                    done = conn.execute(
+                        text(
+                            "SELECT COUNT(*) FROM steps WHERE run_id='two' AND kind='tool' "
+                            "AND state='completed'"
+                        )
+                    ).scalar()
+                    last = conn.execute(
+                        text(
+                            "SELECT kind, state FROM steps WHERE run_id='two' "
+                            "ORDER BY seq DESC LIMIT 1"
+                        )
+                    ).first()
+                return bool(
+                    done and done >= 6 and last is not None and tuple(last) == ("model", "started")
+                )
 
-            wait_for(in_model_call_after_some_tools, 60, "the first worker to be mid-run, in a model call")
+            wait_for(
+                in_model_call_after_some_tools,
+                60,
+                "the first worker to be mid-run, in a model call",
+            )
             first.send_signal(signal.SIGKILL)
             first.wait()
             assert (root1 / "two").is_dir()
             shutil.rmtree(root1)  # that host is gone
-            second = workers.start("--workspace-root", str(root2), "--lease-seconds", "2", "--poll", "0.1", "--once")
+            second = workers.start(
+                "--workspace-root", str(root2), "--lease-seconds", "2", "--poll", "0.1", "--once"
+            )
             assert second.wait(timeout=120) == 0, workers.log(second)
             with engine.connect() as conn:
-                status = conn.execute(text("SELECT status, resume_count FROM runs WHERE id='two'")).first()
+                status = conn.execute(
+                    text("SELECT status, resume_count FROM runs WHERE id='two'")
+                ).first()
             assert status is not None and status[0] == "completed", workers.log(second)
             assert status[1] >= 1
             assert "rebuilt the workspace" in workers.log(second)

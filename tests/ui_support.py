@@ -12,7 +12,11 @@ from typing import Any
 
 UNLISTED = "touch made.txt; echo $DURABLE_AGENT_CALL_ID >> ledger"
 FINISHED_SCRIPT: list[dict[str, Any]] = [
-    {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "<b>hi</b>\n"}}]},
+    {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "a.txt", "content": "<b>hi</b>\n"}}
+        ]
+    },
     {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]},
     {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat a.txt"}}]},
     {"content": "done <script>alert(1)</script>"},
@@ -24,13 +28,15 @@ BLOCKED_SCRIPT: list[dict[str, Any]] = [
 
 
 def open_store(url: str) -> Any:
-    from durable_agent.settings import load_settings
+    from durable_agent.config.settings import load_settings
     from durable_agent.wiring import open_store as open_
 
     return open_(load_settings({"db": url}, {}))
 
 
-def client(url: str, *, token: str | None = None, user: str = "tester", poll_s: float = 0.05) -> Any:
+def client(
+    url: str, *, token: str | None = None, user: str = "tester", poll_s: float = 0.05
+) -> Any:
     from starlette.testclient import TestClient
 
     from durable_agent.ui.app import UiConfig, build_app
@@ -51,22 +57,49 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
-def make_runs(cli: Callable[..., Any], write_script: Callable[[list[dict[str, Any]]], str], url: str) -> None:
+def make_runs(
+    cli: Callable[..., Any], write_script: Callable[[list[dict[str, Any]]], str], url: str
+) -> None:
     """`done`: completed with model, write, read and exec steps; `wait`: blocked on a question."""
     env = {"DURABLE_AGENT_DB": url}
-    r = cli("start", "finish <it>", "--model", write_script(FINISHED_SCRIPT), "--run-id", "done",
-            "--shell", "allow", "--quiet", extra_env=env)
+    r = cli(
+        "start",
+        "finish <it>",
+        "--model",
+        write_script(FINISHED_SCRIPT),
+        "--run-id",
+        "done",
+        "--shell",
+        "allow",
+        "--quiet",
+        extra_env=env,
+    )
     assert r.code == 0, r.stderr
-    r = cli("start", "needs a person", "--model", write_script(BLOCKED_SCRIPT), "--run-id", "wait",
-            "--quiet", extra_env=env)
+    r = cli(
+        "start",
+        "needs a person",
+        "--model",
+        write_script(BLOCKED_SCRIPT),
+        "--run-id",
+        "wait",
+        "--quiet",
+        extra_env=env,
+    )
     assert r.code == 5, r.stderr
 
 
-def start_ui(env: dict[str, str], url: str, *flags: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_ui(
+    env: dict[str, str], url: str, *flags: str, log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
     """A real `durable-agent ui --port 0` process and the address it printed first."""
     err = log.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "durable_agent", "ui", "--port", "0", "--db", url, *flags],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "ui", "--port", "0", "--db", url, *flags],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     from scale_helpers import wait_for
 
     def address() -> str | None:
@@ -108,10 +141,20 @@ def synthetic_run(url: str, run_id: str, n_steps: int) -> None:
     from durable_agent.store.schema import runs, steps
 
     store = open_store(url)
-    store.create_run(run_id, task=f"a long run of {n_steps} steps", workspace="/tmp/ws", model="scripted:long",
-                     settings={"max_steps": n_steps, "max_tool_calls": n_steps, "sandbox": "workspace-write",
-                               "sandbox_mechanism": "bubblewrap", "network": False},
-                     first_messages=[Message("system", "you are an agent"), Message("user", "do it")])
+    store.create_run(
+        run_id,
+        task=f"a long run of {n_steps} steps",
+        workspace="/tmp/ws",
+        model="scripted:long",
+        settings={
+            "max_steps": n_steps,
+            "max_tool_calls": n_steps,
+            "sandbox": "workspace-write",
+            "sandbox_mechanism": "bubblewrap",
+            "network": False,
+        },
+        first_messages=[Message("system", "you are an agent"), Message("user", "do it")],
+    )
     start = utcnow() - timedelta(seconds=n_steps * 0.2 + 60)
     rows = []
     effects = ("read", "write", "exec")
@@ -122,18 +165,49 @@ def synthetic_run(url: str, run_id: str, n_steps: int) -> None:
             kind = "compact"
         effect = effects[(seq // 2) % 3] if kind == "tool" else None
         failed = seq % 37 == 5
-        rows.append({"run_id": run_id, "seq": seq, "kind": kind, "state": "failed" if failed else "completed",
-                     "idempotency_key": f"k{seq}", "call_id": f"call_{seq}" if kind == "tool" else None,
-                     "tool_name": {"read": "read_file", "write": "edit_file", "exec": "run_command"}.get(effect or ""),
-                     "input": {"arguments": {"path": f"src/file_{seq}.py"}} if kind == "tool" else {"turn": seq // 2},
-                     "output": {"content": f"output of step {seq} <b>not bold</b>"},
-                     "error": "boom" if failed else None, "attempts": 2 if seq % 11 == 3 else 1,
-                     "prompt_tokens": 100 if kind == "model" else None, "completion_tokens": 20 if kind == "model" else None,
-                     "started_at": at, "finished_at": at + timedelta(milliseconds=150), "duration_ms": 150,
-                     "turn": seq // 2, "effect": effect, "lease_epoch": 1 if seq < n_steps // 2 else 2})
+        rows.append(
+            {
+                "run_id": run_id,
+                "seq": seq,
+                "kind": kind,
+                "state": "failed" if failed else "completed",
+                "idempotency_key": f"k{seq}",
+                "call_id": f"call_{seq}" if kind == "tool" else None,
+                "tool_name": {"read": "read_file", "write": "edit_file", "exec": "run_command"}.get(
+                    effect or ""
+                ),
+                "input": {"arguments": {"path": f"src/file_{seq}.py"}}
+                if kind == "tool"
+                else {"turn": seq // 2},
+                "output": {"content": f"output of step {seq} <b>not bold</b>"},
+                "error": "boom" if failed else None,
+                "attempts": 2 if seq % 11 == 3 else 1,
+                "prompt_tokens": 100 if kind == "model" else None,
+                "completion_tokens": 20 if kind == "model" else None,
+                "started_at": at,
+                "finished_at": at + timedelta(milliseconds=150),
+                "duration_ms": 150,
+                "turn": seq // 2,
+                "effect": effect,
+                "lease_epoch": 1 if seq < n_steps // 2 else 2,
+            }
+        )
     with store.engine.begin() as conn:
         conn.execute(insert(steps), rows)
-        conn.execute(update(runs).where(runs.c.id == run_id).values(
-            status="completed", stop_reason="finished", answer="all done", finished_at=rows[-1]["finished_at"],
-            step_count=n_steps // 2, tool_call_count=n_steps // 2, prompt_tokens=100 * n_steps // 2,
-            completion_tokens=20 * n_steps // 2, active_ms=150 * n_steps, resume_count=1, lease_epoch=2))
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(
+                status="completed",
+                stop_reason="finished",
+                answer="all done",
+                finished_at=rows[-1]["finished_at"],
+                step_count=n_steps // 2,
+                tool_call_count=n_steps // 2,
+                prompt_tokens=100 * n_steps // 2,
+                completion_tokens=20 * n_steps // 2,
+                active_ms=150 * n_steps,
+                resume_count=1,
+                lease_epoch=2,
+            )
+        )

@@ -34,7 +34,11 @@ def picture(root: Path, *, skip: tuple[bytes, ...] = ()) -> Picture:
                 out[rel] = ("dir", stat.S_IMODE(st.st_mode))
             else:
                 with open(full, "rb") as f:
-                    out[rel] = ("file", stat.S_IMODE(st.st_mode), hashlib.sha256(f.read()).hexdigest())
+                    out[rel] = (
+                        "file",
+                        stat.S_IMODE(st.st_mode),
+                        hashlib.sha256(f.read()).hexdigest(),
+                    )
         dirnames[:] = [d for d in dirnames if not (rel_dir == b"." and d in skip)]
     return out
 
@@ -43,6 +47,12 @@ def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(os.fsencode(str(src)), os.fsencode(str(dst)), symlinks=True)
 
 
-def da(args: list[str], env: dict[str, str], cwd: Path, *, timeout: float = 120,
-       extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def da(
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    *,
+    timeout: float = 120,
+    extra: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     return forked_cli.run(args, env={**env, **(extra or {})}, cwd=cwd, timeout=timeout)

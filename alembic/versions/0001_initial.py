@@ -6,8 +6,9 @@ Create Date: 2026-11-30
 """
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
+
+from alembic import op
 
 revision = "0001"
 down_revision = None
@@ -52,7 +53,9 @@ def upgrade() -> None:
     op.create_table(
         "steps",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("seq", sa.Integer, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
@@ -78,7 +81,9 @@ def upgrade() -> None:
 
     op.create_table(
         "messages",
-        sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+        ),
         sa.Column("seq", sa.Integer, primary_key=True),
         sa.Column("role", sa.String(16), nullable=False),
         sa.Column("content", sa.Text),
@@ -91,7 +96,9 @@ def upgrade() -> None:
     op.create_table(
         "approvals",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("call_id", sa.String(200), nullable=False),
         sa.Column("step_seq", sa.Integer),
         sa.Column("kind", sa.String(32), nullable=False),

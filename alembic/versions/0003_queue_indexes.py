@@ -29,8 +29,13 @@ CLAIMABLE = sa.text("status IN ('pending', 'running')")
 
 
 def upgrade() -> None:
-    op.create_index("ix_runs_claimable", "runs", ["created_at", "id"],
-                    postgresql_where=CLAIMABLE, sqlite_where=CLAIMABLE)
+    op.create_index(
+        "ix_runs_claimable",
+        "runs",
+        ["created_at", "id"],
+        postgresql_where=CLAIMABLE,
+        sqlite_where=CLAIMABLE,
+    )
     op.create_index("ix_runs_created_id", "runs", ["created_at", "id"])
     op.create_index("ix_runs_status_created_id", "runs", ["status", "created_at", "id"])
     op.drop_index("ix_runs_created", table_name="runs")

@@ -41,7 +41,9 @@ def upgrade() -> None:
     op.create_table(
         "workspace_changes",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "run_id", sa.String(64), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("seq", sa.Integer, nullable=False),
         sa.Column("path", sa.Text, nullable=False),
         sa.Column("change", sa.String(8), nullable=False),

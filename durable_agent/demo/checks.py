@@ -22,11 +22,21 @@ class Verdict(Struct):
         return not self.problems
 
 
-def check_story(*, run: RunRecord, before: list[StepRecord], after: list[StepRecord], resumed_code: int,
-                witness_before: Counter[str], witness: Counter[str], calc_py: str) -> Verdict:
+def check_story(
+    *,
+    run: RunRecord,
+    before: list[StepRecord],
+    after: list[StepRecord],
+    resumed_code: int,
+    witness_before: Counter[str],
+    witness: Counter[str],
+    calc_py: str,
+) -> Verdict:
     v = Verdict()
     if resumed_code != 0 or run.status != RunStatus.COMPLETED:
-        v.problems.append(f"the resumed run ended {run.status} ({run.stop_reason}), exit code {resumed_code}")
+        v.problems.append(
+            f"the resumed run ended {run.status} ({run.stop_reason}), exit code {resumed_code}"
+        )
     _check_once(v, before, after)
     _check_models(v, run, before, after)
     _check_commands(v, after, witness_before, witness)
@@ -47,8 +57,13 @@ def _check_once(v: Verdict, before: list[StepRecord], after: list[StepRecord]) -
         new = final.get(old.seq)
         if new is None or new.idempotency_key != old.idempotency_key:
             v.problems.append(f"step {old.seq + 1} recorded before the crash is gone or replaced")
-        elif old.state != StepState.STARTED and (old.finished_at, old.attempts) != (new.finished_at, new.attempts):
-            v.problems.append(f"step {old.seq + 1} ({old.kind}) was executed again after the resume")
+        elif old.state != StepState.STARTED and (old.finished_at, old.attempts) != (
+            new.finished_at,
+            new.attempts,
+        ):
+            v.problems.append(
+                f"step {old.seq + 1} ({old.kind}) was executed again after the resume"
+            )
         elif old.state == StepState.STARTED:
             _describe_settled(v, old, new)
 
@@ -59,32 +74,52 @@ def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
     elif new.attempts == old.attempts:
         result = new.output.get("result") if isinstance(new.output, dict) else None
-        v.lines.append(f"{what}: cut off by the crash; the resume checked the workspace and settled it "
-                       f"without running it again: {result or new.state}")
+        v.lines.append(
+            f"{what}: cut off by the crash; the resume checked the workspace and settled it "
+            f"without running it again: {result or new.state}"
+        )
     else:
-        v.lines.append(f"{what}: cut off before its effect; the resume ran it (attempt {new.attempts}), "
-                       "which the recorded before/after state allowed")
+        v.lines.append(
+            f"{what}: cut off before its effect; the resume ran it (attempt {new.attempts}), "
+            "which the recorded before/after state allowed"
+        )
 
 
-def _check_models(v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]) -> None:
-    answered_before = {s.seq for s in before if s.kind == "model" and s.state == StepState.COMPLETED}
+def _check_models(
+    v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]
+) -> None:
+    answered_before = {
+        s.seq for s in before if s.kind == "model" and s.state == StepState.COMPLETED
+    }
     models = [s for s in after if s.kind == "model"]
     made_after = [s for s in models if s.seq not in answered_before]
     tokens = sum((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in models)
     total = run.prompt_tokens + run.completion_tokens
     if len(models) != run.step_count or tokens != total:
-        v.problems.append(f"model steps ({len(models)}, {tokens} tokens) do not add up to the run's "
-                          f"totals ({run.step_count}, {total} tokens)")
+        v.problems.append(
+            f"model steps ({len(models)}, {tokens} tokens) do not add up to the run's "
+            f"totals ({run.step_count}, {total} tokens)"
+        )
     if any(s.attempts != 1 for s in models):
         v.problems.append("a model call was made more than once")
-    v.lines.append(f"model calls: {len(answered_before)} answered before the crash and reused from the "
-                   f"database, {len(made_after)} made after; {total} tokens in all, each paid once")
+    v.lines.append(
+        f"model calls: {len(answered_before)} answered before the crash and reused from the "
+        f"database, {len(made_after)} made after; {total} tokens in all, each paid once"
+    )
 
 
-def _check_commands(v: Verdict, after: list[StepRecord], witness_before: Counter[str], witness: Counter[str]) -> None:
+def _check_commands(
+    v: Verdict, after: list[StepRecord], witness_before: Counter[str], witness: Counter[str]
+) -> None:
     calls = [s.call_id or "" for s in after if s.tool_name == "run_command"]
-    runs = ", ".join(f"{cid} ×{witness[cid]}" + (" (before the crash)" if witness_before[cid] else " (after)")
-                     for cid in calls)
-    v.lines.append(f"test_calc.py logged {sum(witness.values())} runs in the workspace, by call: {runs or 'none'}")
+    runs = ", ".join(
+        f"{cid} ×{witness[cid]}" + (" (before the crash)" if witness_before[cid] else " (after)")
+        for cid in calls
+    )
+    v.lines.append(
+        f"test_calc.py logged {sum(witness.values())} runs in the workspace, by call: {runs or 'none'}"
+    )
     if sorted(witness) != sorted(calls) or any(n != 1 for n in witness.values()):
-        v.problems.append(f"the workspace saw test runs {dict(witness)} for the recorded commands {calls}")
+        v.problems.append(
+            f"the workspace saw test runs {dict(witness)} for the recorded commands {calls}"
+        )

@@ -26,7 +26,7 @@ class EditThenPowerCut(EditFile):
 
 
 def main() -> int:
-    from durable_agent.cli import main as cli_main
+    from durable_agent.cli.parser import main as cli_main
     from durable_agent.tools import register_tool
 
     register_tool(EditThenPowerCut())

@@ -34,11 +34,11 @@ from pathlib import Path
 from msgspec import Struct
 
 import durable_agent
-from durable_agent.cli_streams import forgiving
-from durable_agent.config_layers import sqlite_url
+from durable_agent.cli.render import fmt_ms, step_what
+from durable_agent.cli.status_line import short
+from durable_agent.cli.streams import forgiving
+from durable_agent.config.layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
-from durable_agent.render import fmt_ms, step_what
-from durable_agent.status_line import short
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
@@ -85,24 +85,48 @@ class _Demo:
         # it may run unconfined (a user's task may not: `start` refuses, see os_sandbox.py).
         from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
 
-        self.unsandboxed = resolve_sandbox("workspace-write", False, env).mechanism is Mechanism.NONE
+        self.unsandboxed = (
+            resolve_sandbox("workspace-write", False, env).mechanism is Mechanism.NONE
+        )
 
     def play(self, keep: bool) -> int:
         _copy_tree(resources.files("durable_agent.demo").joinpath("project"), self.workspace)
-        say("durable-agent demo · offline: a scripted model, no API key, nothing leaves this machine")
+        say(
+            "durable-agent demo · offline: a scripted model, no API key, nothing leaves this machine"
+        )
         say(f"  workspace  {self.workspace}  (a copy of a tiny project: add() subtracts)")
         say(f"  database   {self.db}")
         sandbox = ["--sandbox", "off"] if self.unsandboxed else []
         if self.unsandboxed:
-            say("  sandbox    none here (no bubblewrap, no Landlock): this bundled demo runs its "
-                "commands unsandboxed; your own runs will refuse to (see `durable-agent doctor`)")
+            say(
+                "  sandbox    none here (no bubblewrap, no Landlock): this bundled demo runs its "
+                "commands unsandboxed; your own runs will refuse to (see `durable-agent doctor`)"
+            )
         say()
-        say(f'1. durable-agent start "{TASK}" --model demo --shell allow' + " --sandbox off" * self.unsandboxed)
-        say("   in a child process whose power goes out right after edit_file writes calc.py "
-            "(a SIGKILL, before the edit is recorded)")
-        first = self._child(["start", TASK, "--model", "demo", "--shell", "allow", *sandbox,
-                             "--workspace", str(self.workspace), "--run-id", self.run_id],
-                            module="durable_agent.demo.power_cut")
+        say(
+            f'1. durable-agent start "{TASK}" --model demo --shell allow'
+            + " --sandbox off" * self.unsandboxed
+        )
+        say(
+            "   in a child process whose power goes out right after edit_file writes calc.py "
+            "(a SIGKILL, before the edit is recorded)"
+        )
+        first = self._child(
+            [
+                "start",
+                TASK,
+                "--model",
+                "demo",
+                "--shell",
+                "allow",
+                *sandbox,
+                "--workspace",
+                str(self.workspace),
+                "--run-id",
+                self.run_id,
+            ],
+            module="durable_agent.demo.power_cut",
+        )
         if not first.killed:
             why = "hung and was stopped" if first.hung else f"exited with code {first.code}"
             say(f"✗ the child was not killed by the planned crash: it {why}")
@@ -122,9 +146,15 @@ class _Demo:
             say()
             run, after = store.get_run(self.run_id), store.steps(self.run_id)
             _side_by_side(run, before, after, first.pid, second.pid)
-            verdict = check_story(run=run, before=before, after=after, resumed_code=second.code,
-                                  witness_before=witness_before, witness=_witness(self.workspace),
-                                  calc_py=(self.workspace / "calc.py").read_text(encoding="utf-8"))
+            verdict = check_story(
+                run=run,
+                before=before,
+                after=after,
+                resumed_code=second.code,
+                witness_before=witness_before,
+                witness=_witness(self.workspace),
+                calc_py=(self.workspace / "calc.py").read_text(encoding="utf-8"),
+            )
             self._proof(store, verdict)
         finally:
             store.engine.dispose()
@@ -134,8 +164,15 @@ class _Demo:
     def _child(self, args: Sequence[str], module: str = "durable_agent") -> Child:
         """`python -m MODULE ARGS` with its output streamed, indented, as it comes."""
         cmd = [sys.executable, "-m", module, *args, "--db", self.db]
-        proc = subprocess.Popen(cmd, cwd=self.workspace, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=self.workspace,
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         hung = threading.Event()
 
         def stop() -> None:  # a demo must never hang; SIGTERM so it is not mistaken for the crash
@@ -156,32 +193,49 @@ class _Demo:
     def _after_crash(self, run: RunRecord, steps: list[StepRecord], pid: int) -> None:
         say("2. what the database holds after the crash")
         done = [s for s in steps if s.state != StepState.STARTED]
-        say(f"   run {run.id}: status {run.status}, its lease still held by {run.lease_owner} "
-            f"(process {pid}, now gone)")
-        say(f"   {len(done)} steps with an outcome: {run.step_count} model answers "
+        say(
+            f"   run {run.id}: status {run.status}, its lease still held by {run.lease_owner} "
+            f"(process {pid}, now gone)"
+        )
+        say(
+            f"   {len(done)} steps with an outcome: {run.step_count} model answers "
             f"({run.prompt_tokens + run.completion_tokens} tokens paid), "
-            f"{sum(1 for s in done if s.kind == 'tool')} tool results")
+            f"{sum(1 for s in done if s.kind == 'tool')} tool results"
+        )
         for s in steps:
             if s.state == StepState.STARTED:
-                say(f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
-                    "outcome never committed")
+                say(
+                    f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
+                    "outcome never committed"
+                )
         edited = "return a + b" in (self.workspace / "calc.py").read_text(encoding="utf-8")
-        say(f"   calc.py on disk: {'already edited (the write happened)' if edited else 'not edited yet'}")
+        say(
+            f"   calc.py on disk: {'already edited (the write happened)' if edited else 'not edited yet'}"
+        )
         say()
 
     def _proof(self, store: Store, verdict: Verdict) -> None:
         say("5. proof: nothing ran twice")
-        self._query(store, "every step is recorded once: duplicated idempotency keys",
-                    "SELECT idempotency_key, COUNT(*) AS n FROM steps WHERE run_id = :run_id "
-                    "GROUP BY idempotency_key HAVING COUNT(*) > 1")
-        self._query(store, "each tool call: how many times it was tried",
-                    "SELECT seq + 1 AS step, tool_name, call_id, attempts, state FROM steps "
-                    "WHERE run_id = :run_id AND kind = 'tool' ORDER BY seq")
+        self._query(
+            store,
+            "every step is recorded once: duplicated idempotency keys",
+            "SELECT idempotency_key, COUNT(*) AS n FROM steps WHERE run_id = :run_id "
+            "GROUP BY idempotency_key HAVING COUNT(*) > 1",
+        )
+        self._query(
+            store,
+            "each tool call: how many times it was tried",
+            "SELECT seq + 1 AS step, tool_name, call_id, attempts, state FROM steps "
+            "WHERE run_id = :run_id AND kind = 'tool' ORDER BY seq",
+        )
         for line in verdict.lines:
             say(f"   {line}")
         say()
-        say("✓ crashed with SIGKILL, resumed, finished; nothing ran twice" if verdict.ok
-            else "✗ the demo did not go as described above: " + "; ".join(verdict.problems))
+        say(
+            "✓ crashed with SIGKILL, resumed, finished; nothing ran twice"
+            if verdict.ok
+            else "✗ the demo did not go as described above: " + "; ".join(verdict.problems)
+        )
 
     def _query(self, store: Store, title: str, sql: str) -> None:
         shown = sql.replace(":run_id", f"'{self.run_id}'")
@@ -194,7 +248,9 @@ class _Demo:
         if not rows:
             say("   (no rows)")
         else:
-            widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+            widths = [
+                max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)
+            ]
             say("   " + "  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)))
             for row in rows:
                 say("   " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
@@ -202,8 +258,10 @@ class _Demo:
 
     def _epilogue(self, keep: bool) -> None:
         if self.db_file is not None and not keep:  # the temporary store goes with the folder
-            say("(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps"
-                " them and prints the commands to look at the run yourself)")
+            say(
+                "(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps"
+                " them and prints the commands to look at the run yourself)"
+            )
             return
         db = f" --db {shlex.quote(self.db)}"
         say(f"see it yourself: durable-agent show {self.run_id}{db}")
@@ -214,7 +272,9 @@ class _Demo:
             say(f"kept: {self.root}")
 
 
-def _side_by_side(run: RunRecord, before: list[StepRecord], after: list[StepRecord], pid1: int, pid2: int) -> None:
+def _side_by_side(
+    run: RunRecord, before: list[StepRecord], after: list[StepRecord], pid1: int, pid2: int
+) -> None:
     say("4. side by side: what was recorded before the crash, and what the resume did")
     earlier = {s.seq: s for s in before}
     rows = [("#", "step", f"before the crash (pid {pid1})", f"after the resume (pid {pid2})")]
@@ -251,7 +311,9 @@ def _witness(workspace: Path) -> Counter[str]:
     path = workspace / WITNESS
     if not path.exists():
         return Counter()
-    return Counter(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return Counter(
+        line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    )
 
 
 def _open_store(url: str) -> Store:
@@ -290,5 +352,7 @@ def _child_env(env: Mapping[str, str], root: Path) -> dict[str, str]:
         (bin_dir / name).symlink_to(sys.executable)
     child["PATH"] = os.pathsep.join([str(bin_dir), child.get("PATH", os.defpath)])
     package_parent = str(Path(durable_agent.__file__).resolve().parent.parent)
-    child["PYTHONPATH"] = os.pathsep.join(p for p in [package_parent, child.get("PYTHONPATH", "")] if p)
+    child["PYTHONPATH"] = os.pathsep.join(
+        p for p in [package_parent, child.get("PYTHONPATH", "")] if p
+    )
     return child

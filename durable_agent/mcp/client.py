@@ -102,12 +102,17 @@ class ServerConnection:
     def __init__(self, launch: Launch, startup_timeout_s: float) -> None:
         self.launch = launch
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{launch.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"mcp-{launch.name}", daemon=True
+        )
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Future[None] | None = None
         self._session: Any = None
         self._log: IO[str] | None = None
-        self._unreadable: tuple[int, Exception | None] = (0, None)  # messages the SDK dropped, the last
+        self._unreadable: tuple[int, Exception | None] = (
+            0,
+            None,
+        )  # messages the SDK dropped, the last
         # Only what this start of the server wrote is quoted, not an earlier one's stderr.
         path = launch.log_path
         self._log_from = path.stat().st_size if path is not None and path.exists() else 0
@@ -118,13 +123,23 @@ class ServerConnection:
             self.close()
             if isinstance(exc, ServerFailed):
                 raise
-            why = f"did not start within {startup_timeout_s:g}s" if isinstance(exc, CallTimedOut) else str(exc)
-            raise ServerFailed(self._with_tail(f"MCP server {launch.name!r} failed to start: {why}")) from None
+            why = (
+                f"did not start within {startup_timeout_s:g}s"
+                if isinstance(exc, CallTimedOut)
+                else str(exc)
+            )
+            raise ServerFailed(
+                self._with_tail(f"MCP server {launch.name!r} failed to start: {why}")
+            ) from None
 
     @property
     def alive(self) -> bool:
-        return (self._holder is not None and not self._holder.done() and self._session is not None
-                and not self._loop.is_closed())
+        return (
+            self._holder is not None
+            and not self._holder.done()
+            and self._session is not None
+            and not self._loop.is_closed()
+        )
 
     def responsive(self, timeout_s: float) -> bool:
         """Whether the server still answers a ping. One that died between calls is seen here,
@@ -146,20 +161,37 @@ class ServerConnection:
         while True:
             page = self._request(self._list_page(cursor), timeout_s)
             for tool in page.tools:
-                raw = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
-                listed.append(RemoteTool(tool.name, tool.description or "", dict(tool.input_schema or {}),
-                                         _camel(raw)))
+                raw = (
+                    tool.annotations.model_dump(by_alias=True, exclude_none=True)
+                    if tool.annotations
+                    else {}
+                )
+                listed.append(
+                    RemoteTool(
+                        tool.name,
+                        tool.description or "",
+                        dict(tool.input_schema or {}),
+                        _camel(raw),
+                    )
+                )
             cursor = getattr(page, "next_cursor", None) or getattr(page, "nextCursor", None)
             if not cursor:
                 return listed
 
-    def call(self, tool: str, arguments: dict[str, Any], timeout_s: float,
-             cancel: threading.Event | None = None) -> CallOutcome:
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        cancel: threading.Event | None = None,
+    ) -> CallOutcome:
         result = self._request(self._session.call_tool(tool, arguments), timeout_s, cancel)
         texts = []
         for block in result.content:
             text = getattr(block, "text", None)
-            texts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')} content]")
+            texts.append(
+                text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')} content]"
+            )
         structured = getattr(result, "structured_content", None)
         if structured is None:
             structured = getattr(result, "structuredContent", None)
@@ -208,7 +240,8 @@ class ServerConnection:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport())
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._on_message))
+                    ClientSession(read, write, message_handler=self._on_message)
+                )
                 await session.initialize()
                 self._session = session
                 ready.set_result(None)
@@ -216,8 +249,13 @@ class ServerConnection:
                 await self._stop.wait()
         except BaseException as exc:  # noqa: BLE001 - reported to the waiting caller, if any
             if not ready.done():
-                ready.set_exception(ServerFailed(self._with_tail(
-                    f"MCP server {self.launch.name!r} failed to start: {_describe(exc)}")))
+                ready.set_exception(
+                    ServerFailed(
+                        self._with_tail(
+                            f"MCP server {self.launch.name!r} failed to start: {_describe(exc)}"
+                        )
+                    )
+                )
         finally:
             self._session = None
 
@@ -242,8 +280,9 @@ class ServerConnection:
         self._log = launch.log_path.open("a", encoding="utf-8")
         _route_sdk_log()
         _SDK_LOGS[threading.get_ident()] = self._log  # this runs in the server's loop thread
-        params = StdioServerParameters(command=launch.argv[0], args=launch.argv[1:], env=launch.env,
-                                       cwd=launch.cwd)
+        params = StdioServerParameters(
+            command=launch.argv[0], args=launch.argv[1:], env=launch.env, cwd=launch.cwd
+        )
         return stdio_client(params, errlog=self._log)
 
     async def _list_page(self, cursor: str | None) -> Any:
@@ -254,8 +293,9 @@ class ServerConnection:
         return await self._session.list_tools(params=PaginatedRequestParams(cursor=cursor))
 
     # -- from the harness's thread -------------------------------------------------------
-    def _request(self, coro: Coroutine[Any, Any, T], timeout_s: float,
-                 cancel: threading.Event | None = None) -> T:
+    def _request(
+        self, coro: Coroutine[Any, Any, T], timeout_s: float, cancel: threading.Event | None = None
+    ) -> T:
         if not self.alive:
             coro.close()
             raise ServerFailed(self._with_tail(f"MCP server {self.launch.name!r} is not running"))
@@ -266,11 +306,15 @@ class ServerConnection:
         except Exception as exc:  # noqa: BLE001 - the transport's failures, translated once
             if self.alive and not _is_transport_error(exc):
                 raise ServerFailed(f"MCP server {self.launch.name!r}: {_describe(exc)}") from None
-            raise ServerFailed(self._with_tail(
-                f"MCP server {self.launch.name!r} died or broke the connection: {_describe(exc)}")) from None
+            raise ServerFailed(
+                self._with_tail(
+                    f"MCP server {self.launch.name!r} died or broke the connection: {_describe(exc)}"
+                )
+            ) from None
 
-    def _submit(self, coro: Coroutine[Any, Any, T], timeout_s: float,
-                cancel: threading.Event | None = None) -> T:
+    def _submit(
+        self, coro: Coroutine[Any, Any, T], timeout_s: float, cancel: threading.Event | None = None
+    ) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         deadline = time.monotonic() + timeout_s
         unreadable = self._unreadable[0]
@@ -288,14 +332,19 @@ class ServerConnection:
                         raise
                     count, error = self._unreadable
                     if count != unreadable and error is not None:
-                        raise ServerFailed(f"MCP server {self.launch.name!r} sent a message that could not be "
-                                           f"read, its answer lost: {_describe(error)}") from None
+                        raise ServerFailed(
+                            f"MCP server {self.launch.name!r} sent a message that could not be "
+                            f"read, its answer lost: {_describe(error)}"
+                        ) from None
                     if self._holder is not None and self._holder.done():
                         # The holder ended: the server is gone and this answer will not come.
                         time.sleep(0.1)
                         if not future.done():
-                            raise ServerFailed(self._with_tail(
-                                f"MCP server {self.launch.name!r} died during the call")) from None
+                            raise ServerFailed(
+                                self._with_tail(
+                                    f"MCP server {self.launch.name!r} died during the call"
+                                )
+                            ) from None
         finally:
             if not future.done():
                 future.cancel()
@@ -318,6 +367,10 @@ def _is_transport_error(exc: BaseException) -> bool:
 
 def _camel(annotations: dict[str, Any]) -> dict[str, Any]:
     """Annotations under their protocol names (readOnlyHint ...), whatever the SDK's spelling."""
-    names = {"read_only_hint": "readOnlyHint", "destructive_hint": "destructiveHint",
-             "idempotent_hint": "idempotentHint", "open_world_hint": "openWorldHint"}
+    names = {
+        "read_only_hint": "readOnlyHint",
+        "destructive_hint": "destructiveHint",
+        "idempotent_hint": "idempotentHint",
+        "open_world_hint": "openWorldHint",
+    }
     return {names.get(k, k): v for k, v in annotations.items()}

@@ -56,8 +56,10 @@ class McpServerConfig(BaseModel):
 def check_server_names(servers: dict[str, McpServerConfig]) -> None:
     for name in servers:
         if not SERVER_NAME_RE.match(name) or "__" in name:
-            raise ConfigError(f"MCP server name {name!r}: use 1 to 32 letters, digits, '_' or '-' "
-                              "(no '__': it separates server and tool in NAME__TOOL)")
+            raise ConfigError(
+                f"MCP server name {name!r}: use 1 to 32 letters, digits, '_' or '-' "
+                "(no '__': it separates server and tool in NAME__TOOL)"
+            )
 
 
 def parse_cli_server(spec: str) -> tuple[str, dict[str, Any]]:
@@ -69,7 +71,9 @@ def parse_cli_server(spec: str) -> tuple[str, dict[str, Any]]:
     except ValueError as exc:
         raise ConfigError(f"--mcp {spec!r}: {exc}") from None
     if not sep or not name or not argv:
-        raise ConfigError(f"--mcp takes NAME=COMMAND (e.g. --mcp time=mcp-server-time), not {spec!r}")
+        raise ConfigError(
+            f"--mcp takes NAME=COMMAND (e.g. --mcp time=mcp-server-time), not {spec!r}"
+        )
     if name.startswith(("http:", "https:")) or argv[0].startswith(("http://", "https://")):
         return name, {"url": command.strip()}
     return name, {"command": argv[0], "args": argv[1:]}
@@ -91,9 +95,17 @@ def merge_recorded(recorded: dict[str, Any], configured: dict[str, Any]) -> dict
             merged[name] = server
             continue
         now = configured.get(name)
-        now_env = (now.env if isinstance(now, McpServerConfig)
-                   else dict((now or {}).get("env") or {}) if isinstance(now, dict) else {})
-        env = {k: (now_env[k] if v == MASK else v) for k, v in dict(server.get("env") or {}).items()
-               if v != MASK or k in now_env}
+        now_env = (
+            now.env
+            if isinstance(now, McpServerConfig)
+            else dict((now or {}).get("env") or {})
+            if isinstance(now, dict)
+            else {}
+        )
+        env = {
+            k: (now_env[k] if v == MASK else v)
+            for k, v in dict(server.get("env") or {}).items()
+            if v != MASK or k in now_env
+        }
         merged[name] = {**server, "env": env}
     return merged

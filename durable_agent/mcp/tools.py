@@ -21,6 +21,7 @@ from typing import Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
+from durable_agent.config.settings import mask_url_password
 from durable_agent.mcp.client import (
     CallTimedOut,
     Launch,
@@ -30,7 +31,6 @@ from durable_agent.mcp.client import (
     require_sdk,
 )
 from durable_agent.mcp.config import McpServerConfig
-from durable_agent.settings import mask_url_password
 from durable_agent.status import EffectClass
 from durable_agent.tools.base import Tool, ToolContext, ToolResult
 
@@ -70,21 +70,34 @@ def effect_of(annotations: dict[str, Any], override: str | None) -> tuple[Effect
     return EffectClass.EXEC, asks
 
 
-def catalog_entry(server: str, config: McpServerConfig, remote: RemoteTool,
-                  taken: Collection[str] = ()) -> dict[str, Any]:
+def catalog_entry(
+    server: str, config: McpServerConfig, remote: RemoteTool, taken: Collection[str] = ()
+) -> dict[str, Any]:
     """One tool as recorded with the run (runs.tool_sources)."""
     override = config.tools.get(remote.name)
     effect, asks = effect_of(remote.annotations, override.effect if override else None)
-    return {"name": tool_name(server, remote.name, taken), "remote": remote.name, "description": remote.description,
-            "input_schema": remote.input_schema, "annotations": remote.annotations,
-            "effect": effect.value, "asks": asks}
+    return {
+        "name": tool_name(server, remote.name, taken),
+        "remote": remote.name,
+        "description": remote.description,
+        "input_schema": remote.input_schema,
+        "annotations": remote.annotations,
+        "effect": effect.value,
+        "asks": asks,
+    }
 
 
 class McpHub:
     """The run's MCP servers, each started on first use and again after it dies."""
 
-    def __init__(self, servers: dict[str, McpServerConfig], *, launch_for: Any, startup_timeout_s: float,
-                 call_timeout_s: float) -> None:
+    def __init__(
+        self,
+        servers: dict[str, McpServerConfig],
+        *,
+        launch_for: Any,
+        startup_timeout_s: float,
+        call_timeout_s: float,
+    ) -> None:
         self.servers = servers
         self._launch_for = launch_for  # (name, config) -> Launch: the env and sandbox are wiring's
         self.startup_timeout_s, self.call_timeout_s = startup_timeout_s, call_timeout_s
@@ -114,35 +127,47 @@ class McpHub:
     def list_tools(self, name: str) -> list[RemoteTool]:
         return self.connection(name).tools(self.startup_timeout_s)
 
-    def call(self, server: str, remote: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    def call(
+        self, server: str, remote: str, arguments: dict[str, Any], ctx: ToolContext
+    ) -> ToolResult:
         try:
             conn = self.connection(server)
         except ServerFailed as exc:
             return ToolResult(error=str(exc))
         if remote not in self._offered.get(server, set()):
-            return ToolResult(error=f"MCP server {server!r} no longer offers the tool {remote!r} "
-                                    "(it was offered when the run started); nothing was run")
+            return ToolResult(
+                error=f"MCP server {server!r} no longer offers the tool {remote!r} "
+                "(it was offered when the run started); nothing was run"
+            )
         timeout = self.servers[server].timeout_s or self.call_timeout_s
         try:
             outcome = conn.call(remote, arguments, timeout, ctx.cancel)
         except CallTimedOut as exc:
             # The server may still be working on it: restart it so no half-done call lingers.
             conn.close()
-            return ToolResult(error=f"{server}__{remote}: {exc}; the server was stopped and will be "
-                                    "restarted on the next call (the call may have partly run)")
+            return ToolResult(
+                error=f"{server}__{remote}: {exc}; the server was stopped and will be "
+                "restarted on the next call (the call may have partly run)"
+            )
         except ServerFailed as exc:
             conn.close()
-            return ToolResult(error=f"{exc}. It will be restarted on the next call; this call's "
-                                    "effect is unknown (it may have partly run)")
+            return ToolResult(
+                error=f"{exc}. It will be restarted on the next call; this call's "
+                "effect is unknown (it may have partly run)"
+            )
         data: dict[str, Any] = {"is_error": outcome.is_error}
         if outcome.structured is not None:
             size = len(json.dumps(outcome.structured, default=str))
             if size <= STRUCTURED_CAP:
                 data["structured_content"] = outcome.structured
             else:  # the model sees the capped text; the step row is not made the server's dump
-                data["structured_content_elided"] = f"{size} characters of JSON, more than {STRUCTURED_CAP} kept"
+                data["structured_content_elided"] = (
+                    f"{size} characters of JSON, more than {STRUCTURED_CAP} kept"
+                )
         if outcome.is_error:
-            return ToolResult(output="", error=outcome.text or "the tool reported an error", data=data)
+            return ToolResult(
+                output="", error=outcome.text or "the tool reported an error", data=data
+            )
         return ToolResult(output=outcome.text, data=data)
 
     def close(self) -> None:
@@ -179,10 +204,19 @@ def make_tools(hub: McpHub, catalog: dict[str, Any]) -> dict[str, Tool]:
             schema = dict(entry.get("input_schema") or {"type": "object", "properties": {}})
             schema.setdefault("type", "object")
             schema.setdefault("properties", {})
-            cls = type(f"Mcp_{entry['name']}", (McpTool,), {
-                "name": entry["name"], "description": (entry.get("description") or entry["remote"])[:1024],
-                "effect": EffectClass(entry["effect"]), "parameters": schema, "asks": bool(entry.get("asks", True)),
-                "server": server, "remote": entry["remote"]})
+            cls = type(
+                f"Mcp_{entry['name']}",
+                (McpTool,),
+                {
+                    "name": entry["name"],
+                    "description": (entry.get("description") or entry["remote"])[:1024],
+                    "effect": EffectClass(entry["effect"]),
+                    "parameters": schema,
+                    "asks": bool(entry.get("asks", True)),
+                    "server": server,
+                    "remote": entry["remote"],
+                },
+            )
             tools[entry["name"]] = cast(Tool, cls(hub))
     return tools
 
@@ -198,7 +232,11 @@ def list_catalog(hub: McpHub, reserved: Collection[str] = ()) -> dict[str, Any]:
             entry = catalog_entry(name, config, remote, taken)
             taken.add(entry["name"])
             entries.append(entry)
-        where = {"url": mask_url_password(config.url)} if config.url else {"command": config.command, "args": config.args}
+        where = (
+            {"url": mask_url_password(config.url)}
+            if config.url
+            else {"command": config.command, "args": config.args}
+        )
         catalog[name] = {**where, "tools": entries}
     return catalog
 

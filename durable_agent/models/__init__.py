@@ -15,4 +15,6 @@ from durable_agent.messages import Message, ModelTurn
 class ModelClient(Protocol):
     name: str
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn: ...
+    def complete(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
+    ) -> ModelTurn: ...

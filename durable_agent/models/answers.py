@@ -39,11 +39,21 @@ RAW_CAP = 20_000
 """Characters of a partly unusable message kept in the step's output."""
 
 # Error types that say the provider, not the request, failed (OpenAI, Anthropic-style, vLLM).
-_TRANSIENT_TYPES = frozenset({"server_error", "internal_error", "internal_server_error",
-                              "overloaded", "overloaded_error", "service_unavailable",
-                              "timeout", "api_error"})
-_RATE_TYPES = frozenset({"rate_limit_exceeded", "rate_limit_error", "rate_limit", "requests",
-                         "tokens"})
+_TRANSIENT_TYPES = frozenset(
+    {
+        "server_error",
+        "internal_error",
+        "internal_server_error",
+        "overloaded",
+        "overloaded_error",
+        "service_unavailable",
+        "timeout",
+        "api_error",
+    }
+)
+_RATE_TYPES = frozenset(
+    {"rate_limit_exceeded", "rate_limit_error", "rate_limit", "requests", "tokens"}
+)
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only then can json.loads make one
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -62,7 +72,11 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
     text = body.decode("utf-8", errors="replace")
     data = _json(text, content_type.lower(), scrub)
     if not isinstance(data, dict):
-        _fail(PERMANENT, "invalid_response", f"the response is JSON but not an object: {_snippet(text, scrub)}")
+        _fail(
+            PERMANENT,
+            "invalid_response",
+            f"the response is JSON but not an object: {_snippet(text, scrub)}",
+        )
     if data.get("error") not in (None, "", {}) and not data.get("choices"):
         raise ProviderError(_error_body(data["error"], data, scrub))
     choices = data.get("choices")
@@ -82,8 +96,15 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
     if problems:
         raw = json.dumps({"problems": problems, "message": message}, ensure_ascii=False)[:RAW_CAP]
     finish = choice.get("finish_reason")
-    return ModelTurn(content=content, tool_calls=calls, usage=_usage(data.get("usage")), raw=raw,
-                     finish_reason=scrub(finish) if isinstance(finish, str) and _WORD.fullmatch(finish) else None)
+    return ModelTurn(
+        content=content,
+        tool_calls=calls,
+        usage=_usage(data.get("usage")),
+        raw=raw,
+        finish_reason=scrub(finish)
+        if isinstance(finish, str) and _WORD.fullmatch(finish)
+        else None,
+    )
 
 
 def _json(text: str, content_type: str, scrub: Scrub) -> Any:
@@ -92,18 +113,34 @@ def _json(text: str, content_type: str, scrub: Scrub) -> Any:
         data = json.loads(text)  # first: a JSON body under a wrong Content-Type is still read
     except (ValueError, RecursionError) as exc:
         if "text/event-stream" in content_type or stripped.startswith(("data:", "event:")):
-            _fail(PERMANENT, "invalid_response", "the endpoint answered with a server-sent event "
-                  f"stream although none was requested: {_snippet(text, scrub)}")
+            _fail(
+                PERMANENT,
+                "invalid_response",
+                "the endpoint answered with a server-sent event "
+                f"stream although none was requested: {_snippet(text, scrub)}",
+            )
         if "html" in content_type or stripped.startswith("<"):
             title = _TITLE.search(text)
             shown = f"({scrub(title.group(1).strip())!r})" if title else _snippet(text, scrub)
-            _fail(PERMANENT, "invalid_response", f"the endpoint answered with an HTML page, not JSON: {shown}")
+            _fail(
+                PERMANENT,
+                "invalid_response",
+                f"the endpoint answered with an HTML page, not JSON: {shown}",
+            )
         if not stripped:
             _fail(RETRYABLE, "truncated_response", "the response body is empty")
         if stripped[0] in "{[" and _unfinished(stripped):
-            _fail(RETRYABLE, "truncated_response", f"the response ends inside its JSON after "
-                  f"{len(text.encode())} bytes: ...{scrub(stripped[-80:])}")
-        _fail(PERMANENT, "invalid_response", f"the response is not JSON ({exc}): {_snippet(text, scrub)}")
+            _fail(
+                RETRYABLE,
+                "truncated_response",
+                f"the response ends inside its JSON after "
+                f"{len(text.encode())} bytes: ...{scrub(stripped[-80:])}",
+            )
+        _fail(
+            PERMANENT,
+            "invalid_response",
+            f"the response is not JSON ({exc}): {_snippet(text, scrub)}",
+        )
     return _without_lone_surrogates(data) if _SURROGATE_ESCAPE.search(text) else data
 
 
@@ -157,7 +194,9 @@ def _error_body(error: Any, data: dict[str, Any], scrub: Scrub) -> Failure:
         return Failure(RETRYABLE, "server_error", message)
     if "insufficient_quota" in words or "context" in f"{code} {kind}".lower():
         # The status rule knows these words; 400 stands for "the request, not the server".
-        failure = failure_for_status(429 if "insufficient_quota" in words else 400, message, code, kind)
+        failure = failure_for_status(
+            429 if "insufficient_quota" in words else 400, message, code, kind
+        )
         return Failure(failure.kind, failure.reason, message)
     return Failure(PERMANENT, "api_error", message)
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 def retrying_for(policy: RetryPolicy, spent: float, sleep: Callable[[float], None]) -> Retrying:
     """The Retrying that goes on after a first try that took `spent` seconds."""
     return Retrying(
-        stop=stop_after_attempt(policy.max_attempts) | _stop_before_total(policy.max_total_seconds - spent),
+        stop=stop_after_attempt(policy.max_attempts)
+        | _stop_before_total(policy.max_total_seconds - spent),
         wait=_wait_retry_after(
             wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
             policy.max_retry_after,

@@ -41,7 +41,9 @@ def _read_error_body(response: Any) -> None:
     response._content = bytes(out)
 
 
-def read_capped(response: Any, cap: int, out: bytearray, each: Callable[[], None] | None = None) -> None:
+def read_capped(
+    response: Any, cap: int, out: bytearray, each: Callable[[], None] | None = None
+) -> None:
     """At most `cap` bytes of the decoded body, into `out` as they come; `each` is called
     after every piece (it may raise). gzip and deflate are decoded here with a bound on each
     piece's output (the HTTP library decodes a whole received piece at once: 64 KiB of gzip
@@ -58,22 +60,35 @@ def _read(response: Any, cap: int, out: bytearray, each: Callable[[], None] | No
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
         for chunk in response.iter_bytes():
-            out += chunk[:cap - len(out)]
+            out += chunk[: cap - len(out)]
             if each is not None:
                 each()
             if len(out) >= cap:
                 return
         return
-    unpack = None if encoding in ("", "identity") else zlib.decompressobj(47 if "gzip" in encoding else 15)
+    unpack = (
+        None
+        if encoding in ("", "identity")
+        else zlib.decompressobj(47 if "gzip" in encoding else 15)
+    )
     first = True
     for raw in response.iter_raw():
         if unpack is None:
-            out += raw[:cap - len(out)]
+            out += raw[: cap - len(out)]
         else:
-            if first and encoding == "deflate" and raw[:1] and (raw[0] & 0x0F != 8 or int.from_bytes(raw[:2]) % 31):
-                unpack = zlib.decompressobj(-15)  # raw deflate, no zlib header (as httpx takes it too)
+            if (
+                first
+                and encoding == "deflate"
+                and raw[:1]
+                and (raw[0] & 0x0F != 8 or int.from_bytes(raw[:2]) % 31)
+            ):
+                unpack = zlib.decompressobj(
+                    -15
+                )  # raw deflate, no zlib header (as httpx takes it too)
             data = raw
-            while data and len(out) < cap:  # output bounded per call; the rest waits in unconsumed_tail
+            while (
+                data and len(out) < cap
+            ):  # output bounded per call; the rest waits in unconsumed_tail
                 out += unpack.decompress(data, cap - len(out))
                 data = unpack.unconsumed_tail
         first = first and not raw

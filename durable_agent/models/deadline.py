@@ -63,10 +63,17 @@ def hook(openai_client: Any) -> bool:
     bounded, by the caller."""
     http = getattr(openai_client, "_client", None)
     mounts = getattr(http, "_mounts", None)
-    transports = [getattr(http, "_transport", None), *(mounts.values() if isinstance(mounts, dict) else [])]
+    transports = [
+        getattr(http, "_transport", None),
+        *(mounts.values() if isinstance(mounts, dict) else []),
+    ]
     pools = [getattr(t, "_pool", None) for t in transports if t is not None]
     inners = [getattr(pool, "_network_backend", None) for pool in pools]
-    if not pools or not isinstance(mounts, dict) or not all(callable(getattr(i, "connect_tcp", None)) for i in inners):
+    if (
+        not pools
+        or not isinstance(mounts, dict)
+        or not all(callable(getattr(i, "connect_tcp", None)) for i in inners)
+    ):
         return False
     for pool, inner in zip(pools, inners, strict=True):
         if pool is not None and not isinstance(inner, _Backend):
@@ -103,14 +110,20 @@ class _Stream:
             data: bytes = self._inner.read(max_bytes, _bound(timeout, self._error))
             return data
         ends = None if timeout is None else time.monotonic() + timeout
-        while True:  # in slices, looking at the event between them (a timed-out recv can be made again)
+        while (
+            True
+        ):  # in slices, looking at the event between them (a timed-out recv can be made again)
             if stop.is_set():
                 raise Stopped
             wait = _bound(None if ends is None else max(0.0, ends - time.monotonic()), self._error)
-            if wait is not None and wait <= 0:  # (a zero timeout would read non-blocking: not a timeout)
+            if (
+                wait is not None and wait <= 0
+            ):  # (a zero timeout would read non-blocking: not a timeout)
                 raise self._error("timed out")
             try:
-                data = self._inner.read(max_bytes, STOP_SLICE_S if wait is None else min(wait, STOP_SLICE_S))
+                data = self._inner.read(
+                    max_bytes, STOP_SLICE_S if wait is None else min(wait, STOP_SLICE_S)
+                )
                 return data
             except self._error:
                 if wait is not None and wait <= STOP_SLICE_S:
@@ -122,10 +135,13 @@ class _Stream:
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                  timeout: float | None = None) -> _Stream:
-        return _Stream(self._inner.start_tls(ssl_context, server_hostname, _bound(timeout, self._error)),
-                       self._error)
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> _Stream:
+        return _Stream(
+            self._inner.start_tls(ssl_context, server_hostname, _bound(timeout, self._error)),
+            self._error,
+        )
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -135,12 +151,22 @@ class _Backend:
     def __init__(self, inner: Any) -> None:
         self._inner, self._error = inner, _timeout_error(inner)
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None, socket_options: Any = None) -> _Stream:
-        stream = self._inner.connect_tcp(host, port, _bound(timeout, self._error), local_address, socket_options)
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> _Stream:
+        stream = self._inner.connect_tcp(
+            host, port, _bound(timeout, self._error), local_address, socket_options
+        )
         return _Stream(stream, self._error)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> _Stream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> _Stream:
         stream = self._inner.connect_unix_socket(path, _bound(timeout, self._error), socket_options)
         return _Stream(stream, self._error)
 

@@ -25,14 +25,19 @@ CHARS_PER_TOKEN = 4
 FRAMING_TOKENS = 3  # role and separators of one message
 
 
-def estimate_usage(messages: Sequence[Message], tools: Sequence[dict[str, Any]], answer: ModelTurn) -> Usage:
+def estimate_usage(
+    messages: Sequence[Message], tools: Sequence[dict[str, Any]], answer: ModelTurn
+) -> Usage:
     request = [m.content or "" for m in messages]
     request += [c.name + c.arguments for m in messages for c in m.tool_calls]
     if tools:
         request.append(json.dumps(list(tools)))
     reply = [answer.content or ""] + [c.name + c.arguments for c in answer.tool_calls]
-    return Usage(prompt_tokens=sum(map(_tokens, request)) + FRAMING_TOKENS * len(messages),
-                 completion_tokens=max(1, sum(map(_tokens, reply))), estimated=True)
+    return Usage(
+        prompt_tokens=sum(map(_tokens, request)) + FRAMING_TOKENS * len(messages),
+        completion_tokens=max(1, sum(map(_tokens, reply))),
+        estimated=True,
+    )
 
 
 def _tokens(text: str) -> int:

@@ -25,8 +25,16 @@ from msgspec import Struct
 from durable_agent.errors import ModelError
 from durable_agent.redact import Redactor
 
-__all__ = ["HINTS", "Failure", "FailureKind", "ModelCallError", "ProviderError", "classify",
-           "failure_for_status", "scrubber"]
+__all__ = [
+    "HINTS",
+    "Failure",
+    "FailureKind",
+    "ModelCallError",
+    "ProviderError",
+    "classify",
+    "failure_for_status",
+    "scrubber",
+]
 
 
 class FailureKind(StrEnum):
@@ -122,23 +130,38 @@ RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 # Statuses worth another try: the request may succeed unchanged (with every 5xx).
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 _STATUS_REASON = {
-    400: "bad_request", 401: "auth", 403: "permission", 404: "not_found", 408: "timeout",
-    409: "conflict", 413: "request_too_large", 422: "unprocessable", 425: "too_early",
+    400: "bad_request",
+    401: "auth",
+    403: "permission",
+    404: "not_found",
+    408: "timeout",
+    409: "conflict",
+    413: "request_too_large",
+    422: "unprocessable",
+    425: "too_early",
     429: "rate_limit",
 }
-_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context length",
-                    "context window", "prompt is too long", "too many tokens")
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+)
 _QUOTA = "insufficient_quota"
 
 
-def failure_for_status(status: int, message: str, code: str = "", kind: str = "",
-                       retry_after: float | None = None) -> Failure:
+def failure_for_status(
+    status: int, message: str, code: str = "", kind: str = "", retry_after: float | None = None
+) -> Failure:
     """The status rule, shared by HTTP errors and the error bodies some servers send with 200.
 
     408, 409, 425, 429 and every 5xx are retryable, except a 429 that says
     `insufficient_quota` (waiting never fixes it); a 4xx that says the context is too long
     is permanent `context_length`; every other status is permanent.
     """
+
     def made(kind_: FailureKind, reason: str) -> Failure:
         return Failure(kind_, reason, message, status=status, retry_after=retry_after)
 

@@ -50,6 +50,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import openai
 
+from durable_agent.config.settings import mask_url_password
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn
 from durable_agent.models import bodies, deadline
@@ -61,7 +62,6 @@ from durable_agent.models.failures import (
     failure_for_status,
     scrubber,
 )
-from durable_agent.settings import mask_url_password
 
 __all__ = ["MAPPED_TYPES", "OpenAIChatModel", "is_classified", "map_exception", "parse_retry_after"]
 
@@ -88,9 +88,18 @@ def azure_target(base_url: str | None) -> tuple[str, str | None, str | None] | N
 
 
 class OpenAIChatModel:
-    def __init__(self, model: str, *, api_key: str, base_url: str | None,
-                 read_timeout: float, connect_timeout: float, temperature: float | None = None,
-                 api_type: str = "auto", api_version: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str,
+        base_url: str | None,
+        read_timeout: float,
+        connect_timeout: float,
+        temperature: float | None = None,
+        api_type: str = "auto",
+        api_version: str | None = None,
+    ) -> None:
         self.name = model
         self.temperature = temperature
         self.whole = read_timeout  # also the longest one answer may take to arrive, as a whole
@@ -103,27 +112,42 @@ class OpenAIChatModel:
                 endpoint, deployment, version = azure or ((base_url or "").rstrip("/"), None, None)
                 version = api_version or version
                 if not endpoint or not version:
-                    raise ConfigError("Azure OpenAI needs the resource endpoint (--base-url "
-                                      "https://NAME.openai.azure.com or a deployment URL) and an API version "
-                                      "(`?api-version=...` in the URL, api_version in the config, or "
-                                      "OPENAI_API_VERSION)")
+                    raise ConfigError(
+                        "Azure OpenAI needs the resource endpoint (--base-url "
+                        "https://NAME.openai.azure.com or a deployment URL) and an API version "
+                        "(`?api-version=...` in the URL, api_version in the config, or "
+                        "OPENAI_API_VERSION)"
+                    )
                 self.client: openai.OpenAI = openai.AzureOpenAI(
-                    api_key=api_key, azure_endpoint=endpoint, azure_deployment=deployment, api_version=version,
-                    max_retries=0, timeout=timeout)
+                    api_key=api_key,
+                    azure_endpoint=endpoint,
+                    azure_deployment=deployment,
+                    api_version=version,
+                    max_retries=0,
+                    timeout=timeout,
+                )
             else:
-                self.client = openai.OpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+                self.client = openai.OpenAI(
+                    api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+                )
         except ImportError as exc:  # ALL_PROXY=socks5://... without the package httpx needs for it
-            raise ConfigError(f"cannot use the proxy the environment names (ALL_PROXY, HTTPS_PROXY, HTTP_PROXY): {exc}") from None
+            raise ConfigError(
+                f"cannot use the proxy the environment names (ALL_PROXY, HTTPS_PROXY, HTTP_PROXY): {exc}"
+            ) from None
         except Exception as exc:  # the client's URL parser is stricter than urlsplit (settings.py)
             if type(exc).__name__ != "InvalidURL":
                 raise
-            raise ConfigError(f"invalid settings: base_url: not a URL: {mask_url_password(base_url or '')!r} "
-                              f"({exc})") from None
+            raise ConfigError(
+                f"invalid settings: base_url: not a URL: {mask_url_password(base_url or '')!r} "
+                f"({exc})"
+            ) from None
         self._scrub = scrubber(api_key)  # some servers echo the key back in their errors
         self._hooked = deadline.hook(self.client)
         bodies.read_error_bodies_capped(self.client)
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+    def complete(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
+    ) -> ModelTurn:
         kwargs: dict[str, Any] = {"model": self.name, "messages": [m.to_api() for m in messages]}
         if tools:
             kwargs["tools"] = list(tools)
@@ -133,8 +157,11 @@ class OpenAIChatModel:
         # httpx alone bounds each wait, so a server sending a byte a second held a call, and
         # its run's cancel and time budget, for as long as it liked.
         ends = time.monotonic() + self.whole
-        with mapped_errors(self._scrub, self.whole), deadline.deadline(self.whole), \
-                self.client.chat.completions.with_streaming_response.create(**kwargs) as answer:
+        with (
+            mapped_errors(self._scrub, self.whole),
+            deadline.deadline(self.whole),
+            self.client.chat.completions.with_streaming_response.create(**kwargs) as answer,
+        ):
             response = answer.http_response  # the raw body is ours to read, whatever its shape
 
             def in_time() -> None:  # (an openai of another shape: only the body's pieces are timed)
@@ -144,8 +171,13 @@ class OpenAIChatModel:
             body = bytearray()
             bodies.read_capped(response, MAX_ANSWER_BYTES + 1, body, in_time)
             if len(body) > MAX_ANSWER_BYTES:  # decoded: a small gzip bomb is a large body
-                raise ProviderError(Failure(PERMANENT, "invalid_response", f"the answer is larger than "
-                                            f"{MAX_ANSWER_BYTES >> 20} MiB: not read further"))
+                raise ProviderError(
+                    Failure(
+                        PERMANENT,
+                        "invalid_response",
+                        f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB: not read further",
+                    )
+                )
         return parse_completion(bytes(body), response.headers.get("content-type", ""), self._scrub)
 
 
@@ -164,7 +196,11 @@ def mapped_errors(scrub: Scrub, whole: float | None = None) -> Iterator[None]:
         failure = map_exception(exc, scrub)
         if failure is None:
             raise
-        if failure.reason == "timeout" and whole is not None and time.monotonic() - started >= whole:
+        if (
+            failure.reason == "timeout"
+            and whole is not None
+            and time.monotonic() - started >= whole
+        ):
             failure = _late(whole)
         raise ProviderError(failure) from exc
 
@@ -234,13 +270,17 @@ def _from_transport(exc: BaseException, scrub: Scrub) -> Failure:
     if cut is not None:
         return Failure(RETRYABLE, "truncated_response", scrub(cut))
     is_timeout = "Timeout" in type(exc).__name__  # httpx(2).TimeoutException and subclasses
-    return Failure(RETRYABLE, "timeout" if is_timeout else "connection",
-                   scrub(str(exc) or type(exc).__name__))
+    return Failure(
+        RETRYABLE, "timeout" if is_timeout else "connection", scrub(str(exc) or type(exc).__name__)
+    )
 
 
 def _from_decoding(exc: BaseException, scrub: Scrub) -> Failure:
-    return Failure(RETRYABLE, "undecodable", scrub(f"the answer could not be decoded as its Content-Encoding "
-                                                   f"says ({exc})"))
+    return Failure(
+        RETRYABLE,
+        "undecodable",
+        scrub(f"the answer could not be decoded as its Content-Encoding says ({exc})"),
+    )
 
 
 def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
@@ -250,12 +290,19 @@ def _from_connection(exc: BaseException, scrub: Scrub) -> Failure:
     causes = _chain(exc)[1:]
     for cause in causes:
         if "without sending a response" in str(cause).lower():  # reached, and it hung up
-            return Failure(RETRYABLE, "disconnected", scrub(f"the endpoint closed the connection "
-                                                           f"without answering ({cause})"))
+            return Failure(
+                RETRYABLE,
+                "disconnected",
+                scrub(f"the endpoint closed the connection without answering ({cause})"),
+            )
     # openai says only "Connection error.": the cause says which ("Connection refused"...).
     why = next((str(c) for c in reversed(causes) if str(c)), "")
     text = str(exc) or type(exc).__name__
-    return Failure(RETRYABLE, "connection", scrub(f"{text.rstrip('.')} ({why})" if why and why not in text else text))
+    return Failure(
+        RETRYABLE,
+        "connection",
+        scrub(f"{text.rstrip('.')} ({why})" if why and why not in text else text),
+    )
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -309,10 +356,16 @@ def _optional(*names: str) -> list[type[BaseException]]:
 def _transport_errors() -> dict[type[BaseException], Handler]:
     # The HTTP library openai loaded (httpx2 for openai 3.x, httpx before; 3.x also accepts
     # an httpx client): we never import one just to map it.
-    modules = [module for module in (sys.modules.get(name) for name in ("httpx2", "httpx")) if module is not None]
-    return {**{module.TransportError: _from_transport for module in modules},
-            # A body its Content-Encoding cannot undo (read by us, so openai does not wrap it)
-            **{module.DecodingError: _from_decoding for module in modules}}
+    modules = [
+        module
+        for module in (sys.modules.get(name) for name in ("httpx2", "httpx"))
+        if module is not None
+    ]
+    return {
+        **{module.TransportError: _from_transport for module in modules},
+        # A body its Content-Encoding cannot undo (read by us, so openai does not wrap it)
+        **{module.DecodingError: _from_decoding for module in modules},
+    }
 
 
 # The one mapping table; a subclass entry overrides its base (see `map_exception`).
@@ -335,8 +388,10 @@ _TABLE: dict[type[BaseException], Handler] = {
     openai.ContentFilterFinishReasonError: _fixed(PERMANENT, "content_filter"),
     **dict.fromkeys(_optional("OAuthError"), _from_status),
     **dict.fromkeys(_optional("SubjectTokenProviderError"), _fixed(PERMANENT, "auth")),
-    **dict.fromkeys(_optional("WebSocketConnectionClosedError", "WebSocketQueueFullError"),
-                    _fixed(PERMANENT, "websocket")),
+    **dict.fromkeys(
+        _optional("WebSocketConnectionClosedError", "WebSocketQueueFullError"),
+        _fixed(PERMANENT, "websocket"),
+    ),
     **_transport_errors(),
 }
 

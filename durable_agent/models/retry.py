@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from msgspec import Struct
 
+from durable_agent.config.settings import Settings
 from durable_agent.models.failures import (
     Failure,
     FailureKind,
@@ -33,11 +34,17 @@ from durable_agent.models.failures import (
     ProviderError,
     classify,
 )
-from durable_agent.settings import Settings
 
 # Re-exported: the runner imports these from here.
-__all__ = ["Failure", "FailureKind", "ModelCallError", "ProviderError", "RetryPolicy",
-           "call_with_retries", "classify"]
+__all__ = [
+    "Failure",
+    "FailureKind",
+    "ModelCallError",
+    "ProviderError",
+    "RetryPolicy",
+    "call_with_retries",
+    "classify",
+]
 
 T = TypeVar("T")
 
@@ -62,10 +69,13 @@ class RetryPolicy(Struct, frozen=True):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
-        return cls(max_attempts=settings.retry_max_attempts,
-                   max_total_seconds=settings.retry_max_seconds,
-                   initial_wait=settings.retry_initial_wait_s, max_wait=settings.retry_max_wait_s,
-                   max_retry_after=settings.retry_after_cap_s)
+        return cls(
+            max_attempts=settings.retry_max_attempts,
+            max_total_seconds=settings.retry_max_seconds,
+            initial_wait=settings.retry_initial_wait_s,
+            max_wait=settings.retry_max_wait_s,
+            max_retry_after=settings.retry_after_cap_s,
+        )
 
 
 def call_with_retries(

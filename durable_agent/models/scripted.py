@@ -52,11 +52,15 @@ def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         raise ConfigError(f"script {where} must be a JSON list of turns, not {_kind(data)}")
     if not data:
-        raise ConfigError(f'script {where} has no turns: give at least one, e.g. [{{"content": "done"}}]')
+        raise ConfigError(
+            f'script {where} has no turns: give at least one, e.g. [{{"content": "done"}}]'
+        )
     for i, turn in enumerate(data):
         problem = _turn_problem(turn)
         if problem is not None:
-            raise ConfigError(f"script {where}: turn {i} {problem} (see docs/models.md, \"Scripted models\")")
+            raise ConfigError(
+                f'script {where}: turn {i} {problem} (see docs/models.md, "Scripted models")'
+            )
     return data
 
 
@@ -70,7 +74,9 @@ def _turn_problem(turn: Any) -> str | None:
         return f'has an unknown key "{unknown[0]}" (a turn has "content", "tool_calls", "delay_s")'
     if turn.get("content") is not None and not isinstance(turn["content"], str):
         return f'has a "content" that is {_kind(turn["content"])}, not text'
-    if "delay_s" in turn and (isinstance(turn["delay_s"], bool) or not isinstance(turn["delay_s"], int | float)):
+    if "delay_s" in turn and (
+        isinstance(turn["delay_s"], bool) or not isinstance(turn["delay_s"], int | float)
+    ):
         return f'has a "delay_s" that is {_kind(turn["delay_s"])}, not a number of seconds'
     if "delay_s" in turn and not 0 <= turn["delay_s"] < 86_400:  # NaN and Infinity fail too
         return f'has a "delay_s" of {turn["delay_s"]}: give seconds from 0 to 86400'
@@ -113,11 +119,15 @@ class ScriptedModel:
         self.turns = turns
         self.name = name
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+    def complete(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
+    ) -> ModelTurn:
         if turn >= len(self.turns):
             count = f"{len(self.turns)} turn" + ("" if len(self.turns) == 1 else "s")
-            return ModelTurn(content=f"The script is exhausted after {count}.",
-                             usage=Usage(prompt_tokens=10, completion_tokens=10))
+            return ModelTurn(
+                content=f"The script is exhausted after {count}.",
+                usage=Usage(prompt_tokens=10, completion_tokens=10),
+            )
         spec = self.turns[turn]
         if spec.get("delay_s"):
             time.sleep(float(spec["delay_s"]))
@@ -128,6 +138,8 @@ class ScriptedModel:
             calls.append(ToolCall(id=f"call_{turn}_{i}", name=call["name"], arguments=raw))
         content = spec.get("content")
         last = messages[-1].content or "" if messages else ""
-        usage = Usage(prompt_tokens=20 + len(last) // 4,
-                      completion_tokens=5 + len(content or "") // 4 + 10 * len(calls))
+        usage = Usage(
+            prompt_tokens=20 + len(last) // 4,
+            completion_tokens=5 + len(content or "") // 4 + 10 * len(calls),
+        )
         return ModelTurn(content=content, tool_calls=tuple(calls), usage=usage)

@@ -41,7 +41,9 @@ _DECODER = json.JSONDecoder()
 # A reasoning block is thinking, not action: a TOOL_CALL line inside one is not a call.
 _REASONING = REASONING_BLOCK
 
-FORMAT_HINT = f'Write each tool call on its own line as: {MARKER} {{"name": "<tool>", "input": {{...}}}}'
+FORMAT_HINT = (
+    f'Write each tool call on its own line as: {MARKER} {{"name": "<tool>", "input": {{...}}}}'
+)
 
 
 def parse_tool_calls(text: str, turn: int) -> tuple[ToolCall, ...]:
@@ -87,8 +89,11 @@ def tools_prompt(tools: Sequence[dict[str, Any]]) -> str:
     """The tool descriptions and the protocol, appended to the system prompt."""
     functions = [t.get("function", t) for t in tools]
     names = [f["name"] for f in functions]
-    example = {"name": "read_file", "input": {"path": "README.md"}} if "read_file" in names else {
-        "name": names[0] if names else "tool_name", "input": {}}
+    example = (
+        {"name": "read_file", "input": {"path": "README.md"}}
+        if "read_file" in names
+        else {"name": names[0] if names else "tool_name", "input": {}}
+    )
     lines = [
         "",
         "Tools: this endpoint has no function-calling API. To use a tool, write a line that",
@@ -127,7 +132,9 @@ def to_text_messages(messages: Sequence[Message], tools: Sequence[dict[str, Any]
 
     for m in messages:
         if m.role == "system":
-            out.append(Message("system", (m.content or "") + ("\n" + tools_prompt(tools) if tools else "")))
+            out.append(
+                Message("system", (m.content or "") + ("\n" + tools_prompt(tools) if tools else ""))
+            )
         elif m.role == "assistant":
             text = m.content or ""
             if m.tool_calls and MARKER not in text:
@@ -163,7 +170,9 @@ class TextProtocolModel:
         self.inner = inner
         self.name = inner.name  # prices and the recorded model are those of the real model
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+    def complete(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
+    ) -> ModelTurn:
         answer = self.inner.complete(to_text_messages(messages, tools), (), turn)
         text = answer.content or ""
         # A model that does have function calling may still use it: keep those calls.

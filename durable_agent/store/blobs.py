@@ -63,8 +63,13 @@ class BlobStore:
     faults like every other store access (store/retrying.py): a dropped connection during
     a snapshot waits for the store, then stops the run with exit 7, never a traceback."""
 
-    def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None, run_id: str | None = None) -> None:
-        self.engine, self.run_id = engine, run_id  # run_id: named by a StoreUnavailable (resume hint)
+    def __init__(
+        self, engine: Engine, policy: retrying.StorePolicy | None = None, run_id: str | None = None
+    ) -> None:
+        self.engine, self.run_id = (
+            engine,
+            run_id,
+        )  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
 
     def _read(self, query: Callable[[Connection], T]) -> T:
@@ -76,9 +81,12 @@ class BlobStore:
         def query(conn: Connection) -> set[str]:
             found: set[str] = set()
             for i in range(0, len(wanted), 500):
-                chunk = wanted[i:i + 500]
-                found.update(conn.execute(select(workspace_blobs.c.hash)
-                                          .where(workspace_blobs.c.hash.in_(chunk))).scalars())
+                chunk = wanted[i : i + 500]
+                found.update(
+                    conn.execute(
+                        select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(chunk))
+                    ).scalars()
+                )
             return found
 
         return self._read(query)
@@ -87,25 +95,50 @@ class BlobStore:
         wanted = [i for i in ids if i]
         if not wanted:
             return {}
-        return self._read(lambda conn: {r.id: int(r.depth) for r in conn.execute(
-            select(workspace_trees.c.id, workspace_trees.c.depth).where(workspace_trees.c.id.in_(wanted)))})
+        return self._read(
+            lambda conn: {
+                r.id: int(r.depth)
+                for r in conn.execute(
+                    select(workspace_trees.c.id, workspace_trees.c.depth).where(
+                        workspace_trees.c.id.in_(wanted)
+                    )
+                )
+            }
+        )
 
     def blob_statement(self, contents: dict[str, bytes]) -> Statement:
-        rows = [{"hash": h, "size": len(data), "data": zlib.compress(data, 6)} for h, data in contents.items()]
+        rows = [
+            {"hash": h, "size": len(data), "data": zlib.compress(data, 6)}
+            for h, data in contents.items()
+        ]
         return (_insert_ignore(self.engine, workspace_blobs), rows)
 
     def tree_statement(self, row: TreeRow) -> Statement:
-        return (_insert_ignore(self.engine, workspace_trees),
-                [{"id": row.id, "base": row.base, "depth": row.depth, "entries": row.entries, "data": row.data}])
+        return (
+            _insert_ignore(self.engine, workspace_trees),
+            [
+                {
+                    "id": row.id,
+                    "base": row.base,
+                    "depth": row.depth,
+                    "entries": row.entries,
+                    "data": row.data,
+                }
+            ],
+        )
 
     def tree_chain(self, tree: str) -> list[bytes]:
         """The stored data of `tree` and its bases, the full manifest first."""
+
         def query(conn: Connection) -> list[bytes]:
             chain: list[bytes] = []
             current: str | None = tree
             while current is not None:
-                row = conn.execute(select(workspace_trees.c.base, workspace_trees.c.data)
-                                   .where(workspace_trees.c.id == current)).first()
+                row = conn.execute(
+                    select(workspace_trees.c.base, workspace_trees.c.data).where(
+                        workspace_trees.c.id == current
+                    )
+                ).first()
                 if row is None:
                     raise KeyError(f"workspace tree {current} is not in the store")
                 chain.append(bytes(row.data))
@@ -116,8 +149,11 @@ class BlobStore:
         return self._read(query)
 
     def blob(self, digest: str) -> bytes:
-        data = self._read(lambda conn: conn.execute(
-            select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)).scalar())
+        data = self._read(
+            lambda conn: conn.execute(
+                select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)
+            ).scalar()
+        )
         if data is None:
             raise KeyError(f"workspace blob {digest} is not in the store")
         return zlib.decompress(bytes(data))
@@ -129,8 +165,9 @@ class TreeAt(Struct, frozen=True):
     after: bool  # the snapshot after that step (False: from before it, e.g. the run's start)
 
 
-def tree_at(engine: Engine, run_id: str, seq: int | None = None,
-            policy: retrying.StorePolicy | None = None) -> TreeAt | None:
+def tree_at(
+    engine: Engine, run_id: str, seq: int | None = None, policy: retrying.StorePolicy | None = None
+) -> TreeAt | None:
     """The workspace as it was after step `seq` (None: after the run's last snapshot).
 
     The last `tree_id` at or before `seq`; before any, the first recorded `tree_before`
@@ -147,16 +184,22 @@ def tree_at(engine: Engine, run_id: str, seq: int | None = None,
 def _tree_at(conn: Connection, run_id: str, where: list[Any]) -> TreeAt | None:
     from durable_agent.store.schema import steps
 
-    row = conn.execute(select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
-                       .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
-                       .order_by(steps.c.seq.desc()).limit(1)).first()
+    row = conn.execute(
+        select(steps.c.seq, steps.c.tree_id, steps.c.tree_before)
+        .where(*where, (steps.c.tree_id.is_not(None)) | (steps.c.tree_before.is_not(None)))
+        .order_by(steps.c.seq.desc())
+        .limit(1)
+    ).first()
     if row is not None:
         if row.tree_id is not None:
             return TreeAt(row.tree_id, row.seq, True)
         return TreeAt(row.tree_before, row.seq, False)
-    first = conn.execute(select(steps.c.seq, steps.c.tree_before)
-                         .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
-                         .order_by(steps.c.seq).limit(1)).first()
+    first = conn.execute(
+        select(steps.c.seq, steps.c.tree_before)
+        .where(steps.c.run_id == run_id, steps.c.tree_before.is_not(None))
+        .order_by(steps.c.seq)
+        .limit(1)
+    ).first()
     if first is not None:
         return TreeAt(first.tree_before, first.seq, False)
     start = conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar()
@@ -167,25 +210,36 @@ def step_trees(engine: Engine, run_id: str, seq: int) -> tuple[str | None, str |
     """(tree_before, tree_id) of one step, or None when there is no such step."""
     from durable_agent.store.schema import steps
 
-    row = _read(engine, lambda conn: conn.execute(select(steps.c.tree_before, steps.c.tree_id)
-                                                  .where(steps.c.run_id == run_id, steps.c.seq == seq)).first())
+    row = _read(
+        engine,
+        lambda conn: conn.execute(
+            select(steps.c.tree_before, steps.c.tree_id).where(
+                steps.c.run_id == run_id, steps.c.seq == seq
+            )
+        ).first(),
+    )
     return None if row is None else (row.tree_before, row.tree_id)
 
 
 def first_tree(engine: Engine, run_id: str) -> str | None:
     """The workspace as the run found it: its snapshot at creation, else its first `tree_before`."""
-    start = _read(engine, lambda conn: conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar())
+    start = _read(
+        engine,
+        lambda conn: conn.execute(select(runs.c.tree_start).where(runs.c.id == run_id)).scalar(),
+    )
     if start is not None:
         return str(start)
     found = tree_at(engine, run_id, -1)
     return found.tree if found is not None else None
 
 
-def save_statements(engine: Engine, statements: list[Statement],
-                    policy: retrying.StorePolicy | None = None) -> None:
+def save_statements(
+    engine: Engine, statements: list[Statement], policy: retrying.StorePolicy | None = None
+) -> None:
     """A snapshot outside any run (a new run's first one; restore --force keeps what it
     overwrites): content addressed and immutable, so no lease is needed to write it, and
     a retry after a fault writes nothing twice."""
+
     def write() -> None:
         with engine.begin() as conn:
             for statement, params in statements:
@@ -194,6 +248,10 @@ def save_statements(engine: Engine, statements: list[Statement],
     retrying.run(write, policy or retrying.StorePolicy())
 
 
-def _read(engine: Engine, query: Callable[[Connection], T], policy: retrying.StorePolicy | None = None,
-          run_id: str | None = None) -> T:
+def _read(
+    engine: Engine,
+    query: Callable[[Connection], T],
+    policy: retrying.StorePolicy | None = None,
+    run_id: str | None = None,
+) -> T:
     return retrying.read(engine, query, policy or retrying.StorePolicy(), run_id=run_id)

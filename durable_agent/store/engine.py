@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from durable_agent.config_layers import sqlite_url, uri_flag
+from durable_agent.config.layers import sqlite_url, uri_flag
 from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
@@ -32,8 +32,10 @@ BUSY_TIMEOUT_MS = 30_000
 def normalize_url(url: str) -> str:
     """Bare `postgresql://` means psycopg 3 here; a plain path means an SQLite file."""
     if not is_utf8(url):  # bytes that are not UTF-8, carried as surrogates
-        raise ConfigError(f"cannot use the store {url!r}: its name is not valid UTF-8 (rename the file "
-                          "or the folder)")
+        raise ConfigError(
+            f"cannot use the store {url!r}: its name is not valid UTF-8 (rename the file "
+            "or the folder)"
+        )
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if "://" not in url:
@@ -41,8 +43,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, durability: str = "full", pool_size: int | None = None,
-                lease_seconds: float = 30.0) -> Engine:
+def make_engine(
+    url: str, *, durability: str = "full", pool_size: int | None = None, lease_seconds: float = 30.0
+) -> Engine:
     """`pool_size`: connections kept open; a worker running N runs at once (each with a
     heartbeat thread) needs about 2N + 2, more than the default 5 + 10 overflow.
     `lease_seconds`: the runs' lease; on PostgreSQL no transaction of ours stays idle longer."""
@@ -59,7 +62,9 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         binding = _client_binding(parsed.get_driver_name())
         if parsed.get_driver_name() == "psycopg":
             binding["connect_args"].update(_silence_bounds(parsed.query))
-        engine = create_engine(url, pool_pre_ping=True, json_deserializer=read_json, **pool, **binding)
+        engine = create_engine(
+            url, pool_pre_ping=True, json_deserializer=read_json, **pool, **binding
+        )
         event.listen(engine, "handle_error", _lost_is_disconnect)
         if parsed.get_driver_name() == "psycopg":
             event.listen(engine, "checkin", _not_autocommit)
@@ -68,9 +73,13 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
         return engine
     except NoSuchModuleError:
         raise ConfigError(f"no database driver for {parsed.drivername!r}") from None
-    except ArgumentError as exc:  # a URL the dialect refuses (`sqlite://file.db`: a host, not a file)
-        raise ConfigError(f"cannot use the store {url!r}: {str(exc).splitlines()[0]} "
-                          "(e.g. sqlite:///path/to/file.db)") from None
+    except (
+        ArgumentError
+    ) as exc:  # a URL the dialect refuses (`sqlite://file.db`: a host, not a file)
+        raise ConfigError(
+            f"cannot use the store {url!r}: {str(exc).splitlines()[0]} "
+            "(e.g. sqlite:///path/to/file.db)"
+        ) from None
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"the driver for {parsed.drivername} is not installed ({exc.name}); "
@@ -85,8 +94,14 @@ def make_engine(url: str, *, durability: str = "full", pool_size: int | None = N
 # tcp_user_timeout drops the connection. Each ends as a lost connection, retried by the
 # store's policy and then exit 7, like any other. What the user set takes precedence
 # (_silence_bounds).
-SILENCE_BOUNDS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-                  "keepalives_count": 3, "tcp_user_timeout": 30_000}
+SILENCE_BOUNDS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 
 
 def _silence_bounds(query: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,7 +194,14 @@ def _lost_is_disconnect(context: Any) -> None:
 
 # What the pysqlite dialect reads from a URL's query; it ignores anything else with a warning
 # unless the URL is an SQLite URI (uri=true), which SQLite itself reads.
-_PYSQLITE_OPTIONS = {"timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements", "uri"}
+_PYSQLITE_OPTIONS = {
+    "timeout",
+    "isolation_level",
+    "detect_types",
+    "check_same_thread",
+    "cached_statements",
+    "uri",
+}
 
 
 def _check_sqlite_options(url: str, query: Mapping[str, Any]) -> None:
@@ -189,8 +211,10 @@ def _check_sqlite_options(url: str, query: Mapping[str, Any]) -> None:
         return
     ignored = sorted(set(query) - _PYSQLITE_OPTIONS)
     if ignored:
-        raise ConfigError(f"cannot use the store {url!r}: SQLite reads {', '.join(map(repr, ignored))} only in "
-                          "an SQLite URI (add uri=true, e.g. sqlite:///file:store.db?mode=ro&uri=true)")
+        raise ConfigError(
+            f"cannot use the store {url!r}: SQLite reads {', '.join(map(repr, ignored))} only in "
+            "an SQLite URI (add uri=true, e.g. sqlite:///file:store.db?mode=ro&uri=true)"
+        )
 
 
 def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[str, int]) -> Engine:
@@ -202,10 +226,16 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
         if Path(database).exists() and not Path(database).is_file():
             # /dev/null, a FIFO, a folder: SQLite opens some of them and then fails each
             # write with "disk I/O error", which would read as a passing fault (exit 7).
-            raise ConfigError(f"cannot use the store {url}: not a regular file (--db must be a "
-                              "durable-agent SQLite file, or a new path in a writable folder)")
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_deserializer=read_json,
-                           **(pool if database and database != ":memory:" else {}))
+            raise ConfigError(
+                f"cannot use the store {url}: not a regular file (--db must be a "
+                "durable-agent SQLite file, or a new path in a writable folder)"
+            )
+    engine = create_engine(
+        url,
+        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000},
+        json_deserializer=read_json,
+        **(pool if database and database != ":memory:" else {}),
+    )
     synchronous = "FULL" if durability == "full" else "NORMAL"
 
     @event.listens_for(engine, "connect")
@@ -250,8 +280,10 @@ def _opening(engine: Engine) -> Iterator[None]:
             hint = " (--db must be a durable-agent SQLite file, or a new path in a writable folder)"
             folder = Path(engine.url.database or ".").parent
             if folder.is_dir() and not os.access(folder, os.W_OK):
-                hint = (" (its folder is read-only, and this command writes beside the store; `list` and "
-                        "`show` read a store there)")
+                hint = (
+                    " (its folder is read-only, and this command writes beside the store; `list` and "
+                    "`show` read a store there)"
+                )
         raise ConfigError(f"cannot use the store {where}: {reason}{hint}") from None
 
 
@@ -282,7 +314,9 @@ def _make_sqlite_head(engine: Engine) -> bool:
             return False
         for statement in head_sqlite.STATEMENTS:
             conn.exec_driver_sql(statement)
-        conn.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES (?)", (head_sqlite.REVISION,))
+        conn.exec_driver_sql(
+            "INSERT INTO alembic_version (version_num) VALUES (?)", (head_sqlite.REVISION,)
+        )
     return True
 
 
@@ -292,7 +326,9 @@ def migrations_dir() -> Path:
     for candidate in (package / "migrations", package.parent / "alembic"):
         if (candidate / "env.py").exists():
             return candidate
-    raise ConfigError("the database migrations are missing from this installation; reinstall durable-agent")
+    raise ConfigError(
+        "the database migrations are missing from this installation; reinstall durable-agent"
+    )
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -309,7 +345,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         try:
             command.upgrade(cfg, revision)
         except CommandError as exc:  # e.g. a revision from a newer durable-agent
-            raise ConfigError(f"cannot upgrade the store: {exc} (was it made by a newer durable-agent?)") from None
+            raise ConfigError(
+                f"cannot upgrade the store: {exc} (was it made by a newer durable-agent?)"
+            ) from None
 
 
 def ensure_schema(engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
@@ -322,19 +360,33 @@ def ensure_schema(engine: Engine, policy: retrying.StorePolicy | None = None) ->
     policy = policy or retrying.StorePolicy()
     try:
         rev = retrying.run(lambda: current_revision(engine), policy)
-        if rev is None and engine.dialect.name == "sqlite" and retrying.run(lambda: _make_sqlite_head(engine), policy):
+        if (
+            rev is None
+            and engine.dialect.name == "sqlite"
+            and retrying.run(lambda: _make_sqlite_head(engine), policy)
+        ):
             return
         if rev != HEAD_REVISION:
             retrying.run(lambda: upgrade(engine), policy)
     except StoreUnavailable:
         raise
     except StoreError as exc:
-        raise ConfigError(f"cannot open the database: {str(exc).removeprefix('the database refused a statement: ')}") from None
+        raise ConfigError(
+            f"cannot open the database: {str(exc).removeprefix('the database refused a statement: ')}"
+        ) from None
 
 
-def open_store_engine(url: str, *, durability: str = "full", pool_size: int | None = None,
-                      policy: retrying.StorePolicy | None = None, lease_seconds: float = 30.0) -> Engine:
-    engine = make_engine(url, durability=durability, pool_size=pool_size, lease_seconds=lease_seconds)
+def open_store_engine(
+    url: str,
+    *,
+    durability: str = "full",
+    pool_size: int | None = None,
+    policy: retrying.StorePolicy | None = None,
+    lease_seconds: float = 30.0,
+) -> Engine:
+    engine = make_engine(
+        url, durability=durability, pool_size=pool_size, lease_seconds=lease_seconds
+    )
     ensure_schema(engine, policy)
     if engine.dialect.driver == "psycopg":  # (after the schema: a migration may rightly take long)
         from durable_agent.store.silence import WATCHDOG, silence_bound

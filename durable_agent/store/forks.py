@@ -23,18 +23,41 @@ from durable_agent.store.storable import storable
 NOT_RUN = "not run in this fork"
 
 
-def fork_run(engine: Engine, source: str, at: int, new_id: str, *, workspace: str,
-             settings: dict[str, Any] | None, task: str | None) -> None:
+def fork_run(
+    engine: Engine,
+    source: str,
+    at: int,
+    new_id: str,
+    *,
+    workspace: str,
+    settings: dict[str, Any] | None,
+    task: str | None,
+) -> None:
     now = utcnow()
     with engine.begin() as conn:
         run = conn.execute(select(runs).where(runs.c.id == source)).mappings().one()
-        step_rows = [dict(r) for r in conn.execute(
-            select(steps).where(steps.c.run_id == source, steps.c.seq <= at).order_by(steps.c.seq)).mappings()]
-        msg_rows = [dict(r) for r in conn.execute(
-            select(messages).where(messages.c.run_id == source).order_by(messages.c.seq)).mappings()]
-        change_rows = [dict(r) for r in conn.execute(
-            select(workspace_changes).where(workspace_changes.c.run_id == source,
-                                            workspace_changes.c.seq <= at)).mappings()]
+        step_rows = [
+            dict(r)
+            for r in conn.execute(
+                select(steps)
+                .where(steps.c.run_id == source, steps.c.seq <= at)
+                .order_by(steps.c.seq)
+            ).mappings()
+        ]
+        msg_rows = [
+            dict(r)
+            for r in conn.execute(
+                select(messages).where(messages.c.run_id == source).order_by(messages.c.seq)
+            ).mappings()
+        ]
+        change_rows = [
+            dict(r)
+            for r in conn.execute(
+                select(workspace_changes).where(
+                    workspace_changes.c.run_id == source, workspace_changes.c.seq <= at
+                )
+            ).mappings()
+        ]
         kept: list[dict[str, Any]] = []
         for m in msg_rows:
             if m["step_seq"] is not None and m["step_seq"] > at:
@@ -47,7 +70,9 @@ def fork_run(engine: Engine, source: str, at: int, new_id: str, *, workspace: st
                 asked.append(str(call.get("id")))
             if m["role"] == "tool" and m["tool_call_id"]:
                 answered.add(m["tool_call_id"])
-        extra = [Message("tool", f"error: {NOT_RUN}", tool_call_id=c) for c in asked if c not in answered]
+        extra = [
+            Message("tool", f"error: {NOT_RUN}", tool_call_id=c) for c in asked if c not in answered
+        ]
         if task:
             extra.append(Message("user", task))
         for i, m in enumerate(kept):
@@ -63,16 +88,33 @@ def fork_run(engine: Engine, source: str, at: int, new_id: str, *, workspace: st
             c.pop("id", None)
             c["run_id"] = new_id
         models = [s for s in step_rows if s["kind"] == StepKind.MODEL.value]
-        conn.execute(insert(runs).values(storable({
-            "id": new_id, "task": task or run["task"], "workspace": workspace, "model": run["model"],
-            "status": RunStatus.PENDING.value, "created_at": now, "updated_at": now,
-            "step_count": len(models),
-            "tool_call_count": sum(1 for m in kept if m["role"] == "tool"),
-            "prompt_tokens": sum(s["prompt_tokens"] or 0 for s in models),
-            "completion_tokens": sum(s["completion_tokens"] or 0 for s in models),
-            "lease_epoch": 0, "cancel_requested": False, "settings": settings, "message_count": len(kept),
-            "active_ms": 0, "resume_count": 0, "forked_from": source, "fork_seq": at,
-        })))
+        conn.execute(
+            insert(runs).values(
+                storable(
+                    {
+                        "id": new_id,
+                        "task": task or run["task"],
+                        "workspace": workspace,
+                        "model": run["model"],
+                        "status": RunStatus.PENDING.value,
+                        "created_at": now,
+                        "updated_at": now,
+                        "step_count": len(models),
+                        "tool_call_count": sum(1 for m in kept if m["role"] == "tool"),
+                        "prompt_tokens": sum(s["prompt_tokens"] or 0 for s in models),
+                        "completion_tokens": sum(s["completion_tokens"] or 0 for s in models),
+                        "lease_epoch": 0,
+                        "cancel_requested": False,
+                        "settings": settings,
+                        "message_count": len(kept),
+                        "active_ms": 0,
+                        "resume_count": 0,
+                        "forked_from": source,
+                        "fork_seq": at,
+                    }
+                )
+            )
+        )
         if step_rows:
             conn.execute(insert(steps), step_rows)
         conn.execute(insert(messages), kept)

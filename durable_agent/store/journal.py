@@ -48,22 +48,43 @@ START_WITHIN = 0.8  # of the lease: see Journal.start_deadline
 # Hot-path statements, built once: constructing a Core statement per checkpoint costs more
 # CPU than the SQL it sends. Where-clause parameters are prefixed b_ so they never clash
 # with the column names that the SET clause takes from the parameters.
-_FENCE_WHERE = (runs.c.id == bindparam("b_id"), runs.c.lease_owner == bindparam("b_owner"),
-                runs.c.lease_epoch == bindparam("b_epoch"))
-_HEARTBEAT = Prepared(update(runs).where(*_FENCE_WHERE)
-              .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
-              .returning(runs.c.cancel_requested))
-_FENCE = Prepared(update(runs).where(*_FENCE_WHERE)
-          .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
-                  last_checkpoint=bindparam("b_token"))
-          .returning(runs.c.cancel_requested))
-_FENCE_COUNTERS = Prepared(update(runs).where(*_FENCE_WHERE)
-                   .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"),
-                           last_checkpoint=bindparam("b_token"),
-                           **{c: bindparam(f"b_{c}") for c in COUNTERS})
-                   .returning(runs.c.cancel_requested))
+_FENCE_WHERE = (
+    runs.c.id == bindparam("b_id"),
+    runs.c.lease_owner == bindparam("b_owner"),
+    runs.c.lease_epoch == bindparam("b_epoch"),
+)
+_HEARTBEAT = Prepared(
+    update(runs)
+    .where(*_FENCE_WHERE)
+    .values(updated_at=bindparam("b_now"), lease_expires_at=bindparam("b_expires"))
+    .returning(runs.c.cancel_requested)
+)
+_FENCE = Prepared(
+    update(runs)
+    .where(*_FENCE_WHERE)
+    .values(
+        updated_at=bindparam("b_now"),
+        lease_expires_at=bindparam("b_expires"),
+        last_checkpoint=bindparam("b_token"),
+    )
+    .returning(runs.c.cancel_requested)
+)
+_FENCE_COUNTERS = Prepared(
+    update(runs)
+    .where(*_FENCE_WHERE)
+    .values(
+        updated_at=bindparam("b_now"),
+        lease_expires_at=bindparam("b_expires"),
+        last_checkpoint=bindparam("b_token"),
+        **{c: bindparam(f"b_{c}") for c in COUNTERS},
+    )
+    .returning(runs.c.cancel_requested)
+)
 _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
-_PAID_KINDS = ("model", "compact")  # steps whose tokens the run paid for (a summary is a model call)
+_PAID_KINDS = (
+    "model",
+    "compact",
+)  # steps whose tokens the run paid for (a summary is a model call)
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
@@ -79,7 +100,11 @@ def _run(conn: Connection, statement: Executable | Prepared, params: Any) -> Non
     if isinstance(statement, Prepared) and isinstance(params, list):
         statement.run_many(conn, params)
         return
-    cursor = statement.run(conn, params) if isinstance(statement, Prepared) else prepared.run_core(conn, statement, params)
+    cursor = (
+        statement.run(conn, params)
+        if isinstance(statement, Prepared)
+        else prepared.run_core(conn, statement, params)
+    )
     if cursor is not None:
         cursor.close()
 
@@ -89,8 +114,12 @@ class Loaded(Struct, frozen=True):
     messages: list[Message]
     open_steps: list[StepRecord]
     next_seq: int
-    model_tokens: tuple[int, int]  # prompt, completion: summed over completed model and compact steps
-    compactions: list[Any]  # outputs of the completed `compact` steps, in order (the request's shape)
+    model_tokens: tuple[
+        int, int
+    ]  # prompt, completion: summed over completed model and compact steps
+    compactions: list[
+        Any
+    ]  # outputs of the completed `compact` steps, in order (the request's shape)
     last_model_output: Any  # output of the last completed model step (its usage calibrates counts)
 
 
@@ -101,9 +130,17 @@ class Journal:
     it back); the heartbeat and the cancel watcher take theirs from the pool.
     """
 
-    def __init__(self, engine: Engine, run_id: str, owner: str, epoch: int, lease_seconds: float,
-                 *, policy: retrying.StorePolicy | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        owner: str,
+        epoch: int,
+        lease_seconds: float,
+        *,
+        policy: retrying.StorePolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.engine, self.run_id, self.owner, self.epoch = engine, run_id, owner, epoch
         self.lease = timedelta(seconds=lease_seconds)
         # CLOCK_BOOTTIME (it goes on through a suspend) read just before the `now` of our last
@@ -126,8 +163,16 @@ class Journal:
         self.failed_keys: set[str] = set()
 
     # -- steps ---------------------------------------------------------------------------------
-    def find(self, key: str, kind: str, *, turn: int, call_id: str | None = None,
-             tool_name: str | None = None, effect: str | None = None) -> Step:
+    def find(
+        self,
+        key: str,
+        kind: str,
+        *,
+        turn: int,
+        call_id: str | None = None,
+        tool_name: str | None = None,
+        effect: str | None = None,
+    ) -> Step:
         """The step with this key: the recorded unfinished one (`step.prior`), or a new one.
 
         A recorded unfinished step of the same kind in the same place (turn, call) under
@@ -142,10 +187,20 @@ class Journal:
             for other in self.open_steps.values():
                 if other.kind == kind and other.turn == turn and other.call_id == call_id:
                     raise StepMismatch(self.run_id, other.seq, key, other.idempotency_key)
-        return Step(self, key=key, kind=kind, turn=turn, prior=prior, call_id=call_id,
-                    tool_name=tool_name, effect=effect)
+        return Step(
+            self,
+            key=key,
+            kind=kind,
+            turn=turn,
+            prior=prior,
+            call_id=call_id,
+            tool_name=tool_name,
+            effect=effect,
+        )
 
-    def step(self, key: str, kind: str, input: Any, *, turn: int, tool_name: str | None = None) -> Step:
+    def step(
+        self, key: str, kind: str, input: Any, *, turn: int, tool_name: str | None = None
+    ) -> Step:
         """Find or start: the intent is committed (a restart counts the attempt)."""
         return self.find(key, kind, turn=turn, tool_name=tool_name).start(input)
 
@@ -173,7 +228,9 @@ class Journal:
     def close(self) -> None:
         """Give the writing connection back to the pool (the session is over, or it broke)."""
         if self._conn is not None:
-            with contextlib.suppress(Exception):  # a dead connection may fail to close: it is dropped
+            with contextlib.suppress(
+                Exception
+            ):  # a dead connection may fail to close: it is dropped
                 self._conn.close()
             self._conn = None
 
@@ -187,8 +244,12 @@ class Journal:
             self._conn = self.engine.connect()
         return self._conn
 
-    def defer(self, step_rows: list[dict[str, Any]], message_rows: list[dict[str, Any]],
-              counters: Counters) -> None:
+    def defer(
+        self,
+        step_rows: list[dict[str, Any]],
+        message_rows: list[dict[str, Any]],
+        counters: Counters,
+    ) -> None:
         # Rows of the prepared inserts: made storable as they are written (store/prepared.py).
         self._deferred_steps.extend(step_rows)
         self.pending_messages.extend(message_rows)
@@ -200,9 +261,15 @@ class Journal:
         self.pending_messages.clear()
         self._deferred_counters = None
 
-    def commit(self, statements: Iterable[Statement] = (), *, step_rows: Sequence[dict[str, Any]] = (),
-               message_rows: Sequence[dict[str, Any]] = (), counters: Counters | None = None,
-               raw: Sequence[Statement] = ()) -> None:
+    def commit(
+        self,
+        statements: Iterable[Statement] = (),
+        *,
+        step_rows: Sequence[dict[str, Any]] = (),
+        message_rows: Sequence[dict[str, Any]] = (),
+        counters: Counters | None = None,
+        raw: Sequence[Statement] = (),
+    ) -> None:
         """One fenced checkpoint: the fence, the deferred and new rows, then `statements`.
 
         Retried whole on transient faults. Raises LeaseLost (fenced out), StoreUnavailable
@@ -213,8 +280,10 @@ class Journal:
         # storable: no value (a NUL, a lone surrogate, a non-finite number) may fail the write
         # on either dialect; it returns the same object when there is nothing to change.
         # (Prepared statements, the step and message inserts among them, clean their own values.)
-        statements = [(statement, params if isinstance(statement, Prepared) else storable(params))
-                      for statement, params in statements]
+        statements = [
+            (statement, params if isinstance(statement, Prepared) else storable(params))
+            for statement, params in statements
+        ]
         counters = counters or self._deferred_counters
         all_steps = [*self._deferred_steps, *step_rows]
         all_messages = [*self.pending_messages, *message_rows]
@@ -270,16 +339,31 @@ class Journal:
 
     def _landed(self, token: str) -> bool:
         """Did the transaction that wrote `token` commit? Read it back on a new connection."""
-        return bool(self._read(lambda conn: conn.execute(
-            select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)).scalar() == token))
+        return bool(
+            self._read(
+                lambda conn: (
+                    conn.execute(
+                        select(runs.c.last_checkpoint).where(runs.c.id == self.run_id)
+                    ).scalar()
+                    == token
+                )
+            )
+        )
 
-    def _fence(self, conn: Connection, now: datetime, counters: Counters | None, token: str | None) -> None:
+    def _fence(
+        self, conn: Connection, now: datetime, counters: Counters | None, token: str | None
+    ) -> None:
         # The first statement of every write: extends the lease and proves we still own it.
         # On SQLite the transaction already holds the write lock (BEGIN IMMEDIATE); on
         # PostgreSQL the UPDATE locks the run row until commit. Either way no other owner
         # can slip in between this check and our commit.
-        params: dict[str, Any] = {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch,
-                                  "b_now": now, "b_expires": now + self.lease}
+        params: dict[str, Any] = {
+            "b_id": self.run_id,
+            "b_owner": self.owner,
+            "b_epoch": self.epoch,
+            "b_now": now,
+            "b_expires": now + self.lease,
+        }
         statement = _HEARTBEAT
         if token is not None:
             statement = _FENCE
@@ -294,39 +378,75 @@ class Journal:
             raise LeaseLost(self.run_id)
         self.cancel_seen = bool(row[0])
 
-    def _read(self, query: Callable[[Connection], Any], policy: retrying.StorePolicy | None = None) -> Any:
-        return retrying.read(self.engine, query, policy or self.policy, run_id=self.run_id, sleep=self.sleep)
+    def _read(
+        self, query: Callable[[Connection], Any], policy: retrying.StorePolicy | None = None
+    ) -> Any:
+        return retrying.read(
+            self.engine, query, policy or self.policy, run_id=self.run_id, sleep=self.sleep
+        )
 
     # -- reads ---------------------------------------------------------------------------------
     def load(self) -> Loaded:
         """The run row, its messages and the steps that matter for resume (not completed)."""
+
         def query(conn: Connection) -> Loaded:
             run = conn.execute(select(runs).where(runs.c.id == self.run_id)).first()
             if run is None:
                 raise RunNotFound(self.run_id)
-            msgs = [message_from_row(r) for r in conn.execute(
-                select(messages.c.role, messages.c.content, messages.c.tool_calls, messages.c.tool_call_id)
-                .where(messages.c.run_id == self.run_id).order_by(messages.c.seq))]
-            open_steps = [StepRecord.from_row(r) for r in conn.execute(
-                select(steps).where(steps.c.run_id == self.run_id, steps.c.state != StepState.COMPLETED.value))]
+            msgs = [
+                message_from_row(r)
+                for r in conn.execute(
+                    select(
+                        messages.c.role,
+                        messages.c.content,
+                        messages.c.tool_calls,
+                        messages.c.tool_call_id,
+                    )
+                    .where(messages.c.run_id == self.run_id)
+                    .order_by(messages.c.seq)
+                )
+            ]
+            open_steps = [
+                StepRecord.from_row(r)
+                for r in conn.execute(
+                    select(steps).where(
+                        steps.c.run_id == self.run_id, steps.c.state != StepState.COMPLETED.value
+                    )
+                )
+            ]
             max_seq, prompt, completion = conn.execute(
-                select(func.max(steps.c.seq),
-                       func.sum(steps.c.prompt_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
-                       func.sum(steps.c.completion_tokens).filter(steps.c.kind.in_(_PAID_KINDS)))
-                .where(steps.c.run_id == self.run_id)).one()
+                select(
+                    func.max(steps.c.seq),
+                    func.sum(steps.c.prompt_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
+                    func.sum(steps.c.completion_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
+                ).where(steps.c.run_id == self.run_id)
+            ).one()
             done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
-            compactions = [r[0] for r in conn.execute(
-                select(steps.c.output).where(*done, steps.c.kind == "compact").order_by(steps.c.seq))]
+            compactions = [
+                r[0]
+                for r in conn.execute(
+                    select(steps.c.output)
+                    .where(*done, steps.c.kind == "compact")
+                    .order_by(steps.c.seq)
+                )
+            ]
             last_model = calibrating_output(conn, done)
-            return Loaded(run=RunRecord.from_row(run), messages=msgs, open_steps=open_steps,
-                          next_seq=0 if max_seq is None else max_seq + 1,
-                          model_tokens=(int(prompt or 0), int(completion or 0)),
-                          compactions=compactions, last_model_output=last_model)
+            return Loaded(
+                run=RunRecord.from_row(run),
+                messages=msgs,
+                open_steps=open_steps,
+                next_seq=0 if max_seq is None else max_seq + 1,
+                model_tokens=(int(prompt or 0), int(completion or 0)),
+                compactions=compactions,
+                last_model_output=last_model,
+            )
 
         loaded: Loaded = self._read(query)
         self.next_seq = loaded.next_seq
         self.open_steps = {s.idempotency_key: s for s in loaded.open_steps}
-        self.failed_keys = {s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED}
+        self.failed_keys = {
+            s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED
+        }
         self.message_count = len(loaded.messages)
         self.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
         self.discard_deferred()
@@ -339,56 +459,128 @@ class Journal:
 
     def recorded(self, key: str) -> StepRecord | None:
         """The step with this key, in whatever state it was recorded, if it was."""
-        row = self._read(lambda conn: conn.execute(select(steps).where(
-            steps.c.run_id == self.run_id, steps.c.idempotency_key == key)).first())
+        row = self._read(
+            lambda conn: conn.execute(
+                select(steps).where(steps.c.run_id == self.run_id, steps.c.idempotency_key == key)
+            ).first()
+        )
         return None if row is None else StepRecord.from_row(row)
 
     def cancel_requested(self, *, once: bool = False) -> bool:
         """`once`: one try, for the heartbeat (its renewal must not wait behind a minute of retries)."""
-        return bool(self._read(lambda conn: conn.execute(select(runs.c.cancel_requested).where(
-            runs.c.id == self.run_id)).scalar(), retrying.StorePolicy(max_attempts=1) if once else None))
+        return bool(
+            self._read(
+                lambda conn: conn.execute(
+                    select(runs.c.cancel_requested).where(runs.c.id == self.run_id)
+                ).scalar(),
+                retrying.StorePolicy(max_attempts=1) if once else None,
+            )
+        )
 
-    def approval_for(self, call_id: str, kind: str, *, used_too: bool = False) -> ApprovalRecord | None:
+    def approval_for(
+        self, call_id: str, kind: str, *, used_too: bool = False
+    ) -> ApprovalRecord | None:
         """The latest decided, not yet used approval of this call, or a pending one (`used_too`:
         one used already counts as well)."""
-        query = select(approvals).where(approvals.c.run_id == self.run_id, approvals.c.call_id == call_id,
-                                        approvals.c.kind == kind)
+        query = select(approvals).where(
+            approvals.c.run_id == self.run_id,
+            approvals.c.call_id == call_id,
+            approvals.c.kind == kind,
+        )
         if not used_too:
             query = query.where(approvals.c.used_at.is_(None))
         row = self._read(lambda conn: conn.execute(query.order_by(approvals.c.id.desc())).first())
         return None if row is None else ApprovalRecord.from_row(row)
 
     # -- run-level writes ----------------------------------------------------------------------
-    def request_approval(self, *, call_id: str, kind: str, tool_name: str, command: str | None,
-                         reason: str, step_seq: int | None) -> None:
+    def request_approval(
+        self,
+        *,
+        call_id: str,
+        kind: str,
+        tool_name: str,
+        command: str | None,
+        reason: str,
+        step_seq: int | None,
+    ) -> None:
         pending = self.approval_for(call_id, kind)
         if pending is not None and pending.decision is None:
             return
         command, reason = storable((command, reason))
-        self.commit([(insert(approvals).values(
-            run_id=self.run_id, call_id=call_id, kind=kind, tool_name=tool_name,
-            command=command, reason=reason, step_seq=step_seq, requested_at=utcnow()), {})])
+        self.commit(
+            [
+                (
+                    insert(approvals).values(
+                        run_id=self.run_id,
+                        call_id=call_id,
+                        kind=kind,
+                        tool_name=tool_name,
+                        command=command,
+                        reason=reason,
+                        step_seq=step_seq,
+                        requested_at=utcnow(),
+                    ),
+                    {},
+                )
+            ]
+        )
 
     def settle_approval(self, approval_id: int, *, by: str) -> None:
         """A pending question that the policy now answers: approved, by the policy."""
-        self.commit([(update(approvals).where(approvals.c.id == approval_id).values(
-            decision=Decision.APPROVED.value, decided_by=by, decided_at=utcnow()), {})])
+        self.commit(
+            [
+                (
+                    update(approvals)
+                    .where(approvals.c.id == approval_id)
+                    .values(decision=Decision.APPROVED.value, decided_by=by, decided_at=utcnow()),
+                    {},
+                )
+            ]
+        )
 
-    def finish_run(self, *, status: str, stop_reason: str | None, answer: str | None, error: str | None,
-                   counters: Counters) -> None:
+    def finish_run(
+        self,
+        *,
+        status: str,
+        stop_reason: str | None,
+        answer: str | None,
+        error: str | None,
+        counters: Counters,
+    ) -> None:
         """The run's end: status, reason, answer; the lease is released in the same write."""
         answer, error = storable((answer, error))
         now = utcnow()
-        self.commit([(update(runs).where(runs.c.id == self.run_id).values(
-            status=status, stop_reason=stop_reason, answer=answer, error=error,
-            finished_at=now, lease_owner=None, lease_expires_at=None), {})], counters=counters)
+        self.commit(
+            [
+                (
+                    update(runs)
+                    .where(runs.c.id == self.run_id)
+                    .values(
+                        status=status,
+                        stop_reason=stop_reason,
+                        answer=answer,
+                        error=error,
+                        finished_at=now,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                    ),
+                    {},
+                )
+            ],
+            counters=counters,
+        )
 
     def release_lease(self) -> None:
         """Best effort, one try: after a store failure let the next owner in without waiting
         for the lease to expire. The run keeps its status; resume takes it from there."""
-        with contextlib.suppress(Exception), self.engine.begin() as conn:  # down: the lease runs out
-            conn.execute(update(runs).where(*_FENCE_WHERE).values(lease_expires_at=utcnow()),
-                         {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch})
+        with (
+            contextlib.suppress(Exception),
+            self.engine.begin() as conn,
+        ):  # down: the lease runs out
+            conn.execute(
+                update(runs).where(*_FENCE_WHERE).values(lease_expires_at=utcnow()),
+                {"b_id": self.run_id, "b_owner": self.owner, "b_epoch": self.epoch},
+            )
 
     def heartbeat(self) -> bool:
         """Extend the lease; returns cancel_requested so the heartbeat can stop a running command."""

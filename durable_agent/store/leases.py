@@ -50,7 +50,12 @@ def owner_is_dead(owner: str) -> bool:
     host, _, rest = owner.partition(":")
     pid_text, _, nonce = rest.partition(":")
     space = _pid_space()
-    if host != socket.gethostname() or not pid_text.isdigit() or not space or not nonce.endswith(f"-{space}"):
+    if (
+        host != socket.gethostname()
+        or not pid_text.isdigit()
+        or not space
+        or not nonce.endswith(f"-{space}")
+    ):
         return False
     try:
         os.kill(int(pid_text), 0)
@@ -63,8 +68,12 @@ def owner_is_dead(owner: str) -> bool:
 
 def is_live(owner: str | None, expires_at: datetime | None, now: datetime) -> bool:
     """Held and not expired, by an owner not proven dead (same host, pid gone)."""
-    return (owner is not None and expires_at is not None and expires_at > now
-            and not owner_is_dead(owner))
+    return (
+        owner is not None
+        and expires_at is not None
+        and expires_at > now
+        and not owner_is_dead(owner)
+    )
 
 
 def is_executing(run: Any, now: datetime) -> bool:
@@ -73,8 +82,16 @@ def is_executing(run: Any, now: datetime) -> bool:
     return run.status == RunStatus.RUNNING and is_live(run.lease_owner, run.lease_expires_at, now)
 
 
-def take(conn: Connection, run_id: str, *, previous_epoch: int, owner: str, lease_seconds: float,
-         now: datetime, clear_cancel: bool) -> int:
+def take(
+    conn: Connection,
+    run_id: str,
+    *,
+    previous_epoch: int,
+    owner: str,
+    lease_seconds: float,
+    now: datetime,
+    clear_cancel: bool,
+) -> int:
     """Take the lease of a run whose row the caller has locked; returns the new epoch.
 
     The new epoch fences out the previous holder, should it still live: every Journal write
@@ -91,10 +108,19 @@ def take(conn: Connection, run_id: str, *, previous_epoch: int, owner: str, leas
     res = conn.execute(
         update(runs)
         .where(runs.c.id == run_id, runs.c.lease_epoch == previous_epoch)
-        .values(status=RunStatus.RUNNING.value, lease_owner=owner, lease_epoch=epoch,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                stop_reason=None, error=None, finished_at=None, updated_at=now,
-                resume_count=runs.c.resume_count + (1 if previous_epoch > 0 else 0), **extra))
+        .values(
+            status=RunStatus.RUNNING.value,
+            lease_owner=owner,
+            lease_epoch=epoch,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            stop_reason=None,
+            error=None,
+            finished_at=None,
+            updated_at=now,
+            resume_count=runs.c.resume_count + (1 if previous_epoch > 0 else 0),
+            **extra,
+        )
+    )
     if res.rowcount != 1:  # cannot happen under the row lock; never run a run twice
         raise RuntimeError(f"run {run_id} changed under its row lock")
     return epoch

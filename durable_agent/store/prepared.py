@@ -74,8 +74,10 @@ class Rendered(Struct, frozen=True):
 
     def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         # None is SQL NULL for every processor: a step row is mostly NULLs.
-        out = [v if (v := values[n]) is None or p is None else p(v)
-               for n, p in zip(self.names, self.processors, strict=True)]
+        out = [
+            v if (v := values[n]) is None or p is None else p(v)
+            for n, p in zip(self.names, self.processors, strict=True)
+        ]
         return tuple(out) if self.positional else dict(zip(self.names, out, strict=True))
 
 
@@ -116,6 +118,7 @@ def fetch_one(conn: Connection, cursor: Any) -> Any:
     """The next row of the answer to the statement last run, on its cursor, the driver's
     errors wrapped as everywhere. On PostgreSQL inside `transaction` the statements waiting
     are sent first (see there): read an answer before running the next statement."""
+
     def call() -> Any:
         waiting = _WAITING.get(id(cursor.connection))
         if waiting is not None and waiting.texts:
@@ -125,8 +128,9 @@ def fetch_one(conn: Connection, cursor: Any) -> Any:
     return _driver_call(conn, "FETCH", call, cursor=cursor)
 
 
-def run_core(conn: Connection, statement: Executable,
-             params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
+def run_core(
+    conn: Connection, statement: Executable, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+) -> Any:
     """A one-off Core statement (values of its own included; a list of rows for an
     executemany) in a `transaction`: compiled here, each time; for the rarer statements of
     a checkpoint (approvals, the run's end, workspace snapshots)."""
@@ -135,7 +139,8 @@ def run_core(conn: Connection, statement: Executable,
         return None
     many = len(rows) > 1
     compiled = statement.compile(  # type: ignore[attr-defined]
-        dialect=conn.dialect, column_keys=list(rows[0]), for_executemany=many)
+        dialect=conn.dialect, column_keys=list(rows[0]), for_executemany=many
+    )
     rendered = _render(statement, conn.dialect, tuple(rows[0]), compiled)
     values = [rendered.params(compiled.construct_params(r)) for r in rows]
     return _execute(conn, rendered.sql, values if many else values[0], many=many)
@@ -169,14 +174,18 @@ def transaction(conn: Connection) -> Iterator[None]:
             if begin:  # our BEGIN travels with the first statements instead of alone (psycopg's)
                 dbapi_conn.autocommit = True
             _WAITING[id(dbapi_conn)] = _Waiting(["BEGIN"] if begin else [])
-        elif conn.dialect.name == "sqlite":  # (other PostgreSQL drivers begin on the first statement)
+        elif (
+            conn.dialect.name == "sqlite"
+        ):  # (other PostgreSQL drivers begin on the first statement)
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
         yield
         waiting = _WAITING.get(id(dbapi_conn))
         if waiting is None or not waiting.texts:
             _driver_call(conn, "COMMIT", dbapi_conn.commit)
         elif waiting.texts != ["BEGIN"]:  # (only a BEGIN waiting: nothing was begun)
-            _driver_call(conn, "COMMIT", lambda: _send(conn, dbapi_conn, dbapi_conn.cursor(), "COMMIT"))
+            _driver_call(
+                conn, "COMMIT", lambda: _send(conn, dbapi_conn, dbapi_conn.cursor(), "COMMIT")
+            )
     except BaseException:
         with contextlib.suppress(Exception):
             dbapi_conn.rollback()
@@ -185,14 +194,18 @@ def transaction(conn: Connection) -> Iterator[None]:
         if together:
             _WAITING.pop(id(dbapi_conn), None)
             if begin:  # (should this be cut short, the pool's check-in sets it back: engine.py)
-                with contextlib.suppress(Exception):  # a dead connection refuses: it is dropped anyway
+                with contextlib.suppress(
+                    Exception
+                ):  # a dead connection refuses: it is dropped anyway
                     dbapi_conn.autocommit = False
 
 
 def _execute(conn: Connection, sql: str, params: Any, *, many: bool) -> Any:
     dbapi_conn = conn.connection.dbapi_connection
     assert dbapi_conn is not None
-    cursor = dbapi_conn.cursor()  # on PostgreSQL a ClientCursor: values bound into the text (engine.py)
+    cursor = (
+        dbapi_conn.cursor()
+    )  # on PostgreSQL a ClientCursor: values bound into the text (engine.py)
     waiting = _WAITING.get(id(dbapi_conn)) if _WAITING else None
     if waiting is not None:  # inside `transaction`: sent with the next answer read, or the COMMIT
 
@@ -235,35 +248,49 @@ def _send(conn: Connection, dbapi_conn: Any, cursor: Any, last: str | None = Non
         hook("after", conn)
 
 
-def _driver_call(conn: Connection, sql: str, call: Callable[[], Any], params: Any = None,
-                 cursor: Any = None) -> Any:
+def _driver_call(
+    conn: Connection, sql: str, call: Callable[[], Any], params: Any = None, cursor: Any = None
+) -> Any:
     dialect = conn.dialect
     try:
         return call()
     except dialect.loaded_dbapi.Error as exc:
         # As Connection._handle_dbapi_exception does: a dead connection is invalidated (the
         # pool will not hand it out again) and the wrapper says so.
-        disconnect = (bool(dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor))
-                      or retrying.connection_lost(exc))
+        disconnect = bool(
+            dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
+        ) or retrying.connection_lost(exc)
         if disconnect and not conn.invalidated:
             conn.invalidate(exc)
-        raise DBAPIError.instance(sql, params, exc, dialect.loaded_dbapi.Error,
-                                  connection_invalidated=disconnect, dialect=dialect) from exc
+        raise DBAPIError.instance(
+            sql,
+            params,
+            exc,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=disconnect,
+            dialect=dialect,
+        ) from exc
 
 
-def _render(statement: Executable, dialect: Dialect, column_keys: tuple[str, ...],
-            compiled: Any = None) -> Rendered:
+def _render(
+    statement: Executable, dialect: Dialect, column_keys: tuple[str, ...], compiled: Any = None
+) -> Rendered:
     # for_executemany: no implicit RETURNING of generated ids (PostgreSQL), which nothing reads.
     compiled = compiled or statement.compile(  # type: ignore[attr-defined]
-        dialect=dialect, column_keys=list(column_keys), for_executemany=True)
+        dialect=dialect, column_keys=list(column_keys), for_executemany=True
+    )
     assert isinstance(compiled, SQLCompiler)
     positional = bool(compiled.positional)
     # The names as rendered in the SQL (anonymous binds, e.g. a literal in .values(), get
     # theirs here, as construct_params() spells them).
     by_name = {name: bind for bind, name in compiled.bind_names.items()}
     names = tuple(compiled.positiontup or ()) if positional else tuple(by_name)
-    return Rendered(sql=compiled.string, names=names, positional=positional,
-                    processors=tuple(_processor(by_name[n].type, dialect) for n in names))
+    return Rendered(
+        sql=compiled.string,
+        names=names,
+        positional=positional,
+        processors=tuple(_processor(by_name[n].type, dialect) for n in names),
+    )
 
 
 def _processor(kind: TypeEngine[Any], dialect: Dialect) -> Processor:

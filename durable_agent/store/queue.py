@@ -43,8 +43,14 @@ MAX_CANDIDATES = 16
 
 CLAIMABLE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 
-_CANDIDATE_COLUMNS = (runs.c.id, runs.c.status, runs.c.workspace, runs.c.settings,
-                      runs.c.lease_owner, runs.c.lease_epoch)
+_CANDIDATE_COLUMNS = (
+    runs.c.id,
+    runs.c.status,
+    runs.c.workspace,
+    runs.c.settings,
+    runs.c.lease_owner,
+    runs.c.lease_epoch,
+)
 
 
 class Claim(Struct, frozen=True):
@@ -72,8 +78,10 @@ class ClaimResult(Struct, frozen=True):
 
 def claimable(now: datetime) -> Any:
     """The SQL condition of a claimable run (kept in step with the ix_runs_claimable index)."""
-    return and_(runs.c.status.in_(CLAIMABLE),
-                or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now))
+    return and_(
+        runs.c.status.in_(CLAIMABLE),
+        or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now),
+    )
 
 
 class Queue:
@@ -83,19 +91,33 @@ class Queue:
         self.engine = engine
         self.policy = policy or retrying.StorePolicy(max_attempts=3, max_seconds=5.0)
 
-    def claim(self, owner: str, lease_seconds: float, *, max_running: int | None = None,
-              exclude: Collection[str] = (),
-              accept: Callable[[str], bool] = lambda _workspace: True) -> ClaimResult:
+    def claim(
+        self,
+        owner: str,
+        lease_seconds: float,
+        *,
+        max_running: int | None = None,
+        exclude: Collection[str] = (),
+        accept: Callable[[str], bool] = lambda _workspace: True,
+    ) -> ClaimResult:
         """Take the lease of the oldest claimable run that `accept`s its workspace.
 
         `exclude`: run ids this worker already turned down. `accept` is called inside the
         transaction, with the candidate row locked: keep it cheap (a stat of a path).
         Database faults come out as StoreError / StoreUnavailable (retried briefly first).
         """
-        return retrying.run(lambda: self._claim(owner, lease_seconds, max_running, exclude, accept), self.policy)
+        return retrying.run(
+            lambda: self._claim(owner, lease_seconds, max_running, exclude, accept), self.policy
+        )
 
-    def _claim(self, owner: str, lease_seconds: float, max_running: int | None,
-               exclude: Collection[str], accept: Callable[[str], bool]) -> ClaimResult:
+    def _claim(
+        self,
+        owner: str,
+        lease_seconds: float,
+        max_running: int | None,
+        exclude: Collection[str],
+        accept: Callable[[str], bool],
+    ) -> ClaimResult:
         now = utcnow()
         skipped = set(exclude)
         rejected: list[Rejected] = []
@@ -103,11 +125,13 @@ class Queue:
             if max_running is not None and self._live_leases(conn, now) >= max_running:
                 return ClaimResult(at_limit=True)
             for _ in range(MAX_CANDIDATES):
-                query = (select(*_CANDIDATE_COLUMNS)
-                         .where(claimable(now))
-                         .order_by(runs.c.created_at, runs.c.id)
-                         .limit(1)
-                         .with_for_update(skip_locked=True))
+                query = (
+                    select(*_CANDIDATE_COLUMNS)
+                    .where(claimable(now))
+                    .order_by(runs.c.created_at, runs.c.id)
+                    .limit(1)
+                    .with_for_update(skip_locked=True)
+                )
                 if skipped:
                     query = query.where(runs.c.id.not_in(skipped))
                 row = conn.execute(query).first()
@@ -117,40 +141,71 @@ class Queue:
                     skipped.add(row.id)
                     rejected.append(Rejected(row.id, row.workspace))
                     continue
-                return ClaimResult(claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected)
+                return ClaimResult(
+                    claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected
+                )
             # Nothing expired: a lease held by a process of this machine that is gone (killed
             # worker, crashed `start`) is taken over at once, like `resume` does, instead of
             # waiting for it to expire. Only this host can prove a pid dead.
             orphans = conn.execute(
                 select(*_CANDIDATE_COLUMNS)
-                .where(runs.c.status == RunStatus.RUNNING.value, runs.c.lease_expires_at > now,
-                       runs.c.lease_owner.startswith(f"{socket.gethostname()}:", autoescape=True))
+                .where(
+                    runs.c.status == RunStatus.RUNNING.value,
+                    runs.c.lease_expires_at > now,
+                    runs.c.lease_owner.startswith(f"{socket.gethostname()}:", autoescape=True),
+                )
                 .order_by(runs.c.created_at, runs.c.id)
                 .limit(MAX_CANDIDATES)
-                .with_for_update(skip_locked=True)).all()
+                .with_for_update(skip_locked=True)
+            ).all()
             for row in orphans:
-                if row.id in skipped or not leases.owner_is_dead(row.lease_owner) or not accept(row.workspace):
+                if (
+                    row.id in skipped
+                    or not leases.owner_is_dead(row.lease_owner)
+                    or not accept(row.workspace)
+                ):
                     continue
-                return ClaimResult(claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected)
+                return ClaimResult(
+                    claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected
+                )
         return ClaimResult(rejected=rejected)
 
     @staticmethod
     def _take(conn: Connection, row: Any, owner: str, lease_seconds: float, now: datetime) -> Claim:
         """Take the locked candidate's lease with a new epoch."""
-        epoch = leases.take(conn, row.id, previous_epoch=row.lease_epoch, owner=owner,
-                            lease_seconds=lease_seconds, now=now, clear_cancel=False)
-        return Claim(run_id=row.id, owner=owner, epoch=epoch, workspace=row.workspace,
-                     settings=dict(row.settings or {}), takeover=row.status == RunStatus.RUNNING,
-                     previous_owner=row.lease_owner)
+        epoch = leases.take(
+            conn,
+            row.id,
+            previous_epoch=row.lease_epoch,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            now=now,
+            clear_cancel=False,
+        )
+        return Claim(
+            run_id=row.id,
+            owner=owner,
+            epoch=epoch,
+            workspace=row.workspace,
+            settings=dict(row.settings or {}),
+            takeover=row.status == RunStatus.RUNNING,
+            previous_owner=row.lease_owner,
+        )
 
     def _live_leases(self, conn: Connection, now: datetime) -> int:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
-        return int(conn.execute(
-            select(func.count()).select_from(runs).where(
-                runs.c.status == RunStatus.RUNNING.value, runs.c.lease_owner.is_not(None),
-                runs.c.lease_expires_at > now)
-        ).scalar_one())
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(runs)
+                .where(
+                    runs.c.status == RunStatus.RUNNING.value,
+                    runs.c.lease_owner.is_not(None),
+                    runs.c.lease_expires_at > now,
+                )
+            ).scalar_one()
+        )
 
     def release(self, run_id: str, owner: str, epoch: int, *, note: str | None = None) -> bool:
         """Give a run back to the queue (`pending`, no lease) without ending it.
@@ -165,8 +220,18 @@ class Queue:
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(runs)
-                .where(runs.c.id == run_id, runs.c.lease_owner == owner, runs.c.lease_epoch == epoch,
-                       runs.c.status == RunStatus.RUNNING.value)
-                .values(status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None,
-                        error=storable(note), updated_at=utcnow()))
+                .where(
+                    runs.c.id == run_id,
+                    runs.c.lease_owner == owner,
+                    runs.c.lease_epoch == epoch,
+                    runs.c.status == RunStatus.RUNNING.value,
+                )
+                .values(
+                    status=RunStatus.PENDING.value,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    error=storable(note),
+                    updated_at=utcnow(),
+                )
+            )
             return res.rowcount == 1

@@ -33,26 +33,50 @@ T = TypeVar("T")
 
 _PG_TRANSIENT = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03", "53300"}
 # Not CANTOPEN (a path under a file, no permission): a wrong --db, not a passing fault.
-_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_PROTOCOL")
+_SQLITE_TRANSIENT = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_IOERR",
+    "SQLITE_FULL",
+    "SQLITE_PROTOCOL",
+)
 # Messages of drivers that carry no code: a connection gone or left unusable (psycopg over a
 # socket that died) ...
-_LOST_TEXT = ("server closed the connection", "connection is closed", "terminating connection",
-              "connection reset", "broken pipe", "consuming input failed", "ssl syscall error",
-              "no connection to the server", "the connection is lost",
-              # psycopg's executemany runs in pipeline mode; a backend terminated inside the
-              # pipeline surfaces as this, the server's 57P01 only in its context.
-              "cannot exit pipeline mode",
-              # psycopg's wait loop: an OSError on the socket (its cause), or a connection
-              # left mid-command by one.
-              "connection socket closed", "another command is already in progress")
+_LOST_TEXT = (
+    "server closed the connection",
+    "connection is closed",
+    "terminating connection",
+    "connection reset",
+    "broken pipe",
+    "consuming input failed",
+    "ssl syscall error",
+    "no connection to the server",
+    "the connection is lost",
+    # psycopg's executemany runs in pipeline mode; a backend terminated inside the
+    # pipeline surfaces as this, the server's 57P01 only in its context.
+    "cannot exit pipeline mode",
+    # psycopg's wait loop: an OSError on the socket (its cause), or a connection
+    # left mid-command by one.
+    "connection socket closed",
+    "another command is already in progress",
+)
 # ... or a store that is there but busy, full or not reachable yet (sqlite3's text too).
-_BUSY_TEXT = ("connection refused", "could not connect", "connection timed out", "the database system is",
-              "database is locked", "disk i/o error", "database or disk is full",
-              # PostgreSQL's connection slots all taken (53300, which psycopg's failed connect
-              # carries as text only): for the server, a role or a database
-              "too many clients", "too many connections", "remaining connection slots are reserved",
-              # libpq's connect_timeout (engine.SILENCE_BOUNDS): a server that answered nothing
-              "timeout expired")
+_BUSY_TEXT = (
+    "connection refused",
+    "could not connect",
+    "connection timed out",
+    "the database system is",
+    "database is locked",
+    "disk i/o error",
+    "database or disk is full",
+    # PostgreSQL's connection slots all taken (53300, which psycopg's failed connect
+    # carries as text only): for the server, a role or a database
+    "too many clients",
+    "too many connections",
+    "remaining connection slots are reserved",
+    # libpq's connect_timeout (engine.SILENCE_BOUNDS): a server that answered nothing
+    "timeout expired",
+)
 _PG_LOST = ("57P01", "57P02", "57P03")
 
 
@@ -107,14 +131,23 @@ def is_transient(exc: BaseException) -> bool:
         name = getattr(orig, "sqlite_errorname", None)
         if isinstance(name, str) and name.startswith(_SQLITE_TRANSIENT):
             return True
-        if not sqlstate and any(t in str(orig).lower() for t in _BUSY_TEXT):  # (as in connection_lost)
+        if not sqlstate and any(
+            t in str(orig).lower() for t in _BUSY_TEXT
+        ):  # (as in connection_lost)
             return True
     return False
 
 
-def read(engine: Engine, query: Callable[[Connection], T], policy: StorePolicy, *,
-         run_id: str | None = None, sleep: Callable[[float], None] = time.sleep) -> T:
+def read(
+    engine: Engine,
+    query: Callable[[Connection], T],
+    policy: StorePolicy,
+    *,
+    run_id: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """`query` on a read-only connection of its own, retried whole on transient faults."""
+
     def attempt() -> T:
         with engine.connect().execution_options(readonly=True) as conn:
             return query(conn)
@@ -136,9 +169,14 @@ def translate(exc: BaseException, run_id: str | None = None) -> StoreError:
     return StoreError(f"the database refused a statement: {describe(exc)}")
 
 
-def run(attempt: Callable[[], T], policy: StorePolicy, *, run_id: str | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        on_retry: Callable[[BaseException], None] | None = None) -> T:
+def run(
+    attempt: Callable[[], T],
+    policy: StorePolicy,
+    *,
+    run_id: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
     """Call `attempt` until it succeeds, retrying transient database faults.
 
     Only `DBAPIError` (and bare connection errors) are looked at; anything else, the
@@ -175,7 +213,9 @@ def run(attempt: Callable[[], T], policy: StorePolicy, *, run_id: str | None = N
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(policy.max_attempts - 1) | stop_after_delay(remaining),
         wait=wait_random_exponential(multiplier=policy.initial_wait, max=policy.max_wait),
-        sleep=sleep, reraise=True, before_sleep=before_sleep,
+        sleep=sleep,
+        reraise=True,
+        before_sleep=before_sleep,
     )
     sleep(min(policy.initial_wait, remaining))  # the backoff before the second try
     try:

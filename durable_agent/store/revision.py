@@ -2,4 +2,6 @@
 store/sqlite_reads.py)."""
 
 HEAD_REVISION = "0006"  # the Alembic head the tables mirror; a test holds it equal to alembic/
-MAX_RUN_ID_PREFIX = 1000  # longer ids are matched whole, never as a prefix (SQLite refuses a long LIKE)
+MAX_RUN_ID_PREFIX = (
+    1000  # longer ids are matched whole, never as a prefix (SQLite refuses a long LIKE)
+)

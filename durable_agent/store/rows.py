@@ -17,13 +17,26 @@ def utcnow() -> datetime:
 
 def message_from_row(row: Any) -> Message:
     calls = tuple(ToolCall.from_dict(c) for c in (row.tool_calls or ()))
-    return Message(role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id)
+    return Message(
+        role=row.role, content=row.content, tool_calls=calls, tool_call_id=row.tool_call_id
+    )
 
 
-MESSAGE_COLUMNS = ("run_id", "seq", "role", "content", "tool_calls", "tool_call_id", "step_seq", "created_at")
+MESSAGE_COLUMNS = (
+    "run_id",
+    "seq",
+    "role",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "step_seq",
+    "created_at",
+)
 
 
-def message_values(run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime) -> dict[str, Any]:
+def message_values(
+    run_id: str, seq: int, message: Message, step_seq: int | None, now: datetime
+) -> dict[str, Any]:
     # Not yet storable: the journal's prepared insert cleans them as it writes them.
     return {
         "run_id": run_id,

@@ -36,9 +36,19 @@ T = TypeVar("T")
 
 def _locked_run(conn: Connection, run_id: str) -> Any:
     """The run's status and lease, locked until the transaction ends; RunNotFound if none."""
-    row = conn.execute(select(runs.c.status, runs.c.stop_reason, runs.c.answer, runs.c.error, runs.c.lease_owner,
-                              runs.c.lease_expires_at, runs.c.lease_epoch)
-                       .where(runs.c.id == run_id).with_for_update()).first()
+    row = conn.execute(
+        select(
+            runs.c.status,
+            runs.c.stop_reason,
+            runs.c.answer,
+            runs.c.error,
+            runs.c.lease_owner,
+            runs.c.lease_expires_at,
+            runs.c.lease_epoch,
+        )
+        .where(runs.c.id == run_id)
+        .with_for_update()
+    ).first()
     if row is None:
         raise RunNotFound(run_id)
     return row
@@ -46,11 +56,13 @@ def _locked_run(conn: Connection, run_id: str) -> Any:
 
 def _retried(method: Callable[P, T]) -> Callable[P, T]:
     """Run the whole method again on a transient fault; each is one transaction or one read."""
+
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         store = args[0]
         assert isinstance(store, Store)
         return retrying.run(lambda: method(*args, **kwargs), store.policy)
+
     return wrapper
 
 
@@ -66,9 +78,18 @@ class Store:
 
     # -- runs ---------------------------------------------------------------------------
     @_retried
-    def create_run(self, run_id: str, *, task: str, workspace: str, model: str,
-                   settings: dict[str, Any], first_messages: Sequence[Message],
-                   lease: tuple[str, float] | None = None, tree_start: str | None = None) -> None:
+    def create_run(
+        self,
+        run_id: str,
+        *,
+        task: str,
+        workspace: str,
+        model: str,
+        settings: dict[str, Any],
+        first_messages: Sequence[Message],
+        lease: tuple[str, float] | None = None,
+        tree_start: str | None = None,
+    ) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute."""
@@ -76,19 +97,41 @@ class Store:
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
         if lease is not None:
-            leased = {"status": RunStatus.RUNNING.value, "lease_epoch": 1, "lease_owner": lease[0],
-                      "lease_expires_at": now + timedelta(seconds=lease[1])}
+            leased = {
+                "status": RunStatus.RUNNING.value,
+                "lease_epoch": 1,
+                "lease_owner": lease[0],
+                "lease_expires_at": now + timedelta(seconds=lease[1]),
+            }
         with self.engine.begin() as conn:
-            conn.execute(insert(runs).values(
-                id=run_id, task=task, workspace=workspace, model=model,
-                created_at=now, updated_at=now,
-                step_count=0, tool_call_count=0, prompt_tokens=0, completion_tokens=0,
-                cancel_requested=False, settings=settings,
-                message_count=len(first_messages), active_ms=0, resume_count=0, tree_start=tree_start, **leased,
-            ))
-            conn.execute(insert(messages), [
-                storable(message_values(run_id, i, m, None, now)) for i, m in enumerate(first_messages)
-            ])
+            conn.execute(
+                insert(runs).values(
+                    id=run_id,
+                    task=task,
+                    workspace=workspace,
+                    model=model,
+                    created_at=now,
+                    updated_at=now,
+                    step_count=0,
+                    tool_call_count=0,
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    cancel_requested=False,
+                    settings=settings,
+                    message_count=len(first_messages),
+                    active_ms=0,
+                    resume_count=0,
+                    tree_start=tree_start,
+                    **leased,
+                )
+            )
+            conn.execute(
+                insert(messages),
+                [
+                    storable(message_values(run_id, i, m, None, now))
+                    for i, m in enumerate(first_messages)
+                ],
+            )
 
     @_retried
     def run_exists(self, run_id: str) -> bool:
@@ -118,14 +161,20 @@ class Store:
                 return prefix
             if len(prefix) > MAX_RUN_ID_PREFIX:
                 raise RunNotFound(prefix)
-            ids = conn.execute(
-                select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(3)
-            ).scalars().all()
+            ids = (
+                conn.execute(
+                    select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True)).limit(3)
+                )
+                .scalars()
+                .all()
+            )
         if len(ids) == 1:
             return str(ids[0])
         if ids:
-            raise UsageError(f"run id prefix {prefix!r} is ambiguous: {', '.join(ids)}"
-                             f"{', …' if len(ids) > 2 else ''}; type more of it")
+            raise UsageError(
+                f"run id prefix {prefix!r} is ambiguous: {', '.join(ids)}"
+                f"{', …' if len(ids) > 2 else ''}; type more of it"
+            )
         raise RunNotFound(prefix)
 
     @_retried
@@ -139,20 +188,32 @@ class Store:
     @_retried
     def steps(self, run_id: str) -> list[StepRecord]:
         with self._read() as conn:
-            return [StepRecord.from_row(r) for r in
-                    conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq))]
+            return [
+                StepRecord.from_row(r)
+                for r in conn.execute(
+                    select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
+                )
+            ]
 
     @_retried
     def messages(self, run_id: str) -> list[MessageRecord]:
         with self._read() as conn:
-            return [MessageRecord.from_row(r) for r in conn.execute(
-                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq))]
+            return [
+                MessageRecord.from_row(r)
+                for r in conn.execute(
+                    select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq)
+                )
+            ]
 
     @_retried
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         with self._read() as conn:
-            return [ApprovalRecord.from_row(r) for r in conn.execute(
-                select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id))]
+            return [
+                ApprovalRecord.from_row(r)
+                for r in conn.execute(
+                    select(approvals).where(approvals.c.run_id == run_id).order_by(approvals.c.id)
+                )
+            ]
 
     @_retried
     def cancel(self, run_id: str) -> str:
@@ -163,11 +224,25 @@ class Store:
             if row.status == RunStatus.COMPLETED:
                 raise UsageError(f"run {run_id} is already completed")
             if leases.is_executing(row, now):
-                conn.execute(update(runs).where(runs.c.id == run_id).values(cancel_requested=True, updated_at=now))
+                conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id)
+                    .values(cancel_requested=True, updated_at=now)
+                )
                 return "requested"
-            conn.execute(update(runs).where(runs.c.id == run_id).values(
-                status=RunStatus.CANCELLED.value, stop_reason="cancelled", finished_at=now, updated_at=now,
-                cancel_requested=False, lease_owner=None, lease_expires_at=None))
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id)
+                .values(
+                    status=RunStatus.CANCELLED.value,
+                    stop_reason="cancelled",
+                    finished_at=now,
+                    updated_at=now,
+                    cancel_requested=False,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            )
             return "cancelled"
 
     @_retried
@@ -180,39 +255,68 @@ class Store:
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
             extra = {} if settings is None else {"settings": storable(settings)}
-            conn.execute(update(runs).where(runs.c.id == run_id).values(
-                status=RunStatus.PENDING.value, stop_reason=None, error=None, finished_at=None,
-                cancel_requested=False, lease_owner=None, lease_expires_at=None, updated_at=now, **extra))
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id)
+                .values(
+                    status=RunStatus.PENDING.value,
+                    stop_reason=None,
+                    error=None,
+                    finished_at=None,
+                    cancel_requested=False,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    updated_at=now,
+                    **extra,
+                )
+            )
 
     @_retried
     def pending_approval(self, run_id: str) -> ApprovalRecord | None:
         with self._read() as conn:
             row = conn.execute(
-                select(approvals).where(approvals.c.run_id == run_id, approvals.c.decision.is_(None))
+                select(approvals)
+                .where(approvals.c.run_id == run_id, approvals.c.decision.is_(None))
                 .order_by(approvals.c.id.desc())
             ).first()
         return None if row is None else ApprovalRecord.from_row(row)
 
     @_retried
-    def decide_approval(self, approval_id: int, *, approved: bool, by: str, restore: bool = False) -> None:
+    def decide_approval(
+        self, approval_id: int, *, approved: bool, by: str, restore: bool = False
+    ) -> None:
         with self.engine.begin() as conn:
-            conn.execute(update(approvals).where(approvals.c.id == approval_id).values(
-                decision=(Decision.APPROVED if approved else Decision.DENIED).value,
-                decided_by=storable(by), decided_at=utcnow(), restore_workspace=restore or None))
+            conn.execute(
+                update(approvals)
+                .where(approvals.c.id == approval_id)
+                .values(
+                    decision=(Decision.APPROVED if approved else Decision.DENIED).value,
+                    decided_by=storable(by),
+                    decided_at=utcnow(),
+                    restore_workspace=restore or None,
+                )
+            )
 
     @_retried
     def update_settings(self, run_id: str, settings: dict[str, Any]) -> None:
         settings = storable(settings)
         with self.engine.begin() as conn:
-            conn.execute(update(runs).where(runs.c.id == run_id).values(settings=settings, updated_at=utcnow()))
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id)
+                .values(settings=settings, updated_at=utcnow())
+            )
 
     @_retried
     def record_tool_sources(self, run_id: str, sources: dict[str, Any]) -> dict[str, Any]:
         """Record the run's tool sources once (the first session that lists them wins) and
         return what is recorded: a resume offers these, not what the servers offer now."""
         with self.engine.begin() as conn:
-            conn.execute(update(runs).where(runs.c.id == run_id, runs.c.tool_sources.is_(None))
-                         .values(tool_sources=storable(sources)))
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.tool_sources.is_(None))
+                .values(tool_sources=storable(sources))
+            )
             recorded = conn.execute(select(runs.c.tool_sources).where(runs.c.id == run_id)).scalar()
         return dict(recorded or {})
 
@@ -229,8 +333,9 @@ class Store:
         return self.take_over(run_id, owner, lease_seconds)[0]
 
     @_retried
-    def take_over(self, run_id: str, owner: str, lease_seconds: float) -> tuple[int, tuple[str, str | None, str | None,
-                                                                                         str | None]]:
+    def take_over(
+        self, run_id: str, owner: str, lease_seconds: float
+    ) -> tuple[int, tuple[str, str | None, str | None, str | None]]:
         """`acquire_lease`, also returning how the run stood just before, read under the same
         lock (status, stop_reason, answer, error): what a `compact` puts back when it is done."""
         now = utcnow()
@@ -245,12 +350,21 @@ class Store:
             # owner finished while a `resume` started) is never taken, reopened and replayed.
             if row.status not in RESUMABLE:
                 raise UsageError(f"run {run_id} is {row.status}; nothing to resume")
-            return leases.take(conn, run_id, previous_epoch=row.lease_epoch, owner=owner,
-                               lease_seconds=lease_seconds, now=now, clear_cancel=True), stood
+            return leases.take(
+                conn,
+                run_id,
+                previous_epoch=row.lease_epoch,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                now=now,
+                clear_cancel=True,
+            ), stood
 
     # -- SQL written for people --------------------------------------------------------------
     @_retried
-    def query(self, statement: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    def query(
+        self, statement: str, params: dict[str, Any] | None = None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
         """One read-only statement as a user would type it (the demo's proof, docs/queries.md):
         its column names and rows. Not for the package's own reads: those are typed methods."""
 
@@ -276,7 +390,9 @@ class StoreSettings(Protocol):
 
 
 def store_policy(settings: StoreSettings) -> retrying.StorePolicy:
-    return retrying.StorePolicy(max_attempts=settings.store_retry_attempts, max_seconds=settings.store_retry_seconds)
+    return retrying.StorePolicy(
+        max_attempts=settings.store_retry_attempts, max_seconds=settings.store_retry_seconds
+    )
 
 
 def open_store(settings: StoreSettings) -> Store:
@@ -285,5 +401,12 @@ def open_store(settings: StoreSettings) -> Store:
 
     assert settings.db is not None
     policy = store_policy(settings)
-    return Store(open_store_engine(settings.db, durability=settings.durability, policy=policy,
-                                   lease_seconds=settings.lease_seconds), policy)
+    return Store(
+        open_store_engine(
+            settings.db,
+            durability=settings.durability,
+            policy=policy,
+            lease_seconds=settings.lease_seconds,
+        ),
+        policy,
+    )

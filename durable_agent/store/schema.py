@@ -157,7 +157,9 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("decided_at", DateTime),
     Column("used_at", DateTime),  # when resume acted on the decision
-    Column("restore_workspace", Boolean),  # 0006: `approve --restore`: pre-command snapshot back first
+    Column(
+        "restore_workspace", Boolean
+    ),  # 0006: `approve --restore`: pre-command snapshot back first
 )
 Index("ix_approvals_run", approvals.c.run_id, approvals.c.call_id)
 

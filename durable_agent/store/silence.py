@@ -77,7 +77,9 @@ class Watchdog:
                 if got:
                     self._lock.release()
 
-        def checked_out(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:  # one made before watch()
+        def checked_out(
+            dbapi_conn: Any, _record: Any, _proxy: Any
+        ) -> None:  # one made before watch()
             if self._watched(dbapi_conn) is None:
                 self.register(dbapi_conn, bound_s)
 
@@ -91,7 +93,9 @@ class Watchdog:
         if self._thread is None:
             with self._started:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="store-silence", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._run, name="store-silence", daemon=True
+                    )
                     self._thread.start()
 
     def _watched(self, dbapi_conn: Any) -> float | None:
@@ -101,7 +105,9 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            time.sleep(min((bound for _, bound in list(self._conns.values())), default=MIN_BOUND_S) / 4)
+            time.sleep(
+                min((bound for _, bound in list(self._conns.values())), default=MIN_BOUND_S) / 4
+            )
             self.look()
 
     def look(self) -> None:
@@ -137,7 +143,10 @@ def _silent_for(dbapi_conn: Any) -> int:
 
 
 def _tcp_info(dbapi_conn: Any) -> bytes | None:
-    with contextlib.suppress(Exception), _own_socket(dbapi_conn) as sock:  # closed, an old kernel: not watched
+    with (
+        contextlib.suppress(Exception),
+        _own_socket(dbapi_conn) as sock,
+    ):  # closed, an old kernel: not watched
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 104)  # type: ignore[arg-type]
     return None
@@ -152,7 +161,9 @@ def _cut(dbapi_conn: Any) -> None:
 
 def _own_socket(dbapi_conn: Any) -> socket.socket:
     """A socket object on a copy of the driver's descriptor (closing it leaves the driver's)."""
-    fd = os.dup(dbapi_conn.fileno())  # psycopg: libpq's socket; raises once the connection is closed
+    fd = os.dup(
+        dbapi_conn.fileno()
+    )  # psycopg: libpq's socket; raises once the connection is closed
     try:
         return socket.socket(fileno=fd)
     except OSError:

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from durable_agent.config_layers import sqlite_file, sqlite_target
+from durable_agent.config.layers import sqlite_file, sqlite_target
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.revision import HEAD_REVISION, MAX_RUN_ID_PREFIX
 from durable_agent.store.storable import is_utf8, lenient_text, read_json
@@ -35,15 +35,77 @@ T = TypeVar("T")
 # The tables' columns, as SQLAlchemy selects them (a test holds them equal to store/schema.py):
 # a store missing one is refused the whole way ("no such column"), so it is here too.
 COLUMNS = {
-    "runs": ("id", "task", "workspace", "model", "status", "stop_reason", "answer", "error", "created_at",
-             "updated_at", "finished_at", "step_count", "tool_call_count", "prompt_tokens", "completion_tokens",
-             "lease_owner", "lease_expires_at", "lease_epoch", "cancel_requested", "settings", "message_count",
-             "active_ms", "resume_count", "last_checkpoint", "tool_sources", "forked_from", "fork_seq", "tree_start"),
-    "steps": ("id", "run_id", "seq", "kind", "state", "idempotency_key", "call_id", "tool_name", "input", "output",
-              "error", "attempts", "prompt_tokens", "completion_tokens", "started_at", "finished_at", "duration_ms",
-              "turn", "effect", "pgid", "lease_epoch", "tree_before", "tree_id"),
-    "approvals": ("id", "run_id", "call_id", "step_seq", "kind", "tool_name", "command", "reason", "requested_at",
-                  "decision", "decided_by", "decided_at", "used_at", "restore_workspace"),
+    "runs": (
+        "id",
+        "task",
+        "workspace",
+        "model",
+        "status",
+        "stop_reason",
+        "answer",
+        "error",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "step_count",
+        "tool_call_count",
+        "prompt_tokens",
+        "completion_tokens",
+        "lease_owner",
+        "lease_expires_at",
+        "lease_epoch",
+        "cancel_requested",
+        "settings",
+        "message_count",
+        "active_ms",
+        "resume_count",
+        "last_checkpoint",
+        "tool_sources",
+        "forked_from",
+        "fork_seq",
+        "tree_start",
+    ),
+    "steps": (
+        "id",
+        "run_id",
+        "seq",
+        "kind",
+        "state",
+        "idempotency_key",
+        "call_id",
+        "tool_name",
+        "input",
+        "output",
+        "error",
+        "attempts",
+        "prompt_tokens",
+        "completion_tokens",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+        "turn",
+        "effect",
+        "pgid",
+        "lease_epoch",
+        "tree_before",
+        "tree_id",
+    ),
+    "approvals": (
+        "id",
+        "run_id",
+        "call_id",
+        "step_seq",
+        "kind",
+        "tool_name",
+        "command",
+        "reason",
+        "requested_at",
+        "decision",
+        "decided_by",
+        "decided_at",
+        "used_at",
+        "restore_workspace",
+    ),
 }
 # Columns that SQLAlchemy converts as it reads them (the rest come as sqlite3 gives them).
 DATETIME_COLUMNS = {
@@ -66,19 +128,30 @@ class _Unusual(Exception):
 
 def list_runs(db: str, *, status: str | None, limit: int) -> list[RunRecord] | None:
     where, params = ("WHERE status = ? ", (status,)) if status else ("", ())
-    return _read(db, lambda conn: _records(conn, RunRecord, "runs", f"{where}ORDER BY created_at DESC, id DESC LIMIT ?",
-                                           (*params, limit)))
+    return _read(
+        db,
+        lambda conn: _records(
+            conn,
+            RunRecord,
+            "runs",
+            f"{where}ORDER BY created_at DESC, id DESC LIMIT ?",
+            (*params, limit),
+        ),
+    )
 
 
 def show(db: str, prefix: str) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]] | None:
     """The run with this id (or unique prefix of one), its steps and its approvals."""
+
     def query(conn: sqlite3.Connection) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]]:
         run_id = _find_run_id(conn, prefix)
         runs = _records(conn, RunRecord, "runs", "WHERE id = ?", (run_id,))
         if len(runs) != 1:
             raise _Unusual
         steps = _records(conn, StepRecord, "steps", "WHERE run_id = ? ORDER BY seq", (run_id,))
-        approvals = _records(conn, ApprovalRecord, "approvals", "WHERE run_id = ? ORDER BY id", (run_id,))
+        approvals = _records(
+            conn, ApprovalRecord, "approvals", "WHERE run_id = ? ORDER BY id", (run_id,)
+        )
         return runs[0], steps, approvals
 
     return _read(db, query)
@@ -118,8 +191,11 @@ def _connect(file: Path) -> sqlite3.Connection:
     store we may not write is opened read-only; on a read-only filesystem (a backup, a
     snapshot) where SQLite cannot create the WAL's -shm, `immutable`: true there, as nobody
     can write it through this mount (a writer elsewhere leaves its -shm, and mode=ro reads it)."""
+
     def connect(query: str) -> sqlite3.Connection:
-        return sqlite3.connect(f"{file.as_uri()}?{query}", uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        return sqlite3.connect(
+            f"{file.as_uri()}?{query}", uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None
+        )
 
     if os.access(file, os.W_OK) and os.access(file.parent, os.W_OK):
         return connect("mode=rw")
@@ -143,20 +219,27 @@ def _find_run_id(conn: sqlite3.Connection, prefix: str) -> str:
         return prefix
     # As SQLAlchemy's startswith(autoescape=True): '/' escapes the pattern's own characters.
     pattern = prefix.replace("/", "//").replace("%", "/%").replace("_", "/_") + "%"
-    ids = conn.execute("SELECT id FROM runs WHERE id LIKE ? ESCAPE '/' LIMIT 3", (pattern,)).fetchall()
+    ids = conn.execute(
+        "SELECT id FROM runs WHERE id LIKE ? ESCAPE '/' LIMIT 3", (pattern,)
+    ).fetchall()
     if len(ids) != 1 or type(ids[0][0]) is not str:
         raise _Unusual  # not found, or ambiguous: the whole way says which
     return str(ids[0][0])
 
 
-def _records(conn: sqlite3.Connection, record: type[R], table: str, clauses: str,
-             params: tuple[Any, ...]) -> list[R]:
+def _records(
+    conn: sqlite3.Connection, record: type[R], table: str, clauses: str, params: tuple[Any, ...]
+) -> list[R]:
     """`record`s of the rows of `table` that `clauses` (WHERE ... ORDER BY ... LIMIT) pick."""
     names = COLUMNS[table]
     cursor = conn.execute(f"SELECT {', '.join(names)} FROM {table} {clauses}", params)
     converters = [_converter(table, n) for n in names]
-    return [record.from_row({n: v if c is None else c(v) for n, c, v in zip(names, converters, values, strict=True)})
-            for values in cursor]
+    return [
+        record.from_row(
+            {n: v if c is None else c(v) for n, c, v in zip(names, converters, values, strict=True)}
+        )
+        for values in cursor
+    ]
 
 
 def _converter(table: str, column: str) -> Any:

@@ -23,8 +23,17 @@ from durable_agent.store.schema import approvals, steps
 if TYPE_CHECKING:
     from durable_agent.store.journal import Journal, Statement
 
-COUNTERS = ("step_count", "tool_call_count", "prompt_tokens", "completion_tokens", "message_count", "active_ms")
-UPDATE_STEP = Prepared(update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq")))
+COUNTERS = (
+    "step_count",
+    "tool_call_count",
+    "prompt_tokens",
+    "completion_tokens",
+    "message_count",
+    "active_ms",
+)
+UPDATE_STEP = Prepared(
+    update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
+)
 # A decided approval is acted on once: marked used in the transaction that acts on it.
 USE_APPROVAL = Prepared(update(approvals).where(approvals.c.id == bindparam("b_id")))
 # Every step row names the same columns, so the rows of one transaction (a deferred read
@@ -49,8 +58,18 @@ class Counters(Struct, frozen=True):
 class Step:
     """One step of the run: its row, from intent to outcome. Made by `Journal.find`/`step`."""
 
-    def __init__(self, journal: Journal, *, key: str, kind: str, turn: int, prior: StepRecord | None,
-                 call_id: str | None, tool_name: str | None, effect: str | None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        key: str,
+        kind: str,
+        turn: int,
+        prior: StepRecord | None,
+        call_id: str | None,
+        tool_name: str | None,
+        effect: str | None,
+    ) -> None:
         self.journal, self.key, self.kind, self.turn, self.prior = journal, key, kind, turn, prior
         self.call_id, self.tool_name, self.effect = call_id, tool_name, effect
         self.seq = prior.seq if prior is not None else -1
@@ -67,8 +86,14 @@ class Step:
         """An intent was committed: an effect may have run (and may need a snapshot)."""
         return self._has_row
 
-    def start(self, input: Any = None, *, use_approval: int | None = None, durable: bool = True,
-              workspace: WorkspaceWrite | None = None) -> Step:
+    def start(
+        self,
+        input: Any = None,
+        *,
+        use_approval: int | None = None,
+        durable: bool = True,
+        workspace: WorkspaceWrite | None = None,
+    ) -> Step:
         """Begin an attempt. `durable`: commit the intent row before the effect (a new row,
         or the recorded one restarted); otherwise only count the attempt (reads)."""
         j = self.journal
@@ -83,16 +108,28 @@ class Step:
         columns = workspace.columns if workspace is not None else {}
         if self._has_row:
             # pgid: the new attempt's own is recorded when its command starts (tool_step.py)
-            values: dict[str, Any] = {"state": StepState.STARTED.value, "attempts": self.attempts,
-                                      "started_at": self.started_at, "finished_at": None, "error": None,
-                                      "lease_epoch": j.epoch, "input": self.input, "pgid": None, **columns}
-            statements: list[Statement] = [(UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})]
+            values: dict[str, Any] = {
+                "state": StepState.STARTED.value,
+                "attempts": self.attempts,
+                "started_at": self.started_at,
+                "finished_at": None,
+                "error": None,
+                "lease_epoch": j.epoch,
+                "input": self.input,
+                "pgid": None,
+                **columns,
+            }
+            statements: list[Statement] = [
+                (UPDATE_STEP, {"b_run": j.run_id, "b_seq": self.seq, **values})
+            ]
             rows: list[dict[str, Any]] = []
         else:
             statements, rows = [], [self._row(state=StepState.STARTED.value, **columns)]
         if use_approval is not None:
             statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": self.started_at}))
-        j.commit(statements, step_rows=rows, raw=workspace.statements if workspace is not None else ())
+        j.commit(
+            statements, step_rows=rows, raw=workspace.statements if workspace is not None else ()
+        )
         self._has_row = True
         return self
 
@@ -104,45 +141,94 @@ class Step:
     def set_attempts(self, attempts: int, error: str | None) -> None:
         """A retry inside the step (model call): visible on the row while it goes on."""
         self.attempts = attempts
-        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq,
-                                             "attempts": attempts, "error": error})])
+        self.journal.commit(
+            [
+                (
+                    UPDATE_STEP,
+                    {
+                        "b_run": self.journal.run_id,
+                        "b_seq": self.seq,
+                        "attempts": attempts,
+                        "error": error,
+                    },
+                )
+            ]
+        )
 
     def clear_pgid(self) -> None:
         """The recorded command never started (process.StartTooLate): fenced, like every write."""
-        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": None})])
+        self.journal.commit(
+            [(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": None})]
+        )
 
     def set_pgid(self, pgid: int) -> float:
         """The command's process group, committed before the command starts. Returns the
         time (CLOCK_BOOTTIME) by which the command must start, still inside our lease."""
-        self.journal.commit([(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": pgid})])
+        self.journal.commit(
+            [(UPDATE_STEP, {"b_run": self.journal.run_id, "b_seq": self.seq, "pgid": pgid})]
+        )
         return self.journal.start_deadline()
 
     # -- outcome -----------------------------------------------------------------------------
-    def complete(self, output: Any, *, counters: Counters, messages: Sequence[Message] = (),
-                 tokens: tuple[int, int] | None = None, use_approval: int | None = None,
-                 workspace: WorkspaceWrite | None = None) -> None:
-        self._end(StepState.COMPLETED, output, None, messages, counters, tokens, use_approval, workspace)
+    def complete(
+        self,
+        output: Any,
+        *,
+        counters: Counters,
+        messages: Sequence[Message] = (),
+        tokens: tuple[int, int] | None = None,
+        use_approval: int | None = None,
+        workspace: WorkspaceWrite | None = None,
+    ) -> None:
+        self._end(
+            StepState.COMPLETED, output, None, messages, counters, tokens, use_approval, workspace
+        )
 
-    def fail(self, error: str, *, counters: Counters, output: Any = None, messages: Sequence[Message] = (),
-             use_approval: int | None = None, workspace: WorkspaceWrite | None = None) -> None:
-        self._end(StepState.FAILED, output, error, messages, counters, None, use_approval, workspace)
+    def fail(
+        self,
+        error: str,
+        *,
+        counters: Counters,
+        output: Any = None,
+        messages: Sequence[Message] = (),
+        use_approval: int | None = None,
+        workspace: WorkspaceWrite | None = None,
+    ) -> None:
+        self._end(
+            StepState.FAILED, output, error, messages, counters, None, use_approval, workspace
+        )
 
-    def _end(self, state: StepState, output: Any, error: str | None, new_messages: Sequence[Message],
-             counters: Counters, tokens: tuple[int, int] | None, use_approval: int | None,
-             workspace: WorkspaceWrite | None = None) -> None:
+    def _end(
+        self,
+        state: StepState,
+        output: Any,
+        error: str | None,
+        new_messages: Sequence[Message],
+        counters: Counters,
+        tokens: tuple[int, int] | None,
+        use_approval: int | None,
+        workspace: WorkspaceWrite | None = None,
+    ) -> None:
         j = self.journal
         now = utcnow()
         if self.seq < 0:
             self.seq = j.take_seq()
         outcome: dict[str, Any] = {
-            "state": state.value, "output": output, "error": error, "finished_at": now,
+            "state": state.value,
+            "output": output,
+            "error": error,
+            "finished_at": now,
             "duration_ms": int((now - self.started_at).total_seconds() * 1000),
-            "prompt_tokens": tokens[0] if tokens else None, "completion_tokens": tokens[1] if tokens else None,
+            "prompt_tokens": tokens[0] if tokens else None,
+            "completion_tokens": tokens[1] if tokens else None,
             "attempts": max(self.attempts, 1),
             **(workspace.columns if workspace is not None else {}),
         }
         first = j.message_count + len(j.pending_messages)
-        message_rows = [message_values(j.run_id, first + i, m, self.seq, now) for i, m in enumerate(new_messages)]
+        message_rows = [
+            message_values(j.run_id, first + i, m, self.seq, now)
+            for i, m in enumerate(new_messages)
+        ]
         statements: list[Statement] = []
         step_rows: list[dict[str, Any]] = []
         if self._has_row:
@@ -159,15 +245,27 @@ class Step:
         if not self._has_row and not statements and not raw:
             j.defer(step_rows, message_rows, counters)  # nothing ran that needs protecting
             return
-        j.commit(statements, step_rows=step_rows, message_rows=message_rows, counters=counters, raw=raw)
+        j.commit(
+            statements, step_rows=step_rows, message_rows=message_rows, counters=counters, raw=raw
+        )
 
     def _row(self, **values: Any) -> dict[str, Any]:
         j = self.journal
         row: dict[str, Any] = dict.fromkeys(STEP_COLUMNS)
-        row.update(run_id=j.run_id, seq=self.seq, kind=self.kind, idempotency_key=self.key,
-                   call_id=self.call_id, tool_name=self.tool_name, input=self.input,
-                   attempts=self.attempts, started_at=self.started_at, turn=self.turn,
-                   effect=self.effect, lease_epoch=j.epoch)
+        row.update(
+            run_id=j.run_id,
+            seq=self.seq,
+            kind=self.kind,
+            idempotency_key=self.key,
+            call_id=self.call_id,
+            tool_name=self.tool_name,
+            input=self.input,
+            attempts=self.attempts,
+            started_at=self.started_at,
+            turn=self.turn,
+            effect=self.effect,
+            lease_epoch=j.epoch,
+        )
         row.update(values)
         return row
 
@@ -175,8 +273,9 @@ class Step:
     def __enter__(self) -> Step:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         # On an exception the row stays as it is (`started`): resume reconciles it. Leaving
         # the block normally without an outcome is a bug that would leave the step open.
         if kind is None and not self._ended:
@@ -195,7 +294,11 @@ def calibrating_output(conn: Connection, done: tuple[Any, ...]) -> Any:
         page = conn.execute(query.order_by(steps.c.seq.desc()).limit(64)).all()
         for _seq, output in page:
             usage = output.get("usage") if isinstance(output, dict) else None
-            if isinstance(usage, dict) and not usage.get("estimated") and isinstance(output.get("context"), dict):
+            if (
+                isinstance(usage, dict)
+                and not usage.get("estimated")
+                and isinstance(output.get("context"), dict)
+            ):
                 return output
         if len(page) < 64:
             return None

@@ -80,8 +80,12 @@ def storable(value: Any) -> Any:
     if kind in _PLAIN:
         return value
     if kind is dict:
-        return {(k if type(k) is not str or _clean(k) else _BAD.sub(_fix, k)):
-                (v if type(v) in _PLAIN else storable(v)) for k, v in value.items()}
+        return {
+            (k if type(k) is not str or _clean(k) else _BAD.sub(_fix, k)): (
+                v if type(v) in _PLAIN else storable(v)
+            )
+            for k, v in value.items()
+        }
     if kind is list:
         return [v if type(v) in _PLAIN else storable(v) for v in value]
     return _storable_other(value)
@@ -91,7 +95,9 @@ def _storable_other(value: Any) -> Any:
     if isinstance(value, str):
         return storable_text(value)
     if isinstance(value, dict):
-        return {(storable_text(k) if isinstance(k, str) else k): storable(v) for k, v in value.items()}
+        return {
+            (storable_text(k) if isinstance(k, str) else k): storable(v) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         cleaned = [storable(v) for v in value]
         return cleaned if isinstance(value, list) else tuple(cleaned)

@@ -20,7 +20,14 @@ def build_tools(shell: str) -> dict[str, Tool]:
     from durable_agent.tools.files import EditFile, ListFiles, ReadFile, SearchText, WriteFile
     from durable_agent.tools.outputs import ReadOutput
 
-    tools: list[Tool] = [ListFiles(), ReadFile(), SearchText(), WriteFile(), EditFile(), ReadOutput()]
+    tools: list[Tool] = [
+        ListFiles(),
+        ReadFile(),
+        SearchText(),
+        WriteFile(),
+        EditFile(),
+        ReadOutput(),
+    ]
     if shell != "deny":
         from durable_agent.tools.shell import RunCommand
 

@@ -88,7 +88,9 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=_watch_harness, args=(watch_fd,), daemon=True).start()
     try:
         pid = os.posix_spawn(
-            shell, program, os.environ,
+            shell,
+            program,
+            os.environ,
             # Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive exec: the
             # command must start with the defaults, as from a terminal (`yes | head`).
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT),
@@ -106,6 +108,7 @@ def main(argv: list[str]) -> int:
         # Even if the write fails (the harness died a moment ago): leftovers must go.
         _kill_group()
     return 0  # not reached
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

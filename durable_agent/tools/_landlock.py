@@ -53,8 +53,18 @@ def main(argv: list[str]) -> None:
     if abi < 1:
         _fail("the kernel has no Landlock")
 
-    write_dir = (_WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE_CHAR | _MAKE_DIR | _MAKE_REG
-                 | _MAKE_SOCK | _MAKE_FIFO | _MAKE_BLOCK | _MAKE_SYM)
+    write_dir = (
+        _WRITE_FILE
+        | _REMOVE_DIR
+        | _REMOVE_FILE
+        | _MAKE_CHAR
+        | _MAKE_DIR
+        | _MAKE_REG
+        | _MAKE_SOCK
+        | _MAKE_FIFO
+        | _MAKE_BLOCK
+        | _MAKE_SYM
+    )
     write_file = _WRITE_FILE
     if abi >= 2:
         write_dir |= _REFER

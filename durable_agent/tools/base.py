@@ -91,10 +91,18 @@ def tool_schema(tool: Tool) -> dict[str, Any]:
     `parameters` by a tool whose schema comes from elsewhere, as an MCP server's does)."""
     given = getattr(tool, "parameters", None)
     if isinstance(given, dict):
-        return {"type": "function",
-                "function": {"name": tool.name, "description": tool.description, "parameters": given}}
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                             "parameters": json.loads(_parameters(tool.args_model))}}
+        return {
+            "type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": given},
+        }
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": json.loads(_parameters(tool.args_model)),
+        },
+    }
 
 
 @lru_cache(maxsize=256)

@@ -81,7 +81,7 @@ def _is_utf8(sample: bytes) -> bool:
 
 
 def text_encoding(data: bytes) -> str:
-    """"utf-8", "latin-1" or "mixed" (UTF-8 with some bad bytes): the rule in the module docstring."""
+    """ "utf-8", "latin-1" or "mixed" (UTF-8 with some bad bytes): the rule in the module docstring."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
@@ -118,5 +118,8 @@ def encode_content(text: str) -> tuple[bytes, int]:
 
 
 def surrogate_note(count: int) -> str:
-    return (f"; note: {count} lone surrogate(s) (not valid Unicode) were written as U+FFFD"
-            if count else "")
+    return (
+        f"; note: {count} lone surrogate(s) (not valid Unicode) were written as U+FFFD"
+        if count
+        else ""
+    )

@@ -30,7 +30,15 @@ from durable_agent.tools.limits import cap_text, describe_binary, read_capped
 from durable_agent.tools.sandbox import escapes, relative, resolve
 from durable_agent.tools.tree import walk
 
-SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+SKIP_DIRS = {
+    ".git",
+    "node_modules",
+    "__pycache__",
+    ".venv",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+}
 MAX_LIST_ENTRIES = 1000
 MAX_READ_BYTES = 64 << 20  # what a file tool reads into memory at most (the rest: a command)
 MAX_MATCHES = 200
@@ -69,8 +77,10 @@ def regular_bytes(path: Path, shown: str) -> bytes:
     with f:
         data = read_capped(f, size, MAX_READ_BYTES) if size <= MAX_READ_BYTES else b""
     if size > MAX_READ_BYTES or len(data) > MAX_READ_BYTES:
-        raise ToolFailure(f"{shown} is {max(size, len(data)):,} bytes, more than the {MAX_READ_BYTES >> 20} MiB a "
-                          "file tool reads; read parts of it with a command (head, tail, sed -n)")
+        raise ToolFailure(
+            f"{shown} is {max(size, len(data)):,} bytes, more than the {MAX_READ_BYTES >> 20} MiB a "
+            "file tool reads; read parts of it with a command (head, tail, sed -n)"
+        )
     return data
 
 
@@ -211,14 +221,18 @@ class ListFiles:
         shown = lines[:MAX_LIST_ENTRIES]
         if extra > 0:
             shown.append(f"[... {extra} more entries not shown ...]")
-        return ToolResult(output="\n".join(shown) or "(empty directory)", data={"entries": len(lines)})
+        return ToolResult(
+            output="\n".join(shown) or "(empty directory)", data={"entries": len(lines)}
+        )
 
 
 # -- read_file -------------------------------------------------------------------------------
 class ReadFileArgs(BaseModel):
     path: str = Field(description="File relative to the workspace.")
     offset: int = Field(0, ge=0, description="First line to return (0-based).")
-    limit: int | None = Field(None, ge=1, description="Number of lines to return (all when omitted).")
+    limit: int | None = Field(
+        None, ge=1, description="Number of lines to return (all when omitted)."
+    )
 
 
 class ReadFile:
@@ -232,12 +246,14 @@ class ReadFile:
         text, decoded = read_text(path, args.path)
         lines = text.splitlines(keepends=True)
         end = len(lines) if args.limit is None else args.offset + args.limit
-        chunk = "".join(lines[args.offset:end])
+        chunk = "".join(lines[args.offset : end])
         note = f"\n[{decoded}]" if decoded else ""
         if args.offset or end < len(lines):
             note += f"\n[lines {args.offset}-{min(end, len(lines))} of {len(lines)}]"
-        return ToolResult(output=cap_text(chunk, ctx.output_cap) + note,
-                          data={"lines": len(lines), "bytes": len(text)})
+        return ToolResult(
+            output=cap_text(chunk, ctx.output_cap) + note,
+            data={"lines": len(lines), "bytes": len(text)},
+        )
 
 
 # -- search_text -----------------------------------------------------------------------------
@@ -267,7 +283,9 @@ class SearchText:
             if file is not root and escapes(ctx.workspace, file):
                 continue  # a symlink to outside the workspace: its content is not ours to show
             rel = relative(ctx.workspace, file)
-            if args.glob and not (fnmatch.fnmatch(file.name, args.glob) or fnmatch.fnmatch(rel, args.glob)):
+            if args.glob and not (
+                fnmatch.fnmatch(file.name, args.glob) or fnmatch.fnmatch(rel, args.glob)
+            ):
                 continue
             try:
                 if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
@@ -289,9 +307,11 @@ class SearchText:
         if too_big:
             # "no matches" alone would claim those files were searched.
             names = ", ".join(too_big[:5]) + (", ..." if len(too_big) > 5 else "")
-            out += (f"\n[{len(too_big)} file(s) not searched: larger than the "
-                    f"{MAX_SEARCH_FILE_BYTES // 1_000_000} MB search limit ({names}); "
-                    "read them in parts with read_file]")
+            out += (
+                f"\n[{len(too_big)} file(s) not searched: larger than the "
+                f"{MAX_SEARCH_FILE_BYTES // 1_000_000} MB search limit ({names}); "
+                "read them in parts with read_file]"
+            )
         found: dict[str, Any] = {"matches": total}
         if too_big:
             found["skipped_too_big"] = len(too_big)
@@ -321,8 +341,11 @@ class WriteFile:
     def plan(self, args: WriteFileArgs, ctx: ToolContext) -> WritePlan:
         path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         shown = relative(ctx.workspace, path)
-        return WritePlan(path=shown, before_sha=file_sha(path, shown),
-                         after_sha=sha256_bytes(encode_content(args.content)[0]))
+        return WritePlan(
+            path=shown,
+            before_sha=file_sha(path, shown),
+            after_sha=sha256_bytes(encode_content(args.content)[0]),
+        )
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
         return planned_file_sha(plan, ctx)
@@ -333,8 +356,10 @@ class WriteFile:
         existed = path.exists()
         atomic_write(path, data, ctx.before_rename)
         verb = "overwrote" if existed else "created"
-        return ToolResult(output=f"{verb} {args.path} ({len(data)} bytes){surrogate_note(replaced)}",
-                          data={"bytes": len(data)})
+        return ToolResult(
+            output=f"{verb} {args.path} ({len(data)} bytes){surrogate_note(replaced)}",
+            data={"bytes": len(data)},
+        )
 
 
 # -- edit_file -------------------------------------------------------------------------------
@@ -346,7 +371,9 @@ class EditFileArgs(BaseModel):
 
 class EditFile:
     name: ClassVar[str] = "edit_file"
-    description: ClassVar[str] = "Replace one exact occurrence of old_string with new_string in a file."
+    description: ClassVar[str] = (
+        "Replace one exact occurrence of old_string with new_string in a file."
+    )
     args_model: ClassVar[type[BaseModel]] = EditFileArgs
     effect: ClassVar[EffectClass] = EffectClass.WRITE
 
@@ -364,7 +391,9 @@ class EditFile:
             raise ToolFailure("old_string is empty; use write_file to create a file")
         count = text.count(args.old_string)
         if count != 1:
-            where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
+            where = (
+                "not found" if count == 0 else f"found {count} times; add context to make it unique"
+            )
             raise ToolFailure(f"old_string {where} in {args.path}")
         new = text.replace(args.old_string, args.new_string, 1)
         if encoding == "utf-8":
@@ -372,13 +401,18 @@ class EditFile:
         try:
             return path, before, new.encode("latin-1")
         except UnicodeEncodeError:
-            raise ToolFailure(f"{args.path} is Latin-1 text and new_string has characters Latin-1 cannot "
-                              "hold; use write_file to rewrite the file as UTF-8") from None
+            raise ToolFailure(
+                f"{args.path} is Latin-1 text and new_string has characters Latin-1 cannot "
+                "hold; use write_file to rewrite the file as UTF-8"
+            ) from None
 
     def plan(self, args: EditFileArgs, ctx: ToolContext) -> WritePlan:
         path, before, after = self._edited(args, ctx)
-        return WritePlan(path=relative(ctx.workspace, path), before_sha=sha256_bytes(before),
-                         after_sha=sha256_bytes(after))
+        return WritePlan(
+            path=relative(ctx.workspace, path),
+            before_sha=sha256_bytes(before),
+            after_sha=sha256_bytes(after),
+        )
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None:
         return planned_file_sha(plan, ctx)
@@ -388,4 +422,6 @@ class EditFile:
         atomic_write(path, after, ctx.before_rename)
         delta = args.new_string.count("\n") - args.old_string.count("\n")
         note = surrogate_note(encode_content(args.new_string)[1])
-        return ToolResult(output=f"edited {args.path} ({delta:+d} lines){note}", data={"bytes": len(after)})
+        return ToolResult(
+            output=f"edited {args.path} ({delta:+d} lines){note}", data={"bytes": len(after)}
+        )

@@ -41,14 +41,25 @@ from pathlib import Path
 from durable_agent.tools.tree import walk
 
 # Entries of a git dir that make git run something or read another git dir's config.
-PROTECTED_ENTRIES = ("config", "hooks", "info", "modules", "worktrees", "commondir", "config.worktree")
+PROTECTED_ENTRIES = (
+    "config",
+    "hooks",
+    "info",
+    "modules",
+    "worktrees",
+    "commondir",
+    "config.worktree",
+)
 # Directories too big to walk on every command, where a repository is not looked for (one
 # planted there is not protected: docs/sandbox.md names this).
-_NO_DESCENT = frozenset({".git", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache",
-                         ".ruff_cache", ".tox"})
+_NO_DESCENT = frozenset(
+    {".git", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"}
+)
 
 
-def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[list[Path], list[Path]]:
+def find_git_dirs(
+    workspace: Path, unlisted: list[str] | None = None
+) -> tuple[list[Path], list[Path]]:
     """(git dirs, `.git` files) inside `workspace`, all as real paths inside it.
 
     A `.git` that is a symlink or a `gitdir:` file counts by its target when the target is
@@ -62,12 +73,15 @@ def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[l
     files: list[Path] = []
     for dirpath, dirnames, filenames, links in walk(root, unlisted):
         # The names first, so most folders cost no stat (a link or file HEAD is in filenames).
-        if ("HEAD" in filenames or "HEAD" in dirnames or "config" in filenames) and _looks_like_git_dir(
-                Path(dirpath)):
+        if (
+            "HEAD" in filenames or "HEAD" in dirnames or "config" in filenames
+        ) and _looks_like_git_dir(Path(dirpath)):
             dirs.append(Path(dirpath))
         if os.path.basename(dirpath) == "objects" and _looks_like_git_dir(Path(dirpath).parent):
             # git's own entries hold files only; one with folders inside is walked after all
-            dirnames[:] = [d for d in dirnames if not _git_object_entry(d) or _has_folders(dirpath, d)]
+            dirnames[:] = [
+                d for d in dirnames if not _git_object_entry(d) or _has_folders(dirpath, d)
+            ]
         if ".git" in dirnames or ".git" in filenames:
             _dot_git(os.path.join(dirpath, ".git"), root, dirs, files)
         for d in dirnames:  # not walked into: a repository by itself, or one a link leads to
@@ -83,7 +97,9 @@ def find_git_dirs(workspace: Path, unlisted: list[str] | None = None) -> tuple[l
 
 def _git_object_entry(name: str) -> bool:
     """One of the entries git makes in objects/: pack, info, the two-hex-digit fan-out."""
-    return name in ("pack", "info") or (len(name) == 2 and all(c in "0123456789abcdef" for c in name))
+    return name in ("pack", "info") or (
+        len(name) == 2 and all(c in "0123456789abcdef" for c in name)
+    )
 
 
 def _keep(path: str | None, root: str, dirs: list[Path]) -> None:
@@ -133,7 +149,7 @@ def _pointer(path: Path, prefix: str, base: Path | None = None) -> str | None:
         return None
     if not text.startswith(prefix) or len(text) == len(prefix) or "\0" in text:
         return None
-    return os.path.realpath(os.path.join(base or path.parent, text[len(prefix):]))
+    return os.path.realpath(os.path.join(base or path.parent, text[len(prefix) :]))
 
 
 def git_protections(workspace: Path) -> tuple[list[Path], list[Path]]:
@@ -212,12 +228,16 @@ def remove_planted(before: dict[str, str], workspace: Path) -> list[str]:
                 else:
                     os.unlink(entry)
             except OSError as exc:
-                notes.append(f"this command created {os.path.relpath(entry, root)}, which makes git read "
-                             f"another config, and it could not be removed ({exc.strerror}): remove it "
-                             "before running git there")
+                notes.append(
+                    f"this command created {os.path.relpath(entry, root)}, which makes git read "
+                    f"another config, and it could not be removed ({exc.strerror}): remove it "
+                    "before running git there"
+                )
                 continue
-            notes.append(f"removed {os.path.relpath(entry, root)}, which this command created: it would "
-                         "make git read another repository's config when you run git there")
+            notes.append(
+                f"removed {os.path.relpath(entry, root)}, which this command created: it would "
+                "make git read another repository's config when you run git there"
+            )
     return notes
 
 
@@ -247,7 +267,9 @@ def _looks_like_git_dir(path: Path, writing: Path | None = None) -> bool:
 
     def made(name: str, *, folder: bool) -> bool:
         entry = path / name
-        if writing is not None and (writing == entry if not folder else writing.is_relative_to(entry)):
+        if writing is not None and (
+            writing == entry if not folder else writing.is_relative_to(entry)
+        ):
             return True
         if folder:  # git only asks that it be searchable (access X_OK): an executable file passes
             return os.access(entry, os.X_OK)
@@ -281,7 +303,9 @@ def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
     root = Path(os.path.realpath(workspace))
     after = git_state(workspace)
     notes = []
-    new_dirs = [path for path, digest in after.items() if digest == "git dir" and path not in before]
+    new_dirs = [
+        path for path, digest in after.items() if digest == "git dir" and path not in before
+    ]
     for path, digest in sorted(after.items()):
         if before.get(path) == digest:
             continue
@@ -289,8 +313,10 @@ def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
             continue  # named once, with its repository
         shown = os.path.relpath(path, root)
         if digest == "git dir":
-            notes.append(f"this command created the git repository {shown}: its config and hooks were "
-                         "written by the command; review them before running git there outside the sandbox")
+            notes.append(
+                f"this command created the git repository {shown}: its config and hooks were "
+                "written by the command; review them before running git there outside the sandbox"
+            )
         else:
             verb = "created" if path not in before else "changed"
             notes.append(f"this command {verb} {shown}, which git reads to run programs; review it")
@@ -302,8 +328,11 @@ def _digest(path: Path) -> str:
     h = hashlib.sha256()
     try:
         if path.is_dir():
-            names = sorted(os.path.relpath(os.path.join(d, f), path) for d, _, found, _ in walk(str(path))
-                           for f in found)
+            names = sorted(
+                os.path.relpath(os.path.join(d, f), path)
+                for d, _, found, _ in walk(str(path))
+                for f in found
+            )
             for name in names:
                 h.update(os.fsencode(name) + b"\0")
                 with contextlib.suppress(OSError):

@@ -17,7 +17,9 @@ def _signal_group(pgid: int, sig: int) -> None:
 # --- resume: what is left of a recorded group ------------------------------------------
 
 
-def process_group_alive(pgid: int, *, call_id: str | None = None, run_id: str | None = None) -> bool:
+def process_group_alive(
+    pgid: int, *, call_id: str | None = None, run_id: str | None = None
+) -> bool:
     """Does any live (non-zombie) process of group `pgid` remain?
 
     With `call_id` (and `run_id`), only if one of them carries `DURABLE_AGENT_CALL_ID=call_id`
@@ -31,8 +33,14 @@ def process_group_alive(pgid: int, *, call_id: str | None = None, run_id: str | 
     return bool(members)
 
 
-def kill_process_group(pgid: int, *, call_id: str | None = None, run_id: str | None = None,
-                       grace_s: float = 1.0, wait_s: float = 5.0) -> bool:
+def kill_process_group(
+    pgid: int,
+    *,
+    call_id: str | None = None,
+    run_id: str | None = None,
+    grace_s: float = 1.0,
+    wait_s: float = 5.0,
+) -> bool:
     """SIGTERM group `pgid`, SIGKILL what is left after `grace_s`, and wait (up to `wait_s`)
     until no member remains. Returns True if live members were found and signalled.
     `call_id` as in `process_group_alive`: a group that is not ours is left alone."""
@@ -85,7 +93,7 @@ def _live_members(pgid: int) -> list[int]:
         except OSError:
             continue  # exited while we looked
         # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
             members.append(int(entry.name))
     return members

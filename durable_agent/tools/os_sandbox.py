@@ -53,8 +53,10 @@ BWRAP_MAX_ARGS = 9000
 """bubblewrap refuses more arguments than this after its own name (MAX_ARGS in bwrap.c; the
 test of the refusal checks it against the installed bwrap): the protections (gitguard.py) of
 about 600 git repositories."""
-INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) "
-                "or pass --sandbox off to run commands unconfined")
+INSTALL_HINT = (
+    "install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) "
+    "or pass --sandbox off to run commands unconfined"
+)
 
 
 class SandboxMode(StrEnum):
@@ -95,27 +97,38 @@ class Sandbox(Struct, frozen=True):
             return "off: commands run unconfined (the shell policy is the only check)"
         net = "network on" if self.network else "network off"
         if self.mechanism is Mechanism.NONE:
-            return f"{self.mode}, but no mechanism is available ({self.problem}): commands are refused"
+            return (
+                f"{self.mode}, but no mechanism is available ({self.problem}): commands are refused"
+            )
         return f"{self.mode} by {self.mechanism}, {net}"
 
     def warning(self) -> str | None:
         """What the fallback does not enforce, in one line; None when everything is."""
         if self.mechanism is not Mechanism.LANDLOCK:
             return None
-        missing = ["a PID namespace (other processes are listed, though Landlock denies "
-                   "reading their memory and environment: probed before it is used)",
-                   ".git read-only (Landlock cannot carve a read-only hole in a writable tree)",
-                   "a private /tmp (TMPDIR points to a private directory instead)",
-                   "hidden daemon sockets (/run: PostgreSQL, docker, D-Bus stay reachable)"]
+        missing = [
+            "a PID namespace (other processes are listed, though Landlock denies "
+            "reading their memory and environment: probed before it is used)",
+            ".git read-only (Landlock cannot carve a read-only hole in a writable tree)",
+            "a private /tmp (TMPDIR points to a private directory instead)",
+            "hidden daemon sockets (/run: PostgreSQL, docker, D-Bus stay reachable)",
+        ]
         if not self.network:
-            missing.append("network off (not enforced)" if self.landlock_abi < 4
-                           else "network off for UDP and other non-TCP sockets (TCP is blocked)")
-        return ("sandbox: bubblewrap is not usable, falling back to Landlock; not enforced: "
-                + "; ".join(missing))
+            missing.append(
+                "network off (not enforced)"
+                if self.landlock_abi < 4
+                else "network off for UDP and other non-TCP sockets (TCP is blocked)"
+            )
+        return (
+            "sandbox: bubblewrap is not usable, falling back to Landlock; not enforced: "
+            + "; ".join(missing)
+        )
 
     def refusal(self) -> str:
-        return (f"refusing to run commands: --sandbox {self.mode} needs bubblewrap or Landlock "
-                f"and neither works here ({self.problem}); {INSTALL_HINT}")
+        return (
+            f"refusing to run commands: --sandbox {self.mode} needs bubblewrap or Landlock "
+            f"and neither works here ({self.problem}); {INSTALL_HINT}"
+        )
 
 
 def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
@@ -124,7 +137,7 @@ def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
     next resume) or its approvals. None when the store is elsewhere or out of reach."""
     if sandbox.mode is not SandboxMode.WORKSPACE_WRITE or not sandbox.enforced:
         return None
-    from durable_agent.config_layers import sqlite_file
+    from durable_agent.config.layers import sqlite_file
 
     file = sqlite_file(db)
     if file is None:
@@ -132,9 +145,11 @@ def store_refusal(sandbox: Sandbox, db: str, workspace: Path) -> str | None:
     real, root = str(file), os.path.realpath(workspace)
     if real != root and not real.startswith(os.path.join(root, "")):
         return None
-    return (f"refusing to run commands: the store {real} is inside the workspace, where sandboxed "
-            "commands can write it (and rewrite the run's settings, --sandbox included); keep the "
-            "store outside the workspace (--db) or pass --sandbox read-only")
+    return (
+        f"refusing to run commands: the store {real} is inside the workspace, where sandboxed "
+        "commands can write it (and rewrite the run's settings, --sandbox included); keep the "
+        "store outside the workspace (--db) or pass --sandbox read-only"
+    )
 
 
 class Launch(Struct):
@@ -159,7 +174,7 @@ def for_run(mode: str, network: bool, env: Mapping[str, str], db: str | None) ->
     if found is None:
         found = resolve_sandbox(mode, network, env)
         if found.mechanism is Mechanism.BUBBLEWRAP:
-            from durable_agent.config_layers import default_db_url
+            from durable_agent.config.layers import default_db_url
 
             found = replace(found, own=(db or default_db_url(env), *where))
         _FOR_RUN[key] = found
@@ -175,13 +190,15 @@ def hidden(sandbox: Sandbox, carry: Sequence[Path] = ()) -> tuple[str, ...]:
     program's (an MCP server's script kept in the config folder stays)."""
     if not sandbox.own:
         return ()
-    from durable_agent.config_layers import default_config_path, own_files
+    from durable_agent.config.layers import default_config_path, own_files
 
     db, *where = sandbox.own
     env = {k: v for k, v in zip(_OWN_ENV, where, strict=True) if v is not None}
     found = own_files(db or "", default_config_path(env))
     mine = [os.path.realpath(c) for c in carry]
-    return tuple(h for h in found if not any(m == h or m.startswith(os.path.join(h, "")) for m in mine))
+    return tuple(
+        h for h in found if not any(m == h or m.startswith(os.path.join(h, "")) for m in mine)
+    )
 
 
 def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:
@@ -189,8 +206,12 @@ def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox
 
     `env` is the harness's environment: bwrap is looked up on its PATH, and
     `DURABLE_AGENT_NO_LANDLOCK=1` rules Landlock out."""
-    return _resolve(SandboxMode(mode), network, env.get("PATH", os.defpath),
-                    env.get(NO_LANDLOCK_ENV, "") not in ("", "0"))
+    return _resolve(
+        SandboxMode(mode),
+        network,
+        env.get("PATH", os.defpath),
+        env.get(NO_LANDLOCK_ENV, "") not in ("", "0"),
+    )
 
 
 @lru_cache(maxsize=16)
@@ -226,16 +247,39 @@ def _probe_landlock() -> str | None:
     to keep, so it is not used."""
     target = f"/proc/{os.getpid()}/environ"
     with tempfile.TemporaryDirectory(prefix="durable-agent-probe-") as tmp:
-        argv = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), "read-only", tmp, tmp, "off", "--",
-                sys.executable, "-I", "-S", "-c", "import sys; open(sys.argv[1], 'rb').close()", target]
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            str(LANDLOCK_SCRIPT),
+            "read-only",
+            tmp,
+            tmp,
+            "off",
+            "--",
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            "import sys; open(sys.argv[1], 'rb').close()",
+            target,
+        ]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                                  stdin=subprocess.DEVNULL, check=False)
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"Landlock does not work: {exc}"
     if proc.returncode == 0:
-        return ("Landlock on this kernel lets a command read other processes' environment "
-                "(/proc/PID/environ)")
+        return (
+            "Landlock on this kernel lets a command read other processes' environment "
+            "(/proc/PID/environ)"
+        )
     if "PermissionError" in proc.stderr:
         return None
     lines = proc.stderr.strip().splitlines()
@@ -244,12 +288,31 @@ def _probe_landlock() -> str | None:
 
 def _probe_bwrap(bwrap: str) -> str | None:
     """None if bwrap can build the namespaces we use, else its complaint (one line)."""
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-            "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-            "--cap-drop", "ALL", "--", "/bin/sh", "-c", "exit 0"]
+    argv = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--",
+        "/bin/sh",
+        "-c",
+        "exit 0",
+    ]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                              stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     if proc.returncode == 0:
@@ -272,8 +335,15 @@ def landlock_abi() -> int:
     return max(version, 0)
 
 
-def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: Path,
-            env: Mapping[str, str], carry: Sequence[Path] = ()) -> Launch:
+def prepare(
+    sandbox: Sandbox | None,
+    argv: list[str],
+    *,
+    cwd: Path,
+    workspace: Path,
+    env: Mapping[str, str],
+    carry: Sequence[Path] = (),
+) -> Launch:
     """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
     when a sandboxed mode has no mechanism: the command must not run at all then. `carry`:
     host paths the program itself needs (an MCP server's script); those under /tmp stay
@@ -288,8 +358,11 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
     # bwrap_options first: it creates missing hooks/ dirs, which are not the command's doing.
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
-    options = (bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
-               if sandbox.bwrap else [])
+    options = (
+        bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+        if sandbox.bwrap
+        else []
+    )
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
@@ -302,14 +375,32 @@ def prepare(sandbox: Sandbox | None, argv: list[str], *, cwd: Path, workspace: P
                 f"refusing to run the command: the workspace holds too many git repositories for the "
                 f"sandbox (protecting their configs and hooks takes about {len(options) // 3} mounts in all, "
                 f"more than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
-                f"pass --sandbox read-only (nothing in it writable) or --sandbox off")
-        return Launch([sandbox.bwrap, *options, "--", *argv], {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
-                      notes=notes)
+                f"pass --sandbox read-only (nothing in it writable) or --sandbox off"
+            )
+        return Launch(
+            [sandbox.bwrap, *options, "--", *argv],
+            {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+            notes=notes,
+        )
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
-    wrapped = [sys.executable, "-I", "-S", str(LANDLOCK_SCRIPT), str(sandbox.mode), str(ws), tmp,
-               "on" if sandbox.network else "off", "--", *argv]
-    return Launch(wrapped, {**env, "TMPDIR": tmp},
-                  cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True), notes=notes)
+    wrapped = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(LANDLOCK_SCRIPT),
+        str(sandbox.mode),
+        str(ws),
+        tmp,
+        "on" if sandbox.network else "off",
+        "--",
+        *argv,
+    ]
+    return Launch(
+        wrapped,
+        {**env, "TMPDIR": tmp},
+        cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True),
+        notes=notes,
+    )
 
 
 def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
@@ -345,29 +436,66 @@ def in_tmp(paths: Iterable[Path], workspace: Path) -> list[Path]:
     return found
 
 
-def bwrap_argv(sandbox: Sandbox, argv: list[str], *, cwd: Path, workspace: Path,
-               keep: Sequence[Path] = (), hide: Sequence[str] = ()) -> list[str]:
+def bwrap_argv(
+    sandbox: Sandbox,
+    argv: list[str],
+    *,
+    cwd: Path,
+    workspace: Path,
+    keep: Sequence[Path] = (),
+    hide: Sequence[str] = (),
+) -> list[str]:
     assert sandbox.bwrap is not None
-    return [sandbox.bwrap, *bwrap_options(sandbox, cwd=cwd, workspace=workspace, keep=keep, hide=hide),
-            "--", *argv]
+    return [
+        sandbox.bwrap,
+        *bwrap_options(sandbox, cwd=cwd, workspace=workspace, keep=keep, hide=hide),
+        "--",
+        *argv,
+    ]
 
 
-def bwrap_options(sandbox: Sandbox, *, cwd: Path, workspace: Path,
-                  keep: Sequence[Path] = (), hide: Sequence[str] = ()) -> list[str]:
+def bwrap_options(
+    sandbox: Sandbox,
+    *,
+    cwd: Path,
+    workspace: Path,
+    keep: Sequence[Path] = (),
+    hide: Sequence[str] = (),
+) -> list[str]:
     """bwrap's options (what comes between `bwrap` and `--`). Creates missing hooks/ dirs."""
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
     # Order matters: later mounts cover earlier ones. The private /tmp comes before the
     # workspace, so a workspace under /tmp stays visible (and nothing else of /tmp does).
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm",
-            # The kernel's settings are global, and root without capabilities may still write
-            # most of them (core_pattern, modprobe: programs the kernel runs as root, outside);
-            # bwrap's own cover of /proc/sys does not always happen (seen with bwrap 0.8).
-            "--proc", "/proc", "--ro-bind-try", "/proc/sys", "/proc/sys",
-            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--tmpfs", "/tmp",
-            # A read-only mount does not stop connect() on a unix socket, and /run holds the
-            # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
-            # agents in /run/user): hide it, keeping only the resolver's files for DNS.
-            "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
+    args = [
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/dev/shm",
+        # The kernel's settings are global, and root without capabilities may still write
+        # most of them (core_pattern, modprobe: programs the kernel runs as root, outside);
+        # bwrap's own cover of /proc/sys does not always happen (seen with bwrap 0.8).
+        "--proc",
+        "/proc",
+        "--ro-bind-try",
+        "/proc/sys",
+        "/proc/sys",
+        "--ro-bind-try",
+        "/proc/sysrq-trigger",
+        "/proc/sysrq-trigger",
+        "--tmpfs",
+        "/tmp",
+        # A read-only mount does not stop connect() on a unix socket, and /run holds the
+        # daemons' (PostgreSQL with trust auth, MySQL, D-Bus, docker.sock, the user's
+        # agents in /run/user): hide it, keeping only the resolver's files for DNS.
+        "--tmpfs",
+        "/run",
+        "--ro-bind-try",
+        "/run/systemd/resolve",
+        "/run/systemd/resolve",
+    ]
     for path in keep:
         args += ["--ro-bind", str(path), str(path)]
     args += [bind, str(workspace), str(workspace)]
@@ -384,8 +512,14 @@ def bwrap_options(sandbox: Sandbox, *, cwd: Path, workspace: Path,
     for own in hide:
         if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
             args += ["--ro-bind", "/dev/null", own]
-    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-             "--cap-drop", "ALL"]
+    args += [
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+    ]
     if not sandbox.network:
         args.append("--unshare-net")
     args += ["--chdir", str(cwd)]

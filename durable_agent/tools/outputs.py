@@ -21,8 +21,10 @@ class ReadOutputArgs(BaseModel):
 
 class ReadOutput:
     name: ClassVar[str] = "read_output"
-    description: ClassVar[str] = ("Read the stored result of an earlier tool call again, by its call id "
-                                  "(for outputs elided from the conversation to save context).")
+    description: ClassVar[str] = (
+        "Read the stored result of an earlier tool call again, by its call id "
+        "(for outputs elided from the conversation to save context)."
+    )
     args_model: ClassVar[type[BaseModel]] = ReadOutputArgs
     effect: ClassVar[EffectClass] = EffectClass.READ
 

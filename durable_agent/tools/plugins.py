@@ -37,7 +37,9 @@ def entry_points() -> list[metadata.EntryPoint]:
         if name in seen:
             continue
         seen.add(name)
-        if isinstance(dist, metadata.PathDistribution):  # files: skip one that never names the group
+        if isinstance(
+            dist, metadata.PathDistribution
+        ):  # files: skip one that never names the group
             try:
                 text = dist.read_text("entry_points.txt")
             except (OSError, UnicodeError):  # unreadable for every reader, ours or not: passed over
@@ -73,7 +75,9 @@ def load_named(specs: list[str]) -> list[Loaded]:
             for part in attr.split("."):
                 target = getattr(target, part)
         except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, errors at import
-            raise ConfigError(f"tools: cannot import {spec!r}: {type(exc).__name__}: {exc}") from None
+            raise ConfigError(
+                f"tools: cannot import {spec!r}: {type(exc).__name__}: {exc}"
+            ) from None
         loaded.append(Loaded(as_tool(target, f"tools entry {spec!r}"), f"config {spec}"))
     return loaded
 
@@ -85,14 +89,22 @@ def as_tool(target: Any, where: str) -> Tool:
         try:
             candidate = target()
         except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"{where}: calling it to make the tool failed: {type(exc).__name__}: {exc}") from None
-    missing = [a for a in ("name", "description", "args_model", "effect", "run") if not hasattr(candidate, a)]
+            raise ConfigError(
+                f"{where}: calling it to make the tool failed: {type(exc).__name__}: {exc}"
+            ) from None
+    missing = [
+        a
+        for a in ("name", "description", "args_model", "effect", "run")
+        if not hasattr(candidate, a)
+    ]
     if missing:
         raise ConfigError(f"{where} is not a tool: it has no {', '.join(missing)}")
     try:
         EffectClass(candidate.effect)
     except ValueError:
-        raise ConfigError(f"{where}: effect {candidate.effect!r} is not read, write or exec") from None
+        raise ConfigError(
+            f"{where}: effect {candidate.effect!r} is not read, write or exec"
+        ) from None
     return cast(Tool, candidate)
 
 
@@ -107,20 +119,28 @@ def check_tool(tool: Any, where: str) -> None:
 
     name = getattr(tool, "name", None)
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise ConfigError(f"{where}: the tool's name {name!r} is not 1 to 64 letters, digits, _ or -")
+        raise ConfigError(
+            f"{where}: the tool's name {name!r} is not 1 to 64 letters, digits, _ or -"
+        )
     if not isinstance(getattr(tool, "description", None), str):
         raise ConfigError(f"{where}: the tool {name!r} has no description text")
     if not isinstance(getattr(tool, "effect", None), EffectClass):
-        raise ConfigError(f"{where}: the tool {name!r} has effect {getattr(tool, 'effect', None)!r}, "
-                          "not EffectClass.READ, WRITE or EXEC")
+        raise ConfigError(
+            f"{where}: the tool {name!r} has effect {getattr(tool, 'effect', None)!r}, "
+            "not EffectClass.READ, WRITE or EXEC"
+        )
     model = getattr(tool, "args_model", None)
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise ConfigError(f"{where}: the tool {name!r} has args_model {model!r}, not a pydantic model")
+        raise ConfigError(
+            f"{where}: the tool {name!r} has args_model {model!r}, not a pydantic model"
+        )
     try:
         model.model_json_schema()
     except Exception as exc:  # noqa: BLE001 - whatever pydantic raises, said in one line
-        raise ConfigError(f"{where}: the tool {name!r} has arguments without a JSON schema: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise ConfigError(
+            f"{where}: the tool {name!r} has arguments without a JSON schema: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     if not callable(getattr(tool, "run", None)):
         raise ConfigError(f"{where}: the tool {name!r} has no run method")
 

@@ -47,8 +47,15 @@ from durable_agent.tools.groups import (  # the resume half is re-exported from 
 from durable_agent.tools.os_sandbox import Mechanism, Sandbox, prepare
 from durable_agent.tools.sealed import above_stdio, fitted
 
-__all__ = ["ProcessOutcome", "command_env", "default_shell", "kill_process_group",
-           "process_group_alive", "run_process", "truncate_middle"]
+__all__ = [
+    "ProcessOutcome",
+    "command_env",
+    "default_shell",
+    "kill_process_group",
+    "process_group_alive",
+    "run_process",
+    "truncate_middle",
+]
 
 GUARD_SCRIPT = Path(__file__).with_name("_guard.py")
 KILL_GRACE_S = 2.0
@@ -101,12 +108,16 @@ def default_shell() -> str:
 def command_env(parent: Mapping[str, str], *, run_id: str, call_id: str) -> dict[str, str]:
     """The environment for a command: `parent` without credentials, made non-interactive,
     plus the run and call ids (so a command, or a resume, can tell whose it is)."""
-    env = {name: value for name, value in parent.items()
-           if not is_secret_name(name) and not _has_url_password(value)
-           and name not in _DROPPED_ENV
-           # The harness's own knobs (its database, config, crash switch) are not the
-           # command's: a `durable-agent` or test suite it runs must not act on them.
-           and not name.startswith("DURABLE_AGENT_")}
+    env = {
+        name: value
+        for name, value in parent.items()
+        if not is_secret_name(name)
+        and not _has_url_password(value)
+        and name not in _DROPPED_ENV
+        # The harness's own knobs (its database, config, crash switch) are not the
+        # command's: a `durable-agent` or test suite it runs must not act on them.
+        and not name.startswith("DURABLE_AGENT_")
+    }
     env.update(_NON_INTERACTIVE_ENV)
     env["DURABLE_AGENT_RUN_ID"] = run_id
     env["DURABLE_AGENT_CALL_ID"] = call_id
@@ -118,7 +129,7 @@ def _has_url_password(value: str) -> bool:
     scheme_end = value.find("://")
     if scheme_end < 0:
         return False
-    authority = value[scheme_end + 3:].split("/", 1)[0]
+    authority = value[scheme_end + 3 :].split("/", 1)[0]
     return "@" in authority and ":" in authority.rsplit("@", 1)[0]
 
 
@@ -127,7 +138,9 @@ class StartTooLate(Exception):
     harness stalled past the point where its lease surely held). Nothing of it ran."""
 
     def __init__(self, deadline: float) -> None:
-        super().__init__(f"the command was not started: {_boottime() - deadline:.1f} s past its start deadline")
+        super().__init__(
+            f"the command was not started: {_boottime() - deadline:.1f} s past its start deadline"
+        )
 
 
 def _boottime() -> float:
@@ -160,18 +173,33 @@ def run_process(
     """
     line = os.fsencode(command)
     if b"\0" in line:  # exec cannot carry it, and bash takes a file holding one for a binary
-        raise ToolFailure("the command holds a NUL byte, which no shell command line can carry "
-                          "(write such bytes to a file with write_file)")
+        raise ToolFailure(
+            "the command holds a NUL byte, which no shell command line can carry "
+            "(write such bytes to a file with write_file)"
+        )
     shell = default_shell()
     launch = prepare(sandbox, [shell, "-c", command], cwd=cwd, workspace=workspace or cwd, env=env)
     script: int | None = None
     try:
         assert launch.argv[-3:] == [shell, "-c", command]  # prepare wraps the program: the tail
-        argv, script = fitted(launch.argv, launch.env, line, guard=_guard_argv(2**31 - 1, 2**31 - 1),
-                              mounts=sandbox is not None and sandbox.mechanism is Mechanism.BUBBLEWRAP)
-        outcome = _run(argv, cwd=cwd, env=launch.env, timeout_s=timeout_s, output_cap=output_cap,
-                       on_start=on_start, cancel=cancel, kill_grace_s=kill_grace_s,
-                       pass_fds=() if script is None else (script,))
+        argv, script = fitted(
+            launch.argv,
+            launch.env,
+            line,
+            guard=_guard_argv(2**31 - 1, 2**31 - 1),
+            mounts=sandbox is not None and sandbox.mechanism is Mechanism.BUBBLEWRAP,
+        )
+        outcome = _run(
+            argv,
+            cwd=cwd,
+            env=launch.env,
+            timeout_s=timeout_s,
+            output_cap=output_cap,
+            on_start=on_start,
+            cancel=cancel,
+            kill_grace_s=kill_grace_s,
+            pass_fds=() if script is None else (script,),
+        )
     finally:
         if script is not None:
             os.close(script)
@@ -186,9 +214,18 @@ def _guard_argv(watch_fd: int, status_fd: int) -> list[str]:
     return [sys.executable, "-I", "-S", str(GUARD_SCRIPT), str(watch_fd), str(status_fd)]
 
 
-def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float, output_cap: int,
-         on_start: Callable[[int], float | None] | None, cancel: threading.Event | None,
-         kill_grace_s: float, pass_fds: tuple[int, ...] = ()) -> ProcessOutcome:
+def _run(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    output_cap: int,
+    on_start: Callable[[int], float | None] | None,
+    cancel: threading.Event | None,
+    kill_grace_s: float,
+    pass_fds: tuple[int, ...] = (),
+) -> ProcessOutcome:
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
     if not sys.executable:
@@ -199,8 +236,13 @@ def _run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float
     try:
         proc = subprocess.Popen(
             [*_guard_argv(watch_r, status_w), *argv],
-            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, bufsize=0, start_new_session=True,
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,
             pass_fds=(watch_r, status_w, *pass_fds),
         )
     except BaseException:
@@ -276,7 +318,7 @@ class _Capture:
         if data:
             self.tail += data
             if len(self.tail) > self._keep:
-                del self.tail[:len(self.tail) - self._keep]
+                del self.tail[: len(self.tail) - self._keep]
 
     def text(self) -> str:
         dropped = self.total - len(self.head) - len(self.tail)
@@ -295,9 +337,9 @@ def truncate_middle(head_text: str, tail_text: str, total_bytes: int, cap: int) 
     with a marker saying how many of `total_bytes` were left out."""
     # Size the marker with the largest number it can show, so the result never exceeds cap.
     budget = max(cap - len(_marker(total_bytes, total_bytes)), 0)
-    head = head_text[:budget // 2]
+    head = head_text[: budget // 2]
     tail_len = budget - len(head)
-    tail = tail_text[max(len(tail_text) - tail_len, 0):] if tail_len > 0 else ""
+    tail = tail_text[max(len(tail_text) - tail_len, 0) :] if tail_len > 0 else ""
     kept = len(head.encode()) + len(tail.encode())
     return head + _marker(max(total_bytes - kept, 0), total_bytes) + tail
 

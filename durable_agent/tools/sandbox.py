@@ -10,7 +10,9 @@ from durable_agent.tools.encoding import bad_name_char, name_from_arg, show_name
 from durable_agent.tools.gitguard import inside_git_dir
 
 
-def resolve(workspace: Path, path: str, *, for_write: bool = False, store: str | None = None) -> Path:
+def resolve(
+    workspace: Path, path: str, *, for_write: bool = False, store: str | None = None
+) -> Path:
     """The real path of `path` inside `workspace`, or ToolFailure.
 
     Symlinks are resolved before the check, so a link that points outside is refused
@@ -23,7 +25,9 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False, store: str |
     problem = bad_name_char(path)
     if problem:
         raise ToolFailure(problem)
-    path = name_from_arg(workspace, path)  # `bad\xffname` as shown by `relative` (tools/encoding.py)
+    path = name_from_arg(
+        workspace, path
+    )  # `bad\xffname` as shown by `relative` (tools/encoding.py)
     # On strings: every file tool call comes here, and Path.resolve and Path.parents cost
     # more than the lstat calls that do the work.
     real_root = os.path.realpath(workspace)
@@ -33,23 +37,29 @@ def resolve(workspace: Path, path: str, *, for_write: bool = False, store: str |
     root, target = Path(real_root), Path(real)
     if for_write:
         if not os.path.isdir(real_root):  # a write would make a new, empty one in its place
-            raise ToolFailure(f"the workspace {show_name(real_root)} is gone (deleted or unmounted): "
-                              "nothing was written")
+            raise ToolFailure(
+                f"the workspace {show_name(real_root)} is gone (deleted or unmounted): "
+                "nothing was written"
+            )
         # Any git dir, nested ones too: a planted sub/.git/config runs its fsmonitor the next
         # time the *user* runs git there, outside any sandbox.
         if inside_git_dir(target, root, path):
-            raise ToolFailure(f"refusing to write {path!r}: it is inside a git directory "
-                              "(.git internals); use git commands instead")
+            raise ToolFailure(
+                f"refusing to write {path!r}: it is inside a git directory "
+                "(.git internals); use git commands instead"
+            )
         if target == root or target.is_dir():
             raise ToolFailure(f"{path!r} is a directory")
         if store and _is_store_file(real, store):
-            raise ToolFailure(f"refusing to write {path!r}: it is this run's own store (its "
-                              "checkpoints); leave it alone")
+            raise ToolFailure(
+                f"refusing to write {path!r}: it is this run's own store (its "
+                "checkpoints); leave it alone"
+            )
     return target
 
 
 def _is_store_file(real: str, store: str) -> bool:
-    from durable_agent.config_layers import store_files
+    from durable_agent.config.layers import store_files
 
     files = store_files(store)
     return real in files[:4] or bool(files) and real.startswith(os.path.join(files[4], ""))

@@ -24,7 +24,9 @@ MAX_ARGUMENT = 32 * 4096 - 1
 _MOST = 6 << 20  # exec's limit however large the stack (_STK_LIM / 4 * 3)
 _MARGIN = 4096  # for what the kernel's count has and ours might not; sealing costs nothing
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-_MFD_NOEXEC_SEAL = 0x0008  # Linux 6.3 (not in Python 3.11's os): where vm.memfd_noexec=2 asks for it
+_MFD_NOEXEC_SEAL = (
+    0x0008  # Linux 6.3 (not in Python 3.11's os): where vm.memfd_noexec=2 asks for it
+)
 
 
 def sealed(data: bytes, name: str) -> int:
@@ -43,7 +45,7 @@ def sealed(data: bytes, name: str) -> int:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
@@ -79,8 +81,9 @@ def exec_size(argv: Sequence[str], env: Mapping[str, str]) -> int:
     return sum(len(os.fsencode(s)) + 1 + 8 for s in strings) + 8 + _MARGIN
 
 
-def fitted(argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Sequence[str],
-           mounts: bool) -> tuple[list[str], int | None]:
+def fitted(
+    argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Sequence[str], mounts: bool
+) -> tuple[list[str], int | None]:
     """`argv` (ending `SHELL -c COMMAND`, started behind `guard`'s arguments) as it can start,
     and the descriptor to pass along (the caller closes it): the command in a sealed file
     when it is too long for exec, read by the shell byte for byte. Only `$0` (/dev/fd/N), an
@@ -89,8 +92,10 @@ def fitted(argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Se
     the two apart. ToolFailure, in one line, when even that cannot start."""
     for name, value in env.items():
         if len(os.fsencode(f"{name}={value}")) > MAX_ARGUMENT:
-            raise ToolFailure(f"cannot start the command: the environment variable {name} is longer "
-                              f"than one string may be ({MAX_ARGUMENT} bytes)")
+            raise ToolFailure(
+                f"cannot start the command: the environment variable {name} is longer "
+                f"than one string may be ({MAX_ARGUMENT} bytes)"
+            )
     limit, script = exec_limit(), None
     if len(command) > MAX_ARGUMENT or exec_size([*guard, *argv], env) > limit:
         script = sealed(command, "durable-agent-command")
@@ -99,7 +104,9 @@ def fitted(argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Se
     if size > limit:
         if script is not None:
             os.close(script)
-        raise ToolFailure(f"cannot start the command: the environment{' and the sandbox mounts' if mounts else ''} "
-                          f"take {size} bytes of the {limit} that starting a program allows"
-                          + (" (`ulimit -s` raises it)" if limit < _MOST else ""))
+        raise ToolFailure(
+            f"cannot start the command: the environment{' and the sandbox mounts' if mounts else ''} "
+            f"take {size} bytes of the {limit} that starting a program allows"
+            + (" (`ulimit -s` raises it)" if limit < _MOST else "")
+        )
     return argv, script

@@ -15,7 +15,9 @@ HEADER_ROOM = 200  # "exit code: …", "stdout:", "stderr:" and the line breaks
 
 class RunCommandArgs(BaseModel):
     command: str = Field(description="Shell command line, run with bash -c in the workspace.")
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="Seconds before the command is killed.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="Seconds before the command is killed."
+    )
 
 
 class RunCommand:
@@ -52,14 +54,27 @@ class RunCommand:
         if outcome.stderr:
             parts.append(f"stderr:\n{outcome.stderr}")
         parts.extend(f"note: {note}" for note in outcome.notes)
-        data = {"exit_code": outcome.exit_code, "timed_out": outcome.timed_out,
-                "cancelled": outcome.cancelled, "duration_ms": outcome.duration_ms,
-                "stdout_bytes": outcome.stdout_bytes, "stderr_bytes": outcome.stderr_bytes,
-                "pgid": outcome.pgid}
+        data = {
+            "exit_code": outcome.exit_code,
+            "timed_out": outcome.timed_out,
+            "cancelled": outcome.cancelled,
+            "duration_ms": outcome.duration_ms,
+            "stdout_bytes": outcome.stdout_bytes,
+            "stderr_bytes": outcome.stderr_bytes,
+            "pgid": outcome.pgid,
+        }
         text = "\n".join(parts)
         if outcome.cancelled:
-            return ToolResult(output=text, error="the command was cancelled and its process group killed", data=data)
+            return ToolResult(
+                output=text,
+                error="the command was cancelled and its process group killed",
+                data=data,
+            )
         if outcome.timed_out:
-            return ToolResult(output=text, error=f"timed out after {args.timeout_s or ctx.command_timeout_s:g} s; "
-                              "the process group was killed", data=data)
+            return ToolResult(
+                output=text,
+                error=f"timed out after {args.timeout_s or ctx.command_timeout_s:g} s; "
+                "the process group was killed",
+                data=data,
+            )
         return ToolResult(output=text, data=data)

@@ -33,16 +33,62 @@ class ShellDecision(StrEnum):
 
 DEFAULT_ALLOWLIST: tuple[str, ...] = (
     # read-only
-    "ls", "cat", "head", "tail", "wc", "grep", "rg", "find", "pwd", "echo", "printf", "true",
-    "cd", "tree", "file", "stat", "du", "diff", "cmp", "sort", "cut", "which", "basename", "dirname",
-    "realpath", "date", "whoami", "uname",
-    "git status", "git diff", "git log", "git show", "git blame", "git grep", "git ls-files",
-    "git rev-parse", "git branch --show-current",
+    "ls",
+    "cat",
+    "head",
+    "tail",
+    "wc",
+    "grep",
+    "rg",
+    "find",
+    "pwd",
+    "echo",
+    "printf",
+    "true",
+    "cd",
+    "tree",
+    "file",
+    "stat",
+    "du",
+    "diff",
+    "cmp",
+    "sort",
+    "cut",
+    "which",
+    "basename",
+    "dirname",
+    "realpath",
+    "date",
+    "whoami",
+    "uname",
+    "git status",
+    "git diff",
+    "git log",
+    "git show",
+    "git blame",
+    "git grep",
+    "git ls-files",
+    "git rev-parse",
+    "git branch --show-current",
     # tests and checks
-    "pytest", "python -m pytest", "python3 -m pytest", ".venv/bin/pytest",
-    ".venv/bin/python -m pytest", "uv run pytest", "npm test", "npm run test", "yarn test",
-    "pnpm test", "cargo test", "cargo check", "go test", "go vet", "make test", "make check",
-    "ruff check", "mypy",
+    "pytest",
+    "python -m pytest",
+    "python3 -m pytest",
+    ".venv/bin/pytest",
+    ".venv/bin/python -m pytest",
+    "uv run pytest",
+    "npm test",
+    "npm run test",
+    "yarn test",
+    "pnpm test",
+    "cargo test",
+    "cargo check",
+    "go test",
+    "go vet",
+    "make test",
+    "make check",
+    "ruff check",
+    "mypy",
 )
 
 _SEPARATOR_CHARS = " \t\n;&|()"
@@ -71,8 +117,9 @@ DEFAULT_DESTRUCTIVE: tuple[str, ...] = (
 # Long options are also matched by their unambiguous abbreviations (`sort --compress=prog`:
 # getopt and git accept those), and single letters inside a cluster (`sort -uo out`).
 _RISKY_OPTIONS: dict[str, frozenset[str]] = {
-    "find": frozenset({"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0",
-                       "-fprintf", "-fls"}),
+    "find": frozenset(
+        {"-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"}
+    ),
     "rg": frozenset({"--pre", "--hostname-bin"}),
     "git": frozenset({"--output", "--ext-diff", "--exec-path", "-O", "--open-files-in-pager"}),
     "sort": frozenset({"-o", "--output", "--compress-program"}),
@@ -89,20 +136,27 @@ _SINGLE_DASH_LONG = frozenset({"find", "go"})
 # `--open-files-in-pager`, `--hostname-bin`, `--python-executable`, `npm --script-shell`).
 _PROGRAM_OPTION = re.compile(r"program|pager|-bin(?:-|$)|exec|command|editor|shell")
 # Commands that only print their arguments: a path there is text, not a file read.
-_NO_FILE_ARGUMENTS = frozenset({"echo", "printf", "true", "pwd", "basename", "dirname", "which",
-                                "whoami", "uname"})
+_NO_FILE_ARGUMENTS = frozenset(
+    {"echo", "printf", "true", "pwd", "basename", "dirname", "which", "whoami", "uname"}
+)
 _PRIVILEGE = frozenset({"sudo", "doas", "su", "pkexec", "run0"})
 # `NAME=value cmd` is fine (`PYTHONPATH=src pytest`), except names that change which
 # program runs or inject code into it.
-_RISKY_ASSIGNMENT = re.compile(r"LD_\w*|PATH|BASH_ENV|ENV|IFS|SHELLOPTS|BASHOPTS|GIT_\w*|"
-                               r"PAGER|EDITOR|VISUAL|PROMPT_COMMAND|PYTHONSTARTUP")
+_RISKY_ASSIGNMENT = re.compile(
+    r"LD_\w*|PATH|BASH_ENV|ENV|IFS|SHELLOPTS|BASHOPTS|GIT_\w*|"
+    r"PAGER|EDITOR|VISUAL|PROMPT_COMMAND|PYTHONSTARTUP"
+)
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 _HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _HARMLESS_PATHS = frozenset({"/dev/null", "/dev/stdin"})  # arguments that read nothing outside
 
 
-def decide(command: str, mode: str, allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
-           destructive: Sequence[str] = DEFAULT_DESTRUCTIVE) -> tuple[ShellDecision, str]:
+def decide(
+    command: str,
+    mode: str,
+    allowlist: Sequence[str] = DEFAULT_ALLOWLIST,
+    destructive: Sequence[str] = DEFAULT_DESTRUCTIVE,
+) -> tuple[ShellDecision, str]:
     """Decide whether `command` runs under shell mode `mode` ("allow", "ask" or "deny").
 
     Returns the decision and a reason for the person (or model) who sees it.
@@ -135,7 +189,7 @@ def _check_simple_command(segment: str, prefixes: list[list[str]]) -> str | None
     while words and (assignment := _ASSIGNMENT.match(words[0])):
         if _RISKY_ASSIGNMENT.fullmatch(assignment.group(1)):
             return f"sets {assignment.group(1)}: `{segment}`"
-        assigned.append(words.pop(0)[assignment.end():])
+        assigned.append(words.pop(0)[assignment.end() :])
     if not words:
         return None  # only assignments: sets a shell variable, runs nothing
     if words[0] in _PRIVILEGE:
@@ -144,7 +198,7 @@ def _check_simple_command(segment: str, prefixes: list[list[str]]) -> str | None
         words[0] = words[0][2:]  # ./.venv/bin/pytest; but never ./ls, a workspace file
     arguments = words[1:]  # before git's globals go: `git -C ../other log` reads elsewhere
     words = _without_git_globals(words)
-    if not any(words[:len(prefix)] == prefix for prefix in prefixes):
+    if not any(words[: len(prefix)] == prefix for prefix in prefixes):
         return f"not in the allowlist: `{segment}`"
     for word in words[1:]:
         option = _risky_option(words[0], word)
@@ -251,10 +305,10 @@ def _scan(command: str) -> _Scan:
             current.append(quoted)
             i = end
         elif c == "\\":
-            current.append(command[i:i + 2] if command[i + 1:i + 2] != "\n" else " ")
+            current.append(command[i : i + 2] if command[i + 1 : i + 2] != "\n" else " ")
             i += 2
         elif c == "`" or command.startswith(("$(", "<(", ">("), i):
-            scan.problem = f"command substitution: `{command[i:i + 24]}`"
+            scan.problem = f"command substitution: `{command[i : i + 24]}`"
             return scan
         elif c == "#" and (not current or current[-1][-1:] in " \t"):
             while i < n and command[i] != "\n":  # a comment: not executed
@@ -314,7 +368,7 @@ def _drop_fd_number(current: list[str]) -> None:
     while digits < len(current) and current[-1 - digits].isdigit():
         digits += 1
     if digits and (digits == len(current) or current[-1 - digits] in " \t"):
-        del current[len(current) - digits:]
+        del current[len(current) - digits :]
 
 
 def _redirection_problem(op: str, raw_target: str) -> str | None:

@@ -9,7 +9,9 @@ import os
 from collections.abc import Iterator
 
 
-def walk(root: str, unlisted: list[str] | None = None) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
+def walk(
+    root: str, unlisted: list[str] | None = None
+) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
     """os.walk's top-down walk, in the same order (dirnames may be pruned or sorted in
     place). Links to folders are listed, named again in the last item, and not entered; a
     folder that cannot be listed is passed over (added to `unlisted` when permissions forbid it)."""

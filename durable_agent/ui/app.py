@@ -26,7 +26,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from durable_agent import render
+from durable_agent.cli import render
 from durable_agent.errors import DurableAgentError, RunBusy, RunNotFound, StoreError
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
@@ -54,7 +54,9 @@ class UiConfig(Struct, frozen=True):
 
 
 def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(doc, ensure_ascii=False), status_code=status, media_type="application/json")
+    return Response(
+        json.dumps(doc, ensure_ascii=False), status_code=status, media_type="application/json"
+    )
 
 
 def build_app(cfg: UiConfig) -> Any:
@@ -62,7 +64,13 @@ def build_app(cfg: UiConfig) -> Any:
     extras = queries.Changes(store.engine)
 
     def fail(request: Request, exc: Exception) -> Response:
-        status = 404 if isinstance(exc, RunNotFound) else 409 if isinstance(exc, RunBusy | DurableAgentError) else 500
+        status = (
+            404
+            if isinstance(exc, RunNotFound)
+            else 409
+            if isinstance(exc, RunBusy | DurableAgentError)
+            else 500
+        )
         if isinstance(exc, StoreError):
             status = 503
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -86,12 +94,19 @@ def build_app(cfg: UiConfig) -> Any:
 
     def view(run_id: str) -> run_page.RunView:
         run = store.get_run(run_id)
-        return run_page.RunView(run, store.steps(run_id), store.approvals(run_id), store.messages(run_id),
-                                extras.by_step(run_id))
+        return run_page.RunView(
+            run,
+            store.steps(run_id),
+            store.approvals(run_id),
+            store.messages(run_id),
+            extras.by_step(run_id),
+        )
 
     def run_html(request: Request) -> Response:
         notice = actions.NOTICES.get(request.query_params.get("done", ""))
-        return HTMLResponse(run_page.page(view(request.path_params["run_id"]), csrf=access.csrf, notice=notice))
+        return HTMLResponse(
+            run_page.page(view(request.path_params["run_id"]), csrf=access.csrf, notice=notice)
+        )
 
     def step_html(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], request.path_params["seq"]
@@ -110,12 +125,19 @@ def build_app(cfg: UiConfig) -> Any:
         lines = diff_lines(store.engine, run_id, seq)  # the store is at head: snapshot tables exist
         if lines is None:
             return HTMLResponse("no such step", status_code=404)
-        return PlainTextResponse("".join(lines), headers={"Content-Type": "text/plain; charset=utf-8"})
+        return PlainTextResponse(
+            "".join(lines), headers={"Content-Type": "text/plain; charset=utf-8"}
+        )
 
     def api_runs(request: Request) -> Response:
         status, needle, after, size = filters(request)
         page = queries.run_page(store, status=status, needle=needle, cursor=after, limit=size)
-        return _json({"runs": [render.run_json(r, settings=False) for r in page.runs], "next": page.next_cursor})
+        return _json(
+            {
+                "runs": [render.run_json(r, settings=False) for r in page.runs],
+                "next": page.next_cursor,
+            }
+        )
 
     def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -126,8 +148,12 @@ def build_app(cfg: UiConfig) -> Any:
         run_id = request.path_params["run_id"]
         store.get_run(run_id)  # 404 for an unknown run, not an empty list
         first, limit = request.query_params.get("from", "0"), request.query_params.get("limit", "")
-        found = queries.steps_from(store, run_id, int(first) if first.isdigit() else 0,
-                                   int(limit) if limit.isdigit() else None)
+        found = queries.steps_from(
+            store,
+            run_id,
+            int(first) if first.isdigit() else 0,
+            int(limit) if limit.isdigit() else None,
+        )
         return _json([render.row_json(s) for s in found])
 
     async def events(request: Request) -> Response:
@@ -135,28 +161,45 @@ def build_app(cfg: UiConfig) -> Any:
         await run_in_threadpool(store.get_run, run_id)
         first = request.query_params.get("from", "0")
         stream = _Stream(store, extras, run_id, int(first) if first.isdigit() else 0, cfg)
-        return StreamingResponse(stream.events(request.is_disconnected), media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        return StreamingResponse(
+            stream.events(request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
 
     def act(name: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             try:  # our forms are url-encoded (no python-multipart needed for a few fields)
-                form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
+                form = {
+                    k: v[0]
+                    for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()
+                }
             except BodyTooLarge:
-                return Response("request body too large\n", status_code=413, media_type="text/plain")
+                return Response(
+                    "request body too large\n", status_code=413, media_type="text/plain"
+                )
             csrf = form.get("csrf")
             if not access.csrf_ok(csrf if isinstance(csrf, str) else None):
-                return Response("missing or wrong CSRF token: reload the page\n", status_code=403, media_type="text/plain")
+                return Response(
+                    "missing or wrong CSRF token: reload the page\n",
+                    status_code=403,
+                    media_type="text/plain",
+                )
             run_id = request.path_params["run_id"]
             by = form.get("by")
             who = actions.decided_by(by if isinstance(by, str) else None, default=cfg.user)
             if name in ("approve", "deny"):
-                done = await run_in_threadpool(lambda: actions.answer(store, run_id, approved=name == "approve", by=who))
+                done = await run_in_threadpool(
+                    lambda: actions.answer(store, run_id, approved=name == "approve", by=who)
+                )
             elif name == "cancel":
                 done = await run_in_threadpool(actions.cancel, store, run_id)
             else:
                 done = await run_in_threadpool(actions.resume, store, run_id)
-            return RedirectResponse(f"/runs/{quote(done.run_id, safe='')}?done={done.notice}", status_code=303)
+            return RedirectResponse(
+                f"/runs/{quote(done.run_id, safe='')}?done={done.notice}", status_code=303
+            )
+
         return endpoint
 
     def bad_status(request: Request, exc: Exception) -> Response:
@@ -170,14 +213,19 @@ def build_app(cfg: UiConfig) -> Any:
         Route("/runs/{run_id}", run_html),
         Route("/runs/{run_id}/steps/{seq:int}", step_html),
         Route("/runs/{run_id}/steps/{seq:int}/diff", step_diff),
-        *(Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"]) for name in ("approve", "deny", "cancel", "resume")),
+        *(
+            Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"])
+            for name in ("approve", "deny", "cancel", "resume")
+        ),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),
         Route("/api/runs/{run_id}/steps", api_steps),
         Route("/api/runs/{run_id}/events", events),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={DurableAgentError: fail, UnknownStatus: bad_status})
+    app = Starlette(
+        routes=routes, exception_handlers={DurableAgentError: fail, UnknownStatus: bad_status}
+    )
     return Guard(app, access)
 
 
@@ -194,7 +242,9 @@ class _Stream:
     event with the changed rows (as HTML), the chart, the header and the actions when
     anything changed. It ends once the run is neither executing nor queued."""
 
-    def __init__(self, store: Store, extras: queries.Changes, run_id: str, first: int, cfg: UiConfig) -> None:
+    def __init__(
+        self, store: Store, extras: queries.Changes, run_id: str, first: int, cfg: UiConfig
+    ) -> None:
         self.store, self.extras, self.run_id, self.cfg = store, extras, run_id, cfg
         self.known: dict[int, StepRecord] = {}
         self.sent: dict[int, tuple[Any, ...]] = {}
@@ -215,7 +265,9 @@ class _Stream:
         run = self.store.get_run(self.run_id)
         now = utcnow()
         live = leases.is_executing(run, now) or run.status == RunStatus.PENDING
-        changed = [s for seq, s in sorted(self.known.items()) if self.sent.get(seq) != _signature(s)]
+        changed = [
+            s for seq, s in sorted(self.known.items()) if self.sent.get(seq) != _signature(s)
+        ]
         run_sig = (run.status, run.updated_at, run.lease_owner, run.message_count)
         if not changed and run_sig == self.run_sig:
             return None, live
@@ -224,12 +276,22 @@ class _Stream:
             self.sent[s.seq] = _signature(s)
         steps = [self.known[k] for k in sorted(self.known)]
         changes = self.extras.by_step(self.run_id) if changed else {}
-        view = run_page.RunView(run, steps, self.store.approvals(self.run_id), self.store.messages(self.run_id))
-        doc = {"status": run.status, "count": len(steps), "live": live,
-               "steps": [{"seq": s.seq, "html": run_page.step_row(run, s, changes.get(s.seq), now)} for s in changed],
-               "chart": chart(steps, now), "header": run_page.header(view, now),
-               "actions": run_page.actions(view, self.cfg.access.csrf, now),
-               "conversation": run_page.conversation(view.messages)}
+        view = run_page.RunView(
+            run, steps, self.store.approvals(self.run_id), self.store.messages(self.run_id)
+        )
+        doc = {
+            "status": run.status,
+            "count": len(steps),
+            "live": live,
+            "steps": [
+                {"seq": s.seq, "html": run_page.step_row(run, s, changes.get(s.seq), now)}
+                for s in changed
+            ],
+            "chart": chart(steps, now),
+            "header": run_page.header(view, now),
+            "actions": run_page.actions(view, self.cfg.access.csrf, now),
+            "conversation": run_page.conversation(view.messages),
+        }
         return doc, live
 
     async def events(self, disconnected: Callable[[], Any]) -> AsyncIterator[bytes]:
@@ -246,7 +308,9 @@ class _Stream:
             if doc is not None:
                 yield f"event: update\ndata: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
                 quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > KEEPALIVE_S:  # a long model call: keep proxies from closing it
+            elif (
+                time.monotonic() - quiet_since > KEEPALIVE_S
+            ):  # a long model call: keep proxies from closing it
                 yield b": still here\n\n"
                 quiet_since = time.monotonic()
             if not live:

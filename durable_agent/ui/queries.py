@@ -25,7 +25,9 @@ from durable_agent.store.runs import Store
 from durable_agent.store.schema import runs, steps
 
 PAGE_SIZE = 50
-CHANGES_VIEW = "step_changes"  # workspace snapshots (where the store has them): one row per changed file
+CHANGES_VIEW = (
+    "step_changes"  # workspace snapshots (where the store has them): one row per changed file
+)
 
 
 class RunPage(Struct, frozen=True):
@@ -59,8 +61,14 @@ def _like(needle: str) -> str:
     return f"%{escaped}%"
 
 
-def run_page(store: Store, *, status: str | None = None, needle: str | None = None,
-             cursor: str | None = None, limit: int = PAGE_SIZE) -> RunPage:
+def run_page(
+    store: Store,
+    *,
+    status: str | None = None,
+    needle: str | None = None,
+    cursor: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> RunPage:
     """One page of runs, newest first, after `cursor`; `needle` matches the id or the task
     (case-insensitively; a scan, stopped by LIMIT as soon as the page is full)."""
     query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
@@ -68,8 +76,9 @@ def run_page(store: Store, *, status: str | None = None, needle: str | None = No
         query = query.where(runs.c.status == status)
     if needle:
         pattern = _like(needle.lower())
-        query = query.where(or_(runs.c.id.ilike(pattern, escape="\\"),
-                                runs.c.task.ilike(pattern, escape="\\")))
+        query = query.where(
+            or_(runs.c.id.ilike(pattern, escape="\\"), runs.c.task.ilike(pattern, escape="\\"))
+        )
     after = decode_cursor(cursor) if cursor else None
     if after is not None:
         # A row-value comparison: both backends walk the (created_at, id) index from the cursor.
@@ -85,10 +94,17 @@ def run_page(store: Store, *, status: str | None = None, needle: str | None = No
     return RunPage(rows, encode_cursor(rows[-1]) if more and rows else None)
 
 
-def steps_from(store: Store, run_id: str, first_seq: int, limit: int | None = None) -> list[StepRecord]:
+def steps_from(
+    store: Store, run_id: str, first_seq: int, limit: int | None = None
+) -> list[StepRecord]:
     """The run's steps with seq >= first_seq: the live page asks from its oldest step that
     was still open (an intent row gets its outcome later) and anything newer."""
-    query = select(steps).where(steps.c.run_id == run_id, steps.c.seq >= first_seq).order_by(steps.c.seq).limit(limit)
+    query = (
+        select(steps)
+        .where(steps.c.run_id == run_id, steps.c.seq >= first_seq)
+        .order_by(steps.c.seq)
+        .limit(limit)
+    )
 
     def read() -> list[StepRecord]:
         with store.engine.connect() as conn:
@@ -119,12 +135,21 @@ class Changes:
         found: dict[int, list[FileChange]] = {}
         try:
             with self.engine.connect() as conn:
-                rows: Any = conn.execute(text(
-                    f"SELECT seq, path, change, bytes FROM {CHANGES_VIEW} "
-                    "WHERE run_id = :run_id ORDER BY seq, path"), {"run_id": run_id})
+                rows: Any = conn.execute(
+                    text(
+                        f"SELECT seq, path, change, bytes FROM {CHANGES_VIEW} "
+                        "WHERE run_id = :run_id ORDER BY seq, path"
+                    ),
+                    {"run_id": run_id},
+                )
                 for row in rows:
                     found.setdefault(int(row.seq), []).append(
-                        FileChange(str(row.path), str(row.change), None if row.bytes is None else int(row.bytes)))
+                        FileChange(
+                            str(row.path),
+                            str(row.change),
+                            None if row.bytes is None else int(row.bytes),
+                        )
+                    )
         except SQLAlchemyError:  # a view of another shape: show no files rather than fail the page
             return {}
         return found

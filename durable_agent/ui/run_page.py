@@ -12,7 +12,7 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
+from durable_agent.cli.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import (
@@ -28,7 +28,9 @@ from durable_agent.ui.pages import e, frame, owner_state, status_badge, u
 from durable_agent.ui.queries import FileChange
 from durable_agent.ui.timeline import chart, css_class
 
-INLINE_STEPS = 200  # up to this many steps their bodies are in the page; beyond, fetched when opened
+INLINE_STEPS = (
+    200  # up to this many steps their bodies are in the page; beyond, fetched when opened
+)
 MAX_PRE = 20_000  # characters of one input/output shown inline; the JSON API has all of it
 
 
@@ -48,36 +50,65 @@ def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
         body.append(f'<p class="notice" id="notice">{e(notice)}</p>')
     body.append(f'<section id="header">{header(view, now)}</section>')
     body.append(f'<section id="actions">{actions(view, csrf, now)}</section>')
-    body.append(f'<h2>Timeline</h2><div class="chart" id="chart">{chart(view.steps, now)}</div>{_legend()}')
-    body.append(f'<h2>Steps <span class="count" id="step-count">{len(view.steps)}</span></h2>'
-                f'<div id="steps">{"".join(step_row(run, s, view.changes.get(s.seq), now, inline=inline) for s in view.steps)}</div>')
+    body.append(
+        f'<h2>Timeline</h2><div class="chart" id="chart">{chart(view.steps, now)}</div>{_legend()}'
+    )
+    body.append(
+        f'<h2>Steps <span class="count" id="step-count">{len(view.steps)}</span></h2>'
+        f'<div id="steps">{"".join(step_row(run, s, view.changes.get(s.seq), now, inline=inline) for s in view.steps)}</div>'
+    )
     body.append(f'<h2>Conversation</h2><div id="conversation">{conversation(view.messages)}</div>')
     return frame(f"run {run.id}", "".join(body), csrf=csrf, run_id=run.id)
 
 
 def header(view: RunView, now: datetime) -> str:
     run = view.run
-    rows = [("status", status_badge(run.status) + (f" ({e(run.stop_reason)})" if run.stop_reason else "")
-             + (" · cancel requested" if run.cancel_requested else "")),
-            ("task", f'<span class="task">{e(run.task)}</span>'),
-            ("model", e(run.model)),
-            ("workspace", f'<span class="mono">{e(run.workspace)}</span>')]
+    rows = [
+        (
+            "status",
+            status_badge(run.status)
+            + (f" ({e(run.stop_reason)})" if run.stop_reason else "")
+            + (" · cancel requested" if run.cancel_requested else ""),
+        ),
+        ("task", f'<span class="task">{e(run.task)}</span>'),
+        ("model", e(run.model)),
+        ("workspace", f'<span class="mono">{e(run.workspace)}</span>'),
+    ]
     sandbox = sandbox_line(run.settings)
     if sandbox:
         rows.append(("sandbox", e(sandbox)))
-    if run.forked_from:  # lineage, as `show` prints it (from the run's row: the live header keeps it)
+    if (
+        run.forked_from
+    ):  # lineage, as `show` prints it (from the run's row: the live header keeps it)
         after = "" if run.fork_seq is None else f" after step {run.fork_seq + 1}"
-        rows.append(("forked from", f'<a href="/runs/{u(run.forked_from)}">{e(run.forked_from)}</a>{e(after)}'))
+        rows.append(
+            (
+                "forked from",
+                f'<a href="/runs/{u(run.forked_from)}">{e(run.forked_from)}</a>{e(after)}',
+            )
+        )
     rows.append(("created", f"{e(iso_utc(run.created_at))} ({e(fmt_age(run.created_at))})"))
     if run.finished_at:
         rows.append(("finished", e(iso_utc(run.finished_at))))
-    rows.append(("owner", f'<span class="owner o-{owner_state(run, now)}">{owner_state(run, now)}</span>'
-                 + (f" {e(run.lease_owner)} (epoch {run.lease_epoch})" if run.lease_owner else "")))
+    rows.append(
+        (
+            "owner",
+            f'<span class="owner o-{owner_state(run, now)}">{owner_state(run, now)}</span>'
+            + (f" {e(run.lease_owner)} (epoch {run.lease_epoch})" if run.lease_owner else ""),
+        )
+    )
     cost = run_cost(run)
-    rows.append(("totals", e(f"{counts(run, len(view.steps))} · {run.prompt_tokens}+{run.completion_tokens} tokens"
-                           + ("" if cost is None else f" · cost {cost:.4f}")
-                           + f" · {fmt_ms(run.active_ms)} active"
-                           + (f" · resumed {run.resume_count}×" if run.resume_count else ""))))
+    rows.append(
+        (
+            "totals",
+            e(
+                f"{counts(run, len(view.steps))} · {run.prompt_tokens}+{run.completion_tokens} tokens"
+                + ("" if cost is None else f" · cost {cost:.4f}")
+                + f" · {fmt_ms(run.active_ms)} active"
+                + (f" · resumed {run.resume_count}×" if run.resume_count else "")
+            ),
+        )
+    )
     if run.error:
         rows.append(("error", f'<span class="error">{e(run.error)}</span>'))
     if run.answer:
@@ -92,7 +123,12 @@ def budgets(run: RunRecord) -> str:
     used: list[tuple[str, str, float, Any]] = [
         ("model calls", "max_steps", run.step_count, settings.get("max_steps")),
         ("tool calls", "max_tool_calls", run.tool_call_count, settings.get("max_tool_calls")),
-        ("tokens", "max_tokens", run.prompt_tokens + run.completion_tokens, settings.get("max_tokens")),
+        (
+            "tokens",
+            "max_tokens",
+            run.prompt_tokens + run.completion_tokens,
+            settings.get("max_tokens"),
+        ),
         ("seconds", "max_seconds", run.active_ms / 1000, settings.get("max_seconds")),
         ("cost", "max_cost", run_cost(run) or 0.0, settings.get("max_cost")),
     ]
@@ -102,9 +138,11 @@ def budgets(run: RunRecord) -> str:
             continue
         share = min(value / limit, 1.0)
         full = " full" if value >= limit else ""
-        bars.append(f'<div class="budget" data-budget="{name}"><span class="label">{label}</span>'
-                    f'<span class="bar{full}"><span style="width:{share * 100:.1f}%"></span></span>'
-                    f'<span class="used">{_num(value)} / {_num(limit)}</span></div>')
+        bars.append(
+            f'<div class="budget" data-budget="{name}"><span class="label">{label}</span>'
+            f'<span class="bar{full}"><span style="width:{share * 100:.1f}%"></span></span>'
+            f'<span class="used">{_num(value)} / {_num(limit)}</span></div>'
+        )
     return "".join(bars) or '<p class="muted">no budgets recorded</p>'
 
 
@@ -118,73 +156,106 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
     out = []
     if pending is not None and run.status == RunStatus.BLOCKED:
         what = pending.command or pending.tool_name or "?"
-        out.append(f'<div class="question" id="question"><p>The run asks ({e(pending.kind)}, call '
-                   f'{e(pending.call_id)}): <code>{e(what)}</code></p>'
-                   + (f"<p>{e(pending.reason)}</p>" if pending.reason else "")
-                   + _form(run.id, "approve", "approve and resume", csrf, by=True)
-                   + _form(run.id, "deny", "deny and resume", csrf, by=True) + "</div>")
+        out.append(
+            f'<div class="question" id="question"><p>The run asks ({e(pending.kind)}, call '
+            f"{e(pending.call_id)}): <code>{e(what)}</code></p>"
+            + (f"<p>{e(pending.reason)}</p>" if pending.reason else "")
+            + _form(run.id, "approve", "approve and resume", csrf, by=True)
+            + _form(run.id, "deny", "deny and resume", csrf, by=True)
+            + "</div>"
+        )
     if leases.is_executing(run, now) or run.status == RunStatus.PENDING:
         out.append(_form(run.id, "cancel", "cancel", csrf))
     elif run.status in RESUMABLE and pending is None:
         out.append(_form(run.id, "resume", "resume on the worker queue", csrf))
     if run.status == RunStatus.PENDING:
-        out.append('<p class="muted">pending: a worker (`durable-agent worker`) will continue it</p>')
+        out.append(
+            '<p class="muted">pending: a worker (`durable-agent worker`) will continue it</p>'
+        )
     return "".join(out)
 
 
 def _form(run_id: str, action: str, label: str, csrf: str, *, by: bool = False) -> str:
     name = '<input name="by" placeholder="your name" maxlength="60">' if by else ""
-    return (f'<form method="post" action="/runs/{u(run_id)}/{action}" class="action">'
-            f'<input type="hidden" name="csrf" value="{e(csrf)}">{name}'
-            f'<button type="submit" id="{action}-button" class="b-{action}">{e(label)}</button></form>')
+    return (
+        f'<form method="post" action="/runs/{u(run_id)}/{action}" class="action">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">{name}'
+        f'<button type="submit" id="{action}-button" class="b-{action}">{e(label)}</button></form>'
+    )
 
 
-def step_row(run: RunRecord, s: StepRecord, changes: list[FileChange] | None, now: datetime, *,
-             inline: bool = True) -> str:
+def step_row(
+    run: RunRecord,
+    s: StepRecord,
+    changes: list[FileChange] | None,
+    now: datetime,
+    *,
+    inline: bool = True,
+) -> str:
     """One step as `<details>`: its line, and (inline, or fetched when it is opened on long
     pages) its input, output, error and changed files."""
     state = s.state
     if state == StepState.STARTED and not leases.is_executing(run, now):
         state = "cut off"  # an intent without an outcome: the next resume settles it
-    tokens = f" · {s.prompt_tokens}+{s.completion_tokens} tokens" if s.prompt_tokens is not None else ""
+    tokens = (
+        f" · {s.prompt_tokens}+{s.completion_tokens} tokens" if s.prompt_tokens is not None else ""
+    )
     tries = f" · {s.attempts} attempts" if s.attempts > 1 else ""
-    summary = (f'<span class="seq">#{s.seq + 1}</span> <span class="{css_class(s)} chip">{e(s.kind)}'
-               f'{"" if not s.effect else " " + e(s.effect)}</span> <span class="state st-{e(state.replace(" ", "-"))}">'
-               f'{e(state)}</span> <span class="what">{e(step_what(run, s))}</span> '
-               f'<span class="muted">{e(fmt_ms(s.duration_ms))}{e(tokens)}{e(tries)}</span>')
+    summary = (
+        f'<span class="seq">#{s.seq + 1}</span> <span class="{css_class(s)} chip">{e(s.kind)}'
+        f'{"" if not s.effect else " " + e(s.effect)}</span> <span class="state st-{e(state.replace(" ", "-"))}">'
+        f'{e(state)}</span> <span class="what">{e(step_what(run, s))}</span> '
+        f'<span class="muted">{e(fmt_ms(s.duration_ms))}{e(tokens)}{e(tries)}</span>'
+    )
     if inline:
         body, lazy = step_body(s, changes), ""
     else:
-        body = f'<a href="/api/runs/{u(run.id)}/steps?from={s.seq}&amp;limit=1">input and output</a>'
+        body = (
+            f'<a href="/api/runs/{u(run.id)}/steps?from={s.seq}&amp;limit=1">input and output</a>'
+        )
         lazy = " data-lazy"
-    return (f'<details class="step" id="step-{s.seq}" data-seq="{s.seq}" data-state="{e(s.state)}"{lazy}>'
-            f'<summary>{summary}</summary><div class="body">{body}</div></details>')
+    return (
+        f'<details class="step" id="step-{s.seq}" data-seq="{s.seq}" data-state="{e(s.state)}"{lazy}>'
+        f'<summary>{summary}</summary><div class="body">{body}</div></details>'
+    )
 
 
 def step_body(s: StepRecord, changes: list[FileChange] | None) -> str:
-    parts = [f'<dl><dt>started</dt><dd>{e(iso_utc(s.started_at))}</dd>'
-             f'<dt>finished</dt><dd>{e(iso_utc(s.finished_at) if s.finished_at else None)}</dd>'
-             f'<dt>duration</dt><dd>{e(fmt_ms(s.duration_ms))}</dd><dt>attempts</dt><dd>{s.attempts}</dd>'
-             f'<dt>key</dt><dd class="mono">{e(s.idempotency_key)}</dd>'
-             f'<dt>lease epoch</dt><dd>{e(s.lease_epoch)}</dd></dl>']
+    parts = [
+        f"<dl><dt>started</dt><dd>{e(iso_utc(s.started_at))}</dd>"
+        f"<dt>finished</dt><dd>{e(iso_utc(s.finished_at) if s.finished_at else None)}</dd>"
+        f"<dt>duration</dt><dd>{e(fmt_ms(s.duration_ms))}</dd><dt>attempts</dt><dd>{s.attempts}</dd>"
+        f'<dt>key</dt><dd class="mono">{e(s.idempotency_key)}</dd>'
+        f"<dt>lease epoch</dt><dd>{e(s.lease_epoch)}</dd></dl>"
+    ]
     parts.append(f"<h4>input</h4><pre>{_json(s.input)}</pre>")
     parts.append(f"<h4>output</h4><pre>{_json(s.output)}</pre>")
     if s.error:
         parts.append(f'<h4>error</h4><pre class="error">{e(s.error)}</pre>')
     if changes:
-        files = "".join(f"<li><span class=\"change c-{e(c.change)}\">{e(c.change)}</span> "
-                        f"<span class=\"mono\">{e(c.path)}</span> <span class=\"muted\">{e(c.bytes)} bytes</span></li>"
-                        for c in changes)
-        diff = f'/runs/{u(s.run_id)}/steps/{s.seq}/diff'
-        parts.append(f'<h4>files changed <a class="muted" href="{diff}">diff</a></h4><ul class="files">{files}</ul>'
-                     f'<pre class="diff" data-diff="{diff}">(the diff is at the link above)</pre>')  # ui.js fills it
+        files = "".join(
+            f'<li><span class="change c-{e(c.change)}">{e(c.change)}</span> '
+            f'<span class="mono">{e(c.path)}</span> <span class="muted">{e(c.bytes)} bytes</span></li>'
+            for c in changes
+        )
+        diff = f"/runs/{u(s.run_id)}/steps/{s.seq}/diff"
+        parts.append(
+            f'<h4>files changed <a class="muted" href="{diff}">diff</a></h4><ul class="files">{files}</ul>'
+            f'<pre class="diff" data-diff="{diff}">(the diff is at the link above)</pre>'
+        )  # ui.js fills it
     return "".join(parts)
 
 
 def _json(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    )
     if len(text) > MAX_PRE:
-        text = text[:MAX_PRE] + f"\n… ({len(text) - MAX_PRE} more characters: see /api/runs/…/steps)"
+        text = (
+            text[:MAX_PRE] + f"\n… ({len(text) - MAX_PRE} more characters: see /api/runs/…/steps)"
+        )
     return e(text)
 
 
@@ -198,18 +269,33 @@ def conversation(messages: list[MessageRecord]) -> str:
             calls = f'<pre class="calls">{_json(m.tool_calls)}</pre>'
         about = f" · answers {e(m.tool_call_id)}" if m.tool_call_id else ""
         if m.role == "system":  # long and the same for every run: folded
-            out.append(f'<details class="msg r-system" data-seq="{m.seq}"><summary class="role">system prompt</summary>'
-                       f'<pre>{e(m.content or "")}</pre></details>')
+            out.append(
+                f'<details class="msg r-system" data-seq="{m.seq}"><summary class="role">system prompt</summary>'
+                f"<pre>{e(m.content or '')}</pre></details>"
+            )
             continue
-        out.append(f'<div class="msg r-{e(m.role)}" data-seq="{m.seq}"><div class="role">{e(m.role)}{about}</div>'
-                   f'<pre>{e(m.content or "")}</pre>{calls}</div>')
+        out.append(
+            f'<div class="msg r-{e(m.role)}" data-seq="{m.seq}"><div class="role">{e(m.role)}{about}</div>'
+            f"<pre>{e(m.content or '')}</pre>{calls}</div>"
+        )
     return "".join(out)
 
 
 def _legend() -> str:
-    kinds = [("k-model", "model call"), ("e-read", "tool: read"), ("e-write", "tool: write"),
-             ("e-exec", "tool: exec"), ("k-verify", "verify"), ("k-compact", "compaction"),
-             ("failed", "failed"), ("retried", "retried")]
-    items = "".join(f'<span class="key"><span class="swatch mark {c}"></span>{t}</span>' for c, t in kinds)
-    return (f'<div class="legend">{items}<span class="key"><span class="swatch resume-key"></span>resumed</span>'
-            f'<span class="key"><span class="swatch gap-key"></span>stopped</span></div>')
+    kinds = [
+        ("k-model", "model call"),
+        ("e-read", "tool: read"),
+        ("e-write", "tool: write"),
+        ("e-exec", "tool: exec"),
+        ("k-verify", "verify"),
+        ("k-compact", "compaction"),
+        ("failed", "failed"),
+        ("retried", "retried"),
+    ]
+    items = "".join(
+        f'<span class="key"><span class="swatch mark {c}"></span>{t}</span>' for c, t in kinds
+    )
+    return (
+        f'<div class="legend">{items}<span class="key"><span class="swatch resume-key"></span>resumed</span>'
+        f'<span class="key"><span class="swatch gap-key"></span>stopped</span></div>'
+    )

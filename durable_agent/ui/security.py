@@ -37,8 +37,10 @@ HEADERS = [  # what every answer says about itself
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
-    (b"content-security-policy",
-     b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+    ),
 ]
 
 
@@ -49,7 +51,9 @@ class Access(Struct, frozen=True):
     on_link: Callable[[], None] | None = None  # called as the link is used
 
     def token_ok(self, offered: str | None) -> bool:
-        return self.token is None or (offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()))
+        return self.token is None or (
+            offered is not None and hmac.compare_digest(offered.encode(), self.token.encode())
+        )
 
     @property
     def link_secret(self) -> str:
@@ -58,7 +62,9 @@ class Access(Struct, frozen=True):
 
     def act_ok(self, offered: str | None) -> bool:
         """May act (POST): holds the link's secret."""
-        return offered is not None and hmac.compare_digest(offered.encode(), self.link_secret.encode())
+        return offered is not None and hmac.compare_digest(
+            offered.encode(), self.link_secret.encode()
+        )
 
     def csrf_ok(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.csrf.encode())
@@ -83,11 +89,22 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _plain(
+    send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = (text + "\n").encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()), *HEADERS, *(extra or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *HEADERS,
+                *(extra or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -116,18 +133,32 @@ class Guard:
             location = (scope["path"] + (f"?{rest}" if rest else "")).encode()
             if self.access.on_link is not None:
                 self.access.on_link()
-            await _plain(send, 303, "token accepted", [(b"set-cookie", cookie), (b"location", location)])
+            await _plain(
+                send, 303, "token accepted", [(b"set-cookie", cookie), (b"location", location)]
+            )
             return
         if not self.access.token_ok(_offered_token(headers)):
-            await _plain(send, 401, "a token is needed: open /?token=TOKEN or send Authorization: Bearer TOKEN")
+            await _plain(
+                send,
+                401,
+                "a token is needed: open /?token=TOKEN or send Authorization: Bearer TOKEN",
+            )
             return
         if scope["method"] not in ("GET", "HEAD"):
             if not self.access.act_ok(_offered_token(headers)):
-                await _plain(send, 401, "acting on a run takes the key in the link `durable-agent ui` printed: "
-                                        "open that link once (it sets a cookie), then act")
+                await _plain(
+                    send,
+                    401,
+                    "acting on a run takes the key in the link `durable-agent ui` printed: "
+                    "open that link once (it sets a cookie), then act",
+                )
                 return
             origin = headers.get("origin")
-            if origin is not None and origin != "null" and urlsplit(origin).netloc != headers.get("host"):
+            if (
+                origin is not None
+                and origin != "null"
+                and urlsplit(origin).netloc != headers.get("host")
+            ):
                 await _plain(send, 403, "cross-origin request refused")
                 return
             declared = headers.get("content-length")

@@ -62,13 +62,19 @@ def check(options: ServeOptions) -> None:
     if not 0 <= options.port <= 65535:
         raise ConfigError(f"--port must be 0 to 65535, not {options.port}")
     if options.token is not None and len(options.token) < MIN_TOKEN:
-        raise ConfigError(f"--token must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)")
+        raise ConfigError(
+            f"--token must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 16`)"
+        )
     if options.token is not None and not TOKEN_CHARACTERS.fullmatch(options.token):
-        raise ConfigError("--token may hold only letters, digits and - . _ ~ + / = (as a Bearer token; "
-                          "e.g. `openssl rand -hex 16`)")
+        raise ConfigError(
+            "--token may hold only letters, digits and - . _ ~ + / = (as a Bearer token; "
+            "e.g. `openssl rand -hex 16`)"
+        )
     if not is_loopback(options.host) and options.token is None:
-        raise ConfigError(f"refusing to listen on {options.host} without --token: anyone who can reach it "
-                          f"could approve commands (keep the default --host 127.0.0.1, or set --token)")
+        raise ConfigError(
+            f"refusing to listen on {options.host} without --token: anyone who can reach it "
+            f"could approve commands (keep the default --host 127.0.0.1, or set --token)"
+        )
 
 
 def require_extra() -> None:
@@ -76,7 +82,9 @@ def require_extra() -> None:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise ConfigError("the web view needs the `ui` extra: pip install 'durable-agent[ui]'") from None
+        raise ConfigError(
+            "the web view needs the `ui` extra: pip install 'durable-agent[ui]'"
+        ) from None
 
 
 def _user() -> str:
@@ -100,13 +108,22 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     access = Access(token=options.token, on_link=lambda: _remove(pages))
     user = "token-holder" if options.token else _user()
     servers: list[Any] = []  # the one below, for the streams to see it stopping
-    app = build_app(UiConfig(store=store, access=access, user=user, poll_s=options.poll_s,
-                             stopping=lambda: bool(servers and servers[0].should_exit)))
+    app = build_app(
+        UiConfig(
+            store=store,
+            access=access,
+            user=user,
+            poll_s=options.poll_s,
+            stopping=lambda: bool(servers and servers[0].should_exit),
+        )
+    )
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     try:
         sock = socket.create_server((options.host.strip("[]"), options.port), family=family)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}") from None
+        raise ConfigError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
     port = sock.getsockname()[1]
     shown = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{shown}:{port}/"
@@ -115,8 +132,15 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     link = url + "?token=" + quote(access.link_secret, safe="")  # `+` would arrive as a space
     # No lifespan: the app has no start-up or shut-down work, and a second signal during
     # shut-down cancelled it with a traceback.
-    config = uvicorn.Config(app, log_level="warning", server_header=False, date_header=False,
-                            proxy_headers=False, timeout_graceful_shutdown=2, lifespan="off")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=2,
+        lifespan="off",
+    )
     server = uvicorn.Server(config)
     servers.append(server)
     # From before the address is printed (a script may signal as soon as it reads it) until
@@ -127,7 +151,11 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     stopped: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if options.open_browser else [])):
         signal.signal(sig, functools.partial(_stop, server, stopped))
-    print(f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(
+        f"durable-agent ui: {url if options.token else link} (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         if options.open_browser:
             _open_in_browser(link, pages)
@@ -151,8 +179,10 @@ def _open_in_browser(link: str, pages: list[Path]) -> None:
     if page is None:
         return
     pages.append(page)
-    for delay, action in ((0.5, lambda: webbrowser.open(page.as_uri()) if pages else None),
-                          (PAGE_SECONDS, lambda: _remove(pages))):
+    for delay, action in (
+        (0.5, lambda: webbrowser.open(page.as_uri()) if pages else None),
+        (PAGE_SECONDS, lambda: _remove(pages)),
+    ):
         timer = threading.Timer(delay, action)
         timer.daemon = True  # not after the view has stopped
         timer.start()
@@ -179,13 +209,19 @@ def _redirect_page(link: str) -> Path | None:
         page = folder / "open.html"
         fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
-        print(f"durable-agent ui: cannot make the page --open hands the browser ({exc.strerror or exc}): "
-              "open the link above", file=sys.stderr, flush=True)
+        print(
+            f"durable-agent ui: cannot make the page --open hands the browser ({exc.strerror or exc}): "
+            "open the link above",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     target = html.escape(link, quote=True)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
-                f'<title>durable-agent ui</title><a href="{target}">Open the durable-agent view</a>\n')
+        f.write(
+            f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={target}">'
+            f'<title>durable-agent ui</title><a href="{target}">Open the durable-agent view</a>\n'
+        )
     return page
 
 
@@ -198,6 +234,11 @@ def _private_base() -> str:
         st = os.stat(real) if real.startswith("/run/") else None
     except OSError:
         st = None
-    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+    if (
+        st is not None
+        and stat.S_ISDIR(st.st_mode)
+        and st.st_uid == os.getuid()
+        and not st.st_mode & 0o077
+    ):
         return real
     return "/tmp"

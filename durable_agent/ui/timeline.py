@@ -63,12 +63,16 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
     lanes = sorted({lane(s) for s in steps}, key=_lane_order)
     row = {name: i for i, name in enumerate(lanes)}
     height = 30 + LANE_H * len(lanes)
-    parts = [f'<svg class="timeline" id="timeline" viewBox="0 0 {WIDTH} {height}" '
-             f'preserveAspectRatio="none" role="img" aria-label="timeline of {len(steps)} steps">']
+    parts = [
+        f'<svg class="timeline" id="timeline" viewBox="0 0 {WIDTH} {height}" '
+        f'preserveAspectRatio="none" role="img" aria-label="timeline of {len(steps)} steps">'
+    ]
     for name, i in row.items():
         y = 8 + i * LANE_H
-        parts.append(f'<text class="lane" x="4" y="{y + 14}">{escape(name)}</text>'
-                     f'<line class="grid" x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + LANE_H}" y2="{y + LANE_H}"/>')
+        parts.append(
+            f'<text class="lane" x="4" y="{y + 14}">{escape(name)}</text>'
+            f'<line class="grid" x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + LANE_H}" y2="{y + LANE_H}"/>'
+        )
     parts.extend(_boundaries(steps, stops, x, height))
     for s in steps:
         x0 = x(s.started_at)
@@ -77,24 +81,35 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
         title = f"#{s.seq + 1} {s.kind} {s.tool_name or ''} {s.state} {s.duration_ms if s.duration_ms is not None else '-'} ms"
         if s.attempts > 1:
             title += f" · {s.attempts} attempts"
-        parts.append(f'<a href="#step-{s.seq}"><rect class="{css_class(s)}" data-seq="{s.seq}" '
-                     f'x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{LANE_H - 6}">'
-                     f'<title>{escape(title)}</title></rect></a>')
-    parts.append(f'<text class="axis" x="{LEFT}" y="{height - 4}">{escape(_clock(start))}</text>'
-                 f'<text class="axis" x="{WIDTH - 10}" y="{height - 4}" text-anchor="end">'
-                 f'{escape(_clock(end))} (+{_span_text(span)})</text></svg>')
+        parts.append(
+            f'<a href="#step-{s.seq}"><rect class="{css_class(s)}" data-seq="{s.seq}" '
+            f'x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{LANE_H - 6}">'
+            f"<title>{escape(title)}</title></rect></a>"
+        )
+    parts.append(
+        f'<text class="axis" x="{LEFT}" y="{height - 4}">{escape(_clock(start))}</text>'
+        f'<text class="axis" x="{WIDTH - 10}" y="{height - 4}" text-anchor="end">'
+        f"{escape(_clock(end))} (+{_span_text(span)})</text></svg>"
+    )
     return "".join(parts)
 
 
-def _stops(steps: list[StepRecord], now: datetime, min_gap_s: float) -> list[tuple[datetime, datetime]]:
+def _stops(
+    steps: list[StepRecord], now: datetime, min_gap_s: float
+) -> list[tuple[datetime, datetime]]:
     """The times nobody executed the run: from the end of the last step before a resume (a
     new lease epoch) to the first step after it, where that pause is long enough to see."""
     out: list[tuple[datetime, datetime]] = []
     last_end: datetime | None = None
     epoch = steps[0].lease_epoch
     for s in steps:
-        if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch and last_end is not None \
-                and (s.started_at - last_end).total_seconds() >= min_gap_s:
+        if (
+            s.lease_epoch is not None
+            and epoch is not None
+            and s.lease_epoch > epoch
+            and last_end is not None
+            and (s.started_at - last_end).total_seconds() >= min_gap_s
+        ):
             out.append((last_end, s.started_at))
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         end = _end(s, now)
@@ -102,7 +117,9 @@ def _stops(steps: list[StepRecord], now: datetime, min_gap_s: float) -> list[tup
     return out
 
 
-def _axis(start: datetime, span: float, stops: list[tuple[datetime, datetime]]) -> Callable[[datetime], float]:
+def _axis(
+    start: datetime, span: float, stops: list[tuple[datetime, datetime]]
+) -> Callable[[datetime], float]:
     """Time to x: linear while the run executed; a stop is drawn at most STOP_SHARE of the
     executing time wide (a run that waited an hour for a person would otherwise leave its
     steps as slivers at both ends), and the band says how long it really was."""
@@ -124,25 +141,35 @@ def _axis(start: datetime, span: float, stops: list[tuple[datetime, datetime]]) 
     return x
 
 
-def _boundaries(steps: list[StepRecord], stops: list[tuple[datetime, datetime]], x: Callable[[datetime], float],
-                height: int) -> list[str]:
+def _boundaries(
+    steps: list[StepRecord],
+    stops: list[tuple[datetime, datetime]],
+    x: Callable[[datetime], float],
+    height: int,
+) -> list[str]:
     """A shaded band, labelled with its real length, for each stop, and a dashed line where
     each resume (a new lease epoch) began."""
     out: list[str] = []
     for a, b in stops:
         gx, bx = x(a), x(b)
         length = _span_text((b - a).total_seconds())
-        out.append(f'<rect class="gap" x="{gx:.1f}" y="0" width="{max(bx - gx, 1):.1f}" height="{height - 14}">'
-                   f'<title>stopped for {length}</title></rect>')
+        out.append(
+            f'<rect class="gap" x="{gx:.1f}" y="0" width="{max(bx - gx, 1):.1f}" height="{height - 14}">'
+            f"<title>stopped for {length}</title></rect>"
+        )
         if bx - gx >= 40:
-            out.append(f'<text class="gap-label" x="{(gx + bx) / 2:.1f}" y="{height - 18}" '
-                       f'text-anchor="middle">{escape(length)}</text>')
+            out.append(
+                f'<text class="gap-label" x="{(gx + bx) / 2:.1f}" y="{height - 18}" '
+                f'text-anchor="middle">{escape(length)}</text>'
+            )
     epoch = steps[0].lease_epoch
     for s in steps:
         if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
             bx = x(s.started_at)
-            out.append(f'<line class="resume" x1="{bx:.1f}" x2="{bx:.1f}" y1="0" y2="{height - 14}">'
-                       f'<title>resumed (lease epoch {s.lease_epoch})</title></line>')
+            out.append(
+                f'<line class="resume" x1="{bx:.1f}" x2="{bx:.1f}" y1="0" y2="{height - 14}">'
+                f"<title>resumed (lease epoch {s.lease_epoch})</title></line>"
+            )
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
     return out
 

@@ -29,7 +29,11 @@ def _content(entry: Entry | None, blob: Blob) -> bytes | None:
 
 
 def _what(e: Entry) -> str:
-    return "symlink" if e.kind == LINK else f"{'directory' if e.kind == DIR else 'file'} mode {e.mode:o}"
+    return (
+        "symlink"
+        if e.kind == LINK
+        else f"{'directory' if e.kind == DIR else 'file'} mode {e.mode:o}"
+    )
 
 
 def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> Iterator[str]:
@@ -46,7 +50,12 @@ def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> 
         if c.change == "mode":
             continue
         before, after = _content(a, blob), _content(b, blob)
-        if before is None or after is None or (a is not None and a.kind == BIG) or (b is not None and b.kind == BIG):
+        if (
+            before is None
+            or after is None
+            or (a is not None and a.kind == BIG)
+            or (b is not None and b.kind == BIG)
+        ):
             yield f"File a/{name} or b/{name} is over the snapshot size cap: not compared\n"
             continue
         if looks_binary(before) or looks_binary(after):
@@ -54,8 +63,12 @@ def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> 
             continue
         left = before.decode("utf-8", "replace").splitlines(keepends=True)
         right = after.decode("utf-8", "replace").splitlines(keepends=True)
-        for line in difflib.unified_diff(left, right, "/dev/null" if a is None else f"a/{name}",
-                                         "/dev/null" if b is None else f"b/{name}"):
+        for line in difflib.unified_diff(
+            left,
+            right,
+            "/dev/null" if a is None else f"a/{name}",
+            "/dev/null" if b is None else f"b/{name}",
+        ):
             yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
@@ -63,8 +76,16 @@ def stat_lines(changes: list[Change]) -> Iterator[str]:
     width = max((len(c.shown) for c in changes), default=0)
     for c in changes:
         yield f" {c.shown:<{width}} | {c.change:<8} {c.bytes} bytes\n"
-    counts = {kind: sum(1 for c in changes if c.change == kind) for kind in ("added", "modified", "deleted", "mode")}
-    yield " " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) + (" (no changes)" if not changes else "") + "\n"
+    counts = {
+        kind: sum(1 for c in changes if c.change == kind)
+        for kind in ("added", "modified", "deleted", "mode")
+    }
+    yield (
+        " "
+        + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+        + (" (no changes)" if not changes else "")
+        + "\n"
+    )
 
 
 def step_range(engine: Any, run_id: str, seq: int) -> tuple[str | None, str | None] | None:
@@ -78,7 +99,9 @@ def step_range(engine: Any, run_id: str, seq: int) -> tuple[str | None, str | No
     return trees if trees[1] is not None else (None, None)
 
 
-def between(engine: Any, before: str | None, after: str | None) -> tuple[Manifest, Manifest, list[Change], Any]:
+def between(
+    engine: Any, before: str | None, after: str | None
+) -> tuple[Manifest, Manifest, list[Change], Any]:
     """The manifests of two snapshots (none: empty / unchanged), their changes, and the blob
     store to read contents from (`unified`)."""
     from durable_agent.store.blobs import BlobStore

@@ -41,7 +41,9 @@ def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
     backend = "re2" if _have_re2() else "simple"
     left_out: list[tuple[str, str]] = []
     if backend == "simple":
-        left_out = [(r, f"more than {MAX_STARS} wildcards in one part") for r in rules if not _bounded(r)]
+        left_out = [
+            (r, f"more than {MAX_STARS} wildcards in one part") for r in rules if not _bounded(r)
+        ]
         rules = [r for r in rules if _bounded(r)]
     with warnings.catch_warnings():  # re's FutureWarning on a `[[` the rule's author wrote
         warnings.simplefilter("ignore")
@@ -49,7 +51,9 @@ def compile_checked(lines: Sequence[str]) -> tuple[Any, list[tuple[str, str]]]:
     return (parts[0] if len(parts) == 1 else InOrder(parts)), left_out
 
 
-def _compiled_parts(pathspec: Any, rules: list[str], backend: str, left_out: list[tuple[str, str]]) -> list[Any]:
+def _compiled_parts(
+    pathspec: Any, rules: list[str], backend: str, left_out: list[tuple[str, str]]
+) -> list[Any]:
     """`rules` compiled as one spec, or, when the matcher refuses them (a rule it cannot take;
     RE2's limit on the size of one set, which a few thousand plain names reach), as the
     halves compiled the same way, in order: a refused rule alone is left out, never the
@@ -62,7 +66,8 @@ def _compiled_parts(pathspec: Any, rules: list[str], backend: str, left_out: lis
             return []
     half = len(rules) // 2
     return _compiled_parts(pathspec, rules[:half], backend, left_out) + _compiled_parts(
-        pathspec, rules[half:], backend, left_out)
+        pathspec, rules[half:], backend, left_out
+    )
 
 
 class InOrder:

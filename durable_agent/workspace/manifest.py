@@ -82,7 +82,14 @@ def _entry_from(row: list[Any]) -> tuple[bytes, Entry]:
 
 
 def _line(path: bytes, e: Entry) -> bytes:
-    return b"%s\0%s\0%o\0%s\0%s\0%d\n" % (path, e.kind.encode(), e.mode, e.ref.encode(), e.target, e.size)
+    return b"%s\0%s\0%o\0%s\0%s\0%d\n" % (
+        path,
+        e.kind.encode(),
+        e.mode,
+        e.ref.encode(),
+        e.target,
+        e.size,
+    )
 
 
 def tree_id(manifest: Mapping[bytes, Entry]) -> str:
@@ -106,8 +113,12 @@ class TreeIds:
         self.lines = [_line(p, manifest[p]) for p in self.paths]
         return self._digest()
 
-    def update(self, manifest: Mapping[bytes, Entry], entries: Mapping[bytes, Entry],
-               deleted: Sequence[bytes]) -> str:
+    def update(
+        self,
+        manifest: Mapping[bytes, Entry],
+        entries: Mapping[bytes, Entry],
+        deleted: Sequence[bytes],
+    ) -> str:
         """The id of `manifest`, which is the last one's with `entries` set and `deleted` gone."""
         if len(entries) + len(deleted) > self.REBUILD_AT:
             return self.rebuild(manifest)
@@ -138,7 +149,9 @@ def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
 Known = tuple[Iterable[bytes], Iterable[bytes]]  # (set, deleted) paths from one manifest to another
 
 
-def _delta_paths(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None) -> Known:
+def _delta_paths(
+    old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None
+) -> Known:
     """The paths set and the paths deleted from `old` to `new`: `known` when the caller has
     them (a scan does: scan.Scan.delta_from), else by comparing every entry."""
     if known is not None:
@@ -148,8 +161,9 @@ def _delta_paths(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: 
     return _differing(old, new), [p for p in old if p not in new]
 
 
-def encode_delta(base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry],
-                 known: Known | None = None) -> tuple[bytes, int]:
+def encode_delta(
+    base: Mapping[bytes, Entry], manifest: Mapping[bytes, Entry], known: Known | None = None
+) -> tuple[bytes, int]:
     """The delta from `base` to `manifest`, compressed, and how many paths it names."""
     set_paths, deleted = _delta_paths(base, manifest, known)
     put = [_entry_json(p, manifest[p]) for p in sorted(set_paths)]
@@ -180,7 +194,9 @@ def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
     return out
 
 
-def changes(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None = None) -> list[Change]:
+def changes(
+    old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None = None
+) -> list[Change]:
     """What differs from `old` to `new`, by path: added, modified, deleted, or mode only."""
     out: list[Change] = []
     set_paths, deleted = _delta_paths(old, new, known)

@@ -55,11 +55,17 @@ def _parent_dirs(root: bytes, rel: bytes) -> None:
             os.mkdir(current)
 
 
-def _write(root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]) -> None:
+def _write(
+    root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]
+) -> None:
     path = os.path.join(root, rel)
     _parent_dirs(root, rel)
-    same = have is not None and (have.kind, have.ref, have.target, have.size) == (entry.kind, entry.ref,
-                                                                                entry.target, entry.size)
+    same = have is not None and (have.kind, have.ref, have.target, have.size) == (
+        entry.kind,
+        entry.ref,
+        entry.target,
+        entry.size,
+    )
     if same and entry.kind != LINK and not os.path.islink(path):
         os.chmod(path, entry.mode)  # the permission bits alone differ
         return
@@ -135,18 +141,25 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
             if entry.kind == DIR:
                 continue
             for dirpath, dirs, files in os.walk(path):  # what would be left for rmtree
-                links = [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]  # (not followed)
+                links = [
+                    d for d in dirs if os.path.islink(os.path.join(dirpath, d))
+                ]  # (not followed)
                 for name in files + links:
                     inner = os.path.relpath(os.path.join(dirpath, name), broot)
                     if not covered(inner):
                         return inner
-        elif (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and not covered(rel) \
-                and not same(path, st, entry):  # (a FIFO or a socket holds nothing to lose)
+        elif (
+            (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
+            and not covered(rel)
+            and not same(path, st, entry)
+        ):  # (a FIFO or a socket holds nothing to lose)
             return rel
     return None
 
 
-def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]) -> list[Change]:
+def materialize(
+    target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]
+) -> list[Change]:
     """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s.
     Raises UsageError, having changed nothing, when that would destroy what snapshots leave
     out (`_in_the_way`), and RestoreStopped when it stops partway."""
@@ -164,16 +177,21 @@ def materialize(target: Manifest, root: Path, scanner: Scanner, blob: Callable[[
         raise RestoreStopped(f"stopped: {exc.args[0] if exc.args else exc}") from None
 
 
-def _materialize(target: Manifest, root: Path, broot: bytes, scanner: Scanner,
-                 blob: Callable[[str], bytes]) -> list[Change]:
+def _materialize(
+    target: Manifest, root: Path, broot: bytes, scanner: Scanner, blob: Callable[[str], bytes]
+) -> list[Change]:
     current = scanner.scan().manifest
     blocking = _in_the_way(broot, target, current)
     if blocking is not None:
         shown = Change(blocking, "deleted", 0).shown
-        raise UsageError(f"restoring {root} would destroy {shown}, which snapshots leave out (ignored, "
-                         "excluded or over the size cap), so no undo could bring it back: move it out "
-                         "of the way first (nothing was changed)")
-    wanted_dirs = {b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)}
+        raise UsageError(
+            f"restoring {root} would destroy {shown}, which snapshots leave out (ignored, "
+            "excluded or over the size cap), so no undo could bring it back: move it out "
+            "of the way first (nothing was changed)"
+        )
+    wanted_dirs = {
+        b"/".join(p.split(b"/")[:i]) for p in target for i in range(1, p.count(b"/") + 1)
+    }
     wanted_dirs |= {p for p, e in target.items() if e.kind == DIR}
     for rel in sorted(current, reverse=True):  # deepest first
         old = current[rel]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, insert
 
+from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
-from durable_agent.settings import Settings
-from durable_agent.step_context import StepContext
+from durable_agent.loop.step_context import StepContext
 from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.schema import workspace_changes
@@ -35,13 +35,17 @@ def scanner(ctx: StepContext) -> Scanner:
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
-    snap = snapshot.take(scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id))
+    snap = snapshot.take(
+        scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
+    )
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
     return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
 
 
-def at_creation(settings: Settings, engine: Engine, policy: StorePolicy | None = None) -> str | None:
+def at_creation(
+    settings: Settings, engine: Engine, policy: StorePolicy | None = None
+) -> str | None:
     """The workspace as a new run finds it, stored (content addressed: no lease needed), so a
     worker on another host can start a detached run from the user's files."""
     if not settings.snapshots or not settings.workspace.is_dir():
@@ -50,7 +54,9 @@ def at_creation(settings: Settings, engine: Engine, policy: StorePolicy | None =
     scanner = scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes)
     if scanner.exclude_refused:
         rule, why = scanner.exclude_refused[0]
-        raise ConfigError(f"exclude: the rule {rule!r} cannot be used ({why}); write it another way")
+        raise ConfigError(
+            f"exclude: the rule {rule!r} cannot be used ({why}); write it another way"
+        )
     snap = snapshot.take(scanner, blobs)
     save_statements(engine, snap.statements, policy)
     snapshot.remember(snap.tree_id, snap.manifest)
@@ -85,8 +91,10 @@ def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
         return "; so far the workspace has no changes since it started"
     names = ", ".join(f"{c.shown} ({c.change})" for c in found[:20])
     more = f" and {len(found) - 20} more" if len(found) > 20 else ""
-    return (f"; so far it changed {len(found)} path(s): {names}{more} (`approve --restore` puts them back "
-            "as before the command, then runs it again)")
+    return (
+        f"; so far it changed {len(found)} path(s): {names}{more} (`approve --restore` puts them back "
+        "as before the command, then runs it again)"
+    )
 
 
 def put_back(ctx: StepContext, tree: str) -> None:
@@ -111,23 +119,51 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
             old = snapshot.load(blobs, step.tree_before)
         except KeyError:
             old = {}
-    rows = [{"run_id": ctx.journal.run_id, "seq": step.seq, "path": c.shown, "change": c.change, "bytes": c.bytes}
-            for c in changes(old, snap.manifest, snap.scan.delta_from(old))]
+    rows = [
+        {
+            "run_id": ctx.journal.run_id,
+            "seq": step.seq,
+            "path": c.shown,
+            "change": c.change,
+            "bytes": c.bytes,
+        }
+        for c in changes(old, snap.manifest, snap.scan.delta_from(old))
+    ]
     statements = [*snap.statements, *([(_CHANGES, rows)] if rows else [])]
     note = None
     if snap.skipped:
         names = ", ".join(p.decode("utf-8", "backslashreplace") for p in snap.skipped[:5])
         more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
-        note = (f"{len(snap.skipped)} file(s) over the snapshot size cap "
-                f"({ctx.settings.snapshot_max_file_bytes} bytes) left out of the snapshot: {names}{more}")
+        note = (
+            f"{len(snap.skipped)} file(s) over the snapshot size cap "
+            f"({ctx.settings.snapshot_max_file_bytes} bytes) left out of the snapshot: {names}{more}"
+        )
     if snap.scan.too_deep:
         deep = snap.scan.too_deep[0].decode("utf-8", "backslashreplace")
-        note = "; ".join(filter(None, [note, f"folders nested more than {MAX_DEPTH} levels deep left out of "
-                                             f"the snapshot, with all they hold: {deep[:200]}…"]))
+        note = "; ".join(
+            filter(
+                None,
+                [
+                    note,
+                    f"folders nested more than {MAX_DEPTH} levels deep left out of "
+                    f"the snapshot, with all they hold: {deep[:200]}…",
+                ],
+            )
+        )
     if snap.scan.unreadable:
-        names = ", ".join((p.decode("utf-8", "backslashreplace") or ".")[:200] for p in snap.scan.unreadable[:5])
+        names = ", ".join(
+            (p.decode("utf-8", "backslashreplace") or ".")[:200] for p in snap.scan.unreadable[:5]
+        )
         more = f" and {len(snap.scan.unreadable) - 5} more" if len(snap.scan.unreadable) > 5 else ""
-        note = "; ".join(filter(None, [note, f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness could "
-                                             f"not read, kept as the last snapshot saw them (left out if never "
-                                             f"seen): {names}{more}"]))
+        note = "; ".join(
+            filter(
+                None,
+                [
+                    note,
+                    f"{len(snap.scan.unreadable)} folder(s) or file(s) the harness could "
+                    f"not read, kept as the last snapshot saw them (left out if never "
+                    f"seen): {names}{more}",
+                ],
+            )
+        )
     return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 from durable_agent.errors import LoopExit, UsageError
+from durable_agent.loop.step_context import StepContext
 from durable_agent.status import EffectClass, StopReason
-from durable_agent.step_context import StepContext
 from durable_agent.store.blobs import BlobStore, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
@@ -46,10 +46,15 @@ def check(ctx: StepContext) -> None:
         if manifest:
             materialize(manifest, root, recorder.scanner(ctx), blobs.blob)
             when = f"of step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
-            ctx.observer.note(f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)")
+            ctx.observer.note(
+                f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)"
+            )
         return
-    if any(s.state == StepState.STARTED and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
-           for s in journal.open_steps.values()):
+    if any(
+        s.state == StepState.STARTED
+        and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
+        for s in journal.open_steps.values()
+    ):
         return
     recorded = snapshot.load(blobs, last.tree)
     scanner = recorder.scanner(ctx)
@@ -61,27 +66,44 @@ def check(ctx: StepContext) -> None:
     approval = journal.approval_for(CALL, DRIFT)
     if approval is not None and approval.decision is not None:
         if approval.decision == Decision.DENIED:  # put the snapshot back, then go on
-            replaced = snapshot.take(scanner, blobs)  # the person's files first: --deny can be undone
+            replaced = snapshot.take(
+                scanner, blobs
+            )  # the person's files first: --deny can be undone
             save_statements(journal.engine, replaced.statements, journal.policy)
             undo = f"durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} --to {root} --force"
-            ctx.observer.note(f"putting the workspace back as the snapshot of step {last.seq + 1} has it; "
-                              f"the files it replaces: {undo}")  # first: said even if it stops halfway
+            ctx.observer.note(
+                f"putting the workspace back as the snapshot of step {last.seq + 1} has it; "
+                f"the files it replaces: {undo}"
+            )  # first: said even if it stops halfway
             try:
                 materialize(recorded, root, scanner, blobs.blob)
             except (RestoreStopped, UsageError) as exc:  # a full disk; an ignored file in the way
-                raise LoopExit(StopReason.WORKSPACE_DRIFT, f"could not put the snapshot back ({exc}); the "
-                               f"files as they were: {undo}; resume once it can be done") from None
+                raise LoopExit(
+                    StopReason.WORKSPACE_DRIFT,
+                    f"could not put the snapshot back ({exc}); the "
+                    f"files as they were: {undo}; resume once it can be done",
+                ) from None
         journal.commit([(USE_APPROVAL, {"b_id": approval.id, "used_at": utcnow()})])
         return
     names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])
     more = f" and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
     when = f"after step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
-    reason = (f"the workspace {root} differs from the snapshot {when} in "
-              f"{len(differing)} path(s): {names}{more}")
-    journal.request_approval(call_id=CALL, kind=DRIFT, tool_name=CALL, command=None,
-                             reason=ctx.redactor.redact(reason), step_seq=last.seq)
+    reason = (
+        f"the workspace {root} differs from the snapshot {when} in "
+        f"{len(differing)} path(s): {names}{more}"
+    )
+    journal.request_approval(
+        call_id=CALL,
+        kind=DRIFT,
+        tool_name=CALL,
+        command=None,
+        reason=ctx.redactor.redact(reason),
+        step_seq=last.seq,
+    )
     run_id = ctx.state.run_id
-    raise LoopExit(StopReason.WORKSPACE_DRIFT,
-                   f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
-                   f"put the snapshot back: `durable-agent approve {run_id} --deny` (or "
-                   f"`durable-agent restore {run_id} --at {max(last.seq + 1, 1)} --to {root} --force`); then resume.")
+    raise LoopExit(
+        StopReason.WORKSPACE_DRIFT,
+        f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
+        f"put the snapshot back: `durable-agent approve {run_id} --deny` (or "
+        f"`durable-agent restore {run_id} --at {max(last.seq + 1, 1)} --to {root} --force`); then resume.",
+    )

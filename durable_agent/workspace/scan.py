@@ -45,8 +45,12 @@ class Scan(Struct):
     manifest: Manifest
     contents: dict[str, bytes] = field(default_factory=dict)  # hash -> bytes read in this scan
     skipped: list[bytes] = field(default_factory=list)  # over the size cap
-    too_deep: list[bytes] = field(default_factory=list)  # folders at MAX_DEPTH, left out with all below
-    unreadable: list[bytes] = field(default_factory=list)  # not listed or not read: kept as last seen
+    too_deep: list[bytes] = field(
+        default_factory=list
+    )  # folders at MAX_DEPTH, left out with all below
+    unreadable: list[bytes] = field(
+        default_factory=list
+    )  # not listed or not read: kept as last seen
     changed: bool = True  # False: the same manifest as this scanner's previous scan
     tree_id: str = ""  # manifest.tree_id(manifest), kept up to date by the scanner
     base: Manifest | None = None  # the scanner's previous manifest, which this one ...
@@ -110,7 +114,9 @@ class Scanner:
             if os.path.isdir(self.root):
                 self._walk(b"", [], w)
             visited = set(w.visited)
-            for rel_dir in [d for d in self._cache if d not in visited]:  # gone, ignored, a link now
+            for rel_dir in [
+                d for d in self._cache if d not in visited
+            ]:  # gone, ignored, a link now
                 prefix = rel_dir + b"/" if rel_dir else b""
                 w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
             empty = set(w.empty)
@@ -125,8 +131,11 @@ class Scanner:
                     del manifest[path]
                 manifest.update(w.entries)
                 out.manifest, out.changed = manifest, True
-                out.tree_id = (self._ids.rebuild(manifest) if first
-                               else self._ids.update(manifest, w.entries, deleted))
+                out.tree_id = (
+                    self._ids.rebuild(manifest)
+                    if first
+                    else self._ids.update(manifest, w.entries, deleted)
+                )
             else:
                 out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
             self._cache_epoch = self._ignore_epoch
@@ -187,7 +196,7 @@ class Scanner:
         text = matchable(os.fsdecode(rel) + ("/" if is_dir else ""))
         decided: bool | None = None
         for base, spec in reversed(specs):  # the deepest .gitignore that has a say wins
-            sub = text[len(os.fsdecode(base)) + 1:] if base else text
+            sub = text[len(os.fsdecode(base)) + 1 :] if base else text
             result = spec.check_file(sub).include
             if result is not None:
                 decided = bool(result)
@@ -268,11 +277,21 @@ class Scanner:
                 if ignored:
                     continue
             key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
-            entry = old[1] if old is not None and old[0] == key else self._entry(item.path, st, w.out, rel)
+            entry = (
+                old[1]
+                if old is not None and old[0] == key
+                else self._entry(item.path, st, w.out, rel)
+            )
             unread = entry is _UNREADABLE
             if unread:  # kept as last seen (not deleted), and tried again at the next scan
                 w.out.unreadable.append(rel)
-                entry = old[1] if old is not None else self._last_seen.get(rel) if self._cache_epoch < 0 else None
+                entry = (
+                    old[1]
+                    if old is not None
+                    else self._last_seen.get(rel)
+                    if self._cache_epoch < 0
+                    else None
+                )
             if entry is None:
                 continue
             if old is not None:
@@ -344,7 +363,9 @@ class Scanner:
         return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, digest, size=len(data))
 
 
-MAX_IGNORE_BYTES = 4 << 20  # of one .gitignore (not the snapshot's cap: its rules apply whatever that is)
+MAX_IGNORE_BYTES = (
+    4 << 20
+)  # of one .gitignore (not the snapshot's cap: its rules apply whatever that is)
 
 
 def _regular_bytes(path: bytes, cap: int) -> bytes | None:

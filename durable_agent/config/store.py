@@ -11,7 +11,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from durable_agent.config_layers import default_config_path, merge_layers
+from durable_agent.config.layers import default_config_path, merge_layers
 
 
 class StoreOptions(Struct, frozen=True):
@@ -30,17 +30,32 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
     settings model, so the coercions and the refusals are its own, in its words."""
     merged = merge_layers(flags, env, path=default_config_path(env))
     db, durability = merged["db"], merged.get("durability", "full")
-    attempts, seconds = merged.get("store_retry_attempts", 12), merged.get("store_retry_seconds", 60.0)
+    attempts, seconds = (
+        merged.get("store_retry_attempts", 12),
+        merged.get("store_retry_seconds", 60.0),
+    )
     lease = merged.get("lease_seconds", 30.0)
-    if (isinstance(db, str) and durability in ("full", "fast") and type(attempts) is int and attempts >= 1
-            and _positive(seconds) and _positive(lease) and 1 <= lease <= 1e9):
+    if (
+        isinstance(db, str)
+        and durability in ("full", "fast")
+        and type(attempts) is int
+        and attempts >= 1
+        and _positive(seconds)
+        and _positive(lease)
+        and 1 <= lease <= 1e9
+    ):
         return StoreOptions(db, durability, attempts, float(seconds), float(lease))
-    from durable_agent.settings import load_settings  # (pydantic: only for such values)
+    from durable_agent.config.settings import load_settings  # (pydantic: only for such values)
 
     full = load_settings(flags, env)
     assert full.db is not None
-    return StoreOptions(full.db, full.durability, full.store_retry_attempts, full.store_retry_seconds,
-                        full.lease_seconds)
+    return StoreOptions(
+        full.db,
+        full.durability,
+        full.store_retry_attempts,
+        full.store_retry_seconds,
+        full.lease_seconds,
+    )
 
 
 def _positive(value: Any) -> bool:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from msgspec import Struct
 from msgspec.structs import asdict
 
+from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
-from durable_agent.settings import Settings
 from durable_agent.tools import build_tools
 from durable_agent.tools.base import Tool
 
@@ -37,8 +37,14 @@ class ToolInfo(Struct, frozen=True):
 
 
 class ToolSet:
-    def __init__(self, settings: Settings, env: Mapping[str, str], *, extra: Sequence[Tool] = (),
-                 log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        env: Mapping[str, str],
+        *,
+        extra: Sequence[Tool] = (),
+        log_dir: Path | None = None,
+    ) -> None:
         from durable_agent.tools.plugins import load_named, load_plugins
 
         self.settings, self.env = settings, env
@@ -46,7 +52,12 @@ class ToolSet:
         self.local: dict[str, Tool] = {}
         self.sources: dict[str, str] = {}
         for tool in build_tools(settings.shell).values():
-            self._add(tool, "built-in" if type(tool).__module__.startswith("durable_agent.tools.") else "python")
+            self._add(
+                tool,
+                "built-in"
+                if type(tool).__module__.startswith("durable_agent.tools.")
+                else "python",
+            )
         for loaded in (*load_plugins(), *load_named(settings.tools)):
             self._add(loaded.tool, loaded.source)
         for tool in extra:
@@ -60,16 +71,21 @@ class ToolSet:
 
             check_tool(tool, source)
         if tool.name in self.local and self.local[tool.name] is not tool:  # one source twice too
-            raise ConfigError(f"two tools are named {tool.name!r} ({self.sources[tool.name]}, {source})")
+            raise ConfigError(
+                f"two tools are named {tool.name!r} ({self.sources[tool.name]}, {source})"
+            )
         self.local[tool.name], self.sources[tool.name] = tool, source
 
     def _mcp_hub(self) -> McpHub:
         if self.hub is None:
             from durable_agent.mcp.tools import McpHub
 
-            self.hub = McpHub(dict(self.settings.mcp_servers), launch_for=self._launch,
-                              startup_timeout_s=self.settings.mcp_startup_timeout_s,
-                              call_timeout_s=self.settings.mcp_timeout_s)
+            self.hub = McpHub(
+                dict(self.settings.mcp_servers),
+                launch_for=self._launch,
+                startup_timeout_s=self.settings.mcp_startup_timeout_s,
+                call_timeout_s=self.settings.mcp_timeout_s,
+            )
         return self.hub
 
     def prepare(self) -> None:
@@ -90,7 +106,9 @@ class ToolSet:
         """The run's tools. MCP tools come from the run's recorded catalog; a run without
         one (its first session) lists the servers and records what they offer."""
         tools = dict(self.local)
-        if not self.settings.mcp_servers:  # a run with MCP servers has them in its recorded settings
+        if (
+            not self.settings.mcp_servers
+        ):  # a run with MCP servers has them in its recorded settings
             return tools
         recorded = store.tool_sources(run_id)
         if recorded is None:
@@ -110,13 +128,21 @@ class ToolSet:
 
     def listing(self) -> list[ToolInfo]:
         """For `durable-agent tools`: every tool a run started now would be offered."""
-        infos = [ToolInfo(t.name, self.sources[t.name], str(t.effect.value), _first_line(t.description))
-                 for t in self.local.values()]
+        infos = [
+            ToolInfo(t.name, self.sources[t.name], str(t.effect.value), _first_line(t.description))
+            for t in self.local.values()
+        ]
         self.prepare()
         for server, source in (self.catalog or {}).items():
             for entry in source["tools"]:
-                infos.append(ToolInfo(entry["name"], f"mcp {server}", entry["effect"],
-                                      _first_line(entry.get("description") or "")))
+                infos.append(
+                    ToolInfo(
+                        entry["name"],
+                        f"mcp {server}",
+                        entry["effect"],
+                        _first_line(entry.get("description") or ""),
+                    )
+                )
         return infos
 
     def close(self) -> None:
@@ -151,12 +177,24 @@ class ToolSet:
             # The server's program, its cwd and the files its arguments name (a script) are
             # the server's own: carried into the sandbox even from under /tmp.
             named = [cwd / a for a in config.args if a and not a.startswith("-")]
-            launch = prepare(sandbox, [program, *config.args], cwd=cwd, workspace=workspace, env=env,
-                             carry=[Path(program), cwd, *named])
+            launch = prepare(
+                sandbox,
+                [program, *config.args],
+                cwd=cwd,
+                workspace=workspace,
+                env=env,
+                carry=[Path(program), cwd, *named],
+            )
         except SandboxUnavailable as exc:
             raise ConfigError(f"MCP server {name!r}: {exc}") from None
-        return Launch(name, argv=launch.argv, env=launch.env, cwd=str(cwd),
-                      log_path=log_path(self.log_dir, name), cleanup=launch.cleanup)
+        return Launch(
+            name,
+            argv=launch.argv,
+            env=launch.env,
+            cwd=str(cwd),
+            log_path=log_path(self.log_dir, name),
+            cleanup=launch.cleanup,
+        )
 
 
 def _from_record(name: str, recorded: dict[str, Any]) -> McpServerConfig:
@@ -166,8 +204,9 @@ def _from_record(name: str, recorded: dict[str, Any]) -> McpServerConfig:
     # (command and args; its env stays in the config), or failing as an observation.
     if recorded.get("url"):
         return McpServerConfig.model_validate({"url": recorded["url"]})
-    return McpServerConfig.model_validate({"command": recorded.get("command") or "false",
-                                           "args": list(recorded.get("args") or [])})
+    return McpServerConfig.model_validate(
+        {"command": recorded.get("command") or "false", "args": list(recorded.get("args") or [])}
+    )
 
 
 def _first_line(text: str) -> str:

@@ -9,9 +9,9 @@ contains them.
 from __future__ import annotations
 
 from durable_agent.errors import LoopExit
+from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import ToolCall
 from durable_agent.status import StopReason
-from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, ApprovalRecord, Decision
 
 
@@ -20,7 +20,11 @@ def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True)
     a tool that declares itself not destructive (an MCP tool's destructiveHint) runs unasked."""
     mode = ctx.settings.shell
     if tool_name != "run_command":
-        return ("allow", "") if mode == "allow" or not asks else ("ask", f"{tool_name} runs a side effect")
+        return (
+            ("allow", "")
+            if mode == "allow" or not asks
+            else ("ask", f"{tool_name} runs a side effect")
+        )
     from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, decide
 
     destructive = (*DEFAULT_DESTRUCTIVE, *ctx.settings.shell_always_ask)
@@ -28,8 +32,16 @@ def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True)
     return verdict.value, why
 
 
-def decided(ctx: StepContext, call: ToolCall, kind: ApprovalKind, command: str | None, reason: str,
-            step_seq: int | None = None, *, used_too: bool = False) -> ApprovalRecord:
+def decided(
+    ctx: StepContext,
+    call: ToolCall,
+    kind: ApprovalKind,
+    command: str | None,
+    reason: str,
+    step_seq: int | None = None,
+    *,
+    used_too: bool = False,
+) -> ApprovalRecord:
     """A decided approval of this call, or record the question and stop the run `blocked`.
     `used_too`: one used by an attempt that never began counts (it was never acted on)."""
     approval = ctx.journal.approval_for(call.id, kind, used_too=used_too)
@@ -39,15 +51,27 @@ def decided(ctx: StepContext, call: ToolCall, kind: ApprovalKind, command: str |
     # harness's own secrets were replaced already, see model_step._call_ids).
     command = ctx.redactor.redact_known(command) if command else command
     reason = ctx.redactor.redact(reason)
-    ctx.journal.request_approval(call_id=call.id, kind=kind, tool_name=call.name,
-                                 command=command, reason=reason, step_seq=step_seq)
-    stop = (StopReason.APPROVAL_REQUIRED if kind is ApprovalKind.APPROVAL_REQUIRED
-            else StopReason.UNCERTAIN_SIDE_EFFECT)
+    ctx.journal.request_approval(
+        call_id=call.id,
+        kind=kind,
+        tool_name=call.name,
+        command=command,
+        reason=reason,
+        step_seq=step_seq,
+    )
+    stop = (
+        StopReason.APPROVAL_REQUIRED
+        if kind is ApprovalKind.APPROVAL_REQUIRED
+        else StopReason.UNCERTAIN_SIDE_EFFECT
+    )
     what = f"`{command}`" if command else call.name
     if what in reason:  # the policy's reason names the command already
         what = call.name
-    raise LoopExit(stop, f"{what} needs approval: {reason}. "
-                         f"Run `durable-agent approve {ctx.state.run_id}` (or --deny), then resume.")
+    raise LoopExit(
+        stop,
+        f"{what} needs approval: {reason}. "
+        f"Run `durable-agent approve {ctx.state.run_id}` (or --deny), then resume.",
+    )
 
 
 def denied(approval: ApprovalRecord | None) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from msgspec import Struct
 
+from durable_agent.loop.step_context import StepContext
 from durable_agent.status import STATUS_FOR_REASON, RunStatus, StopReason
-from durable_agent.step_context import StepContext
 
 
 class Outcome(Struct, frozen=True):
@@ -25,11 +25,17 @@ class RunReleased(Exception):
     """
 
 
-def finish(ctx: StepContext, reason: StopReason, *, answer: str | None = None,
-            error: str | None = None) -> Outcome:
+def finish(
+    ctx: StepContext, reason: StopReason, *, answer: str | None = None, error: str | None = None
+) -> Outcome:
     status = STATUS_FOR_REASON[reason]
     if reason is StopReason.FINISHED:
         error = None
-    ctx.journal.finish_run(status=status.value, stop_reason=reason.value, answer=answer, error=error,
-                           counters=ctx.counters())
+    ctx.journal.finish_run(
+        status=status.value,
+        stop_reason=reason.value,
+        answer=answer,
+        error=error,
+        counters=ctx.counters(),
+    )
     return Outcome(ctx.state.run_id, status, reason.value, answer, error)

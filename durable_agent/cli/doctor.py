@@ -45,8 +45,10 @@ def run_doctor(*, mode: str, network: bool, env: Mapping[str, str], out: TextIO)
     if sandbox.bwrap:
         p(f"bubblewrap {sandbox.bwrap} ({_bwrap_version(sandbox.bwrap)})")
     abi = 0 if env.get(NO_LANDLOCK_ENV, "") not in ("", "0") else landlock_abi()
-    p(f"landlock   {'ABI ' + str(abi) if abi else 'not available (or disabled)'}"
-      + (" (the fallback)" if abi and sandbox.mechanism is not Mechanism.LANDLOCK else ""))
+    p(
+        f"landlock   {'ABI ' + str(abi) if abi else 'not available (or disabled)'}"
+        + (" (the fallback)" if abi and sandbox.mechanism is not Mechanism.LANDLOCK else "")
+    )
     warning = sandbox.warning()
     if warning:
         p(warning)
@@ -60,8 +62,11 @@ def run_doctor(*, mode: str, network: bool, env: Mapping[str, str], out: TextIO)
     failures = self_check(sandbox, env, p)
     took = time.monotonic() - started
     if failures:
-        p(f"✗ the sandbox does NOT work ({len(failures)} check(s) failed in {took:.2f} s): "
-          + "; ".join(failures) + ". Pass --sandbox off only if you accept unconfined commands.")
+        p(
+            f"✗ the sandbox does NOT work ({len(failures)} check(s) failed in {took:.2f} s): "
+            + "; ".join(failures)
+            + ". Pass --sandbox off only if you accept unconfined commands."
+        )
         return 1
     p(f"✓ the sandbox works ({took:.2f} s)")
     return 0
@@ -93,21 +98,36 @@ def self_check(sandbox: Sandbox, env: Mapping[str, str], say: Callable[[str], No
             "ls -A /run 2>/dev/null | grep -qv '^systemd$' && echo RUN-VISIBLE; "
             "exit 0"
         )
-        outcome = run_process(command, cwd=ws, env=command_env(env, run_id="doctor", call_id="doctor"),
-                              timeout_s=30, sandbox=sandbox, workspace=ws)
+        outcome = run_process(
+            command,
+            cwd=ws,
+            env=command_env(env, run_id="doctor", call_id="doctor"),
+            timeout_s=30,
+            sandbox=sandbox,
+            workspace=ws,
+        )
         checks: list[tuple[str, bool]] = [
             ("a command runs", outcome.exit_code == 0),
             ("a write inside the workspace works", _read(ws / "inside.txt") == "inside\n"),
             ("a write outside the workspace fails", _read(canary) == "canary\n"),
-            ("other processes are hidden (/proc/PID/environ)", "PROC-VISIBLE" not in outcome.stdout),
+            (
+                "other processes are hidden (/proc/PID/environ)",
+                "PROC-VISIBLE" not in outcome.stdout,
+            ),
             ("kernel settings are read-only (/proc/sys)", "SYSCTL-WRITABLE" not in outcome.stdout),
         ]
         if sandbox.mechanism is Mechanism.BUBBLEWRAP:
             checks.append((".git/config is read-only", _read(ws / ".git" / "config") == "[core]\n"))
-            checks.append(("daemon sockets under /run are hidden", "RUN-VISIBLE" not in outcome.stdout))
+            checks.append(
+                ("daemon sockets under /run are hidden", "RUN-VISIBLE" not in outcome.stdout)
+            )
         if not sandbox.network:
-            checks.append(("the network is off", not _connected(listener)
-                           and "NET-CONNECTED" not in outcome.stdout))
+            checks.append(
+                (
+                    "the network is off",
+                    not _connected(listener) and "NET-CONNECTED" not in outcome.stdout,
+                )
+            )
         failures = []
         for name, ok in checks:
             say(f"  {'ok ' if ok else 'FAILED'} {name}")
@@ -148,7 +168,9 @@ def _read(path: Path) -> str | None:
 
 def _bwrap_version(bwrap: str) -> str:
     try:
-        proc = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False)
+        proc = subprocess.run(
+            [bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "version unknown"
     return proc.stdout.strip() or "version unknown"

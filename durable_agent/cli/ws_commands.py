@@ -1,8 +1,8 @@
 """The workspace commands: `diff`, `restore`, `fork` (SEQ is the step number `show` prints).
 
-    diff RUN_ID [--step SEQ] [--stat] [--json]      what the run (or one step) changed
-    restore RUN_ID --at SEQ --to DIR [--force]      the files as they were after step SEQ
-    fork RUN_ID --at SEQ --workspace DIR [...]      a new run from step SEQ, files included
+diff RUN_ID [--step SEQ] [--stat] [--json]      what the run (or one step) changed
+restore RUN_ID --at SEQ --to DIR [--force]      the files as they were after step SEQ
+fork RUN_ID --at SEQ --workspace DIR [...]      a new run from step SEQ, files included
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _given_dir(path: str, flag: str) -> str:
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.store_settings import open_store
+    from durable_agent.config.store import open_store
 
     return open_store(getattr(args, "db", None), env)
 
@@ -40,8 +40,11 @@ def _seq(run_id: str, shown: int, steps: list[Any]) -> int:
     """The stored seq of step number `shown` (show counts from 1)."""
     if not any(s.seq == shown - 1 for s in steps):
         last = max((s.seq for s in steps), default=-1) + 1
-        raise UsageError(f"run {run_id} has no step {shown} (its steps are 1 to {last}; see `durable-agent show {run_id}`)"
-                         if last else f"run {run_id} has no steps yet")
+        raise UsageError(
+            f"run {run_id} has no step {shown} (its steps are 1 to {last}; see `durable-agent show {run_id}`)"
+            if last
+            else f"run {run_id} has no steps yet"
+        )
     return shown - 1
 
 
@@ -50,13 +53,15 @@ def _tree_after(store: Any, run_id: str, seq: int) -> str:
 
     found = tree_at(store.engine, run_id, seq)
     if found is None:
-        raise UsageError(f"run {run_id} has no workspace snapshot (no step of it could change files, "
-                         "or it was recorded with snapshots off)")
+        raise UsageError(
+            f"run {run_id} has no workspace snapshot (no step of it could change files, "
+            "or it was recorded with snapshots off)"
+        )
     return found.tree
 
 
 def _scanner(root: Path, settings: dict[str, Any] | None) -> Any:
-    from durable_agent.settings import Settings
+    from durable_agent.config.settings import Settings
     from durable_agent.workspace.scan import scanner_for
 
     fields = Settings.model_fields
@@ -81,11 +86,24 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
         after = _tree_after(store, run_id, last) if before is not None else None
     old, new, found, blobs = diffing.between(store.engine, before, after)
     if args.json:
-        print(json.dumps({"run_id": run_id, "step": args.step, "from_tree": before, "to_tree": after,
-                          "changes": [{"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found]},
-                         ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "step": args.step,
+                    "from_tree": before,
+                    "to_tree": after,
+                    "changes": [
+                        {"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found
+                    ],
+                },
+                ensure_ascii=False,
+            )
+        )
     elif args.stat:
-        sys.stdout.writelines(visible(line) for line in diffing.stat_lines(found))  # names a command chose
+        sys.stdout.writelines(
+            visible(line) for line in diffing.stat_lines(found)
+        )  # names a command chose
     else:
         sys.stdout.writelines(diffing.unified(old, new, found, blobs.blob))
     return 0
@@ -103,8 +121,10 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     blobs = BlobStore(store.engine)
     if args.tree is not None:
         if not TREE_ID_RE.match(args.tree):  # not bytes the store could hold (a traceback before)
-            raise UsageError(f"no workspace snapshot {args.tree!r} in this store (a snapshot id is "
-                             "64 hex digits, as an undo line prints it)")
+            raise UsageError(
+                f"no workspace snapshot {args.tree!r} in this store (a snapshot id is "
+                "64 hex digits, as an undo line prints it)"
+            )
         tree = args.tree
     elif args.at is not None:
         tree = _tree_after(store, run_id, _seq(run_id, args.at, store.steps(run_id)))
@@ -117,8 +137,10 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         if not target.is_dir():
             raise UsageError(f"{target} is not a directory")
         if not args.force:
-            raise UsageError(f"{target} is not empty; restore into it only with --force (its current "
-                             "files are snapshotted first, so it can be undone)")
+            raise UsageError(
+                f"{target} is not empty; restore into it only with --force (its current "
+                "files are snapshotted first, so it can be undone)"
+            )
         kept = snapshot.take(scanner, blobs)
         save_statements(store.engine, kept.statements)
         undo = kept.tree_id
@@ -132,18 +154,32 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     try:
         done = materialize(manifest, target, scanner, blobs.blob)
     except RestoreStopped as exc:
-        raise DurableAgentError(f"the restore {exc}" + (f"; undo with: {again}" if again else "")) from None
-    print(f"restored {target} to the snapshot after step {args.at} of run {run_id}" if not args.tree
-          else f"restored {target} to snapshot {tree}", f"({len(done)} path(s) changed)")
-    big = sorted(show_name(os.fsdecode(path)) for path, entry in manifest.items() if entry.kind == "big")
-    if big:  # never stored (over snapshot_max_file_bytes): what is there of them is not the snapshot's
-        print(visible(f"left as they are, too large to have been snapshotted: {', '.join(big[:10])}"
-                      + (f" and {len(big) - 10} more" if len(big) > 10 else "")))
+        raise DurableAgentError(
+            f"the restore {exc}" + (f"; undo with: {again}" if again else "")
+        ) from None
+    print(
+        f"restored {target} to the snapshot after step {args.at} of run {run_id}"
+        if not args.tree
+        else f"restored {target} to snapshot {tree}",
+        f"({len(done)} path(s) changed)",
+    )
+    big = sorted(
+        show_name(os.fsdecode(path)) for path, entry in manifest.items() if entry.kind == "big"
+    )
+    if (
+        big
+    ):  # never stored (over snapshot_max_file_bytes): what is there of them is not the snapshot's
+        print(
+            visible(
+                f"left as they are, too large to have been snapshotted: {', '.join(big[:10])}"
+                + (f" and {len(big) - 10} more" if len(big) > 10 else "")
+            )
+        )
     return 0
 
 
 def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.runner import new_run_id
+    from durable_agent.loop.runner import new_run_id
     from durable_agent.store.blobs import BlobStore
     from durable_agent.store.forks import fork_run
     from durable_agent.workspace import snapshot
@@ -158,8 +194,10 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
     new_id = args.new_run_id or new_run_id()
     if not RUN_ID_RE.match(new_id):
-        raise UsageError(f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
-                         "a letter or digit first)")
+        raise UsageError(
+            f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
+            "a letter or digit first)"
+        )
     if store.run_exists(new_id):
         raise UsageError(f"a run with id {new_id!r} already exists; pick another id")
     from durable_agent.store.blobs import tree_at
@@ -169,17 +207,27 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     try:
         target.mkdir(parents=True, exist_ok=True)
         if found is not None:
-            materialize(snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob)
+            materialize(
+                snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob
+            )
     except (OSError, RestoreStopped) as exc:  # (mkdir's OSError names no more than the target)
         why = exc if isinstance(exc, RestoreStopped) else f"{exc.strerror or exc} at {target}"
         raise DurableAgentError(f"cannot make the fork's workspace: {why}") from None
     settings = dict(run.settings or {})
     settings["workspace"] = str(target)
-    fork_run(store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task)
+    fork_run(
+        store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task
+    )
     if args.json:
-        print(json.dumps({"run_id": new_id, "forked_from": run_id, "fork_seq": seq, "workspace": str(target)}))
+        print(
+            json.dumps(
+                {"run_id": new_id, "forked_from": run_id, "fork_seq": seq, "workspace": str(target)}
+            )
+        )
     else:
         print(new_id)
-        print(f"forked {run_id} after step {args.at} into {target}; continue with: durable-agent resume {new_id}",
-              file=sys.stderr)
+        print(
+            f"forked {run_id} after step {args.at} into {target}; continue with: durable-agent resume {new_id}",
+            file=sys.stderr,
+        )
     return 0

@@ -13,8 +13,8 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.context_budget import calibrate, count_message
-from durable_agent.context_view import ContextView, request_hash
+from durable_agent.context.budget import calibrate, count_message
+from durable_agent.context.view import ContextView, request_hash
 from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
 from durable_agent.store.storable import storable
 
@@ -41,11 +41,15 @@ class RunState(Struct):
     def request_tokens(self, counter: Callable[[str], int]) -> int:
         """The uncalibrated count of `request()` (context_budget.count_message per message)."""
         tally = self._tally
-        if tally is None or tally[0] is not counter or tally[1] != self.view.compactions \
-                or tally[2] > len(self.messages):
+        if (
+            tally is None
+            or tally[0] is not counter
+            or tally[1] != self.view.compactions
+            or tally[2] > len(self.messages)
+        ):
             total = sum(count_message(m, counter) for m in self.request())
         else:
-            total = tally[3] + sum(count_message(m, counter) for m in self.messages[tally[2]:])
+            total = tally[3] + sum(count_message(m, counter) for m in self.messages[tally[2] :])
         self._tally = (counter, self.view.compactions, len(self.messages), total)
         return total
 
@@ -80,7 +84,7 @@ class RunState(Struct):
         for i in range(len(self.messages) - 1, -1, -1):
             m = self.messages[i]
             if m.role == "assistant":
-                done = {r.tool_call_id for r in self.messages[i + 1:] if r.role == "tool"}
+                done = {r.tool_call_id for r in self.messages[i + 1 :] if r.role == "tool"}
                 return [c for c in m.tool_calls if c.id not in done]
         return []
 
@@ -94,12 +98,21 @@ class RunState(Struct):
         """
         ms = self.messages
         last = ms[-1] if ms else None
-        if (last is None or last.role != "assistant" or last.tool_calls
-                or not without_reasoning(last.content or "").strip()):  # only a <think> block: no answer
+        if (
+            last is None
+            or last.role != "assistant"
+            or last.tool_calls
+            or not without_reasoning(last.content or "").strip()
+        ):  # only a <think> block: no answer
             return None
         parts, i = [last.content or ""], len(ms) - 2
-        while (i >= 1 and ms[i].role == "user" and ms[i].content == CUT_NUDGE
-               and ms[i - 1].role == "assistant" and not ms[i - 1].tool_calls):
+        while (
+            i >= 1
+            and ms[i].role == "user"
+            and ms[i].content == CUT_NUDGE
+            and ms[i - 1].role == "assistant"
+            and not ms[i - 1].tool_calls
+        ):
             parts.append(ms[i - 1].content or "")
             i -= 2
         return "".join(reversed(parts))
@@ -109,23 +122,43 @@ def storable_message(m: Message) -> Message:
     """`m` as the store will hold it (store/storable.py): the history in memory must be the
     history a resume reads back, or the tool calls run, their keys and the request hash
     would differ after a resume. The same object when it is clean (nearly always)."""
-    texts = [m.content, m.tool_call_id, *(t for c in m.tool_calls for t in (c.id, c.name, c.arguments))]
+    texts = [
+        m.content,
+        m.tool_call_id,
+        *(t for c in m.tool_calls for t in (c.id, c.name, c.arguments)),
+    ]
     if all(storable(t) is t for t in texts):
         return m
-    calls = tuple(ToolCall(id=storable(c.id), name=storable(c.name), arguments=storable(c.arguments))
-                  for c in m.tool_calls)
-    return Message(m.role, storable(m.content), tool_calls=calls, tool_call_id=storable(m.tool_call_id))
+    calls = tuple(
+        ToolCall(id=storable(c.id), name=storable(c.name), arguments=storable(c.arguments))
+        for c in m.tool_calls
+    )
+    return Message(
+        m.role, storable(m.content), tool_calls=calls, tool_call_id=storable(m.tool_call_id)
+    )
 
 
-def rebuild(run_id: str, messages: list[Message], *, active_ms: int, model_tokens: tuple[int, int],
-            compactions: Sequence[Any] = (), last_model_output: Any = None) -> RunState:
+def rebuild(
+    run_id: str,
+    messages: list[Message],
+    *,
+    active_ms: int,
+    model_tokens: tuple[int, int],
+    compactions: Sequence[Any] = (),
+    last_model_output: Any = None,
+) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
     written from memory after a failed commit must not make a run unresumable."""
     state = RunState(
-        run_id=run_id, messages=[], history=HistoryHash(),
-        step_count=0, tool_call_count=0, prompt_tokens=model_tokens[0],
-        completion_tokens=model_tokens[1], active_ms=active_ms,
+        run_id=run_id,
+        messages=[],
+        history=HistoryHash(),
+        step_count=0,
+        tool_call_count=0,
+        prompt_tokens=model_tokens[0],
+        completion_tokens=model_tokens[1],
+        active_ms=active_ms,
     )
     answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
     for m in messages:

@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec.structs import replace
 
-from durable_agent import compaction, guard
-from durable_agent.context_budget import calibrate
+from durable_agent.context import compaction
+from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.heartbeat import watch_cancel
+from durable_agent.loop import guard
+from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.replay import RunState
+from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import (
     CUT_NUDGE,
     EMPTY_NUDGE,
@@ -29,9 +32,7 @@ from durable_agent.messages import (
 from durable_agent.models import deadline
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
-from durable_agent.replay import RunState
 from durable_agent.status import StepKind, StopReason
-from durable_agent.step_context import StepContext
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
 
@@ -64,7 +65,11 @@ def model_step(ctx: StepContext) -> None:
 
 
 def _lead(s: RunState) -> list[Message]:
-    return [Message("user", EMPTY_NUDGE)] if empty_answer(s.messages[-1] if s.messages else None) else []
+    return (
+        [Message("user", EMPTY_NUDGE)]
+        if empty_answer(s.messages[-1] if s.messages else None)
+        else []
+    )
 
 
 def _model_step(ctx: StepContext) -> None:
@@ -81,19 +86,27 @@ def _model_step(ctx: StepContext) -> None:
     sent.extend(lead)
     counted = compaction.counted_next(ctx, lead)
     over = compaction.over_budget(ctx, counted)
-    request: dict[str, Any] = {"turn": turn, "request_hash": s.history.digest, "messages": len(s.messages),
-                               "model": ctx.model.name}
+    request: dict[str, Any] = {
+        "turn": turn,
+        "request_hash": s.history.digest,
+        "messages": len(s.messages),
+        "model": ctx.model.name,
+    }
     if s.view.compactions:
         request["sent_messages"] = len(sent)
-        if s.view.turn == turn:  # a call refused or cut off before this turn's compaction is not this one
+        if (
+            s.view.turn == turn
+        ):  # a call refused or cut off before this turn's compaction is not this one
             ctx.journal.forget_superseded(StepKind.MODEL, turn, key)
     obs = ctx.observer
     with ctx.journal.step(key, StepKind.MODEL, request, turn=turn) as step:
         earlier = step.attempts - 1  # attempts of sessions before this one
         obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, attempts=step.attempts))
         if over is not None:
-            obs.note(f"the request is ~{over['tokens']:,} tokens, over the context budget of {over['budget']:,}, "
-                     "and compacting cannot make it smaller: sent as it is")
+            obs.note(
+                f"the request is ~{over['tokens']:,} tokens, over the context budget of {over['budget']:,}, "
+                "and compacting cannot make it smaller: sent as it is"
+            )
 
         failed: list[str] = []
 
@@ -101,10 +114,21 @@ def _model_step(ctx: StepContext) -> None:
             if failure is not None:
                 failed.append(failure.describe())
                 step.set_attempts(earlier + n, failed[-1])
-                obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="retry",
-                                   attempts=earlier + n, error=failed[-1]))
+                obs.step(
+                    StepEvent(
+                        step.seq,
+                        turn,
+                        "model",
+                        ctx.model.name,
+                        state="retry",
+                        attempts=earlier + n,
+                        error=failed[-1],
+                    )
+                )
 
-        def before_retry(n: int) -> None:  # counted before it goes out: a crash in it still counts it
+        def before_retry(
+            n: int,
+        ) -> None:  # counted before it goes out: a crash in it still counts it
             step.set_attempts(earlier + n, failed[-1] if failed else None)
 
         from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
@@ -113,13 +137,20 @@ def _model_step(ctx: StepContext) -> None:
             with _stoppable(ctx):
                 answer, attempts = call_with_retries(
                     lambda: ctx.model.complete(sent, ctx.schemas, turn),
-                    ctx.retry_policy or RetryPolicy(), sleep=_backoff(ctx), on_attempt=on_attempt,
-                    before_retry=before_retry)
+                    ctx.retry_policy or RetryPolicy(),
+                    sleep=_backoff(ctx),
+                    on_attempt=on_attempt,
+                    before_retry=before_retry,
+                )
         except ModelCallError as exc:
-            if isinstance(exc.__cause__, StoreError | LeaseLost):  # recording a try: the store's, not the model's
+            if isinstance(
+                exc.__cause__, StoreError | LeaseLost
+            ):  # recording a try: the store's, not the model's
                 raise exc.__cause__ from None
             step.attempts = earlier + exc.attempts
-            step.fail(str(exc), counters=ctx.counters())  # a failed call adds nothing to the history
+            step.fail(
+                str(exc), counters=ctx.counters()
+            )  # a failed call adds nothing to the history
             raise
         except deadline.Stopped:
             step.fail("cancelled while waiting for the model's answer", counters=ctx.counters())
@@ -127,12 +158,19 @@ def _model_step(ctx: StepContext) -> None:
         turn_out: ModelTurn = answer
         calls = _call_ids(ctx, turn_out.tool_calls, turn)
         redactor = ctx.redactor
-        message = Message("assistant", redactor.redact_known_escaped(redactor.redact(turn_out.content))
-                          if turn_out.content else turn_out.content, tool_calls=calls)
+        message = Message(
+            "assistant",
+            redactor.redact_known_escaped(redactor.redact(turn_out.content))
+            if turn_out.content
+            else turn_out.content,
+            tool_calls=calls,
+        )
         usage = turn_out.usage
         if not usage.reported:
             usage = estimate_usage(sent, ctx.schemas, turn_out)
-        elif not compaction.scripted(ctx.model):  # the provider's count of this request calibrates the next
+        elif not compaction.scripted(
+            ctx.model
+        ):  # the provider's count of this request calibrates the next
             s.calibration = calibrate(counted, usage.prompt_tokens)
         before = lead[-1] if lead else (s.messages[-1] if s.messages else None)
         nudge = _nudge(before, message, turn_out.finish_reason)
@@ -147,9 +185,14 @@ def _model_step(ctx: StepContext) -> None:
             written.append(Message("user", nudge[1]))
             s.append(written[-1])
         step.attempts = earlier + attempts
-        output: dict[str, Any] = {"content": message.content, "tool_calls": [c.to_dict() for c in calls],
-                                  "usage": replace(turn_out, usage=usage).to_dict()["usage"]}
-        if not compaction.scripted(ctx.model):  # a script's counts are made up: nothing to calibrate
+        output: dict[str, Any] = {
+            "content": message.content,
+            "tool_calls": [c.to_dict() for c in calls],
+            "usage": replace(turn_out, usage=usage).to_dict()["usage"],
+        }
+        if not compaction.scripted(
+            ctx.model
+        ):  # a script's counts are made up: nothing to calibrate
             output["context"] = {"counted": counted}
         if over is not None:
             output["over_budget"] = over
@@ -159,15 +202,34 @@ def _model_step(ctx: StepContext) -> None:
             output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
         if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
             output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
-        step.complete(output, messages=written, counters=ctx.counters(),
-                      tokens=(usage.prompt_tokens, usage.completion_tokens))
-    obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, state="completed", detail=_summary(message, nudge),
-                       attempts=step.attempts, duration_ms=_ms_since(step), prompt_tokens=usage.prompt_tokens,
-                       completion_tokens=usage.completion_tokens, estimated=usage.estimated))
+        step.complete(
+            output,
+            messages=written,
+            counters=ctx.counters(),
+            tokens=(usage.prompt_tokens, usage.completion_tokens),
+        )
+    obs.step(
+        StepEvent(
+            step.seq,
+            turn,
+            "model",
+            ctx.model.name,
+            state="completed",
+            detail=_summary(message, nudge),
+            attempts=step.attempts,
+            duration_ms=_ms_since(step),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            estimated=usage.estimated,
+        )
+    )
     if nudge is None and empty_answer(message):  # the second in a row: recorded, then the stop
-        raise LoopExit(StopReason.EMPTY_ANSWER, "the model answered with nothing twice in a row (no text "
-                       "and no tool call, even after being told); `resume` nudges it once more, "
-                       "e.g. with another --model")
+        raise LoopExit(
+            StopReason.EMPTY_ANSWER,
+            "the model answered with nothing twice in a row (no text "
+            "and no tool call, even after being told); `resume` nudges it once more, "
+            "e.g. with another --model",
+        )
 
 
 @contextlib.contextmanager
@@ -189,17 +251,24 @@ def _backoff(ctx: StepContext) -> Callable[[float], None]:
     def pause(seconds: float) -> None:
         if ctx.cancel.wait(seconds):
             raise deadline.Stopped
+
     return pause
 
 
 def empty_answer(message: Message | None) -> bool:
     """An assistant message with neither text nor a tool call: not a final answer. Text that
     is only a reasoning block (`<think>…</think>`) is no answer either."""
-    return (message is not None and message.role == "assistant" and not message.tool_calls
-            and not without_reasoning(message.content or "").strip())
+    return (
+        message is not None
+        and message.role == "assistant"
+        and not message.tool_calls
+        and not without_reasoning(message.content or "").strip()
+    )
 
 
-def _nudge(previous: Message | None, answer: Message, finish_reason: str | None) -> tuple[str, str] | None:
+def _nudge(
+    previous: Message | None, answer: Message, finish_reason: str | None
+) -> tuple[str, str] | None:
     """(why, the user message) to append after `answer` (which follows `previous`), or None
     when it stands as it is.
 
@@ -222,8 +291,13 @@ def _check_budgets(ctx: StepContext) -> None:
     s = ctx.state
     price = ctx.settings.prices.get(ctx.settings.model or "")
     spent = price.cost(s.prompt_tokens, s.completion_tokens) if price else None
-    stop = guard.before_model_call(ctx.limits, steps=s.step_count, tokens=s.prompt_tokens + s.completion_tokens,
-                                   active_ms=ctx.active_ms(), spent=spent)
+    stop = guard.before_model_call(
+        ctx.limits,
+        steps=s.step_count,
+        tokens=s.prompt_tokens + s.completion_tokens,
+        active_ms=ctx.active_ms(),
+        spent=spent,
+    )
     if stop is None:
         return
     reason, detail = stop
@@ -250,8 +324,13 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
             while cid in used:
                 cid += "_"
         used.add(cid)
-        fixed.append(ToolCall(id=cid, name=known.redact_known(call.name),
-                              arguments=known.redact_known_arguments(call.arguments)))
+        fixed.append(
+            ToolCall(
+                id=cid,
+                name=known.redact_known(call.name),
+                arguments=known.redact_known_arguments(call.arguments),
+            )
+        )
     return tuple(fixed)
 
 

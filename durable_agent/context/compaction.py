@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from durable_agent.context_budget import (
+from durable_agent.context.budget import (
     compact_threshold,
     count_message,
     count_request,
@@ -32,13 +32,13 @@ from durable_agent.context_budget import (
     schema_tokens,
     text_counter,
 )
-from durable_agent.context_view import HEAD, stub, tool_names
+from durable_agent.context.view import HEAD, stub, tool_names
 from durable_agent.errors import ModelError
+from durable_agent.loop.replay import RunState
+from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
 from durable_agent.observer import StepEvent
-from durable_agent.replay import RunState
 from durable_agent.status import StepKind
-from durable_agent.step_context import StepContext
 from durable_agent.store.storable import storable
 
 TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
@@ -51,7 +51,8 @@ SUMMARY_PROMPT = (
     "will not see it again. Write a structured summary with these sections: Task; Decisions "
     "made; Files read or changed (paths, what was learned or done); Current state; Next steps. "
     "Keep exact names, paths, commands and error messages; say what was tried and failed. "
-    "Tool results can be read again later with read_output(call_id): cite call ids where useful.")
+    "Tool results can be read again later with read_output(call_id): cite call ids where useful."
+)
 
 
 def count(ctx: StepContext, request: list[Message]) -> int:
@@ -63,8 +64,11 @@ def counted_next(ctx: StepContext, lead: list[Message]) -> int:
     """The harness's own (uncalibrated) count of the next request, `[*s.request(), *lead]`,
     without recounting the history: the run state keeps a running count."""
     counter = text_counter(ctx.model.name)
-    return (ctx.state.request_tokens(counter) + sum(count_message(m, counter) for m in lead)
-            + schema_tokens(ctx.schemas, counter))
+    return (
+        ctx.state.request_tokens(counter)
+        + sum(count_message(m, counter) for m in lead)
+        + schema_tokens(ctx.schemas, counter)
+    )
 
 
 def count_next(ctx: StepContext, lead: list[Message]) -> int:
@@ -76,9 +80,15 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
     """Compact if the next request would pass the threshold (or finish an interrupted summary);
     a turn compacts once by itself, unless its request is over the budget."""
     s = ctx.state
-    interrupted = [st for st in ctx.journal.open_steps.values()
-                   if st.kind == StepKind.COMPACT and st.turn == s.turn and isinstance(st.input, dict)
-                   and st.input.get("stage") == "summarize" and isinstance(st.input.get("start"), int)]
+    interrupted = [
+        st
+        for st in ctx.journal.open_steps.values()
+        if st.kind == StepKind.COMPACT
+        and st.turn == s.turn
+        and isinstance(st.input, dict)
+        and st.input.get("stage") == "summarize"
+        and isinstance(st.input.get("start"), int)
+    ]
     if interrupted:
         _summarize(ctx, lead, count_next(ctx, lead), cut=int(interrupted[0].input["start"]))
         return
@@ -90,7 +100,9 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
         # over the budget (a resume with a smaller --max-context-tokens) compacts again.
         budget = request_budget(ctx.settings)
         cut = _cut(ctx, budget) if s.view.summary_due else None
-        if cut is not None and _summary_helps(ctx, tokens, cut, budget):  # as the first session decided
+        if cut is not None and _summary_helps(
+            ctx, tokens, cut, budget
+        ):  # as the first session decided
             _summarize(ctx, lead, tokens, cut=cut)
         elif tokens > request_budget(ctx.settings):
             compact(ctx, lead, tokens)
@@ -140,7 +152,7 @@ def _summary_helps(ctx: StepContext, tokens: float, cut: int, budget: int) -> bo
     request, offset = _sent(s)
     counter = text_counter(ctx.model.name)
     first = max(s.view.start, HEAD) + offset - (1 if s.view.summary is not None else 0)
-    replaced = sum(count_message(m, counter) for m in request[first:cut + offset]) * s.calibration
+    replaced = sum(count_message(m, counter) for m in request[first : cut + offset]) * s.calibration
     return tokens - replaced <= budget
 
 
@@ -165,9 +177,13 @@ def _elidable(ctx: StepContext, *, tight: bool = False) -> list[int]:
     names = tool_names(s.messages)
     # Only results longer than their stub: eliding a short one ("ok", a line) made the
     # request bigger (58 of them: 2,403 -> 3,616 tokens).
-    shown = [i for i in range(max(view.start, HEAD), len(s.messages))
-             if (m := s.messages[i]).role == "tool" and i not in view.elided
-             and len(m.content or "") > len(stub(m, names).content or "")]
+    shown = [
+        i
+        for i in range(max(view.start, HEAD), len(s.messages))
+        if (m := s.messages[i]).role == "tool"
+        and i not in view.elided
+        and len(m.content or "") > len(stub(m, names).content or "")
+    ]
     keep = ctx.settings.keep_recent_outputs
     older = shown[:-keep] if keep else shown
     if not tight:
@@ -187,14 +203,16 @@ def _tight(ctx: StepContext, lead: list[Message]) -> bool:
         return False
     request = s.view.request(s.messages)
     offset = len(request) - len(s.messages)  # request index of message seq i is i + offset
-    kept = count(ctx, [*request[:HEAD], *request[last + offset:], *lead])
-    turn = count(ctx, request[last + offset:]) - count(ctx, [])  # the last turn alone (no schemas)
+    kept = count(ctx, [*request[:HEAD], *request[last + offset :], *lead])
+    turn = count(ctx, request[last + offset :]) - count(ctx, [])  # the last turn alone (no schemas)
     return kept + turn > compact_threshold(ctx.settings)
 
 
 def _last_turn(messages: Sequence[Message]) -> int | None:
     """Seq of the last assistant message: the results after it are ones the model has not seen."""
-    return next((i for i in range(len(messages) - 1, HEAD - 1, -1) if messages[i].role == "assistant"), None)
+    return next(
+        (i for i in range(len(messages) - 1, HEAD - 1, -1) if messages[i].role == "assistant"), None
+    )
 
 
 def _count_elided(ctx: StepContext, lead: list[Message], seqs: list[int]) -> int:
@@ -204,20 +222,31 @@ def _count_elided(ctx: StepContext, lead: list[Message], seqs: list[int]) -> int
     return count(ctx, [*_with_stubs(ctx, request, seqs, tool_names(s.messages)), *lead])
 
 
-def _elide(ctx: StepContext, before: int, after: int, seqs: list[int], *, summary_due: bool) -> None:
+def _elide(
+    ctx: StepContext, before: int, after: int, seqs: list[int], *, summary_due: bool
+) -> None:
     s = ctx.state
     key = f"compact:{s.turn}:elide"  # one per turn (`compact`)
-    output: dict[str, Any] = {"stage": "elide", "turn": s.turn, "elided": seqs,
-                              "tokens_before": before, "tokens_after": after}
+    output: dict[str, Any] = {
+        "stage": "elide",
+        "turn": s.turn,
+        "elided": seqs,
+        "tokens_before": before,
+        "tokens_after": after,
+    }
     if summary_due:  # decided now: a resume cut off before the summary makes it (before_model_call)
         output["then"] = "summarize"
-    with ctx.journal.step(key, StepKind.COMPACT, {"stage": "elide", "elided": len(seqs)}, turn=s.turn) as step:
+    with ctx.journal.step(
+        key, StepKind.COMPACT, {"stage": "elide", "elided": len(seqs)}, turn=s.turn
+    ) as step:
         s.compacted(output)
         step.complete(output, counters=ctx.counters())
     _tell(ctx, step.seq, f"elided {len(seqs)} tool outputs", before, after)
 
 
-def _with_stubs(ctx: StepContext, request: list[Message], seqs: list[int], names: dict[str, str]) -> list[Message]:
+def _with_stubs(
+    ctx: StepContext, request: list[Message], seqs: list[int], names: dict[str, str]
+) -> list[Message]:
     stubs = {ctx.state.messages[i].tool_call_id for i in seqs}
     return [stub(m, names) if m.role == "tool" and m.tool_call_id in stubs else m for m in request]
 
@@ -260,7 +289,10 @@ def _summary_request(ctx: StepContext, cut: int, budget: int) -> list[Message]:
     if len(body) > room:  # the oldest part goes first: the previous summary covers what led here
         body = "[... earlier part cut ...]\n" + body[-room:]
     task = s.messages[1].content if len(s.messages) > 1 else ""
-    return [Message("system", SUMMARY_PROMPT), Message("user", f"The task:\n{task}\n\nThe conversation:\n\n{body}")]
+    return [
+        Message("system", SUMMARY_PROMPT),
+        Message("user", f"The task:\n{task}\n\nThe conversation:\n\n{body}"),
+    ]
 
 
 def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) -> None:
@@ -272,17 +304,30 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
     digest = sha256_text("\n".join(m.content or "" for m in request))
     key = f"compact:{s.turn}:{digest[:32]}"
     model = _summary_model(ctx)
-    intent = {"stage": "summarize", "start": cut, "from": max(s.view.start, HEAD), "tokens_before": before,
-              "model": model.name, "request_hash": digest}
+    intent = {
+        "stage": "summarize",
+        "start": cut,
+        "from": max(s.view.start, HEAD),
+        "tokens_before": before,
+        "model": model.name,
+        "request_hash": digest,
+    }
     # A summary of this turn cut off or refused before (a resume under another budget asks
     # for another one) is not the one made now.
     ctx.journal.forget_superseded(StepKind.COMPACT, s.turn, key)
     with ctx.journal.step(key, StepKind.COMPACT, intent, turn=s.turn) as step:
         earlier = step.attempts - 1
-        ctx.observer.step(StepEvent(step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts))
+        ctx.observer.step(
+            StepEvent(
+                step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts
+            )
+        )
         try:
-            answer, attempts = call_with_retries(lambda: model.complete(request, [], s.turn),
-                                                 ctx.retry_policy or RetryPolicy(), sleep=ctx.sleep)
+            answer, attempts = call_with_retries(
+                lambda: model.complete(request, [], s.turn),
+                ctx.retry_policy or RetryPolicy(),
+                sleep=ctx.sleep,
+            )
         except ModelCallError as exc:
             step.attempts = earlier + exc.attempts
             step.fail(f"compaction summary failed: {exc}", counters=ctx.counters())
@@ -294,18 +339,26 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
                     f"it holds up to {SUMMARY_INPUT:.0%} of the context budget. Resume with a lower "
                     "--max-context-tokens, or start the run again with compact_model set to a model with a "
                     "larger window",
-                    attempts=exc.attempts) from None
+                    attempts=exc.attempts,
+                ) from None
             raise
         summary = _summary_text(ctx, answer, cut)
         usage = answer.usage
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
-        output: dict[str, Any] = {"stage": "summarize", "turn": s.turn, "start": cut, "summary": summary,
-                                  "tokens_before": before}
+        output: dict[str, Any] = {
+            "stage": "summarize",
+            "turn": s.turn,
+            "start": cut,
+            "summary": summary,
+            "tokens_before": before,
+        }
         s.compacted(output)
         output["tokens_after"] = after = count_next(ctx, lead)
         step.attempts = earlier + attempts
-        step.complete(output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens))
+        step.complete(
+            output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens)
+        )
     _tell(ctx, step.seq, f"summarized messages {intent['from']}-{cut - 1}", before, after)
 
 
@@ -321,23 +374,31 @@ def _summary_text(ctx: StepContext, answer: ModelTurn, cut: int) -> str:
     cleaned), so the history in memory is the one a resume reads back."""
     s = ctx.state
     redactor = ctx.redactor  # (the model's free text, like an answer: escaped spellings too)
-    text = redactor.redact_known_escaped(redactor.redact(storable(without_reasoning(answer.content or "").strip())))
+    text = redactor.redact_known_escaped(
+        redactor.redact(storable(without_reasoning(answer.content or "").strip()))
+    )
     if not text:
         # Every result replaced so far, newest first (a cut at the cap drops the oldest), then
         # what the last summary the model wrote said.
-        ids = [m.tool_call_id for m in reversed(s.messages[HEAD:cut]) if m.role == "tool" and m.tool_call_id]
+        ids = [
+            m.tool_call_id
+            for m in reversed(s.messages[HEAD:cut])
+            if m.role == "tool" and m.tool_call_id
+        ]
         last = s.view.summary or ""
         last = last.partition(_BEFORE)[2] if last.startswith(_EMPTY) else last
-        text = (f"{_EMPTY} The earlier messages were compacted without one; their tool results can be read "
-                f"again with read_output(call_id), newest first: {', '.join(ids) or 'none'}."
-                + (f"{_BEFORE}{last}" if last else ""))
+        text = (
+            f"{_EMPTY} The earlier messages were compacted without one; their tool results can be read "
+            f"again with read_output(call_id), newest first: {', '.join(ids) or 'none'}."
+            + (f"{_BEFORE}{last}" if last else "")
+        )
     if answer.finish_reason == "length":
         text += "\n[the summary was cut off at the model's length limit]"
     limit = request_budget(ctx.settings) * SUMMARY_SHARE
     tokens = text_counter(ctx.model.name)(text) * s.calibration
     if tokens > limit:
         note = "\n[summary cut: it was longer than its share of the context]"
-        text = text[:max(int(len(text) * limit / tokens) - len(note), 0)] + note
+        text = text[: max(int(len(text) * limit / tokens) - len(note), 0)] + note
     return text
 
 
@@ -347,11 +408,16 @@ class _LocalSummary:
 
     name = "local-summary"
 
-    def complete(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int) -> ModelTurn:
+    def complete(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
+    ) -> ModelTurn:
         text = messages[-1].content or ""
         calls = sorted(set(re.findall(r"\[(call_[A-Za-z0-9_]+)\]", text)))
-        return ModelTurn(f"Task: as given. State: {text.count('## ')} earlier messages compacted at turn "
-                         f"{turn}; their tool calls: {', '.join(calls) or 'none'}.", usage=Usage(0, 0))
+        return ModelTurn(
+            f"Task: as given. State: {text.count('## ')} earlier messages compacted at turn "
+            f"{turn}; their tool calls: {', '.join(calls) or 'none'}.",
+            usage=Usage(0, 0),
+        )
 
 
 def scripted(model: Any) -> bool:
@@ -371,14 +437,29 @@ def _summary_model(ctx: StepContext) -> Any:
 
     st = ctx.settings
     key = st.api_key.get_secret_value() if st.api_key else "not-needed"
-    return OpenAIChatModel(name, api_key=key, base_url=st.base_url, read_timeout=st.request_timeout_s,
-                           connect_timeout=st.connect_timeout_s, temperature=st.temperature,
-                           api_type=st.api_type, api_version=st.api_version)
+    return OpenAIChatModel(
+        name,
+        api_key=key,
+        base_url=st.base_url,
+        read_timeout=st.request_timeout_s,
+        connect_timeout=st.connect_timeout_s,
+        temperature=st.temperature,
+        api_type=st.api_type,
+        api_version=st.api_version,
+    )
 
 
 def _tell(ctx: StepContext, seq: int, what: str, before: int, after: int) -> None:
-    ctx.observer.step(StepEvent(seq, ctx.state.turn, "compact", "context", state="completed",
-                                detail=f"{what}: {before:,} → {after:,} tokens"))
+    ctx.observer.step(
+        StepEvent(
+            seq,
+            ctx.state.turn,
+            "compact",
+            "context",
+            state="completed",
+            detail=f"{what}: {before:,} → {after:,} tokens",
+        )
+    )
 
 
 def over_budget(ctx: StepContext, counted: int) -> dict[str, int] | None:
@@ -397,4 +478,5 @@ def cannot_fit(ctx: StepContext, error: str) -> ModelError:
         f"summarized; {ctx.state.view.compactions} compactions) and one retry; the request is still "
         f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Resume with --model naming a "
         "model with a larger window (its context_window from the config file's [models] table); the run "
-        "keeps the output_cap, keep_recent_outputs and compact_at it started with")
+        "keeps the output_cap, keep_recent_outputs and compact_at it started with"
+    )

@@ -21,17 +21,30 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from durable_agent.config.settings import Settings
 from durable_agent.messages import Message
 from durable_agent.models.estimate import CHARS_PER_TOKEN, FRAMING_TOKENS
-from durable_agent.settings import Settings
 
 DEFAULT_WINDOW = 32_768
 # Longest prefix first where two overlap (gpt-4.1 before gpt-4, gpt-4o before gpt-4).
 BUILT_IN_WINDOWS: tuple[tuple[str, int], ...] = (
-    ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000), ("gpt-4-turbo", 128_000), ("gpt-4", 8_192),
-    ("gpt-5", 400_000), ("gpt-3.5-turbo", 16_385), ("o1", 200_000), ("o3", 200_000), ("o4", 200_000),
-    ("claude", 200_000), ("gemini", 1_048_576), ("qwen2.5", 32_768), ("qwen3", 32_768),
-    ("llama3", 131_072), ("llama-3", 131_072), ("deepseek", 65_536), ("mistral", 32_768),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4o", 128_000),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-4", 8_192),
+    ("gpt-5", 400_000),
+    ("gpt-3.5-turbo", 16_385),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4", 200_000),
+    ("claude", 200_000),
+    ("gemini", 1_048_576),
+    ("qwen2.5", 32_768),
+    ("qwen3", 32_768),
+    ("llama3", 131_072),
+    ("llama-3", 131_072),
+    ("deepseek", 65_536),
+    ("mistral", 32_768),
     ("codestral", 256_000),
 )
 TIKTOKEN_LOAD_S = 5.0
@@ -108,7 +121,9 @@ def count_message(message: Message, counter: Callable[[str], int]) -> int:
     return n
 
 
-def count_request(messages: Sequence[Message], schemas: Sequence[dict[str, Any]], model: str) -> int:
+def count_request(
+    messages: Sequence[Message], schemas: Sequence[dict[str, Any]], model: str
+) -> int:
     """The harness's own count of a request (not yet calibrated)."""
     counter = text_counter(model)
     n = sum(count_message(m, counter) for m in messages)

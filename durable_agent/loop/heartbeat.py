@@ -27,8 +27,14 @@ class Heartbeat:
     a quarter of a millisecond (most of it the two hand-offs of the GIL).
     """
 
-    def __init__(self, journal: Journal, interval: float, cancel: threading.Event, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        interval: float,
+        cancel: threading.Event,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.journal, self.interval, self.cancel, self._clock = journal, interval, cancel, clock
         self.lost = False
         # Set and cleared by the main thread with a plain assignment: no lock, so a Ctrl-C
@@ -60,7 +66,11 @@ class Heartbeat:
                     renew_at = self._clock() + self.interval
                     if self.journal.heartbeat():
                         self.cancel.set()
-                elif self.armed and not self.cancel.is_set() and self.journal.cancel_requested(once=True):
+                elif (
+                    self.armed
+                    and not self.cancel.is_set()
+                    and self.journal.cancel_requested(once=True)
+                ):
                     # One try: a look retried through a store outage held the next renewal
                     # back past the lease, and another worker took the run over.
                     self.cancel.set()
@@ -73,7 +83,9 @@ class Heartbeat:
 
 
 @contextlib.contextmanager
-def watch_cancel(cancel: threading.Event, journal: Journal, beat: Heartbeat | None = None) -> Iterator[None]:
+def watch_cancel(
+    cancel: threading.Event, journal: Journal, beat: Heartbeat | None = None
+) -> Iterator[None]:
     """While a command or a model call runs: turn `durable-agent cancel` (a database flag)
     into the cancel event within CANCEL_POLL_S. The session's heartbeat does the polling
     when there is one; without (a caller outside a session), a thread of its own."""

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from durable_agent.config_layers import (  # noqa: F401  (ENV_VARS, default_db_url: the settings' layers)
+from durable_agent.config.layers import (  # noqa: F401  (ENV_VARS, default_db_url: the settings' layers)
     ENV_VARS,
     default_config_path,
     default_db_url,
@@ -53,7 +53,9 @@ class ModelPrice(BaseModel):
     """Price of one million completion tokens."""
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6
+        return (
+            prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok
+        ) / 1e6
 
 
 class ModelInfo(BaseModel):
@@ -68,11 +70,33 @@ class ModelInfo(BaseModel):
 # The fields that take a number, named once for their validator (tests/test_settings.py holds
 # them to the annotations): on every field ("*") it cost each start a tenth of the model's build.
 NUMBER_FIELDS = (
-    "max_steps", "max_tool_calls", "max_tokens", "max_cost", "max_context_tokens", "max_seconds", "max_repeats",
-    "command_timeout_s", "compact_at", "connect_timeout_s", "keep_recent_outputs", "lease_seconds",
-    "max_running_runs", "mcp_startup_timeout_s", "mcp_timeout_s", "output_cap", "request_timeout_s",
-    "retry_after_cap_s", "retry_initial_wait_s", "retry_max_attempts", "retry_max_seconds", "retry_max_wait_s",
-    "snapshot_max_file_bytes", "store_retry_attempts", "store_retry_seconds", "temperature")
+    "max_steps",
+    "max_tool_calls",
+    "max_tokens",
+    "max_cost",
+    "max_context_tokens",
+    "max_seconds",
+    "max_repeats",
+    "command_timeout_s",
+    "compact_at",
+    "connect_timeout_s",
+    "keep_recent_outputs",
+    "lease_seconds",
+    "max_running_runs",
+    "mcp_startup_timeout_s",
+    "mcp_timeout_s",
+    "output_cap",
+    "request_timeout_s",
+    "retry_after_cap_s",
+    "retry_initial_wait_s",
+    "retry_max_attempts",
+    "retry_max_seconds",
+    "retry_max_wait_s",
+    "snapshot_max_file_bytes",
+    "store_retry_attempts",
+    "store_retry_seconds",
+    "temperature",
+)
 
 
 class Settings(BaseModel):
@@ -137,7 +161,9 @@ class Settings(BaseModel):
     snapshots: bool = True
     """Record a workspace snapshot in the store after every step that can change files
     (`diff`, `restore`, `fork`, resume on another host need them)."""
-    exclude: list[str] = Field(default_factory=lambda: [".git/", "node_modules/", ".venv/", "__pycache__/"])
+    exclude: list[str] = Field(
+        default_factory=lambda: [".git/", "node_modules/", ".venv/", "__pycache__/"]
+    )
     """Paths left out of workspace snapshots (gitignore syntax), besides what .gitignore files ignore."""
     snapshot_max_file_bytes: int = Field(10_000_000, ge=0)
     """Files larger than this are left out of snapshots (noted on the step)."""
@@ -244,8 +270,14 @@ class Settings(BaseModel):
             parts.port  # noqa: B018 - parsed for its ValueError ("Port could not be cast...")
         except ValueError as exc:
             raise ValueError(f"not a URL: {mask_url_password(url)!r} ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
-            raise ValueError(f"must be an http:// or https:// URL with a host, e.g. http://localhost:11434/v1; got {mask_url_password(url)!r}")
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() for c in url)
+        ):
+            raise ValueError(
+                f"must be an http:// or https:// URL with a host, e.g. http://localhost:11434/v1; got {mask_url_password(url)!r}"
+            )
         return url
 
     @field_validator("shell_always_ask")
@@ -301,8 +333,16 @@ def mask_url_password(url: str) -> str:
 # The settings that take a number (true/false is refused there: _numbers_are_not_booleans).
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
-BUDGET_FIELDS = ("max_steps", "max_tool_calls", "max_tokens", "max_seconds", "max_repeats",
-                 "max_cost", "max_context_tokens")
+BUDGET_FIELDS = (
+    "max_steps",
+    "max_tool_calls",
+    "max_tokens",
+    "max_seconds",
+    "max_repeats",
+    "max_cost",
+    "max_context_tokens",
+)
+
 
 def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     """A run's recorded settings, as a base to rebuild its Settings from: without what was
@@ -313,13 +353,18 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     recorded.pop("sandbox_mechanism", None)  # found again on the host that resumes
     if ":***@" in str(recorded.get("base_url") or ""):
         recorded.pop("base_url")
-    if isinstance(recorded.get("workspace"), str):  # stored with `\xHH` for bytes that are not UTF-8
+    if isinstance(
+        recorded.get("workspace"), str
+    ):  # stored with `\xHH` for bytes that are not UTF-8
         recorded["workspace"] = name_from_arg("/", recorded["workspace"])
     return recorded
 
 
 def load_settings(
-    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, *, base: Mapping[str, Any] | None = None
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Merge the layers and validate once. `base` (recorded run settings) sits under flags."""
     env = os.environ if env is None else env
@@ -334,15 +379,21 @@ def load_settings(
     return settings
 
 
-def _merge_servers(merged: dict[str, Any], path: Path | None, base: Mapping[str, Any] | None,
-                   flags: Mapping[str, Any]) -> None:
+def _merge_servers(
+    merged: dict[str, Any],
+    path: Path | None,
+    base: Mapping[str, Any] | None,
+    flags: Mapping[str, Any],
+) -> None:
     """MCP servers add up over the layers (config, recorded run, --mcp) instead of the last
     layer replacing the whole table; a recorded server gets its masked env from the config."""
     configured = read_config_file(path).get("mcp_servers") or {} if path is not None else {}
     for given in (configured, flags.get("mcp_servers") or {}):
         if not isinstance(given, Mapping):  # (`mcp_servers = 5`: a TypeError below, else)
-            raise ConfigError(f"invalid settings: mcp_servers must be a table of servers "
-                              f"([mcp_servers.NAME]), not {type(given).__name__}")
+            raise ConfigError(
+                f"invalid settings: mcp_servers must be a table of servers "
+                f"([mcp_servers.NAME]), not {type(given).__name__}"
+            )
     servers: dict[str, Any] = dict(configured)
     if base and isinstance(base.get("mcp_servers"), dict):
         servers = merge_recorded(base["mcp_servers"], configured)  # the run's own servers only

@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 from msgspec import Struct
 from msgspec.structs import force_setattr
 
+from durable_agent.config.settings import Settings
 from durable_agent.errors import LoopExit
-from durable_agent.guard import Limits
+from durable_agent.loop.guard import Limits
+from durable_agent.loop.replay import RunState
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.replay import RunState
-from durable_agent.settings import Settings
 from durable_agent.status import StopReason
 from durable_agent.store.journal import Journal
 from durable_agent.store.step import Counters
 from durable_agent.tools.base import Tool
 
 if TYPE_CHECKING:  # tenacity's side stays unimported until a call fails
-    from durable_agent.heartbeat import Heartbeat
+    from durable_agent.loop.heartbeat import Heartbeat
     from durable_agent.models.retry import RetryPolicy
 
 
@@ -69,14 +69,20 @@ class StepContext(Struct, frozen=True, weakref=True):
         """Is the workspace another folder than the one this session started in? A mount
         point unmounted under the run leaves the folder below it (empty), where a write or
         a command would land and the next snapshot record every file as deleted by it."""
-        return self.workspace_id is not None and _identity(self.settings.workspace) != self.workspace_id
+        return (
+            self.workspace_id is not None
+            and _identity(self.settings.workspace) != self.workspace_id
+        )
 
     def check_workspace(self) -> None:
         """Stop the run (failed, resumable) before a write or a command in another folder."""
         if self.workspace_moved():
-            raise LoopExit(StopReason.TOOL_ERROR, f"the workspace {self.settings.workspace} is not the folder "
-                           "this session started in (unmounted, or deleted and made again): nothing more was "
-                           "run or written; resume once it is back")
+            raise LoopExit(
+                StopReason.TOOL_ERROR,
+                f"the workspace {self.settings.workspace} is not the folder "
+                "this session started in (unmounted, or deleted and made again): nothing more was "
+                "run or written; resume once it is back",
+            )
 
     def active_ms(self) -> int:
         """Active time over all sessions of the run, this one included."""
@@ -84,8 +90,14 @@ class StepContext(Struct, frozen=True, weakref=True):
 
     def counters(self) -> Counters:
         s = self.state
-        return Counters(s.step_count, s.tool_call_count, s.prompt_tokens, s.completion_tokens,
-                        len(s.messages), self.active_ms())
+        return Counters(
+            s.step_count,
+            s.tool_call_count,
+            s.prompt_tokens,
+            s.completion_tokens,
+            len(s.messages),
+            self.active_ms(),
+        )
 
 
 def _identity(folder: str | os.PathLike[str]) -> tuple[int, int] | None:

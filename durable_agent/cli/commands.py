@@ -12,17 +12,16 @@ from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from durable_agent import cli_streams as streams
-from durable_agent import collector, render
+from durable_agent.cli import collector, render, streams
+from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 from durable_agent.errors import ConfigError, UsageError
-from durable_agent.interrupts import Interrupts
+from durable_agent.loop.interrupts import Interrupts
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
-from durable_agent.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 
 __all__ = ["cmd_diff", "cmd_fork", "cmd_restore"]  # the workspace commands live in ws_commands.py
 
 if TYPE_CHECKING:
-    from durable_agent.settings import Settings
+    from durable_agent.config.settings import Settings
 
 # The settings machinery (pydantic) is imported by the commands that run a loop, not by the
 # ones that only read or answer the store (`list`, `show`, ...: store_settings.store_options).
@@ -42,13 +41,13 @@ def _mcp_flags(args: Namespace) -> dict[str, Any]:
 
 def _store_settings(args: Namespace, env: dict[str, str]) -> Any:
     """The store's settings alone (store_settings.StoreOptions: no pydantic, no wiring)."""
-    from durable_agent.store_settings import store_options
+    from durable_agent.config.store import store_options
 
     return store_options(_flags(args, ("db",)), env)
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
-    from durable_agent.store_settings import open_store
+    from durable_agent.config.store import open_store
 
     return open_store(getattr(args, "db", None), env)
 
@@ -60,7 +59,10 @@ def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
     def first(_sig: int) -> None:
         cancel.set()
         if not quiet:
-            print("\ncancelling at the next step boundary (Ctrl-C again to stop now)", file=streams.forgiving(sys.stderr))
+            print(
+                "\ncancelling at the next step boundary (Ctrl-C again to stop now)",
+                file=streams.forgiving(sys.stderr),
+            )
 
     def second(_sig: int) -> None:
         raise KeyboardInterrupt
@@ -68,31 +70,53 @@ def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
     return Interrupts(first, second)
 
 
-def _execute(runner: Any, run_id: str, args: Namespace, cancel: threading.Event,
-             lease: tuple[str, int] | None = None) -> int:
+def _execute(
+    runner: Any,
+    run_id: str,
+    args: Namespace,
+    cancel: threading.Event,
+    lease: tuple[str, int] | None = None,
+) -> int:
     collector.from_here()
     try:
-        with _interrupts(cancel, args.quiet or args.json), render.json_if_cut_short(args.json, run_id):
+        with (
+            _interrupts(cancel, args.quiet or args.json),
+            render.json_if_cut_short(args.json, run_id),
+        ):
             outcome = runner.execute(run_id, lease=lease)
             run = runner.store.get_run(run_id)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
         if close is not None:
             close()
-    out, err = streams.forgiving(sys.stdout), streams.forgiving(sys.stderr)  # the exit code is the run's
+    out, err = (
+        streams.forgiving(sys.stdout),
+        streams.forgiving(sys.stderr),
+    )  # the exit code is the run's
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
     else:
         if not args.quiet:
             rows = _step_rows(runner.store, run_id)
-            render.summary(run, err, steps=None if rows is None else len(rows),
-                           estimated=rows is not None and render.estimated(rows))
+            render.summary(
+                run,
+                err,
+                steps=None if rows is None else len(rows),
+                estimated=rows is not None and render.estimated(rows),
+            )
         if outcome.answer:  # as it is to a pipe or a file (data); escaped for a person's terminal
-            print(streams.visible(outcome.answer) if render.is_tty(sys.stdout) else outcome.answer, file=out, flush=True)
+            print(
+                streams.visible(outcome.answer) if render.is_tty(sys.stdout) else outcome.answer,
+                file=out,
+                flush=True,
+            )
         elif outcome.error and args.quiet:  # the summary above says it otherwise
             print(streams.visible(f"{run.status} ({run.stop_reason}): {outcome.error}"), file=err)
     if streams.is_broken(out):
-        print(f"durable-agent: cannot write the output; the run is recorded: durable-agent show {run_id}", file=err)
+        print(
+            f"durable-agent: cannot write the output; the run is recorded: durable-agent show {run_id}",
+            file=err,
+        )
         streams.silence_stdout()
     return EXIT_CODES[RunStatus(run.status)]
 
@@ -109,15 +133,29 @@ def _step_rows(store: Any, run_id: str) -> list[Any] | None:
 
 
 def cmd_start(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.settings import BUDGET_FIELDS, load_settings
+    from durable_agent.config.settings import BUDGET_FIELDS, load_settings
     from durable_agent.wiring import build_runner
 
     if args.run_id is not None and not RUN_ID_RE.match(args.run_id):
-        raise UsageError("--run-id takes 1 to 64 letters, digits, '.', '_' or '-', a letter or digit first")
+        raise UsageError(
+            "--run-id takes 1 to 64 letters, digits, '.', '_' or '-', a letter or digit first"
+        )
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
-    names = ("workspace", "model", "base_url", "api_type", "tool_protocol", "db", *BUDGET_FIELDS, "shell", "verify",
-             "durability", "sandbox", "network")
+    names = (
+        "workspace",
+        "model",
+        "base_url",
+        "api_type",
+        "tool_protocol",
+        "db",
+        *BUDGET_FIELDS,
+        "shell",
+        "verify",
+        "durability",
+        "sandbox",
+        "network",
+    )
     settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
     _check_sandbox(settings, env)
     cancel = threading.Event()
@@ -142,12 +180,15 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
 
 def _print_queued(run_id: str, as_json: bool) -> None:
     """A detached start or resume: the run id, or with --json one object like every --json."""
-    print(json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id,
-          file=streams.forgiving(sys.stdout), flush=True)  # (queued is queued, read or not)
+    print(
+        json.dumps({"run_id": run_id, "status": RunStatus.PENDING.value}) if as_json else run_id,
+        file=streams.forgiving(sys.stdout),
+        flush=True,
+    )  # (queued is queued, read or not)
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.settings import BUDGET_FIELDS, load_settings, recorded_settings
+    from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
     from durable_agent.wiring import build_runner
 
     store = _open(args, env)
@@ -158,12 +199,28 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)
-    flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS,
-                          "sandbox", "network", "workspace"))
+    flags = _flags(
+        args,
+        (
+            "db",
+            "model",
+            "base_url",
+            "api_type",
+            "tool_protocol",
+            "shell",
+            *BUDGET_FIELDS,
+            "sandbox",
+            "network",
+            "workspace",
+        ),
+    )
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
-    changes = [f"{k}: {recorded.get(k)!r} → {v!r}" for k, v in settings.redacted_dict().items()
-               if k in recorded and k != "db" and recorded.get(k) != v]
+    changes = [
+        f"{k}: {recorded.get(k)!r} → {v!r}"
+        for k, v in settings.redacted_dict().items()
+        if k in recorded and k != "db" and recorded.get(k) != v
+    ]
     was = (run.settings or {}).get("sandbox_mechanism")
     if was is not None and was != mechanism:  # resumed on a host that contains commands otherwise
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
@@ -197,7 +254,11 @@ def _missing_workspace(store: Any, run_id: str, settings: Settings) -> None:
     the run has a snapshot to rebuild it from (the runner does that under the lease)."""
     from durable_agent.store.blobs import tree_at
 
-    if not settings.workspace.exists() and settings.snapshots and tree_at(store.engine, run_id) is not None:
+    if (
+        not settings.workspace.exists()
+        and settings.snapshots
+        and tree_at(store.engine, run_id) is not None
+    ):
         settings.workspace.mkdir(parents=True)
 
 
@@ -210,8 +271,11 @@ def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
 
     sandbox = resolve_sandbox(settings.sandbox, settings.network, env)
     settings.set_sandbox_mechanism(sandbox.mechanism.value)
-    runs_commands = (settings.shell != "deny" or bool(settings.verify)
-                     or any(s.command for s in settings.mcp_servers.values()))  # servers are processes
+    runs_commands = (
+        settings.shell != "deny"
+        or bool(settings.verify)
+        or any(s.command for s in settings.mcp_servers.values())
+    )  # servers are processes
     if sandbox.mechanism is Mechanism.NONE and runs_commands:
         raise ConfigError(sandbox.refusal())
     warning = sandbox.warning()
@@ -221,11 +285,15 @@ def _check_sandbox(settings: Settings, env: dict[str, str]) -> str:
 
 
 def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.settings import load_settings
+    from durable_agent.config.settings import load_settings
     from durable_agent.wiring import build_tool_set
 
-    settings = load_settings({**_flags(args, ("workspace", "shell", "db")), **_mcp_flags(args)}, env)
-    tool_set = build_tool_set(settings.model_copy(update={"workspace": settings.workspace.expanduser().resolve()}), env)
+    settings = load_settings(
+        {**_flags(args, ("workspace", "shell", "db")), **_mcp_flags(args)}, env
+    )
+    tool_set = build_tool_set(
+        settings.model_copy(update={"workspace": settings.workspace.expanduser().resolve()}), env
+    )
     try:
         infos = tool_set.listing()
     finally:
@@ -237,13 +305,15 @@ def cmd_tools(args: Namespace, env: dict[str, str]) -> int:
     src = max((len(i.source) for i in infos), default=6)
     print(f"{'NAME':<{width}}  {'SOURCE':<{src}}  {'EFFECT':<6}  DESCRIPTION")
     for i in infos:
-        print(streams.visible(f"{i.name:<{width}}  {i.source:<{src}}  {i.effect:<6}  {i.description}"))  # an MCP server's words
+        print(
+            streams.visible(f"{i.name:<{width}}  {i.source:<{src}}  {i.effect:<6}  {i.description}")
+        )  # an MCP server's words
     return 0
 
 
 def cmd_doctor(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.doctor import run_doctor
-    from durable_agent.settings import load_settings
+    from durable_agent.cli.doctor import run_doctor
+    from durable_agent.config.settings import load_settings
 
     settings = load_settings(_flags(args, ("sandbox", "network")), env)
     return run_doctor(mode=settings.sandbox, network=settings.network, env=env, out=sys.stdout)
@@ -254,11 +324,17 @@ def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
     run_id = store.find_run_id(args.run_id)
     status = store.cancel(run_id)
     if status == "requested":
-        print(f"cancellation requested: run {run_id} stops at its next step boundary",
-              file=streams.forgiving(sys.stdout), flush=True)
+        print(
+            f"cancellation requested: run {run_id} stops at its next step boundary",
+            file=streams.forgiving(sys.stdout),
+            flush=True,
+        )
     else:
-        print(f"run {run_id} cancelled; `durable-agent resume {run_id}` continues it",
-              file=streams.forgiving(sys.stdout), flush=True)
+        print(
+            f"run {run_id} cancelled; `durable-agent resume {run_id}` continues it",
+            file=streams.forgiving(sys.stdout),
+            flush=True,
+        )
     return 0
 
 
@@ -268,17 +344,25 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     pending = store.pending_approval(run_id)
     if pending is None:
         # A second `approve` before the resume: say what was decided instead of a bare "no".
-        unused = [a for a in store.approvals(run_id) if a.decision is not None and a.used_at is None]
+        unused = [
+            a for a in store.approvals(run_id) if a.decision is not None and a.used_at is None
+        ]
         if unused:
             last = unused[-1]
             what = f"`{last.command}`" if last.command else last.tool_name
-            raise UsageError(f"run {run_id}: {what} (call {last.call_id}) is already {last.decision}; "
-                             f"continue with: durable-agent resume {run_id}")
+            raise UsageError(
+                f"run {run_id}: {what} (call {last.call_id}) is already {last.decision}; "
+                f"continue with: durable-agent resume {run_id}"
+            )
         raise UsageError(f"run {run_id} has no pending approval")
     who = args.by or _user()
-    if args.restore and (args.deny or pending.kind != "uncertain_side_effect" or pending.tool_name == "workspace"):
-        raise UsageError("--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "
-                         "workspace back as before the command, then runs it again; it cannot be combined with --deny")
+    if args.restore and (
+        args.deny or pending.kind != "uncertain_side_effect" or pending.tool_name == "workspace"
+    ):
+        raise UsageError(
+            "--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "
+            "workspace back as before the command, then runs it again; it cannot be combined with --deny"
+        )
     store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
     what = f"`{pending.command}`" if pending.command else pending.tool_name
     verb = "denied" if args.deny else "approved"
@@ -288,21 +372,25 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.manual_compaction import compact_run
-    from durable_agent.settings import load_settings, recorded_settings
+    from durable_agent.cli.manual_compaction import compact_run
+    from durable_agent.config.settings import load_settings, recorded_settings
     from durable_agent.wiring import build_runner
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     run = store.get_run(run_id)
-    flags = _flags(args, ("db", "model", "base_url", "api_type", "tool_protocol", "max_context_tokens"))
+    flags = _flags(
+        args, ("db", "model", "base_url", "api_type", "tool_protocol", "max_context_tokens")
+    )
     settings = load_settings(flags, env, base=recorded_settings(run.settings))
     done = compact_run(build_runner(settings, env=env, store=store), run_id)
     if not done.steps:
         print(f"run {run_id}: nothing to compact (~{done.before:,} tokens per request)")
     else:
-        print(f"run {run_id}: context compacted in {done.steps} step(s): ~{done.before:,} → ~{done.after:,} "
-              f"tokens per request")
+        print(
+            f"run {run_id}: context compacted in {done.steps} step(s): ~{done.before:,} → ~{done.after:,} "
+            f"tokens per request"
+        )
     print(f"continue with: durable-agent resume {run_id}")
     return 0
 
@@ -349,7 +437,7 @@ def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.settings import load_settings
+    from durable_agent.config.settings import load_settings
     from durable_agent.worker import WorkerOptions, run_worker
 
     if args.concurrency < 1:
@@ -359,10 +447,16 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
     # Flags the config can also set are None unless given: the config file is never overridden.
     settings = load_settings(_flags(args, ("db", "lease_seconds", "max_running_runs")), env)
     assert settings.db is not None
-    options = WorkerOptions(db=settings.db, concurrency=args.concurrency, lease_seconds=settings.lease_seconds,
-                            poll_s=args.poll, once=args.once, quiet=args.quiet,
-                            max_running=settings.max_running_runs,
-                            workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None)
+    options = WorkerOptions(
+        db=settings.db,
+        concurrency=args.concurrency,
+        lease_seconds=settings.lease_seconds,
+        poll_s=args.poll,
+        once=args.once,
+        quiet=args.quiet,
+        max_running=settings.max_running_runs,
+        workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None,
+    )
     collector.from_here()  # a worker lives long: its collector runs (collector.py)
     return run_worker(settings, options, env)
 
@@ -374,12 +468,16 @@ def _workspace_root(given: str) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--workspace-root {given}: cannot make it a folder ({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"--workspace-root {given}: cannot make it a folder ({exc.strerror or exc})"
+        ) from None
     try:  # tried, not asked (os.access): root may write anywhere, yet not make a folder in /proc
         os.rmdir(tempfile.mkdtemp(prefix=".durable-agent-probe-", dir=root))
     except OSError as exc:
-        raise ConfigError(f"--workspace-root {given}: this worker cannot make run folders in it "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"--workspace-root {given}: this worker cannot make run folders in it "
+            f"({exc.strerror or exc})"
+        ) from None
     return root
 
 
@@ -389,8 +487,10 @@ def cmd_ui(args: Namespace, env: dict[str, str]) -> int:
     settings = _store_settings(args, env)
     token = args.token if args.token is not None else (env.get(TOKEN_ENV) or None)
     collector.from_here()  # a server lives long: its collector runs (collector.py)
-    return serve(settings, ServeOptions(host=args.host, port=args.port, token=token,
-                                           open_browser=args.open_browser))
+    return serve(
+        settings,
+        ServeOptions(host=args.host, port=args.port, token=token, open_browser=args.open_browser),
+    )
 
 
 def _user() -> str:

@@ -12,13 +12,13 @@ from typing import Any, TextIO
 
 from msgspec.structs import fields
 
-from durable_agent.cli_streams import forgiving
-from durable_agent.observer import Observer, StepEvent
-from durable_agent.status import RunStatus
-from durable_agent.status_line import (
+from durable_agent.cli.status_line import (
     StatusLine as StatusLine,  # re-exported: the timeline's live line
 )
-from durable_agent.status_line import short
+from durable_agent.cli.status_line import short
+from durable_agent.cli.streams import forgiving
+from durable_agent.observer import Observer, StepEvent
+from durable_agent.status import RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
@@ -67,8 +67,14 @@ class Timeline(Observer):
     Call `close()` when the run returns, so the status line is erased before the summary.
     """
 
-    def __init__(self, out: TextIO, *, live: bool | None = None, interval: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        live: bool | None = None,
+        interval: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         live = is_tty(out) if live is None else live
         out = self.out = forgiving(out)
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
@@ -85,8 +91,12 @@ class Timeline(Observer):
             return
         if e.state == "retry":
             if self.status is not None:  # still the same step: keep its clock running
-                self.status.show(self._activity(e), f"retrying: attempt {e.attempts + 1}",
-                                 restart_clock=False, draw=False)
+                self.status.show(
+                    self._activity(e),
+                    f"retrying: attempt {e.attempts + 1}",
+                    restart_clock=False,
+                    draw=False,
+                )
             self._line(f"  ↺ {e.kind} {e.name}: attempt {e.attempts} failed: {e.error}")
             return
         self.tokens += (e.prompt_tokens or 0) + (e.completion_tokens or 0)
@@ -103,7 +113,9 @@ class Timeline(Observer):
 
     def _activity(self, e: StepEvent) -> str:
         if e.kind == "model":
-            text = f"model {short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
+            text = (
+                f"model {short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
+            )
         elif e.kind == "verify":
             text = f"verifying `{short(e.name, 50)}`"
         elif e.kind == "compact":
@@ -127,14 +139,21 @@ def step_line(e: StepEvent) -> str:
     # Every row is a step (the `show` table's #); a model row also says which model call it
     # is, the number budgets (--max-steps) and the summary count.
     head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
-    what = f"{e.name} → {e.detail}" if e.kind == "model" and e.detail else f"{e.name} {e.detail}".strip()
+    what = (
+        f"{e.name} → {e.detail}"
+        if e.kind == "model" and e.detail
+        else f"{e.name} {e.detail}".strip()
+    )
     kind = f"model call {e.turn + 1}" if e.kind == "model" else e.kind
     parts = [head, kind, what]
     if e.duration_ms is not None:  # a compaction by elision takes no measurable time
         parts.append(fmt_ms(e.duration_ms))
     if e.prompt_tokens is not None:
-        parts.append(f"~{e.prompt_tokens}+{e.completion_tokens} tokens (estimated: no usage reported)"
-                     if e.estimated else f"{e.prompt_tokens}+{e.completion_tokens} tokens")
+        parts.append(
+            f"~{e.prompt_tokens}+{e.completion_tokens} tokens (estimated: no usage reported)"
+            if e.estimated
+            else f"{e.prompt_tokens}+{e.completion_tokens} tokens"
+        )
     if e.attempts > 1:
         parts.append(f"{e.attempts} attempts")
     if e.state == "reused":
@@ -152,7 +171,7 @@ def run_cost(run: RunRecord) -> float | None:
         return None  # (most runs: no pydantic import for `list` and `show`)
     from pydantic import ValidationError
 
-    from durable_agent.settings import ModelPrice
+    from durable_agent.config.settings import ModelPrice
 
     try:
         return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
@@ -174,22 +193,32 @@ def counts(run: RunRecord, steps: int | None) -> str:
 
 def estimated(steps: list[StepRecord]) -> bool:
     """Whether any model call's token counts are the harness's estimate (no usage reported)."""
-    return any(s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated") for s in steps)
+    return any(
+        s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated")
+        for s in steps
+    )
 
 
 def _tokens_note(is_estimated: bool) -> str:
     return " (partly estimated: the endpoint reported no usage)" if is_estimated else ""
 
 
-def summary(run: RunRecord, out: TextIO, *, steps: int | None = None, estimated: bool = False) -> None:
+def summary(
+    run: RunRecord, out: TextIO, *, steps: int | None = None, estimated: bool = False
+) -> None:
     """`9 model calls · 17 steps · 8 tool calls · 19 messages · 485 tokens (329 in + 156 out) ·
     0.3 s · completed (finished)`"""
     tokens = run.prompt_tokens + run.completion_tokens
-    print(visible(f"{counts(run, steps)} · "
-          f"{_n(run.message_count, 'message')} · "
-          f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_tokens_note(estimated)}"
-          f"{_cost_text(run)} · "
-          f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})"), file=out)
+    print(
+        visible(
+            f"{counts(run, steps)} · "
+            f"{_n(run.message_count, 'message')} · "
+            f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_tokens_note(estimated)}"
+            f"{_cost_text(run)} · "
+            f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})"
+        ),
+        file=out,
+    )
     if run.error and run.status != RunStatus.COMPLETED:
         print(f"  {visible(run.error)}", file=out)
     if run.status != RunStatus.COMPLETED:
@@ -215,10 +244,19 @@ def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:
 def result_json(run: RunRecord) -> dict[str, Any]:
     """The `--json` result. `steps` is the contract's name for the model calls (what --max-steps
     counts); `model_calls` says the same in the words the timeline and summary use."""
-    return {"run_id": run.id, "status": run.status, "stop_reason": run.stop_reason, "answer": run.answer,
-            "steps": run.step_count, "model_calls": run.step_count, "tool_calls": run.tool_call_count,
-            "prompt_tokens": run.prompt_tokens,
-            "completion_tokens": run.completion_tokens, "duration_ms": run.active_ms, "error": run.error}
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "stop_reason": run.stop_reason,
+        "answer": run.answer,
+        "steps": run.step_count,
+        "model_calls": run.step_count,
+        "tool_calls": run.tool_call_count,
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "duration_ms": run.active_ms,
+        "error": run.error,
+    }
 
 
 @contextlib.contextmanager
@@ -232,13 +270,30 @@ def json_if_cut_short(as_json: bool, run_id: str) -> Iterator[None]:
         yield
     except DurableAgentError as exc:
         if as_json:
-            doc = dict.fromkeys(("status", "stop_reason", "answer", "steps", "model_calls", "tool_calls",
-                                 "prompt_tokens", "completion_tokens", "duration_ms"))
-            print(json.dumps({"run_id": run_id, **doc, "error": str(exc)}), file=forgiving(sys.stdout), flush=True)
+            doc = dict.fromkeys(
+                (
+                    "status",
+                    "stop_reason",
+                    "answer",
+                    "steps",
+                    "model_calls",
+                    "tool_calls",
+                    "prompt_tokens",
+                    "completion_tokens",
+                    "duration_ms",
+                )
+            )
+            print(
+                json.dumps({"run_id": run_id, **doc, "error": str(exc)}),
+                file=forgiving(sys.stdout),
+                flush=True,
+            )
         raise
 
 
-def show_json(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]) -> dict[str, Any]:
+def show_json(
+    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]
+) -> dict[str, Any]:
     doc = run_json(run)
     doc["steps"] = [row_json(s) for s in steps]
     doc["approvals"] = [row_json(a) for a in approvals]
@@ -251,13 +306,19 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
         if status:
             print(f"no runs with status {status}", file=out)
         else:
-            print("no runs yet: try `durable-agent demo` or `durable-agent start \"…\"`", file=out)
+            print('no runs yet: try `durable-agent demo` or `durable-agent start "…"`', file=out)
         return
-    print(f"{'ID':<16}  {'STATUS':<15}  {'MODEL CALLS':>11}  {'TOKENS':>8}  {'AGE':>8}  TASK", file=out)
+    print(
+        f"{'ID':<16}  {'STATUS':<15}  {'MODEL CALLS':>11}  {'TOKENS':>8}  {'AGE':>8}  TASK",
+        file=out,
+    )
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
-        print(f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
-              f"{visible(short(r.task, 50))}", file=out)
+        print(
+            f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
+            f"{visible(short(r.task, 50))}",
+            file=out,
+        )
 
 
 def sandbox_line(settings: Any) -> str | None:
@@ -274,7 +335,9 @@ def sandbox_line(settings: Any) -> str | None:
     return f"{mode} by {mechanism}, {net}"
 
 
-def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO) -> None:
+def show(
+    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO
+) -> None:
     def p(text: str = "") -> None:
         print(visible(text), file=out)  # the task, answers, errors, tool names: the model's text
 
@@ -293,15 +356,21 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
     if run.finished_at:
         p(f"finished   {_iso(run.finished_at)}")
     if live:
-        p(f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})")
+        p(
+            f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})"
+        )
     elif run.status == RunStatus.RUNNING:
-        p(f"lease      its process ({run.lease_owner or 'none'}) is gone: "
-          f"`durable-agent resume {run.id}` continues the run")
-    p(f"totals     {counts(run, len(steps))} · "
-      f"{_n(run.message_count, 'message')} · "
-      f"{run.prompt_tokens}+{run.completion_tokens} tokens{_tokens_note(estimated(steps))}{_cost_text(run)} · "
-      f"{fmt_ms(run.active_ms)} active"
-      + (f" · resumed {run.resume_count}×" if run.resume_count else ""))
+        p(
+            f"lease      its process ({run.lease_owner or 'none'}) is gone: "
+            f"`durable-agent resume {run.id}` continues the run"
+        )
+    p(
+        f"totals     {counts(run, len(steps))} · "
+        f"{_n(run.message_count, 'message')} · "
+        f"{run.prompt_tokens}+{run.completion_tokens} tokens{_tokens_note(estimated(steps))}{_cost_text(run)} · "
+        f"{fmt_ms(run.active_ms)} active"
+        + (f" · resumed {run.resume_count}×" if run.resume_count else "")
+    )
     if run.error:
         p(f"error      {run.error}")
     if run.answer:
@@ -317,11 +386,15 @@ def show(run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord
         for a in approvals:
             decision = a.decision or "PENDING"
             by = f" by {a.decided_by}" if a.decided_by else ""
-            p(f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {short(a.command or a.tool_name, 60)}")
+            p(
+                f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {short(a.command or a.tool_name, 60)}"
+            )
             if a.reason:
                 p(f"      {short(a.reason, 120)}")
         if any(a.decision is None for a in approvals):
-            p(f"  answer with: durable-agent approve {run.id} [--deny], then durable-agent resume {run.id}")
+            p(
+                f"  answer with: durable-agent approve {run.id} [--deny], then durable-agent resume {run.id}"
+            )
 
 
 def _status(run: RunRecord, live: bool, *, short: bool = False) -> str:
@@ -336,7 +409,9 @@ def _executing(run: RunRecord) -> bool:
     return leases.is_executing(run, utcnow())
 
 
-def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool) -> None:
+def _step_table(
+    run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool
+) -> None:
     p(f"{'#':>4}  {'KIND':<7} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
     epoch = steps[0].lease_epoch
     for s in steps:
@@ -344,13 +419,19 @@ def _step_table(run: RunRecord, steps: list[StepRecord], p: Callable[[str], None
             p(f"{'':>4}  ── resumed (lease epoch {s.lease_epoch}) ──")
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
-        if tokens and s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated"):
+        if (
+            tokens
+            and s.kind == "model"
+            and as_dict(as_dict(s.output).get("usage")).get("estimated")
+        ):
             tokens = "~" + tokens  # the endpoint reported no usage: the harness's estimate
         state = s.state
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
-        p(f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
-          f"{step_what(run, s)}")
+        p(
+            f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+            f"{step_what(run, s)}"
+        )
         if s.error:
             p(f"{'':>4}  error: {short(s.error, 110)}")
 
@@ -369,7 +450,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         nudge = as_dict(out.get("nudge")).get("reason")
         if nudge == "length":  # not an answer: the model was told to continue
             cut = str(out.get("content") or "")
-            return call + "→ cut off at the length limit, told to continue" + (f": {short(cut, 40)}" if cut else "")
+            return (
+                call
+                + "→ cut off at the length limit, told to continue"
+                + (f": {short(cut, 40)}" if cut else "")
+            )
         if nudge == "empty_answer":  # nothing, or only a reasoning block
             return call + "→ empty answer, told to answer"
         if out.get("content"):
@@ -380,7 +465,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
     if s.kind == "compact":
         out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
         before, after = out.get("tokens_before"), out.get("tokens_after")
-        sizes = f": {before:,} → {after:,} tokens" if isinstance(before, int) and isinstance(after, int) else ""
+        sizes = (
+            f": {before:,} → {after:,} tokens"
+            if isinstance(before, int) and isinstance(after, int)
+            else ""
+        )
         return f"context {stage}{sizes}"
     if s.kind == "verify":
         command = s.input.get("command") if isinstance(s.input, dict) else None

@@ -20,15 +20,15 @@ class Limits(Struct, frozen=True):
     max_cost: float | None = None
 
 
-def before_model_call(limits: Limits, *, steps: int, tokens: int, active_ms: int,
-                      spent: float | None = None) -> tuple[StopReason, str] | None:
+def before_model_call(
+    limits: Limits, *, steps: int, tokens: int, active_ms: int, spent: float | None = None
+) -> tuple[StopReason, str] | None:
     """`spent`: the cost so far at the model's configured price (None: no price known)."""
     if steps >= limits.max_steps:
         return StopReason.MAX_STEPS, f"reached max_steps={limits.max_steps} model calls"
     if limits.max_tokens is not None and tokens >= limits.max_tokens:
         return StopReason.MAX_TOKENS, f"used {tokens} tokens of max_tokens={limits.max_tokens}"
     return _time(limits, active_ms) or before_model_cost(limits.max_cost, spent)
-
 
 
 def before_model_cost(max_cost: float | None, spent: float | None) -> tuple[StopReason, str] | None:
@@ -44,16 +44,23 @@ def before_model_cost(max_cost: float | None, spent: float | None) -> tuple[Stop
     return StopReason.MAX_TOKENS, f"cost budget: spent {spent:.4f} of max_cost={max_cost:g}"
 
 
-def before_tool_call(limits: Limits, *, tool_calls: int, streak_if_run: int, active_ms: int) -> tuple[StopReason, str] | None:
+def before_tool_call(
+    limits: Limits, *, tool_calls: int, streak_if_run: int, active_ms: int
+) -> tuple[StopReason, str] | None:
     if limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
         return StopReason.MAX_TOOL_CALLS, f"reached max_tool_calls={limits.max_tool_calls}"
     if streak_if_run > limits.max_repeats:
-        return (StopReason.REPEATED_ACTION,
-                f"the same tool call would run {streak_if_run} times in a row (max_repeats={limits.max_repeats})")
+        return (
+            StopReason.REPEATED_ACTION,
+            f"the same tool call would run {streak_if_run} times in a row (max_repeats={limits.max_repeats})",
+        )
     return _time(limits, active_ms)
 
 
 def _time(limits: Limits, active_ms: int) -> tuple[StopReason, str] | None:
     if limits.max_seconds is not None and active_ms >= limits.max_seconds * 1000:
-        return StopReason.MAX_SECONDS, f"ran {active_ms / 1000:.1f} s of max_seconds={limits.max_seconds:g}"
+        return (
+            StopReason.MAX_SECONDS,
+            f"ran {active_ms / 1000:.1f} s of max_seconds={limits.max_seconds:g}",
+        )
     return None

@@ -80,8 +80,12 @@ def in_memory(db: str) -> bool:
     if target is None:
         return False
     database, query = target
-    return (database in ("", ":memory:") or database.startswith("file::memory:")
-            or "mode=memory" in query or "mode=memory" in database)
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or "mode=memory" in query
+        or "mode=memory" in database
+    )
 
 
 def sqlite_file(db: str) -> Path | None:
@@ -92,7 +96,9 @@ def sqlite_file(db: str) -> Path | None:
         return None
     database, query = target
     if "://" not in db:
-        return Path(os.path.realpath(os.path.expanduser(database)))  # `~`: the home folder in a plain path only
+        return Path(
+            os.path.realpath(os.path.expanduser(database))
+        )  # `~`: the home folder in a plain path only
     if database.startswith("file:") and uri_flag(dict(parse_qsl(query)).get("uri", "")):
         # An SQLite URI: file:PATH, file:///PATH or file://localhost/PATH, %-escapes decoded by SQLite.
         path = database.removeprefix("file:").partition("?")[0].partition("#")[0]
@@ -108,7 +114,13 @@ def store_files(db: str) -> tuple[str, ...]:
     file = sqlite_file(db)
     if file is None:
         return ()
-    return (str(file), f"{file}-wal", f"{file}-shm", f"{file}-journal", str(file.parent / "mcp-logs"))
+    return (
+        str(file),
+        f"{file}-wal",
+        f"{file}-shm",
+        f"{file}-journal",
+        str(file.parent / "mcp-logs"),
+    )
 
 
 def own_files(db: str, config: Path | None) -> tuple[str, ...]:
@@ -151,8 +163,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read config file {path}: not UTF-8 text ({exc.reason} at byte "
-                          f"{exc.start})") from None
+        raise ConfigError(
+            f"cannot read config file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     except RecursionError:
@@ -161,17 +174,26 @@ def read_config_file(path: Path) -> dict[str, Any]:
     # keys beside the table were silently dropped).
     table = data.get("durable-agent", data)
     if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: `durable-agent` must be a table ([durable-agent]), "
-                          f"not {type(table).__name__}")
+        raise ConfigError(
+            f"config file {path}: `durable-agent` must be a table ([durable-agent]), "
+            f"not {type(table).__name__}"
+        )
     if table is not data and len(data) > 1:
         beside = ", ".join(sorted(k for k in data if k != "durable-agent"))
-        raise ConfigError(f"config file {path}: settings both beside and inside [durable-agent] "
-                          f"({beside}): put them all in one place")
+        raise ConfigError(
+            f"config file {path}: settings both beside and inside [durable-agent] "
+            f"({beside}): put them all in one place"
+        )
     return dict(table)
 
 
-def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path | None,
-                 base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def merge_layers(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str],
+    *,
+    path: Path | None,
+    base: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """config file < environment < `base` (a run's recorded settings) < flags; the store URL
     defaulted. Not validated. The `models` and `prices` tables merge by model."""
     merged: dict[str, Any] = {}
@@ -184,30 +206,45 @@ def merge_layers(flags: Mapping[str, Any], env: Mapping[str, str], *, path: Path
         for key, value in base.items():
             if value is None:
                 continue
-            if key in ("models", "prices") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            if (
+                key in ("models", "prices")
+                and isinstance(value, dict)
+                and isinstance(merged.get(key), dict)
+            ):
                 # The model a resume switches to (`resume --model BIGGER`, as a run that
                 # cannot fit is told) takes its window and price from the config file when
                 # the run recorded none; nothing else of the file's tables comes in: a model
                 # the run used keeps what it ran with, and an edit about other models is no
                 # change to this run.
                 named = flags.get("model")
-                if named not in (None, base.get("model"), base.get("compact_model")) and named in merged[key]:
+                if (
+                    named not in (None, base.get("model"), base.get("compact_model"))
+                    and named in merged[key]
+                ):
                     value = {named: merged[key][named], **value}
             merged[key] = value
     merged.update({k: v for k, v in flags.items() if v is not None})
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
         if key in merged and not isinstance(merged[key], str | os.PathLike):
-            raise ConfigError(f"invalid settings: {key} must be text (a path or URL), "
-                              f"not {type(merged[key]).__name__}")
+            raise ConfigError(
+                f"invalid settings: {key} must be text (a path or URL), "
+                f"not {type(merged[key]).__name__}"
+            )
     if merged.get("db") == "":  # given, but empty (`--db ''`, `db = ""`): not "the default"
-        raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out "
-                          "for the default store")
+        raise ConfigError(
+            "the store URL is empty: give --db a URL or a file path, or leave it out "
+            "for the default store"
+        )
     if merged.get("workspace") == "":  # `--workspace "$UNSET"`: not "the current directory"
-        raise ConfigError("the workspace is empty: give --workspace a directory, or leave it out "
-                          "for the current directory")
+        raise ConfigError(
+            "the workspace is empty: give --workspace a directory, or leave it out "
+            "for the current directory"
+        )
     if not merged.get("db"):
         merged["db"] = default_db_url(env)
     elif in_memory(merged["db"]):
-        raise ConfigError(f"the store {merged['db']} is in memory: it keeps nothing once this process "
-                          "ends, so no run there could be resumed or shown; give --db a file or a URL")
+        raise ConfigError(
+            f"the store {merged['db']} is in memory: it keeps nothing once this process "
+            "ends, so no run there could be resumed or shown; give --db a file or a URL"
+        )
     return merged

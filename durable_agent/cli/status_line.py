@@ -13,10 +13,15 @@ from typing import Any, TextIO
 def short(value: Any, width: int) -> str:
     """One line, at most `width` characters (an ellipsis marks the cut). A value that is
     not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
-    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+    text = (
+        value
+        if isinstance(value, str)
+        else ""
+        if value is None
+        else json.dumps(value, ensure_ascii=False)
+    )
     text = text.replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
-
 
 
 class StatusLine:
@@ -28,8 +33,9 @@ class StatusLine:
 
     ERASE = "\r\x1b[2K"
 
-    def __init__(self, out: TextIO, *, interval: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, out: TextIO, *, interval: float = 0.1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.out, self.interval, self.clock = out, interval, clock
         utf8 = (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8"
         self.frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" if utf8 else "|/-\\"
@@ -42,7 +48,9 @@ class StatusLine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def show(self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True) -> None:
+    def show(
+        self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True
+    ) -> None:
         """`⠹ {label} {elapsed} s · {detail}` until the next clear() or show().
 
         `draw=False` when a print() follows at once: it draws the new label itself."""
@@ -85,7 +93,9 @@ class StatusLine:
             self.out.flush()
             return
         head = self.frames[self._tick % len(self.frames)] + " "
-        tail = f" {self.clock() - self._since:.1f} s" + (f" · {self._detail}" if self._detail else "")
+        tail = f" {self.clock() - self._since:.1f} s" + (
+            f" · {self._detail}" if self._detail else ""
+        )
         width = shutil.get_terminal_size((100, 20)).columns - 1
         # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
         label = short(self._label, max(width - len(head) - len(tail), 12))

@@ -7,11 +7,11 @@ budgets. The evidence (command, exit code, output tail) is recorded as a `verify
 from __future__ import annotations
 
 from durable_agent.errors import LoopExit
-from durable_agent.heartbeat import watch_cancel
+from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
-from durable_agent.step_context import StepContext
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.process import command_env, run_process
 from durable_agent.workspace import recorder
@@ -35,14 +35,25 @@ def verify(ctx: StepContext, answer: str) -> bool:
     with step.start({"command": command}, workspace=recorder.before(ctx, step)):
         ctx.observer.step(StepEvent(step.seq, turn, "verify", command))
         with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
-            out = run_process(command, cwd=ctx.settings.workspace, timeout_s=ctx.settings.command_timeout_s,
-                              env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
-                              output_cap=ctx.settings.output_cap // 2, cancel=ctx.cancel,
-                              sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db))
+            out = run_process(
+                command,
+                cwd=ctx.settings.workspace,
+                timeout_s=ctx.settings.command_timeout_s,
+                env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
+                output_cap=ctx.settings.output_cap // 2,
+                cancel=ctx.cancel,
+                sandbox=for_run(
+                    ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db
+                ),
+            )
         redact = ctx.redactor.redact
         # The end of a test run's output says what failed: keep the tail, not the head.
         text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())
-        tail = text if len(text) <= VERIFY_TAIL else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
+        tail = (
+            text
+            if len(text) <= VERIFY_TAIL
+            else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
+        )
         passed = out.exit_code == 0
         if out.timed_out:
             failure = f"timed out after {ctx.settings.command_timeout_s:g} s"
@@ -50,8 +61,13 @@ def verify(ctx: StepContext, answer: str) -> bool:
             failure = "cancelled"
         else:
             failure = f"exit code {out.exit_code}"
-        output = {"command": command, "exit_code": out.exit_code, "timed_out": out.timed_out,
-                  "output_tail": tail, "passed": passed}
+        output = {
+            "command": command,
+            "exit_code": out.exit_code,
+            "timed_out": out.timed_out,
+            "output_tail": tail,
+            "passed": passed,
+        }
         if passed:
             step.complete(output, counters=ctx.counters(), workspace=recorder.after(ctx, step))
         else:
@@ -59,13 +75,32 @@ def verify(ctx: StepContext, answer: str) -> bool:
             if not out.cancelled:
                 # A cancelled check proved nothing about the answer: it is run again on resume
                 # (the step stays open as failed), and the model is not told about it.
-                new.append(Message("user", f"Verification failed: `{command}` {failure}. Your final answer "
-                                           f"was not accepted. Fix the problem, then answer again.\n{tail}"))
+                new.append(
+                    Message(
+                        "user",
+                        f"Verification failed: `{command}` {failure}. Your final answer "
+                        f"was not accepted. Fix the problem, then answer again.\n{tail}",
+                    )
+                )
                 ctx.state.append(new[0])
-            step.fail(failure, output=output, messages=new, counters=ctx.counters(),
-                      workspace=recorder.after(ctx, step))
-    ctx.observer.step(StepEvent(step.seq, turn, "verify", command, state="completed" if passed else "failed",
-                                duration_ms=out.duration_ms, error=None if passed else failure))
+            step.fail(
+                failure,
+                output=output,
+                messages=new,
+                counters=ctx.counters(),
+                workspace=recorder.after(ctx, step),
+            )
+    ctx.observer.step(
+        StepEvent(
+            step.seq,
+            turn,
+            "verify",
+            command,
+            state="completed" if passed else "failed",
+            duration_ms=out.duration_ms,
+            error=None if passed else failure,
+        )
+    )
     if out.cancelled:
         raise LoopExit(StopReason.CANCELLED, "cancelled during verification")
     return passed

@@ -13,10 +13,10 @@ import time
 
 from msgspec import Struct
 
-from durable_agent import compaction
+from durable_agent.context import compaction
 from durable_agent.errors import UsageError
-from durable_agent.heartbeat import Heartbeat
-from durable_agent.runner import Runner
+from durable_agent.loop.heartbeat import Heartbeat
+from durable_agent.loop.runner import Runner
 from durable_agent.status import RESUMABLE
 from durable_agent.store import leases
 from durable_agent.store.journal import Journal
@@ -32,13 +32,24 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
     store = runner.store
     run = store.get_run(run_id)
     if run.status not in RESUMABLE:
-        raise UsageError(f"run {run_id} is {run.status}; only a stopped run that can be resumed is compacted")
+        raise UsageError(
+            f"run {run_id} is {run.status}; only a stopped run that can be resumed is compacted"
+        )
     owner = leases.new_owner()
     # How the run stands when the lease is ours (a session may have ended since the read above):
     # what is put back when the compaction is done.
-    epoch, (status, stop_reason, answer, error) = store.take_over(run_id, owner, runner.settings.lease_seconds)
-    journal = Journal(store.engine, run_id, owner, epoch, runner.settings.lease_seconds,
-                      policy=runner.store_policy, sleep=runner.sleep)
+    epoch, (status, stop_reason, answer, error) = store.take_over(
+        run_id, owner, runner.settings.lease_seconds
+    )
+    journal = Journal(
+        store.engine,
+        run_id,
+        owner,
+        epoch,
+        runner.settings.lease_seconds,
+        policy=runner.store_policy,
+        sleep=runner.sleep,
+    )
     try:
         ctx = runner.context(journal, time.monotonic())
         s = ctx.state
@@ -48,8 +59,13 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
             with Heartbeat(journal, max(0.2, runner.settings.lease_seconds / 3), runner.cancel):
                 compaction.compact(ctx, [], before, forced=True)
         finally:  # as it was found, also when the summary call failed (its step says why)
-            journal.finish_run(status=status, stop_reason=stop_reason, answer=answer, error=error,
-                               counters=ctx.counters())
+            journal.finish_run(
+                status=status,
+                stop_reason=stop_reason,
+                answer=answer,
+                error=error,
+                counters=ctx.counters(),
+            )
         return Compacted(before, compaction.count(ctx, s.request()), s.view.compactions - made)
     finally:
         journal.release_lease()

@@ -9,11 +9,11 @@ import json
 import sys
 from argparse import Namespace
 
-from durable_agent import render
+from durable_agent.cli import render
+from durable_agent.config.store import open_store, store_options
 from durable_agent.errors import UsageError
 from durable_agent.status import RunStatus
 from durable_agent.store import sqlite_reads
-from durable_agent.store_settings import open_store, store_options
 
 
 def cmd_list(args: Namespace, env: dict[str, str]) -> int:
@@ -21,11 +21,15 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
     statuses = {s.value for s in RunStatus}
     runs = None
     if (not args.status or args.status in statuses) and args.limit >= 1:
-        runs = sqlite_reads.list_runs(store_options({"db": args.db}, env).db, status=args.status, limit=limit)
+        runs = sqlite_reads.list_runs(
+            store_options({"db": args.db}, env).db, status=args.status, limit=limit
+        )
     if runs is None:
         store = open_store(args.db, env)  # the store first (its refusal comes before the flags')
         if args.status and args.status not in statuses:
-            raise UsageError(f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}")
+            raise UsageError(
+                f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}"
+            )
         if args.limit < 1:
             raise UsageError("--limit must be at least 1")
         runs = store.list_runs(status=args.status, limit=limit)

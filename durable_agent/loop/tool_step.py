@@ -19,19 +19,19 @@ from typing import cast
 
 from pydantic import BaseModel, ValidationError
 
-from durable_agent import approvals, guard
+from durable_agent.config.settings import validation_text
 from durable_agent.errors import (
     LeaseLost,
     LoopExit,
     StoreError,
     StoreUnavailable,
 )
-from durable_agent.heartbeat import watch_cancel
+from durable_agent.loop import approvals, guard
+from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.observer import StepEvent
-from durable_agent.settings import validation_text
 from durable_agent.status import EffectClass, StepKind
-from durable_agent.step_context import StepContext
 from durable_agent.store.records import ApprovalKind, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
@@ -61,36 +61,66 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
     """Check budgets and repeats, then run the call by its tool's effect class."""
     s = ctx.state
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
-    stop = guard.before_tool_call(ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak,
-                                  active_ms=ctx.active_ms())
+    stop = guard.before_tool_call(
+        ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak, active_ms=ctx.active_ms()
+    )
     if stop is not None:
         raise LoopExit(*stop)
     tool = ctx.tools.get(call.name)
     if tool is not None and tool.effect.value in _CHANGES_FILES:
         ctx.check_workspace()
-    step = ctx.journal.find(tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name,
-                            effect=tool.effect.value if tool else None)
+    step = ctx.journal.find(
+        tool_key(call),
+        StepKind.TOOL,
+        turn=s.turn,
+        call_id=call.id,
+        tool_name=call.name,
+        effect=tool.effect.value if tool else None,
+    )
     step.input = step.input or {"arguments": call.arguments_or_text()}
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
-        return _record(ctx, call, step, ToolResult(
-            error="the command was interrupted by a crash; its outcome is unknown and it was not run "
-                  "again (running commands is not allowed now)"))
+        return _record(
+            ctx,
+            call,
+            step,
+            ToolResult(
+                error="the command was interrupted by a crash; its outcome is unknown and it was not run "
+                "again (running commands is not allowed now)"
+            ),
+        )
     if tool is None:
         known = ", ".join(sorted(ctx.tools))
         if call.name == UNNAMED_TOOL:  # say what happened, not the placeholder's name
-            return _record(ctx, call, step, ToolResult(
-                error=f"the tool call had no function name (`function` was missing, null or without a "
-                      f"`name`), so nothing was run; name one of the available tools: {known}"))
-        return _record(ctx, call, step, ToolResult(error=f"unknown tool {call.name!r}; available tools: {known}"))
+            return _record(
+                ctx,
+                call,
+                step,
+                ToolResult(
+                    error=f"the tool call had no function name (`function` was missing, null or without a "
+                    f"`name`), so nothing was run; name one of the available tools: {known}"
+                ),
+            )
+        return _record(
+            ctx,
+            call,
+            step,
+            ToolResult(error=f"unknown tool {call.name!r}; available tools: {known}"),
+        )
     try:
         args = tool.args_model.model_validate(call.parsed_arguments())
     except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
-        detail = (validation_text(exc, "arguments") if isinstance(exc, ValidationError)
-                  else f"arguments are not valid JSON: {exc}" if isinstance(exc, json.JSONDecodeError)
-                  else str(exc))
-        return _record(ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}"))
+        detail = (
+            validation_text(exc, "arguments")
+            if isinstance(exc, ValidationError)
+            else f"arguments are not valid JSON: {exc}"
+            if isinstance(exc, json.JSONDecodeError)
+            else str(exc)
+        )
+        return _record(
+            ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}")
+        )
     if tool.effect is EffectClass.READ:
         step.defer()
         _event(ctx, call, "started")
@@ -116,7 +146,10 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
             return _record(ctx, call, step, ToolResult(error=message))
         # Its fields, not the object: a plugin's plan may be any object that has them.
         recorded = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha}
-        step.start({"arguments": call.arguments_or_text(), "plan": recorded}, workspace=recorder.before(ctx, step))
+        step.start(
+            {"arguments": call.arguments_or_text(), "plan": recorded},
+            workspace=recorder.before(ctx, step),
+        )
         _event(ctx, call, "started")
         return _record(ctx, call, step, _invoke(ctx, tool, args, call))
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
@@ -126,18 +159,36 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
     except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after, so drift
         current = f"unreadable: {exc}"
     if current == plan.after_sha:
-        return _record(ctx, call, step, ToolResult(
-            output=f"{plan.path} already has the intended content (the write completed before the interruption)"))
+        return _record(
+            ctx,
+            call,
+            step,
+            ToolResult(
+                output=f"{plan.path} already has the intended content (the write completed before the interruption)"
+            ),
+        )
     use = None
     if current != plan.before_sha:
-        approval = approvals.decided(ctx, call, UNCERTAIN, None,
-                                     f"{plan.path} changed since the interrupted write (drift): it has "
-                                     "neither the content before nor the content after the write",
-                                     step_seq=prior.seq)
+        approval = approvals.decided(
+            ctx,
+            call,
+            UNCERTAIN,
+            None,
+            f"{plan.path} changed since the interrupted write (drift): it has "
+            "neither the content before nor the content after the write",
+            step_seq=prior.seq,
+        )
         if approvals.denied(approval):
-            return _record(ctx, call, step, ToolResult(
-                error=f"the write to {plan.path} was interrupted and the file changed since; "
-                      "the user chose not to apply it again"), use_approval=approval.id)
+            return _record(
+                ctx,
+                call,
+                step,
+                ToolResult(
+                    error=f"the write to {plan.path} was interrupted and the file changed since; "
+                    "the user chose not to apply it again"
+                ),
+                use_approval=approval.id,
+            )
         use = approval.id
     step.start(use_approval=use, workspace=recorder.before(ctx, step))
     _event(ctx, call, "started")
@@ -148,33 +199,64 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
     command = getattr(args, "command", None) or call.arguments
     prior = step.prior
     use: int | None = None
-    if prior is not None and prior.state == StepState.STARTED and not _never_began(ctx, call, prior):
+    if (
+        prior is not None
+        and prior.state == StepState.STARTED
+        and not _never_began(ctx, call, prior)
+    ):
         # The crash hit while it ran: its outcome is unknown and it is not idempotent.
         if ctx.settings.on_uncertain_exec == "tell_model":
-            return _record(ctx, call, step, ToolResult(
-                error="the command was interrupted by a crash; its outcome is unknown and it was "
-                      "not run again. Check the workspace before relying on it."))
-        approval = approvals.decided(ctx, call, UNCERTAIN, command,
-                                     "it was interrupted by a crash and may have partly or fully run; "
-                                     "running it again may repeat its side effects"
-                                     + recorder.changed_so_far(ctx, prior.tree_before), step_seq=prior.seq)
+            return _record(
+                ctx,
+                call,
+                step,
+                ToolResult(
+                    error="the command was interrupted by a crash; its outcome is unknown and it was "
+                    "not run again. Check the workspace before relying on it."
+                ),
+            )
+        approval = approvals.decided(
+            ctx,
+            call,
+            UNCERTAIN,
+            command,
+            "it was interrupted by a crash and may have partly or fully run; "
+            "running it again may repeat its side effects"
+            + recorder.changed_so_far(ctx, prior.tree_before),
+            step_seq=prior.seq,
+        )
         if approvals.denied(approval):
-            return _record(ctx, call, step, ToolResult(
-                error="the command was interrupted by a crash; its outcome is unknown and the user "
-                      "chose not to run it again"), use_approval=approval.id)
+            return _record(
+                ctx,
+                call,
+                step,
+                ToolResult(
+                    error="the command was interrupted by a crash; its outcome is unknown and the user "
+                    "chose not to run it again"
+                ),
+                use_approval=approval.id,
+            )
         if approval.restore_workspace and prior.tree_before:
             recorder.put_back(ctx, prior.tree_before)  # `approve --restore`: from where it started
         use = approval.id
     else:
         verdict, why = approvals.policy(ctx, call.name, command, asks=getattr(tool, "asks", True))
         if verdict == "deny":
-            return _record(ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)"))
+            return _record(
+                ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)")
+            )
         if verdict == "ask":  # (an approval the attempt that never began used still stands)
-            approval = approvals.decided(ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why,
-                                         used_too=prior is not None)
+            approval = approvals.decided(
+                ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why, used_too=prior is not None
+            )
             if approvals.denied(approval):
-                return _record(ctx, call, step, ToolResult(error="the user denied this command; do not run it again"),
-                               use_approval=approval.id)
+                return _record(
+                    ctx,
+                    call,
+                    step,
+                    ToolResult(error="the user denied this command; do not run it again"),
+                    use_approval=approval.id,
+                )
             use = approval.id
         else:
             use = approvals.settle_by_policy(ctx, call)
@@ -189,14 +271,26 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
         # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
         # Record that before stopping, so the history stays valid and resume does not have
         # to ask a person about a command we know was cut short.
-        _record(ctx, call, step, ToolResult(
-            error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"))
+        _record(
+            ctx,
+            call,
+            step,
+            ToolResult(
+                error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"
+            ),
+        )
         raise
     _record(ctx, call, step, result)
 
 
-def _record(ctx: StepContext, call: ToolCall, step: Step, result: ToolResult, *,
-            use_approval: int | None = None) -> None:
+def _record(
+    ctx: StepContext,
+    call: ToolCall,
+    step: Step,
+    result: ToolResult,
+    *,
+    use_approval: int | None = None,
+) -> None:
     """The call's one tool message and its step outcome, in one write (or with the next one)."""
     s = ctx.state
     redact = ctx.redactor.redact
@@ -212,25 +306,48 @@ def _record(ctx: StepContext, call: ToolCall, step: Step, result: ToolResult, *,
     if ws is not None and ws.note:
         output["workspace_note"] = ws.note
     if result.error is None:
-        step.complete(output, messages=[message], counters=ctx.counters(), use_approval=use_approval,
-                      workspace=ws)
+        step.complete(
+            output,
+            messages=[message],
+            counters=ctx.counters(),
+            use_approval=use_approval,
+            workspace=ws,
+        )
     else:
-        step.fail(redact(result.error), output=output, messages=[message], counters=ctx.counters(),
-                  use_approval=use_approval, workspace=ws)
-    _event(ctx, call, "completed" if result.error is None else "failed", step=step,
-           error=redact(result.error) if result.error else None)
+        step.fail(
+            redact(result.error),
+            output=output,
+            messages=[message],
+            counters=ctx.counters(),
+            use_approval=use_approval,
+            workspace=ws,
+        )
+    _event(
+        ctx,
+        call,
+        "completed" if result.error is None else "failed",
+        step=step,
+        error=redact(result.error) if result.error else None,
+    )
 
 
 def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> ToolContext:
     # Before the command starts: resume can then find its group (and knows it started).
     on_start = step.set_pgid if step is not None else None
-    return ToolContext(workspace=ctx.settings.workspace, run_id=ctx.state.run_id, call_id=call.id,
-                       output_cap=ctx.settings.output_cap, env=ctx.env,
-                       command_timeout_s=ctx.settings.command_timeout_s, cancel=ctx.cancel,
-                       on_process_start=on_start,
-                       sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
-                       stored_output=lambda call_id: _stored_output(ctx, call_id), store=ctx.settings.db,
-                       before_rename=lambda: _still_ours(ctx))
+    return ToolContext(
+        workspace=ctx.settings.workspace,
+        run_id=ctx.state.run_id,
+        call_id=call.id,
+        output_cap=ctx.settings.output_cap,
+        env=ctx.env,
+        command_timeout_s=ctx.settings.command_timeout_s,
+        cancel=ctx.cancel,
+        on_process_start=on_start,
+        sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
+        stored_output=lambda call_id: _stored_output(ctx, call_id),
+        store=ctx.settings.db,
+        before_rename=lambda: _still_ours(ctx),
+    )
 
 
 def _still_ours(ctx: StepContext) -> None:
@@ -249,8 +366,15 @@ def _stored_output(ctx: StepContext, call_id: str) -> str | None:
     return None
 
 
-def _invoke(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None = None, *,
-            late_before: bool = False) -> ToolResult:
+def _invoke(
+    ctx: StepContext,
+    tool: Tool,
+    args: BaseModel,
+    call: ToolCall,
+    step: Step | None = None,
+    *,
+    late_before: bool = False,
+) -> ToolResult:
     from durable_agent.tools.process import StartTooLate
 
     try:
@@ -284,7 +408,9 @@ def _checked(result: object) -> ToolResult:
         json.dumps(storable(result.data))
     except (TypeError, ValueError, RecursionError) as exc:
         why = str(exc)[:200]
-        return ToolResult(result.output, result.error, {"data_dropped": f"not storable as JSON: {why}"})
+        return ToolResult(
+            result.output, result.error, {"data_dropped": f"not storable as JSON: {why}"}
+        )
     return result
 
 
@@ -294,8 +420,16 @@ def _pgid_first(tool: Tool) -> bool:
     return type(tool).__dict__.get(PGID_FIRST) is True
 
 
-def _started_too_late(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolCall, step: Step | None,
-                      exc: Exception, *, again: bool) -> ToolResult:
+def _started_too_late(
+    ctx: StepContext,
+    tool: Tool,
+    args: BaseModel,
+    call: ToolCall,
+    step: Step | None,
+    exc: Exception,
+    *,
+    again: bool,
+) -> ToolResult:
     """This process stalled between recording the command's pgid and starting it, past the
     point where its lease surely held: the command never began. For run_command, a fenced
     write says so on its row (no pgid): it raises LeaseLost when the run is another's by now.
@@ -304,15 +438,20 @@ def _started_too_late(ctx: StepContext, tool: Tool, args: BaseModel, call: ToolC
     command: it never began)."""
     if step is None or not _pgid_first(tool):
         # Another tool's `run` may have started commands before this one: never run it again.
-        raise LeaseLost(ctx.state.run_id, f"{exc}; another process may have taken the run over") from None
+        raise LeaseLost(
+            ctx.state.run_id, f"{exc}; another process may have taken the run over"
+        ) from None
     try:
         step.clear_pgid()
     except LeaseLost:
         raise LeaseLost(ctx.state.run_id, f"{exc}; another process took it over") from None
     if again:
         return _invoke(ctx, tool, args, call, step, late_before=True)
-    raise StoreUnavailable(f"{exc} twice: recording a command took most of the lease "
-                           "(raise lease_seconds, or look at the store's latency)", ctx.state.run_id) from None
+    raise StoreUnavailable(
+        f"{exc} twice: recording a command took most of the lease "
+        "(raise lease_seconds, or look at the store's latency)",
+        ctx.state.run_id,
+    ) from None
 
 
 def _never_began(ctx: StepContext, call: ToolCall, prior: StepRecord) -> bool:
@@ -322,16 +461,39 @@ def _never_began(ctx: StepContext, call: ToolCall, prior: StepRecord) -> bool:
     intent names the protocol; an older row does not), with power-loss durability (`fast`
     may lose the pgid's commit after the command started), no question about it asked yet,
     and the workspace as the attempt found it."""
-    return (prior.pgid is None and isinstance(prior.input, dict) and prior.input.get(PGID_FIRST) is True
-            and ctx.settings.durability == "full" and ctx.journal.approval_for(call.id, UNCERTAIN) is None
-            and recorder.unchanged_since(ctx, prior.tree_before))
+    return (
+        prior.pgid is None
+        and isinstance(prior.input, dict)
+        and prior.input.get(PGID_FIRST) is True
+        and ctx.settings.durability == "full"
+        and ctx.journal.approval_for(call.id, UNCERTAIN) is None
+        and recorder.unchanged_since(ctx, prior.tree_before)
+    )
 
 
-def _event(ctx: StepContext, call: ToolCall, state: str, *, step: Step | None = None,
-           error: str | None = None) -> None:
-    duration = int((utcnow() - step.started_at).total_seconds() * 1000) if step is not None else None
-    ctx.observer.step(StepEvent(step.seq if step is not None else -1, ctx.state.turn, "tool", call.name,
-                                detail=_brief(call), state=state, duration_ms=duration, error=error))
+def _event(
+    ctx: StepContext,
+    call: ToolCall,
+    state: str,
+    *,
+    step: Step | None = None,
+    error: str | None = None,
+) -> None:
+    duration = (
+        int((utcnow() - step.started_at).total_seconds() * 1000) if step is not None else None
+    )
+    ctx.observer.step(
+        StepEvent(
+            step.seq if step is not None else -1,
+            ctx.state.turn,
+            "tool",
+            call.name,
+            detail=_brief(call),
+            state=state,
+            duration_ms=duration,
+            error=error,
+        )
+    )
 
 
 def stop_leftover_processes(ctx: StepContext) -> None:
@@ -341,12 +503,19 @@ def stop_leftover_processes(ctx: StepContext) -> None:
     for step in ctx.journal.open_steps.values():
         # Only with the call id to match: a bare number may name someone else's group by now
         # (after a reboot), and our own group is never the command's.
-        if (step.state != StepState.STARTED or not step.pgid or not step.call_id or step.pgid <= 1
-                or step.pgid == os.getpgrp()):
+        if (
+            step.state != StepState.STARTED
+            or not step.pgid
+            or not step.call_id
+            or step.pgid <= 1
+            or step.pgid == os.getpgrp()
+        ):
             continue
         if process_group_alive(step.pgid, call_id=step.call_id, run_id=step.run_id):
             kill_process_group(step.pgid, call_id=step.call_id, run_id=step.run_id)
-            ctx.observer.note(f"killed the leftover process group {step.pgid} of call {step.call_id}")
+            ctx.observer.note(
+                f"killed the leftover process group {step.pgid} of call {step.call_id}"
+            )
 
 
 def _brief(call: ToolCall) -> str:

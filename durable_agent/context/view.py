@@ -22,14 +22,18 @@ from msgspec import Struct, field
 from durable_agent.messages import HistoryHash, Message
 
 HEAD = 2  # the system prompt and the task: never elided, never summarized
-SUMMARY_HEADER = ("[Summary of the earlier conversation, written when the context was compacted. "
-                  "Tool results it mentions can be read again with read_output(call_id).]\n")
+SUMMARY_HEADER = (
+    "[Summary of the earlier conversation, written when the context was compacted. "
+    "Tool results it mentions can be read again with read_output(call_id).]\n"
+)
 
 
 def stub_text(call_id: str, tool_name: str, content: str | None) -> str:
     size = len((content or "").encode("utf-8", "surrogatepass"))
-    return (f"[output of {tool_name} {call_id} elided: {size:,} bytes; "
-            f'call read_output("{call_id}") to see it again]')
+    return (
+        f"[output of {tool_name} {call_id} elided: {size:,} bytes; "
+        f'call read_output("{call_id}") to see it again]'
+    )
 
 
 def tool_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -39,7 +43,9 @@ def tool_names(messages: Sequence[Message]) -> dict[str, str]:
 
 def stub(message: Message, names: Mapping[str, str]) -> Message:
     cid = message.tool_call_id or ""
-    return Message("tool", stub_text(cid, names.get(cid, "tool"), message.content), tool_call_id=cid)
+    return Message(
+        "tool", stub_text(cid, names.get(cid, "tool"), message.content), tool_call_id=cid
+    )
 
 
 class ContextView(Struct):
@@ -59,13 +65,15 @@ class ContextView(Struct):
 
     def request(self, messages: Sequence[Message]) -> list[Message]:
         if 0 <= self._covered <= len(messages):
-            self._built.extend(messages[self._covered:])  # (new messages are never elided yet)
+            self._built.extend(messages[self._covered :])  # (new messages are never elided yet)
         else:
             out = list(messages[:HEAD])
             if self.summary is not None:
                 out.append(Message("user", SUMMARY_HEADER + self.summary))
             elided = self.elided
-            out.extend(elided.get(i) or messages[i] for i in range(max(self.start, HEAD), len(messages)))
+            out.extend(
+                elided.get(i) or messages[i] for i in range(max(self.start, HEAD), len(messages))
+            )
             self._built = out
         self._covered = len(messages)
         return list(self._built)

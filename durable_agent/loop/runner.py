@@ -13,23 +13,24 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from durable_agent import errors, finish_gate, guard
-from durable_agent.heartbeat import Heartbeat
+from durable_agent import errors
+from durable_agent.config.settings import Settings
+from durable_agent.context.prompts import SYSTEM_PROMPT
+from durable_agent.loop import finish_gate, guard
+from durable_agent.loop.heartbeat import Heartbeat
+from durable_agent.loop.model_step import model_step
+from durable_agent.loop.outcome import Outcome, RunReleased, finish
+from durable_agent.loop.replay import rebuild
+from durable_agent.loop.step_context import StepContext
+from durable_agent.loop.tool_step import run_tool, stop_leftover_processes
 from durable_agent.messages import Message
-from durable_agent.model_step import model_step
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
-from durable_agent.outcome import Outcome, RunReleased, finish
-from durable_agent.prompts import SYSTEM_PROMPT
 from durable_agent.redact import Redactor
-from durable_agent.replay import rebuild
-from durable_agent.settings import Settings
 from durable_agent.status import StopReason
-from durable_agent.step_context import StepContext
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
-from durable_agent.tool_step import run_tool, stop_leftover_processes
 from durable_agent.tools.base import Tool, tool_schema
 from durable_agent.workspace import recorder, resume
 
@@ -39,11 +40,22 @@ def new_run_id() -> str:
 
 
 class Runner:
-    def __init__(self, *, store: Store, settings: Settings, model: ModelClient, tools: dict[str, Tool],
-                 env: Mapping[str, str], redactor: Redactor, observer: Observer | None = None,
-                 cancel: threading.Event | None = None, sleep: Callable[[float], None] = time.sleep,
-                 retry_policy: Any = None, store_policy: retrying.StorePolicy | None = None,
-                 tool_source: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        settings: Settings,
+        model: ModelClient,
+        tools: dict[str, Tool],
+        env: Mapping[str, str],
+        redactor: Redactor,
+        observer: Observer | None = None,
+        cancel: threading.Event | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        retry_policy: Any = None,
+        store_policy: retrying.StorePolicy | None = None,
+        tool_source: Any = None,
+    ) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
         self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
         self.env, self.redactor, self.sleep, self.retry_policy = env, redactor, sleep, retry_policy
@@ -52,17 +64,28 @@ class Runner:
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
 
-    def create(self, task: str, run_id: str | None = None, *, lease_owner: str | None = None) -> str:
+    def create(
+        self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
+    ) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
         run_id = new_run_id() if run_id is None else errors.checked_run_id(run_id)
         if self.store.run_exists(run_id):
-            raise errors.UsageError(f"a run with id {run_id!r} already exists; resume it or pick another id")
+            raise errors.UsageError(
+                f"a run with id {run_id!r} already exists; resume it or pick another id"
+            )
         first = [Message("system", SYSTEM_PROMPT), Message("user", self.redactor.redact(task))]
         lease = (lease_owner, self.settings.lease_seconds) if lease_owner else None
-        self.store.create_run(run_id, task=self.redactor.redact(task), workspace=str(self.settings.workspace),
-                              model=self.model.name, settings=self.settings.redacted_dict(), first_messages=first,
-                              lease=lease, tree_start=recorder.at_creation(self.settings, self.store.engine, self.store_policy))
+        self.store.create_run(
+            run_id,
+            task=self.redactor.redact(task),
+            workspace=str(self.settings.workspace),
+            model=self.model.name,
+            settings=self.settings.redacted_dict(),
+            first_messages=first,
+            lease=lease,
+            tree_start=recorder.at_creation(self.settings, self.store.engine, self.store_policy),
+        )
         return run_id
 
     def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
@@ -70,18 +93,31 @@ class Runner:
         if lease is None:
             owner = leases.new_owner()
             lease = (owner, self.store.acquire_lease(run_id, owner, self.settings.lease_seconds))
-        journal = Journal(self.store.engine, run_id, *lease, self.settings.lease_seconds,
-                          policy=self.store_policy, sleep=self.sleep)
+        journal = Journal(
+            self.store.engine,
+            run_id,
+            *lease,
+            self.settings.lease_seconds,
+            policy=self.store_policy,
+            sleep=self.sleep,
+        )
         try:
             with Heartbeat(journal, max(0.2, self.settings.lease_seconds / 3), self.cancel) as beat:
                 try:
-                    if self.tool_source is not None:  # the run's recorded tools (starting MCP servers
-                        self.tools = self.tool_source.open(self.store, run_id)  # under a live lease)
+                    if (
+                        self.tool_source is not None
+                    ):  # the run's recorded tools (starting MCP servers
+                        self.tools = self.tool_source.open(
+                            self.store, run_id
+                        )  # under a live lease)
                     return self._drive(journal, beat)
                 except errors.LeaseLost:
                     beat.lost = True
                     raise
-                except (errors.StoreError, errors.ConfigError):  # the store, or a server that will not start
+                except (
+                    errors.StoreError,
+                    errors.ConfigError,
+                ):  # the store, or a server that will not start
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:
@@ -89,25 +125,51 @@ class Runner:
             if self.tool_source is not None:
                 self.tool_source.close()
 
-    def context(self, journal: Journal, session_start: float, beat: Heartbeat | None = None) -> StepContext:
+    def context(
+        self, journal: Journal, session_start: float, beat: Heartbeat | None = None
+    ) -> StepContext:
         """The run as rebuilt from its rows, ready for steps (also `durable-agent compact`)."""
         loaded = journal.load()
         s = self.settings
-        state = rebuild(run_id=loaded.run.id, messages=loaded.messages, active_ms=loaded.run.active_ms,
-                        model_tokens=loaded.model_tokens, compactions=loaded.compactions,
-                        last_model_output=loaded.last_model_output)
-        limits = guard.Limits(s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost)
-        return StepContext(journal=journal, state=state, settings=s, model=self.model, tools=self.tools,
-                           schemas=[tool_schema(t) for t in self.tools.values()], redactor=self.redactor,
-                           observer=self.observer, cancel=self.cancel, env=self.env, limits=limits,
-                           clock=time.monotonic, sleep=self.sleep, session_start=session_start,
-                           retry_policy=self.retry_policy, resumed=loaded.run.resume_count > 0, beat=beat)
+        state = rebuild(
+            run_id=loaded.run.id,
+            messages=loaded.messages,
+            active_ms=loaded.run.active_ms,
+            model_tokens=loaded.model_tokens,
+            compactions=loaded.compactions,
+            last_model_output=loaded.last_model_output,
+        )
+        limits = guard.Limits(
+            s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost
+        )
+        return StepContext(
+            journal=journal,
+            state=state,
+            settings=s,
+            model=self.model,
+            tools=self.tools,
+            schemas=[tool_schema(t) for t in self.tools.values()],
+            redactor=self.redactor,
+            observer=self.observer,
+            cancel=self.cancel,
+            env=self.env,
+            limits=limits,
+            clock=time.monotonic,
+            sleep=self.sleep,
+            session_start=session_start,
+            retry_policy=self.retry_policy,
+            resumed=loaded.run.resume_count > 0,
+            beat=beat,
+        )
 
     def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
         start = time.monotonic()
         ctx = self.context(journal, start, beat)
-        self.observer.run_started(ctx.state.run_id, resumed=ctx.resumed or ctx.state.step_count > 0,
-                                  steps_done=ctx.state.step_count)
+        self.observer.run_started(
+            ctx.state.run_id,
+            resumed=ctx.resumed or ctx.state.step_count > 0,
+            steps_done=ctx.state.step_count,
+        )
         try:
             stop_leftover_processes(ctx)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
@@ -132,14 +194,21 @@ class Runner:
         except KeyboardInterrupt:
             # "Stop now" can land between a change of the in-memory state and its commit:
             # end the run with what the database holds, not with what was in flight.
-            return finish(self.context(journal, start, beat), StopReason.CANCELLED, error="interrupted (Ctrl-C)")
+            return finish(
+                self.context(journal, start, beat),
+                StopReason.CANCELLED,
+                error="interrupted (Ctrl-C)",
+            )
         except (errors.LeaseLost, RunReleased, errors.StoreError):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,
             # with the reason, instead of staying `running` with a traceback.
-            return finish(self.context(journal, start, beat), StopReason.TOOL_ERROR,
-                           error=f"unexpected {type(exc).__name__}: {exc}")
+            return finish(
+                self.context(journal, start, beat),
+                StopReason.TOOL_ERROR,
+                error=f"unexpected {type(exc).__name__}: {exc}",
+            )
 
     def _check_cancel(self, ctx: StepContext) -> None:
         if self.release.is_set():

@@ -1,0 +1,1 @@
+"""Command line: the parser, the commands, what they print."""

@@ -1,0 +1,1 @@
+"""Settings and where they come from: defaults, files, environment, flags; tool sources."""

@@ -1,0 +1,1 @@
+"""What a model request holds: token budgets, compaction, the system prompt."""

@@ -1,0 +1,1 @@
+"""The loop and its steps: runner, model/tool/verify steps, replay, guard, approvals."""
