@@ -24,6 +24,7 @@ garble ordinary output, and its regex plugins cover the same shapes as below.)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -148,7 +149,7 @@ class Redactor:
     compiles the pattern, `redact` only scans.
     """
 
-    __slots__ = ("_known", "_names", "_pattern", "_prefixes")
+    __slots__ = ("_known", "_names", "_pattern", "_prefixes", "_shapes")
 
     def __init__(self, secrets: Mapping[str, str] | None = None, *, shapes: bool = True) -> None:
         """`secrets` maps a name to a secret value; every value is redacted as-is.
@@ -157,7 +158,7 @@ class Redactor:
         for name, value in sorted((secrets or {}).items()):
             if value:
                 names.setdefault(value, name)  # one value under two names: first name wins
-        self._names = names
+        self._names, self._shapes = names, shapes
         # Longest first, so a secret that contains another is replaced whole.
         literals = sorted(names, key=len, reverse=True)
         parts = []
@@ -197,6 +198,22 @@ class Redactor:
         elif group == "urlpass":
             return _replace_group(match, "urlpass")
         return "[REDACTED]"
+
+    def finds(self, text: str) -> bool:
+        """`text` holds something `redact` would replace (a known value, or a key shape
+        unless shapes are off): what decides that a workspace file is never stored."""
+        if self._pattern is None or not any(p in text for p in self._prefixes):
+            return False
+        return any(self._replace(m) != m.group() for m in self._pattern.finditer(text))
+
+    @property
+    def fingerprint(self) -> str:
+        """Equal for two redactors that find the same things (a scanner per distinct set)."""
+
+        digest = hashlib.sha256(b"shapes" if self._shapes else b"known")
+        for value in sorted(self._names):
+            digest.update(b"\0" + value.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
 
     def redact(self, text: str) -> str:
         """For observations: known secret values and (unless turned off) key shapes."""

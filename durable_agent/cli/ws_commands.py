@@ -60,15 +60,29 @@ def _tree_after(store: Any, run_id: str, seq: int) -> str:
     return found.tree
 
 
-def _scanner(root: Path, settings: dict[str, Any] | None) -> Any:
+def _scanner(root: Path, settings: dict[str, Any] | None, env: dict[str, str]) -> Any:
     from durable_agent.config.settings import Settings
     from durable_agent.workspace.scan import scanner_for
+    from durable_agent.workspace.secrets import for_command
 
     fields = Settings.model_fields
     s = settings or {}
     exclude = s.get("exclude") or fields["exclude"].get_default(call_default_factory=True)
     cap = s.get("snapshot_max_file_bytes") or fields["snapshot_max_file_bytes"].default
-    return scanner_for(root, list(exclude), int(cap))
+    return scanner_for(root, list(exclude), int(cap), for_command(env, s))
+
+
+def _held_line(held: list[bytes], written: bool) -> str | None:
+    """What restore and fork say of the paths that held a secret (never stored)."""
+    from durable_agent.tools.encoding import show_name
+    from durable_agent.workspace.secrets import HELD
+
+    if not held:
+        return None
+    names = [show_name(os.fsdecode(p)) for p in held]
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    where = "left as they are on disk" if written else "not written to the new workspace"
+    return visible(f"{HELD}, so {where}: {shown}")
 
 
 def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
@@ -94,7 +108,9 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
                     "from_tree": before,
                     "to_tree": after,
                     "changes": [
-                        {"path": c.shown, "change": c.change, "bytes": c.bytes} for c in found
+                        {"path": c.shown, "change": c.change, "bytes": c.bytes}
+                        | ({"secret": True} if c.secret else {})
+                        for c in found
                     ],
                 },
                 ensure_ascii=False,
@@ -114,6 +130,7 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.tools.encoding import show_name
     from durable_agent.workspace import snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
+    from durable_agent.workspace.validation import check_manifest
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
@@ -131,7 +148,13 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
     else:
         raise UsageError("say which snapshot: --at SEQ (a step number as `show` prints it)")
     target = Path(os.path.abspath(_given_dir(args.to, "--to")))
-    scanner = _scanner(target, run.settings)
+    scanner = _scanner(target, run.settings, env)
+    try:
+        manifest = snapshot.load(blobs, tree)
+    except KeyError:
+        raise UsageError(f"no workspace snapshot {tree} in this store") from None
+    # Before the undo snapshot and any change: a manifest edited in the store stops here.
+    check_manifest(manifest, scanner, blobs.present_blobs, blobs.blob)
     undo = None
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         if not target.is_dir():
@@ -144,15 +167,14 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         kept = snapshot.take(scanner, blobs)
         save_statements(store.engine, kept.statements)
         undo = kept.tree_id
-    try:
-        manifest = snapshot.load(blobs, tree)
-    except KeyError:
-        raise UsageError(f"no workspace snapshot {tree} in this store") from None
     again = f"durable-agent restore {run_id} --tree {undo} --to {target} --force" if undo else None
     if again is not None:  # first: a restore that fails halfway (a full disk) can still be undone
         print(f"undo with: {again}", flush=True)
+    held: list[bytes] = []
     try:
-        done = materialize(manifest, target, scanner, blobs.blob)
+        done = materialize(
+            manifest, target, scanner, blobs.blob, present=blobs.present_blobs, held=held
+        )
     except RestoreStopped as exc:
         raise DurableAgentError(
             f"the restore {exc}" + (f"; undo with: {again}" if again else "")
@@ -163,6 +185,9 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
         else f"restored {target} to snapshot {tree}",
         f"({len(done)} path(s) changed)",
     )
+    said = _held_line(held, written=True)
+    if said:
+        print(said)
     big = sorted(
         show_name(os.fsdecode(path)) for path, entry in manifest.items() if entry.kind == "big"
     )
@@ -184,6 +209,7 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.store.forks import fork_run
     from durable_agent.workspace import snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
+    from durable_agent.workspace.validation import check_manifest
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
@@ -204,11 +230,21 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
 
     found = tree_at(store.engine, run_id, seq)
     blobs = BlobStore(store.engine)
+    scanner = _scanner(target, run.settings, env)
+    try:
+        manifest = snapshot.load(blobs, found.tree) if found is not None else None
+    except KeyError:
+        raise DurableAgentError(
+            f"run {run_id} names a workspace snapshot this store does not have"
+        ) from None
+    if manifest is not None:  # before the folder is made: an edited manifest stops here
+        check_manifest(manifest, scanner, blobs.present_blobs, blobs.blob)
+    held: list[bytes] = []
     try:
         target.mkdir(parents=True, exist_ok=True)
-        if found is not None:
+        if manifest is not None:
             materialize(
-                snapshot.load(blobs, found.tree), target, _scanner(target, run.settings), blobs.blob
+                manifest, target, scanner, blobs.blob, present=blobs.present_blobs, held=held
             )
     except (OSError, RestoreStopped) as exc:  # (mkdir's OSError names no more than the target)
         why = exc if isinstance(exc, RestoreStopped) else f"{exc.strerror or exc} at {target}"
@@ -218,6 +254,9 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     fork_run(
         store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task
     )
+    said = _held_line(held, written=False)
+    if said:
+        print(said, file=sys.stderr)
     if args.json:
         print(
             json.dumps(

@@ -84,7 +84,9 @@ class Runner:
             settings=self.settings.redacted_dict(),
             first_messages=first,
             lease=lease,
-            tree_start=recorder.at_creation(self.settings, self.store.engine, self.store_policy),
+            tree_start=recorder.at_creation(
+                self.settings, self.store.engine, self.store_policy, redactor=self.redactor
+            ),
         )
         return run_id
 

@@ -2,7 +2,8 @@
 
 Text files as `diff -u` does, with git's headers for what `diff` cannot say: new and
 deleted files, permission changes, symlinks (their targets as the content), and binary
-files ("Binary files a/x and b/x differ"). File names that are not UTF-8 are shown with
+files ("Binary files a/x and b/x differ"). A file that held a secret was never stored: its
+diff says so, and shows nothing of it (workspace/secrets.py). File names that are not UTF-8 are shown with
 `\\xHH` for each such byte.
 """
 
@@ -13,7 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from durable_agent.tools.encoding import looks_binary
-from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest
+from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, SECRET, Change, Entry, Manifest
+from durable_agent.workspace.secrets import HELD
 
 Blob = Callable[[str], bytes]
 
@@ -29,6 +31,8 @@ def _content(entry: Entry | None, blob: Blob) -> bytes | None:
 
 
 def _what(e: Entry) -> str:
+    if e.kind == SECRET:
+        return f"file ({HELD})"
     return (
         "symlink"
         if e.kind == LINK
@@ -48,6 +52,9 @@ def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> 
         elif a is not None and b is not None and a.mode != b.mode:
             yield f"old mode {a.mode:o}\nnew mode {b.mode:o}\n"
         if c.change == "mode":
+            continue
+        if c.secret:  # (before _content: nothing of it is read, not even an older stored copy)
+            yield f"File a/{name} or b/{name} {HELD}: not shown\n"
             continue
         before, after = _content(a, blob), _content(b, blob)
         if (
@@ -75,7 +82,8 @@ def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> 
 def stat_lines(changes: list[Change]) -> Iterator[str]:
     width = max((len(c.shown) for c in changes), default=0)
     for c in changes:
-        yield f" {c.shown:<{width}} | {c.change:<8} {c.bytes} bytes\n"
+        held = f" ({HELD})" if c.secret else ""
+        yield f" {c.shown:<{width}} | {c.change:<8} {c.bytes} bytes{held}\n"
     counts = {
         kind: sum(1 for c in changes if c.change == kind)
         for kind in ("added", "modified", "deleted", "mode")

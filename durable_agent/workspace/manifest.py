@@ -8,12 +8,15 @@ whatever delta chain stored them.
 
 Entry kinds: `file` (ref = sha256 of its bytes), `link` (target = the link's bytes, never
 followed), `dir` (an empty directory; others are implied by their files), `big` (over the
-size cap: recorded by size only, never stored, and left alone by restore).
+size cap: recorded by size only, never stored, and left alone by restore), `secret` (held
+a secret: ref = sha256 of its bytes, size, mode; never stored, and left alone by restore:
+workspace/secrets.py). A manifest stored before `secret` existed reads as it was.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import bisect
 import hashlib
 import json
@@ -26,7 +29,8 @@ from msgspec import Struct
 
 from durable_agent.tools.encoding import show_name
 
-FILE, LINK, DIR, BIG = "file", "link", "dir", "big"
+FILE, LINK, DIR, BIG, SECRET = "file", "link", "dir", "big", "secret"
+KINDS = frozenset({FILE, LINK, DIR, BIG, SECRET})
 
 
 class Entry(Struct, frozen=True):
@@ -44,6 +48,7 @@ class Change(Struct, frozen=True):
     path: bytes
     change: str  # added | modified | deleted | mode
     bytes: int
+    secret: bool = False  # either side held a secret: its content was never stored
 
     @property
     def shown(self) -> str:
@@ -76,9 +81,24 @@ def _entry_json(path: bytes, e: Entry) -> list[Any]:
     return [_enc(path), e.kind, e.mode, e.ref, _enc(e.target), e.size]
 
 
-def _entry_from(row: list[Any]) -> tuple[bytes, Entry]:
-    path, kind, mode, ref, target, size = row
-    return _dec(path), Entry(kind, int(mode), str(ref), _dec(target), int(size))
+def _entry_from(row: Any) -> tuple[bytes, Entry]:
+    """A stored row; ValueError for one no version wrote (a store edited by hand)."""
+    try:
+        path, kind, mode, ref, target, size = row
+        if not (
+            isinstance(kind, str)
+            and isinstance(ref, str)
+            and all(type(n) is int for n in (mode, size))  # (not a bool, not a float)
+        ):
+            raise TypeError
+        return _dec(path), Entry(kind, mode, ref, _dec(target), size)
+    except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
+        raise ValueError(f"a manifest row no version writes: {_shown_row(row)}") from None
+
+
+def _shown_row(row: Any) -> str:
+    text = json.dumps(row, ensure_ascii=True)
+    return text if len(text) <= 120 else text[:100] + "..."
 
 
 def _line(path: bytes, e: Entry) -> bytes:
@@ -179,18 +199,32 @@ def _differing(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[b
 
 
 def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
-    """A stored tree's data (full, or a delta on `base`) as a manifest."""
-    doc = json.loads(zlib.decompress(data))
+    """A stored tree's data (full, or a delta on `base`) as a manifest; ValueError for data
+    no version writes (snapshot.load says which tree)."""
+    try:
+        doc = json.loads(zlib.decompress(data))
+    except (zlib.error, ValueError, RecursionError) as exc:
+        raise ValueError(f"not a stored manifest ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a stored manifest")
     if "full" in doc:
+        if not isinstance(doc["full"], list):
+            raise ValueError("not a stored manifest")
         return dict(_entry_from(row) for row in doc["full"])
     if base is None:
         raise ValueError("a delta tree without its base")
+    put, drop = doc.get("set"), doc.get("del")
+    if not isinstance(put, list) or not isinstance(drop, list):
+        raise ValueError("not a stored manifest")
     out = dict(base)
-    for row in doc["set"]:
+    for row in put:
         path, entry = _entry_from(row)
         out[path] = entry
-    for path in doc["del"]:
-        out.pop(_dec(path), None)
+    for path in drop:
+        try:
+            out.pop(_dec(path), None)
+        except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
+            raise ValueError(f"a deleted path no version writes: {_shown_row(path)}") from None
     return out
 
 
@@ -202,16 +236,27 @@ def changes(
     set_paths, deleted = _delta_paths(old, new, known)
     for path in sorted([*set_paths, *deleted]):
         a, b = old.get(path), new.get(path)
+        secret = SECRET in (a.kind if a else "", b.kind if b else "")
         if a is None:
             assert b is not None
-            out.append(Change(path, "added", b.size))
+            out.append(Change(path, "added", b.size, secret))
         elif b is None:
-            out.append(Change(path, "deleted", a.size))
-        elif (a.kind, a.ref, a.target, a.size) == (b.kind, b.ref, b.target, b.size):
-            out.append(Change(path, "mode", b.size))
-        else:
-            out.append(Change(path, "modified", b.size))
+            out.append(Change(path, "deleted", a.size, secret))
+        elif not same_content(a, b):
+            out.append(Change(path, "modified", b.size, secret))
+        elif a.mode != b.mode:
+            out.append(Change(path, "mode", b.size, secret))
+        # else: the same bytes, once stored and now withheld (or the other way): no change
     return out
+
+
+def same_content(a: Entry, b: Entry) -> bool:
+    """The same bytes at a path. A file withheld for a secret is the same as the stored file
+    with its hash: another process (or version) may know other secrets than the one that
+    took the snapshot, and that is no change to the workspace."""
+    if {a.kind, b.kind} == {FILE, SECRET}:
+        return (a.ref, a.size) == (b.ref, b.size)
+    return (a.kind, a.ref, a.target, a.size) == (b.kind, b.ref, b.target, b.size)
 
 
 def blob_refs(entries: Iterable[Entry]) -> set[str]:

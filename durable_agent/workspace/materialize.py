@@ -2,8 +2,11 @@
 
 The directory ends up with exactly the manifest's files, links and empty directories
 (bytes, permission bits, link targets), and without the paths the manifest lacks, except
-what snapshots leave out: excluded and .gitignored paths (a `.git` directory among them)
-and files over the size cap are never written nor deleted. A path under a symlink is never
+what snapshots leave out: excluded and .gitignored paths (a `.git` directory among them),
+files over the size cap and files that held a secret (workspace/secrets.py: what is on disk
+at such a path, in the target or now, stays as it is) are never written nor deleted. Every
+entry of the target is checked first (validation.py): a manifest edited in the store is
+refused before anything is touched. A path under a symlink is never
 written through it: the link is replaced by a real directory first, so nothing outside the
 directory can be reached.
 """
@@ -19,9 +22,23 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from durable_agent.errors import DurableAgentError, StoreError, UsageError
-from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Change, Entry, Manifest, changes
+from durable_agent.errors import DurableAgentError, UsageError
+from durable_agent.workspace.manifest import (
+    BIG,
+    DIR,
+    FILE,
+    LINK,
+    SECRET,
+    Change,
+    Entry,
+    Manifest,
+    changes,
+    same_content,
+)
 from durable_agent.workspace.scan import Scanner
+from durable_agent.workspace.validation import Present, check_manifest
+
+KEPT = (BIG, SECRET)  # never stored: what is on disk at their paths is left as it is
 
 
 class RestoreStopped(DurableAgentError):
@@ -93,14 +110,16 @@ def _write(
         raise
 
 
-def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | None:
+def _in_the_way(
+    broot: bytes, target: Manifest, current: Manifest, held: set[bytes]
+) -> bytes | None:
     """The first path that making `target` would destroy though snapshots leave it out
     (ignored, excluded like a `.git` folder, over the size cap): no undo could bring it back.
     A folder that a target file replaces must hold nothing but what `current` has."""
 
     def covered(rel: bytes) -> bool:
         have = current.get(rel)
-        return have is not None and have.kind != BIG
+        return have is not None and have.kind not in KEPT
 
     def same(path: bytes, st: os.stat_result, entry: Entry) -> bool:
         """Already what the target holds (a .gitignore changed since): nothing to lose."""
@@ -113,6 +132,8 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
 
     folders: set[bytes] = set()  # parents already seen to be folders
     for rel, entry in target.items():
+        if entry.kind == SECRET or rel in held:  # not written: nothing of it is in the way
+            continue
         parts = rel.split(b"/")
         below_a_file = False  # then nothing is at `rel` itself (a link there is not followed)
         for i in range(1, len(parts)):  # a file or link where the target needs a folder
@@ -158,18 +179,27 @@ def _in_the_way(broot: bytes, target: Manifest, current: Manifest) -> bytes | No
 
 
 def materialize(
-    target: Manifest, root: Path, scanner: Scanner, blob: Callable[[str], bytes]
+    target: Manifest,
+    root: Path,
+    scanner: Scanner,
+    blob: Callable[[str], bytes],
+    *,
+    present: Present | None = None,
+    held: list[bytes] | None = None,
 ) -> list[Change]:
-    """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s.
-    Raises UsageError, having changed nothing, when that would destroy what snapshots leave
-    out (`_in_the_way`), and RestoreStopped when it stops partway."""
+    """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s;
+    `present` (BlobStore.present_blobs) tells which blobs the store has. Raises StoreError
+    for a target entry no scan records, and UsageError when making it would destroy what
+    snapshots leave out (`_in_the_way`), both having changed nothing; RestoreStopped when
+    it stops partway. `held` receives the paths left as they are because they held a
+    secret (in the target or on disk) where the target and the disk differ."""
+    # Before the disk is touched: a row edited by hand must not write outside `root`, nor
+    # set a set-uid bit, nor delete what it cannot write back.
+    check_manifest(target, scanner, present, blob)
     broot = os.fsencode(str(root))
-    for rel in target:  # a row edited by hand must not write outside `root`
-        if rel.startswith(b"/") or b".." in rel.split(b"/") or b"" in rel.split(b"/"):
-            raise StoreError(f"workspace snapshot path {rel!r} is not inside the workspace")
     try:
         os.makedirs(broot, exist_ok=True)
-        return _materialize(target, root, broot, scanner, blob)
+        return _materialize(target, root, broot, scanner, blob, held)
     except OSError as exc:
         where = os.fsdecode(exc.filename) if exc.filename else str(root)
         raise RestoreStopped(f"stopped at {where}: {exc.strerror or exc}") from None
@@ -177,11 +207,24 @@ def materialize(
         raise RestoreStopped(f"stopped: {exc.args[0] if exc.args else exc}") from None
 
 
+def _differ(a: Entry | None, b: Entry | None) -> bool:
+    return a is None or b is None or not same_content(a, b) or a.mode != b.mode
+
+
 def _materialize(
-    target: Manifest, root: Path, broot: bytes, scanner: Scanner, blob: Callable[[str], bytes]
+    target: Manifest,
+    root: Path,
+    broot: bytes,
+    scanner: Scanner,
+    blob: Callable[[str], bytes],
+    left: list[bytes] | None,
 ) -> list[Change]:
     current = scanner.scan().manifest
-    blocking = _in_the_way(broot, target, current)
+    # A path that held a secret, in the target or on disk now: its bytes are in no snapshot,
+    # so neither what the target recorded nor what is there now could be brought back.
+    held = {p for p, e in target.items() if e.kind == SECRET}
+    held |= {p for p, e in current.items() if e.kind == SECRET}
+    blocking = _in_the_way(broot, target, current, held)
     if blocking is not None:
         shown = Change(blocking, "deleted", 0).shown
         raise UsageError(
@@ -195,7 +238,7 @@ def _materialize(
     wanted_dirs |= {p for p, e in target.items() if e.kind == DIR}
     for rel in sorted(current, reverse=True):  # deepest first
         old = current[rel]
-        if old.kind == BIG or rel in target:
+        if old.kind in KEPT or rel in target:
             continue
         if old.kind == DIR and rel in wanted_dirs:
             continue
@@ -212,11 +255,13 @@ def _materialize(
     for rel in sorted(target):
         entry = target[rel]
         have = current.get(rel)
-        if entry.kind == BIG or have == entry:
+        if entry.kind in KEPT or have == entry or rel in held:
             continue
         if entry.kind in (FILE, LINK, DIR):
             _write(broot, rel, entry, have, blob)
     # Our writes happened within the racy window: hash them again next time. What is below a
     # folder the harness may not list is kept as this manifest has it.
     scanner.forget(seen=target)
-    return changes(current, target)
+    if left is not None:
+        left += sorted(p for p in held if _differ(current.get(p), target.get(p)))
+    return [c for c in changes(current, target) if c.path not in held]

@@ -16,11 +16,12 @@ from sqlalchemy import Engine, insert
 from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
 from durable_agent.loop.step_context import StepContext
+from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
-from durable_agent.workspace import snapshot
+from durable_agent.workspace import secrets, snapshot
 from durable_agent.workspace.manifest import Change, Manifest, changes
 from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 
@@ -29,7 +30,9 @@ _CHANGES = insert(workspace_changes)
 
 def scanner(ctx: StepContext) -> Scanner:
     s = ctx.settings
-    return scanner_for(s.workspace, s.exclude, s.snapshot_max_file_bytes)
+    return scanner_for(
+        s.workspace, s.exclude, s.snapshot_max_file_bytes, secrets.for_run(s, ctx.redactor)
+    )
 
 
 def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
@@ -44,14 +47,19 @@ def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
 
 
 def at_creation(
-    settings: Settings, engine: Engine, policy: StorePolicy | None = None
+    settings: Settings, engine: Engine, policy: StorePolicy | None = None, *, redactor: Redactor
 ) -> str | None:
     """The workspace as a new run finds it, stored (content addressed: no lease needed), so a
     worker on another host can start a detached run from the user's files."""
     if not settings.snapshots or not settings.workspace.is_dir():
         return None
     blobs = BlobStore(engine, policy)
-    scanner = scanner_for(settings.workspace, settings.exclude, settings.snapshot_max_file_bytes)
+    scanner = scanner_for(
+        settings.workspace,
+        settings.exclude,
+        settings.snapshot_max_file_bytes,
+        secrets.for_run(settings, redactor),
+    )
     if scanner.exclude_refused:
         rule, why = scanner.exclude_refused[0]
         raise ConfigError(
@@ -102,8 +110,27 @@ def put_back(ctx: StepContext, tree: str) -> None:
     from durable_agent.workspace.materialize import materialize
 
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
-    materialize(snapshot.load(blobs, tree), ctx.settings.workspace, scanner(ctx), blobs.blob)
-    ctx.observer.note("put the workspace back as it was before the interrupted command")
+    held: list[bytes] = []
+    materialize(
+        snapshot.load(blobs, tree),
+        ctx.settings.workspace,
+        scanner(ctx),
+        blobs.blob,
+        present=blobs.present_blobs,
+        held=held,
+    )
+    ctx.observer.note(
+        "put the workspace back as it was before the interrupted command" + held_note(held)
+    )
+
+
+def held_note(held: list[bytes]) -> str:
+    """For a note on a restore: the paths it left as they are, as they held a secret."""
+    if not held:
+        return ""
+    names = ", ".join(p.decode("utf-8", "backslashreplace")[:200] for p in held[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    return f" ({len(held)} path(s) {secrets.HELD}, left as they are: {names}{more})"
 
 
 def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:

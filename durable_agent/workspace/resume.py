@@ -44,10 +44,19 @@ def check(ctx: StepContext) -> None:
     if not os.path.isdir(root) or not os.listdir(root):
         manifest = snapshot.load(blobs, last.tree)
         if manifest:
-            materialize(manifest, root, recorder.scanner(ctx), blobs.blob)
+            held: list[bytes] = []
+            materialize(
+                manifest,
+                root,
+                recorder.scanner(ctx),
+                blobs.blob,
+                present=blobs.present_blobs,
+                held=held,
+            )
             when = f"of step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
             ctx.observer.note(
                 f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)"
+                + recorder.held_note(held)
             )
         return
     if any(
@@ -63,6 +72,8 @@ def check(ctx: StepContext) -> None:
     if tree_id(current) == last.tree:
         return
     differing = changes(recorded, current)
+    if not differing:  # the same files, one withheld for a secret by one side only
+        return
     approval = journal.approval_for(CALL, DRIFT)
     if approval is not None and approval.decision is not None:
         if approval.decision == Decision.DENIED:  # put the snapshot back, then go on
@@ -76,7 +87,7 @@ def check(ctx: StepContext) -> None:
                 f"the files it replaces: {undo}"
             )  # first: said even if it stops halfway
             try:
-                materialize(recorded, root, scanner, blobs.blob)
+                materialize(recorded, root, scanner, blobs.blob, present=blobs.present_blobs)
             except (RestoreStopped, UsageError) as exc:  # a full disk; an ignored file in the way
                 raise LoopExit(
                     StopReason.WORKSPACE_DRIFT,

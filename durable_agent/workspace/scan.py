@@ -29,7 +29,17 @@ from msgspec import Struct, field
 
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
-from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, Entry, Manifest, TreeIds
+from durable_agent.workspace.manifest import (
+    BIG,
+    DIR,
+    FILE,
+    LINK,
+    SECRET,
+    Entry,
+    Manifest,
+    TreeIds,
+)
+from durable_agent.workspace.secrets import SecretCheck
 
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
 DEFAULT_EXCLUDE = (".git/", "node_modules/", ".venv/", "__pycache__/")
@@ -82,9 +92,16 @@ class _Walk:
 class Scanner:
     """One workspace's walker and stat cache. Thread-safe (a worker runs several runs)."""
 
-    def __init__(self, root: Path, exclude: Sequence[str], size_cap: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        exclude: Sequence[str],
+        size_cap: int,
+        secrets: SecretCheck | None = None,
+    ) -> None:
         self.root = os.fsencode(str(root))
         self.size_cap = size_cap
+        self.secrets = secrets  # what is withheld from snapshots (None: nothing)
         # The `exclude` setting's rules the matcher cannot take: a new run refuses them
         # (recorder.at_creation); in a .gitignore they are left out (compile_checked).
         self.exclude, self.exclude_refused = compile_checked(list(exclude))
@@ -347,7 +364,10 @@ class Scanner:
         _UNREADABLE if the harness may not read it."""
         try:
             if stat.S_ISLNK(st.st_mode):
-                return Entry(LINK, target=os.readlink(path))
+                target = os.readlink(path)
+                if self.secrets is not None and self.secrets.link_holds(target):
+                    return _withheld(target, 0)
+                return Entry(LINK, target=target)
             if st.st_size > self.size_cap:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
@@ -358,9 +378,17 @@ class Scanner:
             return _UNREADABLE
         if data is None:
             return None  # no longer the regular file listed
+        if self.secrets is not None and self.secrets.holds(rel, data):
+            # Its bytes never reach `contents`, so no snapshot can store them.
+            return _withheld(data, stat.S_IMODE(st.st_mode) & 0o777)
         digest = hashlib.sha256(data).hexdigest()
         out.contents[digest] = data
         return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, digest, size=len(data))
+
+
+def _withheld(data: bytes, mode: int) -> Entry:
+    """The entry of a file (or link) that held a secret: its hash and size, not its bytes."""
+    return Entry(SECRET, mode, hashlib.sha256(data).hexdigest(), size=len(data))
 
 
 MAX_IGNORE_BYTES = (
@@ -386,15 +414,16 @@ def _regular_bytes(path: bytes, cap: int) -> bytes | None:
     return data if len(data) <= cap else None
 
 
-_scanners: dict[tuple[str, tuple[str, ...], int], Scanner] = {}
+_scanners: dict[tuple[str, tuple[str, ...], int, str], Scanner] = {}
 _scanners_lock = threading.Lock()
 
 
-def scanner_for(root: Path, exclude: Sequence[str], size_cap: int) -> Scanner:
-    """The process's scanner of this workspace (its stat cache lives as long as the process)."""
-    key = (str(root), tuple(exclude), size_cap)
+def scanner_for(root: Path, exclude: Sequence[str], size_cap: int, secrets: SecretCheck) -> Scanner:
+    """The process's scanner of this workspace (its stat cache lives as long as the process);
+    one per set of secrets withheld, as its cache holds what it withheld."""
+    key = (str(root), tuple(exclude), size_cap, secrets.key)
     with _scanners_lock:
         found = _scanners.get(key)
         if found is None:
-            found = _scanners[key] = Scanner(root, exclude, size_cap)
+            found = _scanners[key] = Scanner(root, exclude, size_cap, secrets)
         return found

@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 from msgspec import Struct
 
+from durable_agent.errors import StoreError
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
 from durable_agent.workspace.manifest import (
     Manifest,
@@ -104,8 +105,11 @@ def load(blobs: BlobStore, tid: str) -> Manifest:
         if tid in _trees:
             return _trees[tid]
     manifest: Manifest | None = None
-    for data in blobs.tree_chain(tid):
-        manifest = apply_stored(manifest, data)
+    try:
+        for data in blobs.tree_chain(tid):
+            manifest = apply_stored(manifest, data)
+    except ValueError as exc:  # edited by hand: one line, not a traceback
+        raise StoreError(f"workspace snapshot {tid} is damaged in the store: {exc}") from None
     assert manifest is not None
     remember(tid, manifest)
     return manifest
