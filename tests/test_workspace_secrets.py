@@ -206,7 +206,7 @@ def test_conventional_secret_files_are_withheld_unless_the_setting_is_off(
         (ws / ".npmrc").write_bytes(npm_plain)
         run_env = {**env, "DURABLE_AGENT_DB": f"sqlite:///{tmp_path / f'{withhold}.db'}"}
         if not withhold:
-            _config(run_env, "snapshot_withhold_secret_files = false\n")
+            _config(run_env, "snapshot_withhold_credential_files = false\n")
         proc = _start(run_env, ws, write_script(script), "pem")
         assert proc.returncode == 0, proc.stderr
         blobs, rows = _stored(_db(run_env))

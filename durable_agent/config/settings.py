@@ -167,7 +167,7 @@ class Settings(BaseModel):
     """Paths left out of workspace snapshots (gitignore syntax), besides what .gitignore files ignore."""
     snapshot_max_file_bytes: int = Field(10_000_000, ge=0)
     """Files larger than this are left out of snapshots (noted on the step)."""
-    snapshot_withhold_secret_files: bool = True
+    snapshot_withhold_credential_files: bool = True
     """Withhold files named like secrets (.env*, *.pem, *.key, id_rsa*, .netrc...) from snapshots."""
     durability: Literal["full", "fast"] = "full"
     """full survives power loss (synchronous=FULL); fast may lose the last step on an OS crash."""

@@ -4,7 +4,7 @@ A file is withheld when its content holds a secret the harness knows (its API ke
 values of the credential-named variables it removes from commands: redact.is_secret_name)
 or a key shape the redactor finds (unless `redact_observations` is off), and, by default,
 when it is named as secrets conventionally are (.env*, *.pem, *.key, id_rsa*, .netrc, an
-.npmrc holding a token...: the `snapshot_withhold_secret_files` setting). A link whose
+.npmrc holding a token...: the `snapshot_withhold_credential_files` setting). A link whose
 target holds a secret is withheld too.
 
 A withheld path is an entry of kind `secret` in the manifest: its hash, size and mode,
@@ -79,7 +79,7 @@ def named_secret(rel: bytes, data: bytes) -> bool:
 def for_run(settings: Any, redactor: Redactor) -> SecretCheck:
     """The check of a run: what its redactor finds (the run's key, its environment's
     credentials, key shapes unless `redact_observations` is off)."""
-    return SecretCheck(redactor, by_name=bool(settings.snapshot_withhold_secret_files))
+    return SecretCheck(redactor, by_name=bool(settings.snapshot_withhold_credential_files))
 
 
 def for_command(env: Mapping[str, str], recorded: Mapping[str, Any] | None) -> SecretCheck:
@@ -101,5 +101,5 @@ def for_command(env: Mapping[str, str], recorded: Mapping[str, Any] | None) -> S
         env, shapes=settings.get("redact_observations") is not False, extra=extra
     )
     return SecretCheck(
-        redactor, by_name=settings.get("snapshot_withhold_secret_files") is not False
+        redactor, by_name=settings.get("snapshot_withhold_credential_files") is not False
     )
