@@ -230,6 +230,25 @@ def test_the_prefilter_never_changes_what_is_redacted(text: str) -> None:
     assert r.redact(text) == unfiltered
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_pieces, max_size=30).map("".join), st.booleans())
+def test_finds_is_true_exactly_where_redact_changes_the_text(text: str, shapes: bool) -> None:
+    # What withholds a workspace file from snapshots (workspace/secrets.py): the same
+    # decisions as the redaction of observations, a word-inner `sk-...` included.
+    r = Redactor.from_env({"DB_PASSWORD": "correct-horse-battery"}, shapes=shapes)
+    assert r.finds(text) == (r.redact(text) != text)
+
+
+def test_the_fingerprint_tells_what_a_redactor_finds() -> None:
+    a = Redactor.from_env({"DB_PASSWORD": "correct-horse-battery", "HOME": "/root"})
+    assert a.fingerprint == Redactor.from_env({"X_TOKEN": "correct-horse-battery"}).fingerprint
+    assert a.fingerprint != Redactor.from_env({"X_TOKEN": "another-value"}).fingerprint
+    assert (
+        a.fingerprint
+        != Redactor.from_env({"X_TOKEN": "correct-horse-battery"}, shapes=False).fingerprint
+    )
+
+
 def test_arguments_keep_every_byte_but_the_string_that_held_the_secret() -> None:
     # Re-encoding the whole value once turned 1e400 into Infinity (not JSON), 1.0 into 1.0
     # but 1E2 into 100.0, and dropped a key given twice.

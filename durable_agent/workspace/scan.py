@@ -8,7 +8,8 @@ lookup and one comparison per file, and builds nothing: the previous manifest st
 
 What is left out: paths matched by the `exclude` setting (gitignore syntax, applied at the
 root) and by every `.gitignore` in the tree (a deeper file wins, as in git), sockets and
-other special files. A file over the size cap is an entry of kind `big` (size only). The
+other special files. A file over the size cap is an entry of kind `big` (size only); one
+that holds a secret, of kind `secret` (its hash: its bytes are never kept, secrets.py). The
 walk only reads: it never runs git and never writes, so the user's repository (index,
 HEAD, refs, config, hooks) cannot change and no git identity is needed.
 """
