@@ -71,6 +71,7 @@ def _config(env: dict[str, str], text: str) -> None:
     path.write_text(text)
 
 
+@pytest.mark.slow
 def test_a_file_holding_a_secret_is_never_stored_and_restore_leaves_it(
     tmp_path, env, workspace, write_script
 ) -> None:  # type: ignore[no-untyped-def]
@@ -372,6 +373,7 @@ def _hostile_rows(draw: st.DrawFn, keep_ref: str) -> list[Any]:
     return [path, kind, mode, ref, target, size]
 
 
+@pytest.mark.slow
 def test_hostile_manifest_entries_never_touch_the_workspace(
     tmp_path, env, workspace, tampered
 ) -> None:  # type: ignore[no-untyped-def]
