@@ -392,3 +392,25 @@ def test_hostile_manifest_entries_never_touch_the_workspace(
         _refused(env, workspace, tmp_path, tree, seq, str(next(counter)))
 
     check()
+
+
+def test_the_check_refuses_no_path_the_run_itself_snapshotted(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    # A run that excludes nothing snapshots its .git folder: restore checks the manifest
+    # against the run's own `exclude`, not the default one.
+    _config(env, "exclude = []\n")
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    script = [
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "a\n"}}]},
+        {"content": "ok"},
+    ]
+    assert _start(env, workspace, write_script(script), "ex").returncode == 0
+    with sqlite3.connect(_db(env)) as conn:
+        (tree,) = conn.execute(
+            "SELECT tree_id FROM steps WHERE run_id = 'ex' AND tree_id IS NOT NULL"
+        ).fetchone()
+    proc = da(["restore", "ex", "--tree", tree, "--to", str(tmp_path / "back")], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(tmp_path / "back") == picture(workspace)

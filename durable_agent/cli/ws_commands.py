@@ -67,7 +67,9 @@ def _scanner(root: Path, settings: dict[str, Any] | None, env: dict[str, str]) -
 
     fields = Settings.model_fields
     s = settings or {}
-    exclude = s.get("exclude") or fields["exclude"].get_default(call_default_factory=True)
+    exclude = s.get("exclude")
+    if not isinstance(exclude, list):  # (an empty list is the run's: it excluded nothing)
+        exclude = fields["exclude"].get_default(call_default_factory=True)
     cap = s.get("snapshot_max_file_bytes") or fields["snapshot_max_file_bytes"].default
     return scanner_for(root, list(exclude), int(cap), for_command(env, s))
 
