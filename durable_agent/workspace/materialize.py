@@ -4,11 +4,11 @@ The directory ends up with exactly the manifest's files, links and empty directo
 (bytes, permission bits, link targets), and without the paths the manifest lacks, except
 what snapshots leave out: excluded and .gitignored paths (a `.git` directory among them),
 files over the size cap and files that held a secret (workspace/secrets.py: what is on disk
-at such a path, in the target or now, stays as it is) are never written nor deleted. Every
-entry of the target is checked first (validation.py): a manifest edited in the store is
-refused before anything is touched. A path under a symlink is never
-written through it: the link is replaced by a real directory first, so nothing outside the
-directory can be reached.
+at such a path, in the target or now, stays as it is) are never written nor deleted. A path
+under a symlink is never written through it: the link is replaced by a real directory
+first, so nothing outside the directory can be reached. Every entry of the target is
+checked first (validation.py): a manifest edited in the store is refused before anything
+is touched.
 """
 
 from __future__ import annotations
