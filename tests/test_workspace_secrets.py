@@ -414,3 +414,21 @@ def test_the_check_refuses_no_path_the_run_itself_snapshotted(
     proc = da(["restore", "ex", "--tree", tree, "--to", str(tmp_path / "back")], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert picture(tmp_path / "back") == picture(workspace)
+
+
+def test_a_scan_keeps_no_byte_of_a_withheld_file_or_link(tmp_path: Path) -> None:
+    from durable_agent.redact import Redactor
+    from durable_agent.workspace.scan import Scanner
+    from durable_agent.workspace.secrets import SecretCheck
+
+    token = "svc-" + secrets.token_hex(16)
+    (tmp_path / "cfg.yml").write_text(f"token: {token}\n")
+    (tmp_path / "link").symlink_to(token)  # a link's target is stored as its content
+    (tmp_path / "plain.txt").write_text("plain\n")
+    check = SecretCheck(Redactor.from_env({"MY_SERVICE_TOKEN": token}))
+    scan = Scanner(tmp_path, [], 1 << 20, check).scan()
+    kinds = {p: e.kind for p, e in scan.manifest.items()}
+    assert kinds == {b"cfg.yml": "secret", b"link": "secret", b"plain.txt": "file"}
+    assert list(scan.contents.values()) == [b"plain\n"]
+    assert scan.manifest[b"cfg.yml"].ref == hashlib.sha256(f"token: {token}\n".encode()).hexdigest()
+    assert all(token.encode() not in e.target for e in scan.manifest.values())
