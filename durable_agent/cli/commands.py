@@ -391,6 +391,8 @@ def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
             f"run {run_id}: context compacted in {done.steps} step(s): ~{done.before:,} → ~{done.after:,} "
             f"tokens per request"
         )
+    if done.note:
+        print(f"  {done.note}")
     print(f"continue with: durable-agent resume {run_id}")
     return 0
 
