@@ -239,16 +239,6 @@ class Settings(BaseModel):
 
     @field_validator("model")
     @classmethod
-    def _script_path_is_absolute(cls, model: str | None) -> str | None:
-        # Recorded on the run: a relative script path would name another file (or none) for
-        # a resume or a worker in another directory.
-        if model and model.startswith("scripted:"):
-            path = Path(model.removeprefix("scripted:")).expanduser()
-            return f"scripted:{path if path.is_absolute() else Path.cwd() / path}"
-        return model
-
-    @field_validator("model")
-    @classmethod
     def _endpoint_model_is_utf8(cls, model: str | None) -> str | None:
         # Sent as JSON text: bytes that are not UTF-8 failed the run later, as a bug.
         if model and not model.startswith("scripted:") and not model.isascii():
