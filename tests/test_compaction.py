@@ -1049,6 +1049,7 @@ def test_empty_summaries_again_and_again_still_name_every_result_they_replaced(
     assert last["summary"].count("(the summary came back empty)") == 1  # not nested
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_compact_by_hand_pays_no_summary_that_would_not_shrink_the_request(
     cli: Callable[..., Any],
     env: dict[str, str],

@@ -49,6 +49,7 @@ def test_a_zombie_owner_is_dead() -> None:
         child.wait()
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_resume_right_after_a_kill_takes_over_from_an_owner_not_yet_reaped(
     cli: Callable[..., Result],
     env: dict[str, str],
@@ -80,6 +81,7 @@ def enqueue(cli: Callable[..., Result], model: str, run_id: str, db: str) -> Non
     assert res.code == 0, res.stderr
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_killed_workers_older_run_is_taken_over_before_newer_queued_ones(
     cli: Callable[..., Result],
     env: dict[str, str],

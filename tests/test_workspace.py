@@ -1519,6 +1519,7 @@ def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(
     assert sorted(ours) == sorted(git)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_generated_folders_stay_out_of_snapshots_unless_git_tracks_files_in_them(
     cli: Any, workspace: Path, write_script: Any, sql: Any
 ) -> None:
