@@ -3,6 +3,7 @@
     from durable_agent import Agent
 
     agent = Agent(model="scripted:turns.json", workspace="project", db="sqlite:///runs.db")
+    # (a relative script path is read from the workspace: project/turns.json)
     outcome = agent.start("fix the failing test")      # an Outcome: run_id, status, answer, ...
     agent.resume(outcome.run_id)                       # after a crash, a budget, an approval
 

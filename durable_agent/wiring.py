@@ -44,6 +44,16 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
         from durable_agent.models.scripted import ScriptedModel, load_script
 
         path = Path(name.removeprefix("scripted:")).expanduser()
+        if not path.is_absolute():
+            # The name is recorded as written: a relative path is read from the run's workspace
+            # (recorded absolute), wherever `resume`, a worker or `fork` runs, and a worker's
+            # --workspace-root rebuilds it with the files (docs/models.md).
+            path = settings.workspace.expanduser().resolve() / path
+            if not path.exists():
+                raise ConfigError(
+                    f"script file not found: {path} (a relative scripted: path is read from "
+                    "the run's workspace; give an absolute path for a file elsewhere)"
+                )
         return ScriptedModel(load_script(path), name)
     key = settings.api_key.get_secret_value() if settings.api_key else None
     if not key:

@@ -822,9 +822,12 @@ def test_compact_by_hand_after_a_tight_elide_of_the_same_turn(
     ) == [(1,)]
     done = windowed.cli("compact", "r", extra_env=windowed.cli_env())
     assert done.code == 0, done.stderr
+    # No second elide under the turn's key; what is left to summarize is the stubs, fewer
+    # tokens than a summary (capped at 330 here) takes: none is paid, and that is said.
+    assert "no summary made" in done.stdout, done.stdout
     assert sql(
-        "SELECT count(*) FROM steps WHERE kind = 'compact' AND turn = 6 AND output LIKE '%summarize%'"
-    ) == [(1,)]
+        "SELECT idempotency_key FROM steps WHERE kind = 'compact' AND turn = 6 ORDER BY seq"
+    ) == [("compact:6:elide",)]
     assert windowed.resume("r", "--json").code == 0
 
 
@@ -1044,3 +1047,33 @@ def test_empty_summaries_again_and_again_still_name_every_result_they_replaced(
     ]
     assert replaced and all(i in last["summary"] for i in replaced), last["summary"]
     assert last["summary"].count("(the summary came back empty)") == 1  # not nested
+
+
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
+def test_compact_by_hand_pays_no_summary_that_would_not_shrink_the_request(
+    cli: Callable[..., Any],
+    env: dict[str, str],
+    workspace: Path,
+    tmp_path: Path,
+    sql: Callable[..., list[Any]],
+) -> None:
+    """A small context: the older turns hold fewer tokens than a summary takes. `compact`
+    made it bigger (~1,060 → ~1,089) and paid a call for it; now it says so and calls nothing."""
+    reads = []
+    for name in "abcd":  # a.txt is elided (free), then what is left to summarize is small
+        (workspace / f"{name}.txt").write_text(f"{name}\n" * (3000 if name == "a" else 1))
+        reads.append({"tool_calls": [{"name": "read_file", "arguments": {"path": f"{name}.txt"}}]})
+    with FakeOpenAI(script=[*reads, {"content": "done"}], window=WINDOW) as server:
+        endpoint = Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
+        endpoint.configure(keep_recent_outputs=0, models={MODEL: {"context_window": WINDOW}})
+        first = endpoint.start("--json", "--max-steps", "4", "--run-id", "small")
+        assert first.code == 3, first.stderr
+        done = endpoint.cli("compact", "small", extra_env=endpoint.cli_env())
+        assert done.code == 0, done.stderr
+        assert "context compacted in 1 step(s)" in done.stdout, done.stdout  # the elide
+        assert "no summary made" in done.stdout and "no model call was paid" in done.stdout
+        assert [r["kind"] for r in server.requests].count("summary") == 0
+        assert [o["stage"] for _, o in outputs(sql, "compact")] == ["elide"]
+        again = endpoint.resume("small", "--json", "--max-steps", "10")
+        assert again.code == 0, again.stderr
+        assert [r["kind"] for r in server.requests].count("summary") == 0  # nor on resume

@@ -4,7 +4,10 @@ that is checked against the database and the workspace it leaves behind."""
 from __future__ import annotations
 
 import re
+import shlex
 import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -26,13 +29,12 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
     began = time.monotonic()
     r = cli(
         "demo",
-        "--keep",
         extra_env={
             "DURABLE_AGENT_CONFIG": str(config),
             "OPENAI_API_KEY": "sk-unused",
             "TMPDIR": str(tmp_path),
         },
-    )  # what it keeps goes with the test
+    )  # what it keeps goes with the test (XDG_DATA_HOME)
     elapsed = time.monotonic() - began
     assert r.code == 0, r.stdout + r.stderr
     assert elapsed < 30, f"the demo took {elapsed:.1f} s"
@@ -50,13 +52,13 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
         in out
     )
     assert "edit_file (step 12): cut off by the crash; the resume checked the workspace" in out
-    assert out.rstrip().splitlines()[-1].startswith("kept: ")
+    assert out.rstrip().splitlines()[-2].startswith("kept: ")
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in out
 
     # What it reported is what the store and the workspace hold.
-    root = Path(out.rstrip().splitlines()[-1].removeprefix("kept: "))
-    assert root.parent == tmp_path
-    with sqlite3.connect(root / "demo.db") as conn:
+    root = Path(out.rstrip().splitlines()[-2].removeprefix("kept: "))
+    assert root.parent == Path(env["XDG_DATA_HOME"]) / "durable-agent" / "demo"
+    with sqlite3.connect(root.parent / "demo.db") as conn:
         [(run_id, status, resumes, steps)] = conn.execute(
             "SELECT id, status, resume_count, step_count FROM runs"
         ).fetchall()
@@ -76,17 +78,73 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
-def test_demo_records_into_a_given_db_and_cleans_up_its_workspace(cli, tmp_path: Path) -> None:
+def test_demo_records_into_a_given_db_and_keeps_its_workspace(cli, env, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'mine.db'}"
-    r = cli("demo", "--db", url, extra_env={"TMPDIR": str(tmp_path)})
+    r = cli("demo", "--db", url)
     assert r.code == 0, r.stdout + r.stderr
     workspace = Path(re.search(r"workspace  (\S+)", r.stdout).group(1))  # type: ignore[union-attr]
-    assert not workspace.exists()
+    assert (workspace / "calc.py").exists()  # kept, for `diff` and `show`
     with sqlite3.connect(tmp_path / "mine.db") as conn:
         assert conn.execute("SELECT status, resume_count FROM runs").fetchall() == [
             ("completed", 1)
         ]
     assert f"--db {url}" in r.stdout  # how to look at it again
+    assert not (workspace.parent.parent / "demo.db").exists()  # the given store, not its own
+
+
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
+def test_the_commands_the_demo_prints_find_its_run_until_clean_removes_it(
+    env: dict[str, str], tmp_path: Path, db_path: Path
+) -> None:
+    """After the README's install (`.venv/bin/durable-agent demo`, nothing on PATH), every
+    command it printed is pasted as printed, from the same directory, and works."""
+    program = Path(sys.executable).parent / "durable-agent"
+    assert program.exists(), "the console script of this install"
+    env = {**env, "PATH": "/usr/bin:/bin"}  # (not this install's bin: as after the README)
+
+    def run(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            shlex.split(command),
+            cwd=program.parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    demo = run("bin/durable-agent demo")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    run_id = re.search(r"run (demo-[0-9a-f]{8})", demo.stdout).group(1)  # type: ignore[union-attr]
+    printed = [
+        line.split(": ", 1)[-1].strip()
+        for line in demo.stdout.splitlines()
+        if "bin/durable-agent " in line and "--db" in line
+    ]
+    show = next(c for c in printed if c.startswith("bin/durable-agent show "))
+    resume = next(c for c in printed if c.startswith("bin/durable-agent resume "))
+    listing = next(c for c in printed if c.startswith("bin/durable-agent list "))
+    assert run_id in show and run_id in resume
+    shown = run(show)
+    assert shown.returncode == 0 and f"run        {run_id}" in shown.stdout, shown.stderr
+    again = run(resume)  # completed: said so, not "no run with id"
+    assert "no run with id" not in again.stderr and run_id in again.stdout + again.stderr
+    assert run_id in run(listing).stdout
+    # The user's own store holds none of it, and its `list` says where the demo's runs are.
+    mine = run("bin/durable-agent list")
+    assert "no runs yet" in mine.stdout
+    assert "the demo's runs are kept in a store of their own: bin/durable-agent list --db" in (
+        mine.stdout
+    )
+    assert not db_path.exists() or "demo-" not in run("bin/durable-agent list").stdout
+
+    clean = run("bin/durable-agent demo --clean")
+    assert clean.returncode == 0, clean.stderr
+    assert "removed " in clean.stdout and "1 demo run(s)" in clean.stdout
+    home = Path(env["XDG_DATA_HOME"]) / "durable-agent" / "demo"
+    assert not home.exists()
+    assert "their own" not in run("bin/durable-agent list").stdout
+    gone = run(show)
+    assert gone.returncode != 0 and f"no run with id '{run_id}'" in gone.stderr
 
 
 T0, T1 = datetime(2026, 1, 1, 12, 0, 0), datetime(2026, 1, 1, 12, 0, 1)
@@ -186,6 +244,6 @@ def test_demo_without_any_sandbox_says_so_in_one_line_and_runs(
     lines = [line for line in r.stdout.splitlines() if "unsandboxed" in line]
     assert len(lines) == 1 and "no bubblewrap, no Landlock" in lines[0]
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in r.stdout
-    # Its store is removed with the temporary folder: no command pointing at it is offered.
-    assert "see it yourself" not in r.stdout and "--db sqlite:///" not in r.stdout
-    assert "`durable-agent demo --keep` keeps them" in r.stdout.rstrip().splitlines()[-1]
+    # Kept, and the commands it offers name the demo's store.
+    assert "see it yourself" in r.stdout and "demo/demo.db" in r.stdout
+    assert "demo --clean` removes what the demos kept" in r.stdout.rstrip().splitlines()[-1]

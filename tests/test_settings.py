@@ -150,9 +150,11 @@ def test_build_runner_leaves_the_callers_settings_as_they_were(
     assert "sandbox_mechanism" not in before
 
 
-def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
+def test_a_relative_script_path_is_recorded_as_written_and_read_from_the_workspace(
     cli, env: dict[str, str], tmp_path: Path
 ) -> None:  # noqa: ANN001
+    import sqlite3
+
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     here.mkdir()
     elsewhere.mkdir()
@@ -162,9 +164,19 @@ def test_a_relative_script_path_is_recorded_whole_so_resume_finds_it_anywhere(
     first = cli(
         "start", "t", "--model", "scripted:s.json", "--max-steps", "1", "--run-id", "rel", cwd=here
     )
-    assert first.code == 3 and f"scripted:{here / 's.json'}" in first.stderr, first.stderr
-    resumed = cli("resume", "rel", "--max-steps", "5", cwd=elsewhere)
+    assert first.code == 3, first.stderr
+    with sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")) as conn:
+        recorded = conn.execute(
+            "SELECT model, json_extract(settings, '$.model') FROM runs WHERE id = 'rel'"
+        ).fetchone()
+    assert recorded == ("scripted:s.json", "scripted:s.json")  # as written (docs/models.md)
+    resumed = cli("resume", "rel", "--max-steps", "5", cwd=elsewhere)  # read from the workspace
     assert resumed.code == 0, resumed.stderr
+    # Relative to the run's workspace, not to where the command runs, at `start` too.
+    other = cli("start", "t", "--model", "scripted:s.json", "--workspace", str(elsewhere), cwd=here)
+    assert other.code == 2
+    assert f"script file not found: {elsewhere / 's.json'}" in other.stderr
+    assert "read from the run's workspace" in other.stderr
 
 
 def test_every_number_setting_refuses_true_and_false_and_only_those_are_listed() -> None:

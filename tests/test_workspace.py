@@ -1517,3 +1517,95 @@ def test_a_big_gitignore_matched_in_parts_ignores_what_git_ignores(
         if (tmp_path / p.decode()).is_file()
     ]
     assert sorted(ours) == sorted(git)
+
+
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
+def test_generated_folders_stay_out_of_snapshots_unless_git_tracks_files_in_them(
+    cli: Any, workspace: Path, write_script: Any, sql: Any
+) -> None:
+    """A virtualenv the model makes (`venv/` not in .gitignore) added 9.6 MB to the store;
+    the default `exclude` leaves such folders out, but a file git tracks in one stays in,
+    and `show` says what was left out."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=workspace, check=True, capture_output=True)
+
+    git("init", "-q")
+    (workspace / "venv").mkdir()
+    (workspace / "venv" / "pinned.txt").write_text("tracked\n")
+    git("add", "venv/pinned.txt")
+    command = (
+        "mkdir -p venv/lib .tox/py node_modules/m && echo x > venv/lib/site.py && "
+        "echo y > .tox/py/log && echo z > node_modules/m/i.js && echo more >> venv/pinned.txt && "
+        "echo a > app.py"
+    )
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+            {"content": "done"},
+        ]
+    )
+    run = cli("start", "t", "--model", model, "--shell", "allow", "--run-id", "gen", "--quiet")
+    assert run.code == 0, run.stderr
+    changed = {p for (p,) in sql("SELECT path FROM step_changes WHERE run_id = 'gen'")}
+    assert changed == {"app.py", "venv/pinned.txt"}
+    [(note,)] = sql("SELECT json_extract(output, '$.workspace_note') FROM steps WHERE seq = 1")
+    assert (
+        "left out of the snapshot by the exclude setting: .tox/, node_modules/, venv/lib/" in note
+    )
+    shown = cli("show", "gen")
+    assert shown.code == 0, shown.stderr
+    assert "snapshot: left out of the snapshot by the exclude setting: .tox/" in shown.stdout
+    # A later step does not say it again; a file git starts tracking there comes in.
+    git("add", "-f", "venv/lib/site.py")
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo b > b.py"}}]},
+            {"content": "done"},
+        ]
+    )
+    again = cli("start", "t", "--model", model, "--shell", "allow", "--run-id", "gen2", "--quiet")
+    assert again.code == 0, again.stderr
+    tree = sql("SELECT tree_id FROM steps WHERE run_id = 'gen2' AND seq = 1")[0][0]
+    assert tree
+    restored = workspace.parent / "restored"
+    back = cli("restore", "gen2", "--at", "2", "--to", str(restored))
+    assert back.code == 0, back.stderr
+    assert (restored / "venv" / "lib" / "site.py").read_text() == "x\n"
+    assert not (restored / ".tox").exists() and not (restored / "node_modules").exists()
+    [(note,)] = sql(
+        "SELECT json_extract(output, '$.workspace_note') FROM steps WHERE run_id = 'gen2' AND seq = 1"
+    )
+    assert note is None  # those folders were there before this run: nothing new to say
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_the_files_git_tracks_are_read_from_its_index_as_git_lists_them(
+    tmp_path: Path, version: int, object_format: str
+) -> None:
+    from durable_agent.workspace.git_index import find_index, tracked_files
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True).stdout
+
+    git("init", "-q", f"--object-format={object_format}")
+    names = ["venv/a", "sub/venv/b", "sub/venv/deep/é c", "sub/plain", "sub/node_modules/x/y.js"]
+    names += [f"sub/venv/{'n' * i}" for i in range(1, 12)]  # every padding, shared prefixes
+    for name in names:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(name)
+    git("add", *names[:-1])
+    git("add", "-N", names[-1])  # intent to add: an extended flag in versions 3 and 4
+    git("update-index", f"--index-version={version}")
+    listed = git("ls-files", "-z", "--", "sub").split(b"\0")
+    wanted = frozenset({b"venv", b"node_modules"})
+    expected = {p.removeprefix(b"sub/") for p in listed if p}
+    expected = {p for p in expected if not wanted.isdisjoint(p.split(b"/")[:-1])}
+    found = find_index(os.fsencode(repo / "sub"))
+    assert found is not None and found[1] == b"sub"
+    assert tracked_files(*found, wanted).files == expected
+    assert len(expected) == len(names) - 2  # all but plain and the top-level venv/a

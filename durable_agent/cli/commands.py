@@ -391,6 +391,8 @@ def cmd_compact(args: Namespace, env: dict[str, str]) -> int:
             f"run {run_id}: context compacted in {done.steps} step(s): ~{done.before:,} → ~{done.after:,} "
             f"tokens per request"
         )
+    if done.note:
+        print(f"  {done.note}")
     print(f"continue with: durable-agent resume {run_id}")
     return 0
 
@@ -426,11 +428,11 @@ def cmd_db(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_demo(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.demo.story import run_demo
+    from durable_agent.demo.story import clean_demo, run_demo
 
     if args.db == "":  # as for every other command: empty is a mistake, not "the default"
         raise ConfigError("the store URL is empty: give --db a URL or a file path, or leave it out")
-    code = run_demo(db=args.db, keep=args.keep, env=env)
+    code = clean_demo(env) if args.clean else run_demo(db=args.db, env=env)
     if streams.is_broken(streams.forgiving(sys.stdout)):
         streams.silence_stdout()  # (what waits in its buffer cannot be written either)
     return code

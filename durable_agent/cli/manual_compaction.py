@@ -1,7 +1,8 @@
 """`durable-agent compact RUN_ID`: compact a stopped run by hand, before `resume`.
 
 The same compact steps as a running loop takes (compaction.py), forced: older outputs are
-elided and the older turns summarized even below the threshold. The command holds the
+elided and the older turns summarized even below the threshold, unless the summary would
+not shrink the request (too little to summarize): that is skipped, unpaid, and said. The command holds the
 run's lease while it works, renewed through a long summary call (a live run is refused,
 exit 6), and puts the run back as it was found — status, stop reason, answer and error — so `resume` continues it as before,
 now with the smaller request.
@@ -26,6 +27,7 @@ class Compacted(Struct, frozen=True):
     before: int
     after: int
     steps: int  # compact steps recorded
+    note: str | None = None  # why no summary was made, when one would not have helped
 
 
 def compact_run(runner: Runner, run_id: str) -> Compacted:
@@ -54,10 +56,10 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
         ctx = runner.context(journal, time.monotonic())
         s = ctx.state
         before = compaction.count(ctx, s.request())
-        made = s.view.compactions
+        made, start = s.view.compactions, s.view.start
         try:  # the lease renewed while the summary call runs (it may outlast the lease)
             with Heartbeat(journal, max(0.2, runner.settings.lease_seconds / 3), runner.cancel):
-                compaction.compact(ctx, [], before, forced=True)
+                compaction.compact(ctx, [], before, forced=True, by_hand=True)
         finally:  # as it was found, also when the summary call failed (its step says why)
             journal.finish_run(
                 status=status,
@@ -66,7 +68,10 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
                 error=error,
                 counters=ctx.counters(),
             )
-        return Compacted(before, compaction.count(ctx, s.request()), s.view.compactions - made)
+        note = compaction.why_no_summary(ctx) if s.view.start == start else None
+        return Compacted(
+            before, compaction.count(ctx, s.request()), s.view.compactions - made, note
+        )
     finally:
         journal.release_lease()
         journal.close()

@@ -377,19 +377,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="offline: run a bundled task, crash it on purpose, resume it",
-        description="Offline, no API key: copies a tiny buggy project to a temporary folder, "
+        description="Offline, no API key: copies a tiny buggy project to a folder of its own, "
         "runs the bundled scripted task in a child process that is killed with "
         "SIGKILL mid-run, resumes it in another, and shows from the database that "
-        "nothing ran twice. Uses a temporary SQLite database unless --db is given.",
+        "nothing ran twice. The workspace and the demo's own SQLite store are kept "
+        "(XDG_DATA_HOME/durable-agent/demo) for the commands it prints; --clean removes them.",
     )
     p.add_argument(
         "--db",
         metavar="URL",
-        help="record the demo run in this store (default: a temporary SQLite file)",
+        help="record the demo run in this store (default: the demo's own SQLite file)",
     )
     p.add_argument(
-        "--keep", action="store_true", help="keep the demo workspace and print where it is"
+        "--clean",
+        action="store_true",
+        help="remove the workspaces and the store the demos kept, and run nothing",
     )
+    # What --keep asked for is what the demo always does now: accepted, not advertised.
+    p.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
 
     p.set_defaults(func=_command("cmd_demo"))
     p = sub.add_parser(

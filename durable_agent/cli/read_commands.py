@@ -38,7 +38,26 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
         print(json.dumps([render.run_json(r, settings=False) for r in runs], indent=2))
     else:
         render.run_table(runs, sys.stdout, status=args.status)
+        if not runs and not args.status:
+            _demo_runs_hint(args.db, env)
     return 0
+
+
+def _demo_runs_hint(db: str | None, env: dict[str, str]) -> None:
+    """After `durable-agent demo`, an empty list said "no runs yet": its runs are kept in
+    a store of their own (demo/home.py), named here."""
+    import shlex
+
+    from durable_agent.config.layers import sqlite_url
+    from durable_agent.demo.home import demo_store, invoked_as
+
+    kept = demo_store(env)
+    url = sqlite_url(kept)
+    if kept.is_file() and store_options({"db": db}, env).db != url:
+        print(
+            f"the demo's runs are kept in a store of their own: "
+            f"{invoked_as()} list --db {shlex.quote(url)}"
+        )
 
 
 def cmd_show(args: Namespace, env: dict[str, str]) -> int:

@@ -434,6 +434,9 @@ def _step_table(
         )
         if s.error:
             p(f"{'':>4}  error: {short(s.error, 110)}")
+        left = as_dict(s.output).get("workspace_note")
+        if isinstance(left, str) and left:  # what the step's snapshot left out, and why
+            p(f"{'':>4}  snapshot: {short(left, 300)}")
 
 
 def step_what(run: RunRecord, s: StepRecord) -> str:

@@ -162,9 +162,21 @@ class Settings(BaseModel):
     """Record a workspace snapshot in the store after every step that can change files
     (`diff`, `restore`, `fork`, resume on another host need them)."""
     exclude: list[str] = Field(
-        default_factory=lambda: [".git/", "node_modules/", ".venv/", "__pycache__/"]
+        default_factory=lambda: [
+            ".git/",
+            ".venv/",
+            "venv/",
+            "node_modules/",
+            "__pycache__/",
+            ".tox/",
+            ".mypy_cache/",
+            ".pytest_cache/",
+            ".ruff_cache/",
+        ]
     )
-    """Paths left out of workspace snapshots (gitignore syntax), besides what .gitignore files ignore."""
+    """Paths left out of workspace snapshots (gitignore syntax), besides what .gitignore files
+    ignore. A `NAME/` rule for a generated folder (.venv, venv, node_modules, __pycache__,
+    .tox, .mypy_cache, .pytest_cache, .ruff_cache) spares the files git tracks in it."""
     snapshot_max_file_bytes: int = Field(10_000_000, ge=0)
     """Files larger than this are left out of snapshots (noted on the step)."""
     snapshot_withhold_credential_files: bool = True
@@ -238,16 +250,6 @@ class Settings(BaseModel):
         if isinstance(value, bool):
             raise ValueError("must be a number, not true or false")
         return value
-
-    @field_validator("model")
-    @classmethod
-    def _script_path_is_absolute(cls, model: str | None) -> str | None:
-        # Recorded on the run: a relative script path would name another file (or none) for
-        # a resume or a worker in another directory.
-        if model and model.startswith("scripted:"):
-            path = Path(model.removeprefix("scripted:")).expanduser()
-            return f"scripted:{path if path.is_absolute() else Path.cwd() / path}"
-        return model
 
     @field_validator("model")
     @classmethod

@@ -32,7 +32,7 @@ from durable_agent.context.budget import (
     schema_tokens,
     text_counter,
 )
-from durable_agent.context.view import HEAD, stub, tool_names
+from durable_agent.context.view import HEAD, SUMMARY_HEADER, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step_context import StepContext
@@ -46,6 +46,9 @@ KEEP_RECENT = 0.25  # of the budget: recent turns kept verbatim by a summary (at
 SUMMARY_INPUT = 0.6  # of the budget: the most a summary request may hold
 MESSAGE_CHARS = 4_000  # of one message in the summary request (the rest is cut in the middle)
 SUMMARY_SHARE = 0.15  # of the budget: the most a summary may take of every request after it
+# Tokens a summary is expected to take (its five sections run to several hundred): what it
+# replaces must be larger, or the call is paid for a request no smaller (~1,060 -> ~1,089).
+SUMMARY_EXPECTED = 1_000
 SUMMARY_PROMPT = (
     "Summarize the conversation below for a continuation of the same task by an agent that "
     "will not see it again. Write a structured summary with these sections: Task; Decisions "
@@ -111,9 +114,18 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
         compact(ctx, lead, tokens)
 
 
-def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool = False) -> bool:
+def compact(
+    ctx: StepContext,
+    lead: list[Message],
+    tokens: int,
+    *,
+    forced: bool = False,
+    by_hand: bool = False,
+) -> bool:
     """Elide, then summarize if still over TARGET (always, when `forced` by the provider).
     Returns whether the request changed. At most one elide per turn (its step key).
+    `by_hand` (`durable-agent compact`, forced too): no summary that would not shrink the
+    request (summary_too_small), and an elide says so, so a resume does not make it either.
 
     A budget too small for what a summary keeps verbatim (`_tight`: the task and the last
     turn, with one more like it, pass the threshold) would pay a summary call on every turn
@@ -128,6 +140,8 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
     if elided:
         after = _count_elided(ctx, lead, elided)
         enough = after <= bar and not forced
+        if by_hand and not enough:  # elided, no summary would shrink it: that is all
+            enough = _no_summary_pays(ctx, budget, elided)
         _elide(ctx, tokens, after, elided, summary_due=not enough)
         if enough:
             return True
@@ -139,26 +153,76 @@ def compact(ctx: StepContext, lead: list[Message], tokens: int, *, forced: bool 
         return bool(elided)
     if not forced and not _summary_helps(ctx, tokens, cut, budget):
         return bool(elided)
+    if by_hand and summary_too_small(ctx, cut, budget) is not None:
+        return bool(elided)
     _summarize(ctx, lead, tokens, cut=cut)
     return True
+
+
+def _no_summary_pays(ctx: StepContext, budget: int, elided: list[int]) -> bool:
+    """summary_too_small, decided for the request once `elided` are stubs (before the elide
+    is recorded: its output says whether a summary follows)."""
+    s = ctx.state
+    request = _with_stubs(ctx, s.view.request(s.messages), elided, tool_names(s.messages))
+    cut = _cut(ctx, budget, request)
+    return cut is None or summary_too_small(ctx, cut, budget, request) is not None
+
+
+def summary_too_small(
+    ctx: StepContext, cut: int, budget: int, request: list[Message] | None = None
+) -> tuple[int, int] | None:
+    """(tokens replaced, tokens a summary is expected to take) when a summary up to `cut`
+    would not make the requests after it smaller: then none is made, and none is paid.
+
+    Decided before the call, on what the summary replaces (the messages and the previous
+    summary) against what a summary takes (SUMMARY_EXPECTED, or the SUMMARY_SHARE of the
+    budget it is cut to when that is less, with its header): a summary measured after the
+    call would be paid for already, and the model's answer would decide what a resume does."""
+    s = ctx.state
+    counter = text_counter(ctx.model.name)
+    header = count_message(Message("user", SUMMARY_HEADER), counter) * s.calibration
+    cost = min(SUMMARY_EXPECTED, budget * SUMMARY_SHARE) + header
+    replaced = _replaced(ctx, cut, request)
+    return (int(replaced), int(cost)) if replaced <= cost else None
+
+
+def why_no_summary(ctx: StepContext) -> str | None:
+    """For `durable-agent compact`: why no summary was made although turns could be, if the
+    reason is that it would not shrink the request (summary_too_small)."""
+    budget = request_budget(ctx.settings)
+    cut = _cut(ctx, budget)
+    small = summary_too_small(ctx, cut, budget) if cut is not None else None
+    if small is None:
+        return None
+    return (
+        f"no summary made: the older turns hold ~{small[0]:,} tokens, no more than a summary "
+        f"takes (~{small[1]:,}), so it would not shrink the request; no model call was paid"
+    )
 
 
 def _summary_helps(ctx: StepContext, tokens: float, cut: int, budget: int) -> bool:
     """False when even an empty summary up to `cut` would leave the request over the budget
     (the newest results alone pass it): a call paid every turn for a request a little
     smaller. A provider that refuses the request forces one (model_step), and fails the run
-    if none helps. Tokens of what the summary replaces: the last summary and the messages."""
+    if none helps."""
+    return tokens - _replaced(ctx, cut) <= budget
+
+
+def _replaced(ctx: StepContext, cut: int, request: list[Message] | None = None) -> float:
+    """Tokens of what a summary up to `cut` replaces: the last summary and the messages (of
+    `request`, the view's by default)."""
     s = ctx.state
-    request, offset = _sent(s)
+    request, offset = _sent(s, request)
     counter = text_counter(ctx.model.name)
     first = max(s.view.start, HEAD) + offset - (1 if s.view.summary is not None else 0)
-    replaced = sum(count_message(m, counter) for m in request[first : cut + offset]) * s.calibration
-    return tokens - replaced <= budget
+    return sum(count_message(m, counter) for m in request[first : cut + offset]) * s.calibration
 
 
-def _sent(s: RunState) -> tuple[list[Message], int]:
-    """The request as the view builds it, and the offset: message seq i is request[i + offset]."""
-    request = s.view.request(s.messages)
+def _sent(s: RunState, request: list[Message] | None = None) -> tuple[list[Message], int]:
+    """The request as the view builds it (or `request`, the same with stubs), and the offset:
+    message seq i is request[i + offset]."""
+    if request is None:
+        request = s.view.request(s.messages)
     return request, len(request) - len(s.messages)
 
 
@@ -251,13 +315,13 @@ def _with_stubs(
     return [stub(m, names) if m.role == "tool" and m.tool_call_id in stubs else m for m in request]
 
 
-def _cut(ctx: StepContext, budget: int) -> int | None:
+def _cut(ctx: StepContext, budget: int, request: list[Message] | None = None) -> int | None:
     """Where the summary ends: before the oldest assistant message from which the recent
     turns still fit in KEEP_RECENT of the budget (at least the last turn is kept); None when
     there is nothing before it to summarize."""
     s = ctx.state
     start = max(s.view.start, HEAD)
-    request, offset = _sent(s)
+    request, offset = _sent(s, request)
     counter = text_counter(ctx.model.name)
     keep, tail = budget * KEEP_RECENT, 0.0
     cut = None

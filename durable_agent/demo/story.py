@@ -1,6 +1,7 @@
 """`durable-agent demo`: the point of the product in one offline command, no API key.
 
-    1. copy the bundled project (a calculator whose add() subtracts) to a temporary folder
+    1. copy the bundled project (a calculator whose add() subtracts) to a folder of its own,
+       kept with the demo's store so the commands printed at the end find the run (home.py)
     2. run the bundled scripted task in a child process that is killed with SIGKILL at the
        worst moment: calc.py is edited on disk, the edit's outcome not yet recorded
        (power_cut.py: the real CLI, whose edit_file is followed by a SIGKILL)
@@ -22,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from collections import Counter
@@ -39,6 +39,8 @@ from durable_agent.cli.status_line import short
 from durable_agent.cli.streams import forgiving
 from durable_agent.config.layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
+from durable_agent.demo.home import demo_home, invoked_as
+from durable_agent.errors import ConfigError
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
@@ -58,13 +60,38 @@ class Child(Struct, frozen=True):
         return self.code == -signal.SIGKILL and not self.hung
 
 
-def run_demo(db: str | None, keep: bool, env: Mapping[str, str]) -> int:
-    root = Path(tempfile.mkdtemp(prefix="durable-agent-demo-"))
+def run_demo(db: str | None, env: Mapping[str, str], prog: str | None = None) -> int:
+    """Play the demo; what it made is kept (home.py) for the commands it prints, written
+    the way this program was run (`prog`: sys.argv[0] by default)."""
+    home = demo_home(env)
+    run_id = f"demo-{uuid.uuid4().hex[:8]}"
     try:
-        return _Demo(root, db, env).play(keep)
-    finally:
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
+        (home / run_id).mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot keep the demo in {home}: {exc.strerror or exc}; set XDG_DATA_HOME to a "
+            "writable folder"
+        ) from None
+    return _Demo(home, run_id, db, env, prog or invoked_as()).play()
+
+
+def clean_demo(env: Mapping[str, str], prog: str | None = None) -> int:
+    """`durable-agent demo --clean`: remove what the demos kept (their workspaces and store)."""
+    home = demo_home(env)
+    if not home.exists():
+        say(f"nothing to remove: {home} does not exist")
+        return 0
+    runs = sorted(p.name for p in home.iterdir() if p.is_dir())
+    try:
+        shutil.rmtree(home)
+    except OSError as exc:
+        raise ConfigError(f"cannot remove {home}: {exc.strerror or exc}") from None
+    say(f"removed {home}: {len(runs)} demo run(s) and the demo's store")
+    say(
+        "(runs a demo recorded in a store given with --db are left there: "
+        f"{prog or invoked_as()} list --db URL)"
+    )
+    return 0
 
 
 def say(text: str = "") -> None:
@@ -74,13 +101,15 @@ def say(text: str = "") -> None:
 
 
 class _Demo:
-    def __init__(self, root: Path, db: str | None, env: Mapping[str, str]) -> None:
-        self.root = root
-        self.workspace = root / "project"
-        self.db_file = None if db else root / "demo.db"
-        self.db = db or sqlite_url(root / "demo.db")
-        self.run_id = f"demo-{uuid.uuid4().hex[:8]}"
-        self.env = _child_env(env, root)
+    def __init__(
+        self, home: Path, run_id: str, db: str | None, env: Mapping[str, str], prog: str
+    ) -> None:
+        self.home, self.root, self.prog = home, home / run_id, prog
+        self.workspace = self.root / "project"
+        self.db_file = None if db else home / "demo.db"
+        self.db = db or sqlite_url(home / "demo.db")
+        self.run_id = run_id
+        self.env = _child_env(env, self.root)
         # Our own bundled script in its own temporary workspace: where no sandbox can be had,
         # it may run unconfined (a user's task may not: `start` refuses, see os_sandbox.py).
         from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox
@@ -89,7 +118,7 @@ class _Demo:
             resolve_sandbox("workspace-write", False, env).mechanism is Mechanism.NONE
         )
 
-    def play(self, keep: bool) -> int:
+    def play(self) -> int:
         _copy_tree(resources.files("durable_agent.demo").joinpath("project"), self.workspace)
         say(
             "durable-agent demo · offline: a scripted model, no API key, nothing leaves this machine"
@@ -104,7 +133,7 @@ class _Demo:
             )
         say()
         say(
-            f'1. durable-agent start "{TASK}" --model demo --shell allow'
+            f'1. {self.prog} start "{TASK}" --model demo --shell allow'
             + " --sandbox off" * self.unsandboxed
         )
         say(
@@ -140,7 +169,10 @@ class _Demo:
             witness_before = _witness(self.workspace)
             self._after_crash(before_run, before, first.pid)
 
-            say(f"3. resume in a new child process: durable-agent resume {self.run_id}")
+            say(
+                f"3. resume in a new child process: {self.prog} resume {self.run_id}"
+                f" --db {shlex.quote(self.db)}"
+            )
             second = self._child(["resume", self.run_id])
             say(f"   process {second.pid} exited with code {second.code}")
             say()
@@ -158,7 +190,7 @@ class _Demo:
             self._proof(store, verdict)
         finally:
             store.engine.dispose()
-        self._epilogue(keep)
+        self._epilogue()
         return 0 if verdict.ok else 1
 
     def _child(self, args: Sequence[str], module: str = "durable_agent") -> Child:
@@ -256,20 +288,15 @@ class _Demo:
                 say("   " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
         say()
 
-    def _epilogue(self, keep: bool) -> None:
-        if self.db_file is not None and not keep:  # the temporary store goes with the folder
-            say(
-                "(the temporary workspace and database are removed now; `durable-agent demo --keep` keeps"
-                " them and prints the commands to look at the run yourself)"
-            )
-            return
-        db = f" --db {shlex.quote(self.db)}"
-        say(f"see it yourself: durable-agent show {self.run_id}{db}")
-        say(f"                 durable-agent export {self.run_id}{db}")
+    def _epilogue(self) -> None:
+        p, db = self.prog, f" --db {shlex.quote(self.db)}"
+        say(f"see it yourself: {p} show {self.run_id}{db}")
+        say(f"                 {p} list{db}")
+        say(f"                 {p} export {self.run_id}{db}")
         if self.db_file is not None:
             say(f"                 sqlite3 {self.db_file} 'SELECT * FROM run_timeline'")
-        if keep:
-            say(f"kept: {self.root}")
+        say(f"kept: {self.root}")
+        say(f"      (`{p} demo --clean` removes what the demos kept, in {self.home})")
 
 
 def _side_by_side(

@@ -45,7 +45,8 @@ def _pid_space() -> str:
 
 
 def owner_is_dead(owner: str) -> bool:
-    """True only when we can prove it: same host, boot and PID namespace, and that pid is gone.
+    """True only when we can prove it: same host, boot and PID namespace, and that pid is gone
+    or a zombie.
     (An owner written before the namespace was recorded is never judged: its lease expires.)"""
     host, _, rest = owner.partition(":")
     pid_text, _, nonce = rest.partition(":")
@@ -57,13 +58,28 @@ def owner_is_dead(owner: str) -> bool:
         or not nonce.endswith(f"-{space}")
     ):
         return False
+    pid = int(pid_text)
     try:
-        os.kill(int(pid_text), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False
-    return False
+    return _defunct(pid)
+
+
+def _defunct(pid: int) -> bool:
+    """A zombie (state Z, or X while it is reaped): killed, not yet waited for by its parent.
+    `kill -9` then `resume` at once found its pid still there and called the owner live."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True  # reaped since the kill above
+    except OSError:
+        return False
+    # `pid (comm) S ...`: the name may hold spaces and parentheses, the state follows the last `)`.
+    return stat.rpartition(b")")[2].split()[:1] in ([b"Z"], [b"X"])
 
 
 def is_live(owner: str | None, expires_at: datetime | None, now: datetime) -> bool:

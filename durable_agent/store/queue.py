@@ -3,7 +3,9 @@
 There is no coordinator process: the database is the queue. A run is claimable when it is
 `pending` (created with `start --detach`, or given back by a worker that shut down) or
 `running` under a lease that has expired or was dropped (its worker crashed, stalled or
-was cut off). One transaction picks the oldest claimable row with
+was cut off), or under a lease of a process of this host that is gone (proved at claim
+time: same host, boot and PID namespace, pid gone or a zombie). Orphans come first, oldest
+first, then pending runs, oldest first. One transaction locks the chosen row with
 `SELECT … FOR UPDATE SKIP LOCKED` and takes its lease with a new `lease_epoch`, so two
 workers never get the same run, and the previous holder, if it still lives, is fenced out:
 every Journal write checks (`lease_owner`, `lease_epoch`).
@@ -70,6 +72,20 @@ class Rejected(Struct, frozen=True):
     workspace: str
 
 
+class _Orphan(Struct, frozen=True):
+    id: str
+    epoch: int
+    dead: bool  # its lease has not expired: its owner, a process of this host, is gone
+
+
+def _orphaned(owner: str | None, expires_at: datetime | None, now: datetime) -> bool:
+    return (
+        expires_at is None
+        or expires_at <= now
+        or (owner is not None and leases.owner_is_dead(owner))
+    )
+
+
 class ClaimResult(Struct, frozen=True):
     claim: Claim | None = None
     rejected: list[Rejected] = field(default_factory=list)
@@ -100,7 +116,8 @@ class Queue:
         exclude: Collection[str] = (),
         accept: Callable[[str], bool] = lambda _workspace: True,
     ) -> ClaimResult:
-        """Take the lease of the oldest claimable run that `accept`s its workspace.
+        """Take the lease of the oldest orphan (running, its owner gone or its lease
+        expired), else of the oldest pending run, that `accept`s its workspace.
 
         `exclude`: run ids this worker already turned down. `accept` is called inside the
         transaction, with the candidate row locked: keep it cheap (a stat of a path).
@@ -122,12 +139,43 @@ class Queue:
         skipped = set(exclude)
         rejected: list[Rejected] = []
         with self.engine.begin() as conn:
-            if max_running is not None and self._live_leases(conn, now) >= max_running:
+            live = self._live_leases(conn, now) if max_running is not None else 0
+            orphans = self._orphans(conn, now)
+            # A dead owner's lease is counted live until it expires, yet taking it over adds
+            # no running run: only a claim that adds one waits for a free slot.
+            full = max_running is not None and live - sum(o.dead for o in orphans) >= max_running
+            if full and not any(o.dead for o in orphans):
                 return ClaimResult(at_limit=True)
+            # Orphans first, oldest first: each was running for someone who waits on it, and a
+            # queued run may wait a little longer (docs/scale-out.md, "Claim").
+            for orphan in orphans:
+                if orphan.id in skipped or (full and not orphan.dead):
+                    continue
+                held = conn.execute(
+                    select(*_CANDIDATE_COLUMNS, runs.c.lease_expires_at)
+                    .where(
+                        runs.c.id == orphan.id,
+                        runs.c.status == RunStatus.RUNNING.value,
+                        runs.c.lease_epoch == orphan.epoch,
+                    )
+                    .with_for_update(skip_locked=True)
+                ).first()
+                # Gone to another claimer, or its owner renewed the lease since the read above.
+                if held is None or not _orphaned(held.lease_owner, held.lease_expires_at, now):
+                    continue
+                if not accept(held.workspace):
+                    skipped.add(held.id)
+                    rejected.append(Rejected(held.id, held.workspace))
+                    continue
+                return ClaimResult(
+                    claim=self._take(conn, held, owner, lease_seconds, now), rejected=rejected
+                )
+            if full:
+                return ClaimResult(rejected=rejected, at_limit=True)
             for _ in range(MAX_CANDIDATES):
                 query = (
                     select(*_CANDIDATE_COLUMNS)
-                    .where(claimable(now))
+                    .where(claimable(now), runs.c.status == RunStatus.PENDING.value)
                     .order_by(runs.c.created_at, runs.c.id)
                     .limit(1)
                     .with_for_update(skip_locked=True)
@@ -144,31 +192,38 @@ class Queue:
                 return ClaimResult(
                     claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected
                 )
-            # Nothing expired: a lease held by a process of this machine that is gone (killed
-            # worker, crashed `start`) is taken over at once, like `resume` does, instead of
-            # waiting for it to expire. Only this host can prove a pid dead.
-            orphans = conn.execute(
-                select(*_CANDIDATE_COLUMNS)
-                .where(
-                    runs.c.status == RunStatus.RUNNING.value,
-                    runs.c.lease_expires_at > now,
-                    runs.c.lease_owner.startswith(f"{socket.gethostname()}:", autoescape=True),
-                )
-                .order_by(runs.c.created_at, runs.c.id)
-                .limit(MAX_CANDIDATES)
-                .with_for_update(skip_locked=True)
-            ).all()
-            for row in orphans:
-                if (
-                    row.id in skipped
-                    or not leases.owner_is_dead(row.lease_owner)
-                    or not accept(row.workspace)
-                ):
-                    continue
-                return ClaimResult(
-                    claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected
-                )
         return ClaimResult(rejected=rejected)
+
+    @staticmethod
+    def _orphans(conn: Connection, now: datetime) -> list[_Orphan]:
+        """Running runs nobody executes, oldest first: a lease expired or dropped, or held by
+        a process of this host that is gone (proved at once, as `resume` does, instead of
+        after the lease). Read without locks: holding the rows of live runs would stall their
+        checkpoints; each orphan is locked and checked again before it is taken."""
+        host = f"{socket.gethostname()}:"
+        rows = conn.execute(
+            select(runs.c.id, runs.c.lease_owner, runs.c.lease_epoch, runs.c.lease_expires_at)
+            .where(
+                runs.c.status == RunStatus.RUNNING.value,
+                or_(
+                    runs.c.lease_expires_at.is_(None),
+                    runs.c.lease_expires_at <= now,
+                    runs.c.lease_owner.startswith(host, autoescape=True),
+                ),
+            )
+            .order_by(runs.c.created_at, runs.c.id)
+        ).all()
+        found = []
+        for row in rows:
+            expired = row.lease_expires_at is None or row.lease_expires_at <= now
+            dead = (
+                not expired
+                and row.lease_owner is not None
+                and leases.owner_is_dead(row.lease_owner)
+            )
+            if expired or dead:
+                found.append(_Orphan(row.id, row.lease_epoch, dead))
+        return found
 
     @staticmethod
     def _take(conn: Connection, row: Any, owner: str, lease_seconds: float, now: datetime) -> Claim:

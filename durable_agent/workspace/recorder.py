@@ -177,6 +177,20 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
                 ],
             )
         )
+    left = scanner(ctx).report_excluded(snap.scan)
+    if left:
+        names = ", ".join(p.decode("utf-8", "backslashreplace")[:200] for p in left[:5])
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        note = "; ".join(
+            filter(
+                None,
+                [
+                    note,
+                    f"left out of the snapshot by the exclude setting: {names}{more} (generated "
+                    "folders count only where git tracks no file in them)",
+                ],
+            )
+        )
     if snap.scan.unreadable:
         names = ", ".join(
             (p.decode("utf-8", "backslashreplace") or ".")[:200] for p in snap.scan.unreadable[:5]

@@ -29,6 +29,7 @@ from typing import Any
 from msgspec import Struct, field
 
 from durable_agent.tools.limits import read_capped
+from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
 from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
 from durable_agent.workspace.manifest import (
     BIG,
@@ -43,7 +44,23 @@ from durable_agent.workspace.manifest import (
 from durable_agent.workspace.secrets import SecretCheck
 
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
-DEFAULT_EXCLUDE = (".git/", "node_modules/", ".venv/", "__pycache__/")
+# Folders that tools generate (virtualenvs, packages, caches): named by a plain `NAME/` rule
+# of the `exclude` setting (as its default does), they are left out unless git tracks
+# files in them, which stay in (git_index.py). A model's `python -m venv venv` added 9.6 MB
+# to every snapshot.
+GENERATED = frozenset(
+    {
+        ".venv",
+        "venv",
+        "node_modules",
+        "__pycache__",
+        ".tox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+    }
+)
+DEFAULT_EXCLUDE = (".git/", *(f"{name}/" for name in sorted(GENERATED)))
 
 StatKey = tuple[int, int, int]  # ctime_ns, size, inode
 
@@ -62,6 +79,7 @@ class Scan(Struct):
     unreadable: list[bytes] = field(
         default_factory=list
     )  # not listed or not read: kept as last seen
+    excluded: list[bytes] = field(default_factory=list)  # left out by `exclude` (folders: `d/`)
     changed: bool = True  # False: the same manifest as this scanner's previous scan
     tree_id: str = ""  # manifest.tree_id(manifest), kept up to date by the scanner
     base: Manifest | None = None  # the scanner's previous manifest, which this one ...
@@ -105,13 +123,23 @@ class Scanner:
         self.secrets = secrets  # what is withheld from snapshots (None: nothing)
         # The `exclude` setting's rules the matcher cannot take: a new run refuses them
         # (recorder.at_creation); in a .gitignore they are left out (compile_checked).
-        self.exclude, self.exclude_refused = compile_checked(list(exclude))
+        # Its `NAME/` rules of GENERATED folders are matched apart: they yield to git's index.
+        generated = [r for r in exclude if r.endswith("/") and r[:-1] in GENERATED]
+        self.generated = frozenset(r[:-1] for r in generated)
+        self.exclude, self.exclude_refused = compile_checked(
+            [r for r in exclude if r not in generated]
+        )
+        self._tracked = Tracked()  # files git tracks in those folders (git_index.py)
+        self._index_key: tuple[object, ...] | None = None
+        # Paths the `exclude` setting left out, as last told (report_excluded).
+        self._excluded_told: set[bytes] | None = None
         self.lock = threading.Lock()
         # directory -> name -> (stat key, entry) of every file (or link) of the previous
         # manifest; the key is None while the file is racy (it is read again).
         self._cache: dict[bytes, dict[bytes, tuple[StatKey | None, Entry]]] = {}
         self._ignores: dict[bytes, tuple[tuple[int, ...], Any]] = {}  # dir -> .gitignore key, spec
         self._decisions: dict[tuple[bytes, bool], bool] = {}  # (path, is_dir) -> ignored
+        self._by_setting: set[tuple[bytes, bool]] = set()  # of those, left out by `exclude`
         self._previous: Manifest = {}
         self._empty: set[bytes] = set()  # the previous manifest's empty directories
         self._ids = TreeIds()  # the id of _previous
@@ -127,6 +155,7 @@ class Scanner:
 
     def scan(self) -> Scan:
         with self.lock:
+            self._check_index()
             first = self._cache_epoch < 0
             w = _Walk(Scan({}), time.time_ns())
             if os.path.isdir(self.root):
@@ -159,6 +188,8 @@ class Scanner:
             self._cache_epoch = self._ignore_epoch
             self._previous, self._empty = out.manifest, empty
             self.unsaved.update(out.contents)
+            if self._excluded_told is None:  # what was there before: not news (report_excluded)
+                self._excluded_told = set(out.excluded)
             return out
 
     def seed(self, manifest: Manifest) -> None:
@@ -177,7 +208,40 @@ class Scanner:
             self._previous, self._empty = {}, set()
             self._cache_epoch = -1
 
+    def report_excluded(self, scan: Scan) -> list[bytes]:
+        """What the `exclude` setting left out of `scan` that it had not left out when last
+        told (for the step's note). What this scanner's first scan found is not news: it was
+        there before this process (noted then, if a step of the run made it)."""
+        with self.lock:
+            found = set(scan.excluded)
+            told, self._excluded_told = self._excluded_told or set(), found
+            return sorted(found - told)
+
     # -- ignoring ------------------------------------------------------------------------------
+    def _check_index(self) -> None:
+        """Read git's index again when it changed: which files in GENERATED folders it tracks
+        decides what is left out; when that changed, every decision is made again."""
+        if not self.generated:
+            return
+        found = find_index(self.root)
+        key: tuple[object, ...] | None = None
+        if found is not None:
+            try:
+                st = os.stat(found[0])
+                key = (found, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+            except OSError:
+                key = None
+        if key == self._index_key:
+            return
+        self._index_key = key
+        names = frozenset(os.fsencode(n) for n in self.generated)
+        tracked = Tracked() if found is None or key is None else tracked_files(*found, names)
+        if tracked != self._tracked:
+            self._tracked = tracked
+            self._decisions.clear()
+            self._by_setting.clear()
+            self._ignore_epoch += 1
+
     def _gitignore(self, rel_dir: bytes) -> Any:
         path = os.path.join(self.root, rel_dir, b".gitignore")
         try:
@@ -186,6 +250,7 @@ class Scanner:
             if rel_dir in self._ignores:
                 del self._ignores[rel_dir]
                 self._decisions.clear()
+                self._by_setting.clear()
                 self._ignore_epoch += 1
             return None
         key = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode)
@@ -204,6 +269,7 @@ class Scanner:
         spec = compile_rules(lines)
         self._ignores[rel_dir] = (key, spec)
         self._decisions.clear()  # a .gitignore changed: every decision is made again
+        self._by_setting.clear()
         self._ignore_epoch += 1
         return spec
 
@@ -219,12 +285,22 @@ class Scanner:
             if result is not None:
                 decided = bool(result)
                 break
-        if decided is None:
-            decided = bool(self.exclude.check_file(text).include)
-        elif self.exclude.check_file(text).include:
-            decided = True  # the exclude setting is never overridden by a `!` in a .gitignore
+        excluded = self._excluded(text, rel, is_dir)
+        if excluded:
+            self._by_setting.add((rel, is_dir))
+        # The exclude setting is never overridden by a `!` in a .gitignore.
+        decided = excluded or bool(decided)
         self._decisions[(rel, is_dir)] = decided
         return decided
+
+    def _excluded(self, text: str, rel: bytes, is_dir: bool) -> bool:
+        """Left out by the `exclude` setting: one of its rules, or a GENERATED folder on the
+        way that holds no file git tracks (a tracked file itself stays in)."""
+        if self.exclude.check_file(text).include:
+            return True
+        if self.generated.isdisjoint(text.split("/")[:-1]):
+            return False
+        return rel not in (self._tracked.dirs if is_dir else self._tracked.files)
 
     # -- walking -------------------------------------------------------------------------------
     def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk) -> int:
@@ -275,6 +351,8 @@ class Scanner:
                 ignored = self._decisions.get((rel, True))
                 if ignored is None:
                     ignored = self._ignored(rel, True, specs)
+                if ignored and (rel, True) in self._by_setting and name != b".git":
+                    w.out.excluded.append(rel + b"/")
                 if not ignored and rel.count(b"/") >= MAX_DEPTH:
                     w.out.too_deep.append(rel)
                     found += 1
@@ -293,6 +371,8 @@ class Scanner:
                 if ignored is None:
                     ignored = self._ignored(rel, False, specs)
                 if ignored:
+                    if (rel, False) in self._by_setting:
+                        w.out.excluded.append(rel)
                     continue
             key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
             entry = (
