@@ -77,6 +77,7 @@ def _start(
     return store, output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["own folder", "folder holding the workspace"])
 def test_a_command_gets_an_allowlisted_environment_and_no_copy_of_the_config(
     env: dict[str, str], home: Path, write_script: Callable[..., str], layout: str

@@ -446,6 +446,7 @@ def test_the_server_gets_no_harness_secrets(
     assert "MY_SETTING" in names and "PATH" in names and "PAGER" in names  # as a command's env
 
 
+@pytest.mark.slow
 def test_the_server_gets_an_allowlisted_environment(
     run_f: Callable[..., Any], sql: Callable[..., list[Any]], env: dict[str, str]
 ) -> None:
@@ -473,6 +474,7 @@ def test_the_server_gets_an_allowlisted_environment(
     assert "PASSED_ON" in names and "PATH" in names and "MCP_TEST_COUNTER" in names
 
 
+@pytest.mark.slow
 def test_a_server_cannot_fill_the_disk_through_its_stderr_log(
     run_f: Callable[..., Any], sql: Callable[..., list[Any]], tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ command (unsandboxed, so it can reach the store) deletes or replaces the file mi
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,12 @@ def _commands(*commands: str) -> list[dict[str, Any]]:
 
 
 def _start(
-    cli: Callable[..., Any], write_script: Callable[..., str], run_id: str, store: Path, *cmds: str
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    run_id: str,
+    store: Path,
+    *cmds: str,
+    extra: dict[str, str] | None = None,
 ) -> Any:
     return cli(
         "start",
@@ -33,7 +39,7 @@ def _start(
         "off",
         "--run-id",
         run_id,
-        extra_env={"DURABLE_AGENT_DB": f"sqlite:///{store}"},
+        extra_env={"DURABLE_AGENT_DB": f"sqlite:///{store}", **(extra or {})},
     )
 
 
@@ -45,6 +51,7 @@ def _one_line(stderr: str) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_a_store_deleted_mid_run_stops_it_with_exit_7(
     cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -59,6 +66,28 @@ def test_a_store_deleted_mid_run_stops_it_with_exit_7(
     assert not store.exists()
 
 
+@pytest.mark.slow
+def test_a_store_deleted_under_a_long_command_stops_the_command(
+    cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path
+) -> None:
+    # The heartbeat sees it (every third of the lease) and stops the command: the run does
+    # not wait out a command whose result it could never record.
+    store = tmp_path / "store.db"
+    started = time.monotonic()
+    r = _start(
+        cli,
+        write_script,
+        "long",
+        store,
+        f"rm -f {store} {store}-wal {store}-shm; sleep 100",
+        extra={"DURABLE_AGENT_LEASE_SECONDS": "3"},
+    )
+    assert r.code == 7, (r.code, r.stdout, r.stderr)
+    assert f"the store file {store} was deleted" in _one_line(r.stderr)
+    assert time.monotonic() - started < 60  # not the 100 s of the command
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["moved over it", "copied over it"])
 def test_a_store_replaced_mid_run_stops_it_and_the_replacement_keeps_its_run(
     cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Path, how: str

@@ -203,6 +203,8 @@ class ServerConnection:
     def stderr_tail(self, chars: int = 400) -> str:
         """The end of what this start of the server wrote to stderr, on one line."""
         path = self.launch.log_path
+        if self._log is not None:
+            self._log.drain(0.5)  # (a server still running keeps it open: not waited for long)
         if path is None or not path.exists():
             return ""
         start = self._log.start if self._log is not None else self._log_from

@@ -90,11 +90,16 @@ class CappedLog:
         finally:
             os.close(read_end)
 
+    def drain(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for what a server that ended wrote to be in the file: its
+        last words are read from there when it failed."""
+        if self._reader is not None:
+            self._reader.join(timeout_s)
+
     def close(self, timeout_s: float = 2.0) -> None:
         """After the server is gone: what it wrote last is copied first (a process it left
         holding the pipe is not waited for past `timeout_s`; its writes go nowhere then)."""
-        if self._reader is not None:
-            self._reader.join(timeout_s)
+        self.drain(timeout_s)
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
