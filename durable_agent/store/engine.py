@@ -289,9 +289,9 @@ class SameFile:
     A store deleted under a run went unnoticed: its open connections wrote on into the
     unlinked file, the run ended `completed` and nothing of it remained; a file put in its
     place was opened by the next connection and written over, the replacement's own run
-    lost. Checked before every transaction (a stat, about a microsecond: the checkpoint's
-    statements cost a hundred times more) and before every new connection; a change stops
-    the process at once (StoreFileGone: exit 7)."""
+    lost. Checked before every transaction (a stat: a few microseconds, where a checkpoint
+    takes milliseconds) and before every new connection; a change stops the process at once
+    (StoreFileGone: exit 7)."""
 
     __slots__ = ("identity", "path")
 
