@@ -10,6 +10,7 @@
     │   └── StepMismatch         a recorded step has another key than the one being run
     ├── StoreError               a database error, translated at the store boundary
     │   └── StoreUnavailable     connection lost, disk full, I/O error beyond retries (exit 7)
+    │       └── StoreFileGone    the SQLite file in use was deleted or replaced (exit 7)
     └── ModelError               the model call failed (classified in models/failures.py)
 
 Loop exits are not errors: `LoopExit` carries the stop reason out of the loop and is
@@ -100,6 +101,15 @@ class StoreUnavailable(StoreError):
         super().__init__(f"the store is unavailable: {detail}{then}")
         self.detail = detail
         self.run_id = run_id
+
+
+class StoreFileGone(StoreUnavailable):
+    """The SQLite file this process opened is no longer the file at its path: deleted, or
+    replaced by another. Nothing more is written (it would go to a file no one can open, or
+    mix two stores); what was written to the old file since it went is lost with it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"the store file {path} was {what} while this process was using it")
 
 
 class ModelError(DurableAgentError):

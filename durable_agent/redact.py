@@ -11,7 +11,8 @@ Two kinds of text, two rules (redaction never alters an effect):
 Two sources of secrets:
 
 - values of environment variables whose *names* say they are credentials
-  (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `DB_PASSWORD`, ...) -> `[REDACTED:NAME]`, so a
+  (`OPENAI_API_KEY`, `GITHUB_TOKEN`, `DB_PASSWORD`, `MYSQL_PWD`, ...: `is_secret_name`, the
+  same rule that keeps them from commands) -> `[REDACTED:NAME]`, so a
   reader can still tell which credential leaked into an output;
 - well-known key *shapes* (OpenAI, Anthropic, GitHub, AWS, Slack, Google keys, JWTs,
   PEM private keys, `Bearer` tokens, passwords in URLs) -> `[REDACTED]`.
@@ -49,20 +50,18 @@ _UNCLEANABLE = "[REDACTED] (text that held a secret in a spelling too deep to cl
 # quote would make the scan quadratic.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\Z)', re.DOTALL)
 
-# A credential-looking name: any of these anywhere in the name...
-_SECRET_NAME_PARTS = (
-    "KEY",
-    "TOKEN",
-    "SECRET",
-    "PASSWORD",
-    "PASSWD",
-    "PASSPHRASE",
-    "CREDENTIAL",
-    "PRIVATE",
-)
+# A credential-looking name: any of these anywhere in the name (PASS: PASSWORD, PASSWD,
+# PASSPHRASE, MYSQL_PASS...)...
+_SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASS", "CREDENTIAL", "PRIVATE")
+# ...PWD anywhere (MYSQL_PWD, DB_PWD), but for the shell's own working-directory variables,
+# which every shell sets and which hold a path, never a credential...
+_PWD_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+# ...AUTH anywhere (NPM_AUTH, OAUTH_CLIENT, AUTHORIZATION), but for AUTHOR (GIT_AUTHOR_NAME
+# is not a secret, and its value would be redacted from every `git log`)...
+_AUTH = re.compile(r"AUTH(?!OR(?!IZ))")
 # ...or one of these as a whole `_`-separated word (as substrings they would also hit
-# PATH, AUTHOR, PATTERN: `GIT_AUTHOR_NAME` is not a secret, `NPM_AUTH` and `GH_PAT` are).
-_SECRET_NAME_WORDS = frozenset({"AUTH", "PASS", "PAT", "COOKIE", "DSN"})
+# PATH and PATTERN: `GH_PAT` is a secret, `PYTHONPATH` is not).
+_SECRET_NAME_WORDS = frozenset({"PAT", "COOKIE", "DSN"})
 
 # Values too short or too common to redact: replacing every "true" or "1" in the
 # output would destroy it without protecting anything.
@@ -130,9 +129,17 @@ _FREE_SHAPES = (
 
 
 def is_secret_name(name: str) -> bool:
-    """True for environment variable names that hold credentials (case-insensitive)."""
+    """True for environment variable names that hold credentials (case-insensitive): any
+    name containing KEY, TOKEN, SECRET, PASS, CREDENTIAL, PRIVATE, PWD (not PWD or OLDPWD
+    themselves) or AUTH (not as AUTHOR), or with PAT, COOKIE or DSN as a word. Such a
+    variable reaches no command unless named exactly in `command_env`, and its value is
+    redacted wherever it appears."""
     upper = name.upper()
     if any(part in upper for part in _SECRET_NAME_PARTS):
+        return True
+    if "PWD" in upper and upper not in _PWD_NOT_SECRET:
+        return True
+    if "AUTH" in upper and _AUTH.search(upper):
         return True
     return any(word in _SECRET_NAME_WORDS for word in upper.split("_"))
 

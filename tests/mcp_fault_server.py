@@ -150,6 +150,18 @@ def touch(path: str) -> str:
     return f"wrote {path}"
 
 
+@tool(annotations=ToolAnnotations(read_only_hint=True))
+def noise(megabytes: int) -> str:
+    """Write `megabytes` MB to stderr (into the harness's log of this server), then answer."""
+    import sys
+
+    line = b"noise " * 170 + b"\n"  # 1021 bytes
+    for _ in range(megabytes * 1024):
+        sys.stderr.buffer.write(line)
+    sys.stderr.buffer.flush()
+    return f"wrote {megabytes} MB to stderr"
+
+
 # Two tools whose names are equal once made valid function names (`.` is not allowed).
 server.tool(name="twin.a", annotations=ToolAnnotations(read_only_hint=True))(lambda: "twin.a ran")
 server.tool(name="twin_a", annotations=ToolAnnotations(destructive_hint=True))(lambda: "twin_a ran")

@@ -25,7 +25,13 @@ def run_f(
 ):  # type: ignore[no-untyped-def]
     """Run a scripted task against the fault server `f`; returns (result, run_id)."""
 
-    def run(turns: list[dict[str, Any]], *flags: str, extra: str = "", server_env: str = "") -> Any:
+    def run(
+        turns: list[dict[str, Any]],
+        *flags: str,
+        extra: str = "",
+        server_env: str = "",
+        timeout: float = 120,
+    ) -> Any:
         config = fault_config(tmp_path, workspace, extra=extra, server_env=server_env)
         return cli(
             "start",
@@ -35,6 +41,7 @@ def run_f(
             "--json",
             *flags,
             extra_env={"DURABLE_AGENT_CONFIG": str(config)},
+            timeout=timeout,
         )
 
     return run
@@ -437,6 +444,57 @@ def test_the_server_gets_no_harness_secrets(
     names = tool_steps(sql)[0][4].split()
     assert "SERVICE_TOKEN" not in names and "OPENAI_API_KEY" not in names
     assert "MY_SETTING" in names and "PATH" in names and "PAGER" in names  # as a command's env
+
+
+@pytest.mark.slow
+def test_the_server_gets_an_allowlisted_environment(
+    run_f: Callable[..., Any], sql: Callable[..., list[Any]], env: dict[str, str]
+) -> None:
+    # Credentials by names no denylist foresaw (MYSQL_PWD) reach no server: it gets what a
+    # command gets, the allowlist and what `command_env` names.
+    env.update(
+        MYSQL_PWD="mysql-pw-6d2f1a9b",
+        MY_API_TOKEN="api-token-83c1e07d",
+        DB_PASSWORD="db-password-5e9a42c1",
+        AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMIxK7MDENGbPxRfiCYEXAMPLEKEY",
+        SOME_UNLISTED_SETTING="x",
+        PASSED_ON="yes",
+    )
+    r = run_f(
+        [{"tool_calls": [call("f__envnames")]}, {"content": "done"}],
+        "--shell",
+        "allow",
+        extra='command_env = ["PASSED_ON"]',
+    )
+    assert r.code == 0, r.stderr
+    names = tool_steps(sql)[0][4].split()
+    for name in ("MYSQL_PWD", "MY_API_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
+        assert name not in names, names
+    assert "SOME_UNLISTED_SETTING" not in names
+    assert "PASSED_ON" in names and "PATH" in names and "MCP_TEST_COUNTER" in names
+
+
+@pytest.mark.slow
+def test_a_server_cannot_fill_the_disk_through_its_stderr_log(
+    run_f: Callable[..., Any], sql: Callable[..., list[Any]], tmp_path: Path
+) -> None:
+    # 50 MB written to stderr: the log beside the store is rotated at its cap (default
+    # 5 MB), one older part kept, and says what was dropped.
+    r = run_f(
+        [{"tool_calls": [call("f__noise", megabytes=50)]}, {"content": "done"}],
+        "--shell",
+        "allow",
+        timeout=300,
+    )
+    assert r.code == 0, r.stderr
+    assert tool_steps(sql)[0][4] == "wrote 50 MB to stderr"
+    log = tmp_path / "mcp-logs" / "mcp-f.log"
+    older = log.with_name("mcp-f.log.1")
+    cap = 5_000_000
+    assert log.stat().st_size <= cap and older.stat().st_size <= cap
+    head = log.read_text(errors="replace")[:500]
+    assert "this log was truncated at 5000000 bytes" in head and "were dropped" in head, head
+    assert "noise noise" in log.read_text(errors="replace")[-2000:]  # what came last is kept
 
 
 @pytest.mark.slow

@@ -250,8 +250,11 @@ def test_command_env_drops_credentials_and_adds_ids(tmp_path: Path) -> None:
         "GITHUB_TOKEN": "t",
         "aws_secret_access_key": "s",
         "DB_PASSWORD": "p",
+        "MYSQL_PWD": "m",
+        "OLDPWD": "/srv",
         "DATABASE_URL": "postgresql://u:hunter2@db/app",
         "GIT_AUTHOR_NAME": "Ada",
+        "LC_ALL": "C.UTF-8",
         "PAGER": "less",
         "FORCE_COLOR": "1",
         "DURABLE_AGENT_CRASH_AFTER": "3",
@@ -264,13 +267,16 @@ def test_command_env_drops_credentials_and_adds_ids(tmp_path: Path) -> None:
         "GITHUB_TOKEN",
         "aws_secret_access_key",
         "DB_PASSWORD",
+        "MYSQL_PWD",
+        "OLDPWD",
         "DATABASE_URL",
+        "GIT_AUTHOR_NAME",  # not on the allowlist: only what `command_env` names
         "FORCE_COLOR",
         "DURABLE_AGENT_CRASH_AFTER",
         "DURABLE_AGENT_DB",
     ):
         assert name not in env
-    assert env["GIT_AUTHOR_NAME"] == "Ada" and env["HOME"] == str(tmp_path)
+    assert env["HOME"] == str(tmp_path) and env["LC_ALL"] == "C.UTF-8"
     assert env["PAGER"] == env["GIT_PAGER"] == "cat"
     assert env["GIT_TERMINAL_PROMPT"] == "0" and env["NO_COLOR"] == "1"
 
@@ -280,6 +286,28 @@ def test_command_env_drops_credentials_and_adds_ids(tmp_path: Path) -> None:
         env=env,
     )
     assert out.stdout == "unset run-1 call-9 cat\n"
+
+
+def test_command_env_passes_what_the_setting_names() -> None:
+    parent = {
+        "PATH": "/usr/bin",
+        "GIT_AUTHOR_NAME": "Ada",
+        "GIT_ASKPASS": "/bin/askpass",  # credential-named (PASS): a pattern does not pass it
+        "GIT_TOKEN": "t-123456",
+        "MYSQL_PWD": "m-123456",
+        "DURABLE_AGENT_DB": "sqlite:////tmp/x.db",
+        "REPO_URL": "https://u:hunter2@host/repo",
+        "OTHER": "o",
+    }
+    env = command_env(
+        parent,
+        run_id="r",
+        call_id="c",
+        passthrough=["GIT_*", "MYSQL_PWD", "DURABLE_AGENT_*", "REPO_*"],
+    )
+    assert env["GIT_AUTHOR_NAME"] == "Ada" and env["MYSQL_PWD"] == "m-123456"  # named exactly
+    for name in ("GIT_ASKPASS", "GIT_TOKEN", "DURABLE_AGENT_DB", "REPO_URL", "OTHER"):
+        assert name not in env
 
 
 def test_the_guard_ignores_the_commands_python_settings(tmp_path: Path) -> None:

@@ -409,7 +409,7 @@ def test_unchanged_workspace_is_not_hashed_again(
 
 
 def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_the_start(
-    env, workspace, write_script
+    env, workspace, write_script, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
     import signal
     import sys
@@ -431,6 +431,8 @@ def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_
             {"content": "done"},
         ]
     )
+    config = tmp_path / "delay.toml"
+    config.write_text('command_env = ["DA_TEST_DELAY"]\n')
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -447,7 +449,8 @@ def test_interrupted_command_lists_its_changes_and_approve_restore_runs_it_from_
             "--quiet",
         ],
         cwd=workspace,
-        env={**env, "DA_TEST_DELAY": "60"},
+        # Commands get only the variables `command_env` names: the first run's command waits.
+        env={**env, "DA_TEST_DELAY": "60", "DURABLE_AGENT_CONFIG": str(config)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

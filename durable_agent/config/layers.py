@@ -124,19 +124,43 @@ def store_files(db: str) -> tuple[str, ...]:
 
 
 def own_files(db: str, config: Path | None) -> tuple[str, ...]:
-    """The harness's own files, real paths: its config file and its SQLite store's files, and
-    their folder too when it is the harness's own (`durable-agent`: other stores, logs)."""
+    """The harness's own files, real paths: its config file, the editors' copies of it and its
+    folder; its SQLite store's files, and their folder too when it is the harness's own
+    (`durable-agent`: other stores, logs)."""
     paths: list[str] = []
     if config is not None:
         paths.append(str(config))  # real path below: a config linked in from a dotfiles folder
-        if config.parent.name == "durable-agent":
-            paths.append(str(config.parent))
+        # Its folder, where the link is and where the file is: other configs, and the
+        # editors' copies of this one (config.toml~, .config.toml.swp, config.toml.bak,
+        # #config.toml#), which hold the same key. The sandbox hides a folder it can
+        # (os_sandbox.hidden); where it cannot (it holds the workspace, the home folder),
+        # the copies are hidden one by one, so they are listed too.
+        for where in dict.fromkeys((config, Path(os.path.realpath(config)))):
+            paths += _copies_of(where)
+            paths.append(str(where.parent))
     files = store_files(db)
     if files:
         paths += files
         if Path(files[0]).parent.name == "durable-agent":
             paths.append(str(Path(files[0]).parent))
     return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))
+
+
+def _copies_of(config: Path) -> list[str]:
+    """Files beside `config` whose names hold its name: an editor's backup, swap or lock."""
+    try:
+        with os.scandir(config.parent) as entries:
+            # Not a link: hiding what it points to (a lock's dangling link, /etc/passwd) is
+            # not hiding a copy of the config.
+            return [
+                e.path
+                for e in entries
+                if config.name in e.name
+                and e.name != config.name
+                and e.is_file(follow_symlinks=False)
+            ]
+    except OSError:
+        return []
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024

@@ -83,6 +83,7 @@ NUMBER_FIELDS = (
     "keep_recent_outputs",
     "lease_seconds",
     "max_running_runs",
+    "mcp_log_max_bytes",
     "mcp_startup_timeout_s",
     "mcp_timeout_s",
     "output_cap",
@@ -156,6 +157,8 @@ class Settings(BaseModel):
     """Finish gate: a command that must exit 0 before a final answer is accepted."""
     command_timeout_s: float = Field(300.0, gt=0)
     """Default timeout of one run_command."""
+    command_env: list[str] = Field(default_factory=list)
+    """Host variables commands and MCP servers get beyond PATH, HOME, TERM, TMPDIR, TZ and LANG/LC_*: names or patterns ("GIT_*"); a credential-like name (*PASS*, *PWD*, *TOKEN*, *SECRET*, *KEY*, *CREDENTIAL*, *AUTH*) passes only when named exactly."""
     output_cap: int = Field(20_000, ge=200)
     """Characters of one tool result sent to the model; the rest is marked as truncated."""
     snapshots: bool = True
@@ -236,6 +239,8 @@ class Settings(BaseModel):
     """Seconds one MCP tool call may take (a server's timeout_s overrides it)."""
     mcp_startup_timeout_s: float = Field(30.0, gt=0)
     """Seconds an MCP server may take to start and list its tools."""
+    mcp_log_max_bytes: int = Field(5_000_000, ge=10_000)
+    """Size at which an MCP server's stderr log (beside the store) is rotated; one older part is kept, the rest dropped and said so."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
@@ -293,6 +298,14 @@ class Settings(BaseModel):
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from None
         return patterns
+
+    @field_validator("command_env")
+    @classmethod
+    def _variable_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name or "=" in name or "\0" in name or any(c.isspace() for c in name):
+                raise ValueError(f"not an environment variable name or pattern: {name!r}")
+        return names
 
     @model_validator(mode="after")
     def _cost_budget_needs_a_price(self) -> Settings:

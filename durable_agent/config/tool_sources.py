@@ -150,8 +150,9 @@ class ToolSet:
             self.hub.close()
 
     def _launch(self, name: str, config: McpServerConfig) -> Launch:
-        """How to start one server: the harness's environment without its credentials, the
-        server's own env on top, contained like a command by the run's OS sandbox."""
+        """How to start one server: of the harness's environment what a command gets (the
+        allowlist and `command_env`), the server's own env on top, contained like a command
+        by the run's OS sandbox."""
         from durable_agent.mcp.client import Launch, ServerFailed
         from durable_agent.mcp.tools import log_path
         from durable_agent.tools.os_sandbox import SandboxUnavailable, for_run, prepare
@@ -161,7 +162,7 @@ class ToolSet:
             return Launch(name, url=config.url)
         s = self.settings
         assert config.command is not None
-        env = command_env(self.env, run_id="", call_id="")
+        env = command_env(self.env, run_id="", call_id="", passthrough=s.command_env)
         # A server lives across calls (and is started before the run has an id): no ids.
         env.pop("DURABLE_AGENT_RUN_ID"), env.pop("DURABLE_AGENT_CALL_ID")
         env.update(config.env)
@@ -193,6 +194,7 @@ class ToolSet:
             env=launch.env,
             cwd=str(cwd),
             log_path=log_path(self.log_dir, name),
+            log_max_bytes=s.mcp_log_max_bytes,
             cleanup=launch.cleanup,
         )
 

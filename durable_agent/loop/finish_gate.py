@@ -39,7 +39,12 @@ def verify(ctx: StepContext, answer: str) -> bool:
                 command,
                 cwd=ctx.settings.workspace,
                 timeout_s=ctx.settings.command_timeout_s,
-                env=command_env(ctx.env, run_id=ctx.state.run_id, call_id=key),
+                env=command_env(
+                    ctx.env,
+                    run_id=ctx.state.run_id,
+                    call_id=key,
+                    passthrough=ctx.settings.command_env,
+                ),
                 output_cap=ctx.settings.output_cap // 2,
                 cancel=ctx.cancel,
                 sandbox=for_run(

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from durable_agent.errors import LeaseLost
+from durable_agent.errors import LeaseLost, StoreFileGone
 from durable_agent.store.journal import Journal
 
 CANCEL_POLL_S = 0.5  # how soon a running command notices `durable-agent cancel`
@@ -77,6 +77,11 @@ class Heartbeat:
             except LeaseLost:
                 self.lost = True
                 self.cancel.set()  # stop a running command: its results could not be recorded
+                return
+            except StoreFileGone:
+                # The store was deleted or replaced: nothing of a running command could be
+                # recorded. Stopped, it ends at its checkpoint, which says why (exit 7).
+                self.cancel.set()
                 return
             except Exception:  # noqa: BLE001 - a failed renewal or look is tried again next tick
                 continue

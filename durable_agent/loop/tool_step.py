@@ -340,6 +340,7 @@ def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> Too
         call_id=call.id,
         output_cap=ctx.settings.output_cap,
         env=ctx.env,
+        command_env=tuple(ctx.settings.command_env),
         command_timeout_s=ctx.settings.command_timeout_s,
         cancel=ctx.cancel,
         on_process_start=on_start,

@@ -8,13 +8,15 @@ is an ordinary blocking call.
 
 A server that dies is noticed by the failed request (or by the holder task ending); the
 connection is torn down and the next call starts it again. Its stderr goes to a log file,
-whose tail is quoted when it fails to start or dies.
+capped and rotated (server_log.py), whose tail is quoted when it fails to start or dies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -25,6 +27,7 @@ from typing import IO, Any, TypeVar
 from msgspec import Struct, field
 
 from durable_agent.errors import ConfigError
+from durable_agent.mcp.server_log import CappedLog
 
 T = TypeVar("T")
 MISSING_EXTRA = "MCP servers need the `mcp` extra: pip install 'durable-agent[mcp]'"
@@ -37,7 +40,7 @@ def require_sdk() -> None:
         raise ConfigError(MISSING_EXTRA) from None
 
 
-_SDK_LOGS: dict[int, IO[str]] = {}  # a server's loop thread -> that server's log file
+_SDK_LOGS: dict[int, CappedLog] = {}  # a server's loop thread -> that server's log file
 
 
 class _ToServerLog(logging.Handler):
@@ -49,11 +52,8 @@ class _ToServerLog(logging.Handler):
         log = _SDK_LOGS.get(record.thread or 0)
         if log is None:
             return
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed as the server stops
             log.write(self.format(record) + "\n")
-            log.flush()
-        except (OSError, ValueError):  # closed as the server stops
-            pass
 
 
 def _route_sdk_log() -> None:
@@ -80,6 +80,7 @@ class Launch(Struct, frozen=True):
     cwd: str | None = None
     url: str | None = None
     log_path: Path | None = None
+    log_max_bytes: int = 5_000_000  # the setting mcp_log_max_bytes
     cleanup: Callable[[], None] = lambda: None
 
 
@@ -108,7 +109,8 @@ class ServerConnection:
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Future[None] | None = None
         self._session: Any = None
-        self._log: IO[str] | None = None
+        self._log: CappedLog | None = None
+        self._errlog: IO[str] | None = None  # the pipe's write end, until the server has it
         self._unreadable: tuple[int, Exception | None] = (
             0,
             None,
@@ -201,10 +203,13 @@ class ServerConnection:
     def stderr_tail(self, chars: int = 400) -> str:
         """The end of what this start of the server wrote to stderr, on one line."""
         path = self.launch.log_path
+        if self._log is not None:
+            self._log.drain(0.5)  # (a server still running keeps it open: not waited for long)
         if path is None or not path.exists():
             return ""
+        start = self._log.start if self._log is not None else self._log_from
         with path.open("rb") as f:
-            f.seek(max(self._log_from, path.stat().st_size - chars))
+            f.seek(max(start, path.stat().st_size - chars))
             text = f.read().decode("utf-8", "replace")
         return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
@@ -222,6 +227,7 @@ class ServerConnection:
             self._loop.close()
         if self._thread.ident is not None:
             _SDK_LOGS.pop(self._thread.ident, None)
+        self._release_errlog()
         if self._log is not None:
             self._log.close()
         self.launch.cleanup()
@@ -238,7 +244,12 @@ class ServerConnection:
 
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                try:
+                    read, write = await stack.enter_async_context(self._transport())
+                finally:
+                    # The server holds its stderr now (or never will): only it keeps the
+                    # pipe open, so the log's reader ends when the server does.
+                    self._release_errlog()
                 session = await stack.enter_async_context(
                     ClientSession(read, write, message_handler=self._on_message)
                 )
@@ -276,14 +287,21 @@ class ServerConnection:
         from mcp.client.stdio import stdio_client
 
         assert launch.log_path is not None
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = launch.log_path.open("a", encoding="utf-8")
+        self._log = CappedLog(launch.log_path, launch.log_max_bytes)
         _route_sdk_log()
         _SDK_LOGS[threading.get_ident()] = self._log  # this runs in the server's loop thread
         params = StdioServerParameters(
             command=launch.argv[0], args=launch.argv[1:], env=launch.env, cwd=launch.cwd
         )
-        return stdio_client(params, errlog=self._log)
+        # Through a pipe, not the file itself: only so can the log be capped (a server's
+        # stderr written straight to the file filled the disk beside the store).
+        self._errlog = os.fdopen(self._log.pipe(), "w")
+        return stdio_client(params, errlog=self._errlog)
+
+    def _release_errlog(self) -> None:
+        errlog, self._errlog = self._errlog, None
+        if errlog is not None:
+            errlog.close()
 
     async def _list_page(self, cursor: str | None) -> Any:
         if cursor is None:

@@ -20,8 +20,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from durable_agent.config.layers import sqlite_url, uri_flag
-from durable_agent.errors import ConfigError, StoreError, StoreUnavailable
+from durable_agent.config.layers import sqlite_file, sqlite_url, uri_flag
+from durable_agent.errors import ConfigError, StoreError, StoreFileGone, StoreUnavailable
 from durable_agent.store import retrying
 from durable_agent.store.revision import HEAD_REVISION
 from durable_agent.store.storable import is_utf8, lenient_text, read_json
@@ -237,6 +237,16 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
         **(pool if database and database != ":memory:" else {}),
     )
     synchronous = "FULL" if durability == "full" else "NORMAL"
+    file = sqlite_file(url)
+    same_file = SameFile(str(file)) if file is not None else None
+
+    if same_file is not None:
+
+        @event.listens_for(engine, "do_connect")
+        def _before_connect(*_: Any) -> None:
+            # Before SQLite opens the path: opening a deleted store would create an empty
+            # file in its place.
+            same_file.check()
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -249,6 +259,9 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+        if same_file is not None:
+            same_file.note()
+            _record.info[SAME_FILE] = same_file  # for the checkpoints' own BEGIN (prepared.py)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
@@ -256,12 +269,71 @@ def _sqlite_engine(url: str, database: str | None, durability: str, pool: dict[s
         # Sent on the sqlite3 connection itself: through exec_driver_sql it cost half the CPU
         # of a whole Core statement, twice per step. (Cursor events and echo do not see it.)
         sql = "BEGIN" if conn.get_execution_options().get("readonly") else "BEGIN IMMEDIATE"
+        if same_file is not None:
+            same_file.check(conn.connection.driver_connection)
         try:
             conn.connection.driver_connection.execute(sql)
         except sqlite3.Error as exc:  # raised as SQLAlchemy would: callers catch its DBAPIError
             raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
     return engine
+
+
+SAME_FILE = "durable_agent.same_file"
+"""Key of a SQLite connection's `SameFile` in its pool record's `info`."""
+
+
+class SameFile:
+    """That a SQLite store is still the file it was when first opened (device and inode).
+
+    A store deleted under a run went unnoticed: its open connections wrote on into the
+    unlinked file, the run ended `completed` and nothing of it remained; a file put in its
+    place was opened by the next connection and written over, the replacement's own run
+    lost. Checked before every transaction (a stat: a few microseconds, where a checkpoint
+    takes milliseconds) and before every new connection; a change stops the process at once
+    (StoreFileGone: exit 7)."""
+
+    __slots__ = ("identity", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.identity: tuple[int, int] | None = None
+
+    def note(self) -> None:
+        """After a connection opened the file: the first one sets what it must stay."""
+        if self.identity is None:
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                return  # a SQLite URI naming no file on disk (an in-memory one)
+            self.identity = (st.st_dev, st.st_ino)
+        else:
+            self.check()
+
+    def check(self, dbapi_conn: Any = None) -> None:
+        """Raises StoreFileGone when the path names no file, or another. `dbapi_conn`: an
+        open connection of ours, through which our write-ahead log is emptied first."""
+        if self.identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._empty_log(dbapi_conn)
+            raise StoreFileGone(self.path, "deleted") from None
+        except OSError:
+            return  # a folder we may not look into now: the transaction will say what is wrong
+        if (st.st_dev, st.st_ino) != self.identity:
+            self._empty_log(dbapi_conn)
+            raise StoreFileGone(self.path, "replaced by another file")
+
+    @staticmethod
+    def _empty_log(dbapi_conn: Any) -> None:
+        """Our write-ahead log (`-wal`, found by name) holds pages of our file: left there, the
+        next store opened at the path would read them as its own (that wiped a replacement's
+        run). Checkpointed into our old file, through our open handles, it is empty."""
+        if dbapi_conn is not None:
+            with contextlib.suppress(Exception):
+                dbapi_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
 
 
 @contextmanager

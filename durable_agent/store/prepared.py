@@ -32,6 +32,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from durable_agent.store import retrying
+from durable_agent.store.engine import SAME_FILE
 from durable_agent.store.storable import has_bad_text, storable, storable_text
 
 Processor = Callable[[Any], Any] | None
@@ -177,6 +178,9 @@ def transaction(conn: Connection) -> Iterator[None]:
         elif (
             conn.dialect.name == "sqlite"
         ):  # (other PostgreSQL drivers begin on the first statement)
+            same_file = conn.connection.info.get(SAME_FILE)
+            if same_file is not None:  # as engine.py's BEGIN: still the file it opened
+                same_file.check(dbapi_conn)
             _driver_call(conn, "BEGIN IMMEDIATE", lambda: dbapi_conn.execute("BEGIN IMMEDIATE"))
         yield
         waiting = _WAITING.get(id(dbapi_conn))

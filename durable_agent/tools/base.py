@@ -28,6 +28,9 @@ class ToolContext(Struct, frozen=True):
     call_id: str
     output_cap: int = 20_000
     env: Mapping[str, str] = field(default_factory=dict)
+    """The harness's environment; a command gets only what `process.command_env` keeps of it."""
+    command_env: tuple[str, ...] = ()
+    """The `command_env` setting: host variables a command gets beyond the allowlist."""
     command_timeout_s: float = 300.0
     cancel: threading.Event | None = None
     on_process_start: Callable[[int], float | None] | None = None

@@ -182,7 +182,7 @@ def for_run(mode: str, network: bool, env: Mapping[str, str], db: str | None) ->
 
 
 _FOR_RUN: dict[tuple[object, ...], Sandbox] = {}
-_OWN_ENV = ("DURABLE_AGENT_CONFIG", "XDG_CONFIG_HOME", "HOME")
+_OWN_ENV = ("DURABLE_AGENT_CONFIG", "XDG_CONFIG_HOME", "HOME", "PATH")
 
 
 def hidden(sandbox: Sandbox, carry: Sequence[Path] = ()) -> tuple[str, ...]:
@@ -196,9 +196,35 @@ def hidden(sandbox: Sandbox, carry: Sequence[Path] = ()) -> tuple[str, ...]:
     env = {k: v for k, v in zip(_OWN_ENV, where, strict=True) if v is not None}
     found = own_files(db or "", default_config_path(env))
     mine = [os.path.realpath(c) for c in carry]
+    shared = _shared_roots(env)
     return tuple(
-        h for h in found if not any(m == h or m.startswith(os.path.join(h, "")) for m in mine)
+        h
+        for h in found
+        if not any(_within(m, h) for m in mine) and not any(_within(s, h) for s in shared)
     )
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(os.path.join(folder, ""))
+
+
+def _shared_roots(env: Mapping[str, str]) -> set[str]:
+    """What a folder of the harness's own (the config's) must not hold to be hidden whole:
+    the home folder (a command's git identity is in ~/.gitconfig), the programs a command
+    runs (PATH, the harness's Python), or be a top folder of the system (/, /etc, /usr...).
+    There only the files themselves are hidden."""
+    roots = {os.path.realpath(p) for p in (sys.prefix, env.get("HOME") or Path.home()) if p}
+    roots.update(os.path.realpath(p) for p in env.get("PATH", "").split(os.pathsep) if p)
+    roots.update({"/", *(str(p) for p in _top_folders())})
+    return roots
+
+
+@lru_cache(maxsize=1)
+def _top_folders() -> tuple[Path, ...]:
+    try:
+        return tuple(p for p in Path("/").iterdir() if p.is_dir())
+    except OSError:
+        return ()
 
 
 def resolve_sandbox(mode: str, network: bool, env: Mapping[str, str]) -> Sandbox:

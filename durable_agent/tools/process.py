@@ -28,7 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from msgspec import Struct
@@ -105,23 +106,58 @@ def default_shell() -> str:
     return "/bin/sh"
 
 
-def command_env(parent: Mapping[str, str], *, run_id: str, call_id: str) -> dict[str, str]:
-    """The environment for a command: `parent` without credentials, made non-interactive,
-    plus the run and call ids (so a command, or a resume, can tell whose it is)."""
+# What a command gets of the host's environment without being told (SPEC §4): where its
+# programs and home are, the locale and time zone. An allowlist, not the host's minus a
+# denylist: a credential under a name no list foresaw (MYSQL_PWD, a vendor's own) stays out.
+# TERM and TMPDIR are set anew below and by the sandbox; listed so `--sandbox off` keeps them.
+_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TMPDIR", "TZ"})
+_LOCALE_PREFIX = "LC_"  # LC_ALL, LC_CTYPE, ...
+
+
+def command_env(
+    parent: Mapping[str, str],
+    *,
+    run_id: str,
+    call_id: str,
+    passthrough: Iterable[str] = (),
+) -> dict[str, str]:
+    """The environment for a command (or an MCP server): of `parent`, only PATH, HOME, TERM,
+    TMPDIR, TZ, the locale (LANG, LANGUAGE, LC_*) and what `passthrough` (the `command_env`
+    setting) names, made non-interactive, plus the run and call ids (so a command, or a
+    resume, can tell whose it is).
+
+    A `passthrough` entry is a name, or a pattern such as `GIT_*`. A pattern passes no
+    credential-named variable (`redact.is_secret_name`: MYSQL_PWD, *TOKEN*...), none holding
+    a URL with a password, and none of the harness's own `DURABLE_AGENT_*` knobs (its
+    database, config, crash switch: a `durable-agent` or test suite the command runs must
+    not act on them); only a name given exactly passes those."""
     env = {
         name: value
         for name, value in parent.items()
-        if not is_secret_name(name)
-        and not _has_url_password(value)
-        and name not in _DROPPED_ENV
-        # The harness's own knobs (its database, config, crash switch) are not the
-        # command's: a `durable-agent` or test suite it runs must not act on them.
-        and not name.startswith("DURABLE_AGENT_")
+        if name in _ALLOWED_ENV or name.startswith(_LOCALE_PREFIX)
     }
+    names = [p for p in passthrough if p]
+    if names:
+        exact = {p for p in names if not _is_pattern(p)}
+        patterns = [p for p in names if _is_pattern(p)]
+        for name, value in parent.items():
+            if name in exact or (
+                patterns
+                and any(fnmatchcase(name, p) for p in patterns)
+                and not is_secret_name(name)
+                and not _has_url_password(value)
+                and name not in _DROPPED_ENV
+                and not name.startswith("DURABLE_AGENT_")
+            ):
+                env[name] = value
     env.update(_NON_INTERACTIVE_ENV)
     env["DURABLE_AGENT_RUN_ID"] = run_id
     env["DURABLE_AGENT_CALL_ID"] = call_id
     return env
+
+
+def _is_pattern(entry: str) -> bool:
+    return any(c in entry for c in "*?[")
 
 
 def _has_url_password(value: str) -> bool:

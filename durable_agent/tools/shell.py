@@ -37,7 +37,9 @@ class RunCommand:
         outcome = run_process(
             args.command,
             cwd=ctx.workspace,
-            env=command_env(ctx.env, run_id=ctx.run_id, call_id=ctx.call_id),
+            env=command_env(
+                ctx.env, run_id=ctx.run_id, call_id=ctx.call_id, passthrough=ctx.command_env
+            ),
             timeout_s=args.timeout_s or ctx.command_timeout_s,
             # Both streams and the header fit the result cap, so only one truncation marker shows.
             output_cap=max(100, (ctx.output_cap - HEADER_ROOM) // 2),
