@@ -193,7 +193,12 @@ def test_runs_restores_and_diffs_through_the_cli_stay_inside(
         run = cli(
             "start", "edit d", "--model", model, "--shell", "deny", "--json", "--run-id", "r1"
         )
-        assert run.code == 0, run.stderr
+        if run.code == 5 and "workspace_drift" in run.stdout:
+            # The swaps since the run's first snapshot are a change the session start sees
+            # (an odd number of them): continue with the files as they are.
+            assert cli("approve", "r1").code == 0
+            run = cli("resume", "r1", "--json")
+        assert run.code == 0, run.stdout + run.stderr
         restored = cli("restore", "r1", "--at", "2", "--to", str(ws), "--force")
         diff = cli("diff", "r1")
         exported = cli("export", "r1")

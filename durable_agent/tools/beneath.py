@@ -120,8 +120,11 @@ def _step(dir_fd: int, name: str, flags: int, mode: int = 0o666) -> int:
     try:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     except OSError as exc:
-        # O_NOFOLLOW gives ELOOP for a link, or ENOTDIR when O_DIRECTORY is asked as well.
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO) and _is_link(dir_fd, name):
+        # O_NOFOLLOW gives ELOOP for a link (whatever it is by now), or ENOTDIR when
+        # O_DIRECTORY is asked as well.
+        if exc.errno == errno.ELOOP or (
+            exc.errno in (errno.ENOTDIR, errno.ENXIO) and _is_link(dir_fd, name)
+        ):
             raise Escaped(errno.ELOOP, "a symlink in the path (not followed)", name) from None
         raise
 
