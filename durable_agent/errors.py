@@ -5,6 +5,7 @@
     │   ├── ConfigError
     │   └── RunNotFound
     ├── RunBusy                  another live process holds the run's lease (exit 6)
+    │   └── WorkspaceBusy        ... or the workspace's (workspace/lease.py)
     ├── LeaseLost                our lease was taken over: write nothing more
     ├── HistoryDiverged          recorded history does not match what replay rebuilt
     │   └── StepMismatch         a recorded step has another key than the one being run
@@ -59,6 +60,20 @@ class RunBusy(DurableAgentError):
         )
         self.run_id = run_id
         self.owner = owner
+
+
+class WorkspaceBusy(RunBusy):
+    """Another live process executes a run in the workspace (exit 6, as for a run's lease)."""
+
+    def __init__(self, run_id: str, workspace: str, holder: str) -> None:
+        DurableAgentError.__init__(
+            self,
+            f"the workspace {workspace} is in use by {holder}, another live process; two "
+            "runs in one workspace race each other's files: wait for it, or pass "
+            "--allow-shared-workspace (unsafe)",
+        )
+        self.run_id = run_id
+        self.owner = holder
 
 
 class LeaseLost(DurableAgentError):

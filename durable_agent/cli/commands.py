@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -158,24 +159,37 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
     )
     settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
     _check_sandbox(settings, env)
-    cancel = threading.Event()
-    observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
-    runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
-    runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
-    if args.detach:
-        runner.tool_source.close()
-        _print_queued(runner.create(args.task, args.run_id), args.json)
-        return 0
-    # Created already leased to us: a worker sharing the database cannot claim it first.
-    from durable_agent.store.leases import new_owner
+    from durable_agent.workspace.lease import workspace_lease
 
-    owner = new_owner()
-    run_id = runner.create(args.task, args.run_id, lease_owner=owner)
-    if not args.json:
-        err = streams.forgiving(sys.stderr)
-        print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=err)
-        print(f"  resume with: durable-agent resume {run_id}", file=err)
-    return _execute(runner, run_id, args, cancel, lease=(owner, 1))
+    with contextlib.ExitStack() as held:
+        if not args.detach:  # one live run per workspace, before anything of it starts
+            name_holder = held.enter_context(
+                workspace_lease(
+                    settings.workspace,
+                    args.run_id,
+                    env,
+                    shared=getattr(args, "allow_shared_workspace", False),
+                )
+            )
+        cancel = threading.Event()
+        observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+        runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
+        runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
+        if args.detach:
+            runner.tool_source.close()
+            _print_queued(runner.create(args.task, args.run_id), args.json)
+            return 0
+        # Created already leased to us: a worker sharing the database cannot claim it first.
+        from durable_agent.store.leases import new_owner
+
+        owner = new_owner()
+        run_id = runner.create(args.task, args.run_id, lease_owner=owner)
+        name_holder(run_id)
+        if not args.json:
+            err = streams.forgiving(sys.stderr)
+            print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=err)
+            print(f"  resume with: durable-agent resume {run_id}", file=err)
+        return _execute(runner, run_id, args, cancel, lease=(owner, 1))
 
 
 def _print_queued(run_id: str, as_json: bool) -> None:
@@ -189,7 +203,6 @@ def _print_queued(run_id: str, as_json: bool) -> None:
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
-    from durable_agent.wiring import build_runner
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
@@ -229,6 +242,32 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         _print_queued(run_id, args.json)
         return 0
     _missing_workspace(store, run_id, settings)
+    from durable_agent.workspace.lease import workspace_lease
+
+    with contextlib.ExitStack() as held:
+        with render.json_if_cut_short(args.json, run_id):  # exit 6 with --json: one object
+            held.enter_context(
+                workspace_lease(
+                    settings.workspace,
+                    run_id,
+                    env,
+                    shared=getattr(args, "allow_shared_workspace", False),
+                )
+            )
+        return _resume_leased(store, run_id, run, settings, env, changes, args)
+
+
+def _resume_leased(
+    store: Any,
+    run_id: str,
+    run: Any,
+    settings: Settings,
+    env: dict[str, str],
+    changes: list[str],
+    args: Namespace,
+) -> int:
+    from durable_agent.wiring import build_runner
+
     cancel = threading.Event()
     observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)

@@ -152,6 +152,14 @@ def _add_containment(p: argparse.ArgumentParser, *, resume: bool = False) -> Non
     )
 
 
+def _add_shared(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-shared-workspace",
+        action="store_true",
+        help="UNSAFE: run even while another live run uses the workspace (docs/sandbox.md)",
+    )
+
+
 def _add_mcp(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mcp",
@@ -202,6 +210,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="only enqueue the run (pending) for `durable-agent worker`",
     )
+    _add_shared(p)
     _add_mcp(p)
     _add_output(p)
 
@@ -227,6 +236,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue in DIR (e.g. on another host): rebuilt from the last snapshot when missing or empty",
     )
+    _add_shared(p)
     _add_output(p)
 
     p.set_defaults(func=_command("cmd_resume"))

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
-import glob
 import hashlib
 import io
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,6 +17,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from durable_agent.status import EffectClass
+from durable_agent.tools import beneath
 from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
 from durable_agent.tools.encoding import (
     decode_text,
@@ -49,14 +49,15 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha(path: Path, shown: str | None = None) -> str | None:
+def file_sha(path: Path, shown: str | None = None, root: str | None = None) -> str | None:
     """The hash of the file's bytes; None when it does not exist, "directory" for a folder.
 
-    `shown` is the workspace-relative path for messages (ToolFailure when it cannot be read).
+    `shown` is the workspace-relative path for messages (ToolFailure when it cannot be read);
+    `root`, the workspace's real path, which `path` is opened beneath (tools/beneath.py).
     """
     shown = shown or path.as_posix()
     try:
-        f, _ = _open_regular(path, shown)
+        f, _ = _open_regular(path, shown, root)
         with f:
             return hashlib.file_digest(f, "sha256").hexdigest()  # in chunks: any size
     except FileNotFoundError:
@@ -69,11 +70,11 @@ def file_sha(path: Path, shown: str | None = None) -> str | None:
         raise ToolFailure(f"{shown}: permission denied") from None
 
 
-def regular_bytes(path: Path, shown: str) -> bytes:
+def regular_bytes(path: Path, shown: str, root: str | None = None) -> bytes:
     """The bytes of a regular file of at most MAX_READ_BYTES (or OSError, or ToolFailure):
     the harness holds what it reads in memory, and a command can make a file of any size
     (`truncate -s 100G`)."""
-    f, size = _open_regular(path, shown)
+    f, size = _open_regular(path, shown, root)
     with f:
         data = read_capped(f, size, MAX_READ_BYTES) if size <= MAX_READ_BYTES else b""
     if size > MAX_READ_BYTES or len(data) > MAX_READ_BYTES:
@@ -84,12 +85,21 @@ def regular_bytes(path: Path, shown: str) -> bytes:
     return data
 
 
-def _open_regular(path: Path, shown: str) -> tuple[io.BufferedReader, int]:
+def _open_regular(path: Path, shown: str, root: str | None = None) -> tuple[io.BufferedReader, int]:
     """A regular file, open for reading, and its size (or OSError). A FIFO, socket or device
     is refused, never read: opening a FIFO that has no writer would block the harness for
-    good (no signal gets it out of the open), and a device can be endless."""
+    good (no signal gets it out of the open), and a device can be endless. With `root` (the
+    workspace's real path) it is opened beneath the workspace's fd, no link followed: a
+    folder swapped for a link since `resolve` looked is refused, not read through."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO opens at once
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once
+        if root is None:
+            fd = os.open(path, flags)
+        else:
+            with beneath.root(root) as root_fd:
+                fd = beneath.open_at(root_fd, beneath.relative_to(root, str(path)), flags)
+    except beneath.Escaped:
+        raise ToolFailure(outside(shown)) from None
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a socket
             raise ToolFailure(f"{shown} is not a regular file (a socket)") from None
@@ -106,6 +116,11 @@ def _open_regular(path: Path, shown: str) -> tuple[io.BufferedReader, int]:
     return f, st.st_size
 
 
+def outside(shown: str) -> str:
+    """The refusal of a path that leads out of the workspace (sandbox.resolve says the same)."""
+    return f"path {shown!r} is outside the workspace; use a path relative to it"
+
+
 def _not_a_directory(path: Path, shown: str) -> str:
     """`README.md/x` when README.md is a file: name the part that is in the way."""
     blocker = next((p for p in path.parents if p.exists()), None)  # the nearest that exists
@@ -116,37 +131,73 @@ def _not_a_directory(path: Path, shown: str) -> str:
 
 def planned_file_sha(plan: WritePlan, ctx: ToolContext) -> str | None:
     """The hash the planned file has now: what resume compares with the recorded before/after."""
-    return file_sha(resolve(ctx.workspace, plan.path, for_write=True, store=ctx.store), plan.path)
+    return file_sha(
+        resolve(ctx.workspace, plan.path, for_write=True, store=ctx.store),
+        plan.path,
+        os.path.realpath(ctx.workspace),
+    )
 
 
-def atomic_write(path: Path, data: bytes, before_rename: Callable[[], None] | None = None) -> None:
+def atomic_write(
+    path: Path,
+    data: bytes,
+    before_rename: Callable[[], None] | None = None,
+    *,
+    root: str,
+    shown: str | None = None,
+) -> None:
     """Temp file in the same folder, fsync, rename: a crash leaves the old or the new file.
+    Every step is relative to the folder's fd, opened beneath `root` (the workspace's real
+    path) with no link followed: the temp file, the mode read, the rename.
 
     `before_rename` (ToolContext.before_rename) may raise to stop it, nothing written: a
     process frozen after its intent (SIGSTOP, a paused VM) for longer than its lease may
     wake when another has taken the run over and finished it, and its late write would
     overwrite the newer file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else None
-    prefix = f".{path.name}.da-"
+    try:
+        with (
+            beneath.root(root) as root_fd,
+            beneath.parent_of(root_fd, beneath.relative_to(root, str(path)), create=True) as (
+                dir_fd,
+                name,
+            ),
+        ):
+            _write_in(dir_fd, name, data, before_rename)
+    except beneath.Escaped:
+        raise ToolFailure(outside(shown or path.as_posix())) from None
+
+
+def _write_in(
+    dir_fd: int, name: str, data: bytes, before_rename: Callable[[], None] | None
+) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        mode = None
+    prefix = f".{name}.da-"
     # A write killed before its rename leaves its temp file; resume re-applies the write
     # (the file still has its "before" hash), and this is where the leftover goes.
-    for stale in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    with os.scandir(dir_fd) as entries:
+        stale = [e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    for leftover in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(leftover, dir_fd=dir_fd)
+    tmp = beneath.temp_name(name)
+    fd = beneath.create_exclusive(dir_fd, tmp, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            # Created 0600; a new file gets what the user's umask gives (0644 usually).
+            os.fchmod(f.fileno(), mode if mode is not None else 0o666 & ~_umask())
             os.fsync(f.fileno())
-        # mkstemp creates 0600; a new file gets what the user's umask gives (0644 usually).
-        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         if before_rename is not None:
             before_rename()
-        os.replace(tmp, path)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 
@@ -163,10 +214,10 @@ def _umask() -> int:
     return 0o022
 
 
-def read_bytes(path: Path, display: str) -> bytes:
+def read_bytes(path: Path, display: str, root: str | None = None) -> bytes:
     """The file's bytes, refusing binary files with a description of them."""
     try:
-        data = regular_bytes(path, display)
+        data = regular_bytes(path, display, root)
     except FileNotFoundError:
         raise ToolFailure(f"file not found: {display}") from None
     except IsADirectoryError:
@@ -180,10 +231,10 @@ def read_bytes(path: Path, display: str) -> bytes:
     return data
 
 
-def read_text(path: Path, display: str) -> tuple[str, str | None]:
+def read_text(path: Path, display: str, root: str | None = None) -> tuple[str, str | None]:
     """For showing: the text and a note when it was not UTF-8 (tools/encoding.py: Latin-1
     or the bad bytes as \\xHH)."""
-    return decode_text(read_bytes(path, display))
+    return decode_text(read_bytes(path, display, root))
 
 
 # -- list_files ------------------------------------------------------------------------------
@@ -204,7 +255,8 @@ class ListFiles:
             raise ToolFailure(f"not a directory: {args.path}")
         lines: list[str] = []
         base_depth = len(root.parts)
-        for dirpath, dirnames, filenames, _links in walk(str(root)):
+        real_root = os.path.realpath(ctx.workspace)
+        for dirpath, dirnames, filenames, _links in walk(str(root), beneath=real_root):
             here = Path(dirpath)
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             depth = len(here.parts) - base_depth
@@ -243,7 +295,7 @@ class ReadFile:
 
     def run(self, args: ReadFileArgs, ctx: ToolContext) -> ToolResult:
         path = resolve(ctx.workspace, args.path)
-        text, decoded = read_text(path, args.path)
+        text, decoded = read_text(path, args.path, os.path.realpath(ctx.workspace))
         lines = text.splitlines(keepends=True)
         end = len(lines) if args.limit is None else args.offset + args.limit
         chunk = "".join(lines[args.offset : end])
@@ -275,7 +327,8 @@ class SearchText:
         except re.error as exc:
             raise ToolFailure(f"invalid regular expression: {exc}") from None
         root = resolve(ctx.workspace, args.path)
-        files = [root] if root.is_file() else self._files(root)
+        real_root = os.path.realpath(ctx.workspace)
+        files = [root] if root.is_file() else self._files(root, real_root)
         matches: list[str] = []
         total = 0
         too_big: list[str] = []
@@ -288,10 +341,17 @@ class SearchText:
             ):
                 continue
             try:
-                if file.stat().st_size > MAX_SEARCH_FILE_BYTES:
+                # A link inside the workspace is read at what it names, beneath the
+                # workspace's fd like every other path (a link appearing since is refused).
+                f, size = _open_regular(Path(os.path.realpath(file)), rel, real_root)
+                with f:
+                    if size > MAX_SEARCH_FILE_BYTES:
+                        too_big.append(rel)
+                        continue
+                    data = read_capped(f, size, MAX_SEARCH_FILE_BYTES)
+                if len(data) > MAX_SEARCH_FILE_BYTES:  # grown since its fstat
                     too_big.append(rel)
                     continue
-                data = regular_bytes(file, rel)
             except (OSError, ToolFailure):  # unreadable, a FIFO, a socket: not searched
                 continue
             if looks_binary(data[:8192]):
@@ -318,9 +378,9 @@ class SearchText:
         return ToolResult(output=cap_text(out, ctx.output_cap), data=found)
 
     @staticmethod
-    def _files(root: Path) -> list[Path]:
+    def _files(root: Path, real_root: str) -> list[Path]:
         found: list[Path] = []
-        for dirpath, dirnames, filenames, _links in walk(str(root)):
+        for dirpath, dirnames, filenames, _links in walk(str(root), beneath=real_root):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             found.extend(Path(dirpath) / f for f in sorted(filenames))
         return found
@@ -343,7 +403,7 @@ class WriteFile:
         shown = relative(ctx.workspace, path)
         return WritePlan(
             path=shown,
-            before_sha=file_sha(path, shown),
+            before_sha=file_sha(path, shown, os.path.realpath(ctx.workspace)),
             after_sha=sha256_bytes(encode_content(args.content)[0]),
         )
 
@@ -354,7 +414,9 @@ class WriteFile:
         path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
         data, replaced = encode_content(args.content)
         existed = path.exists()
-        atomic_write(path, data, ctx.before_rename)
+        atomic_write(
+            path, data, ctx.before_rename, root=os.path.realpath(ctx.workspace), shown=args.path
+        )
         verb = "overwrote" if existed else "created"
         return ToolResult(
             output=f"{verb} {args.path} ({len(data)} bytes){surrogate_note(replaced)}",
@@ -382,7 +444,7 @@ class EditFile:
         would write U+FFFD over bytes the edit never touched, and hash text the file is not.
         Latin-1 text (as read_file showed it) is edited as Latin-1: every byte round-trips."""
         path = resolve(ctx.workspace, args.path, for_write=True, store=ctx.store)
-        before = read_bytes(path, args.path)
+        before = read_bytes(path, args.path, os.path.realpath(ctx.workspace))
         encoding = text_encoding(before)
         if encoding == "mixed":
             raise ToolFailure(f"{args.path} is not UTF-8 text; use write_file to replace it")
@@ -419,7 +481,9 @@ class EditFile:
 
     def run(self, args: EditFileArgs, ctx: ToolContext) -> ToolResult:
         path, _before, after = self._edited(args, ctx)
-        atomic_write(path, after, ctx.before_rename)
+        atomic_write(
+            path, after, ctx.before_rename, root=os.path.realpath(ctx.workspace), shown=args.path
+        )
         delta = args.new_string.count("\n") - args.old_string.count("\n")
         note = surrogate_note(encode_content(args.new_string)[1])
         return ToolResult(

@@ -16,9 +16,11 @@ def resolve(
     """The real path of `path` inside `workspace`, or ToolFailure.
 
     Symlinks are resolved before the check, so a link that points outside is refused
-    just like `..` or an absolute path elsewhere. Resolved when the tool opens the path:
-    no command runs between this check and the open (file tools and commands take turns,
-    and a command's processes are all dead when it returns).
+    just like `..` or an absolute path elsewhere. The check alone is no guard: a process
+    that outlives its call (an MCP server's child, another run's command) can swap a folder
+    for a link between it and the open. So the tools open what this returns beneath the
+    workspace's fd with no link followed (tools/beneath.py), and a link that appeared since
+    is refused there.
     """
     if "\x00" in path:
         raise ToolFailure("path contains a NUL byte")

@@ -8,4 +8,5 @@ them: `diff`, `restore`, `fork`, and resume on a host that has nothing but the s
     materialize.py  write a manifest into a directory (restore)
     recorder.py   the step hooks: before an effect (intent) and after it (outcome)
     resume.py     on resume: rebuild a missing workspace, stop on drift
+    lease.py      one live run per workspace (start, resume)
 """

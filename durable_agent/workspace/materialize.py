@@ -8,7 +8,9 @@ at such a path, in the target or now, stays as it is) are never written nor dele
 under a symlink is never written through it: the link is replaced by a real directory
 first, so nothing outside the directory can be reached. Every entry of the target is
 checked first (validation.py): a manifest edited in the store is refused before anything
-is touched.
+is touched. Every operation is relative to a folder fd opened beneath the directory's fd
+with no link followed (tools/beneath.py): a folder swapped for a link to outside while the
+restore runs stops it, it is never written, read or removed through.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from durable_agent.errors import DurableAgentError, UsageError
+from durable_agent.tools import beneath
+from durable_agent.tools.tree import walk
 from durable_agent.workspace.manifest import (
     BIG,
     DIR,
@@ -46,72 +48,107 @@ class RestoreStopped(DurableAgentError):
     harness may not write) or "stopped: why" (a blob the store lacks)."""
 
 
-def _remove(path: bytes) -> None:
+@contextlib.contextmanager
+def _at(broot: bytes, rel: bytes) -> Iterator[None]:
+    """An OSError of an fd-relative call names the whole path (RestoreStopped says where)."""
     try:
-        st = os.lstat(path)
+        yield
+    except OSError as exc:
+        if exc.filename is None or not os.fsencode(exc.filename).startswith(b"/"):
+            raise OSError(exc.errno, exc.strerror, os.path.join(broot, rel)) from None
+        raise
+
+
+def _remove(root_fd: int, rel: bytes) -> None:
+    try:
+        with beneath.parent_of(root_fd, rel) as (fd, name):
+            beneath.remove_at(fd, name)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
 
 
-def _parent_dirs(root: bytes, rel: bytes) -> None:
-    """Make every directory above `rel` a real directory (not a file, not a link)."""
-    current = root
-    for part in rel.split(b"/")[:-1]:
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            os.mkdir(current)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            os.unlink(current)
-            os.mkdir(current)
+def _kind(dir_fd: int, name: str) -> int | None:
+    """The lstat mode of `name` in the folder `dir_fd` holds; None if there is nothing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _parent_dirs(root_fd: int, rel: bytes) -> Iterator[tuple[int, str]]:
+    """Make every directory above `rel` a real directory (not a file, not a link); yields
+    the fd of the last one (opened with no link followed) and the name of `rel` in it."""
+    parts = os.fsdecode(rel).split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            mode = _kind(fd, part)
+            if mode is not None and not stat.S_ISDIR(mode):
+                os.unlink(part, dir_fd=fd)
+                mode = None
+            if mode is None:
+                os.mkdir(part, dir_fd=fd)
+            below = beneath.open_at(fd, part, os.O_RDONLY | os.O_DIRECTORY)
+            os.close(fd)
+            fd = below
+        yield fd, parts[-1]
+    finally:
+        os.close(fd)
 
 
 def _write(
-    root: bytes, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]
+    root_fd: int, rel: bytes, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]
 ) -> None:
-    path = os.path.join(root, rel)
-    _parent_dirs(root, rel)
+    with _parent_dirs(root_fd, rel) as (dir_fd, name):
+        _write_in(dir_fd, name, entry, have, blob)
+
+
+def _write_in(
+    dir_fd: int, name: str, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]
+) -> None:
     same = have is not None and (have.kind, have.ref, have.target, have.size) == (
         entry.kind,
         entry.ref,
         entry.target,
         entry.size,
     )
-    if same and entry.kind != LINK and not os.path.islink(path):
-        os.chmod(path, entry.mode)  # the permission bits alone differ
+    mode = _kind(dir_fd, name)
+    if same and entry.kind != LINK and mode is not None and not stat.S_ISLNK(mode):
+        beneath.chmod_at(dir_fd, name, entry.mode)  # the permission bits alone differ
         return
     if entry.kind == DIR:
-        if not os.path.isdir(path) or os.path.islink(path):
-            _remove(path)
-            os.mkdir(path)
-        os.chmod(path, entry.mode)
+        if mode is None or not stat.S_ISDIR(mode):
+            beneath.remove_at(dir_fd, name)
+            os.mkdir(name, dir_fd=dir_fd)
+        beneath.chmod_at(dir_fd, name, entry.mode)
         return
-    _remove(path)
+    beneath.remove_at(dir_fd, name)
     if entry.kind == LINK:
-        os.symlink(entry.target, path)
+        os.symlink(os.fsdecode(entry.target), name, dir_fd=dir_fd)
         return
-    # A fresh name made with O_EXCL | O_NOFOLLOW (mkstemp), never a fixed one: a link the
-    # workspace holds under a fixed name would have taken the bytes and the mode outside.
-    fd, tmp = tempfile.mkstemp(prefix=b".durable-agent-restore.", dir=os.path.dirname(path))
+    # A fresh name made with O_EXCL | O_NOFOLLOW, never a fixed one: a link the workspace
+    # holds under a fixed name would have taken the bytes and the mode outside.
+    tmp = beneath.temp_name("durable-agent-restore", ".")
+    fd = beneath.create_exclusive(dir_fd, tmp, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob(entry.ref))
             os.fchmod(f.fileno(), entry.mode)
-        os.replace(tmp, path)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 
+def _rmdir(root_fd: int, rel: bytes) -> None:
+    with beneath.parent_of(root_fd, rel) as (fd, name):
+        os.rmdir(name, dir_fd=fd)
+
+
 def _in_the_way(
-    broot: bytes, target: Manifest, current: Manifest, held: set[bytes]
+    root_fd: int, broot: bytes, target: Manifest, current: Manifest, held: set[bytes]
 ) -> bytes | None:
     """The first path that making `target` would destroy though snapshots leave it out
     (ignored, excluded like a `.git` folder, over the size cap): no undo could bring it back.
@@ -121,13 +158,21 @@ def _in_the_way(
         have = current.get(rel)
         return have is not None and have.kind not in KEPT
 
-    def same(path: bytes, st: os.stat_result, entry: Entry) -> bool:
+    def lstat(rel: bytes) -> os.stat_result:
+        with beneath.parent_of(root_fd, rel) as (fd, name):
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+    def same(rel: bytes, st: os.stat_result, entry: Entry) -> bool:
         """Already what the target holds (a .gitignore changed since): nothing to lose."""
         if entry.kind == LINK:
-            return stat.S_ISLNK(st.st_mode) and os.readlink(path) == entry.target
+            if not stat.S_ISLNK(st.st_mode):
+                return False
+            with beneath.parent_of(root_fd, rel) as (fd, name):
+                return os.readlink(name, dir_fd=fd) == os.fsdecode(entry.target)
         if entry.kind != FILE or not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
             return False
-        with open(path, "rb") as f:
+        flags = os.O_RDONLY | os.O_NONBLOCK
+        with os.fdopen(beneath.open_at(root_fd, rel, flags), "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest() == entry.ref
 
     folders: set[bytes] = set()  # parents already seen to be folders
@@ -141,8 +186,8 @@ def _in_the_way(
             if parent in folders:
                 continue
             try:
-                st = os.lstat(os.path.join(broot, parent))
-            except (FileNotFoundError, NotADirectoryError):
+                st = lstat(parent)
+            except (FileNotFoundError, NotADirectoryError, beneath.Escaped):
                 below_a_file = True
                 break
             if not stat.S_ISDIR(st.st_mode):
@@ -155,24 +200,22 @@ def _in_the_way(
             continue
         path = os.path.join(broot, rel)
         try:
-            st = os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
+            st = lstat(rel)
+        except (FileNotFoundError, NotADirectoryError, beneath.Escaped):
             continue
         if stat.S_ISDIR(st.st_mode):
             if entry.kind == DIR:
                 continue
-            for dirpath, dirs, files in os.walk(path):  # what would be left for rmtree
-                links = [
-                    d for d in dirs if os.path.islink(os.path.join(dirpath, d))
-                ]  # (not followed)
-                for name in files + links:
-                    inner = os.path.relpath(os.path.join(dirpath, name), broot)
+            # What would be left for rmtree, each folder opened beneath the root's fd.
+            for dirpath, _dirs, files, links in walk(os.fsdecode(path), beneath=os.fsdecode(broot)):
+                for name in files + sorted(links):  # (links: listed with dirs, not followed)
+                    inner = os.fsencode(beneath.relative_to(broot, os.path.join(dirpath, name)))
                     if not covered(inner):
                         return inner
         elif (
             (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
             and not covered(rel)
-            and not same(path, st, entry)
+            and not same(rel, st, entry)
         ):  # (a FIFO or a socket holds nothing to lose)
             return rel
     return None
@@ -199,7 +242,8 @@ def materialize(
     broot = os.fsencode(str(root))
     try:
         os.makedirs(broot, exist_ok=True)
-        return _materialize(target, root, broot, scanner, blob, held)
+        with beneath.root(broot) as root_fd:
+            return _materialize(target, root, broot, root_fd, scanner, blob, held)
     except OSError as exc:
         where = os.fsdecode(exc.filename) if exc.filename else str(root)
         raise RestoreStopped(f"stopped at {where}: {exc.strerror or exc}") from None
@@ -215,6 +259,7 @@ def _materialize(
     target: Manifest,
     root: Path,
     broot: bytes,
+    root_fd: int,
     scanner: Scanner,
     blob: Callable[[str], bytes],
     left: list[bytes] | None,
@@ -224,7 +269,8 @@ def _materialize(
     # so neither what the target recorded nor what is there now could be brought back.
     held = {p for p, e in target.items() if e.kind == SECRET}
     held |= {p for p, e in current.items() if e.kind == SECRET}
-    blocking = _in_the_way(broot, target, current, held)
+    with _at(broot, b""):
+        blocking = _in_the_way(root_fd, broot, target, current, held)
     if blocking is not None:
         shown = Change(blocking, "deleted", 0).shown
         raise UsageError(
@@ -244,13 +290,14 @@ def _materialize(
             continue
         if old.kind == DIR:  # empty as far as snapshots see: what is in it is ignored, and stays
             with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(broot, rel))
+                _rmdir(root_fd, rel)
             continue
-        _remove(os.path.join(broot, rel))
+        with _at(broot, rel):
+            _remove(root_fd, rel)
         parent = os.path.dirname(rel)
         while parent and parent not in wanted_dirs:  # directories left empty by the deletions
             with contextlib.suppress(OSError):
-                os.rmdir(os.path.join(broot, parent))
+                _rmdir(root_fd, parent)
             parent = os.path.dirname(parent)
     for rel in sorted(target):
         entry = target[rel]
@@ -258,7 +305,8 @@ def _materialize(
         if entry.kind in KEPT or have == entry or rel in held:
             continue
         if entry.kind in (FILE, LINK, DIR):
-            _write(broot, rel, entry, have, blob)
+            with _at(broot, rel):
+                _write(root_fd, rel, entry, have, blob)
     # Our writes happened within the racy window: hash them again next time. What is below a
     # folder the harness may not list is kept as this manifest has it.
     scanner.forget(seen=target)

@@ -43,6 +43,8 @@ from durable_agent.workspace.manifest import (
 )
 from durable_agent.workspace.secrets import SecretCheck
 
+PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
 # Folders that tools generate (virtualenvs, packages, caches): named by a plain `NAME/` rule
 # of the `exclude` setting (as its default does), they are left out unless git tracks
@@ -159,7 +161,7 @@ class Scanner:
             first = self._cache_epoch < 0
             w = _Walk(Scan({}), time.time_ns())
             if os.path.isdir(self.root):
-                self._walk(b"", [], w)
+                self._walk(b"", [], w, None)
             visited = set(w.visited)
             for rel_dir in [
                 d for d in self._cache if d not in visited
@@ -242,10 +244,10 @@ class Scanner:
             self._by_setting.clear()
             self._ignore_epoch += 1
 
-    def _gitignore(self, rel_dir: bytes) -> Any:
-        path = os.path.join(self.root, rel_dir, b".gitignore")
+    def _gitignore(self, rel_dir: bytes, dir_fd: int) -> Any:
+        path = b".gitignore"  # in the folder `dir_fd` holds
         try:
-            st = os.lstat(path)
+            st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             if rel_dir in self._ignores:
                 del self._ignores[rel_dir]
@@ -260,7 +262,9 @@ class Scanner:
         # Only a regular file, as git reads it (it does not follow an in-tree .gitignore that
         # is a link): a FIFO planted there would block the open for good, /dev/zero never end.
         try:
-            data = _regular_bytes(path, MAX_IGNORE_BYTES) if stat.S_ISREG(st.st_mode) else None
+            data = (
+                _regular_bytes(path, MAX_IGNORE_BYTES, dir_fd) if stat.S_ISREG(st.st_mode) else None
+            )
         except FileNotFoundError:
             data = None
         except OSError:  # kept as last seen, its rules too (else what they left out comes in)
@@ -303,17 +307,46 @@ class Scanner:
         return rel not in (self._tracked.dirs if is_dir else self._tracked.files)
 
     # -- walking -------------------------------------------------------------------------------
-    def _walk(self, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk) -> int:
+    def _walk(
+        self, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk, parent_fd: int | None
+    ) -> int:
         """Walk one directory; returns how many entries of it are in the manifest, -1 for one it
-        could not list and knows nothing of."""
-        spec = self._gitignore(rel_dir)
+        could not list and knows nothing of.
+
+        The directory is opened under its parent's fd, the link not followed (`parent_fd`
+        None: the root, by its path), and everything in it is read relative to that fd: a
+        folder swapped for a link to outside since its parent was listed is not walked."""
+        if len(self.root) + len(rel_dir) >= PATH_MAX - 1:
+            # Past PATH_MAX no tool, command or restore can name it by its path (ENAMETOOLONG,
+            # as a walk by path found it): noted, never recorded empty.
+            return self._unlisted(rel_dir, w)
+        try:
+            if parent_fd is None:
+                fd = os.open(self.root, _DIR_FLAGS)
+            else:
+                fd = os.open(
+                    os.path.basename(rel_dir), _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            return 0  # gone since its parent was listed (a link now: O_NOFOLLOW says ENOTDIR)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return 0
+            return self._unlisted(rel_dir, w)  # not ours to list: never "emptied"
+        try:
+            return self._walk_in(fd, rel_dir, specs, w)
+        finally:
+            os.close(fd)
+
+    def _walk_in(self, fd: int, rel_dir: bytes, specs: list[tuple[bytes, Any]], w: _Walk) -> int:
+        spec = self._gitignore(rel_dir, fd)
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
         try:
-            entries = list(os.scandir(os.path.join(self.root, rel_dir) if rel_dir else self.root))
+            entries = list(os.scandir(fd))
         except (FileNotFoundError, NotADirectoryError):
             return 0  # gone since its parent was listed
-        except OSError:  # not ours to list, or past PATH_MAX (ENAMETOOLONG): never "emptied"
+        except OSError:  # not ours to list: never "emptied"
             return self._unlisted(rel_dir, w)
         w.visited.append(rel_dir)
         cached = self._cache.get(rel_dir)
@@ -335,7 +368,7 @@ class Scanner:
                 continue  # gone since the listing
             except OSError:  # listable, not searchable (chmod 644 d): none of it can be read
                 return self._unlisted(rel_dir, w)
-            name = item.name
+            name = os.fsencode(item.name)
             old = fast.get(name)
             # The hot path of an unchanged workspace: one lstat, one lookup, one comparison.
             # The change time moves with every change to a file (content, mode, times, a
@@ -357,7 +390,7 @@ class Scanner:
                     w.out.too_deep.append(rel)
                     found += 1
                 elif not ignored:
-                    below = self._walk(rel, specs, w)
+                    below = self._walk(rel, specs, w, fd)
                     if below == 0:  # an empty directory is an entry
                         w.empty.append(rel)
                         self._note(rel, Entry(DIR, stat.S_IMODE(mode) & 0o777), w)
@@ -378,7 +411,7 @@ class Scanner:
             entry = (
                 old[1]
                 if old is not None and old[0] == key
-                else self._entry(item.path, st, w.out, rel)
+                else self._entry(fd, name, st, w.out, rel)
             )
             unread = entry is _UNREADABLE
             if unread:  # kept as last seen (not deleted), and tried again at the next scan
@@ -399,7 +432,7 @@ class Scanner:
             self._note(rel, entry, w)
             found += 1
         if dropped or hits < before:  # some of the cached files are gone: which ones
-            listed = {item.name for item in entries}
+            listed = {os.fsencode(item.name) for item in entries}
             gone = dropped + [name for name in cached if name not in listed]
             for name in gone:
                 del cached[name]
@@ -440,19 +473,23 @@ class Scanner:
         if old is not entry and old != entry:
             w.entries[rel] = entry
 
-    def _entry(self, path: bytes, st: os.stat_result, out: Scan, rel: bytes) -> Entry | None:
-        """The entry for a listed path; None if it is gone or no longer what was listed,
-        _UNREADABLE if the harness may not read it."""
+    def _entry(
+        self, dir_fd: int, name: bytes, st: os.stat_result, out: Scan, rel: bytes
+    ) -> Entry | None:
+        """The entry for a listed name in the folder `dir_fd` holds; None if it is gone or no
+        longer what was listed, _UNREADABLE if the harness may not read it."""
+        if len(self.root) + len(rel) >= PATH_MAX - 1:
+            return _UNREADABLE  # no one can open it by its path (see _walk)
         try:
             if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(path)
+                target = os.readlink(name, dir_fd=dir_fd)
                 if self.secrets is not None and self.secrets.link_holds(target):
                     return _withheld(target, 0)
                 return Entry(LINK, target=target)
             if st.st_size > self.size_cap:
                 out.skipped.append(rel)
                 return Entry(BIG, stat.S_IMODE(st.st_mode) & 0o777, size=st.st_size)
-            data = _regular_bytes(path, self.size_cap)
+            data = _regular_bytes(name, self.size_cap, dir_fd)
         except (FileNotFoundError, NotADirectoryError):
             return None  # vanished between the listing and now
         except OSError:
@@ -477,12 +514,15 @@ MAX_IGNORE_BYTES = (
 )  # of one .gitignore (not the snapshot's cap: its rules apply whatever that is)
 
 
-def _regular_bytes(path: bytes, cap: int) -> bytes | None:
-    """The bytes of `path` if it is (still) a regular file of at most `cap` bytes, else None.
-    Opened without following a link and without blocking (a FIFO opens at once), then
-    checked on the open file, so nothing put there since the listing can hang the scan."""
+def _regular_bytes(name: bytes, cap: int, dir_fd: int) -> bytes | None:
+    """The bytes of `name` (in the folder `dir_fd` holds) if it is (still) a regular file of
+    at most `cap` bytes, else None. Opened without following a link and without blocking (a
+    FIFO opens at once), then checked on the open file, so nothing put there since the
+    listing can hang the scan."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link or a socket now: not what was listed
             return None
