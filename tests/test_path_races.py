@@ -158,11 +158,16 @@ def test_file_tools_snapshots_and_restores_stay_inside_while_a_folder_is_swapped
                 seen.extend(data.decode("utf-8", "replace") for data in scan.contents.values())
                 done["scans"] += 1
             if i % 40 == 20:
-                try:
-                    materialize(target, ws, scanner, _blob_of(contents))
+                # While the folder flips, a restore is often refused (the scan and the disk
+                # disagree) or stops partway, and says so; what matters is where it wrote.
+                # Up to 50 tries each time, so that some also run their writes to the end.
+                for _try in range(50):
+                    try:
+                        materialize(target, ws, scanner, _blob_of(contents))
+                    except DurableAgentError:
+                        continue
                     done["restores"] += 1
-                except DurableAgentError:
-                    pass  # refused or stopped partway: it said so; what matters is where it wrote
+                    break
     leaked = [s for s in seen if CANARY in s or "only-outside" in s]
     assert not leaked, f"{len(leaked)} observation(s) read outside: {leaked[:3]}"
     assert picture(outside) == before, "a file outside the workspace was written"
@@ -202,7 +207,10 @@ def test_runs_restores_and_diffs_through_the_cli_stay_inside(
         restored = cli("restore", "r1", "--at", "2", "--to", str(ws), "--force")
         diff = cli("diff", "r1")
         exported = cli("export", "r1")
-    assert restored.code in (0, 1), restored.stderr  # done, or stopped at a link that appeared
+    # Done, stopped at a link that appeared (1), or refused because the scan and the disk
+    # disagreed while the folder flipped (2): never a traceback, and never written outside.
+    assert restored.code in (0, 1, 2), restored.stderr
+    assert "Traceback" not in restored.stderr
     assert diff.code == 0 and exported.code == 0, (diff.stderr, exported.stderr)
     for shown in (run, restored, diff, exported):
         assert CANARY not in shown.stdout + shown.stderr
