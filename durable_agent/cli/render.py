@@ -136,9 +136,9 @@ class Timeline(Observer):
 
 
 def step_line(e: StepEvent) -> str:
-    # Every row is a step (the `show` table's #); a model row also says which model call it
-    # is, the number budgets (--max-steps) and the summary count.
-    head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
+    # Every row is a step, numbered by its stored `steps.seq` (the `show` table's #); a model
+    # row also says which model call it is, the number budgets (--max-steps) and the summary count.
+    head = f"Step {e.seq}" if e.seq >= 0 else "Step"
     what = (
         f"{e.name} → {e.detail}"
         if e.kind == "model" and e.detail
@@ -348,7 +348,8 @@ def show(
     p(f"model      {run.model}")
     p(f"workspace  {run.workspace}")
     if run.forked_from:
-        p(f"forked     from {run.forked_from} after step {(run.fork_seq or 0) + 1}")
+        after = "" if run.fork_seq is None else f" after step {run.fork_seq}"
+        p(f"forked     from {run.forked_from}{after}")
     sandbox = sandbox_line(run.settings)
     if sandbox:
         p(f"sandbox    {sandbox}")
@@ -429,7 +430,7 @@ def _step_table(
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
         p(
-            f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+            f"{s.seq:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
             f"{step_what(run, s)}"
         )
         if s.error:

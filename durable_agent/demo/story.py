@@ -205,7 +205,7 @@ class _Demo:
         for s in steps:
             if s.state == StepState.STARTED:
                 say(
-                    f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
+                    f"   step {s.seq}, {short(step_what(run, s), 40)}: intent recorded, "
                     "outcome never committed"
                 )
         edited = "return a + b" in (self.workspace / "calc.py").read_text(encoding="utf-8")
