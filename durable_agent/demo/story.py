@@ -34,11 +34,10 @@ from pathlib import Path
 from msgspec import Struct
 
 import durable_agent
-from durable_agent.cli.render import fmt_ms, step_what
-from durable_agent.cli.status_line import short
 from durable_agent.cli.streams import forgiving
 from durable_agent.config.layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
+from durable_agent.presentation import fmt_ms, short, step_what
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 

@@ -12,7 +12,14 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.cli.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
+from durable_agent.presentation import (
+    counts,
+    fmt_age,
+    fmt_ms,
+    run_cost,
+    sandbox_line,
+    step_what,
+)
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import (
