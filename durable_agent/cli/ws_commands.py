@@ -112,8 +112,8 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.encoding import show_name
     from durable_agent.store.blobs import BlobStore, save_statements
-    from durable_agent.tools.encoding import show_name
     from durable_agent.workspace import snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
 

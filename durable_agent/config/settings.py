@@ -37,9 +37,9 @@ from durable_agent.config.mcp_servers import (
     merge_recorded,
     recorded_env,
 )
+from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
+from durable_agent.encoding import name_from_arg
 from durable_agent.errors import ConfigError
-from durable_agent.tools.encoding import name_from_arg
-from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 
 
 class ModelPrice(BaseModel):

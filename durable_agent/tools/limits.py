@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from durable_agent.capped import read_capped as read_capped  # the tools read as everything does
-from durable_agent.tools.encoding import looks_binary  # noqa: F401 - the rule lives with the decoding
+from durable_agent.encoding import looks_binary  # noqa: F401 - the rule lives with the decoding
 
 
 def cap_text(text: str, limit: int) -> str:

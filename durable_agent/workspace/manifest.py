@@ -24,7 +24,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from durable_agent.tools.encoding import show_name
+from durable_agent.encoding import show_name
 
 FILE, LINK, DIR, BIG = "file", "link", "dir", "big"
 
