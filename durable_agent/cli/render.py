@@ -18,13 +18,13 @@ from durable_agent.presentation import (
     counts,
     fmt_age,
     fmt_ms,
+    iso_value,
     plural,
     run_cost,
     sandbox_line,
     short,
     step_what,
 )
-from durable_agent.presentation import iso_value as _iso
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
@@ -276,12 +276,12 @@ def show(
     sandbox = sandbox_line(run.settings)
     if sandbox:
         p(f"sandbox    {sandbox}")
-    p(f"created    {_iso(run.created_at)} ({fmt_age(run.created_at)})")
+    p(f"created    {iso_value(run.created_at)} ({fmt_age(run.created_at)})")
     if run.finished_at:
-        p(f"finished   {_iso(run.finished_at)}")
+        p(f"finished   {iso_value(run.finished_at)}")
     if live:
         p(
-            f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})"
+            f"lease      held by {run.lease_owner} until {iso_value(run.lease_expires_at)} (epoch {run.lease_epoch})"
         )
     elif run.status == RunStatus.RUNNING:
         p(
