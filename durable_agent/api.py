@@ -23,13 +23,13 @@ from typing import Any
 from msgspec import Struct
 
 from durable_agent.config.settings import BUDGET_FIELDS, Settings, load_settings, recorded_settings
-from durable_agent.config.tool_sources import ToolInfo
 from durable_agent.errors import UsageError
 from durable_agent.loop.outcome import Outcome
 from durable_agent.observer import Observer
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.runs import Store
+from durable_agent.tool_sources import ToolInfo
 from durable_agent.tools.base import Tool
 
 

@@ -8,13 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from durable_agent.config.settings import Settings
-from durable_agent.config.tool_sources import ToolSet
 from durable_agent.errors import ConfigError
 from durable_agent.loop.runner import Runner
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
 from durable_agent.store.runs import Store, open_store, store_policy
+from durable_agent.tool_sources import ToolSet
 from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox, store_refusal
 

@@ -29,18 +29,17 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
 from msgspec import Struct
-from sqlalchemy.engine import make_url
 
-from durable_agent.cli import render
 from durable_agent.config.settings import Settings, load_settings, recorded_settings
 from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError, UsageError
 from durable_agent.loop.interrupts import Interrupts
 from durable_agent.loop.outcome import RunReleased
+from durable_agent.observer import Observer
 from durable_agent.status import RUN_ID
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
@@ -84,7 +83,7 @@ class Log:
 
 
 class _RunStream:
-    """A text stream for render.Timeline that prefixes each line with the run id, so the
+    """A text stream for a run's timeline that prefixes each line with the run id, so the
     timelines of concurrent runs stay readable."""
 
     def __init__(self, log: Log, run_id: str) -> None:
@@ -101,8 +100,16 @@ class _RunStream:
         pass
 
 
-def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str]) -> int:
-    """Run a worker on `settings.db` until it is told to stop (or, with `once`, runs out)."""
+def run_worker(
+    settings: Settings,
+    options: WorkerOptions,
+    env: Mapping[str, str],
+    timeline: Callable[[TextIO], Observer] | None = None,
+) -> int:
+    """Run a worker on `settings.db` until it is told to stop (or, with `once`, runs out).
+
+    `timeline` makes the observer that prints a run's steps into the log (the CLI passes its
+    own, cli/render.Timeline: the worker stays below the CLI); None prints none."""
     assert settings.db is not None
     policy = store_policy(settings)
     engine = open_store_engine(
@@ -113,16 +120,22 @@ def run_worker(settings: Settings, options: WorkerOptions, env: Mapping[str, str
         lease_seconds=options.lease_seconds,
     )
     try:
-        return Worker(Store(engine, policy), options, env, Log(sys.stderr)).run()
+        return Worker(Store(engine, policy), options, env, Log(sys.stderr), timeline).run()
     finally:
         engine.dispose()
 
 
 class Worker:
     def __init__(
-        self, store: Store, options: WorkerOptions, env: Mapping[str, str], log: Log
+        self,
+        store: Store,
+        options: WorkerOptions,
+        env: Mapping[str, str],
+        log: Log,
+        timeline: Callable[[TextIO], Observer] | None = None,
     ) -> None:
         self.store, self.options, self.env, self.log = store, options, env, log
+        self.timeline = timeline
         self.queue = Queue(store.engine)
         self.name = new_owner().rsplit(":", 1)[0]  # host:pid; each claim gets its own owner
         self.stopping = threading.Event()  # shared by every Runner as its `release` event
@@ -143,7 +156,7 @@ class Worker:
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
         o = self.options
-        url = make_url(self.store.engine.url).render_as_string(hide_password=True)
+        url = self.store.engine.url.render_as_string(hide_password=True)
         limit = f" · global limit {o.max_running}" if o.max_running else ""
         self.log.line(
             f"worker {self.name} · {url} · concurrency {o.concurrency} · "
@@ -296,7 +309,11 @@ class Worker:
         rid = claim.run_id
         try:
             settings = self._run_settings(claim)
-            observer = None if self.options.quiet else render.Timeline(_RunStream(self.log, rid))  # type: ignore[arg-type]
+            observer = (
+                None
+                if self.options.quiet or self.timeline is None
+                else self.timeline(_RunStream(self.log, rid))  # type: ignore[arg-type]
+            )
             runner = build_runner(
                 settings,
                 env=self.env,

@@ -36,7 +36,7 @@ from sandbox_support import (
     tree_digest,
 )
 
-from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST, DEFAULT_DESTRUCTIVE, decide
+from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST, DEFAULT_DESTRUCTIVE, decide
 
 PY = sys.executable
 FAKE_PEM = (

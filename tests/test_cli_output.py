@@ -65,8 +65,8 @@ def test_model_calls_and_steps_are_named_apart(
     first = cli("start", "t", "--model", model, "--max-steps", "2", "--run-id", "w1")
     assert first.code == 3, first.stderr
     lines = first.stderr.splitlines()
-    assert any(line.startswith("Step 3 · model call 2 · ") for line in lines), first.stderr
-    assert any(line.startswith("Step 4 · tool · read_file") for line in lines), first.stderr
+    assert any(line.startswith("Step 2 · model call 2 · ") for line in lines), first.stderr
+    assert any(line.startswith("Step 3 · tool · read_file") for line in lines), first.stderr
     assert "2 model calls · 4 steps · 2 tool calls · " in first.stderr
     again = cli("resume", "w1", "--max-steps", "5")
     assert again.code == 0, again.stderr

@@ -51,7 +51,7 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
         "test_calc.py logged 2 runs in the workspace, by call: call_2_0 ×1 (before the crash), call_6_0 ×1 (after)"
         in out
     )
-    assert "edit_file (step 12): cut off by the crash; the resume checked the workspace" in out
+    assert "edit_file (step 11): cut off by the crash; the resume checked the workspace" in out
     assert out.rstrip().splitlines()[-2].startswith("kept: ")
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in out
 
@@ -211,7 +211,7 @@ def test_the_checks_catch_what_would_make_the_demo_a_lie() -> None:
         calc_py=fixed,
     )
     assert not bad.ok
-    assert "step 2 (tool) was executed again after the resume" in bad.problems
+    assert "step 1 (tool) was executed again after the resume" in bad.problems
     assert any("the workspace saw test runs {'c1': 2}" in p for p in bad.problems)
 
     unfixed = check_story(

@@ -20,6 +20,16 @@ MODELS = (ROOT / "docs" / "models.md").read_text()
 README = (ROOT / "README.md").read_text()
 
 
+def test_the_readme_is_short_opens_with_the_two_commands_and_shows_every_package() -> None:
+    assert README.count("\n") < 200  # the history of figures lives in docs/performance.md
+    first = README[README.index("```sh\n") : README.index("```\n", README.index("```sh\n") + 5)]
+    assert "durable-agent demo" in first and "scripts/test" in first
+    layout = README[README.index("## Layout") :]
+    packages = sorted(p.parent.name for p in (ROOT / "durable_agent").glob("*/__init__.py"))
+    assert packages and [p for p in packages if f"durable_agent/{p}/" not in layout] == []
+    assert "[docs/performance.md](docs/performance.md)" in README
+
+
 def test_every_stop_reason_is_documented_with_a_status() -> None:
     schema = (ROOT / "docs" / "schema.md").read_text()
     for reason in StopReason:

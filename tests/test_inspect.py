@@ -95,7 +95,7 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(
     assert len(printed) == len(rows) == 5
     for line, (seq, kind, state, p, c, _error) in zip(printed, rows, strict=True):
         fields = line.split()
-        assert fields[:3] == [str(seq + 1), kind, state]
+        assert fields[:3] == [str(seq), kind, state]  # the stored seq
         if kind == "model":
             assert f"{p}+{c}" in fields
     assert "read_file" in printed[1] and "failed" in printed[1]
@@ -170,7 +170,7 @@ def test_show_marks_a_crashed_step_cut_off_and_where_the_resume_began(cli, write
     assert "status     running" in out
     assert "is gone: `durable-agent resume crashy` continues the run" in out
     [write_row] = [line for line in out.splitlines() if re.match(r"\s+\d+  tool ", line)]
-    assert write_row.split()[:3] == ["2", "tool", "cut"]  # "cut off"
+    assert write_row.split()[:3] == ["1", "tool", "cut"]  # "cut off"
 
     assert cli("resume", "crashy").code == 0
     out = cli("show", "crashy").stdout
@@ -178,7 +178,7 @@ def test_show_marks_a_crashed_step_cut_off_and_where_the_resume_began(cli, write
     lines = out.splitlines()
     marker = next(i for i, line in enumerate(lines) if "── resumed (lease epoch 2) ──" in line)
     assert lines[marker + 1].split()[:3] == [
-        "2",
+        "1",
         "tool",
         "completed",
     ]  # the write, settled by the resume

@@ -72,8 +72,8 @@ def test_not_a_tty_gets_plain_lines_only() -> None:
     t.close()
     assert t.status is None
     assert out.getvalue() == (
-        "Step 1 · model call 1 · m → read_file · 5 ms · 10+2 tokens\n"
-        "Step 2 · tool · read_file a.txt · 1 ms · error: file not found: a.txt\n"
+        "Step 0 · model call 1 · m → read_file · 5 ms · 10+2 tokens\n"
+        "Step 1 · tool · read_file a.txt · 1 ms · error: file not found: a.txt\n"
     )
 
 
@@ -98,11 +98,11 @@ def test_on_a_tty_the_status_line_is_erased_before_each_timeline_line() -> None:
         ERASE
         + "| model m thinking 0.0 s"
         + ERASE
-        + "Step 1 · model call 1 · m → edit_file · 1.5 s · 7+3 tokens\n"
+        + "Step 0 · model call 1 · m → edit_file · 1.5 s · 7+3 tokens\n"
         + ERASE
         + "| edit_file src/app.py running 0.0 s · 10 tokens so far"
         + ERASE
-        + "Step 2 · tool · edit_file src/app.py · 12 ms\n"
+        + "Step 1 · tool · edit_file src/app.py · 12 ms\n"
     )
 
 
@@ -181,7 +181,7 @@ def test_cli_on_a_pipe_has_no_control_codes_and_json_is_alone(cli, write_script)
     r = cli("start", "t", "--model", script, "--shell", "allow")
     assert r.code == 0
     assert "\r" not in r.stderr and "\x1b" not in r.stderr
-    assert "Step 2 · tool · run_command echo hi" in r.stderr
+    assert "Step 1 · tool · run_command echo hi" in r.stderr
     assert r.stderr.splitlines()[-1].endswith("completed (finished)")
     assert r.stdout == "done\n"
 

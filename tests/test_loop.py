@@ -42,7 +42,7 @@ def test_completed_run_prints_id_first_answer_on_stdout(
     assert r.code == 0
     assert r.stdout.strip() == "all done"
     assert r.stderr.splitlines()[0].startswith("run r1")
-    assert "Step 1" in r.stderr and "write_file" in r.stderr
+    assert "Step 0" in r.stderr and "write_file" in r.stderr
     assert (workspace / "out.txt").read_text() == "hello\n"
     status, reason, steps, tools = sql(
         "SELECT status, stop_reason, step_count, tool_call_count FROM runs"

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from durable_agent.cli.parser import main
+from durable_agent.encoding import decode_text, encode_content, looks_binary, show_name
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
 from durable_agent.store.storable import storable
-from durable_agent.tools.encoding import decode_text, encode_content, looks_binary, show_name
 
 # Many real processes and generated cases: the full run has them, the fast lane does not.
 pytestmark = pytest.mark.slow
@@ -527,9 +527,9 @@ def test_file_tools_fail_only_as_observations(
 def test_a_latin1_file_edited_in_one_place_keeps_every_other_byte(
     tmp_path: Path, text: str, at: int
 ) -> None:
+    from durable_agent.encoding import text_encoding
     from durable_agent.tools import build_tools
     from durable_agent.tools.base import ToolContext
-    from durable_agent.tools.encoding import text_encoding
 
     data = text.encode("latin-1")
     assume(text_encoding(data) == "latin-1" and not looks_binary(data))

@@ -107,7 +107,7 @@ def test_missing_workspace_raises(tmp_path: Path) -> None:
 
 
 def test_undecodable_output_is_replaced_not_fatal(tmp_path: Path) -> None:
-    # No UTF-8 in it at all: Latin-1 (tools/encoding.py). Mostly UTF-8: the bad byte as \xff.
+    # No UTF-8 in it at all: Latin-1 (durable_agent/encoding.py). Mostly UTF-8: the bad byte as \xff.
     out = run(r"printf 'a\377b'", tmp_path)
     assert out.stdout == "a\u00ffb"
     assert out.stdout_bytes == 3

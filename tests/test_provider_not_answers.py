@@ -285,15 +285,15 @@ def test_the_timeline_and_show_say_which_answers_were_not_final_and_which_counts
         (found,) = [x for x in lines if x.startswith(prefix)]
         return found
 
-    first = line("Step 1 · model call 1 · fake-model → read_file · ")
+    first = line("Step 0 · model call 1 · fake-model → read_file · ")
     assert first.endswith(" tokens (estimated: no usage reported)") and " · ~" in first
-    assert line("Step 3 · model call 2 · ").startswith(
-        "Step 3 · model call 2 · fake-model → cut off at the length limit, told to continue: All done. · "
+    assert line("Step 2 · model call 2 · ").startswith(
+        "Step 2 · model call 2 · fake-model → cut off at the length limit, told to continue: All done. · "
     )
-    assert line("Step 4 · model call 3 · ").startswith(
-        "Step 4 · model call 3 · fake-model → (empty answer, told to answer) · "
+    assert line("Step 3 · model call 3 · ").startswith(
+        "Step 3 · model call 3 · fake-model → (empty answer, told to answer) · "
     )
-    assert "~" not in line("Step 5 · model call 4 · ")  # reported usage is shown as it came
+    assert "~" not in line("Step 4 · model call 4 · ")  # reported usage is shown as it came
     assert "(partly estimated: the endpoint reported no usage)" in line(
         "4 model calls · 5 steps · "
     )
@@ -301,12 +301,12 @@ def test_the_timeline_and_show_say_which_answers_were_not_final_and_which_counts
     ((run_id,),) = sql("SELECT id FROM runs")
     shown = api.cli("show", run_id).stdout
     rows = {r.split()[0]: r for r in shown.splitlines() if r[:4].strip().isdigit()}
-    assert " ~" in rows["1"] and "model call 1 → read_file" in rows["1"]
-    assert rows["3"].endswith(
+    assert " ~" in rows["0"] and "model call 1 → read_file" in rows["0"]
+    assert rows["2"].endswith(
         "model call 2 → cut off at the length limit, told to continue: All done."
     )
-    assert rows["4"].endswith("model call 3 → empty answer, told to answer")
-    assert rows["5"].endswith("model call 4 → answer: Done at last.") and "~" not in rows["5"]
+    assert rows["3"].endswith("model call 3 → empty answer, told to answer")
+    assert rows["4"].endswith("model call 4 → answer: Done at last.") and "~" not in rows["4"]
     assert "tokens (partly estimated: the endpoint reported no usage)" in shown
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, ShellDecision, decide
+from durable_agent.config.shell_policy import DEFAULT_DESTRUCTIVE, ShellDecision, decide
 
 ALLOWED = [
     "ls",

@@ -298,12 +298,12 @@ def both_ways(
     """(exit code, stdout, stderr) of the command the plain way (when it answers), then the whole way."""
     from datetime import datetime
 
+    from durable_agent import presentation
     from durable_agent.cli import render
     from durable_agent.cli.parser import main
 
-    monkeypatch.setattr(
-        render, "utcnow", lambda: datetime(2030, 1, 1)
-    )  # the AGE column, the same both times
+    for module in (render, presentation):  # the AGE column, the same both times
+        monkeypatch.setattr(module, "utcnow", lambda: datetime(2030, 1, 1))
     answers = []
     for plain in (True, False):
         if not plain:

@@ -24,9 +24,9 @@ from conftest import Result
 from pydantic import BaseModel
 from sqlalchemy import Connection, text
 
-from durable_agent import fault_injection
 from durable_agent import tools as registry
 from durable_agent.status import EffectClass
+from durable_agent.store import faults as fault_injection
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.prepared import CURSOR_HOOKS
 from durable_agent.store.step import Step

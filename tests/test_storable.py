@@ -1,5 +1,5 @@
 """The store-boundary rule (store/storable.py), and the tools' text and name encoding
-(tools/encoding.py), as properties over generated values; then the same values written to
+(durable_agent/encoding.py), as properties over generated values; then the same values written to
 the real SQLite and PostgreSQL stores and read back."""
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from hypothesis import strategies as st
 from scale_helpers import pg_schema
 from sqlalchemy import Engine, insert, select
 
-from durable_agent.store.engine import open_store_engine
-from durable_agent.store.prepared import json_text
-from durable_agent.store.rows import utcnow
-from durable_agent.store.schema import messages, runs, steps
-from durable_agent.store.storable import storable, storable_text
-from durable_agent.tools.encoding import (
+from durable_agent.encoding import (
     decode_text,
     encode_content,
     looks_binary,
     name_from_arg,
     show_name,
 )
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.prepared import json_text
+from durable_agent.store.rows import utcnow
+from durable_agent.store.schema import messages, runs, steps
+from durable_agent.store.storable import storable, storable_text
 
 # Every code point, surrogates and NUL included (hypothesis leaves out surrogates by default).
 ANY_CHAR = st.characters(exclude_categories=())

@@ -3,7 +3,7 @@ a real full disk (SPEC §5, §2 exit 7; issue: database faults).
 
 Each scenario runs the real CLI on a 20-step script with writes, edits, reads and commands
 (each command appends its call id to a ledger file: the ground truth of how often it ran),
-with a fault injected by `durable_agent/fault_injection.py`:
+with a fault injected by `durable_agent/store/faults.py`:
 
 - SQLite: the N-th statement of the run fails with a driver error (disk I/O error,
   database is full, database is locked), once (retried in place) or for good (exit 7);

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from durable_agent.config.mcp_servers import parse_cli_server
 from durable_agent.config.settings import load_settings
 from durable_agent.errors import ConfigError
-from durable_agent.mcp.config import parse_cli_server
 from durable_agent.mcp.tools import effect_of, tool_name
 from durable_agent.status import EffectClass
 

@@ -395,7 +395,7 @@ def test_a_forks_lineage_is_on_its_page_and_stays_there_after_a_live_update(
         cli("cancel", "fk", extra_env=env).code == 0
     )  # stopped: its stream sends one update, then ends
     c = client(store_url)
-    lineage = 'forked from</th><td><a href="/runs/done">done</a> after step 1'  # `--at` and `show` count from 1
+    lineage = 'forked from</th><td><a href="/runs/done">done</a> after step 1'  # the seq `--at` took, as stored
     assert lineage in c.get("/runs/fk").text
     (update, _end) = _events(c.get("/api/runs/fk/events").text)
     assert (

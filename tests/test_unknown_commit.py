@@ -21,7 +21,7 @@ import pytest
 from conftest import Result
 from sqlalchemy import Connection, text
 
-from durable_agent import fault_injection
+from durable_agent.store import faults as fault_injection
 from durable_agent.store import prepared
 from durable_agent.store.engine import open_store_engine
 

@@ -124,12 +124,12 @@ def test_restore_at_every_step_equals_the_workspace_right_after_it(
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     last = db.execute("SELECT MAX(seq) FROM steps WHERE run_id='rt'").fetchone()[0]
     assert last == 2 * (len(MIXED) - 1)
-    for shown in range(1, last + 2):  # as `show` numbers the steps
-        target = tmp_path / f"at{shown}"
-        proc = da(["restore", "rt", "--at", str(shown), "--to", str(target)], env, workspace)
+    for seq in range(last + 1):  # as `show` and `steps.seq` number the steps
+        target = tmp_path / f"at{seq}"
+        proc = da(["restore", "rt", "--at", str(seq), "--to", str(target)], env, workspace)
         assert proc.returncode == 0, proc.stderr
-        expected = copies[shown // 2]  # model step 2k+1 and tool step 2k: after k tool steps
-        assert picture(target) == expected, f"step {shown}"
+        expected = copies[(seq + 1) // 2]  # model step 2k and tool step 2k-1: after k tool steps
+        assert picture(target) == expected, f"step {seq}"
     # Every change kind was recorded, command-made ones included, and the view shows them.
     kinds = {r[0] for r in db.execute("SELECT change FROM step_changes WHERE run_id='rt'")}
     assert kinds == {"added", "modified", "deleted", "mode"}
@@ -150,12 +150,12 @@ def test_diff_shows_command_made_changes_and_one_step(env, workspace, write_scri
     assert "+++ b/b.txt" in whole.stdout and "+bye" in whole.stdout
     assert "Binary files a/bin.dat and b/bin.dat differ" in whole.stdout
     assert "d/e/f" not in whole.stdout  # created and deleted within the run
-    stat4 = json.loads(da(["diff", "df", "--step", "4", "--json"], env, workspace).stdout)
-    assert {(c["path"], c["change"]) for c in stat4["changes"]} == {
+    stat3 = json.loads(da(["diff", "df", "--step", "3", "--json"], env, workspace).stdout)
+    assert {(c["path"], c["change"]) for c in stat3["changes"]} == {
         ("d/e/f", "added"),
         ("bin.dat", "added"),
     }
-    one = da(["diff", "df", "--step", "8", "--stat"], env, workspace)
+    one = da(["diff", "df", "--step", "7", "--stat"], env, workspace)
     assert "a.txt" in one.stdout and "mode" in one.stdout and "link" in one.stdout
     assert da(["diff", "df", "--step", "99"], env, workspace).returncode == 2
 
@@ -209,7 +209,7 @@ def test_gitignore_exclude_and_size_cap(tmp_path, env, workspace, write_script) 
     assert "big.bin" in note and "size cap" in note
     # restore --force leaves ignored, excluded and oversized files alone.
     (workspace / "keep.log").unlink()
-    proc = da(["restore", "ig2", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
+    proc = da(["restore", "ig2", "--at", "1", "--to", str(workspace), "--force"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert "undo with: durable-agent restore ig2 --tree" in proc.stdout
     assert (
@@ -229,10 +229,10 @@ def test_restore_refuses_a_non_empty_dir_without_force(
     other = tmp_path / "other"
     other.mkdir()
     (other / "mine.txt").write_text("precious")
-    proc = da(["restore", "nf", "--at", "2", "--to", str(other)], env, workspace)
+    proc = da(["restore", "nf", "--at", "1", "--to", str(other)], env, workspace)
     assert proc.returncode == 2 and "--force" in proc.stderr and "Traceback" not in proc.stderr
     assert (other / "mine.txt").read_text() == "precious"
-    proc = da(["restore", "nf", "--at", "2", "--to", str(other), "--force"], env, workspace)
+    proc = da(["restore", "nf", "--at", "1", "--to", str(other), "--force"], env, workspace)
     assert proc.returncode == 0 and not (other / "mine.txt").exists()
     undo = proc.stdout.split("undo with: ", 1)[1].splitlines()[0]
     assert da(undo.split()[1:], env, workspace).returncode == 0
@@ -250,16 +250,17 @@ def test_fork_copies_history_and_files_and_leaves_the_original(
     before = db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall()
     fork_ws = tmp_path / "forked"
     proc = da(
-        ["fork", "orig", "--at", "3", "--workspace", str(fork_ws), "--run-id", "f1", "--json"],
+        ["fork", "orig", "--at", "2", "--workspace", str(fork_ws), "--run-id", "f1", "--json"],
         env,
         workspace,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["run_id"] == "f1"
-    at3 = tmp_path / "at3"
-    assert da(["restore", "orig", "--at", "3", "--to", str(at3)], env, workspace).returncode == 0
-    assert picture(fork_ws) == picture(at3)
-    # Step 3 is the model call whose run_command had not run: closed, not left open.
+    assert json.loads(proc.stdout)["fork_seq"] == 2  # the number --at took
+    at2 = tmp_path / "at2"
+    assert da(["restore", "orig", "--at", "2", "--to", str(at2)], env, workspace).returncode == 0
+    assert picture(fork_ws) == picture(at2)
+    # Step 2 is the model call whose run_command had not run: closed, not left open.
     tool_msgs = db.execute(
         "SELECT content FROM messages WHERE run_id='f1' AND role='tool'"
     ).fetchall()
@@ -268,13 +269,13 @@ def test_fork_copies_history_and_files_and_leaves_the_original(
         "SELECT forked_from, fork_seq, status FROM runs WHERE id='f1'"
     ).fetchone() == ("orig", 2, "pending")
     shown = da(["show", "f1"], env, workspace).stdout
-    assert "forked     from orig after step 3" in shown
+    assert "forked     from orig after step 2" in shown
     proc = da(["resume", "f1", "--quiet"], env, fork_ws)
     assert proc.returncode == 0, proc.stderr
     assert db.execute("SELECT * FROM steps WHERE run_id='orig' ORDER BY seq").fetchall() == before
     assert picture(workspace) == original
     assert (
-        da(["fork", "orig", "--at", "3", "--workspace", str(fork_ws)], env, workspace).returncode
+        da(["fork", "orig", "--at", "2", "--workspace", str(fork_ws)], env, workspace).returncode
         == 2
     )
 
@@ -352,11 +353,11 @@ def test_git_repository_is_byte_identical_after_run_fork_and_restore(
     assert _start(genv, workspace, model, "g").returncode == 0
     assert (
         da(
-            ["fork", "g", "--at", "5", "--workspace", str(tmp_path / "fk")], genv, workspace
+            ["fork", "g", "--at", "4", "--workspace", str(tmp_path / "fk")], genv, workspace
         ).returncode
         == 0
     )
-    proc = da(["restore", "g", "--at", "1", "--to", str(workspace), "--force"], genv, workspace)
+    proc = da(["restore", "g", "--at", "0", "--to", str(workspace), "--force"], genv, workspace)
     assert proc.returncode == 0, proc.stderr
     assert picture(workspace / ".git") == git_before
     assert not (home / ".gitconfig").exists() and list(home.iterdir()) == []
@@ -752,7 +753,7 @@ def test_a_fifo_or_endless_file_planted_as_gitignore_does_not_hang_the_snapshot(
         "sub/.gitignore",
     }  # the link, as a link
     restored = da(
-        ["restore", "ff", "--at", "3", "--to", str(workspace.parent / "r")],
+        ["restore", "ff", "--at", "2", "--to", str(workspace.parent / "r")],
         env,
         workspace,
         timeout=30,
@@ -888,9 +889,9 @@ def test_a_link_the_agent_planted_never_takes_a_restore_outside(
     )
     expected = picture(workspace)
     runs = [
-        (["restore", "pl", "--at", "2", "--to", str(tmp_path / "fresh")], 0),
+        (["restore", "pl", "--at", "1", "--to", str(tmp_path / "fresh")], 0),
         (
-            ["fork", "pl", "--at", "2", "--workspace", str(tmp_path / "forked"), "--run-id", "pl2"],
+            ["fork", "pl", "--at", "1", "--workspace", str(tmp_path / "forked"), "--run-id", "pl2"],
             0,
         ),
         (["resume", "pl", "--workspace", str(tmp_path / "rebuilt"), "--max-steps", "2"], 3),
@@ -963,7 +964,7 @@ def test_a_restore_that_fills_the_disk_halfway_says_where_and_how_to_undo(
         pytest.skip("cannot mount a tmpfs here")
     try:
         (target / "mine.txt").write_text("precious")
-        proc = da(["restore", "full", "--at", "2", "--to", str(target), "--force"], env, workspace)
+        proc = da(["restore", "full", "--at", "1", "--to", str(target), "--force"], env, workspace)
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
         assert (
             "the restore stopped at" in proc.stderr
@@ -1029,7 +1030,7 @@ def test_restore_never_destroys_what_snapshots_leave_out(
 
     def restore() -> subprocess.CompletedProcess[str]:
         return da(
-            ["restore", "keep", "--at", "2", "--to", str(workspace), "--force"], env, workspace
+            ["restore", "keep", "--at", "1", "--to", str(workspace), "--force"], env, workspace
         )
 
     for blocking in ("a.txt", "sub/.git/"):
@@ -1073,9 +1074,7 @@ def test_files_a_person_changed_and_approved_are_in_the_next_snapshot(
         .execute("SELECT MAX(seq) FROM steps WHERE run_id = 'ap' AND tree_id IS NOT NULL")
         .fetchone()[0]
     )
-    proc = da(
-        ["restore", "ap", "--at", str(last + 1), "--to", str(tmp_path / "back")], env, workspace
-    )
+    proc = da(["restore", "ap", "--at", str(last), "--to", str(tmp_path / "back")], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "back" / "b.txt").read_text() == "the person's own\n"
     assert picture(tmp_path / "back") == expected
@@ -1091,7 +1090,7 @@ def test_a_snapshot_naming_a_blob_the_store_lacks_fails_restore_in_one_line(
     db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
     with db:
         db.execute("DELETE FROM workspace_blobs")  # as a store edited by hand would lack them
-    proc = da(["restore", "lack", "--at", "2", "--to", str(tmp_path / "out")], env, workspace)
+    proc = da(["restore", "lack", "--at", "1", "--to", str(tmp_path / "out")], env, workspace)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "is not in the store" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -1125,7 +1124,7 @@ def test_restore_goes_ahead_where_nothing_would_be_lost(
         {"content": "ok"},
     ]
     assert _start(env, workspace, write_script(turns), "ok1", "--sandbox", "off").returncode == 0
-    proc = da(["restore", "ok1", "--at", "2", "--to", str(workspace), "--force"], env, workspace)
+    proc = da(["restore", "ok1", "--at", "1", "--to", str(workspace), "--force"], env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert (workspace / "lib").is_dir() and not (workspace / "lib").is_symlink()
     assert (workspace / "lib" / "x.py").read_text() == "x\n" and (
@@ -1572,7 +1571,7 @@ def test_generated_folders_stay_out_of_snapshots_unless_git_tracks_files_in_them
     tree = sql("SELECT tree_id FROM steps WHERE run_id = 'gen2' AND seq = 1")[0][0]
     assert tree
     restored = workspace.parent / "restored"
-    back = cli("restore", "gen2", "--at", "2", "--to", str(restored))
+    back = cli("restore", "gen2", "--at", "1", "--to", str(restored))
     assert back.code == 0, back.stderr
     assert (restored / "venv" / "lib" / "site.py").read_text() == "x\n"
     assert not (restored / ".tox").exists() and not (restored / "node_modules").exists()
@@ -1612,3 +1611,68 @@ def test_the_files_git_tracks_are_read_from_its_index_as_git_lists_them(
     assert found is not None and found[1] == b"sub"
     assert tracked_files(*found, wanted).files == expected
     assert len(expected) == len(names) - 2  # all but plain and the top-level venv/a
+
+
+def test_one_step_number_from_the_tables_to_every_command(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """A step's number is its `steps.seq` everywhere (docs/schema.md): the seq a person reads
+    in `step_changes` is what `restore --at`, `diff --step` and `fork --at` take, and what the
+    timeline, `show`, `export` and the web view print."""
+    write = [
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": p, "content": p}}]}
+        for p in ("a.txt", "b.txt")
+    ]
+    model = write_script([*write, {"content": "done"}])
+    started = da(
+        ["start", "t", "--workspace", str(workspace), "--model", model, "--run-id", "one"],
+        env,
+        workspace,
+    )
+    assert started.returncode == 0, started.stderr
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    changed = db.execute(
+        "SELECT seq, path FROM step_changes WHERE run_id='one' ORDER BY seq"
+    ).fetchall()
+    assert [path for _seq, path in changed] == ["a.txt", "b.txt"]
+    first, second = (seq for seq, _path in changed)
+    seqs = [s for (s,) in db.execute("SELECT seq FROM steps WHERE run_id='one' ORDER BY seq")]
+
+    target = tmp_path / "after-first"
+    proc = da(["restore", "one", "--at", str(first), "--to", str(target)], env, workspace)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt"]  # that step's files, no more
+    assert f"after step {first} of run one" in proc.stdout
+    one = json.loads(da(["diff", "one", "--step", str(second), "--json"], env, workspace).stdout)
+    assert [(c["path"], c["change"]) for c in one["changes"]] == [("b.txt", "added")]
+    fork = da(
+        ["fork", "one", "--at", str(first), "--workspace", str(tmp_path / "fk"), "--json"],
+        env,
+        workspace,
+    )
+    assert fork.returncode == 0, fork.stderr
+    assert json.loads(fork.stdout)["fork_seq"] == first
+    assert sorted(p.name for p in (tmp_path / "fk").iterdir()) == ["a.txt"]
+    missing = da(["restore", "one", "--at", str(seqs[-1] + 1), "--to", str(target)], env, workspace)
+    assert missing.returncode == 2
+    assert f"its steps are {seqs[0]} to {seqs[-1]}" in missing.stderr
+
+    # What the timeline printed live, `show` (text and --json), `export`: the stored numbers.
+    timeline = {
+        int(line.split()[1]) for line in started.stderr.splitlines() if line.startswith("Step ")
+    }
+    assert timeline == set(seqs)
+    table = da(["show", "one"], env, workspace).stdout.split("WHAT\n", 1)[1].splitlines()
+    assert [int(row.split()[0]) for row in table if row.split()[0].isdigit()] == seqs
+    doc = json.loads(da(["show", "one", "--json"], env, workspace).stdout)
+    assert [s["seq"] for s in doc["steps"]] == seqs
+    events = [json.loads(x) for x in da(["export", "one"], env, workspace).stdout.splitlines()]
+    written = [e["step_seq"] for e in events if e["type"] == "tool_completed"]
+    assert written == [first, second]
+
+    pytest.importorskip("starlette", reason="the `ui` extra is not installed")
+    from ui_support import client
+
+    page = client(env["DURABLE_AGENT_DB"]).get("/runs/one").text
+    assert all(f'<span class="seq">#{s}</span>' in page for s in seqs)
+    assert f'<span class="seq">#{seqs[-1] + 1}</span>' not in page

@@ -138,7 +138,7 @@ def test_sigkill_at_commit_boundaries_resumes_to_the_same_workspace(
     last = db.execute("SELECT MAX(seq) FROM steps WHERE run_id='crashy'").fetchone()[0]
     assert (
         da(
-            ["restore", "crashy", "--at", str(last + 1), "--to", str(tmp_path / "r")],
+            ["restore", "crashy", "--at", str(last), "--to", str(tmp_path / "r")],
             env,
             workspace,
         ).returncode

@@ -34,7 +34,7 @@ def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _mcp_flags(args: Namespace) -> dict[str, Any]:
     """`--mcp NAME=COMMAND ...` as the setting `mcp_servers` (added to the config's servers)."""
-    from durable_agent.mcp.config import parse_cli_server
+    from durable_agent.config.mcp_servers import parse_cli_server
 
     specs = getattr(args, "mcp", None) or []
     return {"mcp_servers": dict(parse_cli_server(spec) for spec in specs)} if specs else {}
@@ -499,7 +499,9 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
         workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None,
     )
     collector.from_here()  # a worker lives long: its collector runs (collector.py)
-    return run_worker(settings, options, env)
+    from durable_agent.cli.render import Timeline
+
+    return run_worker(settings, options, env, Timeline)
 
 
 def _workspace_root(given: str) -> Path:

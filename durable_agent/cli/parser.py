@@ -565,7 +565,9 @@ def _main(argv: Sequence[str] | None) -> int:
         os.environ.get(f"DURABLE_AGENT_{name}")
         for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT")
     ):
-        from durable_agent import fault_injection  # the crash and fault suites' real faults
+        from durable_agent.store import (
+            faults as fault_injection,
+        )  # the crash and fault suites' real faults
 
         fault_injection.install(os.environ)
     from durable_agent.errors import DurableAgentError, LeaseLost, RunBusy, StoreUnavailable

@@ -9,6 +9,7 @@ import json
 import sys
 from argparse import Namespace
 
+from durable_agent import presentation
 from durable_agent.cli import render
 from durable_agent.config.store import open_store, store_options
 from durable_agent.errors import UsageError
@@ -35,7 +36,7 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
         runs = store.list_runs(status=args.status, limit=limit)
     if args.json:
         # The recorded settings are long and the same for most runs: `show --json` has them.
-        print(json.dumps([render.run_json(r, settings=False) for r in runs], indent=2))
+        print(json.dumps([presentation.run_json(r, settings=False) for r in runs], indent=2))
     else:
         render.run_table(runs, sys.stdout, status=args.status)
         if not runs and not args.status:
@@ -68,7 +69,7 @@ def cmd_show(args: Namespace, env: dict[str, str]) -> int:
         found = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
     run, steps, approvals = found
     if args.json:
-        print(json.dumps(render.show_json(run, steps, approvals), indent=2))
+        print(json.dumps(presentation.show_json(run, steps, approvals), indent=2))
     else:
         render.show(run, steps, approvals, sys.stdout)
     return 0

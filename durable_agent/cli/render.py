@@ -7,47 +7,30 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import Any, TextIO
-
-from msgspec.structs import fields
 
 from durable_agent.cli.status_line import (
     StatusLine as StatusLine,  # re-exported: the timeline's live line
 )
-from durable_agent.cli.status_line import short
 from durable_agent.cli.streams import forgiving
 from durable_agent.observer import Observer, StepEvent
+from durable_agent.presentation import (
+    counts,
+    fmt_age,
+    fmt_ms,
+    iso_value,
+    plural,
+    run_cost,
+    sandbox_line,
+    short,
+    step_what,
+)
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
-from durable_agent.transcript import as_dict, iso_utc, recorded_calls
+from durable_agent.transcript import as_dict
 from durable_agent.visible import visible
-
-
-def fmt_ms(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms // 60_000} min {ms % 60_000 // 1000} s"
-
-
-def fmt_age(when: datetime | None) -> str:
-    if when is None:
-        return "-"
-    secs = int((utcnow() - when).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if secs >= size:
-            return f"{secs // size}{unit} ago"
-    return f"{max(secs, 0)}s ago"
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def is_tty(out: TextIO) -> bool:
@@ -82,7 +65,7 @@ class Timeline(Observer):
 
     def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None:
         if resumed:
-            self._line(f"↻ resumed run {run_id} after {_n(steps_done, 'model call')}")
+            self._line(f"↻ resumed run {run_id} after {plural(steps_done, 'model call')}")
 
     def step(self, e: StepEvent) -> None:
         if e.state == StepState.STARTED:
@@ -136,9 +119,9 @@ class Timeline(Observer):
 
 
 def step_line(e: StepEvent) -> str:
-    # Every row is a step (the `show` table's #); a model row also says which model call it
-    # is, the number budgets (--max-steps) and the summary count.
-    head = f"Step {e.seq + 1}" if e.seq >= 0 else "Step"
+    # Every row is a step, numbered by its stored `steps.seq` (the `show` table's #); a model
+    # row also says which model call it is, the number budgets (--max-steps) and the summary count.
+    head = f"Step {e.seq}" if e.seq >= 0 else "Step"
     what = (
         f"{e.name} → {e.detail}"
         if e.kind == "model" and e.detail
@@ -164,31 +147,9 @@ def step_line(e: StepEvent) -> str:
     return " · ".join(parts)
 
 
-def run_cost(run: RunRecord) -> float | None:
-    """The run's cost at the price recorded in its settings for its model, if one was set."""
-    price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
-    if price is None:
-        return None  # (most runs: no pydantic import for `list` and `show`)
-    from pydantic import ValidationError
-
-    from durable_agent.config.settings import ModelPrice
-
-    try:
-        return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
-    except (ValidationError, TypeError, ValueError):  # an unreadable price
-        return None
-
-
 def _cost_text(run: RunRecord) -> str:
     cost = run_cost(run)
     return "" if cost is None else f" · cost {cost:.4f}"
-
-
-def counts(run: RunRecord, steps: int | None) -> str:
-    """`9 model calls · 17 steps · 8 tool calls`: model calls are what --max-steps counts;
-    steps are the timeline's rows (model calls, tool calls, verifications)."""
-    rows = "" if steps is None else f" · {_n(steps, 'step')}"
-    return f"{_n(run.step_count, 'model call')}{rows} · {_n(run.tool_call_count, 'tool call')}"
 
 
 def estimated(steps: list[StepRecord]) -> bool:
@@ -212,7 +173,7 @@ def summary(
     print(
         visible(
             f"{counts(run, steps)} · "
-            f"{_n(run.message_count, 'message')} · "
+            f"{plural(run.message_count, 'message')} · "
             f"{tokens} tokens ({run.prompt_tokens} in + {run.completion_tokens} out){_tokens_note(estimated)}"
             f"{_cost_text(run)} · "
             f"{fmt_ms(run.active_ms)} · {run.status} ({run.stop_reason})"
@@ -226,21 +187,6 @@ def summary(
 
 
 # -- JSON shapes ---------------------------------------------------------------------------
-def _iso(value: Any) -> Any:
-    return iso_utc(value) if isinstance(value, datetime) else value
-
-
-def row_json(row: Any) -> dict[str, Any]:
-    return {f.name: _iso(getattr(row, f.name)) for f in fields(row)}
-
-
-def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:
-    doc = row_json(run)
-    if not settings:
-        doc.pop("settings", None)
-    return doc
-
-
 def result_json(run: RunRecord) -> dict[str, Any]:
     """The `--json` result. `steps` is the contract's name for the model calls (what --max-steps
     counts); `model_calls` says the same in the words the timeline and summary use."""
@@ -291,15 +237,6 @@ def json_if_cut_short(as_json: bool, run_id: str) -> Iterator[None]:
         raise
 
 
-def show_json(
-    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]
-) -> dict[str, Any]:
-    doc = run_json(run)
-    doc["steps"] = [row_json(s) for s in steps]
-    doc["approvals"] = [row_json(a) for a in approvals]
-    return doc
-
-
 # -- list and show -------------------------------------------------------------------------
 def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) -> None:
     if not runs:
@@ -321,20 +258,6 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
         )
 
 
-def sandbox_line(settings: Any) -> str | None:
-    """How the run's commands were contained, from its recorded settings (None for runs
-    recorded before `--sandbox` existed)."""
-    if not isinstance(settings, dict) or "sandbox" not in settings:
-        return None
-    mode, mechanism = settings["sandbox"], settings.get("sandbox_mechanism")
-    if mode == "off":
-        return "off (commands ran unconfined)"
-    net = "network on" if settings.get("network") else "network off"
-    if mechanism in (None, "none"):
-        return f"{mode}, no mechanism available (commands refused), {net}"
-    return f"{mode} by {mechanism}, {net}"
-
-
 def show(
     run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord], out: TextIO
 ) -> None:
@@ -348,16 +271,17 @@ def show(
     p(f"model      {run.model}")
     p(f"workspace  {run.workspace}")
     if run.forked_from:
-        p(f"forked     from {run.forked_from} after step {(run.fork_seq or 0) + 1}")
+        after = "" if run.fork_seq is None else f" after step {run.fork_seq}"
+        p(f"forked     from {run.forked_from}{after}")
     sandbox = sandbox_line(run.settings)
     if sandbox:
         p(f"sandbox    {sandbox}")
-    p(f"created    {_iso(run.created_at)} ({fmt_age(run.created_at)})")
+    p(f"created    {iso_value(run.created_at)} ({fmt_age(run.created_at)})")
     if run.finished_at:
-        p(f"finished   {_iso(run.finished_at)}")
+        p(f"finished   {iso_value(run.finished_at)}")
     if live:
         p(
-            f"lease      held by {run.lease_owner} until {_iso(run.lease_expires_at)} (epoch {run.lease_epoch})"
+            f"lease      held by {run.lease_owner} until {iso_value(run.lease_expires_at)} (epoch {run.lease_epoch})"
         )
     elif run.status == RunStatus.RUNNING:
         p(
@@ -366,7 +290,7 @@ def show(
         )
     p(
         f"totals     {counts(run, len(steps))} · "
-        f"{_n(run.message_count, 'message')} · "
+        f"{plural(run.message_count, 'message')} · "
         f"{run.prompt_tokens}+{run.completion_tokens} tokens{_tokens_note(estimated(steps))}{_cost_text(run)} · "
         f"{fmt_ms(run.active_ms)} active"
         + (f" · resumed {run.resume_count}×" if run.resume_count else "")
@@ -429,7 +353,7 @@ def _step_table(
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
         p(
-            f"{s.seq + 1:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+            f"{s.seq:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
             f"{step_what(run, s)}"
         )
         if s.error:
@@ -437,46 +361,3 @@ def _step_table(
         left = as_dict(s.output).get("workspace_note")
         if isinstance(left, str) and left:  # what the step's snapshot left out, and why
             p(f"{'':>4}  snapshot: {short(left, 300)}")
-
-
-def step_what(run: RunRecord, s: StepRecord) -> str:
-    """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
-    if s.kind == "model":
-        out = as_dict(s.output)
-        names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
-        call = f"model call {s.turn + 1} " if s.turn is not None else ""
-        over = as_dict(out.get("over_budget"))
-        if isinstance(over.get("tokens"), int) and isinstance(over.get("budget"), int):
-            call += f"(~{over['tokens']:,} tokens, over the budget of {over['budget']:,}) "
-        if names:
-            return call + "→ " + ", ".join(names)
-        nudge = as_dict(out.get("nudge")).get("reason")
-        if nudge == "length":  # not an answer: the model was told to continue
-            cut = str(out.get("content") or "")
-            return (
-                call
-                + "→ cut off at the length limit, told to continue"
-                + (f": {short(cut, 40)}" if cut else "")
-            )
-        if nudge == "empty_answer":  # nothing, or only a reasoning block
-            return call + "→ empty answer, told to answer"
-        if out.get("content"):
-            return call + "→ answer: " + short(out["content"], 60)
-        if "content" in out:  # completed with neither text nor a call
-            return call + "→ empty answer"
-        return call + str(run.model)
-    if s.kind == "compact":
-        out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
-        before, after = out.get("tokens_before"), out.get("tokens_after")
-        sizes = (
-            f": {before:,} → {after:,} tokens"
-            if isinstance(before, int) and isinstance(after, int)
-            else ""
-        )
-        return f"context {stage}{sizes}"
-    if s.kind == "verify":
-        command = s.input.get("command") if isinstance(s.input, dict) else None
-        return f"verify `{short(command, 60)}`"
-    args = s.input.get("arguments") if isinstance(s.input, dict) else None
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return f"{s.tool_name} {short(text, 70)}"

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TextIO
 
-
-def short(value: Any, width: int) -> str:
-    """One line, at most `width` characters (an ellipsis marks the cut). A value that is
-    not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
-    text = (
-        value
-        if isinstance(value, str)
-        else ""
-        if value is None
-        else json.dumps(value, ensure_ascii=False)
-    )
-    text = text.replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+from durable_agent.presentation import short
 
 
 class StatusLine:

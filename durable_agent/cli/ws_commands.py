@@ -1,4 +1,5 @@
-"""The workspace commands: `diff`, `restore`, `fork` (SEQ is the step number `show` prints).
+"""The workspace commands: `diff`, `restore`, `fork` (SEQ is the step number `show` prints,
+which is `steps.seq` as stored: one number everywhere, docs/schema.md).
 
 diff RUN_ID [--step SEQ] [--stat] [--json]      what the run (or one step) changed
 restore RUN_ID --at SEQ --to DIR [--force]      the files as they were after step SEQ
@@ -36,16 +37,17 @@ def _open(args: Namespace, env: dict[str, str]) -> Any:
     return open_store(getattr(args, "db", None), env)
 
 
-def _seq(run_id: str, shown: int, steps: list[Any]) -> int:
-    """The stored seq of step number `shown` (show counts from 1)."""
-    if not any(s.seq == shown - 1 for s in steps):
-        last = max((s.seq for s in steps), default=-1) + 1
+def _seq(run_id: str, seq: int, steps: list[Any]) -> int:
+    """`seq` itself, once the run is known to have a step with that number."""
+    if not any(s.seq == seq for s in steps):
+        if not steps:
+            raise UsageError(f"run {run_id} has no steps yet")
+        first, last = min(s.seq for s in steps), max(s.seq for s in steps)
         raise UsageError(
-            f"run {run_id} has no step {shown} (its steps are 1 to {last}; see `durable-agent show {run_id}`)"
-            if last
-            else f"run {run_id} has no steps yet"
+            f"run {run_id} has no step {seq} (its steps are {first} to {last}; "
+            f"see `durable-agent show {run_id}`)"
         )
-    return shown - 1
+    return seq
 
 
 def _tree_after(store: Any, run_id: str, seq: int) -> str:
@@ -128,8 +130,8 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.encoding import show_name
     from durable_agent.store.blobs import BlobStore, save_statements
-    from durable_agent.tools.encoding import show_name
     from durable_agent.workspace import snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
     from durable_agent.workspace.validation import check_manifest

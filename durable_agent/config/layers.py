@@ -16,9 +16,26 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 from durable_agent.errors import ConfigError
+from durable_agent.store.location import (  # the store's own reading of its URL, used here too
+    in_memory as in_memory,
+)
+from durable_agent.store.location import (
+    sqlite_file as sqlite_file,
+)
+from durable_agent.store.location import (
+    sqlite_target as sqlite_target,
+)
+from durable_agent.store.location import (
+    sqlite_url as sqlite_url,
+)
+from durable_agent.store.location import (
+    store_files as store_files,
+)
+from durable_agent.store.location import (
+    uri_flag as uri_flag,
+)
 
 ENV_VARS = {
     "OPENAI_API_KEY": "api_key",
@@ -47,80 +64,6 @@ def default_config_path(env: Mapping[str, str]) -> Path | None:
 def default_db_url(env: Mapping[str, str]) -> str:
     base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return sqlite_url(base / "durable-agent" / "durable-agent.db")
-
-
-def sqlite_url(path: Path) -> str:
-    """The `sqlite:///` URL of a file, naming that very file: in a URL, `?` starts the
-    options and `%XX` is an escape, so a path holding them is escaped (`st?x.db` would
-    otherwise open `st`)."""
-    return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
-
-
-def uri_flag(value: object) -> bool:
-    """Is a URL's `uri=` option on? The words SQLAlchemy reads as true."""
-    return str(value).strip().lower() in ("true", "yes", "on", "y", "t", "1")
-
-
-def sqlite_target(db: str) -> tuple[str, str] | None:
-    """(database, query) of an SQLite store URL or plain path; None for another database.
-    A URL's database is %-decoded, as SQLAlchemy decodes it before opening the file."""
-    if "://" not in db:
-        return db, ""
-    scheme, _, rest = db.partition("://")
-    if scheme.split("+")[0] != "sqlite":
-        return None
-    database, _, query = rest.removeprefix("/").partition("?")
-    return unquote(database), query
-
-
-def in_memory(db: str) -> bool:
-    """An SQLite URL whose database lives only in this process: `sqlite://`, `sqlite:///`
-    (no file name), `sqlite+pysqlite:///:memory:`, `file::memory:` and `mode=memory` URIs."""
-    target = sqlite_target(db)
-    if target is None:
-        return False
-    database, query = target
-    return (
-        database in ("", ":memory:")
-        or database.startswith("file::memory:")
-        or "mode=memory" in query
-        or "mode=memory" in database
-    )
-
-
-def sqlite_file(db: str) -> Path | None:
-    """The file of an SQLite store (a `sqlite:///` URL or a plain path), resolved; None for
-    another database or an in-memory one."""
-    target = sqlite_target(db)
-    if target is None or in_memory(db):
-        return None
-    database, query = target
-    if "://" not in db:
-        return Path(
-            os.path.realpath(os.path.expanduser(database))
-        )  # `~`: the home folder in a plain path only
-    if database.startswith("file:") and uri_flag(dict(parse_qsl(query)).get("uri", "")):
-        # An SQLite URI: file:PATH, file:///PATH or file://localhost/PATH, %-escapes decoded by SQLite.
-        path = database.removeprefix("file:").partition("?")[0].partition("#")[0]
-        if path.startswith("//"):
-            path = "/" + path[2:].partition("/")[2]
-        database = unquote(path)
-    return Path(os.path.realpath(database))
-
-
-def store_files(db: str) -> tuple[str, ...]:
-    """The real paths an SQLite store writes (the file, -wal, -shm, -journal, the MCP log
-    folder next to it); () for another database."""
-    file = sqlite_file(db)
-    if file is None:
-        return ()
-    return (
-        str(file),
-        f"{file}-wal",
-        f"{file}-shm",
-        f"{file}-journal",
-        str(file.parent / "mcp-logs"),
-    )
 
 
 def own_files(db: str, config: Path | None) -> tuple[str, ...]:
@@ -169,7 +112,7 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 def read_config_file(path: Path) -> dict[str, Any]:
     import tomllib  # only when there is a file to read
 
-    from durable_agent.tools.limits import read_capped
+    from durable_agent.capped import read_capped
 
     try:
         # Without blocking: a FIFO named as the config (with no writer) would hang every command.

@@ -31,15 +31,15 @@ from durable_agent.config.layers import (  # noqa: F401  (ENV_VARS, default_db_u
     merge_layers,
     read_config_file,
 )
-from durable_agent.errors import ConfigError
-from durable_agent.mcp.config import (
+from durable_agent.config.mcp_servers import (
     McpServerConfig,
     check_server_names,
     merge_recorded,
     recorded_env,
 )
-from durable_agent.tools.encoding import name_from_arg
-from durable_agent.tools.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
+from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
+from durable_agent.encoding import name_from_arg
+from durable_agent.errors import ConfigError
 
 
 class ModelPrice(BaseModel):

@@ -56,20 +56,18 @@ def _check_once(v: Verdict, before: list[StepRecord], after: list[StepRecord]) -
     for old in before:
         new = final.get(old.seq)
         if new is None or new.idempotency_key != old.idempotency_key:
-            v.problems.append(f"step {old.seq + 1} recorded before the crash is gone or replaced")
+            v.problems.append(f"step {old.seq} recorded before the crash is gone or replaced")
         elif old.state != StepState.STARTED and (old.finished_at, old.attempts) != (
             new.finished_at,
             new.attempts,
         ):
-            v.problems.append(
-                f"step {old.seq + 1} ({old.kind}) was executed again after the resume"
-            )
+            v.problems.append(f"step {old.seq} ({old.kind}) was executed again after the resume")
         elif old.state == StepState.STARTED:
             _describe_settled(v, old, new)
 
 
 def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
-    what = f"{new.tool_name or new.kind} (step {new.seq + 1})"
+    what = f"{new.tool_name or new.kind} (step {new.seq})"
     if new.state == StepState.STARTED:
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
     elif new.attempts == old.attempts:

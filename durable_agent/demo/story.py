@@ -34,13 +34,12 @@ from pathlib import Path
 from msgspec import Struct
 
 import durable_agent
-from durable_agent.cli.render import fmt_ms, step_what
-from durable_agent.cli.status_line import short
 from durable_agent.cli.streams import forgiving
 from durable_agent.config.layers import sqlite_url
 from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.demo.home import demo_home, invoked_as
 from durable_agent.errors import ConfigError
+from durable_agent.presentation import fmt_ms, short, step_what
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
@@ -237,7 +236,7 @@ class _Demo:
         for s in steps:
             if s.state == StepState.STARTED:
                 say(
-                    f"   step {s.seq + 1}, {short(step_what(run, s), 40)}: intent recorded, "
+                    f"   step {s.seq}, {short(step_what(run, s), 40)}: intent recorded, "
                     "outcome never committed"
                 )
         edited = "return a + b" in (self.workspace / "calc.py").read_text(encoding="utf-8")

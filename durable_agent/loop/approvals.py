@@ -25,7 +25,7 @@ def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True)
             if mode == "allow" or not asks
             else ("ask", f"{tool_name} runs a side effect")
         )
-    from durable_agent.tools.shell_policy import DEFAULT_DESTRUCTIVE, decide
+    from durable_agent.config.shell_policy import DEFAULT_DESTRUCTIVE, decide
 
     destructive = (*DEFAULT_DESTRUCTIVE, *ctx.settings.shell_always_ask)
     verdict, why = decide(command, mode, ctx.settings.shell_allowlist, destructive)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
+from durable_agent.config.mcp_servers import McpServerConfig
 from durable_agent.config.settings import mask_url_password
 from durable_agent.mcp.client import (
     CallTimedOut,
@@ -30,7 +31,6 @@ from durable_agent.mcp.client import (
     ServerFailed,
     require_sdk,
 )
-from durable_agent.mcp.config import McpServerConfig
 from durable_agent.status import EffectClass
 from durable_agent.tools.base import Tool, ToolContext, ToolResult
 

@@ -20,9 +20,9 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from durable_agent.config.layers import sqlite_file, sqlite_url, uri_flag
 from durable_agent.errors import ConfigError, StoreError, StoreFileGone, StoreUnavailable
 from durable_agent.store import retrying
+from durable_agent.store.location import sqlite_file, sqlite_url, uri_flag
 from durable_agent.store.revision import HEAD_REVISION
 from durable_agent.store.storable import is_utf8, lenient_text, read_json
 

@@ -90,7 +90,7 @@ _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
 
 Statement = tuple[Executable | Prepared, Any]
-# Test and demo hook (durable_agent/fault_injection.py): called with "before_commit" when a
+# Test and demo hook (durable_agent/store/faults.py): called with "before_commit" when a
 # checkpoint's statements have run and "after_commit" once it is durable. Empty in production.
 BOUNDARY_HOOKS: list[Callable[[str], None]] = []
 

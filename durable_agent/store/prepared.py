@@ -11,7 +11,7 @@ transaction. Driver errors are wrapped as SQLAlchemy wraps them (`DBAPIError`, w
 policy (store/retrying.py) reads them the same. Everything else in the store stays Core.
 
 SQLAlchemy's cursor events do not see these statements; the fault suites reach them
-through `CURSOR_HOOKS` (durable_agent/fault_injection.py).
+through `CURSOR_HOOKS` (durable_agent/store/faults.py).
 """
 
 from __future__ import annotations

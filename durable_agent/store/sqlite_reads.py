@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from durable_agent.config.layers import sqlite_file, sqlite_target
+from durable_agent.store.location import sqlite_file, sqlite_target
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.revision import HEAD_REVISION, MAX_RUN_ID_PREFIX
 from durable_agent.store.storable import is_utf8, lenient_text, read_json

@@ -8,7 +8,7 @@ goes through `storable` before it is written:
 
     U+DC80..U+DCFF   a byte that was not UTF-8, carried with `surrogateescape` (file names,
                      command output): written as the text `\\xHH`, the display that the file
-                     tools accept back in a path (tools/encoding.py)
+                     tools accept back in a path (durable_agent/encoding.py)
     other surrogates lone halves (`"\\ud800"` from a model's JSON): U+FFFD
     NUL              the text `\\x00`
     NaN, ±Infinity   the strings "NaN", "Infinity", "-Infinity"

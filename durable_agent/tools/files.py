@@ -16,16 +16,16 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from durable_agent.status import EffectClass
-from durable_agent.tools import beneath
-from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
-from durable_agent.tools.encoding import (
+from durable_agent.encoding import (
     decode_text,
     encode_content,
     looks_binary,
     surrogate_note,
     text_encoding,
 )
+from durable_agent.status import EffectClass
+from durable_agent.tools import beneath
+from durable_agent.tools.base import ToolContext, ToolFailure, ToolResult, WritePlan
 from durable_agent.tools.limits import cap_text, describe_binary, read_capped
 from durable_agent.tools.sandbox import escapes, relative, resolve
 from durable_agent.tools.tree import walk
@@ -232,7 +232,7 @@ def read_bytes(path: Path, display: str, root: str | None = None) -> bytes:
 
 
 def read_text(path: Path, display: str, root: str | None = None) -> tuple[str, str | None]:
-    """For showing: the text and a note when it was not UTF-8 (tools/encoding.py: Latin-1
+    """For showing: the text and a note when it was not UTF-8 (durable_agent/encoding.py: Latin-1
     or the bad bytes as \\xHH)."""
     return decode_text(read_bytes(path, display, root))
 

@@ -1,6 +1,6 @@
 """Containment of commands by the kernel (`--sandbox`, `--network`): the security boundary.
 
-`--shell` (shell_policy.py) only decides which commands need a person; a lexer cannot
+`--shell` (config/shell_policy.py) only decides which commands need a person; a lexer cannot
 contain a shell (ANSI-C quoting, expansions, planted git config all defeat it). Here a
 command line becomes an argv that the kernel confines:
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from msgspec import Struct
 from msgspec.structs import replace
 
+from durable_agent.encoding import decode_text  # Latin-1 or \xHH, as file text
 from durable_agent.redact import is_secret_name
 from durable_agent.tools.base import ToolFailure
-from durable_agent.tools.encoding import decode_text  # Latin-1 or \xHH, as file text
 from durable_agent.tools.groups import (  # the resume half is re-exported from here
     _group_exists,
     _signal_group,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from durable_agent.encoding import bad_name_char, name_from_arg, show_name
 from durable_agent.tools.base import ToolFailure
-from durable_agent.tools.encoding import bad_name_char, name_from_arg, show_name
 from durable_agent.tools.gitguard import inside_git_dir
 
 
@@ -29,7 +29,7 @@ def resolve(
         raise ToolFailure(problem)
     path = name_from_arg(
         workspace, path
-    )  # `bad\xffname` as shown by `relative` (tools/encoding.py)
+    )  # `bad\xffname` as shown by `relative` (durable_agent/encoding.py)
     # On strings: every file tool call comes here, and Path.resolve and Path.parents cost
     # more than the lstat calls that do the work.
     real_root = os.path.realpath(workspace)

@@ -26,7 +26,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from durable_agent.cli import render
+from durable_agent import presentation
 from durable_agent.errors import DurableAgentError, RunBusy, RunNotFound, StoreError
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
@@ -134,7 +134,7 @@ def build_app(cfg: UiConfig) -> Any:
         page = queries.run_page(store, status=status, needle=needle, cursor=after, limit=size)
         return _json(
             {
-                "runs": [render.run_json(r, settings=False) for r in page.runs],
+                "runs": [presentation.run_json(r, settings=False) for r in page.runs],
                 "next": page.next_cursor,
             }
         )
@@ -142,7 +142,7 @@ def build_app(cfg: UiConfig) -> Any:
     def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         run, steps, approvals = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
-        return _json(render.show_json(run, steps, approvals))  # what `show --json` prints
+        return _json(presentation.show_json(run, steps, approvals))  # what `show --json` prints
 
     def api_steps(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -154,7 +154,7 @@ def build_app(cfg: UiConfig) -> Any:
             int(first) if first.isdigit() else 0,
             int(limit) if limit.isdigit() else None,
         )
-        return _json([render.row_json(s) for s in found])
+        return _json([presentation.row_json(s) for s in found])
 
     async def events(request: Request) -> Response:
         run_id = request.path_params["run_id"]

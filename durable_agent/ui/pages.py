@@ -9,8 +9,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from durable_agent.cli.render import fmt_age, fmt_ms, run_cost
-from durable_agent.cli.status_line import short
+from durable_agent.presentation import fmt_age, fmt_ms, run_cost, short
 from durable_agent.status import RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import RunRecord

@@ -12,7 +12,14 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.cli.render import counts, fmt_age, fmt_ms, run_cost, sandbox_line, step_what
+from durable_agent.presentation import (
+    counts,
+    fmt_age,
+    fmt_ms,
+    run_cost,
+    sandbox_line,
+    step_what,
+)
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store import leases
 from durable_agent.store.records import (
@@ -80,7 +87,7 @@ def header(view: RunView, now: datetime) -> str:
     if (
         run.forked_from
     ):  # lineage, as `show` prints it (from the run's row: the live header keeps it)
-        after = "" if run.fork_seq is None else f" after step {run.fork_seq + 1}"
+        after = "" if run.fork_seq is None else f" after step {run.fork_seq}"
         rows.append(
             (
                 "forked from",
@@ -202,7 +209,7 @@ def step_row(
     )
     tries = f" · {s.attempts} attempts" if s.attempts > 1 else ""
     summary = (
-        f'<span class="seq">#{s.seq + 1}</span> <span class="{css_class(s)} chip">{e(s.kind)}'
+        f'<span class="seq">#{s.seq}</span> <span class="{css_class(s)} chip">{e(s.kind)}'
         f'{"" if not s.effect else " " + e(s.effect)}</span> <span class="state st-{e(state.replace(" ", "-"))}">'
         f'{e(state)}</span> <span class="what">{e(step_what(run, s))}</span> '
         f'<span class="muted">{e(fmt_ms(s.duration_ms))}{e(tokens)}{e(tries)}</span>'

@@ -78,7 +78,7 @@ def chart(steps: list[StepRecord], now: datetime) -> str:
         x0 = x(s.started_at)
         w = max(x(_end(s, now)) - x0, 2.0)
         y = 10 + row[lane(s)] * LANE_H
-        title = f"#{s.seq + 1} {s.kind} {s.tool_name or ''} {s.state} {s.duration_ms if s.duration_ms is not None else '-'} ms"
+        title = f"#{s.seq} {s.kind} {s.tool_name or ''} {s.state} {s.duration_ms if s.duration_ms is not None else '-'} ms"
         if s.attempts > 1:
             title += f" · {s.attempts} attempts"
         parts.append(

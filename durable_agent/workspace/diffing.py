@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from durable_agent.tools.encoding import looks_binary
+from durable_agent.encoding import looks_binary
 from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, SECRET, Change, Entry, Manifest
 from durable_agent.workspace.secrets import HELD
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from durable_agent.tools.encoding import show_name
+from durable_agent.encoding import show_name
 
 FILE, LINK, DIR, BIG, SECRET = "file", "link", "dir", "big", "secret"
 KINDS = frozenset({FILE, LINK, DIR, BIG, SECRET})

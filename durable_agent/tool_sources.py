@@ -20,8 +20,8 @@ from durable_agent.tools import build_tools
 from durable_agent.tools.base import Tool
 
 if TYPE_CHECKING:
+    from durable_agent.config.mcp_servers import McpServerConfig
     from durable_agent.mcp.client import Launch
-    from durable_agent.mcp.config import McpServerConfig
     from durable_agent.mcp.tools import McpHub
     from durable_agent.store.runs import Store
 
@@ -200,7 +200,7 @@ class ToolSet:
 
 
 def _from_record(name: str, recorded: dict[str, Any]) -> McpServerConfig:
-    from durable_agent.mcp.config import McpServerConfig
+    from durable_agent.config.mcp_servers import McpServerConfig
 
     # A server the run recorded that its settings no longer name: started from the record
     # (command and args; its env stays in the config), or failing as an observation.

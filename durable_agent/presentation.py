@@ -1,0 +1,159 @@
+"""How a run and its steps read, for every face of the store: the CLI's output
+(cli/render.py), the web view (ui/) and the demo. The text and JSON shapes live here once, so
+`show` and a run's page cannot drift apart, and the web view needs nothing of the CLI."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from msgspec.structs import fields
+
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.rows import utcnow
+from durable_agent.transcript import as_dict, iso_utc, recorded_calls
+
+
+def short(value: Any, width: int) -> str:
+    """One line, at most `width` characters (an ellipsis marks the cut). A value that is
+    not text (a stored value of another shape, see transcript.as_dict) is shown as JSON."""
+    text = (
+        value
+        if isinstance(value, str)
+        else ""
+        if value is None
+        else json.dumps(value, ensure_ascii=False)
+    )
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms // 60_000} min {ms % 60_000 // 1000} s"
+
+
+def fmt_age(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    secs = int((utcnow() - when).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit} ago"
+    return f"{max(secs, 0)}s ago"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def run_cost(run: RunRecord) -> float | None:
+    """The run's cost at the price recorded in its settings for its model, if one was set."""
+    price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
+    if price is None:
+        return None  # (most runs: no pydantic import for `list` and `show`)
+    from pydantic import ValidationError
+
+    from durable_agent.config.settings import ModelPrice
+
+    try:
+        return ModelPrice.model_validate(price).cost(run.prompt_tokens, run.completion_tokens)
+    except (ValidationError, TypeError, ValueError):  # an unreadable price
+        return None
+
+
+def counts(run: RunRecord, steps: int | None) -> str:
+    """`9 model calls · 17 steps · 8 tool calls`: model calls are what --max-steps counts;
+    steps are the timeline's rows (model calls, tool calls, verifications)."""
+    rows = "" if steps is None else f" · {plural(steps, 'step')}"
+    return (
+        f"{plural(run.step_count, 'model call')}{rows} · {plural(run.tool_call_count, 'tool call')}"
+    )
+
+
+def sandbox_line(settings: Any) -> str | None:
+    """How the run's commands were contained, from its recorded settings (None for runs
+    recorded before `--sandbox` existed)."""
+    if not isinstance(settings, dict) or "sandbox" not in settings:
+        return None
+    mode, mechanism = settings["sandbox"], settings.get("sandbox_mechanism")
+    if mode == "off":
+        return "off (commands ran unconfined)"
+    net = "network on" if settings.get("network") else "network off"
+    if mechanism in (None, "none"):
+        return f"{mode}, no mechanism available (commands refused), {net}"
+    return f"{mode} by {mechanism}, {net}"
+
+
+def step_what(run: RunRecord, s: StepRecord) -> str:
+    """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
+    if s.kind == "model":
+        out = as_dict(s.output)
+        names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
+        call = f"model call {s.turn + 1} " if s.turn is not None else ""
+        over = as_dict(out.get("over_budget"))
+        if isinstance(over.get("tokens"), int) and isinstance(over.get("budget"), int):
+            call += f"(~{over['tokens']:,} tokens, over the budget of {over['budget']:,}) "
+        if names:
+            return call + "→ " + ", ".join(names)
+        nudge = as_dict(out.get("nudge")).get("reason")
+        if nudge == "length":  # not an answer: the model was told to continue
+            cut = str(out.get("content") or "")
+            return (
+                call
+                + "→ cut off at the length limit, told to continue"
+                + (f": {short(cut, 40)}" if cut else "")
+            )
+        if nudge == "empty_answer":  # nothing, or only a reasoning block
+            return call + "→ empty answer, told to answer"
+        if out.get("content"):
+            return call + "→ answer: " + short(out["content"], 60)
+        if "content" in out:  # completed with neither text nor a call
+            return call + "→ empty answer"
+        return call + str(run.model)
+    if s.kind == "compact":
+        out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
+        before, after = out.get("tokens_before"), out.get("tokens_after")
+        sizes = (
+            f": {before:,} → {after:,} tokens"
+            if isinstance(before, int) and isinstance(after, int)
+            else ""
+        )
+        return f"context {stage}{sizes}"
+    if s.kind == "verify":
+        command = s.input.get("command") if isinstance(s.input, dict) else None
+        return f"verify `{short(command, 60)}`"
+    args = s.input.get("arguments") if isinstance(s.input, dict) else None
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return f"{s.tool_name} {short(text, 70)}"
+
+
+# -- JSON shapes (`show --json` and the web view's API) ---------------------------------
+def iso_value(value: Any) -> Any:
+    return iso_utc(value) if isinstance(value, datetime) else value
+
+
+def row_json(row: Any) -> dict[str, Any]:
+    return {f.name: iso_value(getattr(row, f.name)) for f in fields(row)}
+
+
+def run_json(run: RunRecord, *, settings: bool = True) -> dict[str, Any]:
+    doc = row_json(run)
+    if not settings:
+        doc.pop("settings", None)
+    return doc
+
+
+def show_json(
+    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]
+) -> dict[str, Any]:
+    doc = run_json(run)
+    doc["steps"] = [row_json(s) for s in steps]
+    doc["approvals"] = [row_json(a) for a in approvals]
+    return doc
