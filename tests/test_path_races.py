@@ -204,7 +204,7 @@ def test_runs_restores_and_diffs_through_the_cli_stay_inside(
             assert cli("approve", "r1").code == 0
             run = cli("resume", "r1", "--json")
         assert run.code == 0, run.stdout + run.stderr
-        restored = cli("restore", "r1", "--at", "2", "--to", str(ws), "--force")
+        restored = cli("restore", "r1", "--at", "1", "--to", str(ws), "--force")
         diff = cli("diff", "r1")
         exported = cli("export", "r1")
     # Done, stopped at a link that appeared (1), or refused because the scan and the disk

@@ -154,7 +154,7 @@ def test_a_file_holding_a_secret_is_never_stored_and_restore_leaves_it(
 
     # fork: the new workspace has the ordinary files, not the withheld ones, and says so.
     fork = da(
-        ["fork", "sec", "--at", str(last + 1), "--workspace", str(tmp_path / "f")], env, workspace
+        ["fork", "sec", "--at", str(last), "--workspace", str(tmp_path / "f")], env, workspace
     )
     assert fork.returncode == 0, fork.stderr
     assert (tmp_path / "f" / "keep.txt").read_text() == "changed by the run\n"
@@ -277,7 +277,7 @@ def _refused(
     for args in (
         ["restore", "hm", "--tree", tree, "--to", str(workspace), "--force"],
         ["restore", "hm", "--tree", tree, "--to", str(fresh)],
-        ["fork", "hm", "--at", str(seq + 1), "--workspace", str(forked)],
+        ["fork", "hm", "--at", str(seq), "--workspace", str(forked)],
     ):
         proc = da(args, env, workspace)
         assert proc.returncode in (1, 2), (args, proc.returncode, proc.stdout, proc.stderr)
