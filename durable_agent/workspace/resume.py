@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 
 from durable_agent.errors import LoopExit, UsageError
-from durable_agent.loop.step_context import StepContext
 from durable_agent.status import EffectClass, StopReason
 from durable_agent.store.blobs import BlobStore, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
 from durable_agent.workspace import recorder, snapshot
+from durable_agent.workspace.recorder import Site
 from durable_agent.workspace.manifest import changes, tree_id
 from durable_agent.workspace.materialize import RestoreStopped, materialize
 
@@ -32,7 +32,7 @@ CALL = "workspace"  # the approval's call id: the drift is the run's, not one to
 SHOWN = 20  # differing paths named in the question
 
 
-def check(ctx: StepContext) -> None:
+def check(ctx: Site) -> None:
     if not ctx.settings.snapshots:
         return
     journal = ctx.journal
@@ -70,7 +70,7 @@ def check(ctx: StepContext) -> None:
                 scanner, blobs
             )  # the person's files first: --deny can be undone
             save_statements(journal.engine, replaced.statements, journal.policy)
-            undo = f"durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} --to {root} --force"
+            undo = f"durable-agent restore {journal.run_id} --tree {replaced.tree_id} --to {root} --force"
             ctx.observer.note(
                 f"putting the workspace back as the snapshot of step {last.seq + 1} has it; "
                 f"the files it replaces: {undo}"
@@ -100,7 +100,7 @@ def check(ctx: StepContext) -> None:
         reason=ctx.redactor.redact(reason),
         step_seq=last.seq,
     )
-    run_id = ctx.state.run_id
+    run_id = journal.run_id
     raise LoopExit(
         StopReason.WORKSPACE_DRIFT,
         f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
