@@ -35,7 +35,7 @@ from durable_agent.context.budget import (
 from durable_agent.context.view import HEAD, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.loop.replay import RunState
-from durable_agent.loop.step import EndThenRaise, Outcome, StepSpec, invoke
+from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
 from durable_agent.status import StepKind
@@ -248,9 +248,9 @@ def _elide(
         timed=False,
     )
 
-    def elide(_step: Step) -> Outcome:
+    def elide(_step: Step) -> StepOutcome:
         s.compacted(output)
-        return Outcome(output)
+        return StepOutcome(output)
 
     invoke(ctx, spec, elide)
 
@@ -336,7 +336,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         timed=False,
     )
 
-    def summarize(step: Step) -> Outcome:
+    def summarize(step: Step) -> StepOutcome:
         earlier = step.attempts - 1
         try:
             answer, attempts = call_with_retries(
@@ -345,7 +345,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
                 sleep=ctx.sleep,
             )
         except ModelCallError as exc:
-            failed = Outcome(
+            failed = StepOutcome(
                 error=f"compaction summary failed: {exc}", attempts=earlier + exc.attempts
             )
             if exc.failure.reason == "context_length":
@@ -373,7 +373,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         }
         s.compacted(output)
         output["tokens_after"] = after = count_next(ctx, lead)
-        return Outcome(
+        return StepOutcome(
             output,
             tokens=(usage.prompt_tokens, usage.completion_tokens),
             attempts=earlier + attempts,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from durable_agent.errors import LoopExit
 from durable_agent.loop.heartbeat import watch_cancel
-from durable_agent.loop.step import Outcome, StepSpec, invoke
+from durable_agent.loop.step import StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message
 from durable_agent.status import StepKind, StopReason
@@ -44,7 +44,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
     return outcome.error is None
 
 
-def _check(ctx: StepContext, command: str, key: str) -> Outcome:
+def _check(ctx: StepContext, command: str, key: str) -> StepOutcome:
     with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
         out = run_process(
             command,
@@ -76,7 +76,7 @@ def _check(ctx: StepContext, command: str, key: str) -> Outcome:
         "passed": passed,
     }
     if passed:
-        return Outcome(output, duration_ms=out.duration_ms, result=out)
+        return StepOutcome(output, duration_ms=out.duration_ms, result=out)
     new: list[Message] = []
     if not out.cancelled:
         # A cancelled check proved nothing about the answer: it is run again on resume
@@ -89,4 +89,4 @@ def _check(ctx: StepContext, command: str, key: str) -> Outcome:
             )
         )
         ctx.state.append(new[0])
-    return Outcome(output, failure, messages=new, duration_ms=out.duration_ms, result=out)
+    return StepOutcome(output, failure, messages=new, duration_ms=out.duration_ms, result=out)

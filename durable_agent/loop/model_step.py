@@ -20,7 +20,7 @@ from durable_agent.errors import LeaseLost, LoopExit, StoreError
 from durable_agent.loop import guard
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.replay import RunState
-from durable_agent.loop.step import EndThenRaise, Outcome, StepSpec, invoke
+from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import (
     CUT_NUDGE,
@@ -108,7 +108,7 @@ def _model_step(ctx: StepContext) -> None:
         metered=True,
     )
 
-    def call(step: Step) -> Outcome:
+    def call(step: Step) -> StepOutcome:
         earlier = step.attempts - 1  # attempts of sessions before this one
         if over is not None:
             obs.note(
@@ -156,11 +156,11 @@ def _model_step(ctx: StepContext) -> None:
             ):  # recording a try: the store's, not the model's
                 raise exc.__cause__ from None
             # A failed call adds nothing to the history.
-            failure = Outcome(error=str(exc), attempts=earlier + exc.attempts)
+            failure = StepOutcome(error=str(exc), attempts=earlier + exc.attempts)
             raise EndThenRaise(failure, exc, announce=False) from None
         except deadline.Stopped:
             stopped = LoopExit(StopReason.CANCELLED, "cancelled by request")
-            outcome = Outcome(error="cancelled while waiting for the model's answer")
+            outcome = StepOutcome(error="cancelled while waiting for the model's answer")
             raise EndThenRaise(outcome, stopped, announce=False) from None
         return _answered(ctx, answer, attempts + earlier, sent, lead, counted, over)
 
@@ -183,7 +183,7 @@ def _answered(
     lead: list[Message],
     counted: int,
     over: dict[str, int] | None,
-) -> Outcome:
+) -> StepOutcome:
     """The answer into the history (with a nudge when it is not final), as the step's outcome."""
     s = ctx.state
     calls = _call_ids(ctx, turn_out.tool_calls, s.turn)
@@ -229,7 +229,7 @@ def _answered(
         output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
     if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
         output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
-    return Outcome(
+    return StepOutcome(
         output,
         messages=written,
         tokens=(usage.prompt_tokens, usage.completion_tokens),

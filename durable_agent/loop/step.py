@@ -7,15 +7,19 @@ primitive owns the protocol; the caller keeps only its decisions:
       │                                    this step again (`prior`); one of the same kind
       │                                    and place under another key is `StepMismatch`;
       │                                    `spec.reuse`: a completed one is returned as it is
-      │                                    (`reused`), nothing runs
-      ├─ (caller decides: refuse → .record(outcome), no intent, no snapshot)
+      │                                    (`reused`), nothing runs. A step that can change
+      │                                    files stops the run first if the workspace moved
+      ├─ (caller decides on `prior`: refuse → .record(outcome): no intent; an interrupted
+      │   attempt's row still gets its after snapshot)
       ▼
     .run(fn, input=, use_approval=)
       1. intent    before snapshot when the step can change files (write, exec, verify),
                    in the intent commit, fenced on the lease; a read commits nothing
                    (its outcome rides with the next commit: a crash re-runs it)
       2. event     `started`
-      3. fn(step)  the effect; returns an Outcome (or raises EndThenRaise: record, then raise)
+      3. fn(step)  the effect; returns a StepOutcome (or raises EndThenRaise: record, then
+                   raise). `step` is the row: a command's process group (`set_pgid`) and
+                   a model call's retries (`set_attempts`) are fenced commits too
       4. outcome   after snapshot (same kinds), its changes against the before snapshot
                    (`step_changes`), complete or fail in one fenced commit with the
                    step's messages and the run's counters
@@ -25,7 +29,7 @@ Store faults are never the step's outcome: a write that fails raises (StoreError
 StoreUnavailable, LeaseLost) and the session ends with the row as the store last had it;
 resume reconciles it. Any other exception out of `fn` leaves the row `started` too.
 
-    invoke(ctx, spec, fn) == open_step(ctx, spec).run(fn)
+    invoke(ctx, spec, fn) == open_step(ctx, spec).run(fn, input=spec.input)   (or the reused)
 
 A new kind of step (a hook, a delegation, a notification) is a `StepSpec` and a function.
 """
@@ -80,7 +84,7 @@ class StepSpec(Struct, frozen=True):
         return self.effect is EffectClass.READ
 
 
-class Outcome(Struct):
+class StepOutcome(Struct):
     """What a step ended with. `error` set: it failed. `result` is the caller's, not stored."""
 
     output: Any = None
@@ -99,12 +103,12 @@ class EndThenRaise(Exception):
     """Raised by a step's function: record `outcome`, then raise `then` (a cancel, a
     Ctrl-C, a failure the loop must see). `announce`: with the end event."""
 
-    def __init__(self, outcome: Outcome, then: BaseException, *, announce: bool = True) -> None:
+    def __init__(self, outcome: StepOutcome, then: BaseException, *, announce: bool = True) -> None:
         super().__init__(str(then))
         self.outcome, self.then, self.announce = outcome, then, announce
 
 
-StepFn = Callable[[Step], Outcome]
+StepFn = Callable[[Step], StepOutcome]
 
 
 class StepCall:
@@ -122,7 +126,7 @@ class StepCall:
     def input(self) -> Any:
         return self.step.input
 
-    def run(self, fn: StepFn, *, input: Any = None, use_approval: int | None = None) -> Outcome:
+    def run(self, fn: StepFn, *, input: Any = None, use_approval: int | None = None) -> StepOutcome:
         """Intent (with the before snapshot), the effect, the outcome (with the after one)."""
         spec, step = self.spec, self.step
         if spec.deferred:
@@ -138,7 +142,7 @@ class StepCall:
             raise exc.then from exc.then.__cause__
         return self._end(outcome)
 
-    def record(self, outcome: Outcome) -> Outcome:
+    def record(self, outcome: StepOutcome) -> StepOutcome:
         """An outcome without running anything (a refusal, a write found landed). A step with
         a row (an interrupted attempt) still gets its after snapshot: what it changed."""
         return self._end(outcome)
@@ -165,7 +169,7 @@ class StepCall:
     def _after(self) -> WorkspaceWrite | None:
         return recorder.after(self.ctx, self.step) if self.spec.changes_files else None
 
-    def _end(self, outcome: Outcome, *, announce: bool = True) -> Outcome:
+    def _end(self, outcome: StepOutcome, *, announce: bool = True) -> StepOutcome:
         ctx, step = self.ctx, self.step
         ws = self._after()
         output = outcome.output
@@ -237,10 +241,10 @@ def open_step(ctx: StepContext, spec: StepSpec) -> StepCall:
     return StepCall(ctx, spec, step, reused)
 
 
-def invoke(ctx: StepContext, spec: StepSpec, fn: StepFn) -> Outcome:
+def invoke(ctx: StepContext, spec: StepSpec, fn: StepFn) -> StepOutcome:
     """The whole protocol for a step with no decision between finding and starting it.
     A completed step under the key (`spec.reuse`) returns its recorded outcome."""
     call = open_step(ctx, spec)
     if call.reused is not None:
-        return Outcome(call.reused.output, call.reused.error)
+        return StepOutcome(call.reused.output, call.reused.error)
     return call.run(fn, input=spec.input)

@@ -30,7 +30,7 @@ from durable_agent.errors import (
 )
 from durable_agent.loop import approvals, guard
 from durable_agent.loop.heartbeat import watch_cancel
-from durable_agent.loop.step import EndThenRaise, Outcome, StepCall, StepSpec, open_step
+from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.status import EffectClass, StepKind
@@ -245,7 +245,7 @@ def _exec(
     # The attempt's own evidence that its command waits for its process group (_never_began).
     intent = {**step.input, PGID_FIRST: True} if protocol.pgid_before_start else None
 
-    def run(attempt: Step) -> Outcome:
+    def run(attempt: Step) -> StepOutcome:
         try:
             with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
                 result = _invoke(ctx, tool, args, call, step=attempt)
@@ -281,7 +281,7 @@ def _observed(
     result: ToolResult,
     *,
     use_approval: int | None = None,
-) -> Outcome:
+) -> StepOutcome:
     """The call's one tool message, in the history, and the step's outcome."""
     s = ctx.state
     redact = ctx.redactor.redact
@@ -293,7 +293,7 @@ def _observed(
     s.append(message)
     output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
     error = redact(result.error) if result.error is not None else None
-    return Outcome(output, error, messages=[message], use_approval=use_approval)
+    return StepOutcome(output, error, messages=[message], use_approval=use_approval)
 
 
 def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> ToolContext:

@@ -23,9 +23,9 @@ from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
 from durable_agent.workspace import recorder, snapshot
-from durable_agent.workspace.recorder import Site
 from durable_agent.workspace.manifest import changes, tree_id
 from durable_agent.workspace.materialize import RestoreStopped, materialize
+from durable_agent.workspace.recorder import Site
 
 DRIFT = ApprovalKind.WORKSPACE_DRIFT
 CALL = "workspace"  # the approval's call id: the drift is the run's, not one tool call's
