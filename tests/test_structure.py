@@ -90,6 +90,7 @@ def test_the_checker_finds_a_cycle() -> None:
 def test_step_modules_do_not_import_the_runner() -> None:
     graph = _graph()
     for name in (
+        "durable_agent.loop.step",
         "durable_agent.loop.model_step",
         "durable_agent.loop.tool_step",
         "durable_agent.loop.finish_gate",
