@@ -211,7 +211,10 @@ def _step_protocol_calls(path: Path) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         owner, attr = ast.unparse(node.func.value), node.func.attr
-        if attr in {"find", "step"} and owner.endswith("journal") or attr in _ROW_CALLS - {"find"} and (owner == "step" or owner.endswith(".step")) or attr in _SNAPSHOT_CALLS and owner.endswith("recorder"):
+        finds = attr in {"find", "step"} and owner.endswith("journal")
+        rows = attr in _ROW_CALLS - {"find"} and (owner == "step" or owner.endswith(".step"))
+        snapshots = attr in _SNAPSHOT_CALLS and owner.endswith("recorder")
+        if finds or rows or snapshots:
             found.append(f"{owner}.{attr} (line {node.lineno})")
     return found
 
