@@ -2,7 +2,8 @@
 
 Every state transition of a run is checkpointed to a SQL database before the next one
 begins, so a run killed at any instant resumes from its last verified step.
-Start reading at `runner.py` (the loop) and `store/journal.py` (the checkpoints).
+Start reading at `loop/runner.py` (the loop) and `loop/step.py` (the step primitive: every
+step's checkpoints).
 
 For programs: `from durable_agent import Agent` (docs/api.md). The names below load on
 first use, so `import durable_agent` (and `durable-agent --help`) stays cheap.
@@ -23,16 +24,26 @@ _LAZY = {
     "ToolContext": "durable_agent.tools.base",
     "ToolResult": "durable_agent.tools.base",
     "ToolFailure": "durable_agent.tools.base",
+    "WriteTool": "durable_agent.tools.base",
+    "IdempotentWriteTool": "durable_agent.tools.base",
+    "ExecTool": "durable_agent.tools.base",
+    "SchemaTool": "durable_agent.tools.base",
+    "WritePlan": "durable_agent.tools.base",
 }
 __all__ = [
     "Agent",
     "EffectClass",
+    "ExecTool",
+    "IdempotentWriteTool",
     "Outcome",
     "RunView",
+    "SchemaTool",
     "Tool",
     "ToolContext",
     "ToolFailure",
     "ToolResult",
+    "WritePlan",
+    "WriteTool",
     "__version__",
 ]
 
@@ -40,7 +51,17 @@ if TYPE_CHECKING:
     from durable_agent.api import Agent, RunView
     from durable_agent.loop.outcome import Outcome
     from durable_agent.status import EffectClass
-    from durable_agent.tools.base import Tool, ToolContext, ToolFailure, ToolResult
+    from durable_agent.tools.base import (
+        ExecTool,
+        IdempotentWriteTool,
+        SchemaTool,
+        Tool,
+        ToolContext,
+        ToolFailure,
+        ToolResult,
+        WritePlan,
+        WriteTool,
+    )
 
 
 def __getattr__(name: str) -> Any:

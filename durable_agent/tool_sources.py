@@ -16,7 +16,7 @@ from msgspec.structs import asdict
 
 from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
-from durable_agent.tools import build_tools
+from durable_agent.tools import build_tools, registered
 from durable_agent.tools.base import Tool
 
 if TYPE_CHECKING:
@@ -51,13 +51,9 @@ class ToolSet:
         self.log_dir = log_dir or Path(settings.workspace) / ".durable-agent-logs"
         self.local: dict[str, Tool] = {}
         self.sources: dict[str, str] = {}
+        custom = registered()
         for tool in build_tools(settings.shell).values():
-            self._add(
-                tool,
-                "built-in"
-                if type(tool).__module__.startswith("durable_agent.tools.")
-                else "python",
-            )
+            self._add(tool, "python" if custom.get(tool.name) is tool else "built-in")
         for loaded in (*load_plugins(), *load_named(settings.tools)):
             self._add(loaded.tool, loaded.source)
         for tool in extra:

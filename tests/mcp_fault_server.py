@@ -62,6 +62,14 @@ def put(key: str, value: str, sleep_s: float = 0.0) -> str:
     return _run("put", {"key": key, "value": value}, sleep_s)
 
 
+@tool(annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False))
+def save(path: str, text: str) -> str:
+    """Idempotent, not destructive: write a file in the server's folder (the workspace)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return _run("save", {"path": path}, 0.0)
+
+
 @tool(annotations=ToolAnnotations(destructive_hint=True))
 def launch(target: str, sleep_s: float = 0.0) -> str:
     """Destructive: launch something (not idempotent)."""

@@ -129,18 +129,9 @@ LAYERS: list[set[str]] = [
     {"cli", "demo", "__main__"},
 ]
 
-# Imports that still run the wrong way, each a known debt with its way out. The checker fails
-# on any other, and on an entry here that no longer exists (so the list only shrinks).
-KNOWN_WRONG_WAY: set[tuple[str, str]] = {
-    # The workspace recorder and resume check take the step context of the loop; they are
-    # being rewritten behind the one step primitive, which owns the snapshots.
-    ("durable_agent.workspace.recorder", "durable_agent.loop.step_context"),
-    ("durable_agent.workspace.resume", "durable_agent.loop.step_context"),
-    # Compaction runs as a step of the loop (its StepContext and RunState); it moves onto the
-    # one step primitive with the other step kinds.
-    ("durable_agent.context.compaction", "durable_agent.loop.step_context"),
-    ("durable_agent.context.compaction", "durable_agent.loop.replay"),
-}
+# Imports that still run the wrong way, each a known debt with its way out (none is left).
+# The checker fails on any other, and on an entry here that no longer exists.
+KNOWN_WRONG_WAY: set[tuple[str, str]] = set()
 
 
 def _layer_of(module: str, layers: list[set[str]]) -> int:
@@ -298,6 +289,7 @@ def test_the_extras_checker_sees_a_loaded_extra(env: dict[str, str], workspace: 
 def test_step_modules_do_not_import_the_runner() -> None:
     graph = _graph()
     for name in (
+        "durable_agent.loop.step",
         "durable_agent.loop.model_step",
         "durable_agent.loop.tool_step",
         "durable_agent.loop.finish_gate",
@@ -391,3 +383,57 @@ def test_the_literal_checker_finds_them() -> None:
         "'denied' != decision",
         "decision='approved'",
     ]
+
+
+def test_the_workspace_layer_does_not_import_the_loop() -> None:
+    graph = _graph()
+    wrong = {
+        (name, t)
+        for name, targets in graph.items()
+        if name.startswith("durable_agent.workspace")
+        for t in targets
+        if t.startswith("durable_agent.loop")
+    }
+    assert not wrong, sorted(wrong)
+
+
+PRIMITIVE = "durable_agent.loop.step"
+# What only the step primitive calls outside the store: the row's find/start/outcome, and the
+# snapshots a step that can change files is measured between.
+_ROW_CALLS = {"find", "step", "start", "defer", "complete", "fail"}
+_SNAPSHOT_CALLS = {"before", "after"}
+
+
+def _step_protocol_calls(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner, attr = ast.unparse(node.func.value), node.func.attr
+        finds = attr in {"find", "step"} and owner.endswith("journal")
+        rows = attr in _ROW_CALLS - {"find"} and (owner == "step" or owner.endswith(".step"))
+        snapshots = attr in _SNAPSHOT_CALLS and owner.endswith("recorder")
+        if finds or rows or snapshots:
+            found.append(f"{owner}.{attr} (line {node.lineno})")
+    return found
+
+
+def test_only_the_step_primitive_sequences_a_step() -> None:
+    found = {
+        name: calls
+        for name, path in _modules().items()
+        if name != PRIMITIVE
+        and not name.startswith("durable_agent.store")
+        and (calls := _step_protocol_calls(path))
+    }
+    assert not found, found
+
+
+def test_the_protocol_checker_finds_a_hand_made_step(tmp_path: Path) -> None:
+    made = tmp_path / "m.py"
+    made.write_text(
+        "step = ctx.journal.find(key, kind, turn=0)\n"
+        "step.start(x, workspace=recorder.before(ctx, step))\n"
+        "step.complete(out, counters=c)\n"
+    )
+    assert len(_step_protocol_calls(made)) == 4

@@ -14,8 +14,8 @@ import time
 
 from msgspec import Struct
 
-from durable_agent.context import compaction
 from durable_agent.errors import UsageError
+from durable_agent.loop import compaction
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.runner import Runner
 from durable_agent.status import RESUMABLE

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from durable_agent.errors import LoopExit
 from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.step import StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message
-from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.process import command_env, run_process
-from durable_agent.workspace import recorder
 
 VERIFY_TAIL = 4000  # characters of the command's output kept as evidence and shown to the model
 
@@ -25,87 +24,71 @@ def verify(ctx: StepContext, answer: str) -> bool:
     if not command:
         return True
     turn = ctx.state.turn
-    key = f"verify:{turn}"
-    if ctx.journal.completed(key) is not None:
-        return True  # it passed before a crash hit the finish
-    ctx.check_workspace()
-    # A check, not a side effect: a started one is simply run again.
-    step = ctx.journal.find(key, StepKind.VERIFY, turn=turn, tool_name="verify")
-    # The check can change files (build output, caches): snapshots before and after it.
-    with step.start({"command": command}, workspace=recorder.before(ctx, step)):
-        ctx.observer.step(StepEvent(step.seq, turn, "verify", command))
-        with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
-            out = run_process(
-                command,
-                cwd=ctx.settings.workspace,
-                timeout_s=ctx.settings.command_timeout_s,
-                env=command_env(
-                    ctx.env,
-                    run_id=ctx.state.run_id,
-                    call_id=key,
-                    passthrough=ctx.settings.command_env,
-                ),
-                output_cap=ctx.settings.output_cap // 2,
-                cancel=ctx.cancel,
-                sandbox=for_run(
-                    ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db
-                ),
-            )
-        redact = ctx.redactor.redact
-        # The end of a test run's output says what failed: keep the tail, not the head.
-        text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())
-        tail = (
-            text
-            if len(text) <= VERIFY_TAIL
-            else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
-        )
-        passed = out.exit_code == 0
-        if out.timed_out:
-            failure = f"timed out after {ctx.settings.command_timeout_s:g} s"
-        elif out.cancelled:
-            failure = "cancelled"
-        else:
-            failure = f"exit code {out.exit_code}"
-        output = {
-            "command": command,
-            "exit_code": out.exit_code,
-            "timed_out": out.timed_out,
-            "output_tail": tail,
-            "passed": passed,
-        }
-        if passed:
-            step.complete(output, counters=ctx.counters(), workspace=recorder.after(ctx, step))
-        else:
-            new: list[Message] = []
-            if not out.cancelled:
-                # A cancelled check proved nothing about the answer: it is run again on resume
-                # (the step stays open as failed), and the model is not told about it.
-                new.append(
-                    Message(
-                        "user",
-                        f"Verification failed: `{command}` {failure}. Your final answer "
-                        f"was not accepted. Fix the problem, then answer again.\n{tail}",
-                    )
-                )
-                ctx.state.append(new[0])
-            step.fail(
-                failure,
-                output=output,
-                messages=new,
-                counters=ctx.counters(),
-                workspace=recorder.after(ctx, step),
-            )
-    ctx.observer.step(
-        StepEvent(
-            step.seq,
-            turn,
-            "verify",
-            command,
-            state="completed" if passed else "failed",
-            duration_ms=out.duration_ms,
-            error=None if passed else failure,
-        )
+    # A check, not a side effect: a started one is simply run again; a passed one stands
+    # (it passed before a crash hit the finish). It can change files (build output, caches):
+    # snapshots before and after it.
+    spec = StepSpec(
+        StepKind.VERIFY,
+        f"verify:{turn}",
+        turn,
+        {"command": command},
+        tool_name="verify",
+        label=command,
+        reuse=True,
     )
-    if out.cancelled:
+    outcome = invoke(ctx, spec, lambda _step: _check(ctx, command, spec.key))
+    if outcome.result is None:
+        return True  # reused: passed before
+    if outcome.result.cancelled:
         raise LoopExit(StopReason.CANCELLED, "cancelled during verification")
-    return passed
+    return outcome.error is None
+
+
+def _check(ctx: StepContext, command: str, key: str) -> StepOutcome:
+    with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
+        out = run_process(
+            command,
+            cwd=ctx.settings.workspace,
+            timeout_s=ctx.settings.command_timeout_s,
+            env=command_env(
+                ctx.env, run_id=ctx.state.run_id, call_id=key, passthrough=ctx.settings.command_env
+            ),
+            output_cap=ctx.settings.output_cap // 2,
+            cancel=ctx.cancel,
+            sandbox=for_run(ctx.settings.sandbox, ctx.settings.network, ctx.env, ctx.settings.db),
+        )
+    redact = ctx.redactor.redact
+    # The end of a test run's output says what failed: keep the tail, not the head.
+    text = redact((out.stdout + ("\n" + out.stderr if out.stderr else "")).strip())
+    tail = (
+        text if len(text) <= VERIFY_TAIL else "[... earlier output cut ...]\n" + text[-VERIFY_TAIL:]
+    )
+    passed = out.exit_code == 0
+    if out.timed_out:
+        failure = f"timed out after {ctx.settings.command_timeout_s:g} s"
+    elif out.cancelled:
+        failure = "cancelled"
+    else:
+        failure = f"exit code {out.exit_code}"
+    output = {
+        "command": command,
+        "exit_code": out.exit_code,
+        "timed_out": out.timed_out,
+        "output_tail": tail,
+        "passed": passed,
+    }
+    if passed:
+        return StepOutcome(output, duration_ms=out.duration_ms, result=out)
+    new: list[Message] = []
+    if not out.cancelled:
+        # A cancelled check proved nothing about the answer: it is run again on resume
+        # (the step stays open as failed), and the model is not told about it.
+        new.append(
+            Message(
+                "user",
+                f"Verification failed: `{command}` {failure}. Your final answer "
+                f"was not accepted. Fix the problem, then answer again.\n{tail}",
+            )
+        )
+        ctx.state.append(new[0])
+    return StepOutcome(output, failure, messages=new, duration_ms=out.duration_ms, result=out)

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec.structs import replace
 
-from durable_agent.context import compaction
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.loop import guard
+from durable_agent.loop import compaction, guard
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.replay import RunState
+from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import (
     CUT_NUDGE,
@@ -33,7 +33,6 @@ from durable_agent.models import deadline
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
-from durable_agent.store.rows import utcnow
 from durable_agent.store.step import Step
 
 if TYPE_CHECKING:
@@ -92,16 +91,24 @@ def _model_step(ctx: StepContext) -> None:
         "messages": len(s.messages),
         "model": ctx.model.name,
     }
+    supersede = False
     if s.view.compactions:
         request["sent_messages"] = len(sent)
-        if (
-            s.view.turn == turn
-        ):  # a call refused or cut off before this turn's compaction is not this one
-            ctx.journal.forget_superseded(StepKind.MODEL, turn, key)
+        # A call refused or cut off before this turn's compaction is not this one.
+        supersede = s.view.turn == turn
     obs = ctx.observer
-    with ctx.journal.step(key, StepKind.MODEL, request, turn=turn) as step:
+    spec = StepSpec(
+        StepKind.MODEL,
+        key,
+        turn,
+        request,
+        label=ctx.model.name,
+        supersede=supersede,
+        metered=True,
+    )
+
+    def call(step: Step) -> StepOutcome:
         earlier = step.attempts - 1  # attempts of sessions before this one
-        obs.step(StepEvent(step.seq, turn, "model", ctx.model.name, attempts=step.attempts))
         if over is not None:
             obs.note(
                 f"the request is ~{over['tokens']:,} tokens, over the context budget of {over['budget']:,}, "
@@ -147,82 +154,17 @@ def _model_step(ctx: StepContext) -> None:
                 exc.__cause__, StoreError | LeaseLost
             ):  # recording a try: the store's, not the model's
                 raise exc.__cause__ from None
-            step.attempts = earlier + exc.attempts
-            step.fail(
-                str(exc), counters=ctx.counters()
-            )  # a failed call adds nothing to the history
-            raise
+            # A failed call adds nothing to the history.
+            failure = StepOutcome(error=str(exc), attempts=earlier + exc.attempts)
+            raise EndThenRaise(failure, exc, announce=False) from None
         except deadline.Stopped:
-            step.fail("cancelled while waiting for the model's answer", counters=ctx.counters())
-            raise LoopExit(StopReason.CANCELLED, "cancelled by request") from None
-        turn_out: ModelTurn = answer
-        calls = _call_ids(ctx, turn_out.tool_calls, turn)
-        redactor = ctx.redactor
-        message = Message(
-            "assistant",
-            redactor.redact_known_escaped(redactor.redact(turn_out.content))
-            if turn_out.content
-            else turn_out.content,
-            tool_calls=calls,
-        )
-        usage = turn_out.usage
-        if not usage.reported:
-            usage = estimate_usage(sent, ctx.schemas, turn_out)
-        elif not compaction.scripted(
-            ctx.model
-        ):  # the provider's count of this request calibrates the next
-            s.calibration = calibrate(counted, usage.prompt_tokens)
-        before = lead[-1] if lead else (s.messages[-1] if s.messages else None)
-        nudge = _nudge(before, message, turn_out.finish_reason)
-        s.step_count += 1
-        s.prompt_tokens += usage.prompt_tokens
-        s.completion_tokens += usage.completion_tokens
-        for m in lead:
-            s.append(m)
-        s.append(message)
-        written = [*lead, message]
-        if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
-            written.append(Message("user", nudge[1]))
-            s.append(written[-1])
-        step.attempts = earlier + attempts
-        output: dict[str, Any] = {
-            "content": message.content,
-            "tool_calls": [c.to_dict() for c in calls],
-            "usage": replace(turn_out, usage=usage).to_dict()["usage"],
-        }
-        if not compaction.scripted(
-            ctx.model
-        ):  # a script's counts are made up: nothing to calibrate
-            output["context"] = {"counted": counted}
-        if over is not None:
-            output["over_budget"] = over
-        if turn_out.finish_reason is not None:
-            output["finish_reason"] = turn_out.finish_reason
-        if nudge is not None:
-            output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
-        if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
-            output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
-        step.complete(
-            output,
-            messages=written,
-            counters=ctx.counters(),
-            tokens=(usage.prompt_tokens, usage.completion_tokens),
-        )
-    obs.step(
-        StepEvent(
-            step.seq,
-            turn,
-            "model",
-            ctx.model.name,
-            state="completed",
-            detail=_summary(message, nudge),
-            attempts=step.attempts,
-            duration_ms=_ms_since(step),
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            estimated=usage.estimated,
-        )
-    )
+            stopped = LoopExit(StopReason.CANCELLED, "cancelled by request")
+            outcome = StepOutcome(error="cancelled while waiting for the model's answer")
+            raise EndThenRaise(outcome, stopped, announce=False) from None
+        return _answered(ctx, answer, attempts + earlier, sent, lead, counted, over)
+
+    outcome = invoke(ctx, spec, call)
+    message, nudge = outcome.result
     if nudge is None and empty_answer(message):  # the second in a row: recorded, then the stop
         raise LoopExit(
             StopReason.EMPTY_ANSWER,
@@ -230,6 +172,71 @@ def _model_step(ctx: StepContext) -> None:
             "and no tool call, even after being told); `resume` nudges it once more, "
             "e.g. with another --model",
         )
+
+
+def _answered(
+    ctx: StepContext,
+    turn_out: ModelTurn,
+    attempts: int,
+    sent: list[Message],
+    lead: list[Message],
+    counted: int,
+    over: dict[str, int] | None,
+) -> StepOutcome:
+    """The answer into the history (with a nudge when it is not final), as the step's outcome."""
+    s = ctx.state
+    calls = _call_ids(ctx, turn_out.tool_calls, s.turn)
+    redactor = ctx.redactor
+    message = Message(
+        "assistant",
+        redactor.redact_known_escaped(redactor.redact(turn_out.content))
+        if turn_out.content
+        else turn_out.content,
+        tool_calls=calls,
+    )
+    usage = turn_out.usage
+    if not usage.reported:
+        usage = estimate_usage(sent, ctx.schemas, turn_out)
+    elif not compaction.scripted(
+        ctx.model
+    ):  # the provider's count of this request calibrates the next
+        s.calibration = calibrate(counted, usage.prompt_tokens)
+    before = lead[-1] if lead else (s.messages[-1] if s.messages else None)
+    nudge = _nudge(before, message, turn_out.finish_reason)
+    s.step_count += 1
+    s.prompt_tokens += usage.prompt_tokens
+    s.completion_tokens += usage.completion_tokens
+    for m in lead:
+        s.append(m)
+    s.append(message)
+    written = [*lead, message]
+    if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
+        written.append(Message("user", nudge[1]))
+        s.append(written[-1])
+    output: dict[str, Any] = {
+        "content": message.content,
+        "tool_calls": [c.to_dict() for c in calls],
+        "usage": replace(turn_out, usage=usage).to_dict()["usage"],
+    }
+    if not compaction.scripted(ctx.model):  # a script's counts are made up: nothing to calibrate
+        output["context"] = {"counted": counted}
+    if over is not None:
+        output["over_budget"] = over
+    if turn_out.finish_reason is not None:
+        output["finish_reason"] = turn_out.finish_reason
+    if nudge is not None:
+        output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
+    if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
+        output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
+    return StepOutcome(
+        output,
+        messages=written,
+        tokens=(usage.prompt_tokens, usage.completion_tokens),
+        estimated=usage.estimated,
+        attempts=attempts,
+        detail=_summary(message, nudge),
+        result=(message, nudge),
+    )
 
 
 @contextlib.contextmanager
@@ -332,10 +339,6 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
             )
         )
     return tuple(fixed)
-
-
-def _ms_since(step: Step) -> int:
-    return int((utcnow() - step.started_at).total_seconds() * 1000)
 
 
 def _summary(message: Message, nudge: tuple[str, str] | None) -> str:

@@ -1,7 +1,9 @@
-"""Executing one tool call durably, by effect class.
+"""Executing one tool call durably, by effect class: the decisions. The protocol (intent,
+snapshots, events, outcome) is the step primitive's (loop/step.py).
 
     read   no intent row: run, then the outcome rides with the next commit (a crash re-runs it)
-    write  intent with the file's before/after hashes, write, outcome; resume compares hashes
+    write  with a plan: intent with the file's before/after hashes, write, outcome; resume
+           compares hashes. Without (idempotent): intent, write, outcome; resume runs it again
     exec   policy check (maybe `blocked`), intent, process group recorded, run, outcome;
            resume never re-runs an interrupted command without a person's approval (one
            cut off before its process group was recorded never began: it is run)
@@ -28,29 +30,28 @@ from durable_agent.errors import (
 )
 from durable_agent.loop import approvals, guard
 from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
-from durable_agent.observer import StepEvent
 from durable_agent.status import EffectClass, StepKind
-from durable_agent.store.records import ApprovalKind, StepRecord, StepState
-from durable_agent.store.rows import utcnow
+from durable_agent.store.records import ApprovalKind, StepState
 from durable_agent.store.step import Step
 from durable_agent.store.storable import storable
 from durable_agent.tools.base import (
+    Declared,
     Tool,
     ToolContext,
     ToolFailure,
     ToolResult,
     WritePlan,
     WriteTool,
+    declared,
 )
 from durable_agent.tools.limits import cap_text
 from durable_agent.tools.os_sandbox import for_run
-from durable_agent.workspace import recorder
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
-PGID_FIRST = "pgid_before_start"  # a tool's declaration, and the intent's record of it
-_CHANGES_FILES = (EffectClass.WRITE.value, EffectClass.EXEC.value)
+PGID_FIRST = "pgid_before_start"  # a tool's declaration (ExecTool), and the intent's record of it
 
 
 def tool_key(call: ToolCall) -> str:
@@ -67,47 +68,41 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
     if stop is not None:
         raise LoopExit(*stop)
     tool = ctx.tools.get(call.name)
-    if tool is not None and tool.effect.value in _CHANGES_FILES:
-        ctx.check_workspace()
-    step = ctx.journal.find(
-        tool_key(call),
-        StepKind.TOOL,
-        turn=s.turn,
-        call_id=call.id,
-        tool_name=call.name,
-        effect=tool.effect.value if tool else None,
+    step = open_step(
+        ctx,
+        StepSpec(
+            StepKind.TOOL,
+            tool_key(call),
+            s.turn,
+            {"arguments": call.arguments_or_text()},
+            effect=tool.effect if tool is not None else None,
+            call_id=call.id,
+            tool_name=call.name,
+            label=call.name,
+            detail=_brief(call),
+        ),
     )
-    step.input = step.input or {"arguments": call.arguments_or_text()}
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
-        return _record(
+        return _refuse(
             ctx,
             call,
             step,
-            ToolResult(
-                error="the command was interrupted by a crash; its outcome is unknown and it was not run "
-                "again (running commands is not allowed now)"
-            ),
+            "the command was interrupted by a crash; its outcome is unknown and it was not run "
+            "again (running commands is not allowed now)",
         )
     if tool is None:
         known = ", ".join(sorted(ctx.tools))
         if call.name == UNNAMED_TOOL:  # say what happened, not the placeholder's name
-            return _record(
+            return _refuse(
                 ctx,
                 call,
                 step,
-                ToolResult(
-                    error=f"the tool call had no function name (`function` was missing, null or without a "
-                    f"`name`), so nothing was run; name one of the available tools: {known}"
-                ),
+                f"the tool call had no function name (`function` was missing, null or without a "
+                f"`name`), so nothing was run; name one of the available tools: {known}",
             )
-        return _record(
-            ctx,
-            call,
-            step,
-            ToolResult(error=f"unknown tool {call.name!r}; available tools: {known}"),
-        )
+        return _refuse(ctx, call, step, f"unknown tool {call.name!r}; available tools: {known}")
     try:
         args = tool.args_model.model_validate(call.parsed_arguments())
     except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
@@ -118,40 +113,32 @@ def run_tool(ctx: StepContext, call: ToolCall) -> None:
             if isinstance(exc, json.JSONDecodeError)
             else str(exc)
         )
-        return _record(
-            ctx, call, step, ToolResult(error=f"invalid arguments for {call.name}: {detail}")
-        )
-    if tool.effect is EffectClass.READ:
-        step.defer()
-        _event(ctx, call, "started")
-        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
-    if tool.effect is EffectClass.WRITE and not hasattr(tool, "plan"):
-        # An idempotent write with no postcondition to check (an MCP tool marked
-        # idempotent): intent first, and an interrupted one is simply run again.
-        step.start()
-        _event(ctx, call, "started")
-        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
-    if tool.effect is EffectClass.WRITE:
+        return _refuse(ctx, call, step, f"invalid arguments for {call.name}: {detail}")
+    protocol = declared(tool)
+    if tool.effect is EffectClass.WRITE and protocol.planned:
         return _write(ctx, call, step, cast(WriteTool, tool), args)
-    return _exec(ctx, call, step, tool, args)
+    if tool.effect is EffectClass.EXEC:
+        return _exec(ctx, call, step, tool, args, protocol)
+    # A read, or an idempotent write without a postcondition to check (an MCP tool annotated
+    # idempotent, a plugin's): an interrupted one is simply run again.
+    step.run(lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call)))
 
 
-def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: BaseModel) -> None:
+def _write(
+    ctx: StepContext, call: ToolCall, step: StepCall, tool: WriteTool, args: BaseModel
+) -> None:
     prior = step.prior
+    run = lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call))  # noqa: E731
     if prior is None:
         try:
             plan = tool.plan(args, _tool_ctx(ctx, call))
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
-            return _record(ctx, call, step, ToolResult(error=message))
+            return _refuse(ctx, call, step, message)
         # Its fields, not the object: a plugin's plan may be any object that has them.
         recorded = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha}
-        step.start(
-            {"arguments": call.arguments_or_text(), "plan": recorded},
-            workspace=recorder.before(ctx, step),
-        )
-        _event(ctx, call, "started")
-        return _record(ctx, call, step, _invoke(ctx, tool, args, call))
+        step.run(run, input={"arguments": call.arguments_or_text(), "plan": recorded})
+        return None
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
     plan = WritePlan(**prior.input["plan"])
     try:
@@ -159,14 +146,16 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
     except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after, so drift
         current = f"unreadable: {exc}"
     if current == plan.after_sha:
-        return _record(
-            ctx,
-            call,
-            step,
-            ToolResult(
-                output=f"{plan.path} already has the intended content (the write completed before the interruption)"
-            ),
+        step.record(
+            _observed(
+                ctx,
+                call,
+                ToolResult(
+                    output=f"{plan.path} already has the intended content (the write completed before the interruption)"
+                ),
+            )
         )
+        return None
     use = None
     if current != plan.before_sha:
         approval = approvals.decided(
@@ -179,41 +168,39 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
             step_seq=prior.seq,
         )
         if approvals.denied(approval):
-            return _record(
+            return _refuse(
                 ctx,
                 call,
                 step,
-                ToolResult(
-                    error=f"the write to {plan.path} was interrupted and the file changed since; "
-                    "the user chose not to apply it again"
-                ),
+                f"the write to {plan.path} was interrupted and the file changed since; "
+                "the user chose not to apply it again",
                 use_approval=approval.id,
             )
         use = approval.id
-    step.start(use_approval=use, workspace=recorder.before(ctx, step))
-    _event(ctx, call, "started")
-    _record(ctx, call, step, _invoke(ctx, tool, args, call))
+    step.run(run, use_approval=use)
+    return None
 
 
-def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseModel) -> None:
+def _exec(
+    ctx: StepContext,
+    call: ToolCall,
+    step: StepCall,
+    tool: Tool,
+    args: BaseModel,
+    protocol: Declared,
+) -> None:
     command = getattr(args, "command", None) or call.arguments
     prior = step.prior
     use: int | None = None
-    if (
-        prior is not None
-        and prior.state == StepState.STARTED
-        and not _never_began(ctx, call, prior)
-    ):
+    if prior is not None and prior.state == StepState.STARTED and not _never_began(ctx, call, step):
         # The crash hit while it ran: its outcome is unknown and it is not idempotent.
         if ctx.settings.on_uncertain_exec == "tell_model":
-            return _record(
+            return _refuse(
                 ctx,
                 call,
                 step,
-                ToolResult(
-                    error="the command was interrupted by a crash; its outcome is unknown and it was "
-                    "not run again. Check the workspace before relying on it."
-                ),
+                "the command was interrupted by a crash; its outcome is unknown and it was "
+                "not run again. Check the workspace before relying on it.",
             )
         approval = approvals.decided(
             ctx,
@@ -221,77 +208,81 @@ def _exec(ctx: StepContext, call: ToolCall, step: Step, tool: Tool, args: BaseMo
             UNCERTAIN,
             command,
             "it was interrupted by a crash and may have partly or fully run; "
-            "running it again may repeat its side effects"
-            + recorder.changed_so_far(ctx, prior.tree_before),
+            "running it again may repeat its side effects" + step.changed_since_prior(),
             step_seq=prior.seq,
         )
         if approvals.denied(approval):
-            return _record(
+            return _refuse(
                 ctx,
                 call,
                 step,
-                ToolResult(
-                    error="the command was interrupted by a crash; its outcome is unknown and the user "
-                    "chose not to run it again"
-                ),
+                "the command was interrupted by a crash; its outcome is unknown and the user "
+                "chose not to run it again",
                 use_approval=approval.id,
             )
-        if approval.restore_workspace and prior.tree_before:
-            recorder.put_back(ctx, prior.tree_before)  # `approve --restore`: from where it started
+        if approval.restore_workspace:
+            step.put_back_prior()  # `approve --restore`: from where it started
         use = approval.id
     else:
-        verdict, why = approvals.policy(ctx, call.name, command, asks=getattr(tool, "asks", True))
+        verdict, why = approvals.policy(ctx, call.name, command, asks=protocol.asks)
         if verdict == "deny":
-            return _record(
-                ctx, call, step, ToolResult(error=f"{call.name} is not allowed (--shell deny)")
-            )
+            return _refuse(ctx, call, step, f"{call.name} is not allowed (--shell deny)")
         if verdict == "ask":  # (an approval the attempt that never began used still stands)
             approval = approvals.decided(
                 ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why, used_too=prior is not None
             )
             if approvals.denied(approval):
-                return _record(
+                return _refuse(
                     ctx,
                     call,
                     step,
-                    ToolResult(error="the user denied this command; do not run it again"),
+                    "the user denied this command; do not run it again",
                     use_approval=approval.id,
                 )
             use = approval.id
         else:
             use = approvals.settle_by_policy(ctx, call)
-    if _pgid_first(tool):
-        step.input = {**step.input, PGID_FIRST: True}  # the attempt's own evidence (_never_began)
-    step.start(use_approval=use, workspace=recorder.before(ctx, step))
-    _event(ctx, call, "started")
-    try:
-        with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
-            result = _invoke(ctx, tool, args, call, step=step)
-    except KeyboardInterrupt:
-        # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
-        # Record that before stopping, so the history stays valid and resume does not have
-        # to ask a person about a command we know was cut short.
-        _record(
-            ctx,
-            call,
-            step,
-            ToolResult(
+    # The attempt's own evidence that its command waits for its process group (_never_began).
+    intent = {**step.input, PGID_FIRST: True} if protocol.pgid_before_start else None
+
+    def run(attempt: Step) -> StepOutcome:
+        try:
+            with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
+                result = _invoke(ctx, tool, args, call, step=attempt)
+        except KeyboardInterrupt as exc:
+            # The second Ctrl-C ("stop now"): run_process has killed the group on its way out.
+            # Recorded before stopping, so the history stays valid and resume does not have
+            # to ask a person about a command we know was cut short.
+            cut = ToolResult(
                 error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"
-            ),
-        )
-        raise
-    _record(ctx, call, step, result)
+            )
+            raise EndThenRaise(_observed(ctx, call, cut), exc) from None
+        return _observed(ctx, call, result)
+
+    step.run(run, input=intent, use_approval=use)
+    return None
 
 
-def _record(
+def _refuse(
     ctx: StepContext,
     call: ToolCall,
-    step: Step,
-    result: ToolResult,
+    step: StepCall,
+    error: str,
     *,
     use_approval: int | None = None,
 ) -> None:
-    """The call's one tool message and its step outcome, in one write (or with the next one)."""
+    """Nothing was run: the call's error observation is its outcome."""
+    step.record(_observed(ctx, call, ToolResult(error=error), use_approval=use_approval))
+
+
+def _observed(
+    ctx: StepContext,
+    call: ToolCall,
+    result: ToolResult,
+    *,
+    use_approval: int | None = None,
+) -> StepOutcome:
+    """The call's one tool message, in the history, and the step's outcome."""
     s = ctx.state
     redact = ctx.redactor.redact
     # Redact first, then cap: a cut through the middle of a secret would leave half of it.
@@ -301,34 +292,8 @@ def _record(
     s.note_tool_call(call)
     s.append(message)
     output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
-    # A step that may have changed files ends with a snapshot, in the same transaction.
-    ws = recorder.after(ctx, step) if step.effect in _CHANGES_FILES else None
-    if ws is not None and ws.note:
-        output["workspace_note"] = ws.note
-    if result.error is None:
-        step.complete(
-            output,
-            messages=[message],
-            counters=ctx.counters(),
-            use_approval=use_approval,
-            workspace=ws,
-        )
-    else:
-        step.fail(
-            redact(result.error),
-            output=output,
-            messages=[message],
-            counters=ctx.counters(),
-            use_approval=use_approval,
-            workspace=ws,
-        )
-    _event(
-        ctx,
-        call,
-        "completed" if result.error is None else "failed",
-        step=step,
-        error=redact(result.error) if result.error else None,
-    )
+    error = redact(result.error) if result.error is not None else None
+    return StepOutcome(output, error, messages=[message], use_approval=use_approval)
 
 
 def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> ToolContext:
@@ -390,13 +355,12 @@ def _invoke(
         return ToolResult(error=f"{type(exc).__name__}: {exc}")
     except SystemExit as exc:  # a plugin's sys.exit() would end the harness, "successfully"
         return ToolResult(error=f"the tool called sys.exit({exc.code!r})")
-    if type(tool).__module__.startswith("durable_agent.tools."):  # ours: checked by the tests
-        return cast(ToolResult, result)
     return _checked(result)
 
 
 def _checked(result: object) -> ToolResult:
-    """What a plugged-in tool returned, as the record can take it. Anything else is an error
+    """What a tool returned, as the record can take it (every tool's: none is trusted by
+    where it comes from). Anything else is an error
     observation: raised at recording time, it failed the run, and every resume ran the tool
     again."""
     if not isinstance(result, ToolResult):
@@ -415,12 +379,6 @@ def _checked(result: object) -> ToolResult:
     return result
 
 
-def _pgid_first(tool: Tool) -> bool:
-    """The tool declares that its one command starts only after its pgid is committed; its
-    class itself, not inherited (a subclass may run commands otherwise)."""
-    return type(tool).__dict__.get(PGID_FIRST) is True
-
-
 def _started_too_late(
     ctx: StepContext,
     tool: Tool,
@@ -437,7 +395,7 @@ def _started_too_late(
     If it lands the run is still ours, and the command gets one more try with a fresh
     deadline; a store too slow for that twice ends the session (resume then runs the
     command: it never began)."""
-    if step is None or not _pgid_first(tool):
+    if step is None or not declared(tool).pgid_before_start:
         # Another tool's `run` may have started commands before this one: never run it again.
         raise LeaseLost(
             ctx.state.run_id, f"{exc}; another process may have taken the run over"
@@ -455,45 +413,22 @@ def _started_too_late(
     ) from None
 
 
-def _never_began(ctx: StepContext, call: ToolCall, prior: StepRecord) -> bool:
+def _never_began(ctx: StepContext, call: ToolCall, step: StepCall) -> bool:
     """An exec attempt cut off before its process group was committed, by a tool whose
     command starts only after that commit (run_command: the guard waits for it, process.py):
     it never began, and is run now without a question. Only on the attempt's own row (its
     intent names the protocol; an older row does not), with power-loss durability (`fast`
     may lose the pgid's commit after the command started), no question about it asked yet,
     and the workspace as the attempt found it."""
+    prior = step.prior
     return (
-        prior.pgid is None
+        prior is not None
+        and prior.pgid is None
         and isinstance(prior.input, dict)
         and prior.input.get(PGID_FIRST) is True
         and ctx.settings.durability == "full"
         and ctx.journal.approval_for(call.id, UNCERTAIN) is None
-        and recorder.unchanged_since(ctx, prior.tree_before)
-    )
-
-
-def _event(
-    ctx: StepContext,
-    call: ToolCall,
-    state: str,
-    *,
-    step: Step | None = None,
-    error: str | None = None,
-) -> None:
-    duration = (
-        int((utcnow() - step.started_at).total_seconds() * 1000) if step is not None else None
-    )
-    ctx.observer.step(
-        StepEvent(
-            step.seq if step is not None else -1,
-            ctx.state.turn,
-            "tool",
-            call.name,
-            detail=_brief(call),
-            state=state,
-            duration_ms=duration,
-            error=error,
-        )
+        and step.unchanged_since_prior()
     )
 
 

@@ -183,8 +183,9 @@ class McpTool:
     description: ClassVar[str]
     args_model: ClassVar[type[BaseModel]] = McpArguments
     effect: ClassVar[EffectClass]
-    parameters: ClassVar[dict[str, Any]]
-    asks: ClassVar[bool]
+    parameters: ClassVar[dict[str, Any]]  # the server's schema (a SchemaTool)
+    asks: ClassVar[bool]  # an exec tool asks under --shell ask unless not destructive
+    idempotent: ClassVar[bool]  # a write: annotated idempotent (or made a write by the config)
     server: ClassVar[str]
     remote: ClassVar[str]
 
@@ -213,6 +214,7 @@ def make_tools(hub: McpHub, catalog: dict[str, Any]) -> dict[str, Tool]:
                     "effect": EffectClass(entry["effect"]),
                     "parameters": schema,
                     "asks": bool(entry.get("asks", True)),
+                    "idempotent": entry["effect"] == EffectClass.WRITE.value,
                     "server": server,
                     "remote": entry["remote"],
                 },

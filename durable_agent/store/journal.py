@@ -1,14 +1,15 @@
-"""Checkpoints of one run under one lease, and the one step primitive.
+"""Checkpoints of one run under one lease, and the rows of its steps.
 
-    with journal.step(key, kind, input, turn=t) as step:   # find or start; restart counts
-        result = do_the_effect()
-        step.complete(output, messages=[...], counters=c)   # or step.fail(error, ...)
+The step protocol (find or start, snapshots, events, outcome) is loop/step.py's; this is
+the store side it writes through:
 
-`Journal.find(key, ...)` returns a `Step` without writing anything, for callers that must
-decide between finding and starting (a write's hashes, an approval): `step.start()` then
-commits the intent row (a new row, or the recorded one restarted with one more attempt).
-A step that ends without an intent row (reads, refusals: nothing to protect) rides along
-with the next commit; a crash before it only means resume runs the read again.
+    step = journal.find(key, kind, turn=t)         # the recorded unfinished one, or a new one
+    step.start(input, workspace=...)                # the intent row (a restart counts the attempt)
+    step.complete(output, messages=[...], counters=c)   # or step.fail(error, ...)
+
+`Journal.find` writes nothing; `Journal.step(...)` is find and start in one. A step that
+ends without an intent row (reads, refusals: nothing to protect) rides along with the
+next commit; a crash before it only means resume runs the read again.
 
 Every write transaction first re-checks the lease (`lease_owner`, `lease_epoch`), so a
 process that lost its lease commits nothing more. Each transaction is built as a list of

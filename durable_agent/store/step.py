@@ -1,4 +1,5 @@
-"""One step of a run, from intent to outcome: the step primitive's row (see journal.py).
+"""One step of a run, from intent to outcome: the row the step primitive (loop/step.py)
+writes through (see journal.py).
 
 A `Step` is made by `Journal.find` / `Journal.step`; it writes through its journal, so every
 one of its writes is fenced on the lease and retried like any checkpoint.

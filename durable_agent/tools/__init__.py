@@ -1,8 +1,10 @@
-"""The tool registry: built-in tools by name, plus custom ones registered in Python.
+"""The built-in tools by name, plus ones a program registers in place of one of them.
 
-A custom tool is any object with `name`, `description`, `args_model` (a pydantic model),
-`effect` (EffectClass) and `run(args, ctx) -> ToolResult`; write tools also implement
-`plan` and `current_sha` (see base.py). Register it with `register_tool` before the run.
+A tool is any object with `name`, `description`, `args_model` (a pydantic model), `effect`
+(EffectClass) and `run(args, ctx) -> ToolResult`; what a write or an exec tool declares
+beyond that is in base.py's Protocols. `register_tool` (before the run) puts a program's
+own tool next to, or in place of, a built-in one (its source is then `python`); tools of
+a program's own are better given to `Agent(tools=...)`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ _custom: dict[str, Tool] = {}
 
 def register_tool(tool: Tool) -> None:
     _custom[tool.name] = tool
+
+
+def registered() -> dict[str, Tool]:
+    """The tools registered with `register_tool`, by name (a copy)."""
+    return dict(_custom)
 
 
 def build_tools(shell: str) -> dict[str, Tool]:

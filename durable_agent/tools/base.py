@@ -1,7 +1,14 @@
 """What a tool is: a pydantic argument model, an effect class and a `run`.
 
-Write tools also `plan` their effect before it happens (the file's hash before and the
-hash it will have after), so resume can tell whether an interrupted write landed.
+By effect class (the Protocols below; `declared` reads what a tool declares):
+
+    read    Tool                  run again after a crash
+    write   WriteTool             `plan`s its effect before it happens (the file's hash before
+                                  and after), so resume can tell whether it landed
+            IdempotentWriteTool   no plan: says it is `idempotent`, run again after a crash
+    exec    ExecTool              `asks` under --shell ask; `pgid_before_start`: starts only
+                                  after its process group is recorded
+    (any)   SchemaTool            its own JSON schema (`parameters`)
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ class WritePlan(Struct, frozen=True):
 
 
 class Tool(Protocol):
+    """Every tool; a read tool (`EffectClass.READ`) is only this: run again after a crash."""
+
     name: ClassVar[str]
     description: ClassVar[str]
     args_model: ClassVar[type[BaseModel]]
@@ -84,16 +93,83 @@ class Tool(Protocol):
 
 
 class WriteTool(Tool, Protocol):
+    """A write with a postcondition: `plan` says the file's hash before and after, recorded
+    in the intent; after a crash `current_sha` tells whether the write landed."""
+
     def plan(self, args: Any, ctx: ToolContext) -> WritePlan: ...
 
     def current_sha(self, plan: WritePlan, ctx: ToolContext) -> str | None: ...
 
 
+class IdempotentWriteTool(Tool, Protocol):
+    """A write without a plan: after a crash it is simply run again, so it must be
+    idempotent, and says so (`idempotent = True`; a plan-less write without it is refused
+    when the tool is loaded)."""
+
+    idempotent: ClassVar[bool]
+
+
+class ExecTool(Tool, Protocol):
+    """A command-like effect, never run again after a crash without a person.
+
+    `asks`: under `--shell ask` it asks first (default True). `pgid_before_start`: its one
+    command starts only after its process group is committed (`ctx.on_process_start`), so an
+    attempt cut off with no process group recorded never began and is run again without a
+    question; declared by the class itself (a subclass that runs commands otherwise does not
+    inherit it)."""
+
+    asks: ClassVar[bool]
+    pgid_before_start: ClassVar[bool]
+
+
+class SchemaTool(Tool, Protocol):
+    """A tool whose arguments' JSON schema comes from elsewhere (an MCP server's)."""
+
+    parameters: ClassVar[dict[str, Any]]
+
+
+class Declared(Struct, frozen=True):
+    """A tool's protocol as it declares it (the Protocols above), read in one place."""
+
+    effect: EffectClass
+    planned: bool  # a WriteTool: plan and current_sha
+    idempotent: bool  # an IdempotentWriteTool
+    asks: bool  # an ExecTool that asks under --shell ask
+    pgid_before_start: bool  # an ExecTool whose command waits for its recorded process group
+    parameters: dict[str, Any] | None  # a SchemaTool's own schema
+
+
+def declared(tool: Tool) -> Declared:
+    """What `tool` declares beyond `Tool`: the one reader of the optional features."""
+    features = type(tool).__dict__
+    planned = callable(getattr(tool, "plan", None)) and callable(getattr(tool, "current_sha", None))
+    parameters = getattr(tool, "parameters", None)
+    return Declared(
+        effect=tool.effect,
+        planned=tool.effect is EffectClass.WRITE and planned,
+        idempotent=getattr(tool, "idempotent", False) is True,
+        asks=getattr(tool, "asks", True) is not False,
+        pgid_before_start=features.get("pgid_before_start") is True,
+        parameters=parameters if isinstance(parameters, dict) else None,
+    )
+
+
+def protocol_problem(tool: Tool) -> str | None:
+    """Why the loop could not run `tool` durably by its effect class; None when it can."""
+    d = declared(tool)
+    if d.effect is EffectClass.WRITE and not d.planned and not d.idempotent:
+        return (
+            "is a write tool without `plan` and `current_sha`: resume runs it again after a "
+            "crash, so it must be idempotent and say so (`idempotent = True`), or plan its write"
+        )
+    return None
+
+
 def tool_schema(tool: Tool) -> dict[str, Any]:
     """The OpenAI function-calling schema, generated from the argument model (or given as
     `parameters` by a tool whose schema comes from elsewhere, as an MCP server's does)."""
-    given = getattr(tool, "parameters", None)
-    if isinstance(given, dict):
+    given = declared(tool).parameters
+    if given is not None:
         return {
             "type": "function",
             "function": {"name": tool.name, "description": tool.description, "parameters": given},

@@ -16,7 +16,7 @@ from msgspec import Struct
 
 from durable_agent.errors import ConfigError
 from durable_agent.status import EffectClass
-from durable_agent.tools.base import Tool
+from durable_agent.tools.base import Tool, protocol_problem
 
 ENTRY_POINT_GROUP = "durable_agent.tools"
 
@@ -114,7 +114,8 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible endpoin
 def check_tool(tool: Any, where: str) -> None:
     """ConfigError, in one line, for a tool the loop could not offer or record: a name an
     endpoint refuses, a description that is not text, arguments without a JSON schema, an
-    effect that is not an EffectClass (the docs' contract, docs/tools.md)."""
+    effect that is not an EffectClass, a write that neither plans nor says it is idempotent
+    (the docs' contract, docs/tools.md; the Protocols in tools/base.py)."""
     from pydantic import BaseModel
 
     name = getattr(tool, "name", None)
@@ -143,6 +144,9 @@ def check_tool(tool: Any, where: str) -> None:
         ) from None
     if not callable(getattr(tool, "run", None)):
         raise ConfigError(f"{where}: the tool {name!r} has no run method")
+    problem = protocol_problem(tool)
+    if problem is not None:
+        raise ConfigError(f"{where}: the tool {name!r} {problem}")
 
 
 def _looks_like_tool(obj: Any) -> bool:

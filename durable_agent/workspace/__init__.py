@@ -6,7 +6,8 @@ them: `diff`, `restore`, `fork`, and resume on a host that has nothing but the s
     scan.py       Scanner: walk + .gitignore/exclude + stat cache, hashing only what changed
     snapshot.py   take a snapshot: the statements that store its blobs and tree
     materialize.py  write a manifest into a directory (restore)
-    recorder.py   the step hooks: before an effect (intent) and after it (outcome)
+    recorder.py   the step hooks: before an effect (intent) and after it (outcome),
+                  called by the step primitive (loop/step.py) only
     resume.py     on resume: rebuild a missing workspace, stop on drift
     lease.py      one live run per workspace (start, resume)
 """

@@ -5,19 +5,25 @@
     after(ctx, step)   rides in the outcome commit: `steps.tree_id` and the step's rows in
                        `workspace_changes` (the `step_changes` view)
 
-Only write and exec steps (and verification) call these, and only once an intent row
-exists: a read, or a write refused before it ran, takes no snapshot and costs nothing.
+The step primitive (loop/step.py) calls these, for the steps that can change files
+(write, exec, verify) and only once an intent row exists: a read, or a write refused
+before it ran, takes no snapshot and costs nothing. They take a `Site` (what they need of
+the session; the loop's StepContext is one), so the workspace layer imports nothing of
+the loop.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from sqlalchemy import Engine, insert
 
 from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
-from durable_agent.loop.step_context import StepContext
+from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
+from durable_agent.store.journal import Journal
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
@@ -28,14 +34,32 @@ from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 _CHANGES = insert(workspace_changes)
 
 
-def scanner(ctx: StepContext) -> Scanner:
+class Site(Protocol):
+    """Where a step runs: the run's settings, its journal (store, lease), who is told."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+    @property
+    def redactor(self) -> Redactor: ...
+
+    def workspace_moved(self) -> bool: ...
+
+
+def scanner(ctx: Site) -> Scanner:
     s = ctx.settings
     return scanner_for(
         s.workspace, s.exclude, s.snapshot_max_file_bytes, secrets.for_run(s, ctx.redactor)
     )
 
 
-def before(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
+def before(ctx: Site, step: Step) -> WorkspaceWrite | None:
     if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
     snap = snapshot.take(
@@ -71,7 +95,7 @@ def at_creation(
     return snap.tree_id
 
 
-def _changes_since(ctx: StepContext, tree_before: str | None) -> list[Change] | None:
+def _changes_since(ctx: Site, tree_before: str | None) -> list[Change] | None:
     """The changes from snapshot `tree_before` to the files now; None when unknown."""
     if not ctx.settings.snapshots or not tree_before:
         return None
@@ -84,12 +108,12 @@ def _changes_since(ctx: StepContext, tree_before: str | None) -> list[Change] | 
     return changes(old, scan.manifest, scan.delta_from(old))
 
 
-def unchanged_since(ctx: StepContext, tree_before: str | None) -> bool:
+def unchanged_since(ctx: Site, tree_before: str | None) -> bool:
     """No file differs from snapshot `tree_before` (True also when that cannot be told)."""
     return not _changes_since(ctx, tree_before)
 
 
-def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
+def changed_so_far(ctx: Site, tree_before: str | None) -> str:
     """For the question about a command cut off by a crash: what it changed until then
     (its pre-command snapshot against the files now), and how to undo it."""
     found = _changes_since(ctx, tree_before)
@@ -105,7 +129,7 @@ def changed_so_far(ctx: StepContext, tree_before: str | None) -> str:
     )
 
 
-def put_back(ctx: StepContext, tree: str) -> None:
+def put_back(ctx: Site, tree: str) -> None:
     """The workspace as snapshot `tree` recorded it (`approve --restore`)."""
     from durable_agent.workspace.materialize import materialize
 
@@ -133,7 +157,7 @@ def held_note(held: list[bytes]) -> str:
     return f" ({len(held)} path(s) {secrets.HELD}, left as they are: {names}{more})"
 
 
-def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
+def after(ctx: Site, step: Step) -> WorkspaceWrite | None:
     # A workspace unmounted (or replaced) under the step: its files are not the step's deletions.
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0 or ctx.workspace_moved():
         return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 
 from durable_agent.errors import LoopExit, UsageError
-from durable_agent.loop.step_context import StepContext
 from durable_agent.status import EffectClass, StopReason
 from durable_agent.store.blobs import BlobStore, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
@@ -26,13 +25,14 @@ from durable_agent.store.step import USE_APPROVAL
 from durable_agent.workspace import recorder, snapshot
 from durable_agent.workspace.manifest import changes, tree_id
 from durable_agent.workspace.materialize import RestoreStopped, materialize
+from durable_agent.workspace.recorder import Site
 
 DRIFT = ApprovalKind.WORKSPACE_DRIFT
 CALL = "workspace"  # the approval's call id: the drift is the run's, not one tool call's
 SHOWN = 20  # differing paths named in the question
 
 
-def check(ctx: StepContext) -> None:
+def check(ctx: Site) -> None:
     if not ctx.settings.snapshots:
         return
     journal = ctx.journal
@@ -53,7 +53,7 @@ def check(ctx: StepContext) -> None:
                 present=blobs.present_blobs,
                 held=held,
             )
-            when = f"of step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+            when = f"of step {last.seq}" if last.seq >= 0 else "taken when the run was created"
             ctx.observer.note(
                 f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)"
                 + recorder.held_note(held)
@@ -81,9 +81,9 @@ def check(ctx: StepContext) -> None:
                 scanner, blobs
             )  # the person's files first: --deny can be undone
             save_statements(journal.engine, replaced.statements, journal.policy)
-            undo = f"durable-agent restore {ctx.state.run_id} --tree {replaced.tree_id} --to {root} --force"
+            undo = f"durable-agent restore {journal.run_id} --tree {replaced.tree_id} --to {root} --force"
             ctx.observer.note(
-                f"putting the workspace back as the snapshot of step {last.seq + 1} has it; "
+                f"putting the workspace back as the snapshot of step {last.seq} has it; "
                 f"the files it replaces: {undo}"
             )  # first: said even if it stops halfway
             try:
@@ -98,7 +98,7 @@ def check(ctx: StepContext) -> None:
         return
     names = ", ".join(f"{c.shown} ({c.change})" for c in differing[:SHOWN])
     more = f" and {len(differing) - SHOWN} more" if len(differing) > SHOWN else ""
-    when = f"after step {last.seq + 1}" if last.seq >= 0 else "taken when the run was created"
+    when = f"after step {last.seq}" if last.seq >= 0 else "taken when the run was created"
     reason = (
         f"the workspace {root} differs from the snapshot {when} in "
         f"{len(differing)} path(s): {names}{more}"
@@ -111,10 +111,11 @@ def check(ctx: StepContext) -> None:
         reason=ctx.redactor.redact(reason),
         step_seq=last.seq,
     )
-    run_id = ctx.state.run_id
+    run_id = journal.run_id
+    at = f"--at {last.seq}" if last.seq >= 0 else f"--tree {last.tree}"
     raise LoopExit(
         StopReason.WORKSPACE_DRIFT,
         f"{reason}. Continue with the files as they are: `durable-agent approve {run_id}`; "
         f"put the snapshot back: `durable-agent approve {run_id} --deny` (or "
-        f"`durable-agent restore {run_id} --at {max(last.seq + 1, 1)} --to {root} --force`); then resume.",
+        f"`durable-agent restore {run_id} {at} --to {root} --force`); then resume.",
     )

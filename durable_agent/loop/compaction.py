@@ -35,10 +35,11 @@ from durable_agent.context.budget import (
 from durable_agent.context.view import HEAD, SUMMARY_HEADER, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.loop.replay import RunState
+from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
-from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind
+from durable_agent.store.step import Step
 from durable_agent.store.storable import storable
 
 TARGET = 0.5  # of the budget: a compaction aims this low, so the next one is many turns away
@@ -300,12 +301,22 @@ def _elide(
     }
     if summary_due:  # decided now: a resume cut off before the summary makes it (before_model_call)
         output["then"] = "summarize"
-    with ctx.journal.step(
-        key, StepKind.COMPACT, {"stage": "elide", "elided": len(seqs)}, turn=s.turn
-    ) as step:
+    spec = StepSpec(
+        StepKind.COMPACT,
+        key,
+        s.turn,
+        {"stage": "elide", "elided": len(seqs)},
+        label="context",
+        detail=f"elided {len(seqs)} tool outputs: {before:,} → {after:,} tokens",
+        announce=False,  # nothing to wait for: no model call
+        timed=False,
+    )
+
+    def elide(_step: Step) -> StepOutcome:
         s.compacted(output)
-        step.complete(output, counters=ctx.counters())
-    _tell(ctx, step.seq, f"elided {len(seqs)} tool outputs", before, after)
+        return StepOutcome(output)
+
+    invoke(ctx, spec, elide)
 
 
 def _with_stubs(
@@ -378,14 +389,19 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
     }
     # A summary of this turn cut off or refused before (a resume under another budget asks
     # for another one) is not the one made now.
-    ctx.journal.forget_superseded(StepKind.COMPACT, s.turn, key)
-    with ctx.journal.step(key, StepKind.COMPACT, intent, turn=s.turn) as step:
+    spec = StepSpec(
+        StepKind.COMPACT,
+        key,
+        s.turn,
+        intent,
+        label="context",
+        detail="summarizing",
+        supersede=True,
+        timed=False,
+    )
+
+    def summarize(step: Step) -> StepOutcome:
         earlier = step.attempts - 1
-        ctx.observer.step(
-            StepEvent(
-                step.seq, s.turn, "compact", "context", detail="summarizing", attempts=step.attempts
-            )
-        )
         try:
             answer, attempts = call_with_retries(
                 lambda: model.complete(request, [], s.turn),
@@ -393,19 +409,21 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
                 sleep=ctx.sleep,
             )
         except ModelCallError as exc:
-            step.attempts = earlier + exc.attempts
-            step.fail(f"compaction summary failed: {exc}", counters=ctx.counters())
+            failed = StepOutcome(
+                error=f"compaction summary failed: {exc}", attempts=earlier + exc.attempts
+            )
             if exc.failure.reason == "context_length":
                 # The summary's own request, not the run's (which model_step retries once after
                 # a forced compaction): that would summarize the same messages again.
-                raise ModelError(
+                refused = ModelError(
                     f"compacting the context failed: the summary request was refused as too long ({exc}); "
                     f"it holds up to {SUMMARY_INPUT:.0%} of the context budget. Resume with a lower "
                     "--max-context-tokens, or start the run again with compact_model set to a model with a "
                     "larger window",
                     attempts=exc.attempts,
-                ) from None
-            raise
+                )
+                raise EndThenRaise(failed, refused, announce=False) from None
+            raise EndThenRaise(failed, exc, announce=False) from None
         summary = _summary_text(ctx, answer, cut)
         usage = answer.usage
         s.prompt_tokens += usage.prompt_tokens
@@ -419,11 +437,14 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         }
         s.compacted(output)
         output["tokens_after"] = after = count_next(ctx, lead)
-        step.attempts = earlier + attempts
-        step.complete(
-            output, counters=ctx.counters(), tokens=(usage.prompt_tokens, usage.completion_tokens)
+        return StepOutcome(
+            output,
+            tokens=(usage.prompt_tokens, usage.completion_tokens),
+            attempts=earlier + attempts,
+            detail=f"summarized messages {intent['from']}-{cut - 1}: {before:,} → {after:,} tokens",
         )
-    _tell(ctx, step.seq, f"summarized messages {intent['from']}-{cut - 1}", before, after)
+
+    invoke(ctx, spec, summarize)
 
 
 _EMPTY = "(the summary came back empty)"
@@ -510,19 +531,6 @@ def _summary_model(ctx: StepContext) -> Any:
         temperature=st.temperature,
         api_type=st.api_type,
         api_version=st.api_version,
-    )
-
-
-def _tell(ctx: StepContext, seq: int, what: str, before: int, after: int) -> None:
-    ctx.observer.step(
-        StepEvent(
-            seq,
-            ctx.state.turn,
-            "compact",
-            "context",
-            state="completed",
-            detail=f"{what}: {before:,} → {after:,} tokens",
-        )
     )
 
 
