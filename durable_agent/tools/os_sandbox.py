@@ -42,6 +42,7 @@ from pathlib import Path
 from msgspec import Struct
 from msgspec.structs import replace
 
+from durable_agent.tools import gitdisarm
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
 
@@ -366,7 +367,14 @@ def prepare(
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
-        return [*remove_planted(before, ws), *git_changes(before, ws)] if writable else []
+        if not writable:
+            return []
+        planted = remove_planted(before, ws)
+        after = git_state(ws)
+        disarmed = gitdisarm.disarm(gitdisarm.created(before, after, ws), ws)
+        if disarmed:
+            after = git_state(ws)
+        return [*planted, *disarmed, *git_changes(before, ws, after)]
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
         assert sandbox.bwrap is not None
