@@ -57,9 +57,26 @@ def tool_key(call: ToolCall) -> str:
     return f"tool:{call.id}:{sha256_text(call.name + call.canonical_arguments())[:32]}"
 
 
-def run_tool(ctx: StepContext, call: ToolCall) -> None:
-    """Check budgets and repeats, then run the call by its tool's effect class."""
+def over_cap(asked: int, cap: int) -> str:
+    """The result of a call past max_tool_calls_per_turn."""
+    return (
+        f"not run: this answer asked for {asked} tool calls and at most {cap} are run per "
+        "answer (max_tool_calls_per_turn); ask again for those still needed, fewer at a time"
+    )
+
+
+def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -> None:
+    """Check budgets and repeats, then run the call by its tool's effect class. `over_cap`:
+    the call is past the answer's max_tool_calls_per_turn, answered with that text, not
+    run (unless a crash cut it off after it began: then it is reconciled as ever)."""
     s = ctx.state
+    if over_cap is not None:
+        step = ctx.journal.find(
+            tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name
+        )
+        if step.prior is None:
+            step.input = {"arguments": call.arguments_or_text()}
+            return _record(ctx, call, step, ToolResult(error=over_cap))
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
     stop = guard.before_tool_call(
         ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak, active_ms=ctx.active_ms()
