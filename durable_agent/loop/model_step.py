@@ -17,7 +17,7 @@ from msgspec.structs import replace
 from durable_agent.context import compaction
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.loop import guard
+from durable_agent.loop import guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step_context import StepContext
@@ -179,7 +179,7 @@ def _model_step(ctx: StepContext) -> None:
         s.completion_tokens += usage.completion_tokens
         for m in lead:
             s.append(m)
-        s.append(message)
+        message_seq = s.append(message)
         written = [*lead, message]
         if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
             written.append(Message("user", nudge[1]))
@@ -202,6 +202,7 @@ def _model_step(ctx: StepContext) -> None:
             output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
         if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
             output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
+        stored_once.model_output(output, message_seq)  # a big answer: its message holds it
         step.complete(
             output,
             messages=written,

@@ -26,7 +26,7 @@ from durable_agent.errors import (
     StoreError,
     StoreUnavailable,
 )
-from durable_agent.loop import approvals, guard
+from durable_agent.loop import approvals, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
@@ -75,7 +75,7 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
             tool_key(call), StepKind.TOOL, turn=s.turn, call_id=call.id, tool_name=call.name
         )
         if step.prior is None:
-            step.input = {"arguments": call.arguments_or_text()}
+            step.input = stored_once.call_input(call)
             return _record(ctx, call, step, ToolResult(error=over_cap))
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
     stop = guard.before_tool_call(
@@ -94,7 +94,7 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
         tool_name=call.name,
         effect=tool.effect.value if tool else None,
     )
-    step.input = step.input or {"arguments": call.arguments_or_text()}
+    step.input = step.input or stored_once.call_input(call)
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
@@ -164,7 +164,7 @@ def _write(ctx: StepContext, call: ToolCall, step: Step, tool: WriteTool, args: 
         # Its fields, not the object: a plugin's plan may be any object that has them.
         recorded = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha}
         step.start(
-            {"arguments": call.arguments_or_text(), "plan": recorded},
+            {**stored_once.call_input(call), "plan": recorded},
             workspace=recorder.before(ctx, step),
         )
         _event(ctx, call, "started")
