@@ -171,7 +171,7 @@ def _disarm_dir(top: int) -> tuple[list[str], list[str]]:
     for rel, dirnames, filenames, dfd in os.fwalk(".", dir_fd=top):
         here = os.path.normpath(rel)
         prefix = "" if here == "." else here + "/"
-        if here == ".":
+        if "HEAD" in filenames:  # a git dir (this one, a submodule's): its data is no code
             dirnames[:] = [d for d in dirnames if d not in _NOT_WALKED]
         for name in _CONFIGS:
             if name in filenames or name in dirnames:

@@ -94,6 +94,8 @@ def new_group(limit: int = PIDS_MAX) -> str | None:
     parent = _parent()
     if parent is None:
         return None
+    if next(_counter) == 0:
+        _sweep(parent)
     group = os.path.join(parent, f"durable-agent-{os.getpid()}-{next(_counter)}")
     try:
         os.mkdir(group)
@@ -106,6 +108,28 @@ def new_group(limit: int = PIDS_MAX) -> str | None:
         remove_group(group)
         return None
     return group
+
+
+def _sweep(parent: str) -> None:
+    """Remove the empty cgroups a harness killed by SIGKILL left behind (its pid is gone),
+    once per process: a cgroup holding processes cannot be removed, and is not."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 4 or parts[:2] != ["durable", "agent"] or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        if pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        path = os.path.join(parent, name)
+        with contextlib.suppress(OSError):
+            # A minute old at least: a harness in another PID namespace (whose pid we cannot
+            # see) may be about to join the group it just made.
+            if time.time() - os.stat(path).st_mtime > 60:
+                os.rmdir(path)
 
 
 def joining(group: str, argv: list[str]) -> list[str]:
