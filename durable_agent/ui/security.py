@@ -38,7 +38,10 @@ LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 HEADERS = [  # what every answer says about itself
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
+    # our own forms' POSTs, which would then be indistinguishable from a sandboxed frame's
+    # (refused); other sites still get no Referer.
+    (b"referrer-policy", b"same-origin"),
     (
         b"content-security-policy",
         b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
