@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from durable_agent.loop import stored_once
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.storable import storable
 
@@ -63,7 +64,10 @@ def iso_utc(value: datetime | None) -> str | None:
 def events(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     """The transcript of one run, read from `store` (a journal.Store)."""
     run = store.get_run(run_id)
-    yield from build_events(run, store.steps(run_id), store.approvals(run_id))
+    steps = store.steps(run_id)
+    if stored_once.needs_messages(steps):  # a big answer is whole only in its messages rows
+        steps = stored_once.whole(steps, store.messages(run_id))
+    yield from build_events(run, steps, store.approvals(run_id))
 
 
 def build_events(

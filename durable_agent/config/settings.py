@@ -72,6 +72,7 @@ class ModelInfo(BaseModel):
 NUMBER_FIELDS = (
     "max_steps",
     "max_tool_calls",
+    "max_tool_calls_per_turn",
     "max_tokens",
     "max_cost",
     "max_context_tokens",
@@ -128,6 +129,8 @@ class Settings(BaseModel):
     """Model calls allowed in the run."""
     max_tool_calls: int | None = Field(None, ge=0)
     """Tool calls allowed in the run (unlimited when unset)."""
+    max_tool_calls_per_turn: int = Field(64, ge=1)
+    """Tool calls run from one model answer; the rest are answered "not run" without running."""
     max_tokens: int | None = Field(None, ge=1)
     """Prompt plus completion tokens allowed in the run."""
     max_seconds: float | None = Field(None, gt=0)

@@ -42,6 +42,7 @@ from pathlib import Path
 from msgspec import Struct
 from msgspec.structs import replace
 
+from durable_agent.tools import gitdisarm, pids
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
 
@@ -392,7 +393,14 @@ def prepare(
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
-        return [*remove_planted(before, ws), *git_changes(before, ws)] if writable else []
+        if not writable:
+            return []
+        planted = remove_planted(before, ws)
+        after = git_state(ws)
+        disarmed = gitdisarm.disarm(gitdisarm.created(before, after, ws), ws)
+        if disarmed:
+            after = git_state(ws)
+        return [*planted, *disarmed, *git_changes(before, ws, after)]
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
         assert sandbox.bwrap is not None
@@ -403,11 +411,14 @@ def prepare(
                 f"more than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
                 f"pass --sandbox read-only (nothing in it writable) or --sandbox off"
             )
+        group = _pids_group()
         return Launch(
-            [sandbox.bwrap, *options, "--", *argv],
+            _limited(group, [sandbox.bwrap, *options, "--", *argv]),
             {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+            cleanup=lambda: _remove_group(group),
             notes=notes,
         )
+    group = _pids_group()
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
     wrapped = [
         sys.executable,
@@ -421,12 +432,31 @@ def prepare(
         "--",
         *argv,
     ]
-    return Launch(
-        wrapped,
-        {**env, "TMPDIR": tmp},
-        cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True),
-        notes=notes,
-    )
+
+    def cleanup() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_group(group)
+
+    return Launch(_limited(group, wrapped), {**env, "TMPDIR": tmp}, cleanup=cleanup, notes=notes)
+
+
+def _pids_group() -> str | None:
+    """A cgroup limiting the command's processes (pids.py); None when none can be made and
+    the harness is not root (the kernel's per-user limit applies to it). As root without
+    one the command is refused: a fork bomb would meet no limit at all."""
+    group = pids.new_group()
+    if group is None and os.geteuid() == 0:
+        raise SandboxUnavailable(pids.refusal())
+    return group
+
+
+def _limited(group: str | None, argv: list[str]) -> list[str]:
+    return argv if group is None else pids.joining(group, argv)
+
+
+def _remove_group(group: str | None) -> None:
+    if group is not None:
+        pids.remove_group(group)
 
 
 def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
