@@ -369,11 +369,13 @@ def prepare(
     workspace: Path,
     env: Mapping[str, str],
     carry: Sequence[Path] = (),
+    writable_extra: Sequence[Path] = (),
 ) -> Launch:
     """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
     when a sandboxed mode has no mechanism: the command must not run at all then. `carry`:
     host paths the program itself needs (an MCP server's script); those under /tmp stay
-    visible, read-only, in the private /tmp."""
+    visible, read-only, in the private /tmp. `writable_extra`: folders it may write besides the
+    workspace (an MCP server's cache; bubblewrap only, Landlock keeps them read-only)."""
     if sandbox is None or sandbox.mechanism is Mechanism.OFF:
         return Launch(list(argv), dict(env))
     if sandbox.mechanism is Mechanism.NONE:
@@ -385,7 +387,14 @@ def prepare(
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
     options = (
-        bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+        bwrap_options(
+            sandbox,
+            cwd=here,
+            workspace=ws,
+            keep=keep,
+            hide=hidden(sandbox, carry),
+            writable=writable_extra,
+        )
         if sandbox.bwrap
         else []
     )
@@ -487,6 +496,7 @@ def bwrap_options(
     workspace: Path,
     keep: Sequence[Path] = (),
     hide: Sequence[str] = (),
+    writable: Sequence[Path] = (),
 ) -> list[str]:
     """bwrap's options (what comes between `bwrap` and `--`). Creates missing hooks/ dirs."""
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
@@ -531,6 +541,8 @@ def bwrap_options(
             args += ["--bind", str(path), str(path)]
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
+    for path in writable:  # (before the hidden files: a cache never re-exposes them)
+        args += ["--bind", str(path), str(path)]
     # Last: nothing mounted after re-exposes them. A folder that holds the workspace stays,
     # its files go one by one (a read of /dev/null: nothing; a write: refused).
     folders = [own for own in hide if os.path.isdir(own) and not workspace.is_relative_to(own)]
