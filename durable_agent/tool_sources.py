@@ -189,6 +189,7 @@ class ToolSet:
             cache = _cache_dir(name, config, self.env)
             for var in CACHE_VARS:
                 env[var] = str(cache)
+            env["UV_PYTHON_INSTALL_DIR"] = str(cache / "python")  # uvx may fetch a Python too
             if not network:  # nothing to retry for: fail at once, not after npm's backoff
                 env["npm_config_fetch_retries"] = "0"
         env.update({k: self.env[k] for k in config.env_vars if k in self.env})
@@ -269,10 +270,10 @@ def _cache_dir(name: str, config: McpServerConfig, env: Mapping[str, str]) -> Pa
     if config.cache_dir:
         where = Path(config.cache_dir).expanduser()
     else:
-        # Not beside the store (~/.local/share/durable-agent), which the sandbox hides.
+        # Beside the servers' logs; the sandbox hides the rest of that folder (the store).
         home = Path(env.get("HOME") or Path.home())
-        base = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
-        where = base / "durable-agent" / "mcp" / name
+        base = Path(env.get("XDG_DATA_HOME") or home / ".local" / "share")
+        where = base / "durable-agent" / "mcp-cache" / name
     try:
         where.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

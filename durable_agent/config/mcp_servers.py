@@ -55,7 +55,8 @@ class McpServerConfig(BaseModel):
     launch that downloads its package, `npx -y ...` or `uvx ...`, needs it)."""
     cache_dir: str | None = None
     """A folder it may write, given to it as npm_config_cache, UV_CACHE_DIR, XDG_CACHE_HOME
-    and PIP_CACHE_DIR (default: mcp-cache/NAME in the harness's data folder)."""
+    and PIP_CACHE_DIR (default: mcp-cache/NAME in the harness's data folder), writable
+    under bubblewrap."""
     env_vars: list[str] = Field(default_factory=list)
     """Names of the harness's environment variables passed on to it as they are."""
     enabled: bool = True

@@ -541,8 +541,6 @@ def bwrap_options(
             args += ["--bind", str(path), str(path)]
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
-    for path in writable:  # (before the hidden files: a cache never re-exposes them)
-        args += ["--bind", str(path), str(path)]
     # Last: nothing mounted after re-exposes them. A folder that holds the workspace stays,
     # its files go one by one (a read of /dev/null: nothing; a write: refused).
     folders = [own for own in hide if os.path.isdir(own) and not workspace.is_relative_to(own)]
@@ -550,6 +548,12 @@ def bwrap_options(
     for own in hide:
         if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
             args += ["--ro-bind", "/dev/null", own]
+    # A folder of its own it may write (an MCP server's cache, kept beside the logs in the
+    # harness's data folder): after the hiding, which covers that folder, so only it is
+    # seen again; never one that holds a hidden file (the store, the config).
+    for path in writable:
+        if not any(_within(own, os.path.realpath(path)) for own in hide):
+            args += ["--bind", str(path), str(path)]
     args += [
         "--unshare-pid",
         "--unshare-ipc",
