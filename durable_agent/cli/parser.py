@@ -451,7 +451,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "`add NAME -- COMMAND ARGS...` (or `-- URL`), `list`, `remove NAME`.",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    a = actions.add_parser("add", help="add a server: mcp add NAME -- COMMAND ARGS...")
+    a = actions.add_parser(
+        "add",
+        help="add a server: mcp add NAME -- COMMAND ARGS...",
+        description="Append [mcp_servers.NAME] to the config file: the command and its "
+        "arguments after `--`, or an http(s) URL.",
+    )
     a.add_argument("name", metavar="NAME")
     a.add_argument(
         "--env", action="append", metavar="NAME=VALUE", help="a variable for it; repeatable"
@@ -460,10 +465,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     a.add_argument("--required", action="store_true", help="a run does not start without it")
     a.add_argument("launch", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS...")
     a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
-    a = actions.add_parser("list", help="every server, where it is defined, its state")
+    a = actions.add_parser(
+        "list",
+        help="every server, where it is defined, its state",
+        description="Every MCP server of the config file and its mcp_config JSON: how it "
+        "starts, whether it is enabled and required, and which file defines it.",
+    )
     a.add_argument("--json", action="store_true", help="JSON array on stdout")
     a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
-    a = actions.add_parser("remove", help="remove a server: mcp remove NAME")
+    a = actions.add_parser(
+        "remove",
+        help="remove a server: mcp remove NAME",
+        description="Remove [mcp_servers.NAME] (and its tool overrides) from the config "
+        "file, or the server from the mcp_config JSON.",
+    )
     a.add_argument("name", metavar="NAME")
     a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
 
