@@ -409,7 +409,13 @@ def _merge_servers(
     layer replacing the whole table; a recorded server gets its masked env from the config."""
     configured = read_config_file(path).get("mcp_servers") or {} if path is not None else {}
     if merged.get("mcp_config") and isinstance(configured, Mapping):
-        configured = {**json_servers(str(merged["mcp_config"]), path), **configured}
+        try:
+            configured = {**json_servers(str(merged["mcp_config"]), path), **configured}
+        except ConfigError:
+            if not base:
+                raise
+            # A resume runs the servers it recorded: the file only fills in masked env
+            # values, and one that moved since is no reason to stop the run.
     for given in (configured, flags.get("mcp_servers") or {}):
         if not isinstance(given, Mapping):  # (`mcp_servers = 5`: a TypeError below, else)
             raise ConfigError(
