@@ -60,6 +60,7 @@ def npm_server(tmp_path: Path) -> Path:
     return program
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_an_npm_server_installed_under_tmp_runs_in_the_default_sandbox(
     cli: Callable[..., Any],
     write_script: Callable[..., str],
@@ -100,6 +101,7 @@ def test_a_missing_program_is_one_line_naming_it(cli: Callable[..., Any], tmp_pa
     assert "time__get_current_time" in mcp_tools(r)  # the other server is unaffected
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_download_with_the_network_off_says_so_and_names_the_setting(
     cli: Callable[..., Any],
 ) -> None:
@@ -121,6 +123,7 @@ def test_a_download_with_the_network_off_says_so_and_names_the_setting(
     assert mcp_tools(r) == {}
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_codex_keys_and_an_mcp_servers_json_are_accepted(
     cli: Callable[..., Any],
     tmp_path: Path,
@@ -170,6 +173,7 @@ def test_codex_keys_and_an_mcp_servers_json_are_accepted(
     assert "MCP_SETUP_PASSED_ON" in names.split()  # env_vars: passed on by name
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_mcp_add_list_remove_round_trip(cli: Callable[..., Any], tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('# mine\nshell = "deny"\n\n[mcp_servers.keep]\ncommand = "keep-me"\n')
@@ -223,6 +227,7 @@ def _broken_and_time(tmp_path: Path, required: bool) -> Path:
     return config
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_an_optional_server_that_fails_is_a_warning_and_recorded(
     cli: Callable[..., Any],
     tmp_path: Path,
@@ -247,6 +252,7 @@ def test_an_optional_server_that_fails_is_a_warning_and_recorded(
     assert recorded["time"]["tools"]
 
 
+@pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_a_required_server_that_fails_stops_the_start(
     cli: Callable[..., Any], tmp_path: Path, write_script: Callable[..., str]
 ) -> None:
