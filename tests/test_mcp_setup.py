@@ -123,6 +123,20 @@ def test_a_download_with_the_network_off_says_so_and_names_the_setting(
     assert mcp_tools(r) == {}
 
 
+def test_a_write_to_a_read_only_path_names_it_and_the_cache_dir(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    need_bwrap()
+    script = tmp_path / "writes_home.py"  # as a launcher caching under ~ would
+    script.write_text("import pathlib\npathlib.Path.home().joinpath('.mcp-setup-test').mkdir()\n")
+    r = cli("tools", "--json", "--mcp", f"home={sys.executable} {script}")
+    assert r.code == 0, r.stderr
+    (line,) = warnings(r.stderr)
+    home = os.path.realpath(Path.home())
+    assert f"it tried to write {home}/.mcp-setup-test, which is read-only" in line, line
+    assert "cache_dir" in line and "[mcp_servers.home]" in line
+
+
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
 def test_codex_keys_and_an_mcp_servers_json_are_accepted(
     cli: Callable[..., Any],
