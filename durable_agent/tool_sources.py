@@ -210,10 +210,18 @@ class ToolSet:
             )
         except SandboxUnavailable as exc:
             raise ConfigError(f"MCP server {name!r}: {exc}") from None
+        run_env = dict(launch.env)
+        if sandbox.mechanism is Mechanism.LANDLOCK and cache is not None:
+            # Landlock cannot open the cache_dir for writing (it grants whole trees): what is
+            # downloaded goes to the launch's private TMPDIR instead, removed when it stops.
+            cache = Path(run_env["TMPDIR"]) / "cache"
+            for var in (*CACHE_VARS, "UV_PYTHON_INSTALL_DIR"):
+                if var not in config.env:
+                    run_env[var] = str(cache)
         return Launch(
             name,
             argv=launch.argv,
-            env=launch.env,
+            env=run_env,
             cwd=str(cwd),
             log_path=log_path(self.log_dir, name),
             log_max_bytes=s.mcp_log_max_bytes,
