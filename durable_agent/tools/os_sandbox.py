@@ -370,11 +370,13 @@ def prepare(
     workspace: Path,
     env: Mapping[str, str],
     carry: Sequence[Path] = (),
+    writable_extra: Sequence[Path] = (),
 ) -> Launch:
     """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
     when a sandboxed mode has no mechanism: the command must not run at all then. `carry`:
     host paths the program itself needs (an MCP server's script); those under /tmp stay
-    visible, read-only, in the private /tmp."""
+    visible, read-only, in the private /tmp. `writable_extra`: folders it may write besides the
+    workspace (an MCP server's cache; bubblewrap only, Landlock keeps them read-only)."""
     if sandbox is None or sandbox.mechanism is Mechanism.OFF:
         return Launch(list(argv), dict(env))
     if sandbox.mechanism is Mechanism.NONE:
@@ -386,7 +388,14 @@ def prepare(
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
     options = (
-        bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+        bwrap_options(
+            sandbox,
+            cwd=here,
+            workspace=ws,
+            keep=keep,
+            hide=hidden(sandbox, carry),
+            writable=writable_extra,
+        )
         if sandbox.bwrap
         else []
     )
@@ -517,6 +526,7 @@ def bwrap_options(
     workspace: Path,
     keep: Sequence[Path] = (),
     hide: Sequence[str] = (),
+    writable: Sequence[Path] = (),
 ) -> list[str]:
     """bwrap's options (what comes between `bwrap` and `--`). Creates missing hooks/ dirs."""
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
@@ -568,6 +578,12 @@ def bwrap_options(
     for own in hide:
         if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
             args += ["--ro-bind", "/dev/null", own]
+    # A folder of its own it may write (an MCP server's cache, kept beside the logs in the
+    # harness's data folder): after the hiding, which covers that folder, so only it is
+    # seen again; never one that holds a hidden file (the store, the config).
+    for path in writable:
+        if not any(_within(own, os.path.realpath(path)) for own in hide):
+            args += ["--bind", str(path), str(path)]
     args += [
         "--unshare-pid",
         "--unshare-ipc",
