@@ -64,9 +64,12 @@ def decided(
         if kind is ApprovalKind.APPROVAL_REQUIRED
         else StopReason.UNCERTAIN_SIDE_EFFECT
     )
-    what = f"`{command}`" if command else call.name
-    if what in reason:  # the policy's reason names the command already
-        what = call.name
+    from durable_agent.presentation import approval_subject, call_arguments
+
+    # Named by its tool (and MCP server), its arguments readable (presentation.py).
+    what = approval_subject(call.name, command)
+    if command and call_arguments(command, width=10**9) in reason:
+        what = approval_subject(call.name, None)  # the policy's reason names the command
     raise LoopExit(
         stop,
         f"{what} needs approval: {reason}. "
