@@ -78,7 +78,7 @@ def _scanner(root: Path, settings: dict[str, Any] | None, env: dict[str, str]) -
 
 def _held_line(held: list[bytes], written: bool) -> str | None:
     """What restore and fork say of the paths that held a secret (never stored)."""
-    from durable_agent.tools.encoding import show_name
+    from durable_agent.encoding import show_name
     from durable_agent.workspace.secrets import HELD
 
     if not held:
