@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +13,12 @@ from msgspec.structs import fields
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import as_dict, iso_utc, recorded_calls
-from durable_agent.visible import visible
+
+# What an approval asks reads the same everywhere; it lives beside `visible` so the loop's
+# blocked message (below this layer) words it the same way.
+from durable_agent.visible import approval_subject as approval_subject
+from durable_agent.visible import call_arguments as call_arguments
+from durable_agent.visible import tool_label as tool_label
 
 
 def short(value: Any, width: int) -> str:
@@ -159,47 +163,3 @@ def show_json(
     doc["steps"] = [row_json(s) for s in steps]
     doc["approvals"] = [row_json(a) for a in approvals]
     return doc
-
-
-# -- what an approval asks (the blocked message, `approve`, `show`, the web view) --------
-_BARE = re.compile(r"[^\s\"'=\\`]+")
-
-
-def tool_label(tool_name: str | None) -> str:
-    """`run_command`; an MCP tool (`NAME__TOOL`, mcp/tools.py) as `TOOL (MCP server NAME)`."""
-    name = tool_name or "?"
-    server, sep, tool = name.partition("__")
-    return f"{tool} (MCP server {server})" if sep and server and tool else name
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, str) and _BARE.fullmatch(value):
-        return value
-    return json.dumps(value, ensure_ascii=False)  # quoted: spaces, newlines, `=` stay readable
-
-
-def call_arguments(command: str | None, width: int = 200) -> str:
-    """An approval's arguments readably: a command as the command (in backticks); an object
-    of arguments (a tool without a `command`, e.g. an MCP tool) as `key=value` pairs. Every
-    control character is escaped (visible.py) and a long text is cut with `…`."""
-    if not command:
-        return ""
-    try:
-        parsed = json.loads(command)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and not (
-        set(parsed) == {"command"} and isinstance(parsed["command"], str)
-    ):
-        text = " ".join(f"{k}={_value(v)}" for k, v in parsed.items()) or "(no arguments)"
-    else:
-        text = f"`{parsed['command'] if isinstance(parsed, dict) else command}`"
-    text = visible(text)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def approval_subject(tool_name: str | None, command: str | None, width: int = 200) -> str:
-    """What an approval asks, naming the tool: `run_command `make test``,
-    `exec (MCP server box) duration=8 steps=4`, `write_file`."""
-    args = call_arguments(command, width)
-    return visible(tool_label(tool_name)) + (f" {args}" if args else "")
