@@ -11,20 +11,20 @@ exists: a read, or a write refused before it ran, takes no snapshot and costs no
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, insert
+from typing import TYPE_CHECKING
 
 from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
 from durable_agent.loop.step_context import StepContext
-from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
+from durable_agent.store.blobs import BlobStore, WorkspaceWrite, changes_statement, save_statements
 from durable_agent.store.retrying import StorePolicy
-from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import snapshot
 from durable_agent.workspace.manifest import Change, Manifest, changes
 from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 
-_CHANGES = insert(workspace_changes)
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 def scanner(ctx: StepContext) -> Scanner:
@@ -129,7 +129,7 @@ def after(ctx: StepContext, step: Step) -> WorkspaceWrite | None:
         }
         for c in changes(old, snap.manifest, snap.scan.delta_from(old))
     ]
-    statements = [*snap.statements, *([(_CHANGES, rows)] if rows else [])]
+    statements = [*snap.statements, *([changes_statement(rows)] if rows else [])]
     note = None
     if snap.skipped:
         names = ", ".join(p.decode("utf-8", "backslashreplace") for p in snap.skipped[:5])
