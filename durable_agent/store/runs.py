@@ -35,9 +35,8 @@ from durable_agent.store.storable import is_utf8, storable
 P = ParamSpec("P")
 T = TypeVar("T")
 
-CHANGES_VIEW = (
-    "step_changes"  # workspace snapshots (where the store has them): one row per changed file
-)
+# Workspace snapshots (where the store has them): one row per file a step changed.
+CHANGES_VIEW = "step_changes"
 
 
 def _locked_run(conn: Connection, run_id: str) -> Any:
