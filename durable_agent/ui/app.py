@@ -61,7 +61,7 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def build_app(cfg: UiConfig) -> Any:
     store, access = cfg.store, cfg.access
-    extras = queries.Changes(store.engine)
+    extras = queries.Changes(store)
 
     def fail(request: Request, exc: Exception) -> Response:
         status = (
