@@ -1,0 +1,142 @@
+"""Attacks on the workspace, secret and environment defences, through the real CLI.
+
+Each test is an attack that once got through: a secret in a variable named as a locale
+(`LC_*`) reaching commands, a secret in a file's name stored in a snapshot manifest, and
+the like. They run real processes (the CLI, the sandboxed command) and check what reached
+the command, the store or the disk.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_workspace_secrets import _refused, tampered  # noqa: F401 (a fixture)
+from workspace_support import da
+
+
+def _db(env: dict[str, str]) -> Path:
+    return Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+
+
+def _start(env: dict[str, str], ws: Path, model: str, run_id: str) -> Any:
+    return da(
+        ["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow"]
+        + ["--run-id", run_id, "--quiet"],
+        env,
+        ws,
+    )
+
+
+def _stored_text(db: Path) -> bytes:
+    """Every blob and every tree of the store, decompressed, and the raw database bytes."""
+    parts = [p.read_bytes() for p in sorted(db.parent.glob(db.name + "*"))]
+    with sqlite3.connect(db) as conn:
+        for table in ("workspace_blobs", "workspace_trees"):
+            parts += [zlib.decompress(d) for (d,) in conn.execute(f"SELECT data FROM {table}")]
+    return b"\n".join(parts)
+
+
+def _command(command: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]}
+
+
+def _observations(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        return "\n".join(str(o) for (o,) in conn.execute("SELECT output FROM steps"))
+
+
+def test_a_credential_named_as_a_locale_variable_reaches_no_command(
+    env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """`LC_*` passes as locale: a credential-named `LC_` variable must not."""
+    value = "lcv-" + secrets.token_hex(12)
+    env = {**env, "LC_MYSQL_PWD": value, "LC_API_KEY": value, "LC_ALL": "C"}
+    script = [
+        _command('echo "seen:${#LC_MYSQL_PWD}:${#LC_API_KEY}:${LC_ALL:-none}"'),
+        {"content": "done"},
+    ]
+    proc = _start(env, workspace, write_script(script), "lc")
+    assert proc.returncode == 0, proc.stderr
+    out = _observations(_db(env))
+    assert "seen:0:0:C" in out, out
+
+
+def test_a_secret_in_a_file_name_is_not_stored(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    token = "svc-" + secrets.token_hex(16)
+    env = {**env, "MY_SERVICE_TOKEN": token}
+    (workspace / "plain.txt").write_text("nothing here\n")
+    script = [_command(f"touch 'note-{token}.txt' && mkdir -p 'd{token}'"), {"content": "done"}]
+    proc = _start(env, workspace, write_script(script), "nm")
+    assert proc.returncode == 0, proc.stderr
+    stored = _stored_text(_db(env))
+    assert b"note-" in stored  # the snapshot saw the file
+    assert token.encode() not in stored
+
+
+def _git(ws: Path, *args: str, home: Path) -> Any:
+    import subprocess
+
+    return subprocess.run(
+        ["git", *args],
+        cwd=ws,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_commondir_planted_in_an_existing_repository_runs_nothing(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """`.git/commondir` makes git read its config (and hooks) from another folder, which
+    a command may fill: the user's next `git status` must run nothing of it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for args in (
+        ["init", "-q", "."],
+        ["-c", "user.name=u", "-c", "user.email=u@e"]
+        + ["commit", "-q", "--allow-empty", "-m", "x"],
+    ):
+        assert _git(workspace, *args, home=home).returncode == 0
+    mark = tmp_path / "pwned"
+    plant = (
+        "mkdir evil && cp -r .git/objects .git/refs evil/ && "
+        f"printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = \"touch {mark}; false\"\\n'"
+        " > evil/config && echo ../evil > .git/commondir; echo planted:$?"
+    )
+    proc = _start(env, workspace, write_script([_command(plant), {"content": "done"}]), "cd")
+    assert proc.returncode == 0, proc.stderr
+    status = _git(workspace, "status", home=home)
+    assert not mark.exists(), (_observations(_db(env)), status.stderr)
+
+
+@pytest.mark.parametrize("label", ["link-parent", "file-parent"])
+def test_a_manifest_entry_beneath_a_link_or_file_is_refused_untouched(
+    tmp_path, env, workspace, request, label
+) -> None:  # type: ignore[no-untyped-def]
+    """Each path is well-formed alone; together they ask a restore to write through a link
+    to outside (`out` -> a folder elsewhere, then `out/f`) or beneath a file."""
+    tree, seq, rows, keep_ref, store = request.getfixturevalue("tampered")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    kept = [r for r in rows if r[0] != "keep.txt"]
+    hostile = {
+        "link-parent": [
+            ["out", "link", 0o777, "", str(outside), 0],
+            ["out/f", "file", 0o644, keep_ref, "", 18],
+        ],
+        "file-parent": [
+            ["keep.txt", "file", 0o644, keep_ref, "", 18],
+            ["keep.txt/f", "file", 0o644, keep_ref, "", 18],
+        ],
+    }[label]
+    store(sorted([*kept, *hostile]))
+    _refused(env, workspace, tmp_path, tree, seq, label)
+    assert list(outside.iterdir()) == []
