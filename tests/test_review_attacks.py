@@ -140,3 +140,90 @@ def test_a_manifest_entry_beneath_a_link_or_file_is_refused_untouched(
     store(sorted([*kept, *hostile]))
     _refused(env, workspace, tmp_path, tree, seq, label)
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a secret-named link withholds only its own target string: the file it points"
+    " at is judged by its own name and content (the scanner would need a pass after the walk,"
+    " cache and deltas included)",
+)
+def test_a_dotenv_that_is_a_link_withholds_what_it_points_at(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    """`.env -> config/production` (as direnv set-ups do): the content behind the
+    conventional name is the secret, wherever the link puts it in the workspace."""
+    password = "pw-" + secrets.token_hex(10)  # known to no variable, no key shape
+    (workspace / "config").mkdir()
+    (workspace / "config" / "production").write_text(f"DB_PASSWORD={password}\n")
+    (workspace / ".env").symlink_to("config/production")
+    script = [_command("echo hi > out.txt"), {"content": "done"}]
+    proc = _start(env, workspace, write_script(script), "ln")
+    assert proc.returncode == 0, proc.stderr
+    assert password.encode() not in _stored_text(_db(env))
+
+
+def test_a_hard_link_a_command_makes_cannot_reach_outside(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """A command links files it can see outside the workspace (the store, the test's own
+    files, /etc); the file tools then write and edit through those names."""
+    canary = tmp_path / "canary.txt"
+    canary.write_text("outside\n")
+    db = _db(env)
+    targets = [str(canary), "/etc/hostname", str(db), str(tmp_path)]
+    links = " ; ".join(
+        f"ln {t} l{i} 2>/dev/null; ln -P {t} p{i} 2>/dev/null" for i, t in enumerate(targets)
+    )
+    script = [
+        _command(links + "; ls"),
+        *(
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": f"l{i}", "content": "x\n"}}
+                ]
+            }
+            for i in range(2)
+        ),
+        {"content": "done"},
+    ]
+    before = {p: Path(p).read_bytes() for p in targets[:2]}
+    proc = _start(env, workspace, write_script(script), "hl")
+    assert proc.returncode == 0, proc.stderr
+    assert {p: Path(p).read_bytes() for p in targets[:2]} == before
+    assert all(Path(p).stat().st_nlink == 1 for p in (str(canary), str(db)))
+
+
+def _kill_harness(db: Path) -> str:
+    """Shell that SIGKILLs the CLI running this command: its nearest ancestor holding the
+    store open."""
+    return (
+        'p=$PPID; while [ "$p" -gt 1 ]; do '
+        f'if ls -l /proc/$p/fd 2>/dev/null | grep -q "{db}"; then kill -9 $p; break; fi; '
+        "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done"
+    )
+
+
+def test_a_deleted_write_ahead_log_loses_no_step(tmp_path, env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    """A bad day: someone deletes the store's `-wal` (it looks like a leftover) during a
+    run, and the run is killed later. Every step it went on to record must be there at
+    resume (or the run stop at once): a step's intent lost would run its effect again."""
+    db = _db(env)
+    env = {**env, "DURABLE_AGENT_SANDBOX": "off"}  # the deleting hand is outside any sandbox
+    script = [
+        _command(f"rm -f {db}-wal; echo gone"),
+        _command("echo once >> side.txt"),
+        _command(
+            f"if [ ! -e {tmp_path}/killed ]; then touch {tmp_path}/killed; {_kill_harness(db)}; fi"
+        ),
+        {"content": "done"},
+    ]
+    model = write_script(script)
+    proc = _start(env, workspace, model, "wal")
+    assert proc.returncode == 7 or (tmp_path / "killed").exists(), _observations(db)
+    if proc.returncode == 7:  # stopped at once, what it had recorded kept
+        assert "error: the store is unavailable" in proc.stderr and "write-ahead log" in proc.stderr
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM steps WHERE run_id = 'wal'").fetchone()[0]
+        return
+    resumed = da(["resume", "wal", "--model", model, "--quiet"], env, workspace)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (workspace / "side.txt").read_text() == "once\n"
