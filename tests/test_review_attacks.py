@@ -8,6 +8,7 @@ the command, the store or the disk.
 
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
 import zlib
@@ -227,3 +228,28 @@ def test_a_deleted_write_ahead_log_loses_no_step(tmp_path, env, workspace, write
     resumed = da(["resume", "wal", "--model", model, "--quiet"], env, workspace)
     assert resumed.returncode == 0, resumed.stderr
     assert (workspace / "side.txt").read_text() == "once\n"
+
+
+@pytest.mark.parametrize("nested", ["inner", "outer"])
+def test_a_run_in_a_folder_of_a_live_runs_workspace_is_refused(
+    tmp_path, env, workspace, write_script, nested
+) -> None:  # type: ignore[no-untyped-def]
+    """The lease is per workspace path: a second run in a subfolder of a live run's
+    workspace (or in the folder holding it) shares files with it all the same, its commands
+    able to swap the folders the first run's file tools work through."""
+    from test_workspace_lease import held_by_a_run
+
+    hold = write_script([_command("cat gate"), {"content": "done"}])
+    quick = write_script([{"content": "done"}])
+    if nested == "inner":
+        live, other = workspace, workspace / "sub"
+    else:
+        live, other = workspace / "sub", workspace
+    live.mkdir(exist_ok=True)
+    other.mkdir(exist_ok=True)
+    with held_by_a_run(live, env, hold, "A") as (proc, gate):
+        refused = da(["start", "t", "--model", quick, "--run-id", "B", "--quiet"], env, other)
+        os.write(gate, b"go\n")
+    assert refused.returncode == 6, refused.stderr
+    assert "in use by" in refused.stderr and "--allow-shared-workspace" in refused.stderr
+    assert proc.returncode == 0
