@@ -253,3 +253,53 @@ def test_a_run_in_a_folder_of_a_live_runs_workspace_is_refused(
     assert refused.returncode == 6, refused.stderr
     assert "in use by" in refused.stderr and "--allow-shared-workspace" in refused.stderr
     assert proc.returncode == 0
+
+
+def test_repositories_a_command_creates_by_other_ways_run_nothing(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """`--separate-git-dir` (the git dir elsewhere, a `gitdir:` file in the work tree),
+    `git config --worktree`, and an `[include] path` to a file the command writes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mark = tmp_path / "pwned"
+    run = f'"touch {mark}; false"'
+    plant = " && ".join(
+        [
+            "mkdir -p .hidden && git init -q --separate-git-dir=.hidden/store a",
+            "printf 'gitdir: ../.hidden/store\\n' > a/.git",
+            f"git -C a config core.fsmonitor {run}",
+            "git init -q b",
+            "git -C b config extensions.worktreeConfig true",
+            f"git -C b config --worktree core.fsmonitor {run}",
+            "git init -q c",
+            f"printf '[core]\\n\\tfsmonitor = {run}\\n' > inc",
+            "printf '[include]\\n\\tpath = ../../inc\\n' >> c/.git/config",
+            "echo planted",
+        ]
+    )
+    proc = _start(env, workspace, write_script([_command(plant), {"content": "done"}]), "g")
+    assert proc.returncode == 0, proc.stderr
+    assert "stdout:\\nplanted" in _observations(_db(env)), _observations(_db(env))
+    for repo in ("a", "b", "c"):
+        _git(workspace / repo, "status", home=home)
+        assert not mark.exists(), (repo, _observations(_db(env)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="content is matched as it is: a secret a command compresses (or encodes, or splits"
+    " over two files) is stored; no detector can undo every encoding",
+)
+def test_a_compressed_copy_of_a_secret_is_not_stored(env, workspace, write_script) -> None:  # type: ignore[no-untyped-def]
+    token = "svc-" + secrets.token_hex(16)
+    env = {**env, "MY_SERVICE_TOKEN": token}
+    (workspace / ".env").write_text(f"MY_SERVICE_TOKEN={token}\n")
+    script = [_command("gzip -c .env > backup.gz"), {"content": "done"}]
+    proc = _start(env, workspace, write_script(script), "gz")
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(_db(env)) as conn:
+        blobs = [zlib.decompress(d) for (d,) in conn.execute("SELECT data FROM workspace_blobs")]
+    import gzip
+
+    assert not any(b[:2] == b"\x1f\x8b" and token.encode() in gzip.decompress(b) for b in blobs)
