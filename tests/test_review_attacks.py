@@ -303,3 +303,75 @@ def test_a_compressed_copy_of_a_secret_is_not_stored(env, workspace, write_scrip
     import gzip
 
     assert not any(b[:2] == b"\x1f\x8b" and token.encode() in gzip.decompress(b) for b in blobs)
+
+
+KILLED_PLUGIN = """
+import os
+import signal
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from durable_agent import EffectClass, ToolContext, ToolResult
+
+
+class Args(BaseModel):
+    path: str
+    text: str
+
+
+class SaveNote:
+    name: ClassVar[str] = "save_note"
+    description: ClassVar[str] = "Write a note into the workspace."
+    args_model: ClassVar[type[BaseModel]] = Args
+    effect: ClassVar[EffectClass] = EffectClass.WRITE
+    idempotent: ClassVar[bool] = True
+
+    def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        (ctx.workspace / args.path).write_text(args.text)
+        mark = os.environ["KILL_MARK"]
+        if not os.path.exists(mark):  # the first attempt dies between its write and outcome
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return ToolResult(output="saved " + args.path)
+"""
+
+
+def test_a_planless_write_killed_before_its_outcome_keeps_its_before_snapshot(
+    tmp_path, env, workspace, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL between a plan-less write's intent and its outcome; resumed, the step's
+    changes are still measured from the snapshot its intent took."""
+    (workspace / "a.txt").write_text("alpha\n")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "b.txt").write_text("beta\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "da_killed_note.py").write_text(KILLED_PLUGIN)
+    config = tmp_path / "config.toml"
+    config.write_text('tools = ["da_killed_note:SaveNote"]\n')
+    env = {
+        **env,
+        "PYTHONPATH": str(site),
+        "DURABLE_AGENT_CONFIG": str(config),
+        "KILL_MARK": str(tmp_path / "killed"),
+    }
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "save_note", "arguments": {"path": "p.txt", "text": "n\n"}}]},
+            {"content": "done"},
+        ]
+    )
+    first = _start(env, workspace, model, "pk")
+    assert first.returncode == -9 and (tmp_path / "killed").exists(), first.stderr
+    resumed = da(["resume", "pk", "--quiet"], env, workspace)
+    assert resumed.returncode == 0, resumed.stderr
+    with sqlite3.connect(_db(env)) as conn:
+        changes = conn.execute(
+            "SELECT c.path, c.change FROM step_changes c JOIN steps s ON s.run_id = c.run_id "
+            "AND s.seq = c.seq WHERE s.tool_name = 'save_note' ORDER BY c.path"
+        ).fetchall()
+        rows = conn.execute(
+            "SELECT seq, kind, state, tool_name, tree_before, tree_id FROM steps WHERE run_id = 'pk'"
+        ).fetchall()
+    assert changes == [("p.txt", "added")], (changes, rows)
