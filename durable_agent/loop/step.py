@@ -164,7 +164,16 @@ class StepCall:
 
     # -- the protocol ---------------------------------------------------------------------
     def _before(self) -> WorkspaceWrite | None:
-        return recorder.before(self.ctx, self.step) if self.spec.changes_files else None
+        if not self.spec.changes_files:
+            return None
+        prior = self.prior
+        if prior is not None and prior.tree_before:
+            # What an interrupted attempt changed is this step's change too: measured from
+            # where that attempt started, not from the files it left (a write killed after
+            # it landed then showed no change at all).
+            self.step.tree_before = prior.tree_before
+            return WorkspaceWrite(columns={"tree_before": prior.tree_before})
+        return recorder.before(self.ctx, self.step)
 
     def _after(self) -> WorkspaceWrite | None:
         return recorder.after(self.ctx, self.step) if self.spec.changes_files else None

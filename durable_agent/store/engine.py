@@ -293,11 +293,12 @@ class SameFile:
     takes milliseconds) and before every new connection; a change stops the process at once
     (StoreFileGone: exit 7)."""
 
-    __slots__ = ("identity", "path")
+    __slots__ = ("identity", "path", "wal")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.identity: tuple[int, int] | None = None
+        self.wal: tuple[int, int] | None = None  # the -wal last seen at its path
 
     def note(self) -> None:
         """After a connection opened the file: the first one sets what it must stay."""
@@ -325,6 +326,33 @@ class SameFile:
         if (st.st_dev, st.st_ino) != self.identity:
             self._empty_log(dbapi_conn)
             raise StoreFileGone(self.path, "replaced by another file")
+        if dbapi_conn is not None and self._log_deleted():
+            # Our commits go on into the unlinked log and die with this process (a run
+            # killed then was lost whole): checkpointed into the file first, they stay.
+            self._empty_log(dbapi_conn)
+            raise StoreFileGone(self.path, "left without its write-ahead log (-wal deleted)")
+
+    def _log_deleted(self) -> bool:
+        """This process holds open a `-wal` of the store that is no longer at its path.
+        A stat while the log is the one seen last; /proc/self/fd looked at only when not
+        (SQLite itself deletes the log when its last connection closes)."""
+        wal = os.path.realpath(self.path) + "-wal"
+        try:
+            st = os.stat(wal)
+            seen: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            seen = None
+        except OSError:
+            return False
+        if seen is not None and seen == self.wal:
+            return False
+        self.wal = seen
+        with contextlib.suppress(OSError):
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/self/fd/{fd}") == wal + " (deleted)":
+                        return True
+        return False
 
     @staticmethod
     def _empty_log(dbapi_conn: Any) -> None:

@@ -134,7 +134,10 @@ def command_env(
     env = {
         name: value
         for name, value in parent.items()
-        if name in _ALLOWED_ENV or name.startswith(_LOCALE_PREFIX)
+        if name in _ALLOWED_ENV
+        # LC_ is a prefix anyone may use (ssh forwards LC_* as it is): a credential-named
+        # one (LC_API_KEY) is no locale
+        or (name.startswith(_LOCALE_PREFIX) and not is_secret_name(name))
     }
     names = [p for p in passthrough if p]
     if names:

@@ -9,6 +9,9 @@ too), so a dead owner's lease is taken over at once, as a run lease is (SPEC sec
 The file says who holds it (run id, pid) for the refusal. `--allow-shared-workspace` skips
 it (unsafe: docs/sandbox.md).
 
+A run also holds the lock of every folder above its workspace shared: a run in a
+subfolder of a live run's workspace, or in a folder holding it, is refused too.
+
 The lock files live beside the default store (`$XDG_DATA_HOME/durable-agent/workspaces/`),
 where commands in the sandbox cannot write. A lease is per user: runs of two users on one
 workspace do not see each other's.
@@ -50,6 +53,7 @@ def workspace_lease(
     path = lease_file(workspace, env)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    held = [fd]
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -57,6 +61,22 @@ def workspace_lease(
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             raise _busy(fd, run_id, workspace) from None
+        # A run in a folder of this workspace, or in one holding it, shares its files all
+        # the same: each run also holds every enclosing folder's lock shared, which an
+        # exclusive holder there refuses (and which refuses an exclusive taker later).
+        for folder in Path(os.path.realpath(workspace)).parents:
+            up = os.open(
+                lease_file(folder, env),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            held.append(up)
+            try:
+                fcntl.flock(up, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                raise _busy(up, run_id, workspace) from None
 
         def holder(run_id: str) -> None:
             """Who holds it, for the refusal (written under the lock; read by the one refused)."""
@@ -70,7 +90,8 @@ def workspace_lease(
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
     finally:
-        os.close(fd)  # (drops the lock)
+        for each in held:
+            os.close(each)  # (drops the lock)
 
 
 def _busy(fd: int, run_id: str | None, workspace: Path) -> RunBusy:

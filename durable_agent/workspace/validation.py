@@ -6,8 +6,9 @@ checks all of it, and refuses with one line, having deleted and written nothing,
 entry is one no scan records:
 
     path    empty, `.`, `..`, absolute, an empty part (`a//b`), NUL, a part longer than a
-            file name can be, or a path the `exclude` setting leaves out (a `.git/hooks`
-            file would run at the user's next git command)
+            file name can be, beneath an entry that is no folder (a link, a file), or a
+            path the `exclude` setting leaves out (a `.git/hooks` file would run at the
+            user's next git command)
     kind    not one of manifest.KINDS
     mode    not permission bits alone (0 to 0o777: no set-uid, set-gid or sticky bit)
     ref     a file's or a withheld file's not a sha256 hex digest
@@ -73,6 +74,7 @@ def check_manifest(
         _check_path(rel)
         _check_entry(rel, entry)
         parts = os.fsdecode(rel).split("/")
+        _check_parents(target, rel)
         for i in range(1, len(parts)):
             if left_out("/".join(parts[:i]) + "/"):
                 raise _bad(rel, "is below a folder the exclude setting leaves out of snapshots")
@@ -98,6 +100,17 @@ def _check_path(rel: bytes) -> None:
             raise _bad(rel, "is not inside the workspace (an empty, `.` or `..` part)")
         if len(part) > NAME_MAX:
             raise _bad(rel, f"has a name longer than {NAME_MAX} bytes")
+
+
+def _check_parents(target: Manifest, rel: bytes) -> None:
+    """A scan records a path only beneath folders: an entry beneath a link (to outside,
+    maybe) or a file is one no scan made, and a restore would write through it."""
+    at = rel.rfind(b"/")
+    while at > 0:
+        parent = target.get(rel[:at])
+        if parent is not None and parent.kind != DIR:
+            raise _bad(rel, f"lies beneath {_shown(rel[:at])}, which is a {parent.kind}")
+        at = rel.rfind(b"/", 0, at)
 
 
 def _check_entry(rel: bytes, e: Entry) -> None:
