@@ -10,6 +10,7 @@ from collections import Counter
 from msgspec import Struct, field
 
 from durable_agent.status import RunStatus
+from durable_agent.store.payloads import ToolOutput
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 
 
@@ -71,7 +72,8 @@ def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
     if new.state == StepState.STARTED:
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
     elif new.attempts == old.attempts:
-        result = new.output.get("result") if isinstance(new.output, dict) else None
+        out = new.typed_output
+        result = out.result if isinstance(out, ToolOutput) else None
         v.lines.append(
             f"{what}: cut off by the crash; the resume checked the workspace and settled it "
             f"without running it again: {result or new.state}"

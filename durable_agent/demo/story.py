@@ -40,6 +40,7 @@ from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.demo.home import demo_home, invoked_as
 from durable_agent.errors import ConfigError
 from durable_agent.presentation import fmt_ms, short, step_what
+from durable_agent.store.payloads import ToolOutput
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
@@ -326,7 +327,8 @@ def _after(old: StepRecord | None, new: StepRecord) -> str:
     if old is None:
         return f"ran: {new.state} · {fmt_ms(new.duration_ms)}"
     if old.state == StepState.STARTED:
-        result = (new.output or {}).get("result") if isinstance(new.output, dict) else None
+        out = new.typed_output
+        result = out.result if isinstance(out, ToolOutput) else None
         return f"settled, attempts {new.attempts}: {short(result or new.state, 60)}"
     if (old.finished_at, old.attempts, old.state) == (new.finished_at, new.attempts, new.state):
         return "kept as recorded, not run again"

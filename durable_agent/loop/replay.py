@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from msgspec import Struct, field
+from msgspec import UNSET, Struct, field
 
 from durable_agent.context.budget import calibrate, count_message
 from durable_agent.context.view import ContextView, request_hash
 from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
+from durable_agent.status import StepKind
+from durable_agent.store.payloads import ModelOutput, decode_output
 from durable_agent.store.storable import storable
 
 
@@ -181,12 +183,7 @@ def rebuild(
 
 def calibration_of(model_output: Any) -> float:
     """The calibration a model step's output implies: reported prompt tokens / our count."""
-    if not isinstance(model_output, dict):
+    out = decode_output(StepKind.MODEL, model_output)
+    if not isinstance(out, ModelOutput) or out.context is UNSET or out.usage.estimated is True:
         return 1.0
-    usage, context = model_output.get("usage"), model_output.get("context")
-    if not isinstance(usage, dict) or not isinstance(context, dict) or usage.get("estimated"):
-        return 1.0
-    counted, reported = context.get("counted"), usage.get("prompt_tokens")
-    if not isinstance(counted, int) or not isinstance(reported, int):
-        return 1.0
-    return calibrate(counted, reported)
+    return calibrate(out.context.counted, out.usage.prompt_tokens)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from html import escape
 
+from durable_agent.status import StepKind
 from durable_agent.store.records import StepRecord, StepState
 
 WIDTH = 1000
@@ -22,7 +23,7 @@ STOP_SHARE = 0.1  # a stop is drawn at most this share of the time the run execu
 
 def lane(step: StepRecord) -> str:
     """`model`, `tool:read|write|exec`, `verify`, or the step's own kind (e.g. `compact`)."""
-    if step.kind == "tool":
+    if step.kind == StepKind.TOOL:
         return f"tool:{step.effect or 'other'}"
     return step.kind
 
