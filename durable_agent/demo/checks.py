@@ -9,7 +9,7 @@ from collections import Counter
 
 from msgspec import Struct, field
 
-from durable_agent.status import RunStatus
+from durable_agent.status import RunStatus, StepKind
 from durable_agent.store.payloads import ToolOutput
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 
@@ -89,9 +89,9 @@ def _check_models(
     v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]
 ) -> None:
     answered_before = {
-        s.seq for s in before if s.kind == "model" and s.state == StepState.COMPLETED
+        s.seq for s in before if s.kind == StepKind.MODEL and s.state == StepState.COMPLETED
     }
-    models = [s for s in after if s.kind == "model"]
+    models = [s for s in after if s.kind == StepKind.MODEL]
     made_after = [s for s in models if s.seq not in answered_before]
     tokens = sum((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in models)
     total = run.prompt_tokens + run.completion_tokens

@@ -36,6 +36,7 @@ from sqlalchemy.sql import Executable
 
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
+from durable_agent.status import StepKind
 from durable_agent.store import prepared, retrying
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
@@ -83,8 +84,8 @@ _FENCE_COUNTERS = Prepared(
 )
 _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
 _PAID_KINDS = (
-    "model",
-    "compact",
+    StepKind.MODEL.value,
+    StepKind.COMPACT.value,
 )  # steps whose tokens the run paid for (a summary is a model call)
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
@@ -427,7 +428,7 @@ class Journal:
                 r[0]
                 for r in conn.execute(
                     select(steps.c.output)
-                    .where(*done, steps.c.kind == "compact")
+                    .where(*done, steps.c.kind == StepKind.COMPACT.value)
                     .order_by(steps.c.seq)
                 )
             ]
