@@ -46,7 +46,7 @@ from durable_agent.store.payloads import (
     VerifyInput,
     VerifyOutput,
 )
-from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.records import ApprovalKind, ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.storable import storable
 
 if TYPE_CHECKING:  # (render.py uses this module for `show`, which reads without SQLAlchemy)
@@ -67,7 +67,6 @@ EVENT_TYPES = (
 
 RESULT_CAP = 2000  # characters of a tool result kept in a transcript line
 ENDED = {"completed", "failed", "budget_exceeded", "cancelled", "blocked"}
-UNCERTAIN = "uncertain_side_effect"
 
 
 def iso_utc(value: datetime | None) -> str | None:
@@ -338,7 +337,11 @@ def _place_resumes(body: list[dict[str, Any]], run: RunRecord) -> list[dict[str,
 
     for event in body:
         if event["type"] == "approval_requested":
-            if event["approval_kind"] == UNCERTAIN and not fresh and epoch < run.lease_epoch:
+            if (
+                event["approval_kind"] == ApprovalKind.UNCERTAIN_SIDE_EFFECT
+                and not fresh
+                and epoch < run.lease_epoch
+            ):
                 resume()  # only a resume finds a crash's unfinished step
             blocked, fresh = True, False
         else:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from html import escape
 
-from durable_agent.status import StepKind
+from durable_agent.status import EffectClass, StepKind
 from durable_agent.store.records import StepRecord, StepState
 
 WIDTH = 1000
@@ -176,8 +176,15 @@ def _boundaries(
 
 
 def _lane_order(name: str) -> tuple[int, str]:
-    order = {"model": 0, "tool:read": 1, "tool:write": 2, "tool:exec": 3, "verify": 5, "compact": 6}
-    return order.get(name, 4 if name.startswith("tool:") else 7), name
+    order = {
+        StepKind.MODEL: 0,
+        f"{StepKind.TOOL}:{EffectClass.READ}": 1,
+        f"{StepKind.TOOL}:{EffectClass.WRITE}": 2,
+        f"{StepKind.TOOL}:{EffectClass.EXEC}": 3,
+        StepKind.VERIFY: 5,
+        StepKind.COMPACT: 6,
+    }
+    return order.get(name, 4 if name.startswith(f"{StepKind.TOOL}:") else 7), name
 
 
 def _clock(when: datetime) -> str:
