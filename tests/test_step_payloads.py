@@ -339,3 +339,18 @@ def test_an_interrupted_write_whose_plan_is_unreadable_asks_instead_of_crashing(
     assert "Traceback" not in result.stderr, result.stderr
     assert result.code == 5, result.stderr  # blocked: a person decides whether to write again
     assert "no readable plan" in cli("approvals", run_id).stdout + cli("show", run_id).stdout
+
+
+def test_a_resume_calibrates_from_the_typed_model_output() -> None:
+    from durable_agent.loop.replay import calibration_of
+
+    reported = {
+        "content": "x",
+        "tool_calls": [],
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 1},
+        "context": {"counted": 1000},
+    }
+    assert calibration_of(decode_output("model", reported)) == 1.2
+    estimated = {**reported, "usage": {**reported["usage"], "estimated": True}}
+    assert calibration_of(decode_output("model", estimated)) == 1.0
+    assert calibration_of(decode_output("model", {**reported, "context": "?"})) == 1.0
