@@ -25,6 +25,12 @@ from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import as_dict, iso_utc
 
+# What an approval asks reads the same everywhere; it lives beside `visible` so the loop's
+# blocked message (below this layer) words it the same way.
+from durable_agent.visible import approval_subject as approval_subject
+from durable_agent.visible import call_arguments as call_arguments
+from durable_agent.visible import tool_label as tool_label
+
 
 def short(value: Any, width: int) -> str:
     """One line, at most `width` characters (an ellipsis marks the cut). A value that is

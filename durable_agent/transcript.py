@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from msgspec import UNSET, UnsetType, to_builtins
 
+from durable_agent.loop import stored_once
 from durable_agent.status import StepKind
 from durable_agent.store.payloads import (
     CompactInput,
@@ -77,7 +78,10 @@ def iso_utc(value: datetime | None) -> str | None:
 def events(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     """The transcript of one run, read from `store` (a journal.Store)."""
     run = store.get_run(run_id)
-    yield from build_events(run, store.steps(run_id), store.approvals(run_id))
+    steps = store.steps(run_id)
+    if stored_once.needs_messages(steps):  # a big answer is whole only in its messages rows
+        steps = stored_once.whole(steps, store.messages(run_id))
+    yield from build_events(run, steps, store.approvals(run_id))
 
 
 def build_events(

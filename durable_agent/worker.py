@@ -47,6 +47,7 @@ from durable_agent.store.queue import Claim, Queue
 from durable_agent.store.runs import Store, store_policy
 from durable_agent.visible import visible
 from durable_agent.wiring import build_runner
+from durable_agent.workspace.lease import workspace_lease
 
 # How long a worker leaves alone a run it could not execute (workspace not mounted here,
 # settings it cannot build): long enough not to spam the log, short enough to notice a
@@ -329,7 +330,10 @@ class Worker:
             return self._unexpected(claim, exc)
         runner.release = self.stopping  # SIGTERM: stop at the next step boundary
         try:
-            outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
+            # One live run per workspace, as for `start` and `resume`: a workspace another
+            # process runs in (WorkspaceBusy) gives the run back, queued, below.
+            with workspace_lease(settings.workspace, rid, self.env):
+                outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
         except RunReleased:
             self._count("released")
             if self._give_back(claim, None):

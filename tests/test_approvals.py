@@ -39,7 +39,7 @@ def test_unlisted_command_blocks_before_it_runs_then_approve_runs_it_once(
     a = cli("approve", "a", "--by", "bob")
     assert (
         a.code == 0
-        and f"approved `{UNLISTED}`" in a.stdout
+        and f"approved run_command `{UNLISTED}`" in a.stdout
         and "durable-agent resume a" in a.stdout
     )
     again = cli("approve", "a")  # nothing left to decide: it says what was decided and what next
@@ -211,7 +211,42 @@ def test_a_command_that_hides_itself_with_control_characters_is_shown_escaped_wh
         "touch PWNED; echo harmless #\\x0d\\x1b[2K" in shown[0].stderr
     )  # the whole command, visible
     assert "touch PWNED" in shown[1].stdout and "\\x1b]52;c;aGk=\\x07task" in shown[2].stdout
-    assert shown[3].stdout.startswith("approved `touch PWNED; echo harmless #\\x0d\\x1b[2K")
+    assert shown[3].stdout.startswith(
+        "approved run_command `touch PWNED; echo harmless #\\x0d\\x1b[2K"
+    )
     done = cli("resume", "esc", "--quiet")
     assert done.code == 0 and (workspace / "PWNED").exists()  # it ran byte for byte
     assert done.stdout == "done\x1b[31m red\n"  # the answer to a pipe is data: as the model gave it
+
+
+@pytest.mark.slow
+def test_an_mcp_tool_s_approval_names_the_tool_and_server_and_its_arguments(
+    cli, write_script, workspace, tmp_path, sql
+) -> None:  # type: ignore[no-untyped-def]
+    """The question once read ``{"target": …}` needs approval`: no tool, no server."""
+    from mcp_support import fault_config
+
+    extra_env = {"DURABLE_AGENT_CONFIG": str(fault_config(tmp_path, workspace))}
+    args = {"target": "big\x1b[2K rocket", "sleep_s": 0}
+    script = write_script(
+        [{"tool_calls": [{"name": "f__launch", "arguments": args}]}, {"content": "done"}]
+    )
+    asked = 'launch (MCP server f) target="big\\u001b[2K rocket" sleep_s=0'
+    r = cli("start", "t", "--model", script, "--run-id", "m", "--shell", "ask", extra_env=extra_env)
+    assert r.code == 5 and f"{asked} needs approval" in r.stderr, r.stderr
+    show = cli("show", "m", extra_env=extra_env)
+    assert asked in show.stdout and "\x1b" not in show.stdout, show.stdout
+    d = cli("approve", "m", "--deny", extra_env=extra_env)
+    assert d.code == 0 and d.stdout.startswith(f"denied {asked} (call "), d.stdout
+    again = cli("approve", "m", extra_env=extra_env)
+    assert again.code == 2 and f"{asked} (call call_0_0) is already denied" in again.stderr
+
+
+def test_a_long_argument_is_cut_with_a_marker_and_a_command_is_named_by_its_tool() -> None:
+    from durable_agent.presentation import approval_subject
+
+    long = approval_subject("s__put", json.dumps({"path": "a b.txt", "text": "x" * 500}), 60)
+    assert long.startswith('put (MCP server s) path="a b.txt" text=xxx') and long.endswith("…")
+    assert len(long) <= 80
+    assert approval_subject("run_command", "ls -la") == "run_command `ls -la`"
+    assert approval_subject("write_file", None) == "write_file"

@@ -78,6 +78,7 @@ def test_the_readme_and_models_doc_name_model_calls_and_answers_that_are_not_fin
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Flags in backticks that belong to other programs (servers, bwrap, pytest, git, scripts/test).
 FOREIGN_FLAGS = {
+    "--prefix",  # npm install --prefix
     "--basetemp",
     "--cap-drop",
     "--enable-auto-tool-choice",
@@ -102,7 +103,11 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+    found = dict(sub.choices)
+    for name, p in sub.choices.items():  # `mcp add`: its own flags, under `mcp add`
+        for nested in [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]:
+            found.update({f"{name} {n}": q for n, q in nested.choices.items()})
+    return found
 
 
 def _fenced_command_lines() -> list[tuple[str, list[str]]]:
@@ -160,8 +165,11 @@ def test_every_inline_command_names_a_subcommand_and_only_its_own_flags() -> Non
             if words[0] not in parsers:
                 bad.append(f"{doc.name}: {span} (no such command)")
                 continue
-            known = parsers[words[0]]._option_string_actions
+            both = " ".join(words[:2])
+            known = parsers[both if both in parsers else words[0]]._option_string_actions
             tokens = shlex.split(span)  # a quoted argument's own flags are not ours
+            if "--" in tokens:  # what follows is another program's (`mcp add NAME -- CMD`)
+                tokens = tokens[: tokens.index("--")]
             bad += [
                 f"{doc.name}: {span} ({token})"
                 for token in tokens
@@ -194,7 +202,9 @@ def test_the_readme_lists_every_flag_of_start_and_resume_help_matches_the_table(
     ]
     assert not missing, missing
     table = README[README.index("## Commands") : README.index("Flags of `start`:")]
-    assert set(re.findall(r"^\| `durable-agent (\w+)", table, re.M)) | {"show"} == set(parsers)
+    commands = {name for name in parsers if " " not in name}  # not `mcp add`
+    first_cells = "\n".join(re.findall(r"^\| (.*?) \| ", table, re.M))
+    assert set(re.findall(r"`durable-agent (\w+)", first_cells)) | {"show"} == commands
 
 
 def _slug(heading: str) -> str:

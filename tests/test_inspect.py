@@ -134,7 +134,7 @@ def test_show_json_has_the_run_its_steps_and_approvals(cli_inproc, write_script,
 
     text = cli_inproc("show", run_id).stdout
     approvals = text[text.index("\napprovals\n") :]
-    assert "approval_required · PENDING · call call_0_0 · touch made.txt" in approvals
+    assert "approval_required · PENDING · call call_0_0 · run_command `touch made.txt`" in approvals
     assert f"durable-agent approve {run_id}" in text
 
     assert cli_inproc("approve", run_id, "--by", "ada").code == 0

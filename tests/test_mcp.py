@@ -399,7 +399,7 @@ def test_exec_tools_ask_under_shell_ask_unless_not_destructive(
 def test_a_server_that_cannot_start_is_one_line_with_its_stderr(
     run_f: Callable[..., Any], tmp_path: Path
 ) -> None:
-    r = run_f([{"content": "done"}], server_env=', MCP_TEST_FAIL_START = "1"')
+    r = run_f([{"content": "done"}], server_env=', MCP_TEST_FAIL_START = "1" }\nrequired = true\n#')
     assert r.code == 2
     line = r.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
@@ -421,8 +421,10 @@ def test_an_unknown_command_is_a_config_error(
         "--mcp",
         "nope=no-such-mcp-server-here",
     )
-    assert r.code == 2 and "'no-such-mcp-server-here' not found on PATH" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    # Optional: a warning naming the program, and the run goes on without its tools.
+    assert r.code == 0, r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert "its program 'no-such-mcp-server-here' is not on PATH" in line
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only
@@ -771,9 +773,10 @@ def test_a_streamable_http_server(
     finally:
         server.kill()
         server.wait()
+    # Gone: an optional server is a warning, its tools absent (the model is told no tool).
     r = cli("start", "t", "--model", model, "--mcp", f"h=http://127.0.0.1:{port}/mcp")
-    assert r.code == 2 and "MCP server 'h' failed to start" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.code == 0 and "warning: MCP server 'h' failed to start" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.slow
@@ -806,6 +809,7 @@ def test_a_worker_gives_back_a_run_whose_server_will_not_start(
     sql: Callable[..., list[Any]],
 ) -> None:
     config = fault_config(tmp_path, workspace)
+    config.write_text(config.read_text() + "required = true\n")  # no run without it
     extra_env = {"DURABLE_AGENT_CONFIG": str(config)}
     model = write_script([{"tool_calls": [call("f__lookup", key="w")]}, {"content": "done"}])
     r = cli("start", "t", "--model", model, "--detach", "--json", extra_env=extra_env)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from scale_helpers import Workers, wait_for
 from side_effects_support import ledger_lines
-from ui_support import client, csrf_of, make_runs, open_store, start_ui, stop
+from ui_support import client, csrf_of, make_runs, open_store, printed_link, start_ui, stop
 
 from durable_agent.messages import Message  # noqa: E402
 
@@ -174,20 +174,29 @@ def test_approve_through_the_ui_is_recorded_like_the_cli_and_the_run_continues(
     store = open_store(store_url)
     assert store.pending_approval("wait") is not None
     r = c.post("/runs/wait/approve", data={"csrf": token, "by": "alice"}, follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/runs/wait?done=approved"
+    here = store_url.startswith("sqlite")  # the rule (docs/ui.md): SQLite resumes in the view
+    done = "approved-here" if here else "approved"
+    assert r.status_code == 303 and r.headers["location"] == f"/runs/wait?done={done}"
     (decision,) = store.approvals("wait")
     assert (decision.decision, decision.decided_by) == ("approved", "ui:alice")
-    assert store.get_run("wait").status == "pending"  # on the workers' queue
-    assert "back on the worker queue" in c.get(r.headers["location"]).text
+    page = c.get(r.headers["location"]).text
+    if here:
+        assert "resuming in the view&#x27;s process" in page, page
+    else:
+        assert store.get_run("wait").status == "pending"  # on the workers' queue
+        assert "queued: a worker" in page
     again = c.post("/runs/wait/approve", data={"csrf": token})
     assert again.status_code == 409 and "no pending approval" in again.text
 
-    workers = Workers({**env, "DURABLE_AGENT_DB": store_url}, store_url, tmp_path / "logs")
-    try:
-        proc = workers.start("--once", "--poll", "0.1", "--quiet")
-        assert proc.wait(timeout=120) == 0, workers.log(proc)
-    finally:
-        workers.kill_all()
+    if here:
+        wait_for(lambda: store.get_run("wait").status == "completed", 120, "the view's resume")
+    else:
+        workers = Workers({**env, "DURABLE_AGENT_DB": store_url}, store_url, tmp_path / "logs")
+        try:
+            proc = workers.start("--once", "--poll", "0.1", "--quiet")
+            assert proc.wait(timeout=120) == 0, workers.log(proc)
+        finally:
+            workers.kill_all()
     assert store.get_run("wait").status == "completed"
     assert (workspace / "made.txt").exists() and len(
         ledger_lines(workspace)
@@ -208,7 +217,12 @@ def test_deny_names_the_token_holder_when_the_form_names_nobody(
     assert r.status_code == 303
     (decision,) = open_store(store_url).approvals("wait")
     assert (decision.decision, decision.decided_by) == ("denied", "ui:token-holder")
-    assert open_store(store_url).get_run("wait").status == "pending"  # back on the workers' queue
+    if store_url.startswith("sqlite"):  # the view resumes it: the model is told, and answers
+        wait_for(
+            lambda: open_store(store_url).get_run("wait").status == "completed", 120, "the resume"
+        )
+    else:
+        assert open_store(store_url).get_run("wait").status == "pending"  # the workers' queue
 
 
 def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no-untyped-def]
@@ -364,13 +378,37 @@ def test_a_real_uvicorn_process_serves_the_store_with_a_token(
             url + "runs/wait/approve", headers=auth, data={"csrf": csrf_of(page), "by": "carol"}
         )
         assert r.status_code == 303
-        wait_for(
-            lambda: open_store(store_url).get_run("wait").status == "pending", 10, "the run queued"
-        )
         assert open_store(store_url).approvals("wait")[0].decided_by == "ui:carol"
     finally:
         stop(proc)
     assert proc.returncode is not None
+
+
+@pytest.mark.slow  # a real server process, and the resume it starts
+def test_an_approval_in_the_real_view_completes_the_run_with_no_worker(
+    cli, write_script, env, tmp_path, workspace
+) -> None:  # type: ignore[no-untyped-def]
+    """Approving once left the run `pending` for a worker nobody ran: the view resumes it."""
+    import httpx
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    make_runs(cli, write_script, store_url)
+    proc, url = start_ui(env, store_url, log=tmp_path / "ui.log")
+    try:
+        with httpx.Client(base_url=url) as web:
+            web.get(printed_link(tmp_path / "ui.log"))  # the printed link: may act
+            page = web.get("runs/wait").text
+            assert "<code>run_command `touch made.txt;" in page  # the question names the tool
+            r = web.post("runs/wait/approve", data={"csrf": csrf_of(page), "by": "dana"})
+            assert r.status_code == 303 and r.headers["location"].endswith("done=approved-here")
+            assert "resuming in the view&#x27;s process" in web.get(r.headers["location"]).text
+            store = open_store(store_url)
+            wait_for(lambda: store.get_run("wait").status == "completed", 120, "the resume")
+            assert store.get_run("wait").answer == "made it"
+            assert (workspace / "made.txt").exists() and len(ledger_lines(workspace)) == 1
+            assert store.approvals("wait")[0].used_at is not None  # the approval, used once
+    finally:
+        stop(proc)
 
 
 @pytest.mark.slow  # over 2 s on 2 cores: the full lane only

@@ -148,7 +148,8 @@ def test_diff_shows_command_made_changes_and_one_step(env, workspace, write_scri
     whole = da(["diff", "df"], env, workspace)
     assert whole.returncode == 0
     assert "+++ b/b.txt" in whole.stdout and "+bye" in whole.stdout
-    assert "Binary files a/bin.dat and b/bin.dat differ" in whole.stdout
+    assert "diff --git a/bin.dat b/bin.dat\nnew file mode 100644\n" in whole.stdout
+    assert "GIT binary patch\nliteral " in whole.stdout  # git's own format: `git apply` takes it
     assert "d/e/f" not in whole.stdout  # created and deleted within the run
     stat3 = json.loads(da(["diff", "df", "--step", "3", "--json"], env, workspace).stdout)
     assert {(c["path"], c["change"]) for c in stat3["changes"]} == {
@@ -1002,8 +1003,9 @@ def test_a_name_holding_a_newline_cannot_forge_a_line_of_a_diff(
     shown = "x\\x0adiff --durable-agent a/README b/README\\x0anew file mode 755"
     assert shown in stat.stdout
     full = da(["diff", "nl"], env, workspace).stdout
-    headers = [line for line in full.splitlines() if line.startswith("diff --durable-agent")]
-    assert headers == [f"diff --durable-agent a/{shown} b/{shown}"]
+    headers = [line for line in full.splitlines() if line.startswith("diff --")]
+    quoted = "x\\ndiff --durable-agent a/README b/README\\nnew file mode 755"
+    assert headers == [f'diff --git "a/{quoted}" "b/{quoted}"']  # quoted as git quotes it
 
 
 def test_restore_never_destroys_what_snapshots_leave_out(

@@ -106,3 +106,35 @@ def test_the_lease_of_a_killed_run_is_taken_over(
         assert started.code == 0, started.stderr
         resumed = cli("resume", "K")  # the killed run itself: its command's fate is uncertain
         assert resumed.code == 5 and "uncertain" in resumed.stdout + resumed.stderr, resumed.stderr
+
+
+def test_a_worker_leaves_a_run_queued_while_its_workspace_is_in_use(
+    workspace: Path,
+    env: dict[str, str],
+    cli: Callable[..., Any],
+    write_script: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    """A worker claims a queued run whose workspace a live foreground run holds: it gives the
+    run back, queued (nothing of it runs), and a later worker runs it once the lease is free."""
+    hold = write_script(
+        [{"tool_calls": [{"name": "run_command", "arguments": {"command": "cat gate"}}]}, DONE]
+    )
+    queued = write_script(
+        [{"tool_calls": [{"name": "write_file", "arguments": {"path": "q.txt", "content": "q"}}]}]
+        + [DONE]
+    )
+    detached = cli("start", "queued", "--model", queued, "--run-id", "Q", "--detach")
+    assert detached.code == 0, detached.stderr
+    with held_by_a_run(workspace, env, hold, "A") as (proc, gate):
+        worker = cli("worker", "--once")
+        assert worker.code == 0, worker.stderr
+        assert "skipped run Q" in worker.stderr and "in use by run A" in worker.stderr
+        assert not (workspace / "q.txt").exists()  # nothing of it ran
+        shown = cli("show", "Q", "--json")
+        assert shown.code == 0 and '"status": "pending"' in shown.stdout, shown.stdout
+        os.write(gate, b"go\n")
+    assert proc.returncode == 0, proc.stderr
+    again = cli("worker", "--once")
+    assert again.code == 0, again.stderr
+    assert (workspace / "q.txt").read_text() == "q"
+    assert '"status": "completed"' in cli("show", "Q", "--json").stdout

@@ -13,6 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from durable_agent import presentation
 from durable_agent.cli import collector, render, streams
 from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 from durable_agent.errors import ConfigError, UsageError
@@ -389,7 +390,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
         ]
         if unused:
             last = unused[-1]
-            what = f"`{last.command}`" if last.command else last.tool_name
+            what = presentation.approval_subject(last.tool_name, last.command)
             raise UsageError(
                 f"run {run_id}: {what} (call {last.call_id}) is already {last.decision}; "
                 f"continue with: durable-agent resume {run_id}"
@@ -406,7 +407,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
             "workspace back as before the command, then runs it again; it cannot be combined with --deny"
         )
     store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
-    what = f"`{pending.command}`" if pending.command else pending.tool_name
+    what = presentation.approval_subject(pending.tool_name, pending.command)
     verb = "denied" if args.deny else "approved"
     print(streams.visible(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}"))
     print(f"continue with: durable-agent resume {run_id}")

@@ -444,6 +444,45 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_command("cmd_tools"))
 
     p = sub.add_parser(
+        "mcp",
+        help="the MCP servers of the config file: add, list, remove",
+        description="Edit the [mcp_servers] of the user's config file "
+        "(DURABLE_AGENT_CONFIG, else ~/.config/durable-agent/config.toml). "
+        "`add NAME -- COMMAND ARGS...` (or `-- URL`), `list`, `remove NAME`.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = actions.add_parser(
+        "add",
+        help="add a server: mcp add NAME -- COMMAND ARGS...",
+        description="Append [mcp_servers.NAME] to the config file: the command and its "
+        "arguments after `--`, or an http(s) URL.",
+    )
+    a.add_argument("name", metavar="NAME")
+    a.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="a variable for it; repeatable"
+    )
+    a.add_argument("--network", action="store_true", help="it may use the network (network = true)")
+    a.add_argument("--required", action="store_true", help="a run does not start without it")
+    a.add_argument("launch", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS...")
+    a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
+    a = actions.add_parser(
+        "list",
+        help="every server, where it is defined, its state",
+        description="Every MCP server of the config file and its mcp_config JSON: how it "
+        "starts, whether it is enabled and required, and which file defines it.",
+    )
+    a.add_argument("--json", action="store_true", help="JSON array on stdout")
+    a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
+    a = actions.add_parser(
+        "remove",
+        help="remove a server: mcp remove NAME",
+        description="Remove [mcp_servers.NAME] (and its tool overrides) from the config "
+        "file, or the server from the mcp_config JSON.",
+    )
+    a.add_argument("name", metavar="NAME")
+    a.set_defaults(func=_command("cmd_mcp", "mcp_commands"))
+
+    p = sub.add_parser(
         "db",
         help="the database: upgrade, current revision, path",
         description="upgrade: apply the migrations up to the newest (also done on first "

@@ -1,7 +1,6 @@
-"""`list` and `show`, the commands people type most: answered from an SQLite store
-through the standard library when it can be (store/sqlite_reads.py: no SQLAlchemy to
-import), else through the store (store/runs.py), which also gives every refusal. Both
-ways read the same rows into the same records for the same renderers."""
+"""`list` and `show`, the commands people type most, through the store's `RunReads`
+(store/reads.py: on an SQLite store no SQLAlchemy to import; the whole store, opened only
+when needed, for anything else and for every refusal)."""
 
 from __future__ import annotations
 
@@ -11,29 +10,23 @@ from argparse import Namespace
 
 from durable_agent import presentation
 from durable_agent.cli import render
-from durable_agent.config.store import open_store, store_options
+from durable_agent.config.store import run_reads, store_options
 from durable_agent.errors import UsageError
 from durable_agent.status import RunStatus
-from durable_agent.store import sqlite_reads
 
 
 def cmd_list(args: Namespace, env: dict[str, str]) -> int:
     limit = min(args.limit, 1 << 31)  # SQL takes no bigger
     statuses = {s.value for s in RunStatus}
-    runs = None
-    if (not args.status or args.status in statuses) and args.limit >= 1:
-        runs = sqlite_reads.list_runs(
-            store_options({"db": args.db}, env).db, status=args.status, limit=limit
-        )
-    if runs is None:
-        store = open_store(args.db, env)  # the store first (its refusal comes before the flags')
+    reads = run_reads(args.db, env)
+    if (args.status and args.status not in statuses) or args.limit < 1:
+        reads.store()  # the store first (its refusal comes before the flags')
         if args.status and args.status not in statuses:
             raise UsageError(
                 f"unknown status {args.status!r}; one of: {', '.join(s.value for s in RunStatus)}"
             )
-        if args.limit < 1:
-            raise UsageError("--limit must be at least 1")
-        runs = store.list_runs(status=args.status, limit=limit)
+        raise UsageError("--limit must be at least 1")
+    runs = reads.list_runs(status=args.status, limit=limit)
     if args.json:
         # The recorded settings are long and the same for most runs: `show --json` has them.
         print(json.dumps([presentation.run_json(r, settings=False) for r in runs], indent=2))
@@ -62,12 +55,7 @@ def _demo_runs_hint(db: str | None, env: dict[str, str]) -> None:
 
 
 def cmd_show(args: Namespace, env: dict[str, str]) -> int:
-    found = sqlite_reads.show(store_options({"db": args.db}, env).db, args.run_id)
-    if found is None:
-        store = open_store(args.db, env)
-        run_id = store.find_run_id(args.run_id)
-        found = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
-    run, steps, approvals = found
+    run, steps, approvals = run_reads(args.db, env).show(args.run_id)
     if args.json:
         print(json.dumps(presentation.show_json(run, steps, approvals), indent=2))
     else:

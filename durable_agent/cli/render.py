@@ -15,6 +15,7 @@ from durable_agent.cli.status_line import (
 from durable_agent.cli.streams import forgiving
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.presentation import (
+    approval_subject,
     counts,
     estimated_tokens,
     fmt_age,
@@ -309,7 +310,7 @@ def show(
             decision = a.decision or "PENDING"
             by = f" by {a.decided_by}" if a.decided_by else ""
             p(
-                f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {short(a.command or a.tool_name, 60)}"
+                f"  #{a.id} {a.kind} · {decision}{by} · call {a.call_id} · {approval_subject(a.tool_name, a.command, 80)}"
             )
             if a.reason:
                 p(f"      {short(a.reason, 120)}")

@@ -78,7 +78,7 @@ def _scanner(root: Path, settings: dict[str, Any] | None, env: dict[str, str]) -
 
 def _held_line(held: list[bytes], written: bool) -> str | None:
     """What restore and fork say of the paths that held a secret (never stored)."""
-    from durable_agent.tools.encoding import show_name
+    from durable_agent.encoding import show_name
     from durable_agent.workspace.secrets import HELD
 
     if not held:
@@ -125,7 +125,13 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
             visible(line) for line in diffing.stat_lines(found)
         )  # names a command chose
     else:
-        sys.stdout.writelines(diffing.unified(old, new, found, blobs.blob))
+        lines = diffing.patch(old, new, found, blobs.blob)
+        if sys.stdout.isatty():  # for a person: what a file holds cannot drive the terminal
+            sys.stdout.writelines(visible(b.decode("utf-8", "replace")) for b in lines)
+        else:  # for `git apply`: byte for byte
+            sys.stdout.flush()
+            sys.stdout.buffer.writelines(lines)
+            sys.stdout.buffer.flush()
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,6 +16,8 @@ from durable_agent.errors import ConfigError
 
 SERVER_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 MASK = "***"
+CODEX_ALIASES = {"startup_timeout_sec": "startup_timeout_s", "tool_timeout_sec": "timeout_s"}
+"""Codex's key -> ours (Codex's `enabled` and `env_vars` are ours too)."""
 
 
 class McpToolOverride(BaseModel):
@@ -45,6 +48,36 @@ class McpServerConfig(BaseModel):
     """Seconds one tool call may take (default: mcp_timeout_s)."""
     tools: dict[str, McpToolOverride] = Field(default_factory=dict)
     """Per-tool overrides, by the server's tool name."""
+    startup_timeout_s: float | None = Field(None, gt=0)
+    """Seconds it may take to start and list its tools (default: mcp_startup_timeout_s)."""
+    network: bool = False
+    """Let it reach the network under the sandbox even when the run's --network is off (a
+    launch that downloads its package, `npx -y ...` or `uvx ...`, needs it)."""
+    cache_dir: str | None = None
+    """A folder it may write, given to it as npm_config_cache, UV_CACHE_DIR, XDG_CACHE_HOME
+    and PIP_CACHE_DIR (default: mcp-cache/NAME in the harness's data folder), writable
+    under bubblewrap."""
+    env_vars: list[str] = Field(default_factory=list)
+    """Names of the harness's environment variables passed on to it as they are."""
+    enabled: bool = True
+    """false: configured but not started, its tools not offered."""
+    required: bool = False
+    """true: a run does not start without it. Otherwise a server that fails to start is a
+    warning and its tools are absent (recorded so with the run)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _codex_names(cls, data: Any) -> Any:
+        """Codex's names for the same settings, so its `[mcp_servers.NAME]` can be pasted."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for codex, ours in CODEX_ALIASES.items():
+            if codex in data:
+                if ours in data:
+                    raise ValueError(f"give `{ours}` or `{codex}` (the same setting), not both")
+                data[ours] = data.pop(codex)
+        return data
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:
@@ -109,3 +142,37 @@ def merge_recorded(recorded: dict[str, Any], configured: dict[str, Any]) -> dict
         }
         merged[name] = {**server, "env": env}
     return merged
+
+
+def read_mcp_json(path: Path) -> dict[str, Any]:
+    """The servers of a Claude Code / Cursor / VS Code style JSON file: `{"mcpServers": {NAME:
+    {command, args, env, url, ...}}}` (VS Code's `servers` too), as `[mcp_servers.NAME]` tables.
+    Their `type` ("stdio", "http", "streamable-http") is implied by command or url here."""
+    import json
+
+    try:
+        data = json.loads(path.expanduser().read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"mcp_config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"mcp_config: cannot read {path}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"mcp_config: {path} is not JSON: {exc}") from None
+    servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ConfigError(f'mcp_config: {path} has no "mcpServers" object of servers')
+    found: dict[str, Any] = {}
+    for name, server in servers.items():
+        if not isinstance(server, dict):
+            raise ConfigError(f"mcp_config: {path}: server {name!r} is not an object")
+        server = dict(server)
+        kind = server.pop("type", None)
+        if kind not in (None, "stdio", "http", "streamable-http", "streamableHttp"):
+            raise ConfigError(
+                f"mcp_config: {path}: server {name!r} has type {kind!r}; "
+                "only stdio (command) and streamable HTTP (url) servers are supported"
+            )
+        if "disabled" in server:  # Cline's and Roo's spelling
+            server["enabled"] = not server.pop("disabled")
+        found[str(name)] = server
+    return found

@@ -72,6 +72,7 @@ class ModelInfo(BaseModel):
 NUMBER_FIELDS = (
     "max_steps",
     "max_tool_calls",
+    "max_tool_calls_per_turn",
     "max_tokens",
     "max_cost",
     "max_context_tokens",
@@ -128,6 +129,8 @@ class Settings(BaseModel):
     """Model calls allowed in the run."""
     max_tool_calls: int | None = Field(None, ge=0)
     """Tool calls allowed in the run (unlimited when unset)."""
+    max_tool_calls_per_turn: int = Field(64, ge=1)
+    """Tool calls run from one model answer; the rest are answered "not run" without running."""
     max_tokens: int | None = Field(None, ge=1)
     """Prompt plus completion tokens allowed in the run."""
     max_seconds: float | None = Field(None, gt=0)
@@ -235,6 +238,9 @@ class Settings(BaseModel):
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     """MCP servers whose tools are offered as NAME__TOOL: [mcp_servers.NAME] with command, args,
     env, cwd (stdio) or url (streamable HTTP); needs the `durable-agent[mcp]` extra."""
+    mcp_config: str | None = None
+    """A JSON file of MCP servers as Claude Code and Cursor write them ({"mcpServers": {...}});
+    its servers join [mcp_servers] (a server of the same name there wins)."""
     mcp_timeout_s: float = Field(120.0, gt=0)
     """Seconds one MCP tool call may take (a server's timeout_s overrides it)."""
     mcp_startup_timeout_s: float = Field(30.0, gt=0)
@@ -405,6 +411,14 @@ def _merge_servers(
     """MCP servers add up over the layers (config, recorded run, --mcp) instead of the last
     layer replacing the whole table; a recorded server gets its masked env from the config."""
     configured = read_config_file(path).get("mcp_servers") or {} if path is not None else {}
+    if merged.get("mcp_config") and isinstance(configured, Mapping):
+        try:
+            configured = {**json_servers(str(merged["mcp_config"]), path), **configured}
+        except ConfigError:
+            if not base:
+                raise
+            # A resume runs the servers it recorded: the file only fills in masked env
+            # values, and one that moved since is no reason to stop the run.
     for given in (configured, flags.get("mcp_servers") or {}):
         if not isinstance(given, Mapping):  # (`mcp_servers = 5`: a TypeError below, else)
             raise ConfigError(
@@ -417,6 +431,16 @@ def _merge_servers(
     servers.update(flags.get("mcp_servers") or {})
     if servers:
         merged["mcp_servers"] = servers
+
+
+def json_servers(given: str, config_path: Path | None) -> dict[str, Any]:
+    """The servers of the `mcp_config` JSON file (a relative path is the config file's)."""
+    from durable_agent.config.mcp_servers import read_mcp_json
+
+    where = Path(given).expanduser()
+    if not where.is_absolute() and config_path is not None:
+        where = config_path.parent / where
+    return read_mcp_json(where)
 
 
 def validation_text(exc: ValidationError, root: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from msgspec import Struct
 
 from durable_agent.config.layers import default_config_path, merge_layers
+from durable_agent.store.reads import Reads
 
 
 class StoreOptions(Struct, frozen=True):
@@ -67,3 +68,9 @@ def open_store(db: str | None, env: Mapping[str, str]) -> Any:
     from durable_agent.store.runs import open_store as open_
 
     return open_(store_options({"db": db}, env))
+
+
+def run_reads(db: str | None, env: Mapping[str, str]) -> Reads:
+    """`list` and `show` for `--db` (store/reads.py): the whole store is opened only when
+    the standard library's way does not answer."""
+    return Reads(store_options({"db": db}, env).db, lambda: open_store(db, env))

@@ -13,6 +13,7 @@ from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import ToolCall
 from durable_agent.status import StopReason
 from durable_agent.store.records import ApprovalKind, ApprovalRecord, Decision
+from durable_agent.visible import approval_subject, call_arguments
 
 
 def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True) -> tuple[str, str]:
@@ -64,9 +65,10 @@ def decided(
         if kind is ApprovalKind.APPROVAL_REQUIRED
         else StopReason.UNCERTAIN_SIDE_EFFECT
     )
-    what = f"`{command}`" if command else call.name
-    if what in reason:  # the policy's reason names the command already
-        what = call.name
+    # Named by its tool (and MCP server), its arguments readable (as presentation.py shows it).
+    what = approval_subject(call.name, command)
+    if command and call_arguments(command, width=10**9) in reason:
+        what = approval_subject(call.name, None)  # the policy's reason names the command
     raise LoopExit(
         stop,
         f"{what} needs approval: {reason}. "

@@ -16,7 +16,7 @@ from msgspec.structs import replace
 
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.loop import compaction, guard
+from durable_agent.loop import compaction, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
@@ -208,7 +208,7 @@ def _answered(
     s.completion_tokens += usage.completion_tokens
     for m in lead:
         s.append(m)
-    s.append(message)
+    message_seq = s.append(message)
     written = [*lead, message]
     if nudge is not None:  # in the same transaction as the answer: a resume never re-nudges
         written.append(Message("user", nudge[1]))
@@ -228,6 +228,7 @@ def _answered(
         output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
     if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
         output["raw"] = redactor.redact_known_escaped(redactor.redact(turn_out.raw))
+    stored_once.model_output(output, message_seq)  # a big answer: its message holds it
     return StepOutcome(
         output,
         messages=written,

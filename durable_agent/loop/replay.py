@@ -89,6 +89,14 @@ class RunState(Struct):
                 return [c for c in m.tool_calls if c.id not in done]
         return []
 
+    def calls_over(self, cap: int) -> tuple[int, set[str]]:
+        """How many tool calls the last assistant message asked for, and the ids of those
+        past its first `cap` (max_tool_calls_per_turn): answered without being run."""
+        for m in reversed(self.messages):
+            if m.role == "assistant":
+                return len(m.tool_calls), {c.id for c in m.tool_calls[cap:]}
+        return 0, set()
+
     def final_answer(self) -> str | None:
         """The content of a trailing assistant message without tool calls (a finish).
 

@@ -22,7 +22,7 @@ from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
-from durable_agent.loop.tool_step import run_tool, stop_leftover_processes
+from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
@@ -178,9 +178,13 @@ class Runner:
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():
+                    cap = ctx.settings.max_tool_calls_per_turn
+                    asked, over = ctx.state.calls_over(cap)
                     for call in pending:
                         self._check_cancel(ctx)
-                        run_tool(ctx, call)
+                        run_tool(
+                            ctx, call, over_cap=over_cap(asked, cap) if call.id in over else None
+                        )
                     continue
                 if (answer := ctx.state.final_answer()) is not None:
                     if finish_gate.verify(ctx, answer):

@@ -29,7 +29,7 @@ from durable_agent.errors import (
     StoreError,
     StoreUnavailable,
 )
-from durable_agent.loop import approvals, guard
+from durable_agent.loop import approvals, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
@@ -60,30 +60,42 @@ def tool_key(call: ToolCall) -> str:
     return f"tool:{call.id}:{sha256_text(call.name + call.canonical_arguments())[:32]}"
 
 
-def run_tool(ctx: StepContext, call: ToolCall) -> None:
-    """Check budgets and repeats, then run the call by its tool's effect class."""
+def over_cap(asked: int, cap: int) -> str:
+    """The result of a call past max_tool_calls_per_turn."""
+    return (
+        f"not run: this answer asked for {asked} tool calls and at most {cap} are run per "
+        "answer (max_tool_calls_per_turn); ask again for those still needed, fewer at a time"
+    )
+
+
+def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -> None:
+    """Check budgets and repeats, then run the call by its tool's effect class. `over_cap`:
+    the call is past the answer's max_tool_calls_per_turn, answered with that text, not
+    run (unless a crash cut it off after it began: then it is reconciled as ever)."""
     s = ctx.state
+    tool = ctx.tools.get(call.name)
+    spec = StepSpec(
+        StepKind.TOOL,
+        tool_key(call),
+        s.turn,
+        stored_once.call_input(call),
+        effect=tool.effect if tool is not None else None,
+        call_id=call.id,
+        tool_name=call.name,
+        label=call.name,
+        detail=_brief(call),
+    )
+    if over_cap is not None:
+        step = open_step(ctx, spec)
+        if step.prior is None:
+            return _refuse(ctx, call, step, over_cap)
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
     stop = guard.before_tool_call(
         ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak, active_ms=ctx.active_ms()
     )
     if stop is not None:
         raise LoopExit(*stop)
-    tool = ctx.tools.get(call.name)
-    step = open_step(
-        ctx,
-        StepSpec(
-            StepKind.TOOL,
-            tool_key(call),
-            s.turn,
-            {"arguments": call.arguments_or_text()},
-            effect=tool.effect if tool is not None else None,
-            call_id=call.id,
-            tool_name=call.name,
-            label=call.name,
-            detail=_brief(call),
-        ),
-    )
+    step = open_step(ctx, spec)
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
@@ -143,7 +155,7 @@ def _write(
             "before_sha": planned.before_sha,
             "after_sha": planned.after_sha,
         }
-        step.run(run, input={"arguments": call.arguments_or_text(), "plan": recorded})
+        step.run(run, input={**stored_once.call_input(call), "plan": recorded})
         return None
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
     plan = _recorded_plan(prior)

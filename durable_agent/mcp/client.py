@@ -82,6 +82,8 @@ class Launch(Struct, frozen=True):
     log_path: Path | None = None
     log_max_bytes: int = 5_000_000  # the setting mcp_log_max_bytes
     cleanup: Callable[[], None] = lambda: None
+    network: bool | None = None  # under a sandbox: whether it has the network (None: unconfined)
+    cache_dir: str | None = None  # the folder it may write under the sandbox
 
 
 class RemoteTool(Struct, frozen=True):

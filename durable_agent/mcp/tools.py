@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -31,6 +31,7 @@ from durable_agent.mcp.client import (
     ServerFailed,
     require_sdk,
 )
+from durable_agent.mcp.diagnose import explain
 from durable_agent.status import EffectClass
 from durable_agent.tools.base import Tool, ToolContext, ToolResult
 
@@ -112,20 +113,26 @@ class McpHub:
         if live is not None:
             live.close()  # died (during a call, or since the last one): start it again
         require_sdk()
-        launch: Launch = self._launch_for(name, self.servers[name])
-        conn = ServerConnection(launch, self.startup_timeout_s)
+        config = self.servers[name]
+        launch: Launch = self._launch_for(name, config)
+        startup = config.startup_timeout_s or self.startup_timeout_s
+        try:
+            conn = ServerConnection(launch, startup)
+        except ServerFailed as exc:
+            raise ServerFailed(explain(name, config, launch, str(exc))) from None
         self.starts[name] = self.starts.get(name, 0) + 1
         self._live[name] = conn
         try:
-            self._offered[name] = {t.name for t in conn.tools(self.startup_timeout_s)}
+            self._offered[name] = {t.name for t in conn.tools(startup)}
         except (ServerFailed, CallTimedOut) as exc:
             conn.close()
             self._live.pop(name, None)
-            raise ServerFailed(str(exc)) from None
+            raise ServerFailed(explain(name, config, launch, str(exc))) from None
         return conn
 
     def list_tools(self, name: str) -> list[RemoteTool]:
-        return self.connection(name).tools(self.startup_timeout_s)
+        startup = self.servers[name].startup_timeout_s or self.startup_timeout_s
+        return self.connection(name).tools(startup)
 
     def call(
         self, server: str, remote: str, arguments: dict[str, Any], ctx: ToolContext
@@ -223,22 +230,39 @@ def make_tools(hub: McpHub, catalog: dict[str, Any]) -> dict[str, Tool]:
     return tools
 
 
-def list_catalog(hub: McpHub, reserved: Collection[str] = ()) -> dict[str, Any]:
+def list_catalog(
+    hub: McpHub,
+    reserved: Collection[str] = (),
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Start every server and describe its tools: what a new run records. Every tool gets a
     name of its own, unlike the `reserved` ones (the built-in and plugin tools)."""
     catalog: dict[str, Any] = {}
     taken = set(reserved)
     for name, config in hub.servers.items():
-        entries = []
-        for remote in hub.list_tools(name):
-            entry = catalog_entry(name, config, remote, taken)
-            taken.add(entry["name"])
-            entries.append(entry)
         where = (
             {"url": mask_url_password(config.url)}
             if config.url
             else {"command": config.command, "args": config.args}
         )
+        try:
+            listed = hub.list_tools(name)
+        except ServerFailed as exc:
+            if config.required:
+                raise
+            # An optional server that cannot start: the run goes on without its tools, and
+            # the catalog says why they are absent (a resume offers the same: none).
+            if warn is not None:
+                warn(
+                    f"{exc} (optional: its tools are left out; `required = true` makes this fatal)"
+                )
+            catalog[name] = {**where, "tools": [], "failed": str(exc)}
+            continue
+        entries = []
+        for remote in listed:
+            entry = catalog_entry(name, config, remote, taken)
+            taken.add(entry["name"])
+            entries.append(entry)
         catalog[name] = {**where, "tools": entries}
     return catalog
 

@@ -18,15 +18,16 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from msgspec import Struct, field
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, insert, select
 
 from durable_agent.store import retrying
-from durable_agent.store.schema import runs, workspace_blobs, workspace_trees
+from durable_agent.store.schema import runs, workspace_blobs, workspace_changes, workspace_trees
 
 T = TypeVar("T")
 
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
+_CHANGES = insert(workspace_changes)
 
 
 class TreeRow(Struct, frozen=True):
@@ -231,6 +232,12 @@ def first_tree(engine: Engine, run_id: str) -> str | None:
         return str(start)
     found = tree_at(engine, run_id, -1)
     return found.tree if found is not None else None
+
+
+def changes_statement(rows: list[dict[str, Any]]) -> Statement:
+    """The rows of `workspace_changes` (the `step_changes` view) a step's outcome commits:
+    each with run_id, seq, path, change and bytes."""
+    return (_CHANGES, rows)
 
 
 def save_statements(

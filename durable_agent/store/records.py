@@ -143,3 +143,11 @@ class MessageRecord(_Record, frozen=True):
     tool_call_id: str | None
     step_seq: int | None
     created_at: datetime
+
+
+class FileChange(Struct, frozen=True):
+    """One file a step changed (a row of the `step_changes` view)."""
+
+    path: str
+    change: str
+    bytes: int | None

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from sqlalchemy import Connection, Engine, insert, select, text, update
+from sqlalchemy import Connection, Engine, insert, inspect, or_, select, text, tuple_, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from durable_agent.errors import RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message
@@ -21,6 +22,7 @@ from durable_agent.store import leases, retrying
 from durable_agent.store.records import (
     ApprovalRecord,
     Decision,
+    FileChange,
     MessageRecord,
     RunRecord,
     StepRecord,
@@ -32,6 +34,9 @@ from durable_agent.store.storable import is_utf8, storable
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# Workspace snapshots (where the store has them): one row per file a step changed.
+CHANGES_VIEW = "step_changes"
 
 
 def _locked_run(conn: Connection, run_id: str) -> Any:
@@ -72,6 +77,7 @@ class Store:
     def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
         self.engine = engine
         self.policy = policy or retrying.StorePolicy()
+        self._changes_view: bool | None = None  # the store has `step_changes` (asked once)
 
     def _read(self) -> Connection:
         return self.engine.connect().execution_options(readonly=True)
@@ -184,6 +190,12 @@ class Store:
             query = query.where(runs.c.status == status)
         with self._read() as conn:
             return [RunRecord.from_row(r) for r in conn.execute(query)]
+
+    def show(self, run_id: str) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]]:
+        """The run with this id (or unique prefix of one), its steps and its approvals
+        (store/reads.py's `RunReads`, as `show` prints them)."""
+        found = self.find_run_id(run_id)
+        return self.get_run(found), self.steps(found), self.approvals(found)
 
     @_retried
     def steps(self, run_id: str) -> list[StepRecord]:
@@ -327,6 +339,83 @@ class Store:
             value = conn.execute(select(runs.c.tool_sources).where(runs.c.id == run_id)).scalar()
         return dict(value) if value is not None else None
 
+    # -- the web view's reads -----------------------------------------------------------------
+    @_retried
+    def run_page(
+        self,
+        *,
+        status: str | None = None,
+        needle: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int,
+    ) -> list[RunRecord]:
+        """Up to `limit` runs, newest first, after the (created_at, id) `after`: a keyset page
+        on the order that the `ix_runs_created_id` and `ix_runs_status_created_id` indexes
+        serve, so a far page costs what the first costs (OFFSET would read every row before
+        it). `needle` matches the id or the task case-insensitively (a scan, stopped by
+        LIMIT as soon as the page is full)."""
+        query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        if status:
+            query = query.where(runs.c.status == status)
+        if needle:
+            pattern = _like(needle.lower())
+            query = query.where(
+                or_(runs.c.id.ilike(pattern, escape="\\"), runs.c.task.ilike(pattern, escape="\\"))
+            )
+        if after is not None:
+            # A row-value comparison: both backends walk the (created_at, id) index from there.
+            query = query.where(tuple_(runs.c.created_at, runs.c.id) < tuple_(*after))
+        with self._read() as conn:
+            return [RunRecord.from_row(r) for r in conn.execute(query)]
+
+    @_retried
+    def steps_from(self, run_id: str, first_seq: int, limit: int | None = None) -> list[StepRecord]:
+        """The run's steps with seq >= first_seq, by seq (at most `limit` of them)."""
+        query = (
+            select(steps)
+            .where(steps.c.run_id == run_id, steps.c.seq >= first_seq)
+            .order_by(steps.c.seq)
+            .limit(limit)
+        )
+        with self._read() as conn:
+            return [StepRecord.from_row(r) for r in conn.execute(query)]
+
+    def has_step_changes(self) -> bool:
+        """The store has the `step_changes` view (stores with workspace snapshots)."""
+        if self._changes_view is None:
+            try:
+                self._changes_view = CHANGES_VIEW in inspect(self.engine).get_view_names()
+            except SQLAlchemyError:
+                self._changes_view = False
+        return self._changes_view
+
+    def step_changes(self, run_id: str) -> dict[int, list[FileChange]]:
+        """The files each step of the run changed, by seq (paths in order), read from the
+        `step_changes` view; empty where the store has none, or one of another shape."""
+        if not self.has_step_changes():
+            return {}
+        found: dict[int, list[FileChange]] = {}
+        try:
+            with self.engine.connect() as conn:
+                rows: Any = conn.execute(
+                    text(
+                        f"SELECT seq, path, change, bytes FROM {CHANGES_VIEW} "
+                        "WHERE run_id = :run_id ORDER BY seq, path"
+                    ),
+                    {"run_id": run_id},
+                )
+                for row in rows:
+                    found.setdefault(int(row.seq), []).append(
+                        FileChange(
+                            str(row.path),
+                            str(row.change),
+                            None if row.bytes is None else int(row.bytes),
+                        )
+                    )
+        except SQLAlchemyError:  # a view of another shape: no files rather than a failed page
+            return {}
+        return found
+
     # -- leases -------------------------------------------------------------------------
     def acquire_lease(self, run_id: str, owner: str, lease_seconds: float) -> int:
         """Take the run's lease and return the new epoch; RunBusy if a live owner holds it."""
@@ -371,6 +460,11 @@ class Store:
         with self._read() as conn:
             result = conn.execute(text(statement), params or {})
             return list(result.keys()), [tuple(row) for row in result]
+
+
+def _like(needle: str) -> str:
+    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 class StoreSettings(Protocol):

@@ -261,9 +261,13 @@ def _datetime(value: Any) -> datetime | None:
 
 
 def _json(value: Any) -> Any:
-    """As store/engine.py's reader: storable JSON, or the text itself when it is not JSON."""
+    """As store/engine.py's reader: storable JSON, or the text itself when it is not JSON.
+    A bare number is kept by SQLite as a number (the JSON column's NUMERIC affinity), and
+    SQLAlchemy gives it as it is: so does this."""
     if value is None:
         return None
+    if type(value) in (int, float):
+        return value
     if type(value) is not str:
         raise _Unusual
     return read_json(value)

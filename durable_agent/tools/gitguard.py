@@ -298,10 +298,13 @@ def git_state(workspace: Path) -> dict[str, str]:
     return state
 
 
-def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
-    """Lines naming git dirs a command created and protected entries it created or changed."""
+def git_changes(
+    before: dict[str, str], workspace: Path, after: dict[str, str] | None = None
+) -> list[str]:
+    """Lines naming git dirs a command created and protected entries it created or changed
+    (`after`: git_state now, when already known)."""
     root = Path(os.path.realpath(workspace))
-    after = git_state(workspace)
+    after = git_state(workspace) if after is None else after
     notes = []
     new_dirs = [
         path for path, digest in after.items() if digest == "git dir" and path not in before
@@ -314,8 +317,9 @@ def git_changes(before: dict[str, str], workspace: Path) -> list[str]:
         shown = os.path.relpath(path, root)
         if digest == "git dir":
             notes.append(
-                f"this command created the git repository {shown}: its config and hooks were "
-                "written by the command; review them before running git there outside the sandbox"
+                f"this command created the git repository {shown}: what its config and hooks "
+                "hold was written by the command (settings and hooks that run programs are "
+                "removed); review it before running git there outside the sandbox"
             )
         else:
             verb = "created" if path not in before else "changed"

@@ -42,6 +42,7 @@ from pathlib import Path
 from msgspec import Struct
 from msgspec.structs import replace
 
+from durable_agent.tools import gitdisarm, pids
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
 
@@ -369,11 +370,13 @@ def prepare(
     workspace: Path,
     env: Mapping[str, str],
     carry: Sequence[Path] = (),
+    writable_extra: Sequence[Path] = (),
 ) -> Launch:
     """`argv` wrapped for `sandbox` (None or mode off: unchanged). Raises SandboxUnavailable
     when a sandboxed mode has no mechanism: the command must not run at all then. `carry`:
     host paths the program itself needs (an MCP server's script); those under /tmp stay
-    visible, read-only, in the private /tmp."""
+    visible, read-only, in the private /tmp. `writable_extra`: folders it may write besides the
+    workspace (an MCP server's cache; bubblewrap only, Landlock keeps them read-only)."""
     if sandbox is None or sandbox.mechanism is Mechanism.OFF:
         return Launch(list(argv), dict(env))
     if sandbox.mechanism is Mechanism.NONE:
@@ -385,14 +388,28 @@ def prepare(
     keep = programs_in_tmp(env, ws)
     keep += [p for p in in_tmp(carry, ws) if not any(p.is_relative_to(k) for k in keep)]
     options = (
-        bwrap_options(sandbox, cwd=here, workspace=ws, keep=keep, hide=hidden(sandbox, carry))
+        bwrap_options(
+            sandbox,
+            cwd=here,
+            workspace=ws,
+            keep=keep,
+            hide=hidden(sandbox, carry),
+            writable=writable_extra,
+        )
         if sandbox.bwrap
         else []
     )
     before = git_state(ws) if writable else {}
 
     def notes() -> list[str]:
-        return [*remove_planted(before, ws), *git_changes(before, ws)] if writable else []
+        if not writable:
+            return []
+        planted = remove_planted(before, ws)
+        after = git_state(ws)
+        disarmed = gitdisarm.disarm(gitdisarm.created(before, after, ws), ws)
+        if disarmed:
+            after = git_state(ws)
+        return [*planted, *disarmed, *git_changes(before, ws, after)]
 
     if sandbox.mechanism is Mechanism.BUBBLEWRAP:
         assert sandbox.bwrap is not None
@@ -403,11 +420,14 @@ def prepare(
                 f"more than bubblewrap accepts in {BWRAP_MAX_ARGS} arguments); give a narrower --workspace, or "
                 f"pass --sandbox read-only (nothing in it writable) or --sandbox off"
             )
+        group = _pids_group()
         return Launch(
-            [sandbox.bwrap, *options, "--", *argv],
+            _limited(group, [sandbox.bwrap, *options, "--", *argv]),
             {**env, "TMPDIR": "/tmp"},  # the host's TMPDIR may be read-only inside
+            cleanup=lambda: _remove_group(group),
             notes=notes,
         )
+    group = _pids_group()
     tmp = tempfile.mkdtemp(prefix="durable-agent-cmd-")
     wrapped = [
         sys.executable,
@@ -421,12 +441,31 @@ def prepare(
         "--",
         *argv,
     ]
-    return Launch(
-        wrapped,
-        {**env, "TMPDIR": tmp},
-        cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True),
-        notes=notes,
-    )
+
+    def cleanup() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_group(group)
+
+    return Launch(_limited(group, wrapped), {**env, "TMPDIR": tmp}, cleanup=cleanup, notes=notes)
+
+
+def _pids_group() -> str | None:
+    """A cgroup limiting the command's processes (pids.py); None when none can be made and
+    the harness is not root (the kernel's per-user limit applies to it). As root without
+    one the command is refused: a fork bomb would meet no limit at all."""
+    group = pids.new_group()
+    if group is None and os.geteuid() == 0:
+        raise SandboxUnavailable(pids.refusal())
+    return group
+
+
+def _limited(group: str | None, argv: list[str]) -> list[str]:
+    return argv if group is None else pids.joining(group, argv)
+
+
+def _remove_group(group: str | None) -> None:
+    if group is not None:
+        pids.remove_group(group)
 
 
 def programs_in_tmp(env: Mapping[str, str], workspace: Path) -> list[Path]:
@@ -487,6 +526,7 @@ def bwrap_options(
     workspace: Path,
     keep: Sequence[Path] = (),
     hide: Sequence[str] = (),
+    writable: Sequence[Path] = (),
 ) -> list[str]:
     """bwrap's options (what comes between `bwrap` and `--`). Creates missing hooks/ dirs."""
     bind = "--bind" if sandbox.mode is SandboxMode.WORKSPACE_WRITE else "--ro-bind"
@@ -538,6 +578,12 @@ def bwrap_options(
     for own in hide:
         if os.path.isfile(own) and not any(Path(own).is_relative_to(f) for f in folders):
             args += ["--ro-bind", "/dev/null", own]
+    # A folder of its own it may write (an MCP server's cache, kept beside the logs in the
+    # harness's data folder): after the hiding, which covers that folder, so only it is
+    # seen again; never one that holds a hidden file (the store, the config).
+    for path in writable:
+        if not any(_within(own, os.path.realpath(path)) for own in hide):
+            args += ["--bind", str(path), str(path)]
     args += [
         "--unshare-pid",
         "--unshare-ipc",

@@ -1,9 +1,19 @@
 """What a person does from the run page, written exactly as the CLI writes it: the same
 Store calls as `approve`, `cancel` and `resume --detach` (commands.py), so a decision
-made in the browser is the same row as one made in a terminal. Approve and deny also put
-the run back on the workers' queue: in the browser, answering is asking it to go on."""
+made in the browser is the same row as one made in a terminal.
+
+In the browser, answering is asking the run to go on, so approve and deny continue it:
+on an SQLite store the view resumes it itself (a `durable-agent resume RUN --quiet` process
+it starts, which takes the run's lease as any resume does); on PostgreSQL, the store that
+workers share, the run goes back on the workers' queue (docs/ui.md)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 from msgspec import Struct
 
@@ -11,9 +21,13 @@ from durable_agent.errors import UsageError
 from durable_agent.status import RESUMABLE, RunStatus
 from durable_agent.store.runs import Store
 
+HERE = "resuming in the view's process"
+QUEUED = "queued: a worker (`durable-agent worker`) will continue it"
 NOTICES = {
-    "approved": "approved; the run is back on the worker queue",
-    "denied": "denied (the model is told); the run is back on the worker queue",
+    "approved": f"approved; {QUEUED}",
+    "denied": f"denied (the model is told); {QUEUED}",
+    "approved-here": f"approved; {HERE}",
+    "denied-here": f"denied (the model is told); {HERE}",
     "requested": "cancellation requested: the run stops at its next step boundary",
     "cancelled": "cancelled; resume continues it",
     "queued": "queued: a worker (`durable-agent worker`) continues it",
@@ -37,9 +51,38 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     if pending is None:
         raise UsageError(f"run {run_id} has no pending approval")
     store.decide_approval(pending.id, approved=approved, by=by)
-    if store.get_run(run_id).status == RunStatus.BLOCKED:
+    notice = "approved" if approved else "denied"
+    run = store.get_run(run_id)
+    if run.status != RunStatus.BLOCKED:  # (already on its way: nothing to start)
+        return Done(run_id, notice)
+    if not resumes_here(store):
         store.requeue(run_id)
-    return Done(run_id, "approved" if approved else "denied")
+        return Done(run_id, notice)
+    _start_resume(store, run_id, run.workspace)
+    return Done(run_id, f"{notice}-here")
+
+
+def resumes_here(store: Store) -> bool:
+    """The rule: the view continues runs of an SQLite store itself (one machine, usually no
+    worker); a PostgreSQL store is the one workers share, so its runs are queued for them."""
+    return bool(store.engine.dialect.name == "sqlite")
+
+
+def _start_resume(store: Store, run_id: str, workspace: str) -> None:
+    """`durable-agent resume RUN --quiet` in a process of its own session (stopping the view
+    does not stop the run), on the view's store; its errors go to the view's stderr. A
+    thread waits for it, so no finished resume is left a zombie."""
+    url = store.engine.url.render_as_string(hide_password=False)
+    cwd = workspace if Path(workspace).is_dir() else None  # (a project's own config)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "resume", run_id, "--quiet"],
+        env={**os.environ, "DURABLE_AGENT_DB": url},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    threading.Thread(target=proc.wait, name=f"resume {run_id}", daemon=True).start()
 
 
 def cancel(store: Store, run_id: str) -> Done:

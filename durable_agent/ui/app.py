@@ -61,7 +61,7 @@ def _json(doc: Any, status: int = 200) -> Response:
 
 def build_app(cfg: UiConfig) -> Any:
     store, access = cfg.store, cfg.access
-    extras = queries.Changes(store.engine)
+    extras = queries.Changes(store)
 
     def fail(request: Request, exc: Exception) -> Response:
         status = (
@@ -84,7 +84,9 @@ def build_app(cfg: UiConfig) -> Any:
             raise UnknownStatus(status)
         needle = (request.query_params.get("q") or "").strip()[:200] or None
         limit = request.query_params.get("limit", "")
-        size = min(max(int(limit), 1), 500) if limit.isdigit() else queries.PAGE_SIZE
+        size = (
+            min(max(found, 1), 500) if (found := _number(limit)) is not None else queries.PAGE_SIZE
+        )
         return status, needle, request.query_params.get("after") or None, size
 
     def index(request: Request) -> Response:
@@ -109,7 +111,10 @@ def build_app(cfg: UiConfig) -> Any:
         )
 
     def step_html(request: Request) -> Response:
-        run_id, seq = request.path_params["run_id"], request.path_params["seq"]
+        run_id, seq = request.path_params["run_id"], _number(request.path_params["seq"])
+        if seq is None or seq > MAX_SEQ:
+            store.get_run(run_id)
+            return HTMLResponse("no such step", status_code=404)
         found = [s for s in queries.steps_from(store, run_id, seq, 1) if s.seq == seq]
         if not found:
             store.get_run(run_id)  # 404 naming the run when it is the run that is missing
@@ -120,8 +125,10 @@ def build_app(cfg: UiConfig) -> Any:
         """What one step changed in the workspace, as `durable-agent diff --step` prints it."""
         from durable_agent.workspace.diffing import step_diff as diff_lines
 
-        run_id, seq = request.path_params["run_id"], request.path_params["seq"]
+        run_id, seq = request.path_params["run_id"], _number(request.path_params["seq"])
         store.get_run(run_id)  # 404 naming the run when it is the run that is missing
+        if seq is None or seq > MAX_SEQ:
+            return HTMLResponse("no such step", status_code=404)
         lines = diff_lines(store.engine, run_id, seq)  # the store is at head: snapshot tables exist
         if lines is None:
             return HTMLResponse("no such step", status_code=404)
@@ -151,8 +158,8 @@ def build_app(cfg: UiConfig) -> Any:
         found = queries.steps_from(
             store,
             run_id,
-            int(first) if first.isdigit() else 0,
-            int(limit) if limit.isdigit() else None,
+            min(_number(first) or 0, MAX_SEQ),
+            None if (most := _number(limit)) is None else min(most, MAX_SEQ),
         )
         return _json([presentation.row_json(s) for s in found])
 
@@ -160,7 +167,7 @@ def build_app(cfg: UiConfig) -> Any:
         run_id = request.path_params["run_id"]
         await run_in_threadpool(store.get_run, run_id)
         first = request.query_params.get("from", "0")
-        stream = _Stream(store, extras, run_id, int(first) if first.isdigit() else 0, cfg)
+        stream = _Stream(store, extras, run_id, min(_number(first) or 0, MAX_SEQ), cfg)
         return StreamingResponse(
             stream.events(request.is_disconnected),
             media_type="text/event-stream",
@@ -211,8 +218,9 @@ def build_app(cfg: UiConfig) -> Any:
     routes = [
         Route("/", index),
         Route("/runs/{run_id}", run_html),
-        Route("/runs/{run_id}/steps/{seq:int}", step_html),
-        Route("/runs/{run_id}/steps/{seq:int}/diff", step_diff),
+        # {seq} as text: Starlette's int convertor turns 5,000 digits into a 500
+        Route("/runs/{run_id}/steps/{seq}", step_html),
+        Route("/runs/{run_id}/steps/{seq}/diff", step_diff),
         *(
             Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"])
             for name in ("approve", "deny", "cancel", "resume")
@@ -231,6 +239,19 @@ def build_app(cfg: UiConfig) -> Any:
 
 class UnknownStatus(Exception):
     """A ?status= that is no run status: 400 naming the ones there are."""
+
+
+MAX_SEQ = 2**63 - 1
+"""The largest step number a store can hold (BIGINT): a bigger one names no step."""
+
+
+def _number(text: str) -> int | None:
+    """A number from a URL: ASCII digits only (`str.isdigit` takes "²", which int() refuses),
+    beyond MAX_SEQ capped there, without converting thousands of digits (Python refuses)."""
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    digits = text.lstrip("0") or "0"
+    return MAX_SEQ + 1 if len(digits) > 19 else min(int(digits), MAX_SEQ + 1)
 
 
 def _signature(step: StepRecord) -> tuple[Any, ...]:

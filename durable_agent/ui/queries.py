@@ -1,11 +1,10 @@
 """The web view's reads beyond the CLI's: a page of runs by keyset, the steps that changed
 since the last look (for the live page), and the files a step changed where the store has
-workspace snapshots.
+workspace snapshots. The SQL is the store's (store/runs.py); here are the page's cursor and
+size.
 
-Pages are keyset pages on the (created_at, id) order that the `ix_runs_created_id` and
-`ix_runs_status_created_id` indexes (migration 0003) already serve, newest first: the
-cursor is the last row's (created_at, id), so page 2,000 costs what page 1 costs, where
-OFFSET would read every row before it.
+Pages are keyset pages on the (created_at, id) order, newest first: the cursor is the last
+row's (created_at, id), so page 2,000 costs what page 1 costs.
 """
 
 from __future__ import annotations
@@ -13,32 +12,22 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from msgspec import Struct
-from sqlalchemy import Engine, inspect, or_, select, text, tuple_
-from sqlalchemy.exc import SQLAlchemyError
 
-from durable_agent.store import retrying
+from durable_agent.store.records import FileChange as FileChange  # (the pages name it here)
 from durable_agent.store.records import RunRecord, StepRecord
-from durable_agent.store.runs import Store
-from durable_agent.store.schema import runs, steps
+
+if TYPE_CHECKING:
+    from durable_agent.store.runs import Store
 
 PAGE_SIZE = 50
-CHANGES_VIEW = (
-    "step_changes"  # workspace snapshots (where the store has them): one row per changed file
-)
 
 
 class RunPage(Struct, frozen=True):
     runs: list[RunRecord]
     next_cursor: str | None  # None on the last page
-
-
-class FileChange(Struct, frozen=True):
-    path: str
-    change: str
-    bytes: int | None
 
 
 def encode_cursor(run: RunRecord) -> str:
@@ -56,11 +45,6 @@ def decode_cursor(cursor: str) -> tuple[datetime, str] | None:
         return None
 
 
-def _like(needle: str) -> str:
-    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
 def run_page(
     store: Store,
     *,
@@ -70,25 +54,10 @@ def run_page(
     limit: int = PAGE_SIZE,
 ) -> RunPage:
     """One page of runs, newest first, after `cursor`; `needle` matches the id or the task
-    (case-insensitively; a scan, stopped by LIMIT as soon as the page is full)."""
-    query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
-    if status:
-        query = query.where(runs.c.status == status)
-    if needle:
-        pattern = _like(needle.lower())
-        query = query.where(
-            or_(runs.c.id.ilike(pattern, escape="\\"), runs.c.task.ilike(pattern, escape="\\"))
-        )
+    (case-insensitively)."""
     after = decode_cursor(cursor) if cursor else None
-    if after is not None:
-        # A row-value comparison: both backends walk the (created_at, id) index from the cursor.
-        query = query.where(tuple_(runs.c.created_at, runs.c.id) < tuple_(*after))
-
-    def read() -> list[RunRecord]:
-        with store.engine.connect() as conn:
-            return [RunRecord.from_row(r) for r in conn.execute(query)]
-
-    rows = retrying.run(read, store.policy)
+    # One more than the page: whether there is a next page, without counting.
+    rows = store.run_page(status=status, needle=needle, after=after, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return RunPage(rows, encode_cursor(rows[-1]) if more and rows else None)
@@ -99,57 +68,18 @@ def steps_from(
 ) -> list[StepRecord]:
     """The run's steps with seq >= first_seq: the live page asks from its oldest step that
     was still open (an intent row gets its outcome later) and anything newer."""
-    query = (
-        select(steps)
-        .where(steps.c.run_id == run_id, steps.c.seq >= first_seq)
-        .order_by(steps.c.seq)
-        .limit(limit)
-    )
-
-    def read() -> list[StepRecord]:
-        with store.engine.connect() as conn:
-            return [StepRecord.from_row(r) for r in conn.execute(query)]
-
-    return retrying.run(read, store.policy)
+    return store.steps_from(run_id, first_seq, limit)
 
 
 class Changes:
-    """The files each step changed, read from the `step_changes` view when the store has
-    one (stores with workspace snapshots); an empty answer where it has none."""
+    """The files each step changed, where the store has workspace snapshots (the
+    `step_changes` view); an empty answer where it has none."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._present: bool | None = None
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def available(self) -> bool:
-        if self._present is None:
-            try:
-                self._present = CHANGES_VIEW in inspect(self.engine).get_view_names()
-            except SQLAlchemyError:
-                self._present = False
-        return self._present
+        return self.store.has_step_changes()
 
     def by_step(self, run_id: str) -> dict[int, list[FileChange]]:
-        if not self.available():
-            return {}
-        found: dict[int, list[FileChange]] = {}
-        try:
-            with self.engine.connect() as conn:
-                rows: Any = conn.execute(
-                    text(
-                        f"SELECT seq, path, change, bytes FROM {CHANGES_VIEW} "
-                        "WHERE run_id = :run_id ORDER BY seq, path"
-                    ),
-                    {"run_id": run_id},
-                )
-                for row in rows:
-                    found.setdefault(int(row.seq), []).append(
-                        FileChange(
-                            str(row.path),
-                            str(row.change),
-                            None if row.bytes is None else int(row.bytes),
-                        )
-                    )
-        except SQLAlchemyError:  # a view of another shape: show no files rather than fail the page
-            return {}
-        return found
+        return self.store.step_changes(run_id)

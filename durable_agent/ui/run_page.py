@@ -13,6 +13,7 @@ from typing import Any
 from msgspec import Struct, field
 
 from durable_agent.presentation import (
+    approval_subject,
     counts,
     fmt_age,
     fmt_ms,
@@ -162,7 +163,7 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
     pending = next((a for a in reversed(view.approvals) if a.decision is None), None)
     out = []
     if pending is not None and run.status == RunStatus.BLOCKED:
-        what = pending.command or pending.tool_name or "?"
+        what = approval_subject(pending.tool_name, pending.command, 400)
         out.append(
             f'<div class="question" id="question"><p>The run asks ({e(pending.kind)}, call '
             f"{e(pending.call_id)}): <code>{e(what)}</code></p>"

@@ -7,7 +7,8 @@
   read, but acting (a POST) takes the key the command printed in its link, made anew at
   each start: a program on this machine (an agent's command, with the network on, shares
   the loopback) can read every page and the CSRF token in it, but not the terminal;
-- a POST must come from our own pages: an Origin, when sent, must be this host, and the
+- a Host header must be a plain `name[:port]` (403 otherwise); a POST must come from our
+  own pages: an Origin, when sent, must be this host (`null` is refused), and the
   form must carry the CSRF token that only our pages hold (no CORS headers are ever sent,
   so another site cannot read it);
 - request bodies are limited in size (actions are a few short form fields).
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -36,7 +38,10 @@ LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 HEADERS = [  # what every answer says about itself
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
+    # our own forms' POSTs, which would then be indistinguishable from a sandboxed frame's
+    # (refused); other sites still get no Referer.
+    (b"referrer-policy", b"same-origin"),
     (
         b"content-security-policy",
         b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
@@ -83,10 +88,14 @@ def _offered_token(headers: dict[str, str]) -> str | None:
     return cookie_parser(headers.get("cookie", "")).get(COOKIE)
 
 
-def _host_name(host: str) -> str:
-    if host.startswith("["):
-        return host[: host.find("]") + 1]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
+
+
+def _host_name(host: str) -> str | None:
+    """The name in a Host header, or None when the header is not a plain `name[:port]` or
+    `[v6][:port]`: `localhost:1@evil.com` is no loopback name, whatever a lenient split says."""
+    found = _HOST.fullmatch(host)
+    return found.group(1).lower() if found else None
 
 
 async def _plain(
@@ -119,6 +128,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
+        if "host" in headers and _host_name(headers["host"]) is None:
+            await _plain(send, 403, "malformed Host header refused")
+            return
         if self.access.token is None and _host_name(headers.get("host", "")) not in LOOPBACK_NAMES:
             await _plain(send, 421, "this view answers only to 127.0.0.1 or localhost")
             return
@@ -154,11 +166,11 @@ class Guard:
                 )
                 return
             origin = headers.get("origin")
-            if (
-                origin is not None
-                and origin != "null"
-                and urlsplit(origin).netloc != headers.get("host")
-            ):
+            # "null" is what a sandboxed iframe, a data: page or a file sends: not our page.
+            if origin == "null":
+                await _plain(send, 403, "a request with Origin: null is refused")
+                return
+            if origin is not None and urlsplit(origin).netloc != headers.get("host"):
                 await _plain(send, 403, "cross-origin request refused")
                 return
             declared = headers.get("content-length")

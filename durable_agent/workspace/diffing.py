@@ -1,82 +1,179 @@
-"""Unified diffs between two manifests (what `durable-agent diff` prints).
+"""What `durable-agent diff` prints: a patch in git's format, which `git apply` applies.
 
-Text files as `diff -u` does, with git's headers for what `diff` cannot say: new and
-deleted files, permission changes, symlinks (their targets as the content), and binary
-files ("Binary files a/x and b/x differ"). A file that held a secret was never stored: its
-diff says so, and shows nothing of it (workspace/secrets.py). File names that are not UTF-8 are shown with
-`\\xHH` for each such byte.
+`diff --git` headers with git's modes (`new file mode 100644`, `deleted file mode`, `old
+mode`/`new mode` for the executable bit, symlinks as mode 120000 with their target as the
+content, no newline after it) and `index` lines with git's blob ids, unified hunks for
+text, and `GIT binary patch` (zlib, then git's base85) for binary files. A path whose kind
+changes (a file becomes a symlink) is a deletion and a creation, as git writes it. Names
+git would quote (spaces, quotes, control and non-ASCII bytes) are quoted as git quotes
+them, so a name holding a newline cannot forge a line of the patch.
+
+What the patch cannot carry is a `# ` comment line, which `git apply` skips: a file that
+held a secret was never stored (workspace/secrets.py), one over the snapshot size cap was
+never stored either; directories are not in it (git keeps none).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from durable_agent.encoding import looks_binary
-from durable_agent.workspace.manifest import BIG, DIR, FILE, LINK, SECRET, Change, Entry, Manifest
+from durable_agent.workspace.manifest import BIG, DIR, LINK, Change, Entry, Manifest
 from durable_agent.workspace.secrets import HELD
 
 Blob = Callable[[str], bytes]
 
+NO_BLOB = "0" * 40
+# git's base85 alphabet (base85.c). It is the same as RFC 1924's (base64.b85encode's): what
+# is git's own is the framing, one length character then at most 52 bytes a line.
+GIT85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+# Bytes a name may hold unquoted. A space is kept as it is inside quotes, but a name with
+# one is quoted all the same: `diff --git a/x y b/x y` is ambiguous to read back.
+_PLAIN = frozenset(range(0x21, 0x7F)) - {0x22, 0x5C}
+_C_ESCAPES = {7: b"a", 8: b"b", 9: b"t", 10: b"n", 11: b"v", 12: b"f", 13: b"r", 0x22: b'"'}
+_C_ESCAPES[0x5C] = b"\\"
 
-def _content(entry: Entry | None, blob: Blob) -> bytes | None:
-    if entry is None or entry.kind == DIR:
+
+def git_name(prefix: bytes, path: bytes) -> bytes:
+    """`a/x` as git writes it; quoted C-style (octal for other bytes) when it must be."""
+    full = prefix + path
+    if all(c in _PLAIN for c in full):
+        return full
+    out = bytearray(b'"')
+    for c in full:
+        if c in _PLAIN or c == 0x20:
+            out.append(c)
+        elif c in _C_ESCAPES:
+            out += b"\\" + _C_ESCAPES[c]
+        else:
+            out += b"\\%03o" % c
+    return bytes(out) + b'"'
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def base85_line(chunk: bytes) -> bytes:
+    """One line of a binary hunk: its length (A-Z: 1-26, a-z: 27-52), then each 4 bytes
+    (zero-padded) as 5 characters, most significant first."""
+    n = len(chunk)
+    out = bytearray([ord("A") + n - 1 if n <= 26 else ord("a") + n - 27])
+    padded = chunk + b"\0" * (-n % 4)
+    for i in range(0, len(padded), 4):
+        acc = int.from_bytes(padded[i : i + 4], "big")
+        group = bytearray(5)
+        for j in range(4, -1, -1):
+            acc, digit = divmod(acc, 85)
+            group[j] = GIT85[digit]
+        out += group
+    return bytes(out) + b"\n"
+
+
+def binary_hunk(data: bytes) -> bytes:
+    packed = zlib.compress(data, 9)
+    lines = b"".join(base85_line(packed[i : i + 52]) for i in range(0, len(packed), 52))
+    return b"literal %d\n" % len(data) + lines + b"\n"
+
+
+def _git_mode(e: Entry) -> bytes:
+    if e.kind == LINK:
+        return b"120000"
+    return b"100755" if e.mode & 0o100 else b"100644"  # git keeps only the owner's x bit
+
+
+def _content(e: Entry | None, blob: Blob) -> bytes:
+    if e is None:
         return b""
-    if entry.kind == LINK:
-        return entry.target + b"\n"
-    if entry.kind == FILE:
-        return blob(entry.ref)
-    return None  # over the size cap: never stored
+    return e.target if e.kind == LINK else blob(e.ref)
 
 
-def _what(e: Entry) -> str:
-    if e.kind == SECRET:
-        return f"file ({HELD})"
-    return (
-        "symlink"
-        if e.kind == LINK
-        else f"{'directory' if e.kind == DIR else 'file'} mode {e.mode:o}"
-    )
+def _lines(data: bytes) -> list[str]:
+    """Lines as git counts them (only `\\n` ends one), each byte one character (latin-1),
+    so every byte comes back as it was."""
+    parts = data.decode("latin-1").split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _note(text: str) -> bytes:
+    return ("# " + text + "\n").encode("utf-8", "surrogateescape")
+
+
+def _section(
+    path: bytes, a: Entry | None, b: Entry | None, blob: Blob, *, binary: bool
+) -> Iterator[bytes]:
+    ga, gb = git_name(b"a/", path), git_name(b"b/", path)
+    before, after = _content(a, blob), _content(b, blob)
+    head = [b"diff --git " + ga + b" " + gb + b"\n"]
+    same_mode = a is not None and b is not None and _git_mode(a) == _git_mode(b)
+    if b is None:
+        assert a is not None
+        head.append(b"deleted file mode " + _git_mode(a) + b"\n")
+    elif a is None:
+        head.append(b"new file mode " + _git_mode(b) + b"\n")
+    elif not same_mode:
+        head.append(b"old mode " + _git_mode(a) + b"\nnew mode " + _git_mode(b) + b"\n")
+    if a is not None and b is not None and before == after:
+        if not same_mode:  # (a change git cannot see, e.g. 644 to 600, is left out)
+            yield from head
+        return
+    ids = (NO_BLOB if a is None else git_blob_id(before)) + ".."
+    ids += NO_BLOB if b is None else git_blob_id(after)
+    mode = b" " + _git_mode(a) if same_mode and a is not None else b""
+    head.append(b"index " + ids.encode() + mode + b"\n")
+    yield from head
+    if not before and not after:
+        return  # a new or deleted empty file: the header says it all
+    if looks_binary(before) or looks_binary(after):
+        if binary:
+            yield b"GIT binary patch\n" + binary_hunk(after) + binary_hunk(before)
+        else:
+            yield b"Binary files " + ga + b" and " + gb + b" differ\n"
+        return
+    yield b"--- " + (b"/dev/null" if a is None else ga) + b"\n"
+    yield b"+++ " + (b"/dev/null" if b is None else gb) + b"\n"
+    hunks = difflib.unified_diff(_lines(before), _lines(after), lineterm="\n")
+    for n, line in enumerate(hunks):
+        if n >= 2:  # (difflib's own ---/+++ lines: ours are above)
+            raw = line.encode("latin-1")
+            yield raw if raw.endswith(b"\n") else raw + b"\n\\ No newline at end of file\n"
+
+
+def patch(
+    old: Manifest, new: Manifest, changes: list[Change], blob: Blob, *, binary: bool = True
+) -> Iterator[bytes]:
+    """The changes as a patch `git apply` applies (bytes: file contents are not text).
+    `binary` False: a binary file is one `Binary files … differ` line (the web view)."""
+    for c in changes:
+        a, b = old.get(c.path), new.get(c.path)
+        a, b = (None if e is None or e.kind == DIR else e for e in (a, b))
+        if a is None and b is None:
+            continue  # a directory: git keeps none
+        name = c.shown
+        if c.secret:  # (before any content: nothing of it is read, not even an older copy)
+            yield _note(f"File a/{name} or b/{name} {HELD}: not shown, left out of this patch")
+            continue
+        if BIG in (a.kind if a else "", b.kind if b else ""):
+            yield _note(
+                f"File a/{name} or b/{name} is over the snapshot size cap: not compared, "
+                "left out of this patch"
+            )
+            continue
+        if a is not None and b is not None and (a.kind == LINK) != (b.kind == LINK):
+            yield from _section(c.path, a, None, blob, binary=binary)
+            yield from _section(c.path, None, b, blob, binary=binary)
+        else:
+            yield from _section(c.path, a, b, blob, binary=binary)
 
 
 def unified(old: Manifest, new: Manifest, changes: list[Change], blob: Blob) -> Iterator[str]:
-    for c in changes:
-        a, b = old.get(c.path), new.get(c.path)
-        name = c.shown
-        yield f"diff --durable-agent a/{name} b/{name}\n"
-        if a is None and b is not None:
-            yield f"new {_what(b)}\n"
-        elif b is None and a is not None:
-            yield f"deleted {_what(a)}\n"
-        elif a is not None and b is not None and a.mode != b.mode:
-            yield f"old mode {a.mode:o}\nnew mode {b.mode:o}\n"
-        if c.change == "mode":
-            continue
-        if c.secret:  # (before _content: nothing of it is read, not even an older stored copy)
-            yield f"File a/{name} or b/{name} {HELD}: not shown\n"
-            continue
-        before, after = _content(a, blob), _content(b, blob)
-        if (
-            before is None
-            or after is None
-            or (a is not None and a.kind == BIG)
-            or (b is not None and b.kind == BIG)
-        ):
-            yield f"File a/{name} or b/{name} is over the snapshot size cap: not compared\n"
-            continue
-        if looks_binary(before) or looks_binary(after):
-            yield f"Binary files a/{name} and b/{name} differ\n"
-            continue
-        left = before.decode("utf-8", "replace").splitlines(keepends=True)
-        right = after.decode("utf-8", "replace").splitlines(keepends=True)
-        for line in difflib.unified_diff(
-            left,
-            right,
-            "/dev/null" if a is None else f"a/{name}",
-            "/dev/null" if b is None else f"b/{name}",
-        ):
-            yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+    """The patch as text for a page (the web view): binary files as one line."""
+    for chunk in patch(old, new, changes, blob, binary=False):
+        yield chunk.decode("utf-8", "replace")
 
 
 def stat_lines(changes: list[Change]) -> Iterator[str]:

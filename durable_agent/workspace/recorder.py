@@ -14,24 +14,22 @@ the loop.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from sqlalchemy import Engine, insert
+from typing import TYPE_CHECKING, Protocol
 
 from durable_agent.config.settings import Settings
 from durable_agent.errors import ConfigError
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.store.blobs import BlobStore, WorkspaceWrite, save_statements
+from durable_agent.store.blobs import BlobStore, WorkspaceWrite, changes_statement, save_statements
 from durable_agent.store.journal import Journal
 from durable_agent.store.retrying import StorePolicy
-from durable_agent.store.schema import workspace_changes
 from durable_agent.store.step import Step
 from durable_agent.workspace import secrets, snapshot
 from durable_agent.workspace.manifest import Change, Manifest, changes
 from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 
-_CHANGES = insert(workspace_changes)
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 class Site(Protocol):
@@ -180,7 +178,7 @@ def after(ctx: Site, step: Step) -> WorkspaceWrite | None:
         }
         for c in changes(old, snap.manifest, snap.scan.delta_from(old))
     ]
-    statements = [*snap.statements, *([(_CHANGES, rows)] if rows else [])]
+    statements = [*snap.statements, *([changes_statement(rows)] if rows else [])]
     note = None
     if snap.skipped:
         names = ", ".join(p.decode("utf-8", "backslashreplace") for p in snap.skipped[:5])
