@@ -8,11 +8,22 @@ import json
 from datetime import datetime
 from typing import Any
 
+from msgspec import UNSET
 from msgspec.structs import fields
 
+from durable_agent.status import StepKind
+from durable_agent.store.payloads import (
+    CompactInput,
+    CompactOutput,
+    ModelOutput,
+    ToolInput,
+    ToolOutput,
+    VerifyInput,
+    VerifyOutput,
+)
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.rows import utcnow
-from durable_agent.transcript import as_dict, iso_utc, recorded_calls
+from durable_agent.transcript import as_dict, iso_utc
 
 # What an approval asks reads the same everywhere; it lives beside `visible` so the loop's
 # blocked message (below this layer) words it the same way.
@@ -99,45 +110,65 @@ def sandbox_line(settings: Any) -> str | None:
 
 def step_what(run: RunRecord, s: StepRecord) -> str:
     """A step in a few words: `→ read_file` (a model call's decision), `edit_file {"path": …}`."""
-    if s.kind == "model":
-        out = as_dict(s.output)
-        names = [short(c["name"] or "?", 40) for c in recorded_calls(out.get("tool_calls"))]
-        call = f"model call {s.turn + 1} " if s.turn is not None else ""
-        over = as_dict(out.get("over_budget"))
-        if isinstance(over.get("tokens"), int) and isinstance(over.get("budget"), int):
-            call += f"(~{over['tokens']:,} tokens, over the budget of {over['budget']:,}) "
-        if names:
-            return call + "→ " + ", ".join(names)
-        nudge = as_dict(out.get("nudge")).get("reason")
-        if nudge == "length":  # not an answer: the model was told to continue
-            cut = str(out.get("content") or "")
-            return (
-                call
-                + "→ cut off at the length limit, told to continue"
-                + (f": {short(cut, 40)}" if cut else "")
-            )
-        if nudge == "empty_answer":  # nothing, or only a reasoning block
-            return call + "→ empty answer, told to answer"
-        if out.get("content"):
-            return call + "→ answer: " + short(out["content"], 60)
-        if "content" in out:  # completed with neither text nor a call
-            return call + "→ empty answer"
-        return call + str(run.model)
-    if s.kind == "compact":
-        out, stage = as_dict(s.output), as_dict(s.input).get("stage", "?")
-        before, after = out.get("tokens_before"), out.get("tokens_after")
-        sizes = (
-            f": {before:,} → {after:,} tokens"
-            if isinstance(before, int) and isinstance(after, int)
-            else ""
-        )
+    if s.kind == StepKind.MODEL:
+        return _model_what(run, s)
+    if s.kind == StepKind.COMPACT:
+        given, out = s.typed_input, s.typed_output
+        stage = given.stage if isinstance(given, CompactInput) else "?"
+        sizes = ""
+        if isinstance(out, CompactOutput):
+            before, after = out.tokens_before, out.tokens_after
+            if before is not UNSET and after is not UNSET:
+                sizes = f": {before:,} → {after:,} tokens"
         return f"context {stage}{sizes}"
-    if s.kind == "verify":
-        command = s.input.get("command") if isinstance(s.input, dict) else None
+    if s.kind == StepKind.VERIFY:
+        verify = s.typed_input
+        command = verify.command if isinstance(verify, VerifyInput) else None
         return f"verify `{short(command, 60)}`"
-    args = s.input.get("arguments") if isinstance(s.input, dict) else None
+    tool = s.typed_input
+    args = tool.arguments if isinstance(tool, ToolInput) else None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return f"{s.tool_name} {short(text, 70)}"
+
+
+def _model_what(run: RunRecord, s: StepRecord) -> str:
+    call = f"model call {s.turn + 1} " if s.turn is not None else ""
+    out = s.typed_output
+    if not isinstance(out, ModelOutput):  # no outcome yet, or not this version's shape
+        return call + str(run.model)
+    names = [short(c.function.name or "?", 40) for c in out.tool_calls]
+    over = out.over_budget
+    if over is not UNSET:
+        call += f"(~{over.tokens:,} tokens, over the budget of {over.budget:,}) "
+    if names:
+        return call + "→ " + ", ".join(names)
+    nudge = out.nudge.reason if out.nudge is not UNSET else None
+    if nudge == "length":  # not an answer: the model was told to continue
+        cut = out.content or ""
+        return (
+            call
+            + "→ cut off at the length limit, told to continue"
+            + (f": {short(cut, 40)}" if cut else "")
+        )
+    if nudge == "empty_answer":  # nothing, or only a reasoning block
+        return call + "→ empty answer, told to answer"
+    if out.content:
+        return call + "→ answer: " + short(out.content, 60)
+    return call + "→ empty answer"  # completed with neither text nor a call
+
+
+def estimated_tokens(s: StepRecord) -> bool:
+    """A model call whose token counts are the harness's estimate (no usage was reported)."""
+    out = s.typed_output
+    return isinstance(out, ModelOutput) and out.usage.estimated is True
+
+
+def workspace_note(s: StepRecord) -> str | None:
+    """What the step's after snapshot left out, and why (None: nothing)."""
+    out = s.typed_output
+    if isinstance(out, ToolOutput | VerifyOutput) and out.workspace_note is not UNSET:
+        return out.workspace_note or None
+    return None
 
 
 # -- JSON shapes (`show --json` and the web view's API) ---------------------------------

@@ -31,14 +31,29 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from msgspec import UNSET, UnsetType, to_builtins
 
 from durable_agent.loop import stored_once
-from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.status import StepKind
+from durable_agent.store.payloads import (
+    CompactInput,
+    CompactOutput,
+    ModelInput,
+    ModelOutput,
+    ToolInput,
+    ToolOutput,
+    VerifyInput,
+    VerifyOutput,
+)
+from durable_agent.store.records import ApprovalKind, ApprovalRecord, RunRecord, StepRecord
 from durable_agent.store.storable import storable
 
 if TYPE_CHECKING:  # (render.py uses this module for `show`, which reads without SQLAlchemy)
     from durable_agent.store.runs import Store
+
+T = TypeVar("T")
 
 EVENT_TYPES = (
     "run_started",
@@ -53,7 +68,6 @@ EVENT_TYPES = (
 
 RESULT_CAP = 2000  # characters of a tool result kept in a transcript line
 ENDED = {"completed", "failed", "budget_exceeded", "cancelled", "blocked"}
-UNCERTAIN = "uncertain_side_effect"
 
 
 def iso_utc(value: datetime | None) -> str | None:
@@ -125,6 +139,11 @@ def _run_finished(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def _model_name(run: RunRecord, s: StepRecord) -> str:
+    intent = s.typed_input
+    return intent.model if isinstance(intent, ModelInput) else run.model
+
+
 def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for s in steps:
@@ -135,7 +154,7 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
             "_epoch": s.lease_epoch,
             "_time": s.started_at,
         }
-        if s.kind == "model":
+        if s.kind == StepKind.MODEL:
             if s.finished_at is None:
                 continue  # a call in flight (or cut off by a crash): nothing came back yet
             out.append(
@@ -144,14 +163,14 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
                     "at": iso_utc(s.finished_at),
                     **common,
                     "state": s.state,
-                    "model": as_dict(s.input).get("model", run.model),
+                    "model": _model_name(run, s),
                     **_model_payload(s),
                     "duration_ms": s.duration_ms,
                     "error": s.error,
                 }
             )
             continue
-        if s.kind == "compact":
+        if s.kind == StepKind.COMPACT:
             if s.finished_at is not None:
                 out.append(_compact_event(s, common))
             continue
@@ -175,7 +194,7 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
                     **tool,
                     "_time": s.finished_at,
                     "state": s.state,
-                    **_result_payload(s.output),
+                    **_result_payload(s),
                     "error": s.error,
                     "duration_ms": s.duration_ms,
                 }
@@ -189,70 +208,62 @@ def as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def recorded_calls(value: Any) -> list[dict[str, Any]]:
-    """Recorded tool calls (`[{"id", "function": {"name", "arguments"}}]`) as flat dicts,
-    whatever shape was stored: what is not an object is skipped."""
-    calls = []
-    for c in value if isinstance(value, list) else []:
-        if isinstance(c, dict):
-            fn = as_dict(c.get("function", c))
-            calls.append(
-                {"id": c.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
-            )
-    return calls
-
-
 def _model_payload(step: StepRecord) -> dict[str, Any]:
-    output = as_dict(step.output)
+    output = step.typed_output
+    columns = {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens}
+    if not isinstance(output, ModelOutput):  # no outcome, or not this version's shape
+        return {"content": None, "tool_calls": [], "usage": columns}
     calls = [
-        {**c, "arguments": _maybe_json(c["arguments"])}
-        for c in recorded_calls(output.get("tool_calls"))
+        {"id": c.id, "name": c.function.name, "arguments": _maybe_json(c.function.arguments)}
+        for c in output.tool_calls
     ]
-    usage = output.get("usage") or {
-        "prompt_tokens": step.prompt_tokens,
-        "completion_tokens": step.completion_tokens,
-    }
-    return {"content": output.get("content"), "tool_calls": calls, "usage": usage}
+    usage = to_builtins(output.usage)
+    return {"content": output.content, "tool_calls": calls, "usage": usage}
 
 
 def _compact_event(step: StepRecord, common: dict[str, Any]) -> dict[str, Any]:
-    out = as_dict(step.output)
-    elided = out.get("elided")
+    out, intent = step.typed_output, step.typed_input
+    done = out if isinstance(out, CompactOutput) else CompactOutput(stage="")
+    stage = done.stage or (intent.stage if isinstance(intent, CompactInput) else None)
     return {
         "type": "context_compacted",
         "at": iso_utc(step.finished_at),
         **common,
         "state": step.state,
-        "stage": out.get("stage") or as_dict(step.input).get("stage"),
-        "tokens_before": out.get("tokens_before"),
-        "tokens_after": out.get("tokens_after"),
-        "elided": elided if isinstance(elided, list) else [],
-        "summary_start": out.get("start"),
-        "summary": out.get("summary"),
+        "stage": stage,
+        "tokens_before": _set(done.tokens_before),
+        "tokens_after": _set(done.tokens_after),
+        "elided": _set(done.elided) or [],
+        "summary_start": _set(done.start),
+        "summary": _set(done.summary),
         "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens},
         "duration_ms": step.duration_ms,
         "error": step.error,
     }
 
 
+def _set(value: T | UnsetType) -> T | None:
+    """A payload's optional key: None when the row does not have it."""
+    return None if value is UNSET else value
+
+
 def _arguments(step: StepRecord) -> Any:
-    data = step.input if isinstance(step.input, dict) else {}
-    if step.kind == "verify":
-        return {"command": data.get("command")}
-    return data.get("arguments")
+    intent = step.typed_input
+    if step.kind == StepKind.VERIFY:
+        return {"command": intent.command if isinstance(intent, VerifyInput) else None}
+    return intent.arguments if isinstance(intent, ToolInput) else None
 
 
-def _result_payload(output: Any) -> dict[str, Any]:
-    if not isinstance(output, dict):
-        return {"result": None, "result_chars": 0, "truncated": False, "data": None}
+def _result_payload(step: StepRecord) -> dict[str, Any]:
+    output = step.typed_output
     data: Any
-    if "result" not in output:  # a verify step records its check, not a tool result
-        text = output.get("output_tail") or ""
-        data = {k: v for k, v in output.items() if k != "output_tail"}
-    else:
-        text, data = output.get("result") or "", output.get("data")
-    if not isinstance(text, str):  # not what this version writes: show it, do not fail on it
-        text = json.dumps(text, ensure_ascii=False)
+    if isinstance(output, ToolOutput):
+        text, data = output.result, output.data
+    elif isinstance(output, VerifyOutput):  # a verify step records its check, not a tool result
+        text = output.output_tail
+        data = {k: v for k, v in to_builtins(output).items() if k != "output_tail"}
+    else:  # no outcome, or not this version's shape
+        return {"result": None, "result_chars": 0, "truncated": False, "data": None}
     kept = (
         text
         if len(text) <= RESULT_CAP
@@ -330,7 +341,11 @@ def _place_resumes(body: list[dict[str, Any]], run: RunRecord) -> list[dict[str,
 
     for event in body:
         if event["type"] == "approval_requested":
-            if event["approval_kind"] == UNCERTAIN and not fresh and epoch < run.lease_epoch:
+            if (
+                event["approval_kind"] == ApprovalKind.UNCERTAIN_SIDE_EFFECT
+                and not fresh
+                and epoch < run.lease_epoch
+            ):
                 resume()  # only a resume finds a crash's unfinished step
             blocked, fresh = True, False
         else:

@@ -337,13 +337,15 @@ def test_the_dead_code_once_found_stays_gone() -> None:
 
 
 def _state_literals(tree: ast.AST) -> list[str]:
-    """Comparisons of a step state, run status or approval decision with a bare string, and
-    `decision="..."` keywords: these are spelt with their enums (store/records.py, status.py)."""
-    from durable_agent.status import RunStatus
-    from durable_agent.store.records import Decision, StepState
+    """Comparisons of a step state, run status, approval decision, step kind or approval kind
+    with a bare string (or a tuple of them, for `in`), and `decision="..."` / `kind="..."`
+    keywords: these are spelt with their enums (store/records.py, status.py)."""
+    from durable_agent.status import RunStatus, StepKind
+    from durable_agent.store.records import ApprovalKind, Decision, StepState
 
-    values = {str(v) for enum in (StepState, Decision, RunStatus) for v in enum}
-    names = {"state", "status", "decision"}
+    enums = (StepState, Decision, RunStatus, StepKind, ApprovalKind)
+    values = {str(v) for enum in enums for v in enum}
+    names = {"state", "status", "decision", "kind"}
 
     def named(node: ast.AST) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr in names) or (
@@ -351,6 +353,8 @@ def _state_literals(tree: ast.AST) -> list[str]:
         )
 
     def literal(node: ast.AST) -> bool:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(literal(e) for e in node.elts)
         return isinstance(node, ast.Constant) and node.value in values
 
     found = []
@@ -359,12 +363,16 @@ def _state_literals(tree: ast.AST) -> list[str]:
             sides = [node.left, *node.comparators]
             if any(named(s) for s in sides) and any(literal(s) for s in sides):
                 found.append(ast.unparse(node))
-        elif isinstance(node, ast.keyword) and node.arg == "decision" and literal(node.value):
+        elif (
+            isinstance(node, ast.keyword)
+            and node.arg in ("decision", "kind")
+            and literal(node.value)
+        ):
             found.append(ast.unparse(node))
     return found
 
 
-def test_states_and_decisions_are_enums_not_string_literals() -> None:
+def test_states_kinds_and_decisions_are_enums_not_string_literals() -> None:
     found = {
         name: hits
         for name, path in _modules().items()
@@ -376,13 +384,21 @@ def test_states_and_decisions_are_enums_not_string_literals() -> None:
 def test_the_literal_checker_finds_them() -> None:
     tree = ast.parse(
         'if s.state == "started" or "denied" != decision: f(decision="approved")\n'
-        'ok = s.state == StepState.STARTED and s.kind == "model"'
+        'ok = s.state == StepState.STARTED and s.kind == "model"\n'
+        'tool = e.kind in ("tool", "verify") or kind != StepKind.TOOL\n'
+        'ask(kind="uncertain_side_effect", name="model")\n'
+        "fine = entry.kind == DIR and a.kind == ApprovalKind.WORKSPACE_DRIFT"
     )
-    assert _state_literals(tree) == [
-        "s.state == 'started'",
-        "'denied' != decision",
-        "decision='approved'",
-    ]
+    assert sorted(_state_literals(tree)) == sorted(
+        [
+            "s.state == 'started'",
+            "'denied' != decision",
+            "s.kind == 'model'",
+            "e.kind in ('tool', 'verify')",
+            "decision='approved'",
+            "kind='uncertain_side_effect'",
+        ]
+    )
 
 
 def test_the_workspace_layer_does_not_import_the_loop() -> None:

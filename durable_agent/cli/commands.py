@@ -19,6 +19,7 @@ from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_res
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.loop.interrupts import Interrupts
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
+from durable_agent.store.records import ApprovalKind
 
 __all__ = ["cmd_diff", "cmd_fork", "cmd_restore"]  # the workspace commands live in ws_commands.py
 
@@ -397,7 +398,9 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"run {run_id} has no pending approval")
     who = args.by or _user()
     if args.restore and (
-        args.deny or pending.kind != "uncertain_side_effect" or pending.tool_name == "workspace"
+        args.deny
+        or pending.kind != ApprovalKind.UNCERTAIN_SIDE_EFFECT
+        or pending.tool_name == "workspace"
     ):
         raise UsageError(
             "--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "

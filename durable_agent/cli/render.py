@@ -17,6 +17,7 @@ from durable_agent.observer import Observer, StepEvent
 from durable_agent.presentation import (
     approval_subject,
     counts,
+    estimated_tokens,
     fmt_age,
     fmt_ms,
     iso_value,
@@ -25,12 +26,12 @@ from durable_agent.presentation import (
     sandbox_line,
     short,
     step_what,
+    workspace_note,
 )
-from durable_agent.status import RunStatus
+from durable_agent.status import RunStatus, StepKind
 from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
-from durable_agent.transcript import as_dict
 from durable_agent.visible import visible
 
 
@@ -96,13 +97,13 @@ class Timeline(Observer):
             self.status.close()
 
     def _activity(self, e: StepEvent) -> str:
-        if e.kind == "model":
+        if e.kind == StepKind.MODEL:
             text = (
                 f"model {short(e.name, 30)} thinking"  # a long scripted:PATH must not hide the verb
             )
-        elif e.kind == "verify":
+        elif e.kind == StepKind.VERIFY:
             text = f"verifying `{short(e.name, 50)}`"
-        elif e.kind == "compact":
+        elif e.kind == StepKind.COMPACT:
             text = "compacting the context (summary)"
         else:
             text = f"{e.name} {short(e.detail, 50)}".strip() + " running"
@@ -125,10 +126,10 @@ def step_line(e: StepEvent) -> str:
     head = f"Step {e.seq}" if e.seq >= 0 else "Step"
     what = (
         f"{e.name} → {e.detail}"
-        if e.kind == "model" and e.detail
+        if e.kind == StepKind.MODEL and e.detail
         else f"{e.name} {e.detail}".strip()
     )
-    kind = f"model call {e.turn + 1}" if e.kind == "model" else e.kind
+    kind = f"model call {e.turn + 1}" if e.kind == StepKind.MODEL else e.kind
     parts = [head, kind, what]
     if e.duration_ms is not None:  # a compaction by elision takes no measurable time
         parts.append(fmt_ms(e.duration_ms))
@@ -155,10 +156,7 @@ def _cost_text(run: RunRecord) -> str:
 
 def estimated(steps: list[StepRecord]) -> bool:
     """Whether any model call's token counts are the harness's estimate (no usage reported)."""
-    return any(
-        s.kind == "model" and as_dict(as_dict(s.output).get("usage")).get("estimated")
-        for s in steps
-    )
+    return any(estimated_tokens(s) for s in steps)
 
 
 def _tokens_note(is_estimated: bool) -> str:
@@ -344,11 +342,7 @@ def _step_table(
             p(f"{'':>4}  ── resumed (lease epoch {s.lease_epoch}) ──")
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
-        if (
-            tokens
-            and s.kind == "model"
-            and as_dict(as_dict(s.output).get("usage")).get("estimated")
-        ):
+        if tokens and estimated_tokens(s):
             tokens = "~" + tokens  # the endpoint reported no usage: the harness's estimate
         state = s.state
         if state == StepState.STARTED and not live:
@@ -359,6 +353,6 @@ def _step_table(
         )
         if s.error:
             p(f"{'':>4}  error: {short(s.error, 110)}")
-        left = as_dict(s.output).get("workspace_note")
-        if isinstance(left, str) and left:  # what the step's snapshot left out, and why
+        left = workspace_note(s)
+        if left:  # what the step's snapshot left out, and why
             p(f"{'':>4}  snapshot: {short(left, 300)}")

@@ -9,7 +9,8 @@ from collections import Counter
 
 from msgspec import Struct, field
 
-from durable_agent.status import RunStatus
+from durable_agent.status import RunStatus, StepKind
+from durable_agent.store.payloads import ToolOutput
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 
 
@@ -71,7 +72,8 @@ def _describe_settled(v: Verdict, old: StepRecord, new: StepRecord) -> None:
     if new.state == StepState.STARTED:
         v.problems.append(f"{what} was cut off by the crash and is still unsettled")
     elif new.attempts == old.attempts:
-        result = new.output.get("result") if isinstance(new.output, dict) else None
+        out = new.typed_output
+        result = out.result if isinstance(out, ToolOutput) else None
         v.lines.append(
             f"{what}: cut off by the crash; the resume checked the workspace and settled it "
             f"without running it again: {result or new.state}"
@@ -87,9 +89,9 @@ def _check_models(
     v: Verdict, run: RunRecord, before: list[StepRecord], after: list[StepRecord]
 ) -> None:
     answered_before = {
-        s.seq for s in before if s.kind == "model" and s.state == StepState.COMPLETED
+        s.seq for s in before if s.kind == StepKind.MODEL and s.state == StepState.COMPLETED
     }
-    models = [s for s in after if s.kind == "model"]
+    models = [s for s in after if s.kind == StepKind.MODEL]
     made_after = [s for s in models if s.seq not in answered_before]
     tokens = sum((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in models)
     total = run.prompt_tokens + run.completion_tokens

@@ -40,6 +40,8 @@ from durable_agent.demo.checks import Verdict, check_story
 from durable_agent.demo.home import demo_home, invoked_as
 from durable_agent.errors import ConfigError
 from durable_agent.presentation import fmt_ms, short, step_what
+from durable_agent.status import StepKind
+from durable_agent.store.payloads import ToolOutput
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.runs import Store
 
@@ -231,7 +233,7 @@ class _Demo:
         say(
             f"   {len(done)} steps with an outcome: {run.step_count} model answers "
             f"({run.prompt_tokens + run.completion_tokens} tokens paid), "
-            f"{sum(1 for s in done if s.kind == 'tool')} tool results"
+            f"{sum(1 for s in done if s.kind == StepKind.TOOL)} tool results"
         )
         for s in steps:
             if s.state == StepState.STARTED:
@@ -306,7 +308,7 @@ def _side_by_side(
     rows = [("#", "step", f"before the crash (pid {pid1})", f"after the resume (pid {pid2})")]
     for s in after:
         old = earlier.get(s.seq)
-        what = f"{s.kind} {step_what(run, s)}" if s.kind == "model" else step_what(run, s)
+        what = f"{s.kind} {step_what(run, s)}" if s.kind == StepKind.MODEL else step_what(run, s)
         rows.append((str(s.seq + 1), short(what, 36), _before(old), _after(old, s)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
@@ -326,7 +328,8 @@ def _after(old: StepRecord | None, new: StepRecord) -> str:
     if old is None:
         return f"ran: {new.state} · {fmt_ms(new.duration_ms)}"
     if old.state == StepState.STARTED:
-        result = (new.output or {}).get("result") if isinstance(new.output, dict) else None
+        out = new.typed_output
+        result = out.result if isinstance(out, ToolOutput) else None
         return f"settled, attempts {new.attempts}: {short(result or new.state, 60)}"
     if (old.finished_at, old.attempts, old.state) == (new.finished_at, new.attempts, new.state):
         return "kept as recorded, not run again"

@@ -24,6 +24,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from msgspec import UNSET
+
 from durable_agent.context.budget import (
     compact_threshold,
     count_message,
@@ -39,6 +41,7 @@ from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
 from durable_agent.status import StepKind
+from durable_agent.store.payloads import CompactInput
 from durable_agent.store.step import Step
 from durable_agent.store.storable import storable
 
@@ -84,18 +87,17 @@ def before_model_call(ctx: StepContext, lead: list[Message]) -> None:
     """Compact if the next request would pass the threshold (or finish an interrupted summary);
     a turn compacts once by itself, unless its request is over the budget."""
     s = ctx.state
-    interrupted = [
-        st
-        for st in ctx.journal.open_steps.values()
-        if st.kind == StepKind.COMPACT
-        and st.turn == s.turn
-        and isinstance(st.input, dict)
-        and st.input.get("stage") == "summarize"
-        and isinstance(st.input.get("start"), int)
-    ]
-    if interrupted:
-        _summarize(ctx, lead, count_next(ctx, lead), cut=int(interrupted[0].input["start"]))
-        return
+    for st in ctx.journal.open_steps.values():
+        intent = st.typed_input
+        if (
+            st.kind == StepKind.COMPACT
+            and st.turn == s.turn
+            and isinstance(intent, CompactInput)
+            and intent.stage == "summarize"
+            and intent.start is not UNSET
+        ):
+            _summarize(ctx, lead, count_next(ctx, lead), cut=intent.start)
+            return
     tokens = count_next(ctx, lead)
     if s.view.turn == s.turn:
         # This turn compacted already (a resume after it, or the call's retry): its decisions

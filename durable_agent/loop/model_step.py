@@ -125,7 +125,7 @@ def _model_step(ctx: StepContext) -> None:
                     StepEvent(
                         step.seq,
                         turn,
-                        "model",
+                        StepKind.MODEL.value,
                         ctx.model.name,
                         state="retry",
                         attempts=earlier + n,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from msgspec import Struct, field
+from msgspec import UNSET, Struct, field
 
 from durable_agent.context.budget import calibrate, count_message
 from durable_agent.context.view import ContextView, request_hash
 from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
+from durable_agent.store.payloads import ModelOutput, StepOutput
 from durable_agent.store.storable import storable
 
 
@@ -153,7 +154,7 @@ def rebuild(
     active_ms: int,
     model_tokens: tuple[int, int],
     compactions: Sequence[Any] = (),
-    last_model_output: Any = None,
+    last_model_output: StepOutput | None = None,
 ) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
@@ -183,18 +184,12 @@ def rebuild(
             state.view.apply(output, state.messages)
     if state.view.compactions:
         state.history = request_hash(state.request())
-    state.calibration = calibration_of(last_model_output)
+    state.calibration = 1.0 if last_model_output is None else calibration_of(last_model_output)
     return state
 
 
-def calibration_of(model_output: Any) -> float:
+def calibration_of(out: StepOutput) -> float:
     """The calibration a model step's output implies: reported prompt tokens / our count."""
-    if not isinstance(model_output, dict):
+    if not isinstance(out, ModelOutput) or out.context is UNSET or out.usage.estimated is True:
         return 1.0
-    usage, context = model_output.get("usage"), model_output.get("context")
-    if not isinstance(usage, dict) or not isinstance(context, dict) or usage.get("estimated"):
-        return 1.0
-    counted, reported = context.get("counted"), usage.get("prompt_tokens")
-    if not isinstance(counted, int) or not isinstance(reported, int):
-        return 1.0
-    return calibrate(counted, reported)
+    return calibrate(out.context.counted, out.usage.prompt_tokens)

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from durable_agent.messages import ToolCall
+from durable_agent.status import StepKind
 from durable_agent.store.records import MessageRecord, StepRecord
 
 INLINE_CHARS = 64 * 1024
@@ -66,8 +67,8 @@ def _heads(value: Any) -> Any:
 
 def needs_messages(steps: list[StepRecord]) -> bool:
     return any(
-        (s.kind == "model" and isinstance(s.output, dict) and IN_MESSAGE in s.output)
-        or (s.kind == "tool" and isinstance(s.input, dict) and ARGUMENTS_IN_MESSAGE in s.input)
+        (s.kind == StepKind.MODEL and isinstance(s.output, dict) and IN_MESSAGE in s.output)
+        or (s.kind == StepKind.TOOL and isinstance(s.input, dict) and ARGUMENTS_IN_MESSAGE in s.input)
         for s in steps
     )
 
@@ -84,13 +85,13 @@ def whole(steps: list[StepRecord], messages: list[MessageRecord]) -> list[StepRe
     for step in steps:
         output = step.output if isinstance(step.output, dict) else {}
         data = step.input if isinstance(step.input, dict) else {}
-        message = by_seq.get(output.get(IN_MESSAGE, -1)) if step.kind == "model" else None
+        message = by_seq.get(output.get(IN_MESSAGE, -1)) if step.kind == StepKind.MODEL else None
         if message is not None:
             full = {k: v for k, v in output.items() if k != IN_MESSAGE}
             full["content"] = message.content
             full["tool_calls"] = message.tool_calls or []
             step = msgspec.structs.replace(step, output=full)
-        elif step.kind == "tool" and data.get(ARGUMENTS_IN_MESSAGE) and step.call_id in arguments:
+        elif step.kind == StepKind.TOOL and data.get(ARGUMENTS_IN_MESSAGE) and step.call_id in arguments:
             text = arguments[step.call_id]
             call = ToolCall(id=step.call_id or "", name=step.tool_name or "", arguments=text)
             rest = {k: v for k, v in data.items() if k != ARGUMENTS_IN_MESSAGE}

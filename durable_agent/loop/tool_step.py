@@ -19,6 +19,7 @@ import os
 import time
 from typing import cast
 
+from msgspec import UNSET
 from pydantic import BaseModel, ValidationError
 
 from durable_agent.config.settings import validation_text
@@ -34,7 +35,8 @@ from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpe
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.status import EffectClass, StepKind
-from durable_agent.store.records import ApprovalKind, StepState
+from durable_agent.store.payloads import ToolInput
+from durable_agent.store.records import ApprovalKind, StepRecord, StepState
 from durable_agent.store.step import Step
 from durable_agent.store.storable import storable
 from durable_agent.tools.base import (
@@ -143,40 +145,52 @@ def _write(
     run = lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call))  # noqa: E731
     if prior is None:
         try:
-            plan = tool.plan(args, _tool_ctx(ctx, call))
+            planned = tool.plan(args, _tool_ctx(ctx, call))
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             return _refuse(ctx, call, step, message)
         # Its fields, not the object: a plugin's plan may be any object that has them.
-        recorded = {"path": plan.path, "before_sha": plan.before_sha, "after_sha": plan.after_sha}
+        recorded = {
+            "path": planned.path,
+            "before_sha": planned.before_sha,
+            "after_sha": planned.after_sha,
+        }
         step.run(run, input={**stored_once.call_input(call), "plan": recorded})
         return None
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
-    plan = WritePlan(**prior.input["plan"])
-    try:
-        current = tool.current_sha(plan, _tool_ctx(ctx, call))
-    except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after, so drift
-        current = f"unreadable: {exc}"
-    if current == plan.after_sha:
-        step.record(
-            _observed(
-                ctx,
-                call,
-                ToolResult(
-                    output=f"{plan.path} already has the intended content (the write completed before the interruption)"
-                ),
+    plan = _recorded_plan(prior)
+    current: str | None
+    if plan is None:  # an intent without a readable plan (a hand-written row): ask
+        current, path = "unknown: no readable plan on record", getattr(args, "path", call.name)
+    else:
+        path = plan.path
+        try:
+            current = tool.current_sha(plan, _tool_ctx(ctx, call))
+        except (ToolFailure, OSError) as exc:  # unreadable now: neither before nor after: drift
+            current = f"unreadable: {exc}"
+        if current == plan.after_sha:
+            step.record(
+                _observed(
+                    ctx,
+                    call,
+                    ToolResult(
+                        output=f"{plan.path} already has the intended content (the write completed before the interruption)"
+                    ),
+                )
             )
-        )
-        return None
+            return None
     use = None
-    if current != plan.before_sha:
+    if plan is None or current != plan.before_sha:
         approval = approvals.decided(
             ctx,
             call,
             UNCERTAIN,
             None,
-            f"{plan.path} changed since the interrupted write (drift): it has "
-            "neither the content before nor the content after the write",
+            f"{path} changed since the interrupted write (drift): it has "
+            "neither the content before nor the content after the write"
+            if plan is not None
+            else f"the interrupted write to {path} recorded no readable plan: "
+            "whether it landed is unknown",
             step_seq=prior.seq,
         )
         if approvals.denied(approval):
@@ -184,13 +198,21 @@ def _write(
                 ctx,
                 call,
                 step,
-                f"the write to {plan.path} was interrupted and the file changed since; "
+                f"the write to {path} was interrupted and the file changed since; "
                 "the user chose not to apply it again",
                 use_approval=approval.id,
             )
         use = approval.id
     step.run(run, use_approval=use)
     return None
+
+
+def _recorded_plan(prior: StepRecord) -> WritePlan | None:
+    """The postcondition the interrupted write's intent recorded (None: none readable)."""
+    intent = prior.typed_input
+    if not isinstance(intent, ToolInput) or intent.plan is UNSET:
+        return None
+    return WritePlan(intent.plan.path, intent.plan.before_sha, intent.plan.after_sha)
 
 
 def _exec(
@@ -255,7 +277,8 @@ def _exec(
         else:
             use = approvals.settle_by_policy(ctx, call)
     # The attempt's own evidence that its command waits for its process group (_never_began).
-    intent = {**step.input, PGID_FIRST: True} if protocol.pgid_before_start else None
+    # The spec's input, not the row's: a stored one of another shape must not stop a resume.
+    intent = {**step.spec.input, PGID_FIRST: True} if protocol.pgid_before_start else None
 
     def run(attempt: Step) -> StepOutcome:
         try:
@@ -436,8 +459,8 @@ def _never_began(ctx: StepContext, call: ToolCall, step: StepCall) -> bool:
     return (
         prior is not None
         and prior.pgid is None
-        and isinstance(prior.input, dict)
-        and prior.input.get(PGID_FIRST) is True
+        and isinstance(prior.typed_input, ToolInput)
+        and prior.typed_input.pgid_before_start is True
         and ctx.settings.durability == "full"
         and ctx.journal.approval_for(call.id, UNCERTAIN) is None
         and step.unchanged_since_prior()

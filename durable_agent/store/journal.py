@@ -36,7 +36,9 @@ from sqlalchemy.sql import Executable
 
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
+from durable_agent.status import StepKind
 from durable_agent.store import prepared, retrying
+from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
@@ -83,8 +85,8 @@ _FENCE_COUNTERS = Prepared(
 )
 _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
 _PAID_KINDS = (
-    "model",
-    "compact",
+    StepKind.MODEL.value,
+    StepKind.COMPACT.value,
 )  # steps whose tokens the run paid for (a summary is a model call)
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
@@ -121,7 +123,7 @@ class Loaded(Struct, frozen=True):
     compactions: list[
         Any
     ]  # outputs of the completed `compact` steps, in order (the request's shape)
-    last_model_output: Any  # output of the last completed model step (its usage calibrates counts)
+    last_model_output: StepOutput  # the last completed model step's (its usage calibrates counts)
 
 
 class Journal:
@@ -427,7 +429,7 @@ class Journal:
                 r[0]
                 for r in conn.execute(
                     select(steps.c.output)
-                    .where(*done, steps.c.kind == "compact")
+                    .where(*done, steps.c.kind == StepKind.COMPACT.value)
                     .order_by(steps.c.seq)
                 )
             ]
@@ -439,7 +441,7 @@ class Journal:
                 next_seq=0 if max_seq is None else max_seq + 1,
                 model_tokens=(int(prompt or 0), int(completion or 0)),
                 compactions=compactions,
-                last_model_output=last_model,
+                last_model_output=decode_output(StepKind.MODEL, last_model),
             )
 
         loaded: Loaded = self._read(query)

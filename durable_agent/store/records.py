@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Self
 
 from msgspec import Struct
+
+from durable_agent.store.payloads import StepInput, StepOutput, decode_input, decode_output
 
 
 class StepState(StrEnum):
@@ -77,7 +80,11 @@ class RunRecord(_Record, frozen=True):
     tree_start: str | None = None  # 0006: workspace snapshot at creation
 
 
-class StepRecord(_Record, frozen=True):
+class StepRecord(_Record, frozen=True, dict=True):
+    """A step's row. `input`/`output` are the JSON as stored (shown, exported, written
+    back); `typed_input`/`typed_output` are the same values as their kind's struct
+    (store/payloads.py), decoded on first use and kept: never a field, never raises."""
+
     run_id: str
     seq: int
     kind: str
@@ -100,6 +107,14 @@ class StepRecord(_Record, frozen=True):
     lease_epoch: int | None
     tree_before: str | None = None  # 0006: workspace snapshots (workspace/)
     tree_id: str | None = None
+
+    @cached_property
+    def typed_input(self) -> StepInput:
+        return decode_input(self.kind, self.input)
+
+    @cached_property
+    def typed_output(self) -> StepOutput:
+        return decode_output(self.kind, self.output)
 
 
 class ApprovalRecord(_Record, frozen=True):

@@ -15,6 +15,7 @@ from msgspec import Struct
 from sqlalchemy import Connection, bindparam, select, update
 
 from durable_agent.messages import Message
+from durable_agent.status import StepKind
 from durable_agent.store.blobs import WorkspaceWrite
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import StepRecord, StepState
@@ -289,7 +290,9 @@ def calibrating_output(conn: Connection, done: tuple[Any, ...]) -> Any:
     the calibration as it was, live and on resume alike. Newest first, a page at a time."""
     before: int | None = None
     while True:
-        query = select(steps.c.seq, steps.c.output).where(*done, steps.c.kind == "model")
+        query = select(steps.c.seq, steps.c.output).where(
+            *done, steps.c.kind == StepKind.MODEL.value
+        )
         if before is not None:
             query = query.where(steps.c.seq < before)
         page = conn.execute(query.order_by(steps.c.seq.desc()).limit(64)).all()

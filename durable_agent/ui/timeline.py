@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from html import escape
 
+from durable_agent.status import EffectClass, StepKind
 from durable_agent.store.records import StepRecord, StepState
 
 WIDTH = 1000
@@ -22,7 +23,7 @@ STOP_SHARE = 0.1  # a stop is drawn at most this share of the time the run execu
 
 def lane(step: StepRecord) -> str:
     """`model`, `tool:read|write|exec`, `verify`, or the step's own kind (e.g. `compact`)."""
-    if step.kind == "tool":
+    if step.kind == StepKind.TOOL:
         return f"tool:{step.effect or 'other'}"
     return step.kind
 
@@ -175,8 +176,15 @@ def _boundaries(
 
 
 def _lane_order(name: str) -> tuple[int, str]:
-    order = {"model": 0, "tool:read": 1, "tool:write": 2, "tool:exec": 3, "verify": 5, "compact": 6}
-    return order.get(name, 4 if name.startswith("tool:") else 7), name
+    order = {
+        StepKind.MODEL: 0,
+        f"{StepKind.TOOL}:{EffectClass.READ}": 1,
+        f"{StepKind.TOOL}:{EffectClass.WRITE}": 2,
+        f"{StepKind.TOOL}:{EffectClass.EXEC}": 3,
+        StepKind.VERIFY: 5,
+        StepKind.COMPACT: 6,
+    }
+    return order.get(name, 4 if name.startswith(f"{StepKind.TOOL}:") else 7), name
 
 
 def _clock(when: datetime) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from durable_agent.errors import LoopExit, UsageError
-from durable_agent.status import EffectClass, StopReason
+from durable_agent.status import EffectClass, StepKind, StopReason
 from durable_agent.store.blobs import BlobStore, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
@@ -61,7 +61,7 @@ def check(ctx: Site) -> None:
         return
     if any(
         s.state == StepState.STARTED
-        and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == "verify")
+        and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == StepKind.VERIFY)
         for s in journal.open_steps.values()
     ):
         return
