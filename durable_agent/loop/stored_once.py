@@ -68,7 +68,11 @@ def _heads(value: Any) -> Any:
 def needs_messages(steps: list[StepRecord]) -> bool:
     return any(
         (s.kind == StepKind.MODEL and isinstance(s.output, dict) and IN_MESSAGE in s.output)
-        or (s.kind == StepKind.TOOL and isinstance(s.input, dict) and ARGUMENTS_IN_MESSAGE in s.input)
+        or (
+            s.kind == StepKind.TOOL
+            and isinstance(s.input, dict)
+            and ARGUMENTS_IN_MESSAGE in s.input
+        )
         for s in steps
     )
 
@@ -91,7 +95,11 @@ def whole(steps: list[StepRecord], messages: list[MessageRecord]) -> list[StepRe
             full["content"] = message.content
             full["tool_calls"] = message.tool_calls or []
             step = msgspec.structs.replace(step, output=full)
-        elif step.kind == StepKind.TOOL and data.get(ARGUMENTS_IN_MESSAGE) and step.call_id in arguments:
+        elif (
+            step.kind == StepKind.TOOL
+            and data.get(ARGUMENTS_IN_MESSAGE)
+            and step.call_id in arguments
+        ):
             text = arguments[step.call_id]
             call = ToolCall(id=step.call_id or "", name=step.tool_name or "", arguments=text)
             rest = {k: v for k, v in data.items() if k != ARGUMENTS_IN_MESSAGE}

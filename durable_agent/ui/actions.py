@@ -55,8 +55,11 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     run = store.get_run(run_id)
     if run.status != RunStatus.BLOCKED:  # (already on its way: nothing to start)
         return Done(run_id, notice)
+    # Pending first, in both cases: the run page then follows it live from the redirect on
+    # (a blocked run's page ends its stream at once), and a worker may take it as well: the
+    # run's lease lets one of them execute it, the other is refused.
+    store.requeue(run_id)
     if not resumes_here(store):
-        store.requeue(run_id)
         return Done(run_id, notice)
     _start_resume(store, run_id, run.workspace)
     return Done(run_id, f"{notice}-here")

@@ -60,6 +60,13 @@ def workspace_lease(
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
+            if run_id is not None and _holder(fd)[0] == run_id:
+                # This very run, in another process: a stalled or frozen owner (SIGSTOP, a
+                # paused VM) keeps its flock although its run lease may have expired. The
+                # run's lease decides, as for any resume: a live one refuses (exit 6), an
+                # expired one is taken over, and every write of the old owner is fenced.
+                yield lambda _run_id: None
+                return
             raise _busy(fd, run_id, workspace) from None
         # A run in a folder of this workspace, or in one holding it, shares its files all
         # the same: each run also holds every enclosing folder's lock shared, which an
@@ -94,11 +101,17 @@ def workspace_lease(
             os.close(each)  # (drops the lock)
 
 
-def _busy(fd: int, run_id: str | None, workspace: Path) -> RunBusy:
+def _holder(fd: int) -> tuple[str, str]:
+    """(run id, pid) of the process holding the lease, as it wrote them."""
     try:
         holder_run, pid = os.pread(fd, 200, 0).decode("utf-8", "replace").split()[:2]
     except (OSError, ValueError):
-        holder_run, pid = "-", "?"
+        return "-", "?"
+    return holder_run, pid
+
+
+def _busy(fd: int, run_id: str | None, workspace: Path) -> RunBusy:
+    holder_run, pid = _holder(fd)
     if run_id is not None and holder_run == run_id:  # a second `resume` of the very run
         return RunBusy(run_id, f"pid {pid}")
     holder = f"run {holder_run} (pid {pid})" if holder_run != "-" else f"a run (pid {pid})"
