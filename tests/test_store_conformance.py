@@ -27,6 +27,7 @@ from sqlalchemy import Engine, insert, select, update
 
 from durable_agent.errors import LeaseLost, RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message, ToolCall
+from durable_agent.status import StepKind
 from durable_agent.store import prepared, sqlite_reads
 from durable_agent.store.blobs import (
     BlobStore,
@@ -42,6 +43,7 @@ from durable_agent.store.blobs import (
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.forks import fork_run
 from durable_agent.store.journal import Journal
+from durable_agent.store.payloads import Unknown, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.queue import Queue
 from durable_agent.store.reads import Reads, RunReads
@@ -240,7 +242,7 @@ def test_a_run_from_its_lease_to_its_end(backend: Backend) -> None:
     loaded = j.load()
     assert (loaded.next_seq, loaded.open_steps, loaded.compactions) == (0, [], [])
     assert [m.content for m in loaded.messages] == ["be brief", "go"]
-    assert loaded.model_tokens == (0, 0) and loaded.last_model_output is None
+    assert loaded.model_tokens == (0, 0) and loaded.last_model_output == Unknown(None)  # none yet
 
     # A model step: intent, then outcome with its message and the run's totals.
     call = ToolCall("c1", "read_file", '{"path": "a.txt"}')
@@ -357,7 +359,8 @@ def test_a_resumed_run_loads_what_its_last_session_left(backend: Backend) -> Non
     assert loaded.next_seq == 5 and [s.idempotency_key for s in loaded.open_steps] == ["exec:4"]
     assert loaded.model_tokens == (0 + 1 + 2 + 5, 3 + 5)
     assert loaded.compactions == [{"summary": "s"}]
-    assert loaded.last_model_output == outputs[1]  # the last one whose counts were reported
+    # The last one whose counts were reported, decoded once by the store (store/payloads.py).
+    assert loaded.last_model_output == decode_output(StepKind.MODEL, outputs[1])
     step = again.find("exec:4", "tool", turn=4)
     assert step.prior is not None and step.seq == 4
     step.start({"command": "x"}).complete({"exit": 0}, counters=ZERO)
