@@ -52,6 +52,10 @@ def test_demo_crashes_resumes_and_shows_nothing_ran_twice(
         in out
     )
     assert "edit_file (step 11): cut off by the crash; the resume checked the workspace" in out
+    # One step number everywhere (docs/schema.md): the demo's SQL and its side-by-side table
+    # print steps.seq as stored, the number its sentences use.
+    assert re.search(r"^\s+11\s+edit_file\s+call_5_0\s+1\s+completed\s*$", out, re.M), out
+    assert "seq + 1" not in out
     assert out.rstrip().splitlines()[-2].startswith("kept: ")
     assert "✓ crashed with SIGKILL, resumed, finished; nothing ran twice" in out
 

@@ -258,7 +258,7 @@ class _Demo:
         self._query(
             store,
             "each tool call: how many times it was tried",
-            "SELECT seq + 1 AS step, tool_name, call_id, attempts, state FROM steps "
+            "SELECT seq AS step, tool_name, call_id, attempts, state FROM steps "
             "WHERE run_id = :run_id AND kind = 'tool' ORDER BY seq",
         )
         for line in verdict.lines:
@@ -309,7 +309,7 @@ def _side_by_side(
     for s in after:
         old = earlier.get(s.seq)
         what = f"{s.kind} {step_what(run, s)}" if s.kind == StepKind.MODEL else step_what(run, s)
-        rows.append((str(s.seq + 1), short(what, 36), _before(old), _after(old, s)))
+        rows.append((str(s.seq), short(what, 36), _before(old), _after(old, s)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         say(f"   {r[0]:>{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
