@@ -85,17 +85,18 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
         label=call.name,
         detail=_brief(call),
     )
-    if over_cap is not None:
-        step = open_step(ctx, spec)
-        if step.prior is None:
-            return _refuse(ctx, call, step, over_cap)
+    # Past the cap: answered "not run", unless a crash cut it off after it began (then it
+    # is reconciled below, as ever).
+    opened = open_step(ctx, spec) if over_cap is not None else None
+    if opened is not None and over_cap is not None and opened.prior is None:
+        return _refuse(ctx, call, opened, over_cap)
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
     stop = guard.before_tool_call(
         ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak, active_ms=ctx.active_ms()
     )
     if stop is not None:
         raise LoopExit(*stop)
-    step = open_step(ctx, spec)
+    step = opened or open_step(ctx, spec)
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
