@@ -253,3 +253,43 @@ def test_a_link_out_of_the_workspace_is_not_read(
     assert r.returncode == 0, r.stderr
     assert _memory_messages(env, "l") == []
     assert _rows(env, "SELECT count(*) FROM steps WHERE kind = 'memory'") == [(0,)]
+
+
+def test_a_summary_keeps_the_memory_messages_verbatim() -> None:
+    """The compacted request: system prompt, task, then every memory message the summary
+    replaced the turns around, then the summary and the recent turns."""
+    from durable_agent.context.memory import MemoryFile, compose
+    from durable_agent.context.view import ContextView
+    from durable_agent.messages import Message
+
+    memory = compose([MemoryFile("AGENTS.md", "0" * 64, 5, "rule")])
+    messages = [
+        Message("system", "prompt"),
+        Message("user", "task"),
+        Message("system", memory.text),
+        Message("assistant", "a1"),
+        Message("user", "more"),
+        Message("assistant", "a2"),
+    ]
+    view = ContextView()
+    view.apply({"stage": "summarize", "turn": 1, "start": 4, "summary": "S"}, messages)
+    request = view.request(messages)
+    assert [m.content for m in request][:3] == ["prompt", "task", memory.text]
+    assert request[3].content is not None and request[3].content.endswith("S")
+    assert [m.content for m in request][4:] == ["more", "a2"]
+
+
+def test_the_text_protocol_sends_a_later_system_message_as_the_users() -> None:
+    from durable_agent.messages import Message
+    from durable_agent.models.text_protocol import to_text_messages
+
+    sent = to_text_messages(
+        [
+            Message("system", "prompt"),
+            Message("user", "task"),
+            Message("system", "# Project memory"),
+        ],
+        [],
+    )
+    assert [m.role for m in sent] == ["system", "user"]
+    assert sent[1].content == "task\n\n# Project memory"

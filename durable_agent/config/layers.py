@@ -41,6 +41,11 @@ ENV_VARS = {
     "OPENAI_API_KEY": "api_key",
     "OPENAI_BASE_URL": "base_url",
     "OPENAI_API_VERSION": "api_version",
+    # Text settings read without the settings model (store-only commands stay light).
+    "DURABLE_AGENT_MODEL": "model",
+    "DURABLE_AGENT_DB": "db",
+    "DURABLE_AGENT_SANDBOX": "sandbox",
+    "DURABLE_AGENT_DURABILITY": "durability",
 }
 ENV_PREFIX = "DURABLE_AGENT_"  # DURABLE_AGENT_<SETTING>: every setting, by its upper-case name
 # DURABLE_AGENT_* variables that are not settings: the config file's path, the web view's
@@ -117,7 +122,10 @@ def env_layer(
     names = sorted(
         v
         for v in env
-        if v.startswith(ENV_PREFIX) and v not in OTHER_VARS and not v.startswith(OTHER_PREFIXES)
+        if v.startswith(ENV_PREFIX)
+        and v not in ENV_VARS
+        and v not in OTHER_VARS
+        and not v.startswith(OTHER_PREFIXES)
     )
     if not names:
         return values, where
