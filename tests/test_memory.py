@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,26 @@ SCRIPT = [
 ]
 
 
-def _db(env: dict[str, str]) -> Path:
-    return Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
-
-
 def _rows(env: dict[str, str], sql: str, *params: Any) -> list[Any]:
-    with sqlite3.connect(_db(env)) as conn:
-        return conn.execute(sql, params).fetchall()
+    """Rows of the run's store, SQLite or PostgreSQL (`?` placeholders)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(env["DURABLE_AGENT_DB"])
+    try:
+        with engine.connect() as conn:
+            statement = sql
+            for i in range(len(params)):
+                statement = statement.replace("?", f":p{i}", 1)
+            found = conn.execute(
+                sqlalchemy.text(statement), {f"p{i}": v for i, v in enumerate(params)}
+            )
+            return [tuple(r) for r in found]
+    finally:
+        engine.dispose()
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _memory_messages(env: dict[str, str], run_id: str) -> list[str]:
@@ -89,7 +101,7 @@ def test_nested_files_are_read_nearest_last_from_the_task_folder(
     [(kind, state, given)] = _rows(
         env, "SELECT kind, state, input FROM steps WHERE run_id = ? AND seq = 0", run_id
     )
-    loaded = json.loads(given)
+    loaded = _json(given)
     assert (kind, state) == ("memory", "completed")
     assert [f["path"] for f in loaded["files"]][1:] == [
         "AGENTS.md",
@@ -117,10 +129,12 @@ def test_a_resume_keeps_the_recorded_text_when_the_files_changed(
     project: Path,
     write_script: Callable[[list[dict[str, Any]]], str],
     crash_after: int,
+    store_url: str,
 ) -> None:
     """SIGKILL after the memory step's intent (2), its outcome (4), the first model call (6);
     the files change; the resumed run goes on with the text read at the start, says the
     files changed, and its history is the one an uninterrupted run has."""
+    env = {**env, "DURABLE_AGENT_DB": store_url}  # SQLite, and PostgreSQL
     script = write_script(SCRIPT)
     ref = _run(env, project, "start", "t", "-m", script, "--run-id", "ref", "-w", str(workspace))
     assert ref.returncode == 0, ref.stderr
@@ -220,7 +234,7 @@ def test_no_memory_and_memory_files(
     assert r.returncode == 0, r.stderr
     assert _memory_messages(env, "off") == []
     assert _rows(env, "SELECT count(*) FROM steps WHERE kind = 'memory'") == [(0,)]
-    settings = json.loads(_rows(env, "SELECT settings FROM runs WHERE id = 'off'")[0][0])
+    settings = _json(_rows(env, "SELECT settings FROM runs WHERE id = 'off'")[0][0])
     assert settings["memory"] is False
 
     (project / "CLAUDE.md").write_text("claude rule\n")
@@ -293,3 +307,62 @@ def test_the_text_protocol_sends_a_later_system_message_as_the_users() -> None:
     )
     assert [m.role for m in sent] == ["system", "user"]
     assert sent[1].content == "task\n\n# Project memory"
+
+
+def test_reload_memory_adds_a_message_once_per_turn_when_the_text_changed(
+    env: dict[str, str],
+    workspace: Path,
+    write_script: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    """What `continue` calls for a new turn of a finished run (loop/memory_step.py)."""
+    import time
+
+    from durable_agent.config.settings import load_settings, recorded_settings
+    from durable_agent.config.store import open_store
+    from durable_agent.loop.memory_step import reload_memory, run_memory_sha256
+    from durable_agent.store import leases
+    from durable_agent.store.journal import Journal
+    from durable_agent.wiring import build_runner
+
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "AGENTS.md"
+    user.parent.mkdir(parents=True)
+    user.write_text("user rule: v1\n")
+    (workspace / "AGENTS.md").write_text("root rule\n")
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "c",
+             "--max-steps", "1")  # fmt: skip
+    assert r.returncode == 3, r.stderr  # stopped, and may be taken up again
+
+    def session(turn_of: Callable[[Any], int]) -> str | None:
+        store = open_store(None, env)
+        run = store.get_run("c")
+        settings = load_settings({}, env, base=recorded_settings(run.settings))
+        runner = build_runner(settings, env=env, store=store)
+        owner = leases.new_owner()
+        epoch, _ = runner.store.take_over("c", owner, settings.lease_seconds)
+        journal = Journal(runner.store.engine, "c", owner, epoch, settings.lease_seconds)
+        try:
+            ctx = runner.context(journal, time.monotonic())
+            reload_memory(ctx, turn_of(ctx))
+            return run_memory_sha256(ctx)
+        finally:
+            journal.release_lease()
+            journal.close()
+
+    first = _memory_messages(env, "c")
+    assert len(first) == 1 and "v1" in first[0]
+    assert session(lambda ctx: 7) == _sha(first[0])  # unchanged: recorded, nothing added
+    user.write_text("user rule: v2\n")
+    after = session(lambda ctx: 8)
+    texts = _memory_messages(env, "c")
+    assert len(texts) == 2 and "v2" in texts[1] and after == _sha(texts[1])
+    user.write_text("user rule: v3\n")
+    session(lambda ctx: 8)  # the same turn again (a crash, a repeated continue): once
+    assert len(_memory_messages(env, "c")) == 2
+    keys = _rows(env, "SELECT idempotency_key FROM steps WHERE kind = 'memory' ORDER BY seq")
+    assert keys == [("memory:0",), ("memory:7:reload",), ("memory:8:reload",)]
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()

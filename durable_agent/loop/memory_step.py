@@ -39,9 +39,15 @@ def run_memory_sha256(ctx: StepContext) -> str | None:
     return None if text is None else memory_sha256(text)
 
 
-def load_memory(ctx: StepContext) -> None:
-    """At the start of every session (Runner._drive), after the workspace is checked."""
+def load_memory(ctx: StepContext, *, new_turn: int | None = None) -> None:
+    """At the start of every session (Runner._drive), after the workspace is checked.
+
+    `new_turn`: the session goes on with a new turn of a finished run (`continue`): the
+    files are read again for it (`reload_memory`) instead of only being compared."""
     if not ctx.settings.memory:
+        return
+    if new_turn is not None:
+        reload_memory(ctx, new_turn)
         return
     memory = _read(ctx)
     fresh = _text(ctx, memory)
@@ -72,7 +78,8 @@ def load_memory(ctx: StepContext) -> None:
 def reload_memory(ctx: StepContext, turn: int, *, key: str | None = None) -> None:
     """Read the memory files again for a new turn of the run (`continue`): a memory message
     is added when their text is not the one in effect. Call it on the rebuilt context
-    (Runner.context) under the run's lease, before the turn's first model call; the key
+    (Runner.context) under the run's lease, before the turn's first model call, in place of
+    `load_memory` (or as `load_memory(ctx, new_turn=turn)`); the key
     (`memory:<turn>:reload`) makes it happen once per turn, crash or not."""
     if not ctx.settings.memory:
         return
@@ -110,6 +117,9 @@ def _memory_step(
         label="",
         detail=_detail(memory),
         reuse=True,
+        # A fork's or a new turn's read stands in for an earlier one of the same turn left
+        # unfinished (a fork of a run cut off inside its first read).
+        supersede=key != FIRST_KEY,
     )
     call = open_step(ctx, spec)
     if call.reused is not None:
