@@ -358,8 +358,14 @@ def test_reload_memory_adds_a_message_once_per_turn_when_the_text_changed(
     user.write_text("user rule: v3\n")
     session(lambda ctx: 8)  # the same turn again (a crash, a repeated continue): once
     assert len(_memory_messages(env, "c")) == 2
+    user.unlink()
+    (workspace / "AGENTS.md").unlink()
+    session(lambda ctx: 9)  # the files are gone: said once, not again
+    session(lambda ctx: 10)
+    texts = _memory_messages(env, "c")
+    assert len(texts) == 3 and "no instruction files are found any more" in texts[2]
     keys = _rows(env, "SELECT idempotency_key FROM steps WHERE kind = 'memory' ORDER BY seq")
-    assert keys == [("memory:0",), ("memory:7:reload",), ("memory:8:reload",)]
+    assert keys == [("memory:0",), *((f"memory:{t}:reload",) for t in (7, 8, 9))]  # 10: nothing
 
 
 def _sha(text: str) -> str:

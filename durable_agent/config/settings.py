@@ -7,6 +7,7 @@ Validated once, here. Nothing else in the package reads the environment for sett
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -368,6 +369,7 @@ class Settings(BaseModel):
         return d
 
 
+@functools.cache
 def setting_kinds() -> dict[str, str]:
     """Each setting's name and how an environment variable gives it (layers.env_value):
     "text" (names, paths, URLs, choices: as written), "list", or "value" (a TOML value)."""

@@ -60,7 +60,7 @@ def load_memory(ctx: StepContext, *, new_turn: int | None = None) -> None:
     else:
         used = None
     if used is None:  # recorded before this session
-        recorded = memory_in_effect(ctx.state.messages)
+        recorded = _in_effect(ctx)
         if recorded is None:
             done = ctx.journal.completed(FIRST_KEY)
             if done is None:
@@ -126,18 +126,18 @@ def _memory_step(
         return None
     recorded = _as_dict(call.input) or given  # an interrupted attempt's, else this one
     used = str(recorded.get("text") or "")
-    if not used and memory_in_effect(ctx.state.messages) is None:
+    if not used and not _in_effect(ctx):
         return used  # nothing read, nothing to take back: no step (the seqs stay as they were)
 
     def add(_step: Step) -> StepOutcome:
-        in_effect = memory_in_effect(ctx.state.messages)
+        in_effect = _in_effect(ctx)
         messages: list[Message] = []
         seq = None
         if used and not (only_if_changed and in_effect == used):
             message = Message("system", used)
             seq = ctx.state.append(message)
             messages.append(message)
-        elif only_if_changed and in_effect is not None and not used:
+        elif only_if_changed and in_effect and not used:
             # The files are gone: say so, rather than keep instructions nobody has any more.
             message = Message("system", _NONE_LEFT)
             seq = ctx.state.append(message)
@@ -156,6 +156,12 @@ def _memory_step(
 _NONE_LEFT = (
     "# Project memory\n(no instruction files are found any more: the earlier ones no longer apply)"
 )
+
+
+def _in_effect(ctx: StepContext) -> str | None:
+    """The memory text the model goes by ("" once the files were found gone), None: none."""
+    text = memory_in_effect(ctx.state.messages)
+    return "" if text == _NONE_LEFT else text
 
 
 def _as_dict(value: Any) -> dict[str, Any] | None:
