@@ -93,6 +93,7 @@ NOT_FROM_PROJECT = (
     "mcp_config",
 )
 DEFAULT = "default"
+_FLAGS = {"memory": "--no-memory", "mcp_servers": "--mcp"}  # where a flag's name is not the key
 RECORDED = "the run's recorded settings"
 
 _warned: set[str] = set()
@@ -313,7 +314,7 @@ def merge_layers(
     where.update(dict.fromkeys(user, str(path)))
     from_env, env_where = env_layer(env, kinds)
     workspace: str | os.PathLike[str] = "."
-    for layer in (flags, from_env, base or {}, user):
+    for layer in (flags, base or {}, from_env, user):  # as they take precedence below
         given = layer.get("workspace")
         if isinstance(given, str | os.PathLike) and given:
             workspace = given
@@ -350,7 +351,7 @@ def merge_layers(
             merged[key] = value
     given = {k: v for k, v in flags.items() if v is not None}
     merged.update(given)
-    where.update({k: "--" + k.replace("_", "-") for k in given})
+    where.update({k: _FLAGS.get(k) or "--" + k.replace("_", "-") for k in given})
     if sources is not None:
         sources.update(where)
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
