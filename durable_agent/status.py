@@ -41,6 +41,7 @@ class StepKind(StrEnum):
     TOOL = "tool"
     VERIFY = "verify"
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
+    USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
 
 
 class EffectClass(StrEnum):

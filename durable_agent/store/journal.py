@@ -124,6 +124,9 @@ class Loaded(Struct, frozen=True):
         Any
     ]  # outputs of the completed `compact` steps, in order (the request's shape)
     last_model_output: StepOutput  # the last completed model step's (its usage calibrates counts)
+    # The run's `user_message` steps (`continue`), by seq, whatever their state: the latest
+    # completed one opened the current turn (its window, where its stale steps end).
+    user_turns: list[StepRecord] = []
 
 
 class Journal:
@@ -164,6 +167,7 @@ class Journal:
         self.next_seq = 0
         self.open_steps: dict[str, StepRecord] = {}
         self.failed_keys: set[str] = set()
+        self.user_turns: list[StepRecord] = []  # the run's user_message steps, as loaded
 
     # -- steps ---------------------------------------------------------------------------------
     def find(
@@ -434,6 +438,22 @@ class Journal:
                 )
             ]
             last_model = calibrating_output(conn, done)
+            user_turns = [
+                StepRecord.from_row(r)
+                for r in conn.execute(
+                    select(steps)
+                    .where(
+                        steps.c.run_id == self.run_id,
+                        steps.c.kind == StepKind.USER_MESSAGE.value,
+                    )
+                    .order_by(steps.c.seq)
+                )
+            ]
+            # Steps the latest turn's message superseded (a failed model call, a call cut
+            # off by a crash, under the history before the message) are not this turn's:
+            # they are neither gone on with nor a mismatch for the steps of the new history.
+            opened = max((t.seq for t in user_turns if t.state == StepState.COMPLETED), default=-1)
+            open_steps = [s for s in open_steps if s.seq > opened]
             return Loaded(
                 run=RunRecord.from_row(run),
                 messages=msgs,
@@ -442,11 +462,13 @@ class Journal:
                 model_tokens=(int(prompt or 0), int(completion or 0)),
                 compactions=compactions,
                 last_model_output=decode_output(StepKind.MODEL, last_model),
+                user_turns=user_turns,
             )
 
         loaded: Loaded = self._read(query)
         self.next_seq = loaded.next_seq
         self.open_steps = {s.idempotency_key: s for s in loaded.open_steps}
+        self.user_turns = loaded.user_turns
         self.failed_keys = {
             s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED
         }
@@ -571,6 +593,20 @@ class Journal:
                 )
             ],
             counters=counters,
+        )
+
+    def hand_to_queue(self) -> None:
+        """`continue --detach`: the run, its message recorded, goes back to the workers' queue
+        (`pending`, no lease), fenced on our lease like every checkpoint."""
+        self.commit(
+            [
+                (
+                    update(runs)
+                    .where(runs.c.id == self.run_id)
+                    .values(status="pending", lease_owner=None, lease_expires_at=None),
+                    {},
+                )
+            ]
         )
 
     def release_lease(self) -> None:

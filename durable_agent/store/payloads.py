@@ -139,20 +139,47 @@ class CompactOutput(_Payload, frozen=True):
     then: str | UnsetType = UNSET  # "summarize": decided with the elision, made next
 
 
-StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | Unknown
-StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | Unknown
+# -- user_message (`continue`) ---------------------------------------------------------------
+class UserMessageInput(_Payload, frozen=True):
+    sha256: str  # of the message as the person gave it (the key's hash)
+    chars: int
+    message: str  # whole up to INLINE_CHARS; beyond, a head (`cut`), the messages row is whole
+    cut: bool | UnsetType = UNSET
+
+
+class Window(_Payload, frozen=True):
+    """The run's totals when a turn began: its budgets count from here (the totals go on)."""
+
+    model_calls: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    active_ms: int = 0
+    messages: int = 0  # the history's length before the turn's first message
+
+
+class UserMessageOutput(_Payload, frozen=True):
+    window: Window
+    message_seq: int  # the messages row of the person's message
+    closed_calls: list[str] | UnsetType = UNSET  # tool calls left without a result, answered
+
+
+StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | UserMessageInput | Unknown
+StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | UserMessageOutput | Unknown
 
 _INPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelInput,
     StepKind.TOOL: ToolInput,
     StepKind.VERIFY: VerifyInput,
     StepKind.COMPACT: CompactInput,
+    StepKind.USER_MESSAGE: UserMessageInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
     StepKind.TOOL: ToolOutput,
     StepKind.VERIFY: VerifyOutput,
     StepKind.COMPACT: CompactOutput,
+    StepKind.USER_MESSAGE: UserMessageOutput,
 }
 
 

@@ -1,0 +1,197 @@
+"""`durable-agent continue RUN_ID MESSAGE`: a follow-up to a run that has ended, as a new turn
+of the same history (loop/turns.py), executed like `resume`: same output, `--json` and exit
+codes. `--fork` continues a copy (the original is only read), `--detach` queues it for
+workers. `--last` (here, and for `resume` and `show`) is the newest run of this folder.
+
+    continue RUN_ID "MESSAGE"        MESSAGE `-`: read from stdin
+    continue --last "MESSAGE"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from durable_agent.cli import render, streams
+from durable_agent.cli.last_run import run_id_of
+from durable_agent.errors import UsageError
+from durable_agent.status import RunStatus
+
+# What `continue` takes a run from (read again under the run's lock when it is taken):
+# an ended run; an interrupted one (`running`, its process gone); a queued one only for
+# the same message again (a `continue --detach` not yet run by a worker).
+ENDED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BUDGET_EXCEEDED, RunStatus.CANCELLED}
+)
+TAKEN_FROM = ENDED | {RunStatus.RUNNING, RunStatus.PENDING}
+
+
+def _message(args: Namespace) -> str:
+    """MESSAGE, or stdin for `-`."""
+    if args.last and args.message is None:  # `continue --last MESSAGE`: one positional
+        args.message, args.run_id = args.run_id, None
+    if args.message is None:
+        raise UsageError(
+            'give the message: durable-agent continue RUN_ID "MESSAGE" (or - to read it from stdin)'
+        )
+    text: str = args.message
+    if text == "-":
+        try:
+            text = sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the message from stdin: {exc}") from None
+        text = text.removesuffix("\n")
+    if not text.strip():
+        raise UsageError("the message is empty: say what the agent should do next")
+    return text
+
+
+def refusal(run: Any, store: Any, message: str) -> str | None:
+    """Why this run cannot be continued now (one line that says what to do), or None."""
+    from durable_agent.loop.turns import digest
+    from durable_agent.store import leases
+    from durable_agent.store.rows import utcnow
+
+    rid = run.id
+    if run.status == RunStatus.BLOCKED:
+        return (
+            f"run {rid} is blocked ({run.stop_reason}): answer it with `durable-agent approve "
+            f"{rid}` (or --deny), then `durable-agent resume {rid}`; continue it once it has ended"
+        )
+    if leases.is_executing(run, utcnow()):
+        return (
+            f"run {rid} is running in another process: wait for it to end (or `durable-agent "
+            f"cancel {rid}`), then continue it"
+        )
+    if run.status == RunStatus.PENDING and not _latest_turn_is(store, rid, digest(message)):
+        return (
+            f"run {rid} is pending (queued, not run yet): run it with `durable-agent resume "
+            f"{rid}` (or a worker), then continue it"
+        )
+    if run.status not in TAKEN_FROM:
+        return f"run {rid} is {run.status}; it cannot be continued"
+    return None
+
+
+def _latest_turn_is(store: Any, run_id: str, sha: str) -> bool:
+    from durable_agent.status import StepKind
+    from durable_agent.store.payloads import UserMessageInput
+
+    turns = [s for s in store.steps(run_id) if s.kind == StepKind.USER_MESSAGE]
+    given = turns[-1].typed_input if turns else None
+    return isinstance(given, UserMessageInput) and given.sha256 == sha
+
+
+def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.cli.commands import (
+        _check_sandbox,
+        _execute,
+        _flags,
+        _missing_workspace,
+        _open,
+        _print_queued,
+    )
+    from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
+
+    message = _message(args)
+    store = _open(args, env)
+    run_id = run_id_of(store, args)
+    run = store.get_run(run_id)
+    stood: str | None = None
+    if args.fork:
+        run_id, stood = _fork(store, run, args, env), "forked"  # a fork always opens a new turn
+        run = store.get_run(run_id)
+    else:
+        why = refusal(run, store, message)
+        if why:
+            raise UsageError(why)
+    recorded = recorded_settings(run.settings)
+    names = ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS)
+    flags = _flags(args, (*names, "sandbox", "network"))
+    if args.workspace is not None and not args.fork:
+        flags["workspace"] = args.workspace
+    settings = load_settings(flags, env, base=recorded)
+    _check_sandbox(settings, env)
+    changes = [
+        f"{k}: {recorded.get(k)!r} → {v!r}"
+        for k, v in settings.redacted_dict().items()
+        if k in recorded and k != "db" and recorded.get(k) != v
+    ]
+    _missing_workspace(store, run_id, settings)
+    from durable_agent.store.leases import new_owner
+    from durable_agent.wiring import build_runner
+    from durable_agent.workspace.lease import workspace_lease
+
+    err = streams.forgiving(sys.stderr)
+    statuses = frozenset({RunStatus.PENDING}) if args.fork else TAKEN_FROM
+    with contextlib.ExitStack() as held:
+        if not args.detach:
+            with render.json_if_cut_short(args.json, run_id):  # exit 6 with --json: one object
+                held.enter_context(
+                    workspace_lease(
+                        settings.workspace,
+                        run_id,
+                        env,
+                        shared=getattr(args, "allow_shared_workspace", False),
+                    )
+                )
+        cancel = threading.Event()
+        quiet = args.quiet or args.json or args.detach
+        observer = None if quiet else render.Timeline(sys.stderr)
+        runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
+        owner = new_owner()
+        with render.json_if_cut_short(args.json, run_id):
+            epoch, before = store.take_over(
+                run_id, owner, settings.lease_seconds, statuses=statuses
+            )
+        stood = stood or before[0]
+        if changes:
+            store.update_settings(run_id, settings.redacted_dict())
+            if not quiet:
+                print("continuing under different settings: " + "; ".join(changes), file=err)
+        if args.detach:  # recorded here, driven by a worker
+            runner.queue_turn(run_id, (owner, epoch), message, stood)
+            _print_queued(run_id, args.json)
+            return 0
+        if not args.json:
+            print(
+                f"run {run_id} · continuing after model call {run.step_count} ({stood})", file=err
+            )
+            print(f"  if it is interrupted: durable-agent resume {run_id}", file=err)
+        return _execute(runner, run_id, args, cancel, lease=(owner, epoch), turn=(message, stood))
+
+
+def _fork(store: Any, run: Any, args: Namespace, env: dict[str, str]) -> str:
+    """A copy of `run` as at its last step, files included, in a folder of its own; the
+    original is only read. Returns the new run's id."""
+    from durable_agent.cli.ws_commands import RUN_ID_RE, fork_into
+
+    new_id = args.new_run_id
+    if new_id is not None and not RUN_ID_RE.match(new_id):
+        raise UsageError(
+            f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
+            "a letter or digit first)"
+        )
+    from durable_agent.loop.runner import new_run_id
+
+    new_id = new_id or new_run_id()
+    if args.workspace is not None:
+        target = Path(os.path.abspath(args.workspace))
+    else:  # beside the original: <its folder>-<new id>
+        original = Path(run.workspace)
+        target = original.with_name(f"{original.name}-{new_id}")
+    steps = store.steps(run.id)
+    at = max((s.seq for s in steps), default=-1)
+    fork_into(store, run, at, new_id, target, task=None, env=env)
+    if not args.json:
+        where = f"after step {at}" if at >= 0 else "before its first step"
+        print(
+            f"forked {run.id} {where} into {target} as run {new_id} (the original is untouched)",
+            file=streams.forgiving(sys.stderr),
+        )
+    return new_id
