@@ -492,3 +492,21 @@ def test_history_diverges_not_on_a_resume_of_a_continued_run(
     assert r.code == 0, r.stderr
     _said_once(db)
     assert ledger_lines(ws) == CALLS
+
+
+def test_the_python_api_continues_a_run(
+    tmp_path: Path, workspace: Path, env: dict[str, str], write_script: Any
+) -> None:
+    from durable_agent import Agent
+    from durable_agent.errors import UsageError
+
+    model = write_script([{"content": "first"}, {"content": "second"}])
+    agent = Agent(model=model, workspace=workspace, db=f"sqlite:///{tmp_path / 'api.db'}", env=env)
+    first = agent.start("answer")
+    assert first.answer == "first"
+    again = agent.continue_run(first.run_id, "and again", max_steps=1)
+    assert (again.status, again.answer) == ("completed", "second")
+    roles = [s.kind for s in agent.show(first.run_id).steps]
+    assert roles == ["model", "user_message", "model"]
+    with pytest.raises(UsageError, match="empty"):
+        agent.continue_run(first.run_id, "  ")

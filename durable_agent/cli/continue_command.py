@@ -20,15 +20,8 @@ from typing import Any
 from durable_agent.cli import render, streams
 from durable_agent.cli.last_run import run_id_of
 from durable_agent.errors import UsageError
+from durable_agent.loop.turns import TAKEN_FROM, refusal
 from durable_agent.status import RunStatus
-
-# What `continue` takes a run from (read again under the run's lock when it is taken):
-# an ended run; an interrupted one (`running`, its process gone); a queued one only for
-# the same message again (a `continue --detach` not yet run by a worker).
-ENDED = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BUDGET_EXCEEDED, RunStatus.CANCELLED}
-)
-TAKEN_FROM = ENDED | {RunStatus.RUNNING, RunStatus.PENDING}
 
 
 def _message(args: Namespace) -> str:
@@ -49,42 +42,6 @@ def _message(args: Namespace) -> str:
     if not text.strip():
         raise UsageError("the message is empty: say what the agent should do next")
     return text
-
-
-def refusal(run: Any, store: Any, message: str) -> str | None:
-    """Why this run cannot be continued now (one line that says what to do), or None."""
-    from durable_agent.loop.turns import digest
-    from durable_agent.store import leases
-    from durable_agent.store.rows import utcnow
-
-    rid = run.id
-    if run.status == RunStatus.BLOCKED:
-        return (
-            f"run {rid} is blocked ({run.stop_reason}): answer it with `durable-agent approve "
-            f"{rid}` (or --deny), then `durable-agent resume {rid}`; continue it once it has ended"
-        )
-    if leases.is_executing(run, utcnow()):
-        return (
-            f"run {rid} is running in another process: wait for it to end (or `durable-agent "
-            f"cancel {rid}`), then continue it"
-        )
-    if run.status == RunStatus.PENDING and not _latest_turn_is(store, rid, digest(message)):
-        return (
-            f"run {rid} is pending (queued, not run yet): run it with `durable-agent resume "
-            f"{rid}` (or a worker), then continue it"
-        )
-    if run.status not in TAKEN_FROM:
-        return f"run {rid} is {run.status}; it cannot be continued"
-    return None
-
-
-def _latest_turn_is(store: Any, run_id: str, sha: str) -> bool:
-    from durable_agent.status import StepKind
-    from durable_agent.store.payloads import UserMessageInput
-
-    turns = [s for s in store.steps(run_id) if s.kind == StepKind.USER_MESSAGE]
-    given = turns[-1].typed_input if turns else None
-    return isinstance(given, UserMessageInput) and given.sha256 == sha
 
 
 def cmd_continue(args: Namespace, env: dict[str, str]) -> int:

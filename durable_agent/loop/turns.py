@@ -35,9 +35,12 @@ from durable_agent.loop.step import StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message
 from durable_agent.status import RunStatus, StepKind
+from durable_agent.store import leases
 from durable_agent.store.blobs import tree_at
 from durable_agent.store.payloads import UserMessageInput, UserMessageOutput, Window
-from durable_agent.store.records import StepRecord, StepState
+from durable_agent.store.records import RunRecord, StepRecord, StepState
+from durable_agent.store.rows import utcnow
+from durable_agent.store.runs import Store
 from durable_agent.store.step import Step
 
 NOT_RUN = "not run: the run was continued with a new message from the user instead"
@@ -45,6 +48,14 @@ CUT_OFF = (
     "cut off before it finished (its outcome is unknown); the run was continued with a new "
     "message from the user instead"
 )
+
+# What `continue` takes a run from (read again under the run's lock when it is taken):
+# an ended run; an interrupted one (`running`, its process gone); a queued one only for
+# the same message again (a `continue --detach` not yet run by a worker).
+ENDED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BUDGET_EXCEEDED, RunStatus.CANCELLED}
+)
+TAKEN_FROM = ENDED | {RunStatus.RUNNING, RunStatus.PENDING}
 
 # Hooks of the other kinds of work a `continue` starts (each is called with the step
 # context, under the run's lease, before the message step): project memory reloads the
@@ -147,3 +158,32 @@ def window_of(turns: Sequence[StepRecord]) -> Window | None:
             out = t.typed_output
             return out.window if isinstance(out, UserMessageOutput) else None
     return None
+
+
+def refusal(run: RunRecord, store: Store, message: str) -> str | None:
+    """Why this run cannot be continued now (one line that says what to do), or None."""
+    rid = run.id
+    if run.status == RunStatus.BLOCKED:
+        return (
+            f"run {rid} is blocked ({run.stop_reason}): answer it with `durable-agent approve "
+            f"{rid}` (or --deny), then `durable-agent resume {rid}`; continue it once it has ended"
+        )
+    if leases.is_executing(run, utcnow()):
+        return (
+            f"run {rid} is running in another process: wait for it to end (or `durable-agent "
+            f"cancel {rid}`), then continue it"
+        )
+    if run.status == RunStatus.PENDING and not _latest_turn_is(store, rid, digest(message)):
+        return (
+            f"run {rid} is pending (queued, not run yet): run it with `durable-agent resume "
+            f"{rid}` (or a worker), then continue it"
+        )
+    if run.status not in TAKEN_FROM:
+        return f"run {rid} is {run.status}; it cannot be continued"
+    return None
+
+
+def _latest_turn_is(store: Store, run_id: str, sha: str) -> bool:
+    turns = [s for s in store.steps(run_id) if s.kind == StepKind.USER_MESSAGE]
+    given = turns[-1].typed_input if turns else None
+    return isinstance(given, UserMessageInput) and given.sha256 == sha
