@@ -510,3 +510,43 @@ def test_the_python_api_continues_a_run(
     assert roles == ["model", "user_message", "model"]
     with pytest.raises(UsageError, match="empty"):
         agent.continue_run(first.run_id, "  ")
+
+
+def test_on_each_backend_detach_then_worker_and_a_crashed_continue_again(
+    env: dict[str, str], tmp_path: Path, store_url: str
+) -> None:
+    from durable_agent.config.store import open_store
+
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    senv["DURABLE_AGENT_DB"] = store_url
+    _start(senv, ws, script)
+    # Killed in the continue's first model call (its intent committed), then sent again.
+    r = run_cli({**senv, "DURABLE_AGENT_CRASH_AFTER": "6"}, ws, "continue", "r", MESSAGE, "--quiet")
+    assert r.code == -signal.SIGKILL
+    assert run_cli(senv, ws, "continue", "r", MESSAGE, "--quiet").code == 0
+    # Another turn, queued: recorded at once, run by a worker.
+    assert run_cli(senv, ws, "continue", "r", "and a third", "--detach").code == 0
+    store = open_store(store_url, senv)
+    assert store.get_run("r").status == "pending"
+    done = run_cli(senv, ws, "worker", "--once", "--quiet", "--poll", "0.1")
+    assert done.code == 0, done.stderr
+    said = [m.content for m in store.messages("r") if m.role == "user"]
+    assert said == ["t", MESSAGE, "and a third"]
+    assert store.get_run("r").status == "completed" and ledger_lines(ws) == CALLS
+    store.engine.dispose()
+
+
+def test_the_same_continue_again_runs_a_queued_turn_here_once(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    db = tmp_path / "s" / "store.db"
+    _start(senv, ws, script)
+    assert run_cli(senv, ws, "continue", "r", MESSAGE, "--detach").code == 0
+    other = run_cli(senv, ws, "continue", "r", "something else")
+    assert other.code == 2 and "pending" in other.stderr  # queued: not another message
+    r = run_cli(senv, ws, "continue", "r", MESSAGE, "--quiet")  # the same: run it here
+    assert r.code == 0, r.stderr
+    _said_once(db)
+    assert ledger_lines(ws) == CALLS
+    assert query(db, "SELECT status FROM runs") == [("completed",)]
