@@ -550,3 +550,38 @@ def test_the_same_continue_again_runs_a_queued_turn_here_once(
     _said_once(db)
     assert ledger_lines(ws) == CALLS
     assert query(db, "SELECT status FROM runs") == [("completed",)]
+
+
+def test_the_run_page_sends_a_follow_up(
+    env: dict[str, str], tmp_path: Path, store_url: str
+) -> None:
+    pytest.importorskip("starlette")
+    from ui_support import client, csrf_of, open_store
+
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    senv["DURABLE_AGENT_DB"] = store_url
+    _start(senv, ws, script)
+    c = client(store_url)
+    page = c.get("/runs/r").text
+    assert 'id="continue-button"' in page
+    token = csrf_of(page)
+    assert c.post("/runs/r/continue", data={"message": MESSAGE}).status_code == 403  # no CSRF
+    empty = c.post("/runs/r/continue", data={"csrf": token, "message": " "})
+    assert empty.status_code >= 400 and "empty" in empty.text
+    r = c.post("/runs/r/continue", data={"csrf": token, "message": MESSAGE}, follow_redirects=False)
+    here = store_url.startswith("sqlite")  # as approve: SQLite runs it in the view
+    assert r.status_code == 303
+    assert r.headers["location"] == f"/runs/r?done={'continued-here' if here else 'continued'}"
+    store = open_store(store_url)
+    if here:
+        wait_for(
+            lambda: store.get_run("r").status == "completed" and store.get_run("r").step_count == 4,
+            60,
+            "the view's continue",
+        )
+    else:
+        wait_for(lambda: store.get_run("r").status == "pending", 60, "the continue to be queued")
+        done = run_cli(senv, ws, "worker", "--once", "--quiet", "--poll", "0.1")
+        assert done.code == 0, done.stderr
+    assert [m.content for m in store.messages("r") if m.role == "user"] == ["t", MESSAGE]
+    assert ledger_lines(ws) == CALLS

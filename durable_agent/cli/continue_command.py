@@ -141,6 +141,8 @@ def _fork(store: Any, run: Any, args: Namespace, env: dict[str, str]) -> str:
         target = Path(os.path.abspath(args.workspace))
     else:  # beside the original: <its folder>-<new id>
         original = Path(run.workspace)
+        if not original.name:
+            raise UsageError("--fork of a run in / needs --workspace DIR for the copy")
         target = original.with_name(f"{original.name}-{new_id}")
     steps = store.steps(run.id)
     at = max((s.seq for s in steps), default=-1)

@@ -26,7 +26,7 @@ what they changed between the turns (`diff --step SEQ`); no drift stop follows.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from msgspec import UNSET, to_builtins
 
@@ -57,21 +57,16 @@ ENDED = frozenset(
 )
 TAKEN_FROM = ENDED | {RunStatus.RUNNING, RunStatus.PENDING}
 
-# Hooks of the other kinds of work a `continue` starts (each is called with the step
-# context, under the run's lease, before the message step): project memory reloads the
-# instructions files here, run versions record the fingerprint of this session.
-ON_CONTINUE: list[Callable[[StepContext], None]] = []
-
 
 def digest(message: str) -> str:
     return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def on_continue(ctx: StepContext) -> None:
-    """Called once per `continue` session before its message step: the integration point for
-    project memory (reload AGENTS.md) and run versions (record a fingerprint)."""
-    for hook in ON_CONTINUE:
-        hook(ctx)
+    """Each `continue` session, under the run's lease, before its message step (a repeated
+    `continue` calls it again: what it records must be keyed like any step): where the work
+    a new turn brings begins."""
+    # Integration point: project memory reloads AGENTS.md here; run versions record a fingerprint here.
 
 
 def turn_key(ctx: StepContext, message: str, stood: str) -> str:
