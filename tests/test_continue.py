@@ -533,6 +533,8 @@ def test_on_each_backend_detach_then_worker_and_a_crashed_continue_again(
     said = [m.content for m in store.messages("r") if m.role == "user"]
     assert said == ["t", MESSAGE, "and a third"]
     assert store.get_run("r").status == "completed" and ledger_lines(ws) == CALLS
+    shown = run_cli(senv, ws, "show", "--last", "--json")  # --last on this backend too
+    assert json.loads(shown.stdout)["id"] == "r", shown.stderr
     store.engine.dispose()
 
 
