@@ -36,7 +36,7 @@ from sqlalchemy.sql import Executable
 
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
-from durable_agent.status import StepKind
+from durable_agent.status import RunStatus, StepKind
 from durable_agent.store import prepared, retrying
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
@@ -603,7 +603,7 @@ class Journal:
                 (
                     update(runs)
                     .where(runs.c.id == self.run_id)
-                    .values(status="pending", lease_owner=None, lease_expires_at=None),
+                    .values(status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None),
                     {},
                 )
             ]
