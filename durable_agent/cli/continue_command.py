@@ -60,25 +60,29 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
     run_id = run_id_of(store, args)
     run = store.get_run(run_id)
     stood: str | None = None
+    recorded = recorded_settings(run.settings)
+    names = ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS)
+    flags = _flags(args, (*names, "sandbox", "network"))
+    fork: tuple[str, Path] | None = None
     if args.fork:
-        run_id, stood = _fork(store, run, args, env), "forked"  # a fork always opens a new turn
-        run = store.get_run(run_id)
+        fork = _fork_target(run, args)
+        recorded["workspace"] = str(fork[1])  # (as the fork records it)
     else:
         why = refusal(run, store, message)
         if why:
             raise UsageError(why)
-    recorded = recorded_settings(run.settings)
-    names = ("db", "model", "base_url", "api_type", "tool_protocol", "shell", *BUDGET_FIELDS)
-    flags = _flags(args, (*names, "sandbox", "network"))
-    if args.workspace is not None and not args.fork:
-        flags["workspace"] = args.workspace
+        if args.workspace is not None:
+            flags["workspace"] = args.workspace
     settings = load_settings(flags, env, base=recorded)
-    _check_sandbox(settings, env)
+    _check_sandbox(settings, env)  # before a fork is made: a refusal leaves nothing behind
     changes = [
         f"{k}: {recorded.get(k)!r} → {v!r}"
         for k, v in settings.redacted_dict().items()
         if k in recorded and k != "db" and recorded.get(k) != v
     ]
+    if fork is not None:
+        run_id, stood = _fork(store, run, *fork, args, env), "forked"  # always a new turn
+        run = store.get_run(run_id)
     _missing_workspace(store, run_id, settings)
     from durable_agent.store.leases import new_owner
     from durable_agent.wiring import build_runner
@@ -123,10 +127,11 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
         return _execute(runner, run_id, args, cancel, lease=(owner, epoch), turn=(message, stood))
 
 
-def _fork(store: Any, run: Any, args: Namespace, env: dict[str, str]) -> str:
-    """A copy of `run` as at its last step, files included, in a folder of its own; the
-    original is only read. Returns the new run's id."""
-    from durable_agent.cli.ws_commands import RUN_ID_RE, fork_into
+def _fork_target(run: Any, args: Namespace) -> tuple[str, Path]:
+    """The copy's id and folder (`--run-id`, `--workspace`; by default a new id and a folder
+    beside the run's, named after the copy)."""
+    from durable_agent.cli.ws_commands import RUN_ID_RE
+    from durable_agent.loop.runner import new_run_id
 
     new_id = args.new_run_id
     if new_id is not None and not RUN_ID_RE.match(new_id):
@@ -134,18 +139,23 @@ def _fork(store: Any, run: Any, args: Namespace, env: dict[str, str]) -> str:
             f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
             "a letter or digit first)"
         )
-    from durable_agent.loop.runner import new_run_id
-
     new_id = new_id or new_run_id()
     if args.workspace is not None:
-        target = Path(os.path.abspath(args.workspace))
-    else:  # beside the original: <its folder>-<new id>
-        original = Path(run.workspace)
-        if not original.name:
-            raise UsageError("--fork of a run in / needs --workspace DIR for the copy")
-        target = original.with_name(f"{original.name}-{new_id}")
-    steps = store.steps(run.id)
-    at = max((s.seq for s in steps), default=-1)
+        return new_id, Path(os.path.abspath(args.workspace))
+    original = Path(run.workspace)
+    if not original.name:
+        raise UsageError("--fork of a run in / needs --workspace DIR for the copy")
+    return new_id, original.with_name(f"{original.name}-{new_id}")
+
+
+def _fork(
+    store: Any, run: Any, new_id: str, target: Path, args: Namespace, env: dict[str, str]
+) -> str:
+    """A copy of `run` as at its last step, files included, in `target`; the original is
+    only read. Returns the new run's id."""
+    from durable_agent.cli.ws_commands import fork_into
+
+    at = max((s.seq for s in store.steps(run.id)), default=-1)
     fork_into(store, run, at, new_id, target, task=None, env=env)
     if not args.json:
         where = f"after step {at}" if at >= 0 else "before its first step"

@@ -603,7 +603,9 @@ class Journal:
                 (
                     update(runs)
                     .where(runs.c.id == self.run_id)
-                    .values(status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None),
+                    .values(
+                        status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None
+                    ),
                     {},
                 )
             ]
