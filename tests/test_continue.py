@@ -216,6 +216,16 @@ def test_a_running_blocked_or_queued_run_is_refused_with_one_line(
         cli.kill()
     # Nothing was added to any of them.
     assert query(db, "SELECT COUNT(*) FROM steps WHERE kind='user_message'") == [(0,)]
+    # A blocked run that was cancelled instead of answered: its question is retired by the
+    # message (denied, used: no later session acts on it), its command never run.
+    assert run_cli(senv, ws, "cancel", "b").code == 0
+    r = run_cli(senv, ws, "continue", "b", MESSAGE, "--quiet", "--shell", "allow")
+    assert r.code == 0, r.stderr
+    assert query(db, "SELECT decision, decided_by, used_at IS NOT NULL FROM approvals") == [
+        ("denied", "continue", 1)
+    ]
+    assert "answer with" not in run_cli(senv, ws, "show", "b").stdout
+    assert_history_valid(db, "b")
 
 
 def test_fork_leaves_the_original_untouched(env: dict[str, str], tmp_path: Path) -> None:

@@ -112,6 +112,8 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     call = open_step(ctx, spec)
     if call.reused is not None:
         return call.reused
+    if ctx.journal.open_approvals():
+        ctx.journal.retire_approvals(by="continue")  # the person answered with a message
 
     def add(step: Step) -> StepOutcome:
         start = len(s.messages)

@@ -502,6 +502,13 @@ class Journal:
             )
         )
 
+    def open_approvals(self) -> bool:
+        """Any question of the run still without an answer."""
+        query = select(approvals.c.id).where(
+            approvals.c.run_id == self.run_id, approvals.c.decision.is_(None)
+        )
+        return bool(self._read(lambda conn: conn.execute(query.limit(1)).first()))
+
     def approval_for(
         self, call_id: str, kind: str, *, used_too: bool = False
     ) -> ApprovalRecord | None:
@@ -544,6 +551,24 @@ class Journal:
                         reason=reason,
                         step_seq=step_seq,
                         requested_at=utcnow(),
+                    ),
+                    {},
+                )
+            ]
+        )
+
+    def retire_approvals(self, *, by: str) -> None:
+        """`continue`: questions still open (a blocked run that was cancelled) are not asked
+        any more, the person sent a message instead. Recorded as denied and used, so no later
+        session acts on them (a drift answered "deny" would put old files back)."""
+        now = utcnow()
+        self.commit(
+            [
+                (
+                    update(approvals)
+                    .where(approvals.c.run_id == self.run_id, approvals.c.decision.is_(None))
+                    .values(
+                        decision=Decision.DENIED.value, decided_by=by, decided_at=now, used_at=now
                     ),
                     {},
                 )
