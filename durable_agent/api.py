@@ -6,6 +6,7 @@
     # (a relative script path is read from the workspace: project/turns.json)
     outcome = agent.start("fix the failing test")      # an Outcome: run_id, status, answer, ...
     agent.resume(outcome.run_id)                       # after a crash, a budget, an approval
+    agent.continue_run(outcome.run_id, "now add a test")  # a follow-up: a new turn of the history
 
 Everything goes through `wiring.build_runner` and `Runner.execute`, as `durable-agent start`
 and `resume` do: the same checkpoints, leases, sandbox and effect classes; no second loop.
@@ -118,6 +119,41 @@ class Agent:
         epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
         store.update_settings(run_id, settings.redacted_dict())
         return runner.execute(run_id, lease=(owner, epoch))
+
+    def continue_run(self, run_id: str, message: str, **budgets: Any) -> Outcome:
+        """A follow-up to a run that has ended (completed, failed, budget_exceeded, cancelled)
+        as a new turn of its history, executed like `resume` (as `durable-agent continue`).
+        Budget keywords apply to the new turn; the run's totals keep counting. The same
+        message again after a crash is not added twice. UsageError for a running or
+        blocked run, with what to do."""
+        from durable_agent.loop import turns
+        from durable_agent.store.leases import new_owner
+        from durable_agent.wiring import build_runner
+
+        unknown = set(budgets) - set(BUDGET_FIELDS)
+        if unknown:
+            raise UsageError(
+                f"continue_run takes budgets only ({', '.join(BUDGET_FIELDS)}), not {', '.join(sorted(unknown))}"
+            )
+        if not isinstance(message, str) or not message.strip():
+            raise UsageError("the message is empty: say what the agent should do next")
+        store = self.store
+        run_id = store.find_run_id(run_id)
+        run = store.get_run(run_id)
+        why = turns.refusal(run, store, message)
+        if why:
+            raise UsageError(why)
+        flags = {"db": self.settings.db, **budgets}
+        settings = load_settings(flags, self._env, base=recorded_settings(run.settings))
+        runner = build_runner(
+            settings, env=self._env, store=store, observer=self._observer, extra_tools=self._tools
+        )
+        owner = new_owner()
+        epoch, before = store.take_over(
+            run_id, owner, settings.lease_seconds, statuses=turns.TAKEN_FROM
+        )
+        store.update_settings(run_id, settings.redacted_dict())
+        return runner.execute(run_id, lease=(owner, epoch), turn=(message, before[0]))
 
     def runs(self, *, status: str | None = None, limit: int = 50) -> list[RunRecord]:
         """Runs, newest first (as `durable-agent list`). UsageError for an unknown status or

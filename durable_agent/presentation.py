@@ -19,10 +19,12 @@ from durable_agent.store.payloads import (
     ModelOutput,
     ToolInput,
     ToolOutput,
+    UserMessageInput,
+    UserMessageOutput,
     VerifyInput,
     VerifyOutput,
 )
-from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.transcript import as_dict, iso_utc
 
@@ -128,6 +130,12 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
             return "project memory"
         names = ", ".join(f.path for f in loaded.files) or "no files"
         return short(f"project memory: {names} (sha256 {loaded.sha256[:12]})", 90)
+    if s.kind == StepKind.USER_MESSAGE:
+        given, out = s.typed_input, s.typed_output
+        text = given.message if isinstance(given, UserMessageInput) else "?"
+        closed = out.closed_calls if isinstance(out, UserMessageOutput) else UNSET
+        said = f"you: {short(' '.join(text.split()), 80)}"
+        return said + (f" (closed {plural(len(closed), 'unanswered call')})" if closed else "")
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None
@@ -136,6 +144,15 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
     args = tool.arguments if isinstance(tool, ToolInput) else None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return f"{s.tool_name} {short(text, 70)}"
+
+
+def turn_starts(steps: list[StepRecord]) -> dict[int, int]:
+    """Where each turn of a continued run began: {seq of its completed user_message step:
+    turn number}. Turn 1 is the task (before the first step); empty for a run of one turn."""
+    seqs = [
+        s.seq for s in steps if s.kind == StepKind.USER_MESSAGE and s.state == StepState.COMPLETED
+    ]
+    return {seq: i + 2 for i, seq in enumerate(seqs)}
 
 
 def _model_what(run: RunRecord, s: StepRecord) -> str:

@@ -42,6 +42,7 @@ class StepKind(StrEnum):
     VERIFY = "verify"
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
     MEMORY = "memory"  # project memory (AGENTS.md...) read into the history (loop/memory_step.py)
+    USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
 
 
 class EffectClass(StrEnum):

@@ -14,6 +14,9 @@ are derived; exporting the same run twice gives the same lines.
     context_compacted   a compact step with an outcome: stage (elide or     finished_at
                         summarize), tokens before → after, the boundary
     approval_requested  an approvals row, with its decision if made        requested_at
+    turn_started        a user_message step (`continue`): the person's      finished_at
+                        message opened a new turn (`user_turn` 2, 3, …;
+                        run_started opens turn 1 with the task)
     run_resumed         a new lease epoch (a resume) began                 its first event
     run_finished        the run's end, when it has one                     finished_at
 
@@ -48,10 +51,18 @@ from durable_agent.store.payloads import (
     ModelOutput,
     ToolInput,
     ToolOutput,
+    UserMessageInput,
+    UserMessageOutput,
     VerifyInput,
     VerifyOutput,
 )
-from durable_agent.store.records import ApprovalKind, ApprovalRecord, RunRecord, StepRecord
+from durable_agent.store.records import (
+    ApprovalKind,
+    ApprovalRecord,
+    RunRecord,
+    StepRecord,
+    StepState,
+)
 from durable_agent.store.storable import storable
 
 if TYPE_CHECKING:  # (render.py uses this module for `show`, which reads without SQLAlchemy)
@@ -65,6 +76,7 @@ EVENT_TYPES = (
     "tool_started",
     "tool_completed",
     "context_compacted",
+    "turn_started",
     "approval_requested",
     "run_resumed",
     "run_finished",
@@ -85,14 +97,30 @@ def events(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
     steps = store.steps(run_id)
     if stored_once.needs_messages(steps):  # a big answer is whole only in its messages rows
         steps = stored_once.whole(steps, store.messages(run_id))
-    yield from build_events(run, steps, store.approvals(run_id))
+    said: dict[int, str] = {}
+    if any(_cut(s) for s in steps):  # a long message of a person's: whole in its row only
+        said = {
+            m.step_seq: m.content or ""
+            for m in store.messages(run_id)
+            if m.role == "user" and m.step_seq is not None
+        }
+    yield from build_events(run, steps, store.approvals(run_id), said)
+
+
+def _cut(s: StepRecord) -> bool:
+    given = s.typed_input
+    return isinstance(given, UserMessageInput) and given.cut is True
 
 
 def build_events(
-    run: RunRecord, steps: list[StepRecord], approvals: list[ApprovalRecord]
+    run: RunRecord,
+    steps: list[StepRecord],
+    approvals: list[ApprovalRecord],
+    said: dict[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Pure: rows in, numbered events out (tests call it with rows from a real store)."""
-    body = _merge(_step_events(run, steps), [_approval_event(a) for a in approvals])
+    """Pure: rows in, numbered events out (tests call it with rows from a real store).
+    `said`: the whole text of long user messages, by the seq of their step."""
+    body = _merge(_step_events(run, steps, said or {}), [_approval_event(a) for a in approvals])
     body = _place_resumes(body, run)
     out = [_run_started(run), *body]
     if run.status in ENDED:
@@ -148,8 +176,11 @@ def _model_name(run: RunRecord, s: StepRecord) -> str:
     return intent.model if isinstance(intent, ModelInput) else run.model
 
 
-def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]]:
+def _step_events(
+    run: RunRecord, steps: list[StepRecord], said: dict[int, str]
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    user_turn = 1  # the task's
     for s in steps:
         common = {
             "step_seq": s.seq,
@@ -181,6 +212,11 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
         if s.kind == StepKind.MEMORY:
             if s.finished_at is not None:
                 out.append(_memory_event(s, common))
+            continue
+        if s.kind == StepKind.USER_MESSAGE:
+            if s.state == StepState.COMPLETED:  # (one cut off by a crash added nothing)
+                user_turn += 1
+                out.append(_turn_event(s, common, user_turn, said))
             continue
         tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
         out.append(
@@ -247,6 +283,24 @@ def _compact_event(step: StepRecord, common: dict[str, Any]) -> dict[str, Any]:
         "usage": {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.completion_tokens},
         "duration_ms": step.duration_ms,
         "error": step.error,
+    }
+
+
+def _turn_event(
+    step: StepRecord, common: dict[str, Any], user_turn: int, said: dict[int, str]
+) -> dict[str, Any]:
+    given, out = step.typed_input, step.typed_output
+    text = given.message if isinstance(given, UserMessageInput) else None
+    closed = out.closed_calls if isinstance(out, UserMessageOutput) else UNSET
+    return {
+        "type": "turn_started",
+        "at": iso_utc(step.finished_at),
+        **common,
+        "_time": step.finished_at,
+        "user_turn": user_turn,
+        "message": said.get(step.seq, text),
+        "sha256": given.sha256 if isinstance(given, UserMessageInput) else None,
+        "closed_calls": _set(closed) or [],
     }
 
 

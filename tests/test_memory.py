@@ -372,3 +372,27 @@ def _sha(text: str) -> str:
     import hashlib
 
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_continue_reads_the_changed_files_for_its_new_turn(
+    env: dict[str, str],
+    workspace: Path,
+    project: Path,
+    write_script: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    script = write_script([{"content": "first"}, {"content": "second"}, {"content": "third"}])
+    r = _run(env, project, "start", "t", "-m", script, "-w", str(workspace))
+    assert r.returncode == 0, r.stderr
+    run_id = _rows(env, "SELECT id FROM runs")[0][0]
+    (project / "AGENTS.md").write_text("sub rule: NEW text\n")
+    r = _run(env, project, "continue", run_id, "go on")
+    assert r.returncode == 0, r.stderr
+    texts = _memory_messages(env, run_id)
+    assert len(texts) == 2 and "old text" in texts[0] and "NEW text" in texts[1], texts
+    roles = [role for role, _ in _history(env, run_id)]
+    # the person's message, then the new memory, then the answer
+    assert roles[-3:] == ["user", "system", "assistant"], roles
+    # The same files again: a further turn adds no memory message.
+    r = _run(env, project, "continue", run_id, "once more")
+    assert r.returncode == 0, r.stderr
+    assert len(_memory_messages(env, run_id)) == 2

@@ -79,6 +79,7 @@ def _execute(
     args: Namespace,
     cancel: threading.Event,
     lease: tuple[str, int] | None = None,
+    turn: tuple[str, str] | None = None,
 ) -> int:
     collector.from_here()
     try:
@@ -86,7 +87,7 @@ def _execute(
             _interrupts(cancel, args.quiet or args.json),
             render.json_if_cut_short(args.json, run_id),
         ):
-            outcome = runner.execute(run_id, lease=lease)
+            outcome = runner.execute(run_id, lease=lease, turn=turn)
             run = runner.store.get_run(run_id)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
@@ -230,13 +231,17 @@ def _print_queued(run_id: str, as_json: bool) -> None:
 
 
 def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.cli.last_run import run_id_of
     from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
 
     store = _open(args, env)
-    run_id = store.find_run_id(args.run_id)
+    run_id = run_id_of(store, args)
     run = store.get_run(run_id)
     if run.status == RunStatus.COMPLETED:
-        raise UsageError(f"run {run_id} is completed; nothing to resume")
+        raise UsageError(
+            f"run {run_id} is completed; nothing to resume (send a follow-up with: "
+            f'durable-agent continue {run_id} "MESSAGE")'
+        )
     if run.status not in RESUMABLE:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     recorded = recorded_settings(run.settings)

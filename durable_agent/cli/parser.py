@@ -48,8 +48,14 @@ def _add_db(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
-    if resume:  # the run's recorded budgets apply; a flag replaces one (to raise it)
+def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False, turn: bool = False) -> None:
+    if turn:  # `continue`: the budgets count from the new turn's start
+        g = p.add_argument_group(
+            "budgets of the new turn (counted from the message, the run's totals keep counting; "
+            "the run's recorded budgets apply unless a flag replaces one)"
+        )
+        g.add_argument("--max-steps", type=int, metavar="N", help="model calls allowed in the turn")
+    elif resume:  # the run's recorded budgets apply; a flag replaces one (to raise it)
         g = p.add_argument_group(
             "budgets (the run's recorded budgets apply; a flag replaces one before "
             "continuing, which raises it, e.g. --max-steps 80 after max_steps stopped it)"
@@ -213,6 +219,57 @@ def _add_config_command(sub: Subcommands) -> None:
     p.set_defaults(func=_command("cmd_config", "config_command"))
 
 
+# -- `continue` and `--last` (cli/continue_command.py) ----------------------------------------
+def _add_run_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", help="a run id or a unique prefix")
+    p.add_argument(
+        "--last",
+        action="store_true",
+        help="instead of RUN_ID: the newest run started in this folder",
+    )
+
+
+def _add_continue(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "continue",
+        help="send a follow-up to a run that has ended: a new turn of its history",
+        description="Add MESSAGE to a completed, failed, budget_exceeded or cancelled run as a "
+        "new turn of the same history, with a fresh budget window (budget flags apply to the "
+        "turn; the run's totals keep counting), and execute it like `resume`. A crash, or the "
+        "same `continue` again while its turn is unfinished, never adds the message twice. "
+        "A running or blocked run is refused. MESSAGE `-` reads it from stdin.",
+    )
+    p.add_argument("run_id", metavar="RUN_ID", nargs="?", help="a run id or a unique prefix")
+    p.add_argument("message", metavar="MESSAGE", nargs="?", help="what to do next; - for stdin")
+    p.add_argument(
+        "--last",
+        action="store_true",
+        help="instead of RUN_ID: the newest run started in this folder",
+    )
+    p.add_argument(
+        "--fork",
+        action="store_true",
+        help="leave the run as it is: continue a copy of it (history and files as at its last "
+        "step) in a folder of its own (--workspace, default: beside the run's, named after the copy)",
+    )
+    p.add_argument(
+        "--detach", action="store_true", help="record the message, then queue the run for workers"
+    )
+    p.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="with --fork: the copy's folder (empty or new); without: continue in DIR, as `resume`",
+    )
+    p.add_argument("--run-id", dest="new_run_id", metavar="ID", help="with --fork: the copy's id")
+    _add_db(p)
+    _add_budgets(p, resume=True, turn=True)
+    _add_model(p, resume=True)
+    _add_containment(p, resume=True)
+    _add_shared(p)
+    _add_output(p)
+    p.set_defaults(func=_command("cmd_continue", "continue_command"))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, a command's name, that command's arguments alone (Subcommands)."""
     parser = Parser(
@@ -268,7 +325,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Continue a run that is not completed, under the settings and budgets "
         "recorded with it. A flag replaces a recorded value: a budget flag raises that budget.",
     )
-    p.add_argument("run_id", metavar="RUN_ID")
+    _add_run_id(p)
     _add_db(p)
     _add_budgets(p, resume=True)
     _add_model(p, resume=True)
@@ -288,6 +345,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_output(p)
 
     p.set_defaults(func=_command("cmd_resume"))
+    _add_continue(sub)
     p = sub.add_parser(
         "list",
         help="runs, newest first",
@@ -309,7 +367,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="One run: its header, then every step with its state, duration, tokens, "
         "attempts and error, then its approvals. RUN_ID may be a unique prefix.",
     )
-    p.add_argument("run_id", metavar="RUN_ID")
+    _add_run_id(p)
     _add_db(p)
     p.add_argument("--json", action="store_true", help="the run and its steps as JSON")
 

@@ -55,7 +55,13 @@ def _demo_runs_hint(db: str | None, env: dict[str, str]) -> None:
 
 
 def cmd_show(args: Namespace, env: dict[str, str]) -> int:
-    run, steps, approvals = run_reads(args.db, env).show(args.run_id)
+    run_id = args.run_id
+    if getattr(args, "last", False) or run_id is None:  # the whole store answers `--last`
+        from durable_agent.cli.last_run import run_id_of
+        from durable_agent.config.store import open_store
+
+        run_id = run_id_of(open_store(args.db, env), args)
+    run, steps, approvals = run_reads(args.db, env).show(run_id)
     if args.json:
         print(json.dumps(presentation.show_json(run, steps, approvals), indent=2))
     else:

@@ -26,6 +26,7 @@ from durable_agent.presentation import (
     sandbox_line,
     short,
     step_what,
+    turn_starts,
     workspace_note,
 )
 from durable_agent.status import RunStatus, StepKind
@@ -335,10 +336,16 @@ def _executing(run: RunRecord) -> bool:
 def _step_table(
     run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool
 ) -> None:
-    p(f"{'#':>4}  {'KIND':<7} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
+    kinds = max(7, *(len(s.kind) for s in steps))  # `user_message` in a continued run
+    p(f"{'#':>4}  {'KIND':<{kinds}} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
     epoch = steps[0].lease_epoch
+    turns = turn_starts(steps)
+    if turns:
+        p(f"{'':>4}  ── turn 1: the task ──")
     for s in steps:
-        if s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
+        if s.seq in turns:  # a `continue` began here (a session of its own)
+            p(f"{'':>4}  ── turn {turns[s.seq]}: continued (lease epoch {s.lease_epoch}) ──")
+        elif s.lease_epoch is not None and epoch is not None and s.lease_epoch > epoch:
             p(f"{'':>4}  ── resumed (lease epoch {s.lease_epoch}) ──")
         epoch = s.lease_epoch if s.lease_epoch is not None else epoch
         tokens = f"{s.prompt_tokens}+{s.completion_tokens}" if s.prompt_tokens is not None else ""
@@ -348,7 +355,7 @@ def _step_table(
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
         p(
-            f"{s.seq:>4}  {s.kind:<7} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+            f"{s.seq:>4}  {s.kind:<{kinds}} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
             f"{step_what(run, s)}"
         )
         if s.error:

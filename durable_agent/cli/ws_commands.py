@@ -215,29 +215,63 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
 
 def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.loop.runner import new_run_id
-    from durable_agent.store.blobs import BlobStore
-    from durable_agent.store.forks import fork_run
-    from durable_agent.workspace import snapshot
-    from durable_agent.workspace.materialize import RestoreStopped, materialize
-    from durable_agent.workspace.validation import check_manifest
 
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     run = store.get_run(run_id)
     seq = _seq(run_id, args.at, store.steps(run_id))
     target = Path(os.path.abspath(_given_dir(args.workspace, "--workspace")))
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
+    _empty_target(target)
     new_id = args.new_run_id or new_run_id()
     if not RUN_ID_RE.match(new_id):
         raise UsageError(
             f"invalid --run-id {new_id!r}: use letters, digits, '.', '_' or '-' (at most 64, "
             "a letter or digit first)"
         )
+    fork_into(store, run, seq, new_id, target, task=args.task, env=env)
+    if args.json:
+        print(
+            json.dumps(
+                {"run_id": new_id, "forked_from": run_id, "fork_seq": seq, "workspace": str(target)}
+            )
+        )
+    else:
+        print(new_id)
+        print(
+            f"forked {run_id} after step {args.at} into {target}; continue with: durable-agent resume {new_id}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _empty_target(target: Path) -> None:
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"--workspace {target} must be an empty directory or not exist yet")
+
+
+def fork_into(
+    store: Any,
+    run: Any,
+    seq: int,
+    new_id: str,
+    target: Path,
+    *,
+    task: str | None,
+    env: dict[str, str],
+) -> None:
+    """The fork itself (`fork`, `continue --fork`): run `new_id`, pending, with `run`'s
+    history up to step `seq` and its files as after that step written into `target` (an
+    empty folder, or one to make)."""
+    from durable_agent.store.blobs import BlobStore, tree_at
+    from durable_agent.store.forks import fork_run
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.materialize import RestoreStopped, materialize
+    from durable_agent.workspace.validation import check_manifest
+
+    run_id = run.id
+    _empty_target(target)
     if store.run_exists(new_id):
         raise UsageError(f"a run with id {new_id!r} already exists; pick another id")
-    from durable_agent.store.blobs import tree_at
-
     found = tree_at(store.engine, run_id, seq)
     blobs = BlobStore(store.engine)
     scanner = _scanner(target, run.settings, env)
@@ -261,22 +295,7 @@ def cmd_fork(args: Namespace, env: dict[str, str]) -> int:
         raise DurableAgentError(f"cannot make the fork's workspace: {why}") from None
     settings = dict(run.settings or {})
     settings["workspace"] = str(target)
-    fork_run(
-        store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=args.task
-    )
+    fork_run(store.engine, run_id, seq, new_id, workspace=str(target), settings=settings, task=task)
     said = _held_line(held, written=False)
     if said:
         print(said, file=sys.stderr)
-    if args.json:
-        print(
-            json.dumps(
-                {"run_id": new_id, "forked_from": run_id, "fork_seq": seq, "workspace": str(target)}
-            )
-        )
-    else:
-        print(new_id)
-        print(
-            f"forked {run_id} after step {args.at} into {target}; continue with: durable-agent resume {new_id}",
-            file=sys.stderr,
-        )
-    return 0

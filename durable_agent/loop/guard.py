@@ -57,6 +57,11 @@ def before_tool_call(
     return _time(limits, active_ms)
 
 
+def since_continue(window_start: int) -> str:
+    """What a stop's detail adds in a continued run: the budgets counted from the turn's start."""
+    return " since the run was continued" if window_start else ""
+
+
 def _time(limits: Limits, active_ms: int) -> tuple[StopReason, str] | None:
     if limits.max_seconds is not None and active_ms >= limits.max_seconds * 1000:
         return (

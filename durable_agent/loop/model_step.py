@@ -297,18 +297,23 @@ def _nudge(
 
 def _check_budgets(ctx: StepContext) -> None:
     s = ctx.state
+    w = s.window  # budgets count from the turn's start (`continue`); the totals go on
+    prompt, completion = (
+        s.prompt_tokens - w.prompt_tokens,
+        s.completion_tokens - w.completion_tokens,
+    )
     price = ctx.settings.prices.get(ctx.settings.model or "")
-    spent = price.cost(s.prompt_tokens, s.completion_tokens) if price else None
+    spent = price.cost(prompt, completion) if price else None
     stop = guard.before_model_call(
         ctx.limits,
-        steps=s.step_count,
-        tokens=s.prompt_tokens + s.completion_tokens,
-        active_ms=ctx.active_ms(),
+        steps=s.step_count - w.model_calls,
+        tokens=prompt + completion,
+        active_ms=ctx.active_ms() - w.active_ms,
         spent=spent,
     )
     if stop is None:
         return
-    reason, detail = stop
+    reason, detail = stop[0], stop[1] + guard.since_continue(w.messages)
     if ctx.journal.step_failed(f"verify:{s.turn}"):
         # The finish gate rejected the last answer: the budget ran out while verification failed.
         reason, detail = StopReason.VERIFICATION_FAILED, f"{detail} while verification still fails"

@@ -16,7 +16,7 @@ from msgspec import UNSET, Struct, field
 from durable_agent.context.budget import calibrate, count_message
 from durable_agent.context.view import ContextView, request_hash
 from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
-from durable_agent.store.payloads import ModelOutput, StepOutput
+from durable_agent.store.payloads import ModelOutput, StepOutput, Window
 from durable_agent.store.storable import storable
 
 
@@ -34,6 +34,8 @@ class RunState(Struct):
     used_call_ids: set[str] = field(default_factory=set)
     view: ContextView = field(default_factory=ContextView)
     calibration: float = 1.0  # provider's prompt tokens / the harness's count, at the last call
+    # Where the current turn's budget window began (`continue`): budgets count from here.
+    window: Window = field(default_factory=Window)
     # (counter, compactions, messages counted, tokens): the request's count, kept as messages
     # come. Between compactions the request only grows, so each message is counted once
     # instead of the whole history before every call.
@@ -155,6 +157,7 @@ def rebuild(
     model_tokens: tuple[int, int],
     compactions: Sequence[Any] = (),
     last_model_output: StepOutput | None = None,
+    window: Window | None = None,
 ) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
@@ -168,9 +171,12 @@ def rebuild(
         prompt_tokens=model_tokens[0],
         completion_tokens=model_tokens[1],
         active_ms=active_ms,
+        window=window or Window(),
     )
     answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
-    for m in messages:
+    for i, m in enumerate(messages):
+        if i == state.window.messages and i:  # a person spoke: "in a row" starts over
+            state.last_fingerprint, state.repeat_streak = None, 0
         state.append(m)
         if m.role == "assistant":
             state.step_count += 1  # one model call per assistant message

@@ -16,7 +16,7 @@ from typing import Any
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard
+from durable_agent.loop import finish_gate, guard, turns
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -91,8 +91,16 @@ class Runner:
         )
         return run_id
 
-    def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
-        """Take the lease (or use the one a worker took) and drive the run until it stops."""
+    def execute(
+        self,
+        run_id: str,
+        *,
+        lease: tuple[str, int] | None = None,
+        turn: tuple[str, str] | None = None,
+    ) -> Outcome:
+        """Take the lease (or use the one a worker took) and drive the run until it stops.
+        `turn`: (message, how the run stood before this session took it): `continue` first
+        records the person's message as a new turn (loop/turns.py)."""
         if lease is None:
             owner = leases.new_owner()
             lease = (owner, self.store.acquire_lease(run_id, owner, self.settings.lease_seconds))
@@ -113,7 +121,7 @@ class Runner:
                         self.tools = self.tool_source.open(
                             self.store, run_id
                         )  # under a live lease)
-                    return self._drive(journal, beat)
+                    return self._drive(journal, beat, turn)
                 except errors.LeaseLost:
                     beat.lost = True
                     raise
@@ -128,6 +136,32 @@ class Runner:
             if self.tool_source is not None:
                 self.tool_source.close()
 
+    def queue_turn(self, run_id: str, lease: tuple[str, int], message: str, stood: str) -> None:
+        """`continue --detach`: record the person's message as a new turn under `lease`, then
+        hand the run to the workers' queue (`pending`); a worker drives the turn."""
+        journal = Journal(
+            self.store.engine,
+            run_id,
+            *lease,
+            self.settings.lease_seconds,
+            policy=self.store_policy,
+            sleep=self.sleep,
+        )
+        try:
+            ctx = self.context(journal, time.monotonic())
+            stop_leftover_processes(ctx)
+            resume.rebuild_if_missing(ctx)
+            turns.open_turn(ctx, message, stood=stood)
+            journal.hand_to_queue()
+        except errors.StoreError:
+            journal.release_lease()  # the run stays as it was left: `continue` again
+            raise
+        except errors.LoopExit as stop:  # (the workspace is not the run's folder)
+            journal.release_lease()
+            raise errors.ConfigError(stop.detail or stop.reason.value) from None
+        finally:
+            journal.close()
+
     def context(
         self, journal: Journal, session_start: float, beat: Heartbeat | None = None
     ) -> StepContext:
@@ -141,6 +175,7 @@ class Runner:
             model_tokens=loaded.model_tokens,
             compactions=loaded.compactions,
             last_model_output=loaded.last_model_output,
+            window=turns.window_of(loaded.user_turns),
         )
         limits = guard.Limits(
             s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost
@@ -166,18 +201,27 @@ class Runner:
             forked_at=loaded.run.fork_seq if loaded.run.forked_from else None,
         )
 
-    def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
+    def _drive(
+        self, journal: Journal, beat: Heartbeat, turn: tuple[str, str] | None = None
+    ) -> Outcome:
         start = time.monotonic()
         ctx = self.context(journal, start, beat)
         self.observer.run_started(
             ctx.state.run_id,
-            resumed=ctx.resumed or ctx.state.step_count > 0,
+            resumed=(ctx.resumed or ctx.state.step_count > 0) and turn is None,
             steps_done=ctx.state.step_count,
         )
         try:
             stop_leftover_processes(ctx)
+            if turn is not None:
+                resume.rebuild_if_missing(ctx)  # the message step records the files: not none
+                turns.open_turn(ctx, turn[0], stood=turn[1])
+                # From the rows, as a resume would: the new turn's window, its stale steps gone.
+                ctx = self.context(journal, start, beat)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
-            load_memory(ctx)  # project memory: read on a new run, the recorded text after
+            # Project memory: read on a new run, the recorded text after; a new turn
+            # (`continue`) reads the files again.
+            load_memory(ctx, new_turn=ctx.state.turn if turn is not None else None)
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():

@@ -72,11 +72,19 @@ class StepSpec(Struct, frozen=True):
     announce: bool = True  # a `started` event (an instant step, elision, has none)
     timed: bool = True  # the end event says how long the step took
     metered: bool = False  # the end event says its attempts and tokens (a model call)
+    # The snapshot the step's changes are measured from, when not the files as it starts: a
+    # user_message measures from the run's last snapshot, so its changes are the person's
+    # edits between two turns (and the files it records are where the next turn starts).
+    tree_before: str | None = None
 
     @property
     def changes_files(self) -> bool:
-        """Snapshots before and after: a write, a command, a verification (build output)."""
-        return self.effect in _CHANGES_FILES or self.kind == StepKind.VERIFY
+        """Snapshots before and after: a write, a command, a verification (build output), a
+        person's message (the files as the person left them)."""
+        return self.effect in _CHANGES_FILES or self.kind in (
+            StepKind.VERIFY,
+            StepKind.USER_MESSAGE,
+        )
 
     @property
     def deferred(self) -> bool:
@@ -173,6 +181,9 @@ class StepCall:
             # it landed then showed no change at all).
             self.step.tree_before = prior.tree_before
             return WorkspaceWrite(columns={"tree_before": prior.tree_before})
+        if self.spec.tree_before and self.ctx.settings.snapshots:
+            self.step.tree_before = self.spec.tree_before
+            return WorkspaceWrite(columns={"tree_before": self.spec.tree_before})
         return recorder.before(self.ctx, self.step)
 
     def _after(self) -> WorkspaceWrite | None:

@@ -91,11 +91,15 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     if opened is not None and over_cap is not None and opened.prior is None:
         return _refuse(ctx, call, opened, over_cap)
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
+    w = s.window  # budgets count from the turn's start (`continue`); the totals go on
     stop = guard.before_tool_call(
-        ctx.limits, tool_calls=s.tool_call_count, streak_if_run=streak, active_ms=ctx.active_ms()
+        ctx.limits,
+        tool_calls=s.tool_call_count - w.tool_calls,
+        streak_if_run=streak,
+        active_ms=ctx.active_ms() - w.active_ms,
     )
     if stop is not None:
-        raise LoopExit(*stop)
+        raise LoopExit(stop[0], stop[1] + guard.since_continue(w.messages))
     step = opened or open_step(ctx, spec)
     prior = step.prior
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:

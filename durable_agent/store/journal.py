@@ -36,7 +36,7 @@ from sqlalchemy.sql import Executable
 
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
-from durable_agent.status import StepKind
+from durable_agent.status import RunStatus, StepKind
 from durable_agent.store import prepared, retrying
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
@@ -124,6 +124,9 @@ class Loaded(Struct, frozen=True):
         Any
     ]  # outputs of the completed `compact` steps, in order (the request's shape)
     last_model_output: StepOutput  # the last completed model step's (its usage calibrates counts)
+    # The run's `user_message` steps (`continue`), by seq, whatever their state: the latest
+    # completed one opened the current turn (its window, where its stale steps end).
+    user_turns: list[StepRecord] = []
 
 
 class Journal:
@@ -164,6 +167,7 @@ class Journal:
         self.next_seq = 0
         self.open_steps: dict[str, StepRecord] = {}
         self.failed_keys: set[str] = set()
+        self.user_turns: list[StepRecord] = []  # the run's user_message steps, as loaded
 
     # -- steps ---------------------------------------------------------------------------------
     def find(
@@ -434,6 +438,22 @@ class Journal:
                 )
             ]
             last_model = calibrating_output(conn, done)
+            user_turns = [
+                StepRecord.from_row(r)
+                for r in conn.execute(
+                    select(steps)
+                    .where(
+                        steps.c.run_id == self.run_id,
+                        steps.c.kind == StepKind.USER_MESSAGE.value,
+                    )
+                    .order_by(steps.c.seq)
+                )
+            ]
+            # Steps the latest turn's message superseded (a failed model call, a call cut
+            # off by a crash, under the history before the message) are not this turn's:
+            # they are neither gone on with nor a mismatch for the steps of the new history.
+            opened = max((t.seq for t in user_turns if t.state == StepState.COMPLETED), default=-1)
+            open_steps = [s for s in open_steps if s.seq > opened]
             return Loaded(
                 run=RunRecord.from_row(run),
                 messages=msgs,
@@ -442,11 +462,13 @@ class Journal:
                 model_tokens=(int(prompt or 0), int(completion or 0)),
                 compactions=compactions,
                 last_model_output=decode_output(StepKind.MODEL, last_model),
+                user_turns=user_turns,
             )
 
         loaded: Loaded = self._read(query)
         self.next_seq = loaded.next_seq
         self.open_steps = {s.idempotency_key: s for s in loaded.open_steps}
+        self.user_turns = loaded.user_turns
         self.failed_keys = {
             s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED
         }
@@ -479,6 +501,13 @@ class Journal:
                 retrying.StorePolicy(max_attempts=1) if once else None,
             )
         )
+
+    def open_approvals(self) -> bool:
+        """Any question of the run still without an answer."""
+        query = select(approvals.c.id).where(
+            approvals.c.run_id == self.run_id, approvals.c.decision.is_(None)
+        )
+        return bool(self._read(lambda conn: conn.execute(query.limit(1)).first()))
 
     def approval_for(
         self, call_id: str, kind: str, *, used_too: bool = False
@@ -528,6 +557,24 @@ class Journal:
             ]
         )
 
+    def retire_approvals(self, *, by: str) -> None:
+        """`continue`: questions still open (a blocked run that was cancelled) are not asked
+        any more, the person sent a message instead. Recorded as denied and used, so no later
+        session acts on them (a drift answered "deny" would put old files back)."""
+        now = utcnow()
+        self.commit(
+            [
+                (
+                    update(approvals)
+                    .where(approvals.c.run_id == self.run_id, approvals.c.decision.is_(None))
+                    .values(
+                        decision=Decision.DENIED.value, decided_by=by, decided_at=now, used_at=now
+                    ),
+                    {},
+                )
+            ]
+        )
+
     def settle_approval(self, approval_id: int, *, by: str) -> None:
         """A pending question that the policy now answers: approved, by the policy."""
         self.commit(
@@ -571,6 +618,22 @@ class Journal:
                 )
             ],
             counters=counters,
+        )
+
+    def hand_to_queue(self) -> None:
+        """`continue --detach`: the run, its message recorded, goes back to the workers' queue
+        (`pending`, no lease), fenced on our lease like every checkpoint."""
+        self.commit(
+            [
+                (
+                    update(runs)
+                    .where(runs.c.id == self.run_id)
+                    .values(
+                        status=RunStatus.PENDING.value, lease_owner=None, lease_expires_at=None
+                    ),
+                    {},
+                )
+            ]
         )
 
     def release_lease(self) -> None:

@@ -160,8 +160,43 @@ class MemoryOutput(_Payload, frozen=True):
     message: int | None  # seq of the memory message it added (None: the text was in effect)
 
 
-StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | MemoryInput | Unknown
-StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | MemoryOutput | Unknown
+# -- user_message (`continue`) ---------------------------------------------------------------
+class UserMessageInput(_Payload, frozen=True):
+    sha256: str  # of the message as the person gave it (the key's hash)
+    chars: int
+    message: str  # whole up to INLINE_CHARS; beyond, a head (`cut`), the messages row is whole
+    cut: bool | UnsetType = UNSET
+
+
+class Window(_Payload, frozen=True):
+    """The run's totals when a turn began: its budgets count from here (the totals go on)."""
+
+    model_calls: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    active_ms: int = 0
+    messages: int = 0  # the history's length before the turn's first message
+
+
+class UserMessageOutput(_Payload, frozen=True):
+    window: Window
+    message_seq: int  # the messages row of the person's message
+    closed_calls: list[str] | UnsetType = UNSET  # tool calls left without a result, answered
+
+
+StepInput = (
+    ModelInput | ToolInput | VerifyInput | CompactInput | MemoryInput | UserMessageInput | Unknown
+)
+StepOutput = (
+    ModelOutput
+    | ToolOutput
+    | VerifyOutput
+    | CompactOutput
+    | MemoryOutput
+    | UserMessageOutput
+    | Unknown
+)
 
 _INPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelInput,
@@ -169,6 +204,7 @@ _INPUTS: dict[str, type[Any]] = {
     StepKind.VERIFY: VerifyInput,
     StepKind.COMPACT: CompactInput,
     StepKind.MEMORY: MemoryInput,
+    StepKind.USER_MESSAGE: UserMessageInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
@@ -176,6 +212,7 @@ _OUTPUTS: dict[str, type[Any]] = {
     StepKind.VERIFY: VerifyOutput,
     StepKind.COMPACT: CompactOutput,
     StepKind.MEMORY: MemoryOutput,
+    StepKind.USER_MESSAGE: UserMessageOutput,
 }
 
 

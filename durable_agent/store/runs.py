@@ -184,6 +184,20 @@ class Store:
         raise RunNotFound(prefix)
 
     @_retried
+    def last_run_id(self, workspace: str) -> str:
+        """`--last`: the newest run whose workspace is `workspace` (RunNotFound if none)."""
+        with self._read() as conn:
+            found = conn.execute(
+                select(runs.c.id)
+                .where(runs.c.workspace == workspace)
+                .order_by(runs.c.created_at.desc(), runs.c.id.desc())
+                .limit(1)
+            ).scalar()
+        if found is None:
+            raise UsageError(f"no run in this store was started in {workspace} (--last)")
+        return str(found)
+
+    @_retried
     def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[RunRecord]:
         query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
         if status:
@@ -423,10 +437,16 @@ class Store:
 
     @_retried
     def take_over(
-        self, run_id: str, owner: str, lease_seconds: float
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        *,
+        statuses: frozenset[str] | None = None,
     ) -> tuple[int, tuple[str, str | None, str | None, str | None]]:
         """`acquire_lease`, also returning how the run stood just before, read under the same
-        lock (status, stop_reason, answer, error): what a `compact` puts back when it is done."""
+        lock (status, stop_reason, answer, error): what a `compact` puts back when it is done,
+        and what `continue` decides its turn by."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
@@ -437,7 +457,10 @@ class Store:
                 raise RunBusy(run_id, row.lease_owner)
             # Read again under the lock: a run that completed since the caller looked (its
             # owner finished while a `resume` started) is never taken, reopened and replayed.
-            if row.status not in RESUMABLE:
+            if statuses is not None:  # `continue`: the statuses it takes a run from
+                if row.status not in statuses:
+                    raise UsageError(f"run {run_id} is {row.status} now; it cannot be continued")
+            elif row.status not in RESUMABLE:
                 raise UsageError(f"run {run_id} is {row.status}; nothing to resume")
             return leases.take(
                 conn,

@@ -31,6 +31,8 @@ NOTICES = {
     "requested": "cancellation requested: the run stops at its next step boundary",
     "cancelled": "cancelled; resume continues it",
     "queued": "queued: a worker (`durable-agent worker`) continues it",
+    "continued-here": "message sent: the new turn runs in the view's process",
+    "continued": "message sent: recorded, then queued for a worker (`durable-agent worker`)",
 }
 
 
@@ -72,20 +74,49 @@ def resumes_here(store: Store) -> bool:
 
 
 def _start_resume(store: Store, run_id: str, workspace: str) -> None:
-    """`durable-agent resume RUN --quiet` in a process of its own session (stopping the view
-    does not stop the run), on the view's store; its errors go to the view's stderr. A
-    thread waits for it, so no finished resume is left a zombie."""
+    _start_cli(store, workspace, ["resume", run_id, "--quiet"])
+
+
+def _start_cli(store: Store, workspace: str, args: list[str], stdin: str | None = None) -> None:
+    """`durable-agent ARGS` in a process of its own session (stopping the view does not stop
+    the run), on the view's store; its errors go to the view's stderr. A thread waits for it
+    (feeding `stdin` first), so no finished command is left a zombie."""
     url = store.engine.url.render_as_string(hide_password=False)
     cwd = workspace if Path(workspace).is_dir() else None  # (a project's own config)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_agent", "resume", run_id, "--quiet"],
+        [sys.executable, "-m", "durable_agent", *args],
         env={**os.environ, "DURABLE_AGENT_DB": url},
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
-    threading.Thread(target=proc.wait, name=f"resume {run_id}", daemon=True).start()
+
+    def wait() -> None:
+        if stdin is not None:
+            proc.communicate(stdin.encode("utf-8", "surrogatepass"))
+        proc.wait()
+
+    threading.Thread(target=wait, name=f"durable-agent {args[0]} {args[1]}", daemon=True).start()
+
+
+def continue_run(store: Store, run_id: str, message: str) -> Done:
+    """`durable-agent continue RUN -` from the run page: the same checks first (a refusal is
+    the page's answer), then the command in a process of its own, as a resume is (the turn
+    needs the run's model, tools and sandbox); on PostgreSQL with `--detach`: it records the
+    message and queues the run for the workers."""
+    from durable_agent.loop.turns import refusal
+
+    if not message.strip():
+        raise UsageError("the message is empty: say what the agent should do next")
+    run = store.get_run(run_id)
+    why = refusal(run, store, message)
+    if why:
+        raise UsageError(why)
+    here = resumes_here(store)
+    args = ["continue", run_id, "-", "--quiet", *([] if here else ["--detach"])]
+    _start_cli(store, run.workspace, args, message)
+    return Done(run_id, "continued-here" if here else "continued")
 
 
 def cancel(store: Store, run_id: str) -> Done:

@@ -201,6 +201,10 @@ def build_app(cfg: UiConfig) -> Any:
                 )
             elif name == "cancel":
                 done = await run_in_threadpool(actions.cancel, store, run_id)
+            elif name == "continue":
+                said = form.get("message")
+                message = said if isinstance(said, str) else ""
+                done = await run_in_threadpool(actions.continue_run, store, run_id, message)
             else:
                 done = await run_in_threadpool(actions.resume, store, run_id)
             return RedirectResponse(
@@ -223,7 +227,7 @@ def build_app(cfg: UiConfig) -> Any:
         Route("/runs/{run_id}/steps/{seq}/diff", step_diff),
         *(
             Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"])
-            for name in ("approve", "deny", "cancel", "resume")
+            for name in ("approve", "deny", "cancel", "resume", "continue")
         ),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),

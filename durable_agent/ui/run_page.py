@@ -12,6 +12,7 @@ from typing import Any
 
 from msgspec import Struct, field
 
+from durable_agent.loop.turns import ENDED
 from durable_agent.presentation import (
     approval_subject,
     counts,
@@ -179,6 +180,14 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
     if run.status == RunStatus.PENDING:
         out.append(
             '<p class="muted">pending: a worker (`durable-agent worker`) will continue it</p>'
+        )
+    if run.status in ENDED:  # a follow-up: a new turn of the history (`durable-agent continue`)
+        out.append(
+            f'<form method="post" action="/runs/{u(run.id)}/continue" class="action">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+            '<textarea name="message" rows="2" cols="60" maxlength="20000" '
+            'placeholder="a follow-up: what should it do next?"></textarea>'
+            '<button type="submit" id="continue-button" class="b-continue">continue</button></form>'
         )
     return "".join(out)
 

@@ -18,7 +18,7 @@ import os
 
 from durable_agent.errors import LoopExit, UsageError
 from durable_agent.status import EffectClass, StepKind, StopReason
-from durable_agent.store.blobs import BlobStore, save_statements, tree_at
+from durable_agent.store.blobs import BlobStore, TreeAt, save_statements, tree_at
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
@@ -32,13 +32,16 @@ CALL = "workspace"  # the approval's call id: the drift is the run's, not one to
 SHOWN = 20  # differing paths named in the question
 
 
-def check(ctx: Site) -> None:
+def rebuild_if_missing(ctx: Site) -> TreeAt | None:
+    """The first half of `check`: a missing or empty workspace is rebuilt from the last
+    snapshot. Returns the snapshot to check a present workspace against (None: nothing to
+    check, or it was just rebuilt)."""
     if not ctx.settings.snapshots:
-        return
+        return None
     journal = ctx.journal
     last = tree_at(journal.engine, journal.run_id, policy=journal.policy)
     if last is None:
-        return
+        return None
     root = ctx.settings.workspace
     blobs = BlobStore(journal.engine, journal.policy, journal.run_id)
     if not os.path.isdir(root) or not os.listdir(root):
@@ -58,7 +61,17 @@ def check(ctx: Site) -> None:
                 f"rebuilt the workspace {root} from the snapshot {when} ({len(manifest)} paths)"
                 + recorder.held_note(held)
             )
+        return None
+    return last
+
+
+def check(ctx: Site) -> None:
+    last = rebuild_if_missing(ctx)
+    if last is None:
         return
+    journal = ctx.journal
+    root = ctx.settings.workspace
+    blobs = BlobStore(journal.engine, journal.policy, journal.run_id)
     if any(
         s.state == StepState.STARTED
         and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == StepKind.VERIFY)
