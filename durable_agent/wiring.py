@@ -19,8 +19,9 @@ from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox, store_refusal
 
 
-def build_model(settings: Settings) -> ModelClient:
-    model = _endpoint_or_script(settings)
+def build_model(settings: Settings, stream_memo: Path | None = None) -> ModelClient:
+    """`stream_memo`: the file remembering endpoints that do not stream (models/openai_chat.py)."""
+    model = _endpoint_or_script(settings, stream_memo)
     if settings.tool_protocol == "text":
         from durable_agent.models.text_protocol import TextProtocolModel
 
@@ -28,7 +29,7 @@ def build_model(settings: Settings) -> ModelClient:
     return model
 
 
-def _endpoint_or_script(settings: Settings) -> ModelClient:
+def _endpoint_or_script(settings: Settings, stream_memo: Path | None = None) -> ModelClient:
     name = settings.model
     if not name:
         raise ConfigError(
@@ -76,6 +77,8 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
         temperature=settings.temperature,
         api_type=settings.api_type,
         api_version=settings.api_version,
+        stream=settings.stream,
+        stream_memo=stream_memo,
     )
 
 
@@ -121,7 +124,7 @@ def build_runner(
     return Runner(
         store=store or open_store(settings),
         settings=settings,
-        model=build_model(settings),
+        model=build_model(settings, log_dir(settings, env).parent / "no-stream.json"),
         tools=dict(tool_set.local),
         env=env,
         redactor=redactor,
