@@ -124,7 +124,7 @@ def build_runner(
     return Runner(
         store=store or open_store(settings),
         settings=settings,
-        model=build_model(settings, log_dir(settings, env).parent / "no-stream.json"),
+        model=build_model(settings, stream_memo(env)),
         tools=dict(tool_set.local),
         env=env,
         redactor=redactor,
@@ -163,6 +163,14 @@ def build_tool_set(
     settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()
 ) -> ToolSet:
     return ToolSet(settings, env, extra=extra_tools, log_dir=log_dir(settings, env))
+
+
+def stream_memo(env: Mapping[str, str]) -> Path:
+    """The file of endpoints that do not stream: in the data directory, whatever the store
+    (one next to a store kept in the workspace would be a change to the files)."""
+    from durable_agent.config.layers import default_db_url, store_files
+
+    return Path(store_files(default_db_url(env))[0]).parent / "no-stream.json"
 
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:
