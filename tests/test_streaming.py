@@ -166,11 +166,13 @@ def test_an_endpoint_that_does_not_stream_is_asked_without_and_remembered(
 
 
 class StderrReader:
-    """Reads a child's stderr as it comes (a thread), so a test waits on what it says."""
+    """Reads a child's stderr (or stdout) as it comes (a thread), so a test waits on what
+    it says."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        self.fd, self.text, self.cond = proc.stderr.fileno(), "", threading.Condition()
+    def __init__(self, proc: subprocess.Popen[str], stdout: bool = False) -> None:
+        stream = proc.stdout if stdout else proc.stderr
+        assert stream is not None
+        self.fd, self.text, self.cond = stream.fileno(), "", threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -360,3 +362,36 @@ def test_the_client_hands_each_try_a_start(tmp_path: Path) -> None:
     assert answer.content == "Hi there"
     assert [p.kind.value for p in pieces].count("start") == 2
     assert model.streams  # a cut stream is no reason to stop streaming
+
+
+def test_jsonl_prints_the_export_events_live(
+    make_api: Callable[..., Endpoint], cli: Callable[..., Any]
+) -> None:
+    api = make_api("sse")
+    held = threading.Event()
+    api.server.add_faults([{"turn": 1, "hold": 3, "release": held}])
+    proc = popen(api, "--run-id", "events", "--jsonl")
+    out = StderrReader(proc, stdout=True)
+    try:
+        seen = out.wait_for('"type": "tool_completed"')  # while the last call is still held
+        assert proc.poll() is None and '"run_finished"' not in seen
+        held.set()
+        proc.wait(timeout=30)
+        out.thread.join(timeout=10)
+    finally:
+        held.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    exported = cli("export", "events")
+    assert exported.code == 0, exported.stderr
+    assert out.text == exported.stdout  # line for line what `export` prints afterwards
+    last = json.loads(out.text.splitlines()[-1])
+    assert (last["type"], last["answer"]) == ("run_finished", SCRIPT[1]["content"])
+
+
+def test_json_and_jsonl_together_are_a_usage_error(make_api: Callable[..., Endpoint]) -> None:
+    result = make_api("sse").start("--json", "--jsonl")
+    assert result.code == 2 and "not allowed with" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
