@@ -3,8 +3,8 @@
 The store keeps no per-token rows (a write per token would cost more than the call); the
 step's outcome is the durable record. While a streamed call runs, its process keeps a small
 JSON file with the text, the thinking and the tool names so far, rewritten at most every
-WRITE_EVERY_S (write then rename: a reader sees a whole file) and removed when the call
-ends, whatever the end. `durable-agent ui` reads it on the same machine and sends it over
+WRITE_EVERY_S when it changed (write then rename: a reader sees a whole file) and removed
+when the call ends, whatever the end. `durable-agent ui` reads it on the same machine and sends it over
 its event stream. A run executed on another machine (a worker sharing PostgreSQL) shows its
 steps as they complete, without live tokens.
 
@@ -22,14 +22,14 @@ import hashlib
 import json
 import os
 import tempfile
-import time
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from durable_agent.observer import DeltaKind
 
-WRITE_EVERY_S = 0.1
+WRITE_EVERY_S = 0.1  # at most ten writes a second, whatever the stream's pace
 KEEP_CHARS = 32 * 1024  # of the text and of the thinking: the newest part is what is shown
 
 
@@ -57,7 +57,10 @@ def read(path: Path) -> dict[str, Any] | None:
 
 
 class Channel:
-    """The writer's side, for one model call (step `seq`)."""
+    """The writer's side, for one model call (step `seq`). The pieces only change the state
+    in memory; a thread of its own writes it when it changed, at most every WRITE_EVERY_S,
+    so the last pieces before a pause in the stream are seen during the pause, and a fast
+    stream costs at most ten small writes a second."""
 
     def __init__(self, path: Path, seq: int, turn: int) -> None:
         self.path, self.seq, self.turn = path, seq, turn
@@ -65,45 +68,60 @@ class Channel:
         self.text, self.reasoning = "", ""
         self.tools: list[str] = []
         self.version = 0
-        self._written = 0.0
+        self._written = 0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
         self._broken = False
 
     def add(self, kind: DeltaKind, text: str) -> None:
-        if kind is DeltaKind.START:
-            self.tries += 1
-            self.text, self.reasoning, self.tools = "", "", []
-        elif kind is DeltaKind.TEXT:
-            self.text = (self.text + text)[-KEEP_CHARS:]
-        elif kind is DeltaKind.REASONING:
-            self.reasoning = (self.reasoning + text)[-KEEP_CHARS:]
-        else:
-            self.tools.append(text)
-        self.version += 1
-        now = time.monotonic()
-        if kind in (DeltaKind.START, DeltaKind.TOOL) or now - self._written >= WRITE_EVERY_S:
-            self._write(now)
+        with self._lock:
+            if kind is DeltaKind.START:
+                self.tries += 1
+                self.text, self.reasoning, self.tools = "", "", []
+            elif kind is DeltaKind.TEXT:
+                self.text = (self.text + text)[-KEEP_CHARS:]
+            elif kind is DeltaKind.REASONING:
+                self.reasoning = (self.reasoning + text)[-KEEP_CHARS:]
+            else:
+                self.tools.append(text)
+            self.version += 1
+        if self._thread is None and not self._broken:
+            self._thread = threading.Thread(target=self._loop, name="live-channel", daemon=True)
+            self._thread.start()
 
-    def _write(self, now: float) -> None:
-        if self._broken:
-            return
-        doc = {
-            "seq": self.seq,
-            "turn": self.turn,
-            "try": self.tries,
-            "version": self.version,
-            "text": self.text,
-            "reasoning": self.reasoning,
-            "tools": self.tools,
-        }
-        try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
-            tmp.replace(self.path)
-        except OSError:
-            self._broken = True  # (a full disk, a read-only temp folder): no live view
-        self._written = now
+    def _loop(self) -> None:
+        while not self._closed.wait(WRITE_EVERY_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the state now, if it changed since the last write."""
+        with self._lock:
+            if self.version == self._written or self._broken or self._closed.is_set():
+                return
+            self._written = self.version
+            doc = {
+                "seq": self.seq,
+                "turn": self.turn,
+                "try": self.tries,
+                "version": self.version,
+                "text": self.text,
+                "reasoning": self.reasoning,
+                "tools": list(self.tools),
+            }
+            try:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+                tmp.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+                tmp.replace(self.path)
+            except OSError:
+                self._broken = True  # (a full disk, a read-only temp folder): no live view
 
     def close(self) -> None:
+        """The call ended: no more writes, the file goes (the step row says how it ended)."""
+        with self._lock:
+            self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
         with contextlib.suppress(OSError):
             self.path.unlink()

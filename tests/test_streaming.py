@@ -22,11 +22,14 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 from provider_support import KEY, MODEL, Endpoint
+from scale_helpers import wait_for
 
+from durable_agent import live
 from durable_agent.messages import Message
 from durable_agent.models.failures import ProviderError
 from durable_agent.models.openai_chat import OpenAIChatModel
 from durable_agent.models.streaming import Assembler, Delta, listening
+from durable_agent.store.location import store_key
 
 SCRIPT: list[dict[str, Any]] = [
     {
@@ -229,6 +232,9 @@ def test_text_and_tool_names_appear_while_the_answer_is_still_coming(
         tool_held.set()
         seen = err.wait_for("│ Hello streami")
         assert "remember the milk" not in seen.split("│ Hello streami")[-1]
+        # the web view's side channel has the same text, written while the stream waits
+        channel = live.channel_file(store_key(api.env["DURABLE_AGENT_DB"]), api.env, "live")
+        wait_for(lambda: (live.read(channel) or {}).get("text") == "Hello streaming ")
         assert sql(
             "SELECT state FROM steps WHERE run_id = 'live' AND turn = 1 AND kind = 'model'"
         ) == [("started",)]
@@ -246,6 +252,7 @@ def test_text_and_tool_names_appear_while_the_answer_is_still_coming(
     assert proc.returncode == 0, err.text
     assert out.strip() == SCRIPT[1]["content"]
     assert "│ Hello streaming world: the notes say to remember the milk." in err.text
+    assert not channel.exists()  # gone with the call: nothing of it is kept
 
 
 def test_a_crash_mid_stream_pays_the_call_again_exactly_once(
@@ -395,3 +402,67 @@ def test_json_and_jsonl_together_are_a_usage_error(make_api: Callable[..., Endpo
     result = make_api("sse").start("--json", "--jsonl")
     assert result.code == 2 and "not allowed with" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- the web view ---------------------------------------------------------------------------
+
+
+def test_the_run_page_stream_sends_a_streaming_calls_tokens(
+    cli: Callable[..., Any], env: dict[str, str], tmp_path: Path
+) -> None:
+    pytest.importorskip("starlette", reason="the `ui` extra is not installed")
+    from starlette.testclient import TestClient
+    from ui_support import open_store
+
+    from durable_agent.observer import DeltaKind
+    from durable_agent.store.location import store_key
+    from durable_agent.ui.app import UiConfig, _Stream, build_app
+    from durable_agent.ui.security import Access
+
+    url = env["DURABLE_AGENT_DB"]
+    queued = cli("start", "wait here", "--model", "demo", "--detach", "--run-id", "q")
+    assert queued.code == 0, queued.stderr  # pending: its page's stream stays open
+    where = live.channel_dir(store_key(url), env)
+    # What a streaming call's process writes (model_step._live), found by the view's side
+    # from its own spelling of the store's URL.
+    store = open_store(url)
+    assert where == live.channel_dir(
+        store_key(store.engine.url.render_as_string(hide_password=False)), env
+    )
+    channel = live.Channel(where / "q.json", 3, 1)
+    channel.add(DeltaKind.START, "")
+    channel.add(DeltaKind.REASONING, "thinking <b>")
+    channel.add(DeltaKind.TOOL, "read_file")
+    channel.add(DeltaKind.TEXT, "Hello")
+    channel.add(DeltaKind.START, "")  # (start and tool names are written at once)
+    channel.add(DeltaKind.TEXT, "Hello again")
+    channel.add(DeltaKind.TOOL, "edit_file")
+    channel.flush()  # (its thread does this within WRITE_EVERY_S)
+    access = Access(token=None)
+    cfg = UiConfig(
+        store=store, access=access, user="t", poll_s=0.05, stream_max_s=0.5, live_dir=where
+    )
+    c = TestClient(build_app(cfg), base_url="http://127.0.0.1:8765")
+    c.get(f"/?token={access.key}")
+    body = c.get("/api/runs/q/events").text
+    tokens = [
+        json.loads(block.split("data: ", 1)[1])
+        for block in body.split("\n\n")
+        if block.startswith("event: tokens")
+    ]
+    assert tokens and tokens[0] == {
+        "seq": 3,
+        "turn": 1,
+        "try": 2,
+        "version": 7,
+        "text": "Hello again",
+        "reasoning": "",
+        "tools": ["edit_file"],
+    }
+    assert len(tokens) == 1  # sent when it changes, not every look
+    page = c.get("/runs/q").text
+    assert 'id="live"' in page
+    stream = _Stream(store, None, "q", 0, cfg)  # type: ignore[arg-type]
+    assert stream.tokens() is not None and stream.tokens() is None
+    channel.close()  # the call ended
+    assert stream.tokens() == {"seq": None} and not (where / "q.json").exists()
