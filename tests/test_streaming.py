@@ -78,6 +78,7 @@ def model_outputs(sql: Callable[..., list[Any]], run_id: str) -> list[dict[str, 
 # --- the record ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two runs of the real CLI: about 3 s on 2 cores
 def test_a_streamed_run_is_recorded_byte_for_byte_as_an_unstreamed_one(
     make_api: Callable[..., Endpoint], sql: Callable[..., list[Any]]
 ) -> None:
@@ -255,6 +256,7 @@ def test_text_and_tool_names_appear_while_the_answer_is_still_coming(
     assert not channel.exists()  # gone with the call: nothing of it is kept
 
 
+@pytest.mark.slow  # a killed start, a resume and a baseline run
 def test_a_crash_mid_stream_pays_the_call_again_exactly_once(
     make_api: Callable[..., Endpoint], sql: Callable[..., list[Any]]
 ) -> None:
@@ -466,3 +468,41 @@ def test_the_run_page_stream_sends_a_streaming_calls_tokens(
     assert stream.tokens() is not None and stream.tokens() is None
     channel.close()  # the call ended
     assert stream.tokens() == {"seq": None} and not (where / "q.json").exists()
+
+
+# --- the timeline's rendering ----------------------------------------------------------------
+
+
+def test_a_pipe_gets_each_piece_at_once_and_a_terminal_whole_lines_thinking_dimmed() -> None:
+    import io
+
+    from test_inspect_live import ERASE, FakeClock, Locked, model
+
+    from durable_agent.cli.render import Timeline
+    from durable_agent.observer import DeltaKind
+
+    piped = io.StringIO()
+    t = Timeline(piped)
+    t.step(model("started"))
+    t.delta(0, 0, DeltaKind.START, "")
+    t.delta(0, 0, DeltaKind.REASONING, "hm\x1b[2J")  # the model's bytes: escaped, never obeyed
+    t.delta(0, 0, DeltaKind.TEXT, "Hel")
+    assert piped.getvalue() == "  ┆ hm\\x1b[2J\n  │ Hel"  # no line end yet: written as it came
+    t.delta(0, 0, DeltaKind.TEXT, "lo\nworld")
+    t.delta(0, 0, DeltaKind.TOOL, "read_file")
+    t.step(model("completed", detail="read_file", duration_ms=5))
+    assert piped.getvalue() == (
+        "  ┆ hm\\x1b[2J\n  │ Hello\n  │ world\n  → read_file\n"
+        "Step 0 · model call 1 · m → read_file · 5 ms\n"
+    )
+
+    out = Locked()
+    t = Timeline(out, live=True, interval=3600, clock=FakeClock())
+    t.step(model("started"))
+    t.delta(0, 0, DeltaKind.REASONING, "think\n")
+    t.delta(0, 0, DeltaKind.TEXT, "Hello wor")
+    assert out.text().endswith(ERASE + "| model m thinking 0.0 s · Hello wor")  # in the status line
+    t.delta(0, 0, DeltaKind.TEXT, "ld\n")
+    t.close()
+    text = out.text()
+    assert ERASE + "\x1b[2m  ┆ think\x1b[0m\n" in text and ERASE + "  │ Hello world\n" in text
