@@ -506,3 +506,21 @@ def test_a_pipe_gets_each_piece_at_once_and_a_terminal_whole_lines_thinking_dimm
     t.close()
     text = out.text()
     assert ERASE + "\x1b[2m  ┆ think\x1b[0m\n" in text and ERASE + "  │ Hello world\n" in text
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "refused"),
+    [
+        (400, "Unrecognized request argument supplied: stream_options", True),
+        (422, "stream: extra fields not permitted", True),
+        (501, "Streaming is not supported by this backend", True),
+        (400, "the upstream provider rejected the request", False),  # not about streaming
+        (503, "streaming is not supported", False),  # a server failing: retried as it is
+        (400, "maximum context length exceeded while streaming", False),  # context_length
+    ],
+)
+def test_only_a_refusal_of_streaming_turns_it_off(status: int, message: str, refused: bool) -> None:
+    from durable_agent.models.failures import failure_for_status
+    from durable_agent.models.openai_chat import refuses_streaming
+
+    assert refuses_streaming(failure_for_status(status, message)) is refused

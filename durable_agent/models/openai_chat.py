@@ -239,8 +239,12 @@ def refuses_streaming(failure: Failure) -> bool:
     return (
         failure.status in (400, 415, 422, 501)
         and failure.reason != "context_length"
-        and "stream" in failure.message.lower()
+        and _STREAM_WORD.search(failure.message) is not None
     )
+
+
+# `stream`, `stream_options`, "streaming", "Streaming": not "upstream" nor "downstream".
+_STREAM_WORD = re.compile(r"(?<![a-z])stream(?:_options|ing|s)?\b", re.I)
 
 
 class StreamMemo:
