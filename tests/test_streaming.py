@@ -225,7 +225,7 @@ def test_text_and_tool_names_appear_while_the_answer_is_still_coming(
     proc = popen(api, "--run-id", "live")
     err = StderrReader(proc)
     try:
-        seen = err.wait_for("→ read_file")
+        seen = err.wait_for("\n  → read_file\n")
         assert "┆ The notes file should say what to do." in seen  # the thinking, marked
         assert proc.poll() is None and not sql(
             "SELECT 1 FROM steps WHERE kind = 'model' AND state = 'completed'"

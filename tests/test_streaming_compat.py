@@ -119,7 +119,7 @@ def test_fakellm_streams_and_the_run_records_what_an_unstreamed_one_does(
     (workspace / "notes.txt").write_text("remember the milk\n")
     streamed = run(cli, tmp_path, fakellm(), "streamed")
     assert streamed.code == 0, streamed.stderr
-    assert "→ read_file" in streamed.stderr  # the name, as it streamed in
+    assert "\n  → read_file\n" in streamed.stderr  # the name, as it streamed in
     assert "│ The notes say: remember the milk. Done." in streamed.stderr
     assert streamed.stdout.strip() == "The notes say: remember the milk. Done."
     plain = run(cli, tmp_path, fakellm(), "plain", stream=False)
