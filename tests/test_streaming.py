@@ -396,6 +396,11 @@ def test_jsonl_prints_the_export_events_live(
     exported = cli("export", "events")
     assert exported.code == 0, exported.stderr
     assert out.text == exported.stdout  # line for line what `export` prints afterwards
+    first_call = json.loads(out.text.splitlines()[1])
+    assert (first_call["type"], first_call["reasoning"]) == (
+        "model_completed",
+        SCRIPT[0]["reasoning"],
+    )
     last = json.loads(out.text.splitlines()[-1])
     assert (last["type"], last["answer"]) == ("run_finished", SCRIPT[1]["content"])
 
