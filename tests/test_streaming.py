@@ -277,8 +277,10 @@ def test_a_crash_mid_stream_pays_the_call_again_exactly_once(
     assert sql(
         "SELECT state FROM steps WHERE run_id = 'crash' AND kind = 'model' AND turn = 1"
     ) == [("started",)]
-    result = api.resume("crash", "--json")
+    result = api.resume("crash", "--jsonl")  # (resume prints the events live too)
     assert result.code == 0, result.stderr
+    types = [json.loads(line)["type"] for line in result.stdout.splitlines()]
+    assert "run_resumed" in types and types[-1] == "run_finished"
     assert [(t, a) for t, a, _ in api.turns()] == [(0, 1), (1, 1), (1, 2)]  # paid again once
     baseline = make_api("sse")
     baseline.configure(stream=False)
