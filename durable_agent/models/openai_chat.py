@@ -198,7 +198,7 @@ class OpenAIChatModel:
                 if streamed and "text/event-stream" in content_type.lower()
                 else None
             )
-            if on_delta is not None:
+            if events is not None and on_delta is not None:
                 on_delta(Delta(DeltaKind.START, ""))  # a retry's pieces replace the failed try's
             body = bytearray()
             fed = 0
