@@ -78,6 +78,32 @@ def model_outputs(sql: Callable[..., list[Any]], run_id: str) -> list[dict[str, 
 # --- the record ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two runs of the real CLI
+def test_the_same_rows_on_each_store(make_api: Callable[..., Endpoint], store_url: str) -> None:
+    """SQLite and PostgreSQL alike: a streamed run's steps and messages, as the store reads
+    them back, are those of an unstreamed run of the same answers."""
+    from ui_support import open_store
+
+    for run_id, stream in (("s", True), ("p", False)):
+        api = make_api("sse")
+        api.configure(stream=stream)
+        flags = [*api.model_flags(), "--run-id", run_id, "--json"]
+        env = {**api.cli_env(), "DURABLE_AGENT_DB": store_url}
+        result = api.cli("start", "fix the bug", *flags, extra_env=env)
+        assert result.code == 0, result.stderr
+    store = open_store(store_url)
+    fields = STEP_COLUMNS.replace(" ", "").split(",")
+
+    def rows(run_id: str) -> tuple[list[Any], list[Any]]:
+        steps = [tuple(getattr(s, f) for f in fields) for s in store.steps(run_id)]
+        messages = [
+            (m.seq, m.role, m.content, m.tool_calls, m.tool_call_id) for m in store.messages(run_id)
+        ]
+        return steps, messages
+
+    assert rows("s") == rows("p") and len(rows("s")[0]) == 3
+
+
 @pytest.mark.slow  # two runs of the real CLI: about 3 s on 2 cores
 def test_a_streamed_run_is_recorded_byte_for_byte_as_an_unstreamed_one(
     make_api: Callable[..., Endpoint], sql: Callable[..., list[Any]]
