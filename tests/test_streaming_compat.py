@@ -1,10 +1,11 @@
-"""Live tokens against a streaming server we did not write: fakellm (PyPI, a mock
-OpenAI-compatible server on FastAPI), run as its own process on 127.0.0.1.
+"""Live tokens against streaming servers we did not write, each run as its own process on
+127.0.0.1: fakellm and llm-mock-api (PyPI, mock OpenAI-compatible servers on FastAPI).
 
-Its streams are not ours: ids of its own, the tool call's arguments in pieces, no usage
-in the stream (it ignores stream_options), so the usage of a streamed step is the
-harness's estimate. The answer, the tool call and what the history holds must be the same
-as the same server's unstreamed answers.
+Their streams are not ours: ids of their own, fakellm's tool-call arguments in pieces and no
+usage in its stream (it ignores stream_options, so a streamed step's usage is the harness's
+estimate), llm-mock-api's usage in a last chunk that still has a choice. The answer, the
+tool call and what the history holds must be the same as the same server's unstreamed
+answers.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import pytest
 from provider_support import FAST_RETRIES, KEY, toml_value
 from scale_helpers import wait_for
 
-pytest.importorskip("fakellm", reason="fakellm (a dev extra) is not installed")
-pytestmark = pytest.mark.slow  # two servers and two CLI runs: seconds
+pytestmark = pytest.mark.slow  # two servers and two CLI runs a test: seconds
 
 RULES = """\
 rules:
@@ -39,14 +39,27 @@ rules:
 """
 
 
-@pytest.fixture
-def fakellm(tmp_path: Path) -> Iterator[Callable[[], str]]:
-    """A fresh fakellm per call (it keeps a conversation's state per process)."""
-    (tmp_path / "fakellm.yaml").write_text(RULES)
+MOCK_RULES = """\
+{
+  rules: [
+    {
+      when: "notes",
+      replies: [
+        { reply: { tools: [{ name: "read_file", args: { path: "notes.txt" } }] } },
+        { reply: { text: "The notes say: remember the milk. Done." } },
+      ],
+    },
+  ],
+}
+"""
+
+
+def servers(tmp_path: Path, command: Callable[[int], list[str]]) -> Iterator[Callable[[], str]]:
+    """A fresh server per call (they keep a conversation's state per process)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> str:
-        url, proc = _serve(tmp_path)
+        url, proc = _serve(tmp_path, command)
         procs.append(proc)
         return url
 
@@ -56,33 +69,41 @@ def fakellm(tmp_path: Path) -> Iterator[Callable[[], str]]:
         proc.wait(timeout=10)
 
 
-def _serve(tmp_path: Path) -> tuple[str, subprocess.Popen[bytes]]:
+@pytest.fixture
+def fakellm(tmp_path: Path) -> Iterator[Callable[[], str]]:
+    pytest.importorskip("fakellm", reason="fakellm (a dev extra) is not installed")
+    (tmp_path / "fakellm.yaml").write_text(RULES)
+    serve = [sys.executable, "-m", "fakellm.cli", "serve", "--config", "fakellm.yaml"]
+    yield from servers(tmp_path, lambda port: [*serve, "--port", str(port)])
+
+
+@pytest.fixture
+def llm_mock_api(tmp_path: Path) -> Iterator[Callable[[], str]]:
+    pytest.importorskip("llm_mock_api", reason="llm-mock-api (a dev extra) is not installed")
+    (tmp_path / "rules.json5").write_text(MOCK_RULES)
+    launcher = "import sys; from llm_mock_api.cli import main; sys.exit(main())"
+    serve = [sys.executable, "-c", launcher, "start", "-H", "127.0.0.1", "-r", "rules.json5"]
+    quiet = ["-l", "0", "-c", "5", "--log-level", "error"]  # no delay, 5 characters a chunk
+    yield from servers(tmp_path, lambda port: [*serve, *quiet, "-p", str(port)])
+
+
+def _serve(
+    tmp_path: Path, command: Callable[[int], list[str]]
+) -> tuple[str, subprocess.Popen[bytes]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fakellm.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--config",
-            "fakellm.yaml",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        command(port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
     def up() -> bool:
-        assert proc.poll() is None, "fakellm exited"
+        assert proc.poll() is None, "the server exited"
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
     try:
-        wait_for(up, 30, "fakellm listening")
+        wait_for(up, 30, "the server listening")
     except BaseException:
         proc.kill()
         proc.wait()
@@ -151,3 +172,36 @@ def test_fakellm_streams_and_the_run_records_what_an_unstreamed_one_does(
     ]
     assert [o.get("finish_reason") for o in outputs] == ["tool_calls", "stop"]
     assert all(o["usage"].get("estimated") for o in outputs)  # no usage in its stream
+
+
+def test_llm_mock_api_streams_and_the_run_records_what_an_unstreamed_one_does(
+    llm_mock_api: Callable[[], str],
+    cli: Callable[..., Any],
+    workspace: Path,
+    tmp_path: Path,
+    sql: Callable[..., list[Any]],
+) -> None:
+    (workspace / "notes.txt").write_text("remember the milk\n")
+    streamed = run(cli, tmp_path, llm_mock_api(), "streamed")
+    assert streamed.code == 0, streamed.stderr
+    assert "\n  → read_file\n" in streamed.stderr
+    assert "│ The notes say: remember the milk. Done." in streamed.stderr
+    plain = run(cli, tmp_path, llm_mock_api(), "plain", stream=False)
+    assert plain.code == 0, plain.stderr
+
+    def recorded(run_id: str) -> list[Any]:
+        rows = sql(
+            "SELECT output, prompt_tokens, completion_tokens FROM steps"
+            " WHERE run_id = ? AND kind = 'model' ORDER BY seq",
+            run_id,
+        )
+        out = []
+        for output, prompt, completion in rows:
+            doc = json.loads(output)
+            for call in doc["tool_calls"]:
+                call.pop("id")  # its own random ids
+            out.append((doc, prompt, completion))
+        return out
+
+    assert recorded("streamed") == recorded("plain")  # usage from its last chunk included
+    assert [r[1:] for r in recorded("streamed")] == [(10, 5), (10, 5)]
