@@ -15,6 +15,7 @@ from durable_agent.status import StepKind
 from durable_agent.store.payloads import (
     CompactInput,
     CompactOutput,
+    MemoryInput,
     ModelOutput,
     ToolInput,
     ToolOutput,
@@ -121,6 +122,12 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
             if before is not UNSET and after is not UNSET:
                 sizes = f": {before:,} → {after:,} tokens"
         return f"context {stage}{sizes}"
+    if s.kind == StepKind.MEMORY:
+        loaded = s.typed_input
+        if not isinstance(loaded, MemoryInput):
+            return "project memory"
+        names = ", ".join(f.path for f in loaded.files) or "no files"
+        return short(f"project memory: {names} (sha256 {loaded.sha256[:12]})", 90)
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

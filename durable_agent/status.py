@@ -41,6 +41,7 @@ class StepKind(StrEnum):
     TOOL = "tool"
     VERIFY = "verify"
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
+    MEMORY = "memory"  # project memory (AGENTS.md...) read into the history (loop/memory_step.py)
 
 
 class EffectClass(StrEnum):

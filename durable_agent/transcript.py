@@ -10,6 +10,8 @@ are derived; exporting the same run twice gives the same lines.
                         one has state "failed" and error)
     tool_started        a tool or verify step's intent: arguments          started_at
     tool_completed      its outcome: the result (truncated), error, data   finished_at
+    memory_loaded       a memory step with an outcome: the instruction      finished_at
+                        files (path, sha256, bytes), the text's sha256
     context_compacted   a compact step with an outcome: stage (elide or     finished_at
                         summarize), tokens before → after, the boundary
     approval_requested  an approvals row, with its decision if made        requested_at
@@ -41,6 +43,8 @@ from durable_agent.status import StepKind
 from durable_agent.store.payloads import (
     CompactInput,
     CompactOutput,
+    MemoryInput,
+    MemoryOutput,
     ModelInput,
     ModelOutput,
     ToolInput,
@@ -174,6 +178,10 @@ def _step_events(run: RunRecord, steps: list[StepRecord]) -> list[dict[str, Any]
         if s.kind == StepKind.COMPACT:
             if s.finished_at is not None:
                 out.append(_compact_event(s, common))
+            continue
+        if s.kind == StepKind.MEMORY:
+            if s.finished_at is not None:
+                out.append(_memory_event(s, common))
             continue
         tool = {"call_id": s.call_id, "tool_name": s.tool_name, "kind": s.kind}
         out.append(
@@ -379,3 +387,18 @@ def _last_step_seq(events_so_far: list[dict[str, Any]]) -> int | None:
         if "step_seq" in event:
             return int(event["step_seq"])
     return None
+
+
+def _memory_event(s: StepRecord, common: dict[str, Any]) -> dict[str, Any]:
+    loaded = s.typed_input
+    out = s.typed_output
+    return {
+        "type": "memory_loaded",
+        "at": iso_utc(s.finished_at),
+        **common,
+        "_time": s.finished_at,
+        "dir": loaded.dir if isinstance(loaded, MemoryInput) else None,
+        "files": to_builtins(loaded.files) if isinstance(loaded, MemoryInput) else None,
+        "sha256": loaded.sha256 if isinstance(loaded, MemoryInput) else None,
+        "added_message": out.message if isinstance(out, MemoryOutput) else None,
+    }

@@ -147,6 +147,8 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(
             "--run-id takes 1 to 64 letters, digits, '.', '_' or '-', a letter or digit first"
         )
+    if args.task == "-":  # `start -`: the task from stdin (a file, a heredoc, a pipe)
+        args.task = _stdin_text()
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do")
     names = (
@@ -162,8 +164,10 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         "durability",
         "sandbox",
         "network",
+        "memory",
     )
     settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
+    _task_folder(settings)
     _check_sandbox(settings, env)
     from durable_agent.workspace.lease import workspace_lease
 
@@ -196,6 +200,28 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
             print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=err)
             print(f"  resume with: durable-agent resume {run_id}", file=err)
         return _execute(runner, run_id, args, cancel, lease=(owner, 1))
+
+
+def _stdin_text() -> str:
+    try:
+        raw = sys.stdin.buffer.read()
+    except (OSError, ValueError, AttributeError):
+        raise UsageError("`start -` reads the task from stdin, which cannot be read") from None
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _task_folder(settings: Settings) -> None:
+    """The task's folder for project memory (docs/memory.md): the current directory when it
+    is inside the workspace, else the workspace root; recorded as `memory_dir`."""
+    if not settings.memory or settings.memory_dir is not None:
+        return
+    try:
+        here = Path.cwd().resolve()
+        root = settings.workspace.expanduser().resolve()
+    except OSError:
+        return
+    if here != root and here.is_relative_to(root):
+        settings.memory_dir = here.relative_to(root).as_posix()
 
 
 def _print_queued(run_id: str, as_json: bool) -> None:

@@ -30,9 +30,12 @@ EPILOG = """\
 exit codes: 0 completed, 1 failed, 2 usage or configuration error, 3 budget exceeded,
             4 cancelled, 5 blocked (needs `approve`), 6 run busy in another process,
             7 the store is unavailable (connection lost, disk full): resumable once it is back
-environment: OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_API_VERSION (Azure), DURABLE_AGENT_MODEL,
-             DURABLE_AGENT_DB, DURABLE_AGENT_SANDBOX, DURABLE_AGENT_CONFIG (a TOML file with
-             the same settings as the flags; default ~/.config/durable-agent/config.toml)
+environment: OPENAI_API_KEY, OPENAI_BASE_URL, OPENAI_API_VERSION (Azure), DURABLE_AGENT_<SETTING>
+             for every setting (DURABLE_AGENT_MODEL, DURABLE_AGENT_DB, DURABLE_AGENT_SANDBOX,
+             DURABLE_AGENT_MAX_STEPS, ...),
+             DURABLE_AGENT_CONFIG (a TOML file with the same settings as the flags; default
+             ~/.config/durable-agent/config.toml); a project's own: .durable-agent/config.toml
+             in the workspace. `durable-agent config` shows what applies and where it came from
 try it offline: durable-agent demo     check the command sandbox: durable-agent doctor
 """
 
@@ -108,6 +111,7 @@ def _default(text: str, resume: bool) -> str:
 
 def _add_model(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
     p.add_argument(
+        "-m",
         "--model",
         metavar="NAME",
         help="endpoint model name, `scripted:PATH` (JSON script of turns) or `demo`",
@@ -137,6 +141,7 @@ def _add_containment(p: argparse.ArgumentParser, *, resume: bool = False) -> Non
     if resume:
         title = title[:-1] + "; the run's recorded values apply unless a flag is given)"
     g = p.add_argument_group(title)
+    _add_yes(g)
     g.add_argument(
         "--shell",
         choices=["allow", "ask", "deny"],
@@ -177,6 +182,44 @@ def _add_mcp(p: argparse.ArgumentParser) -> None:
     )
 
 
+# -- project memory and the habits of agent CLIs (docs/memory.md, docs/configuration.md) --
+def _add_yes(p: Any) -> None:
+    p.add_argument(
+        "-y",
+        dest="shell",
+        action="store_const",
+        const="allow",
+        help="the same as --shell allow: run every command without asking (still sandboxed)",
+    )
+
+
+def _add_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        default=None,
+        help="read no AGENTS.md (memory_files) into the system context; recorded with the run",
+    )
+
+
+def _add_config_command(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "config",
+        help="the effective settings and where each value came from",
+        description="Every setting as a run started here would get it, and its source: "
+        "default, the user config file, the project's .durable-agent/config.toml, an "
+        "environment variable (DURABLE_AGENT_<SETTING>) or a flag.",
+    )
+    p.add_argument("-w", "--workspace", metavar="DIR", help="as for start")
+    p.add_argument("-m", "--model", metavar="NAME", help="as for start")
+    _add_yes(p)
+    p.add_argument("--shell", choices=["allow", "ask", "deny"], help="as for start")
+    _add_db(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=_command("cmd_config", "config_command"))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, a command's name, that command's arguments alone (Subcommands)."""
     parser = Parser(
@@ -193,8 +236,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="create a run and execute it in the foreground",
         description="Create a run and execute it; the run id is printed first so it can be resumed.",
     )
-    p.add_argument("task", help="what the agent should do, in plain words")
     p.add_argument(
+        "task", help="what the agent should do, in plain words (`-`: read it from stdin)"
+    )
+    _add_memory(p)
+    p.add_argument(
+        "-w",
         "--workspace",
         metavar="DIR",
         help="directory the agent works in (default: current directory)",
@@ -239,6 +286,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="do not run it here: queue it (pending) for `durable-agent worker`, e.g. after `approve`",
     )
     p.add_argument(
+        "-w",
         "--workspace",
         metavar="DIR",
         help="continue in DIR (e.g. on another host): rebuilt from the last snapshot when missing or empty",
@@ -372,7 +420,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--at", type=int, metavar="SEQ", required=True, help="the step number (as `show` prints it)"
     )
     p.add_argument(
-        "--workspace", metavar="DIR", required=True, help="the fork's workspace (empty or absent)"
+        "-w",
+        "--workspace",
+        metavar="DIR",
+        required=True,
+        help="the fork's workspace (empty or absent)",
     )
     p.add_argument("--task", metavar="TEXT", help="a new instruction, added as a user message")
     p.add_argument("--run-id", metavar="ID", dest="new_run_id", help="choose the new run's id")
@@ -438,10 +490,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "and the tools of its MCP servers (which are started to list them).",
     )
     p.add_argument(
+        "-w",
         "--workspace",
         metavar="DIR",
         help="directory the agent works in (default: current directory)",
     )
+    _add_yes(p)
     p.add_argument(
         "--shell", choices=["allow", "ask", "deny"], help="as for start (deny: no run_command)"
     )
@@ -541,6 +595,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
     p.set_defaults(func=_command("cmd_worker"))
+
+    _add_config_command(sub)
 
     p = sub.add_parser(
         "ui",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,150 @@ ENV_VARS = {
     "OPENAI_API_KEY": "api_key",
     "OPENAI_BASE_URL": "base_url",
     "OPENAI_API_VERSION": "api_version",
+    # Text settings read without the settings model (store-only commands stay light).
     "DURABLE_AGENT_MODEL": "model",
     "DURABLE_AGENT_DB": "db",
     "DURABLE_AGENT_SANDBOX": "sandbox",
+    "DURABLE_AGENT_DURABILITY": "durability",
 }
+ENV_PREFIX = "DURABLE_AGENT_"  # DURABLE_AGENT_<SETTING>: every setting, by its upper-case name
+# DURABLE_AGENT_* variables that are not settings: the config file's path, the web view's
+# token, what every command a run starts is given, and the test suites' and scripts' knobs.
+# Any other DURABLE_AGENT_* name that is no setting is a warning, never silently ignored.
+OTHER_VARS = frozenset(
+    {
+        "DURABLE_AGENT_CONFIG",
+        "DURABLE_AGENT_UI_TOKEN",
+        "DURABLE_AGENT_RUN_ID",
+        "DURABLE_AGENT_CALL_ID",
+        "DURABLE_AGENT_NO_LANDLOCK",
+        "DURABLE_AGENT_NO_OPENAT2",
+        "DURABLE_AGENT_CRASH_AFTER",
+        "DURABLE_AGENT_STOP_AFTER",
+        "DURABLE_AGENT_FAULT_AT",
+        "DURABLE_AGENT_FAULT",
+        "DURABLE_AGENT_FAULT_REPEAT",
+        "DURABLE_AGENT_FAULT_LOG",
+        "DURABLE_AGENT_VENV",
+        "DURABLE_AGENT_FLOORS_VENV",
+    }
+)
+OTHER_PREFIXES = ("DURABLE_AGENT_TEST_",)
+PROJECT_CONFIG = os.path.join(".durable-agent", "config.toml")
+# What a repository's own .durable-agent/config.toml may not set: where the key goes (the
+# endpoint), what contains commands, what they are given, which programs run outside the
+# sandbox, where the store is. A cloned repository is not trusted with those; the user's
+# config, the environment and the flags are.
+NOT_FROM_PROJECT = (
+    "workspace",
+    "db",
+    "api_key",
+    "base_url",
+    "api_type",
+    "api_version",
+    "sandbox",
+    "network",
+    "shell",
+    "command_env",
+    "redact_observations",
+    "snapshot_withhold_credential_files",
+    "tools",
+    "mcp_servers",
+    "mcp_config",
+)
+DEFAULT = "default"
+_FLAGS = {"memory": "--no-memory", "mcp_servers": "--mcp"}  # where a flag's name is not the key
+RECORDED = "the run's recorded settings"
+
+_warned: set[str] = set()
+
+
+def warn_once(text: str) -> None:
+    """One line on stderr, once per process (the layers are merged more than once)."""
+    if text not in _warned:
+        _warned.add(text)
+        import sys
+
+        print(f"durable-agent: warning: {text}", file=sys.stderr)
+
+
+def env_layer(
+    env: Mapping[str, str], kinds: Callable[[], Mapping[str, str]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the environment gives, and the variable each came from. An empty
+    variable is unset (as `DURABLE_AGENT_DB=` always was); a DURABLE_AGENT_* name that is no
+    setting is a warning. `kinds`: settings.setting_kinds, called only when a variable of
+    ours is set (it builds the settings model)."""
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for var, key in ENV_VARS.items():
+        if env.get(var):
+            values[key], where[key] = env[var], var
+    names = sorted(
+        v
+        for v in env
+        if v.startswith(ENV_PREFIX)
+        and v not in ENV_VARS
+        and v not in OTHER_VARS
+        and not v.startswith(OTHER_PREFIXES)
+    )
+    if not names:
+        return values, where
+    known = kinds()
+    for var in names:
+        key = var[len(ENV_PREFIX) :].lower()
+        if key not in known or var != ENV_PREFIX + key.upper():
+            import difflib
+
+            near = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" (did you mean {ENV_PREFIX}{near[0].upper()}?)" if near else ""
+            warn_once(f"{var} is not a setting, ignored{hint}; `durable-agent config` lists them")
+            continue
+        if env[var] != "":
+            values[key], where[key] = env_value(var, env[var], known[key]), var
+    return values, where
+
+
+def env_value(var: str, text: str, kind: str) -> Any:
+    """A variable's text as the setting's value, typed as the TOML layer types it: text
+    settings take it as it is; lists take a TOML array or comma-separated names; numbers,
+    true/false and tables are read as a TOML value (what is not one stays text, for the
+    settings' own check to say what is wrong with it)."""
+    if kind == "text":
+        return text
+    import tomllib
+
+    stripped = text.strip()
+    if kind == "list" and not stripped.startswith("["):
+        return [part.strip() for part in stripped.split(",") if part.strip()]
+    try:
+        return tomllib.loads(f"v = {stripped}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        if stripped.startswith(("[", "{")):
+            raise ConfigError(f"{var}: not a TOML value ({exc})") from None
+        return text
+
+
+def project_config_path(workspace: str | os.PathLike[str]) -> Path | None:
+    """The workspace's own `.durable-agent/config.toml`, when there is one."""
+    candidate = Path(os.path.abspath(Path(workspace).expanduser())) / PROJECT_CONFIG
+    try:
+        os.stat(candidate)
+    except OSError:
+        return None
+    return candidate
+
+
+def project_layer(path: Path) -> dict[str, Any]:
+    """The project file's settings, without those only the user may set (warned of)."""
+    values = read_config_file(path)
+    refused = [k for k in NOT_FROM_PROJECT if k in values]
+    if refused:
+        warn_once(
+            f"{path} sets {', '.join(refused)}, which only the user config, the environment "
+            "or a flag may set: ignored"
+        )
+    return {k: v for k, v in values.items() if k not in refused}
 
 
 def default_config_path(env: Mapping[str, str]) -> Path | None:
@@ -159,16 +299,35 @@ def merge_layers(
     env: Mapping[str, str],
     *,
     path: Path | None,
+    kinds: Callable[[], Mapping[str, str]],
     base: Mapping[str, Any] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """config file < environment < `base` (a run's recorded settings) < flags; the store URL
-    defaulted. Not validated. The `models` and `prices` tables merge by model."""
+    """user config file < project config (.durable-agent/config.toml in the workspace) <
+    environment < `base` (a run's recorded settings) < flags; the store URL defaulted. Not
+    validated. The `models` and `prices` tables merge by model. `sources`, when given, gets
+    where each value came from (a file's path, a variable's name, `--flag`)."""
     merged: dict[str, Any] = {}
-    if path is not None:
-        merged.update(read_config_file(path))
-    for var, key in ENV_VARS.items():
-        if env.get(var):
-            merged[key] = env[var]
+    where: dict[str, str] = {}
+    user = read_config_file(path) if path is not None else {}
+    merged.update(user)
+    where.update(dict.fromkeys(user, str(path)))
+    from_env, env_where = env_layer(env, kinds)
+    workspace: str | os.PathLike[str] = "."
+    for layer in (flags, base or {}, from_env, user):  # as they take precedence below
+        given = layer.get("workspace")
+        if isinstance(given, str | os.PathLike) and given:
+            workspace = given
+            break
+    project = project_config_path(workspace)
+    if project is not None:
+        values = project_layer(project)
+        merged.update(values)
+        where.update(dict.fromkeys(values, str(project)))
+    merged.update(from_env)
+    where.update(env_where)
+    if base:
+        where.update({k: RECORDED for k, v in base.items() if v is not None})
     if base:
         for key, value in base.items():
             if value is None:
@@ -190,7 +349,11 @@ def merge_layers(
                 ):
                     value = {named: merged[key][named], **value}
             merged[key] = value
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    merged.update(given)
+    where.update({k: _FLAGS.get(k) or "--" + k.replace("_", "-") for k in given})
+    if sources is not None:
+        sources.update(where)
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
         if key in merged and not isinstance(merged[key], str | os.PathLike):
             raise ConfigError(

@@ -1,4 +1,5 @@
-"""Settings: defaults < config file (TOML) < environment < command-line flags.
+"""Settings: defaults < user config file (TOML) < project config (.durable-agent/config.toml
+in the workspace) < environment (DURABLE_AGENT_<SETTING>) < command-line flags.
 
 Validated once, here. Nothing else in the package reads the environment for settings;
 `load_settings` is given the environment by the CLI.
@@ -6,6 +7,7 @@ Validated once, here. Nothing else in the package reads the environment for sett
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -252,6 +254,17 @@ class Settings(BaseModel):
     mcp_log_max_bytes: int = Field(5_000_000, ge=10_000)
     """Size at which an MCP server's stderr log (beside the store) is rotated; one older part is kept, the rest dropped and said so."""
 
+    # -- project memory (docs/memory.md) --------------------------------------------------
+    memory: bool = True
+    """Read the project's instruction files (memory_files) from the workspace root down to the
+    task's folder, and the user's own (~/.config/durable-agent/), into the system context;
+    recorded with the run (`--no-memory`: off)."""
+    memory_files: list[str] = Field(default_factory=lambda: ["AGENTS.md"])
+    """Names of the instruction files, read in this order in each folder, e.g. ["AGENTS.md", "CLAUDE.md"]."""
+    memory_dir: str | None = None
+    """The task's folder, relative to the workspace root: memory files are read from the root
+    down to it. `start` sets it to the current directory when that is inside the workspace."""
+
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
 
@@ -309,6 +322,23 @@ class Settings(BaseModel):
                 raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from None
         return patterns
 
+    @field_validator("memory_files")
+    @classmethod
+    def _file_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name or name in (".", "..") or "/" in name or "\0" in name:
+                raise ValueError(f"a file name without a folder, e.g. AGENTS.md; got {name!r}")
+        return names
+
+    @field_validator("memory_dir")
+    @classmethod
+    def _relative_folder(cls, folder: str | None) -> str | None:
+        if folder is not None and (
+            os.path.isabs(folder) or ".." in Path(folder).parts or "\0" in folder
+        ):
+            raise ValueError(f"a folder relative to the workspace root, inside it; got {folder!r}")
+        return folder
+
     @field_validator("command_env")
     @classmethod
     def _variable_names(cls, names: list[str]) -> list[str]:
@@ -341,6 +371,31 @@ class Settings(BaseModel):
         if self._sandbox_mechanism is not None:
             d["sandbox_mechanism"] = self._sandbox_mechanism
         return d
+
+
+@functools.cache
+def setting_kinds() -> dict[str, str]:
+    """Each setting's name and how an environment variable gives it (layers.env_value):
+    "text" (names, paths, URLs, choices: as written), "list", or "value" (a TOML value)."""
+    import types
+    import typing
+
+    kinds: dict[str, str] = {}
+    for name, info in Settings.model_fields.items():
+        args = [a for a in typing.get_args(info.annotation) if a is not type(None)]
+        kind = (
+            args[0]
+            if typing.get_origin(info.annotation) in (typing.Union, types.UnionType) and args
+            else info.annotation
+        )
+        origin = typing.get_origin(kind)
+        if kind in (str, Path, SecretStr) or origin is Literal:
+            kinds[name] = "text"
+        elif origin is list:
+            kinds[name] = "list"
+        else:
+            kinds[name] = "value"
+    return kinds
 
 
 def mask_url_password(url: str) -> str:
@@ -392,11 +447,13 @@ def load_settings(
     env: Mapping[str, str] | None = None,
     *,
     base: Mapping[str, Any] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> Settings:
-    """Merge the layers and validate once. `base` (recorded run settings) sits under flags."""
+    """Merge the layers and validate once. `base` (recorded run settings) sits under flags;
+    `sources` gets where each value came from (`durable-agent config`)."""
     env = os.environ if env is None else env
     path = default_config_path(env)
-    merged = merge_layers(flags, env, path=path, base=base)
+    merged = merge_layers(flags, env, path=path, kinds=setting_kinds, base=base, sources=sources)
     _merge_servers(merged, path, base, flags)
     try:
         settings = Settings(**merged)

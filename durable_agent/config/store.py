@@ -29,7 +29,7 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
     """The store settings from the same layers as `load_settings`. Plain valid values are
     taken as they are; anything else (a string for a number, a bad value) goes to the
     settings model, so the coercions and the refusals are its own, in its words."""
-    merged = merge_layers(flags, env, path=default_config_path(env))
+    merged = merge_layers(flags, env, path=default_config_path(env), kinds=_kinds)
     db, durability = merged["db"], merged.get("durability", "full")
     attempts, seconds = (
         merged.get("store_retry_attempts", 12),
@@ -57,6 +57,13 @@ def store_options(flags: Mapping[str, Any], env: Mapping[str, str]) -> StoreOpti
         full.store_retry_seconds,
         full.lease_seconds,
     )
+
+
+def _kinds() -> Mapping[str, str]:
+    """The settings' names and kinds: only when a DURABLE_AGENT_* variable is set."""
+    from durable_agent.config.settings import setting_kinds
+
+    return setting_kinds()
 
 
 def _positive(value: Any) -> bool:

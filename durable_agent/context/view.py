@@ -3,6 +3,7 @@
 The messages are stored once and never change; a compaction changes only what is SENT:
 
     request = system prompt + task                     (messages[0:2], always verbatim)
+            + the memory messages of messages[2:start]  (project memory: always verbatim)
             + one summary message                      (when a summary replaced messages[2:start])
             + messages[start:], each tool result in `elided` replaced by its stub
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from msgspec import Struct, field
 
+from durable_agent.context.memory import is_memory
 from durable_agent.messages import HistoryHash, Message
 
 HEAD = 2  # the system prompt and the task: never elided, never summarized
@@ -68,6 +70,9 @@ class ContextView(Struct):
             self._built.extend(messages[self._covered :])  # (new messages are never elided yet)
         else:
             out = list(messages[:HEAD])
+            # Project memory (context/memory.py) is never summarized: the messages a summary
+            # replaced keep theirs, before it, verbatim.
+            out.extend(m for m in messages[HEAD : self.start] if is_memory(m))
             if self.summary is not None:
                 out.append(Message("user", SUMMARY_HEADER + self.summary))
             elided = self.elided

@@ -149,6 +149,7 @@ class _Demo:
                 "demo",
                 "--shell",
                 "allow",
+                "--no-memory",  # the user's own AGENTS.md is not the bundled task's
                 *sandbox,
                 "--workspace",
                 str(self.workspace),

@@ -34,6 +34,7 @@ from durable_agent.context.budget import (
     schema_tokens,
     text_counter,
 )
+from durable_agent.context.memory import is_memory
 from durable_agent.context.view import HEAD, SUMMARY_HEADER, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.loop.replay import RunState
@@ -354,6 +355,8 @@ def _summary_request(ctx: StepContext, cut: int, budget: int) -> list[Message]:
     lines = [f"Previous summary:\n{view.summary}\n"] if view.summary else []
     for i in range(max(view.start, HEAD), cut):
         m = view.elided.get(i) or s.messages[i]
+        if is_memory(m):
+            continue  # kept verbatim by the view: not the summary's to retell
         text = m.content or ""
         if len(text) > MESSAGE_CHARS:
             half = MESSAGE_CHARS // 2

@@ -18,6 +18,7 @@ from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
 from durable_agent.loop import finish_gate, guard
 from durable_agent.loop.heartbeat import Heartbeat
+from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
@@ -162,6 +163,7 @@ class Runner:
             retry_policy=self.retry_policy,
             resumed=loaded.run.resume_count > 0,
             beat=beat,
+            forked_at=loaded.run.fork_seq if loaded.run.forked_from else None,
         )
 
     def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
@@ -175,6 +177,7 @@ class Runner:
         try:
             stop_leftover_processes(ctx)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
+            load_memory(ctx)  # project memory: read on a new run, the recorded text after
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():

@@ -52,6 +52,7 @@ class StepContext(Struct, frozen=True, weakref=True):
     retry_policy: RetryPolicy | None = None  # None: the Settings defaults
     resumed: bool = False  # the run had a session before this one
     beat: Heartbeat | None = None  # the session's lease heartbeat, which also watches for a cancel
+    forked_at: int | None = None  # a fork's `fork_seq`: its memory is read again (memory_step)
     workspace_id: tuple[int, int] | None = None  # as this session found it (set by __post_init__)
 
     def __post_init__(self) -> None:

@@ -131,7 +131,11 @@ def to_text_messages(messages: Sequence[Message], tools: Sequence[dict[str, Any]
             out.append(Message("user", text))
 
     for m in messages:
-        if m.role == "system":
+        if m.role == "system" and out:
+            # A later system message (project memory): templates that take one system
+            # message, first, get it as the user's words.
+            add_user(m.content or "")
+        elif m.role == "system":
             out.append(
                 Message("system", (m.content or "") + ("\n" + tools_prompt(tools) if tools else ""))
             )

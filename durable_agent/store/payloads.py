@@ -140,20 +140,43 @@ class CompactOutput(_Payload, frozen=True):
     then: str | UnsetType = UNSET  # "summarize": decided with the elision, made next
 
 
-StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | Unknown
-StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | Unknown
+# -- memory (loop/memory_step.py) -----------------------------------------------------------
+class MemoryFileRecord(_Payload, frozen=True):
+    path: str
+    sha256: str
+    bytes: int
+
+
+class MemoryInput(_Payload, frozen=True):
+    dir: str  # the task's folder, relative to the workspace root
+    files: list[MemoryFileRecord]
+    sha256: str  # of `text`: the run's memory_sha256
+    cut: int  # bytes left out over the cap
+    text: str  # the system message's content, as sent
+
+
+class MemoryOutput(_Payload, frozen=True):
+    sha256: str | None
+    files: list[MemoryFileRecord] | None
+    message: int | None  # seq of the memory message it added (None: the text was in effect)
+
+
+StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | MemoryInput | Unknown
+StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | MemoryOutput | Unknown
 
 _INPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelInput,
     StepKind.TOOL: ToolInput,
     StepKind.VERIFY: VerifyInput,
     StepKind.COMPACT: CompactInput,
+    StepKind.MEMORY: MemoryInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
     StepKind.TOOL: ToolOutput,
     StepKind.VERIFY: VerifyOutput,
     StepKind.COMPACT: CompactOutput,
+    StepKind.MEMORY: MemoryOutput,
 }
 
 

@@ -571,6 +571,13 @@ def bwrap_options(
             args += ["--bind", str(path), str(path)]
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
+        # The project's own config (.durable-agent/config.toml): what the next run is set up
+        # with is not the command's to change.
+        from durable_agent.tools.sandbox import PROJECT_DIR
+
+        project = os.path.realpath(workspace / PROJECT_DIR)
+        if os.path.isdir(project) and _within(project, os.path.realpath(workspace)):
+            args += ["--ro-bind", project, project]
     # Last: nothing mounted after re-exposes them. A folder that holds the workspace stays,
     # its files go one by one (a read of /dev/null: nothing; a write: refused).
     folders = [own for own in hide if os.path.isdir(own) and not workspace.is_relative_to(own)]

@@ -9,6 +9,8 @@ from durable_agent.encoding import bad_name_char, name_from_arg, show_name
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import inside_git_dir
 
+PROJECT_DIR = ".durable-agent"  # the project's config folder (config/layers.PROJECT_CONFIG)
+
 
 def resolve(
     workspace: Path, path: str, *, for_write: bool = False, store: str | None = None
@@ -50,6 +52,11 @@ def resolve(
                 f"refusing to write {path!r}: it is inside a git directory "
                 "(.git internals); use git commands instead"
             )
+        if _in_project_config(target, root, path):
+            raise ToolFailure(
+                f"refusing to write {path!r}: .durable-agent/ holds the project's own "
+                "settings for durable-agent, which a run may not change"
+            )
         if target == root or target.is_dir():
             raise ToolFailure(f"{path!r} is a directory")
         if store and _is_store_file(real, store):
@@ -58,6 +65,11 @@ def resolve(
                 "checkpoints); leave it alone"
             )
     return target
+
+
+def _in_project_config(target: Path, root: Path, requested: str) -> bool:
+    parts = Path(os.path.normpath(requested)).parts
+    return target.relative_to(root).parts[:1] == (PROJECT_DIR,) or parts[:1] == (PROJECT_DIR,)
 
 
 def _is_store_file(real: str, store: str) -> bool:

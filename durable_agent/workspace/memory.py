@@ -1,0 +1,82 @@
+"""Reading project memory: the instruction files named by `memory_files`, from the user's
+config folder (`$XDG_CONFIG_HOME/durable-agent`, else `~/.config/durable-agent`), then from
+the workspace root down to the task's folder (`memory_dir`). context/memory.py composes
+them; loop/memory_step.py records them with the run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from durable_agent.context.memory import Memory, MemoryFile, compose
+
+MAX_FILE_BYTES = 1024 * 1024  # read of one file; the composed text is capped far below
+
+
+def user_memory_dir(env: Mapping[str, str]) -> Path:
+    """As the user's config file is found (config/layers.default_config_path)."""
+    home = env.get("HOME") or str(Path.home())
+    return Path(env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")) / "durable-agent"
+
+
+def folders(root: Path, task_dir: str | None) -> list[Path]:
+    """The workspace root, then each folder down to the task's (a missing one ends it)."""
+    out = [root]
+    here = root
+    for part in Path(task_dir or ".").parts:
+        if part in (".", ""):
+            continue
+        here = here / part
+        if not here.is_dir():
+            break
+        out.append(here)
+    return out
+
+
+def read_memory(
+    workspace: Path, task_dir: str | None, names: Sequence[str], env: Mapping[str, str]
+) -> Memory:
+    root = Path(os.path.realpath(workspace))
+    found: list[MemoryFile] = []
+    user = user_memory_dir(env)
+    home = env.get("HOME") or str(Path.home())
+    for name in names:
+        path = user / name
+        shown = str(path)
+        if home and shown.startswith(os.path.join(home, "")):
+            shown = "~/" + shown[len(os.path.join(home, "")) :]
+        if (f := _read(path, shown)) is not None:
+            found.append(f)
+    for folder in folders(root, task_dir):
+        for name in names:
+            path = folder / name
+            # A link out of the workspace is not the project's: a cloned repository's
+            # AGENTS.md -> ~/.ssh/id_rsa would send the key to the model.
+            real = os.path.realpath(path)
+            if real != str(root) and not real.startswith(os.path.join(str(root), "")):
+                continue
+            if (f := _read(path, path.relative_to(root).as_posix())) is not None:
+                found.append(f)
+    return compose(found)
+
+
+def _read(path: Path, shown: str) -> MemoryFile | None:
+    try:
+        # Without blocking: a FIFO named AGENTS.md (no writer) would hang the run.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            raw = f.read(MAX_FILE_BYTES)
+        except OSError:
+            return None
+    text = raw.decode("utf-8", "replace")
+    if not text.strip():
+        return None
+    return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), text)
