@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import presentation
-from durable_agent.cli import collector, render, streams
+from durable_agent.cli import collector, jsonl_output, render, streams
 from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.loop.interrupts import Interrupts
@@ -82,6 +82,7 @@ def _execute(
     turn: tuple[str, str] | None = None,
 ) -> int:
     collector.from_here()
+    jsonl_output.attach(runner.observer, runner.store, run_id)
     try:
         with (
             _interrupts(cancel, args.quiet or args.json),
@@ -99,6 +100,9 @@ def _execute(
     )  # the exit code is the run's
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
+    elif jsonl_output.finish(runner.observer):
+        if not args.quiet:  # the events hold the answer: stdout keeps only them
+            render.summary(run, err)
     else:
         if not args.quiet:
             rows = _step_rows(runner.store, run_id)
@@ -179,7 +183,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
                 )
             )
         cancel = threading.Event()
-        observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+        observer = jsonl_output.observer_for(args)
         runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
         runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
         if args.detach:
@@ -302,7 +306,7 @@ def _resume_leased(
     from durable_agent.wiring import build_runner
 
     cancel = threading.Event()
-    observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+    observer = jsonl_output.observer_for(args)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
     # Take the lease first: a run another live process executes keeps its settings (exit 6).
     from durable_agent.store.leases import new_owner

@@ -97,8 +97,15 @@ def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False, turn: bool
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
         "--json", action="store_true", help="print only one JSON object with the result on stdout"
+    )
+    out.add_argument(
+        "--jsonl",
+        action="store_true",
+        help="print the run's events live on stdout, one JSON object per line, as `export` "
+        "prints them (the last one, run_finished, holds the answer)",
     )
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
 

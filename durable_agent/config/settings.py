@@ -204,6 +204,10 @@ class Settings(BaseModel):
     """The longest one model request may take, from connect to the last byte of its answer."""
     connect_timeout_s: float = Field(10.0, gt=0)
     """Connect timeout of one model request."""
+    # -- live tokens (docs/streaming.md) ------------------------------------------------------
+    stream: bool = True
+    """Ask the endpoint to stream its answers, shown live as they arrive (recorded the same
+    either way); an endpoint that cannot is asked unstreamed, and remembered for a week."""
     retry_max_attempts: int = Field(6, ge=1)
     """Tries of one model call, the first included."""
     retry_max_seconds: float = Field(300.0, gt=0)

@@ -536,6 +536,7 @@ def _summary_model(ctx: StepContext) -> Any:
         temperature=st.temperature,
         api_type=st.api_type,
         api_version=st.api_version,
+        stream=st.stream,
     )
 
 

@@ -78,6 +78,7 @@ class ModelOutput(_Payload, frozen=True):
     context: ContextCount | UnsetType = UNSET
     over_budget: OverBudget | UnsetType = UNSET
     finish_reason: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET  # the provider's thinking text (never sent back)
     nudge: Nudge | UnsetType = UNSET
     raw: str | UnsetType = UNSET
 
