@@ -41,6 +41,7 @@ class StepKind(StrEnum):
     TOOL = "tool"
     VERIFY = "verify"
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
+    HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
 
 
 class EffectClass(StrEnum):

@@ -154,6 +154,37 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return dict(table)
 
 
+# Settings whose entries add up over the layers (user config, project config, `--rules FILE`)
+# instead of the last layer replacing the list: each entry is marked with the file it came
+# from (`policy check` and the run's recorded settings say where a rule was read). A run's
+# recorded settings replace them whole: a resume keeps the rules it ran under.
+ACCUMULATED = ("rules", "hooks")
+RULES_FLAG = "rules_files"
+
+
+def add_layer(merged: dict[str, Any], table: Mapping[str, Any], source: str) -> None:
+    """One config layer over `merged`: its settings replace, its rules and hooks add up.
+    Every layer that is a file goes through here (a project layer too)."""
+    for key, value in table.items():
+        if key in ACCUMULATED and isinstance(value, list):
+            marked = [{**v, "source": source} if isinstance(v, dict) else v for v in value]
+            earlier = merged.get(key)
+            merged[key] = [*(earlier if isinstance(earlier, list) else []), *marked]
+        else:
+            merged[key] = value
+
+
+def rules_file(path: Path) -> dict[str, Any]:
+    """`--rules FILE`: a TOML file of `[[rules]]` and `[[hooks]]` only."""
+    table = read_config_file(path)
+    unknown = sorted(set(table) - set(ACCUMULATED))
+    if unknown:
+        raise ConfigError(
+            f"rules file {path}: only [[rules]] and [[hooks]] belong here, not {', '.join(unknown)}"
+        )
+    return table
+
+
 def merge_layers(
     flags: Mapping[str, Any],
     env: Mapping[str, str],
@@ -165,7 +196,7 @@ def merge_layers(
     defaulted. Not validated. The `models` and `prices` tables merge by model."""
     merged: dict[str, Any] = {}
     if path is not None:
-        merged.update(read_config_file(path))
+        add_layer(merged, read_config_file(path), str(path))
     for var, key in ENV_VARS.items():
         if env.get(var):
             merged[key] = env[var]
@@ -190,7 +221,9 @@ def merge_layers(
                 ):
                     value = {named: merged[key][named], **value}
             merged[key] = value
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    for given in flags.get(RULES_FLAG) or ():  # `--rules FILE`: on top of every other layer's
+        add_layer(merged, rules_file(Path(given)), str(given))
+    merged.update({k: v for k, v in flags.items() if v is not None and k != RULES_FLAG})
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
         if key in merged and not isinstance(merged[key], str | os.PathLike):
             raise ConfigError(

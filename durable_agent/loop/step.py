@@ -75,8 +75,8 @@ class StepSpec(Struct, frozen=True):
 
     @property
     def changes_files(self) -> bool:
-        """Snapshots before and after: a write, a command, a verification (build output)."""
-        return self.effect in _CHANGES_FILES or self.kind == StepKind.VERIFY
+        """Snapshots before and after: a write, a command, a verification (build output), a hook."""
+        return self.effect in _CHANGES_FILES or self.kind in (StepKind.VERIFY, StepKind.HOOK)
 
     @property
     def deferred(self) -> bool:

@@ -139,20 +139,41 @@ class CompactOutput(_Payload, frozen=True):
     then: str | UnsetType = UNSET  # "summarize": decided with the elision, made next
 
 
-StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | Unknown
-StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | Unknown
+# -- hook ----------------------------------------------------------------------------------
+class HookInput(_Payload, frozen=True):
+    event: str
+    command: str
+    idempotent: bool
+    tool: str | UnsetType = UNSET  # pre_tool, post_tool: the call's tool
+
+
+class HookOutput(_Payload, frozen=True):
+    event: str
+    command: str
+    exit_code: int | None  # None: timed out, cancelled, or not run again after a crash
+    stdout: str
+    stderr: str
+    timed_out: bool | UnsetType = UNSET
+    not_run: str | UnsetType = UNSET  # why it was not run (again)
+    workspace_note: str | UnsetType = UNSET
+
+
+StepInput = ModelInput | ToolInput | VerifyInput | CompactInput | HookInput | Unknown
+StepOutput = ModelOutput | ToolOutput | VerifyOutput | CompactOutput | HookOutput | Unknown
 
 _INPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelInput,
     StepKind.TOOL: ToolInput,
     StepKind.VERIFY: VerifyInput,
     StepKind.COMPACT: CompactInput,
+    StepKind.HOOK: HookInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
     StepKind.TOOL: ToolOutput,
     StepKind.VERIFY: VerifyOutput,
     StepKind.COMPACT: CompactOutput,
+    StepKind.HOOK: HookOutput,
 }
 
 
