@@ -147,3 +147,138 @@ def test_sigkill_at_every_checkpoint_runs_each_finished_hook_once(
         crash += 1
     assert crash > 8  # the kills hit hooks while they ran, too: those were asked about
     assert any(k.startswith("hook:") for k in asked_total), asked_total
+
+
+WAITING = (
+    "cat > /dev/null; echo started >> .hook-runs; "
+    "while [ ! -e .go ]; do sleep 0.05; done; echo finished >> .hook-runs"
+)
+
+
+def _killed_during_the_hook(env: dict[str, str], ws: Path, model: str, run_id: str) -> None:
+    """Start the run and SIGKILL it while its pre_tool hook runs (it waits for .go)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "start", "t", "--model", model]
+        + ["--shell", "allow", "--run-id", run_id, "--quiet"],
+        env=env,
+        cwd=ws,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (ws / ".hook-runs").exists():  # the hook has begun
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (ws / ".go").touch()  # the hook can end now (when run again)
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_hook_cut_off_runs_again_only_when_idempotent_else_asks(
+    env: dict[str, str], tmp_path: Path, write_script: Any, idempotent: bool
+) -> None:
+    _config(env, [{"event": "pre_tool", "command": WAITING, "idempotent": idempotent}])
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "echo hi"}}]},
+            {"content": "done"},
+        ]
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _killed_during_the_hook(env, ws, model, "k1")
+    assert (ws / ".hook-runs").read_text() == "started\n"
+    code = _run(env, ws, ["resume", "k1"], None)
+    if idempotent:
+        assert code == 0
+        assert (ws / ".hook-runs").read_text() == "started\nstarted\nfinished\n"
+        return
+    assert code == 5  # blocked: asked, not run
+    assert (ws / ".hook-runs").read_text() == "started\n"
+    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        asked = conn.execute(
+            "SELECT call_id, kind, command FROM approvals WHERE run_id='k1' AND decision IS NULL"
+        ).fetchall()
+    assert asked == [("hook:pre_tool:call_0_0:0", "uncertain_side_effect", WAITING)]
+    assert _run(env, ws, ["resume", "k1"], None) == 5  # asked again, still not run
+    assert (ws / ".hook-runs").read_text() == "started\n"
+    assert forked_cli.run(["approve", "k1"], env=env, cwd=ws).returncode == 0
+    assert _run(env, ws, ["resume", "k1"], None) == 0
+    assert (ws / ".hook-runs").read_text() == "started\nstarted\nfinished\n"
+
+
+def test_a_stop_hook_sends_the_model_back_to_work(
+    env: dict[str, str], workspace: Path, write_script: Any
+) -> None:
+    check = "cat > /dev/null; [ -e done.txt ] || { echo 'write done.txt first' >&2; exit 2; }"
+    _config(env, [{"event": "stop", "command": check}])
+    model = write_script(
+        [
+            {"content": "finished"},
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "done.txt", "content": "y"}}
+                ]
+            },
+            {"content": "finished, really"},
+        ]
+    )
+    proc = forked_cli.run(
+        ["start", "t", "--model", model, "--run-id", "s1", "--json"], env=env, cwd=workspace
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["answer"] == "finished, really"
+    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        said = [r[0] for r in conn.execute("SELECT content FROM messages WHERE role='user'")]
+    assert any("write done.txt first" in (m or "") for m in said)
+
+
+def test_rules_ask_and_deny_file_tools_in_a_run(
+    env: dict[str, str], workspace: Path, write_script: Any, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        '[[rules]]\ndecision = "deny"\ntool = "write_file"\npath = "secrets/**"\n'
+        'reason = "secrets are written by people"\n'
+        '[[rules]]\ndecision = "ask"\ntool = "edit_file"\n'
+    )
+    (workspace / "a.txt").write_text("old\n")
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "secrets/k", "content": "x"}}
+                ]
+            },
+            {
+                "tool_calls": [
+                    {
+                        "name": "edit_file",
+                        "arguments": {"path": "a.txt", "old_string": "old", "new_string": "new"},
+                    }
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    args = ["start", "t", "--model", model, "--run-id", "f1", "--rules", str(rules)]
+    assert _run(env, workspace, args, None) == 5  # the edit asks
+    assert not (workspace / "secrets").exists()
+    assert (workspace / "a.txt").read_text() == "old\n"
+    assert forked_cli.run(["approve", "f1"], env=env, cwd=workspace).returncode == 0
+    assert _run(env, workspace, ["resume", "f1"], None) == 0
+    assert (workspace / "a.txt").read_text() == "new\n"
+    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        said = [r[0] for r in conn.execute("SELECT content FROM messages WHERE role='tool'")]
+        recorded = json.loads(conn.execute("SELECT settings FROM runs WHERE id='f1'").fetchone()[0])
+    assert "secrets are written by people" in said[0]
+    assert [r["source"] for r in recorded["rules"]] == [str(rules)] * 2
