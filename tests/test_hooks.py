@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,25 @@ def _config(env: dict[str, str], hooks: list[dict[str, Any]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _steps(env: dict[str, str], run_id: str) -> list[tuple[str, str, str | None]]:
-    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        return conn.execute(
-            "SELECT idempotency_key, state, output FROM steps WHERE run_id=? AND kind='hook'",
-            (run_id,),
-        ).fetchall()
+def _q(env: dict[str, str], query: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Rows from the run's store (SQLite or PostgreSQL), as tuples."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(env["DURABLE_AGENT_DB"])
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sqlalchemy.text(query), params)]
+    finally:
+        engine.dispose()
+
+
+def _steps(env: dict[str, str], run_id: str) -> list[tuple[str, str, Any]]:
+    rows = _q(
+        env,
+        "SELECT idempotency_key, state, output FROM steps WHERE run_id=:r AND kind='hook'",
+        r=run_id,
+    )
+    return [(k, st, json.loads(o) if isinstance(o, str) else o) for k, st, o in rows]
 
 
 def test_a_pre_tool_hook_blocks_and_the_model_sees_why(
@@ -74,9 +85,7 @@ def test_a_pre_tool_hook_blocks_and_the_model_sees_why(
 
 
 def _status(env: dict[str, str], run_id: str) -> str:
-    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        return str(conn.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()[0])
+    return str(_q(env, "SELECT status FROM runs WHERE id=:r", r=run_id)[0][0])
 
 
 def _run(env: dict[str, str], cwd: Path, args: list[str], crash: int | None) -> int:
@@ -125,11 +134,11 @@ def test_sigkill_at_every_checkpoint_runs_each_finished_hook_once(
             if code == 0:
                 break
             # Blocked: an interrupted hook (not idempotent) is asked about; say no.
-            db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-            with sqlite3.connect(db) as conn:
-                pending = conn.execute(
-                    "SELECT call_id FROM approvals WHERE run_id=? AND decision IS NULL", (run_id,)
-                ).fetchall()
+            pending = _q(
+                env,
+                "SELECT call_id FROM approvals WHERE run_id=:r AND decision IS NULL",
+                r=run_id,
+            )
             assert pending  # an interrupted hook or command
             asked |= {c for (c,) in pending}
             assert forked_cli.run(["approve", run_id, "--deny"], env=env, cwd=ws).returncode == 0
@@ -138,7 +147,7 @@ def test_sigkill_at_every_checkpoint_runs_each_finished_hook_once(
         assert len(ledger) == len(set(ledger)), (crash, ledger)  # never a line twice
         for key, state, output in _steps(env, run_id):
             assert state == "completed"
-            ran = json.loads(output).get("exit_code") == 0
+            ran = output.get("exit_code") == 0
             if ran:
                 assert ledger.count(key) == 1, (crash, key)
             else:  # not run again after a crash: asked first
@@ -181,8 +190,9 @@ def _killed_during_the_hook(env: dict[str, str], ws: Path, model: str, run_id: s
 
 @pytest.mark.parametrize("idempotent", [True, False])
 def test_a_hook_cut_off_runs_again_only_when_idempotent_else_asks(
-    env: dict[str, str], tmp_path: Path, write_script: Any, idempotent: bool
+    env: dict[str, str], tmp_path: Path, write_script: Any, idempotent: bool, store_url: str
 ) -> None:
+    env = {**env, "DURABLE_AGENT_DB": store_url}
     _config(env, [{"event": "pre_tool", "command": WAITING, "idempotent": idempotent}])
     model = write_script(
         [
@@ -201,11 +211,9 @@ def test_a_hook_cut_off_runs_again_only_when_idempotent_else_asks(
         return
     assert code == 5  # blocked: asked, not run
     assert (ws / ".hook-runs").read_text() == "started\n"
-    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        asked = conn.execute(
-            "SELECT call_id, kind, command FROM approvals WHERE run_id='k1' AND decision IS NULL"
-        ).fetchall()
+    asked = _q(
+        env, "SELECT call_id, kind, command FROM approvals WHERE run_id='k1' AND decision IS NULL"
+    )
     assert asked == [("hook:pre_tool:call_0_0:0", "uncertain_side_effect", WAITING)]
     assert _run(env, ws, ["resume", "k1"], None) == 5  # asked again, still not run
     assert (ws / ".hook-runs").read_text() == "started\n"
@@ -235,9 +243,7 @@ def test_a_stop_hook_sends_the_model_back_to_work(
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["answer"] == "finished, really"
-    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        said = [r[0] for r in conn.execute("SELECT content FROM messages WHERE role='user'")]
+    said = [r[0] for r in _q(env, "SELECT content FROM messages WHERE role='user'")]
     assert any("write done.txt first" in (m or "") for m in said)
 
 
@@ -276,9 +282,7 @@ def test_rules_ask_and_deny_file_tools_in_a_run(
     assert forked_cli.run(["approve", "f1"], env=env, cwd=workspace).returncode == 0
     assert _run(env, workspace, ["resume", "f1"], None) == 0
     assert (workspace / "a.txt").read_text() == "new\n"
-    db = env["DURABLE_AGENT_DB"].removeprefix("sqlite:///")
-    with sqlite3.connect(db) as conn:
-        said = [r[0] for r in conn.execute("SELECT content FROM messages WHERE role='tool'")]
-        recorded = json.loads(conn.execute("SELECT settings FROM runs WHERE id='f1'").fetchone()[0])
+    said = [r[0] for r in _q(env, "SELECT content FROM messages WHERE role='tool' ORDER BY seq")]
+    recorded = json.loads(_q(env, "SELECT settings FROM runs WHERE id='f1'")[0][0])
     assert "secrets are written by people" in said[0]
     assert [r["source"] for r in recorded["rules"]] == [str(rules)] * 2
