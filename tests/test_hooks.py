@@ -286,3 +286,34 @@ def test_rules_ask_and_deny_file_tools_in_a_run(
     recorded = json.loads(_q(env, "SELECT settings FROM runs WHERE id='f1'")[0][0])
     assert "secrets are written by people" in said[0]
     assert [r["source"] for r in recorded["rules"]] == [str(rules)] * 2
+
+
+def test_session_start_resume_and_pre_compact_hooks(
+    env: dict[str, str], workspace: Path, write_script: Any, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        '[[rules]]\ndecision = "ask"\ntool = "write_file"\n'
+        + "".join(
+            f'[[hooks]]\nevent = "{e}"\ncommand = {json.dumps(LEDGER)}\n'
+            for e in ("session_start", "resume", "pre_compact")
+        )
+    )
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "nope"}}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "1"}}]},
+            {"content": "done"},
+        ]
+    )
+    args = ["start", "t", "--model", model, "--run-id", "e1", "--rules", str(rules)]
+    assert _run(env, workspace, args, None) == 5
+    assert forked_cli.run(["compact", "e1"], env=env, cwd=workspace).returncode == 0
+    assert forked_cli.run(["approve", "e1"], env=env, cwd=workspace).returncode == 0
+    assert _run(env, workspace, ["resume", "e1"], None) == 0
+    assert (workspace / ".ledger").read_text().split() == [
+        "hook:session_start:s0:0",
+        "hook:pre_compact:t2:2",  # `compact` took the lease: the resume is the third session
+        "hook:session_start:s2:0",
+        "hook:resume:s2:1",
+    ]
