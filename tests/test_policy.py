@@ -259,3 +259,14 @@ def test_mcp_and_plugin_tool_names(env: dict[str, str], tmp_path: Path) -> None:
     assert "decision: ask" in out and "#3 ask" in out
     out = _check(env, tmp_path, *given, "--tool", "plugin_deploy", "--", "env=dev").stdout
     assert "matched rules: none" in out
+
+
+def test_a_path_rule_sees_the_file_the_tool_would_open(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "k").symlink_to("../secrets/k")
+    rules = [Rule(decision=Verdict.DENY, tool="write_file", path="secrets/**")]
+    policy = PolicyInput(rules=rules, workspace=str(tmp_path))
+    for path in (f"{tmp_path}/secrets/k", "docs/../secrets/k", "docs/k", "./secrets//k"):
+        assert decide(policy, "write_file", {"path": path}).verdict is Verdict.DENY, path
+    assert decide(policy, "write_file", {"path": "docs/other"}).verdict is Verdict.ALLOW

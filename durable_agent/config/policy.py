@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -134,9 +135,16 @@ class Rule(BaseModel):
         return f"{self.decision.value} {' '.join(what)}"
 
     # -- matching --------------------------------------------------------------------------
-    def why(self, tool: str, arguments: Any, words: list[str] | None = None) -> str | None:
+    def why(
+        self,
+        tool: str,
+        arguments: Any,
+        words: list[str] | None = None,
+        workspace: str | None = None,
+    ) -> str | None:
         """Why this rule matches the call (or, with `words`, that simple command of it);
-        None when it does not."""
+        None when it does not. `workspace`: a path is also matched as the file it names
+        there (an absolute path, links resolved), as the file tools will open it."""
         if not fnmatch.fnmatchcase(tool, self.tool):
             return None
         said = [f"tool {tool}" if self.tool in (tool, "*") else f"tool {tool} is {self.tool}"]
@@ -154,9 +162,14 @@ class Rule(BaseModel):
             )
         if self.path is not None:
             path = arguments.get("path") if isinstance(arguments, Mapping) else None
-            if not isinstance(path, str) or not _path_matches(path, self.path):
+            if not isinstance(path, str):
                 return None
-            said.append(f"path {path} is {self.path}")
+            pattern = self.path
+            forms = [p for p in _path_forms(path, workspace) if _path_matches(p, pattern)]
+            if not forms:
+                return None
+            seen = f" (as {forms[0]})" if forms[0] != path else ""
+            said.append(f"path {path} is {pattern}{seen}")
         if self.arguments is not None:
             for dotted, wanted in self.arguments.items():
                 found, value = _at(arguments, dotted)
@@ -192,11 +205,20 @@ def _is_glob(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-def _path_matches(path: str, pattern: str) -> bool:
-    """`pattern` against the workspace-relative path (`./a`, `a//b` are `a`, `a/b`); `**`
-    spans folders, `*` does not."""
-    rel = posixpath.normpath(path.lstrip("/")) if not path.startswith("/") else path
-    rel = rel.removeprefix("./")
+def _path_forms(path: str, workspace: str | None) -> list[str]:
+    """The path as given, normalized (`./a//b/../c` is `a/c`), and, with the workspace, as
+    the file the tools would open: relative to the workspace, links resolved."""
+    forms = [posixpath.normpath(path)]
+    if workspace:
+        root = os.path.realpath(workspace)
+        real = os.path.realpath(os.path.join(root, path))
+        if real.startswith(os.path.join(root, "")):
+            forms.append(os.path.relpath(real, root))
+    return list(dict.fromkeys(forms))
+
+
+def _path_matches(rel: str, pattern: str) -> bool:
+    """`pattern` against a workspace-relative path; `**` spans folders, `*` does not."""
     regex = ""
     i = 0
     while i < len(pattern):
@@ -340,6 +362,7 @@ class PolicyInput(Struct, frozen=True):
     always_ask: Sequence[str] = ()
     exec_tool: bool = False  # the tool's effect class is exec
     asks: bool = True  # an exec tool that does not declare itself harmless
+    workspace: str | None = None  # where a `path` argument is, for path rules
 
 
 def decide(policy: PolicyInput, tool: str, arguments: Any) -> PolicyDecision:
@@ -349,7 +372,7 @@ def decide(policy: PolicyInput, tool: str, arguments: Any) -> PolicyDecision:
     matched = [
         Matched(i, r.label(), r.source, r.decision, why)
         for i, r in enumerate(policy.rules)
-        if (why := r.why(tool, arguments)) is not None
+        if (why := r.why(tool, arguments, workspace=policy.workspace)) is not None
     ]
     if matched:
         verdict = strictest([m.decision for m in matched])
@@ -417,7 +440,7 @@ def _matching(
     return [
         Matched(i, r.label(), r.source, r.decision, why)
         for i, r in enumerate(policy.rules)
-        if which(r) and (why := r.why(COMMAND_TOOL, args, words)) is not None
+        if which(r) and (why := r.why(COMMAND_TOOL, args, words, policy.workspace)) is not None
     ]
 
 

@@ -28,6 +28,7 @@ def policy_input(settings: Settings, *, exec_tool: bool, asks: bool = True) -> P
         always_ask=settings.shell_always_ask,
         exec_tool=exec_tool,
         asks=asks,
+        workspace=str(settings.workspace),
     )
 
 
