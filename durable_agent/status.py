@@ -43,6 +43,7 @@ class StepKind(StrEnum):
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
     MEMORY = "memory"  # project memory (AGENTS.md...) read into the history (loop/memory_step.py)
     USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
+    HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
 
 
 class EffectClass(StrEnum):

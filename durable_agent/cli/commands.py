@@ -167,7 +167,8 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         "network",
         "memory",
     )
-    settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
+    rules = {"rules_files": args.rules} if getattr(args, "rules", None) else {}
+    settings = load_settings({**_flags(args, names), **_mcp_flags(args), **rules}, env)
     _task_folder(settings)
     _check_sandbox(settings, env)
     from durable_agent.workspace.lease import workspace_lease

@@ -277,6 +277,44 @@ def _add_continue(sub: Subcommands) -> None:
     p.set_defaults(func=_command("cmd_continue", "continue_command"))
 
 
+# -- policy: `--rules FILE` and `policy check` (cli/policy_command.py, docs/policy.md) -------
+def _add_rules(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rules",
+        action="append",
+        metavar="FILE",
+        help="a TOML file of [[rules]] and [[hooks]], added to the config's (repeatable; "
+        "docs/policy.md)",
+    )
+
+
+def _add_policy(sub: Any) -> None:
+    p = sub.add_parser(
+        "policy",
+        help="the rules: explain the decision for a call",
+        description="`policy check [--tool NAME] -- ARGS...`: which rules match the call, "
+        "in which file, and why it is allowed, asked or denied. For run_command ARGS is the "
+        "command; for other tools a JSON object, KEY=VALUE pairs, or a path.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = actions.add_parser(
+        "check",
+        help="explain the decision for a call: policy check [--tool NAME] -- ARGS...",
+        description="Explain the decision for a call under the config's rules (and --rules).",
+    )
+    a.add_argument("--tool", default="run_command", help="the tool (default run_command)")
+    a.add_argument(
+        "--effect",
+        choices=["read", "write", "exec"],
+        help="the tool's effect class when no rule matches (default: the built-in tool's; "
+        "exec for others)",
+    )
+    a.add_argument("--shell", choices=["allow", "ask", "deny"], help="as for start")
+    _add_rules(a)
+    a.add_argument("call", nargs=argparse.REMAINDER, metavar="-- ARGS...")
+    a.set_defaults(func=_command("cmd_policy", "policy_command"))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, a command's name, that command's arguments alone (Subcommands)."""
     parser = Parser(
@@ -325,6 +363,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_mcp(p)
     _add_output(p)
 
+    _add_rules(p)
     p.set_defaults(func=_command("cmd_start"))
     p = sub.add_parser(
         "resume",
@@ -680,6 +719,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--open", action="store_true", dest="open_browser", help="open the view in a browser"
     )
     p.set_defaults(func=_command("cmd_ui"))
+    _add_policy(sub)
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 

@@ -39,6 +39,7 @@ from durable_agent.config.mcp_servers import (
     merge_recorded,
     recorded_env,
 )
+from durable_agent.config.policy import Hook, Rule
 from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 from durable_agent.encoding import name_from_arg
 from durable_agent.errors import ConfigError
@@ -264,6 +265,13 @@ class Settings(BaseModel):
     memory_dir: str | None = None
     """The task's folder, relative to the workspace root: memory files are read from the root
     down to it. `start` sets it to the current directory when that is inside the workspace."""
+    # -- policy: rules and hooks (config/policy.py, docs/policy.md) ------------------------
+    rules: list[Rule] = Field(default_factory=list)
+    """[[rules]]: allow, ask or deny calls by tool, command prefix, path or arguments; they add
+    up over the config layers and `--rules FILE`; the strictest matching decision wins."""
+    hooks: list[Hook] = Field(default_factory=list)
+    """[[hooks]]: commands run (in the sandbox, as durable steps) at session_start, pre_tool,
+    post_tool, pre_compact, stop and resume; exit 2 blocks with stderr as the reason."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

@@ -16,7 +16,7 @@ from typing import Any
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard, turns
+from durable_agent.loop import finish_gate, guard, hooks, turns
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -177,6 +177,7 @@ class Runner:
             last_model_output=loaded.last_model_output,
             window=turns.window_of(loaded.user_turns),
         )
+        state.session = loaded.run.resume_count
         limits = guard.Limits(
             s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost
         )
@@ -222,6 +223,8 @@ class Runner:
             # Project memory: read on a new run, the recorded text after; a new turn
             # (`continue`) reads the files again.
             load_memory(ctx, new_turn=ctx.state.turn if turn is not None else None)
+            hooks.session_start(ctx, ctx.state.session)
+            hooks.fire_resume(ctx, ctx.state.session)
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():
@@ -233,8 +236,9 @@ class Runner:
                             ctx, call, over_cap=over_cap(asked, cap) if call.id in over else None
                         )
                     continue
+                hooks.post_tools(ctx)  # the last answer's calls all ran (once each: durable)
                 if (answer := ctx.state.final_answer()) is not None:
-                    if finish_gate.verify(ctx, answer):
+                    if hooks.stop(ctx, answer) and finish_gate.verify(ctx, answer):
                         raise errors.LoopExit(StopReason.FINISHED, answer=answer)
                     continue
                 model_step(ctx)

@@ -80,10 +80,11 @@ class StepSpec(Struct, frozen=True):
     @property
     def changes_files(self) -> bool:
         """Snapshots before and after: a write, a command, a verification (build output), a
-        person's message (the files as the person left them)."""
+        person's message (the files as the person left them), a hook."""
         return self.effect in _CHANGES_FILES or self.kind in (
             StepKind.VERIFY,
             StepKind.USER_MESSAGE,
+            StepKind.HOOK,
         )
 
     @property
