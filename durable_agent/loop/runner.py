@@ -16,7 +16,7 @@ from typing import Any
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard
+from durable_agent.loop import finish_gate, guard, versions
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
@@ -63,6 +63,8 @@ class Runner:
         self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
+        # What this session may go on with when the run's fingerprint changed (loop/versions.py).
+        self.versions = versions.VersionPolicy()
 
     def create(
         self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
@@ -87,6 +89,7 @@ class Runner:
             tree_start=recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),
+            version_key=versions.version_key(),
         )
         return run_id
 
@@ -119,7 +122,8 @@ class Runner:
                 except (
                     errors.StoreError,
                     errors.ConfigError,
-                ):  # the store, or a server that will not start
+                    errors.VersionRefused,
+                ):  # the store, a server that will not start, a change nothing can cover
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:
@@ -164,8 +168,35 @@ class Runner:
             beat=beat,
         )
 
+    def version_fingerprint(self, ctx: StepContext) -> dict[str, Any]:
+        """What this session runs the run with (loop/versions.py)."""
+        recorded = self.store.tool_sources(ctx.state.run_id) if self.tool_source else None
+        return versions.fingerprint(
+            self.settings,
+            self.model.name,
+            ctx.tools,
+            sources=getattr(self.tool_source, "sources", None),
+            mcp_catalog=(recorded or {}).get("mcp_servers"),
+            instructions_sha256=self.versions.instructions_sha256,
+        )
+
+    def record_version(self, ctx: StepContext, reason: str) -> None:
+        """A run_versions row for `reason` (a `continue`), under this session's lease."""
+        versions.record_version(ctx, self.version_fingerprint(ctx), reason)
+
+    def _pin_tools(self, journal: Journal) -> None:
+        """`resume --pin`: offer the tools the run recorded, not ones added since."""
+        from durable_agent.store.versions import last_version
+
+        last = last_version(journal.engine, journal.run_id, journal.policy)
+        if last is not None:
+            recorded = last.fingerprint.get("tools") or {}
+            self.tools = {n: t for n, t in self.tools.items() if n in recorded}
+
     def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
         start = time.monotonic()
+        if self.versions.pin:
+            self._pin_tools(journal)
         ctx = self.context(journal, start, beat)
         self.observer.run_started(
             ctx.state.run_id,
@@ -173,6 +204,8 @@ class Runner:
             steps_done=ctx.state.step_count,
         )
         try:
+            # Before anything of the session runs: what changed since the checkpoint.
+            versions.check(ctx, self.version_fingerprint(ctx), self.versions)
             stop_leftover_processes(ctx)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             while True:
@@ -205,7 +238,7 @@ class Runner:
                 StopReason.CANCELLED,
                 error="interrupted (Ctrl-C)",
             )
-        except (errors.LeaseLost, RunReleased, errors.StoreError):
+        except (errors.LeaseLost, RunReleased, errors.StoreError, errors.VersionRefused):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,
