@@ -308,7 +308,8 @@ def check(
         if reason == "adopted":
             ctx.observer.note(f"recorded what run {run_id} runs with from here on (run_versions)")
         return
-    if last.fingerprint_sha256 == sha:
+    previous = sha256(last.fingerprint)  # of what is stored (its column is for people)
+    if previous == sha:
         return
     used = {call.name for m in ctx.state.messages for call in m.tool_calls}
     open_tools = {
@@ -348,7 +349,7 @@ def check(
         by = approval.decided_by if decided and approval is not None else policy.by
         consent_step(
             ctx,
-            last.fingerprint_sha256,
+            previous,
             current,
             sha,
             key,
