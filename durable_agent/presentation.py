@@ -121,6 +121,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
             if before is not UNSET and after is not UNSET:
                 sizes = f": {before:,} → {after:,} tokens"
         return f"context {stage}{sizes}"
+    if s.kind == StepKind.VERSION:  # loop/versions.py: consent to what changed
+        consent: dict[str, Any] = s.input if isinstance(s.input, dict) else {}
+        changes = consent.get("changes") or []
+        by = consent.get("accepted_by")
+        return f"{len(changes)} change(s) since the checkpoint, accepted by {by}"
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

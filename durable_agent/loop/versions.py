@@ -347,6 +347,8 @@ def check(
         )
     if policy.accept == "all" or decided:
         by = approval.decided_by if decided and approval is not None else policy.by
+        if approval is not None and not decided:  # the question a block asked: answered now
+            journal.settle_approval(approval.id, by=by or "a person")
         consent_step(
             ctx,
             previous,
@@ -355,7 +357,7 @@ def check(
             key,
             listed,
             by=by or "a person",
-            approval_id=approval.id if decided and approval is not None else None,
+            approval_id=approval.id if approval is not None else None,
         )
         ctx.observer.note(
             f"continuing with {len(changes)} change(s) since the last checkpoint, accepted by {by}"
@@ -416,8 +418,8 @@ def consent_step(
         key=f"version:{previous_sha[:16]}:{sha[:16]}",
         turn=ctx.state.step_count,
         input={"from": previous_sha, "to": sha, "changes": changes, "accepted_by": by},
-        label="version",
-        detail=f"{len(changes)} change(s) accepted by {by}",
+        label="consent",
+        detail=f"{len(changes)} change(s) since the checkpoint, accepted by {by}",
         reuse=True,
         supersede=True,
     )
