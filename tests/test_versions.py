@@ -293,3 +293,40 @@ def test_approve_is_consent_too(lab: Lab) -> None:
     ((_, _, consent),) = lab.version_steps()
     assert json.loads(consent)["accepted_by"] == "ana"
     assert lab.sql("SELECT used_at IS NOT NULL FROM approvals") == [(1,)]
+
+
+def test_the_agent_api_stops_for_consent_and_accepts_when_told(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    from durable_agent import Agent
+
+    ws = tmp_path / "api-ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hello\n")
+    script = tmp_path / "api.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]},
+                {"content": "done"},
+            ]
+        )
+    )
+    db = tmp_path / "api.db"
+    agent = Agent(f"scripted:{script}", ws, f"sqlite:///{db}", env=env, shell="deny", max_steps=1)
+    assert agent.start("t", run_id="a").stop_reason == "max_steps"
+    with sqlite3.connect(db) as conn:  # as a release of another minor version recorded it
+        conn.execute(
+            "UPDATE run_versions SET fingerprint = json_set(fingerprint, '$.durable_agent', '0.0.1')"
+        )
+    stopped = agent.resume("a", max_steps=5)
+    assert (stopped.status, stopped.stop_reason) == ("blocked", "changed_since_checkpoint")
+    assert "durable-agent: 0.0.1" in (stopped.error or "")
+    done = agent.resume("a", accept_changes=True)
+    assert done.status == "completed", done.error
+    with sqlite3.connect(db) as conn:
+        reasons = [r for (r,) in conn.execute("SELECT reason FROM run_versions ORDER BY id")]
+        (by,) = conn.execute(
+            "SELECT json_extract(input, '$.accepted_by') FROM steps WHERE kind = 'version'"
+        ).fetchone()
+    assert reasons == ["start", "accepted"] and "Agent.resume" in by

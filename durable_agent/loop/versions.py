@@ -302,9 +302,10 @@ def check(
     key = version_key(current["durable_agent"], current["system_prompt_sha256"])
     if last is None:
         # Its first session, or a run an earlier release made (no row yet): what it runs
-        # with from here on is what it recorded first.
+        # with from here on is what it recorded first. The row rides with the session's
+        # first checkpoint (no commit of its own: the steps keep their checkpoints' order).
         reason = "start" if journal.next_seq == 0 else "adopted"
-        journal.commit(_row(run_id, journal.next_seq, current, sha, key, reason, None))
+        journal.defer_statements(_row(run_id, journal.next_seq, current, sha, key, reason, None))
         if reason == "adopted":
             ctx.observer.note(f"recorded what run {run_id} runs with from here on (run_versions)")
         return
@@ -332,7 +333,9 @@ def check(
     consent = [c for c in changes if c.level == CONSENT]
     listed = [asdict(c) for c in changes]
     if not consent:
-        journal.commit(_row(run_id, journal.next_seq, current, sha, key, "compatible", listed))
+        journal.defer_statements(
+            _row(run_id, journal.next_seq, current, sha, key, "compatible", listed)
+        )
         ctx.observer.note(
             "changed since the last checkpoint: " + "; ".join(c.line() for c in changes)
         )
@@ -442,4 +445,6 @@ def record_version(ctx: StepContext, current: dict[str, Any], reason: str) -> No
     sha = sha256(current)
     changes = None if last is None else [asdict(c) for c in classify(last.fingerprint, current)]
     key = version_key(current["durable_agent"], current["system_prompt_sha256"])
-    journal.commit(_row(journal.run_id, journal.next_seq, current, sha, key, reason, changes))
+    journal.defer_statements(
+        _row(journal.run_id, journal.next_seq, current, sha, key, reason, changes)
+    )
