@@ -170,6 +170,7 @@ def test_a_used_tool_removed_needs_consent(lab: Lab) -> None:
     _consent_flow(lab, lab.da("resume", "r", "--quiet"), "tool probe")
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_used_tools_schema_changed_needs_consent(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -177,6 +178,7 @@ def test_a_used_tools_schema_changed_needs_consent(lab: Lab) -> None:
     _consent_flow(lab, lab.da("resume", "r", "--quiet"), "tool probe")
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_different_model_needs_consent_and_pin_keeps_the_recorded_one(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -191,6 +193,7 @@ def test_a_different_model_needs_consent_and_pin_keeps_the_recorded_one(lab: Lab
     assert model == f"scripted:{lab.script}"
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_different_endpoint_needs_consent(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -198,6 +201,7 @@ def test_a_different_endpoint_needs_consent(lab: Lab) -> None:
     _consent_flow(lab, r, "model endpoint")
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_minor_release_needs_consent_and_a_patch_release_does_not(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -205,6 +209,7 @@ def test_a_minor_release_needs_consent_and_a_patch_release_does_not(lab: Lab) ->
     _consent_flow(lab, lab.da("resume", "r", "--quiet"), "durable-agent")
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_patch_release_is_compatible(lab: Lab) -> None:
     from durable_agent.loop.versions import RELEASE
 
@@ -218,6 +223,7 @@ def test_a_patch_release_is_compatible(lab: Lab) -> None:
     assert lab.reasons() == ["start", "compatible"] and lab.version_steps() == []
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_changed_system_prompt_needs_consent(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -225,6 +231,7 @@ def test_a_changed_system_prompt_needs_consent(lab: Lab) -> None:
     _consent_flow(lab, lab.da("resume", "r", "--quiet"), "system prompt")
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_tool_added_and_a_description_changed_are_compatible(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -244,6 +251,7 @@ def test_a_tool_added_and_a_description_changed_are_compatible(lab: Lab) -> None
     assert {c["level"] for c in json.loads(changes)} == {"compatible"}
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_raised_budget_is_compatible(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -253,6 +261,7 @@ def test_a_raised_budget_is_compatible(lab: Lab) -> None:
     assert lab.reasons() == ["start", "compatible"]
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_a_newer_schema_is_refused_and_nothing_is_written(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -270,6 +279,7 @@ def test_a_newer_schema_is_refused_and_nothing_is_written(lab: Lab) -> None:
     assert lab.status()[0] == "running"  # as the crash left it
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_an_open_call_to_a_removed_tool_is_refused(lab: Lab) -> None:
     lab.plugin(effect="EXEC")  # an exec call leaves its intent row when the crash hits
     lab.start_and_crash(shell="allow")
@@ -281,6 +291,7 @@ def test_an_open_call_to_a_removed_tool_is_refused(lab: Lab) -> None:
     assert lab.reasons() == ["start"] and lab.version_steps() == []
 
 
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
 def test_approve_is_consent_too(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()
@@ -330,3 +341,18 @@ def test_the_agent_api_stops_for_consent_and_accepts_when_told(
             "SELECT json_extract(input, '$.accepted_by') FROM steps WHERE kind = 'version'"
         ).fetchone()
     assert reasons == ["start", "accepted"] and "Agent.resume" in by
+
+
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
+def test_the_web_view_shows_what_changed_and_its_approve_continues(lab: Lab) -> None:
+    pytest.importorskip("starlette", reason="the `ui` extra is not installed")
+    from ui_support import client
+
+    lab.plugin()
+    lab.start_and_crash()
+    lab.plugin(present=False)
+    assert lab.da("resume", "r", "--quiet").code == 5
+    c = client(f"sqlite:///{lab.db}")
+    page = c.get("/runs/r").text
+    assert "changed_since_checkpoint" in page and 'class="reason"' in page
+    assert "[needs_consent] tool probe" in page and 'id="approve-button"' in page
