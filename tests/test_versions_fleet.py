@@ -122,3 +122,53 @@ def test_a_worker_stops_claiming_when_the_schema_is_newer_than_it(
                 proc.kill()
         lines = [line for line in log.read_text().splitlines() if "0099" in line]
         assert len(lines) == 1 and "claiming no more runs" in lines[0], log.read_text()
+
+
+@pytest.mark.slow  # five CLI processes
+def test_a_worker_that_accepts_all_takes_another_releases_run_and_records_it(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            [
+                {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]},
+                {"content": "done"},
+            ]
+        )
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hi\n")
+    with pg_schema() as url:
+        made = subprocess.run(
+            _cli(env, NEWER, "start", "t", "--model", f"scripted:{script}", "--workspace",
+                 str(ws), "--shell", "deny", "--db", url, "--run-id", "n", "--max-steps", "1"),
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert made.returncode == 3, made.stderr  # a budget: the newer release ran a step
+        queued = subprocess.run(
+            _cli(env, NEWER, "resume", "n", "--db", url, "--max-steps", "5", "--detach"),
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert queued.returncode == 0, queued.stderr
+        own = _cli(env, None, "worker", "--db", url, "--once", "--poll", "0.1")
+        left = subprocess.run(own, env=env, capture_output=True, text=True, timeout=60)
+        assert left.returncode == 0 and "claimed run n" not in left.stderr, left.stderr
+        wide = subprocess.run(
+            [*own, "--accept-changes", "all"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert wide.returncode == 0 and "claimed run n" in wide.stderr, wide.stderr
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+        with engine.connect() as conn:
+            status = conn.execute(text("SELECT status FROM runs WHERE id = 'n'")).scalar()
+            rows = conn.execute(text("SELECT reason FROM run_versions ORDER BY id")).all()
+            by = conn.execute(
+                text("SELECT input->>'accepted_by' FROM steps WHERE kind = 'version'")
+            ).scalar()
+        engine.dispose()
+        assert status == "completed"
+        assert [r for (r,) in rows] == ["start", "accepted"]
+        assert by is not None and "--accept-changes all" in by

@@ -244,6 +244,10 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if was is not None and was != mechanism:  # resumed on a host that contains commands otherwise
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
+        if getattr(args, "accept_changes", False):  # the consent goes with it (versions.md)
+            from durable_agent.cli.versions_command import consent_for_queue
+
+            consent_for_queue(store, run_id)
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         _print_queued(run_id, args.json)
         return 0

@@ -70,24 +70,37 @@ def _list(args: Namespace, env: dict[str, str]) -> int:
     return 0
 
 
+def consent_for_queue(store: Any, run_id: str) -> None:
+    """`resume --accept-changes --detach`: the run's question about what changed is
+    answered now, so the worker that continues it records the consent."""
+    from durable_agent.store.versions import CHANGED
+
+    pending = store.pending_approval(run_id)
+    if pending is not None and pending.kind == CHANGED:
+        store.decide_approval(pending.id, approved=True, by=f"{_who()} (resume --accept-changes)")
+
+
+def _who() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "someone"
+
+
 def resume_policy(args: Namespace, recorded: Mapping[str, Any], settings: Any) -> Any:
     """What this `resume` may go on with: `--accept-changes`, `--pin`, and the settings its
     own flags changed (asked for: compatible)."""
-    import getpass
-
     from durable_agent.loop.versions import VersionPolicy
 
     given = frozenset(
         k for k, v in settings.redacted_dict().items() if k in recorded and recorded.get(k) != v
     )
-    try:
-        who = getpass.getuser()
-    except (KeyError, OSError):
-        who = "someone"
     return VersionPolicy(
         accept="all" if getattr(args, "accept_changes", False) else "none",
         pin=bool(getattr(args, "pin", False)),
-        by=f"{who} (resume --accept-changes)",
+        by=f"{_who()} (resume --accept-changes)",
         given=given,
     )
 

@@ -65,6 +65,9 @@ class Runner:
         self.release = threading.Event()
         # What this session may go on with when the run's fingerprint changed (loop/versions.py).
         self.versions = versions.VersionPolicy()
+        # sha256 of the project's instructions file the run is given, once that is wired in:
+        # part of the fingerprint (a change needs consent). None: not compared.
+        self.instructions_sha256: str | None = None
 
     def create(
         self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
@@ -177,7 +180,7 @@ class Runner:
             ctx.tools,
             sources=getattr(self.tool_source, "sources", None),
             mcp_catalog=(recorded or {}).get("mcp_servers"),
-            instructions_sha256=self.versions.instructions_sha256,
+            instructions_sha256=self.instructions_sha256,
         )
 
     def record_version(self, ctx: StepContext, reason: str) -> None:

@@ -93,7 +93,6 @@ class VersionPolicy(Struct, frozen=True):
     pin: bool = False
     by: str = "resume --accept-changes"
     given: frozenset[str] = field(default_factory=frozenset)
-    instructions_sha256: str | None = None  # the project's instructions file, when wired
 
 
 def sha256(value: Any) -> str:
