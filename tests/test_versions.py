@@ -356,3 +356,14 @@ def test_the_web_view_shows_what_changed_and_its_approve_continues(lab: Lab) -> 
     page = c.get("/runs/r").text
     assert "changed_since_checkpoint" in page and 'class="reason"' in page
     assert "[needs_consent] tool probe" in page and 'id="approve-button"' in page
+
+
+@pytest.mark.slow  # real processes with a plugin on PYTHONPATH: a few seconds each
+def test_a_damaged_version_row_does_not_make_the_run_unresumable(lab: Lab) -> None:
+    lab.plugin()
+    lab.start_and_crash()
+    with sqlite3.connect(lab.db) as conn:
+        conn.execute("""UPDATE run_versions SET fingerprint = '{"model": "x", "tools": 5}'""")
+    r = lab.da("resume", "r")
+    assert r.code == 0, r.stderr
+    assert "unreadable" in r.stderr and lab.reasons() == ["start", "unreadable"]

@@ -299,6 +299,8 @@ def check(
     last = rows.last_version(journal.engine, run_id, journal.policy)
     sha = sha256(current)
     key = version_key(current["durable_agent"], current["system_prompt_sha256"])
+    if last is not None and not isinstance(last.fingerprint, dict):
+        last = None  # (not an object: as if none was recorded)
     if last is None:
         # Its first session, or a run an earlier release made (no row yet): what it runs
         # with from here on is what it recorded first. The row rides with the session's
@@ -317,9 +319,18 @@ def check(
         for s in journal.open_steps.values()
         if s.state == StepState.STARTED and s.tool_name and s.kind == StepKind.TOOL
     }
-    changes = classify(
-        last.fingerprint, current, used_tools=used, open_tools=open_tools, given=policy.given
-    )
+    try:
+        changes = classify(
+            last.fingerprint, current, used_tools=used, open_tools=open_tools, given=policy.given
+        )
+    except (AttributeError, TypeError, ValueError, KeyError):
+        # A row no release wrote (edited by hand, damaged): no stored value may make a run
+        # unresumable (SPEC §5). What runs now is recorded over it, and said.
+        journal.defer_statements(
+            _row(run_id, journal.next_seq, current, sha, key, "unreadable", None)
+        )
+        ctx.observer.note("the run's last run_versions row is unreadable; recorded what runs now")
+        return
     if not changes:  # (only parts that are not compared: e.g. instructions unwired)
         return
     refused = [c for c in changes if c.level == REFUSED]
