@@ -94,6 +94,7 @@ def test_two_releases_share_a_queue_and_each_claims_only_its_own(
         )
 
 
+@pytest.mark.slow  # a worker process, waited on
 def test_a_worker_stops_claiming_when_the_schema_is_newer_than_it(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
