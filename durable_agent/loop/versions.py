@@ -250,7 +250,9 @@ def _tool_changes(
         else:
             for part in ("schema_sha256", "effect", "source"):
                 if b.get(part) != a.get(part):
-                    level = CONSENT if name in used else COMPATIBLE
+                    # Another source with the same schema and effect class (a program's own
+                    # wrapper of a built-in) is the same tool to the history.
+                    level = CONSENT if name in used and part != "source" else COMPATIBLE
                     why = f"its {part.removesuffix('_sha256')} changed" + (
                         "; the history called it" if name in used else ""
                     )
