@@ -189,6 +189,8 @@ def test_a_different_model_needs_consent_and_pin_keeps_the_recorded_one(lab: Lab
     assert pinned.code == 0, pinned.stderr
     assert lab.reasons() == ["start"]  # nothing changed: no row, no consent step
     assert lab.version_steps() == []
+    # The question the block asked no longer stands: answered and used, not left pending.
+    assert lab.sql("SELECT decision, used_at IS NOT NULL FROM approvals") == [("approved", 1)]
     ((model,),) = lab.sql("SELECT json_extract(fingerprint, '$.model.name') FROM run_versions")
     assert model == f"scripted:{lab.script}"
 

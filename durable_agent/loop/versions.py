@@ -43,6 +43,8 @@ from durable_agent.status import StepKind, StopReason
 from durable_agent.store import versions as rows
 from durable_agent.store.records import Decision, StepState
 from durable_agent.store.revision import HEAD_REVISION
+from durable_agent.store.rows import utcnow
+from durable_agent.store.step import USE_APPROVAL
 from durable_agent.tools.base import Tool, tool_schema
 
 
@@ -314,6 +316,7 @@ def check(
         return
     previous = sha256(last.fingerprint)  # of what is stored (its column is for people)
     if previous == sha:
+        _settle_question(ctx, "nothing changed any more (resume --pin, or put back)")
         return
     used = {call.name for m in ctx.state.messages for call in m.tool_calls}
     open_tools = {
@@ -345,6 +348,7 @@ def check(
     consent = [c for c in changes if c.level == CONSENT]
     listed = [asdict(c) for c in changes]
     if not consent:
+        _settle_question(ctx, "nothing left that needs consent (resume --pin, or put back)")
         journal.defer_statements(
             _row(run_id, journal.next_seq, current, sha, key, "compatible", listed)
         )
@@ -393,6 +397,19 @@ def check(
         f"Continue with them: `durable-agent resume {run_id} --accept-changes`; "
         f"as recorded where possible: `durable-agent resume {run_id} --pin`.",
     )
+
+
+def _settle_question(ctx: StepContext, by: str) -> None:
+    """A question a block asked that no longer stands (the change was undone, or `--pin`
+    put the recorded model and tools back): answered, and marked used with the next commit."""
+    if not ctx.resumed:
+        return
+    question = ctx.journal.approval_for(rows.CALL, rows.CHANGED)
+    if question is None:
+        return
+    if question.decision is None:
+        ctx.journal.settle_approval(question.id, by=by)
+    ctx.journal.defer_statements([(USE_APPROVAL, {"b_id": question.id, "used_at": utcnow()})])
 
 
 def _row(
