@@ -138,6 +138,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         closed = out.closed_calls if isinstance(out, UserMessageOutput) else UNSET
         said = f"you: {short(' '.join(text.split()), 80)}"
         return said + (f" (closed {plural(len(closed), 'unanswered call')})" if closed else "")
+    if s.kind == StepKind.VERSION:  # loop/versions.py: consent to what changed
+        consent: dict[str, Any] = s.input if isinstance(s.input, dict) else {}
+        changes = consent.get("changes") or []
+        by = consent.get("accepted_by")
+        return f"{len(changes)} change(s) since the checkpoint, accepted by {by}"
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

@@ -265,6 +265,10 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
             "workspace",
         ),
     )
+    if getattr(args, "pin", False):  # docs/versions.md
+        from durable_agent.cli.versions_command import pinned_flags
+
+        pinned_flags(store, run_id, flags)
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
     changes = [
@@ -276,6 +280,10 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if was is not None and was != mechanism:  # resumed on a host that contains commands otherwise
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
+        if getattr(args, "accept_changes", False):  # the consent goes with it (versions.md)
+            from durable_agent.cli.versions_command import consent_for_queue
+
+            consent_for_queue(store, run_id)
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         _print_queued(run_id, args.json)
         return 0
@@ -309,6 +317,10 @@ def _resume_leased(
     cancel = threading.Event()
     observer = jsonl_output.observer_for(args)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
+    from durable_agent.cli.versions_command import resume_policy
+    from durable_agent.config.settings import recorded_settings
+
+    runner.versions = resume_policy(args, recorded_settings(run.settings), settings)
     # Take the lease first: a run another live process executes keeps its settings (exit 6).
     from durable_agent.store.leases import new_owner
 
@@ -537,6 +549,7 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
         quiet=args.quiet,
         max_running=settings.max_running_runs,
         workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None,
+        accept_changes=getattr(args, "accept_changes", "compatible"),
     )
     collector.from_here()  # a worker lives long: its collector runs (collector.py)
     from durable_agent.cli.render import Timeline

@@ -720,6 +720,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_command("cmd_ui"))
     _add_policy(sub)
+
+    # Versions (docs/versions.md): flags of resume, worker and list, added in one place.
+    from durable_agent.cli.versions_command import add_version_flags
+
+    add_version_flags(sub.sub.choices)
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 

@@ -106,6 +106,9 @@ class StepOutcome(Struct):
     detail: str | None = None  # the end event's, if not the spec's
     duration_ms: int | None = None  # the end event's, if not the step's own
     result: Any = None
+    # More rows for the outcome's own commit (a `version` step's run_versions row): the
+    # step and what it stands for land together or not at all.
+    statements: Sequence[Any] = ()
 
 
 class EndThenRaise(Exception):
@@ -206,6 +209,7 @@ class StepCall:
                 tokens=outcome.tokens,
                 use_approval=outcome.use_approval,
                 workspace=ws,
+                extra=outcome.statements,
             )
         else:
             step.fail(
@@ -215,6 +219,7 @@ class StepCall:
                 counters=ctx.counters(),
                 use_approval=outcome.use_approval,
                 workspace=ws,
+                extra=outcome.statements,
             )
         if announce:
             spec = self.spec

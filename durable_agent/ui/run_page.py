@@ -174,7 +174,8 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
         out.append(
             f'<div class="question" id="question"><p>The run asks ({e(pending.kind)}, call '
             f"{e(pending.call_id)}): <code>{e(what)}</code></p>"
-            + (f"<p>{e(pending.reason)}</p>" if pending.reason else "")
+            # (a diff of what changed since the checkpoint is one line per change: kept)
+            + (f'<p class="reason">{e(pending.reason)}</p>' if pending.reason else "")
             + _form(run.id, "approve", "approve and resume", csrf, by=True)
             + _form(run.id, "deny", "deny and resume", csrf, by=True)
             + "</div>"
