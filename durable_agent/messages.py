@@ -232,6 +232,8 @@ class Message(Struct, frozen=True):
 class Usage(Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of prompt_tokens, those the provider served from its prompt cache (cheaper)."""
     estimated: bool = False
     """True when the provider reported no usage and the counts are the harness's estimate
     (`models/estimate.py`); False for counts the provider reported."""
@@ -256,6 +258,8 @@ class ModelTurn(Struct, frozen=True):
             "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens,
         }
+        if self.usage.cached_tokens:
+            usage["cached_tokens"] = self.usage.cached_tokens
         if self.usage.estimated:
             usage["estimated"] = True
         d: dict[str, Any] = {

@@ -51,10 +51,21 @@ class ModelPrice(BaseModel):
     """Price of one million prompt tokens."""
     output_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million completion tokens."""
+    cached_input_per_mtok: float | None = Field(None, ge=0, le=1e6)
+    """Price of one million prompt tokens served from the provider's cache (input_per_mtok
+    when unset)."""
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        cached_price = (
+            self.input_per_mtok
+            if self.cached_input_per_mtok is None
+            else self.cached_input_per_mtok
+        )
         return (
-            prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok
+            (prompt_tokens - cached) * self.input_per_mtok
+            + cached * cached_price
+            + completion_tokens * self.output_per_mtok
         ) / 1e6
 
 
@@ -215,7 +226,8 @@ class Settings(BaseModel):
     max_cost: float | None = Field(None, gt=0)
     """Spend allowed in the run, in the currency of `prices` (needs a price for the model)."""
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
-    """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}}."""
+    """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}};
+    over the shipped table of common models (docs/observability.md)."""
     models: dict[str, ModelInfo] = Field(default_factory=dict)
     """Per-model facts, e.g. [models."gpt-4.1-mini"] context_window = 1047576 (the built-in table
     of well-known families, then a conservative 32768 tokens, when a model is not listed)."""
@@ -315,13 +327,29 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _cost_budget_needs_a_price(self) -> Settings:
-        if self.max_cost is not None and self.model and self.model not in self.prices:
+        if self.max_cost is not None and self.model and self.price(self.model) is None:
             raise ValueError(
                 f"--max-cost needs a price for model {self.model!r}: add "
                 f'prices."{self.model}" = {{input_per_mtok = ..., output_per_mtok = ...}} '
                 "to the config file"
             )
         return self
+
+    def price(self, model: str | None) -> ModelPrice | None:
+        """`[prices]`'s price of `model`, else the shipped table's (config/prices.py)."""
+        if not model:
+            return None
+        configured = self.prices.get(model)
+        if configured is not None:
+            return configured
+        from durable_agent.config.prices import shipped_row
+
+        row = shipped_row(model)
+        if row is None:
+            return None
+        return ModelPrice(
+            input_per_mtok=row[0], output_per_mtok=row[1], cached_input_per_mtok=row[2]
+        )
 
     def redacted_dict(self) -> dict[str, Any]:
         """The settings recorded on a run: paths as text, no secrets. The key is left out, and

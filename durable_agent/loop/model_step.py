@@ -16,7 +16,7 @@ from msgspec.structs import replace
 
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.loop import compaction, guard, stored_once
+from durable_agent.loop import compaction, costs, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
@@ -206,6 +206,7 @@ def _answered(
     s.step_count += 1
     s.prompt_tokens += usage.prompt_tokens
     s.completion_tokens += usage.completion_tokens
+    cost = costs.pay(ctx, ctx.model.name, usage)
     for m in lead:
         s.append(m)
     message_seq = s.append(message)
@@ -233,6 +234,8 @@ def _answered(
         output,
         messages=written,
         tokens=(usage.prompt_tokens, usage.completion_tokens),
+        cached_tokens=usage.cached_tokens,
+        cost=cost,
         estimated=usage.estimated,
         attempts=attempts,
         detail=_summary(message, nudge),
@@ -297,8 +300,10 @@ def _nudge(
 
 def _check_budgets(ctx: StepContext) -> None:
     s = ctx.state
-    price = ctx.settings.prices.get(ctx.settings.model or "")
-    spent = price.cost(s.prompt_tokens, s.completion_tokens) if price else None
+    spent = s.cost  # the steps' costs, each at its own model's price
+    if spent is None:  # none priced yet (or a run recorded before steps kept their cost)
+        price = ctx.settings.price(ctx.settings.model)
+        spent = price.cost(s.prompt_tokens, s.completion_tokens) if price else None
     stop = guard.before_model_call(
         ctx.limits,
         steps=s.step_count,

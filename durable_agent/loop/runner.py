@@ -140,6 +140,7 @@ class Runner:
             model_tokens=loaded.model_tokens,
             compactions=loaded.compactions,
             last_model_output=loaded.last_model_output,
+            paid=(loaded.model_cached, loaded.model_cost),
         )
         limits = guard.Limits(
             s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost

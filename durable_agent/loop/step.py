@@ -91,6 +91,8 @@ class StepOutcome(Struct):
     error: str | None = None
     messages: Sequence[Message] = ()
     tokens: tuple[int, int] | None = None  # prompt, completion: paid for by this step
+    cached_tokens: int | None = None  # of the prompt, served from the provider's cache
+    cost: float | None = None  # what the tokens cost at the model's price (None: no price)
     estimated: bool = False  # the tokens are the harness's estimate
     attempts: int | None = None  # all attempts so far, when the step retried inside
     use_approval: int | None = None  # a decided approval this outcome acts on (marked used)
@@ -194,6 +196,8 @@ class StepCall:
                 tokens=outcome.tokens,
                 use_approval=outcome.use_approval,
                 workspace=ws,
+                cached_tokens=outcome.cached_tokens,
+                cost=outcome.cost,
             )
         else:
             step.fail(

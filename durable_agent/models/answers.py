@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from durable_agent.messages import ModelTurn, ToolCall, Usage, canonical_json
 from durable_agent.models.failures import Failure, FailureKind, ProviderError, failure_for_status
+from durable_agent.models.usage import cached_prompt_tokens
 
 __all__ = ["parse_completion"]
 
@@ -242,7 +243,8 @@ def _usage(usage: Any) -> Usage:
     # step's row cannot hold): estimated, so the answer is still recorded once.
     if prompt is None or completion is None or prompt == completion == 0:
         return Usage(reported=False)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion)
+    cached = cached_prompt_tokens(usage, prompt)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 
 
 def _snippet(text: str, scrub: Scrub) -> str:

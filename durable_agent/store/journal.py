@@ -124,6 +124,8 @@ class Loaded(Struct, frozen=True):
         Any
     ]  # outputs of the completed `compact` steps, in order (the request's shape)
     last_model_output: StepOutput  # the last completed model step's (its usage calibrates counts)
+    model_cached: int = 0  # cached prompt tokens, summed like model_tokens
+    model_cost: float | None = None  # the steps' costs summed (None: no step was priced)
 
 
 class Journal:
@@ -417,11 +419,14 @@ class Journal:
                     )
                 )
             ]
-            max_seq, prompt, completion = conn.execute(
+            paid = steps.c.kind.in_(_PAID_KINDS)
+            max_seq, prompt, completion, cached, cost = conn.execute(
                 select(
                     func.max(steps.c.seq),
-                    func.sum(steps.c.prompt_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
-                    func.sum(steps.c.completion_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
+                    func.sum(steps.c.prompt_tokens).filter(paid),
+                    func.sum(steps.c.completion_tokens).filter(paid),
+                    func.sum(steps.c.cached_tokens).filter(paid),
+                    func.sum(steps.c.cost).filter(paid),
                 ).where(steps.c.run_id == self.run_id)
             ).one()
             done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
@@ -442,6 +447,8 @@ class Journal:
                 model_tokens=(int(prompt or 0), int(completion or 0)),
                 compactions=compactions,
                 last_model_output=decode_output(StepKind.MODEL, last_model),
+                model_cached=int(cached or 0),
+                model_cost=None if cost is None else float(cost),
             )
 
         loaded: Loaded = self._read(query)

@@ -54,6 +54,7 @@ class CallRecord(_Payload, frozen=True):
 class UsageRecord(_Payload, frozen=True):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | UnsetType = UNSET  # of prompt_tokens, from the provider's cache
     estimated: bool | UnsetType = UNSET  # true: the harness's count, none was reported
 
 

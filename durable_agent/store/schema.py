@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -89,6 +90,9 @@ runs = Table(
     Column("forked_from", String(64)),  # 0006: the run this one was forked from (`fork`)
     Column("fork_seq", Integer),  # 0006: ... after its step with this seq
     Column("tree_start", String(64)),  # 0006: the workspace snapshot taken when the run was created
+    Column("cached_tokens", BigInteger),  # 0011: prompt tokens the provider served from its cache
+    Column("cost", Float),  # 0011: the sum of the steps' costs (NULL: no price for the model)
+    Column("trace_id", String(32)),  # 0011: the run's one OpenTelemetry trace (hex)
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index
 # ix_runs_claimable (created_at, id) WHERE status IN ('pending', 'running'), which is left
@@ -124,6 +128,8 @@ steps = Table(
     Column("lease_epoch", Integer),  # the epoch that wrote the intent
     Column("tree_before", String(64)),  # 0006: workspace snapshot when the step started
     Column("tree_id", String(64)),  # 0006: workspace snapshot after the step (effect steps)
+    Column("cached_tokens", Integer),  # 0011: of prompt_tokens, served from the provider's cache
+    Column("cost", Float),  # 0011: at the price table's price when the step was paid
     UniqueConstraint("run_id", "seq", name="uq_steps_run_seq"),
     UniqueConstraint("run_id", "idempotency_key", name="uq_steps_run_key"),
 )
@@ -194,3 +200,23 @@ workspace_changes = Table(
     Column("bytes", BigInteger),  # size after the change (before it, for deleted)
 )
 Index("ix_workspace_changes_run_seq", workspace_changes.c.run_id, workspace_changes.c.seq)
+
+# 0011: the outbox of notifications ([[notify]]): one row per event and target, inserted in
+# the transaction that changes the run's status; a deliverer sends it and marks it.
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("idempotency_key", String(200), nullable=False),  # sent as Idempotency-Key
+    Column("run_id", String(64)),  # NULL for `notify test`
+    Column("event", String(32), nullable=False),
+    Column("target", Text, nullable=False),  # the url, or the command (JSON argv)
+    Column("payload", json_type(), nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("claimed_until", DateTime),  # a deliverer is sending it until then
+    Column("delivered_at", DateTime),
+    Column("last_error", Text),
+    UniqueConstraint("idempotency_key", name="uq_notifications_key"),
+)
+Index("ix_notifications_delivered", notifications.c.delivered_at, notifications.c.id)
