@@ -1,7 +1,8 @@
 """Watched from elsewhere: cached prompt tokens and cost per step (and their run totals),
 the run's trace id (one OpenTelemetry trace across crashes and resumes), and the
 `notifications` outbox (a row per event and target, written in the transaction that
-changes the run's status; delivered afterwards, once per idempotency key).
+changes the run's status; delivered afterwards, once per idempotency key), and
+`web_links`: the web view's public address and the key that signs its approve links.
 
 Revision ID: 0011
 Revises: 0006
@@ -47,9 +48,17 @@ def upgrade() -> None:
         sa.UniqueConstraint("idempotency_key", name="uq_notifications_key"),
     )
     op.create_index("ix_notifications_delivered", "notifications", ["delivered_at", "id"])
+    op.create_table(
+        "web_links",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("public_url", sa.Text),
+        sa.Column("secret", sa.String(64), nullable=False),
+        sa.Column("updated_at", sa.DateTime, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("web_links")
     op.drop_index("ix_notifications_delivered", "notifications")
     op.drop_table("notifications")
     with op.batch_alter_table("runs") as batch:

@@ -96,6 +96,17 @@ def _execute(
         streams.forgiving(sys.stdout),
         streams.forgiving(sys.stderr),
     )  # the exit code is the run's
+    if runner.settings.notify:  # the end's notifications, committed with it: sent now
+        from durable_agent.notify import deliver_after_session
+
+        for problem in deliver_after_session(runner.store.engine, runner.settings):
+            print(
+                streams.visible(
+                    f"durable-agent: notification not delivered yet ({problem}); "
+                    "a worker or `durable-agent notify deliver` sends it later"
+                ),
+                file=err,
+            )
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
     else:

@@ -559,6 +559,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--open", action="store_true", dest="open_browser", help="open the view in a browser"
     )
     p.set_defaults(func=_command("cmd_ui"))
+
+    # -- notifications (docs/observability.md) ----------------------------------------------
+    p = sub.add_parser(
+        "notify",
+        help="notifications of [[notify]]: send a sample, deliver what is pending",
+        description="test: queue a sample event to every [[notify]] entry of the config and "
+        "deliver it (as a run's end would be: Idempotency-Key, signature); deliver: send "
+        "every notification still pending in the store (a worker and every run do this too).",
+    )
+    p.add_argument("action", choices=["test", "deliver"])
+    _add_db(p)
+    p.set_defaults(func=_command("cmd_notify", "notify_commands"))
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 
@@ -602,7 +614,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     if any(
         os.environ.get(f"DURABLE_AGENT_{name}")
-        for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT")
+        for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT", "NOTIFY_CRASH")
     ):
         from durable_agent.store import (
             faults as fault_injection,

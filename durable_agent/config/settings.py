@@ -69,6 +69,57 @@ class ModelPrice(BaseModel):
         ) / 1e6
 
 
+NOTIFY_EVENTS = (
+    "blocked",
+    "completed",
+    "failed",
+    "budget_exceeded",
+    "changed_since_checkpoint",
+    "batch_done",
+)
+NotifyEvent = Literal[
+    "blocked", "completed", "failed", "budget_exceeded", "changed_since_checkpoint", "batch_done"
+]
+
+
+def _default_events() -> list[NotifyEvent]:
+    return ["blocked", "completed", "failed", "budget_exceeded"]
+
+
+class NotifyTarget(BaseModel):
+    """One `[[notify]]` entry: a webhook (`url`) or a local program (`command`), and the
+    events it is sent (docs/observability.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = None
+    """POSTed the event as JSON, with Idempotency-Key and a signature header."""
+    command: list[str] | None = None
+    """Run with the event as JSON on stdin (exit 0: delivered)."""
+    events: list[NotifyEvent] = Field(default_factory=_default_events)
+    secret: SecretStr | None = None
+    """Key of the HMAC-SHA256 signature header (webhooks)."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> NotifyTarget:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("a [[notify]] entry needs either url or command, not both")
+        if self.command is not None and not self.command:
+            raise ValueError("a [[notify]] command needs a program")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"a [[notify]] url must be http:// or https://; got {self.url!r}")
+        return self
+
+    @property
+    def target(self) -> str:
+        """How the outbox names it: the URL, or the command as a JSON list."""
+        import json
+
+        return self.url if self.url is not None else json.dumps(self.command)
+
+
 class ModelInfo(BaseModel):
     """What the harness knows of one model beyond its price (`[models."NAME"]` in the config)."""
 
@@ -88,6 +139,11 @@ NUMBER_FIELDS = (
     "max_cost",
     "max_context_tokens",
     "max_seconds",
+    "notify_timeout_s",
+    "notify_retry_attempts",
+    "notify_retry_initial_wait_s",
+    "notify_retry_max_wait_s",
+    "notify_link_ttl_s",
     "max_repeats",
     "command_timeout_s",
     "compact_at",
@@ -260,6 +316,22 @@ class Settings(BaseModel):
     mcp_log_max_bytes: int = Field(5_000_000, ge=10_000)
     """Size at which an MCP server's stderr log (beside the store) is rotated; one older part is kept, the rest dropped and said so."""
 
+    # -- watched from elsewhere (docs/observability.md) ----------------------------------------
+    notify: list[NotifyTarget] = Field(default_factory=list)
+    """[[notify]] entries: url (webhook) or command, events (blocked, completed, failed,
+    budget_exceeded, changed_since_checkpoint, batch_done), optional secret. Each event is
+    sent once per entry, also across crashes (the outbox)."""
+    notify_timeout_s: float = Field(10.0, gt=0)
+    """Seconds one delivery (a POST, a command) may take."""
+    notify_retry_attempts: int = Field(5, ge=1)
+    """Tries of one delivery in one pass; a later pass (the next process, a worker) tries again."""
+    notify_retry_initial_wait_s: float = Field(1.0, gt=0)
+    """First wait between two tries of a delivery; it doubles up to notify_retry_max_wait_s."""
+    notify_retry_max_wait_s: float = Field(30.0, gt=0)
+    """Longest wait between two tries of a delivery."""
+    notify_link_ttl_s: float = Field(86400.0, gt=0)
+    """How long the approve/deny links of a `blocked` notification stay valid."""
+
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
 
@@ -355,7 +427,9 @@ class Settings(BaseModel):
         """The settings recorded on a run: paths as text, no secrets. The key is left out, and
         so is the store URL (it can hold a password; resume and workers bring their own), and a
         password in base_url is masked."""
-        d = self.model_dump(mode="json", exclude={"api_key", "db"})
+        # Notification targets are the process's own (its config file), never the run's: a
+        # secret recorded masked would sign nothing, and a worker sends to its own targets.
+        d = self.model_dump(mode="json", exclude={"api_key", "db", *NOTIFY_FIELDS})
         if d.get("base_url"):
             d["base_url"] = mask_url_password(d["base_url"])
         for server in d.get("mcp_servers", {}).values():  # a server's token stays in the config
@@ -382,6 +456,14 @@ def mask_url_password(url: str) -> str:
 
 
 # The settings that take a number (true/false is refused there: _numbers_are_not_booleans).
+NOTIFY_FIELDS = (
+    "notify",
+    "notify_timeout_s",
+    "notify_retry_attempts",
+    "notify_retry_initial_wait_s",
+    "notify_retry_max_wait_s",
+    "notify_link_ttl_s",
+)
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
 BUDGET_FIELDS = (

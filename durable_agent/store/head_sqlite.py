@@ -27,4 +27,5 @@ STATEMENTS = (
     'CREATE VIEW step_changes AS\nSELECT c.run_id, c.seq, c.path, c.change, c.bytes\nFROM workspace_changes c',
     "CREATE TABLE notifications (\n\tid INTEGER NOT NULL, \n\tidempotency_key VARCHAR(200) NOT NULL, \n\trun_id VARCHAR(64), \n\tevent VARCHAR(32) NOT NULL, \n\ttarget TEXT NOT NULL, \n\tpayload JSON NOT NULL, \n\tcreated_at DATETIME NOT NULL, \n\tattempts INTEGER DEFAULT '0' NOT NULL, \n\tclaimed_until DATETIME, \n\tdelivered_at DATETIME, \n\tlast_error TEXT, \n\tPRIMARY KEY (id), \n\tCONSTRAINT uq_notifications_key UNIQUE (idempotency_key)\n)",
     'CREATE INDEX ix_notifications_delivered ON notifications (delivered_at, id)',
+    'CREATE TABLE web_links (\n\tid INTEGER NOT NULL, \n\tpublic_url TEXT, \n\tsecret VARCHAR(64) NOT NULL, \n\tupdated_at DATETIME NOT NULL, \n\tPRIMARY KEY (id)\n)',
 )

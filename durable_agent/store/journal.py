@@ -37,7 +37,7 @@ from sqlalchemy.sql import Executable
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
 from durable_agent.status import StepKind
-from durable_agent.store import prepared, retrying
+from durable_agent.store import outbox, prepared, retrying
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
@@ -487,6 +487,15 @@ class Journal:
             )
         )
 
+    def pending_approvals(self) -> list[ApprovalRecord]:
+        """The run's questions still waiting for a decision, oldest first."""
+        query = (
+            select(approvals)
+            .where(approvals.c.run_id == self.run_id, approvals.c.decision.is_(None))
+            .order_by(approvals.c.id)
+        )
+        return [ApprovalRecord.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
+
     def approval_for(
         self, call_id: str, kind: str, *, used_too: bool = False
     ) -> ApprovalRecord | None:
@@ -556,12 +565,15 @@ class Journal:
         answer: str | None,
         error: str | None,
         counters: Counters,
+        notifications: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """The run's end: status, reason, answer; the lease is released in the same write."""
+        """The run's end: status, reason, answer; the lease is released in the same write,
+        and the notifications of the end are queued in it (the outbox: store/outbox.py)."""
         answer, error = storable((answer, error))
         now = utcnow()
         self.commit(
             [
+                *outbox.insert_statements(notifications),
                 (
                     update(runs)
                     .where(runs.c.id == self.run_id)
@@ -575,7 +587,7 @@ class Journal:
                         lease_expires_at=None,
                     ),
                     {},
-                )
+                ),
             ],
             counters=counters,
         )

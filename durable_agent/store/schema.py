@@ -220,3 +220,15 @@ notifications = Table(
     UniqueConstraint("idempotency_key", name="uq_notifications_key"),
 )
 Index("ix_notifications_delivered", notifications.c.delivered_at, notifications.c.id)
+
+# 0011: where the web view is reached from outside (`ui --public-url`) and the key that signs
+# the approve/deny links of `blocked` notifications: one row (id 1), shared through the store
+# by the view that checks the links and the processes that write them.
+web_links = Table(
+    "web_links",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("public_url", Text),
+    Column("secret", String(64), nullable=False),  # hex; as secret as the store itself
+    Column("updated_at", DateTime, nullable=False),
+)
