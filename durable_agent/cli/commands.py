@@ -547,7 +547,13 @@ def cmd_ui(args: Namespace, env: dict[str, str]) -> int:
     collector.from_here()  # a server lives long: its collector runs (collector.py)
     return serve(
         settings,
-        ServeOptions(host=args.host, port=args.port, token=token, open_browser=args.open_browser),
+        ServeOptions(
+            host=args.host,
+            port=args.port,
+            token=token,
+            open_browser=args.open_browser,
+            public_url=args.public_url,
+        ),
     )
 
 

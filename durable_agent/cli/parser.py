@@ -558,6 +558,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--open", action="store_true", dest="open_browser", help="open the view in a browser"
     )
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the view's address as notifications' receivers reach it: `blocked` "
+        "notifications then carry signed one-time approve/deny links to it",
+    )
     p.set_defaults(func=_command("cmd_ui"))
 
     # -- notifications (docs/observability.md) ----------------------------------------------

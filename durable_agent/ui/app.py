@@ -33,7 +33,7 @@ from durable_agent.store import leases
 from durable_agent.store.records import StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.runs import Store
-from durable_agent.ui import actions, pages, queries, run_page
+from durable_agent.ui import actions, link_page, pages, queries, run_page
 from durable_agent.ui.security import Access, BodyTooLarge, Guard
 from durable_agent.ui.timeline import chart
 
@@ -51,6 +51,7 @@ class UiConfig(Struct, frozen=True):
     # The server is shutting down: open streams end at their next poll (the browser then
     # reconnects), before the server's graceful timeout would cancel them with a traceback.
     stopping: Callable[[], bool] = lambda: False
+    link_key: str | None = None  # checks notifications' approve/deny links (store/links.py)
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -209,6 +210,12 @@ def build_app(cfg: UiConfig) -> Any:
 
         return endpoint
 
+    async def link(request: Request) -> Response:
+        token = request.path_params["token"]
+        handler = link_page.decide if request.method == "POST" else link_page.show
+        page = await run_in_threadpool(handler, store, cfg.link_key, token, access.csrf)
+        return HTMLResponse(page.html, status_code=page.status)
+
     def bad_status(request: Request, exc: Exception) -> Response:
         message = f"unknown status {exc}; one of: {', '.join(sorted(STATUSES))}"
         if request.url.path.startswith("/api/"):
@@ -225,6 +232,7 @@ def build_app(cfg: UiConfig) -> Any:
             Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"])
             for name in ("approve", "deny", "cancel", "resume")
         ),
+        Route("/link/{token}", link, methods=["GET", "POST"]),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),
         Route("/api/runs/{run_id}/steps", api_steps),
