@@ -252,6 +252,8 @@ class ModelTurn(Struct, frozen=True):
     be used (a tool call without a name...): the step's output keeps the evidence."""
     finish_reason: str | None = None
     """The provider's `finish_reason` ("stop", "length", "tool_calls"...), when it gave one."""
+    model: str | None = None
+    """The model that answered, as the provider named it (`model` of the response)."""
 
     def to_dict(self) -> dict[str, Any]:
         usage: dict[str, Any] = {

@@ -349,7 +349,9 @@ class Worker:
             # One live run per workspace, as for `start` and `resume`: a workspace another
             # process runs in (WorkspaceBusy) gives the run back, queued, below.
             with workspace_lease(settings.workspace, rid, self.env):
-                outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
+                outcome = runner.execute(
+                    rid, lease=(claim.owner, claim.epoch), takeover=claim.takeover
+                )
         except RunReleased:
             self._count("released")
             if self._give_back(claim, None):

@@ -79,6 +79,7 @@ def _execute(
     args: Namespace,
     cancel: threading.Event,
     lease: tuple[str, int] | None = None,
+    takeover: bool = False,
 ) -> int:
     collector.from_here()
     try:
@@ -86,7 +87,7 @@ def _execute(
             _interrupts(cancel, args.quiet or args.json),
             render.json_if_cut_short(args.json, run_id),
         ):
-            outcome = runner.execute(run_id, lease=lease)
+            outcome = runner.execute(run_id, lease=lease, takeover=takeover)
             run = runner.store.get_run(run_id)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
@@ -289,7 +290,7 @@ def _resume_leased(
 
     owner = new_owner()
     with render.json_if_cut_short(args.json, run_id):
-        epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
+        epoch, stood = store.take_over(run_id, owner, settings.lease_seconds)
     err = streams.forgiving(sys.stderr)  # from here on, the run is ours: output may not stop it
     if changes:
         store.update_settings(run_id, settings.redacted_dict())
@@ -298,7 +299,9 @@ def _resume_leased(
     if not args.json:
         where = f"model call {run.step_count}" if run.step_count else "the start"
         print(f"run {run_id} · resuming from {where} ({run.status})", file=err)
-    return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
+    # (stood: how the run was when the lease was taken; `running`: its process had died)
+    takeover = stood[0] == RunStatus.RUNNING
+    return _execute(runner, run_id, args, cancel, lease=(owner, epoch), takeover=takeover)
 
 
 def _missing_workspace(store: Any, run_id: str, settings: Settings) -> None:

@@ -120,6 +120,17 @@ class NotifyTarget(BaseModel):
         return self.url if self.url is not None else json.dumps(self.command)
 
 
+class OtelSettings(BaseModel):
+    """`[otel]`: OpenTelemetry traces and metrics (the `otel` extra; docs/observability.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    """Export even without OTEL_EXPORTER_OTLP_ENDPOINT (to the OTLP default, localhost:4318)."""
+    capture_content: bool = False
+    """Put messages and tool arguments on the spans (redacted as the store is)."""
+
+
 class ModelInfo(BaseModel):
     """What the harness knows of one model beyond its price (`[models."NAME"]` in the config)."""
 
@@ -331,6 +342,9 @@ class Settings(BaseModel):
     """Longest wait between two tries of a delivery."""
     notify_link_ttl_s: float = Field(86400.0, gt=0)
     """How long the approve/deny links of a `blocked` notification stay valid."""
+    otel: OtelSettings = Field(default_factory=OtelSettings)
+    """[otel] enabled, capture_content: OpenTelemetry traces and metrics, on when
+    OTEL_EXPORTER_OTLP_ENDPOINT is set or enabled = true (needs durable-agent[otel])."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
@@ -457,6 +471,7 @@ def mask_url_password(url: str) -> str:
 
 # The settings that take a number (true/false is refused there: _numbers_are_not_booleans).
 NOTIFY_FIELDS = (
+    "otel",  # (the process's own too: whether and where it exports)
     "notify",
     "notify_timeout_s",
     "notify_retry_attempts",

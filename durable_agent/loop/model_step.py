@@ -240,6 +240,12 @@ def _answered(
         attempts=attempts,
         detail=_summary(message, nudge),
         result=(message, nudge),
+        facts={
+            "response_model": turn_out.model,
+            "finish_reason": turn_out.finish_reason,
+            "input": sent,
+            "output": message,
+        },
     )
 
 

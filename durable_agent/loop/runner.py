@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from msgspec.structs import force_setattr
+
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard
+from durable_agent.loop import finish_gate, guard, telemetry
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
@@ -27,7 +29,7 @@ from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.status import StopReason
+from durable_agent.status import RunStatus, StopReason
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
@@ -63,6 +65,7 @@ class Runner:
         self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
+        self._takeover = False  # this session took over a run whose process died
 
     def create(
         self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
@@ -90,11 +93,16 @@ class Runner:
         )
         return run_id
 
-    def execute(self, run_id: str, *, lease: tuple[str, int] | None = None) -> Outcome:
-        """Take the lease (or use the one a worker took) and drive the run until it stops."""
+    def execute(
+        self, run_id: str, *, lease: tuple[str, int] | None = None, takeover: bool = False
+    ) -> Outcome:
+        """Take the lease (or use the one a worker took) and drive the run until it stops.
+        `takeover`: the run was `running` when its lease was taken (its process died)."""
         if lease is None:
             owner = leases.new_owner()
-            lease = (owner, self.store.acquire_lease(run_id, owner, self.settings.lease_seconds))
+            epoch, stood = self.store.take_over(run_id, owner, self.settings.lease_seconds)
+            lease, takeover = (owner, epoch), stood[0] == RunStatus.RUNNING
+        self._takeover = takeover
         journal = Journal(
             self.store.engine,
             run_id,
@@ -168,6 +176,23 @@ class Runner:
     def _drive(self, journal: Journal, beat: Heartbeat) -> Outcome:
         start = time.monotonic()
         ctx = self.context(journal, start, beat)
+        if not telemetry.wanted(self.settings, self.env):
+            return self._steps(journal, beat, ctx, start)
+        try:
+            session = telemetry.Session(ctx, takeover=self._takeover)
+        except telemetry.Unavailable as exc:  # the extra missing: the run goes on untraced
+            ctx.observer.note(str(exc))
+            return self._steps(journal, beat, ctx, start)
+        force_setattr(ctx, "observer", telemetry.TracingObserver(ctx.observer, session))
+        try:
+            outcome = self._steps(journal, beat, ctx, start)
+        except BaseException as exc:
+            session.end(None, exc)
+            raise
+        session.end(outcome.status.value)
+        return outcome
+
+    def _steps(self, journal: Journal, beat: Heartbeat, ctx: StepContext, start: float) -> Outcome:
         self.observer.run_started(
             ctx.state.run_id,
             resumed=ctx.resumed or ctx.state.step_count > 0,

@@ -99,6 +99,7 @@ class StepOutcome(Struct):
     detail: str | None = None  # the end event's, if not the spec's
     duration_ms: int | None = None  # the end event's, if not the step's own
     result: Any = None
+    facts: dict[str, Any] | None = None  # for the step's span: its answer's model, its content
 
 
 class EndThenRaise(Exception):
@@ -223,13 +224,28 @@ class StepCall:
                 completion_tokens=tokens[1] if tokens else None,
                 estimated=outcome.estimated,
                 error=outcome.error,
+                cached_tokens=outcome.cached_tokens,
+                cost=outcome.cost,
+                facts=outcome.facts,
             )
         return outcome
 
     def _event(self, state: str, **fields: Any) -> None:
         spec = self.spec
+        if fields.get("facts") is None and spec.tool_name:
+            fields["facts"] = {"input": spec.input}  # a tool's arguments (content, for spans)
         self.ctx.observer.step(
-            StepEvent(self.step.seq, spec.turn, spec.kind.value, spec.label, state=state, **fields)
+            StepEvent(
+                self.step.seq,
+                spec.turn,
+                spec.kind.value,
+                spec.label,
+                state=state,
+                key=spec.key,
+                call_id=spec.call_id,
+                resumed=self.step.prior is not None,
+                **fields,
+            )
         )
 
 

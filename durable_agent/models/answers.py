@@ -102,6 +102,7 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
         tool_calls=calls,
         usage=_usage(data.get("usage")),
         raw=raw,
+        model=scrub(data["model"][:200]) if isinstance(data.get("model"), str) else None,
         finish_reason=scrub(finish)
         if isinstance(finish, str) and _WORD.fullmatch(finish)
         else None,

@@ -487,6 +487,54 @@ class Journal:
             )
         )
 
+    # -- the run's trace (loop/telemetry.py) ------------------------------------------------
+    def trace_id(self, candidate: str) -> str:
+        """The run's trace id: the recorded one, else `candidate`, recorded now (fenced)."""
+        found = self._read(
+            lambda c: c.execute(select(runs.c.trace_id).where(runs.c.id == self.run_id)).scalar()
+        )
+        if found:
+            return str(found)
+        self.commit(
+            [
+                (
+                    update(runs)
+                    .where(runs.c.id == self.run_id, runs.c.trace_id.is_(None))
+                    .values(trace_id=candidate),
+                    {},
+                )
+            ]
+        )
+        return candidate
+
+    def sessions(self) -> dict[int, tuple[datetime, datetime]]:
+        """Per lease epoch that wrote steps: (its first step's start, its last step's end or
+        start): what a later session knows of one that died."""
+        query = (
+            select(
+                steps.c.lease_epoch,
+                func.min(steps.c.started_at),
+                func.max(func.coalesce(steps.c.finished_at, steps.c.started_at)),
+            )
+            .where(steps.c.run_id == self.run_id, steps.c.lease_epoch.is_not(None))
+            .group_by(steps.c.lease_epoch)
+        )
+        rows = self._read(lambda c: c.execute(query).all())
+        return {int(r[0]): (r[1], r[2]) for r in rows}
+
+    def decided_unused(self) -> list[ApprovalRecord]:
+        """Answers this session is about to act on (their wait is over)."""
+        query = (
+            select(approvals)
+            .where(
+                approvals.c.run_id == self.run_id,
+                approvals.c.decision.is_not(None),
+                approvals.c.used_at.is_(None),
+            )
+            .order_by(approvals.c.id)
+        )
+        return [ApprovalRecord.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
+
     def pending_approvals(self) -> list[ApprovalRecord]:
         """The run's questions still waiting for a decision, oldest first."""
         query = (
