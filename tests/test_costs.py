@@ -127,3 +127,30 @@ def test_a_cached_count_that_is_no_count_is_not_a_discount() -> None:
     for bad in (-1, 11, 2.5, True, "5", None):
         assert cached_prompt_tokens({"prompt_tokens_details": {"cached_tokens": bad}}, 10) == 0
     assert cached_prompt_tokens({"prompt_tokens_details": None}, 10) == 0
+
+
+def test_the_web_view_shows_each_step_cost_and_the_run_total(
+    cli: Callable[..., Any],
+    server: FakeOpenAI,
+    tmp_path: Path,
+    env: dict[str, str],
+    sql: Callable[..., list[Any]],
+) -> None:
+    import httpx
+    from ui_support import start_ui, stop
+
+    price = {"input_per_mtok": 2.0, "output_per_mtok": 8.0, "cached_input_per_mtok": 0.5}
+    run_id = _run(cli, server, tmp_path, "house-model", prices={"house-model": price}).json()[
+        "run_id"
+    ]
+    proc, address = start_ui(env, env["DURABLE_AGENT_DB"], log=tmp_path / "ui.log")
+    try:
+        runs = httpx.get(address).text
+        page = httpx.get(f"{address}runs/{run_id}").text
+    finally:
+        stop(proc)
+    ((total,),) = sql("SELECT cost FROM runs")
+    assert f"{total:.4f}" in runs and f"cost {total:.4f}" in page
+    for (cost,) in sql("SELECT cost FROM steps WHERE cost IS NOT NULL"):
+        assert f"cost {cost:.4f}" in page
+    assert "(8000 cached)" in page

@@ -237,3 +237,29 @@ def test_killed_twice_then_finished_by_a_worker_is_one_trace_over_otlp(
     a = attrs(chat)
     assert a["gen_ai.conversation.id"] == "k" and a["gen_ai.usage.input_tokens"] > 0
     assert "gen_ai.client.token.usage" in receiver.metric_names
+
+
+def test_an_approval_wait_is_a_span_in_the_session_that_acts_on_it(
+    memory: tuple[Any, Any],
+    env: dict[str, str],
+    cli_inproc: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    from ui_support import BLOCKED_SCRIPT
+
+    exporter, _ = memory
+    env["DURABLE_AGENT_CONFIG"] = _config(tmp_path, enabled=True)
+    blocked = cli_inproc("start", "t", "--model", write_script(BLOCKED_SCRIPT), "--run-id", "w")
+    assert blocked.code == 5, blocked.stderr
+    assert cli_inproc("approve", "w", "--by", "dora").code == 0
+    assert cli_inproc("resume", "w", "--quiet").code == 0
+    spans = exporter.get_finished_spans()
+    (wait,) = [s for s in spans if s.name.startswith("approval_wait")]
+    assert wait.name == "approval_wait run_command"
+    assert wait.attributes["durable_agent.approval.decision"] == "approved"
+    assert wait.attributes["durable_agent.approval.decided_by"] == "dora"
+    sessions = [s for s in spans if s.name == "invoke_agent"]
+    assert len(sessions) == 2 and wait.parent.span_id == sessions[1].context.span_id
+    assert sessions[1].links[0].context.span_id == sessions[0].context.span_id
+    assert wait.start_time < wait.end_time <= sessions[1].start_time
