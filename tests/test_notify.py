@@ -221,3 +221,40 @@ def test_notify_settings_are_not_recorded_on_the_run(
     (settings,) = sql("SELECT settings FROM runs")[0]
     assert not [k for k in json.loads(settings) if k.startswith("notify")]
     assert SECRET not in settings
+
+
+def test_each_store_queues_and_delivers_an_end_once(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    store_url: str,
+) -> None:
+    """The outbox on both backends: a blocked run's event, then its completed one after the
+    approval, each once, signed; nothing left pending."""
+    from ui_support import BLOCKED_SCRIPT, open_store
+
+    from durable_agent.store.outbox import Outbox
+
+    receiver = Receiver(fail_first=1, secret=SECRET)
+    try:
+        extra = {**config(tmp_path, [hook(receiver, events=["blocked", "completed"])])}
+        extra["DURABLE_AGENT_DB"] = store_url
+        r = cli(
+            "start", "t", "--model", write_script(BLOCKED_SCRIPT), "--run-id", "b", extra_env=extra
+        )
+        assert r.code == 5, r.stderr
+        assert cli("approve", "b", extra_env=extra).code == 0
+        assert cli("resume", "b", extra_env=extra).code == 0
+        events = receiver.events()
+        assert sorted(e["event"] for e in events.values()) == ["blocked", "completed"]
+        (blocked,) = [e for e in events.values() if e["event"] == "blocked"]
+        assert blocked["approvals"][0]["tool_name"] == "run_command"
+        assert "links" not in blocked["approvals"][0]  # no view gave its address
+        assert all(receiver.verify(req) for req in receiver.requests)
+        rows = Outbox(open_store(store_url).engine).all()
+        assert [(n.event, n.delivered_at is not None) for n in rows] == [
+            ("blocked", True),
+            ("completed", True),
+        ]
+    finally:
+        receiver.close()
