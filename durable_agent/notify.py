@@ -168,7 +168,9 @@ class Deliverer:
             tail = done.stderr.decode(errors="replace").strip()[-200:]
             raise DeliveryFailed(f"exit {done.returncode}" + (f": {tail}" if tail else ""))
 
-    def background(self, stop: threading.Event, wake: threading.Event, every: float) -> None:
+    def background(
+        self, stop: threading.Event, wake: threading.Event, every: float
+    ) -> threading.Thread:
         """A worker's delivery thread: a pass whenever a run ends, and every `every` seconds."""
 
         def loop() -> None:
@@ -178,7 +180,9 @@ class Deliverer:
                 wake.wait(every)
                 wake.clear()
 
-        threading.Thread(target=loop, name="notify", daemon=True).start()
+        thread = threading.Thread(target=loop, name="notify", daemon=True)
+        thread.start()
+        return thread
 
 
 def _shown(target: str) -> str:

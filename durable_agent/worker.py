@@ -169,16 +169,22 @@ class Worker:
             f"worker {self.name} · {url} · concurrency {o.concurrency} · "
             f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}"
         )
-        deliverer = None
+        deliverer, sending, finished = None, None, threading.Event()
         if self.notify_settings is not None:
             from durable_agent.notify import Deliverer
 
             deliverer = Deliverer(self.store.engine, self.notify_settings, self.store.policy)
-            deliverer.background(self.stopping, self.notify_wake, o.poll_s)
+            sending = deliverer.background(finished, self.notify_wake, o.poll_s)
         with Interrupts(self._first_signal, self._second_signal):
             reason = self._loop()
             self._drain()
-        if deliverer is not None:  # the last runs' ends, before the worker is gone
+        if deliverer is not None and sending is not None:
+            # Stopped and joined before the store is closed (a thread still sending as the
+            # interpreter and the engine went crashed the process); then a last pass for the
+            # ends of the last runs.
+            finished.set()
+            self.notify_wake.set()
+            sending.join()
             with contextlib.suppress(Exception):
                 deliverer.deliver_due()
         c = self.counts
