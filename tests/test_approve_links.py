@@ -89,6 +89,7 @@ def _block(cli: Any, write_script: Any, setup: Setup, run_id: str = "wait") -> d
     return links
 
 
+@pytest.mark.slow
 def test_a_link_approves_once_and_the_view_continues_the_run(
     cli: Any, write_script: Any, setup: Setup, workspace: Path
 ) -> None:

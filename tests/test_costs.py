@@ -129,6 +129,7 @@ def test_a_cached_count_that_is_no_count_is_not_a_discount() -> None:
     assert cached_prompt_tokens({"prompt_tokens_details": None}, 10) == 0
 
 
+@pytest.mark.slow
 def test_the_web_view_shows_each_step_cost_and_the_run_total(
     cli: Callable[..., Any],
     server: FakeOpenAI,

@@ -166,6 +166,7 @@ def test_killed_at_every_checkpoint_and_between_commit_and_post_each_end_arrives
     assert all(receiver.verify(r) for r in receiver.requests)
 
 
+@pytest.mark.slow
 def test_a_receiver_down_for_a_while_gets_every_event_from_a_worker_afterwards(
     cli: Callable[..., Any],
     write_script: Callable[..., str],

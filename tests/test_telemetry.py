@@ -45,6 +45,7 @@ def _imported_otel(argv: list[str], cwd: Path, env: dict[str, str], before: str 
     return names
 
 
+@pytest.mark.slow
 def test_off_or_without_the_extra_nothing_of_opentelemetry_is_imported(
     env: dict[str, str], workspace: Path, write_script: Callable[..., str]
 ) -> None:
