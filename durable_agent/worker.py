@@ -127,7 +127,9 @@ def run_worker(
         lease_seconds=options.lease_seconds,
     )
     try:
-        return Worker(Store(engine, policy), options, env, Log(sys.stderr), timeline).run()
+        worker = Worker(Store(engine, policy), options, env, Log(sys.stderr), timeline)
+        worker.notify_settings = settings if settings.notify else None
+        return worker.run()
     finally:
         engine.dispose()
 
@@ -161,6 +163,10 @@ class Worker:
         # `--once`: the store failure it stops on (exit 7), rather than polling a store that
         # is gone for ever or taking back, again and again, a run the store keeps failing.
         self.store_failure: StoreError | None = None
+        # [[notify]] of the worker's config: its deliverer thread sends the outbox's rows
+        # (the ends of the runs it executes, and any a crashed process left behind).
+        self.notify_settings: Settings | None = None
+        self.notify_wake = threading.Event()
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -171,9 +177,24 @@ class Worker:
             f"worker {self.name} · {url} · concurrency {o.concurrency} · "
             f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}"
         )
+        deliverer, sending, finished = None, None, threading.Event()
+        if self.notify_settings is not None:
+            from durable_agent.notify import Deliverer
+
+            deliverer = Deliverer(self.store.engine, self.notify_settings, self.store.policy)
+            sending = deliverer.background(finished, self.notify_wake, o.poll_s)
         with Interrupts(self._first_signal, self._second_signal):
             reason = self._loop()
             self._drain()
+        if deliverer is not None and sending is not None:
+            # Stopped and joined before the store is closed (a thread still sending as the
+            # interpreter and the engine went crashed the process); then a last pass for the
+            # ends of the last runs.
+            finished.set()
+            self.notify_wake.set()
+            sending.join()
+            with contextlib.suppress(Exception):
+                deliverer.deliver_due()
         c = self.counts
         done = ", ".join(f"{n} {k}" for k, n in sorted(c.items()) if k not in {"claimed"})
         self.log.line(
@@ -327,6 +348,7 @@ class Worker:
             with self._lock:
                 self._active.pop(claim.run_id, None)
             self.wake.set()
+            self.notify_wake.set()
 
     def _execute_claim(self, claim: Claim, started: float) -> None:
         rid = claim.run_id
@@ -359,7 +381,9 @@ class Worker:
             # One live run per workspace, as for `start` and `resume`: a workspace another
             # process runs in (WorkspaceBusy) gives the run back, queued, below.
             with workspace_lease(settings.workspace, rid, self.env):
-                outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
+                outcome = runner.execute(
+                    rid, lease=(claim.owner, claim.epoch), takeover=claim.takeover
+                )
         except RunReleased:
             self._count("released")
             if self._give_back(claim, None):

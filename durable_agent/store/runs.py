@@ -310,6 +310,26 @@ class Store:
         return None if row is None else ApprovalRecord.from_row(row)
 
     @_retried
+    def decide_once(self, run_id: str, approval_id: int, *, approved: bool, by: str) -> bool:
+        """Decide the run's approval if nobody has (False: it was answered already): a
+        one-time link used twice at once decides it once."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(approvals)
+                .where(
+                    approvals.c.id == approval_id,
+                    approvals.c.run_id == run_id,
+                    approvals.c.decision.is_(None),
+                )
+                .values(
+                    decision=(Decision.APPROVED if approved else Decision.DENIED).value,
+                    decided_by=storable(by),
+                    decided_at=utcnow(),
+                )
+            )
+            return bool(done.rowcount == 1)
+
+    @_retried
     def decide_approval(
         self, approval_id: int, *, approved: bool, by: str, restore: bool = False
     ) -> None:

@@ -64,6 +64,9 @@ COLUMNS = {
         "forked_from",
         "fork_seq",
         "tree_start",
+        "cached_tokens",
+        "cost",
+        "trace_id",
     ),
     "steps": (
         "id",
@@ -89,6 +92,8 @@ COLUMNS = {
         "lease_epoch",
         "tree_before",
         "tree_id",
+        "cached_tokens",
+        "cost",
     ),
     "approvals": (
         "id",
