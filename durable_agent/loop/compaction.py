@@ -562,6 +562,7 @@ def cannot_fit(ctx: StepContext, error: str) -> ModelError:
         f"{error} — tried: compacting the context (older tool outputs elided, older turns "
         f"summarized; {ctx.state.view.compactions} compactions) and one retry; the request is still "
         f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Resume with --model naming a "
-        "model with a larger window (its context_window from the config file's [models] table); the run "
+        "model with a larger window (its context_window from the config file's [models] table) and "
+        "--accept-changes (another model needs consent: docs/versions.md); the run "
         "keeps the output_cap, keep_recent_outputs and compact_at it started with"
     )

@@ -64,6 +64,7 @@ COLUMNS = {
         "forked_from",
         "fork_seq",
         "tree_start",
+        "version_key",
         "cached_tokens",
         "cost",
         "trace_id",
