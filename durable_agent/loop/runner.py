@@ -65,7 +65,12 @@ class Runner:
         self.release = threading.Event()
 
     def create(
-        self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
+        self,
+        task: str,
+        run_id: str | None = None,
+        *,
+        lease_owner: str | None = None,
+        queue: Mapping[str, Any] | None = None,
     ) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
@@ -84,6 +89,7 @@ class Runner:
             settings=self.settings.redacted_dict(),
             first_messages=first,
             lease=lease,
+            queue=queue,  # batch_id, priority, queue_key (docs/fleets.md)
             tree_start=recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),

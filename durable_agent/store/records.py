@@ -78,6 +78,9 @@ class RunRecord(_Record, frozen=True):
     forked_from: str | None = None  # 0006: `fork` lineage
     fork_seq: int | None = None
     tree_start: str | None = None  # 0006: workspace snapshot at creation
+    batch_id: str | None = None  # 0010: fleets (docs/fleets.md)
+    priority: int = 0
+    queue_key: str | None = None
 
 
 class StepRecord(_Record, frozen=True, dict=True):

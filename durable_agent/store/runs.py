@@ -8,7 +8,7 @@ package's `StoreUnavailable` / `StoreError`, never as a driver exception."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -95,10 +95,12 @@ class Store:
         first_messages: Sequence[Message],
         lease: tuple[str, float] | None = None,
         tree_start: str | None = None,
+        queue: Mapping[str, Any] | None = None,
     ) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
-        foreground `start` is about to execute."""
+        foreground `start` is about to execute. `queue`: its batch_id, priority, queue_key
+        (0010), set in the same transaction so no claim sees the run without them."""
         task, workspace, model, settings = storable((task, workspace, model, settings))
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
@@ -129,6 +131,7 @@ class Store:
                     resume_count=0,
                     tree_start=tree_start,
                     **leased,
+                    **{k: v for k, v in (queue or {}).items() if v is not None},
                 )
             )
             conn.execute(

@@ -64,6 +64,9 @@ COLUMNS = {
         "forked_from",
         "fork_seq",
         "tree_start",
+        "batch_id",
+        "priority",
+        "queue_key",
     ),
     "steps": (
         "id",
