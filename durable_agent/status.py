@@ -41,6 +41,7 @@ class StepKind(StrEnum):
     TOOL = "tool"
     VERIFY = "verify"
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
+    WORKSPACE = "workspace"  # a batch task's workspace made from its repo (docs/fleets.md)
 
 
 class EffectClass(StrEnum):

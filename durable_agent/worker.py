@@ -64,6 +64,7 @@ class WorkerOptions(Struct, frozen=True):
     quiet: bool = False
     max_running: int | None = None
     workspace_root: Path | None = None  # each run in ROOT/RUN_ID, rebuilt from its snapshots
+    batch: str | None = None  # claim only this batch's runs (`batch submit --run`)
 
 
 class Log:
@@ -197,6 +198,7 @@ class Worker:
                         max_running=o.max_running,
                         exclude=self._skipped_now(),
                         accept=_anywhere if o.workspace_root else _reachable,
+                        batch=o.batch,  # fleets: `batch submit --run` drains its batch only
                     )
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
@@ -381,6 +383,24 @@ class Worker:
             f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
             f"{secs:.1f}s{tail}"
         )
+        if claim.batch_id is not None:
+            self._batch_progress(claim.batch_id)
+
+    def _batch_progress(self, batch_id: str) -> None:
+        """A batch's run ended: is the batch finished? `finish_if_done` is true exactly once
+        over all workers, so what follows it happens once per batch."""
+        from durable_agent.store import fleet
+
+        try:
+            if fleet.finish_if_done(self.store.engine, batch_id):
+                self.batch_done(batch_id)
+        except StoreError as exc:  # the next run of the batch to end asks again
+            self.log.line(f"could not check batch {batch_id}: {exc}")
+
+    def batch_done(self, batch_id: str) -> None:
+        """THE place a batch finishes (once, on one worker): a `batch_done` notification
+        goes here."""
+        self.log.line(f"batch {batch_id} finished")
 
     def _unexpected(self, claim: Claim, exc: Exception) -> None:
         """A bug, most likely: say everything, give the run back, and leave it alone for a while

@@ -37,3 +37,37 @@ def add_fleet_commands(sub: Any, command: Callable[[str, str], Any], add_db: Any
     add_db(p)
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
     p.set_defaults(func=command("cmd_queue", "queue_command"))
+
+    p = sub.add_parser(
+        "batch",
+        help="run many tasks over many repositories: submit, show, export, resume, cancel",
+        description="submit TASKS.jsonl: one task a line ({id, task, repo, ref, verify, model, "
+        "budgets, priority, metadata, queue_key}); each task's run makes its own workspace "
+        "under --workdir (a git worktree of a local repo, or a clone of a URL, at ref) as "
+        "its first durable step, and is queued for workers (or run here with --run). "
+        "Submitting again adds only new task ids. show ID: a results table with totals. "
+        "export ID --preds FILE: SWE-bench predictions. resume ID / cancel ID.",
+    )
+    p.add_argument("action", choices=["submit", "show", "export", "resume", "cancel"])
+    p.add_argument("target", nargs="?", metavar="TASKS.jsonl|ID")
+    add_db(p)
+    p.add_argument("--name", help="submit: the batch's name (default: the file's stem); dedup key")
+    p.add_argument("--workdir", metavar="DIR", help="submit: where each task's workspace is made")
+    p.add_argument(
+        "--max-parallel", type=int, metavar="N", help="submit: runs of the batch at once"
+    )
+    p.add_argument("--model", help="submit: model of tasks that name none")
+    p.add_argument("--base-url", metavar="URL", help="submit: OpenAI-compatible endpoint")
+    p.add_argument("--shell", choices=["allow", "ask", "deny"], help="submit: shell policy")
+    p.add_argument(
+        "--sandbox", choices=["workspace-write", "read-only", "off"], help="submit: containment"
+    )
+    p.add_argument("--run", action="store_true", help="submit/resume: run the batch here now")
+    p.add_argument(
+        "--concurrency", type=int, default=4, metavar="N", help="with --run: runs at once (4)"
+    )
+    p.add_argument("--verbose", action="store_true", help="with --run: one line per run event")
+    p.add_argument("--preds", metavar="FILE", help="export: the predictions file (JSONL)")
+    p.add_argument("--all", action="store_true", help="export: tasks not completed too")
+    p.add_argument("--json", action="store_true", help="show: one JSON object")
+    p.set_defaults(func=command("cmd_batch", "batch_commands"))

@@ -248,6 +248,13 @@ class Settings(BaseModel):
     mcp_log_max_bytes: int = Field(5_000_000, ge=10_000)
     """Size at which an MCP server's stderr log (beside the store) is rotated; one older part is kept, the rest dropped and said so."""
 
+    # -- fleets (docs/fleets.md) ---------------------------------------------------------------
+    workspace_repo: str | None = None
+    """A batch task's source: a local git repository or a git URL; the run's first step makes
+    its workspace from it (a worktree or a clone at `workspace_ref`). Set by `batch submit`."""
+    workspace_ref: str | None = None
+    """The commit, branch or tag the batch task's workspace is made at (default HEAD)."""
+
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
 

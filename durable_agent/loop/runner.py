@@ -23,6 +23,7 @@ from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
 from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
+from durable_agent.loop.workspace_setup import setup_workspace
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
@@ -90,7 +91,11 @@ class Runner:
             first_messages=first,
             lease=lease,
             queue=queue,  # batch_id, priority, queue_key (docs/fleets.md)
-            tree_start=recorder.at_creation(
+            # A batch task's workspace is an empty placeholder until its first step makes it
+            # (loop/workspace_setup.py): its first snapshot is taken after that, not now.
+            tree_start=None
+            if self.settings.workspace_repo
+            else recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),
         )
@@ -179,6 +184,8 @@ class Runner:
             steps_done=ctx.state.step_count,
         )
         try:
+            if setup_workspace(ctx):  # a batch task's workspace, made once (docs/fleets.md)
+                ctx = self.context(journal, start, beat)  # the folder the step renamed in
             stop_leftover_processes(ctx)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             while True:

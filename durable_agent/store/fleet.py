@@ -12,12 +12,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from msgspec import Struct
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, case, func, insert, select, update
 
-from durable_agent.status import RunStatus
+from durable_agent.status import RunStatus, StepKind, StopReason
 from durable_agent.store import leases, retrying
 from durable_agent.store.rows import utcnow
-from durable_agent.store.schema import batches, queue_keys, runs
+from durable_agent.store.schema import batch_tasks, batches, queue_keys, runs, steps
+from durable_agent.store.storable import storable
 
 T = TypeVar("T")
 _POLICY = retrying.StorePolicy(max_attempts=3, max_seconds=5.0)
@@ -188,3 +189,286 @@ def live_counts(engine: Engine, where: Any, now: datetime | None = None) -> int:
             ).scalar_one(),
         )
     )
+
+
+# -- batches --------------------------------------------------------------------------------
+class BatchRecord(Struct, frozen=True):
+    id: str
+    name: str
+    status: str  # active | cancelled | finished
+    max_parallel: int | None
+    workdir: str
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class TaskRow(Struct, frozen=True):
+    """One task of a batch with its run's figures (`batch show`, `batch export`)."""
+
+    task_id: str
+    run_id: str
+    seq: int
+    spec: dict[str, Any]
+    status: str
+    stop_reason: str | None
+    model: str
+    step_count: int
+    tool_call_count: int
+    prompt_tokens: int
+    completion_tokens: int
+    active_ms: int
+    created_at: datetime
+    finished_at: datetime | None
+    settings: dict[str, Any] | None
+    verify: str | None  # pass | fail | None (no verification ran)
+
+
+def _batch(row: Any) -> BatchRecord:
+    return BatchRecord(
+        row.id, row.name, row.status, row.max_parallel, row.workdir, row.created_at, row.finished_at
+    )
+
+
+def open_batch(
+    engine: Engine, batch_id: str, name: str, workdir: str, max_parallel: int | None
+) -> tuple[BatchRecord, bool]:
+    """The batch called `name`, made now if there is none: (batch, made). The name is the
+    dedup key's first half: submitting to it again adds only the tasks it does not have."""
+
+    def write(conn: Connection) -> tuple[BatchRecord, bool]:
+        found = conn.execute(select(batches).where(batches.c.name == name)).first()
+        if found is not None:
+            return _batch(found), False
+        now = utcnow()
+        conn.execute(
+            insert(batches).values(
+                id=batch_id,
+                name=name,
+                status="active",
+                max_parallel=max_parallel,
+                workdir=workdir,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        return _batch(conn.execute(select(batches).where(batches.c.id == batch_id)).one()), True
+
+    return _write(engine, write)
+
+
+def find_batch(engine: Engine, id_or_name: str) -> BatchRecord | None:
+    """A batch by id, by name, or by a unique id prefix."""
+
+    def read(conn: Connection) -> Any:
+        row = conn.execute(
+            select(batches).where((batches.c.id == id_or_name) | (batches.c.name == id_or_name))
+        ).first()
+        if row is None and id_or_name:
+            rows = conn.execute(
+                select(batches).where(batches.c.id.startswith(id_or_name, autoescape=True)).limit(2)
+            ).all()
+            row = rows[0] if len(rows) == 1 else None
+        return row
+
+    row = _read(engine, read)
+    return None if row is None else _batch(row)
+
+
+def task_runs(engine: Engine, batch_id: str) -> dict[str, str]:
+    """task id -> run id of the batch's tasks."""
+    rows = _read(
+        engine,
+        lambda c: c.execute(
+            select(batch_tasks.c.task_id, batch_tasks.c.run_id).where(
+                batch_tasks.c.batch_id == batch_id
+            )
+        ).all(),
+    )
+    return {r.task_id: r.run_id for r in rows}
+
+
+def add_task(
+    engine: Engine, batch_id: str, task_id: str, run_id: str, seq: int, spec: dict[str, Any]
+) -> None:
+    """Record a task whose run exists (made first: a crash between the two leaves a run the
+    next submit finds by its id, never a task without a run)."""
+
+    def write(conn: Connection) -> None:
+        there = conn.execute(
+            select(batch_tasks.c.run_id).where(
+                batch_tasks.c.batch_id == batch_id, batch_tasks.c.task_id == task_id
+            )
+        ).first()
+        if there is None:
+            conn.execute(
+                insert(batch_tasks).values(
+                    batch_id=batch_id,
+                    task_id=task_id,
+                    run_id=run_id,
+                    seq=seq,
+                    spec=storable(spec),
+                    created_at=utcnow(),
+                )
+            )
+
+    _write(engine, write)
+
+
+def task_rows(engine: Engine, batch_id: str) -> list[TaskRow]:
+    """The batch's tasks in submission order, with their runs and the last verification."""
+
+    def read(conn: Connection) -> list[TaskRow]:
+        rows = conn.execute(
+            select(
+                batch_tasks.c.task_id,
+                batch_tasks.c.run_id,
+                batch_tasks.c.seq,
+                batch_tasks.c.spec,
+                runs.c.status,
+                runs.c.stop_reason,
+                runs.c.model,
+                runs.c.step_count,
+                runs.c.tool_call_count,
+                runs.c.prompt_tokens,
+                runs.c.completion_tokens,
+                runs.c.active_ms,
+                runs.c.created_at,
+                runs.c.finished_at,
+                runs.c.settings,
+            )
+            .select_from(batch_tasks.join(runs, runs.c.id == batch_tasks.c.run_id))
+            .where(batch_tasks.c.batch_id == batch_id)
+            .order_by(batch_tasks.c.seq)
+        ).all()
+        last_verify: dict[str, str] = {}
+        verified = conn.execute(
+            select(steps.c.run_id, steps.c.state)
+            .select_from(steps.join(batch_tasks, batch_tasks.c.run_id == steps.c.run_id))
+            .where(batch_tasks.c.batch_id == batch_id, steps.c.kind == StepKind.VERIFY.value)
+            .order_by(steps.c.run_id, steps.c.seq)
+        ).all()
+        for v in verified:  # the last one of each run stands
+            last_verify[v.run_id] = v.state
+        return [
+            TaskRow(
+                task_id=r.task_id,
+                run_id=r.run_id,
+                seq=r.seq,
+                spec=dict(r.spec or {}),
+                status=r.status,
+                stop_reason=r.stop_reason,
+                model=r.model,
+                step_count=r.step_count,
+                tool_call_count=r.tool_call_count,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                active_ms=r.active_ms,
+                created_at=r.created_at,
+                finished_at=r.finished_at,
+                settings=r.settings,
+                verify={"completed": "pass", "failed": "fail"}.get(last_verify.get(r.run_id, "")),
+            )
+            for r in rows
+        ]
+
+    return _read(engine, read)
+
+
+OPEN = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+BATCH_CANCELLED = "cancelled"
+
+
+def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
+    """The batch is cancelled: its queued runs end `cancelled` now, its running ones are
+    asked to stop at their next step. Returns (cancelled, asked)."""
+
+    def write(conn: Connection) -> tuple[int, int]:
+        now = utcnow()
+        conn.execute(
+            update(batches)
+            .where(batches.c.id == batch_id)
+            .values(status=BATCH_CANCELLED, updated_at=now)
+        )
+        ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
+        queued = conn.execute(
+            update(runs)
+            .where(runs.c.id.in_(ids), runs.c.status == RunStatus.PENDING.value)
+            .values(
+                status=RunStatus.CANCELLED.value,
+                stop_reason=StopReason.CANCELLED.value,
+                error="batch cancelled",
+                finished_at=now,
+                updated_at=now,
+            )
+        ).rowcount
+        asked = conn.execute(
+            update(runs)
+            .where(runs.c.id.in_(ids), runs.c.status == RunStatus.RUNNING.value)
+            .values(cancel_requested=True, updated_at=now)
+        ).rowcount
+        return int(queued), int(asked)
+
+    return _write(engine, write)
+
+
+def resume_batch(engine: Engine, batch_id: str) -> int:
+    """Queue again every task whose run stopped short of `completed` (failed, cancelled,
+    over budget, blocked): each continues from its last step. Returns how many."""
+
+    def write(conn: Connection) -> int:
+        now = utcnow()
+        conn.execute(
+            update(batches)
+            .where(batches.c.id == batch_id)
+            .values(status="active", finished_at=None, updated_at=now)
+        )
+        ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
+        return int(
+            conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id.in_(ids),
+                    runs.c.status.not_in((*OPEN, RunStatus.COMPLETED.value)),
+                )
+                .values(
+                    status=RunStatus.PENDING.value,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    cancel_requested=False,
+                    updated_at=now,
+                )
+            ).rowcount
+        )
+
+    return _write(engine, write)
+
+
+def finish_if_done(engine: Engine, batch_id: str) -> bool:
+    """Mark the batch finished when none of its runs is pending or running. True exactly
+    once per batch (a compare-and-set on finished_at): the one place a batch finishes, for
+    whatever is told then (a `batch_done` notification)."""
+
+    def write(conn: Connection) -> bool:
+        ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
+        left = conn.execute(
+            select(func.count())
+            .select_from(runs)
+            .where(runs.c.id.in_(ids), runs.c.status.in_(OPEN))
+        ).scalar_one()
+        if left:
+            return False
+        now = utcnow()
+        done = conn.execute(
+            update(batches)
+            .where(batches.c.id == batch_id, batches.c.finished_at.is_(None))
+            .values(
+                finished_at=now,
+                updated_at=now,
+                status=case(
+                    (batches.c.status == BATCH_CANCELLED, BATCH_CANCELLED), else_="finished"
+                ),
+            )
+        )
+        return done.rowcount == 1
+
+    return _write(engine, write)

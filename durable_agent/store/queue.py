@@ -80,6 +80,7 @@ class Claim(Struct, frozen=True):
     settings: dict[str, Any]
     takeover: bool  # it was `running`: a lease that expired or was dropped, not a queued run
     previous_owner: str | None
+    batch_id: str | None = None  # 0010: the batch it is a task of
 
 
 class Rejected(Struct, frozen=True):
@@ -130,16 +131,19 @@ class Queue:
         max_running: int | None = None,
         exclude: Collection[str] = (),
         accept: Callable[[str], bool] = lambda _workspace: True,
+        batch: str | None = None,
     ) -> ClaimResult:
         """Take the lease of the oldest orphan (running, its owner gone or its lease
         expired), else of the oldest pending run, that `accept`s its workspace.
 
         `exclude`: run ids this worker already turned down. `accept` is called inside the
         transaction, with the candidate row locked: keep it cheap (a stat of a path).
+        `batch`: only that batch's runs (`batch submit --run`, 0010).
         Database faults come out as StoreError / StoreUnavailable (retried briefly first).
         """
         return retrying.run(
-            lambda: self._claim(owner, lease_seconds, max_running, exclude, accept), self.policy
+            lambda: self._claim(owner, lease_seconds, max_running, exclude, accept, batch),
+            self.policy,
         )
 
     def _claim(
@@ -149,14 +153,15 @@ class Queue:
         max_running: int | None,
         exclude: Collection[str],
         accept: Callable[[str], bool],
+        batch: str | None = None,
     ) -> ClaimResult:
         now = utcnow()
         skipped = set(exclude)
         rejected: list[Rejected] = []
-        controls = _Controls()  # 0010: concurrency keys and batches' max_parallel
+        controls = _Controls(batch)  # 0010: concurrency keys, max_parallel, one batch only
         with self.engine.begin() as conn:
             live = self._live_leases(conn, now) if max_running is not None else 0
-            orphans = self._orphans(conn, now)
+            orphans = self._orphans(conn, now, batch)
             # A dead owner's lease is counted live until it expires, yet taking it over adds
             # no running run: only a claim that adds one waits for a free slot.
             full = max_running is not None and live - sum(o.dead for o in orphans) >= max_running
@@ -219,7 +224,7 @@ class Queue:
         return ClaimResult(rejected=rejected)
 
     @staticmethod
-    def _orphans(conn: Connection, now: datetime) -> list[_Orphan]:
+    def _orphans(conn: Connection, now: datetime, batch: str | None = None) -> list[_Orphan]:
         """Running runs nobody executes, oldest first: a lease expired or dropped, or held by
         a process of this host that is gone (proved at once, as `resume` does, instead of
         after the lease). Read without locks: holding the rows of live runs would stall their
@@ -235,6 +240,7 @@ class Queue:
                     runs.c.lease_owner.startswith(host, autoescape=True),
                 ),
             )
+            .where(*([runs.c.batch_id == batch] if batch is not None else []))  # 0010
             .order_by(runs.c.priority.desc(), runs.c.created_at, runs.c.id)
         ).all()
         found = []
@@ -269,6 +275,7 @@ class Queue:
             settings=dict(row.settings or {}),
             takeover=row.status == RunStatus.RUNNING,
             previous_owner=row.lease_owner,
+            batch_id=row.batch_id,
         )
 
     def _live_leases(self, conn: Connection, now: datetime) -> int:
@@ -321,11 +328,14 @@ class _Controls:
     """The limits one claim checks, and the keys and batches it found full (skipped for the
     rest of the claim: the candidate query leaves their runs out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch: str | None = None) -> None:
+        self.batch = batch  # claim only this batch's runs
         self.full_keys: set[str] = set()
         self.full_batches: set[str] = set()
 
     def not_blocked(self, query: Any) -> Any:
+        if self.batch is not None:
+            query = query.where(runs.c.batch_id == self.batch)
         if self.full_keys:
             query = query.where(
                 or_(runs.c.queue_key.is_(None), runs.c.queue_key.not_in(self.full_keys))
