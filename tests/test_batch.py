@@ -89,6 +89,7 @@ def check_preds(preds: Path, repos: list[Path], n: int, scratch: Path) -> None:
         subprocess.run(["git", "apply", "--check", str(patch)], cwd=fresh, check=True)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores (git worktrees, four runs)
 def test_submit_run_show_export_dedup(
     cli: Callable[..., Result], tmp_path: Path, write_script: Callable[..., str]
 ) -> None:
@@ -127,6 +128,7 @@ def test_submit_run_show_export_dedup(
     check_preds(preds, repos, 4, tmp_path)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_bad_lines_cancel_and_resume(
     cli: Callable[..., Result], tmp_path: Path, write_script: Callable[..., str]
 ) -> None:

@@ -7,6 +7,7 @@ like the rest of the store); the rules that decide a claim are in store/queue.py
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -472,3 +473,109 @@ def finish_if_done(engine: Engine, batch_id: str) -> bool:
         return done.rowcount == 1
 
     return _write(engine, write)
+
+
+# -- rate limits ------------------------------------------------------------------------------
+class Want(Struct, frozen=True):
+    """Capacity one model call asks of one limit: `amount` (1 request, or its tokens) out of
+    `limit` per window, under `key` (e.g. "rpm:gpt-4.1-mini")."""
+
+    key: str
+    amount: int
+    limit: int
+
+
+def take_capacity(
+    engine: Engine,
+    wants: list[Want],
+    window_s: float,
+    now: datetime,
+    run_id: str | None = None,
+    *,
+    hold_s: float = 0.0,
+) -> tuple[float, list[int]]:
+    """A sliding window shared by every worker: record the wants if each fits in its limit
+    over the last `window_s` seconds, all or none. Returns (0, event ids) when taken, else
+    (seconds until the oldest events that must leave the window have left, []).
+
+    The rate_limits row of each key is locked first (FOR UPDATE on PostgreSQL; SQLite's BEGIN
+    IMMEDIATE holds the whole store), in key order, so two takers count and insert one after
+    the other: the window is never overfilled by a race. A want larger than its limit is let
+    through alone in an empty window (it could never fit otherwise).
+
+    `hold_s`: the events are stamped that far ahead of `now`, the latest the request can
+    reach the provider; `settle_capacity` moves the stamp back to when it answered. So a
+    request in flight never leaves the window before it has arrived, however late it goes
+    out, and one whose session died holds its place until then (it may have been sent)."""
+    from datetime import timedelta
+
+    from durable_agent.store.schema import rate_events, rate_limits
+
+    for want in wants:  # made once per key, outside the counting transaction
+        _ensure_limit_row(engine, want.key, now)
+
+    def write(conn: Connection) -> tuple[float, list[int]]:
+        since = now - timedelta(seconds=window_s)
+        wait = 0.0
+        for want in sorted(wants, key=lambda w: w.key):
+            locked = conn.execute(
+                select(rate_limits.c.key).where(rate_limits.c.key == want.key).with_for_update()
+            ).first()
+            if locked is None:  # (deleted by hand since): counted unlocked, as on SQLite
+                pass
+            events = conn.execute(
+                select(rate_events.c.at, rate_events.c.amount)
+                .where(rate_events.c.key == want.key, rate_events.c.at > since)
+                .order_by(rate_events.c.at)
+            ).all()
+            used = sum(e.amount for e in events)
+            if used and used + want.amount > want.limit:
+                for e in events:  # when enough of the oldest have left the window
+                    used -= e.amount
+                    if used + want.amount <= want.limit or used == 0:
+                        wait = max(wait, (e.at - since).total_seconds())
+                        break
+        if wait > 0:
+            return wait, []
+        ids = []
+        for want in wants:
+            res = conn.execute(
+                insert(rate_events).values(key=want.key, at=now, amount=want.amount, run_id=run_id)
+            )
+            ids.append(int(res.inserted_primary_key[0]))  # type: ignore[index]
+        conn.execute(
+            rate_events.delete().where(rate_events.c.at <= since - timedelta(seconds=window_s))
+        )
+        return 0.0, ids
+
+    return _write(engine, write)
+
+
+def settle_capacity(
+    engine: Engine, event_ids: list[int], at: datetime, amounts: dict[int, int] | None = None
+) -> None:
+    """A call answered (or failed) at `at`: its events are stamped then, and `amounts` (its
+    real tokens, by event id) replace the estimates."""
+    from durable_agent.store.schema import rate_events
+
+    def write(conn: Connection) -> None:
+        for event_id in event_ids:
+            values: dict[str, Any] = {"at": at}
+            if amounts and event_id in amounts:
+                values["amount"] = amounts[event_id]
+            conn.execute(update(rate_events).where(rate_events.c.id == event_id).values(values))
+
+    _write(engine, write)
+
+
+def _ensure_limit_row(engine: Engine, key: str, now: datetime) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from durable_agent.store.schema import rate_limits
+
+    def write(conn: Connection) -> None:
+        if conn.execute(select(rate_limits.c.key).where(rate_limits.c.key == key)).first() is None:
+            conn.execute(insert(rate_limits).values(key=key, updated_at=now))
+
+    with contextlib.suppress(IntegrityError):  # another worker made it first
+        _write(engine, write)

@@ -1,0 +1,93 @@
+"""Rate limits per model shared by every worker through the store (docs/fleets.md): the
+sliding window itself on SQLite and PostgreSQL with a fixed clock, and four worker
+processes against a local OpenAI-compatible server that records when each request
+arrives. The window is configured short (`rate_limit_window_s = 2`, rpm = 3) so the test
+takes seconds; the code path is the one a 60 s window takes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from conftest import Result
+from scale_helpers import Workers, pg_schema
+
+from durable_agent.store import fleet
+from durable_agent.store.engine import open_store_engine
+from durable_agent.store.rows import utcnow
+
+
+def test_sliding_window_waits_until_the_oldest_leave(store_url: str) -> None:
+    engine = open_store_engine(store_url)
+    t0 = utcnow()
+    rpm = [fleet.Want("rpm:m", 1, 3)]
+    for i in range(3):
+        wait, ids = fleet.take_capacity(engine, rpm, 10.0, t0 + timedelta(seconds=i))
+        assert wait == 0 and len(ids) == 1
+    wait, ids = fleet.take_capacity(engine, rpm, 10.0, t0 + timedelta(seconds=3))
+    assert ids == [] and wait == pytest.approx(7.0)  # the first leaves the window at t0+10
+    wait, _ = fleet.take_capacity(engine, rpm, 10.0, t0 + timedelta(seconds=10.5))
+    assert wait == 0
+    # tokens: a call is let through only with room for its estimate; the real usage replaces it
+    tpm = [fleet.Want("tpm:m", 600, 1000)]
+    wait, (first,) = fleet.take_capacity(engine, tpm, 10.0, t0)
+    assert wait == 0
+    assert fleet.take_capacity(engine, tpm, 10.0, t0 + timedelta(seconds=1))[0] > 0
+    fleet.settle_capacity(engine, [first], t0, {first: 300})  # it used fewer than estimated
+    assert fleet.take_capacity(engine, tpm, 10.0, t0 + timedelta(seconds=1))[0] == 0
+    # all or nothing: a call over its tpm records no request in rpm either
+    both = [fleet.Want("rpm:n", 1, 5), fleet.Want("tpm:n", 2000, 1000)]
+    assert fleet.take_capacity(engine, both[1:], 10.0, t0)[0] == 0  # alone in an empty window
+    assert fleet.take_capacity(engine, both, 10.0, t0)[0] > 0
+    assert fleet.take_capacity(engine, both[:1], 10.0, t0)[0] == 0
+    engine.dispose()
+
+
+def _max_in_window(times: list[float], window: float) -> int:
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+@pytest.mark.slow  # over 2 s: the window must pass a few times
+@pytest.mark.postgres
+def test_four_workers_stay_under_rpm(
+    cli: Callable[..., Result], env: dict[str, str], tmp_path: Path
+) -> None:
+    from fake_openai import FakeOpenAI
+
+    limit, window, runs = 3, 2.0, 6
+    config = tmp_path / "limits.toml"
+    config.write_text(f'rate_limit_window_s = {window}\n[models."m"]\nrpm = {limit}\n')
+    script = [{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]
+    with pg_schema() as db, FakeOpenAI(script=script) as fake:
+        wenv = {**env, "DURABLE_AGENT_CONFIG": str(config), "OPENAI_API_KEY": "sk-test"}
+        for i in range(runs):
+            ws = tmp_path / f"ws{i}"
+            ws.mkdir()
+            res = cli(
+                "start", "t", "--model", "m", "--base-url", fake.url, "--detach",
+                "--db", db, "--workspace", str(ws), extra_env=wenv,
+            )  # fmt: skip
+            assert res.code == 0, res.stderr
+        workers = Workers(wenv, db, tmp_path / "logs")
+        procs = [workers.start("--once", "--poll", "0.1") for _ in range(4)]
+        try:
+            assert all(p.wait(timeout=120) == 0 for p in procs)
+        finally:
+            workers.kill_all()
+        arrived = [r["at"] for r in fake.requests]
+        assert len(arrived) == 2 * runs
+        assert all(r["fault"] is None for r in fake.requests)  # no 429 was ever due
+        # the server's count by arrival, over a window a hair shorter than the limiter's
+        assert _max_in_window(arrived, window) <= limit, arrived
+        # 12 requests at 3 per 2 s cannot all go in less than 6 s: the limit held them back
+        assert max(arrived) - min(arrived) >= (2 * runs / limit - 1) * window
+        logs = "".join(workers.log(p) for p in procs)
+        assert "waiting for rate limit: m (rpm 3)" in logs
