@@ -154,6 +154,7 @@ class Worker:
         # `--once`: the store failure it stops on (exit 7), rather than polling a store that
         # is gone for ever or taking back, again and again, a run the store keeps failing.
         self.store_failure: StoreError | None = None
+        self._schedules_at = 0.0  # monotonic time of the last look at the schedules
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -190,6 +191,7 @@ class Worker:
                 o.once and self.store_failure is not None
             ):  # claim nothing more; the runs in hand end
                 return "the store is unavailable"
+            self._fire_schedules()
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(
@@ -226,6 +228,23 @@ class Worker:
             self.wake.wait(o.poll_s)
             self.wake.clear()
         return "signal"
+
+    def _fire_schedules(self) -> None:
+        """Start the runs of schedules whose tick has come (docs/fleets.md), at most once a
+        poll interval; every worker does, and each tick starts one run over all of them."""
+        if self.options.batch is not None:  # `batch submit --run` drains its batch only
+            return
+        if time.monotonic() - self._schedules_at < self.options.poll_s:
+            return
+        self._schedules_at = time.monotonic()
+        from durable_agent import schedules
+
+        try:
+            schedules.fire_due(
+                self.store, self.env, self.options.db, schedules.clock(self.env), self.log.line
+            )
+        except (StoreError, DurableAgentError, OSError, ValueError) as exc:
+            self.log.line(f"cannot start scheduled runs: {exc}")
 
     def _still_ours(self) -> bool:
         """Is a lease of a run this worker was interrupted in still to expire?"""

@@ -71,3 +71,47 @@ def add_fleet_commands(sub: Any, command: Callable[[str, str], Any], add_db: Any
     p.add_argument("--all", action="store_true", help="export: tasks not completed too")
     p.add_argument("--json", action="store_true", help="show: one JSON object")
     p.set_defaults(func=command("cmd_batch", "batch_commands"))
+
+    p = sub.add_parser(
+        "schedule",
+        help="start a task on a cron schedule: add, list, pause, resume, remove",
+        description='add NAME --cron "0 3 * * *" TASK [start flags]: store a schedule; the '
+        "workers start one run a tick (exactly one over all workers), in --tz's time. "
+        "Ticks missed while no worker ran start one run (--catch-up one) or none "
+        "(--catch-up none). Needs `pip install 'durable-agent[schedule]'` (croniter). "
+        "`schedule add --help` lists add's flags.",
+    )
+    p.add_argument("action", choices=["add", "list", "pause", "resume", "remove"])
+    # NAME, TASK and the flags in any order (argparse cannot take a positional after
+    # options): schedule_commands parses them with parse_intermixed_args.
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="NAME [TASK] [flags]")
+    p.set_defaults(func=command("cmd_schedule", "schedule_commands"))
+
+
+def schedule_arguments(action: str) -> argparse.ArgumentParser:
+    """The arguments after `schedule ACTION`."""
+    p = argparse.ArgumentParser(prog=f"durable-agent schedule {action}")
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("task", nargs="?", metavar="TASK", help="add: what each run is asked to do")
+    p.add_argument("--db", metavar="URL", help="SQLAlchemy URL of the store")
+    p.add_argument("--cron", metavar="EXPR", help='add: five cron fields, e.g. "0 3 * * *"')
+    p.add_argument("--tz", default="UTC", help="add: the cron's time zone (IANA; default UTC)")
+    p.add_argument(
+        "--catch-up",
+        choices=["none", "one"],
+        default="one",
+        dest="catch_up",
+        help="add: ticks missed while no worker ran start one run (one) or none (none)",
+    )
+    p.add_argument("--workspace", metavar="DIR", help="add: where its runs work")
+    p.add_argument("--model", help="add: model of its runs")
+    p.add_argument("--base-url", metavar="URL")
+    p.add_argument("--verify", metavar="CMD")
+    p.add_argument("--shell", choices=["allow", "ask", "deny"])
+    p.add_argument("--sandbox", choices=["workspace-write", "read-only", "off"])
+    p.add_argument("--max-steps", type=int, metavar="N")
+    p.add_argument("--max-tokens", type=int, metavar="N")
+    p.add_argument("--max-cost", type=float, metavar="AMOUNT")
+    add_queue_flags(p)
+    p.add_argument("--json", action="store_true", help="list: a JSON array")
+    return p

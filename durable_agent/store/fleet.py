@@ -579,3 +579,150 @@ def _ensure_limit_row(engine: Engine, key: str, now: datetime) -> None:
 
     with contextlib.suppress(IntegrityError):  # another worker made it first
         _write(engine, write)
+
+
+# -- schedules --------------------------------------------------------------------------------
+class ScheduleRecord(Struct, frozen=True):
+    name: str
+    cron: str
+    tz: str
+    task: str
+    settings: dict[str, Any]
+    catch_up: str  # none | one
+    paused: bool
+    next_tick: datetime  # naive UTC
+    last_tick: datetime | None
+    last_run_id: str | None
+    created_at: datetime
+
+
+def _schedule(row: Any) -> ScheduleRecord:
+    return ScheduleRecord(
+        row.name,
+        row.cron,
+        row.tz,
+        row.task,
+        dict(row.settings or {}),
+        row.catch_up,
+        bool(row.paused),
+        row.next_tick,
+        row.last_tick,
+        row.last_run_id,
+        row.created_at,
+    )
+
+
+def add_schedule(engine: Engine, record: ScheduleRecord) -> bool:
+    """False when a schedule of that name exists (nothing changed)."""
+    from durable_agent.store.schema import schedules
+
+    def write(conn: Connection) -> bool:
+        if conn.execute(select(schedules.c.name).where(schedules.c.name == record.name)).first():
+            return False
+        conn.execute(
+            insert(schedules).values(
+                name=record.name,
+                cron=record.cron,
+                tz=record.tz,
+                task=storable(record.task),
+                settings=storable(record.settings),
+                catch_up=record.catch_up,
+                paused=record.paused,
+                next_tick=record.next_tick,
+                created_at=record.created_at,
+                updated_at=record.created_at,
+            )
+        )
+        return True
+
+    return _write(engine, write)
+
+
+def list_schedules(engine: Engine, *, due_by: datetime | None = None) -> list[ScheduleRecord]:
+    """Every schedule by name; with `due_by`, only the active ones whose next tick has come."""
+    from durable_agent.store.schema import schedules
+
+    query = select(schedules).order_by(schedules.c.name)
+    if due_by is not None:
+        query = query.where(schedules.c.paused.is_(False), schedules.c.next_tick <= due_by)
+    return [_schedule(r) for r in _read(engine, lambda c: c.execute(query).all())]
+
+
+def update_schedule(engine: Engine, name: str, **values: Any) -> bool:
+    from durable_agent.store.schema import schedules
+
+    values["updated_at"] = utcnow()
+    return bool(
+        _write(
+            engine,
+            lambda c: (
+                c.execute(
+                    update(schedules).where(schedules.c.name == name).values(**values)
+                ).rowcount
+            ),
+        )
+    )
+
+
+def remove_schedule(engine: Engine, name: str) -> bool:
+    from durable_agent.store.schema import schedule_ticks, schedules
+
+    def write(conn: Connection) -> bool:
+        conn.execute(schedule_ticks.delete().where(schedule_ticks.c.schedule == name))
+        return bool(conn.execute(schedules.delete().where(schedules.c.name == name)).rowcount)
+
+    return _write(engine, write)
+
+
+def tick_done(
+    engine: Engine,
+    name: str,
+    was_next: datetime,
+    tick: datetime | None,
+    run_id: str | None,
+    next_tick: datetime,
+) -> bool:
+    """Move the schedule past a tick: record (schedule, tick) -> run (its idempotency key:
+    a second record of one tick is a no-op) and the next tick, compare-and-set on the next
+    tick as read, so two workers handling the same tick move it once. True: this call did."""
+    from durable_agent.store.schema import schedule_ticks, schedules
+
+    def write(conn: Connection) -> bool:
+        now = utcnow()
+        if tick is not None and run_id is not None:
+            there = conn.execute(
+                select(schedule_ticks.c.run_id).where(
+                    schedule_ticks.c.schedule == name, schedule_ticks.c.tick == tick
+                )
+            ).first()
+            if there is None:
+                conn.execute(
+                    insert(schedule_ticks).values(
+                        schedule=name, tick=tick, run_id=run_id, created_at=now
+                    )
+                )
+        values: dict[str, Any] = {"next_tick": next_tick, "updated_at": now}
+        if tick is not None:
+            values |= {"last_tick": tick, "last_run_id": run_id}
+        moved = conn.execute(
+            update(schedules)
+            .where(schedules.c.name == name, schedules.c.next_tick == was_next)
+            .values(**values)
+        )
+        return moved.rowcount == 1
+
+    return _write(engine, write)
+
+
+def schedule_runs(engine: Engine, name: str) -> list[tuple[datetime, str]]:
+    from durable_agent.store.schema import schedule_ticks
+
+    rows = _read(
+        engine,
+        lambda c: c.execute(
+            select(schedule_ticks.c.tick, schedule_ticks.c.run_id)
+            .where(schedule_ticks.c.schedule == name)
+            .order_by(schedule_ticks.c.tick)
+        ).all(),
+    )
+    return [(r.tick, r.run_id) for r in rows]
