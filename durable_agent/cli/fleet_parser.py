@@ -85,6 +85,7 @@ def add_fleet_commands(sub: Any, command: Callable[[str, str], Any], add_db: Any
     # NAME, TASK and the flags in any order (argparse cannot take a positional after
     # options): schedule_commands parses them with parse_intermixed_args.
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="NAME [TASK] [flags]")
+    _schedule_flags(p)  # for --help only: REMAINDER takes them, schedule_arguments parses them
     p.set_defaults(func=command("cmd_schedule", "schedule_commands"))
 
 
@@ -93,6 +94,11 @@ def schedule_arguments(action: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"durable-agent schedule {action}")
     p.add_argument("name", nargs="?", metavar="NAME")
     p.add_argument("task", nargs="?", metavar="TASK", help="add: what each run is asked to do")
+    _schedule_flags(p)
+    return p
+
+
+def _schedule_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL", help="SQLAlchemy URL of the store")
     p.add_argument("--cron", metavar="EXPR", help='add: five cron fields, e.g. "0 3 * * *"')
     p.add_argument("--tz", default="UTC", help="add: the cron's time zone (IANA; default UTC)")
@@ -114,4 +120,3 @@ def schedule_arguments(action: str) -> argparse.ArgumentParser:
     p.add_argument("--max-cost", type=float, metavar="AMOUNT")
     add_queue_flags(p)
     p.add_argument("--json", action="store_true", help="list: a JSON array")
-    return p
