@@ -43,7 +43,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_runs_claim_order",
         "runs",
-        ["priority", "created_at", "id"],
+        [sa.text("priority DESC"), "created_at", "id"],  # the claim's own order
         postgresql_where=CLAIMABLE,
         sqlite_where=CLAIMABLE,
     )

@@ -25,7 +25,7 @@ STATEMENTS = (
     'CREATE TABLE workspace_changes (\n\tid INTEGER NOT NULL, \n\trun_id VARCHAR(64) NOT NULL, \n\tseq INTEGER NOT NULL, \n\tpath TEXT NOT NULL, \n\tchange VARCHAR(8) NOT NULL, \n\tbytes BIGINT, \n\tPRIMARY KEY (id), \n\tFOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE\n)',
     'CREATE INDEX ix_workspace_changes_run_seq ON workspace_changes (run_id, seq)',
     'CREATE VIEW step_changes AS\nSELECT c.run_id, c.seq, c.path, c.change, c.bytes\nFROM workspace_changes c',
-    "CREATE INDEX ix_runs_claim_order ON runs (priority, created_at, id) WHERE status IN ('pending', 'running')",
+    "CREATE INDEX ix_runs_claim_order ON runs (priority DESC, created_at, id) WHERE status IN ('pending', 'running')",
     'CREATE INDEX ix_runs_batch ON runs (batch_id)',
     'CREATE TABLE queue_keys (\n\t"key" VARCHAR(200) NOT NULL, \n\tmax_running INTEGER NOT NULL, \n\tupdated_at DATETIME NOT NULL, \n\tPRIMARY KEY ("key")\n)',
     'CREATE TABLE batches (\n\tid VARCHAR(64) NOT NULL, \n\tname VARCHAR(200) NOT NULL, \n\tstatus VARCHAR(20) NOT NULL, \n\tmax_parallel INTEGER, \n\tworkdir TEXT NOT NULL, \n\tcreated_at DATETIME NOT NULL, \n\tupdated_at DATETIME NOT NULL, \n\tfinished_at DATETIME, \n\tPRIMARY KEY (id), \n\tUNIQUE (name)\n)',
