@@ -40,7 +40,7 @@ DBOS_QUEUE = "bench"
 
 
 # -- claims/s -------------------------------------------------------------------------------
-def _claimer(url: str, go: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _claimer(url: str, ready: mp.Queue, go: object, out: mp.Queue) -> None:  # type: ignore[type-arg]
     from sqlalchemy import update
 
     from durable_agent.store.engine import open_store_engine
@@ -49,8 +49,10 @@ def _claimer(url: str, go: float, out: mp.Queue) -> None:  # type: ignore[type-a
 
     engine = open_store_engine(url, pool_size=2)
     queue = Queue(engine)
-    while time.time() < go:
-        time.sleep(0.001)
+    with engine.connect():  # connected before the clock runs
+        pass
+    ready.put(os.getpid())
+    go.wait()  # type: ignore[attr-defined]
     n = 0
     while True:
         got = queue.claim(f"bench:{os.getpid()}:{n}", 30).claim
@@ -82,17 +84,22 @@ def claims_per_second(url: str, workers: int, claims: int, tmp: Path) -> float:
     store.engine.dispose()
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    go = time.time() + 2.0  # every process started and connected before the clock runs
-    procs = [ctx.Process(target=_claimer, args=(url, go, out)) for _ in range(workers)]
+    ready: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    go = ctx.Event()  # every process started, imported and connected before the clock runs
+    procs = [ctx.Process(target=_claimer, args=(url, ready, go, out)) for _ in range(workers)]
     for p in procs:
         p.start()
+    for _ in procs:
+        ready.get(timeout=600)
+    started = time.time()
+    go.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
     taken = sum(n for n, _ in results)
     if taken != claims:
         raise SystemExit(f"claimed {taken} of {claims}")
-    return claims / (max(t for _, t in results) - go)
+    return claims / (max(t for _, t in results) - started)
 
 
 # -- DBOS -----------------------------------------------------------------------------------

@@ -91,3 +91,57 @@ def test_four_workers_stay_under_rpm(
         assert max(arrived) - min(arrived) >= (2 * runs / limit - 1) * window
         logs = "".join(workers.log(p) for p in procs)
         assert "waiting for rate limit: m (rpm 3)" in logs
+
+
+def _max_tokens_in_window(requests: list[dict[str, object]], window: float) -> int:
+    events = sorted((float(r["at"]), int(r["prompt_tokens"]) + 5) for r in requests)  # type: ignore[call-overload]
+    best = 0
+    for i, (t, _) in enumerate(events):
+        best = max(best, sum(n for u, n in events[i:] if u < t + window))
+    return best
+
+
+@pytest.mark.slow  # over 2 s: the window must pass a few times
+@pytest.mark.postgres
+def test_four_workers_stay_under_tpm(
+    cli: Callable[..., Result], env: dict[str, str], tmp_path: Path
+) -> None:
+    import json
+
+    from fake_openai import FakeOpenAI
+
+    from durable_agent.context.prompts import SYSTEM_PROMPT
+
+    # room for two and a half first requests a window, as the server counts them
+    first = (
+        len(
+            json.dumps(
+                [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "t"}]
+            )
+        )
+        // 4
+    )
+    tpm, window, runs = int(first * 2.5), 2.0, 4
+    config = tmp_path / "limits.toml"
+    config.write_text(f'rate_limit_window_s = {window}\n[models."m"]\ntpm = {tpm}\n')
+    script = [{"tool_calls": [{"name": "list_files", "arguments": {}}]}, {"content": "done"}]
+    with pg_schema() as db, FakeOpenAI(script=script) as fake:
+        wenv = {**env, "DURABLE_AGENT_CONFIG": str(config), "OPENAI_API_KEY": "sk-test"}
+        for i in range(runs):
+            ws = tmp_path / f"ws{i}"
+            ws.mkdir()
+            res = cli(
+                "start", "t", "--model", "m", "--base-url", fake.url, "--detach",
+                "--db", db, "--workspace", str(ws), extra_env=wenv,
+            )  # fmt: skip
+            assert res.code == 0, res.stderr
+        workers = Workers(wenv, db, tmp_path / "logs")
+        procs = [workers.start("--once", "--poll", "0.1") for _ in range(4)]
+        try:
+            assert all(p.wait(timeout=120) == 0 for p in procs)
+        finally:
+            workers.kill_all()
+        assert len(fake.requests) == 2 * runs
+        assert _max_tokens_in_window(fake.requests, window) <= tpm
+        logs = "".join(workers.log(p) for p in procs)
+        assert f"waiting for rate limit: m (tpm {tpm})" in logs
