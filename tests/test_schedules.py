@@ -46,6 +46,7 @@ def _add(
     assert res.code == 0, res.stderr
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_commands_and_missed_ticks(
     cli: Callable[..., Result],
     env: dict[str, str],

@@ -138,8 +138,6 @@ def queue_overview(
             else:
                 why = "next for a free worker" if first else "waiting for a free worker"
             first = False
-        elif r.error and r.status == RunStatus.PENDING.value and why == "":
-            why = r.error
         out.append(
             QueuedRun(
                 r.id, r.status, r.priority, r.queue_key, name(r), r.created_at, r.lease_owner, why
@@ -171,25 +169,6 @@ def _why(
     if r.error and r.status == RunStatus.PENDING.value:
         return f"left by a worker: {r.error.splitlines()[0][:120]}"
     return None
-
-
-def live_counts(engine: Engine, where: Any, now: datetime | None = None) -> int:
-    """Runs matching `where` under a live lease (tests, `batch show`)."""
-    now = now or utcnow()
-    return int(
-        _read(
-            engine,
-            lambda c: c.execute(
-                select(func.count())
-                .select_from(runs)
-                .where(
-                    where,
-                    runs.c.status == RunStatus.RUNNING.value,
-                    runs.c.lease_expires_at > now,
-                )
-            ).scalar_one(),
-        )
-    )
 
 
 # -- batches --------------------------------------------------------------------------------
