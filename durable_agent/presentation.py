@@ -121,6 +121,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
             if before is not UNSET and after is not UNSET:
                 sizes = f": {before:,} → {after:,} tokens"
         return f"context {stage}{sizes}"
+    if s.kind == StepKind.WORKSPACE:  # a batch task's workspace (docs/fleets.md)
+        made = s.input if isinstance(s.input, dict) else {}
+        return (
+            f"workspace from {short(str(made.get('repo')), 60)} @ {short(str(made.get('ref')), 20)}"
+        )
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

@@ -222,14 +222,16 @@ def _drain(store: Any, batch: Any, args: Namespace, env: dict[str, str]) -> int:
         target=_progress, args=(store, batch.id, stop, start), name="batch-progress", daemon=True
     )
     progress.start()
+    worker = Worker(store, options, env, log)
     try:
-        Worker(store, options, env, log).run()
+        worker.run()
     finally:
         stop.set()
         progress.join()
     rows = fleet.task_rows(store.engine, batch.id)
-    fleet.finish_if_done(store.engine, batch.id)
     print(_progress_line(rows, start, time.monotonic()), file=sys.stderr)
+    if fleet.finish_if_done(store.engine, batch.id):  # (no run of it ended in this process)
+        worker.batch_done(batch.id)
     return 0 if all(r.status == COMPLETED for r in rows) else 1
 
 
