@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scale_helpers import Workers, pg_schema
 
 from durable_agent.store import fleet
@@ -145,3 +147,47 @@ def test_four_workers_stay_under_tpm(
         assert _max_tokens_in_window(fake.requests, window) <= tpm
         logs = "".join(workers.log(p) for p in procs)
         assert f"waiting for rate limit: m (tpm {tpm})" in logs
+
+
+_ENGINES: dict[str, object] = {}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    limit=st.integers(1, 6),
+    takes=st.lists(
+        st.tuples(st.floats(0, 3, allow_nan=False), st.integers(1, 4)), min_size=1, max_size=25
+    ),
+)
+def test_a_window_never_holds_more_than_its_limit(
+    limit: int, takes: list[tuple[float, int]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whatever the gaps and sizes, each taker that waits as told and tries again never
+    puts more than `limit` in any window (a want over the limit only alone)."""
+    import uuid
+
+    if "e" not in _ENGINES:
+        _ENGINES["e"] = open_store_engine(f"sqlite:///{tmp_path_factory.mktemp('w') / 's.db'}")
+    engine = _ENGINES["e"]
+    key, window, now = f"rpm:{uuid.uuid4().hex}", 10.0, utcnow()
+    taken: list[tuple[int, int]] = []
+    clock = 0.0
+    for gap, amount in takes:
+        clock += gap
+        while True:
+            at = now + timedelta(seconds=clock)  # to the microsecond, as the store keeps it
+            clock = (at - now).total_seconds()
+            wait, ids = fleet.take_capacity(
+                engine,  # type: ignore[arg-type]
+                [fleet.Want(key, amount, limit)],
+                window,
+                at,
+            )
+            if ids:
+                taken.append((round(clock * 1e6), amount))  # microseconds: exact comparisons
+                break
+            assert wait > 0
+            clock += wait
+    for t, _ in taken:
+        inside = [a for u, a in taken if t - round(window * 1e6) < u <= t]
+        assert sum(inside) <= limit or len(inside) == 1, (taken, t)
