@@ -257,3 +257,28 @@ def test_three_workers_killed_at_random_finish_a_batch_once(
         preds = tmp_path / "preds.jsonl"
         assert cli("batch", "export", batch_id, "--db", db, "--preds", str(preds)).code == 0
         check_preds(preds, repos, n, tmp_path)
+
+
+@pytest.mark.slow  # over 2 s on 2 cores
+def test_a_git_url_is_cloned_at_its_ref(
+    cli: Callable[..., Result], tmp_path: Path, write_script: Callable[..., str]
+) -> None:
+    (repo,) = make_repos(tmp_path / "src", 1)
+    first = _git("rev-parse", "HEAD", cwd=repo).strip()
+    (repo / "app.py").write_text("# moved on\ny = 0\n")
+    _git("commit", "-qam", "later", cwd=repo)
+    tasks = tmp_path / "url.jsonl"
+    task = {"id": "u1", "task": "fix", "repo": f"file://{repo}", "ref": first}
+    tasks.write_text(json.dumps({**task, "model": write_script(SCRIPT)}) + "\n")
+    ran = cli("batch", "submit", str(tasks), "--workdir", str(tmp_path / "wd"), "--run")
+    assert ran.code == 0, ran.stderr
+    (ws,) = [p for p in (tmp_path / "wd").iterdir() if not p.name.startswith(".")]
+    assert (ws / ".git").is_dir()  # a clone, not a worktree of the source
+    assert _git("rev-parse", "HEAD", cwd=ws).strip() == first
+    preds = tmp_path / "preds.jsonl"
+    assert cli("batch", "export", "url", "--preds", str(preds)).code == 0
+    (pred,) = [json.loads(line) for line in preds.read_text().splitlines()]
+    fresh = tmp_path / "fresh"
+    _git("worktree", "add", "-q", "--detach", str(fresh), first, cwd=repo)
+    (tmp_path / "p.diff").write_text(pred["model_patch"])
+    subprocess.run(["git", "apply", "--check", str(tmp_path / "p.diff")], cwd=fresh, check=True)
