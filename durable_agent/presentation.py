@@ -146,6 +146,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         changes = consent.get("changes") or []
         by = consent.get("accepted_by")
         return f"{len(changes)} change(s) since the checkpoint, accepted by {by}"
+    if s.kind == StepKind.WORKSPACE:  # a batch task's workspace (docs/fleets.md)
+        made = s.input if isinstance(s.input, dict) else {}
+        return (
+            f"workspace from {short(str(made.get('repo')), 60)} @ {short(str(made.get('ref')), 20)}"
+        )
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

@@ -70,6 +70,7 @@ class WorkerOptions(Struct, frozen=True):
     # docs/versions.md: `compatible` claims the runs of this worker's version key (and runs
     # no release recorded one for); `all` claims every run and accepts what changed for it.
     accept_changes: str = "compatible"
+    batch: str | None = None  # claim only this batch's runs (`batch submit --run`)
 
 
 class Log:
@@ -167,6 +168,7 @@ class Worker:
         # (the ends of the runs it executes, and any a crashed process left behind).
         self.notify_settings: Settings | None = None
         self.notify_wake = threading.Event()
+        self._schedules_at = 0.0  # monotonic time of the last look at the schedules
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -224,6 +226,7 @@ class Worker:
                     f"knows ({HEAD_REVISION}); claiming no more runs: upgrade durable-agent here"
                 )
                 return "store schema newer than this durable-agent"
+            self._fire_schedules()
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(
@@ -232,6 +235,7 @@ class Worker:
                         max_running=o.max_running,
                         exclude=self._skipped_now(),
                         accept=_anywhere if o.workspace_root else _reachable,
+                        batch=o.batch,  # fleets: `batch submit --run` drains its batch only
                     )
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
@@ -267,6 +271,23 @@ class Worker:
             return schema_ahead(self.store.engine)
         except Exception:  # noqa: BLE001
             return None
+
+    def _fire_schedules(self) -> None:
+        """Start the runs of schedules whose tick has come (docs/fleets.md), at most once a
+        poll interval; every worker does, and each tick starts one run over all of them."""
+        if self.options.batch is not None:  # `batch submit --run` drains its batch only
+            return
+        if time.monotonic() - self._schedules_at < self.options.poll_s:
+            return
+        self._schedules_at = time.monotonic()
+        from durable_agent import schedules
+
+        try:
+            schedules.fire_due(
+                self.store, self.env, self.options.db, schedules.clock(self.env), self.log.line
+            )
+        except (StoreError, DurableAgentError, OSError, ValueError) as exc:
+            self.log.line(f"cannot start scheduled runs: {exc}")
 
     def _still_ours(self) -> bool:
         """Is a lease of a run this worker was interrupted in still to expire?"""
@@ -431,6 +452,24 @@ class Worker:
             f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
             f"{secs:.1f}s{tail}"
         )
+        if claim.batch_id is not None:
+            self._batch_progress(claim.batch_id)
+
+    def _batch_progress(self, batch_id: str) -> None:
+        """A batch's run ended: is the batch finished? `finish_if_done` is true exactly once
+        over all workers, so what follows it happens once per batch."""
+        from durable_agent.store import fleet
+
+        try:
+            if fleet.finish_if_done(self.store.engine, batch_id):
+                self.batch_done(batch_id)
+        except StoreError as exc:  # the next run of the batch to end asks again
+            self.log.line(f"could not check batch {batch_id}: {exc}")
+
+    def batch_done(self, batch_id: str) -> None:
+        """THE place a batch finishes (once, on one worker): a `batch_done` notification
+        goes here."""
+        self.log.line(f"batch {batch_id} finished")
 
     def _unexpected(self, claim: Claim, exc: Exception) -> None:
         """A bug, most likely: say everything, give the run back, and leave it alone for a while

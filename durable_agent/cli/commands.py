@@ -201,13 +201,15 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
         if args.detach:
             runner.tool_source.close()
-            _print_queued(runner.create(args.task, args.run_id), args.json)
+            _print_queued(
+                runner.create(args.task, args.run_id, queue=_queue_fields(args)), args.json
+            )
             return 0
         # Created already leased to us: a worker sharing the database cannot claim it first.
         from durable_agent.store.leases import new_owner
 
         owner = new_owner()
-        run_id = runner.create(args.task, args.run_id, lease_owner=owner)
+        run_id = runner.create(args.task, args.run_id, lease_owner=owner, queue=_queue_fields(args))
         name_holder(run_id)
         if not args.json:
             err = streams.forgiving(sys.stderr)
@@ -236,6 +238,14 @@ def _task_folder(settings: Settings) -> None:
         return
     if here != root and here.is_relative_to(root):
         settings.memory_dir = here.relative_to(root).as_posix()
+
+
+def _queue_fields(args: Namespace) -> dict[str, Any]:
+    """`start --priority N --queue-key KEY` (docs/fleets.md)."""
+    return {
+        "priority": getattr(args, "priority", None),
+        "queue_key": getattr(args, "queue_key", None),
+    }
 
 
 def _print_queued(run_id: str, as_json: bool) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from durable_agent import __version__
 from durable_agent.cli import (
     collector,
+    fleet_parser,
     streams,  # tiny modules: keep --help fast
 )
 from durable_agent.cli.streams import Parser, Subcommands
@@ -362,6 +363,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_shared(p)
     _add_mcp(p)
     _add_output(p)
+    fleet_parser.add_queue_flags(p)  # fleets: --priority, --queue-key (docs/fleets.md)
 
     _add_rules(p)
     p.set_defaults(func=_command("cmd_start"))
@@ -743,6 +745,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("action", choices=["test", "deliver"])
     _add_db(p)
     p.set_defaults(func=_command("cmd_notify", "notify_commands"))
+    fleet_parser.add_fleet_commands(sub, _command, _add_db)  # queue, batch, schedule
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 

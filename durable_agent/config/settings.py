@@ -141,6 +141,11 @@ class ModelInfo(BaseModel):
 
     context_window: int | None = Field(None, ge=256)
     """Tokens the model accepts per request (prompt + answer); the built-in table when unset."""
+    rpm: int | None = Field(None, ge=1)
+    """Requests per minute (per `rate_limit_window_s`) allowed to this model, over every
+    worker sharing the store: a call waits for capacity instead of provoking a 429."""
+    tpm: int | None = Field(None, ge=1)
+    """Tokens (prompt + completion) per minute allowed to this model, over every worker."""
 
 
 # The fields that take a number, named once for their validator (tests/test_settings.py holds
@@ -179,6 +184,7 @@ NUMBER_FIELDS = (
     "store_retry_attempts",
     "store_retry_seconds",
     "temperature",
+    "rate_limit_window_s",  # fleets
 )
 
 
@@ -369,6 +375,15 @@ class Settings(BaseModel):
     otel: OtelSettings = Field(default_factory=OtelSettings)
     """[otel] enabled, capture_content: OpenTelemetry traces and metrics, on when
     OTEL_EXPORTER_OTLP_ENDPOINT is set or enabled = true (needs durable-agent[otel])."""
+    # -- fleets (docs/fleets.md) ---------------------------------------------------------------
+    workspace_repo: str | None = None
+    """A batch task's source: a local git repository or a git URL; the run's first step makes
+    its workspace from it (a worktree or a clone at `workspace_ref`). Set by `batch submit`."""
+    workspace_ref: str | None = None
+    """The commit, branch or tag the batch task's workspace is made at (default HEAD)."""
+    rate_limit_window_s: float = Field(60.0, gt=0, le=3600)
+    """The window of the models' `rpm` and `tpm` limits, in seconds (a minute; shorter only to
+    test a limit quickly)."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

@@ -19,6 +19,7 @@ from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
 from durable_agent.loop import compaction, costs, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.rate_limit import limited
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
@@ -144,7 +145,10 @@ def _model_step(ctx: StepContext) -> None:
         try:
             with _stoppable(ctx), _live(ctx, step.seq, turn):
                 answer, attempts = call_with_retries(
-                    lambda: ctx.model.complete(sent, ctx.schemas, turn),
+                    # each try waits for the model's rate limits first (docs/fleets.md)
+                    lambda: limited(
+                        ctx, lambda: ctx.model.complete(sent, ctx.schemas, turn), counted
+                    ),
                     ctx.retry_policy or RetryPolicy(),
                     sleep=_backoff(ctx),
                     on_attempt=on_attempt,

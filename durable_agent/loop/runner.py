@@ -26,6 +26,7 @@ from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
 from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
+from durable_agent.loop.workspace_setup import setup_workspace
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
@@ -71,7 +72,12 @@ class Runner:
         self._takeover = False  # this session took over a run whose process died
 
     def create(
-        self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
+        self,
+        task: str,
+        run_id: str | None = None,
+        *,
+        lease_owner: str | None = None,
+        queue: Mapping[str, Any] | None = None,
     ) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
@@ -90,7 +96,12 @@ class Runner:
             settings=self.settings.redacted_dict(),
             first_messages=first,
             lease=lease,
-            tree_start=recorder.at_creation(
+            queue=queue,  # batch_id, priority, queue_key (docs/fleets.md)
+            # A batch task's workspace is an empty placeholder until its first step makes it
+            # (loop/workspace_setup.py): its first snapshot is taken after that, not now.
+            tree_start=None
+            if self.settings.workspace_repo
+            else recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),
             version_key=versions.version_key(),
@@ -278,6 +289,8 @@ class Runner:
             if turn is None:
                 # Before anything of the session runs: what changed since the checkpoint.
                 versions.check(ctx, self.version_fingerprint(ctx), self.versions)
+            if setup_workspace(ctx):  # a batch task's workspace, made once (docs/fleets.md)
+                ctx = self.context(journal, start, beat)  # the folder the step renamed in
             stop_leftover_processes(ctx)
             if turn is not None:
                 resume.rebuild_if_missing(ctx)  # the message step records the files: not none
