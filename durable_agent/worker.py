@@ -461,15 +461,23 @@ class Worker:
         from durable_agent.store import fleet
 
         try:
-            if fleet.finish_if_done(self.store.engine, batch_id):
+            if fleet.finish_if_done(self.store.engine, batch_id, self.batch_done_targets()):
                 self.batch_done(batch_id)
         except StoreError as exc:  # the next run of the batch to end asks again
             self.log.line(f"could not check batch {batch_id}: {exc}")
 
+    def batch_done_targets(self) -> list[tuple[int, str]]:
+        """The [[notify]] entries of this worker's config that want `batch_done`."""
+        if self.notify_settings is None:
+            return []
+        wanted = enumerate(self.notify_settings.notify)
+        return [(i, t.target) for i, t in wanted if "batch_done" in t.events]
+
     def batch_done(self, batch_id: str) -> None:
-        """THE place a batch finishes (once, on one worker): a `batch_done` notification
-        goes here."""
+        """THE place a batch finishes (once, on one worker); its `batch_done` notifications
+        were written with the finish (fleet.finish_if_done): the deliverer sends them."""
         self.log.line(f"batch {batch_id} finished")
+        self.notify_wake.set()
 
     def _unexpected(self, claim: Claim, exc: Exception) -> None:
         """A bug, most likely: say everything, give the run back, and leave it alone for a while

@@ -282,3 +282,37 @@ def test_a_git_url_is_cloned_at_its_ref(
     _git("worktree", "add", "-q", "--detach", str(fresh), first, cwd=repo)
     (tmp_path / "p.diff").write_text(pred["model_patch"])
     subprocess.run(["git", "apply", "--check", str(tmp_path / "p.diff")], cwd=fresh, check=True)
+
+
+def test_a_finished_batch_is_notified_once(
+    cli: Callable[..., Result], tmp_path: Path, write_script: Callable[..., str]
+) -> None:
+    """`batch_done` goes through the outbox with the batch's finish (keyed by the batch):
+    one event however often the batch is looked at again, its counts and signature right."""
+    from test_notify import SECRET, config
+    from webhook_receiver import Receiver
+
+    receiver = Receiver(secret=SECRET)
+    try:
+        extra = config(
+            tmp_path, [{"url": receiver.url, "secret": SECRET, "events": ["batch_done"]}]
+        )
+        repos = make_repos(tmp_path / "src", 1)
+        tasks = tmp_path / "tasks.jsonl"
+        write_tasks(tasks, repos, 2, write_script(SCRIPT))
+        wd = tmp_path / "wd"
+        args = ("batch", "submit", str(tasks), "--workdir", str(wd), "--shell", "allow")
+        ran = cli(*args, "--name", "nb", "--run", "--concurrency", "2", extra_env=extra)
+        assert ran.code == 0, ran.stderr
+        # Again: nothing left to run, the batch finished already: no second event.
+        again = cli("batch", "resume", "nb", "--run", extra_env=extra)
+        assert again.code == 0, again.stderr
+        (event,) = receiver.events().values()
+        assert len(receiver.accepted()) == 1
+        assert all(receiver.verify(r) for r in receiver.accepted())
+        batch_id = cli("batch", "show", "nb", "--json").json()["batch_id"]
+        assert (event["event"], event["batch_id"], event["name"]) == ("batch_done", batch_id, "nb")
+        assert event["tasks"] == 2 and event["by_status"] == {"completed": 2}
+        assert event["idempotency_key"].startswith(f"batch_done:{batch_id}:")
+    finally:
+        receiver.close()

@@ -223,6 +223,7 @@ def _drain(store: Any, batch: Any, args: Namespace, env: dict[str, str]) -> int:
     )
     progress.start()
     worker = Worker(store, options, env, log)
+    worker.notify_settings = settings if settings.notify else None  # batch_done, runs' ends
     try:
         worker.run()
     finally:
@@ -230,7 +231,8 @@ def _drain(store: Any, batch: Any, args: Namespace, env: dict[str, str]) -> int:
         progress.join()
     rows = fleet.task_rows(store.engine, batch.id)
     print(_progress_line(rows, start, time.monotonic()), file=sys.stderr)
-    if fleet.finish_if_done(store.engine, batch.id):  # (no run of it ended in this process)
+    # (no run of it ended in this process)
+    if fleet.finish_if_done(store.engine, batch.id, worker.batch_done_targets()):
         worker.batch_done(batch.id)
     return 0 if all(r.status == COMPLETED for r in rows) else 1
 
@@ -272,19 +274,8 @@ def _progress_line(rows: list[Any], start: float, now: float) -> str:
 
 
 def task_cost(row: Any) -> float | None:
-    price = ((row.settings or {}).get("prices") or {}).get(row.model)
-    if not isinstance(price, dict):
-        return None
-    try:
-        return (
-            float(
-                row.prompt_tokens * float(price["input_per_mtok"])
-                + row.completion_tokens * float(price["output_per_mtok"])
-            )
-            / 1e6
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
+    """The run's cost: its steps priced as they were paid ([prices], else the shipped table)."""
+    return row.cost  # type: ignore[no-any-return]
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -459,7 +450,14 @@ def _cancel(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     batch = _batch(store, args.target)
     queued, asked = fleet.cancel_batch(store.engine, batch.id)
-    fleet.finish_if_done(store.engine, batch.id)
+    from durable_agent.config.settings import load_settings
+
+    settings = load_settings({"db": args.db} if args.db else {}, env)
+    wanted = [(i, t.target) for i, t in enumerate(settings.notify) if "batch_done" in t.events]
+    if fleet.finish_if_done(store.engine, batch.id, wanted) and wanted:
+        from durable_agent.notify import Deliverer  # sent now; a worker's pass would too
+
+        Deliverer(store.engine, settings, store.policy).deliver_due()
     print(
         f"batch {batch.id} cancelled · {queued} queued task(s) cancelled · {asked} running "
         "task(s) stop at their next step (`batch resume` continues them)",

@@ -8,7 +8,7 @@ like the rest of the store); the rules that decide a claim are in store/queue.py
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ from msgspec import Struct
 from sqlalchemy import Connection, Engine, case, func, insert, select, update
 
 from durable_agent.status import RunStatus, StepKind, StopReason
-from durable_agent.store import leases, retrying
+from durable_agent.store import leases, outbox, retrying
 from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import batch_tasks, batches, queue_keys, runs, steps
 from durable_agent.store.storable import storable
@@ -201,6 +201,7 @@ class TaskRow(Struct, frozen=True):
     finished_at: datetime | None
     settings: dict[str, Any] | None
     verify: str | None  # pass | fail | None (no verification ran)
+    cost: float | None = None  # runs.cost: its steps priced (0011; None: none was)
 
 
 def _batch(row: Any) -> BatchRecord:
@@ -315,6 +316,7 @@ def task_rows(engine: Engine, batch_id: str) -> list[TaskRow]:
                 runs.c.created_at,
                 runs.c.finished_at,
                 runs.c.settings,
+                runs.c.cost,
             )
             .select_from(batch_tasks.join(runs, runs.c.id == batch_tasks.c.run_id))
             .where(batch_tasks.c.batch_id == batch_id)
@@ -347,6 +349,7 @@ def task_rows(engine: Engine, batch_id: str) -> list[TaskRow]:
                 finished_at=r.finished_at,
                 settings=r.settings,
                 verify={"completed": "pass", "failed": "fail"}.get(last_verify.get(r.run_id, "")),
+                cost=None if r.cost is None else float(r.cost),
             )
             for r in rows
         ]
@@ -397,13 +400,8 @@ def resume_batch(engine: Engine, batch_id: str) -> int:
 
     def write(conn: Connection) -> int:
         now = utcnow()
-        conn.execute(
-            update(batches)
-            .where(batches.c.id == batch_id)
-            .values(status="active", finished_at=None, updated_at=now)
-        )
         ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
-        return int(
+        queued = int(
             conn.execute(
                 update(runs)
                 .where(
@@ -419,14 +417,21 @@ def resume_batch(engine: Engine, batch_id: str) -> int:
                 )
             ).rowcount
         )
+        # Open again, unless it finished and nothing was queued (its batch_done stands).
+        reopen = update(batches).where(batches.c.id == batch_id)
+        if not queued:
+            reopen = reopen.where(batches.c.finished_at.is_(None))
+        conn.execute(reopen.values(status="active", finished_at=None, updated_at=now))
+        return queued
 
     return _write(engine, write)
 
 
-def finish_if_done(engine: Engine, batch_id: str) -> bool:
+def finish_if_done(engine: Engine, batch_id: str, targets: Sequence[tuple[int, str]] = ()) -> bool:
     """Mark the batch finished when none of its runs is pending or running. True exactly
-    once per batch (a compare-and-set on finished_at): the one place a batch finishes, for
-    whatever is told then (a `batch_done` notification)."""
+    once per batch (a compare-and-set on finished_at): the one place a batch finishes.
+    `targets`: the [[notify]] entries (index, target) that want `batch_done`: their outbox
+    rows go in the same transaction, keyed by the batch, so each is sent once."""
 
     def write(conn: Connection) -> bool:
         ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
@@ -449,9 +454,60 @@ def finish_if_done(engine: Engine, batch_id: str) -> bool:
                 ),
             )
         )
-        return done.rowcount == 1
+        if done.rowcount != 1:
+            return False
+        for statement, params in outbox.insert_statements(
+            _batch_done_rows(conn, batch_id, ids, targets, now)
+        ):
+            conn.execute(statement, params)
+        return True
 
     return _write(engine, write)
+
+
+def _batch_done_rows(
+    conn: Connection,
+    batch_id: str,
+    ids: Any,
+    targets: Sequence[tuple[int, str]],
+    finished: datetime,
+) -> list[dict[str, Any]]:
+    if not targets:
+        return []
+    counts = {
+        str(status): int(n)
+        for status, n in conn.execute(
+            select(runs.c.status, func.count()).where(runs.c.id.in_(ids)).group_by(runs.c.status)
+        )
+    }
+    cost = conn.execute(select(func.sum(runs.c.cost)).where(runs.c.id.in_(ids))).scalar()
+    name, status = conn.execute(
+        select(batches.c.name, batches.c.status).where(batches.c.id == batch_id)
+    ).one()
+    payload = {
+        "event": "batch_done",
+        "batch_id": batch_id,
+        "name": name,
+        "status": status,
+        "tasks": sum(counts.values()),
+        "by_status": counts,
+        "cost": None if cost is None else float(cost),
+        "at": finished.isoformat() + "Z",
+    }
+    rows = []
+    for index, target in targets:
+        # One per finish (a batch resumed and finished again is told again), per target.
+        key = f"batch_done:{batch_id}:{finished:%Y%m%dT%H%M%S%f}:{index}"
+        rows.append(
+            {
+                "idempotency_key": key,
+                "run_id": None,
+                "event": "batch_done",
+                "target": target,
+                "payload": {**payload, "idempotency_key": key},
+            }
+        )
+    return rows
 
 
 # -- rate limits ------------------------------------------------------------------------------
