@@ -36,7 +36,7 @@ A new kind of step (a hook, a delegation, a notification) is a `StepSpec` and a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from msgspec import Struct
@@ -117,6 +117,7 @@ class StepCall:
 
     def __init__(self, ctx: StepContext, spec: StepSpec, step: Step, reused: StepRecord | None):
         self.ctx, self.spec, self.step, self.reused = ctx, spec, step, reused
+        self.writes: Collection[bytes] | None = None  # all the step may change (run's `writes`)
 
     @property
     def prior(self) -> StepRecord | None:
@@ -126,9 +127,19 @@ class StepCall:
     def input(self) -> Any:
         return self.step.input
 
-    def run(self, fn: StepFn, *, input: Any = None, use_approval: int | None = None) -> StepOutcome:
-        """Intent (with the before snapshot), the effect, the outcome (with the after one)."""
+    def run(
+        self,
+        fn: StepFn,
+        *,
+        input: Any = None,
+        use_approval: int | None = None,
+        writes: Collection[bytes] | None = None,
+    ) -> StepOutcome:
+        """Intent (with the before snapshot), the effect, the outcome (with the after one).
+        `writes`: the workspace paths (relative) that are all `fn` can change (a file tool's
+        plan): the snapshots look at them alone, not at the whole tree."""
         spec, step = self.spec, self.step
+        self.writes = writes
         if spec.deferred:
             step.start(input, durable=False)
         else:
@@ -173,10 +184,10 @@ class StepCall:
             # it landed then showed no change at all).
             self.step.tree_before = prior.tree_before
             return WorkspaceWrite(columns={"tree_before": prior.tree_before})
-        return recorder.before(self.ctx, self.step)
+        return recorder.before(self.ctx, self.step, self.writes)
 
     def _after(self) -> WorkspaceWrite | None:
-        return recorder.after(self.ctx, self.step) if self.spec.changes_files else None
+        return recorder.after(self.ctx, self.step, self.writes) if self.spec.changes_files else None
 
     def _end(self, outcome: StepOutcome, *, announce: bool = True) -> StepOutcome:
         ctx, step = self.ctx, self.step

@@ -112,6 +112,18 @@ def _line(path: bytes, e: Entry) -> bytes:
     )
 
 
+def updated(
+    previous: Mapping[bytes, Entry], entries: Mapping[bytes, Entry], deleted: Iterable[bytes]
+) -> Manifest:
+    """`previous` with `entries` set and `deleted` gone, as a new manifest (`previous` is
+    left as it is: a stored snapshot may hold it)."""
+    manifest = dict(previous)
+    for path in deleted:
+        manifest.pop(path, None)
+    manifest.update(entries)
+    return manifest
+
+
 def tree_id(manifest: Mapping[bytes, Entry]) -> str:
     return TreeIds().rebuild(manifest)
 

@@ -22,7 +22,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from durable_agent.workspace.manifest import (
     Entry,
     Manifest,
     TreeIds,
+    updated,
 )
 from durable_agent.workspace.secrets import SecretCheck
 
@@ -99,7 +100,7 @@ class _Walk:
     it listed: the previous manifest and the stat cache stay as they are (building new ones
     for 5,000 files cost more than the lstat calls)."""
 
-    __slots__ = ("out", "racy_after", "visited", "empty", "entries", "deleted")
+    __slots__ = ("out", "racy_after", "visited", "empty", "entries", "deleted", "empty_after")
 
     def __init__(self, out: Scan, started: int) -> None:
         self.out = out
@@ -108,6 +109,29 @@ class _Walk:
         self.empty: list[bytes] = []  # empty directories (entries of their own)
         self.entries: Manifest = {}  # new or different entries
         self.deleted: list[bytes] = []  # files of the previous manifest that are gone
+        self.empty_after: set[bytes] = set()  # the new manifest's empty directories
+
+
+class _Found(Struct):
+    """What one looked-at path is now (Scanner._look_at): its entry (None: none), the stat
+    key to cache it under, cached names gone beside it, new folders on its way."""
+
+    rel: bytes
+    parent: bytes
+    name: bytes
+    entry: Entry | None
+    key: StatKey | None
+    gone: list[bytes]
+    new_dirs: list[bytes]
+
+
+_NOTHING = _Found(b"", b"", b"", None, None, [], [])  # a path that is no entry, nor was one
+
+
+def _parents(rel: bytes) -> list[bytes]:
+    """`a/b/c` -> [`a`, `a/b`]."""
+    parts = rel.split(b"/")[:-1]
+    return [b"/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 class Scanner:
@@ -155,44 +179,186 @@ class Scanner:
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
 
-    def scan(self) -> Scan:
+    def scan(self, paths: Collection[bytes] | None = None) -> Scan:
+        """The workspace's manifest. `paths` (relative): only these may have changed since
+        this scanner's previous scan (the file a file tool wrote); they alone are looked at,
+        unless that cannot tell (no previous scan here, a .gitignore among them, a folder
+        left or emptied...): then, as without `paths`, the whole tree is walked. Changes made
+        elsewhere meanwhile are seen by the next full scan (a command's, resume's)."""
         with self.lock:
             self._check_index()
             first = self._cache_epoch < 0
-            w = _Walk(Scan({}), time.time_ns())
-            if os.path.isdir(self.root):
-                self._walk(b"", [], w, None)
-            visited = set(w.visited)
-            for rel_dir in [
-                d for d in self._cache if d not in visited
-            ]:  # gone, ignored, a link now
-                prefix = rel_dir + b"/" if rel_dir else b""
-                w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
-            empty = set(w.empty)
-            w.deleted += [d for d in self._empty if d not in empty]
-            previous, out = self._previous, w.out
-            # A path gone as one kind and back as another (a file now a directory) is set.
-            deleted = [p for p in w.deleted if p not in w.entries and p in previous]
-            out.base, out.entries, out.deleted = previous, w.entries, deleted
-            if w.entries or deleted or first:
-                manifest = dict(previous)
-                for path in deleted:
-                    del manifest[path]
-                manifest.update(w.entries)
-                out.manifest, out.changed = manifest, True
-                out.tree_id = (
-                    self._ids.rebuild(manifest)
-                    if first
-                    else self._ids.update(manifest, w.entries, deleted)
-                )
+            w = None
+            if (
+                paths is not None
+                and not first
+                and not self._stale
+                and self._ignore_epoch == self._cache_epoch
+            ):
+                w = self._look_at(paths)
+            return self._finish(self._walk_all() if w is None else w, first)
+
+    def _walk_all(self) -> _Walk:
+        w = _Walk(Scan({}), time.time_ns())
+        if os.path.isdir(self.root):
+            self._walk(b"", [], w, None)
+        visited = set(w.visited)
+        for rel_dir in [d for d in self._cache if d not in visited]:  # gone, ignored, a link now
+            prefix = rel_dir + b"/" if rel_dir else b""
+            w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
+        w.empty_after = set(w.empty)
+        w.deleted += [d for d in self._empty if d not in w.empty_after]
+        return w
+
+    def _finish(self, w: _Walk, first: bool) -> Scan:
+        """The new manifest: the previous one with what the walk (or the look) found."""
+        previous, out = self._previous, w.out
+        # A path gone as one kind and back as another (a file now a directory) is set.
+        deleted = [p for p in w.deleted if p not in w.entries and p in previous]
+        out.base, out.entries, out.deleted = previous, w.entries, deleted
+        if w.entries or deleted or first:
+            out.manifest, out.changed = updated(previous, w.entries, deleted), True
+            out.tree_id = (
+                self._ids.rebuild(out.manifest)
+                if first
+                else self._ids.update(out.manifest, w.entries, deleted)
+            )
+        else:
+            out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
+        self._cache_epoch = self._ignore_epoch
+        self._previous, self._empty = out.manifest, w.empty_after
+        self.unsaved.update(out.contents)
+        if self._excluded_told is None:  # what was there before: not news (report_excluded)
+            self._excluded_told = set(out.excluded)
+        return out
+
+    def _look_at(self, paths: Collection[bytes]) -> _Walk | None:
+        """What the files at `paths` are now, against the previous scan; None when the paths
+        alone cannot tell. Nothing is changed (cache, manifest) until every path is looked
+        at, so a None leaves the scanner as it was for the full walk."""
+        w = _Walk(Scan({}), time.time_ns())
+        found: list[_Found] = []
+        for rel in sorted(set(paths)):
+            one = self._look_at_one(rel, w)
+            if one is None:
+                return None
+            found.append(one)
+        filled: set[bytes] = set()  # empty directories that now hold a file
+        for one in found:
+            if one.entry is None and not one.gone:
+                continue
+            for rel_dir in one.new_dirs:
+                self._cache[rel_dir] = {}
+            cached = self._cache[one.parent]
+            for name in one.gone:
+                del cached[name]
+                w.deleted.append((one.parent + b"/" if one.parent else b"") + name)
+            if one.entry is None:
+                continue
+            cached[one.name] = (one.key, one.entry)
+            self._note(one.rel, one.entry, w)
+            filled.update(d for d in _parents(one.rel) if d in self._empty)
+        w.deleted += filled
+        w.empty_after = self._empty - filled
+        told = self._excluded_told or set()  # not news again (report_excluded)
+        w.out.excluded = sorted(told.union(w.out.excluded))
+        return w
+
+    def _look_at_one(self, rel: bytes, w: _Walk) -> _Found | None:
+        parts = rel.split(b"/")
+        if (
+            any(p in (b"", b".", b"..", b".gitignore") for p in parts)
+            or len(parts) > MAX_DEPTH
+            or len(self.root) + len(rel) >= PATH_MAX - 1
+            or rel in self._cache  # a folder listed at the previous scan
+            or rel in self._empty
+        ):
+            return None
+        specs: list[tuple[bytes, Any]] = []
+        new_dirs: list[bytes] = []
+        rel_dir = b""
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return None
+        try:
+            for depth, part in enumerate(parts):
+                if rel_dir in self._cache:
+                    spec = self._ignores.get(rel_dir)
+                    if spec is not None:
+                        specs.append((rel_dir, spec[1]))
+                elif os.listdir(fd) != [os.fsdecode(part)]:
+                    return None  # a new folder that holds more than the written path
+                if depth == len(parts) - 1:
+                    return self._look_at_file(fd, rel_dir, part, specs, new_dirs, w)
+                sub = rel_dir + b"/" + part if rel_dir else part
+                if sub in self._previous and sub not in self._cache:  # was a file or a link
+                    return None
+                if sub not in self._cache and not new_dirs and self._ignored(sub, True, specs):
+                    return _NOTHING  # in a folder left out (as at the previous scan)
+                try:
+                    child = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if sub in self._cache or new_dirs:
+                        return None  # a folder gone since: the walk decides
+                    return _NOTHING  # not there (a write not made yet): nothing below it is
+                except OSError:
+                    return None
+                os.close(fd)
+                fd, rel_dir = child, sub
+                if sub not in self._cache:
+                    new_dirs.append(sub)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return None
+
+    def _look_at_file(
+        self,
+        fd: int,
+        rel_dir: bytes,
+        name: bytes,
+        specs: list[tuple[bytes, Any]],
+        new_dirs: list[bytes],
+        w: _Walk,
+    ) -> _Found | None:
+        rel = rel_dir + b"/" + name if rel_dir else name
+        cached = self._cache.get(rel_dir, {})
+        # The folder is listed (names only): what a file tool's rename left gone beside the
+        # file (a temp file of an interrupted write it cleared) is seen gone too.
+        listed = {os.fsencode(n) for n in os.listdir(fd)}
+        gone = [n for n in cached if n not in listed and n != name]
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        mode = st.st_mode if st is not None else 0
+        if stat.S_ISDIR(mode):
+            return None
+        entry: Entry | None = None
+        key: StatKey | None = None
+        if st is not None and (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            if self._ignored(rel, False, specs):
+                if (rel, False) in self._by_setting:
+                    w.out.excluded.append(rel)
             else:
-                out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
-            self._cache_epoch = self._ignore_epoch
-            self._previous, self._empty = out.manifest, empty
-            self.unsaved.update(out.contents)
-            if self._excluded_told is None:  # what was there before: not news (report_excluded)
-                self._excluded_told = set(out.excluded)
-            return out
+                key = (st.st_ctime_ns, st.st_size, st.st_ino)
+                old = cached.get(name)
+                entry = (
+                    old[1]
+                    if old is not None and old[0] == key
+                    else self._entry(fd, name, st, w.out, rel)
+                )
+                if entry is None or entry is _UNREADABLE:
+                    return None  # changed under the look, or unreadable: the walk decides
+                if st.st_ctime_ns >= w.racy_after:
+                    key = None  # read again by the next scan
+        if entry is None and name in cached:
+            gone.append(name)
+        if entry is None and (new_dirs or (gone and len(gone) >= len(cached))):
+            return None  # a folder that may be empty now (an entry of its own): the walk decides
+        return _Found(rel, rel_dir, name, entry, key, gone, new_dirs)
 
     def seed(self, manifest: Manifest) -> None:
         """What the store last recorded of this workspace, for a fresh scanner to keep below
