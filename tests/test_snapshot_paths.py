@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,56 @@ def test_a_written_path_is_looked_at_without_walking_the_tree(
     # The change from outside is not the write's: the next full scan (a command's) finds it.
     full = scanner.scan()
     assert walked and [c.path for c in changes(got.manifest, full.manifest)] == [b"p5/f5.py"]
+
+
+def test_a_run_walks_the_tree_for_commands_only_and_resume_still_finds_drift(
+    tmp_path: Path,
+    workspace: Path,
+    env: dict[str, str],
+    write_script: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durable_agent import Agent
+
+    _tree(workspace, 3, 3)
+    walks: list[int] = []
+    real = Scanner._walk_all
+    monkeypatch.setattr(Scanner, "_walk_all", lambda self: walks.append(1) or real(self))
+
+    def call(name: str, **arguments: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+    model = write_script(
+        [
+            call("run_command", command="echo made > p0/made.txt"),
+            call("write_file", path="p1/new.py", content="new\n"),
+            call("edit_file", path="p1/f0.py", old_string="1 0", new_string="one"),
+            call("write_file", path="fresh/dir/x.py", content="x\n"),
+            {"content": "done"},
+        ]
+    )
+    db = f"sqlite:///{tmp_path / 'api.db'}"
+    agent = Agent(model=model, workspace=workspace, db=db, shell="allow", max_steps=4, env=env)
+    first = agent.start("write files")
+    assert first.stop_reason == "max_steps"
+    # The run's first snapshot, the check before its first step and the command's two
+    # snapshots: the three file-tool steps walked nothing.
+    assert len(walks) == 4
+    import sqlite3
+
+    rows = sqlite3.connect(tmp_path / "api.db").execute(
+        "SELECT s.tool_name, c.path, c.change FROM step_changes c JOIN steps s "
+        "ON s.run_id = c.run_id AND s.seq = c.seq ORDER BY s.seq"
+    )
+    assert rows.fetchall() == [
+        ("run_command", "p0/made.txt", "added"),
+        ("write_file", "p1/new.py", "added"),
+        ("edit_file", "p1/f0.py", "modified"),
+        ("write_file", "fresh/dir/x.py", "added"),
+    ]
+    # A change from outside between sessions: resume (in this same process, whose scanner
+    # kept its state) walks the whole tree and stops on it.
+    (workspace / "p2" / "f2.py").write_text("changed by hand\n")
+    blocked = agent.resume(first.run_id, max_steps=20)
+    assert (blocked.status, blocked.stop_reason) == ("blocked", "workspace_drift")
+    assert "p2/f2.py" in (blocked.answer or "") + str(agent.show(first.run_id))
