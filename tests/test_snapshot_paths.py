@@ -251,3 +251,52 @@ def test_a_run_walks_the_tree_for_commands_only_and_resume_still_finds_drift(
     blocked = agent.resume(first.run_id, max_steps=20)
     assert (blocked.status, blocked.stop_reason) == ("blocked", "workspace_drift")
     assert "p2/f2.py" in (blocked.answer or "") + str(agent.show(first.run_id))
+
+
+def _wait_until_old(root: Path) -> None:
+    """Until every folder's change time is older than RACY_NS (a condition, not a guess)."""
+    import time
+
+    from durable_agent.workspace.scan import RACY_NS
+
+    newest = max(os.lstat(d).st_ctime_ns for d, _, _ in os.walk(root))
+    while time.time_ns() - RACY_NS <= newest:
+        time.sleep(0.01)
+
+
+def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
+    tmp_path: Path,
+) -> None:
+    _tree(tmp_path, 3, 3)
+    (tmp_path / "p2" / "new.py").write_text("in a folder changed just now\n")
+    scanner = Scanner(tmp_path, EXCLUDE, 1000)
+    scanner.scan()
+    # Changed within RACY_NS of the scan: a name added in the same clock tick would leave
+    # its change time as it is, so its listing is not kept.
+    assert b"p2" not in scanner._listing
+    _wait_until_old(tmp_path)
+    scanner.scan()
+    assert set(scanner._listing) == {b"", b"p0", b"p1", b"p2"}
+    listed: list[int] = []
+    real = os.listdir
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "listdir", lambda fd: listed.append(fd) or real(fd))
+        # A file's content changes, its folder's names do not: found by its lstat alone.
+        (tmp_path / "p1" / "f1.py").write_text("edited in place\n")
+        got = scanner.scan()
+        assert listed == [] and [c.path for c in changes(got.base or {}, got.manifest)] == [
+            b"p1/f1.py"
+        ]
+        # A name added, one renamed, one removed: their folders are listed again.
+        (tmp_path / "p0" / "added.py").write_text("added\n")
+        os.rename(tmp_path / "p1" / "f0.py", tmp_path / "p1" / "moved.py")
+        (tmp_path / "p2" / "f2.py").unlink()
+        got = scanner.scan()
+        assert len(listed) == 3
+    assert got.manifest == Scanner(tmp_path, EXCLUDE, 1000).scan().manifest
+    assert {(c.path, c.change) for c in changes(got.base or {}, got.manifest)} == {
+        (b"p0/added.py", "added"),
+        (b"p1/f0.py", "deleted"),
+        (b"p1/moved.py", "added"),
+        (b"p2/f2.py", "deleted"),
+    }

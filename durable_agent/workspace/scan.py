@@ -4,7 +4,14 @@ A file whose lstat (change time, size, inode) equals the one cached from the las
 keeps its cached hash without being read. Except a *racy* one: changed within RACY_NS of
 the scan that cached it, it may have changed again inside the same timestamp tick, so it
 is hashed again (git's "racily clean" rule). An unchanged workspace costs one lstat, one
-lookup and one comparison per file, and builds nothing: the previous manifest stands.
+lookup and one comparison per file, and builds nothing: the previous manifest stands. A
+folder is not listed again while its change time says no name in it was added, removed or
+renamed (git's untracked cache; the same racy rule for the listing).
+
+A file tool's step knows what it wrote: `scan(paths)` looks at those paths alone and updates
+the previous manifest (manifest.updated, as the walk does), since the tree between steps is
+known (every command's step walks it after the command). What changed elsewhere meanwhile,
+from outside the run, is found by the next full walk: a command's step, resume's check.
 
 What is left out: paths matched by the `exclude` setting (gitignore syntax, applied at the
 root) and by every `.gitignore` in the tree (a deeper file wins, as in git), sockets and
@@ -175,6 +182,9 @@ class Scanner:
         # not list: the last manifest stored or written (seed, forget).
         self._last_seen: Manifest = {}
         self._stale: set[bytes] = set()  # kept unlisted: their rows are checked again once listed
+        # directory -> (its change time, modification time, inode; the names in it) when last
+        # listed (_names)
+        self._listing: dict[bytes, tuple[tuple[int, int, int], list[bytes]]] = {}
         # Contents read by scans since a snapshot last took them (snapshot.take stores them):
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
@@ -206,6 +216,7 @@ class Scanner:
         for rel_dir in [d for d in self._cache if d not in visited]:  # gone, ignored, a link now
             prefix = rel_dir + b"/" if rel_dir else b""
             w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
+            self._listing.pop(rel_dir, None)
         w.empty_after = set(w.empty)
         w.deleted += [d for d in self._empty if d not in w.empty_after]
         return w
@@ -373,6 +384,7 @@ class Scanner:
             self._last_seen = self._previous if seen is None else seen
             self._stale.clear()
             self._cache.clear()
+            self._listing.clear()
             self._previous, self._empty = {}, set()
             self._cache_epoch = -1
 
@@ -509,7 +521,7 @@ class Scanner:
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
         try:
-            entries = list(os.scandir(fd))
+            names = self._names(fd, rel_dir, w.racy_after)
         except (FileNotFoundError, NotADirectoryError):
             return 0  # gone since its parent was listed
         except OSError:  # not ours to list: never "emptied"
@@ -527,14 +539,16 @@ class Scanner:
         prefix = rel_dir + b"/" if rel_dir else b""
         hits = found = 0
         dropped: list[bytes] = []  # cached names still listed but no longer entries
-        for item in entries:
+        vanished: list[bytes] = []  # listed, gone since
+        lstat = os.stat
+        for name in names:
             try:
-                st = item.stat(follow_symlinks=False)
+                st = lstat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                continue  # gone since the listing
+                vanished.append(name)
+                continue
             except OSError:  # listable, not searchable (chmod 644 d): none of it can be read
                 return self._unlisted(rel_dir, w)
-            name = os.fsencode(item.name)
             old = fast.get(name)
             # The hot path of an unchanged workspace: one lstat, one lookup, one comparison.
             # The change time moves with every change to a file (content, mode, times, a
@@ -598,12 +612,30 @@ class Scanner:
             self._note(rel, entry, w)
             found += 1
         if dropped or hits < before:  # some of the cached files are gone: which ones
-            listed = {os.fsencode(item.name) for item in entries}
+            listed = set(names).difference(vanished)
             gone = dropped + [name for name in cached if name not in listed]
             for name in gone:
                 del cached[name]
             w.deleted += [prefix + name for name in gone]
         return hits + found
+
+    def _names(self, fd: int, rel_dir: bytes, racy_after: int) -> list[bytes]:
+        """The names in the folder `fd` holds: as listed at a previous scan while the
+        folder's change time says no name was added, removed or renamed in it since (git's
+        untracked cache: its files are still each lstat'ed, for their content); listed again
+        otherwise. A listing made within RACY_NS of a change to the folder is not kept: a
+        name added in the same clock tick would leave its change time as it was."""
+        st = os.fstat(fd)
+        key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino)
+        known = self._listing.get(rel_dir)
+        if known is not None and known[0] == key:
+            return known[1]
+        names = [os.fsencode(n) for n in os.listdir(fd)]
+        if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
+            self._listing[rel_dir] = (key, names)
+        else:
+            self._listing.pop(rel_dir, None)
+        return names
 
     def _unlisted(self, rel_dir: bytes, w: _Walk) -> int:
         """A folder the harness may not list (`chmod 311 d`) or search (`chmod 644 d`): what
