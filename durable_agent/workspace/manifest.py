@@ -150,7 +150,9 @@ class TreeIds:
         for path in sorted(manifest):
             self.paths[zlib.crc32(path) % BUCKETS].append(path)
         self.lines = [[_line(p, manifest[p]) for p in paths] for paths in self.paths]
-        self.digests = [hashlib.sha256(b"".join(lines)).digest() for lines in self.lines]
+        self.digests = [
+            hashlib.sha256(b"".join(lines)).digest() if lines else _EMPTY for lines in self.lines
+        ]
         return self._digest()
 
     def update(
