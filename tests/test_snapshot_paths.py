@@ -132,7 +132,7 @@ def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
     return True
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(_command, _tool, _tool), min_size=1, max_size=14))
 @example([("mkdir", "e1"), ("tool", "e1/k", b"k", False, False)])  # an empty folder filled
 @example([("leftover", "a"), ("tool", "a", b"k", True, False)])  # its temp file cleared
