@@ -88,12 +88,15 @@ FOREIGN_FLAGS = {
     "--filter",
     "--fast",
     "--bare",
+    "--porcelain",  # git status --porcelain
 }
-# The benchmark's own flags (scripts/bench.py), which exist there.
-BENCH_SOURCE = (ROOT / "scripts" / "bench.py").read_text()
+# The benchmarks' own flags (scripts/bench.py, bench_workspace.py), which exist there.
+BENCH_SOURCE = "".join(
+    (ROOT / "scripts" / name).read_text() for name in ("bench.py", "bench_workspace.py")
+)
 FOREIGN_FLAGS |= {
     f
-    for f in ("--pg", "--instructions", "--json", "--steps", "--repeat")
+    for f in ("--pg", "--instructions", "--json", "--steps", "--repeat", "--files", "--size")
     if re.search(rf'add_argument\(\s*"{f}"', BENCH_SOURCE)
 }
 

@@ -36,7 +36,7 @@ A new kind of step (a hook, a delegation, a notification) is a `StepSpec` and a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from msgspec import Struct
@@ -132,6 +132,7 @@ class StepCall:
 
     def __init__(self, ctx: StepContext, spec: StepSpec, step: Step, reused: StepRecord | None):
         self.ctx, self.spec, self.step, self.reused = ctx, spec, step, reused
+        self.writes: Collection[bytes] | None = None  # all the step may change (run's `writes`)
 
     @property
     def prior(self) -> StepRecord | None:
@@ -141,9 +142,19 @@ class StepCall:
     def input(self) -> Any:
         return self.step.input
 
-    def run(self, fn: StepFn, *, input: Any = None, use_approval: int | None = None) -> StepOutcome:
-        """Intent (with the before snapshot), the effect, the outcome (with the after one)."""
+    def run(
+        self,
+        fn: StepFn,
+        *,
+        input: Any = None,
+        use_approval: int | None = None,
+        writes: Collection[bytes] | None = None,
+    ) -> StepOutcome:
+        """Intent (with the before snapshot), the effect, the outcome (with the after one).
+        `writes`: the workspace paths (relative) that are all `fn` can change (a file tool's
+        plan): the snapshots look at them alone, not at the whole tree."""
         spec, step = self.spec, self.step
+        self.writes = writes
         if spec.deferred:
             step.start(input, durable=False)
         else:
@@ -191,10 +202,10 @@ class StepCall:
         if self.spec.tree_before and self.ctx.settings.snapshots:
             self.step.tree_before = self.spec.tree_before
             return WorkspaceWrite(columns={"tree_before": self.spec.tree_before})
-        return recorder.before(self.ctx, self.step)
+        return recorder.before(self.ctx, self.step, self.writes)
 
     def _after(self) -> WorkspaceWrite | None:
-        return recorder.after(self.ctx, self.step) if self.spec.changes_files else None
+        return recorder.after(self.ctx, self.step, self.writes) if self.spec.changes_files else None
 
     def _end(self, outcome: StepOutcome, *, announce: bool = True) -> StepOutcome:
         ctx, step = self.ctx, self.step

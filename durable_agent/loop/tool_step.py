@@ -52,6 +52,7 @@ from durable_agent.tools.base import (
 )
 from durable_agent.tools.limits import cap_text
 from durable_agent.tools.os_sandbox import for_run
+from durable_agent.tools.sandbox import resolve
 
 UNCERTAIN = ApprovalKind.UNCERTAIN_SIDE_EFFECT
 PGID_FIRST = "pgid_before_start"  # a tool's declaration (ExecTool), and the intent's record of it
@@ -191,7 +192,12 @@ def _write(
             "before_sha": planned.before_sha,
             "after_sha": planned.after_sha,
         }
-        step.run(run, input={**stored_once.call_input(call), "plan": recorded}, use_approval=use)
+        step.run(
+            run,
+            input={**stored_once.call_input(call), "plan": recorded},
+            use_approval=use,
+            writes=_written(ctx, planned.path),
+        )
         return None
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
     plan = _recorded_plan(prior)
@@ -238,8 +244,22 @@ def _write(
                 use_approval=approval.id,
             )
         use = approval.id
-    step.run(run, use_approval=use)
+    step.run(run, use_approval=use, writes=_written(ctx, plan.path) if plan else None)
     return None
+
+
+def _written(ctx: StepContext, path: str) -> list[bytes] | None:
+    """The workspace-relative path a plan names (a file tool writes that file alone: the
+    snapshots look at it, not at the whole tree); None when it does not name one."""
+    workspace = ctx.settings.workspace
+    try:
+        real = resolve(workspace, path, for_write=True, store=ctx.settings.db)
+        rel = os.path.relpath(real, os.path.realpath(workspace))
+    except (ToolFailure, OSError, ValueError):
+        return None
+    if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
+        return None
+    return [os.fsencode(rel)]
 
 
 def _recorded_plan(prior: StepRecord) -> WritePlan | None:

@@ -74,7 +74,8 @@ class ToolFailure(Exception):
 
 
 class WritePlan(Struct, frozen=True):
-    """A write's postcondition, recorded in the intent row before the write happens."""
+    """A write's postcondition, recorded in the intent row before the write happens. `path`
+    is the one file the write changes: the step's snapshots look at it alone."""
 
     path: str
     before_sha: str | None  # None: the file did not exist

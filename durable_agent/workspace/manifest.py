@@ -2,9 +2,9 @@
 
 Paths are the file system's bytes, so a name that is not UTF-8 round-trips exactly. In the
 stored JSON a path (and a link's target) is a string when it is UTF-8 and `{"b": base64}`
-otherwise: unambiguous, and readable for the common case. The tree id is the sha256 of a
-canonical byte serialisation of the full manifest, so equal workspaces have equal ids
-whatever delta chain stored them.
+otherwise: unambiguous, and readable for the common case. The tree id is a hash of a
+canonical byte serialisation of the full manifest (in buckets: TreeIds), so equal
+workspaces have equal ids whatever delta chain stored them.
 
 Entry kinds: `file` (ref = sha256 of its bytes), `link` (target = the link's bytes, never
 followed), `dir` (an empty directory; others are implied by their files), `big` (over the
@@ -112,25 +112,47 @@ def _line(path: bytes, e: Entry) -> bytes:
     )
 
 
+def updated(
+    previous: Mapping[bytes, Entry], entries: Mapping[bytes, Entry], deleted: Iterable[bytes]
+) -> Manifest:
+    """`previous` with `entries` set and `deleted` gone, as a new manifest (`previous` is
+    left as it is: a stored snapshot may hold it)."""
+    manifest = dict(previous)
+    for path in deleted:
+        manifest.pop(path, None)
+    manifest.update(entries)
+    return manifest
+
+
 def tree_id(manifest: Mapping[bytes, Entry]) -> str:
     return TreeIds().rebuild(manifest)
 
 
+BUCKETS = 1024  # of a tree id: a path's is crc32(path) % BUCKETS
+
+
 class TreeIds:
-    """`tree_id` of a manifest that changes a few paths at a time: its lines are kept in
-    order and only changed ones are made again (the same id, without serialising and
-    sorting 5,000 entries for a one-file edit)."""
+    """`tree_id` of a manifest that changes a few paths at a time. The id is the sha256 of
+    the sha256s of BUCKETS buckets, each the canonical lines of its paths in order: a
+    one-file edit hashes its bucket's lines again, not those of all 50,000 files (5 MB).
+    Equal manifests have equal ids, whatever delta chain stored them."""
 
     REBUILD_AT = 256  # more changes than this: sort and serialise everything again
 
     def __init__(self) -> None:
-        self.paths: list[bytes] = []
-        self.lines: list[bytes] = []
+        self.paths: list[list[bytes]] = [[] for _ in range(BUCKETS)]
+        self.lines: list[list[bytes]] = [[] for _ in range(BUCKETS)]
+        self.digests = [_EMPTY] * BUCKETS
         self.id = self._digest()
 
     def rebuild(self, manifest: Mapping[bytes, Entry]) -> str:
-        self.paths = sorted(manifest)
-        self.lines = [_line(p, manifest[p]) for p in self.paths]
+        self.paths = [[] for _ in range(BUCKETS)]
+        for path in sorted(manifest):
+            self.paths[zlib.crc32(path) % BUCKETS].append(path)
+        self.lines = [[_line(p, manifest[p]) for p in paths] for paths in self.paths]
+        self.digests = [
+            hashlib.sha256(b"".join(lines)).digest() if lines else _EMPTY for lines in self.lines
+        ]
         return self._digest()
 
     def update(
@@ -142,23 +164,34 @@ class TreeIds:
         """The id of `manifest`, which is the last one's with `entries` set and `deleted` gone."""
         if len(entries) + len(deleted) > self.REBUILD_AT:
             return self.rebuild(manifest)
-        paths, lines = self.paths, self.lines
+        touched: set[int] = set()
         for path in deleted:
+            b = zlib.crc32(path) % BUCKETS
+            paths, lines = self.paths[b], self.lines[b]
             i = bisect.bisect_left(paths, path)
             if i < len(paths) and paths[i] == path:
                 del paths[i], lines[i]
+                touched.add(b)
         for path, entry in entries.items():
+            b = zlib.crc32(path) % BUCKETS
+            paths, lines = self.paths[b], self.lines[b]
             i = bisect.bisect_left(paths, path)
             if i < len(paths) and paths[i] == path:
                 lines[i] = _line(path, entry)
             else:
                 paths.insert(i, path)
                 lines.insert(i, _line(path, entry))
+            touched.add(b)
+        for b in touched:
+            self.digests[b] = hashlib.sha256(b"".join(self.lines[b])).digest()
         return self._digest()
 
     def _digest(self) -> str:
-        self.id = hashlib.sha256(b"".join(self.lines)).hexdigest()
+        self.id = hashlib.sha256(b"".join(self.digests)).hexdigest()
         return self.id
+
+
+_EMPTY = hashlib.sha256(b"").digest()
 
 
 def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:

@@ -14,6 +14,7 @@ the loop.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Protocol
 
 from durable_agent.config.settings import Settings
@@ -57,11 +58,14 @@ def scanner(ctx: Site) -> Scanner:
     )
 
 
-def before(ctx: Site, step: Step) -> WorkspaceWrite | None:
+def before(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> WorkspaceWrite | None:
+    """`writes`: the paths the step will write (a file tool's plan), all it may change; the
+    files between steps are as the last snapshot left them (a command's is a full scan), so
+    only these are looked at. Drift from outside is caught by the next full scan (resume's)."""
     if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
     snap = snapshot.take(
-        scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
+        scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id), writes
     )
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
@@ -155,12 +159,12 @@ def held_note(held: list[bytes]) -> str:
     return f" ({len(held)} path(s) {secrets.HELD}, left as they are: {names}{more})"
 
 
-def after(ctx: Site, step: Step) -> WorkspaceWrite | None:
+def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> WorkspaceWrite | None:
     # A workspace unmounted (or replaced) under the step: its files are not the step's deletions.
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0 or ctx.workspace_moved():
         return None
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
-    snap = snapshot.take(scanner(ctx), blobs)
+    snap = snapshot.take(scanner(ctx), blobs, writes)
     snapshot.remember(snap.tree_id, snap.manifest)
     old: Manifest = {}
     if step.tree_before:

@@ -4,7 +4,14 @@ A file whose lstat (change time, size, inode) equals the one cached from the las
 keeps its cached hash without being read. Except a *racy* one: changed within RACY_NS of
 the scan that cached it, it may have changed again inside the same timestamp tick, so it
 is hashed again (git's "racily clean" rule). An unchanged workspace costs one lstat, one
-lookup and one comparison per file, and builds nothing: the previous manifest stands.
+lookup and one comparison per file, and builds nothing: the previous manifest stands. A
+folder is not listed again while its change time says no name in it was added, removed or
+renamed (git's untracked cache; the same racy rule for the listing).
+
+A file tool's step knows what it wrote: `scan(paths)` looks at those paths alone and updates
+the previous manifest (manifest.updated, as the walk does), since the tree between steps is
+known (every command's step walks it after the command). What changed elsewhere meanwhile,
+from outside the run, is found by the next full walk: a command's step, resume's check.
 
 What is left out: paths matched by the `exclude` setting (gitignore syntax, applied at the
 root) and by every `.gitignore` in the tree (a deeper file wins, as in git), sockets and
@@ -22,7 +29,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,7 @@ from durable_agent.workspace.manifest import (
     Entry,
     Manifest,
     TreeIds,
+    updated,
 )
 from durable_agent.workspace.secrets import SecretCheck
 
@@ -99,7 +107,7 @@ class _Walk:
     it listed: the previous manifest and the stat cache stay as they are (building new ones
     for 5,000 files cost more than the lstat calls)."""
 
-    __slots__ = ("out", "racy_after", "visited", "empty", "entries", "deleted")
+    __slots__ = ("out", "racy_after", "visited", "empty", "entries", "deleted", "empty_after")
 
     def __init__(self, out: Scan, started: int) -> None:
         self.out = out
@@ -108,6 +116,29 @@ class _Walk:
         self.empty: list[bytes] = []  # empty directories (entries of their own)
         self.entries: Manifest = {}  # new or different entries
         self.deleted: list[bytes] = []  # files of the previous manifest that are gone
+        self.empty_after: set[bytes] = set()  # the new manifest's empty directories
+
+
+class _Found(Struct):
+    """What one looked-at path is now (Scanner._look_at): its entry (None: none), the stat
+    key to cache it under, cached names gone beside it, new folders on its way."""
+
+    rel: bytes
+    parent: bytes
+    name: bytes
+    entry: Entry | None
+    key: StatKey | None
+    gone: list[bytes]
+    new_dirs: list[bytes]
+
+
+_NOTHING = _Found(b"", b"", b"", None, None, [], [])  # a path that is no entry, nor was one
+
+
+def _parents(rel: bytes) -> list[bytes]:
+    """`a/b/c` -> [`a`, `a/b`]."""
+    parts = rel.split(b"/")[:-1]
+    return [b"/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 class Scanner:
@@ -151,48 +182,194 @@ class Scanner:
         # not list: the last manifest stored or written (seed, forget).
         self._last_seen: Manifest = {}
         self._stale: set[bytes] = set()  # kept unlisted: their rows are checked again once listed
+        # directory -> (its change time, modification time, inode; the names in it) when last
+        # listed (_names)
+        self._listing: dict[bytes, tuple[tuple[int, int, int], list[bytes]]] = {}
         # Contents read by scans since a snapshot last took them (snapshot.take stores them):
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
 
-    def scan(self) -> Scan:
+    def scan(self, paths: Collection[bytes] | None = None) -> Scan:
+        """The workspace's manifest. `paths` (relative): only these may have changed since
+        this scanner's previous scan (the file a file tool wrote); they alone are looked at,
+        unless that cannot tell (no previous scan here, a .gitignore among them, a folder
+        left or emptied...): then, as without `paths`, the whole tree is walked. Changes made
+        elsewhere meanwhile are seen by the next full scan (a command's, resume's)."""
         with self.lock:
             self._check_index()
             first = self._cache_epoch < 0
-            w = _Walk(Scan({}), time.time_ns())
-            if os.path.isdir(self.root):
-                self._walk(b"", [], w, None)
-            visited = set(w.visited)
-            for rel_dir in [
-                d for d in self._cache if d not in visited
-            ]:  # gone, ignored, a link now
-                prefix = rel_dir + b"/" if rel_dir else b""
-                w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
-            empty = set(w.empty)
-            w.deleted += [d for d in self._empty if d not in empty]
-            previous, out = self._previous, w.out
-            # A path gone as one kind and back as another (a file now a directory) is set.
-            deleted = [p for p in w.deleted if p not in w.entries and p in previous]
-            out.base, out.entries, out.deleted = previous, w.entries, deleted
-            if w.entries or deleted or first:
-                manifest = dict(previous)
-                for path in deleted:
-                    del manifest[path]
-                manifest.update(w.entries)
-                out.manifest, out.changed = manifest, True
-                out.tree_id = (
-                    self._ids.rebuild(manifest)
-                    if first
-                    else self._ids.update(manifest, w.entries, deleted)
-                )
+            w = None
+            if (
+                paths is not None
+                and not first
+                and not self._stale
+                and self._ignore_epoch == self._cache_epoch
+            ):
+                w = self._look_at(paths)
+            return self._finish(self._walk_all() if w is None else w, first)
+
+    def _walk_all(self) -> _Walk:
+        w = _Walk(Scan({}), time.time_ns())
+        if os.path.isdir(self.root):
+            self._walk(b"", [], w, None)
+        visited = set(w.visited)
+        for rel_dir in [d for d in self._cache if d not in visited]:  # gone, ignored, a link now
+            prefix = rel_dir + b"/" if rel_dir else b""
+            w.deleted += [prefix + name for name in self._cache.pop(rel_dir)]
+            self._listing.pop(rel_dir, None)
+        w.empty_after = set(w.empty)
+        w.deleted += [d for d in self._empty if d not in w.empty_after]
+        return w
+
+    def _finish(self, w: _Walk, first: bool) -> Scan:
+        """The new manifest: the previous one with what the walk (or the look) found."""
+        previous, out = self._previous, w.out
+        # A path gone as one kind and back as another (a file now a directory) is set.
+        deleted = [p for p in w.deleted if p not in w.entries and p in previous]
+        out.base, out.entries, out.deleted = previous, w.entries, deleted
+        if w.entries or deleted or first:
+            out.manifest, out.changed = updated(previous, w.entries, deleted), True
+            out.tree_id = (
+                self._ids.rebuild(out.manifest)
+                if first
+                else self._ids.update(out.manifest, w.entries, deleted)
+            )
+        else:
+            out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
+        self._cache_epoch = self._ignore_epoch
+        self._previous, self._empty = out.manifest, w.empty_after
+        self.unsaved.update(out.contents)
+        if self._excluded_told is None:  # what was there before: not news (report_excluded)
+            self._excluded_told = set(out.excluded)
+        return out
+
+    def _look_at(self, paths: Collection[bytes]) -> _Walk | None:
+        """What the files at `paths` are now, against the previous scan; None when the paths
+        alone cannot tell. Nothing is changed (cache, manifest) until every path is looked
+        at, so a None leaves the scanner as it was for the full walk."""
+        w = _Walk(Scan({}), time.time_ns())
+        found: list[_Found] = []
+        for rel in sorted(set(paths)):
+            one = self._look_at_one(rel, w)
+            if one is None:
+                return None
+            found.append(one)
+        filled: set[bytes] = set()  # empty directories that now hold a file
+        for one in found:
+            if one.entry is None and not one.gone:
+                continue
+            for rel_dir in one.new_dirs:
+                self._cache[rel_dir] = {}
+            cached = self._cache[one.parent]
+            for name in one.gone:
+                del cached[name]
+                w.deleted.append((one.parent + b"/" if one.parent else b"") + name)
+            if one.entry is None:
+                continue
+            cached[one.name] = (one.key, one.entry)
+            self._note(one.rel, one.entry, w)
+            filled.update(d for d in _parents(one.rel) if d in self._empty)
+        w.deleted += filled
+        w.empty_after = self._empty - filled
+        told = self._excluded_told or set()  # not news again (report_excluded)
+        w.out.excluded = sorted(told.union(w.out.excluded))
+        return w
+
+    def _look_at_one(self, rel: bytes, w: _Walk) -> _Found | None:
+        parts = rel.split(b"/")
+        if (
+            any(p in (b"", b".", b"..", b".gitignore") for p in parts)
+            or len(parts) > MAX_DEPTH
+            or len(self.root) + len(rel) >= PATH_MAX - 1
+            or rel in self._cache  # a folder listed at the previous scan
+            or rel in self._empty
+        ):
+            return None
+        specs: list[tuple[bytes, Any]] = []
+        new_dirs: list[bytes] = []
+        rel_dir = b""
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return None
+        try:
+            for depth, part in enumerate(parts):
+                if rel_dir in self._cache:
+                    spec = self._ignores.get(rel_dir)
+                    if spec is not None:
+                        specs.append((rel_dir, spec[1]))
+                elif os.listdir(fd) != [os.fsdecode(part)]:
+                    return None  # a new folder that holds more than the written path
+                if depth == len(parts) - 1:
+                    return self._look_at_file(fd, rel_dir, part, specs, new_dirs, w)
+                sub = rel_dir + b"/" + part if rel_dir else part
+                if sub in self._previous and sub not in self._cache:  # was a file or a link
+                    return None
+                if sub not in self._cache and not new_dirs and self._ignored(sub, True, specs):
+                    return _NOTHING  # in a folder left out (as at the previous scan)
+                try:
+                    child = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if sub in self._cache or new_dirs:
+                        return None  # a folder gone since: the walk decides
+                    return _NOTHING  # not there (a write not made yet): nothing below it is
+                except OSError:
+                    return None
+                os.close(fd)
+                fd, rel_dir = child, sub
+                if sub not in self._cache:
+                    new_dirs.append(sub)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return None
+
+    def _look_at_file(
+        self,
+        fd: int,
+        rel_dir: bytes,
+        name: bytes,
+        specs: list[tuple[bytes, Any]],
+        new_dirs: list[bytes],
+        w: _Walk,
+    ) -> _Found | None:
+        rel = rel_dir + b"/" + name if rel_dir else name
+        cached = self._cache.get(rel_dir, {})
+        # The folder is listed (names only): what a file tool's rename left gone beside the
+        # file (a temp file of an interrupted write it cleared) is seen gone too.
+        listed = {os.fsencode(n) for n in os.listdir(fd)}
+        gone = [n for n in cached if n not in listed and n != name]
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        mode = st.st_mode if st is not None else 0
+        if stat.S_ISDIR(mode):
+            return None
+        entry: Entry | None = None
+        key: StatKey | None = None
+        if st is not None and (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            if self._ignored(rel, False, specs):
+                if (rel, False) in self._by_setting:
+                    w.out.excluded.append(rel)
             else:
-                out.manifest, out.changed, out.tree_id = previous, False, self._ids.id
-            self._cache_epoch = self._ignore_epoch
-            self._previous, self._empty = out.manifest, empty
-            self.unsaved.update(out.contents)
-            if self._excluded_told is None:  # what was there before: not news (report_excluded)
-                self._excluded_told = set(out.excluded)
-            return out
+                key = (st.st_ctime_ns, st.st_size, st.st_ino)
+                old = cached.get(name)
+                entry = (
+                    old[1]
+                    if old is not None and old[0] == key
+                    else self._entry(fd, name, st, w.out, rel)
+                )
+                if entry is None or entry is _UNREADABLE:
+                    return None  # changed under the look, or unreadable: the walk decides
+                if st.st_ctime_ns >= w.racy_after:
+                    key = None  # read again by the next scan
+        if entry is None and name in cached:
+            gone.append(name)
+        if entry is None and (new_dirs or (gone and len(gone) >= len(cached))):
+            return None  # a folder that may be empty now (an entry of its own): the walk decides
+        return _Found(rel, rel_dir, name, entry, key, gone, new_dirs)
 
     def seed(self, manifest: Manifest) -> None:
         """What the store last recorded of this workspace, for a fresh scanner to keep below
@@ -207,6 +384,7 @@ class Scanner:
             self._last_seen = self._previous if seen is None else seen
             self._stale.clear()
             self._cache.clear()
+            self._listing.clear()
             self._previous, self._empty = {}, set()
             self._cache_epoch = -1
 
@@ -343,7 +521,7 @@ class Scanner:
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
         try:
-            entries = list(os.scandir(fd))
+            names = self._names(fd, rel_dir, w.racy_after)
         except (FileNotFoundError, NotADirectoryError):
             return 0  # gone since its parent was listed
         except OSError:  # not ours to list: never "emptied"
@@ -361,14 +539,16 @@ class Scanner:
         prefix = rel_dir + b"/" if rel_dir else b""
         hits = found = 0
         dropped: list[bytes] = []  # cached names still listed but no longer entries
-        for item in entries:
+        vanished: list[bytes] = []  # listed, gone since
+        lstat = os.stat
+        for name in names:
             try:
-                st = item.stat(follow_symlinks=False)
+                st = lstat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                continue  # gone since the listing
+                vanished.append(name)
+                continue
             except OSError:  # listable, not searchable (chmod 644 d): none of it can be read
                 return self._unlisted(rel_dir, w)
-            name = os.fsencode(item.name)
             old = fast.get(name)
             # The hot path of an unchanged workspace: one lstat, one lookup, one comparison.
             # The change time moves with every change to a file (content, mode, times, a
@@ -432,12 +612,30 @@ class Scanner:
             self._note(rel, entry, w)
             found += 1
         if dropped or hits < before:  # some of the cached files are gone: which ones
-            listed = {os.fsencode(item.name) for item in entries}
+            listed = set(names).difference(vanished)
             gone = dropped + [name for name in cached if name not in listed]
             for name in gone:
                 del cached[name]
             w.deleted += [prefix + name for name in gone]
         return hits + found
+
+    def _names(self, fd: int, rel_dir: bytes, racy_after: int) -> list[bytes]:
+        """The names in the folder `fd` holds: as listed at a previous scan while the
+        folder's change time says no name was added, removed or renamed in it since (git's
+        untracked cache: its files are still each lstat'ed, for their content); listed again
+        otherwise. A listing made within RACY_NS of a change to the folder is not kept: a
+        name added in the same clock tick would leave its change time as it was."""
+        st = os.fstat(fd)
+        key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino)
+        known = self._listing.get(rel_dir)
+        if known is not None and known[0] == key:
+            return known[1]
+        names = [os.fsencode(n) for n in os.listdir(fd)]
+        if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
+            self._listing[rel_dir] = (key, names)
+        else:
+            self._listing.pop(rel_dir, None)
+        return names
 
     def _unlisted(self, rel_dir: bytes, w: _Walk) -> int:
         """A folder the harness may not list (`chmod 311 d`) or search (`chmod 644 d`): what

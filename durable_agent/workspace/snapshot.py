@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 
 from msgspec import Struct
 
@@ -41,8 +42,9 @@ _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snaps
 _stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
 
 
-def take(scanner: Scanner, blobs: BlobStore) -> Snapshot:
-    scan = scanner.scan()
+def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = None) -> Snapshot:
+    """`paths`: only these changed since the scanner's previous scan (Scanner.scan)."""
+    scan = scanner.scan(paths)
     manifest = scan.manifest
     with scanner.lock:
         # What this scan read, and any plain scan since the last snapshot (a resume's drift

@@ -1,0 +1,302 @@
+"""Snapshots of a file tool's step look at the path it wrote, not at the whole tree.
+
+The tree between steps is known (every command's step is snapshotted by a full scan after it
+runs), so after a file tool's write the scanner looks at that path alone. Whatever the
+sequence of file-tool writes and command writes (same-second mtimes, renames, deletions,
+mode changes, links, .gitignore rules, new folders, a write's leftover temp file), the
+manifest it keeps is the one a full scan from scratch finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from durable_agent.workspace.manifest import TreeIds, changes, tree_id
+from durable_agent.workspace.scan import Scanner
+
+EXCLUDE = [".git/", "node_modules/", "*.out"]
+SAME_SECOND = 1_700_000_000 * 10**9  # one mtime for every write that keeps it (touch -d)
+
+_files = st.sampled_from(
+    ["a", "b", "d/c", "d/e", "d/f/g", "x.log", "d/x.log", "n/m/k", "node_modules/p", "c.out"]
+)
+_any = st.one_of(_files, st.sampled_from(["d", "d/f", "n", ".gitignore", "d/.gitignore"]))
+_command = st.one_of(
+    st.tuples(st.just("write"), _files, st.binary(max_size=6), st.booleans()),
+    st.tuples(st.just("delete"), _any),
+    st.tuples(st.just("chmod"), _files, st.sampled_from([0o644, 0o755, 0o600])),
+    st.tuples(st.just("link"), _files, st.sampled_from([b"a", b"../nowhere", b"d"])),
+    st.tuples(st.just("mkdir"), st.sampled_from(["e1", "d/e2", "a", "n/m"])),
+    st.tuples(st.just("rename"), _any, _any),
+    st.tuples(st.just("leftover"), st.sampled_from(["a", "d/c"])),
+    st.tuples(
+        st.just("ignore"),
+        st.sampled_from(["", "d/"]),
+        st.sampled_from(["", "*.log\n", "c\n!x.log\n", "f/\n"]),
+    ),
+)
+_tool = st.tuples(
+    st.just("tool"),
+    st.one_of(
+        _files,
+        st.sampled_from(["a", "d/c", "n/m/k", "e1/k", "q/z.out", ".gitignore", "d/.gitignore"]),
+    ),
+    st.binary(max_size=6),
+    st.booleans(),  # keeps the same mtime
+    st.booleans(),  # in place (same inode) rather than a temp file renamed over it
+)
+
+
+def _clear(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _command_writes(root: Path, op: tuple[Any, ...]) -> None:
+    path = root / op[1]
+    if op[0] in ("write", "link", "mkdir", "leftover"):
+        for parent in reversed(path.relative_to(root).parents[:-1]):
+            if (root / parent).is_symlink() or (root / parent).is_file():
+                (root / parent).unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if op[0] == "write":
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        if path.is_symlink():
+            path.unlink()
+        path.write_bytes(op[2])
+        if op[3]:
+            os.utime(path, ns=(SAME_SECOND, SAME_SECOND))
+    elif op[0] == "delete":
+        _clear(path)
+    elif op[0] == "chmod" and path.is_file() and not path.is_symlink():
+        path.chmod(op[2])
+    elif op[0] == "link":
+        _clear(path)
+        path.symlink_to(os.fsdecode(op[2]))
+    elif op[0] == "mkdir":
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+    elif op[0] == "rename":
+        target = root / op[2]
+        if (path.exists() or path.is_symlink()) and not (
+            target.is_relative_to(path) or path.is_relative_to(target)
+        ):
+            _clear(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.parent.is_symlink():
+                os.rename(path, target)
+    elif op[0] == "leftover":  # a write killed before its rename (files.atomic_write)
+        (path.parent / f".{path.name}.da-x1.tmp").write_bytes(b"half")
+    elif op[0] == "ignore":
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        _clear(path / ".gitignore")
+        (path / ".gitignore").write_text(op[2])
+
+
+def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
+    """What write_file does (folders made, a temp file renamed over the file, the folder's
+    leftover temp files removed); False where it would refuse (a link or a file in the way)."""
+    path = root / op[1]
+    rel = path.relative_to(root)
+    if any((root / p).is_symlink() or (root / p).is_file() for p in rel.parents[:-1]) or (
+        path.is_dir() or path.is_symlink()
+    ):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.da-*.tmp"):
+        leftover.unlink()
+    if op[4] and path.exists():
+        path.write_bytes(op[2])
+    else:
+        tmp = path.parent / f".{path.name}.da-t.tmp"
+        tmp.write_bytes(op[2])
+        os.rename(tmp, path)
+    if op[3]:
+        os.utime(path, ns=(SAME_SECOND, SAME_SECOND))
+    return True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_command, _tool, _tool), min_size=1, max_size=14))
+@example([("mkdir", "e1"), ("tool", "e1/k", b"k", False, False)])  # an empty folder filled
+@example([("leftover", "a"), ("tool", "a", b"k", True, False)])  # its temp file cleared
+@example([("tool", "q/z.out", b"k", False, False)])  # a new folder of excluded files
+@example([("write", "a", b"1", True), ("tool", "a", b"2", True, True)])  # same size and mtime
+def test_file_tool_writes_looked_at_alone_give_the_manifest_of_a_full_scan(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    saved, TreeIds.REBUILD_AT = TreeIds.REBUILD_AT, 2  # both ways of keeping the id
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, TreeIds, "REBUILD_AT", saved)
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        (root / "d").mkdir()
+        (root / "d" / "c").write_bytes(b"c")
+        scanner = Scanner(root, EXCLUDE, 4)  # files over 4 bytes are `big`
+        prev = scanner.scan().manifest
+        for op in ops:
+            if op[0] == "tool":
+                if not _tool_writes(root, op):
+                    continue
+                got = scanner.scan([op[1].encode()])
+            else:
+                _command_writes(root, op)
+                got = scanner.scan()
+            assert changes(prev, got.manifest, got.delta_from(prev)) == changes(prev, got.manifest)
+            prev = got.manifest
+            want = Scanner(root, EXCLUDE, 4).scan().manifest
+            assert got.manifest == want, op
+            assert got.tree_id == tree_id(want)
+            again = scanner.scan()  # a full scan after it finds nothing new
+            assert again.manifest == want and not again.changed, op
+
+
+def _tree(root: Path, dirs: int, per_dir: int) -> None:
+    for i in range(dirs):
+        d = root / f"p{i}"
+        d.mkdir()
+        for j in range(per_dir):
+            (d / f"f{j}.py").write_text(f"{i} {j}\n")
+
+
+@pytest.mark.parametrize("path", [b"p3/f1.py", b"p3/new.py", b"new/deeper/x.py"])
+def test_a_written_path_is_looked_at_without_walking_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: bytes
+) -> None:
+    _tree(tmp_path, 20, 20)
+    scanner = Scanner(tmp_path, EXCLUDE, 1000)
+    scanner.scan()
+    (tmp_path / "p5" / "f5.py").write_text("changed from outside between steps\n")
+    walked: list[bytes] = []
+    real = Scanner._walk_in
+    monkeypatch.setattr(
+        Scanner, "_walk_in", lambda self, fd, rel, *a: walked.append(rel) or real(self, fd, rel, *a)
+    )
+    target = tmp_path / os.fsdecode(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("written by a file tool\n")
+    got = scanner.scan([path])
+    assert walked == []
+    assert [
+        c.path for c in changes(got.base or {}, got.manifest, got.delta_from(got.base or {}))
+    ] == [path]
+    # The change from outside is not the write's: the next full scan (a command's) finds it.
+    full = scanner.scan()
+    assert walked and [c.path for c in changes(got.manifest, full.manifest)] == [b"p5/f5.py"]
+
+
+def test_a_run_walks_the_tree_for_commands_only_and_resume_still_finds_drift(
+    tmp_path: Path,
+    workspace: Path,
+    env: dict[str, str],
+    write_script: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durable_agent import Agent
+
+    _tree(workspace, 3, 3)
+    walks: list[int] = []
+    real = Scanner._walk_all
+    monkeypatch.setattr(Scanner, "_walk_all", lambda self: walks.append(1) or real(self))
+
+    def call(name: str, **arguments: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+    model = write_script(
+        [
+            call("run_command", command="echo made > p0/made.txt"),
+            call("write_file", path="p1/new.py", content="new\n"),
+            call("edit_file", path="p1/f0.py", old_string="1 0", new_string="one"),
+            call("write_file", path="fresh/dir/x.py", content="x\n"),
+            {"content": "done"},
+        ]
+    )
+    db = f"sqlite:///{tmp_path / 'api.db'}"
+    agent = Agent(model=model, workspace=workspace, db=db, shell="allow", max_steps=4, env=env)
+    first = agent.start("write files")
+    assert first.stop_reason == "max_steps"
+    # The run's first snapshot, the check before its first step and the command's two
+    # snapshots: the three file-tool steps walked nothing.
+    assert len(walks) == 4
+    import sqlite3
+
+    rows = sqlite3.connect(tmp_path / "api.db").execute(
+        "SELECT s.tool_name, c.path, c.change FROM step_changes c JOIN steps s "
+        "ON s.run_id = c.run_id AND s.seq = c.seq ORDER BY s.seq"
+    )
+    assert rows.fetchall() == [
+        ("run_command", "p0/made.txt", "added"),
+        ("write_file", "p1/new.py", "added"),
+        ("edit_file", "p1/f0.py", "modified"),
+        ("write_file", "fresh/dir/x.py", "added"),
+    ]
+    # A change from outside between sessions: resume (in this same process, whose scanner
+    # kept its state) walks the whole tree and stops on it.
+    (workspace / "p2" / "f2.py").write_text("changed by hand\n")
+    blocked = agent.resume(first.run_id, max_steps=20)
+    assert (blocked.status, blocked.stop_reason) == ("blocked", "workspace_drift")
+    assert "p2/f2.py" in (blocked.answer or "") + str(agent.show(first.run_id))
+
+
+def _wait_until_old(root: Path) -> None:
+    """Until every folder's change time is older than RACY_NS (a condition, not a guess)."""
+    import time
+
+    from durable_agent.workspace.scan import RACY_NS
+
+    newest = max(os.lstat(d).st_ctime_ns for d, _, _ in os.walk(root))
+    while time.time_ns() - RACY_NS <= newest:
+        time.sleep(0.01)
+
+
+def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
+    tmp_path: Path,
+) -> None:
+    _tree(tmp_path, 3, 3)
+    (tmp_path / "p2" / "new.py").write_text("in a folder changed just now\n")
+    scanner = Scanner(tmp_path, EXCLUDE, 1000)
+    scanner.scan()
+    # Changed within RACY_NS of the scan: a name added in the same clock tick would leave
+    # its change time as it is, so its listing is not kept.
+    assert b"p2" not in scanner._listing
+    _wait_until_old(tmp_path)
+    scanner.scan()
+    assert set(scanner._listing) == {b"", b"p0", b"p1", b"p2"}
+    listed: list[int] = []
+    real = os.listdir
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "listdir", lambda fd: listed.append(fd) or real(fd))
+        # A file's content changes, its folder's names do not: found by its lstat alone.
+        (tmp_path / "p1" / "f1.py").write_text("edited in place\n")
+        got = scanner.scan()
+        assert listed == [] and [c.path for c in changes(got.base or {}, got.manifest)] == [
+            b"p1/f1.py"
+        ]
+        # A name added, one renamed, one removed: their folders are listed again.
+        (tmp_path / "p0" / "added.py").write_text("added\n")
+        os.rename(tmp_path / "p1" / "f0.py", tmp_path / "p1" / "moved.py")
+        (tmp_path / "p2" / "f2.py").unlink()
+        got = scanner.scan()
+        assert len(listed) == 3
+    assert got.manifest == Scanner(tmp_path, EXCLUDE, 1000).scan().manifest
+    assert {(c.path, c.change) for c in changes(got.base or {}, got.manifest)} == {
+        (b"p0/added.py", "added"),
+        (b"p1/f0.py", "deleted"),
+        (b"p1/moved.py", "added"),
+        (b"p2/f2.py", "deleted"),
+    }
