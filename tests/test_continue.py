@@ -167,6 +167,58 @@ def test_message_from_stdin(env: dict[str, str], tmp_path: Path) -> None:
     _said_once(tmp_path / "s" / "store.db")
 
 
+HARNESS_KEY = "sk-proj-HARNESSKEY0123456789abcdefghij"
+PASTED = "AKIAIOSFODNN7EXAMPLE"
+
+
+def test_a_key_in_the_message_reaches_neither_the_store_nor_the_timeline(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `start` redacts its task; the message of a `continue` (typed, or `git diff | ... -`)
+    # was stored as given in the step's input and printed in the timeline.
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    senv["OPENAI_API_KEY"] = HARNESS_KEY
+    _start(senv, ws, script)
+    r = run_cli(senv, ws, "continue", "r", f"{MESSAGE} with {HARNESS_KEY} and {PASTED}")
+    assert r.code == 0, r.stderr
+    db = tmp_path / "s" / "store.db"
+    [(given,)] = query(db, "SELECT input FROM steps WHERE kind='user_message'")
+    stored = "\n".join(str(row) for row in query(db, "SELECT content FROM messages"))
+    for text in (given, stored, r.stderr, run_cli(senv, ws, "export", "r").stdout):
+        assert HARNESS_KEY not in text and PASTED not in text
+    assert "[REDACTED" in json.loads(given)["message"]
+    # The same `continue` again after a crash still finds its step by the words as given.
+    assert (
+        json.loads(given)["sha256"]
+        == __import__("hashlib")
+        .sha256(f"{MESSAGE} with {HARNESS_KEY} and {PASTED}".encode())
+        .hexdigest()
+    )
+
+
+def test_a_closed_stdin_is_one_line_and_continue_takes_w(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    _start(senv, ws, script)
+    closed = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m durable_agent continue r - <&-', sys.executable],
+        env=senv, cwd=ws, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.strip().splitlines() == [
+        "durable-agent: error: `continue RUN_ID -` reads the message from stdin, which cannot "
+        "be read"
+    ]
+    # -w, as on start and resume (docs/configuration.md: on every command with --workspace)
+    r = run_cli(senv, tmp_path, "continue", "r", MESSAGE, "-w", str(ws), "--quiet")
+    assert r.code == 0, r.stderr
+    _said_once(db=tmp_path / "s" / "store.db")
+
+
 def test_a_running_blocked_or_queued_run_is_refused_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -38,6 +38,10 @@ def _message(args: Namespace) -> str:
             text = sys.stdin.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the message from stdin: {exc}") from None
+        except (ValueError, AttributeError):  # closed (`<&-`: sys.stdin is None)
+            raise UsageError(
+                "`continue RUN_ID -` reads the message from stdin, which cannot be read"
+            ) from None
         text = text.removesuffix("\n")
     if not text.strip():
         raise UsageError("the message is empty: say what the agent should do next")

@@ -256,6 +256,7 @@ def _add_continue(sub: Subcommands) -> None:
         "--detach", action="store_true", help="record the message, then queue the run for workers"
     )
     p.add_argument(
+        "-w",
         "--workspace",
         metavar="DIR",
         help="with --fork: the copy's folder (empty or new); without: continue in DIR, as `resume`",

@@ -89,16 +89,19 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     s = ctx.state
     key = turn_key(ctx, message, stood)
     turn = int(key.split(":")[1])
-    sha = digest(message)
-    cut = len(message) > stored_once.INLINE_CHARS
+    sha = digest(message)  # of the words as given: the same `continue` again finds its step
+    # Redacted before anything is written or shown, as `start` does the task: a key pasted
+    # into the message (or piped in with `git diff`) reaches neither the store nor the model.
+    said = ctx.redactor.redact(message)
+    cut = len(said) > stored_once.INLINE_CHARS
     given = UserMessageInput(
         sha256=sha,
         chars=len(message),
-        message=message[: stored_once.HEAD_CHARS] if cut else message,
+        message=said[: stored_once.HEAD_CHARS] if cut else said,
         cut=True if cut else UNSET,
     )
     last = tree_at(ctx.journal.engine, ctx.journal.run_id, policy=ctx.journal.policy)
-    head = " ".join(message.split())
+    head = " ".join(said.split())
     spec = StepSpec(
         StepKind.USER_MESSAGE,
         key,
@@ -129,7 +132,7 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
             why = CUT_OFF if pending.id in cut_off else NOT_RUN
             written.append(Message("tool", f"error: {why}", tool_call_id=pending.id))
             closed.append(pending.id)
-        written.append(Message("user", ctx.redactor.redact(message)))
+        written.append(Message("user", said))
         for m in written:
             seq = s.append(m)
         s.tool_call_count += len(closed)
