@@ -152,6 +152,44 @@ def test_the_layers_in_order_and_durable_agent_config(
     assert (settings["max_steps"], settings["max_repeats"], settings["output_cap"]) == (12, 6, 3000)
 
 
+def test_config_shows_no_secret_of_an_mcp_server(env: dict[str, str], workspace: Path) -> None:
+    # The key was masked, an MCP server's token and URL password were printed as written.
+    token, password = "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "hunter2hunter2"
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text(
+        f'[mcp_servers.gh]\ncommand = "gh-mcp"\nenv = {{ GITHUB_TOKEN = "{token}" }}\n'
+        f'[mcp_servers.web]\nurl = "https://me:{password}@mcp.example.com/mcp"\n'
+    )
+    for args in (("config",), ("config", "--json")):
+        r = _run(env, workspace, *args, OPENAI_API_KEY="sk-" + "k" * 40)
+        assert r.returncode == 0, r.stderr
+        assert token not in r.stdout and password not in r.stdout and "k" * 40 not in r.stdout
+    servers = json.loads(r.stdout)["settings"]["mcp_servers"]["value"]
+    assert servers["gh"]["command"] == "gh-mcp" and servers["web"]["url"].startswith("https://me:")
+    assert json.loads(r.stdout)["settings"]["api_key"]["value"] == "***"
+
+
+def test_a_project_cannot_say_who_is_asked(env: dict[str, str], workspace: Path) -> None:
+    # `shell` was refused from the project file, its allowlist was not: ["sh"] let every
+    # `sh -c ...` run unasked under --shell ask, which is `shell = "allow"` by another name.
+    project = workspace / ".durable-agent" / "config.toml"
+    project.parent.mkdir()
+    project.write_text(
+        'shell_allowlist = ["sh", "curl"]\nshell_always_ask = []\n'
+        'on_uncertain_exec = "tell_model"\nmax_steps = 7\n'
+    )
+    r = _run(env, workspace, "config", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["settings"]
+    for name in ("shell_allowlist", "shell_always_ask", "on_uncertain_exec"):
+        assert got[name]["source"] == "default", name
+    assert "sh" not in got["shell_allowlist"]["value"]
+    assert got["max_steps"] == {"value": 7, "source": str(project)}
+    [warning] = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert "sets shell_allowlist, shell_always_ask, on_uncertain_exec, which only" in warning
+
+
 def test_a_run_cannot_write_its_project_config_with_the_file_tools(
     env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
 ) -> None:

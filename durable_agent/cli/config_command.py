@@ -21,14 +21,16 @@ def effective(flags: dict[str, Any], env: dict[str, str]) -> dict[str, dict[str,
 
     sources: dict[str, str] = {}
     settings = load_settings(flags, env, sources=sources)
-    values = settings.model_dump(mode="json")
+    # As a run records them (redacted_dict): an MCP server's token and a password in its URL
+    # are masked too, not only the key (this output is pasted into bug reports).
+    values = settings.redacted_dict()
     out: dict[str, dict[str, Any]] = {}
     for name in Settings.model_fields:
         value = values.get(name)
-        if name == "api_key" and value is not None:
-            value = "***"  # never shown
-        elif name in ("db", "base_url") and isinstance(value, str):
-            value = mask_url_password(value)
+        if name == "api_key":
+            value = None if settings.api_key is None else "***"  # never shown
+        elif name == "db":
+            value = None if settings.db is None else mask_url_password(settings.db)
         out[name] = {"value": value, "source": sources.get(name, DEFAULT)}
     return out
 
