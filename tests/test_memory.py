@@ -218,6 +218,26 @@ def test_the_text_is_capped_at_32_kib_with_a_note(
     assert len(body.encode()) <= 32 * 1024
 
 
+def test_a_key_cut_in_two_by_the_cap_is_not_sent_in_part(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # The text was cut at 32 KiB, then redacted: a key across the cut was no key any more,
+    # and its tail went to the store and the model.
+    key = "sk-proj-HARNESSKEY0123456789abcdefghij"
+    head = "--- AGENTS.md ---\n" + "x" * 100
+    cut_at = len(head) + 10  # the cut falls 10 characters into the key
+    after = 32 * 1024 + cut_at - len(head) - len(key)
+    (workspace / "AGENTS.md").write_text("x" * 100 + key + "\n" + "y" * (after - 1))
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "k",
+             OPENAI_API_KEY=key)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [text] = _memory_messages(env, "k")
+    assert "[project memory cut: the first" in text
+    [(given,)] = _rows(env, "SELECT input FROM steps WHERE run_id = 'k' AND kind = 'memory'")
+    for said in (text, json.dumps(_json(given))):
+        assert key[10:] not in said and key[20:] not in said
+
+
 def test_no_memory_and_memory_files(
     env: dict[str, str],
     workspace: Path,

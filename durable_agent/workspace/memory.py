@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from durable_agent.context.memory import Memory, MemoryFile, compose
@@ -37,8 +37,14 @@ def folders(root: Path, task_dir: str | None) -> list[Path]:
 
 
 def read_memory(
-    workspace: Path, task_dir: str | None, names: Sequence[str], env: Mapping[str, str]
+    workspace: Path,
+    task_dir: str | None,
+    names: Sequence[str],
+    env: Mapping[str, str],
+    redact: Callable[[str], str] = str,
 ) -> Memory:
+    """The files, each one's text redacted before they are composed: over the cap the text is
+    cut at a byte, and a key cut in two there is no key shape any more (its tail went out)."""
     root = Path(os.path.realpath(workspace))
     found: list[MemoryFile] = []
     user = user_memory_dir(env)
@@ -48,7 +54,7 @@ def read_memory(
         shown = str(path)
         if home and shown.startswith(os.path.join(home, "")):
             shown = "~/" + shown[len(os.path.join(home, "")) :]
-        if (f := _read(path, shown)) is not None:
+        if (f := _read(path, shown, redact)) is not None:
             found.append(f)
     for folder in folders(root, task_dir):
         for name in names:
@@ -58,12 +64,12 @@ def read_memory(
             real = os.path.realpath(path)
             if real != str(root) and not real.startswith(os.path.join(str(root), "")):
                 continue
-            if (f := _read(path, path.relative_to(root).as_posix())) is not None:
+            if (f := _read(path, path.relative_to(root).as_posix(), redact)) is not None:
                 found.append(f)
     return compose(found)
 
 
-def _read(path: Path, shown: str) -> MemoryFile | None:
+def _read(path: Path, shown: str, redact: Callable[[str], str]) -> MemoryFile | None:
     try:
         # Without blocking: a FIFO named AGENTS.md (no writer) would hang the run.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -79,4 +85,4 @@ def _read(path: Path, shown: str) -> MemoryFile | None:
     text = raw.decode("utf-8", "replace")
     if not text.strip():
         return None
-    return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), text)
+    return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), redact(text))
