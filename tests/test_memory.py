@@ -416,3 +416,38 @@ def test_continue_reads_the_changed_files_for_its_new_turn(
     r = _run(env, project, "continue", run_id, "once more")
     assert r.returncode == 0, r.stderr
     assert len(_memory_messages(env, run_id)) == 2
+
+
+def test_a_continue_killed_after_its_message_then_resumed_reads_the_files_too(
+    env: dict[str, str],
+    workspace: Path,
+    project: Path,
+    write_script: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    # Killed between the message step and the read of the files, then `resume`d (which
+    # docs/continue.md says goes on with the turn): the turn went on with the old text,
+    # unlike the same `continue` again or an uninterrupted one.
+    script = write_script([{"content": "first"}, {"content": "second"}])
+    r = _run(env, project, "start", "t", "-m", script, "-w", str(workspace), "--run-id", "k")
+    assert r.returncode == 0, r.stderr
+    (project / "AGENTS.md").write_text("sub rule: NEW text\n")
+    # boundaries: the message step's intent 1-2, its outcome 3-4, then the memory step
+    r = _run(env, project, "continue", "k", "go on", DURABLE_AGENT_CRASH_AFTER="4")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert _rows(env, "SELECT COUNT(*) FROM steps WHERE kind = 'user_message'") == [(1,)]
+    r = _run(env, project, "resume", "k")
+    assert r.returncode == 0, r.stderr
+    texts = _memory_messages(env, "k")
+    assert len(texts) == 2 and "NEW text" in texts[1], texts
+    roles = [role for role, _ in _history(env, "k")]
+    assert roles[-3:] == ["user", "system", "assistant"], roles
+    # `continue --detach`: a worker drives the turn, and reads the files for it as well.
+    (project / "AGENTS.md").write_text("sub rule: NEWER text\n")
+    script = write_script([{"content": "third"}])
+    r = _run(env, project, "continue", "k", "and again", "--detach", "-m", script)
+    assert r.returncode == 0, r.stderr
+    r = _run(env, project, "worker", "--once", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert _rows(env, "SELECT status FROM runs WHERE id = 'k'") == [("completed",)]
+    texts = _memory_messages(env, "k")
+    assert len(texts) == 3 and "NEWER text" in texts[2], texts

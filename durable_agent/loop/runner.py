@@ -221,7 +221,9 @@ class Runner:
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             # Project memory: read on a new run, the recorded text after; a new turn
             # (`continue`) reads the files again.
-            load_memory(ctx, new_turn=ctx.state.turn if turn is not None else None)
+            load_memory(
+                ctx, new_turn=ctx.state.turn if turn is not None else turns.opened_by_message(ctx)
+            )
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():

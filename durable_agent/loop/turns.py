@@ -152,6 +152,16 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     return None
 
 
+def opened_by_message(ctx: StepContext) -> int | None:
+    """The turn, when the latest completed user_message opened it and no model call was made
+    since: a `continue` cut off before its turn began, which `resume` goes on with (project
+    memory is read again for it, as the same `continue` again would)."""
+    for t in reversed(ctx.journal.user_turns):
+        if t.state == StepState.COMPLETED:
+            return t.turn if t.turn == ctx.state.turn else None
+    return None
+
+
 def window_of(turns: Sequence[StepRecord]) -> Window | None:
     """The budget window of the current turn: the latest completed user_message's."""
     for t in reversed(turns):
