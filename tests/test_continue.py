@@ -219,6 +219,32 @@ def test_a_closed_stdin_is_one_line_and_continue_takes_w(
     _said_once(db=tmp_path / "s" / "store.db")
 
 
+def test_a_relative_workspace_flag_is_recorded_as_a_full_path(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `continue r MSG -w ../ws` recorded "../ws" with the run: the next continue, from
+    # another folder, rebuilt the run's files in a new folder beside that one and went on
+    # there. `resume -w` did the same.
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    r = run_cli(senv, ws, "start", "t", "--quiet", "--model", f"scripted:{script}", "-y",
+                "--run-id", "r", "--max-steps", "1")  # fmt: skip
+    assert r.code == 3, r.stderr  # stopped after its first model call
+    elsewhere = tmp_path / "s" / "a"
+    (elsewhere / "b").mkdir(parents=True)
+    r = run_cli(senv, elsewhere, "resume", "r", "-w", "../ws", "--quiet", "--max-steps", "2")
+    assert r.code == 0, r.stderr
+    db = tmp_path / "s" / "store.db"
+    [(recorded,)] = query(db, "SELECT json_extract(settings, '$.workspace') FROM runs")
+    assert recorded == str(ws.resolve())
+    r = run_cli(senv, elsewhere, "continue", "r", MESSAGE, "-w", "../ws", "--quiet")
+    assert r.code == 0, r.stderr
+    [(recorded,)] = query(db, "SELECT json_extract(settings, '$.workspace') FROM runs")
+    assert recorded == str(ws.resolve())
+    r = run_cli(senv, elsewhere / "b", "continue", "r", "and once more", "--quiet")
+    assert not (elsewhere / "ws").exists()
+    assert ledger_lines(ws) == CALLS
+
+
 def test_a_running_blocked_or_queued_run_is_refused_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -56,6 +56,7 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
         _missing_workspace,
         _open,
         _print_queued,
+        full_path,
     )
     from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
 
@@ -76,7 +77,7 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
         if why:
             raise UsageError(why)
         if args.workspace is not None:
-            flags["workspace"] = args.workspace
+            flags["workspace"] = full_path(args.workspace)
     settings = load_settings(flags, env, base=recorded)
     _check_sandbox(settings, env)  # before a fork is made: a refusal leaves nothing behind
     changes = [
