@@ -257,3 +257,19 @@ def test_the_harness_own_variables_are_not_warned_of(
         Path(value).write_text("")
     r = _run(env, workspace, "config", **{var: value})
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a project's `verify` runs a command the user did not ask for, even under "
+    "--shell deny (it is not the shell tool, so the policy never sees it)",
+)
+def test_a_project_verify_runs_no_command_under_shell_deny(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    project = workspace / ".durable-agent" / "config.toml"
+    project.parent.mkdir()
+    project.write_text('verify = "touch verify-ran"\n')
+    r = _run(env, workspace, "start", "x", "-m", write_script(DONE), "--shell", "deny")
+    assert r.returncode in (0, 1), r.stderr
+    assert not (workspace / "verify-ran").exists()

@@ -451,3 +451,25 @@ def test_a_continue_killed_after_its_message_then_resumed_reads_the_files_too(
     assert _rows(env, "SELECT status FROM runs WHERE id = 'k'") == [("completed",)]
     texts = _memory_messages(env, "k")
     assert len(texts) == 3 and "NEWER text" in texts[2], texts
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a project's memory_files names files in the user's config folder too: "
+    "memory_files = ['config.toml'] sends the user's own config (MCP tokens) to the model",
+)
+def test_a_project_cannot_read_the_users_config_as_memory(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    token = "lin_api_supersecretvalue_1234"
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text(f'[mcp_servers.linear]\ncommand = "x"\nenv = {{ LINEAR_TOKEN = "{token}" }}\n')
+    (workspace / ".durable-agent").mkdir()
+    (workspace / ".durable-agent" / "config.toml").write_text(
+        'memory_files = ["AGENTS.md", "config.toml"]\n'
+    )
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "u")
+    assert r.returncode == 0, r.stderr
+    sent = "\n".join(str(c) for (c,) in _rows(env, "SELECT content FROM messages"))
+    assert token not in sent
