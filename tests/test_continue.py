@@ -675,3 +675,14 @@ def test_the_run_page_sends_a_follow_up(
         assert done.code == 0, done.stderr
     assert [m.content for m in store.messages("r") if m.role == "user"] == ["t", MESSAGE]
     assert ledger_lines(ws) == CALLS
+
+
+def test_the_help_of_continue_counts_every_budget_from_the_turn(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # --max-seconds said "over all resumes" in `continue --help`: it counts from the message.
+    r = run_cli(env, tmp_path, "continue", "--help")
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert "--max-seconds S active seconds allowed in the turn" in said
+    assert "-w DIR, --workspace DIR" in said
