@@ -473,3 +473,26 @@ def test_a_project_cannot_read_the_users_config_as_memory(
     assert r.returncode == 0, r.stderr
     sent = "\n".join(str(c) for (c,) in _rows(env, "SELECT content FROM messages"))
     assert token not in sent
+
+
+def test_a_project_cannot_make_the_read_hold_every_file_whole(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # memory_files with a name many times, or many links to one big file: each was read
+    # whole (1 MiB) and held until the 32 KiB cut (400 of them: 1.3 GB, 15 s). Now the
+    # nearest are read first and what lies past the cap is only counted.
+    (workspace / "AGENTS.md").write_text("far rule\n" + "y" * (1024 * 1024) + "\n")
+    links = [f"n{i}.md" for i in range(30)]
+    for name in links:
+        (workspace / name).symlink_to("AGENTS.md")
+    names = ", ".join(f'"{n}"' for n in ["AGENTS.md", *links, *links])
+    (workspace / ".durable-agent").mkdir()
+    (workspace / ".durable-agent" / "config.toml").write_text(f"memory_files = [{names}]\n")
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "h")
+    assert r.returncode == 0, r.stderr
+    [(given,)] = _rows(env, "SELECT input FROM steps WHERE run_id = 'h' AND kind = 'memory'")
+    listed = [f["path"] for f in _json(given)["files"]]
+    assert listed == ["n29.md"], listed
+    [text] = _memory_messages(env, "h")
+    cut = int(text.split("the first ", 1)[1].split(" bytes", 1)[0].replace(",", ""))
+    assert cut > 30 * 1024 * 1024  # the 30 files left out are counted

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from durable_agent.context.memory import Memory, MemoryFile, compose
+from durable_agent.context.memory import MEMORY_CAP, Memory, MemoryFile, compose
 
 MAX_FILE_BYTES = 1024 * 1024  # read of one file; the composed text is capped far below
 
@@ -46,7 +46,8 @@ def read_memory(
     """The files, each one's text redacted before they are composed: over the cap the text is
     cut at a byte, and a key cut in two there is no key shape any more (its tail went out)."""
     root = Path(os.path.realpath(workspace))
-    found: list[MemoryFile] = []
+    names = list(dict.fromkeys(names))  # a name given twice is one file, read once
+    where: list[tuple[Path, str]] = []  # farthest first
     user = user_memory_dir(env)
     home = env.get("HOME") or str(Path.home())
     for name in names:
@@ -54,8 +55,7 @@ def read_memory(
         shown = str(path)
         if home and shown.startswith(os.path.join(home, "")):
             shown = "~/" + shown[len(os.path.join(home, "")) :]
-        if (f := _read(path, shown, redact)) is not None:
-            found.append(f)
+        where.append((path, shown))
     for folder in folders(root, task_dir):
         for name in names:
             path = folder / name
@@ -64,9 +64,28 @@ def read_memory(
             real = os.path.realpath(path)
             if real != str(root) and not real.startswith(os.path.join(str(root), "")):
                 continue
-            if (f := _read(path, path.relative_to(root).as_posix(), redact)) is not None:
-                found.append(f)
-    return compose(found)
+            where.append((path, path.relative_to(root).as_posix()))
+    # Nearest first, and no further once the cap is passed: compose cuts the farthest text
+    # first, so what lies beyond is only counted. Reading them all held every file whole (a
+    # project's memory_files with a name 400 times, or 400 links to one big file: 1.3 GB).
+    found: list[MemoryFile] = []
+    kept = left_out = 0
+    for path, shown in reversed(where):
+        if kept > MEMORY_CAP:
+            left_out += _size(path)
+        elif (f := _read(path, shown, redact)) is not None:
+            found.append(f)
+            kept += len(f.text.encode("utf-8", "surrogatepass"))
+    return compose(found[::-1], left_out=left_out)
+
+
+def _size(path: Path) -> int:
+    """Bytes a regular file would have given (as `_read` reads it), else 0."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return min(st.st_size, MAX_FILE_BYTES) if stat.S_ISREG(st.st_mode) else 0
 
 
 def _read(path: Path, shown: str, redact: Callable[[str], str]) -> MemoryFile | None:
