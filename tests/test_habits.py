@@ -273,3 +273,23 @@ def test_a_project_verify_runs_no_command_under_shell_deny(
     r = _run(env, workspace, "start", "x", "-m", write_script(DONE), "--shell", "deny")
     assert r.returncode in (0, 1), r.stderr
     assert not (workspace / "verify-ran").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bubblewrap binds .durable-agent/ read-only only when it exists: in a workspace "
+    "without one (most), a command makes it and sets up the next run in it",
+)
+def test_a_sandboxed_command_cannot_make_a_project_config(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    make = "mkdir -p .durable-agent && echo 'max_steps = 99' > .durable-agent/config.toml"
+    turns = [{"tool_calls": [{"name": "run_command", "arguments": {"command": make}}]}]
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}
+    r = _run(safe, workspace, "start", "x", "-m", write_script([*turns, {"content": "done"}]),
+             "-y", "--sandbox", "workspace-write")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not (workspace / ".durable-agent" / "config.toml").exists()
