@@ -453,11 +453,6 @@ def test_a_continue_killed_after_its_message_then_resumed_reads_the_files_too(
     assert len(texts) == 3 and "NEWER text" in texts[2], texts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a project's memory_files names files in the user's config folder too: "
-    "memory_files = ['config.toml'] sends the user's own config (MCP tokens) to the model",
-)
 def test_a_project_cannot_read_the_users_config_as_memory(
     env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
 ) -> None:
@@ -473,6 +468,12 @@ def test_a_project_cannot_read_the_users_config_as_memory(
     assert r.returncode == 0, r.stderr
     sent = "\n".join(str(c) for (c,) in _rows(env, "SELECT content FROM messages"))
     assert token not in sent
+    # (the user's own instruction file is read as ever)
+    (user.parent / "AGENTS.md").write_text("user rule\n")
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "v")
+    assert r.returncode == 0, r.stderr
+    [text] = _memory_messages(env, "v")
+    assert "user rule" in text and token not in text
 
 
 def test_a_project_cannot_make_the_read_hold_every_file_whole(

@@ -51,6 +51,10 @@ def read_memory(
     user = user_memory_dir(env)
     home = env.get("HOME") or str(Path.home())
     for name in names:
+        # The user's folder holds the user's config (keys, MCP tokens): only instruction
+        # files (*.md) are read there, whatever names a project's memory_files gives.
+        if not name.lower().endswith(".md"):
+            continue
         path = user / name
         shown = str(path)
         if home and shown.startswith(os.path.join(home, "")):
