@@ -397,6 +397,27 @@ def test_last_picks_the_newest_run_of_this_folder(env: dict[str, str], tmp_path:
     assert both.code == 2 and "not both" in both.stderr
 
 
+def test_last_in_the_subfolder_a_run_was_started_from(env: dict[str, str], tmp_path: Path) -> None:
+    # `start -w ..` from a subfolder (its task folder for AGENTS.md, docs/memory.md), then
+    # `continue --last` there: "no run in this store was started in .../pkg".
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    pkg = ws / "pkg"
+    pkg.mkdir()
+    r = run_cli(senv, pkg, "start", "t", "--quiet", "--model", f"scripted:{script}", "-y",
+                "--run-id", "r", "-w", "..")  # fmt: skip
+    assert r.code == 0, r.stderr
+    r = run_cli(senv, pkg, "continue", "--last", MESSAGE, "--json")
+    assert r.code == 0 and json.loads(r.stdout)["run_id"] == "r", r.stderr
+    # A run of the folder itself, older or not, comes before one of a folder holding it.
+    assert json.loads(run_cli(senv, pkg, "show", "--last", "--json").stdout)["id"] == "r"
+    done = tmp_path / "done.json"
+    done.write_text(json.dumps([{"content": "inner"}]))
+    r = run_cli(senv, pkg, "start", "t", "--quiet", "--model", f"scripted:{done}", "--run-id", "p")
+    assert r.code == 0, r.stderr
+    assert json.loads(run_cli(senv, pkg, "show", "--last", "--json").stdout)["id"] == "p"
+    assert json.loads(run_cli(senv, ws, "show", "--last", "--json").stdout)["id"] == "r"
+
+
 def test_a_stopped_budget_gets_a_fresh_window_and_the_totals_keep_counting(
     env: dict[str, str], tmp_path: Path, write_script: Any
 ) -> None:
