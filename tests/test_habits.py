@@ -293,3 +293,19 @@ def test_a_sandboxed_command_cannot_make_a_project_config(
              "-y", "--sandbox", "workspace-write")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert not (workspace / ".durable-agent" / "config.toml").exists()
+
+
+def test_config_shows_the_task_folder_start_would_record(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # `config` is "every setting as a run started here would get it"; from a subfolder with
+    # -w, start records memory_dir = the subfolder, config said null.
+    pkg = workspace / "pkg"
+    pkg.mkdir()
+    r = _run(env, pkg, "config", "--json", "-w", "..")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["settings"]["memory_dir"]
+    r = _run(env, pkg, "start", "x", "-m", write_script(DONE), "-w", "..", "--run-id", "t")
+    assert r.returncode == 0, r.stderr
+    assert got == {"value": _run_row(env, "t")[1]["memory_dir"], "source": "the current directory"}
+    assert got["value"] == "pkg"

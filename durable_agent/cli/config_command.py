@@ -16,11 +16,16 @@ from durable_agent.cli import streams
 
 def effective(flags: dict[str, Any], env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Each setting: its value as a run would record it (no secret) and its source."""
+    from durable_agent.cli.commands import _task_folder
     from durable_agent.config.layers import DEFAULT
     from durable_agent.config.settings import Settings, load_settings, mask_url_password
 
     sources: dict[str, str] = {}
     settings = load_settings(flags, env, sources=sources)
+    if settings.memory_dir is None:  # as `start` sets it (docs/memory.md)
+        _task_folder(settings)
+        if settings.memory_dir is not None:
+            sources["memory_dir"] = "the current directory"
     # As a run records them (redacted_dict): an MCP server's token and a password in its URL
     # are masked too, not only the key (this output is pasted into bug reports).
     values = settings.redacted_dict()
