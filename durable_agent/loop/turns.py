@@ -158,6 +158,8 @@ def opened_by_message(ctx: StepContext) -> int | None:
     memory is read again for it, as the same `continue` again would)."""
     for t in reversed(ctx.journal.user_turns):
         if t.state == StepState.COMPLETED:
+            if ctx.forked_at is not None and t.seq <= ctx.forked_at:
+                return None  # copied from the run a fork was made of: the fork reads its own
             return t.turn if t.turn == ctx.state.turn else None
     return None
 
