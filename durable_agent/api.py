@@ -94,9 +94,10 @@ class Agent:
         run_id = runner.create(task, run_id, lease_owner=owner)
         return runner.execute(run_id, lease=(owner, 1))
 
-    def resume(self, run_id: str, **budgets: Any) -> Outcome:
+    def resume(self, run_id: str, *, accept_changes: bool = False, **budgets: Any) -> Outcome:
         """Continue a run that is not completed under its recorded settings; budget keywords
-        (max_steps=80, ...) raise its budgets, as the CLI's flags do."""
+        (max_steps=80, ...) raise its budgets, as the CLI's flags do. `accept_changes`: go on
+        although what it runs with changed in a way that needs consent (docs/versions.md)."""
         from durable_agent.store.leases import new_owner
         from durable_agent.wiring import build_runner
 
@@ -114,6 +115,13 @@ class Agent:
         settings = load_settings(flags, self._env, base=recorded_settings(run.settings))
         runner = build_runner(
             settings, env=self._env, store=store, observer=self._observer, extra_tools=self._tools
+        )
+        from durable_agent.loop.versions import VersionPolicy
+
+        runner.versions = VersionPolicy(
+            accept="all" if accept_changes else "none",
+            by="python (Agent.resume(accept_changes=True))",
+            given=frozenset(budgets),
         )
         owner = new_owner()
         epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)

@@ -3,7 +3,8 @@
     DurableAgentError            every error this package raises on purpose
     ├── UsageError               bad flag, bad config, unknown run id (exit 2)
     │   ├── ConfigError
-    │   └── RunNotFound
+    │   ├── RunNotFound
+    │   └── VersionRefused       a change since the checkpoint no consent can cover
     ├── RunBusy                  another live process holds the run's lease (exit 6)
     │   └── WorkspaceBusy        ... or the workspace's (workspace/lease.py)
     ├── LeaseLost                our lease was taken over: write nothing more
@@ -43,6 +44,12 @@ def checked_run_id(value: object) -> str:
             "a letter or digit first"
         )
     return value
+
+
+class VersionRefused(UsageError):
+    """The run cannot continue under this durable-agent at all (loop/versions.py): a store
+    schema newer than this code, or an unfinished call to a tool that is gone. Exit 2, the
+    run left as it was."""
 
 
 class RunNotFound(UsageError):

@@ -250,6 +250,9 @@ class ModelTurn(Struct, frozen=True):
     be used (a tool call without a name...): the step's output keeps the evidence."""
     finish_reason: str | None = None
     """The provider's `finish_reason` ("stop", "length", "tool_calls"...), when it gave one."""
+    reasoning: str | None = None
+    """Thinking the provider sent beside the answer (`reasoning_content` / `reasoning`):
+    kept in the step's output, shown dimmed, never sent back to the model as content."""
 
     def to_dict(self) -> dict[str, Any]:
         usage: dict[str, Any] = {
@@ -267,6 +270,8 @@ class ModelTurn(Struct, frozen=True):
             d["raw"] = self.raw
         if self.finish_reason is not None:
             d["finish_reason"] = self.finish_reason
+        if self.reasoning is not None:
+            d["reasoning"] = self.reasoning
         return d
 
 

@@ -5,7 +5,18 @@ Only notifications: an observer never changes what the loop does.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from msgspec import Struct
+
+
+class DeltaKind(StrEnum):
+    """What a piece of a streamed answer is (Observer.delta)."""
+
+    START = "start"  # a try begins: what an earlier try showed is void
+    TEXT = "text"
+    REASONING = "reasoning"  # the model's thinking: shown dimmed, never sent back
+    TOOL = "tool"  # a tool call's name, once known
 
 
 class StepEvent(Struct, frozen=True):
@@ -31,3 +42,7 @@ class Observer:
     def step(self, event: StepEvent) -> None: ...
 
     def note(self, text: str) -> None: ...
+
+    def delta(self, seq: int, turn: int, kind: DeltaKind, text: str) -> None:
+        """A piece of a model call's answer as it streams in (step `seq`). Never stored:
+        the step's outcome is."""

@@ -15,6 +15,8 @@ from durable_agent.status import StepKind
 from durable_agent.store.payloads import (
     CompactInput,
     CompactOutput,
+    HookInput,
+    HookOutput,
     MemoryInput,
     ModelOutput,
     ToolInput,
@@ -136,10 +138,24 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         closed = out.closed_calls if isinstance(out, UserMessageOutput) else UNSET
         said = f"you: {short(' '.join(text.split()), 80)}"
         return said + (f" (closed {plural(len(closed), 'unanswered call')})" if closed else "")
+    if s.kind == StepKind.VERSION:  # loop/versions.py: consent to what changed
+        consent: dict[str, Any] = s.input if isinstance(s.input, dict) else {}
+        changes = consent.get("changes") or []
+        by = consent.get("accepted_by")
+        return f"{len(changes)} change(s) since the checkpoint, accepted by {by}"
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None
         return f"verify `{short(command, 60)}`"
+    if s.kind == StepKind.HOOK:
+        hook, done = s.typed_input, s.typed_output
+        if not isinstance(hook, HookInput):
+            return "hook"
+        ended = ""
+        if isinstance(done, HookOutput):
+            ended = f" → exit {done.exit_code}" if done.exit_code is not None else " → not run"
+        on = f" {hook.tool}" if isinstance(hook.tool, str) else ""
+        return f"hook {hook.event}{on} `{short(hook.command, 50)}`{ended}"
     tool = s.typed_input
     args = tool.arguments if isinstance(tool, ToolInput) else None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)

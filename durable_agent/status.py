@@ -34,6 +34,9 @@ class StopReason(StrEnum):
     STEP_MISMATCH = "step_mismatch"  # a recorded step differs from the one resume would run
     EMPTY_ANSWER = "empty_answer"  # the model answered with nothing twice in a row
     WORKSPACE_DRIFT = "workspace_drift"  # the workspace differs from the last snapshot
+    # What the run runs with (release, prompt, tools, model) changed in a way that needs a
+    # person's consent (loop/versions.py): `resume --accept-changes`, or `--pin`.
+    CHANGED_SINCE_CHECKPOINT = "changed_since_checkpoint"
 
 
 class StepKind(StrEnum):
@@ -43,6 +46,8 @@ class StepKind(StrEnum):
     COMPACT = "compact"  # the context was compacted (elided outputs, or a summary: one model call)
     MEMORY = "memory"  # project memory (AGENTS.md...) read into the history (loop/memory_step.py)
     USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
+    HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
+    VERSION = "version"  # consent to go on after what the run runs with changed (loop/versions.py)
 
 
 class EffectClass(StrEnum):
@@ -70,6 +75,7 @@ STATUS_FOR_REASON: dict[StopReason, RunStatus] = {
     StopReason.STEP_MISMATCH: RunStatus.FAILED,
     StopReason.EMPTY_ANSWER: RunStatus.FAILED,
     StopReason.WORKSPACE_DRIFT: RunStatus.BLOCKED,
+    StopReason.CHANGED_SINCE_CHECKPOINT: RunStatus.BLOCKED,
 }
 
 # Process exit code for each final status (SPEC §2).

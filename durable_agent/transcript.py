@@ -6,7 +6,8 @@ are derived; exporting the same run twice gives the same lines.
     type                where it comes from                                `at`
     run_started         the runs row: task, model, workspace, settings     created_at
     model_completed     a model step with an outcome: content, tool calls,  finished_at
-                        usage (a failed one has state "failed" and error)
+                        usage, the provider's reasoning if any (a failed
+                        one has state "failed" and error)
     tool_started        a tool or verify step's intent: arguments          started_at
     tool_completed      its outcome: the result (truncated), error, data   finished_at
     memory_loaded       a memory step with an outcome: the instruction      finished_at
@@ -262,7 +263,10 @@ def _model_payload(step: StepRecord) -> dict[str, Any]:
         for c in output.tool_calls
     ]
     usage = to_builtins(output.usage)
-    return {"content": output.content, "tool_calls": calls, "usage": usage}
+    payload = {"content": output.content, "tool_calls": calls, "usage": usage}
+    if isinstance(output.reasoning, str):  # the provider's thinking, when it sent some
+        payload["reasoning"] = output.reasoning
+    return payload
 
 
 def _compact_event(step: StepRecord, common: dict[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from durable_agent.tools.base import Tool
 from durable_agent.tools.os_sandbox import Mechanism, resolve_sandbox, store_refusal
 
 
-def build_model(settings: Settings) -> ModelClient:
-    model = _endpoint_or_script(settings)
+def build_model(settings: Settings, stream_memo: Path | None = None) -> ModelClient:
+    """`stream_memo`: the file remembering endpoints that do not stream (models/openai_chat.py)."""
+    model = _endpoint_or_script(settings, stream_memo)
     if settings.tool_protocol == "text":
         from durable_agent.models.text_protocol import TextProtocolModel
 
@@ -28,7 +29,7 @@ def build_model(settings: Settings) -> ModelClient:
     return model
 
 
-def _endpoint_or_script(settings: Settings) -> ModelClient:
+def _endpoint_or_script(settings: Settings, stream_memo: Path | None = None) -> ModelClient:
     name = settings.model
     if not name:
         raise ConfigError(
@@ -76,6 +77,8 @@ def _endpoint_or_script(settings: Settings) -> ModelClient:
         temperature=settings.temperature,
         api_type=settings.api_type,
         api_version=settings.api_version,
+        stream=settings.stream,
+        stream_memo=stream_memo,
     )
 
 
@@ -121,7 +124,7 @@ def build_runner(
     return Runner(
         store=store or open_store(settings),
         settings=settings,
-        model=build_model(settings),
+        model=build_model(settings, stream_memo(env)),
         tools=dict(tool_set.local),
         env=env,
         redactor=redactor,
@@ -160,6 +163,14 @@ def build_tool_set(
     settings: Settings, env: Mapping[str, str], extra_tools: Sequence[Tool] = ()
 ) -> ToolSet:
     return ToolSet(settings, env, extra=extra_tools, log_dir=log_dir(settings, env))
+
+
+def stream_memo(env: Mapping[str, str]) -> Path:
+    """The file of endpoints that do not stream: in the data directory, whatever the store
+    (one next to a store kept in the workspace would be a change to the files)."""
+    from durable_agent.config.layers import default_db_url, store_files
+
+    return Path(store_files(default_db_url(env))[0]).parent / "no-stream.json"
 
 
 def log_dir(settings: Settings, env: Mapping[str, str]) -> Path:

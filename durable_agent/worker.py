@@ -37,6 +37,7 @@ from msgspec import Struct
 
 from durable_agent.config.settings import Settings, load_settings, recorded_settings
 from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, StoreError, UsageError
+from durable_agent.loop import versions
 from durable_agent.loop.interrupts import Interrupts
 from durable_agent.loop.outcome import RunReleased
 from durable_agent.observer import Observer
@@ -44,7 +45,9 @@ from durable_agent.status import RUN_ID
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
+from durable_agent.store.revision import HEAD_REVISION
 from durable_agent.store.runs import Store, store_policy
+from durable_agent.store.versions import schema_ahead
 from durable_agent.visible import visible
 from durable_agent.wiring import build_runner
 from durable_agent.workspace.lease import workspace_lease
@@ -64,6 +67,9 @@ class WorkerOptions(Struct, frozen=True):
     quiet: bool = False
     max_running: int | None = None
     workspace_root: Path | None = None  # each run in ROOT/RUN_ID, rebuilt from its snapshots
+    # docs/versions.md: `compatible` claims the runs of this worker's version key (and runs
+    # no release recorded one for); `all` claims every run and accepts what changed for it.
+    accept_changes: str = "compatible"
 
 
 class Log:
@@ -138,6 +144,8 @@ class Worker:
         self.store, self.options, self.env, self.log = store, options, env, log
         self.timeline = timeline
         self.queue = Queue(store.engine)
+        if options.accept_changes != "all":  # mixed fleets: only runs it goes on with alone
+            self.queue.version_key = versions.version_key()
         self.name = new_owner().rsplit(":", 1)[0]  # host:pid; each claim gets its own owner
         self.stopping = threading.Event()  # shared by every Runner as its `release` event
         self.wake = threading.Event()  # a run thread ended, or a signal came
@@ -189,6 +197,12 @@ class Worker:
                 o.once and self.store_failure is not None
             ):  # claim nothing more; the runs in hand end
                 return "the store is unavailable"
+            if (ahead := self._schema_ahead()) is not None:
+                self.log.line(
+                    f"the store's schema is at revision {ahead}, newer than this durable-agent "
+                    f"knows ({HEAD_REVISION}); claiming no more runs: upgrade durable-agent here"
+                )
+                return "store schema newer than this durable-agent"
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(
@@ -224,6 +238,14 @@ class Worker:
             self.wake.wait(o.poll_s)
             self.wake.clear()
         return "signal"
+
+    def _schema_ahead(self) -> str | None:
+        """A `db upgrade` by a newer release while this worker runs: its runs finish their
+        step, nothing more is claimed (a fault reading it is the claim's to report)."""
+        try:
+            return schema_ahead(self.store.engine)
+        except Exception:  # noqa: BLE001
+            return None
 
     def _still_ours(self) -> bool:
         """Is a lease of a run this worker was interrupted in still to expire?"""
@@ -329,6 +351,10 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
             return self._unexpected(claim, exc)
         runner.release = self.stopping  # SIGTERM: stop at the next step boundary
+        if self.options.accept_changes == "all":
+            runner.versions = versions.VersionPolicy(
+                accept="all", by=f"worker {self.name} (--accept-changes all)"
+            )
         try:
             # One live run per workspace, as for `start` and `resume`: a workspace another
             # process runs in (WorkspaceBusy) gives the run back, queued, below.

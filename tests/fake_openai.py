@@ -160,8 +160,10 @@ class FakeOpenAI:
         port: int = 0,
         window: int | None = None,
         chars_per_token: int = 4,
+        streaming: str = "ignore",
     ) -> None:
         self.script: list[Json] = list(script or [])
+        self.streaming = streaming
         self.window = window
         self.chars_per_token = chars_per_token
         self.requests: list[Json] = []
@@ -278,6 +280,8 @@ class FakeOpenAI:
             for i, call in enumerate(step.get("tool_calls") or [])
         ]
         message: Json = {"role": "assistant", "content": step.get("content"), "refusal": None}
+        if step.get("reasoning"):
+            message["reasoning_content"] = step["reasoning"]
         if tool_calls:
             message["tool_calls"] = tool_calls
         prompt = prompt_tokens(body.get("messages") or [], self.chars_per_token)
@@ -300,6 +304,55 @@ class FakeOpenAI:
                 "total_tokens": prompt + 5,
             },
         }
+
+
+def stream_chunks(completion: Json, include_usage: bool, piece: int = 4) -> list[Json]:
+    """A completion as the `chat.completion.chunk`s OpenAI streams it: the role first, the
+    text and the thinking in pieces of `piece` characters, each tool call's id and name,
+    then its arguments in pieces split across chunks, the finish_reason in a chunk of its
+    own, and the usage in a last chunk with no choices (when asked for)."""
+    choice, head = (
+        completion["choices"][0],
+        {
+            "id": completion["id"],
+            "object": "chat.completion.chunk",
+            "created": completion["created"],
+            "model": completion["model"],
+        },
+    )
+    message = choice["message"]
+
+    def chunk(delta: Json, finish: str | None = None) -> Json:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": None if message.get("tool_calls") else ""})]
+    reasoning = message.get("reasoning_content") or ""
+    for i in range(0, len(reasoning), piece):
+        out.append(chunk({"reasoning_content": reasoning[i : i + piece]}))
+    content = message.get("content") or ""
+    for i in range(0, len(content), piece):
+        out.append(chunk({"content": content[i : i + piece]}))
+    for index, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        first = {"index": index, "id": call["id"], "type": "function"}
+        out.append(
+            chunk({"tool_calls": [{**first, "function": {"name": fn["name"], "arguments": ""}}]})
+        )
+        args = fn["arguments"]
+        for i in range(0, len(args), piece + 1):
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {"index": index, "function": {"arguments": args[i : i + piece + 1]}}
+                        ]
+                    }
+                )
+            )
+    out.append(chunk({}, choice["finish_reason"]))
+    if include_usage and "usage" in completion:
+        out.append({**head, "choices": [], "usage": completion["usage"]})
+    return out
 
 
 def _error_body(status: int, message: str) -> Json:
@@ -361,6 +414,10 @@ class _Handler(BaseHTTPRequestHandler):
         if "stall" in fault:
             self._stall(str(fault["stall"]), float(fault.get("every", 0.2)))
             return
+        if body.get("stream") and fake.streaming == "reject" and "status" not in fault:
+            message = "Unrecognized request argument supplied: stream_options (streaming is not supported)"
+            self._send(400, _error_body(400, message))
+            return
         if "status" in fault:
             status = int(fault["status"])
             default = _error_body(status, f"fake error {status}")
@@ -398,6 +455,10 @@ class _Handler(BaseHTTPRequestHandler):
             del completion["usage"]
         if "usage" in fault:
             completion["usage"] = fault["usage"]
+        if body.get("stream") and fake.streaming == "sse":
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._send_stream(stream_chunks(completion, include), fault)
+            return
         self._send(
             200,
             completion,
@@ -431,6 +492,36 @@ class _Handler(BaseHTTPRequestHandler):
                     block = (b"x\x9c" if n == 1 else b"") + b"\x00\x00\x00\xff\xff"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
                 self.wfile.flush()
+
+    def _send_stream(self, chunks: list[Json], fault: Json) -> None:
+        """Server-sent events, one HTTP chunk each, flushed: `cut_stream` n closes the
+        connection after n events (no last chunk: the client sees the body cut), `hold`
+        n waits after n events for `release` (a threading.Event, in-process) or for ever
+        (a stall), then goes on."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        fake = self.server.fake
+        with contextlib.suppress(OSError):
+            for n, event in enumerate(events):
+                if n == fault.get("cut_stream"):
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if n == fault.get("hold"):
+                    release = fault.get("release")
+                    while not fake._stopping.is_set() and not (release and release.is_set()):
+                        fake._stopping.wait(0.02)
+                    if release is None:  # a stall: nothing more comes
+                        self.close_connection = True
+                        return
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
     def do_GET(self) -> None:
         self._send(404, _error_body(404, f"unknown path {self.path}"))

@@ -707,3 +707,25 @@ def test_the_help_of_continue_counts_every_budget_from_the_turn(
     said = " ".join(r.stdout.split())
     assert "--max-seconds S active seconds allowed in the turn" in said
     assert "-w DIR, --workspace DIR" in said
+
+
+def test_a_continue_records_what_runs_now_and_its_message_is_the_consent(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A different model is a change a `resume` asks consent for (docs/versions.md); a
+    `continue` is the person's own new turn: it goes on, and run_versions records a row with
+    reason `continue` and the change, in the message step's commit (its seq)."""
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    db = tmp_path / "s" / "store.db"
+    _start(senv, ws, script)
+    other = tmp_path / "s" / "other.json"
+    other.write_text(json.dumps(SCRIPT))
+    r = run_cli(senv, ws, "continue", "r", MESSAGE, "--model", f"scripted:{other}")
+    assert r.code == 0, r.stderr
+    rows = query(db, "SELECT seq, reason, changes FROM run_versions WHERE run_id='r' ORDER BY id")
+    assert [row[1] for row in rows] == ["start", "continue"]
+    [message_seq] = query(db, "SELECT seq FROM steps WHERE kind='user_message'")[0]
+    assert rows[1][0] == message_seq
+    changes = json.loads(rows[1][2])
+    assert [c["what"] for c in changes] == ["model"], changes
+    assert query(db, "SELECT status FROM runs") == [("completed",)]

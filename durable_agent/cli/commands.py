@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durable_agent import presentation
-from durable_agent.cli import collector, render, streams
+from durable_agent.cli import collector, jsonl_output, render, streams
 from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
 from durable_agent.errors import ConfigError, UsageError
 from durable_agent.loop.interrupts import Interrupts
@@ -90,6 +90,7 @@ def _execute(
     turn: tuple[str, str] | None = None,
 ) -> int:
     collector.from_here()
+    jsonl_output.attach(runner.observer, runner.store, run_id)
     try:
         with (
             _interrupts(cancel, args.quiet or args.json),
@@ -107,6 +108,9 @@ def _execute(
     )  # the exit code is the run's
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
+    elif jsonl_output.finish(runner.observer):
+        if not args.quiet:  # the events hold the answer: stdout keeps only them
+            render.summary(run, err)
     else:
         if not args.quiet:
             rows = _step_rows(runner.store, run_id)
@@ -171,7 +175,8 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         "network",
         "memory",
     )
-    settings = load_settings({**_flags(args, names), **_mcp_flags(args)}, env)
+    rules = {"rules_files": args.rules} if getattr(args, "rules", None) else {}
+    settings = load_settings({**_flags(args, names), **_mcp_flags(args), **rules}, env)
     _task_folder(settings)
     _check_sandbox(settings, env)
     from durable_agent.workspace.lease import workspace_lease
@@ -187,7 +192,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
                 )
             )
         cancel = threading.Event()
-        observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+        observer = jsonl_output.observer_for(args)
         runner = build_runner(settings, env=env, observer=observer, cancel=cancel)
         runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
         if args.detach:
@@ -269,6 +274,10 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
         ),
     )
     flags["workspace"] = full_path(flags["workspace"])
+    if getattr(args, "pin", False):  # docs/versions.md
+        from durable_agent.cli.versions_command import pinned_flags
+
+        pinned_flags(store, run_id, flags)
     settings = load_settings(flags, env, base=recorded)
     mechanism = _check_sandbox(settings, env)
     changes = [
@@ -280,6 +289,10 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
     if was is not None and was != mechanism:  # resumed on a host that contains commands otherwise
         changes.append(f"sandbox_mechanism: {was!r} → {mechanism!r}")
     if args.detach:  # a worker continues it, under the settings recorded now
+        if getattr(args, "accept_changes", False):  # the consent goes with it (versions.md)
+            from durable_agent.cli.versions_command import consent_for_queue
+
+            consent_for_queue(store, run_id)
         store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
         _print_queued(run_id, args.json)
         return 0
@@ -311,8 +324,12 @@ def _resume_leased(
     from durable_agent.wiring import build_runner
 
     cancel = threading.Event()
-    observer = None if (args.quiet or args.json) else render.Timeline(sys.stderr)
+    observer = jsonl_output.observer_for(args)
     runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
+    from durable_agent.cli.versions_command import resume_policy
+    from durable_agent.config.settings import recorded_settings
+
+    runner.versions = resume_policy(args, recorded_settings(run.settings), settings)
     # Take the lease first: a run another live process executes keeps its settings (exit 6).
     from durable_agent.store.leases import new_owner
 
@@ -541,6 +558,7 @@ def cmd_worker(args: Namespace, env: dict[str, str]) -> int:
         quiet=args.quiet,
         max_running=settings.max_running_runs,
         workspace_root=_workspace_root(args.workspace_root) if args.workspace_root else None,
+        accept_changes=getattr(args, "accept_changes", "compatible"),
     )
     collector.from_here()  # a worker lives long: its collector runs (collector.py)
     from durable_agent.cli.render import Timeline

@@ -17,7 +17,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from durable_agent.cli import render, streams
+from durable_agent.cli import jsonl_output, render, streams
 from durable_agent.cli.last_run import run_id_of
 from durable_agent.errors import UsageError
 from durable_agent.loop.turns import TAKEN_FROM, refusal
@@ -108,7 +108,7 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
                 )
         cancel = threading.Event()
         quiet = args.quiet or args.json or args.detach
-        observer = None if quiet else render.Timeline(sys.stderr)
+        observer = None if args.detach else jsonl_output.observer_for(args)
         runner = build_runner(settings, env=env, store=store, observer=observer, cancel=cancel)
         owner = new_owner()
         with render.json_if_cut_short(args.json, run_id):

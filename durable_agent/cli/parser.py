@@ -102,8 +102,15 @@ def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False, turn: bool
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
         "--json", action="store_true", help="print only one JSON object with the result on stdout"
+    )
+    out.add_argument(
+        "--jsonl",
+        action="store_true",
+        help="print the run's events live on stdout, one JSON object per line, as `export` "
+        "prints them (the last one, run_finished, holds the answer)",
     )
     p.add_argument("--quiet", action="store_true", help="no step timeline on stderr")
 
@@ -276,6 +283,44 @@ def _add_continue(sub: Subcommands) -> None:
     p.set_defaults(func=_command("cmd_continue", "continue_command"))
 
 
+# -- policy: `--rules FILE` and `policy check` (cli/policy_command.py, docs/policy.md) -------
+def _add_rules(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rules",
+        action="append",
+        metavar="FILE",
+        help="a TOML file of [[rules]] and [[hooks]], added to the config's (repeatable; "
+        "docs/policy.md)",
+    )
+
+
+def _add_policy(sub: Any) -> None:
+    p = sub.add_parser(
+        "policy",
+        help="the rules: explain the decision for a call",
+        description="`policy check [--tool NAME] -- ARGS...`: which rules match the call, "
+        "in which file, and why it is allowed, asked or denied. For run_command ARGS is the "
+        "command; for other tools a JSON object, KEY=VALUE pairs, or a path.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = actions.add_parser(
+        "check",
+        help="explain the decision for a call: policy check [--tool NAME] -- ARGS...",
+        description="Explain the decision for a call under the config's rules (and --rules).",
+    )
+    a.add_argument("--tool", default="run_command", help="the tool (default run_command)")
+    a.add_argument(
+        "--effect",
+        choices=["read", "write", "exec"],
+        help="the tool's effect class when no rule matches (default: the built-in tool's; "
+        "exec for others)",
+    )
+    a.add_argument("--shell", choices=["allow", "ask", "deny"], help="as for start")
+    _add_rules(a)
+    a.add_argument("call", nargs=argparse.REMAINDER, metavar="-- ARGS...")
+    a.set_defaults(func=_command("cmd_policy", "policy_command"))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, a command's name, that command's arguments alone (Subcommands)."""
     parser = Parser(
@@ -324,6 +369,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_mcp(p)
     _add_output(p)
 
+    _add_rules(p)
     p.set_defaults(func=_command("cmd_start"))
     p = sub.add_parser(
         "resume",
@@ -679,6 +725,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--open", action="store_true", dest="open_browser", help="open the view in a browser"
     )
     p.set_defaults(func=_command("cmd_ui"))
+    _add_policy(sub)
+
+    # Versions (docs/versions.md): flags of resume, worker and list, added in one place.
+    from durable_agent.cli.versions_command import add_version_flags
+
+    add_version_flags(sub.sub.choices)
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 

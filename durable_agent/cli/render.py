@@ -13,7 +13,7 @@ from durable_agent.cli.status_line import (
     StatusLine as StatusLine,  # re-exported: the timeline's live line
 )
 from durable_agent.cli.streams import forgiving
-from durable_agent.observer import Observer, StepEvent
+from durable_agent.observer import DeltaKind, Observer, StepEvent
 from durable_agent.presentation import (
     approval_subject,
     counts,
@@ -65,15 +65,23 @@ class Timeline(Observer):
         out = self.out = forgiving(out)
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
         self.tokens = 0  # used by this process; a resume starts from 0
+        # A streamed answer as it arrives (delta): its kind ("text" | "reasoning"), the line
+        # not yet ended, and whether it is open on the output (written without a status line).
+        self._live_kind: DeltaKind | None = None
+        self._partial = ""
+        self._open = False
+        self._activity_label = ""
 
     def run_started(self, run_id: str, *, resumed: bool, steps_done: int) -> None:
         if resumed:
             self._line(f"↻ resumed run {run_id} after {plural(steps_done, 'model call')}")
 
     def step(self, e: StepEvent) -> None:
+        self._end_live()
         if e.state == StepState.STARTED:
+            self._activity_label = self._activity(e)
             if self.status is not None:
-                self.status.show(self._activity(e), self._so_far())
+                self.status.show(self._activity_label, self._so_far())
             return
         if e.state == "retry":
             if self.status is not None:  # still the same step: keep its clock running
@@ -92,6 +100,59 @@ class Timeline(Observer):
 
     def note(self, text: str) -> None:
         self._line(f"  {text}")
+
+    # Prefixes of the streamed lines: the answer's text, the model's thinking (dimmed on a
+    # terminal), a tool call's name as soon as it is known.
+    TEXT, THINKING, TOOL = "  │ ", "  ┆ ", "  → "
+    DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+
+    def delta(self, seq: int, turn: int, kind: DeltaKind, text: str) -> None:
+        if kind is DeltaKind.START:  # a try begins: an earlier try's text stays above, ended
+            self._end_live()
+            return
+        if kind is DeltaKind.TOOL:
+            self._line(f"{self.TOOL}{text}")
+            return
+        if kind != self._live_kind:
+            self._end_live()
+            self._live_kind = kind
+        prefix = self.THINKING if kind is DeltaKind.REASONING else self.TEXT
+        if self.status is None:  # a pipe or a file: each piece as it comes, flushed
+            pieces = visible(text).split("\n")
+            for i, piece in enumerate(pieces):
+                if i:
+                    self.out.write("\n")
+                    self._open = False
+                if piece and not self._open:
+                    self.out.write(prefix)
+                    self._open = True
+                self.out.write(piece)
+            self.out.flush()
+            return
+        # A terminal: whole lines above the status line, the line being written in it.
+        *done, self._partial = (self._partial + text).split("\n")
+        for line in done:
+            self._live_print(prefix + visible(line), kind)
+        self.status.show(
+            self._activity_label or "model",
+            visible(self._partial[-200:]),
+            restart_clock=False,
+        )
+
+    def _live_print(self, text: str, kind: DeltaKind) -> None:
+        if self.status is not None:
+            dim = kind is DeltaKind.REASONING
+            self.status.print(f"{self.DIM}{text}{self.PLAIN}" if dim else text)
+
+    def _end_live(self) -> None:
+        """End the streamed line under way, if any, so the next line starts on its own."""
+        if self._partial and self._live_kind is not None:
+            prefix = self.THINKING if self._live_kind is DeltaKind.REASONING else self.TEXT
+            self._live_print(prefix + visible(self._partial), self._live_kind)
+        if self._open:
+            self.out.write("\n")
+            self.out.flush()
+        self._partial, self._open, self._live_kind = "", False, None
 
     def close(self) -> None:
         if self.status is not None:
@@ -114,6 +175,7 @@ class Timeline(Observer):
         return f"{self.tokens} tokens so far" if self.tokens else ""
 
     def _line(self, text: str) -> None:
+        self._end_live()
         text = visible(text)  # names, details and errors come from the model and commands
         if self.status is not None:
             self.status.print(text)

@@ -97,6 +97,7 @@ NOT_FROM_PROJECT = (
     "tools",
     "mcp_servers",
     "mcp_config",
+    "hooks",  # a cloned repository's file must not run commands of its own choosing
 )
 DEFAULT = "default"
 _FLAGS = {"memory": "--no-memory", "mcp_servers": "--mcp"}  # where a flag's name is not the key
@@ -190,7 +191,17 @@ def project_layer(path: Path) -> dict[str, Any]:
             f"{path} sets {', '.join(refused)}, which only the user config, the environment "
             "or a flag may set: ignored"
         )
-    return {k: v for k, v in values.items() if k not in refused}
+    kept = {k: v for k, v in values.items() if k not in refused}
+    rules = kept.get("rules")
+    if isinstance(rules, list):  # a repository may make its calls stricter, never looser
+        loose = [r for r in rules if isinstance(r, dict) and r.get("decision") == "allow"]
+        if loose:
+            warn_once(
+                f"{path} has {len(loose)} allow rule(s), which only the user config, the "
+                "environment or --rules may hold: ignored"
+            )
+            kept["rules"] = [r for r in rules if r not in loose]
+    return kept
 
 
 def default_config_path(env: Mapping[str, str]) -> Path | None:
@@ -300,6 +311,37 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return dict(table)
 
 
+# Settings whose entries add up over the layers (user config, project config, `--rules FILE`)
+# instead of the last layer replacing the list: each entry is marked with the file it came
+# from (`policy check` and the run's recorded settings say where a rule was read). A run's
+# recorded settings replace them whole: a resume keeps the rules it ran under.
+ACCUMULATED = ("rules", "hooks")
+RULES_FLAG = "rules_files"
+
+
+def add_layer(merged: dict[str, Any], table: Mapping[str, Any], source: str) -> None:
+    """One config layer over `merged`: its settings replace, its rules and hooks add up.
+    Every layer that is a file goes through here (a project layer too)."""
+    for key, value in table.items():
+        if key in ACCUMULATED and isinstance(value, list):
+            marked = [{**v, "source": source} if isinstance(v, dict) else v for v in value]
+            earlier = merged.get(key)
+            merged[key] = [*(earlier if isinstance(earlier, list) else []), *marked]
+        else:
+            merged[key] = value
+
+
+def rules_file(path: Path) -> dict[str, Any]:
+    """`--rules FILE`: a TOML file of `[[rules]]` and `[[hooks]]` only."""
+    table = read_config_file(path)
+    unknown = sorted(set(table) - set(ACCUMULATED))
+    if unknown:
+        raise ConfigError(
+            f"rules file {path}: only [[rules]] and [[hooks]] belong here, not {', '.join(unknown)}"
+        )
+    return table
+
+
 def merge_layers(
     flags: Mapping[str, Any],
     env: Mapping[str, str],
@@ -316,7 +358,7 @@ def merge_layers(
     merged: dict[str, Any] = {}
     where: dict[str, str] = {}
     user = read_config_file(path) if path is not None else {}
-    merged.update(user)
+    add_layer(merged, user, str(path))
     where.update(dict.fromkeys(user, str(path)))
     from_env, env_where = env_layer(env, kinds)
     workspace: str | os.PathLike[str] = "."
@@ -328,7 +370,7 @@ def merge_layers(
     project = project_config_path(workspace)
     if project is not None:
         values = project_layer(project)
-        merged.update(values)
+        add_layer(merged, values, str(project))
         where.update(dict.fromkeys(values, str(project)))
     merged.update(from_env)
     where.update(env_where)
@@ -355,7 +397,9 @@ def merge_layers(
                 ):
                     value = {named: merged[key][named], **value}
             merged[key] = value
-    given = {k: v for k, v in flags.items() if v is not None}
+    for rules in flags.get(RULES_FLAG) or ():  # `--rules FILE`: on top of every other layer's
+        add_layer(merged, rules_file(Path(rules)), str(rules))
+    given = {k: v for k, v in flags.items() if v is not None and k != RULES_FLAG}
     merged.update(given)
     where.update({k: _FLAGS.get(k) or "--" + k.replace("_", "-") for k in given})
     if sources is not None:

@@ -39,6 +39,7 @@ from durable_agent.config.mcp_servers import (
     merge_recorded,
     recorded_env,
 )
+from durable_agent.config.policy import Hook, Rule
 from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 from durable_agent.encoding import name_from_arg
 from durable_agent.errors import ConfigError
@@ -204,6 +205,10 @@ class Settings(BaseModel):
     """The longest one model request may take, from connect to the last byte of its answer."""
     connect_timeout_s: float = Field(10.0, gt=0)
     """Connect timeout of one model request."""
+    # -- live tokens (docs/streaming.md) ------------------------------------------------------
+    stream: bool = True
+    """Ask the endpoint to stream its answers, shown live as they arrive (recorded the same
+    either way); an endpoint that cannot is asked unstreamed, and remembered for a week."""
     retry_max_attempts: int = Field(6, ge=1)
     """Tries of one model call, the first included."""
     retry_max_seconds: float = Field(300.0, gt=0)
@@ -260,6 +265,13 @@ class Settings(BaseModel):
     memory_dir: str | None = None
     """The task's folder, relative to the workspace root: memory files are read from the root
     down to it. `start` sets it to the current directory when that is inside the workspace."""
+    # -- policy: rules and hooks (config/policy.py, docs/policy.md) ------------------------
+    rules: list[Rule] = Field(default_factory=list)
+    """[[rules]]: allow, ask or deny calls by tool, command prefix, path or arguments; they add
+    up over the config layers and `--rules FILE`; the strictest matching decision wins."""
+    hooks: list[Hook] = Field(default_factory=list)
+    """[[hooks]]: commands run (in the sandbox, as durable steps) at session_start, pre_tool,
+    post_tool, pre_compact, stop and resume; exit 2 blocks with stderr as the reason."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

@@ -1,4 +1,4 @@
-"""Who decides: the shell policy for commands, and the questions a run asks a person.
+"""Who decides: the policy (config/policy.py) for calls, and the questions a run asks a person.
 
 A question is a row in `approvals`; asking stops the run `blocked` with a `LoopExit` that
 says how to answer. An answered question is used once, in the transaction of the step that
@@ -8,6 +8,8 @@ contains them.
 
 from __future__ import annotations
 
+from durable_agent.config.policy import PolicyDecision, PolicyInput, decide
+from durable_agent.config.settings import Settings
 from durable_agent.errors import LoopExit
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import ToolCall
@@ -16,21 +18,28 @@ from durable_agent.store.records import ApprovalKind, ApprovalRecord, Decision
 from durable_agent.visible import approval_subject, call_arguments
 
 
-def policy(ctx: StepContext, tool_name: str, command: str, *, asks: bool = True) -> tuple[str, str]:
-    """("allow" | "ask" | "deny", why) for an exec tool call under `--shell`. `asks` False:
-    a tool that declares itself not destructive (an MCP tool's destructiveHint) runs unasked."""
-    mode = ctx.settings.shell
-    if tool_name != "run_command":
-        return (
-            ("allow", "")
-            if mode == "allow" or not asks
-            else ("ask", f"{tool_name} runs a side effect")
-        )
-    from durable_agent.config.shell_policy import DEFAULT_DESTRUCTIVE, decide
+def policy_input(settings: Settings, *, exec_tool: bool, asks: bool = True) -> PolicyInput:
+    """What config/policy.py decides a call with: the rules in force, `--shell` as the
+    default rule of commands, the allowlist and the always-ask patterns."""
+    return PolicyInput(
+        rules=settings.rules,
+        shell=settings.shell,
+        allowlist=settings.shell_allowlist,
+        always_ask=settings.shell_always_ask,
+        exec_tool=exec_tool,
+        asks=asks,
+        workspace=str(settings.workspace),
+    )
 
-    destructive = (*DEFAULT_DESTRUCTIVE, *ctx.settings.shell_always_ask)
-    verdict, why = decide(command, mode, ctx.settings.shell_allowlist, destructive)
-    return verdict.value, why
+
+def decide_call(ctx: StepContext, call: ToolCall, *, exec_tool: bool, asks: bool) -> PolicyDecision:
+    """The policy's decision for `call`. `asks` False: an exec tool that declares itself not
+    destructive (an MCP tool's destructiveHint) runs unasked unless a rule says otherwise."""
+    try:
+        arguments: object = call.parsed_arguments()
+    except ValueError:
+        arguments = call.arguments
+    return decide(policy_input(ctx.settings, exec_tool=exec_tool, asks=asks), call.name, arguments)
 
 
 def decided(

@@ -136,6 +136,9 @@ def compact(
     and never reach TARGET. There every tool result the model has already seen is elided,
     the recent ones too (free), and a summary is made only when the request is still over
     `_tight_bar`."""
+    from durable_agent.loop import hooks
+
+    hooks.pre_compact(ctx)
     s = ctx.state
     budget = request_budget(ctx.settings)
     tight = not forced and _tight(ctx, lead)
@@ -536,6 +539,7 @@ def _summary_model(ctx: StepContext) -> Any:
         temperature=st.temperature,
         api_type=st.api_type,
         api_version=st.api_version,
+        stream=st.stream,
     )
 
 

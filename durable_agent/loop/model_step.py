@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec.structs import replace
 
+from durable_agent import live
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
 from durable_agent.loop import compaction, guard, stored_once
@@ -141,7 +142,7 @@ def _model_step(ctx: StepContext) -> None:
         from durable_agent.models.retry import ModelCallError, RetryPolicy, call_with_retries
 
         try:
-            with _stoppable(ctx):
+            with _stoppable(ctx), _live(ctx, step.seq, turn):
                 answer, attempts = call_with_retries(
                     lambda: ctx.model.complete(sent, ctx.schemas, turn),
                     ctx.retry_policy or RetryPolicy(),
@@ -224,6 +225,8 @@ def _answered(
         output["over_budget"] = over
     if turn_out.finish_reason is not None:
         output["finish_reason"] = turn_out.finish_reason
+    if turn_out.reasoning is not None:  # kept for the reader; never sent back to the model
+        output["reasoning"] = redactor.redact_known_escaped(redactor.redact(turn_out.reasoning))
     if nudge is not None:
         output["nudge"] = {"reason": nudge[0], "message": nudge[1]}
     if turn_out.raw is not None:  # part of the answer was unusable: keep what came, redacted
@@ -238,6 +241,33 @@ def _answered(
         detail=_summary(message, nudge),
         result=(message, nudge),
     )
+
+
+@contextlib.contextmanager
+def _live(ctx: StepContext, seq: int, turn: int) -> Iterator[None]:
+    """While the call streams: each piece to the observer (the CLI's timeline) and to the
+    run's live channel (the web view, durable_agent/live.py). Nothing of it is stored: the
+    step's outcome is the record. A script does not stream."""
+    if compaction.scripted(ctx.model):
+        yield
+        return
+    from durable_agent.config.layers import default_db_url
+    from durable_agent.models.streaming import Delta, listening
+    from durable_agent.store.location import store_key
+
+    where = store_key(ctx.settings.db or default_db_url(ctx.env))
+    channel = live.Channel(live.channel_file(where, ctx.env, ctx.state.run_id), seq, turn)
+    obs = ctx.observer
+
+    def on_delta(piece: Delta) -> None:
+        obs.delta(seq, turn, piece.kind, piece.text)
+        channel.add(piece.kind, piece.text)
+
+    try:
+        with listening(on_delta):
+            yield
+    finally:
+        channel.close()
 
 
 @contextlib.contextmanager

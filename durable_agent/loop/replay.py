@@ -32,6 +32,10 @@ class RunState(Struct):
     last_fingerprint: str | None = None
     repeat_streak: int = 0
     used_call_ids: set[str] = field(default_factory=set)
+    # pre_tool hooks' notes (stdout) for calls about to run: put before their results
+    hook_notes: dict[str, str] = field(default_factory=dict)
+    hooks_done: set[str] = field(default_factory=set)  # hook steps seen completed this session
+    session: int = 0  # the run's sessions before this one (runs.resume_count): hook keys
     view: ContextView = field(default_factory=ContextView)
     calibration: float = 1.0  # provider's prompt tokens / the harness's count, at the last call
     # Where the current turn's budget window began (`continue`): budgets count from here.

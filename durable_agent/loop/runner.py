@@ -16,7 +16,7 @@ from typing import Any
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard, turns
+from durable_agent.loop import finish_gate, guard, hooks, turns, versions
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -64,6 +64,8 @@ class Runner:
         self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
+        # What this session may go on with when the run's fingerprint changed (loop/versions.py).
+        self.versions = versions.VersionPolicy()
 
     def create(
         self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
@@ -88,6 +90,7 @@ class Runner:
             tree_start=recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),
+            version_key=versions.version_key(),
         )
         return run_id
 
@@ -128,7 +131,8 @@ class Runner:
                 except (
                     errors.StoreError,
                     errors.ConfigError,
-                ):  # the store, or a server that will not start
+                    errors.VersionRefused,
+                ):  # the store, a server that will not start, a change nothing can cover
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
         finally:
@@ -177,6 +181,7 @@ class Runner:
             last_model_output=loaded.last_model_output,
             window=turns.window_of(loaded.user_turns),
         )
+        state.session = loaded.run.resume_count
         limits = guard.Limits(
             s.max_steps, s.max_tool_calls, s.max_tokens, s.max_seconds, s.max_repeats, s.max_cost
         )
@@ -201,10 +206,36 @@ class Runner:
             forked_at=loaded.run.fork_seq if loaded.run.forked_from else None,
         )
 
+    def version_fingerprint(self, ctx: StepContext) -> dict[str, Any]:
+        """What this session runs the run with (loop/versions.py)."""
+        recorded = self.store.tool_sources(ctx.state.run_id) if self.tool_source else None
+        return versions.fingerprint(
+            self.settings,
+            self.model.name,
+            ctx.tools,
+            sources=getattr(self.tool_source, "sources", None),
+            mcp_catalog=(recorded or {}).get("mcp_servers"),
+        )
+
+    def record_version(self, ctx: StepContext, reason: str) -> None:
+        """A run_versions row for `reason` (a `continue`), under this session's lease."""
+        versions.record_version(ctx, self.version_fingerprint(ctx), reason)
+
+    def _pin_tools(self, journal: Journal) -> None:
+        """`resume --pin`: offer the tools the run recorded, not ones added since."""
+        from durable_agent.store.versions import last_version
+
+        last = last_version(journal.engine, journal.run_id, journal.policy)
+        if last is not None:
+            recorded = last.fingerprint.get("tools") or {}
+            self.tools = {n: t for n, t in self.tools.items() if n in recorded}
+
     def _drive(
         self, journal: Journal, beat: Heartbeat, turn: tuple[str, str] | None = None
     ) -> Outcome:
         start = time.monotonic()
+        if self.versions.pin:
+            self._pin_tools(journal)
         ctx = self.context(journal, start, beat)
         self.observer.run_started(
             ctx.state.run_id,
@@ -212,9 +243,14 @@ class Runner:
             steps_done=ctx.state.step_count,
         )
         try:
+            if turn is None:
+                # Before anything of the session runs: what changed since the checkpoint.
+                versions.check(ctx, self.version_fingerprint(ctx), self.versions)
             stop_leftover_processes(ctx)
             if turn is not None:
                 resume.rebuild_if_missing(ctx)  # the message step records the files: not none
+                # A person's new message is consent to what runs now: the row rides with it.
+                self.record_version(ctx, "continue")
                 turns.open_turn(ctx, turn[0], stood=turn[1])
                 # From the rows, as a resume would: the new turn's window, its stale steps gone.
                 ctx = self.context(journal, start, beat)
@@ -224,6 +260,8 @@ class Runner:
             load_memory(
                 ctx, new_turn=ctx.state.turn if turn is not None else turns.opened_by_message(ctx)
             )
+            hooks.session_start(ctx, ctx.state.session)
+            hooks.fire_resume(ctx, ctx.state.session)
             while True:
                 self._check_cancel(ctx)
                 if pending := ctx.state.pending_calls():
@@ -235,8 +273,9 @@ class Runner:
                             ctx, call, over_cap=over_cap(asked, cap) if call.id in over else None
                         )
                     continue
+                hooks.post_tools(ctx)  # the last answer's calls all ran (once each: durable)
                 if (answer := ctx.state.final_answer()) is not None:
-                    if finish_gate.verify(ctx, answer):
+                    if hooks.stop(ctx, answer) and finish_gate.verify(ctx, answer):
                         raise errors.LoopExit(StopReason.FINISHED, answer=answer)
                     continue
                 model_step(ctx)
@@ -254,7 +293,7 @@ class Runner:
                 StopReason.CANCELLED,
                 error="interrupted (Ctrl-C)",
             )
-        except (errors.LeaseLost, RunReleased, errors.StoreError):
+        except (errors.LeaseLost, RunReleased, errors.StoreError, errors.VersionRefused):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,

@@ -80,10 +80,11 @@ class StepSpec(Struct, frozen=True):
     @property
     def changes_files(self) -> bool:
         """Snapshots before and after: a write, a command, a verification (build output), a
-        person's message (the files as the person left them)."""
+        person's message (the files as the person left them), a hook."""
         return self.effect in _CHANGES_FILES or self.kind in (
             StepKind.VERIFY,
             StepKind.USER_MESSAGE,
+            StepKind.HOOK,
         )
 
     @property
@@ -105,6 +106,9 @@ class StepOutcome(Struct):
     detail: str | None = None  # the end event's, if not the spec's
     duration_ms: int | None = None  # the end event's, if not the step's own
     result: Any = None
+    # More rows for the outcome's own commit (a `version` step's run_versions row): the
+    # step and what it stands for land together or not at all.
+    statements: Sequence[Any] = ()
 
 
 class EndThenRaise(Exception):
@@ -205,6 +209,7 @@ class StepCall:
                 tokens=outcome.tokens,
                 use_approval=outcome.use_approval,
                 workspace=ws,
+                extra=outcome.statements,
             )
         else:
             step.fail(
@@ -214,6 +219,7 @@ class StepCall:
                 counters=ctx.counters(),
                 use_approval=outcome.use_approval,
                 workspace=ws,
+                extra=outcome.statements,
             )
         if announce:
             spec = self.spec

@@ -22,6 +22,7 @@ from typing import cast
 from msgspec import UNSET
 from pydantic import BaseModel, ValidationError
 
+from durable_agent.config.policy import Verdict
 from durable_agent.config.settings import validation_text
 from durable_agent.errors import (
     LeaseLost,
@@ -29,7 +30,7 @@ from durable_agent.errors import (
     StoreError,
     StoreUnavailable,
 )
-from durable_agent.loop import approvals, guard, stored_once
+from durable_agent.loop import approvals, guard, hooks, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
@@ -100,8 +101,12 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     )
     if stop is not None:
         raise LoopExit(stop[0], stop[1] + guard.since_continue(w.messages))
+    # Before its step is opened: a hook is a step of its own (run once: a resume reuses it).
+    blocked = hooks.pre_tool(ctx, call) if over_cap is None and tool is not None else None
     step = opened or open_step(ctx, spec)
     prior = step.prior
+    if blocked is not None and prior is None:
+        return _refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
         return _refuse(
@@ -134,17 +139,43 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
         )
         return _refuse(ctx, call, step, f"invalid arguments for {call.name}: {detail}")
     protocol = declared(tool)
-    if tool.effect is EffectClass.WRITE and protocol.planned:
-        return _write(ctx, call, step, cast(WriteTool, tool), args)
     if tool.effect is EffectClass.EXEC:
         return _exec(ctx, call, step, tool, args, protocol)
+    use: int | None = None
+    if prior is None:  # the rules decide a fresh call; an interrupted one was decided
+        decision = approvals.decide_call(ctx, call, exec_tool=False, asks=protocol.asks)
+        if decision.verdict is Verdict.DENY:
+            return _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+        if decision.verdict is Verdict.ASK:
+            approval = approvals.decided(
+                ctx, call, ApprovalKind.APPROVAL_REQUIRED, call.arguments, decision.reason
+            )
+            if approvals.denied(approval):
+                return _refuse(
+                    ctx,
+                    call,
+                    step,
+                    f"the user denied this {call.name} call; do not make it again",
+                    use_approval=approval.id,
+                )
+            use = approval.id
+    if tool.effect is EffectClass.WRITE and protocol.planned:
+        return _write(ctx, call, step, cast(WriteTool, tool), args, use)
     # A read, or an idempotent write without a postcondition to check (an MCP tool annotated
     # idempotent, a plugin's): an interrupted one is simply run again.
-    step.run(lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call)))
+    step.run(
+        lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call), use_approval=use),
+        use_approval=use,
+    )
 
 
 def _write(
-    ctx: StepContext, call: ToolCall, step: StepCall, tool: WriteTool, args: BaseModel
+    ctx: StepContext,
+    call: ToolCall,
+    step: StepCall,
+    tool: WriteTool,
+    args: BaseModel,
+    use: int | None = None,
 ) -> None:
     prior = step.prior
     run = lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call))  # noqa: E731
@@ -160,7 +191,7 @@ def _write(
             "before_sha": planned.before_sha,
             "after_sha": planned.after_sha,
         }
-        step.run(run, input={**stored_once.call_input(call), "plan": recorded})
+        step.run(run, input={**stored_once.call_input(call), "plan": recorded}, use_approval=use)
         return None
     # Interrupted write: did it land? The recorded hashes decide, not a guess.
     plan = _recorded_plan(prior)
@@ -184,7 +215,6 @@ def _write(
                 )
             )
             return None
-    use = None
     if plan is None or current != plan.before_sha:
         approval = approvals.decided(
             ctx,
@@ -263,12 +293,19 @@ def _exec(
             step.put_back_prior()  # `approve --restore`: from where it started
         use = approval.id
     else:
-        verdict, why = approvals.policy(ctx, call.name, command, asks=protocol.asks)
-        if verdict == "deny":
-            return _refuse(ctx, call, step, f"{call.name} is not allowed (--shell deny)")
-        if verdict == "ask":  # (an approval the attempt that never began used still stands)
+        decision = approvals.decide_call(ctx, call, exec_tool=True, asks=protocol.asks)
+        if decision.verdict is Verdict.DENY:
+            return _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+        if (
+            decision.verdict is Verdict.ASK
+        ):  # (an approval the attempt that never began used still stands)
             approval = approvals.decided(
-                ctx, call, ApprovalKind.APPROVAL_REQUIRED, command, why, used_too=prior is not None
+                ctx,
+                call,
+                ApprovalKind.APPROVAL_REQUIRED,
+                command,
+                decision.reason,
+                used_too=prior is not None,
             )
             if approvals.denied(approval):
                 return _refuse(
@@ -327,6 +364,8 @@ def _observed(
     redact = ctx.redactor.redact
     # Redact first, then cap: a cut through the middle of a secret would leave half of it.
     text = cap_text(redact(result.for_model()), ctx.settings.output_cap)
+    if note := s.hook_notes.pop(call.id, None):  # a pre_tool hook's, before the result
+        text = f"{cap_text(redact(note), ctx.settings.output_cap // 4)}\n\n{text}"
     message = Message("tool", text, tool_call_id=call.id)
     s.tool_call_count += 1
     s.note_tool_call(call)

@@ -62,14 +62,6 @@ def digest(message: str) -> str:
     return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def on_continue(ctx: StepContext) -> None:
-    """Each `continue` session, under the run's lease, before its message step (a repeated
-    `continue` calls it again: what it records must be keyed like any step): where the work
-    a new turn brings begins."""
-    # Run versions record a fingerprint here. (Project memory is read again after the
-    # message step, in Runner._drive, so the new text follows the person's message.)
-
-
 def turn_key(ctx: StepContext, message: str, stood: str) -> str:
     """The key of this `continue`'s message step (see the module docstring)."""
     sha = digest(message)
@@ -85,7 +77,6 @@ def turn_key(ctx: StepContext, message: str, stood: str) -> str:
 def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | None:
     """Record the person's message as a new turn (or find it recorded). Returns the recorded
     step when it was there already (nothing was added), None when this call added it."""
-    on_continue(ctx)
     s = ctx.state
     key = turn_key(ctx, message, stood)
     turn = int(key.split(":")[1])

@@ -111,6 +111,8 @@ class ServerConnection:
         self._stop: asyncio.Event | None = None
         self._holder: asyncio.Future[None] | None = None
         self._session: Any = None
+        # What the server says it is (initialize's serverInfo): part of a run's fingerprint.
+        self.server_info: dict[str, str] = {}
         self._log: CappedLog | None = None
         self._errlog: IO[str] | None = None  # the pipe's write end, until the server has it
         self._unreadable: tuple[int, Exception | None] = (
@@ -255,7 +257,13 @@ class ServerConnection:
                 session = await stack.enter_async_context(
                     ClientSession(read, write, message_handler=self._on_message)
                 )
-                await session.initialize()
+                initialized = await session.initialize()
+                info = getattr(initialized, "serverInfo", None)
+                if info is not None:
+                    self.server_info = {
+                        "name": str(getattr(info, "name", "")),
+                        "version": str(getattr(info, "version", "")),
+                    }
                 self._session = session
                 ready.set_result(None)
                 assert self._stop is not None

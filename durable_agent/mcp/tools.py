@@ -263,7 +263,9 @@ def list_catalog(
             entry = catalog_entry(name, config, remote, taken)
             taken.add(entry["name"])
             entries.append(entry)
-        catalog[name] = {**where, "tools": entries}
+        live = hub._live.get(name)
+        info = live.server_info if live is not None else {}
+        catalog[name] = {**where, "tools": entries, **({"server_info": info} if info else {})}
     return catalog
 
 

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from durable_agent.messages import ModelTurn, ToolCall, Usage, canonical_json
 from durable_agent.models.failures import Failure, FailureKind, ProviderError, failure_for_status
 
-__all__ = ["parse_completion"]
+__all__ = ["completion_turn", "parse_completion", "reasoning_of"]
 
 RETRYABLE, PERMANENT = FailureKind.RETRYABLE, FailureKind.PERMANENT
 SNIPPET = 300
@@ -70,7 +70,13 @@ MAX_TOKENS = 2**31 - 1
 def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
     """The answer in a 2xx response body; raises `ProviderError` when there is none."""
     text = body.decode("utf-8", errors="replace")
-    data = _json(text, content_type.lower(), scrub)
+    return completion_turn(_json(text, content_type.lower(), scrub), text, scrub)
+
+
+def completion_turn(data: Any, text: str, scrub: Scrub) -> ModelTurn:
+    """The answer in a decoded chat.completion object (`text`: its JSON, for messages). A
+    streamed answer is assembled into this shape first (streaming.py), so both are read
+    by this one function and recorded alike."""
     if not isinstance(data, dict):
         _fail(
             PERMANENT,
@@ -104,7 +110,24 @@ def parse_completion(body: bytes, content_type: str, scrub: Scrub) -> ModelTurn:
         finish_reason=scrub(finish)
         if isinstance(finish, str) and _WORD.fullmatch(finish)
         else None,
+        reasoning=reasoning_of(message),
     )
+
+
+REASONING_CAP = 256 * 1024
+"""Characters of a provider's reasoning text kept in the step's output."""
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+"""Where servers put it: DeepSeek, vLLM, llama.cpp (`reasoning_content`); OpenRouter,
+Ollama, LM Studio (`reasoning`)."""
+
+
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    """The message's reasoning text, cut at REASONING_CAP; None when it has none."""
+    for name in REASONING_FIELDS:
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value if len(value) <= REASONING_CAP else value[:REASONING_CAP] + "…"
+    return None
 
 
 def _json(text: str, content_type: str, scrub: Scrub) -> Any:

@@ -38,13 +38,16 @@ entry here. The client is built with max_retries=0: retries belong to retry.py a
 from __future__ import annotations
 
 import email.utils
+import json
 import math
+import os
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -54,7 +57,7 @@ from durable_agent.config.settings import mask_url_password
 from durable_agent.errors import ConfigError
 from durable_agent.messages import Message, ModelTurn
 from durable_agent.models import bodies, deadline
-from durable_agent.models.answers import parse_completion
+from durable_agent.models.answers import completion_turn, parse_completion
 from durable_agent.models.failures import (
     Failure,
     FailureKind,
@@ -62,6 +65,8 @@ from durable_agent.models.failures import (
     failure_for_status,
     scrubber,
 )
+from durable_agent.models.streaming import Assembler, Delta, listener
+from durable_agent.observer import DeltaKind
 
 __all__ = ["MAPPED_TYPES", "OpenAIChatModel", "is_classified", "map_exception", "parse_retry_after"]
 
@@ -99,8 +104,13 @@ class OpenAIChatModel:
         temperature: float | None = None,
         api_type: str = "auto",
         api_version: str | None = None,
+        stream: bool = True,
+        stream_memo: Path | None = None,
     ) -> None:
         self.name = model
+        # Streamed unless turned off or this endpoint is known not to stream (streaming.py).
+        self._memo = StreamMemo(stream_memo, f"{base_url or 'https://api.openai.com/v1'} {model}")
+        self.streams = stream and not self._memo.refused()
         self.temperature = temperature
         self.whole = read_timeout  # also the longest one answer may take to arrive, as a whole
         timeout = openai.Timeout(read_timeout, connect=connect_timeout)
@@ -153,9 +163,28 @@ class OpenAIChatModel:
             kwargs["tools"] = list(tools)
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        if self.streams:
+            try:
+                return self._call(kwargs, streamed=True)
+            except ProviderError as exc:
+                if not refuses_streaming(exc.failure):
+                    raise
+                # Rejected before any answer (nothing paid): asked again at once, unstreamed.
+                self._no_stream()
+        return self._call(kwargs, streamed=False)
+
+    def _no_stream(self) -> None:
+        self.streams = False
+        self._memo.remember()
+
+    def _call(self, kwargs: dict[str, Any], *, streamed: bool) -> ModelTurn:
+        if streamed:
+            kwargs = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+        on_delta = listener() if streamed else None
         # request_timeout_s bounds the whole exchange, each socket operation of it (deadline.py);
         # httpx alone bounds each wait, so a server sending a byte a second held a call, and
-        # its run's cancel and time budget, for as long as it liked.
+        # its run's cancel and time budget, for as long as it liked. Streamed or not: a stream
+        # that stalls longer than one read may wait is a timeout too, retried as any other.
         ends = time.monotonic() + self.whole
         with (
             mapped_errors(self._scrub, self.whole),
@@ -163,13 +192,26 @@ class OpenAIChatModel:
             self.client.chat.completions.with_streaming_response.create(**kwargs) as answer,
         ):
             response = answer.http_response  # the raw body is ours to read, whatever its shape
+            content_type = response.headers.get("content-type", "")
+            events = (
+                Assembler(self._scrub, on_delta)
+                if streamed and "text/event-stream" in content_type.lower()
+                else None
+            )
+            if events is not None and on_delta is not None:
+                on_delta(Delta(DeltaKind.START, ""))  # a retry's pieces replace the failed try's
+            body = bytearray()
+            fed = 0
 
-            def in_time() -> None:  # (an openai of another shape: only the body's pieces are timed)
+            def each() -> None:  # after every piece read (an openai of another shape: timed here)
+                nonlocal fed
                 if not self._hooked and time.monotonic() > ends:
                     raise ProviderError(_late(self.whole))
+                if events is not None and len(body) > fed:
+                    events.feed(bytes(body[fed:]))
+                    fed = len(body)
 
-            body = bytearray()
-            bodies.read_capped(response, MAX_ANSWER_BYTES + 1, body, in_time)
+            bodies.read_capped(response, MAX_ANSWER_BYTES + 1, body, each)
             if len(body) > MAX_ANSWER_BYTES:  # decoded: a small gzip bomb is a large body
                 raise ProviderError(
                     Failure(
@@ -178,7 +220,72 @@ class OpenAIChatModel:
                         f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB: not read further",
                     )
                 )
-        return parse_completion(bytes(body), response.headers.get("content-type", ""), self._scrub)
+        if events is None and streamed and bytes(body[:64]).lstrip().startswith(b"data:"):
+            events = Assembler(self._scrub, on_delta)  # an event stream under another type
+            events.feed(bytes(body))
+        if events is not None:
+            data = events.finish()
+            return completion_turn(data, json.dumps(data, ensure_ascii=False), self._scrub)
+        turn = parse_completion(bytes(body), content_type, self._scrub)
+        if streamed:  # asked to stream, it answered whole: the next calls do not ask again
+            self._no_stream()
+        return turn
+
+
+def refuses_streaming(failure: Failure) -> bool:
+    """An endpoint's refusal of `stream` / `stream_options` (not of the request as a whole):
+    e.g. 400 "Unrecognized request argument supplied: stream_options", 422 "stream: extra
+    fields not permitted", 501 "streaming is not supported"."""
+    return (
+        failure.status in (400, 415, 422, 501)
+        and failure.reason != "context_length"
+        and _STREAM_WORD.search(failure.message) is not None
+    )
+
+
+# `stream`, `stream_options`, "streaming", "Streaming": not "upstream" nor "downstream".
+_STREAM_WORD = re.compile(r"(?<![a-z])stream(?:_options|ing|s)?\b", re.I)
+
+
+class StreamMemo:
+    """Endpoints (base URL and model) found not to stream, in a small JSON file shared by
+    this user's runs (next to the default store): the next process asks them unstreamed at
+    once. An entry is trusted for MEMO_DAYS (a server upgraded may stream by then); a file
+    that cannot be read or written is no memo (the answer is the same either way, only one
+    request more)."""
+
+    MEMO_DAYS = 7
+
+    def __init__(self, path: Path | None, key: str) -> None:
+        self.path, self.key = path, key
+
+    def _read(self) -> dict[str, float]:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, int | float)}
+
+    def refused(self) -> bool:
+        since = self._read().get(self.key)
+        return since is not None and time.time() - since < self.MEMO_DAYS * 86400
+
+    def remember(self) -> None:
+        if self.path is None:
+            return
+        found = self._read()
+        found[self.key] = time.time()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(found, sort_keys=True), encoding="utf-8")
+            tmp.replace(self.path)  # whole or not at all, whoever reads it at the same time
+        except OSError:
+            pass
 
 
 def _late(seconds: float) -> Failure:

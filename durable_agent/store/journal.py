@@ -162,6 +162,8 @@ class Journal:
         self._deferred_steps: list[dict[str, Any]] = []
         self.pending_messages: list[dict[str, Any]] = []
         self._deferred_counters: Counters | None = None
+        # Rows that need no checkpoint of their own (a run_versions row): the next commit's.
+        self._deferred_statements: list[Statement] = []
         self.message_count = 0  # messages committed: the next one's seq follows them
         self.cancel_seen = False  # runs.cancel_requested as of our last checkpoint
         self.next_seq = 0
@@ -262,8 +264,14 @@ class Journal:
         self.pending_messages.extend(message_rows)
         self._deferred_counters = counters
 
+    def defer_statements(self, statements: Iterable[Statement]) -> None:
+        """Write `statements` with the next commit, whatever it is: a record of the session
+        (what it runs with) that is lost with it if nothing else is written, and made again."""
+        self._deferred_statements.extend(statements)
+
     def discard_deferred(self) -> None:
         """Forget writes not yet committed (the loop stops without them: resume re-runs reads)."""
+        self._deferred_statements.clear()
         self._deferred_steps.clear()
         self.pending_messages.clear()
         self._deferred_counters = None
@@ -289,7 +297,7 @@ class Journal:
         # (Prepared statements, the step and message inserts among them, clean their own values.)
         statements = [
             (statement, params if isinstance(statement, Prepared) else storable(params))
-            for statement, params in statements
+            for statement, params in (*self._deferred_statements, *statements)
         ]
         counters = counters or self._deferred_counters
         all_steps = [*self._deferred_steps, *step_rows]
@@ -331,6 +339,7 @@ class Journal:
         retrying.run(attempt, self.policy, run_id=self.run_id, sleep=self.sleep)
         self.lease_clock = clock
         self.message_count += len(all_messages)
+        self._deferred_statements.clear()
         self._deferred_steps.clear()
         self.pending_messages.clear()
         self._deferred_counters = None

@@ -81,3 +81,23 @@ def store_files(db: str) -> tuple[str, ...]:
         f"{file}-journal",
         str(file.parent / "mcp-logs"),
     )
+
+
+def store_key(db: str) -> str:
+    """The same text for every spelling of one store's URL (its live channel's name,
+    durable_agent/live.py): an SQLite store's real file, else the database's host, port and
+    name (driver, user and password left out)."""
+    file = sqlite_file(db)
+    if file is not None:
+        return f"sqlite:{file}"
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(db)
+        port = url.port
+    except ValueError:
+        return db
+    scheme = url.scheme.partition("+")[0]
+    if scheme in ("postgres", "postgresql"):
+        scheme, port = "postgresql", port or 5432
+    return f"{scheme}://{url.hostname or ''}:{port or ''}{url.path}"

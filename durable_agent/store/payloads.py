@@ -78,6 +78,7 @@ class ModelOutput(_Payload, frozen=True):
     context: ContextCount | UnsetType = UNSET
     over_budget: OverBudget | UnsetType = UNSET
     finish_reason: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET  # the provider's thinking text (never sent back)
     nudge: Nudge | UnsetType = UNSET
     raw: str | UnsetType = UNSET
 
@@ -185,8 +186,34 @@ class UserMessageOutput(_Payload, frozen=True):
     closed_calls: list[str] | UnsetType = UNSET  # tool calls left without a result, answered
 
 
+# -- hook ----------------------------------------------------------------------------------
+class HookInput(_Payload, frozen=True):
+    event: str
+    command: str
+    idempotent: bool
+    tool: str | UnsetType = UNSET  # pre_tool, post_tool: the call's tool
+
+
+class HookOutput(_Payload, frozen=True):
+    event: str
+    command: str
+    exit_code: int | None  # None: timed out, cancelled, or not run again after a crash
+    stdout: str
+    stderr: str
+    timed_out: bool | UnsetType = UNSET
+    not_run: str | UnsetType = UNSET  # why it was not run (again)
+    workspace_note: str | UnsetType = UNSET
+
+
 StepInput = (
-    ModelInput | ToolInput | VerifyInput | CompactInput | MemoryInput | UserMessageInput | Unknown
+    ModelInput
+    | ToolInput
+    | VerifyInput
+    | CompactInput
+    | MemoryInput
+    | UserMessageInput
+    | HookInput
+    | Unknown
 )
 StepOutput = (
     ModelOutput
@@ -195,6 +222,7 @@ StepOutput = (
     | CompactOutput
     | MemoryOutput
     | UserMessageOutput
+    | HookOutput
     | Unknown
 )
 
@@ -205,6 +233,7 @@ _INPUTS: dict[str, type[Any]] = {
     StepKind.COMPACT: CompactInput,
     StepKind.MEMORY: MemoryInput,
     StepKind.USER_MESSAGE: UserMessageInput,
+    StepKind.HOOK: HookInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
@@ -213,6 +242,7 @@ _OUTPUTS: dict[str, type[Any]] = {
     StepKind.COMPACT: CompactOutput,
     StepKind.MEMORY: MemoryOutput,
     StepKind.USER_MESSAGE: UserMessageOutput,
+    StepKind.HOOK: HookOutput,
 }
 
 

@@ -106,6 +106,17 @@ class Queue:
     def __init__(self, engine: Engine, policy: retrying.StorePolicy | None = None) -> None:
         self.engine = engine
         self.policy = policy or retrying.StorePolicy(max_attempts=3, max_seconds=5.0)
+        # Mixed fleets (docs/versions.md): a worker sets its version key and claims only the
+        # runs it continues without consent: that key, or none recorded. None: every run
+        # (`worker --accept-changes all`). The one filter, in SQL, on orphans and queued runs.
+        self.version_key: str | None = None
+
+    def _mine(self, query: Any) -> Any:
+        if self.version_key is None:
+            return query
+        from durable_agent.store.versions import claim_filter
+
+        return query.where(claim_filter(self.version_key))
 
     def claim(
         self,
@@ -140,7 +151,7 @@ class Queue:
         rejected: list[Rejected] = []
         with self.engine.begin() as conn:
             live = self._live_leases(conn, now) if max_running is not None else 0
-            orphans = self._orphans(conn, now)
+            orphans = self._orphans(conn, now, self._mine)
             # A dead owner's lease is counted live until it expires, yet taking it over adds
             # no running run: only a claim that adds one waits for a free slot.
             full = max_running is not None and live - sum(o.dead for o in orphans) >= max_running
@@ -180,6 +191,7 @@ class Queue:
                     .limit(1)
                     .with_for_update(skip_locked=True)
                 )
+                query = self._mine(query)  # (versions)
                 if skipped:
                     query = query.where(runs.c.id.not_in(skipped))
                 row = conn.execute(query).first()
@@ -195,14 +207,16 @@ class Queue:
         return ClaimResult(rejected=rejected)
 
     @staticmethod
-    def _orphans(conn: Connection, now: datetime) -> list[_Orphan]:
+    def _orphans(
+        conn: Connection, now: datetime, mine: Callable[[Any], Any] = lambda q: q
+    ) -> list[_Orphan]:
         """Running runs nobody executes, oldest first: a lease expired or dropped, or held by
         a process of this host that is gone (proved at once, as `resume` does, instead of
         after the lease). Read without locks: holding the rows of live runs would stall their
         checkpoints; each orphan is locked and checked again before it is taken."""
         host = f"{socket.gethostname()}:"
         rows = conn.execute(
-            select(runs.c.id, runs.c.lease_owner, runs.c.lease_epoch, runs.c.lease_expires_at)
+            mine(select(runs.c.id, runs.c.lease_owner, runs.c.lease_epoch, runs.c.lease_expires_at))
             .where(
                 runs.c.status == RunStatus.RUNNING.value,
                 or_(

@@ -34,6 +34,7 @@ class ApprovalKind(StrEnum):
     APPROVAL_REQUIRED = "approval_required"
     UNCERTAIN_SIDE_EFFECT = "uncertain_side_effect"
     WORKSPACE_DRIFT = "workspace_drift"  # resume found the files differ from the last snapshot
+    CHANGED_SINCE_CHECKPOINT = "changed_since_checkpoint"  # loop/versions.py: consent to go on
 
 
 class _Record(Struct, frozen=True):
@@ -78,6 +79,7 @@ class RunRecord(_Record, frozen=True):
     forked_from: str | None = None  # 0006: `fork` lineage
     fork_seq: int | None = None
     tree_start: str | None = None  # 0006: workspace snapshot at creation
+    version_key: str | None = None  # 0009: what a worker must share to claim it
 
 
 class StepRecord(_Record, frozen=True, dict=True):

@@ -95,6 +95,7 @@ class Store:
         first_messages: Sequence[Message],
         lease: tuple[str, float] | None = None,
         tree_start: str | None = None,
+        version_key: str | None = None,
     ) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
@@ -128,6 +129,7 @@ class Store:
                     active_ms=0,
                     resume_count=0,
                     tree_start=tree_start,
+                    version_key=version_key,
                     **leased,
                 )
             )

@@ -89,6 +89,7 @@ runs = Table(
     Column("forked_from", String(64)),  # 0006: the run this one was forked from (`fork`)
     Column("fork_seq", Integer),  # 0006: ... after its step with this seq
     Column("tree_start", String(64)),  # 0006: the workspace snapshot taken when the run was created
+    Column("version_key", String(64)),  # 0009: what must match for a worker to claim it
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index
 # ix_runs_claimable (created_at, id) WHERE status IN ('pending', 'running'), which is left
@@ -194,3 +195,19 @@ workspace_changes = Table(
     Column("bytes", BigInteger),  # size after the change (before it, for deleted)
 )
 Index("ix_workspace_changes_run_seq", workspace_changes.c.run_id, workspace_changes.c.seq)
+
+# 0009: what each session of a run ran with (loop/versions.py, docs/versions.md).
+run_versions = Table(
+    "run_versions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),  # the step from which it took effect
+    Column("fingerprint", json_type(), nullable=False),
+    Column("fingerprint_sha256", String(64), nullable=False),
+    Column("version_key", String(64), nullable=False),
+    Column("reason", String(32), nullable=False),  # start | adopted | compatible | accepted | ...
+    Column("changes", json_type()),  # the differences from the row before, classified
+    Column("recorded_at", DateTime, nullable=False),
+)
+Index("ix_run_versions_run", run_versions.c.run_id, run_versions.c.id)

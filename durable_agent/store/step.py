@@ -181,9 +181,18 @@ class Step:
         tokens: tuple[int, int] | None = None,
         use_approval: int | None = None,
         workspace: WorkspaceWrite | None = None,
+        extra: Sequence[Statement] = (),
     ) -> None:
         self._end(
-            StepState.COMPLETED, output, None, messages, counters, tokens, use_approval, workspace
+            StepState.COMPLETED,
+            output,
+            None,
+            messages,
+            counters,
+            tokens,
+            use_approval,
+            workspace,
+            extra,
         )
 
     def fail(
@@ -195,9 +204,18 @@ class Step:
         messages: Sequence[Message] = (),
         use_approval: int | None = None,
         workspace: WorkspaceWrite | None = None,
+        extra: Sequence[Statement] = (),
     ) -> None:
         self._end(
-            StepState.FAILED, output, error, messages, counters, None, use_approval, workspace
+            StepState.FAILED,
+            output,
+            error,
+            messages,
+            counters,
+            None,
+            use_approval,
+            workspace,
+            extra,
         )
 
     def _end(
@@ -210,6 +228,7 @@ class Step:
         tokens: tuple[int, int] | None,
         use_approval: int | None,
         workspace: WorkspaceWrite | None = None,
+        extra: Sequence[Statement] = (),
     ) -> None:
         j = self.journal
         now = utcnow()
@@ -239,6 +258,7 @@ class Step:
             step_rows.append(self._row(**outcome))
         if use_approval is not None:
             statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": now}))
+        statements.extend(extra)  # e.g. a `version` step's run_versions row
         self._ended = True
         j.forget_open(self.key)
         if state is StepState.FAILED:

@@ -26,6 +26,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from durable_agent import live as live_channel
 from durable_agent import presentation
 from durable_agent.errors import DurableAgentError, RunBusy, RunNotFound, StoreError
 from durable_agent.status import RunStatus
@@ -40,6 +41,7 @@ from durable_agent.ui.timeline import chart
 STATIC = Path(__file__).resolve().parent / "static"
 STATUSES = {s.value for s in RunStatus}
 KEEPALIVE_S = 15.0
+LIVE_S = 0.1  # how often a streaming call's live file is looked at between two polls
 
 
 class UiConfig(Struct, frozen=True):
@@ -51,6 +53,9 @@ class UiConfig(Struct, frozen=True):
     # The server is shutting down: open streams end at their next poll (the browser then
     # reconnects), before the server's graceful timeout would cancel them with a traceback.
     stopping: Callable[[], bool] = lambda: False
+    # Where the runs' live channels are (durable_agent/live.py): a streaming call's tokens
+    # so far, sent as "tokens" events; None: no live tokens.
+    live_dir: Path | None = None
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -275,6 +280,19 @@ class _Stream:
         self.sent: dict[int, tuple[Any, ...]] = {}
         self.first = first  # the page already shows the closed steps before this one
         self.run_sig: tuple[Any, ...] | None = None
+        self.live_sig: tuple[Any, ...] | None = None  # of the tokens event last sent
+
+    def tokens(self) -> dict[str, Any] | None:
+        """The run's streaming call as its live file has it, when it changed since the last
+        one sent; `{"seq": None}` once it is gone (the call ended: its step row says how)."""
+        if self.cfg.live_dir is None or "/" in self.run_id:
+            return None
+        state = live_channel.read(self.cfg.live_dir / f"{self.run_id}.json")
+        sig = None if state is None else (state.get("seq"), state.get("try"), state.get("version"))
+        if sig == self.live_sig:
+            return None
+        self.live_sig = sig
+        return state if state is not None else {"seq": None}
 
     def poll(self) -> tuple[dict[str, Any] | None, bool]:
         if not self.known:  # first look: all of it (the chart needs every step)
@@ -338,7 +356,18 @@ class _Stream:
             ):  # a long model call: keep proxies from closing it
                 yield b": still here\n\n"
                 quiet_since = time.monotonic()
+            # Between two polls of the store: a streaming call's tokens, every LIVE_S.
+            polled = time.monotonic()
+            while True:
+                tokens = await run_in_threadpool(self.tokens)
+                if tokens is not None:
+                    data = json.dumps(tokens, ensure_ascii=False)
+                    yield f"event: tokens\ndata: {data}\n\n".encode()
+                    quiet_since = time.monotonic()
+                left = self.cfg.poll_s - (time.monotonic() - polled)
+                if not live or left <= 0:
+                    break
+                await asyncio.sleep(min(left, LIVE_S) if self.live_sig else left)
             if not live:
                 yield b"event: end\ndata: {}\n\n"
                 return
-            await asyncio.sleep(self.cfg.poll_s)

@@ -66,6 +66,12 @@ def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
         f'<h2>Steps <span class="count" id="step-count">{len(view.steps)}</span></h2>'
         f'<div id="steps">{"".join(step_row(run, s, view.changes.get(s.seq), now, inline=inline) for s in view.steps)}</div>'
     )
+    # A model call's answer as it streams in (the "tokens" event, ui.js); empty otherwise.
+    body.append(
+        '<section id="live" class="live" hidden><h2>Model answering</h2>'
+        '<pre class="live-thinking"></pre><p class="live-tools"></p>'
+        '<pre class="live-text"></pre></section>'
+    )
     body.append(f'<h2>Conversation</h2><div id="conversation">{conversation(view.messages)}</div>')
     return frame(f"run {run.id}", "".join(body), csrf=csrf, run_id=run.id)
 
@@ -168,7 +174,8 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
         out.append(
             f'<div class="question" id="question"><p>The run asks ({e(pending.kind)}, call '
             f"{e(pending.call_id)}): <code>{e(what)}</code></p>"
-            + (f"<p>{e(pending.reason)}</p>" if pending.reason else "")
+            # (a diff of what changed since the checkpoint is one line per change: kept)
+            + (f'<p class="reason">{e(pending.reason)}</p>' if pending.reason else "")
             + _form(run.id, "approve", "approve and resume", csrf, by=True)
             + _form(run.id, "deny", "deny and resume", csrf, by=True)
             + "</div>"

@@ -99,6 +99,8 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     require_extra()
     import uvicorn
 
+    from durable_agent.live import channel_dir
+    from durable_agent.store.location import store_key
     from durable_agent.store.runs import open_store
     from durable_agent.ui.app import UiConfig, build_app
     from durable_agent.ui.security import Access
@@ -115,6 +117,9 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
             user=user,
             poll_s=options.poll_s,
             stopping=lambda: bool(servers and servers[0].should_exit),
+            live_dir=channel_dir(
+                store_key(store.engine.url.render_as_string(hide_password=False)), os.environ
+            ),
         )
     )
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET

@@ -74,7 +74,10 @@ def check(ctx: Site) -> None:
     blobs = BlobStore(journal.engine, journal.policy, journal.run_id)
     if any(
         s.state == StepState.STARTED
-        and (s.effect in (EffectClass.WRITE, EffectClass.EXEC) or s.kind == StepKind.VERIFY)
+        and (
+            s.effect in (EffectClass.WRITE, EffectClass.EXEC)
+            or s.kind in (StepKind.VERIFY, StepKind.HOOK)
+        )
         for s in journal.open_steps.values()
     ):
         return

@@ -91,6 +91,19 @@
     body.setAttribute("data-status", doc.status);
     body.setAttribute("data-live", doc.live ? "yes" : "no");
   });
+  // A streaming model call: its text, thinking and tool names so far (textContent only:
+  // the model's words are never HTML here). An event without a seq: no call streams now.
+  source.addEventListener("tokens", function (ev) {
+    var doc = JSON.parse(ev.data);
+    var box = document.getElementById("live");
+    if (!box) { return; }
+    if (doc.seq === null || doc.seq === undefined) { box.hidden = true; return; }
+    box.querySelector(".live-thinking").textContent = doc.reasoning || "";
+    box.querySelector(".live-tools").textContent = (doc.tools || []).length ? "→ " + doc.tools.join(", ") : "";
+    box.querySelector(".live-text").textContent = doc.text || "";
+    box.setAttribute("data-seq", String(doc.seq));
+    box.hidden = false;
+  });
   source.addEventListener("end", function () {
     body.setAttribute("data-live", "no");
     source.close();  // the run stopped: no reconnect loop

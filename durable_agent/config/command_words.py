@@ -1,0 +1,275 @@
+"""A command line as the simple commands bash would run, each as its words.
+
+Rules match a command prefix word for word (`["git", "push"]`), so the line is split the
+way bash splits it: quotes removed (`'…'`, `"…"`, `\\x`), simple commands separated by
+`;`, `&&`, `||`, `|`, `&`, newlines and parentheses, redirections and their targets left
+out. What a line runs besides its own commands is parsed too and listed as more simple
+commands: the bodies of `$( … )`, backticks, `<( … )`, and of `bash -c BODY` (sh, dash,
+zsh and ksh too). A substitution's own text stays in the word it is part of (its output is
+not known before it runs).
+
+This is policy, not containment: a parser cannot promise what a shell will do (aliases,
+functions, `eval`, variables holding commands). The OS sandbox contains every command.
+"""
+
+from __future__ import annotations
+
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
+_OPERATORS = ("&&", "||", "|&", ";;", ";", "|", "&", "\n", "(", ")")
+_REDIRECTIONS = ("&>>", "&>", ">>", ">|", ">&", "<<<", "<<-", "<<", "<&", "<>", ">", "<")
+_WORD_END = " \t\n;&|<>()"
+_KEYWORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{"})
+_ENDERS = frozenset({"fi", "done", "}", "esac"})
+
+
+class Unparsable(ValueError):
+    """The line is not one bash would run as written (an unclosed quote or substitution)."""
+
+
+def simple_commands(line: str, *, depth: int = 0) -> list[list[str]]:
+    """Every simple command of `line`, in order; substitutions' and `bash -c` bodies'
+    after the command that holds them. Raises Unparsable."""
+    if depth > 8:
+        raise Unparsable("substitutions nested too deeply")
+    return _Parser(line, depth).parse()
+
+
+class _Parser:
+    def __init__(self, text: str, depth: int) -> None:
+        self.text, self.depth, self.i = text, depth, 0
+        self.out: list[list[str]] = []
+        self.inner: list[list[str]] = []  # commands found inside the current one's words
+        self.heredocs: list[str] = []
+
+    def parse(self) -> list[list[str]]:
+        words: list[str] = []
+        text, n = self.text, len(self.text)
+        while self.i < n:
+            c = text[self.i]
+            if c in " \t":
+                self.i += 1
+            elif c == "\\" and text.startswith("\\\n", self.i):
+                self.i += 2
+            elif c == "#":
+                while self.i < n and text[self.i] != "\n":
+                    self.i += 1
+            elif text.startswith(("<(", ">("), self.i):  # process substitution: a file name
+                self.i += 1
+                words.append(c + self._substitution_body())
+            elif op := next((r for r in _REDIRECTIONS if text.startswith(r, self.i)), None):
+                if words and words[-1].isdigit() and text[self.i - 1] not in " \t":
+                    words.pop()  # `2>`: the number is the redirection's
+                self.i += len(op)
+                while self.i < n and text[self.i] in " \t":
+                    self.i += 1
+                target = self._word()
+                if op in ("<<", "<<-"):
+                    self.heredocs.append(target)
+            elif op := next((s for s in _OPERATORS if text.startswith(s, self.i)), None):
+                self._end(words)
+                words = []
+                self.i += len(op)
+                if op == "\n":
+                    self._skip_heredocs()
+            else:
+                words.append(self._word())
+        self._end(words)
+        return self.out
+
+    def _end(self, words: list[str]) -> None:
+        while words and words[0] in _KEYWORDS:
+            words = words[1:]
+        if words and words[0] in _ENDERS and len(words) == 1:
+            words = []
+        body = _shell_body(words)
+        if body is not None:
+            self.out.extend(simple_commands(body, depth=self.depth + 1))
+        elif words:
+            self.out.append(words)
+        self.out.extend(self.inner)
+        self.inner = []
+
+    def _skip_heredocs(self) -> None:
+        for delimiter in self.heredocs:
+            while self.i < len(self.text):
+                end = self.text.find("\n", self.i)
+                end = len(self.text) if end < 0 else end
+                line = self.text[self.i : end]
+                self.i = end + 1
+                if line.strip("\t") == delimiter:
+                    break
+        self.heredocs = []
+
+    def _word(self) -> str:
+        """One word from `self.i`, its quotes removed; substitutions parsed on the way."""
+        text, n = self.text, len(self.text)
+        out: list[str] = []
+        while self.i < n and text[self.i] not in _WORD_END:
+            c = text[self.i]
+            if c == "'":
+                end = text.find("'", self.i + 1)
+                if end < 0:
+                    raise Unparsable("unclosed single quote")
+                out.append(text[self.i + 1 : end])
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                out.append(self._double_quoted())
+            elif c == "\\":
+                if self.i + 1 >= n:
+                    self.i += 1  # a lone backslash at the end: bash keeps it
+                    out.append("\\")
+                elif text[self.i + 1] == "\n":
+                    self.i += 2
+                else:
+                    out.append(text[self.i + 1])
+                    self.i += 2
+            elif c == "$" and text.startswith("$'", self.i):
+                out.append(self._ansi_c())
+            elif c == "$" or c == "`":
+                out.append(self._substitution())
+            else:
+                out.append(c)
+                self.i += 1
+        return "".join(out)
+
+    def _double_quoted(self) -> str:
+        text, n = self.text, len(self.text)
+        out: list[str] = []
+        while True:
+            if self.i >= n:
+                raise Unparsable("unclosed double quote")
+            c = text[self.i]
+            if c == '"':
+                self.i += 1
+                return "".join(out)
+            if c == "\\" and self.i + 1 < n and text[self.i + 1] in '$`"\\\n':
+                if text[self.i + 1] != "\n":
+                    out.append(text[self.i + 1])
+                self.i += 2
+            elif c == "$" or c == "`":
+                out.append(self._substitution())
+            else:
+                out.append(c)
+                self.i += 1
+
+    def _ansi_c(self) -> str:
+        """`$'…'`: backslash escapes of C (the common ones; the rest kept as written)."""
+        text, i = self.text, self.i + 2
+        out: list[str] = []
+        escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a"}
+        while i < len(text) and text[i] != "'":
+            if text[i] == "\\" and i + 1 < len(text):
+                out.append(escapes.get(text[i + 1], "\\" + text[i + 1]))
+                i += 2
+            else:
+                out.append(text[i])
+                i += 1
+        if i >= len(text):
+            raise Unparsable("unclosed $'")
+        self.i = i + 1
+        return "".join(out)
+
+    def _substitution(self) -> str:
+        """At `$` or a backtick: `$(…)` and `` `…` `` are parsed as commands; `${…}`,
+        `$((…))` and `$NAME` are kept as text."""
+        text = self.text
+        if text.startswith("$((", self.i):
+            end = _matching(text, self.i + 1, "(", ")")
+            seen = text[self.i : end + 1]
+            self.i = end + 1
+            return seen
+        if text.startswith("$(", self.i):
+            self.i += 1
+            return "$" + self._substitution_body()
+        if text.startswith("${", self.i):
+            end = _matching(text, self.i + 1, "{", "}")
+            seen = text[self.i : end + 1]
+            self.i = end + 1
+            return seen
+        if text[self.i] == "`":
+            j, body = self.i + 1, []
+            while j < len(text) and text[j] != "`":
+                if text[j] == "\\" and j + 1 < len(text) and text[j + 1] in "$`\\":
+                    body.append(text[j + 1])
+                    j += 2
+                else:
+                    body.append(text[j])
+                    j += 1
+            if j >= len(text):
+                raise Unparsable("unclosed backtick")
+            self.inner.extend(simple_commands("".join(body), depth=self.depth + 1))
+            seen = text[self.i : j + 1]
+            self.i = j + 1
+            return seen
+        self.i += 1
+        return "$"
+
+    def _substitution_body(self) -> str:
+        """At `(`: up to its `)`, parsed as commands; returns `(…)` as written."""
+        end = _matching(self.text, self.i, "(", ")")
+        body = self.text[self.i + 1 : end]
+        self.inner.extend(simple_commands(body, depth=self.depth + 1))
+        self.i = end + 1
+        return f"({body})"
+
+
+def _matching(text: str, start: int, opening: str, closing: str) -> int:
+    """Index of the `closing` that matches the `opening` at `start`, quotes respected."""
+    level, i = 0, start
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "'" and opening == "(":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise Unparsable("unclosed single quote")
+            i = end + 1
+            continue
+        if c == '"':
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if j >= len(text):
+                raise Unparsable("unclosed double quote")
+            i = j + 1
+            continue
+        if c == opening:
+            level += 1
+        elif c == closing:
+            level -= 1
+            if level == 0:
+                return i
+        i += 1
+    raise Unparsable(f"unclosed {opening}")
+
+
+def _shell_body(words: list[str]) -> str | None:
+    """BODY of `bash -c BODY [ARGS…]` (also after `env`, `sudo`…), else None."""
+    rest = strip_wrappers(words)
+    if len(rest) >= 3 and rest[0].rsplit("/", 1)[-1] in _SHELLS and rest[1] == "-c":
+        return rest[2]
+    return None
+
+
+_WRAPPERS = frozenset({"sudo", "doas", "env", "nice", "nohup", "time", "command", "exec"})
+
+
+def strip_wrappers(words: list[str]) -> list[str]:
+    """The command a line runs through `NAME=value`, `env`, `sudo`, `nice`, `nohup`, `time`,
+    `command`, `exec` (their own options dropped): `sudo -u x rm -rf /` runs `rm -rf /`."""
+    rest = list(words)
+    while rest:
+        head = rest[0]
+        if "=" in head and head.split("=", 1)[0].isidentifier():
+            rest = rest[1:]
+        elif head.rsplit("/", 1)[-1] in _WRAPPERS:
+            rest = rest[1:]
+            while rest and rest[0].startswith("-"):
+                takes_value = rest[0] in ("-u", "-g", "-n", "-C", "-U")
+                rest = rest[2:] if takes_value else rest[1:]
+        else:
+            break
+    return rest
