@@ -362,6 +362,27 @@ def test_detach_queues_it_and_a_worker_finishes_the_turn(
     _said_once(db)
 
 
+def test_detach_with_another_model_is_the_persons_consent_too(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `continue -m OTHER` goes on (the message is consent, docs/versions.md); with --detach
+    # no version row rode with the message, and the worker stopped the run blocked
+    # (changed_since_checkpoint: "model ... needs consent").
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    db = tmp_path / "s" / "store.db"
+    _start(senv, ws, script)
+    other = tmp_path / "s" / "other.json"
+    other.write_text(json.dumps(SCRIPT))
+    r = run_cli(senv, ws, "continue", "r", MESSAGE, "--detach", "-m", f"scripted:{other}")
+    assert r.code == 0, r.stderr
+    done = run_cli(senv, ws, "worker", "--once", "--quiet", "--poll", "0.1")
+    assert done.code == 0, done.stderr
+    assert query(db, "SELECT status, answer FROM runs") == [("completed", "second done")]
+    reasons = query(db, "SELECT reason FROM run_versions WHERE run_id='r' ORDER BY id")
+    assert [row[0] for row in reasons] == ["start", "continue"]
+    _said_once(db)
+
+
 def test_last_picks_the_newest_run_of_this_folder(env: dict[str, str], tmp_path: Path) -> None:
     senv, ws, script = _scenario(env, tmp_path / "s")
     other = tmp_path / "other"

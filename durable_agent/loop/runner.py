@@ -155,6 +155,9 @@ class Runner:
             ctx = self.context(journal, time.monotonic())
             stop_leftover_processes(ctx)
             resume.rebuild_if_missing(ctx)
+            # As in _drive: the person's message is consent to what runs now (the worker
+            # that drives the turn then finds no change to ask about).
+            self.record_version(ctx, "continue")
             turns.open_turn(ctx, message, stood=stood)
             journal.hand_to_queue()
         except errors.StoreError:
