@@ -232,6 +232,8 @@ class Message(Struct, frozen=True):
 class Usage(Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Of prompt_tokens, those the provider served from its prompt cache (cheaper)."""
     estimated: bool = False
     """True when the provider reported no usage and the counts are the harness's estimate
     (`models/estimate.py`); False for counts the provider reported."""
@@ -253,12 +255,16 @@ class ModelTurn(Struct, frozen=True):
     reasoning: str | None = None
     """Thinking the provider sent beside the answer (`reasoning_content` / `reasoning`):
     kept in the step's output, shown dimmed, never sent back to the model as content."""
+    model: str | None = None
+    """The model that answered, as the provider named it (`model` of the response)."""
 
     def to_dict(self) -> dict[str, Any]:
         usage: dict[str, Any] = {
             "prompt_tokens": self.usage.prompt_tokens,
             "completion_tokens": self.usage.completion_tokens,
         }
+        if self.usage.cached_tokens:
+            usage["cached_tokens"] = self.usage.cached_tokens
         if self.usage.estimated:
             usage["estimated"] = True
         d: dict[str, Any] = {

@@ -6,6 +6,7 @@ Only notifications: an observer never changes what the loop does.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from msgspec import Struct
 
@@ -32,6 +33,14 @@ class StepEvent(Struct, frozen=True):
     estimated: bool = False  # the endpoint reported no usage: the token counts are an estimate
     attempts: int = 1
     error: str | None = None
+    # For traces (loop/telemetry.py): the step's key, its call, whether an earlier session
+    # began it, what it paid, and facts of its kind (a model's answer, a tool's arguments).
+    key: str = ""
+    call_id: str | None = None
+    resumed: bool = False
+    cached_tokens: int | None = None
+    cost: float | None = None
+    facts: dict[str, Any] | None = None
 
 
 class Observer:

@@ -76,7 +76,10 @@ def plural(count: int, noun: str) -> str:
 
 
 def run_cost(run: RunRecord) -> float | None:
-    """The run's cost at the price recorded in its settings for its model, if one was set."""
+    """The run's cost: the sum of its steps' (each at its model's price when it was paid);
+    for a run recorded before steps kept a cost, its tokens at the price in its settings."""
+    if run.cost is not None:
+        return run.cost
     price = as_dict(as_dict(run.settings).get("prices")).get(str(run.model))
     if price is None:
         return None  # (most runs: no pydantic import for `list` and `show`)
@@ -143,6 +146,11 @@ def step_what(run: RunRecord, s: StepRecord) -> str:
         changes = consent.get("changes") or []
         by = consent.get("accepted_by")
         return f"{len(changes)} change(s) since the checkpoint, accepted by {by}"
+    if s.kind == StepKind.WORKSPACE:  # a batch task's workspace (docs/fleets.md)
+        made = s.input if isinstance(s.input, dict) else {}
+        return (
+            f"workspace from {short(str(made.get('repo')), 60)} @ {short(str(made.get('ref')), 20)}"
+        )
     if s.kind == StepKind.VERIFY:
         verify = s.typed_input
         command = verify.command if isinstance(verify, VerifyInput) else None

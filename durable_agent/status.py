@@ -48,6 +48,7 @@ class StepKind(StrEnum):
     USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
     HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
     VERSION = "version"  # consent to go on after what the run runs with changed (loop/versions.py)
+    WORKSPACE = "workspace"  # a batch task's workspace made from its repo (docs/fleets.md)
 
 
 class EffectClass(StrEnum):

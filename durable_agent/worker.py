@@ -70,6 +70,7 @@ class WorkerOptions(Struct, frozen=True):
     # docs/versions.md: `compatible` claims the runs of this worker's version key (and runs
     # no release recorded one for); `all` claims every run and accepts what changed for it.
     accept_changes: str = "compatible"
+    batch: str | None = None  # claim only this batch's runs (`batch submit --run`)
 
 
 class Log:
@@ -127,7 +128,9 @@ def run_worker(
         lease_seconds=options.lease_seconds,
     )
     try:
-        return Worker(Store(engine, policy), options, env, Log(sys.stderr), timeline).run()
+        worker = Worker(Store(engine, policy), options, env, Log(sys.stderr), timeline)
+        worker.notify_settings = settings if settings.notify else None
+        return worker.run()
     finally:
         engine.dispose()
 
@@ -161,6 +164,11 @@ class Worker:
         # `--once`: the store failure it stops on (exit 7), rather than polling a store that
         # is gone for ever or taking back, again and again, a run the store keeps failing.
         self.store_failure: StoreError | None = None
+        # [[notify]] of the worker's config: its deliverer thread sends the outbox's rows
+        # (the ends of the runs it executes, and any a crashed process left behind).
+        self.notify_settings: Settings | None = None
+        self.notify_wake = threading.Event()
+        self._schedules_at = 0.0  # monotonic time of the last look at the schedules
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -171,9 +179,24 @@ class Worker:
             f"worker {self.name} · {url} · concurrency {o.concurrency} · "
             f"lease {o.lease_seconds:g}s{limit}{' · --once' if o.once else ''}"
         )
+        deliverer, sending, finished = None, None, threading.Event()
+        if self.notify_settings is not None:
+            from durable_agent.notify import Deliverer
+
+            deliverer = Deliverer(self.store.engine, self.notify_settings, self.store.policy)
+            sending = deliverer.background(finished, self.notify_wake, o.poll_s)
         with Interrupts(self._first_signal, self._second_signal):
             reason = self._loop()
             self._drain()
+        if deliverer is not None and sending is not None:
+            # Stopped and joined before the store is closed (a thread still sending as the
+            # interpreter and the engine went crashed the process); then a last pass for the
+            # ends of the last runs.
+            finished.set()
+            self.notify_wake.set()
+            sending.join()
+            with contextlib.suppress(Exception):
+                deliverer.deliver_due()
         c = self.counts
         done = ", ".join(f"{n} {k}" for k, n in sorted(c.items()) if k not in {"claimed"})
         self.log.line(
@@ -203,6 +226,7 @@ class Worker:
                     f"knows ({HEAD_REVISION}); claiming no more runs: upgrade durable-agent here"
                 )
                 return "store schema newer than this durable-agent"
+            self._fire_schedules()
             if self._running_count() < o.concurrency:
                 try:
                     result = self.queue.claim(
@@ -211,6 +235,7 @@ class Worker:
                         max_running=o.max_running,
                         exclude=self._skipped_now(),
                         accept=_anywhere if o.workspace_root else _reachable,
+                        batch=o.batch,  # fleets: `batch submit --run` drains its batch only
                     )
                 except StoreError as exc:  # the server restarted, a network blip: claim again later
                     self.log.line(f"cannot claim: {exc}")
@@ -246,6 +271,23 @@ class Worker:
             return schema_ahead(self.store.engine)
         except Exception:  # noqa: BLE001
             return None
+
+    def _fire_schedules(self) -> None:
+        """Start the runs of schedules whose tick has come (docs/fleets.md), at most once a
+        poll interval; every worker does, and each tick starts one run over all of them."""
+        if self.options.batch is not None:  # `batch submit --run` drains its batch only
+            return
+        if time.monotonic() - self._schedules_at < self.options.poll_s:
+            return
+        self._schedules_at = time.monotonic()
+        from durable_agent import schedules
+
+        try:
+            schedules.fire_due(
+                self.store, self.env, self.options.db, schedules.clock(self.env), self.log.line
+            )
+        except (StoreError, DurableAgentError, OSError, ValueError) as exc:
+            self.log.line(f"cannot start scheduled runs: {exc}")
 
     def _still_ours(self) -> bool:
         """Is a lease of a run this worker was interrupted in still to expire?"""
@@ -327,6 +369,7 @@ class Worker:
             with self._lock:
                 self._active.pop(claim.run_id, None)
             self.wake.set()
+            self.notify_wake.set()
 
     def _execute_claim(self, claim: Claim, started: float) -> None:
         rid = claim.run_id
@@ -359,7 +402,9 @@ class Worker:
             # One live run per workspace, as for `start` and `resume`: a workspace another
             # process runs in (WorkspaceBusy) gives the run back, queued, below.
             with workspace_lease(settings.workspace, rid, self.env):
-                outcome = runner.execute(rid, lease=(claim.owner, claim.epoch))
+                outcome = runner.execute(
+                    rid, lease=(claim.owner, claim.epoch), takeover=claim.takeover
+                )
         except RunReleased:
             self._count("released")
             if self._give_back(claim, None):
@@ -407,6 +452,32 @@ class Worker:
             f"finished run {rid} · {outcome.status.value} ({outcome.stop_reason}){counts} · "
             f"{secs:.1f}s{tail}"
         )
+        if claim.batch_id is not None:
+            self._batch_progress(claim.batch_id)
+
+    def _batch_progress(self, batch_id: str) -> None:
+        """A batch's run ended: is the batch finished? `finish_if_done` is true exactly once
+        over all workers, so what follows it happens once per batch."""
+        from durable_agent.store import fleet
+
+        try:
+            if fleet.finish_if_done(self.store.engine, batch_id, self.batch_done_targets()):
+                self.batch_done(batch_id)
+        except StoreError as exc:  # the next run of the batch to end asks again
+            self.log.line(f"could not check batch {batch_id}: {exc}")
+
+    def batch_done_targets(self) -> list[tuple[int, str]]:
+        """The [[notify]] entries of this worker's config that want `batch_done`."""
+        if self.notify_settings is None:
+            return []
+        wanted = enumerate(self.notify_settings.notify)
+        return [(i, t.target) for i, t in wanted if "batch_done" in t.events]
+
+    def batch_done(self, batch_id: str) -> None:
+        """THE place a batch finishes (once, on one worker); its `batch_done` notifications
+        were written with the finish (fleet.finish_if_done): the deliverer sends them."""
+        self.log.line(f"batch {batch_id} finished")
+        self.notify_wake.set()
 
     def _unexpected(self, claim: Claim, exc: Exception) -> None:
         """A bug, most likely: say everything, give the run back, and leave it alone for a while

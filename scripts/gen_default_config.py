@@ -30,6 +30,7 @@ EXAMPLES = {
     "max_running_runs": "8",
 }
 TABLE_EXAMPLES = {
+    "otel": ["# [otel]", "# enabled = false", "# capture_content = false"],
     "prices": ['# [prices."gpt-4.1-mini"]', "# input_per_mtok = 0.40", "# output_per_mtok = 1.60"],
     "models": ['# [models."gpt-4.1-mini"]', "# context_window = 1047576"],
     "mcp_servers": [
@@ -77,6 +78,8 @@ def render() -> str:
             continue
         doc = [f"# {line}".rstrip() for line in docs.get(name, "").splitlines()]
         default = field.get_default(call_default_factory=True)
+        if hasattr(default, "model_dump"):  # a settings table ([otel])
+            default = default.model_dump()
         if isinstance(default, dict):  # TOML tables must follow the plain keys
             tables += [*doc, *TABLE_EXAMPLES[name], ""]
             continue

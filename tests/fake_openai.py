@@ -229,6 +229,7 @@ class FakeOpenAI:
                 {"request": number, "turn": turn, "attempt": attempt, "kind": kind}
             )
             entry = {
+                "at": time.monotonic(),  # arrival, for rate checks (tests/test_rate_limits.py)
                 "request": number,
                 "turn": turn,
                 "attempt": attempt,

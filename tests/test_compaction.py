@@ -272,7 +272,8 @@ def test_a_request_that_cannot_fit_fails_saying_what_was_tried(windowed: Endpoin
     windowed.configure(
         models={MODEL: {"context_window": 200_000}, "bigger": {"context_window": 100_000}}
     )
-    again = windowed.resume(out["run_id"], "--model", "bigger", "--json")
+    assert "--accept-changes" in out["error"]
+    again = windowed.resume(out["run_id"], "--model", "bigger", "--accept-changes", "--json")
     assert again.code == 0 and again.json()["status"] == "completed", again.stderr
 
 

@@ -49,11 +49,16 @@ def test_short_flags_m_w_y(
     # `start x -m demo`, as a new user types it (the demo model, offline)
     r = _run(env, workspace, "start", "x", "-m", "demo", "--shell", "deny", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["status"] == "completed", r.stderr
-    # and on resume: -m switches the model (a flag replaces the recorded value)
+    # and on resume: -m switches the model (a flag replaces the recorded value); another
+    # model is a change the run goes on with only by consent (docs/versions.md)
     r = _run(env, workspace, "start", "x", "-m", write_script(TWO_TURNS), "--run-id", "b",
              "--max-steps", "1")  # fmt: skip
     assert r.returncode == 3, r.stderr
-    r = _run(env, workspace, "resume", "b", "-m", write_script(DONE), "--max-steps", "5", "-y")
+    other = write_script(DONE)
+    r = _run(env, workspace, "resume", "b", "-m", other, "--max-steps", "5", "-y")
+    assert r.returncode == 5 and "need consent" in r.stderr, r.stderr
+    r = _run(env, workspace, "resume", "b", "-m", other, "--max-steps", "5", "-y",
+             "--accept-changes")  # fmt: skip
     assert r.returncode == 0, r.stderr
     _, settings, _ = _run_row(env, "b")
     assert settings["shell"] == "allow"

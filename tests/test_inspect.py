@@ -51,7 +51,7 @@ def test_list_is_newest_first_filters_by_status_and_rejects_unknown_statuses(
     r = cli_inproc("list")
     assert r.code == 0
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATUS", "MODEL", "CALLS", "TOKENS", "AGE", "TASK"]
+    assert lines[0].split() == ["ID", "STATUS", "MODEL", "CALLS", "TOKENS", "COST", "AGE", "TASK"]
     assert [line.split()[:3] for line in lines[1:]] == [
         [cut, "budget_exceeded", "1"],
         [done, "completed", "1"],
@@ -85,7 +85,7 @@ def test_show_prints_header_timeline_tokens_attempts_and_errors(
     )
 
     table = out[out.index("#  KIND") :].splitlines()
-    assert table[0].split() == ["#", "KIND", "STATE", "TIME", "TOKENS", "TRIES", "WHAT"]
+    assert table[0].split() == ["#", "KIND", "STATE", "TIME", "TOKENS", "COST", "TRIES", "WHAT"]
     rows = sql(
         "SELECT seq, kind, state, prompt_tokens, completion_tokens, error FROM steps "
         "WHERE run_id=? ORDER BY seq",

@@ -135,7 +135,7 @@ LAYERS: list[set[str]] = [
     {"tools", "models", "mcp"},
     {"workspace", "context", "tool_sources"},
     {"loop"},
-    {"transcript", "presentation", "wiring", "api", "worker"},
+    {"transcript", "presentation", "wiring", "api", "worker", "notify", "schedules"},
     {"ui"},
     {"cli", "demo", "__main__"},
 ]

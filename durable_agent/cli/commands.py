@@ -88,6 +88,7 @@ def _execute(
     cancel: threading.Event,
     lease: tuple[str, int] | None = None,
     turn: tuple[str, str] | None = None,
+    takeover: bool = False,
 ) -> int:
     collector.from_here()
     jsonl_output.attach(runner.observer, runner.store, run_id)
@@ -96,7 +97,7 @@ def _execute(
             _interrupts(cancel, args.quiet or args.json),
             render.json_if_cut_short(args.json, run_id),
         ):
-            outcome = runner.execute(run_id, lease=lease, turn=turn)
+            outcome = runner.execute(run_id, lease=lease, turn=turn, takeover=takeover)
             run = runner.store.get_run(run_id)
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
@@ -106,6 +107,17 @@ def _execute(
         streams.forgiving(sys.stdout),
         streams.forgiving(sys.stderr),
     )  # the exit code is the run's
+    if runner.settings.notify:  # the end's notifications, committed with it: sent now
+        from durable_agent.notify import deliver_after_session
+
+        for problem in deliver_after_session(runner.store.engine, runner.settings):
+            print(
+                streams.visible(
+                    f"durable-agent: notification not delivered yet ({problem}); "
+                    "a worker or `durable-agent notify deliver` sends it later"
+                ),
+                file=err,
+            )
     if args.json:
         print(json.dumps(render.result_json(run)), file=out, flush=True)
     elif jsonl_output.finish(runner.observer):
@@ -197,13 +209,15 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
         if args.detach:
             runner.tool_source.close()
-            _print_queued(runner.create(args.task, args.run_id), args.json)
+            _print_queued(
+                runner.create(args.task, args.run_id, queue=_queue_fields(args)), args.json
+            )
             return 0
         # Created already leased to us: a worker sharing the database cannot claim it first.
         from durable_agent.store.leases import new_owner
 
         owner = new_owner()
-        run_id = runner.create(args.task, args.run_id, lease_owner=owner)
+        run_id = runner.create(args.task, args.run_id, lease_owner=owner, queue=_queue_fields(args))
         name_holder(run_id)
         if not args.json:
             err = streams.forgiving(sys.stderr)
@@ -232,6 +246,14 @@ def _task_folder(settings: Settings) -> None:
         return
     if here != root and here.is_relative_to(root):
         settings.memory_dir = here.relative_to(root).as_posix()
+
+
+def _queue_fields(args: Namespace) -> dict[str, Any]:
+    """`start --priority N --queue-key KEY` (docs/fleets.md)."""
+    return {
+        "priority": getattr(args, "priority", None),
+        "queue_key": getattr(args, "queue_key", None),
+    }
 
 
 def _print_queued(run_id: str, as_json: bool) -> None:
@@ -335,7 +357,7 @@ def _resume_leased(
 
     owner = new_owner()
     with render.json_if_cut_short(args.json, run_id):
-        epoch = store.acquire_lease(run_id, owner, settings.lease_seconds)
+        epoch, stood = store.take_over(run_id, owner, settings.lease_seconds)
     err = streams.forgiving(sys.stderr)  # from here on, the run is ours: output may not stop it
     if changes:
         store.update_settings(run_id, settings.redacted_dict())
@@ -344,7 +366,9 @@ def _resume_leased(
     if not args.json:
         where = f"model call {run.step_count}" if run.step_count else "the start"
         print(f"run {run_id} · resuming from {where} ({run.status})", file=err)
-    return _execute(runner, run_id, args, cancel, lease=(owner, epoch))
+    # (stood: how the run was when the lease was taken; `running`: its process had died)
+    takeover = stood[0] == RunStatus.RUNNING
+    return _execute(runner, run_id, args, cancel, lease=(owner, epoch), takeover=takeover)
 
 
 def _missing_workspace(store: Any, run_id: str, settings: Settings) -> None:
@@ -594,7 +618,13 @@ def cmd_ui(args: Namespace, env: dict[str, str]) -> int:
     collector.from_here()  # a server lives long: its collector runs (collector.py)
     return serve(
         settings,
-        ServeOptions(host=args.host, port=args.port, token=token, open_browser=args.open_browser),
+        ServeOptions(
+            host=args.host,
+            port=args.port,
+            token=token,
+            open_browser=args.open_browser,
+            public_url=args.public_url,
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from durable_agent import __version__
 from durable_agent.cli import (
     collector,
+    fleet_parser,
     streams,  # tiny modules: keep --help fast
 )
 from durable_agent.cli.streams import Parser, Subcommands
@@ -368,6 +369,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_shared(p)
     _add_mcp(p)
     _add_output(p)
+    fleet_parser.add_queue_flags(p)  # fleets: --priority, --queue-key (docs/fleets.md)
 
     _add_rules(p)
     p.set_defaults(func=_command("cmd_start"))
@@ -724,6 +726,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--open", action="store_true", dest="open_browser", help="open the view in a browser"
     )
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the view's address as notifications' receivers reach it: `blocked` "
+        "notifications then carry signed one-time approve/deny links to it",
+    )
     p.set_defaults(func=_command("cmd_ui"))
     _add_policy(sub)
 
@@ -731,6 +739,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from durable_agent.cli.versions_command import add_version_flags
 
     add_version_flags(sub.sub.choices)
+
+    # -- notifications (docs/observability.md) ----------------------------------------------
+    p = sub.add_parser(
+        "notify",
+        help="notifications of [[notify]]: send a sample, deliver what is pending",
+        description="test: queue a sample event to every [[notify]] entry of the config and "
+        "deliver it (as a run's end would be: Idempotency-Key, signature); deliver: send "
+        "every notification still pending in the store (a worker and every run do this too).",
+    )
+    p.add_argument("action", choices=["test", "deliver"])
+    _add_db(p)
+    p.set_defaults(func=_command("cmd_notify", "notify_commands"))
+    fleet_parser.add_fleet_commands(sub, _command, _add_db)  # queue, batch, schedule
     return parser if sub.found else build_parser()  # `only` named no command: all, for the error
 
 
@@ -774,7 +795,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     if any(
         os.environ.get(f"DURABLE_AGENT_{name}")
-        for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT")
+        for name in ("CRASH_AFTER", "STOP_AFTER", "FAULT_AT", "NOTIFY_CRASH")
     ):
         from durable_agent.store import (
             faults as fault_injection,

@@ -214,7 +214,8 @@ def step_line(e: StepEvent) -> str:
 
 def _cost_text(run: RunRecord) -> str:
     cost = run_cost(run)
-    return "" if cost is None else f" · cost {cost:.4f}"
+    cached = f" ({run.cached_tokens} cached)" if run.cached_tokens else ""
+    return cached + ("" if cost is None else f" · cost {cost:.4f}")
 
 
 def estimated(steps: list[StepRecord]) -> bool:
@@ -308,13 +309,15 @@ def run_table(runs: list[RunRecord], out: TextIO, *, status: str | None = None) 
             print('no runs yet: try `durable-agent demo` or `durable-agent start "…"`', file=out)
         return
     print(
-        f"{'ID':<16}  {'STATUS':<15}  {'MODEL CALLS':>11}  {'TOKENS':>8}  {'AGE':>8}  TASK",
+        f"{'ID':<16}  {'STATUS':<15}  {'MODEL CALLS':>11}  {'TOKENS':>8}  {'COST':>8}  {'AGE':>8}  TASK",
         file=out,
     )
     for r in runs:
         tokens = r.prompt_tokens + r.completion_tokens
+        cost = run_cost(r)
+        spent = "-" if cost is None else f"{cost:.4f}"
         print(
-            f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {fmt_age(r.created_at):>8}  "
+            f"{r.id:<16}  {_status(r, _executing(r), short=True):<15}  {r.step_count:>11}  {tokens:>8}  {spent:>8}  {fmt_age(r.created_at):>8}  "
             f"{visible(short(r.task, 50))}",
             file=out,
         )
@@ -399,7 +402,9 @@ def _step_table(
     run: RunRecord, steps: list[StepRecord], p: Callable[[str], None], *, live: bool
 ) -> None:
     kinds = max(7, *(len(s.kind) for s in steps))  # `user_message` in a continued run
-    p(f"{'#':>4}  {'KIND':<{kinds}} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'TRIES':>5}  WHAT")
+    p(
+        f"{'#':>4}  {'KIND':<{kinds}} {'STATE':<10} {'TIME':>8} {'TOKENS':>9} {'COST':>8} {'TRIES':>5}  WHAT"
+    )
     epoch = steps[0].lease_epoch
     turns = turn_starts(steps)
     if turns:
@@ -417,7 +422,8 @@ def _step_table(
         if state == StepState.STARTED and not live:
             state = "cut off"  # an intent without an outcome: the next resume settles it
         p(
-            f"{s.seq:>4}  {s.kind:<{kinds}} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} {s.attempts:>5}  "
+            f"{s.seq:>4}  {s.kind:<{kinds}} {state:<10} {fmt_ms(s.duration_ms):>8} {tokens:>9} "
+            f"{'' if s.cost is None else f'{s.cost:.4f}':>8} {s.attempts:>5}  "
             f"{step_what(run, s)}"
         )
         if s.error:

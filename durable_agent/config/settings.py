@@ -54,11 +54,84 @@ class ModelPrice(BaseModel):
     """Price of one million prompt tokens."""
     output_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million completion tokens."""
+    cached_input_per_mtok: float | None = Field(None, ge=0, le=1e6)
+    """Price of one million prompt tokens served from the provider's cache (input_per_mtok
+    when unset)."""
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        cached_price = (
+            self.input_per_mtok
+            if self.cached_input_per_mtok is None
+            else self.cached_input_per_mtok
+        )
         return (
-            prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok
+            (prompt_tokens - cached) * self.input_per_mtok
+            + cached * cached_price
+            + completion_tokens * self.output_per_mtok
         ) / 1e6
+
+
+NOTIFY_EVENTS = (
+    "blocked",
+    "completed",
+    "failed",
+    "budget_exceeded",
+    "changed_since_checkpoint",
+    "batch_done",
+)
+NotifyEvent = Literal[
+    "blocked", "completed", "failed", "budget_exceeded", "changed_since_checkpoint", "batch_done"
+]
+
+
+def _default_events() -> list[NotifyEvent]:
+    return ["blocked", "completed", "failed", "budget_exceeded"]
+
+
+class NotifyTarget(BaseModel):
+    """One `[[notify]]` entry: a webhook (`url`) or a local program (`command`), and the
+    events it is sent (docs/observability.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = None
+    """POSTed the event as JSON, with Idempotency-Key and a signature header."""
+    command: list[str] | None = None
+    """Run with the event as JSON on stdin (exit 0: delivered)."""
+    events: list[NotifyEvent] = Field(default_factory=_default_events)
+    secret: SecretStr | None = None
+    """Key of the HMAC-SHA256 signature header (webhooks)."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> NotifyTarget:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("a [[notify]] entry needs either url or command, not both")
+        if self.command is not None and not self.command:
+            raise ValueError("a [[notify]] command needs a program")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"a [[notify]] url must be http:// or https://; got {self.url!r}")
+        return self
+
+    @property
+    def target(self) -> str:
+        """How the outbox names it: the URL, or the command as a JSON list."""
+        import json
+
+        return self.url if self.url is not None else json.dumps(self.command)
+
+
+class OtelSettings(BaseModel):
+    """`[otel]`: OpenTelemetry traces and metrics (the `otel` extra; docs/observability.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    """Export even without OTEL_EXPORTER_OTLP_ENDPOINT (to the OTLP default, localhost:4318)."""
+    capture_content: bool = False
+    """Put messages and tool arguments on the spans (redacted as the store is)."""
 
 
 class ModelInfo(BaseModel):
@@ -68,6 +141,11 @@ class ModelInfo(BaseModel):
 
     context_window: int | None = Field(None, ge=256)
     """Tokens the model accepts per request (prompt + answer); the built-in table when unset."""
+    rpm: int | None = Field(None, ge=1)
+    """Requests per minute (per `rate_limit_window_s`) allowed to this model, over every
+    worker sharing the store: a call waits for capacity instead of provoking a 429."""
+    tpm: int | None = Field(None, ge=1)
+    """Tokens (prompt + completion) per minute allowed to this model, over every worker."""
 
 
 # The fields that take a number, named once for their validator (tests/test_settings.py holds
@@ -80,6 +158,11 @@ NUMBER_FIELDS = (
     "max_cost",
     "max_context_tokens",
     "max_seconds",
+    "notify_timeout_s",
+    "notify_retry_attempts",
+    "notify_retry_initial_wait_s",
+    "notify_retry_max_wait_s",
+    "notify_link_ttl_s",
     "max_repeats",
     "command_timeout_s",
     "compact_at",
@@ -101,6 +184,7 @@ NUMBER_FIELDS = (
     "store_retry_attempts",
     "store_retry_seconds",
     "temperature",
+    "rate_limit_window_s",  # fleets
 )
 
 
@@ -222,7 +306,8 @@ class Settings(BaseModel):
     max_cost: float | None = Field(None, gt=0)
     """Spend allowed in the run, in the currency of `prices` (needs a price for the model)."""
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
-    """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}}."""
+    """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}};
+    over the shipped table of common models (docs/observability.md)."""
     models: dict[str, ModelInfo] = Field(default_factory=dict)
     """Per-model facts, e.g. [models."gpt-4.1-mini"] context_window = 1047576 (the built-in table
     of well-known families, then a conservative 32768 tokens, when a model is not listed)."""
@@ -272,6 +357,33 @@ class Settings(BaseModel):
     hooks: list[Hook] = Field(default_factory=list)
     """[[hooks]]: commands run (in the sandbox, as durable steps) at session_start, pre_tool,
     post_tool, pre_compact, stop and resume; exit 2 blocks with stderr as the reason."""
+    # -- watched from elsewhere (docs/observability.md) ----------------------------------------
+    notify: list[NotifyTarget] = Field(default_factory=list)
+    """[[notify]] entries: url (webhook) or command, events (blocked, completed, failed,
+    budget_exceeded, changed_since_checkpoint, batch_done), optional secret. Each event is
+    sent once per entry, also across crashes (the outbox)."""
+    notify_timeout_s: float = Field(10.0, gt=0)
+    """Seconds one delivery (a POST, a command) may take."""
+    notify_retry_attempts: int = Field(5, ge=1)
+    """Tries of one delivery in one pass; a later pass (the next process, a worker) tries again."""
+    notify_retry_initial_wait_s: float = Field(1.0, gt=0)
+    """First wait between two tries of a delivery; it doubles up to notify_retry_max_wait_s."""
+    notify_retry_max_wait_s: float = Field(30.0, gt=0)
+    """Longest wait between two tries of a delivery."""
+    notify_link_ttl_s: float = Field(86400.0, gt=0)
+    """How long the approve/deny links of a `blocked` notification stay valid."""
+    otel: OtelSettings = Field(default_factory=OtelSettings)
+    """[otel] enabled, capture_content: OpenTelemetry traces and metrics, on when
+    OTEL_EXPORTER_OTLP_ENDPOINT is set or enabled = true (needs durable-agent[otel])."""
+    # -- fleets (docs/fleets.md) ---------------------------------------------------------------
+    workspace_repo: str | None = None
+    """A batch task's source: a local git repository or a git URL; the run's first step makes
+    its workspace from it (a worktree or a clone at `workspace_ref`). Set by `batch submit`."""
+    workspace_ref: str | None = None
+    """The commit, branch or tag the batch task's workspace is made at (default HEAD)."""
+    rate_limit_window_s: float = Field(60.0, gt=0, le=3600)
+    """The window of the models' `rpm` and `tpm` limits, in seconds (a minute; shorter only to
+    test a limit quickly)."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
@@ -357,7 +469,7 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _cost_budget_needs_a_price(self) -> Settings:
-        if self.max_cost is not None and self.model and self.model not in self.prices:
+        if self.max_cost is not None and self.model and self.price(self.model) is None:
             raise ValueError(
                 f"--max-cost needs a price for model {self.model!r}: add "
                 f'prices."{self.model}" = {{input_per_mtok = ..., output_per_mtok = ...}} '
@@ -365,11 +477,29 @@ class Settings(BaseModel):
             )
         return self
 
+    def price(self, model: str | None) -> ModelPrice | None:
+        """`[prices]`'s price of `model`, else the shipped table's (config/prices.py)."""
+        if not model:
+            return None
+        configured = self.prices.get(model)
+        if configured is not None:
+            return configured
+        from durable_agent.config.prices import shipped_row
+
+        row = shipped_row(model)
+        if row is None:
+            return None
+        return ModelPrice(
+            input_per_mtok=row[0], output_per_mtok=row[1], cached_input_per_mtok=row[2]
+        )
+
     def redacted_dict(self) -> dict[str, Any]:
         """The settings recorded on a run: paths as text, no secrets. The key is left out, and
         so is the store URL (it can hold a password; resume and workers bring their own), and a
         password in base_url is masked."""
-        d = self.model_dump(mode="json", exclude={"api_key", "db"})
+        # Notification targets are the process's own (its config file), never the run's: a
+        # secret recorded masked would sign nothing, and a worker sends to its own targets.
+        d = self.model_dump(mode="json", exclude={"api_key", "db", *NOTIFY_FIELDS})
         if d.get("base_url"):
             d["base_url"] = mask_url_password(d["base_url"])
         for server in d.get("mcp_servers", {}).values():  # a server's token stays in the config
@@ -421,6 +551,15 @@ def mask_url_password(url: str) -> str:
 
 
 # The settings that take a number (true/false is refused there: _numbers_are_not_booleans).
+NOTIFY_FIELDS = (
+    "otel",  # (the process's own too: whether and where it exports)
+    "notify",
+    "notify_timeout_s",
+    "notify_retry_attempts",
+    "notify_retry_initial_wait_s",
+    "notify_retry_max_wait_s",
+    "notify_link_ttl_s",
+)
 
 # Budget flags that `resume` may raise; recorded settings are otherwise reused.
 BUDGET_FIELDS = (

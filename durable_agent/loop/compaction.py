@@ -37,6 +37,7 @@ from durable_agent.context.budget import (
 from durable_agent.context.memory import is_memory
 from durable_agent.context.view import HEAD, SUMMARY_HEADER, stub, tool_names
 from durable_agent.errors import ModelError
+from durable_agent.loop import costs
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
@@ -436,6 +437,7 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         usage = answer.usage
         s.prompt_tokens += usage.prompt_tokens
         s.completion_tokens += usage.completion_tokens
+        cost = costs.pay(ctx, model.name, usage)
         output: dict[str, Any] = {
             "stage": "summarize",
             "turn": s.turn,
@@ -448,6 +450,8 @@ def _summarize(ctx: StepContext, lead: list[Message], before: int, *, cut: int) 
         return StepOutcome(
             output,
             tokens=(usage.prompt_tokens, usage.completion_tokens),
+            cached_tokens=usage.cached_tokens,
+            cost=cost,
             attempts=earlier + attempts,
             detail=f"summarized messages {intent['from']}-{cut - 1}: {before:,} → {after:,} tokens",
         )
@@ -558,6 +562,7 @@ def cannot_fit(ctx: StepContext, error: str) -> ModelError:
         f"{error} — tried: compacting the context (older tool outputs elided, older turns "
         f"summarized; {ctx.state.view.compactions} compactions) and one retry; the request is still "
         f"~{tokens:,} tokens for a budget of {request_budget(ctx.settings):,}. Resume with --model naming a "
-        "model with a larger window (its context_window from the config file's [models] table); the run "
+        "model with a larger window (its context_window from the config file's [models] table) and "
+        "--accept-changes (another model needs consent: docs/versions.md); the run "
         "keeps the output_cap, keep_recent_outputs and compact_at it started with"
     )

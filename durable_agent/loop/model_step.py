@@ -17,8 +17,9 @@ from msgspec.structs import replace
 from durable_agent import live
 from durable_agent.context.budget import calibrate
 from durable_agent.errors import LeaseLost, LoopExit, StoreError
-from durable_agent.loop import compaction, guard, stored_once
+from durable_agent.loop import compaction, costs, guard, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.rate_limit import limited
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
@@ -144,7 +145,10 @@ def _model_step(ctx: StepContext) -> None:
         try:
             with _stoppable(ctx), _live(ctx, step.seq, turn):
                 answer, attempts = call_with_retries(
-                    lambda: ctx.model.complete(sent, ctx.schemas, turn),
+                    # each try waits for the model's rate limits first (docs/fleets.md)
+                    lambda: limited(
+                        ctx, lambda: ctx.model.complete(sent, ctx.schemas, turn), counted
+                    ),
                     ctx.retry_policy or RetryPolicy(),
                     sleep=_backoff(ctx),
                     on_attempt=on_attempt,
@@ -207,6 +211,7 @@ def _answered(
     s.step_count += 1
     s.prompt_tokens += usage.prompt_tokens
     s.completion_tokens += usage.completion_tokens
+    cost = costs.pay(ctx, ctx.model.name, usage)
     for m in lead:
         s.append(m)
     message_seq = s.append(message)
@@ -236,10 +241,18 @@ def _answered(
         output,
         messages=written,
         tokens=(usage.prompt_tokens, usage.completion_tokens),
+        cached_tokens=usage.cached_tokens,
+        cost=cost,
         estimated=usage.estimated,
         attempts=attempts,
         detail=_summary(message, nudge),
         result=(message, nudge),
+        facts={
+            "response_model": turn_out.model,
+            "finish_reason": turn_out.finish_reason,
+            "input": sent,
+            "output": message,
+        },
     )
 
 
@@ -332,8 +345,11 @@ def _check_budgets(ctx: StepContext) -> None:
         s.prompt_tokens - w.prompt_tokens,
         s.completion_tokens - w.completion_tokens,
     )
-    price = ctx.settings.prices.get(ctx.settings.model or "")
-    spent = price.cost(prompt, completion) if price else None
+    # The steps' costs, each at its own model's price (since the turn began).
+    spent = None if s.cost is None else s.cost - w.cost
+    if spent is None:  # none priced yet (or a run recorded before steps kept their cost)
+        price = ctx.settings.price(ctx.settings.model)
+        spent = price.cost(prompt, completion) if price else None
     stop = guard.before_model_call(
         ctx.limits,
         steps=s.step_count - w.model_calls,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from msgspec import Struct
 
+from durable_agent.loop.notify_events import event_rows
 from durable_agent.loop.step_context import StepContext
 from durable_agent.status import STATUS_FOR_REASON, RunStatus, StopReason
 
@@ -37,5 +38,6 @@ def finish(
         answer=answer,
         error=error,
         counters=ctx.counters(),
+        notifications=event_rows(ctx, status.value, reason.value, answer, error),
     )
     return Outcome(ctx.state.run_id, status, reason.value, answer, error)

@@ -29,6 +29,8 @@ class RunState(Struct):
     prompt_tokens: int
     completion_tokens: int
     active_ms: int
+    cached_tokens: int = 0  # of prompt_tokens, served from the provider's cache
+    cost: float | None = None  # the paid steps' costs summed; None while none was priced
     last_fingerprint: str | None = None
     repeat_streak: int = 0
     used_call_ids: set[str] = field(default_factory=set)
@@ -162,6 +164,7 @@ def rebuild(
     compactions: Sequence[Any] = (),
     last_model_output: StepOutput | None = None,
     window: Window | None = None,
+    paid: tuple[int, float | None] = (0, None),
 ) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
@@ -176,6 +179,8 @@ def rebuild(
         completion_tokens=model_tokens[1],
         active_ms=active_ms,
         window=window or Window(),
+        cached_tokens=paid[0],
+        cost=paid[1],
     )
     answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
     for i, m in enumerate(messages):

@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from msgspec.structs import force_setattr
+
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard, hooks, turns, versions
+from durable_agent.loop import finish_gate, guard, hooks, telemetry, turns, versions
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -24,11 +26,12 @@ from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
 from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
+from durable_agent.loop.workspace_setup import setup_workspace
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.status import StopReason
+from durable_agent.status import RunStatus, StopReason
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
 from durable_agent.store.runs import Store
@@ -66,9 +69,15 @@ class Runner:
         self.release = threading.Event()
         # What this session may go on with when the run's fingerprint changed (loop/versions.py).
         self.versions = versions.VersionPolicy()
+        self._takeover = False  # this session took over a run whose process died
 
     def create(
-        self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
+        self,
+        task: str,
+        run_id: str | None = None,
+        *,
+        lease_owner: str | None = None,
+        queue: Mapping[str, Any] | None = None,
     ) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
         is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
@@ -87,7 +96,12 @@ class Runner:
             settings=self.settings.redacted_dict(),
             first_messages=first,
             lease=lease,
-            tree_start=recorder.at_creation(
+            queue=queue,  # batch_id, priority, queue_key (docs/fleets.md)
+            # A batch task's workspace is an empty placeholder until its first step makes it
+            # (loop/workspace_setup.py): its first snapshot is taken after that, not now.
+            tree_start=None
+            if self.settings.workspace_repo
+            else recorder.at_creation(
                 self.settings, self.store.engine, self.store_policy, redactor=self.redactor
             ),
             version_key=versions.version_key(),
@@ -100,13 +114,17 @@ class Runner:
         *,
         lease: tuple[str, int] | None = None,
         turn: tuple[str, str] | None = None,
+        takeover: bool = False,
     ) -> Outcome:
         """Take the lease (or use the one a worker took) and drive the run until it stops.
         `turn`: (message, how the run stood before this session took it): `continue` first
-        records the person's message as a new turn (loop/turns.py)."""
+        records the person's message as a new turn (loop/turns.py). `takeover`: the run was
+        `running` when its lease was taken (its process died)."""
         if lease is None:
             owner = leases.new_owner()
-            lease = (owner, self.store.acquire_lease(run_id, owner, self.settings.lease_seconds))
+            epoch, stood = self.store.take_over(run_id, owner, self.settings.lease_seconds)
+            lease, takeover = (owner, epoch), stood[0] == RunStatus.RUNNING
+        self._takeover = takeover
         journal = Journal(
             self.store.engine,
             run_id,
@@ -183,6 +201,7 @@ class Runner:
             compactions=loaded.compactions,
             last_model_output=loaded.last_model_output,
             window=turns.window_of(loaded.user_turns),
+            paid=(loaded.model_cached, loaded.model_cost),
         )
         state.session = loaded.run.resume_count
         limits = guard.Limits(
@@ -240,6 +259,30 @@ class Runner:
         if self.versions.pin:
             self._pin_tools(journal)
         ctx = self.context(journal, start, beat)
+        if not telemetry.wanted(self.settings, self.env):
+            return self._steps(journal, beat, ctx, start, turn)
+        try:
+            session = telemetry.Session(ctx, takeover=self._takeover)
+        except telemetry.Unavailable as exc:  # the extra missing: the run goes on untraced
+            ctx.observer.note(str(exc))
+            return self._steps(journal, beat, ctx, start, turn)
+        force_setattr(ctx, "observer", telemetry.TracingObserver(ctx.observer, session))
+        try:
+            outcome = self._steps(journal, beat, ctx, start, turn)
+        except BaseException as exc:
+            session.end(None, exc)
+            raise
+        session.end(outcome.status.value)
+        return outcome
+
+    def _steps(
+        self,
+        journal: Journal,
+        beat: Heartbeat,
+        ctx: StepContext,
+        start: float,
+        turn: tuple[str, str] | None,
+    ) -> Outcome:
         self.observer.run_started(
             ctx.state.run_id,
             resumed=(ctx.resumed or ctx.state.step_count > 0) and turn is None,
@@ -249,6 +292,8 @@ class Runner:
             if turn is None:
                 # Before anything of the session runs: what changed since the checkpoint.
                 versions.check(ctx, self.version_fingerprint(ctx), self.versions)
+            if setup_workspace(ctx):  # a batch task's workspace, made once (docs/fleets.md)
+                ctx = self.context(journal, start, beat)  # the folder the step renamed in
             stop_leftover_processes(ctx)
             if turn is not None:
                 resume.rebuild_if_missing(ctx)  # the message step records the files: not none
@@ -256,7 +301,9 @@ class Runner:
                 self.record_version(ctx, "continue")
                 turns.open_turn(ctx, turn[0], stood=turn[1])
                 # From the rows, as a resume would: the new turn's window, its stale steps gone.
+                observer = ctx.observer  # (traced: the session's span goes on)
                 ctx = self.context(journal, start, beat)
+                force_setattr(ctx, "observer", observer)
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             # Project memory: read on a new run, the recorded text after; a new turn
             # (`continue`) reads the files again.

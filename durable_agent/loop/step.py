@@ -100,6 +100,8 @@ class StepOutcome(Struct):
     error: str | None = None
     messages: Sequence[Message] = ()
     tokens: tuple[int, int] | None = None  # prompt, completion: paid for by this step
+    cached_tokens: int | None = None  # of the prompt, served from the provider's cache
+    cost: float | None = None  # what the tokens cost at the model's price (None: no price)
     estimated: bool = False  # the tokens are the harness's estimate
     attempts: int | None = None  # all attempts so far, when the step retried inside
     use_approval: int | None = None  # a decided approval this outcome acts on (marked used)
@@ -109,6 +111,7 @@ class StepOutcome(Struct):
     # More rows for the outcome's own commit (a `version` step's run_versions row): the
     # step and what it stands for land together or not at all.
     statements: Sequence[Any] = ()
+    facts: dict[str, Any] | None = None  # for the step's span: its answer's model, its content
 
 
 class EndThenRaise(Exception):
@@ -210,6 +213,8 @@ class StepCall:
                 use_approval=outcome.use_approval,
                 workspace=ws,
                 extra=outcome.statements,
+                cached_tokens=outcome.cached_tokens,
+                cost=outcome.cost,
             )
         else:
             step.fail(
@@ -236,13 +241,28 @@ class StepCall:
                 completion_tokens=tokens[1] if tokens else None,
                 estimated=outcome.estimated,
                 error=outcome.error,
+                cached_tokens=outcome.cached_tokens,
+                cost=outcome.cost,
+                facts=outcome.facts,
             )
         return outcome
 
     def _event(self, state: str, **fields: Any) -> None:
         spec = self.spec
+        if fields.get("facts") is None and spec.tool_name:
+            fields["facts"] = {"input": spec.input}  # a tool's arguments (content, for spans)
         self.ctx.observer.step(
-            StepEvent(self.step.seq, spec.turn, spec.kind.value, spec.label, state=state, **fields)
+            StepEvent(
+                self.step.seq,
+                spec.turn,
+                spec.kind.value,
+                spec.label,
+                state=state,
+                key=spec.key,
+                call_id=spec.call_id,
+                resumed=self.step.prior is not None,
+                **fields,
+            )
         )
 
 

@@ -98,6 +98,8 @@ class StepContext(Struct, frozen=True, weakref=True):
             s.completion_tokens,
             len(s.messages),
             self.active_ms(),
+            s.cached_tokens,
+            s.cost,
         )
 
 

@@ -134,6 +134,7 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
             completion_tokens=s.completion_tokens,
             active_ms=ctx.active_ms(),
             messages=start,
+            cost=s.cost or 0.0,
         )
         s.window = window
         out = UserMessageOutput(window=window, message_seq=seq, closed_calls=closed or UNSET)

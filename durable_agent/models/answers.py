@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from durable_agent.messages import ModelTurn, ToolCall, Usage, canonical_json
 from durable_agent.models.failures import Failure, FailureKind, ProviderError, failure_for_status
+from durable_agent.models.usage import cached_prompt_tokens
 
 __all__ = ["completion_turn", "parse_completion", "reasoning_of"]
 
@@ -107,6 +108,7 @@ def completion_turn(data: Any, text: str, scrub: Scrub) -> ModelTurn:
         tool_calls=calls,
         usage=_usage(data.get("usage")),
         raw=raw,
+        model=scrub(data["model"][:200]) if isinstance(data.get("model"), str) else None,
         finish_reason=scrub(finish)
         if isinstance(finish, str) and _WORD.fullmatch(finish)
         else None,
@@ -265,7 +267,8 @@ def _usage(usage: Any) -> Usage:
     # step's row cannot hold): estimated, so the answer is still recorded once.
     if prompt is None or completion is None or prompt == completion == 0:
         return Usage(reported=False)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion)
+    cached = cached_prompt_tokens(usage, prompt)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 
 
 def _snippet(text: str, scrub: Scrub) -> str:

@@ -10,6 +10,9 @@ only when one of these variables is set (the demo's crashing child sets the firs
     DURABLE_AGENT_STOP_AFTER=N         SIGSTOP this process at the N-th checkpoint boundary (a
                                        frozen owner: an odd N freezes it inside the checkpoint's
                                        transaction, its locks held)
+    DURABLE_AGENT_NOTIFY_CRASH=POINT   SIGKILL this process when its notification deliverer
+                                       has claimed a row (`claimed`) or the target accepted
+                                       it, not yet marked delivered (`posted`)
     DURABLE_AGENT_FAULT_AT=N           at the N-th statement the run's thread executes:
     DURABLE_AGENT_FAULT=KIND             terminate   PostgreSQL: kill this connection's server
                                                      backend (pg_terminate_backend) right after
@@ -51,6 +54,9 @@ def install(env: Mapping[str, str]) -> None:
     stop = env.get("DURABLE_AGENT_STOP_AFTER", "")
     if stop.isdigit():
         _signal_after(int(stop), signal.SIGSTOP)
+    notify = env.get("DURABLE_AGENT_NOTIFY_CRASH", "")
+    if notify in ("claimed", "posted"):
+        _crash_at_notify(notify)
     at = env.get("DURABLE_AGENT_FAULT_AT", "")
     if at.isdigit():
         kind = env.get("DURABLE_AGENT_FAULT", "terminate")
@@ -74,6 +80,18 @@ def _signal_after(n: int, signum: int) -> None:
             os.kill(os.getpid(), signum)
 
     BOUNDARY_HOOKS.append(boundary)
+
+
+def _crash_at_notify(point: str) -> None:
+    """SIGKILL when the deliverer reaches `point`: "claimed" (nothing sent) or "posted"
+    (the target has it, not yet marked delivered)."""
+    from durable_agent.store.outbox import NOTIFY_HOOKS
+
+    def hook(where: str) -> None:
+        if where == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    NOTIFY_HOOKS.append(hook)
 
 
 def _statement_fault(at: int, kind: str, repeat: int, log: str | None) -> None:

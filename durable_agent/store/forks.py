@@ -103,6 +103,8 @@ def fork_run(
                         "tool_call_count": sum(1 for m in kept if m["role"] == "tool"),
                         "prompt_tokens": sum(s["prompt_tokens"] or 0 for s in models),
                         "completion_tokens": sum(s["completion_tokens"] or 0 for s in models),
+                        "cached_tokens": sum(s["cached_tokens"] or 0 for s in models),
+                        "cost": _cost_sum(models),
                         "lease_epoch": 0,
                         "cancel_requested": False,
                         "settings": settings,
@@ -120,3 +122,9 @@ def fork_run(
         conn.execute(insert(messages), kept)
         if change_rows:
             conn.execute(insert(workspace_changes), change_rows)
+
+
+def _cost_sum(models: list[Any]) -> float | None:
+    """The kept model steps' costs summed (None: none was priced), as a run's own are."""
+    costs = [s["cost"] for s in models if s["cost"] is not None]
+    return sum(costs) if costs else None

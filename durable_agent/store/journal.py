@@ -37,7 +37,7 @@ from sqlalchemy.sql import Executable
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
 from durable_agent.status import RunStatus, StepKind
-from durable_agent.store import prepared, retrying
+from durable_agent.store import outbox, prepared, retrying
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
@@ -127,6 +127,8 @@ class Loaded(Struct, frozen=True):
     # The run's `user_message` steps (`continue`), by seq, whatever their state: the latest
     # completed one opened the current turn (its window, where its stale steps end).
     user_turns: list[StepRecord] = []
+    model_cached: int = 0  # cached prompt tokens, summed like model_tokens
+    model_cost: float | None = None  # the steps' costs summed (None: no step was priced)
 
 
 class Journal:
@@ -430,11 +432,14 @@ class Journal:
                     )
                 )
             ]
-            max_seq, prompt, completion = conn.execute(
+            paid = steps.c.kind.in_(_PAID_KINDS)
+            max_seq, prompt, completion, cached, cost = conn.execute(
                 select(
                     func.max(steps.c.seq),
-                    func.sum(steps.c.prompt_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
-                    func.sum(steps.c.completion_tokens).filter(steps.c.kind.in_(_PAID_KINDS)),
+                    func.sum(steps.c.prompt_tokens).filter(paid),
+                    func.sum(steps.c.completion_tokens).filter(paid),
+                    func.sum(steps.c.cached_tokens).filter(paid),
+                    func.sum(steps.c.cost).filter(paid),
                 ).where(steps.c.run_id == self.run_id)
             ).one()
             done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
@@ -472,6 +477,8 @@ class Journal:
                 compactions=compactions,
                 last_model_output=decode_output(StepKind.MODEL, last_model),
                 user_turns=user_turns,
+                model_cached=int(cached or 0),
+                model_cost=None if cost is None else float(cost),
             )
 
         loaded: Loaded = self._read(query)
@@ -517,6 +524,63 @@ class Journal:
             approvals.c.run_id == self.run_id, approvals.c.decision.is_(None)
         )
         return bool(self._read(lambda conn: conn.execute(query.limit(1)).first()))
+
+    # -- the run's trace (loop/telemetry.py) ------------------------------------------------
+    def trace_id(self, candidate: str) -> str:
+        """The run's trace id: the recorded one, else `candidate`, recorded now (fenced)."""
+        found = self._read(
+            lambda c: c.execute(select(runs.c.trace_id).where(runs.c.id == self.run_id)).scalar()
+        )
+        if found:
+            return str(found)
+        self.commit(
+            [
+                (
+                    update(runs)
+                    .where(runs.c.id == self.run_id, runs.c.trace_id.is_(None))
+                    .values(trace_id=candidate),
+                    {},
+                )
+            ]
+        )
+        return candidate
+
+    def sessions(self) -> dict[int, tuple[datetime, datetime]]:
+        """Per lease epoch that wrote steps: (its first step's start, its last step's end or
+        start): what a later session knows of one that died."""
+        query = (
+            select(
+                steps.c.lease_epoch,
+                func.min(steps.c.started_at),
+                func.max(func.coalesce(steps.c.finished_at, steps.c.started_at)),
+            )
+            .where(steps.c.run_id == self.run_id, steps.c.lease_epoch.is_not(None))
+            .group_by(steps.c.lease_epoch)
+        )
+        rows = self._read(lambda c: c.execute(query).all())
+        return {int(r[0]): (r[1], r[2]) for r in rows}
+
+    def decided_unused(self) -> list[ApprovalRecord]:
+        """Answers this session is about to act on (their wait is over)."""
+        query = (
+            select(approvals)
+            .where(
+                approvals.c.run_id == self.run_id,
+                approvals.c.decision.is_not(None),
+                approvals.c.used_at.is_(None),
+            )
+            .order_by(approvals.c.id)
+        )
+        return [ApprovalRecord.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
+
+    def pending_approvals(self) -> list[ApprovalRecord]:
+        """The run's questions still waiting for a decision, oldest first."""
+        query = (
+            select(approvals)
+            .where(approvals.c.run_id == self.run_id, approvals.c.decision.is_(None))
+            .order_by(approvals.c.id)
+        )
+        return [ApprovalRecord.from_row(r) for r in self._read(lambda c: c.execute(query).all())]
 
     def approval_for(
         self, call_id: str, kind: str, *, used_too: bool = False
@@ -605,12 +669,15 @@ class Journal:
         answer: str | None,
         error: str | None,
         counters: Counters,
+        notifications: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """The run's end: status, reason, answer; the lease is released in the same write."""
+        """The run's end: status, reason, answer; the lease is released in the same write,
+        and the notifications of the end are queued in it (the outbox: store/outbox.py)."""
         answer, error = storable((answer, error))
         now = utcnow()
         self.commit(
             [
+                *outbox.insert_statements(notifications),
                 (
                     update(runs)
                     .where(runs.c.id == self.run_id)
@@ -624,7 +691,7 @@ class Journal:
                         lease_expires_at=None,
                     ),
                     {},
-                )
+                ),
             ],
             counters=counters,
         )

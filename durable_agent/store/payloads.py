@@ -54,6 +54,7 @@ class CallRecord(_Payload, frozen=True):
 class UsageRecord(_Payload, frozen=True):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | UnsetType = UNSET  # of prompt_tokens, from the provider's cache
     estimated: bool | UnsetType = UNSET  # true: the harness's count, none was reported
 
 
@@ -178,6 +179,7 @@ class Window(_Payload, frozen=True):
     completion_tokens: int = 0
     active_ms: int = 0
     messages: int = 0  # the history's length before the turn's first message
+    cost: float = 0.0  # the steps' priced cost so far
 
 
 class UserMessageOutput(_Payload, frozen=True):

@@ -13,6 +13,15 @@ every Journal write checks (`lease_owner`, `lease_epoch`).
 On SQLite the same code runs: `FOR UPDATE SKIP LOCKED` is dropped by SQLAlchemy, and the
 write transaction (`BEGIN IMMEDIATE`) already serializes every claimer.
 
+Queue controls (0010, docs/fleets.md): pending runs go by `priority` (higher first), then
+age; orphans still come before every pending run. A run with a `queue_key` is claimed only
+while fewer than the key's limit (queue_keys.max_running, else 1) of its key hold live
+leases, and a batch's run only while fewer than the batch's `max_parallel` do. The count
+and the take happen in one transaction that holds the key's (the batch's) advisory lock
+on PostgreSQL (tried, never waited for: a claimer that cannot have it skips the run, as
+SKIP LOCKED skips a row), and BEGIN IMMEDIATE on SQLite, so two workers cannot both take
+the last slot.
+
 Lease times use the workers' clocks (naive UTC, like the Journal's fence): keep the
 machines' clocks in sync (NTP) and `lease_seconds` well above their skew.
 """
@@ -45,6 +54,10 @@ MAX_CANDIDATES = 16
 
 CLAIMABLE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 
+# Namespaces of the advisory locks (two-int form) of a queue key and of a batch's slots.
+QUEUE_KEY_LOCK = 727_276
+BATCH_LOCK = 727_277
+
 _CANDIDATE_COLUMNS = (
     runs.c.id,
     runs.c.status,
@@ -52,6 +65,8 @@ _CANDIDATE_COLUMNS = (
     runs.c.settings,
     runs.c.lease_owner,
     runs.c.lease_epoch,
+    runs.c.batch_id,  # 0010: queue controls
+    runs.c.queue_key,
 )
 
 
@@ -65,6 +80,7 @@ class Claim(Struct, frozen=True):
     settings: dict[str, Any]
     takeover: bool  # it was `running`: a lease that expired or was dropped, not a queued run
     previous_owner: str | None
+    batch_id: str | None = None  # 0010: the batch it is a task of
 
 
 class Rejected(Struct, frozen=True):
@@ -126,16 +142,19 @@ class Queue:
         max_running: int | None = None,
         exclude: Collection[str] = (),
         accept: Callable[[str], bool] = lambda _workspace: True,
+        batch: str | None = None,
     ) -> ClaimResult:
         """Take the lease of the oldest orphan (running, its owner gone or its lease
         expired), else of the oldest pending run, that `accept`s its workspace.
 
         `exclude`: run ids this worker already turned down. `accept` is called inside the
         transaction, with the candidate row locked: keep it cheap (a stat of a path).
+        `batch`: only that batch's runs (`batch submit --run`, 0010).
         Database faults come out as StoreError / StoreUnavailable (retried briefly first).
         """
         return retrying.run(
-            lambda: self._claim(owner, lease_seconds, max_running, exclude, accept), self.policy
+            lambda: self._claim(owner, lease_seconds, max_running, exclude, accept, batch),
+            self.policy,
         )
 
     def _claim(
@@ -145,13 +164,15 @@ class Queue:
         max_running: int | None,
         exclude: Collection[str],
         accept: Callable[[str], bool],
+        batch: str | None = None,
     ) -> ClaimResult:
         now = utcnow()
         skipped = set(exclude)
         rejected: list[Rejected] = []
+        controls = _Controls(batch)  # 0010: concurrency keys, max_parallel, one batch only
         with self.engine.begin() as conn:
             live = self._live_leases(conn, now) if max_running is not None else 0
-            orphans = self._orphans(conn, now, self._mine)
+            orphans = self._orphans(conn, now, self._mine, batch)
             # A dead owner's lease is counted live until it expires, yet taking it over adds
             # no running run: only a claim that adds one waits for a free slot.
             full = max_running is not None and live - sum(o.dead for o in orphans) >= max_running
@@ -178,6 +199,9 @@ class Queue:
                     skipped.add(held.id)
                     rejected.append(Rejected(held.id, held.workspace))
                     continue
+                if controls.full(conn, held, now):  # its key or batch has no free slot
+                    skipped.add(held.id)
+                    continue
                 return ClaimResult(
                     claim=self._take(conn, held, owner, lease_seconds, now), rejected=rejected
                 )
@@ -187,19 +211,24 @@ class Queue:
                 query = (
                     select(*_CANDIDATE_COLUMNS)
                     .where(claimable(now), runs.c.status == RunStatus.PENDING.value)
-                    .order_by(runs.c.created_at, runs.c.id)
+                    # 0010 queue controls: higher priority first, FIFO within a priority.
+                    .order_by(runs.c.priority.desc(), runs.c.created_at, runs.c.id)
                     .limit(1)
                     .with_for_update(skip_locked=True)
                 )
                 query = self._mine(query)  # (versions)
                 if skipped:
                     query = query.where(runs.c.id.not_in(skipped))
+                query = controls.not_blocked(query)  # 0010: keys and batches found full
                 row = conn.execute(query).first()
                 if row is None:
                     break
                 if not accept(row.workspace):
                     skipped.add(row.id)
                     rejected.append(Rejected(row.id, row.workspace))
+                    continue
+                if controls.full(conn, row, now):  # 0010: no slot for its key or batch
+                    skipped.add(row.id)
                     continue
                 return ClaimResult(
                     claim=self._take(conn, row, owner, lease_seconds, now), rejected=rejected
@@ -208,7 +237,10 @@ class Queue:
 
     @staticmethod
     def _orphans(
-        conn: Connection, now: datetime, mine: Callable[[Any], Any] = lambda q: q
+        conn: Connection,
+        now: datetime,
+        mine: Callable[[Any], Any] = lambda q: q,
+        batch: str | None = None,
     ) -> list[_Orphan]:
         """Running runs nobody executes, oldest first: a lease expired or dropped, or held by
         a process of this host that is gone (proved at once, as `resume` does, instead of
@@ -225,7 +257,8 @@ class Queue:
                     runs.c.lease_owner.startswith(host, autoescape=True),
                 ),
             )
-            .order_by(runs.c.created_at, runs.c.id)
+            .where(*([runs.c.batch_id == batch] if batch is not None else []))  # 0010
+            .order_by(runs.c.priority.desc(), runs.c.created_at, runs.c.id)
         ).all()
         found = []
         for row in rows:
@@ -259,6 +292,7 @@ class Queue:
             settings=dict(row.settings or {}),
             takeover=row.status == RunStatus.RUNNING,
             previous_owner=row.lease_owner,
+            batch_id=row.batch_id,
         )
 
     def _live_leases(self, conn: Connection, now: datetime) -> int:
@@ -304,3 +338,97 @@ class Queue:
                 )
             )
             return res.rowcount == 1
+
+
+# -- 0010: queue controls (concurrency keys, batches' max_parallel) ------------------------
+class _Controls:
+    """The limits one claim checks, and the keys and batches it found full (skipped for the
+    rest of the claim: the candidate query leaves their runs out)."""
+
+    def __init__(self, batch: str | None = None) -> None:
+        self.batch = batch  # claim only this batch's runs
+        self.full_keys: set[str] = set()
+        self.full_batches: set[str] = set()
+
+    def not_blocked(self, query: Any) -> Any:
+        if self.batch is not None:
+            query = query.where(runs.c.batch_id == self.batch)
+        if self.full_keys:
+            query = query.where(
+                or_(runs.c.queue_key.is_(None), runs.c.queue_key.not_in(self.full_keys))
+            )
+        if self.full_batches:
+            query = query.where(
+                or_(runs.c.batch_id.is_(None), runs.c.batch_id.not_in(self.full_batches))
+            )
+        return query
+
+    def full(self, conn: Connection, row: Any, now: datetime) -> bool:
+        """Would taking `row` (locked) put its key or its batch over the limit?"""
+        if row.queue_key is not None:
+            if not _slot_lock(conn, QUEUE_KEY_LOCK, row.queue_key):
+                return True  # another claim is counting this key right now: skip it
+            limit = key_limit(conn, row.queue_key)
+            if _live(conn, now, runs.c.queue_key == row.queue_key, row.id) >= limit:
+                self.full_keys.add(row.queue_key)
+                return True
+        if row.batch_id is not None:
+            cap = batch_limit(conn, row.batch_id)
+            if cap is not None:
+                if not _slot_lock(conn, BATCH_LOCK, row.batch_id):
+                    return True
+                if _live(conn, now, runs.c.batch_id == row.batch_id, row.id) >= cap:
+                    self.full_batches.add(row.batch_id)
+                    return True
+        return False
+
+
+def _slot_lock(conn: Connection, namespace: int, name: str) -> bool:
+    """PostgreSQL: the transaction's advisory lock on (namespace, name), if free. Tried, not
+    waited for, so two claims locking two keys in opposite orders cannot deadlock. SQLite:
+    the write transaction already serializes every claim."""
+    if conn.dialect.name != "postgresql":
+        return True
+    return bool(
+        conn.execute(
+            text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:name))"),
+            {"ns": namespace, "name": name},
+        ).scalar_one()
+    )
+
+
+def _live(conn: Connection, now: datetime, where: Any, other_than: str) -> int:
+    """Runs matching `where` under a live lease, the candidate itself left out (an orphan
+    whose dead owner's lease has not expired yet is still counted: taking it adds none)."""
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(runs)
+            .where(
+                where,
+                runs.c.id != other_than,
+                runs.c.status == RunStatus.RUNNING.value,
+                runs.c.lease_owner.is_not(None),
+                runs.c.lease_expires_at > now,
+            )
+        ).scalar_one()
+    )
+
+
+def key_limit(conn: Connection, key: str) -> int:
+    """A key's limit: its queue_keys row, else 1 (one run at a time per key)."""
+    from durable_agent.store.schema import queue_keys
+
+    found = conn.execute(
+        select(queue_keys.c.max_running).where(queue_keys.c.key == key)
+    ).scalar_one_or_none()
+    return 1 if found is None else int(found)
+
+
+def batch_limit(conn: Connection, batch_id: str) -> int | None:
+    from durable_agent.store.schema import batches
+
+    found = conn.execute(
+        select(batches.c.max_parallel).where(batches.c.id == batch_id)
+    ).scalar_one_or_none()
+    return None if found is None else int(found)

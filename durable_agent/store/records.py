@@ -80,6 +80,12 @@ class RunRecord(_Record, frozen=True):
     fork_seq: int | None = None
     tree_start: str | None = None  # 0006: workspace snapshot at creation
     version_key: str | None = None  # 0009: what a worker must share to claim it
+    batch_id: str | None = None  # 0010: fleets (docs/fleets.md)
+    priority: int = 0
+    queue_key: str | None = None
+    cached_tokens: int | None = None  # 0011: costs and the run's trace
+    cost: float | None = None
+    trace_id: str | None = None
 
 
 class StepRecord(_Record, frozen=True, dict=True):
@@ -109,6 +115,8 @@ class StepRecord(_Record, frozen=True, dict=True):
     lease_epoch: int | None
     tree_before: str | None = None  # 0006: workspace snapshots (workspace/)
     tree_id: str | None = None
+    cached_tokens: int | None = None  # 0011: of prompt_tokens, from the provider's cache
+    cost: float | None = None
 
     @cached_property
     def typed_input(self) -> StepInput:

@@ -8,7 +8,7 @@ package's `StoreUnavailable` / `StoreError`, never as a driver exception."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -96,10 +96,12 @@ class Store:
         lease: tuple[str, float] | None = None,
         tree_start: str | None = None,
         version_key: str | None = None,
+        queue: Mapping[str, Any] | None = None,
     ) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
-        foreground `start` is about to execute."""
+        foreground `start` is about to execute. `queue`: its batch_id, priority, queue_key
+        (0010), set in the same transaction so no claim sees the run without them."""
         task, workspace, model, settings = storable((task, workspace, model, settings))
         now = utcnow()
         leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
@@ -131,6 +133,7 @@ class Store:
                     tree_start=tree_start,
                     version_key=version_key,
                     **leased,
+                    **{k: v for k, v in (queue or {}).items() if v is not None},
                 )
             )
             conn.execute(
@@ -311,6 +314,26 @@ class Store:
                 .order_by(approvals.c.id.desc())
             ).first()
         return None if row is None else ApprovalRecord.from_row(row)
+
+    @_retried
+    def decide_once(self, run_id: str, approval_id: int, *, approved: bool, by: str) -> bool:
+        """Decide the run's approval if nobody has (False: it was answered already): a
+        one-time link used twice at once decides it once."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(approvals)
+                .where(
+                    approvals.c.id == approval_id,
+                    approvals.c.run_id == run_id,
+                    approvals.c.decision.is_(None),
+                )
+                .values(
+                    decision=(Decision.APPROVED if approved else Decision.DENIED).value,
+                    decided_by=storable(by),
+                    decided_at=utcnow(),
+                )
+            )
+            return bool(done.rowcount == 1)
 
     @_retried
     def decide_approval(

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -90,6 +91,12 @@ runs = Table(
     Column("fork_seq", Integer),  # 0006: ... after its step with this seq
     Column("tree_start", String(64)),  # 0006: the workspace snapshot taken when the run was created
     Column("version_key", String(64)),  # 0009: what must match for a worker to claim it
+    Column("batch_id", String(64)),  # 0010: the batch this run is a task of
+    Column("priority", Integer, nullable=False, default=0),  # 0010: higher is claimed first
+    Column("queue_key", String(200)),  # 0010: concurrency key (queue_keys.max_running, else 1)
+    Column("cached_tokens", BigInteger),  # 0011: prompt tokens the provider served from its cache
+    Column("cost", Float),  # 0011: the sum of the steps' costs (NULL: no price for the model)
+    Column("trace_id", String(32)),  # 0011: the run's one OpenTelemetry trace (hex)
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index
 # ix_runs_claimable (created_at, id) WHERE status IN ('pending', 'running'), which is left
@@ -125,6 +132,8 @@ steps = Table(
     Column("lease_epoch", Integer),  # the epoch that wrote the intent
     Column("tree_before", String(64)),  # 0006: workspace snapshot when the step started
     Column("tree_id", String(64)),  # 0006: workspace snapshot after the step (effect steps)
+    Column("cached_tokens", Integer),  # 0011: of prompt_tokens, served from the provider's cache
+    Column("cost", Float),  # 0011: at the price table's price when the step was paid
     UniqueConstraint("run_id", "seq", name="uq_steps_run_seq"),
     UniqueConstraint("run_id", "idempotency_key", name="uq_steps_run_key"),
 )
@@ -211,3 +220,119 @@ run_versions = Table(
     Column("recorded_at", DateTime, nullable=False),
 )
 Index("ix_run_versions_run", run_versions.c.run_id, run_versions.c.id)
+# 0011: the outbox of notifications ([[notify]]): one row per event and target, inserted in
+# the transaction that changes the run's status; a deliverer sends it and marks it.
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("idempotency_key", String(200), nullable=False),  # sent as Idempotency-Key
+    Column("run_id", String(64)),  # NULL for `notify test`
+    Column("event", String(32), nullable=False),
+    Column("target", Text, nullable=False),  # the url, or the command (JSON argv)
+    Column("payload", json_type(), nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("claimed_until", DateTime),  # a deliverer is sending it until then
+    Column("delivered_at", DateTime),
+    Column("last_error", Text),
+    UniqueConstraint("idempotency_key", name="uq_notifications_key"),
+)
+Index("ix_notifications_delivered", notifications.c.delivered_at, notifications.c.id)
+
+# 0011: where the web view is reached from outside (`ui --public-url`) and the key that signs
+# the approve/deny links of `blocked` notifications: one row (id 1), shared through the store
+# by the view that checks the links and the processes that write them.
+web_links = Table(
+    "web_links",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("public_url", Text),
+    Column("secret", String(64), nullable=False),  # hex; as secret as the store itself
+    Column("updated_at", DateTime, nullable=False),
+)
+
+# 0010: fleets (docs/fleets.md). ix_runs_claim_order (priority, created_at, id) over the
+# claimable runs is left out here like ix_runs_claimable (its dialect options).
+Index("ix_runs_batch", runs.c.batch_id)
+
+queue_keys = Table(
+    "queue_keys",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("max_running", Integer, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("status", String(20), nullable=False),  # active | cancelled | finished
+    Column("max_parallel", Integer),
+    Column("workdir", Text, nullable=False),
+    Column("created_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+    Column("finished_at", DateTime),
+)
+
+batch_tasks = Table(
+    "batch_tasks",
+    metadata,
+    Column("batch_id", String(64), ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True),
+    Column("task_id", String(200), primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("spec", json_type()),
+    Column("created_at", DateTime, nullable=False),
+)
+
+rate_limits = Table(
+    "rate_limits",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("updated_at", DateTime, nullable=False),
+)
+
+rate_events = Table(
+    "rate_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(200), nullable=False),
+    Column("at", DateTime, nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("run_id", String(64)),
+)
+Index("ix_rate_events_key_at", rate_events.c.key, rate_events.c.at)
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("cron", String(200), nullable=False),
+    Column("tz", String(100), nullable=False),
+    Column("task", Text, nullable=False),
+    Column("settings", json_type()),
+    Column("catch_up", String(8), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("next_tick", DateTime, nullable=False),
+    Column("last_tick", DateTime),
+    Column("last_run_id", String(64)),
+    Column("created_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+)
+
+schedule_ticks = Table(
+    "schedule_ticks",
+    metadata,
+    Column(
+        "schedule",
+        String(200),
+        ForeignKey("schedules.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("tick", DateTime, primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("created_at", DateTime, nullable=False),
+)

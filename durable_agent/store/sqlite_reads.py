@@ -64,6 +64,13 @@ COLUMNS = {
         "forked_from",
         "fork_seq",
         "tree_start",
+        "version_key",
+        "batch_id",
+        "priority",
+        "queue_key",
+        "cached_tokens",
+        "cost",
+        "trace_id",
     ),
     "steps": (
         "id",
@@ -89,6 +96,8 @@ COLUMNS = {
         "lease_epoch",
         "tree_before",
         "tree_id",
+        "cached_tokens",
+        "cost",
     ),
     "approvals": (
         "id",

@@ -32,6 +32,8 @@ COUNTERS = (
     "completion_tokens",
     "message_count",
     "active_ms",
+    "cached_tokens",
+    "cost",
 )
 UPDATE_STEP = Prepared(
     update(steps).where(steps.c.run_id == bindparam("b_run"), steps.c.seq == bindparam("b_seq"))
@@ -52,8 +54,10 @@ class Counters(Struct, frozen=True):
     completion_tokens: int
     message_count: int
     active_ms: int
+    cached_tokens: int = 0  # 0011: of prompt_tokens, from the provider's cache
+    cost: float | None = None  # 0011: the sum of the steps' costs; None: none was priced
 
-    def as_params(self) -> dict[str, int]:
+    def as_params(self) -> dict[str, int | float | None]:
         return {f"b_{name}": getattr(self, name) for name in COUNTERS}
 
 
@@ -182,6 +186,8 @@ class Step:
         use_approval: int | None = None,
         workspace: WorkspaceWrite | None = None,
         extra: Sequence[Statement] = (),
+        cached_tokens: int | None = None,
+        cost: float | None = None,
     ) -> None:
         self._end(
             StepState.COMPLETED,
@@ -193,6 +199,7 @@ class Step:
             use_approval,
             workspace,
             extra,
+            paid=(cached_tokens, cost),
         )
 
     def fail(
@@ -229,6 +236,7 @@ class Step:
         use_approval: int | None,
         workspace: WorkspaceWrite | None = None,
         extra: Sequence[Statement] = (),
+        paid: tuple[int | None, float | None] = (None, None),
     ) -> None:
         j = self.journal
         now = utcnow()
@@ -242,6 +250,8 @@ class Step:
             "duration_ms": int((now - self.started_at).total_seconds() * 1000),
             "prompt_tokens": tokens[0] if tokens else None,
             "completion_tokens": tokens[1] if tokens else None,
+            "cached_tokens": paid[0],
+            "cost": paid[1],
             "attempts": max(self.attempts, 1),
             **(workspace.columns if workspace is not None else {}),
         }

@@ -67,6 +67,19 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     return Done(run_id, f"{notice}-here")
 
 
+def continue_answered(store: Store, run_id: str, notice: str) -> Done:
+    """After a decision made from a notification's link: the run goes on as after one
+    made on its page (resumed here on SQLite, queued for a worker on PostgreSQL)."""
+    run = store.get_run(run_id)
+    if run.status != RunStatus.BLOCKED or store.pending_approval(run_id) is not None:
+        return Done(run_id, notice)  # on its way already, or another question still open
+    store.requeue(run_id)
+    if not resumes_here(store):
+        return Done(run_id, notice)
+    _start_resume(store, run_id, run.workspace)
+    return Done(run_id, f"{notice}-here")
+
+
 def resumes_here(store: Store) -> bool:
     """The rule: the view continues runs of an SQLite store itself (one machine, usually no
     worker); a PostgreSQL store is the one workers share, so its runs are queued for them."""

@@ -34,7 +34,7 @@ from durable_agent.store import leases
 from durable_agent.store.records import StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.runs import Store
-from durable_agent.ui import actions, pages, queries, run_page
+from durable_agent.ui import actions, link_page, pages, queries, run_page
 from durable_agent.ui.security import Access, BodyTooLarge, Guard
 from durable_agent.ui.timeline import chart
 
@@ -56,6 +56,7 @@ class UiConfig(Struct, frozen=True):
     # Where the runs' live channels are (durable_agent/live.py): a streaming call's tokens
     # so far, sent as "tokens" events; None: no live tokens.
     live_dir: Path | None = None
+    link_key: str | None = None  # checks notifications' approve/deny links (store/links.py)
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -218,6 +219,12 @@ def build_app(cfg: UiConfig) -> Any:
 
         return endpoint
 
+    async def link(request: Request) -> Response:
+        token = request.path_params["token"]
+        handler = link_page.decide if request.method == "POST" else link_page.show
+        page = await run_in_threadpool(handler, store, cfg.link_key, token, access.csrf)
+        return HTMLResponse(page.html, status_code=page.status)
+
     def bad_status(request: Request, exc: Exception) -> Response:
         message = f"unknown status {exc}; one of: {', '.join(sorted(STATUSES))}"
         if request.url.path.startswith("/api/"):
@@ -234,6 +241,7 @@ def build_app(cfg: UiConfig) -> Any:
             Route(f"/runs/{{run_id}}/{name}", act(name), methods=["POST"])
             for name in ("approve", "deny", "cancel", "resume", "continue")
         ),
+        Route("/link/{token}", link, methods=["GET", "POST"]),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id}", api_run),
         Route("/api/runs/{run_id}/steps", api_steps),

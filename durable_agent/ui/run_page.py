@@ -224,6 +224,10 @@ def step_row(
     tokens = (
         f" · {s.prompt_tokens}+{s.completion_tokens} tokens" if s.prompt_tokens is not None else ""
     )
+    if s.cached_tokens:
+        tokens += f" ({s.cached_tokens} cached)"
+    if s.cost is not None:
+        tokens += f" · cost {s.cost:.4f}"
     tries = f" · {s.attempts} attempts" if s.attempts > 1 else ""
     summary = (
         f'<span class="seq">#{s.seq}</span> <span class="{css_class(s)} chip">{e(s.kind)}'

@@ -149,7 +149,10 @@ class Guard:
                 send, 303, "token accepted", [(b"set-cookie", cookie), (b"location", location)]
             )
             return
-        if not self.access.token_ok(_offered_token(headers)):
+        # A notification's approve/deny link is its own credential (signed, one-time,
+        # expiring: store/links.py); its receiver has no token. Origin and size still apply.
+        signed_link = scope["path"].startswith("/link/")
+        if not signed_link and not self.access.token_ok(_offered_token(headers)):
             await _plain(
                 send,
                 401,
@@ -157,7 +160,7 @@ class Guard:
             )
             return
         if scope["method"] not in ("GET", "HEAD"):
-            if not self.access.act_ok(_offered_token(headers)):
+            if not signed_link and not self.access.act_ok(_offered_token(headers)):
                 await _plain(
                     send,
                     401,

@@ -44,6 +44,7 @@ class ServeOptions(Struct, frozen=True):
     token: str | None
     open_browser: bool
     poll_s: float = 0.5
+    public_url: str | None = None  # where notifications' receivers reach the view
 
 
 def is_loopback(host: str) -> bool:
@@ -70,6 +71,15 @@ def check(options: ServeOptions) -> None:
             "--token may hold only letters, digits and - . _ ~ + / = (as a Bearer token; "
             "e.g. `openssl rand -hex 16`)"
         )
+    if options.public_url is not None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(options.public_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise ConfigError(
+                "--public-url must be the view's http:// or https:// address, e.g. "
+                f"https://agent.example.com; got {options.public_url!r}"
+            )
     if not is_loopback(options.host) and options.token is None:
         raise ConfigError(
             f"refusing to listen on {options.host} without --token: anyone who can reach it "
@@ -106,6 +116,14 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
     from durable_agent.ui.security import Access
 
     store = open_store(settings)
+    from durable_agent.store.outbox import Outbox
+
+    outbox = Outbox(store.engine, store.policy)
+    # --public-url: recorded in the store, where the processes that write a `blocked`
+    # notification find it and the key its approve/deny links are signed with.
+    link_key = (
+        outbox.set_public_url(options.public_url) if options.public_url else outbox.links()[1]
+    )
     pages: list[Path] = []  # --open's page: gone once the link is used (or see _redirect_page)
     access = Access(token=options.token, on_link=lambda: _remove(pages))
     user = "token-holder" if options.token else _user()
@@ -116,6 +134,7 @@ def serve(settings: StoreSettings, options: ServeOptions) -> int:
             access=access,
             user=user,
             poll_s=options.poll_s,
+            link_key=link_key,
             stopping=lambda: bool(servers and servers[0].should_exit),
             live_dir=channel_dir(
                 store_key(store.engine.url.render_as_string(hide_password=False)), os.environ

@@ -1,0 +1,199 @@
+"""The deliverer of the notifications outbox (store/outbox.py): in the process that ran a
+run (after its session) and in every worker (a thread), it claims each undelivered row,
+sends it, retries with tenacity, and marks it delivered.
+
+Exactly once per key: a row is marked only after its target accepted it, so a crash
+between the commit and the send, or between the send and the mark, sends it again later
+under the same `Idempotency-Key`; a receiver keeps the keys it has seen and drops a repeat.
+
+A webhook gets `POST url` with the event as JSON and these headers:
+
+    Idempotency-Key            the row's key, the same on every retry and redelivery
+    X-Durable-Agent-Event      the event (blocked, completed, failed, ...)
+    X-Durable-Agent-Timestamp  unix seconds when this attempt was signed
+    X-Durable-Agent-Signature  sha256=HEX, HEX = HMAC-SHA256(secret, TIMESTAMP "." KEY "." BODY)
+
+(only with a `secret`). A command gets the JSON on stdin and DURABLE_AGENT_EVENT,
+DURABLE_AGENT_IDEMPOTENCY_KEY and DURABLE_AGENT_RUN_ID in its environment; exit 0 is
+delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from durable_agent.config.settings import NotifyTarget, Settings
+from durable_agent.store.outbox import NOTIFY_HOOKS, Notification, Outbox
+from durable_agent.store.retrying import StorePolicy
+
+KEY_HEADER = "Idempotency-Key"
+EVENT_HEADER = "X-Durable-Agent-Event"
+TIMESTAMP_HEADER = "X-Durable-Agent-Timestamp"
+SIGNATURE_HEADER = "X-Durable-Agent-Signature"
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+def body_of(row: Notification) -> bytes:
+    return json.dumps(row.payload, sort_keys=True, separators=(",", ":")).encode()
+
+
+def signature(secret: str, timestamp: str, key: str, body: bytes) -> str:
+    """`sha256=` and the hex HMAC-SHA256 of TIMESTAMP.KEY.BODY under `secret`."""
+    signed = timestamp.encode() + b"." + key.encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+class Deliverer:
+    def __init__(
+        self,
+        engine: Any,
+        settings: Settings,
+        policy: StorePolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.outbox = Outbox(engine, policy)
+        self.settings = settings
+        self.sleep = sleep
+        self.targets: dict[str, NotifyTarget] = {t.target: t for t in settings.notify}
+
+    def claim_seconds(self) -> float:
+        s = self.settings
+        return (s.notify_timeout_s + s.notify_retry_max_wait_s) * s.notify_retry_attempts + 1
+
+    def deliver_due(self) -> tuple[int, list[str]]:
+        """One pass over the due rows this process has a target for: (delivered, errors)."""
+        done, errors = 0, []
+        for row in self.outbox.due():
+            target = self.targets.get(row.target)
+            if target is None:
+                continue  # another process's target: left for one that has it configured
+            if not self.outbox.claim(row.id, self.claim_seconds()):
+                continue
+            for hook in NOTIFY_HOOKS:
+                hook("claimed")
+            attempts, error = self._send(row, target)
+            if error is None:
+                for hook in NOTIFY_HOOKS:
+                    hook("posted")
+                self.outbox.delivered(row.id, row.attempts + attempts)
+                done += 1
+            else:
+                self.outbox.failed(row.id, row.attempts + attempts, error)
+                errors.append(f"{row.event} of run {row.run_id} to {_shown(row.target)}: {error}")
+        return done, errors
+
+    def _send(self, row: Notification, target: NotifyTarget) -> tuple[int, str | None]:
+        from tenacity import Retrying, stop_after_attempt, wait_exponential
+
+        s = self.settings
+        tries = [0]
+
+        def once() -> None:
+            tries[0] += 1
+            if target.url is not None:
+                self._post(row, target)
+            else:
+                self._run(row, target)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(s.notify_retry_attempts),
+            wait=wait_exponential(
+                multiplier=s.notify_retry_initial_wait_s,
+                max=s.notify_retry_max_wait_s,
+            ),
+            sleep=self.sleep,
+            reraise=True,
+        )
+        try:
+            retrying(once)
+        except (DeliveryFailed, OSError, subprocess.SubprocessError) as exc:
+            return tries[0], str(exc) or type(exc).__name__
+        return tries[0], None
+
+    def _post(self, row: Notification, target: NotifyTarget) -> None:
+        assert target.url is not None
+        body = body_of(row)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "durable-agent",
+            KEY_HEADER: row.idempotency_key,
+            EVENT_HEADER: row.event,
+        }
+        if target.secret is not None:
+            stamp = str(int(time.time()))
+            headers[TIMESTAMP_HEADER] = stamp
+            headers[SIGNATURE_HEADER] = signature(
+                target.secret.get_secret_value(), stamp, row.idempotency_key, body
+            )
+        request = urllib.request.Request(target.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.notify_timeout_s) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise DeliveryFailed(f"HTTP {exc.code}") from None
+        except urllib.error.URLError as exc:
+            raise DeliveryFailed(str(exc.reason)) from None
+
+    def _run(self, row: Notification, target: NotifyTarget) -> None:
+        assert target.command is not None
+        env = {
+            **os.environ,
+            "DURABLE_AGENT_EVENT": row.event,
+            "DURABLE_AGENT_IDEMPOTENCY_KEY": row.idempotency_key,
+            "DURABLE_AGENT_RUN_ID": row.run_id or "",
+        }
+        done = subprocess.run(
+            target.command,
+            input=body_of(row),
+            env=env,
+            capture_output=True,
+            timeout=self.settings.notify_timeout_s,
+            check=False,
+        )
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip()[-200:]
+            raise DeliveryFailed(f"exit {done.returncode}" + (f": {tail}" if tail else ""))
+
+    def background(
+        self, stop: threading.Event, wake: threading.Event, every: float
+    ) -> threading.Thread:
+        """A worker's delivery thread: a pass whenever a run ends, and every `every` seconds."""
+
+        def loop() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):  # the store away: the next pass tries
+                    self.deliver_due()
+                wake.wait(every)
+                wake.clear()
+
+        thread = threading.Thread(target=loop, name="notify", daemon=True)
+        thread.start()
+        return thread
+
+
+def _shown(target: str) -> str:
+    return target if len(target) < 80 else target[:77] + "..."
+
+
+def deliver_after_session(engine: Any, settings: Settings) -> list[str]:
+    """The running process's pass once its session ended: the errors, for one line each."""
+    if not settings.notify:
+        return []
+    try:
+        return Deliverer(engine, settings).deliver_due()[1]
+    except Exception as exc:  # noqa: BLE001 - the run is recorded; a worker delivers later
+        return [str(exc)]

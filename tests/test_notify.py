@@ -1,0 +1,261 @@
+"""Notifications sent exactly once per event: the outbox row is committed with the run's
+end, a deliverer posts it (Idempotency-Key, HMAC-SHA256 signature), retries, marks it; a
+process killed anywhere between the commit and the mark leaves it for a later deliverer,
+which sends it under the same key. The receiver here counts keys as a deduplicating
+receiver would, and checks every signature."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from webhook_receiver import Receiver
+
+SECRET = "whsec-test-0123456789"
+FAST = {
+    "notify_timeout_s": 2.0,
+    "notify_retry_attempts": 3,
+    "notify_retry_initial_wait_s": 0.01,
+    "notify_retry_max_wait_s": 0.02,
+}
+DONE = [{"content": "done"}]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(secret=SECRET)
+    yield r
+    r.close()
+
+
+def config(tmp_path: Path, targets: list[dict[str, Any]], **extra: Any) -> dict[str, str]:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in {**FAST, **extra}.items()]
+    for t in targets:
+        lines.append("[[notify]]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in t.items()]
+    path = tmp_path / "notify.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return {"DURABLE_AGENT_CONFIG": str(path)}
+
+
+def hook(receiver: Receiver, **more: Any) -> dict[str, Any]:
+    return {"url": receiver.url, "secret": SECRET, **more}
+
+
+def test_a_run_end_is_posted_once_with_its_key_and_a_signature_that_verifies(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    sql: Callable[..., list[Any]],
+) -> None:
+    receiver = Receiver(fail_first=2, secret=SECRET)  # the first two attempts get a 503
+    try:
+        extra = config(tmp_path, [hook(receiver)])
+        result = cli("start", "t", "--model", write_script(DONE), "--json", extra_env=extra)
+        assert result.code == 0, result.stderr
+        run_id = result.json()["run_id"]
+        assert len(receiver.requests) == 3  # two refused, the third accepted
+        keys = {r["headers"]["idempotency-key"] for r in receiver.requests}
+        assert len(keys) == 1  # every retry under the same key
+        assert all(receiver.verify(r) for r in receiver.requests)
+        (event,) = receiver.events().values()
+        assert (event["event"], event["run_id"], event["status"]) == (
+            "completed",
+            run_id,
+            "completed",
+        )
+        assert event["idempotency_key"] in keys
+        assert receiver.requests[0]["headers"]["x-durable-agent-event"] == "completed"
+        rows = sql("SELECT event, attempts, delivered_at IS NOT NULL FROM notifications")
+        assert rows == [("completed", 3, 1)]
+        # A tampered body does not verify.
+        forged = dict(
+            receiver.requests[-1],
+            body=receiver.requests[-1]["body"].replace(b"completed", b"failed"),
+        )
+        assert not receiver.verify(forged)
+    finally:
+        receiver.close()
+
+
+def test_only_the_events_an_entry_asks_for_and_a_command_target(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    receiver: Receiver,
+    workspace: Path,
+) -> None:
+    seen = tmp_path / "seen.jsonl"
+    program = f"import sys, os; open({str(seen)!r}, 'a').write(os.environ['DURABLE_AGENT_EVENT'] + ' ' + sys.stdin.read() + '\\n')"
+    extra = config(
+        tmp_path,
+        [
+            hook(receiver, events=["failed"]),
+            {"command": ["python3", "-c", program], "events": ["completed", "budget_exceeded"]},
+        ],
+    )
+    many = [{"tool_calls": [{"name": "list_files", "arguments": {}}]}] * 3
+    assert cli("start", "t", "--model", write_script(DONE), extra_env=extra).code == 0
+    assert (
+        cli("start", "t", "--model", write_script(many), "--max-steps", "1", extra_env=extra).code
+        == 3
+    )
+    assert receiver.requests == []  # it wants only `failed`
+    lines = seen.read_text().splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["completed", "budget_exceeded"]
+    assert json.loads(lines[1].split(" ", 1)[1])["stop_reason"] == "max_steps"
+
+
+def _deliver_until_done(
+    cli: Callable[..., Any], extra: dict[str, str], sql: Callable[..., list[Any]]
+) -> None:
+    """`notify deliver` until nothing is pending (a claim left by a killed process runs out
+    after claim_seconds: short with the settings here)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") != [(0,)]:
+        assert time.monotonic() < deadline, sql("SELECT * FROM notifications")
+        cli("notify", "deliver", extra_env=extra)
+        time.sleep(0.1)  # a claim's expiry is a time in the store: wait for it, not for luck
+
+
+@pytest.mark.slow
+def test_killed_at_every_checkpoint_and_between_commit_and_post_each_end_arrives_once(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    receiver: Receiver,
+    sql: Callable[..., list[Any]],
+) -> None:
+    # notify_timeout_s is short so that a claim a killed deliverer left runs out soon.
+    extra = config(tmp_path, [hook(receiver)], notify_timeout_s=0.3)
+    script = write_script([{"tool_calls": [{"name": "list_files", "arguments": {}}]}, *DONE])
+    runs = []
+    point = 1
+    while True:  # SIGKILL at the k-th checkpoint boundary, for every k the run has
+        crash = {**extra, "DURABLE_AGENT_CRASH_AFTER": str(point)}
+        first = cli("start", "t", "--model", script, "--run-id", f"r{point}", extra_env=crash)
+        runs.append(f"r{point}")
+        if first.code != -9:
+            assert first.code == 0, first.stderr
+            break
+        status = sql("SELECT status FROM runs WHERE id = ?", f"r{point}")[0][0]
+        if status != "completed":  # killed before its end was committed: resume it
+            assert cli("resume", f"r{point}", extra_env=extra).code == 0
+        point += 1
+    assert point > 3
+    # Killed after the claim (nothing sent) and after the post (sent, not marked).
+    for where in ("claimed", "posted"):
+        crash = {**extra, "DURABLE_AGENT_NOTIFY_CRASH": where}
+        run_id = f"n-{where}"
+        assert cli("start", "t", "--model", script, "--run-id", run_id, extra_env=crash).code == -9
+        runs.append(run_id)
+    _deliver_until_done(cli, extra, sql)
+    events = receiver.events()
+    by_run: dict[str, list[str]] = {}
+    for e in events.values():
+        by_run.setdefault(e["run_id"], []).append(e["event"])
+    assert by_run == {r: ["completed"] for r in runs}  # each end once, however it was killed
+    posted = [r for r in receiver.requests if json.loads(r["body"])["run_id"] == "n-posted"]
+    assert len(posted) == 2  # sent twice under one key: the receiver keeps it once
+    assert len({r["headers"]["idempotency-key"] for r in posted}) == 1
+    assert all(receiver.verify(r) for r in receiver.requests)
+
+
+@pytest.mark.slow
+def test_a_receiver_down_for_a_while_gets_every_event_from_a_worker_afterwards(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    receiver: Receiver,
+    sql: Callable[..., list[Any]],
+) -> None:
+    extra = config(tmp_path, [hook(receiver)])
+    receiver.down()
+    for i in range(3):
+        result = cli(
+            "start", "t", "--model", write_script(DONE), "--run-id", f"d{i}", extra_env=extra
+        )
+        assert result.code == 0  # the run's exit code is the run's
+        assert "notification not delivered yet" in result.stderr
+    assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(3,)]
+    receiver.up()  # back, on the same port
+    result = cli("worker", "--once", "--poll", "0.05", extra_env=extra)
+    assert result.code == 0, result.stderr
+    assert sorted(e["run_id"] for e in receiver.events().values()) == ["d0", "d1", "d2"]
+    assert len(receiver.requests) == 3
+    assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(0,)]
+
+
+def test_notify_test_sends_a_sample_and_bad_entries_are_one_line_errors(
+    cli: Callable[..., Any], tmp_path: Path, receiver: Receiver
+) -> None:
+    extra = config(tmp_path, [hook(receiver)])
+    result = cli("notify", "test", extra_env=extra)
+    assert result.code == 0, result.stderr
+    assert "delivered 1" in result.stdout
+    (event,) = receiver.events().values()
+    assert event["event"] == "test" and receiver.verify(receiver.requests[0])
+    none = cli("notify", "test", extra_env=config(tmp_path, []))
+    assert none.code == 2 and "[[notify]]" in none.stderr and "Traceback" not in none.stderr
+    bad = config(tmp_path, [{"url": "ftp://x", "events": ["completed"]}])
+    result = cli("notify", "test", extra_env=bad)
+    assert result.code == 2 and "http" in result.stderr and "Traceback" not in result.stderr
+    bad = config(tmp_path, [{"url": receiver.url, "events": ["finished"]}])
+    result = cli("notify", "test", extra_env=bad)
+    assert result.code == 2 and "events" in result.stderr
+
+
+def test_notify_settings_are_not_recorded_on_the_run(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    receiver: Receiver,
+    sql: Callable[..., list[Any]],
+) -> None:
+    extra = config(tmp_path, [hook(receiver)])
+    assert cli("start", "t", "--model", write_script(DONE), extra_env=extra).code == 0
+    (settings,) = sql("SELECT settings FROM runs")[0]
+    assert not [k for k in json.loads(settings) if k.startswith("notify")]
+    assert SECRET not in settings
+
+
+def test_each_store_queues_and_delivers_an_end_once(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    store_url: str,
+) -> None:
+    """The outbox on both backends: a blocked run's event, then its completed one after the
+    approval, each once, signed; nothing left pending."""
+    from ui_support import BLOCKED_SCRIPT, open_store
+
+    from durable_agent.store.outbox import Outbox
+
+    receiver = Receiver(fail_first=1, secret=SECRET)
+    try:
+        extra = {**config(tmp_path, [hook(receiver, events=["blocked", "completed"])])}
+        extra["DURABLE_AGENT_DB"] = store_url
+        r = cli(
+            "start", "t", "--model", write_script(BLOCKED_SCRIPT), "--run-id", "b", extra_env=extra
+        )
+        assert r.code == 5, r.stderr
+        assert cli("approve", "b", extra_env=extra).code == 0
+        assert cli("resume", "b", extra_env=extra).code == 0
+        events = receiver.events()
+        assert sorted(e["event"] for e in events.values()) == ["blocked", "completed"]
+        (blocked,) = [e for e in events.values() if e["event"] == "blocked"]
+        assert blocked["approvals"][0]["tool_name"] == "run_command"
+        assert "links" not in blocked["approvals"][0]  # no view gave its address
+        assert all(receiver.verify(req) for req in receiver.requests)
+        rows = Outbox(open_store(store_url).engine).all()
+        assert [(n.event, n.delivered_at is not None) for n in rows] == [
+            ("blocked", True),
+            ("completed", True),
+        ]
+    finally:
+        receiver.close()
