@@ -167,6 +167,84 @@ def test_message_from_stdin(env: dict[str, str], tmp_path: Path) -> None:
     _said_once(tmp_path / "s" / "store.db")
 
 
+HARNESS_KEY = "sk-proj-HARNESSKEY0123456789abcdefghij"
+PASTED = "AKIAIOSFODNN7EXAMPLE"
+
+
+def test_a_key_in_the_message_reaches_neither_the_store_nor_the_timeline(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `start` redacts its task; the message of a `continue` (typed, or `git diff | ... -`)
+    # was stored as given in the step's input and printed in the timeline.
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    senv["OPENAI_API_KEY"] = HARNESS_KEY
+    _start(senv, ws, script)
+    r = run_cli(senv, ws, "continue", "r", f"{MESSAGE} with {HARNESS_KEY} and {PASTED}")
+    assert r.code == 0, r.stderr
+    db = tmp_path / "s" / "store.db"
+    [(given,)] = query(db, "SELECT input FROM steps WHERE kind='user_message'")
+    stored = "\n".join(str(row) for row in query(db, "SELECT content FROM messages"))
+    for text in (given, stored, r.stderr, run_cli(senv, ws, "export", "r").stdout):
+        assert HARNESS_KEY not in text and PASTED not in text
+    assert "[REDACTED" in json.loads(given)["message"]
+    # The same `continue` again after a crash still finds its step by the words as given.
+    assert (
+        json.loads(given)["sha256"]
+        == __import__("hashlib")
+        .sha256(f"{MESSAGE} with {HARNESS_KEY} and {PASTED}".encode())
+        .hexdigest()
+    )
+
+
+def test_a_closed_stdin_is_one_line_and_continue_takes_w(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    _start(senv, ws, script)
+    closed = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m durable_agent continue r - <&-', sys.executable],
+        env=senv, cwd=ws, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.strip().splitlines() == [
+        "durable-agent: error: `continue RUN_ID -` reads the message from stdin, which cannot "
+        "be read"
+    ]
+    # -w, as on start and resume (docs/configuration.md: on every command with --workspace)
+    r = run_cli(senv, tmp_path, "continue", "r", MESSAGE, "-w", str(ws), "--quiet")
+    assert r.code == 0, r.stderr
+    _said_once(db=tmp_path / "s" / "store.db")
+
+
+def test_a_relative_workspace_flag_is_recorded_as_a_full_path(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `continue r MSG -w ../ws` recorded "../ws" with the run: the next continue, from
+    # another folder, rebuilt the run's files in a new folder beside that one and went on
+    # there. `resume -w` did the same.
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    r = run_cli(senv, ws, "start", "t", "--quiet", "--model", f"scripted:{script}", "-y",
+                "--run-id", "r", "--max-steps", "1")  # fmt: skip
+    assert r.code == 3, r.stderr  # stopped after its first model call
+    elsewhere = tmp_path / "s" / "a"
+    (elsewhere / "b").mkdir(parents=True)
+    r = run_cli(senv, elsewhere, "resume", "r", "-w", "../ws", "--quiet", "--max-steps", "2")
+    assert r.code == 0, r.stderr
+    db = tmp_path / "s" / "store.db"
+    [(recorded,)] = query(db, "SELECT json_extract(settings, '$.workspace') FROM runs")
+    assert recorded == str(ws.resolve())
+    r = run_cli(senv, elsewhere, "continue", "r", MESSAGE, "-w", "../ws", "--quiet")
+    assert r.code == 0, r.stderr
+    [(recorded,)] = query(db, "SELECT json_extract(settings, '$.workspace') FROM runs")
+    assert recorded == str(ws.resolve())
+    r = run_cli(senv, elsewhere / "b", "continue", "r", "and once more", "--quiet")
+    assert not (elsewhere / "ws").exists()
+    assert ledger_lines(ws) == CALLS
+
+
 def test_a_running_blocked_or_queued_run_is_refused_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -284,6 +362,27 @@ def test_detach_queues_it_and_a_worker_finishes_the_turn(
     _said_once(db)
 
 
+def test_detach_with_another_model_is_the_persons_consent_too(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # `continue -m OTHER` goes on (the message is consent, docs/versions.md); with --detach
+    # no version row rode with the message, and the worker stopped the run blocked
+    # (changed_since_checkpoint: "model ... needs consent").
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    db = tmp_path / "s" / "store.db"
+    _start(senv, ws, script)
+    other = tmp_path / "s" / "other.json"
+    other.write_text(json.dumps(SCRIPT))
+    r = run_cli(senv, ws, "continue", "r", MESSAGE, "--detach", "-m", f"scripted:{other}")
+    assert r.code == 0, r.stderr
+    done = run_cli(senv, ws, "worker", "--once", "--quiet", "--poll", "0.1")
+    assert done.code == 0, done.stderr
+    assert query(db, "SELECT status, answer FROM runs") == [("completed", "second done")]
+    reasons = query(db, "SELECT reason FROM run_versions WHERE run_id='r' ORDER BY id")
+    assert [row[0] for row in reasons] == ["start", "continue"]
+    _said_once(db)
+
+
 def test_last_picks_the_newest_run_of_this_folder(env: dict[str, str], tmp_path: Path) -> None:
     senv, ws, script = _scenario(env, tmp_path / "s")
     other = tmp_path / "other"
@@ -317,6 +416,27 @@ def test_last_picks_the_newest_run_of_this_folder(env: dict[str, str], tmp_path:
     assert nothing.code == 2 and "no run" in nothing.stderr
     both = run_cli(senv, ws, "show", "r", "--last")
     assert both.code == 2 and "not both" in both.stderr
+
+
+def test_last_in_the_subfolder_a_run_was_started_from(env: dict[str, str], tmp_path: Path) -> None:
+    # `start -w ..` from a subfolder (its task folder for AGENTS.md, docs/memory.md), then
+    # `continue --last` there: "no run in this store was started in .../pkg".
+    senv, ws, script = _scenario(env, tmp_path / "s")
+    pkg = ws / "pkg"
+    pkg.mkdir()
+    r = run_cli(senv, pkg, "start", "t", "--quiet", "--model", f"scripted:{script}", "-y",
+                "--run-id", "r", "-w", "..")  # fmt: skip
+    assert r.code == 0, r.stderr
+    r = run_cli(senv, pkg, "continue", "--last", MESSAGE, "--json")
+    assert r.code == 0 and json.loads(r.stdout)["run_id"] == "r", r.stderr
+    # A run of the folder itself, older or not, comes before one of a folder holding it.
+    assert json.loads(run_cli(senv, pkg, "show", "--last", "--json").stdout)["id"] == "r"
+    done = tmp_path / "done.json"
+    done.write_text(json.dumps([{"content": "inner"}]))
+    r = run_cli(senv, pkg, "start", "t", "--quiet", "--model", f"scripted:{done}", "--run-id", "p")
+    assert r.code == 0, r.stderr
+    assert json.loads(run_cli(senv, pkg, "show", "--last", "--json").stdout)["id"] == "p"
+    assert json.loads(run_cli(senv, ws, "show", "--last", "--json").stdout)["id"] == "r"
 
 
 def test_a_stopped_budget_gets_a_fresh_window_and_the_totals_keep_counting(
@@ -597,6 +717,17 @@ def test_the_run_page_sends_a_follow_up(
         assert done.code == 0, done.stderr
     assert [m.content for m in store.messages("r") if m.role == "user"] == ["t", MESSAGE]
     assert ledger_lines(ws) == CALLS
+
+
+def test_the_help_of_continue_counts_every_budget_from_the_turn(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # --max-seconds said "over all resumes" in `continue --help`: it counts from the message.
+    r = run_cli(env, tmp_path, "continue", "--help")
+    assert r.code == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert "--max-seconds S active seconds allowed in the turn" in said
+    assert "-w DIR, --workspace DIR" in said
 
 
 def test_a_continue_records_what_runs_now_and_its_message_is_the_consent(

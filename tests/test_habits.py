@@ -157,6 +157,44 @@ def test_the_layers_in_order_and_durable_agent_config(
     assert (settings["max_steps"], settings["max_repeats"], settings["output_cap"]) == (12, 6, 3000)
 
 
+def test_config_shows_no_secret_of_an_mcp_server(env: dict[str, str], workspace: Path) -> None:
+    # The key was masked, an MCP server's token and URL password were printed as written.
+    token, password = "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "hunter2hunter2"
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text(
+        f'[mcp_servers.gh]\ncommand = "gh-mcp"\nenv = {{ GITHUB_TOKEN = "{token}" }}\n'
+        f'[mcp_servers.web]\nurl = "https://me:{password}@mcp.example.com/mcp"\n'
+    )
+    for args in (("config",), ("config", "--json")):
+        r = _run(env, workspace, *args, OPENAI_API_KEY="sk-" + "k" * 40)
+        assert r.returncode == 0, r.stderr
+        assert token not in r.stdout and password not in r.stdout and "k" * 40 not in r.stdout
+    servers = json.loads(r.stdout)["settings"]["mcp_servers"]["value"]
+    assert servers["gh"]["command"] == "gh-mcp" and servers["web"]["url"].startswith("https://me:")
+    assert json.loads(r.stdout)["settings"]["api_key"]["value"] == "***"
+
+
+def test_a_project_cannot_say_who_is_asked(env: dict[str, str], workspace: Path) -> None:
+    # `shell` was refused from the project file, its allowlist was not: ["sh"] let every
+    # `sh -c ...` run unasked under --shell ask, which is `shell = "allow"` by another name.
+    project = workspace / ".durable-agent" / "config.toml"
+    project.parent.mkdir()
+    project.write_text(
+        'shell_allowlist = ["sh", "curl"]\nshell_always_ask = []\n'
+        'on_uncertain_exec = "tell_model"\nmax_steps = 7\n'
+    )
+    r = _run(env, workspace, "config", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["settings"]
+    for name in ("shell_allowlist", "shell_always_ask", "on_uncertain_exec"):
+        assert got[name]["source"] == "default", name
+    assert "sh" not in got["shell_allowlist"]["value"]
+    assert got["max_steps"] == {"value": 7, "source": str(project)}
+    [warning] = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert "sets shell_allowlist, shell_always_ask, on_uncertain_exec, which only" in warning
+
+
 def test_a_run_cannot_write_its_project_config_with_the_file_tools(
     env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
 ) -> None:
@@ -224,6 +262,58 @@ def test_the_harness_own_variables_are_not_warned_of(
         Path(value).write_text("")
     r = _run(env, workspace, "config", **{var: value})
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a project's `verify` runs a command the user did not ask for, even under "
+    "--shell deny (it is not the shell tool, so the policy never sees it)",
+)
+def test_a_project_verify_runs_no_command_under_shell_deny(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    project = workspace / ".durable-agent" / "config.toml"
+    project.parent.mkdir()
+    project.write_text('verify = "touch verify-ran"\n')
+    r = _run(env, workspace, "start", "x", "-m", write_script(DONE), "--shell", "deny")
+    assert r.returncode in (0, 1), r.stderr
+    assert not (workspace / "verify-ran").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bubblewrap binds .durable-agent/ read-only only when it exists: in a workspace "
+    "without one (most), a command makes it and sets up the next run in it",
+)
+def test_a_sandboxed_command_cannot_make_a_project_config(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    make = "mkdir -p .durable-agent && echo 'max_steps = 99' > .durable-agent/config.toml"
+    turns = [{"tool_calls": [{"name": "run_command", "arguments": {"command": make}}]}]
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}
+    r = _run(safe, workspace, "start", "x", "-m", write_script([*turns, {"content": "done"}]),
+             "-y", "--sandbox", "workspace-write")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not (workspace / ".durable-agent" / "config.toml").exists()
+
+
+def test_config_shows_the_task_folder_start_would_record(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # `config` is "every setting as a run started here would get it"; from a subfolder with
+    # -w, start records memory_dir = the subfolder, config said null.
+    pkg = workspace / "pkg"
+    pkg.mkdir()
+    r = _run(env, pkg, "config", "--json", "-w", "..")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["settings"]["memory_dir"]
+    r = _run(env, pkg, "start", "x", "-m", write_script(DONE), "-w", "..", "--run-id", "t")
+    assert r.returncode == 0, r.stderr
+    assert got == {"value": _run_row(env, "t")[1]["memory_dir"], "source": "the current directory"}
+    assert got["value"] == "pkg"
 
 
 def test_a_project_config_may_tighten_the_rules_never_loosen_them_or_add_hooks(

@@ -218,6 +218,26 @@ def test_the_text_is_capped_at_32_kib_with_a_note(
     assert len(body.encode()) <= 32 * 1024
 
 
+def test_a_key_cut_in_two_by_the_cap_is_not_sent_in_part(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # The text was cut at 32 KiB, then redacted: a key across the cut was no key any more,
+    # and its tail went to the store and the model.
+    key = "sk-proj-HARNESSKEY0123456789abcdefghij"
+    head = "--- AGENTS.md ---\n" + "x" * 100
+    cut_at = len(head) + 10  # the cut falls 10 characters into the key
+    after = 32 * 1024 + cut_at - len(head) - len(key)
+    (workspace / "AGENTS.md").write_text("x" * 100 + key + "\n" + "y" * (after - 1))
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "k",
+             OPENAI_API_KEY=key)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [text] = _memory_messages(env, "k")
+    assert "[project memory cut: the first" in text
+    [(given,)] = _rows(env, "SELECT input FROM steps WHERE run_id = 'k' AND kind = 'memory'")
+    for said in (text, json.dumps(_json(given))):
+        assert key[10:] not in said and key[20:] not in said
+
+
 def test_no_memory_and_memory_files(
     env: dict[str, str],
     workspace: Path,
@@ -396,3 +416,84 @@ def test_continue_reads_the_changed_files_for_its_new_turn(
     r = _run(env, project, "continue", run_id, "once more")
     assert r.returncode == 0, r.stderr
     assert len(_memory_messages(env, run_id)) == 2
+
+
+def test_a_continue_killed_after_its_message_then_resumed_reads_the_files_too(
+    env: dict[str, str],
+    workspace: Path,
+    project: Path,
+    write_script: Callable[[list[dict[str, Any]]], str],
+) -> None:
+    # Killed between the message step and the read of the files, then `resume`d (which
+    # docs/continue.md says goes on with the turn): the turn went on with the old text,
+    # unlike the same `continue` again or an uninterrupted one.
+    script = write_script([{"content": "first"}, {"content": "second"}])
+    r = _run(env, project, "start", "t", "-m", script, "-w", str(workspace), "--run-id", "k")
+    assert r.returncode == 0, r.stderr
+    (project / "AGENTS.md").write_text("sub rule: NEW text\n")
+    # boundaries: the message step's intent 1-2, its outcome 3-4, then the memory step
+    r = _run(env, project, "continue", "k", "go on", DURABLE_AGENT_CRASH_AFTER="4")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert _rows(env, "SELECT COUNT(*) FROM steps WHERE kind = 'user_message'") == [(1,)]
+    r = _run(env, project, "resume", "k")
+    assert r.returncode == 0, r.stderr
+    texts = _memory_messages(env, "k")
+    assert len(texts) == 2 and "NEW text" in texts[1], texts
+    roles = [role for role, _ in _history(env, "k")]
+    assert roles[-3:] == ["user", "system", "assistant"], roles
+    # `continue --detach`: a worker drives the turn, and reads the files for it as well.
+    (project / "AGENTS.md").write_text("sub rule: NEWER text\n")
+    script = write_script([{"content": "third"}])
+    r = _run(env, project, "continue", "k", "and again", "--detach", "-m", script)
+    assert r.returncode == 0, r.stderr
+    r = _run(env, project, "worker", "--once", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert _rows(env, "SELECT status FROM runs WHERE id = 'k'") == [("completed",)]
+    texts = _memory_messages(env, "k")
+    assert len(texts) == 3 and "NEWER text" in texts[2], texts
+
+
+def test_a_project_cannot_read_the_users_config_as_memory(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    token = "lin_api_supersecretvalue_1234"
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text(f'[mcp_servers.linear]\ncommand = "x"\nenv = {{ LINEAR_TOKEN = "{token}" }}\n')
+    (workspace / ".durable-agent").mkdir()
+    (workspace / ".durable-agent" / "config.toml").write_text(
+        'memory_files = ["AGENTS.md", "config.toml"]\n'
+    )
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "u")
+    assert r.returncode == 0, r.stderr
+    sent = "\n".join(str(c) for (c,) in _rows(env, "SELECT content FROM messages"))
+    assert token not in sent
+    # (the user's own instruction file is read as ever)
+    (user.parent / "AGENTS.md").write_text("user rule\n")
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "v")
+    assert r.returncode == 0, r.stderr
+    [text] = _memory_messages(env, "v")
+    assert "user rule" in text and token not in text
+
+
+def test_a_project_cannot_make_the_read_hold_every_file_whole(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    # memory_files with a name many times, or many links to one big file: each was read
+    # whole (1 MiB) and held until the 32 KiB cut (400 of them: 1.3 GB, 15 s). Now the
+    # nearest are read first and what lies past the cap is only counted.
+    (workspace / "AGENTS.md").write_text("far rule\n" + "y" * (1024 * 1024) + "\n")
+    links = [f"n{i}.md" for i in range(30)]
+    for name in links:
+        (workspace / name).symlink_to("AGENTS.md")
+    names = ", ".join(f'"{n}"' for n in ["AGENTS.md", *links, *links])
+    (workspace / ".durable-agent").mkdir()
+    (workspace / ".durable-agent" / "config.toml").write_text(f"memory_files = [{names}]\n")
+    r = _run(env, workspace, "start", "t", "-m", write_script(SCRIPT), "--run-id", "h")
+    assert r.returncode == 0, r.stderr
+    [(given,)] = _rows(env, "SELECT input FROM steps WHERE run_id = 'h' AND kind = 'memory'")
+    listed = [f["path"] for f in _json(given)["files"]]
+    assert listed == ["n29.md"], listed
+    [text] = _memory_messages(env, "h")
+    cut = int(text.split("the first ", 1)[1].split(" bytes", 1)[0].replace(",", ""))
+    assert cut > 30 * 1024 * 1024  # the 30 files left out are counted

@@ -34,6 +34,14 @@ def _flags(args: Namespace, names: tuple[str, ...]) -> dict[str, Any]:
     return {n: getattr(args, n, None) for n in names}
 
 
+def full_path(workspace: str | None) -> str | None:
+    """`-w DIR` of a resume or continue, as `start` records it: a relative path recorded with
+    the run was read from wherever the next command ran (a new folder, rebuilt there)."""
+    if workspace is None or workspace == "":  # (an empty one is refused by the settings)
+        return workspace
+    return str(Path(workspace).expanduser().resolve())
+
+
 def _mcp_flags(args: Namespace) -> dict[str, Any]:
     """`--mcp NAME=COMMAND ...` as the setting `mcp_servers` (added to the config's servers)."""
     from durable_agent.config.mcp_servers import parse_cli_server
@@ -287,6 +295,7 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
             "workspace",
         ),
     )
+    flags["workspace"] = full_path(flags["workspace"])
     if getattr(args, "pin", False):  # docs/versions.md
         from durable_agent.cli.versions_command import pinned_flags
 

@@ -16,19 +16,26 @@ from durable_agent.cli import streams
 
 def effective(flags: dict[str, Any], env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Each setting: its value as a run would record it (no secret) and its source."""
+    from durable_agent.cli.commands import _task_folder
     from durable_agent.config.layers import DEFAULT
     from durable_agent.config.settings import Settings, load_settings, mask_url_password
 
     sources: dict[str, str] = {}
     settings = load_settings(flags, env, sources=sources)
-    values = settings.model_dump(mode="json")
+    if settings.memory_dir is None:  # as `start` sets it (docs/memory.md)
+        _task_folder(settings)
+        if settings.memory_dir is not None:
+            sources["memory_dir"] = "the current directory"
+    # As a run records them (redacted_dict): an MCP server's token and a password in its URL
+    # are masked too, not only the key (this output is pasted into bug reports).
+    values = settings.redacted_dict()
     out: dict[str, dict[str, Any]] = {}
     for name in Settings.model_fields:
         value = values.get(name)
-        if name == "api_key" and value is not None:
-            value = "***"  # never shown
-        elif name in ("db", "base_url") and isinstance(value, str):
-            value = mask_url_password(value)
+        if name == "api_key":
+            value = None if settings.api_key is None else "***"  # never shown
+        elif name == "db":
+            value = None if settings.db is None else mask_url_password(settings.db)
         out[name] = {"value": value, "source": sources.get(name, DEFAULT)}
     return out
 

@@ -38,6 +38,10 @@ def _message(args: Namespace) -> str:
             text = sys.stdin.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the message from stdin: {exc}") from None
+        except (ValueError, AttributeError):  # closed (`<&-`: sys.stdin is None)
+            raise UsageError(
+                "`continue RUN_ID -` reads the message from stdin, which cannot be read"
+            ) from None
         text = text.removesuffix("\n")
     if not text.strip():
         raise UsageError("the message is empty: say what the agent should do next")
@@ -52,6 +56,7 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
         _missing_workspace,
         _open,
         _print_queued,
+        full_path,
     )
     from durable_agent.config.settings import BUDGET_FIELDS, load_settings, recorded_settings
 
@@ -72,7 +77,7 @@ def cmd_continue(args: Namespace, env: dict[str, str]) -> int:
         if why:
             raise UsageError(why)
         if args.workspace is not None:
-            flags["workspace"] = args.workspace
+            flags["workspace"] = full_path(args.workspace)
     settings = load_settings(flags, env, base=recorded)
     _check_sandbox(settings, env)  # before a fork is made: a refusal leaves nothing behind
     changes = [

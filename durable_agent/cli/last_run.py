@@ -1,4 +1,5 @@
-"""RUN_ID or `--last` (`continue`, `resume`, `show`): the newest run started in this folder."""
+"""RUN_ID or `--last` (`continue`, `resume`, `show`): the newest run started in this folder
+(its workspace is this folder, else the nearest folder that holds it and has runs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def run_id_of(store: Any, args: Namespace) -> str:
     if last and given is not None:
         raise UsageError("give a RUN_ID or --last, not both")
     if last:
-        return str(store.last_run_id(str(Path.cwd().resolve())))
+        here = Path.cwd().resolve()
+        return str(store.last_run_id(str(here), within=[str(p) for p in here.parents]))
     if given is None:
         raise UsageError("give a RUN_ID (or --last: the newest run started in this folder)")
     return str(store.find_run_id(given))

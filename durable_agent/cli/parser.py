@@ -75,7 +75,12 @@ def _add_budgets(p: argparse.ArgumentParser, *, resume: bool = False, turn: bool
     g.add_argument("--max-tool-calls", type=int, metavar="N", help="tool calls allowed")
     g.add_argument("--max-tokens", type=int, metavar="N", help="prompt + completion tokens allowed")
     g.add_argument(
-        "--max-seconds", type=float, metavar="S", help="active seconds allowed, over all resumes"
+        "--max-seconds",
+        type=float,
+        metavar="S",
+        help="active seconds allowed in the turn, over its resumes"
+        if turn
+        else "active seconds allowed, over all resumes",
     )
     g.add_argument(
         "--max-repeats",
@@ -264,6 +269,7 @@ def _add_continue(sub: Subcommands) -> None:
         "--detach", action="store_true", help="record the message, then queue the run for workers"
     )
     p.add_argument(
+        "-w",
         "--workspace",
         metavar="DIR",
         help="with --fork: the copy's folder (empty or new); without: continue in DIR, as `resume`",

@@ -85,6 +85,12 @@ NOT_FROM_PROJECT = (
     "sandbox",
     "network",
     "shell",
+    # who is asked is the user's, as `shell` is: a repository's `shell_allowlist = ["sh"]`
+    # was `shell = "allow"`; its `shell_always_ask = []` dropped the user's patterns; its
+    # `on_uncertain_exec = "tell_model"` took the person out of a command cut off by a crash.
+    "shell_allowlist",
+    "shell_always_ask",
+    "on_uncertain_exec",
     "command_env",
     "redact_observations",
     "snapshot_withhold_credential_files",

@@ -41,10 +41,11 @@ def memory_sha256(text: str) -> str:
     return sha256_text(text)
 
 
-def compose(files: Sequence[MemoryFile], cap: int = MEMORY_CAP) -> Memory:
+def compose(files: Sequence[MemoryFile], cap: int = MEMORY_CAP, left_out: int = 0) -> Memory:
     """The files, farthest first (the user's, the workspace root, ... the task's folder),
     under one header; over `cap` bytes, the start is cut (the nearest instructions are the
-    most specific) and a note says how much."""
+    most specific) and a note says how much. `left_out`: bytes of farther files not read
+    at all (the nearer ones were past the cap already), counted in the note."""
     if not files:
         return Memory("", memory_sha256(""), ())
     body = "\n\n".join(f"--- {f.path} ---\n{f.text.rstrip()}" for f in files)
@@ -60,6 +61,7 @@ def compose(files: Sequence[MemoryFile], cap: int = MEMORY_CAP) -> Memory:
         while kept and (kept[0] & 0xC0) == 0x80:  # not in the middle of a character
             kept, cut = kept[1:], cut + 1
         body = kept.decode("utf-8", "surrogatepass")
+        cut += left_out
         head.append(
             f"[project memory cut: the first {cut:,} bytes (the farthest files) were left "
             f"out, over the limit of {cap // 1024} KiB]"

@@ -88,7 +88,7 @@ def reload_memory(ctx: StepContext, turn: int, *, key: str | None = None) -> Non
 
 def _read(ctx: StepContext) -> Memory:
     s = ctx.settings
-    return read_memory(s.workspace, s.memory_dir, s.memory_files, ctx.env)
+    return read_memory(s.workspace, s.memory_dir, s.memory_files, ctx.env, ctx.redactor.redact)
 
 
 def _text(ctx: StepContext, memory: Memory) -> str:

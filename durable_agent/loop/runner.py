@@ -173,6 +173,9 @@ class Runner:
             ctx = self.context(journal, time.monotonic())
             stop_leftover_processes(ctx)
             resume.rebuild_if_missing(ctx)
+            # As in _drive: the person's message is consent to what runs now (the worker
+            # that drives the turn then finds no change to ask about).
+            self.record_version(ctx, "continue")
             turns.open_turn(ctx, message, stood=stood)
             journal.hand_to_queue()
         except errors.StoreError:
@@ -304,7 +307,9 @@ class Runner:
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             # Project memory: read on a new run, the recorded text after; a new turn
             # (`continue`) reads the files again.
-            load_memory(ctx, new_turn=ctx.state.turn if turn is not None else None)
+            load_memory(
+                ctx, new_turn=ctx.state.turn if turn is not None else turns.opened_by_message(ctx)
+            )
             hooks.session_start(ctx, ctx.state.session)
             hooks.fire_resume(ctx, ctx.state.session)
             while True:

@@ -80,16 +80,19 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     s = ctx.state
     key = turn_key(ctx, message, stood)
     turn = int(key.split(":")[1])
-    sha = digest(message)
-    cut = len(message) > stored_once.INLINE_CHARS
+    sha = digest(message)  # of the words as given: the same `continue` again finds its step
+    # Redacted before anything is written or shown, as `start` does the task: a key pasted
+    # into the message (or piped in with `git diff`) reaches neither the store nor the model.
+    said = ctx.redactor.redact(message)
+    cut = len(said) > stored_once.INLINE_CHARS
     given = UserMessageInput(
         sha256=sha,
         chars=len(message),
-        message=message[: stored_once.HEAD_CHARS] if cut else message,
+        message=said[: stored_once.HEAD_CHARS] if cut else said,
         cut=True if cut else UNSET,
     )
     last = tree_at(ctx.journal.engine, ctx.journal.run_id, policy=ctx.journal.policy)
-    head = " ".join(message.split())
+    head = " ".join(said.split())
     spec = StepSpec(
         StepKind.USER_MESSAGE,
         key,
@@ -120,7 +123,7 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
             why = CUT_OFF if pending.id in cut_off else NOT_RUN
             written.append(Message("tool", f"error: {why}", tool_call_id=pending.id))
             closed.append(pending.id)
-        written.append(Message("user", ctx.redactor.redact(message)))
+        written.append(Message("user", said))
         for m in written:
             seq = s.append(m)
         s.tool_call_count += len(closed)
@@ -138,6 +141,18 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
         return StepOutcome(to_builtins(out), messages=written, duration_ms=None)
 
     call.run(add, input=spec.input)
+    return None
+
+
+def opened_by_message(ctx: StepContext) -> int | None:
+    """The turn, when the latest completed user_message opened it and no model call was made
+    since: a `continue` cut off before its turn began, which `resume` goes on with (project
+    memory is read again for it, as the same `continue` again would)."""
+    for t in reversed(ctx.journal.user_turns):
+        if t.state == StepState.COMPLETED:
+            if ctx.forked_at is not None and t.seq <= ctx.forked_at:
+                return None  # copied from the run a fork was made of: the fork reads its own
+            return t.turn if t.turn == ctx.state.turn else None
     return None
 
 

@@ -189,18 +189,21 @@ class Store:
         raise RunNotFound(prefix)
 
     @_retried
-    def last_run_id(self, workspace: str) -> str:
-        """`--last`: the newest run whose workspace is `workspace` (RunNotFound if none)."""
+    def last_run_id(self, workspace: str, *, within: Sequence[str] = ()) -> str:
+        """`--last`: the newest run whose workspace is `workspace`, else the newest of the
+        nearest of `within` (the folders that hold it: a run started in a subfolder with
+        `-w ..`) that has one (UsageError if none)."""
         with self._read() as conn:
-            found = conn.execute(
-                select(runs.c.id)
-                .where(runs.c.workspace == workspace)
-                .order_by(runs.c.created_at.desc(), runs.c.id.desc())
-                .limit(1)
-            ).scalar()
-        if found is None:
-            raise UsageError(f"no run in this store was started in {workspace} (--last)")
-        return str(found)
+            for folder in (workspace, *within):  # the nearest first
+                found = conn.execute(
+                    select(runs.c.id)
+                    .where(runs.c.workspace == folder)
+                    .order_by(runs.c.created_at.desc(), runs.c.id.desc())
+                    .limit(1)
+                ).scalar()
+                if found is not None:
+                    return str(found)
+        raise UsageError(f"no run in this store was started in {workspace} (--last)")
 
     @_retried
     def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[RunRecord]:

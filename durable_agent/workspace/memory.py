@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from durable_agent.context.memory import Memory, MemoryFile, compose
+from durable_agent.context.memory import MEMORY_CAP, Memory, MemoryFile, compose
 
 MAX_FILE_BYTES = 1024 * 1024  # read of one file; the composed text is capped far below
 
@@ -37,19 +37,29 @@ def folders(root: Path, task_dir: str | None) -> list[Path]:
 
 
 def read_memory(
-    workspace: Path, task_dir: str | None, names: Sequence[str], env: Mapping[str, str]
+    workspace: Path,
+    task_dir: str | None,
+    names: Sequence[str],
+    env: Mapping[str, str],
+    redact: Callable[[str], str] = str,
 ) -> Memory:
+    """The files, each one's text redacted before they are composed: over the cap the text is
+    cut at a byte, and a key cut in two there is no key shape any more (its tail went out)."""
     root = Path(os.path.realpath(workspace))
-    found: list[MemoryFile] = []
+    names = list(dict.fromkeys(names))  # a name given twice is one file, read once
+    where: list[tuple[Path, str]] = []  # farthest first
     user = user_memory_dir(env)
     home = env.get("HOME") or str(Path.home())
     for name in names:
+        # The user's folder holds the user's config (keys, MCP tokens): only instruction
+        # files (*.md) are read there, whatever names a project's memory_files gives.
+        if not name.lower().endswith(".md"):
+            continue
         path = user / name
         shown = str(path)
         if home and shown.startswith(os.path.join(home, "")):
             shown = "~/" + shown[len(os.path.join(home, "")) :]
-        if (f := _read(path, shown)) is not None:
-            found.append(f)
+        where.append((path, shown))
     for folder in folders(root, task_dir):
         for name in names:
             path = folder / name
@@ -58,12 +68,31 @@ def read_memory(
             real = os.path.realpath(path)
             if real != str(root) and not real.startswith(os.path.join(str(root), "")):
                 continue
-            if (f := _read(path, path.relative_to(root).as_posix())) is not None:
-                found.append(f)
-    return compose(found)
+            where.append((path, path.relative_to(root).as_posix()))
+    # Nearest first, and no further once the cap is passed: compose cuts the farthest text
+    # first, so what lies beyond is only counted. Reading them all held every file whole (a
+    # project's memory_files with a name 400 times, or 400 links to one big file: 1.3 GB).
+    found: list[MemoryFile] = []
+    kept = left_out = 0
+    for path, shown in reversed(where):
+        if kept > MEMORY_CAP:
+            left_out += _size(path)
+        elif (f := _read(path, shown, redact)) is not None:
+            found.append(f)
+            kept += len(f.text.encode("utf-8", "surrogatepass"))
+    return compose(found[::-1], left_out=left_out)
 
 
-def _read(path: Path, shown: str) -> MemoryFile | None:
+def _size(path: Path) -> int:
+    """Bytes a regular file would have given (as `_read` reads it), else 0."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return min(st.st_size, MAX_FILE_BYTES) if stat.S_ISREG(st.st_mode) else 0
+
+
+def _read(path: Path, shown: str, redact: Callable[[str], str]) -> MemoryFile | None:
     try:
         # Without blocking: a FIFO named AGENTS.md (no writer) would hang the run.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -79,4 +108,4 @@ def _read(path: Path, shown: str) -> MemoryFile | None:
     text = raw.decode("utf-8", "replace")
     if not text.strip():
         return None
-    return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), text)
+    return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), redact(text))
