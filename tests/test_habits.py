@@ -119,7 +119,7 @@ def test_the_layers_in_order_and_durable_agent_config(
     user.write_text("max_steps = 11\nmax_repeats = 5\noutput_cap = 3000\n")
     project = workspace / ".durable-agent" / "config.toml"
     project.parent.mkdir()
-    project.write_text('max_steps = 12\nmax_repeats = 6\nsandbox = "off"\n')
+    project.write_text('max_steps = 10\nmax_repeats = 4\nsandbox = "off"\n')
 
     def config(*args: str, **extra: str) -> dict[str, dict[str, Any]]:
         r = _run(env, workspace, "config", "--json", *args, **extra)
@@ -130,14 +130,14 @@ def test_the_layers_in_order_and_durable_agent_config(
         return doc["settings"]  # type: ignore[no-any-return]
 
     got = config()
-    assert got["max_steps"] == {"value": 12, "source": str(project)}  # project over user
+    assert got["max_steps"] == {"value": 10, "source": str(project)}  # project over user
     assert got["output_cap"] == {"value": 3000, "source": str(user)}
     assert got["compact_at"] == {"value": 0.8, "source": "default"}
     # a repository may not turn the sandbox off: ignored, and said
     assert got["sandbox"]["source"] != str(project)
     got = config(DURABLE_AGENT_MAX_STEPS="13")  # the environment over the project
     assert got["max_steps"] == {"value": 13, "source": "DURABLE_AGENT_MAX_STEPS"}
-    assert got["max_repeats"] == {"value": 6, "source": str(project)}
+    assert got["max_repeats"] == {"value": 4, "source": str(project)}
     got = config("-m", "demo", DURABLE_AGENT_MODEL="other")  # a flag over the environment
     assert got["model"] == {"value": "demo", "source": "--model"}
     got = config("-w", str(workspace.parent))  # another workspace: no project file there
@@ -154,7 +154,7 @@ def test_the_layers_in_order_and_durable_agent_config(
     r = _run(env, workspace, "start", "x", "-m", write_script(DONE), "--run-id", "p")
     assert r.returncode == 0, r.stderr
     _, settings, _ = _run_row(env, "p")
-    assert (settings["max_steps"], settings["max_repeats"], settings["output_cap"]) == (12, 6, 3000)
+    assert (settings["max_steps"], settings["max_repeats"], settings["output_cap"]) == (10, 4, 3000)
 
 
 def test_config_shows_no_secret_of_an_mcp_server(env: dict[str, str], workspace: Path) -> None:
@@ -344,3 +344,32 @@ def test_a_project_config_may_tighten_the_rules_never_loosen_them_or_add_hooks(
     assert "matched rules: none" in check.stdout, check.stdout  # the repository's allow is gone
     check = _run(env, workspace, "policy", "check", "--", "git push origin main")
     assert "decision: deny" in check.stdout and str(project) in check.stdout, check.stdout
+
+
+def test_a_project_config_may_lower_budgets_never_raise_them_or_price_models(
+    env: dict[str, str], workspace: Path
+) -> None:
+    """A repository does not decide how much of the user's money a run spends: its budgets
+    count only where they are lower than the user's (or the default), and its prices (a zero
+    price turns max_cost off) are ignored; each said on stderr."""
+    user = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text("max_cost = 2.0\nmax_tokens = 1000\n")
+    project = workspace / ".durable-agent" / "config.toml"
+    project.parent.mkdir()
+    project.write_text(
+        "max_steps = 500\nmax_repeats = 2\nmax_cost = 5.0\nmax_tokens = 800\n"
+        'max_seconds = 60\n[prices."m"]\ninput_per_mtok = 0\noutput_per_mtok = 0\n'
+    )
+    r = _run(env, workspace, "config", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["settings"]
+    value = {k: (got[k]["value"], got[k]["source"]) for k in got}
+    assert value["max_steps"] == (50, "default")  # raised past the default: ignored
+    assert value["max_cost"] == (2.0, str(user))  # raised past the user's: ignored
+    assert value["max_repeats"] == (2, str(project))  # lowered: kept
+    assert value["max_tokens"] == (800, str(project))
+    assert value["max_seconds"] == (60, str(project))  # unlimited before: a limit is lower
+    assert "m" not in (got["prices"]["value"] or {})
+    assert "raises max_steps, max_cost above" in r.stderr, r.stderr
+    assert "sets prices" in r.stderr, r.stderr

@@ -98,6 +98,7 @@ NOT_FROM_PROJECT = (
     "mcp_servers",
     "mcp_config",
     "hooks",  # a cloned repository's file must not run commands of its own choosing
+    "prices",  # nor price the user's models (a price of 0 turns max_cost off)
 )
 DEFAULT = "default"
 _FLAGS = {"memory": "--no-memory", "mcp_servers": "--mcp"}  # where a flag's name is not the key
@@ -180,6 +181,31 @@ def project_config_path(workspace: str | os.PathLike[str]) -> Path | None:
     except OSError:
         return None
     return candidate
+
+
+def _within(
+    values: dict[str, Any], below: Mapping[str, Any], ceilings: Mapping[str, Any], path: Path
+) -> dict[str, Any]:
+    """A project file may lower a budget, never raise it past the user's (or the default):
+    a repository does not decide how much of the user's money a run spends. `ceilings`:
+    the budgets' defaults (None: unlimited)."""
+    raised = []
+    for key, default in ceilings.items():
+        if key not in values:
+            continue
+        current, wanted = below.get(key, default), values[key]
+        try:
+            higher = current is not None and (wanted is None or float(wanted) > float(current))
+        except (TypeError, ValueError):
+            continue  # not a number: the settings model says so
+        if higher:
+            raised.append(key)
+    if raised:
+        warn_once(
+            f"{path} raises {', '.join(raised)} above the user's or the default value, which "
+            "only the user config, the environment or a flag may do: ignored"
+        )
+    return {k: v for k, v in values.items() if k not in raised}
 
 
 def project_layer(path: Path) -> dict[str, Any]:
@@ -350,6 +376,7 @@ def merge_layers(
     kinds: Callable[[], Mapping[str, str]],
     base: Mapping[str, Any] | None = None,
     sources: dict[str, str] | None = None,
+    ceilings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """user config file < project config (.durable-agent/config.toml in the workspace) <
     environment < `base` (a run's recorded settings) < flags; the store URL defaulted. Not
@@ -369,7 +396,7 @@ def merge_layers(
             break
     project = project_config_path(workspace)
     if project is not None:
-        values = project_layer(project)
+        values = _within(project_layer(project), merged, ceilings or {}, project)
         add_layer(merged, values, str(project))
         where.update(dict.fromkeys(values, str(project)))
     merged.update(from_env)

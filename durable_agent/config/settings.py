@@ -600,7 +600,10 @@ def load_settings(
     `sources` gets where each value came from (`durable-agent config`)."""
     env = os.environ if env is None else env
     path = default_config_path(env)
-    merged = merge_layers(flags, env, path=path, kinds=setting_kinds, base=base, sources=sources)
+    ceilings = {k: Settings.model_fields[k].default for k in BUDGET_FIELDS}
+    merged = merge_layers(
+        flags, env, path=path, kinds=setting_kinds, base=base, sources=sources, ceilings=ceilings
+    )
     _merge_servers(merged, path, base, flags)
     try:
         settings = Settings(**merged)
