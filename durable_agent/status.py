@@ -44,6 +44,7 @@ class StepKind(StrEnum):
     MEMORY = "memory"  # project memory (AGENTS.md...) read into the history (loop/memory_step.py)
     USER_MESSAGE = "user_message"  # `continue`: a person's message opens a new turn of the history
     HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
+    DELEGATE = "delegate"  # a child run made and run for a `delegate` call (loop/delegate_step.py)
 
 
 class EffectClass(StrEnum):

@@ -56,6 +56,10 @@ class ToolSet:
         custom = registered()
         for tool in build_tools(settings.shell).values():
             self._add(tool, "python" if custom.get(tool.name) is tool else "built-in")
+        if settings.delegate and settings.max_depth > 0:  # docs/delegation.md
+            from durable_agent.tools.delegate import Delegate
+
+            self._add(Delegate(), "built-in")
         for loaded in (*load_plugins(), *load_named(settings.tools)):
             self._add(loaded.tool, loaded.source)
         for tool in extra:

@@ -166,6 +166,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         "sandbox",
         "network",
         "memory",
+        "delegate",
     )
     rules = {"rules_files": args.rules} if getattr(args, "rules", None) else {}
     settings = load_settings({**_flags(args, names), **_mcp_flags(args), **rules}, env)

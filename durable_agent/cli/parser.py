@@ -209,6 +209,16 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_delegate(p: argparse.ArgumentParser) -> None:
+    # Delegation (docs/delegation.md): its settings, max_depth and max_children, are in config.
+    p.add_argument(
+        "--delegate",
+        action="store_true",
+        default=None,
+        help="offer the model the `delegate` tool: child runs for parts of the task",
+    )
+
+
 def _add_config_command(sub: Subcommands) -> None:
     p = sub.add_parser(
         "config",
@@ -335,6 +345,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "task", help="what the agent should do, in plain words (`-`: read it from stdin)"
     )
     _add_memory(p)
+    _add_delegate(p)
     p.add_argument(
         "-w",
         "--workspace",

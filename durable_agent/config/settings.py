@@ -101,6 +101,8 @@ NUMBER_FIELDS = (
     "store_retry_attempts",
     "store_retry_seconds",
     "temperature",
+    "max_depth",
+    "max_children",
 )
 
 
@@ -272,6 +274,14 @@ class Settings(BaseModel):
     hooks: list[Hook] = Field(default_factory=list)
     """[[hooks]]: commands run (in the sandbox, as durable steps) at session_start, pre_tool,
     post_tool, pre_compact, stop and resume; exit 2 blocks with stderr as the reason."""
+
+    # -- delegation: the `delegate` tool and child runs (docs/delegation.md) ----------------
+    delegate: bool = False
+    """Offer the `delegate` tool: the model hands a part of its task to a child run (`--delegate`)."""
+    max_depth: int = Field(2, ge=0)
+    """How deep runs may delegate: 1 lets a run have children, 2 grandchildren too; 0 is none."""
+    max_children: int = Field(4, ge=1)
+    """Children one run may delegate to, in all."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

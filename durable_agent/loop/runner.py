@@ -17,6 +17,7 @@ from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
 from durable_agent.loop import finish_gate, guard, hooks, turns
+from durable_agent.loop.delegate_step import _GO_ON
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -28,10 +29,11 @@ from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
 from durable_agent.redact import Redactor
-from durable_agent.status import StopReason
+from durable_agent.status import RunStatus, StopReason
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
-from durable_agent.store.runs import Store
+from durable_agent.store.records import RunRecord
+from durable_agent.store.runs import Store, new_run_statements
 from durable_agent.tools.base import Tool, tool_schema
 from durable_agent.workspace import recorder, resume
 
@@ -56,6 +58,7 @@ class Runner:
         retry_policy: Any = None,
         store_policy: retrying.StorePolicy | None = None,
         tool_source: Any = None,
+        model_for: Callable[[Settings], ModelClient] | None = None,
     ) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
         self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
@@ -64,6 +67,7 @@ class Runner:
         self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
+        self.model_for = model_for  # a child's model, when it names another (wiring.build_model)
 
     def create(
         self, task: str, run_id: str | None = None, *, lease_owner: str | None = None
@@ -200,6 +204,7 @@ class Runner:
             resumed=loaded.run.resume_count > 0,
             beat=beat,
             forked_at=loaded.run.fork_seq if loaded.run.forked_from else None,
+            children=InProcessChildren(self),
         )
 
     def _drive(
@@ -274,3 +279,102 @@ class Runner:
         # heartbeat sets the event while a long call or command runs.
         if self.cancel.is_set() or ctx.journal.cancel_seen:
             raise errors.LoopExit(StopReason.CANCELLED, "cancelled by request")
+
+
+class _Linked(threading.Event):
+    """A child's cancel: its own, or its parent's (a cancel of the parent stops the child;
+    one of the child stops only the child)."""
+
+    def __init__(self, parent: threading.Event) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.parent.is_set()
+
+
+class InProcessChildren:
+    """A run's children (loop/delegate_step.py), run in this process, one at a time, each
+    by a Runner of its own with its own lease."""
+
+    def __init__(self, parent: Runner) -> None:
+        self.parent = parent
+
+    def depth(self, run_id: str) -> int:
+        return self.parent.store.depth(run_id)
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        return self.parent.store.children(run_id)
+
+    def pending_request(self, child_id: str) -> str | None:
+        asked = self.parent.store.pending_approval(child_id)
+        if asked is None:
+            return None
+        what = asked.command or asked.tool_name or asked.call_id
+        return f"{asked.kind} for {what}" + (f" ({asked.reason})" if asked.reason else "")
+
+    def creation(
+        self, parent_id: str, child_id: str, task: str, settings: Settings
+    ) -> Callable[[int], list[Any]]:
+        p = self.parent
+        redactor = p.redactor
+        first = [Message("system", SYSTEM_PROMPT), Message("user", redactor.redact(task))]
+        tree_start = recorder.at_creation(
+            settings, p.store.engine, p.store_policy, redactor=redactor
+        )
+
+        def statements(seq: int) -> list[Any]:
+            return new_run_statements(
+                child_id,
+                task=redactor.redact(task),
+                workspace=str(settings.workspace),
+                model=settings.model or "",
+                settings=settings.redacted_dict(),
+                first_messages=first,
+                tree_start=tree_start,
+                parent=(parent_id, seq),
+            )
+
+        return statements
+
+    def run(self, child_id: str, settings: Settings, tools: dict[str, Tool]) -> RunRecord:
+        p = self.parent
+        store = p.store
+        child = store.get_run(child_id)
+        if RunStatus(child.status) not in _GO_ON:
+            return child  # it ended before the parent read it: its outcome is read once
+        model = p.model
+        if settings.model != p.settings.model:
+            if p.model_for is None:
+                raise errors.ConfigError("a child with another model needs a model factory")
+            model = p.model_for(settings)
+        runner = Runner(
+            store=store,
+            settings=settings,
+            model=model,
+            tools=tools,
+            env=p.env,
+            redactor=p.redactor,
+            cancel=_Linked(p.cancel),
+            sleep=p.sleep,
+            retry_policy=p.retry_policy,
+            store_policy=p.store_policy,
+            model_for=p.model_for,
+        )
+        runner.release = p.release
+        try:
+            runner.execute(child_id)
+        except errors.RunBusy:
+            # Another process runs it (a worker, or a dead parent's session whose lease has
+            # not run out yet): wait until it ends or its lease can be taken.
+            while not p.cancel.is_set():
+                child = store.get_run(child_id)
+                if RunStatus(child.status) not in (RunStatus.PENDING, RunStatus.RUNNING):
+                    return child
+                p.sleep(0.2)
+                try:
+                    runner.execute(child_id)
+                    break
+                except errors.RunBusy:
+                    continue
+        return store.get_run(child_id)

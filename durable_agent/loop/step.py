@@ -85,6 +85,7 @@ class StepSpec(Struct, frozen=True):
             StepKind.VERIFY,
             StepKind.USER_MESSAGE,
             StepKind.HOOK,
+            StepKind.DELEGATE,  # a child's changes in a shared workspace are the step's
         )
 
     @property
@@ -135,13 +136,21 @@ class StepCall:
     def input(self) -> Any:
         return self.step.input
 
-    def run(self, fn: StepFn, *, input: Any = None, use_approval: int | None = None) -> StepOutcome:
-        """Intent (with the before snapshot), the effect, the outcome (with the after one)."""
+    def run(
+        self,
+        fn: StepFn,
+        *,
+        input: Any = None,
+        use_approval: int | None = None,
+        also: Callable[[int], Sequence[Any]] | None = None,
+    ) -> StepOutcome:
+        """Intent (with the before snapshot), the effect, the outcome (with the after one).
+        `also`: rows made in the intent's commit, given the step's seq (a child run)."""
         spec, step = self.spec, self.step
         if spec.deferred:
             step.start(input, durable=False)
         else:
-            step.start(input, use_approval=use_approval, workspace=self._before())
+            step.start(input, use_approval=use_approval, workspace=self._before(), also=also)
         if spec.announce:
             self._event(StepState.STARTED.value, detail=spec.detail, attempts=step.attempts)
         try:

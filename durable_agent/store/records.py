@@ -78,6 +78,8 @@ class RunRecord(_Record, frozen=True):
     forked_from: str | None = None  # 0006: `fork` lineage
     fork_seq: int | None = None
     tree_start: str | None = None  # 0006: workspace snapshot at creation
+    parent_id: str | None = None  # 0014: the run that delegated this one
+    parent_step: int | None = None  # 0014: ... in its step with this seq
 
 
 class StepRecord(_Record, frozen=True, dict=True):

@@ -89,6 +89,8 @@ runs = Table(
     Column("forked_from", String(64)),  # 0006: the run this one was forked from (`fork`)
     Column("fork_seq", Integer),  # 0006: ... after its step with this seq
     Column("tree_start", String(64)),  # 0006: the workspace snapshot taken when the run was created
+    Column("parent_id", String(64)),  # 0014: the run that delegated this one (`delegate`)
+    Column("parent_step", Integer),  # 0014: ... in its step with this seq
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index
 # ix_runs_claimable (created_at, id) WHERE status IN ('pending', 'running'), which is left

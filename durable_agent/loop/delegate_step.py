@@ -1,0 +1,229 @@
+"""A `delegate` call: a child run, made and run durably, its answer the call's observation.
+
+    intent     the step's intent row and the child's run row (runs.parent_id, parent_step)
+               in one commit; the child's id is derived from the parent's id and the step's
+               key, so no crash and no resume ever makes a second child for one call
+    effect     the child runs in this process under its own lease (a Runner of its own),
+               until it stops; a resume of the parent finds the intent and resumes the child
+    outcome    the child's final answer (or how it failed) is the call's one tool message;
+               its tokens are counted in the parent's too (budgets roll up)
+
+A child that is blocked (it needs a person's approval) blocks the parent, with the child's
+request in the parent's error; a cancel of the parent stops the child. The step's row stays
+`started` in both cases: a resume of the parent goes on with the same child. docs/delegation.md
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from durable_agent.config.settings import Settings, validation_text
+from durable_agent.errors import LoopExit
+from durable_agent.loop.step import StepCall, StepOutcome, StepSpec, open_step
+from durable_agent.loop.step_context import StepContext
+from durable_agent.messages import Message, ToolCall
+from durable_agent.status import EffectClass, RunStatus, StepKind, StopReason
+from durable_agent.store.records import RunRecord
+from durable_agent.store.step import Step
+from durable_agent.tools.base import Tool, ToolResult
+from durable_agent.tools.delegate import NAME, DelegateArgs
+from durable_agent.tools.limits import cap_text
+
+# A child in these states is run (again) when its parent's step runs: it has not ended, or
+# it stopped for a person (an approval, a cancel) and the parent is resumed.
+_GO_ON = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.CANCELLED}
+
+
+class Children(Protocol):
+    """How a run makes and runs its children (loop/runner.py: in this process)."""
+
+    def depth(self, run_id: str) -> int: ...
+
+    def children(self, run_id: str) -> list[RunRecord]: ...
+
+    def creation(self, parent_id: str, child_id: str, task: str, settings: Settings) -> Any:
+        """Callable(seq) -> the statements that create the child run (in the intent)."""
+
+    def run(self, child_id: str, settings: Settings, tools: dict[str, Tool]) -> RunRecord:
+        """Run the child until it stops (or find it ended); its record as it is then."""
+
+    def pending_request(self, child_id: str) -> str | None: ...
+
+
+def child_id(parent_id: str, key: str) -> str:
+    """The child's run id: the parent's, and a digest of the parent's id and the step key."""
+    digest = hashlib.sha256(f"{parent_id}\0{key}".encode()).hexdigest()[:12]
+    return f"{parent_id[:40]}-{digest}"
+
+
+def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
+    s = ctx.state
+    children: Children | None = ctx.children
+    spec = StepSpec(
+        StepKind.DELEGATE,
+        key,
+        s.turn,
+        {"arguments": call.arguments_or_text()},
+        call_id=call.id,
+        tool_name=NAME,
+        label=NAME,
+        detail=_brief(call),
+    )
+    step = open_step(ctx, spec)
+    kid = child_id(s.run_id, key)
+    try:
+        args = DelegateArgs.model_validate(call.parsed_arguments())
+    except ValueError as exc:
+        detail = validation_text(exc, "arguments") if isinstance(exc, ValidationError) else str(exc)
+        return _refuse(ctx, call, step, f"invalid arguments for delegate: {detail}")
+    if children is None:
+        return _refuse(ctx, call, step, "delegation is not available in this session")
+    made = tools_for(ctx.tools, args)
+    if isinstance(made, str):
+        return _refuse(ctx, call, step, made)
+    settings = child_settings(ctx, args)
+    if step.prior is None:  # a new call: the limits decide; a child made is gone on with
+        problem = _over_limits(ctx, children)
+        if problem is not None:
+            return _refuse(ctx, call, step, problem)
+    ctx.observer.note(f"delegating to run {kid}: {_short(args.task)}")
+
+    def effect(_step: Step) -> StepOutcome:
+        child = children.run(kid, settings, made)
+        status = RunStatus(child.status)
+        if status is RunStatus.BLOCKED:
+            request = children.pending_request(kid) or child.error or "it needs a decision"
+            raise LoopExit(
+                StopReason.APPROVAL_REQUIRED,
+                f"child run {kid} is blocked: {request}; decide it "
+                f"(`durable-agent approve {kid}` or `deny`), then resume {s.run_id}",
+            )
+        if status is RunStatus.CANCELLED and (ctx.cancel.is_set() or ctx.journal.cancel_seen):
+            raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
+        if status in (RunStatus.PENDING, RunStatus.RUNNING):  # let go of (a worker's release)
+            raise LoopExit(StopReason.CANCELLED, f"child run {kid} did not end")
+        return _answered(ctx, call, child)
+
+    # The child's row with the intent's, once: a recorded intent made it already.
+    made_with = (
+        children.creation(s.run_id, kid, args.task, settings) if step.prior is None else None
+    )
+    step.run(effect, input={**spec.input, "child": kid}, also=made_with)
+    return None
+
+
+def tools_for(tools: Any, args: DelegateArgs) -> dict[str, Tool] | str:
+    """The child's tools: the subset asked for, of this run's; read tools only unless the
+    workspace is granted for writing (`shared-write`). A string: why not."""
+    write = args.workspace == "shared-write"
+    names = list(tools) if args.tools is None else args.tools
+    unknown = [n for n in names if n not in tools]
+    if unknown:
+        return f"unknown tools for the child: {', '.join(unknown)}; available: {', '.join(sorted(tools))}"
+    if not write and args.tools is not None:
+        writers = [n for n in names if tools[n].effect is not EffectClass.READ]
+        if writers:
+            return (
+                f"the child's workspace is shared read-only, so it may not use "
+                f'{", ".join(writers)}; give workspace "shared-write" to let it change files'
+            )
+    return {n: tools[n] for n in names if write or tools[n].effect is EffectClass.READ}
+
+
+def child_settings(ctx: StepContext, args: DelegateArgs) -> Settings:
+    """The parent's settings, with the child's model and budgets. The child's cost and
+    token budgets are at most what the parent has left: the parent's cap stops it too."""
+    parent, s = ctx.settings, ctx.state
+    w = s.window
+    prompt, completion = (
+        s.prompt_tokens - w.prompt_tokens,
+        s.completion_tokens - w.completion_tokens,
+    )
+    update: dict[str, Any] = {}
+    if args.model:
+        update["model"] = args.model
+    if args.max_steps:
+        update["max_steps"] = args.max_steps
+    costs = [args.max_cost] if args.max_cost is not None else []
+    price = parent.prices.get(parent.model or "")
+    if parent.max_cost is not None and price is not None:
+        costs.append(max(parent.max_cost - price.cost(prompt, completion), 0.0))
+    if costs:
+        update["max_cost"] = min(costs)
+    if parent.max_tokens is not None:
+        update["max_tokens"] = max(parent.max_tokens - prompt - completion, 0)
+    return parent.model_copy(update=update)
+
+
+def _over_limits(ctx: StepContext, children: Children) -> str | None:
+    s, settings = ctx.state, ctx.settings
+    depth = children.depth(s.run_id)
+    if depth + 1 > settings.max_depth:
+        return (
+            f"not delegated: this run is at depth {depth} and runs may delegate "
+            f"{settings.max_depth} level(s) deep (max_depth); do this part yourself"
+        )
+    made = len(children.children(s.run_id))
+    if made >= settings.max_children:
+        return (
+            f"not delegated: this run already made {made} child runs, the most it may "
+            f"(max_children={settings.max_children}); do this part yourself"
+        )
+    return None
+
+
+def _answered(ctx: StepContext, call: ToolCall, child: RunRecord) -> StepOutcome:
+    """The child's end as the call's one tool message. The step completes whatever the
+    child's status (a failed child is an error observation, not the parent's failure), so
+    the tokens it paid count in the parent's."""
+    if child.status == RunStatus.COMPLETED:
+        result = ToolResult(output=child.answer or "", data={"child": child.id})
+    else:
+        why = child.error or child.stop_reason or "no reason recorded"
+        partial = f"\nits last answer: {child.answer}" if child.answer else ""
+        result = ToolResult(
+            output=partial.strip(),
+            error=f"child run {child.id} ended {child.status}: {why}",
+            data={"child": child.id},
+        )
+    tokens = (child.prompt_tokens, child.completion_tokens)
+    s = ctx.state
+    s.prompt_tokens += tokens[0]
+    s.completion_tokens += tokens[1]
+    observed = _observe(ctx, call, result)
+    return StepOutcome(
+        {**observed[0], "status": child.status}, None, messages=[observed[1]], tokens=tokens
+    )
+
+
+def _refuse(ctx: StepContext, call: ToolCall, step: StepCall, error: str) -> None:
+    output, message = _observe(ctx, call, ToolResult(error=error))
+    step.record(StepOutcome(output, error, messages=[message]))
+
+
+def _observe(
+    ctx: StepContext, call: ToolCall, result: ToolResult
+) -> tuple[dict[str, Any], Message]:
+    s = ctx.state
+    text = cap_text(ctx.redactor.redact(result.for_model()), ctx.settings.output_cap)
+    message = Message("tool", text, tool_call_id=call.id)
+    s.tool_call_count += 1
+    s.note_tool_call(call)
+    s.append(message)
+    return {"result": text, "data": result.data}, message
+
+
+def _brief(call: ToolCall) -> str:
+    try:
+        task = call.parsed_arguments().get("task")
+    except ValueError:
+        task = None
+    return _short(task if isinstance(task, str) else call.arguments)
+
+
+def _short(text: str) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= 80 else one[:77] + "..."
