@@ -166,9 +166,10 @@ def _sweep(tmp_path: Path, env: dict[str, str], stride: int) -> int:
         assert r.returncode == -signal.SIGKILL, r.stderr
         if not query(db, "SELECT 1 FROM runs WHERE id = 'p'"):
             r = run(e, ws, *args)  # killed before the run existed: start it again
+            assert r.returncode == 0, (k, r.stdout, r.stderr)
         elif query(db, "SELECT status FROM runs WHERE id = 'p'") != [("completed",)]:
-            r = run(e, ws, "resume", "p")
-        assert r.returncode == 0, (k, r.stdout, r.stderr)
+            r = run(e, ws, "resume", "p")  # (killed after its last commit: nothing to do)
+            assert r.returncode == 0, (k, r.stdout, r.stderr)
         check_once(db, "p")
         assert ledger(db, "p") == ref["ledger"], k
         assert sorted(p.name for p in ws.iterdir()) == ref["files"]
@@ -187,3 +188,194 @@ def test_sigkill_at_every_checkpoint_of_a_parent_with_three_children(
 
 def test_sigkill_at_every_seventh_checkpoint(tmp_path: Path, env: dict[str, str]) -> None:
     assert _sweep(tmp_path, env, 7) > 40
+
+
+def _start(env: dict[str, str], ws: Path, tmp_path: Path, script: dict[str, Any], *extra: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    return forked_cli.run(
+        ["start", "top", "--delegate", "--model", f"scripted:{path}", "--run-id", "p", *extra],
+        env=env,
+        cwd=ws,
+        timeout=120,
+    )
+
+
+def _delegate(task: str, **more: Any) -> dict[str, Any]:
+    return {"name": "delegate", "arguments": {"task": task, **more}}
+
+
+def test_limits_and_a_failed_child_are_error_observations(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    (tmp_path / "xdg-config" / "durable-agent").mkdir(parents=True)
+    (tmp_path / "xdg-config" / "durable-agent" / "config.toml").write_text(
+        "max_children = 2\nmax_depth = 1\n"
+    )
+    script = {
+        "*": [
+            {
+                "tool_calls": [
+                    _delegate("fail"),
+                    _delegate("nest", workspace="shared-write"),  # read-only: no delegate tool
+                    _delegate("third"),
+                ]
+            },
+            {"tool_calls": [_delegate("fail", tools=["nope"])]},
+            {"content": "parent went on"},
+        ],
+        # max_steps=1 is given by nobody: the child's script asks for a tool it lacks and
+        # then runs out of answers; `fail` ends budget_exceeded with --max-steps 2.
+        "fail": [{"tool_calls": [{"name": "list_files", "arguments": {}}]}] * 5,
+        "nest": [
+            {"tool_calls": [_delegate("deeper")]},
+            {"content": "nest done"},
+        ],
+    }
+    r = _start(env, workspace, tmp_path, script, "--max-steps", "2")
+    assert r.returncode == 3, r.stderr  # the parent: budget_exceeded after its own 2 calls
+    tool = query(
+        db_path, "SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool' ORDER BY seq"
+    )
+    texts = [t[0] for t in tool]
+    assert texts[0].startswith("Error: child run p-") and "ended budget_exceeded" in texts[0]
+    assert texts[1] == "nest done"
+    assert "max_children=2" in texts[2] and texts[2].startswith("Error: not delegated")
+    assert "unknown tools for the child: nope" in texts[3]
+    nest = query(db_path, "SELECT id FROM runs WHERE task = 'nest'")[0][0]
+    deeper = query(
+        db_path, "SELECT content FROM messages WHERE run_id = ? AND role = 'tool'", nest
+    )[0][0]
+    assert "max_depth" in deeper and "depth 1" in deeper
+    assert query(db_path, "SELECT COUNT(*) FROM runs") == [(3,)]
+
+
+def test_a_blocked_child_blocks_the_parent_and_approve_answers_it(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    command = "touch made.txt"
+    script = {
+        "*": [
+            {"tool_calls": [_delegate("make it", workspace="shared-write")]},
+            {"content": "parent done"},
+        ],
+        "make it": [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+            {"content": "made"},
+        ],
+    }
+    r = _start(env, workspace, tmp_path, script)
+    assert r.returncode == 5, r.stderr  # blocked, as its child
+    assert f"is blocked: approval_required for {command}" in r.stderr
+    child = query(db_path, "SELECT id FROM runs WHERE parent_id = 'p'")[0][0]
+    assert query(db_path, "SELECT status FROM runs ORDER BY id") == [
+        ("blocked",),
+        ("blocked",),
+    ]
+    a = forked_cli.run(["approve", "p"], env=env, cwd=workspace)
+    assert a.returncode == 0 and command in a.stdout and "resume p" in a.stdout, a.stderr
+    r = forked_cli.run(["resume", "p", "--quiet"], env=env, cwd=workspace)
+    assert r.returncode == 0 and r.stdout.strip() == "parent done", r.stderr
+    assert (workspace / "made.txt").exists()
+    assert query(db_path, "SELECT COUNT(*) FROM runs WHERE parent_id = 'p'") == [(1,)]
+    assert query(db_path, "SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool'") == [
+        ("made",)
+    ]
+    shown = forked_cli.run(["show", "p"], env=env, cwd=workspace).stdout
+    assert f"    {child}  completed" in shown and "  p  completed" in shown
+    tree = forked_cli.run(["list", "--tree"], env=env, cwd=workspace).stdout.splitlines()
+    assert tree[0].startswith("p  completed") and tree[1].startswith(f"  {child}  completed")
+
+
+def test_cancel_of_the_parent_cancels_its_running_child(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    script = {
+        "*": [{"tool_calls": [_delegate("slow")]}, {"content": "never"}],
+        "slow": [{"content": "too late", "delay_s": 60}],
+    }
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "start", "top", "--delegate"]
+        + ["--model", f"scripted:{path}", "--run-id", "p", "--quiet"],
+        env={**env, "DURABLE_AGENT_LEASE_SECONDS": "3"},
+        cwd=workspace,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the child is running (its model call sleeps)
+            if db_path.exists():
+                try:
+                    if query(db_path, "SELECT 1 FROM steps WHERE run_id != 'p'"):
+                        break
+                except sqlite3.OperationalError:
+                    pass
+            time.sleep(0.05)
+        c = forked_cli.run(["cancel", "p"], env=env, cwd=workspace)
+        assert c.returncode == 0 and "cancelled with it: p-" in c.stdout, c.stderr
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4, err
+    assert query(db_path, "SELECT status FROM runs ORDER BY id") == [
+        ("cancelled",),
+        ("cancelled",),
+    ]
+
+
+def test_the_parents_max_cost_stops_its_children(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    path = tmp_path / "s.json"
+    children = {
+        f"child {i}": [
+            {"tool_calls": [{"name": "list_files", "arguments": {"max_depth": d}}]}
+            for d in range(1, 7)
+        ]
+        + [{"content": f"child {i} done"}]
+        for i in range(3)
+    }
+    script = {
+        "*": [{"tool_calls": [_delegate(t) for t in children]}, {"content": "parent done"}],
+        **children,
+    }
+    path.write_text(json.dumps(script))
+    (tmp_path / "xdg-config" / "durable-agent").mkdir(parents=True)
+    (tmp_path / "xdg-config" / "durable-agent" / "config.toml").write_text(
+        f'[prices."scripted:{path}"]\ninput_per_mtok = 1000000\noutput_per_mtok = 1000000\n'
+    )
+    cap = 400  # one token costs 1: the parent's first call and about one child and a half
+    r = forked_cli.run(
+        ["start", "top", "--delegate", "--model", f"scripted:{path}", "--run-id", "p"]
+        + ["--max-cost", str(cap), "--quiet"],
+        env=env,
+        cwd=workspace,
+    )
+    assert r.returncode == 3 and "cost budget" in r.stderr, r.stderr
+    assert query(db_path, "SELECT status FROM runs WHERE id = 'p'") == [("budget_exceeded",)]
+    biggest = query(
+        db_path, "SELECT MAX(prompt_tokens + completion_tokens) FROM steps WHERE kind = 'model'"
+    )[0][0]
+    spent = query(db_path, "SELECT prompt_tokens + completion_tokens FROM runs WHERE id = 'p'")
+    kids = query(
+        db_path,
+        "SELECT status, prompt_tokens + completion_tokens FROM runs WHERE parent_id = 'p' "
+        "ORDER BY parent_step",
+    )
+    assert kids[0][0] == "completed" and kids[-1][0] == "budget_exceeded", kids
+    assert cap <= spent[0][0] <= cap + biggest  # past the cap by one call at most
+    assert len(kids) == 2  # the third is never started: the budget was spent
+    own = query(
+        db_path,
+        "SELECT prompt_tokens + completion_tokens FROM steps WHERE run_id = 'p' AND seq = 0",
+    )[0][0]
+    second_cap = cap - own - kids[0][1]  # what the parent had left when it started it
+    assert second_cap < kids[1][1] <= second_cap + biggest

@@ -401,6 +401,10 @@ def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     status = store.cancel(run_id)
+    from durable_agent.cli.run_tree import cancel_children
+
+    if children := cancel_children(store, run_id):  # docs/delegation.md
+        print(f"cancelled with it: {', '.join(children)}", file=streams.forgiving(sys.stdout))
     if status == "requested":
         print(
             f"cancellation requested: run {run_id} stops at its next step boundary",
@@ -420,6 +424,12 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     pending = store.pending_approval(run_id)
+    resume_id = run_id
+    if pending is None:  # a parent blocked by its child: the child's question is answered
+        from durable_agent.cli.run_tree import blocked_child
+
+        if (child := blocked_child(store, run_id)) is not None:
+            run_id, pending = child, store.pending_approval(child)
     if pending is None:
         # A second `approve` before the resume: say what was decided instead of a bare "no".
         unused = [
@@ -447,7 +457,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     what = presentation.approval_subject(pending.tool_name, pending.command)
     verb = "denied" if args.deny else "approved"
     print(streams.visible(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}"))
-    print(f"continue with: durable-agent resume {run_id}")
+    print(f"continue with: durable-agent resume {resume_id}")
     return 0
 
 

@@ -416,6 +416,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="each run with the child runs it delegated to, indented, with status and cost",
+    )
 
     p.set_defaults(func=_command("cmd_list", "read_commands"))
     p = sub.add_parser(

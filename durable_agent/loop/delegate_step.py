@@ -52,6 +52,9 @@ class Children(Protocol):
 
     def pending_request(self, child_id: str) -> str | None: ...
 
+    def cancelled(self, run_id: str) -> bool:
+        """Is a cancel of the run requested (a child cancelled with it is not its answer)?"""
+
 
 def child_id(parent_id: str, key: str) -> str:
     """The child's run id: the parent's, and a digest of the parent's id and the step key."""
@@ -89,6 +92,12 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
         problem = _over_limits(ctx, children)
         if problem is not None:
             return _refuse(ctx, call, step, problem)
+        if settings.max_cost is not None and settings.max_cost <= 0:
+            # The parent's budget is spent: it stops here (a raised budget resumes it).
+            raise LoopExit(
+                StopReason.MAX_TOKENS,
+                f"cost budget: max_cost={ctx.settings.max_cost:g} is spent, no child is started",
+            )
     ctx.observer.note(f"delegating to run {kid}: {_short(args.task)}")
 
     def effect(_step: Step) -> StepOutcome:
@@ -101,7 +110,9 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
                 f"child run {kid} is blocked: {request}; decide it "
                 f"(`durable-agent approve {kid}` or `deny`), then resume {s.run_id}",
             )
-        if status is RunStatus.CANCELLED and (ctx.cancel.is_set() or ctx.journal.cancel_seen):
+        if status is RunStatus.CANCELLED and (
+            ctx.cancel.is_set() or ctx.journal.cancel_seen or children.cancelled(s.run_id)
+        ):
             raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
         if status in (RunStatus.PENDING, RunStatus.RUNNING):  # let go of (a worker's release)
             raise LoopExit(StopReason.CANCELLED, f"child run {kid} did not end")

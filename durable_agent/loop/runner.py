@@ -313,6 +313,9 @@ class InProcessChildren:
         what = asked.command or asked.tool_name or asked.call_id
         return f"{asked.kind} for {what}" + (f" ({asked.reason})" if asked.reason else "")
 
+    def cancelled(self, run_id: str) -> bool:
+        return bool(self.parent.store.get_run(run_id).cancel_requested)
+
     def creation(
         self, parent_id: str, child_id: str, task: str, settings: Settings
     ) -> Callable[[int], list[Any]]:

@@ -64,6 +64,8 @@ COLUMNS = {
         "forked_from",
         "fork_seq",
         "tree_start",
+        "parent_id",
+        "parent_step",
     ),
     "steps": (
         "id",
