@@ -9,6 +9,7 @@ it, inside each child, and after a child ended before the parent recorded its an
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import sqlite3
@@ -283,6 +284,17 @@ def test_a_blocked_child_blocks_the_parent_and_approve_answers_it(
     ]
     shown = forked_cli.run(["show", "p"], env=env, cwd=workspace).stdout
     assert f"    {child}  completed" in shown and "  p  completed" in shown
+    exported = forked_cli.run(["export", "p"], env=env, cwd=workspace).stdout.splitlines()
+    events = [json.loads(e) for e in exported]
+    assert {e["run_id"] for e in events} == {"p", child}
+    assert [e["type"] for e in events if e["run_id"] == child][0] == "run_started"
+    assert sum(e["type"] == "approval_requested" and e["run_id"] == child for e in events) == 1
+    if importlib.util.find_spec("starlette") is not None:  # the web view: children on the page
+        from ui_support import client
+
+        page = client(env["DURABLE_AGENT_DB"]).get("/runs/p").text
+        assert "Child runs" in page and f'href="/runs/{child}"' in page
+        assert 'href="/runs/p"' in client(env["DURABLE_AGENT_DB"]).get(f"/runs/{child}").text
     tree = forked_cli.run(["list", "--tree"], env=env, cwd=workspace).stdout.splitlines()
     assert tree[0].startswith("p  completed") and tree[1].startswith(f"  {child}  completed")
 

@@ -494,8 +494,12 @@ def cmd_export(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.transcript import events
 
     store = _open(args, env)
+    from durable_agent.cli.run_tree import descendants
+
     run_id = store.find_run_id(args.run_id)
-    for event in events(store, run_id):
+    # The run's events, then each child run's under its own run id (docs/delegation.md).
+    runs = [run_id, *(child.id for _depth, child in descendants(store, run_id))]
+    for event in (e for rid in runs for e in events(store, rid)):
         # JSON lets U+2028, U+2029 and U+0085 stand raw in strings, but readers that split on
         # every line break (Python's str.splitlines) would cut an event there: escaped.
         sys.stdout.write(json.dumps(event, ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
