@@ -249,6 +249,14 @@ def test_limits_and_a_failed_child_are_error_observations(
     )[0][0]
     assert "max_depth" in deeper and "depth 1" in deeper
     assert query(db_path, "SELECT COUNT(*) FROM runs") == [(3,)]
+    # A read-only child's tools are recorded with it: whoever resumes it offers only those.
+    recorded = query(db_path, "SELECT settings FROM runs WHERE task = 'fail'")[0][0]
+    assert json.loads(recorded)["child_tools"] == [
+        "list_files",
+        "read_file",
+        "read_output",
+        "search_text",
+    ]
 
 
 def test_a_blocked_child_blocks_the_parent_and_approve_answers_it(
@@ -307,14 +315,17 @@ def test_cancel_of_the_parent_cancels_its_running_child(
     import time
 
     script = {
-        "*": [{"tool_calls": [_delegate("slow")]}, {"content": "never"}],
-        "slow": [{"content": "too late", "delay_s": 60}],
+        "*": [{"tool_calls": [_delegate("slow", workspace="shared-write")]}, {"content": "never"}],
+        "slow": [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 60"}}]},
+            {"content": "too late"},
+        ],
     }
     path = tmp_path / "s.json"
     path.write_text(json.dumps(script))
     proc = subprocess.Popen(
         [sys.executable, "-m", "durable_agent", "start", "top", "--delegate"]
-        + ["--model", f"scripted:{path}", "--run-id", "p", "--quiet"],
+        + ["--model", f"scripted:{path}", "--run-id", "p", "--quiet", "--shell", "allow"],
         env={**env, "DURABLE_AGENT_LEASE_SECONDS": "3"},
         cwd=workspace,
         stdout=subprocess.PIPE,
@@ -323,10 +334,13 @@ def test_cancel_of_the_parent_cancels_its_running_child(
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the child is running (its model call sleeps)
+        while time.monotonic() < deadline:  # the child is running (its command sleeps)
             if db_path.exists():
                 try:
-                    if query(db_path, "SELECT 1 FROM steps WHERE run_id != 'p'"):
+                    if query(
+                        db_path,
+                        "SELECT 1 FROM steps WHERE run_id != 'p' AND tool_name = 'run_command'",
+                    ):
                         break
                 except sqlite3.OperationalError:
                     pass
@@ -391,3 +405,96 @@ def test_the_parents_max_cost_stops_its_children(
     )[0][0]
     second_cap = cap - own - kids[0][1]  # what the parent had left when it started it
     assert second_cap < kids[1][1] <= second_cap + biggest
+
+
+@pytest.mark.postgres
+def test_postgres_workers_a_worker_killed_while_it_runs_a_child(
+    tmp_path: Path, env: dict[str, str], workspace: Path
+) -> None:
+    from scale_helpers import Workers, pg_schema, wait_for
+    from sqlalchemy import text
+
+    from durable_agent.store.engine import open_store_engine
+
+    children = {
+        f"write {name}": [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": f"{name}.txt", "content": name}}
+                ]
+            },
+            # The worker is killed while this call sleeps: the child is mid-run.
+            {"content": f"{name} written", "delay_s": 1.5 if name == "beta" else 0},
+        ]
+        for name in ("alpha", "beta", "gamma")
+    }
+    script = {
+        "*": [
+            {"tool_calls": [_delegate(t, workspace="shared-write") for t in children]},
+            {"content": "all three written"},
+        ],
+        **children,
+    }
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    with pg_schema() as url:
+        e = {**env, "DURABLE_AGENT_DB": url, "DURABLE_AGENT_LEASE_SECONDS": "2"}
+        r = forked_cli.run(
+            ["start", "top", "--delegate", "--model", f"scripted:{path}"]
+            + ["--run-id", "p", "--detach"],
+            env=e,
+            cwd=workspace,
+        )
+        assert r.returncode == 0, r.stderr
+        engine = open_store_engine(url)
+
+        def rows(sql: str) -> list[Any]:
+            with engine.connect() as conn:
+                return list(conn.execute(text(sql)).all())
+
+        workers = Workers(e, url, tmp_path / "logs")
+        try:
+            first = workers.start()
+            # beta's write is done and its slow answer is being made: kill that worker.
+            wait_for(
+                lambda: rows(
+                    "SELECT 1 FROM steps s JOIN runs r ON r.id = s.run_id "
+                    "WHERE r.task = 'write beta' AND s.kind = 'tool' AND s.state = 'completed'"
+                ),
+                60,
+                "the second child's write",
+            )
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            assert rows("SELECT status FROM runs WHERE id = 'p'") == [("running",)]
+            workers.start()
+            wait_for(
+                lambda: rows("SELECT 1 FROM runs WHERE id = 'p' AND status = 'completed'"),
+                90,
+                "the parent to complete",
+            )
+        finally:
+            workers.kill_all()
+        assert rows("SELECT answer FROM runs WHERE id = 'p'") == [("all three written",)]
+        kids = rows(
+            "SELECT r.status, r.answer FROM runs r WHERE r.parent_id = 'p' ORDER BY r.parent_step"
+        )
+        assert kids == [("completed", f"{n} written") for n in ("alpha", "beta", "gamma")]
+        assert rows("SELECT r.parent_step FROM runs r WHERE r.parent_id = 'p' ORDER BY 1") == rows(
+            "SELECT seq FROM steps WHERE run_id = 'p' AND kind = 'delegate' ORDER BY 1"
+        )
+        assert rows("SELECT COUNT(*) FROM runs") == [(4,)]
+        assert (
+            rows("SELECT run_id, idempotency_key FROM steps GROUP BY 1, 2 HAVING COUNT(*) > 1")
+            == []
+        )
+        assert rows(
+            "SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool' ORDER BY seq"
+        ) == [(f"{n} written",) for n in ("alpha", "beta", "gamma")]
+        assert rows("SELECT COUNT(*) FROM run_tree WHERE root_id = 'p'") == [(4,)]
+        # The killed worker's runs were taken over: the parent's and beta's sessions resumed.
+        taken = rows("SELECT resume_count > 0 FROM runs WHERE id = 'p' OR task = 'write beta'")
+        assert taken == [(True,), (True,)]
+        engine.dispose()
+    for name in ("alpha", "beta", "gamma"):
+        assert (workspace / f"{name}.txt").read_text() == name

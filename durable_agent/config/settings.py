@@ -282,6 +282,9 @@ class Settings(BaseModel):
     """How deep runs may delegate: 1 lets a run have children, 2 grandchildren too; 0 is none."""
     max_children: int = Field(4, ge=1)
     """Children one run may delegate to, in all."""
+    child_tools: list[str] | None = None
+    """A child run's tools, as its parent's `delegate` call gave them (recorded with the run,
+    so whoever resumes it offers the same); unset: every tool."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

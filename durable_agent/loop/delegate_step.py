@@ -87,7 +87,7 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
     made = tools_for(ctx.tools, args)
     if isinstance(made, str):
         return _refuse(ctx, call, step, made)
-    settings = child_settings(ctx, args)
+    settings = child_settings(ctx, args).model_copy(update={"child_tools": sorted(made)})
     if step.prior is None:  # a new call: the limits decide; a child made is gone on with
         problem = _over_limits(ctx, children)
         if problem is not None:
