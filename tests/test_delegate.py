@@ -370,7 +370,12 @@ def test_the_parents_max_cost_stops_its_children(
         for i in range(3)
     }
     script = {
-        "*": [{"tool_calls": [_delegate(t) for t in children]}, {"content": "parent done"}],
+        "*": [
+            # shared-write: one after another (read-only children of one answer run side by
+            # side, each with its share of what the parent has left)
+            {"tool_calls": [_delegate(t, workspace="shared-write") for t in children]},
+            {"content": "parent done"},
+        ],
         **children,
     }
     path.write_text(json.dumps(script))
@@ -498,3 +503,77 @@ def test_postgres_workers_a_worker_killed_while_it_runs_a_child(
         engine.dispose()
     for name in ("alpha", "beta", "gamma"):
         assert (workspace / f"{name}.txt").read_text() == name
+
+
+def _readers_script(path: Path, delay: float) -> str:
+    children = {
+        f"read {n}": [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": f"{n}.txt"}}]},
+            {"content": f"{n} read", "delay_s": delay},
+        ]
+        for n in ("alpha", "beta", "gamma")
+    }
+    script = {
+        "*": [{"tool_calls": [_delegate(t) for t in children]}, {"content": "all read"}],
+        **children,
+    }
+    path.write_text(json.dumps(script))
+    return f"scripted:{path}"
+
+
+def test_read_only_children_of_one_answer_run_side_by_side(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    for n in ("alpha", "beta", "gamma"):
+        (workspace / f"{n}.txt").write_text(n)
+    model = _readers_script(tmp_path / "s.json", 0.5)
+    r = run(env, workspace, "start", "top", "--delegate", "--model", model, "--run-id", "p")
+    assert r.returncode == 0 and r.stdout.strip() == "all read", r.stderr
+    assert [
+        t[0]
+        for t in query(
+            db_path,
+            "SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool' ORDER BY seq",
+        )
+    ] == ["alpha read", "beta read", "gamma read"]
+    # The children's slow answers overlapped: each began before any of them ended (one after
+    # another, never).
+    slow = query(
+        db_path,
+        "SELECT started_at, finished_at FROM steps WHERE run_id != 'p' AND kind = 'model' "
+        "AND turn = 1",
+    )
+    assert len(slow) == 3 and max(s[0] for s in slow) < min(s[1] for s in slow)
+    # Intents first, in the calls' order, then the outcomes: each child made once.
+    assert query(
+        db_path, "SELECT parent_step FROM runs WHERE parent_id = 'p' ORDER BY id"
+    ) != [] and query(db_path, "SELECT COUNT(*) FROM runs") == [(4,)]
+
+
+def test_sigkill_while_children_run_side_by_side(tmp_path: Path, env: dict[str, str]) -> None:
+    model = _readers_script(tmp_path / "s.json", 0)
+    expected = None
+    k = 1
+    while True:
+        ws, db = tmp_path / f"ws{k}", tmp_path / f"s{k}.db"
+        ws.mkdir()
+        for n in ("alpha", "beta", "gamma"):
+            (ws / f"{n}.txt").write_text(n)
+        e = {**env, "DURABLE_AGENT_DB": f"sqlite:///{db}"}
+        args = ("start", "top", "--delegate", "--model", model, "--run-id", "p")
+        r = run(e, ws, *args, crash_after=k)
+        if r.returncode == 0:
+            break
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        if not query(db, "SELECT 1 FROM runs WHERE id = 'p'"):
+            assert run(e, ws, *args).returncode == 0
+        elif query(db, "SELECT status FROM runs WHERE id = 'p'") != [("completed",)]:
+            r = run(e, ws, "resume", "p")
+            assert r.returncode == 0, (k, r.stdout, r.stderr)
+        check_once(db, "p")
+        got = ledger(db, "p")
+        got["child_steps"] = sorted(map(tuple, got["child_steps"]))  # (made in any order)
+        expected = expected or got
+        assert got == expected and got["parent"] == [("completed", "all read")], k
+        k += 3
+    assert k > 20

@@ -27,7 +27,6 @@ from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ToolCall
 from durable_agent.status import EffectClass, RunStatus, StepKind, StopReason
 from durable_agent.store.records import RunRecord
-from durable_agent.store.step import Step
 from durable_agent.tools.base import Tool, ToolResult
 from durable_agent.tools.delegate import NAME, DelegateArgs
 from durable_agent.tools.limits import cap_text
@@ -62,7 +61,77 @@ def child_id(parent_id: str, key: str) -> str:
     return f"{parent_id[:40]}-{digest}"
 
 
+class _Delegation:
+    """One delegate call between its intent and its outcome."""
+
+    def __init__(
+        self,
+        call: ToolCall,
+        step: StepCall,
+        kid: str,
+        task: str,
+        settings: Settings,
+        tools: dict[str, Tool],
+    ) -> None:
+        self.call, self.step, self.kid, self.task = call, step, kid, task
+        self.settings, self.tools = settings, tools
+
+
 def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
+    """One call: intent (with the child's row), the child run to its end, the outcome."""
+    d = _prepare(ctx, call, key)
+    if d is None:
+        return
+    children: Children = ctx.children
+    d.step.run(
+        lambda _step: _outcome(ctx, d, children.run(d.kid, d.settings, d.tools)),
+        input=d.step.input,
+        also=_made_with(ctx, d),
+    )
+
+
+def side_by_side(ctx: StepContext, calls: list[ToolCall]) -> bool:
+    """Are these calls (all that an answer left to run) read-only delegations to run at once?
+    Children that may write the shared folder run one at a time: two writers would race each
+    other's files, and each would find the other's changes as drift on a resume."""
+    if len(calls) < 2 or ctx.children is None or NAME not in ctx.tools:
+        return False
+    for call in calls:
+        if call.name != NAME:
+            return False
+        try:
+            if DelegateArgs.model_validate(call.parsed_arguments()).workspace != "shared":
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def delegate_together(ctx: StepContext, calls: list[tuple[ToolCall, str]]) -> None:
+    """Several read-only delegate calls of one answer: their intents in order, their children
+    side by side (at most max_children at once, each a Runner with its own lease and
+    database session, on a thread of its own), their outcomes in the calls' order. A crash
+    anywhere leaves each call as `delegate_call` would: its intent, its child, its outcome."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    children: Children = ctx.children
+    started = []
+    for call, key in calls:
+        d = _prepare(ctx, call, key, share=len(calls))
+        if d is not None:
+            d.step.begin(input=d.step.input, also=_made_with(ctx, d))
+            started.append(d)
+    with ThreadPoolExecutor(max_workers=ctx.settings.max_children) as pool:
+        running = [pool.submit(children.run, d.kid, d.settings, d.tools) for d in started]
+        ended = [f.result() for f in running]  # (a store fault in one: raised, all waited for)
+    for d, child in zip(started, ended, strict=True):
+        d.step.end(_outcome(ctx, d, child))
+
+
+def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _Delegation | None:
+    """Open the call's step and decide it: None when it was answered at once (bad arguments,
+    a limit: an error observation recorded). `share`: the calls run side by side, among which
+    the parent's remaining budget is divided."""
     s = ctx.state
     children: Children | None = ctx.children
     spec = StepSpec(
@@ -81,49 +150,58 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
         args = DelegateArgs.model_validate(call.parsed_arguments())
     except ValueError as exc:
         detail = validation_text(exc, "arguments") if isinstance(exc, ValidationError) else str(exc)
-        return _refuse(ctx, call, step, f"invalid arguments for delegate: {detail}")
+        _refuse(ctx, call, step, f"invalid arguments for delegate: {detail}")
+        return None
     if children is None:
-        return _refuse(ctx, call, step, "delegation is not available in this session")
+        _refuse(ctx, call, step, "delegation is not available in this session")
+        return None
     made = tools_for(ctx.tools, args)
     if isinstance(made, str):
-        return _refuse(ctx, call, step, made)
-    settings = child_settings(ctx, args).model_copy(update={"child_tools": sorted(made)})
+        _refuse(ctx, call, step, made)
+        return None
+    settings = child_settings(ctx, args, share).model_copy(update={"child_tools": sorted(made)})
     if step.prior is None:  # a new call: the limits decide; a child made is gone on with
         problem = _over_limits(ctx, children)
         if problem is not None:
-            return _refuse(ctx, call, step, problem)
+            _refuse(ctx, call, step, problem)
+            return None
         if settings.max_cost is not None and settings.max_cost <= 0:
             # The parent's budget is spent: it stops here (a raised budget resumes it).
             raise LoopExit(
                 StopReason.MAX_TOKENS,
                 f"cost budget: max_cost={ctx.settings.max_cost:g} is spent, no child is started",
             )
+    step.step.input = {**spec.input, "child": kid}
     ctx.observer.note(f"delegating to run {kid}: {_short(args.task)}")
+    return _Delegation(call, step, kid, args.task, settings, made)
 
-    def effect(_step: Step) -> StepOutcome:
-        child = children.run(kid, settings, made)
-        status = RunStatus(child.status)
-        if status is RunStatus.BLOCKED:
-            request = children.pending_request(kid) or child.error or "it needs a decision"
-            raise LoopExit(
-                StopReason.APPROVAL_REQUIRED,
-                f"child run {kid} is blocked: {request}; decide it "
-                f"(`durable-agent approve {kid}` or `deny`), then resume {s.run_id}",
-            )
-        if status is RunStatus.CANCELLED and (
-            ctx.cancel.is_set() or ctx.journal.cancel_seen or children.cancelled(s.run_id)
-        ):
-            raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
-        if status in (RunStatus.PENDING, RunStatus.RUNNING):  # let go of (a worker's release)
-            raise LoopExit(StopReason.CANCELLED, f"child run {kid} did not end")
-        return _answered(ctx, call, child)
 
-    # The child's row with the intent's, once: a recorded intent made it already.
-    made_with = (
-        children.creation(s.run_id, kid, args.task, settings) if step.prior is None else None
-    )
-    step.run(effect, input={**spec.input, "child": kid}, also=made_with)
-    return None
+def _made_with(ctx: StepContext, d: _Delegation) -> Any:
+    """The child's row with the intent's, once: a recorded intent made it already."""
+    if d.step.prior is not None:
+        return None
+    return ctx.children.creation(ctx.state.run_id, d.kid, d.task, d.settings)
+
+
+def _outcome(ctx: StepContext, d: _Delegation, child: RunRecord) -> StepOutcome:
+    """The child's end as the call's outcome, or the parent's stop (blocked, cancelled)."""
+    children: Children = ctx.children
+    s, kid = ctx.state, d.kid
+    status = RunStatus(child.status)
+    if status is RunStatus.BLOCKED:
+        request = children.pending_request(kid) or child.error or "it needs a decision"
+        raise LoopExit(
+            StopReason.APPROVAL_REQUIRED,
+            f"child run {kid} is blocked: {request}; decide it "
+            f"(`durable-agent approve {kid}` or `deny`), then resume {s.run_id}",
+        )
+    if status is RunStatus.CANCELLED and (
+        ctx.cancel.is_set() or ctx.journal.cancel_seen or children.cancelled(s.run_id)
+    ):
+        raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
+    if status in (RunStatus.PENDING, RunStatus.RUNNING):  # let go of (a worker's release)
+        raise LoopExit(StopReason.CANCELLED, f"child run {kid} did not end")
+    return _answered(ctx, d.call, child)
 
 
 def tools_for(tools: Any, args: DelegateArgs) -> dict[str, Tool] | str:
@@ -144,7 +222,7 @@ def tools_for(tools: Any, args: DelegateArgs) -> dict[str, Tool] | str:
     return {n: tools[n] for n in names if write or tools[n].effect is EffectClass.READ}
 
 
-def child_settings(ctx: StepContext, args: DelegateArgs) -> Settings:
+def child_settings(ctx: StepContext, args: DelegateArgs, share: int = 1) -> Settings:
     """The parent's settings, with the child's model and budgets. The child's cost and
     token budgets are at most what the parent has left: the parent's cap stops it too."""
     parent, s = ctx.settings, ctx.state
@@ -161,11 +239,11 @@ def child_settings(ctx: StepContext, args: DelegateArgs) -> Settings:
     costs = [args.max_cost] if args.max_cost is not None else []
     price = parent.prices.get(parent.model or "")
     if parent.max_cost is not None and price is not None:
-        costs.append(max(parent.max_cost - price.cost(prompt, completion), 0.0))
+        costs.append(max(parent.max_cost - price.cost(prompt, completion), 0.0) / share)
     if costs:
         update["max_cost"] = min(costs)
     if parent.max_tokens is not None:
-        update["max_tokens"] = max(parent.max_tokens - prompt - completion, 0)
+        update["max_tokens"] = max(parent.max_tokens - prompt - completion, 0) // share
     return parent.model_copy(update=update)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard, hooks, turns
+from durable_agent.loop import delegate_step, finish_gate, guard, hooks, turns
 from durable_agent.loop.delegate_step import _GO_ON
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
@@ -24,7 +24,7 @@ from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
-from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
+from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes, tool_key
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
 from durable_agent.observer import Observer
@@ -235,6 +235,12 @@ class Runner:
                 if pending := ctx.state.pending_calls():
                     cap = ctx.settings.max_tool_calls_per_turn
                     asked, over = ctx.state.calls_over(cap)
+                    if not over and delegate_step.side_by_side(ctx, pending):
+                        # Read-only children of one answer run at once (docs/delegation.md).
+                        delegate_step.delegate_together(
+                            ctx, [(call, tool_key(call)) for call in pending]
+                        )
+                        continue
                     for call in pending:
                         self._check_cancel(ctx)
                         run_tool(
@@ -346,6 +352,13 @@ class InProcessChildren:
         child = store.get_run(child_id)
         if RunStatus(child.status) not in _GO_ON:
             return child  # it ended before the parent read it: its outcome is read once
+        # Its budgets and tools as recorded when it was made (the parent's state may differ
+        # on a resume: its siblings side by side may have ended since).
+        recorded = child.settings if isinstance(child.settings, dict) else {}
+        kept = ("model", "max_steps", "max_cost", "max_tokens", "child_tools")
+        settings = settings.model_copy(update={k: recorded[k] for k in kept if k in recorded})
+        if settings.child_tools is not None:
+            tools = {n: t for n, t in tools.items() if n in settings.child_tools}
         model = p.model
         if settings.model != p.settings.model:
             if p.model_for is None:

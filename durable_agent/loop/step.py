@@ -146,6 +146,23 @@ class StepCall:
     ) -> StepOutcome:
         """Intent (with the before snapshot), the effect, the outcome (with the after one).
         `also`: rows made in the intent's commit, given the step's seq (a child run)."""
+        self.begin(input=input, use_approval=use_approval, also=also)
+        try:
+            outcome = fn(self.step)
+        except EndThenRaise as exc:
+            self._end(exc.outcome, announce=exc.announce)
+            raise exc.then from exc.then.__cause__
+        return self._end(outcome)
+
+    def begin(
+        self,
+        *,
+        input: Any = None,
+        use_approval: int | None = None,
+        also: Callable[[int], Sequence[Any]] | None = None,
+    ) -> None:
+        """The first half of `run`: the intent and its event. For effects that run side by
+        side (children of one answer, loop/delegate_step.py): each ends with `end`."""
         spec, step = self.spec, self.step
         if spec.deferred:
             step.start(input, durable=False)
@@ -153,11 +170,9 @@ class StepCall:
             step.start(input, use_approval=use_approval, workspace=self._before(), also=also)
         if spec.announce:
             self._event(StepState.STARTED.value, detail=spec.detail, attempts=step.attempts)
-        try:
-            outcome = fn(step)
-        except EndThenRaise as exc:
-            self._end(exc.outcome, announce=exc.announce)
-            raise exc.then from exc.then.__cause__
+
+    def end(self, outcome: StepOutcome) -> StepOutcome:
+        """The second half of `run`: the outcome of an effect begun with `begin`."""
         return self._end(outcome)
 
     def record(self, outcome: StepOutcome) -> StepOutcome:

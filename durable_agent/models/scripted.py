@@ -47,7 +47,7 @@ def load_script(path: Path) -> Script | dict[str, Script]:
         raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ConfigError(f"script file {path} is nested too deeply to be a script") from None
-    if isinstance(data, dict) and data:
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         return {
             str(task): validate_script(turns, f"{path} (task {task!r})")
             for task, turns in data.items()

@@ -37,8 +37,8 @@ class Delegate:
     name: ClassVar[str] = NAME
     description: ClassVar[str] = (
         "Hand a self-contained part of the task to a child agent with its own context; its "
-        "final answer comes back as this call's result. Several calls in one answer run one "
-        "after another."
+        "final answer comes back as this call's result. Read-only delegations asked together "
+        "in one answer run at the same time."
     )
     args_model: ClassVar[type[BaseModel]] = DelegateArgs
     # Not a read: the child may run commands and write (what it may do is its own tools').
