@@ -577,3 +577,65 @@ def test_sigkill_while_children_run_side_by_side(tmp_path: Path, env: dict[str, 
         assert got == expected and got["parent"] == [("completed", "all read")], k
         k += 3
     assert k > 20
+
+
+def test_a_copy_child_returns_its_changes_as_a_diff_whatever_crashes(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    children = {
+        f"edit {n}": [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": f"{n}.txt", "content": "new\n"}}
+                ]
+            },
+            {"content": f"{n} edited"},
+        ]
+        for n in ("alpha", "beta")
+    }
+    script = {
+        "*": [
+            {"tool_calls": [_delegate(t, workspace="copy") for t in children]},
+            {"content": "both edited"},
+        ],
+        **children,
+    }
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script))
+    model = f"scripted:{path}"
+    expected = None
+    k = 0  # 0: no crash (the reference), then crashes at every fifth boundary
+    while True:
+        ws, db = tmp_path / f"ws{k}", tmp_path / f"s{k}.db"
+        ws.mkdir()
+        for n in ("alpha", "beta"):
+            (ws / f"{n}.txt").write_text("old\n")
+        # (the copies are kept beside the default store: one data folder per store here)
+        e = {**env, "DURABLE_AGENT_DB": f"sqlite:///{db}", "XDG_DATA_HOME": str(tmp_path / f"d{k}")}
+        args = ("start", "top", "--delegate", "--model", model, "--run-id", "p")
+        r = run(e, ws, *args, crash_after=k or None)
+        if r.returncode == 0 and k:
+            break
+        if r.returncode != 0:
+            assert r.returncode == -signal.SIGKILL, r.stderr
+            if not query(db, "SELECT 1 FROM runs WHERE id = 'p'"):
+                assert run(e, ws, *args).returncode == 0
+            elif query(db, "SELECT status FROM runs WHERE id = 'p'") != [("completed",)]:
+                r = run(e, ws, "resume", "p")
+                assert r.returncode == 0, (k, r.stdout, r.stderr)
+        # The parent's files are untouched; each child's change comes back as a diff.
+        assert [(ws / f"{n}.txt").read_text() for n in ("alpha", "beta")] == ["old\n", "old\n"]
+        seen = [
+            t[0]
+            for t in query(
+                db, "SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool' ORDER BY seq"
+            )
+        ]
+        assert len(seen) == 2 and all("-old\n+new" in t for t in seen), seen
+        assert seen[0].startswith("alpha edited") and "a/alpha.txt" in seen[0]
+        expected = expected or seen
+        assert seen == expected, k
+        check_copies = query(db, "SELECT COUNT(*) FROM runs WHERE parent_id = 'p'")
+        assert check_copies == [(2,)]
+        k += 5
+    assert k > 20

@@ -16,6 +16,8 @@ request in the parent's error; a cancel of the parent stops the child. The step'
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -54,6 +56,9 @@ class Children(Protocol):
     def cancelled(self, run_id: str) -> bool:
         """Is a cancel of the run requested (a child cancelled with it is not its answer)?"""
 
+    def changes(self, child_id: str) -> str:
+        """The child's changes to its files, as a unified diff ("" when none)."""
+
 
 def child_id(parent_id: str, key: str) -> str:
     """The child's run id: the parent's, and a digest of the parent's id and the step key."""
@@ -77,6 +82,12 @@ class _Delegation:
         self.settings, self.tools = settings, tools
 
 
+def copy_folder(env: Any, kid: str) -> Path:
+    """Where a `copy` child works: beside the default store, out of every workspace."""
+    data = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "durable-agent" / "copies" / kid
+
+
 def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
     """One call: intent (with the child's row), the child run to its end, the outcome."""
     d = _prepare(ctx, call, key)
@@ -91,16 +102,17 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
 
 
 def side_by_side(ctx: StepContext, calls: list[ToolCall]) -> bool:
-    """Are these calls (all that an answer left to run) read-only delegations to run at once?
-    Children that may write the shared folder run one at a time: two writers would race each
-    other's files, and each would find the other's changes as drift on a resume."""
+    """Are these calls (all that an answer left to run) delegations to run at once: read-only
+    ones, or on copies? Children that may write the shared folder run one at a time: two
+    writers would race each other's files, and each would find the other's changes as drift
+    on a resume."""
     if len(calls) < 2 or ctx.children is None or NAME not in ctx.tools:
         return False
     for call in calls:
         if call.name != NAME:
             return False
         try:
-            if DelegateArgs.model_validate(call.parsed_arguments()).workspace != "shared":
+            if DelegateArgs.model_validate(call.parsed_arguments()).workspace == "shared-write":
                 return False
         except ValueError:
             return False
@@ -159,7 +171,9 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
     if isinstance(made, str):
         _refuse(ctx, call, step, made)
         return None
-    settings = child_settings(ctx, args, share).model_copy(update={"child_tools": sorted(made)})
+    settings = child_settings(ctx, args, kid, share).model_copy(
+        update={"child_tools": sorted(made)}
+    )
     if step.prior is None:  # a new call: the limits decide; a child made is gone on with
         problem = _over_limits(ctx, children)
         if problem is not None:
@@ -207,7 +221,7 @@ def _outcome(ctx: StepContext, d: _Delegation, child: RunRecord) -> StepOutcome:
 def tools_for(tools: Any, args: DelegateArgs) -> dict[str, Tool] | str:
     """The child's tools: the subset asked for, of this run's; read tools only unless the
     workspace is granted for writing (`shared-write`). A string: why not."""
-    write = args.workspace == "shared-write"
+    write = args.workspace != "shared"  # (a copy is the child's own to change)
     names = list(tools) if args.tools is None else args.tools
     unknown = [n for n in names if n not in tools]
     if unknown:
@@ -222,7 +236,7 @@ def tools_for(tools: Any, args: DelegateArgs) -> dict[str, Tool] | str:
     return {n: tools[n] for n in names if write or tools[n].effect is EffectClass.READ}
 
 
-def child_settings(ctx: StepContext, args: DelegateArgs, share: int = 1) -> Settings:
+def child_settings(ctx: StepContext, args: DelegateArgs, kid: str, share: int = 1) -> Settings:
     """The parent's settings, with the child's model and budgets. The child's cost and
     token budgets are at most what the parent has left: the parent's cap stops it too."""
     parent, s = ctx.settings, ctx.state
@@ -236,6 +250,8 @@ def child_settings(ctx: StepContext, args: DelegateArgs, share: int = 1) -> Sett
         update["model"] = args.model
     if args.max_steps:
         update["max_steps"] = args.max_steps
+    if args.workspace == "copy":  # its own folder, made from the parent's files (runner.py)
+        update["workspace"] = copy_folder(ctx.env, kid)
     costs = [args.max_cost] if args.max_cost is not None else []
     price = parent.prices.get(parent.model or "")
     if parent.max_cost is not None and price is not None:
@@ -268,11 +284,14 @@ def _answered(ctx: StepContext, call: ToolCall, child: RunRecord) -> StepOutcome
     """The child's end as the call's one tool message. The step completes whatever the
     child's status (a failed child is an error observation, not the parent's failure), so
     the tokens it paid count in the parent's."""
+    diff = ctx.children.changes(child.id) if child.workspace != str(ctx.settings.workspace) else ""
+    if diff:  # a `copy` child's changes, for the parent to apply (or not)
+        diff = f"\n\nits changes to its copy of the files (a diff to apply):\n{diff}"
     if child.status == RunStatus.COMPLETED:
-        result = ToolResult(output=child.answer or "", data={"child": child.id})
+        result = ToolResult(output=(child.answer or "") + diff, data={"child": child.id})
     else:
         why = child.error or child.stop_reason or "no reason recorded"
-        partial = f"\nits last answer: {child.answer}" if child.answer else ""
+        partial = (f"\nits last answer: {child.answer}" if child.answer else "") + diff
         result = ToolResult(
             output=partial.strip(),
             error=f"child run {child.id} ended {child.status}: {why}",

@@ -7,6 +7,7 @@ exactly one place (`_drive`), which ends the run."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -322,14 +323,28 @@ class InProcessChildren:
     def cancelled(self, run_id: str) -> bool:
         return bool(self.parent.store.get_run(run_id).cancel_requested)
 
+    def changes(self, child_id: str) -> str:
+        from durable_agent.store.blobs import first_tree, tree_at
+        from durable_agent.workspace import diffing
+
+        engine = self.parent.store.engine
+        last = tree_at(engine, child_id)
+        before = first_tree(engine, child_id)
+        if last is None or before is None or last.tree == before:
+            return ""
+        old, new, found, blobs = diffing.between(engine, before, last.tree)
+        return "".join(diffing.unified(old, new, found, blobs.blob))
+
     def creation(
         self, parent_id: str, child_id: str, task: str, settings: Settings
     ) -> Callable[[int], list[Any]]:
         p = self.parent
         redactor = p.redactor
         first = [Message("system", SYSTEM_PROMPT), Message("user", redactor.redact(task))]
+        # The parent's files as the child starts from them (a `copy` child's folder is made
+        # from this snapshot when it first runs: workspace/resume.py rebuilds it).
         tree_start = recorder.at_creation(
-            settings, p.store.engine, p.store_policy, redactor=redactor
+            p.settings, p.store.engine, p.store_policy, redactor=redactor
         )
 
         def statements(seq: int) -> list[Any]:
@@ -378,6 +393,7 @@ class InProcessChildren:
             model_for=p.model_for,
         )
         runner.release = p.release
+        os.makedirs(settings.workspace, mode=0o700, exist_ok=True)  # (a `copy`: filled on start)
         try:
             runner.execute(child_id)
         except errors.RunBusy:

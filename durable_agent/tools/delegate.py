@@ -26,10 +26,11 @@ class DelegateArgs(BaseModel):
     model: str | None = Field(None, description="The child's model (this run's when omitted).")
     max_steps: int | None = Field(None, ge=1, description="The child's model calls, at most.")
     max_cost: float | None = Field(None, gt=0, description="The child's spend, at most.")
-    workspace: Literal["shared", "shared-write"] = Field(
+    workspace: Literal["shared", "shared-write", "copy"] = Field(
         "shared",
         description="`shared`: this run's files, read-only for the child (only read tools); "
-        "`shared-write`: the child may change them too.",
+        "`shared-write`: the child may change them too; `copy`: the child works on a copy of "
+        "them and its changes come back as a diff for you to apply.",
     )
 
 
@@ -37,8 +38,8 @@ class Delegate:
     name: ClassVar[str] = NAME
     description: ClassVar[str] = (
         "Hand a self-contained part of the task to a child agent with its own context; its "
-        "final answer comes back as this call's result. Read-only delegations asked together "
-        "in one answer run at the same time."
+        "final answer comes back as this call's result. Delegations asked together in one "
+        "answer run at the same time, unless they write the shared files."
     )
     args_model: ClassVar[type[BaseModel]] = DelegateArgs
     # Not a read: the child may run commands and write (what it may do is its own tools').
