@@ -35,7 +35,7 @@ from durable_agent.tools.limits import cap_text
 
 # A child in these states is run (again) when its parent's step runs: it has not ended, or
 # it stopped for a person (an approval, a cancel) and the parent is resumed.
-_GO_ON = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.CANCELLED}
+GO_ON = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.CANCELLED}
 
 
 class Children(Protocol):

@@ -18,7 +18,7 @@ from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
 from durable_agent.loop import delegate_step, finish_gate, guard, hooks, turns
-from durable_agent.loop.delegate_step import _GO_ON
+from durable_agent.loop.delegate_step import GO_ON
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
@@ -237,7 +237,8 @@ class Runner:
                     cap = ctx.settings.max_tool_calls_per_turn
                     asked, over = ctx.state.calls_over(cap)
                     if not over and delegate_step.side_by_side(ctx, pending):
-                        # Read-only children of one answer run at once (docs/delegation.md).
+                        # Children of one answer that do not write the shared folder run at
+                        # once (docs/delegation.md).
                         delegate_step.delegate_together(
                             ctx, [(call, tool_key(call)) for call in pending]
                         )
@@ -301,8 +302,9 @@ class _Linked(threading.Event):
 
 
 class InProcessChildren:
-    """A run's children (loop/delegate_step.py), run in this process, one at a time, each
-    by a Runner of its own with its own lease."""
+    """A run's children (loop/delegate_step.py), run in this process, each by a Runner of
+    its own with its own lease and database session (several at once on threads of their
+    own: delegate_step.delegate_together)."""
 
     def __init__(self, parent: Runner) -> None:
         self.parent = parent
@@ -365,7 +367,7 @@ class InProcessChildren:
         p = self.parent
         store = p.store
         child = store.get_run(child_id)
-        if RunStatus(child.status) not in _GO_ON:
+        if RunStatus(child.status) not in GO_ON:
             return child  # it ended before the parent read it: its outcome is read once
         # Its budgets and tools as recorded when it was made (the parent's state may differ
         # on a resume: its siblings side by side may have ended since).
