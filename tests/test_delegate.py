@@ -187,6 +187,7 @@ def test_sigkill_at_every_checkpoint_of_a_parent_with_three_children(
     assert boundaries > 40  # the parent's and all three children's checkpoints
 
 
+@pytest.mark.slow
 def test_sigkill_at_every_seventh_checkpoint(tmp_path: Path, env: dict[str, str]) -> None:
     assert _sweep(tmp_path, env, 7) > 40
 
@@ -413,6 +414,7 @@ def test_the_parents_max_cost_stops_its_children(
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_postgres_workers_a_worker_killed_while_it_runs_a_child(
     tmp_path: Path, env: dict[str, str], workspace: Path
 ) -> None:
@@ -550,6 +552,7 @@ def test_read_only_children_of_one_answer_run_side_by_side(
     ) != [] and query(db_path, "SELECT COUNT(*) FROM runs") == [(4,)]
 
 
+@pytest.mark.slow
 def test_sigkill_while_children_run_side_by_side(tmp_path: Path, env: dict[str, str]) -> None:
     model = _readers_script(tmp_path / "s.json", 0)
     expected = None
@@ -579,6 +582,7 @@ def test_sigkill_while_children_run_side_by_side(tmp_path: Path, env: dict[str, 
     assert k > 20
 
 
+@pytest.mark.slow
 def test_a_copy_child_returns_its_changes_as_a_diff_whatever_crashes(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
