@@ -8,10 +8,12 @@ exactly one place (`_drive`), which ends the run."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from durable_agent import errors
@@ -395,6 +397,11 @@ class InProcessChildren:
             model_for=p.model_for,
         )
         runner.release = p.release
+        copy = delegate_step.copy_folder(p.env, child_id)
+        if Path(settings.workspace) == copy and not store.steps(child_id):
+            # A `copy` child that has not begun: its folder is made again from the snapshot
+            # (one a crash cut off while it was being filled is not taken as it stands).
+            shutil.rmtree(copy, ignore_errors=True)
         os.makedirs(settings.workspace, mode=0o700, exist_ok=True)  # (a `copy`: filled on start)
         try:
             runner.execute(child_id)
