@@ -49,6 +49,7 @@ class StepKind(StrEnum):
     HOOK = "hook"  # a configured hook's command ([[hooks]], loop/hooks.py)
     VERSION = "version"  # consent to go on after what the run runs with changed (loop/versions.py)
     WORKSPACE = "workspace"  # a batch task's workspace made from its repo (docs/fleets.md)
+    DELEGATE = "delegate"  # a child run made and run for a `delegate` call (loop/delegate_step.py)
 
 
 class EffectClass(StrEnum):

@@ -56,6 +56,10 @@ class ToolSet:
         custom = registered()
         for tool in build_tools(settings.shell).values():
             self._add(tool, "python" if custom.get(tool.name) is tool else "built-in")
+        if settings.delegate and settings.max_depth > 0:  # docs/delegation.md
+            from durable_agent.tools.delegate import Delegate
+
+            self._add(Delegate(), "built-in")
         for loaded in (*load_plugins(), *load_named(settings.tools)):
             self._add(loaded.tool, loaded.source)
         for tool in extra:
@@ -109,7 +113,7 @@ class ToolSet:
     def open(self, store: Store, run_id: str) -> dict[str, Tool]:
         """The run's tools. MCP tools come from the run's recorded catalog; a run without
         one (its first session) lists the servers and records what they offer."""
-        tools = dict(self.local)
+        tools = self._allowed(dict(self.local))
         if (
             not self.settings.mcp_servers
         ):  # a run with MCP servers has them in its recorded settings
@@ -128,7 +132,12 @@ class ToolSet:
                 if name not in hub.servers:
                     hub.servers[name] = _from_record(name, servers[name])
             tools.update(make_tools(hub, servers))
-        return tools
+        return self._allowed(tools)
+
+    def _allowed(self, tools: dict[str, Tool]) -> dict[str, Tool]:
+        """Only a delegated child's own tools (`child_tools`, docs/delegation.md)."""
+        only = self.settings.child_tools
+        return tools if only is None else {n: t for n, t in tools.items() if n in only}
 
     def listing(self) -> list[ToolInfo]:
         """For `durable-agent tools`: every tool a run started now would be offered."""

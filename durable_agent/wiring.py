@@ -133,6 +133,7 @@ def build_runner(
         retry_policy=retry_policy(settings),
         store_policy=store_policy(settings),
         tool_source=tool_set,
+        model_for=lambda child: build_model(child, stream_memo(env)),
     )
 
 

@@ -186,6 +186,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         "sandbox",
         "network",
         "memory",
+        "delegate",
     )
     rules = {"rules_files": args.rules} if getattr(args, "rules", None) else {}
     settings = load_settings({**_flags(args, names), **_mcp_flags(args), **rules}, env)
@@ -445,6 +446,10 @@ def cmd_cancel(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     status = store.cancel(run_id)
+    from durable_agent.cli.run_tree import cancel_children
+
+    if children := cancel_children(store, run_id):  # docs/delegation.md
+        print(f"cancelled with it: {', '.join(children)}", file=streams.forgiving(sys.stdout))
     if status == "requested":
         print(
             f"cancellation requested: run {run_id} stops at its next step boundary",
@@ -464,6 +469,12 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     store = _open(args, env)
     run_id = store.find_run_id(args.run_id)
     pending = store.pending_approval(run_id)
+    resume_id = run_id
+    if pending is None:  # a parent blocked by its child: the child's question is answered
+        from durable_agent.cli.run_tree import blocked_child
+
+        if (child := blocked_child(store, run_id)) is not None:
+            run_id, pending = child, store.pending_approval(child)
     if pending is None:
         # A second `approve` before the resume: say what was decided instead of a bare "no".
         unused = [
@@ -491,7 +502,7 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
     what = presentation.approval_subject(pending.tool_name, pending.command)
     verb = "denied" if args.deny else "approved"
     print(streams.visible(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}"))
-    print(f"continue with: durable-agent resume {run_id}")
+    print(f"continue with: durable-agent resume {resume_id}")
     return 0
 
 
@@ -528,8 +539,12 @@ def cmd_export(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.transcript import events
 
     store = _open(args, env)
+    from durable_agent.cli.run_tree import descendants
+
     run_id = store.find_run_id(args.run_id)
-    for event in events(store, run_id):
+    # The run's events, then each child run's under its own run id (docs/delegation.md).
+    runs = [run_id, *(child.id for _depth, child in descendants(store, run_id))]
+    for event in (e for rid in runs for e in events(store, rid)):
         # JSON lets U+2028, U+2029 and U+0085 stand raw in strings, but readers that split on
         # every line break (Python's str.splitlines) would cut an event there: escaped.
         sys.stdout.write(json.dumps(event, ensure_ascii=False).translate(_LINE_BREAKS) + "\n")

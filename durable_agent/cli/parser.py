@@ -215,6 +215,16 @@ def _add_memory(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_delegate(p: argparse.ArgumentParser) -> None:
+    # Delegation (docs/delegation.md): its settings, max_depth and max_children, are in config.
+    p.add_argument(
+        "--delegate",
+        action="store_true",
+        default=None,
+        help="offer the model the `delegate` tool: child runs for parts of the task",
+    )
+
+
 def _add_config_command(sub: Subcommands) -> None:
     p = sub.add_parser(
         "config",
@@ -342,6 +352,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "task", help="what the agent should do, in plain words (`-`: read it from stdin)"
     )
     _add_memory(p)
+    _add_delegate(p)
     p.add_argument(
         "-w",
         "--workspace",
@@ -413,6 +424,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="each run with the child runs it delegated to, indented, with status and cost",
+    )
 
     p.set_defaults(func=_command("cmd_list", "read_commands"))
     p = sub.add_parser(

@@ -27,6 +27,17 @@ def cmd_list(args: Namespace, env: dict[str, str]) -> int:
             )
         raise UsageError("--limit must be at least 1")
     runs = reads.list_runs(status=args.status, limit=limit)
+    if getattr(args, "tree", False) and not args.json:
+        from durable_agent.cli.run_tree import descendants, line
+        from durable_agent.config.store import open_store
+
+        store = open_store(args.db, env)
+        for run in runs:
+            if not run.parent_id:  # each tree from its root (children listed under it)
+                print(line(run, 0))
+                for depth, child in descendants(store, run.id):
+                    print(line(child, depth))
+        return 0
     if args.json:
         # The recorded settings are long and the same for most runs: `show --json` has them.
         print(json.dumps([presentation.run_json(r, settings=False) for r in runs], indent=2))
@@ -66,4 +77,10 @@ def cmd_show(args: Namespace, env: dict[str, str]) -> int:
         print(json.dumps(presentation.show_json(run, steps, approvals), indent=2))
     else:
         render.show(run, steps, approvals, sys.stdout)
+        from durable_agent.cli.run_tree import delegates, print_tree
+
+        if delegates(run):  # its parent and children (docs/delegation.md)
+            from durable_agent.config.store import open_store
+
+            print_tree(open_store(args.db, env), run, sys.stdout)
     return 0

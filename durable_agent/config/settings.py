@@ -185,6 +185,8 @@ NUMBER_FIELDS = (
     "store_retry_seconds",
     "temperature",
     "rate_limit_window_s",  # fleets
+    "max_depth",
+    "max_children",
 )
 
 
@@ -384,6 +386,17 @@ class Settings(BaseModel):
     rate_limit_window_s: float = Field(60.0, gt=0, le=3600)
     """The window of the models' `rpm` and `tpm` limits, in seconds (a minute; shorter only to
     test a limit quickly)."""
+
+    # -- delegation: the `delegate` tool and child runs (docs/delegation.md) ----------------
+    delegate: bool = False
+    """Offer the `delegate` tool: the model hands a part of its task to a child run (`--delegate`)."""
+    max_depth: int = Field(2, ge=0)
+    """How deep runs may delegate: 1 lets a run have children, 2 grandchildren too; 0 is none."""
+    max_children: int = Field(4, ge=1)
+    """Children one run may delegate to, in all."""
+    child_tools: list[str] | None = None
+    """A child run's tools, as its parent's `delegate` call gave them (recorded with the run,
+    so whoever resumes it offers the same); unset: every tool."""
 
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)

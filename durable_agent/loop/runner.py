@@ -7,10 +7,13 @@ exactly one place (`_drive`), which ends the run."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from msgspec.structs import force_setattr
@@ -18,14 +21,15 @@ from msgspec.structs import force_setattr
 from durable_agent import errors
 from durable_agent.config.settings import Settings
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.loop import finish_gate, guard, hooks, telemetry, turns, versions
+from durable_agent.loop import delegate_step, finish_gate, guard, hooks, telemetry, turns, versions
+from durable_agent.loop.delegate_step import GO_ON
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
 from durable_agent.loop.outcome import Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
-from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes
+from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes, tool_key
 from durable_agent.loop.workspace_setup import setup_workspace
 from durable_agent.messages import Message
 from durable_agent.models import ModelClient
@@ -34,7 +38,8 @@ from durable_agent.redact import Redactor
 from durable_agent.status import RunStatus, StopReason
 from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
-from durable_agent.store.runs import Store
+from durable_agent.store.records import RunRecord
+from durable_agent.store.runs import Store, new_run_statements
 from durable_agent.tools.base import Tool, tool_schema
 from durable_agent.workspace import recorder, resume
 
@@ -59,6 +64,7 @@ class Runner:
         retry_policy: Any = None,
         store_policy: retrying.StorePolicy | None = None,
         tool_source: Any = None,
+        model_for: Callable[[Settings], ModelClient] | None = None,
     ) -> None:
         self.store, self.settings, self.model, self.tools = store, settings, model, tools
         self.tool_source = tool_source  # tool_sources.ToolSet: the run's plugin and MCP tools
@@ -70,6 +76,7 @@ class Runner:
         # What this session may go on with when the run's fingerprint changed (loop/versions.py).
         self.versions = versions.VersionPolicy()
         self._takeover = False  # this session took over a run whose process died
+        self.model_for = model_for  # a child's model, when it names another (wiring.build_model)
 
     def create(
         self,
@@ -226,6 +233,7 @@ class Runner:
             resumed=loaded.run.resume_count > 0,
             beat=beat,
             forked_at=loaded.run.fork_seq if loaded.run.forked_from else None,
+            children=InProcessChildren(self),
         )
 
     def version_fingerprint(self, ctx: StepContext) -> dict[str, Any]:
@@ -317,6 +325,13 @@ class Runner:
                 if pending := ctx.state.pending_calls():
                     cap = ctx.settings.max_tool_calls_per_turn
                     asked, over = ctx.state.calls_over(cap)
+                    if not over and delegate_step.side_by_side(ctx, pending):
+                        # Children of one answer that do not write the shared folder run at
+                        # once (docs/delegation.md).
+                        delegate_step.delegate_together(
+                            ctx, [(call, tool_key(call)) for call in pending]
+                        )
+                        continue
                     for call in pending:
                         self._check_cancel(ctx)
                         run_tool(
@@ -361,3 +376,133 @@ class Runner:
         # heartbeat sets the event while a long call or command runs.
         if self.cancel.is_set() or ctx.journal.cancel_seen:
             raise errors.LoopExit(StopReason.CANCELLED, "cancelled by request")
+
+
+class _Linked(threading.Event):
+    """A child's cancel: its own, or its parent's (a cancel of the parent stops the child;
+    one of the child stops only the child)."""
+
+    def __init__(self, parent: threading.Event) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.parent.is_set()
+
+
+class InProcessChildren:
+    """A run's children (loop/delegate_step.py), run in this process, each by a Runner of
+    its own with its own lease and database session (several at once on threads of their
+    own: delegate_step.delegate_together)."""
+
+    def __init__(self, parent: Runner) -> None:
+        self.parent = parent
+
+    def depth(self, run_id: str) -> int:
+        return self.parent.store.depth(run_id)
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        return self.parent.store.children(run_id)
+
+    def pending_request(self, child_id: str) -> str | None:
+        asked = self.parent.store.pending_approval(child_id)
+        if asked is None:
+            return None
+        what = asked.command or asked.tool_name or asked.call_id
+        return f"{asked.kind} for {what}" + (f" ({asked.reason})" if asked.reason else "")
+
+    def cancelled(self, run_id: str) -> bool:
+        return bool(self.parent.store.get_run(run_id).cancel_requested)
+
+    def changes(self, child_id: str) -> str:
+        from durable_agent.store.blobs import first_tree, tree_at
+        from durable_agent.workspace import diffing
+
+        engine = self.parent.store.engine
+        last = tree_at(engine, child_id)
+        before = first_tree(engine, child_id)
+        if last is None or before is None or last.tree == before:
+            return ""
+        old, new, found, blobs = diffing.between(engine, before, last.tree)
+        return "".join(diffing.unified(old, new, found, blobs.blob))
+
+    def creation(
+        self, parent_id: str, child_id: str, task: str, settings: Settings
+    ) -> Callable[[int], list[Any]]:
+        p = self.parent
+        redactor = p.redactor
+        first = [Message("system", SYSTEM_PROMPT), Message("user", redactor.redact(task))]
+        # The parent's files as the child starts from them (a `copy` child's folder is made
+        # from this snapshot when it first runs: workspace/resume.py rebuilds it).
+        tree_start = recorder.at_creation(
+            p.settings, p.store.engine, p.store_policy, redactor=redactor
+        )
+
+        def statements(seq: int) -> list[Any]:
+            return new_run_statements(
+                child_id,
+                task=redactor.redact(task),
+                workspace=str(settings.workspace),
+                model=settings.model or "",
+                settings=settings.redacted_dict(),
+                first_messages=first,
+                tree_start=tree_start,
+                parent=(parent_id, seq),
+            )
+
+        return statements
+
+    def run(self, child_id: str, settings: Settings, tools: dict[str, Tool]) -> RunRecord:
+        p = self.parent
+        store = p.store
+        child = store.get_run(child_id)
+        if RunStatus(child.status) not in GO_ON:
+            return child  # it ended before the parent read it: its outcome is read once
+        # Its budgets and tools as recorded when it was made (the parent's state may differ
+        # on a resume: its siblings side by side may have ended since).
+        recorded = child.settings if isinstance(child.settings, dict) else {}
+        kept = ("model", "max_steps", "max_cost", "max_tokens", "child_tools")
+        settings = settings.model_copy(update={k: recorded[k] for k in kept if k in recorded})
+        if settings.child_tools is not None:
+            tools = {n: t for n, t in tools.items() if n in settings.child_tools}
+        model = p.model
+        if settings.model != p.settings.model:
+            if p.model_for is None:
+                raise errors.ConfigError("a child with another model needs a model factory")
+            model = p.model_for(settings)
+        runner = Runner(
+            store=store,
+            settings=settings,
+            model=model,
+            tools=tools,
+            env=p.env,
+            redactor=p.redactor,
+            cancel=_Linked(p.cancel),
+            sleep=p.sleep,
+            retry_policy=p.retry_policy,
+            store_policy=p.store_policy,
+            model_for=p.model_for,
+        )
+        runner.release = p.release
+        copy = delegate_step.copy_folder(p.env, child_id)
+        if Path(settings.workspace) == copy and not store.steps(child_id):
+            # A `copy` child that has not begun: its folder is made again from the snapshot
+            # (one a crash cut off while it was being filled is not taken as it stands).
+            shutil.rmtree(copy, ignore_errors=True)
+        os.makedirs(settings.workspace, mode=0o700, exist_ok=True)  # (a `copy`: filled on start)
+        try:
+            runner.execute(child_id)
+        except errors.RunBusy:
+            # Another process runs it (a worker, or a dead parent's session whose lease has
+            # not run out yet): wait until it ends or its lease can be taken.
+            while not p.cancel.is_set():
+                child = store.get_run(child_id)
+                if RunStatus(child.status) not in (RunStatus.PENDING, RunStatus.RUNNING):
+                    return child
+                p.sleep(0.2)
+                try:
+                    runner.execute(child_id)
+                    break
+                except errors.RunBusy:
+                    continue
+        return store.get_run(child_id)

@@ -85,6 +85,7 @@ class StepSpec(Struct, frozen=True):
             StepKind.VERIFY,
             StepKind.USER_MESSAGE,
             StepKind.HOOK,
+            StepKind.DELEGATE,  # a child's changes in a shared workspace are the step's
         )
 
     @property
@@ -149,23 +150,41 @@ class StepCall:
         input: Any = None,
         use_approval: int | None = None,
         writes: Collection[bytes] | None = None,
+        also: Callable[[int], Sequence[Any]] | None = None,
     ) -> StepOutcome:
         """Intent (with the before snapshot), the effect, the outcome (with the after one).
         `writes`: the workspace paths (relative) that are all `fn` can change (a file tool's
-        plan): the snapshots look at them alone, not at the whole tree."""
+        plan): the snapshots look at them alone, not at the whole tree. `also`: rows made in
+        the intent's commit, given the step's seq (a child run)."""
+        self.begin(input=input, use_approval=use_approval, writes=writes, also=also)
+        try:
+            outcome = fn(self.step)
+        except EndThenRaise as exc:
+            self._end(exc.outcome, announce=exc.announce)
+            raise exc.then from exc.then.__cause__
+        return self._end(outcome)
+
+    def begin(
+        self,
+        *,
+        input: Any = None,
+        use_approval: int | None = None,
+        writes: Collection[bytes] | None = None,
+        also: Callable[[int], Sequence[Any]] | None = None,
+    ) -> None:
+        """The first half of `run`: the intent and its event. For effects that run side by
+        side (children of one answer, loop/delegate_step.py): each ends with `end`."""
         spec, step = self.spec, self.step
         self.writes = writes
         if spec.deferred:
             step.start(input, durable=False)
         else:
-            step.start(input, use_approval=use_approval, workspace=self._before())
+            step.start(input, use_approval=use_approval, workspace=self._before(), also=also)
         if spec.announce:
             self._event(StepState.STARTED.value, detail=spec.detail, attempts=step.attempts)
-        try:
-            outcome = fn(step)
-        except EndThenRaise as exc:
-            self._end(exc.outcome, announce=exc.announce)
-            raise exc.then from exc.then.__cause__
+
+    def end(self, outcome: StepOutcome) -> StepOutcome:
+        """The second half of `run`: the outcome of an effect begun with `begin`."""
         return self._end(outcome)
 
     def record(self, outcome: StepOutcome) -> StepOutcome:

@@ -53,6 +53,7 @@ class StepContext(Struct, frozen=True, weakref=True):
     resumed: bool = False  # the run had a session before this one
     beat: Heartbeat | None = None  # the session's lease heartbeat, which also watches for a cancel
     forked_at: int | None = None  # a fork's `fork_seq`: its memory is read again (memory_step)
+    children: Any = None  # loop/delegate_step.Children: how this run makes and runs child runs
     workspace_id: tuple[int, int] | None = None  # as this session found it (set by __post_init__)
 
     def __post_init__(self) -> None:

@@ -50,6 +50,7 @@ from durable_agent.tools.base import (
     WriteTool,
     declared,
 )
+from durable_agent.tools.delegate import Delegate
 from durable_agent.tools.limits import cap_text
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.sandbox import resolve
@@ -102,6 +103,10 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     )
     if stop is not None:
         raise LoopExit(stop[0], stop[1] + guard.since_continue(w.messages))
+    if isinstance(tool, Delegate) and over_cap is None:
+        from durable_agent.loop.delegate_step import delegate_call  # (it uses this module's kin)
+
+        return delegate_call(ctx, call, tool_key(call))
     # Before its step is opened: a hook is a step of its own (run once: a resume reuses it).
     blocked = hooks.pre_tool(ctx, call) if over_cap is None and tool is not None else None
     step = opened or open_step(ctx, spec)

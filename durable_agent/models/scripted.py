@@ -5,6 +5,11 @@ A script is a JSON list; turn i is answered on the i-th model call of the run:
   {"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}
 An "arguments" string is passed through raw (to script malformed JSON). An optional
 "delay_s" makes the call take that long (to crash a run mid-call in tests).
+
+A script for a run that delegates (docs/delegation.md) is a JSON object instead: each key a
+run's task, its value that run's list of turns, and "*" the list of any other run (the
+parent's): {"*": [...], "count the files": [...]}. A run is answered from the list of its
+task (its first user message).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from durable_agent.tools.limits import read_capped
 MAX_SCRIPT_BYTES = 64 * 1024 * 1024  # far above any real script; /dev/zero is not one
 
 
-def load_script(path: Path) -> list[dict[str, Any]]:
+Script = list[dict[str, Any]]
+
+
+def load_script(path: Path) -> Script | dict[str, Script]:
     try:
         with path.open("rb") as f:
             raw = read_capped(f, os.fstat(f.fileno()).st_size, MAX_SCRIPT_BYTES)
@@ -39,6 +47,11 @@ def load_script(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ConfigError(f"script file {path} is nested too deeply to be a script") from None
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        return {
+            str(task): validate_script(turns, f"{path} (task {task!r})")
+            for task, turns in data.items()
+        }
     return validate_script(data, str(path))
 
 
@@ -115,20 +128,28 @@ def demo_script() -> list[dict[str, Any]]:
 
 
 class ScriptedModel:
-    def __init__(self, turns: list[dict[str, Any]], name: str) -> None:
-        self.turns = turns
+    def __init__(self, turns: Script | dict[str, Script], name: str) -> None:
+        self.turns: Script = turns if isinstance(turns, list) else []
+        self.by_task = turns if isinstance(turns, dict) else {}
         self.name = name
 
     def complete(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], turn: int
     ) -> ModelTurn:
-        if turn >= len(self.turns):
-            count = f"{len(self.turns)} turn" + ("" if len(self.turns) == 1 else "s")
+        turns = self.turns
+        if self.by_task:  # the run's own list, by its task (its first user message)
+            task = next((m.content or "" for m in messages if m.role == "user"), "")
+            turns = self.by_task.get(task, self.by_task.get("*", []))
+        return self._answer(turns, turn, messages)
+
+    def _answer(self, turns: Script, turn: int, messages: Sequence[Message]) -> ModelTurn:
+        if turn >= len(turns):
+            count = f"{len(turns)} turn" + ("" if len(turns) == 1 else "s")
             return ModelTurn(
                 content=f"The script is exhausted after {count}.",
                 usage=Usage(prompt_tokens=10, completion_tokens=10),
             )
-        spec = self.turns[turn]
+        spec = turns[turn]
         if spec.get("delay_s"):
             time.sleep(float(spec["delay_s"]))
         calls = []

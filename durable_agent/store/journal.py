@@ -87,7 +87,8 @@ _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
 _PAID_KINDS = (
     StepKind.MODEL.value,
     StepKind.COMPACT.value,
-)  # steps whose tokens the run paid for (a summary is a model call)
+    StepKind.DELEGATE.value,
+)  # steps whose tokens the run paid for (a summary is a model call; a child's, rolled up)
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions

@@ -236,6 +236,7 @@ _INPUTS: dict[str, type[Any]] = {
     StepKind.MEMORY: MemoryInput,
     StepKind.USER_MESSAGE: UserMessageInput,
     StepKind.HOOK: HookInput,
+    StepKind.DELEGATE: ToolInput,
 }
 _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MODEL: ModelOutput,
@@ -245,6 +246,7 @@ _OUTPUTS: dict[str, type[Any]] = {
     StepKind.MEMORY: MemoryOutput,
     StepKind.USER_MESSAGE: UserMessageOutput,
     StepKind.HOOK: HookOutput,
+    StepKind.DELEGATE: ToolOutput,
 }
 
 

@@ -86,6 +86,8 @@ class RunRecord(_Record, frozen=True):
     cached_tokens: int | None = None  # 0011: costs and the run's trace
     cost: float | None = None
     trace_id: str | None = None
+    parent_id: str | None = None  # 0014: the run that delegated this one
+    parent_step: int | None = None  # 0014: ... in its step with this seq
 
 
 class StepRecord(_Record, frozen=True, dict=True):

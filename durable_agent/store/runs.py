@@ -102,47 +102,20 @@ class Store:
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute. `queue`: its batch_id, priority, queue_key
         (0010), set in the same transaction so no claim sees the run without them."""
-        task, workspace, model, settings = storable((task, workspace, model, settings))
-        now = utcnow()
-        leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
-        if lease is not None:
-            leased = {
-                "status": RunStatus.RUNNING.value,
-                "lease_epoch": 1,
-                "lease_owner": lease[0],
-                "lease_expires_at": now + timedelta(seconds=lease[1]),
-            }
         with self.engine.begin() as conn:
-            conn.execute(
-                insert(runs).values(
-                    id=run_id,
-                    task=task,
-                    workspace=workspace,
-                    model=model,
-                    created_at=now,
-                    updated_at=now,
-                    step_count=0,
-                    tool_call_count=0,
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    cancel_requested=False,
-                    settings=settings,
-                    message_count=len(first_messages),
-                    active_ms=0,
-                    resume_count=0,
-                    tree_start=tree_start,
-                    version_key=version_key,
-                    **leased,
-                    **{k: v for k, v in (queue or {}).items() if v is not None},
-                )
-            )
-            conn.execute(
-                insert(messages),
-                [
-                    storable(message_values(run_id, i, m, None, now))
-                    for i, m in enumerate(first_messages)
-                ],
-            )
+            for statement, params in new_run_statements(
+                run_id,
+                task=task,
+                workspace=workspace,
+                model=model,
+                settings=settings,
+                first_messages=first_messages,
+                lease=lease,
+                tree_start=tree_start,
+                version_key=version_key,
+                queue=queue,
+            ):
+                conn.execute(statement, params)
 
     @_retried
     def run_exists(self, run_id: str) -> bool:
@@ -212,6 +185,24 @@ class Store:
             query = query.where(runs.c.status == status)
         with self._read() as conn:
             return [RunRecord.from_row(r) for r in conn.execute(query)]
+
+    @_retried
+    def children(self, run_id: str) -> list[RunRecord]:
+        """The runs `run_id` delegated to (docs/delegation.md), in the order they were made."""
+        query = (
+            select(runs).where(runs.c.parent_id == run_id).order_by(runs.c.parent_step, runs.c.id)
+        )
+        with self._read() as conn:
+            return [RunRecord.from_row(r) for r in conn.execute(query)]
+
+    @_retried
+    def depth(self, run_id: str) -> int:
+        """How many parents `run_id` has (0: a run nobody delegated), from the view run_tree."""
+        with self._read() as conn:
+            found = conn.execute(
+                text("SELECT depth FROM run_tree WHERE run_id = :id"), {"id": run_id}
+            ).first()
+        return int(found[0]) if found else 0
 
     def show(self, run_id: str) -> tuple[RunRecord, list[StepRecord], list[ApprovalRecord]]:
         """The run with this id (or unique prefix of one), its steps and its approvals
@@ -555,3 +546,65 @@ def open_store(settings: StoreSettings) -> Store:
         ),
         policy,
     )
+
+
+def new_run_statements(
+    run_id: str,
+    *,
+    task: str,
+    workspace: str,
+    model: str,
+    settings: dict[str, Any],
+    first_messages: Sequence[Message],
+    lease: tuple[str, float] | None = None,
+    tree_start: str | None = None,
+    parent: tuple[str, int] | None = None,
+    version_key: str | None = None,
+    queue: Mapping[str, Any] | None = None,
+) -> list[tuple[Any, Any]]:
+    """The statements that create a run (`create_run`), or a child run in its parent's
+    `delegate` intent (`parent`: the parent's id and step seq; loop/delegate_step.py)."""
+    task, workspace, model, settings = storable((task, workspace, model, settings))
+    now = utcnow()
+    leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
+    if lease is not None:
+        leased = {
+            "status": RunStatus.RUNNING.value,
+            "lease_epoch": 1,
+            "lease_owner": lease[0],
+            "lease_expires_at": now + timedelta(seconds=lease[1]),
+        }
+    if parent is not None:
+        leased.update(parent_id=parent[0], parent_step=parent[1])
+    row = dict(
+        id=run_id,
+        task=task,
+        workspace=workspace,
+        model=model,
+        created_at=now,
+        updated_at=now,
+        step_count=0,
+        tool_call_count=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        cancel_requested=False,
+        settings=settings,
+        message_count=len(first_messages),
+        active_ms=0,
+        resume_count=0,
+        tree_start=tree_start,
+        version_key=version_key,
+        priority=0,  # (a child's row is made in its parent's commit: no Core default there)
+        **leased,
+    )
+    row.update({k: v for k, v in (queue or {}).items() if v is not None})
+    return [
+        (insert(runs), row),
+        (
+            insert(messages),
+            [
+                storable(message_values(run_id, i, m, None, now))
+                for i, m in enumerate(first_messages)
+            ],
+        ),
+    ]

@@ -97,6 +97,8 @@ runs = Table(
     Column("cached_tokens", BigInteger),  # 0011: prompt tokens the provider served from its cache
     Column("cost", Float),  # 0011: the sum of the steps' costs (NULL: no price for the model)
     Column("trace_id", String(32)),  # 0011: the run's one OpenTelemetry trace (hex)
+    Column("parent_id", String(64)),  # 0014: the run that delegated this one (`delegate`)
+    Column("parent_step", Integer),  # 0014: ... in its step with this seq
 )
 # 0003: `list` pages in (created_at, id) order; workers claim from the small partial index
 # ix_runs_claimable (created_at, id) WHERE status IN ('pending', 'running'), which is left

@@ -71,6 +71,8 @@ COLUMNS = {
         "cached_tokens",
         "cost",
         "trace_id",
+        "parent_id",
+        "parent_step",
     ),
     "steps": (
         "id",

@@ -7,7 +7,7 @@ one of its writes is fenced on the lease and retried like any checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,7 @@ class Step:
         use_approval: int | None = None,
         durable: bool = True,
         workspace: WorkspaceWrite | None = None,
+        also: Callable[[int], Sequence[Statement]] | None = None,
     ) -> Step:
         """Begin an attempt. `durable`: commit the intent row before the effect (a new row,
         or the recorded one restarted); otherwise only count the attempt (reads)."""
@@ -133,6 +134,8 @@ class Step:
             statements, rows = [], [self._row(state=StepState.STARTED.value, **columns)]
         if use_approval is not None:
             statements.append((USE_APPROVAL, {"b_id": use_approval, "used_at": self.started_at}))
+        if also is not None:  # rows the intent creates with it (a delegate step's child run)
+            statements.extend(also(self.seq))
         j.commit(
             statements, step_rows=rows, raw=workspace.statements if workspace is not None else ()
         )

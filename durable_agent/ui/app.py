@@ -108,6 +108,7 @@ def build_app(cfg: UiConfig) -> Any:
             store.approvals(run_id),
             store.messages(run_id),
             extras.by_step(run_id),
+            store.children(run_id),
         )
 
     def run_html(request: Request) -> Response:

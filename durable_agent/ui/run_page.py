@@ -49,6 +49,7 @@ class RunView(Struct, frozen=True):
     approvals: list[ApprovalRecord]
     messages: list[MessageRecord]
     changes: dict[int, list[FileChange]] = field(default_factory=dict)
+    children: list[RunRecord] = field(default_factory=list)  # runs it delegated to
 
 
 def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
@@ -59,6 +60,8 @@ def page(view: RunView, *, csrf: str, notice: str | None = None) -> str:
         body.append(f'<p class="notice" id="notice">{e(notice)}</p>')
     body.append(f'<section id="header">{header(view, now)}</section>')
     body.append(f'<section id="actions">{actions(view, csrf, now)}</section>')
+    if view.children:
+        body.append(f"<h2>Child runs</h2>{child_runs(view.children)}")
     body.append(
         f'<h2>Timeline</h2><div class="chart" id="chart">{chart(view.steps, now)}</div>{_legend()}'
     )
@@ -102,6 +105,11 @@ def header(view: RunView, now: datetime) -> str:
                 f'<a href="/runs/{u(run.forked_from)}">{e(run.forked_from)}</a>{e(after)}',
             )
         )
+    if run.parent_id:  # delegated (docs/delegation.md)
+        step = "" if run.parent_step is None else f" in its step {run.parent_step}"
+        rows.append(
+            ("parent", f'<a href="/runs/{u(run.parent_id)}">{e(run.parent_id)}</a>{e(step)}')
+        )
     rows.append(("created", f"{e(iso_utc(run.created_at))} ({e(fmt_age(run.created_at))})"))
     if run.finished_at:
         rows.append(("finished", e(iso_utc(run.finished_at))))
@@ -130,6 +138,22 @@ def header(view: RunView, now: datetime) -> str:
         rows.append(("answer", f'<pre class="answer">{e(run.answer)}</pre>'))
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="header">{table}</table><div class="budgets">{budgets(run)}</div>'
+
+
+def child_runs(children: list[RunRecord]) -> str:
+    """The runs this one delegated to: each linked, with its status, cost and task."""
+    rows = []
+    for c in children:
+        cost = run_cost(c)
+        spent = f"{c.prompt_tokens + c.completion_tokens} tokens" + (
+            "" if cost is None else f" · cost {cost:.4f}"
+        )
+        rows.append(
+            f'<tr><td><a class="mono" href="/runs/{u(c.id)}">{e(c.id)}</a></td>'
+            f"<td>{status_badge(c.status)}</td><td>{e(spent)}</td>"
+            f'<td class="task">{e(c.task)}</td></tr>'
+        )
+    return f'<table class="children">{"".join(rows)}</table>'
 
 
 def budgets(run: RunRecord) -> str:

@@ -76,7 +76,7 @@ def check(ctx: Site) -> None:
         s.state == StepState.STARTED
         and (
             s.effect in (EffectClass.WRITE, EffectClass.EXEC)
-            or s.kind in (StepKind.VERIFY, StepKind.HOOK)
+            or s.kind in (StepKind.VERIFY, StepKind.HOOK, StepKind.DELEGATE)
         )
         for s in journal.open_steps.values()
     ):
