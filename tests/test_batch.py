@@ -206,8 +206,8 @@ def test_three_workers_killed_at_random_finish_a_batch_once(
                     == n
                 ):
                     break
-                time.sleep(rng.uniform(1.0, 3.0))
-                victim = rng.randrange(3)  # every one to three seconds until it is done
+                time.sleep(rng.uniform(0.5, 1.5))
+                victim = rng.randrange(3)  # every half second to 1.5 s until it is done
                 os.kill(procs[victim].pid, signal.SIGKILL)
                 procs[victim].wait()
                 kills += 1

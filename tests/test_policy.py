@@ -151,9 +151,11 @@ def command_line(draw: Any, depth: int = 0) -> tuple[str, list[list[str]]]:
     return " ".join(parts), expected
 
 
+# Each command's record in ONE printf (one write to the O_APPEND file): the two sides of a
+# pipeline run at once, and two writes each could interleave ("t\0t\0\x1e\x1e").
 _PRINTER = (
-    "t() { { printf '%s\\0' \"${FUNCNAME[0]}\" \"$@\"; printf '\\036'; } >&3; return 0; }\n"
-    "f() { { printf '%s\\0' \"${FUNCNAME[0]}\" \"$@\"; printf '\\036'; } >&3; return 1; }\n"
+    "t() { printf '%s\\0' \"${FUNCNAME[0]}\" \"$@\" $'\\036' >&3; return 0; }\n"
+    "f() { printf '%s\\0' \"${FUNCNAME[0]}\" \"$@\" $'\\036' >&3; return 1; }\n"
     "export -f t f\n"
 )
 
@@ -170,7 +172,7 @@ def bash_commands(line: str, tmp: Path) -> list[list[str]]:
         timeout=10,
     )
     assert proc.returncode in (0, 1), proc.stderr
-    records = [rec for rec in out.read_bytes().decode().split("\x1e") if rec]
+    records = [rec for rec in out.read_bytes().decode().split("\x1e\0") if rec]
     return [[w for w in rec.split("\0")[:-1] if w != ""] for rec in records]
 
 
