@@ -150,6 +150,8 @@ def test_summary_line() -> None:
         error=None,
         model="m",
         settings=None,
+        cached_tokens=None,
+        cost=None,
     )
     out = io.StringIO()
     summary(run, out)
