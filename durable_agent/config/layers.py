@@ -429,6 +429,17 @@ def merge_layers(
     given = {k: v for k, v in flags.items() if v is not None and k != RULES_FLAG}
     merged.update(given)
     where.update({k: _FLAGS.get(k) or "--" + k.replace("_", "-") for k in given})
+    if (
+        project is not None
+        and merged.get("shell") == "deny"
+        and merged.get("verify")
+        and where.get("verify") == str(project)
+    ):
+        # `--shell deny`: no command runs, and the repository's own check is a command the
+        # user did not ask for (it is not the shell tool, so no approval would see it).
+        warn_once(f"{project} sets verify, which does not run under --shell deny: ignored")
+        del merged["verify"]
+        del where["verify"]
     if sources is not None:
         sources.update(where)
     for key in ("db", "workspace"):  # used before pydantic checks the rest (a TypeError, else)
