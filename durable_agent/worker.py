@@ -470,8 +470,7 @@ class Worker:
         """The [[notify]] entries of this worker's config that want `batch_done`."""
         if self.notify_settings is None:
             return []
-        wanted = enumerate(self.notify_settings.notify)
-        return [(i, t.target) for i, t in wanted if "batch_done" in t.events]
+        return self.notify_settings.notify_targets("batch_done")
 
     def batch_done(self, batch_id: str) -> None:
         """THE place a batch finishes (once, on one worker); its `batch_done` notifications

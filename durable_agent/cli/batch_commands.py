@@ -265,17 +265,12 @@ def _progress_line(rows: list[Any], start: float, now: float) -> str:
     secs = max(now - start, 1e-6)
     rate = ended / secs * 60
     eta = f"{(total - ended) / (ended / secs):.0f}s" if ended else "?"
-    cost = sum(c for r in rows if (c := task_cost(r)) is not None)
+    cost = sum(r.cost for r in rows if r.cost is not None)
     bar_n = int(20 * ended / total) if total else 20
     return (
         f"[{'#' * bar_n}{'.' * (20 - bar_n)}] {ended}/{total} · {done} done · {failed} failed · "
         f"{running} running · {rate:.1f}/min · ETA {eta} · cost {cost:.4f}"
     )
-
-
-def task_cost(row: Any) -> float | None:
-    """The run's cost: its steps priced as they were paid ([prices], else the shipped table)."""
-    return row.cost  # type: ignore[no-any-return]
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -290,7 +285,7 @@ def _percentile(values: list[float], p: float) -> float | None:
 def summary(batch: Any, rows: list[Any]) -> dict[str, Any]:
     times = [r.active_ms / 1000 for r in rows if r.status in WAS_DONE]
     verified = [r for r in rows if r.verify is not None]
-    costs = [c for r in rows if (c := task_cost(r)) is not None]
+    costs = [r.cost for r in rows if r.cost is not None]
     by_status: dict[str, int] = {}
     for r in rows:
         by_status[r.status] = by_status.get(r.status, 0) + 1
@@ -332,7 +327,7 @@ def _show(args: Namespace, env: dict[str, str]) -> int:
                 "tool_calls": r.tool_call_count,
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
-                "cost": task_cost(r),
+                "cost": r.cost,
                 "seconds": r.active_ms / 1000,
             }
             for r in rows
@@ -347,7 +342,7 @@ def _show(args: Namespace, env: dict[str, str]) -> int:
         f"{'CALLS':>5} {'TOKENS':>9} {'COST':>8} {'TIME':>7}"
     )
     for r in rows:
-        cost = task_cost(r)
+        cost = r.cost
         task_id = visible(r.task_id)
         print(
             f"{task_id[:28]:<28} {r.run_id:<30} {r.status:<16} {(r.stop_reason or '-'):<16} "
@@ -453,7 +448,7 @@ def _cancel(args: Namespace, env: dict[str, str]) -> int:
     from durable_agent.config.settings import load_settings
 
     settings = load_settings({"db": args.db} if args.db else {}, env)
-    wanted = [(i, t.target) for i, t in enumerate(settings.notify) if "batch_done" in t.events]
+    wanted = settings.notify_targets("batch_done")
     if fleet.finish_if_done(store.engine, batch.id, wanted) and wanted:
         from durable_agent.notify import Deliverer  # sent now; a worker's pass would too
 

@@ -490,6 +490,11 @@ class Settings(BaseModel):
             )
         return self
 
+    def notify_targets(self, event: str) -> list[tuple[int, str]]:
+        """The [[notify]] entries that want `event`: (index in the config, the outbox's name
+        of the target). The index is part of each notification's key."""
+        return [(i, t.target) for i, t in enumerate(self.notify) if event in t.events]
+
     def price(self, model: str | None) -> ModelPrice | None:
         """`[prices]`'s price of `model`, else the shipped table's (config/prices.py)."""
         if not model:

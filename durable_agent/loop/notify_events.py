@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from durable_agent.loop.step_context import StepContext
+from durable_agent.store import outbox
 from durable_agent.store.links import approval_links
 from durable_agent.store.outbox import Outbox
 from durable_agent.store.rows import utcnow
@@ -24,9 +25,8 @@ def event_for(status: str, stop_reason: str | None) -> str:
 def event_rows(
     ctx: StepContext, status: str, stop_reason: str | None, answer: str | None, error: str | None
 ) -> list[dict[str, Any]]:
-    targets = ctx.settings.notify
     event = event_for(status, stop_reason)
-    wanted = [(i, t) for i, t in enumerate(targets) if event in t.events]
+    wanted = ctx.settings.notify_targets(event)
     if not wanted:
         return []
     s, run = ctx.state, ctx.journal.run_id
@@ -50,19 +50,7 @@ def event_rows(
     # Unique per end of the run (a run blocked, approved and blocked again sends twice) and
     # the same on every retry of the commit: made once, here.
     base = f"{event}:{run}:{os.urandom(8).hex()}"
-    rows = []
-    for i, target in wanted:
-        key = f"{base}:{i}"
-        rows.append(
-            {
-                "idempotency_key": key,
-                "run_id": run,
-                "event": event,
-                "target": target.target,
-                "payload": {**payload, "idempotency_key": key},
-            }
-        )
-    return rows
+    return outbox.event_rows(base, event, run, payload, wanted)
 
 
 def _approvals(ctx: StepContext, run: str) -> list[dict[str, Any]]:

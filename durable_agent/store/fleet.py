@@ -494,20 +494,9 @@ def _batch_done_rows(
         "cost": None if cost is None else float(cost),
         "at": finished.isoformat() + "Z",
     }
-    rows = []
-    for index, target in targets:
-        # One per finish (a batch resumed and finished again is told again), per target.
-        key = f"batch_done:{batch_id}:{finished:%Y%m%dT%H%M%S%f}:{index}"
-        rows.append(
-            {
-                "idempotency_key": key,
-                "run_id": None,
-                "event": "batch_done",
-                "target": target,
-                "payload": {**payload, "idempotency_key": key},
-            }
-        )
-    return rows
+    # One per finish (a batch resumed and finished again is told again), per target.
+    base = f"batch_done:{batch_id}:{finished:%Y%m%dT%H%M%S%f}"
+    return outbox.event_rows(base, "batch_done", None, payload, targets)
 
 
 # -- rate limits ------------------------------------------------------------------------------

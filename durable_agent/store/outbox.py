@@ -40,6 +40,30 @@ class Notification(Struct, frozen=True):
     last_error: str | None
 
 
+def event_rows(
+    base: str,
+    event: str,
+    run_id: str | None,
+    payload: dict[str, Any],
+    targets: Sequence[tuple[int, str]],
+) -> list[dict[str, Any]]:
+    """One row per target (index in the config, target) of an event: its key is `base` and
+    the index, the same on every retry of the commit that writes it."""
+    rows = []
+    for index, target in targets:
+        key = f"{base}:{index}"
+        rows.append(
+            {
+                "idempotency_key": key,
+                "run_id": run_id,
+                "event": event,
+                "target": target,
+                "payload": {**payload, "idempotency_key": key},
+            }
+        )
+    return rows
+
+
 def insert_statements(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]]]:
     """The inserts of new events, for the transaction of the status change they report."""
     now = utcnow()
