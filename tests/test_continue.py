@@ -750,3 +750,59 @@ def test_a_continue_records_what_runs_now_and_its_message_is_the_consent(
     changes = json.loads(rows[1][2])
     assert [c["what"] for c in changes] == ["model"], changes
     assert query(db, "SELECT status FROM runs") == [("completed",)]
+
+
+def _continue_under_a_fault(env: dict[str, str], root: Path, at: int) -> tuple[int, list[int]]:
+    """A start, then a continue whose store statement `at` fails: a blip retried in place, or
+    (every third) a store that stays away: exit 7, then the same continue again."""
+    senv, ws, script = _scenario(env, root)
+    _start(senv, ws, script)
+    repeat = "10000" if at % 3 == 1 else "1"
+    fault = {"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "io_error",
+             "DURABLE_AGENT_FAULT_REPEAT": repeat}  # fmt: skip
+    codes = [run_cli({**senv, **fault}, ws, "continue", "r", MESSAGE, "--quiet").code]
+    while codes[-1] == 7 and len(codes) < 4:
+        codes.append(run_cli(senv, ws, "continue", "r", MESSAGE, "--quiet").code)
+    if codes[-1] == 5:  # the store went away while a command ran: its outcome is unknown
+        assert run_cli(senv, ws, "approve", "r", "--deny", "--by", "tester").code == 0
+        codes.append(run_cli(senv, ws, "resume", "r", "--quiet").code)
+    db = root / "store.db"
+    assert codes[-1] == 0, (at, codes)
+    _said_once(db)
+    lines = ledger_lines(ws)
+    assert len(lines) == len(set(lines)) and set(lines) <= set(CALLS), (at, lines)
+    return at, codes
+
+
+@pytest.mark.slow  # a start and a continue (or two) per statement of the continue
+def test_a_store_fault_at_every_statement_of_a_continue(
+    env: dict[str, str], tmp_path: Path, reference: list[Any]
+) -> None:
+    """The store fails at each statement the continue makes (docs/continue.md): the message
+    lands once, each command runs once, and the history is an uninterrupted continue's."""
+    senv, ws, script = _scenario(env, tmp_path / "count")
+    _start(senv, ws, script)
+    log = tmp_path / "count" / "faults.log"
+    counted = {"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "io_error",
+               "DURABLE_AGENT_FAULT_LOG": str(log)}  # fmt: skip
+    assert run_cli({**senv, **counted}, ws, "continue", "r", MESSAGE, "--quiet").code == 0
+    (count,) = [
+        int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith("statements")
+    ]
+    assert count > 10
+
+    def one(at: int) -> tuple[int, list[int]]:
+        at, codes = _continue_under_a_fault(env, tmp_path / f"f{at}", at)
+        if 5 not in codes:  # (else the person chose not to run a command again)
+            assert _history(tmp_path / f"f{at}" / "store.db") == reference, at
+        return at, codes
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(pool.map(one, range(1, count + 1)))
+    stopped = sum(1 for codes in results.values() if codes[0] == 7)
+    asked = sum(1 for codes in results.values() if 5 in codes)
+    print(
+        f"continue: {count} statements, {count} faults, {stopped} stopped with exit 7, {asked} asked"
+    )
+    assert len(results) == count and stopped > 0
+    assert asked <= 2  # only a store lost while the command ran leaves its outcome unknown
