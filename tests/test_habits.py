@@ -6,6 +6,7 @@ config` with each value's source, and a run that cannot change its project's con
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -280,11 +281,6 @@ def test_a_project_verify_runs_no_command_under_shell_deny(
     assert (workspace / "verify-ran").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bubblewrap binds .durable-agent/ read-only only when it exists: in a workspace "
-    "without one (most), a command makes it and sets up the next run in it",
-)
 def test_a_sandboxed_command_cannot_make_a_project_config(
     env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
 ) -> None:
@@ -297,7 +293,30 @@ def test_a_sandboxed_command_cannot_make_a_project_config(
     r = _run(safe, workspace, "start", "x", "-m", write_script([*turns, {"content": "done"}]),
              "-y", "--sandbox", "workspace-write")  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert not (workspace / ".durable-agent" / "config.toml").exists()
+    assert not (workspace / ".durable-agent").exists()
+    db = Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with sqlite3.connect(db) as conn:
+        (output,) = conn.execute("SELECT output FROM steps WHERE kind = 'tool'").fetchone()
+    assert "removed .durable-agent, which this command created" in output  # the model is told
+
+
+def test_a_project_config_link_made_by_a_command_goes_not_what_it_points_at(
+    tmp_path: Path,
+) -> None:
+    from durable_agent.tools.os_sandbox import remove_project_config
+
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    ws.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "config.toml").write_text("kept")
+    (ws / ".durable-agent").symlink_to(elsewhere)
+    assert remove_project_config(ws) == [
+        "removed .durable-agent, which this command created: the project's settings for "
+        "durable-agent are not a command's to make"
+    ]
+    assert not os.path.lexists(ws / ".durable-agent")
+    assert (elsewhere / "config.toml").read_text() == "kept"
+    assert remove_project_config(ws) == []
 
 
 def test_config_shows_the_task_folder_start_would_record(

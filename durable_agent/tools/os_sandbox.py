@@ -45,6 +45,7 @@ from msgspec.structs import replace
 from durable_agent.tools import gitdisarm, pids
 from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.gitguard import git_changes, git_protections, git_state, remove_planted
+from durable_agent.tools.sandbox import PROJECT_DIR
 
 LANDLOCK_SCRIPT = Path(__file__).with_name("_landlock.py")
 NO_LANDLOCK_ENV = "DURABLE_AGENT_NO_LANDLOCK"
@@ -400,11 +401,14 @@ def prepare(
         else []
     )
     before = git_state(ws) if writable else {}
+    project_before = os.path.lexists(ws / PROJECT_DIR)
 
     def notes() -> list[str]:
         if not writable:
             return []
         planted = remove_planted(before, ws)
+        if not project_before:
+            planted += remove_project_config(ws)
         after = git_state(ws)
         disarmed = gitdisarm.disarm(gitdisarm.created(before, after, ws), ws)
         if disarmed:
@@ -447,6 +451,29 @@ def prepare(
         _remove_group(group)
 
     return Launch(_limited(group, wrapped), {**env, "TMPDIR": tmp}, cleanup=cleanup, notes=notes)
+
+
+def remove_project_config(workspace: Path) -> list[str]:
+    """Take out the `.durable-agent` a command made in a workspace that had none: bubblewrap
+    can keep an existing folder read-only, not one that is not there yet, and the next run
+    started here would read the settings a command chose. One line for what was done."""
+    entry = workspace / PROJECT_DIR
+    if not os.path.lexists(entry):
+        return []
+    try:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)  # (never follows a link inside: it walks by descriptors)
+        else:
+            entry.unlink()
+    except OSError as exc:
+        return [
+            f"this command created {PROJECT_DIR}, the project's settings for durable-agent, "
+            f"and it could not be removed ({exc.strerror}): remove it before the next run here"
+        ]
+    return [
+        f"removed {PROJECT_DIR}, which this command created: the project's settings for "
+        "durable-agent are not a command's to make"
+    ]
 
 
 def _pids_group() -> str | None:
@@ -572,9 +599,8 @@ def bwrap_options(
         for path in read_only:
             args += ["--ro-bind", str(path), str(path)]
         # The project's own config (.durable-agent/config.toml): what the next run is set up
-        # with is not the command's to change.
-        from durable_agent.tools.sandbox import PROJECT_DIR
-
+        # with is not the command's to change. (Where there is none, a command may make
+        # one: remove_project_config takes it out after the command.)
         project = os.path.realpath(workspace / PROJECT_DIR)
         if os.path.isdir(project) and _within(project, os.path.realpath(workspace)):
             args += ["--ro-bind", project, project]
