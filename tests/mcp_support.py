@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -10,7 +11,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 FAULT_SERVER = TESTS / "mcp_fault_server.py"
-BIN = Path(sys.executable).parent
+# Where the third-party servers (mcp-server-time, mcp-server-git) are installed: beside this
+# Python, unless DURABLE_AGENT_TEST_MCP_BIN names another venv's bin/ (scripts/test-floors
+# tests the client at the `mcp` floor against today's servers, which need a newer `mcp`).
+BIN = Path(os.environ.get("DURABLE_AGENT_TEST_MCP_BIN") or Path(sys.executable).parent)
 
 
 def fault_config(tmp_path: Path, workspace: Path, *, extra: str = "", server_env: str = "") -> Path:

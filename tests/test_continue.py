@@ -806,3 +806,100 @@ def test_a_store_fault_at_every_statement_of_a_continue(
     )
     assert len(results) == count and stopped > 0
     assert asked <= 2  # only a store lost while the command ran leaves its outcome unknown
+
+
+def _pg_rows(url: str, statement: str) -> list[Any]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(statement))]
+    finally:
+        engine.dispose()
+
+
+PG_HISTORY = (
+    "SELECT seq, role, content, tool_calls, tool_call_id FROM messages WHERE run_id='r' "
+    "ORDER BY seq"
+)
+
+
+def _pg_continue_under_a_cut(env: dict[str, str], root: Path, at: int) -> tuple[int, list[int]]:
+    """A start, then a continue whose PostgreSQL connection is terminated right after its
+    statement `at`: once (retried on a new connection), or, every third, a hundred times in a row
+    (a server that stays away longer than the retries: exit 7, then the same continue)."""
+    from scale_helpers import pg_schema
+
+    root.mkdir()
+    ws = root / "ws"
+    ws.mkdir()
+    script = root / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    with pg_schema() as url:
+        senv = {**env, "DURABLE_AGENT_DB": url}
+        _start(senv, ws, script)
+        repeat = "100" if at % 3 == 1 else "1"
+        fault = {"DURABLE_AGENT_FAULT_AT": str(at), "DURABLE_AGENT_FAULT": "terminate",
+                 "DURABLE_AGENT_FAULT_REPEAT": repeat}  # fmt: skip
+        codes = [run_cli({**senv, **fault}, ws, "continue", "r", MESSAGE, "--quiet").code]
+        while codes[-1] == 7 and len(codes) < 4:
+            codes.append(run_cli(senv, ws, "continue", "r", MESSAGE, "--quiet").code)
+        if codes[-1] == 5:  # the server went away while a command ran: its outcome is unknown
+            assert run_cli(senv, ws, "approve", "r", "--deny", "--by", "tester").code == 0
+            codes.append(run_cli(senv, ws, "resume", "r", "--quiet").code)
+        assert codes[-1] == 0, (at, codes)
+        said = _pg_rows(
+            url,
+            "SELECT (SELECT COUNT(*) FROM messages WHERE role='user' AND content="
+            f"'{MESSAGE}'), (SELECT COUNT(*) FROM steps WHERE kind='user_message' AND "
+            "state='completed')",
+        )
+        assert said == [(1, 1)], (at, said)
+        lines = ledger_lines(ws)
+        assert len(lines) == len(set(lines)) and set(lines) <= set(CALLS), (at, lines)
+        if 5 not in codes:
+            history = _pg_rows(url, PG_HISTORY)
+            (root / "history.json").write_text(json.dumps(history, default=str))
+    return at, codes
+
+
+@pytest.mark.slow  # a start and a continue (or more) on PostgreSQL per statement of the continue
+def test_a_postgres_connection_cut_at_every_statement_of_a_continue(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The server's backend is terminated after each statement the continue makes, once or
+    for longer than the retries last: the message lands once, each command runs once, and
+    the history is an uninterrupted continue's (docs/continue.md)."""
+    from scale_helpers import pg_schema
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "ws").mkdir()
+    (ref / "script.json").write_text(json.dumps(SCRIPT))
+    log = ref / "faults.log"
+    with pg_schema() as url:
+        senv = {**env, "DURABLE_AGENT_DB": url}
+        _start(senv, ref / "ws", ref / "script.json")
+        counted = {"DURABLE_AGENT_FAULT_AT": "999999", "DURABLE_AGENT_FAULT": "terminate",
+                   "DURABLE_AGENT_FAULT_LOG": str(log)}  # fmt: skip
+        r = run_cli({**senv, **counted}, ref / "ws", "continue", "r", MESSAGE, "--quiet")
+        assert r.code == 0, r.stderr
+        reference = json.loads(json.dumps(_pg_rows(url, PG_HISTORY), default=str))
+    (count,) = [
+        int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith("statements")
+    ]
+    assert count > 10
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(pool.map(lambda at: _pg_continue_under_a_cut(env, tmp_path / f"c{at}", at),
+                                range(1, count + 1)))  # fmt: skip
+    for at, codes in results.items():
+        if 5 not in codes:
+            got = json.loads((tmp_path / f"c{at}" / "history.json").read_text())
+            assert got == reference, at
+    stopped = sum(1 for codes in results.values() if codes[0] == 7)
+    asked = sum(1 for codes in results.values() if 5 in codes)
+    print(f"continue on PostgreSQL: {count} statements cut, {stopped} exit 7, {asked} asked")
+    assert len(results) == count and stopped > 0
+    assert asked <= 2  # only a server lost while the command ran leaves its outcome unknown

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from durable_agent import presentation
 from durable_agent.cli import collector, jsonl_output, render, streams
 from durable_agent.cli.ws_commands import RUN_ID_RE, cmd_diff, cmd_fork, cmd_restore
-from durable_agent.errors import ConfigError, UsageError
+from durable_agent.errors import ConfigError, StoreUnavailable, UsageError
 from durable_agent.loop.interrupts import Interrupts
 from durable_agent.status import EXIT_CODES, RESUMABLE, RunStatus
 from durable_agent.store.records import ApprovalKind
@@ -81,6 +81,36 @@ def _interrupts(cancel: threading.Event, quiet: bool) -> Interrupts:
     return Interrupts(first, second)
 
 
+def _ended_unread(outcome: Any, lost: Exception, as_json: bool, out: Any, err: Any) -> int:
+    """The run's end is committed, and the store went away before it was read back for the
+    summary: the end is the outcome's, and so is the exit code. An exit 7 here would tell a
+    person (or a script) to run the same `continue` again: a second turn of the same message."""
+    print(
+        streams.visible(
+            f"durable-agent: run {outcome.run_id} ended {outcome.status}"
+            f"{f' ({outcome.stop_reason})' if outcome.stop_reason else ''}; its record could "
+            f"not be read back ({lost}): `durable-agent show {outcome.run_id}` once the store "
+            "is back"
+        ),
+        file=err,
+    )
+    if as_json:  # result_json's keys, the counters unknown (as json_if_cut_short has them)
+        counters = ("steps", "model_calls", "tool_calls", "prompt_tokens", "completion_tokens")
+        result = {
+            "run_id": outcome.run_id,
+            "status": str(outcome.status),
+            "stop_reason": outcome.stop_reason,
+            "answer": outcome.answer,
+            **dict.fromkeys((*counters, "duration_ms")),
+            "error": outcome.error,
+        }
+        print(json.dumps(result), file=out, flush=True)
+    elif outcome.answer:
+        answer = outcome.answer
+        print(streams.visible(answer) if render.is_tty(sys.stdout) else answer, file=out)
+    return EXIT_CODES[RunStatus(outcome.status)]
+
+
 def _execute(
     runner: Any,
     run_id: str,
@@ -98,7 +128,11 @@ def _execute(
             render.json_if_cut_short(args.json, run_id),
         ):
             outcome = runner.execute(run_id, lease=lease, turn=turn, takeover=takeover)
-            run = runner.store.get_run(run_id)
+            try:
+                run = runner.store.get_run(run_id)
+            except StoreUnavailable as exc:
+                run = None
+                lost = exc
     finally:
         close = getattr(runner.observer, "close", None)  # render.Timeline: erase its status line
         if close is not None:
@@ -107,6 +141,8 @@ def _execute(
         streams.forgiving(sys.stdout),
         streams.forgiving(sys.stderr),
     )  # the exit code is the run's
+    if run is None:
+        return _ended_unread(outcome, lost, args.json, out, err)
     if runner.settings.notify:  # the end's notifications, committed with it: sent now
         from durable_agent.notify import deliver_after_session
 
