@@ -209,6 +209,43 @@ arguments = { task = "count*" }
     assert query(db_path, "SELECT COUNT(*) FROM steps WHERE state != 'completed'") == [(0,)]
 
 
+def test_an_asked_delegate_call_of_a_child_blocks_its_parent(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    """The child inherits the rules: its own `delegate` call asks, the parent stops blocked
+    with the child's question, and `approve PARENT` answers it."""
+    rules = """
+[[rules]]
+decision = "ask"
+tool = "delegate"
+arguments = { task = "deeper*" }
+"""
+    script = {
+        "*": [
+            {"tool_calls": [_delegate("nest", workspace="shared-write")]},
+            {"content": "parent done"},
+        ],
+        "nest": [{"tool_calls": [_delegate("deeper look")]}, {"content": "nest done"}],
+        "deeper look": [{"content": "looked deep"}],
+    }
+    r = start(env, workspace, tmp_path, script, rules)
+    assert r.returncode == 5 and '{"task": "deeper look"}' in r.stderr, r.stderr
+    assert query(db_path, "SELECT task, status FROM runs ORDER BY id") == [
+        ("top", "blocked"),
+        ("nest", "blocked"),
+    ]
+    assert cli(env, workspace, "approve", "p").returncode == 0
+    r = cli(env, workspace, "resume", "p", "--quiet")
+    assert r.returncode == 0 and r.stdout.strip() == "parent done", r.stderr
+    assert query(db_path, "SELECT task, status FROM runs ORDER BY id") == [
+        ("top", "completed"),
+        ("nest", "completed"),
+        ("deeper look", "completed"),
+    ]
+    nest = query(db_path, "SELECT id FROM runs WHERE task = 'nest'")[0][0]
+    assert observations(db_path, nest) == ["looked deep"]
+
+
 @pytest.mark.slow
 def test_sigkill_between_the_approval_and_the_delegate_intent(
     tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
@@ -338,6 +375,10 @@ def test_a_copy_childs_folder_is_removed_and_restore_rebuilds_it(
     r = cli(env, workspace, "restore", kid, "--at", str(last), "--to", str(out))
     assert r.returncode == 0, r.stderr
     assert (out / "a.txt").read_text() == "new\n"
+    forked = tmp_path / "forked"
+    r = cli(env, workspace, "fork", kid, "--at", str(last), "-w", str(forked))
+    assert r.returncode == 0, r.stderr
+    assert (forked / "a.txt").read_text() == "new\n"
 
 
 @pytest.mark.slow
