@@ -1,4 +1,4 @@
-"""docs/policy.md shows `policy check` for ten calls, made by this test: the doc cannot
+"""docs/policy.md shows `policy check` for eleven calls, made by this test: the doc cannot
 drift from what the command says. DURABLE_AGENT_REGEN_DOCS=1 (or scripts/gen_policy_doc)
 writes it again."""
 
@@ -25,6 +25,7 @@ CALLS: list[list[str]] = [
     ["--tool", "write_file", "--", "secrets/prod/key.pem"],
     ["--tool", "github__create_issue", "--", '{"repo": "prod-api", "title": "x"}'],
     ["--tool", "github__list_issues", "--", "repo=sandbox"],
+    ["--tool", "delegate", "--", '{"task": "fix the tests", "workspace": "shared-write"}'],
 ]
 
 

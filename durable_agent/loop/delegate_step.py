@@ -10,25 +10,34 @@
 
 A child that is blocked (it needs a person's approval) blocks the parent, with the child's
 request in the parent's error; a cancel of the parent stops the child. The step's row stays
-`started` in both cases: a resume of the parent goes on with the same child. docs/delegation.md
+`started` in both cases: a resume of the parent goes on with the same child.
+
+The call is a tool call like any other to the policy: its `pre_tool` hooks run first (a
+block is its error observation), then the `[[rules]]` decide it (deny: an error observation;
+ask: the run stops `blocked` before the child is made, and the decided approval is used in
+the intent's commit, as an ordinary call's is). A `copy` child's folder is removed once its
+outcome is recorded (`drop_copy`; a resume removes one a crash left). docs/delegation.md
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from durable_agent.config.policy import Verdict
 from durable_agent.config.settings import Settings, validation_text
 from durable_agent.errors import LoopExit
+from durable_agent.loop import approvals, hooks
 from durable_agent.loop.step import StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ToolCall
 from durable_agent.status import EffectClass, RunStatus, StepKind, StopReason
-from durable_agent.store.records import RunRecord
+from durable_agent.store.records import ApprovalKind, RunRecord
 from durable_agent.tools.base import Tool, ToolResult
 from durable_agent.tools.delegate import NAME, DelegateArgs
 from durable_agent.tools.limits import cap_text
@@ -77,15 +86,49 @@ class _Delegation:
         task: str,
         settings: Settings,
         tools: dict[str, Tool],
+        use: int | None,
     ) -> None:
         self.call, self.step, self.kid, self.task = call, step, kid, task
         self.settings, self.tools = settings, tools
+        self.use = use  # a decided approval (an `ask` rule): used in the intent's commit
+
+
+def copies_root(env: Any) -> Path:
+    data = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "durable-agent" / "copies"
 
 
 def copy_folder(env: Any, kid: str) -> Path:
     """Where a `copy` child works: beside the default store, out of every workspace."""
-    data = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(data) / "durable-agent" / "copies" / kid
+    return copies_root(env) / kid
+
+
+def drop_copy(ctx: StepContext, kid: str, workspace: str) -> None:
+    """Remove a `copy` child's folder, once the parent recorded its outcome: its changes are
+    in that observation (a diff) and its snapshots in the store (`restore`/`fork` of the
+    child rebuild its files). Only a folder directly under the copies folder, that is the
+    child's recorded workspace: never another (a shared child's, a worker's
+    `--workspace-root` folder, one reached through a link)."""
+    folder = copy_folder(ctx.env, kid)
+    if workspace != str(folder) or folder.is_symlink() or not folder.is_dir():
+        return
+    root = os.path.realpath(copies_root(ctx.env))
+    if os.path.dirname(os.path.realpath(folder)) != root or os.path.realpath(folder) == root:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():  # (a file it may not remove): left, said, not the run's failure
+        ctx.observer.note(f"the copy of child run {kid} could not be removed: {folder}")
+
+
+def drop_copies(ctx: StepContext) -> None:
+    """A session's start: the folders of `copy` children whose outcome is recorded that a
+    crash left between that commit and their removal."""
+    if not ctx.settings.delegate or ctx.children is None:
+        return
+    unfinished = {st.seq for st in ctx.journal.open_steps.values()}
+    for child in ctx.children.children(ctx.state.run_id):
+        if child.parent_step is not None and child.parent_step not in unfinished:
+            drop_copy(ctx, child.id, child.workspace)
 
 
 def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
@@ -97,8 +140,10 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
     d.step.run(
         lambda _step: _outcome(ctx, d, children.run(d.kid, d.settings, d.tools)),
         input=d.step.input,
+        use_approval=d.use,
         also=_made_with(ctx, d),
     )
+    drop_copy(ctx, d.kid, str(d.settings.workspace))  # after the outcome's commit
 
 
 def side_by_side(ctx: StepContext, calls: list[ToolCall]) -> bool:
@@ -131,13 +176,14 @@ def delegate_together(ctx: StepContext, calls: list[tuple[ToolCall, str]]) -> No
     for call, key in calls:
         d = _prepare(ctx, call, key, share=len(calls))
         if d is not None:
-            d.step.begin(input=d.step.input, also=_made_with(ctx, d))
+            d.step.begin(input=d.step.input, use_approval=d.use, also=_made_with(ctx, d))
             started.append(d)
     with ThreadPoolExecutor(max_workers=ctx.settings.max_children) as pool:
         running = [pool.submit(children.run, d.kid, d.settings, d.tools) for d in started]
         ended = [f.result() for f in running]  # (a store fault in one: raised, all waited for)
     for d, child in zip(started, ended, strict=True):
         d.step.end(_outcome(ctx, d, child))
+        drop_copy(ctx, d.kid, str(d.settings.workspace))
 
 
 def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _Delegation | None:
@@ -156,7 +202,13 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
         label=NAME,
         detail=_brief(call),
     )
+    # As for any tool call: the pre_tool hooks before its step is opened (each a step of its
+    # own, run once), a block its error observation.
+    blocked = hooks.pre_tool(ctx, call)
     step = open_step(ctx, spec)
+    if blocked is not None and step.prior is None:
+        _refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
+        return None
     kid = child_id(s.run_id, key)
     try:
         args = DelegateArgs.model_validate(call.parsed_arguments())
@@ -174,11 +226,34 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
     settings = child_settings(ctx, args, kid, share).model_copy(
         update={"child_tools": sorted(made)}
     )
-    if step.prior is None:  # a new call: the limits decide; a child made is gone on with
+    use: int | None = None
+    if step.prior is None:  # a new call: the limits and rules decide; a child made is gone on with
         problem = _over_limits(ctx, children)
         if problem is not None:
             _refuse(ctx, call, step, problem)
             return None
+        # The rules, as for any tool (by name, and by arguments: the task, the workspace
+        # mode). No rule matched: it runs (the child's own calls face the rules in turn).
+        decision = approvals.decide_call(ctx, call, exec_tool=False, asks=False)
+        if decision.verdict is Verdict.DENY:
+            _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+            return None
+        if decision.verdict is Verdict.ASK:
+            # Blocked here, before the child is made; a decided approval is used in the
+            # intent's commit (a crash before it finds the decision still unused).
+            approval = approvals.decided(
+                ctx, call, ApprovalKind.APPROVAL_REQUIRED, call.arguments, decision.reason
+            )
+            if approvals.denied(approval):
+                _refuse(
+                    ctx,
+                    call,
+                    step,
+                    "the user denied this delegate call; do not make it again",
+                    use_approval=approval.id,
+                )
+                return None
+            use = approval.id
         if settings.max_cost is not None and settings.max_cost <= 0:
             # The parent's budget is spent: it stops here (a raised budget resumes it).
             raise LoopExit(
@@ -187,7 +262,7 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
             )
     step.step.input = {**spec.input, "child": kid}
     ctx.observer.note(f"delegating to run {kid}: {_short(args.task)}")
-    return _Delegation(call, step, kid, args.task, settings, made)
+    return _Delegation(call, step, kid, args.task, settings, made, use)
 
 
 def _made_with(ctx: StepContext, d: _Delegation) -> Any:
@@ -307,16 +382,26 @@ def _answered(ctx: StepContext, call: ToolCall, child: RunRecord) -> StepOutcome
     )
 
 
-def _refuse(ctx: StepContext, call: ToolCall, step: StepCall, error: str) -> None:
+def _refuse(
+    ctx: StepContext,
+    call: ToolCall,
+    step: StepCall,
+    error: str,
+    *,
+    use_approval: int | None = None,
+) -> None:
     output, message = _observe(ctx, call, ToolResult(error=error))
-    step.record(StepOutcome(output, error, messages=[message]))
+    step.record(StepOutcome(output, error, messages=[message], use_approval=use_approval))
 
 
 def _observe(
     ctx: StepContext, call: ToolCall, result: ToolResult
 ) -> tuple[dict[str, Any], Message]:
     s = ctx.state
-    text = cap_text(ctx.redactor.redact(result.for_model()), ctx.settings.output_cap)
+    redact = ctx.redactor.redact
+    text = cap_text(redact(result.for_model()), ctx.settings.output_cap)
+    if note := s.hook_notes.pop(call.id, None):  # a pre_tool hook's, before the result
+        text = f"{cap_text(redact(note), ctx.settings.output_cap // 4)}\n\n{text}"
     message = Message("tool", text, tool_call_id=call.id)
     s.tool_call_count += 1
     s.note_tool_call(call)

@@ -312,6 +312,7 @@ class Runner:
                 observer = ctx.observer  # (traced: the session's span goes on)
                 ctx = self.context(journal, start, beat)
                 force_setattr(ctx, "observer", observer)
+            delegate_step.drop_copies(ctx)  # a crash left them after their outcome's commit
             resume.check(ctx)  # rebuild a missing workspace; stop on drift
             # Project memory: read on a new run, the recorded text after; a new turn
             # (`continue`) reads the files again.
