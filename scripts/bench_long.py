@@ -158,7 +158,7 @@ def ms_per_step_late(db: Path, n: int) -> float | None:
 
 # A resume in its own process: the modules in argv[1] imported first, then timed from there.
 _RESUME = """import importlib, json, sys, time
-modules, run_id, out = sys.argv[1:4]
+modules, run_id, out, script_path = sys.argv[1:5]
 for name in json.load(open(modules)):
     try:
         importlib.import_module(name)
@@ -173,7 +173,7 @@ seconds = time.perf_counter() - start
 from pathlib import Path
 from durable_agent.models.scripted import load_script
 again = time.perf_counter()
-load_script(Path(sys.argv[4]))
+load_script(Path(script_path))
 script = time.perf_counter() - again
 open(out, "w").write(json.dumps({"code": code, "seconds": seconds, "wall_start": wall, "script": script}))
 """
