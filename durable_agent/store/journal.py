@@ -166,10 +166,18 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
     rest, counted here (loop/replay.py). A resume of a long run reads what its requests
     send, not its whole history."""
     of_run = messages.c.run_id == run_id
-    total, last = conn.execute(select(func.count(), func.max(messages.c.seq)).where(of_run)).one()
+    below_start = and_(messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
+    total, last, assistants = conn.execute(
+        select(
+            func.count(),
+            func.max(messages.c.seq),
+            func.count().filter(below_start, messages.c.role == "assistant"),
+        ).where(of_run)
+    ).one()
     if last is not None and last + 1 != total:
         start = HEAD  # seqs with gaps (rows deleted by hand): read in order, as they are
-    start = min(start, total)
+    elif start > total:
+        start, assistants = HEAD, 0  # (a start past the history: no view to read from)
     below = and_(of_run, messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
     if start <= HEAD:
         every = [
@@ -196,9 +204,6 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
     ).where(of_run, or_(messages.c.seq >= start, messages.c.seq < HEAD, not_(_DROPPABLE)))
     for row in conn.execute(read.order_by(messages.c.seq)):
         history[row.seq] = message_from_row(row)
-    (assistants,) = conn.execute(
-        select(func.count()).where(below, messages.c.role == "assistant")
-    ).one()
     answered = list(
         conn.execute(
             select(messages.c.tool_call_id).where(
