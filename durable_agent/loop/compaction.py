@@ -479,9 +479,11 @@ def _summary_text(ctx: StepContext, answer: ModelTurn, cut: int) -> str:
         # what the last summary the model wrote said.
         ids = [
             m.tool_call_id
-            for m in reversed(s.messages[HEAD:cut])
+            for m in reversed(s.messages[s.dropped : cut])
             if m.role == "tool" and m.tool_call_id
         ]
+        if s.dropped > HEAD:  # those before no longer in memory (loop/replay.py): stored
+            ids += ctx.journal.tool_result_ids(HEAD, s.dropped)
         last = s.view.summary or ""
         last = last.partition(_BEFORE)[2] if last.startswith(_EMPTY) else last
         text = (

@@ -4,6 +4,12 @@ The process holds nothing that cannot be rebuilt from the database: the messages
 counters, the request hash chain, the repeat streak and the tool calls still waiting
 for a result all come from what was committed. (The step rows themselves — which step
 is open, the next seq — are the Journal's.)
+
+A long run does not keep its whole history in memory: once a summary replaced the
+messages before the view's start, its tool results and the assistant messages that asked
+for them (`droppable`) are never sent again, and their places hold `GONE` (seqs stay
+indices into `messages`). A resume reads them neither (store/journal.py `Journal.load`):
+what the state needs of them, it gets as `Older` (counted by the store).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from typing import Any
 from msgspec import UNSET, Struct, field
 
 from durable_agent.context.budget import calibrate, count_message
-from durable_agent.context.view import ContextView, request_hash
+from durable_agent.context.view import HEAD, ContextView, request_hash
 from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
 from durable_agent.store.payloads import ModelOutput, StepOutput, Window
+from durable_agent.store.rows import GONE, Older, droppable
 from durable_agent.store.storable import storable
 
 
@@ -42,6 +49,9 @@ class RunState(Struct):
     calibration: float = 1.0  # provider's prompt tokens / the harness's count, at the last call
     # Where the current turn's budget window began (`continue`): budgets count from here.
     window: Window = field(default_factory=Window)
+    # Messages below this seq that `droppable` holds are GONE (the view's start, once a
+    # summary moved it).
+    dropped: int = HEAD
     # (counter, compactions, messages counted, tokens): the request's count, kept as messages
     # come. Between compactions the request only grows, so each message is counted once
     # instead of the whole history before every call.
@@ -69,7 +79,17 @@ class RunState(Struct):
     def compacted(self, output: dict[str, Any]) -> None:
         """A compaction's boundary took effect: the request (and its hash) start over from it."""
         self.view.apply(output, self.messages)
+        self.drop_replaced()
         self.history = request_hash(self.request())
+
+    def drop_replaced(self) -> None:
+        """What the summaries replaced and no request sends again leaves memory (a resume
+        does not read it either): a 10,000-step run holds about what a 1,000-step one does."""
+        ms = self.messages
+        for i in range(self.dropped, self.view.start):
+            if droppable(ms[i]):
+                ms[i] = GONE
+        self.dropped = max(self.dropped, self.view.start)
 
     @property
     def turn(self) -> int:
@@ -165,10 +185,14 @@ def rebuild(
     last_model_output: StepOutput | None = None,
     window: Window | None = None,
     paid: tuple[int, float | None] = (0, None),
+    older: Older | None = None,
 ) -> RunState:
     """The state after the recorded messages. Totals are derived from the rows, never
     trusted from the run's counters: those are a cache for people's queries, and a counter
-    written from memory after a failed commit must not make a run unresumable."""
+    written from memory after a failed commit must not make a run unresumable.
+
+    `messages` may hold GONE below `older.start` (the messages the store did not read):
+    `older` is what the state needs of them, counted from their rows."""
     state = RunState(
         run_id=run_id,
         messages=[],
@@ -182,11 +206,24 @@ def rebuild(
         cached_tokens=paid[0],
         cost=paid[1],
     )
+    older = older or Older()
     answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
+    answered.update(older.answered)
+    state.used_call_ids.update(older.answered)
+    state.step_count = older.assistants
+    kept = state.messages
     for i, m in enumerate(messages):
         if i == state.window.messages and i:  # a person spoke: "in a row" starts over
             state.last_fingerprint, state.repeat_streak = None, 0
-        state.append(m)
+        if i == older.start and older.start > HEAD:
+            # The streak the calls before here ended with, as far as it counts in this window.
+            streak = sum(1 for seq in older.streak_seqs if seq >= state.window.messages)
+            state.last_fingerprint = older.streak_fingerprint if streak else None
+            state.repeat_streak = streak
+        if m is GONE:
+            kept.append(m)
+            continue
+        kept.append(storable_message(m))
         if m.role == "assistant":
             state.step_count += 1  # one model call per assistant message
             for call in m.tool_calls:
@@ -197,8 +234,10 @@ def rebuild(
     for output in compactions:
         if isinstance(output, dict):
             state.view.apply(output, state.messages)
-    if state.view.compactions:
-        state.history = request_hash(state.request())
+    state.dropped = max(HEAD, older.start)  # the store left those out already
+    state.drop_replaced()
+    # Hashed once, as sent (the view's messages): not message by message and then again.
+    state.history = request_hash(state.request())
     state.calibration = 1.0 if last_model_output is None else calibration_of(last_model_output)
     return state
 

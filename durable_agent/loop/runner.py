@@ -209,6 +209,7 @@ class Runner:
             last_model_output=loaded.last_model_output,
             window=turns.window_of(loaded.user_turns),
             paid=(loaded.model_cached, loaded.model_cost),
+            older=loaded.older,
         )
         state.session = loaded.run.resume_count
         limits = guard.Limits(

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from durable_agent.config.policy import Verdict
 from durable_agent.config.settings import validation_text
+from durable_agent.context.view import HEAD
 from durable_agent.errors import (
     LeaseLost,
     LoopExit,
@@ -429,11 +430,12 @@ def _still_ours(ctx: StepContext) -> None:
 
 
 def _stored_output(ctx: StepContext, call_id: str) -> str | None:
-    """The result recorded for `call_id` (as stored: what the model saw before any elision)."""
+    """The result recorded for `call_id` (as stored: what the model saw before any elision);
+    one a summary replaced is no longer in memory (loop/replay.py): read from the store."""
     for m in reversed(ctx.state.messages):
         if m.role == "tool" and m.tool_call_id == call_id:
             return m.content or ""
-    return None
+    return ctx.journal.tool_result(call_id) if ctx.state.dropped > HEAD else None
 
 
 def _invoke(

@@ -36,6 +36,7 @@ from msgspec.structs import asdict
 
 from durable_agent.config.settings import BUDGET_FIELDS
 from durable_agent.context.prompts import SYSTEM_PROMPT
+from durable_agent.context.view import HEAD
 from durable_agent.errors import LoopExit, VersionRefused
 from durable_agent.loop.step import StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
@@ -316,6 +317,8 @@ def check(
         _settle_question(ctx, "nothing changed any more (resume --pin, or put back)")
         return
     used = {call.name for m in ctx.state.messages for call in m.tool_calls}
+    if ctx.state.dropped > HEAD:  # (calls a summary replaced are no longer in memory)
+        used |= journal.tool_names_below(ctx.state.dropped)
     open_tools = {
         s.tool_name
         for s in journal.open_steps.values()

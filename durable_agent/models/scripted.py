@@ -57,6 +57,7 @@ def load_script(path: Path) -> Script | dict[str, Script]:
 
 TURN_KEYS = frozenset({"content", "tool_calls", "delay_s"})
 CALL_KEYS = frozenset({"name", "arguments"})
+_ANSWER_KEYS = frozenset({"content", "tool_calls"})
 
 
 def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
@@ -80,10 +81,12 @@ def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
 def _turn_problem(turn: Any) -> str | None:
     if not isinstance(turn, dict):
         return f"must be an object, not {_kind(turn)}"
-    if not ({"content", "tool_calls"} & turn.keys()):
+    keys = turn.keys()
+    if not (_ANSWER_KEYS & keys):
         return 'needs "content" or "tool_calls"'
-    unknown = sorted(set(turn) - TURN_KEYS)
-    if unknown:  # a misspelt key would be ignored silently: the turn would not be what was meant
+    if not keys <= TURN_KEYS:  # (a set comparison: a 10,000-turn script is checked at once)
+        # a misspelt key would be ignored silently: the turn would not be what was meant
+        unknown = sorted(keys - TURN_KEYS)
         return f'has an unknown key "{unknown[0]}" (a turn has "content", "tool_calls", "delay_s")'
     if turn.get("content") is not None and not isinstance(turn["content"], str):
         return f'has a "content" that is {_kind(turn["content"])}, not text'
@@ -101,8 +104,8 @@ def _turn_problem(turn: Any) -> str | None:
     for j, call in enumerate(calls):
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
             return f'has a tool call ({j}) without a "name"'
-        unknown = sorted(set(call) - CALL_KEYS)
-        if unknown:
+        if not call.keys() <= CALL_KEYS:
+            unknown = sorted(call.keys() - CALL_KEYS)
             return f'has a tool call ({j}) with an unknown key "{unknown[0]}" (a call has "name", "arguments")'
         args = call.get("arguments", {})
         if not isinstance(args, dict | str):

@@ -30,18 +30,25 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from msgspec import Struct
-from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, not_, or_, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
+from durable_agent.context.view import HEAD
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
-from durable_agent.messages import Message
+from durable_agent.messages import Message, ToolCall
 from durable_agent.status import RunStatus, StepKind
 from durable_agent.store import outbox, prepared, retrying
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
-from durable_agent.store.rows import MESSAGE_COLUMNS, message_from_row, utcnow
+from durable_agent.store.rows import (
+    GONE,
+    MESSAGE_COLUMNS,
+    Older,
+    message_from_row,
+    utcnow,
+)
 from durable_agent.store.schema import approvals, messages, runs, steps
 from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step, calibrating_output
 from durable_agent.store.storable import storable
@@ -130,6 +137,123 @@ class Loaded(Struct, frozen=True):
     user_turns: list[StepRecord] = []
     model_cached: int = 0  # cached prompt tokens, summed like model_tokens
     model_cost: float | None = None  # the steps' costs summed (None: no step was priced)
+    older: Older = Older()  # of the messages not read (GONE in `messages`): loop/replay.py
+
+
+def view_start(compactions: Sequence[Any]) -> int:
+    """Where the request's messages begin after these compact outputs (context/view.py
+    `ContextView.apply`: the last summary's start)."""
+    start = HEAD
+    for out in compactions:
+        if (
+            isinstance(out, dict)
+            and isinstance(out.get("summary"), str)
+            and isinstance(out.get("start"), int)
+        ):
+            start = max(HEAD, out["start"])
+    return start
+
+
+_DROPPABLE = or_(
+    messages.c.role == "tool",
+    and_(messages.c.role == "assistant", messages.c.tool_calls.is_not(None)),
+)
+
+
+def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], Older]:
+    """The run's messages as a rebuild needs them: all of them from `start` on, and before it
+    those `droppable` does not hold (GONE in their places); what the rebuild needs of the
+    rest, counted here (loop/replay.py). A resume of a long run reads what its requests
+    send, not its whole history."""
+    of_run = messages.c.run_id == run_id
+    below_start = and_(messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
+    total, last, assistants = conn.execute(
+        select(
+            func.count(),
+            func.max(messages.c.seq),
+            func.count().filter(below_start, messages.c.role == "assistant"),
+        ).where(of_run)
+    ).one()
+    if last is not None and last + 1 != total:
+        start = HEAD  # seqs with gaps (rows deleted by hand): read in order, as they are
+    elif start > total:
+        start, assistants = HEAD, 0  # (a start past the history: no view to read from)
+    below = and_(of_run, messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
+    if start <= HEAD:
+        every = [
+            message_from_row(r)
+            for r in conn.execute(
+                select(
+                    messages.c.role,
+                    messages.c.content,
+                    messages.c.tool_calls,
+                    messages.c.tool_call_id,
+                )
+                .where(of_run)
+                .order_by(messages.c.seq)
+            )
+        ]
+        return every, Older()
+    history: list[Message] = [GONE] * total
+    read = select(
+        messages.c.seq,
+        messages.c.role,
+        messages.c.content,
+        messages.c.tool_calls,
+        messages.c.tool_call_id,
+    ).where(of_run, or_(messages.c.seq >= start, messages.c.seq < HEAD, not_(_DROPPABLE)))
+    for row in conn.execute(read.order_by(messages.c.seq)):
+        history[row.seq] = message_from_row(row)
+    answered = list(
+        conn.execute(
+            select(messages.c.tool_call_id).where(
+                below,
+                messages.c.role == "tool",
+                messages.c.tool_call_id.is_not(None),
+                messages.c.tool_call_id != "",
+            )
+        ).scalars()
+    )
+    fingerprint, seqs = _older_streak(conn, below, set(answered))
+    return history, Older(
+        start=start,
+        assistants=int(assistants or 0),
+        answered=answered,
+        streak_fingerprint=fingerprint,
+        streak_seqs=seqs,
+    )
+
+
+def _older_streak(conn: Connection, below: Any, answered: set[str]) -> tuple[str | None, list[int]]:
+    """The answered calls the messages below the start end with that share one fingerprint,
+    by the seq of the message that asked for each: newest first, a page at a time until a
+    call differs (one or two messages, unless the model repeated itself)."""
+    fingerprint: str | None = None
+    seqs: list[int] = []
+    before: int | None = None
+    while True:
+        query = select(
+            messages.c.seq,
+            messages.c.role,
+            messages.c.content,
+            messages.c.tool_calls,
+            messages.c.tool_call_id,
+        ).where(below, messages.c.role == "assistant")
+        if before is not None:
+            query = query.where(messages.c.seq < before)
+        page = conn.execute(query.order_by(messages.c.seq.desc()).limit(16)).all()
+        for row in page:
+            for call in reversed(message_from_row(row).tool_calls):
+                if call.id not in answered:
+                    continue
+                fp = call.fingerprint()
+                if fingerprint is not None and fp != fingerprint:
+                    return fingerprint, seqs
+                fingerprint = fp
+                seqs.append(row.seq)
+        if len(page) < 16:
+            return fingerprint, seqs
+        before = page[-1].seq
 
 
 class Journal:
@@ -412,19 +536,16 @@ class Journal:
             run = conn.execute(select(runs).where(runs.c.id == self.run_id)).first()
             if run is None:
                 raise RunNotFound(self.run_id)
-            msgs = [
-                message_from_row(r)
+            done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
+            compactions = [
+                r[0]
                 for r in conn.execute(
-                    select(
-                        messages.c.role,
-                        messages.c.content,
-                        messages.c.tool_calls,
-                        messages.c.tool_call_id,
-                    )
-                    .where(messages.c.run_id == self.run_id)
-                    .order_by(messages.c.seq)
+                    select(steps.c.output)
+                    .where(*done, steps.c.kind == StepKind.COMPACT.value)
+                    .order_by(steps.c.seq)
                 )
             ]
+            msgs, older = _history(conn, self.run_id, view_start(compactions))
             open_steps = [
                 StepRecord.from_row(r)
                 for r in conn.execute(
@@ -443,15 +564,6 @@ class Journal:
                     func.sum(steps.c.cost).filter(paid),
                 ).where(steps.c.run_id == self.run_id)
             ).one()
-            done = (steps.c.run_id == self.run_id, steps.c.state == StepState.COMPLETED.value)
-            compactions = [
-                r[0]
-                for r in conn.execute(
-                    select(steps.c.output)
-                    .where(*done, steps.c.kind == StepKind.COMPACT.value)
-                    .order_by(steps.c.seq)
-                )
-            ]
             last_model = calibrating_output(conn, done)
             user_turns = [
                 StepRecord.from_row(r)
@@ -480,6 +592,7 @@ class Journal:
                 user_turns=user_turns,
                 model_cached=int(cached or 0),
                 model_cost=None if cost is None else float(cost),
+                older=older,
             )
 
         loaded: Loaded = self._read(query)
@@ -489,7 +602,7 @@ class Journal:
         self.failed_keys = {
             s.idempotency_key for s in loaded.open_steps if s.state == StepState.FAILED
         }
-        self.message_count = len(loaded.messages)
+        self.message_count = len(loaded.messages)  # (GONE included: every seq has its place)
         self.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
         self.discard_deferred()
         return loaded
@@ -507,6 +620,49 @@ class Journal:
             ).first()
         )
         return None if row is None else StepRecord.from_row(row)
+
+    def tool_result(self, call_id: str) -> str | None:
+        """The content of the last tool result for `call_id` (one no longer in memory)."""
+        query = (
+            select(messages.c.content)
+            .where(
+                messages.c.run_id == self.run_id,
+                messages.c.role == "tool",
+                messages.c.tool_call_id == call_id,
+            )
+            .order_by(messages.c.seq.desc())
+            .limit(1)
+        )
+        row = self._read(lambda conn: conn.execute(query).first())
+        return None if row is None else (row[0] or "")
+
+    def tool_result_ids(self, first: int, end: int) -> list[str]:
+        """The call ids of the tool results among messages [first, end), newest first."""
+        query = (
+            select(messages.c.tool_call_id)
+            .where(
+                messages.c.run_id == self.run_id,
+                messages.c.seq >= first,
+                messages.c.seq < end,
+                messages.c.role == "tool",
+                messages.c.tool_call_id.is_not(None),
+                messages.c.tool_call_id != "",
+            )
+            .order_by(messages.c.seq.desc())
+        )
+        return list(self._read(lambda conn: conn.execute(query).scalars().all()))
+
+    def tool_names_below(self, start: int) -> set[str]:
+        """The names of the tools the messages before `start` called (those no longer in
+        memory: loop/replay.py)."""
+        query = select(messages.c.tool_calls).where(
+            messages.c.run_id == self.run_id,
+            messages.c.seq < start,
+            messages.c.role == "assistant",
+            messages.c.tool_calls.is_not(None),
+        )
+        rows = self._read(lambda conn: conn.execute(query).all())
+        return {ToolCall.from_dict(c).name for (calls,) in rows for c in calls or ()}
 
     def cancel_requested(self, *, once: bool = False) -> bool:
         """`once`: one try, for the heartbeat (its renewal must not wait behind a minute of retries)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from msgspec import Struct
+
 from durable_agent.messages import Message, ToolCall
 
 
@@ -48,3 +50,28 @@ def message_values(
         "step_seq": step_seq,
         "created_at": now,
     }
+
+
+# The place of a message that is neither kept in memory nor read back (loop/replay.py): one
+# shared object, so that seqs stay indices into the history.
+GONE = Message("user", None)
+
+
+def droppable(message: Message) -> bool:
+    """Once below the view's start (a summary replaced it), never sent again: a tool result,
+    or an assistant message that asked for tools. Kept: the system prompt and project
+    memory, the person's messages and plain answers (a cut-off answer goes on across them)."""
+    return message.role == "tool" or (message.role == "assistant" and bool(message.tool_calls))
+
+
+class Older(Struct, frozen=True):
+    """What a rebuild needs of the messages a resume did not read (those below `start` that
+    `droppable` holds): counted by the store from their rows."""
+
+    start: int = 0
+    assistants: int = 0  # assistant messages with tool calls: one model call each
+    answered: list[str] = []  # the call ids of their tool results
+    # The answered calls the history ended with before `start` that share one fingerprint,
+    # by the seq of the message that asked for each (the repeat streak, window by window).
+    streak_fingerprint: str | None = None
+    streak_seqs: list[int] = []

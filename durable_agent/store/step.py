@@ -12,7 +12,19 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    Text,
+    bindparam,
+    case,
+    func,
+    literal,
+    select,
+    type_coerce,
+    update,
+)
 
 from durable_agent.messages import Message
 from durable_agent.status import StepKind
@@ -322,9 +334,17 @@ def calibrating_output(conn: Connection, done: tuple[Any, ...]) -> Any:
     (the one a live run calibrates by): a step with estimated counts, or a script's, leaves
     the calibration as it was, live and on resume alike. Newest first, a page at a time."""
     before: int | None = None
+    # Only outputs that hold a count to calibrate by (a script's never do): read in the
+    # database, or a long scripted run's resume decoded every model step's output.
+    counted: ColumnElement[Any]
+    if conn.dialect.name == "postgresql":
+        counted = func.jsonb_typeof(steps.c.output.op("->")(literal("context", String)))
+    else:  # JSON text: a match is checked below (LIKE costs a tenth of parsing each output)
+        text = type_coerce(steps.c.output, Text)
+        counted = case((text.like('%"context"%'), literal("object", String)))
     while True:
         query = select(steps.c.seq, steps.c.output).where(
-            *done, steps.c.kind == StepKind.MODEL.value
+            *done, steps.c.kind == StepKind.MODEL.value, counted == "object"
         )
         if before is not None:
             query = query.where(steps.c.seq < before)
