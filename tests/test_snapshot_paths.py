@@ -21,6 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from durable_agent.workspace import scan
 from durable_agent.workspace.manifest import TreeIds, changes, tree_id
 from durable_agent.workspace.scan import Scanner
 
@@ -132,6 +133,7 @@ def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
     return True
 
 
+@pytest.mark.parametrize("loop", ["c", "python"])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(_command, _tool, _tool), min_size=1, max_size=14))
 @example([("mkdir", "e1"), ("tool", "e1/k", b"k", False, False)])  # an empty folder filled
@@ -139,11 +141,15 @@ def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
 @example([("tool", "q/z.out", b"k", False, False)])  # a new folder of excluded files
 @example([("write", "a", b"1", True), ("tool", "a", b"2", True, True)])  # same size and mtime
 def test_file_tool_writes_looked_at_alone_give_the_manifest_of_a_full_scan(
-    ops: list[tuple[Any, ...]],
+    loop: str, ops: list[tuple[Any, ...]]
 ) -> None:
     saved, TreeIds.REBUILD_AT = TreeIds.REBUILD_AT, 2  # both ways of keeping the id
     with contextlib.ExitStack() as stack:
         stack.callback(setattr, TreeIds, "REBUILD_AT", saved)
+        if loop == "python":  # the stat cache's loop where the C one could not be built
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+                scan, "_changed", scan._changed_py
+            )
         root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         (root / "d").mkdir()
         (root / "d" / "c").write_bytes(b"c")
@@ -300,3 +306,99 @@ def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
         (b"p1/moved.py", "added"),
         (b"p2/f2.py", "deleted"),
     }
+
+
+# -- the stat cache's loop: in C (_statcache.c), and in Python where it cannot be built ---------
+
+_KEY_AS = st.sampled_from(["same", "racy", "ctime", "size", "inode", "absent", "huge"])
+
+
+def test_the_stat_cache_loop_is_built_in_c() -> None:
+    # Without it every command's step pays an os.stat_result per file (1.5× `git status` at
+    # 50,000 files): a build that fell back to Python must not go unnoticed.
+    from durable_agent.workspace import _statcache
+
+    assert scan._changed is _statcache.changed
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["file", "link", "dir", "fifo", "gone"]), _KEY_AS),
+        min_size=0,
+        max_size=12,
+    )
+)
+def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]) -> None:
+    from durable_agent.workspace import _statcache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        names: list[bytes] = []
+        cached: dict[bytes, Any] = {}
+        for i, (kind, key_as) in enumerate(kinds):
+            name = f"n{i}".encode()
+            path = Path(tmp) / os.fsdecode(name)
+            if kind == "file":
+                path.write_bytes(b"x" * i)
+            elif kind == "link":
+                path.symlink_to("nowhere")
+            elif kind == "dir":
+                path.mkdir()
+            elif kind == "fifo":
+                os.mkfifo(path)
+            names.append(name)
+            if key_as == "absent":
+                continue
+            if kind == "gone":
+                key: Any = (1, 2, 3)
+            else:
+                s = os.lstat(path)
+                key = (s.st_ctime_ns, s.st_size, s.st_ino)
+            key = {
+                "racy": None,
+                "ctime": (key[0] + 1, *key[1:]),
+                "size": (key[0], key[1] + 1, key[2]),
+                "inode": (*key[:2], key[2] ^ 1),
+                "huge": (-(2**63), 2**63 - 1, 2**64 - 1),
+            }.get(key_as, key)
+            cached[name] = (key, object())
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            got = _statcache.changed(fd, names, cached)
+            assert got == scan._changed_py(fd, names, cached)
+        finally:
+            os.close(fd)
+        # Vouched for: cached with the key of what is there now.
+        vouched = [key_as == "same" and kind != "gone" for kind, key_as in kinds]
+        assert got == [n for n, ok in zip(names, vouched, strict=True) if not ok]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["c", "python"])
+@settings(max_examples=12, deadline=None)
+@given(st.lists(_command, min_size=1, max_size=8))
+def test_commands_over_files_cached_long_ago_give_the_manifest_of_a_full_scan(
+    loop: str, ops: list[tuple[Any, ...]]
+) -> None:
+    # Files scanned within RACY_NS of their last change are read again by every scan, so in
+    # the test above the cached keys are mostly racy: here every file is old when cached,
+    # so each command's changes are found by comparing stat keys alone.
+    with contextlib.ExitStack() as stack:
+        if loop == "python":
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+                scan, "_changed", scan._changed_py
+            )
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        for rel in ["a", "b", "d/c", "d/e", "d/f/g", "n/m/k", "x.log"]:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(b"old")
+        (root / "d" / "f" / "g").chmod(0o755)
+        (root / "b").unlink()
+        (root / "b").symlink_to("a")
+        _wait_until_old(root)
+        scanner = Scanner(root, EXCLUDE, 4)
+        scanner.scan()
+        for op in ops:
+            _command_writes(root, op)
+            got = scanner.scan()
+            assert got.manifest == Scanner(root, EXCLUDE, 4).scan().manifest, op
