@@ -13,7 +13,7 @@ from durable_agent.status import RunStatus
 from durable_agent.store.records import RunRecord
 from durable_agent.visible import visible
 
-_LIVE = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED}
+_LIVE = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.BLOCKED}
 
 
 def delegates(run: RunRecord) -> bool:

@@ -37,7 +37,7 @@ from sqlalchemy.sql import Executable
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message
 from durable_agent.status import RunStatus, StepKind
-from durable_agent.store import outbox, prepared, retrying
+from durable_agent.store import outbox, prepared, retrying, waiting
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
@@ -693,8 +693,26 @@ class Journal:
                     ),
                     {},
                 ),
+                # A child's end wakes its waiting parent in the same write, after its own
+                # status (the wake counts its siblings still going): store/waiting.py.
+                *waiting.wake_parent(self.run_id, now),
             ],
             counters=counters,
+        )
+
+    def wait_for_children(self) -> str:
+        """A worker's run stops for its child runs (store/waiting.py): `waiting`, its lease
+        released in the same write; `pending` at once when every child ended meanwhile.
+        Returns the status it was left in."""
+        self.commit(
+            [(update(runs).where(runs.c.id == self.run_id).values(**waiting.wait_values()), {})]
+        )
+        return str(
+            self._read(
+                lambda conn: conn.execute(
+                    select(runs.c.status).where(runs.c.id == self.run_id)
+                ).scalar()
+            )
         )
 
     def hand_to_queue(self) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from durable_agent.errors import RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message
 from durable_agent.status import RESUMABLE, RunStatus
-from durable_agent.store import leases, retrying
+from durable_agent.store import leases, retrying, waiting
 from durable_agent.store.records import (
     ApprovalRecord,
     Decision,
@@ -268,6 +268,9 @@ class Store:
                     lease_expires_at=None,
                 )
             )
+            # A child cancelled before a worker ran it: its waiting parent goes on (waiting.py).
+            for statement, _ in waiting.wake_parent(run_id, now):
+                conn.execute(statement)
             return "cancelled"
 
     @_retried
