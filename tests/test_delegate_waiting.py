@@ -114,6 +114,16 @@ def test_a_claim_wakes_a_waiting_parent_whose_childs_wake_was_lost(
         with engine.begin() as conn:  # c ends without waking p (a lost wake)
             conn.execute(text("UPDATE runs SET status = 'completed', lease_owner = NULL"))
             conn.execute(text("UPDATE runs SET status = 'waiting' WHERE id = 'p'"))
+            conn.execute(text("UPDATE runs SET version_key = 'v1'"))
+        # Woken by any claim, claimed by the rules of versions (docs/versions.md): a worker
+        # of another version key leaves it, one of its own takes it.
+        queue.version_key = "v2"
+        assert queue.claim(new_owner(), 30).claim is None
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT status FROM runs WHERE id = 'p'")).all() == [
+                ("pending",)
+            ]
+        queue.version_key = "v1"
         second = queue.claim(new_owner(), 30).claim
         assert second is not None and second.run_id == "p" and not second.takeover
     finally:
@@ -158,6 +168,8 @@ def test_one_sqlite_worker_parent_waits_without_a_lease(
     assert ledger(db, "p") == ref["ledger"]
     assert tokens(db) == ref["tokens"]  # the children's tokens counted once, at the outcomes
     assert "run p is waiting for its child runs" in log
+    # The children were made by the parent's release: the same workers claim them.
+    assert query(db, "SELECT COUNT(DISTINCT version_key), COUNT(version_key) FROM runs") == [(1, 4)]
 
 
 def _state(db: Path) -> str:
