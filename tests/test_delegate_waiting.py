@@ -543,3 +543,39 @@ def test_a_worker_parent_of_a_blocked_child_is_blocked_and_goes_on_after_approve
     ]
     shown = forked_cli.run(["list", "--status", "waiting"], env=e, cwd=ws)
     assert shown.returncode == 0, shown.stderr
+
+
+@pytest.mark.slow
+def test_a_persons_resume_of_a_waiting_parent_runs_its_children_here(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The worker is killed while the parent waits (a child mid-run); `durable-agent resume
+    p` in the foreground runs the children not ended in its process, as before."""
+    model = readers_script(tmp_path / "s.json", slow="alpha", delay=2.0)
+    ref = reference(tmp_path, env, model)
+    db = tmp_path / "w.db"
+    url = f"sqlite:///{db}"
+    e = {**env, "DURABLE_AGENT_DB": url}
+    ws = folder(tmp_path, "ws")
+    start(e, ws, model, "--detach")
+    workers = Workers(e, url, tmp_path / "logs")
+    try:
+        proc = workers.start("--poll", "0.05")
+        wait_for(
+            lambda: query(
+                db,
+                "SELECT 1 FROM runs p JOIN runs c ON c.parent_id = p.id WHERE p.id = 'p' "
+                "AND p.status = 'waiting' AND c.status = 'running'",
+            ),
+            60,
+            "the parent waiting while alpha runs",
+        )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        workers.kill_all()
+    r = forked_cli.run(["resume", "p", "--quiet"], env=e, cwd=ws, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "all read", r.stderr
+    check_once(db, "p")
+    assert ledger(db, "p") == ref["ledger"]
+    assert tokens(db) == ref["tokens"]

@@ -173,6 +173,9 @@ class Journal:
         self.open_steps: dict[str, StepRecord] = {}
         self.failed_keys: set[str] = set()
         self.user_turns: list[StepRecord] = []  # the run's user_message steps, as loaded
+        # Has the run a parent (loop/delegate_step.py)? None until loaded: its end then
+        # wakes a waiting parent as a child's would (store/waiting.py).
+        self.is_child: bool | None = None
 
     # -- steps ---------------------------------------------------------------------------------
     def find(
@@ -491,6 +494,7 @@ class Journal:
         }
         self.message_count = len(loaded.messages)
         self.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
+        self.is_child = loaded.run.parent_id is not None
         self.discard_deferred()
         return loaded
 
@@ -695,7 +699,7 @@ class Journal:
                 ),
                 # A child's end wakes its waiting parent in the same write, after its own
                 # status (the wake counts its siblings still going): store/waiting.py.
-                *waiting.wake_parent(self.run_id, now),
+                *(waiting.wake_parent(self.run_id, now) if self.is_child is not False else []),
             ],
             counters=counters,
         )

@@ -134,10 +134,8 @@ def continue_run(store: Store, run_id: str, message: str) -> Done:
 
 def cancel(store: Store, run_id: str) -> Done:
     """As `durable-agent cancel`: the run and its children that have not ended."""
-    from durable_agent.cli.run_tree import cancel_children
-
     done = Done(run_id, store.cancel(run_id))
-    cancel_children(store, run_id)
+    store.cancel_children(run_id)
     return done
 
 
