@@ -16,6 +16,9 @@ class RunStatus(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     CANCELLED = "cancelled"
     BLOCKED = "blocked"
+    # A parent run a worker executed stopped for its child runs: no lease, no process; it is
+    # `pending` again once none of its children is going (store/waiting.py). Not an end.
+    WAITING = "waiting"
 
 
 class StopReason(StrEnum):
@@ -89,6 +92,7 @@ EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.BLOCKED: 5,
     RunStatus.PENDING: 0,
     RunStatus.RUNNING: 6,
+    RunStatus.WAITING: 0,  # queued, as `pending`: the workers go on with it
 }
 EXIT_USAGE = 2  # bad flag, bad configuration, unknown run id, nothing to resume
 EXIT_BUSY = 6  # another live process holds the run's lease
@@ -101,4 +105,5 @@ RESUMABLE = {
     RunStatus.BUDGET_EXCEEDED,
     RunStatus.CANCELLED,
     RunStatus.BLOCKED,
+    RunStatus.WAITING,
 }

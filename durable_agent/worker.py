@@ -22,6 +22,7 @@ at it again for SKIP_SECONDS.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -31,7 +32,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from msgspec import Struct
 
@@ -40,8 +41,9 @@ from durable_agent.errors import ConfigError, DurableAgentError, LeaseLost, Stor
 from durable_agent.loop import versions
 from durable_agent.loop.interrupts import Interrupts
 from durable_agent.loop.outcome import RunReleased
+from durable_agent.loop.runner import prepare_folder
 from durable_agent.observer import Observer
-from durable_agent.status import RUN_ID
+from durable_agent.status import RUN_ID, RunStatus
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.leases import new_owner
 from durable_agent.store.queue import Claim, Queue
@@ -394,6 +396,9 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bug in one run must not kill the worker
             return self._unexpected(claim, exc)
         runner.release = self.stopping  # SIGTERM: stop at the next step boundary
+        # A child not ended: the run stops `waiting` and this thread goes back to claiming
+        # (the children among others), not holding a lease and a slot while they run.
+        runner.children_wait = True
         if self.options.accept_changes == "all":
             runner.versions = versions.VersionPolicy(
                 accept="all", by=f"worker {self.name} (--accept-changes all)"
@@ -401,7 +406,9 @@ class Worker:
         try:
             # One live run per workspace, as for `start` and `resume`: a workspace another
             # process runs in (WorkspaceBusy) gives the run back, queued, below.
-            with workspace_lease(settings.workspace, rid, self.env):
+            with workspace_lease(
+                settings.workspace, rid, self.env, shared=self._read_only_child(claim)
+            ):
                 outcome = runner.execute(
                     rid, lease=(claim.owner, claim.epoch), takeover=claim.takeover
                 )
@@ -442,6 +449,12 @@ class Worker:
             return self._unexpected(claim, exc)
         self._count(outcome.status.value)
         secs = time.monotonic() - started
+        if outcome.status in (RunStatus.WAITING, RunStatus.PENDING):  # (store/waiting.py)
+            self.log.line(
+                f"run {rid} is {outcome.status.value} for its child runs · lease released · "
+                f"{secs:.1f}s"
+            )
+            return
         tail = f": {outcome.error.splitlines()[0][:120]}" if outcome.error else ""
         try:
             run = self.store.get_run(rid)
@@ -497,7 +510,14 @@ class Worker:
             "lease_seconds": self.options.lease_seconds,
         }
         root = self.options.workspace_root
-        if root is not None:  # no shared file system: the run's files come from the store
+        child = self._child_folder(claim)
+        if child is not None:  # a child run: its parent's folder, or its copy (delegation.md)
+            flags["workspace"] = child
+            try:  # (a copy not begun is emptied, under the child's lease: filled on start)
+                prepare_folder(self.store, self.env, claim.run_id, child)
+            except OSError as exc:
+                raise ConfigError(f"cannot make the child's folder {child}: {exc}") from None
+        elif root is not None:  # no shared file system: the run's files come from the store
             if not RUN_ID.fullmatch(
                 claim.run_id
             ):  # `..` (made before ids were checked): not ROOT/..
@@ -511,6 +531,31 @@ class Worker:
                 raise ConfigError(f"cannot make its folder under --workspace-root: {exc}") from None
         return load_settings(flags, self.env, base=recorded)
 
+    def _child_folder(self, claim: Claim) -> Path | None:
+        """Where a child run (delegation) runs here: a `shared`/`shared-write` one in the
+        folder its parent runs in as this worker places it (`--workspace-root ROOT`:
+        ROOT/ROOT_RUN_ID, not ROOT/CHILD_ID), a `copy` one in its recorded copy folder.
+        None: not a child (its settings record no `child_tools`)."""
+        if not isinstance(claim.settings, dict) or claim.settings.get("child_tools") is None:
+            return None
+        run = self.store.get_run(claim.run_id)
+        return self._folder_of(run)
+
+    def _folder_of(self, run: Any) -> Path:
+        root = self.options.workspace_root
+        if run.parent_id is None:
+            return root / run.id if root is not None else Path(run.workspace)
+        if delegated_workspace(self.store, run) == "copy":
+            return Path(run.workspace)
+        return self._folder_of(self.store.get_run(run.parent_id))
+
+    def _read_only_child(self, claim: Claim) -> bool:
+        """A `shared` child: it writes nothing, and reads its parent's folder beside its
+        siblings (run side by side), so it takes no workspace lease (delegation.md)."""
+        if not isinstance(claim.settings, dict) or claim.settings.get("child_tools") is None:
+            return False
+        return delegated_workspace(self.store, self.store.get_run(claim.run_id)) == "shared"
+
     def _give_back(self, claim: Claim, note: str | None) -> bool:
         try:
             return self.queue.release(claim.run_id, claim.owner, claim.epoch, note=note)
@@ -520,6 +565,22 @@ class Worker:
                 "when its lease expires"
             )
             return False
+
+
+def delegated_workspace(store: Store, run: Any) -> str | None:
+    """The `workspace` a child run was delegated with (shared, shared-write, copy), as its
+    parent's `delegate` step recorded the call; None for a run nobody delegated."""
+    if run.parent_id is None or run.parent_step is None:
+        return None
+    step = next((s for s in store.steps(run.parent_id) if s.seq == run.parent_step), None)
+    arguments = (step.input or {}).get("arguments") if step is not None else None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    mode = arguments.get("workspace") if isinstance(arguments, dict) else None
+    return mode if isinstance(mode, str) else "shared"
 
 
 def _anywhere(_workspace: str) -> bool:

@@ -473,7 +473,10 @@ def test_postgres_workers_a_worker_killed_while_it_runs_a_child(
             )
             first.send_signal(signal.SIGKILL)
             first.wait()
-            assert rows("SELECT status FROM runs WHERE id = 'p'") == [("running",)]
+            # The parent waits for beta without a lease (docs/delegation.md).
+            assert rows("SELECT status, lease_owner FROM runs WHERE id = 'p'") == [
+                ("waiting", None)
+            ]
             workers.start()
             wait_for(
                 lambda: rows("SELECT 1 FROM runs WHERE id = 'p' AND status = 'completed'"),

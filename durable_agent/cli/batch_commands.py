@@ -27,7 +27,10 @@ BUDGETS = ("max_steps", "max_tool_calls", "max_tokens", "max_cost", "max_seconds
 FIELDS = {"id", "task", "repo", "ref", "verify", "model", "priority", "metadata", "queue_key"}
 FIELDS |= set(BUDGETS)
 COMPLETED = RunStatus.COMPLETED
-WAS_DONE = tuple(s.value for s in RunStatus if s not in (RunStatus.PENDING, RunStatus.RUNNING))
+# Ended: not queued, running, or waiting for its child runs (docs/delegation.md).
+WAS_DONE = tuple(
+    s.value for s in RunStatus if s not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+)
 
 
 def _open(args: Namespace, env: dict[str, str]) -> Any:
@@ -260,7 +263,7 @@ def _progress_line(rows: list[Any], start: float, now: float) -> str:
     total = len(rows)
     done = sum(r.status == COMPLETED for r in rows)
     failed = sum(r.status in WAS_DONE and r.status != COMPLETED for r in rows)
-    running = sum(r.status == RunStatus.RUNNING for r in rows)
+    running = sum(r.status in (RunStatus.RUNNING, RunStatus.WAITING) for r in rows)
     ended = done + failed
     secs = max(now - start, 1e-6)
     rate = ended / secs * 60

@@ -420,7 +420,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--status",
         help="only runs with this status (pending, running, completed, failed, "
-        "budget_exceeded, cancelled, blocked)",
+        "budget_exceeded, cancelled, blocked, waiting)",
     )
     p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     p.add_argument("--json", action="store_true", help="JSON array on stdout")

@@ -348,6 +348,8 @@ def show(
         p(
             f"lease      held by {run.lease_owner} until {iso_value(run.lease_expires_at)} (epoch {run.lease_epoch})"
         )
+    elif run.status == RunStatus.WAITING:
+        p("lease      none: it waits for its child runs; a worker goes on with it once they ended")
     elif run.status == RunStatus.RUNNING:
         p(
             f"lease      its process ({run.lease_owner or 'none'}) is gone: "

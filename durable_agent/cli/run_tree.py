@@ -13,8 +13,6 @@ from durable_agent.status import RunStatus
 from durable_agent.store.records import RunRecord
 from durable_agent.visible import visible
 
-_LIVE = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED}
-
 
 def delegates(run: RunRecord) -> bool:
     """Could the run have a tree? (Without: `show` opens no store for it.)"""
@@ -55,13 +53,8 @@ def print_tree(store: Any, run: RunRecord, out: TextIO) -> None:
 
 def cancel_children(store: Any, run_id: str) -> list[str]:
     """Cancel the run's children that have not ended (a child executing stops at its next
-    step; one that is not is marked cancelled at once)."""
-    done = []
-    for _depth, child in descendants(store, run_id):
-        if RunStatus(child.status) in _LIVE:
-            store.cancel(child.id)
-            done.append(child.id)
-    return done
+    step; one that is not is marked cancelled at once): Store.cancel_children."""
+    return list(store.cancel_children(run_id))
 
 
 def blocked_child(store: Any, run_id: str) -> str | None:

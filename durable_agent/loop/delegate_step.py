@@ -44,7 +44,13 @@ from durable_agent.tools.limits import cap_text
 
 # A child in these states is run (again) when its parent's step runs: it has not ended, or
 # it stopped for a person (an approval, a cancel) and the parent is resumed.
-GO_ON = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.BLOCKED, RunStatus.CANCELLED}
+GO_ON = {
+    RunStatus.PENDING,
+    RunStatus.RUNNING,
+    RunStatus.WAITING,
+    RunStatus.BLOCKED,
+    RunStatus.CANCELLED,
+}
 
 
 class Children(Protocol):
@@ -288,7 +294,7 @@ def _outcome(ctx: StepContext, d: _Delegation, child: RunRecord) -> StepOutcome:
         ctx.cancel.is_set() or ctx.journal.cancel_seen or children.cancelled(s.run_id)
     ):
         raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
-    if status in (RunStatus.PENDING, RunStatus.RUNNING):  # let go of (a worker's release)
+    if status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):  # let go of
         raise LoopExit(StopReason.CANCELLED, f"child run {kid} did not end")
     return _answered(ctx, d.call, child)
 

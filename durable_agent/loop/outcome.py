@@ -26,6 +26,16 @@ class RunReleased(Exception):
     """
 
 
+class ChildrenGoing(Exception):
+    """A worker's run reached `delegate` calls whose children have not ended (their intents
+    and rows are committed): it stops `waiting` for them, its lease and process released,
+    and any worker goes on with it once they ended (store/waiting.py). Not an end either."""
+
+    def __init__(self, children: list[str]) -> None:
+        super().__init__(", ".join(children))
+        self.children = children
+
+
 def finish(
     ctx: StepContext, reason: StopReason, *, answer: str | None = None, error: str | None = None
 ) -> Outcome:

@@ -26,7 +26,7 @@ from durable_agent.loop.delegate_step import GO_ON
 from durable_agent.loop.heartbeat import Heartbeat
 from durable_agent.loop.memory_step import load_memory
 from durable_agent.loop.model_step import model_step
-from durable_agent.loop.outcome import Outcome, RunReleased, finish
+from durable_agent.loop.outcome import ChildrenGoing, Outcome, RunReleased, finish
 from durable_agent.loop.replay import rebuild
 from durable_agent.loop.step_context import StepContext
 from durable_agent.loop.tool_step import over_cap, run_tool, stop_leftover_processes, tool_key
@@ -40,6 +40,7 @@ from durable_agent.store import leases, retrying
 from durable_agent.store.journal import Journal
 from durable_agent.store.records import RunRecord
 from durable_agent.store.runs import Store, new_run_statements
+from durable_agent.store.waiting import NOT_ENDED
 from durable_agent.tools.base import Tool, tool_schema
 from durable_agent.workspace import recorder, resume
 
@@ -73,6 +74,9 @@ class Runner:
         self.observer, self.cancel = observer or Observer(), cancel or threading.Event()
         # Set by a worker that shuts down: stop at the next step boundary with RunReleased.
         self.release = threading.Event()
+        # A worker's run: a child that has not ended is left to the workers' queue and the
+        # run stops `waiting` for it (store/waiting.py); else its children run in this process.
+        self.children_wait = False
         # What this session may go on with when the run's fingerprint changed (loop/versions.py).
         self.versions = versions.VersionPolicy()
         self._takeover = False  # this session took over a run whose process died
@@ -360,6 +364,8 @@ class Runner:
                 StopReason.CANCELLED,
                 error="interrupted (Ctrl-C)",
             )
+        except ChildrenGoing as going:
+            return self._wait(ctx, going.children)
         except (errors.LeaseLost, RunReleased, errors.StoreError, errors.VersionRefused):
             raise  # nothing more may be written by this session
         except Exception as exc:
@@ -371,6 +377,21 @@ class Runner:
                 error=f"unexpected {type(exc).__name__}: {exc}",
             )
 
+    def _wait(self, ctx: StepContext, children: list[str]) -> Outcome:
+        """Stop `waiting` for child runs (a worker's run): no lease, no process. The intents
+        and the children's rows are committed; a worker goes on with the run once they
+        ended, and its resume records each child's outcome (store/waiting.py)."""
+        ctx.journal.discard_deferred()  # (nothing is deferred after an intent's commit)
+        status = RunStatus(ctx.journal.wait_for_children())
+        going = [
+            c.id for c in self.store.children(ctx.state.run_id) if c.status in NOT_ENDED
+        ] or children
+        ctx.observer.note(
+            f"waiting for child run(s) {', '.join(going)}: "
+            + ("the lease is released" if status is RunStatus.WAITING else "they ended already")
+        )
+        return Outcome(ctx.state.run_id, status, None, None, None)
+
     def _check_cancel(self, ctx: StepContext) -> None:
         if self.release.is_set():
             raise RunReleased(ctx.state.run_id)
@@ -378,6 +399,30 @@ class Runner:
         # heartbeat sets the event while a long call or command runs.
         if self.cancel.is_set() or ctx.journal.cancel_seen:
             raise errors.LoopExit(StopReason.CANCELLED, "cancelled by request")
+
+
+def prepare_folder(store: Store, env: Mapping[str, str], child_id: str, workspace: Path) -> None:
+    """The child's folder before it runs: a `copy` child that has not begun has its folder
+    made again from the snapshot (one a crash cut off while it was being filled is not taken
+    as it stands); made if missing, so a worker finds it (a `copy` is filled on start)."""
+    copy = delegate_step.copy_folder(env, child_id)
+    if workspace == copy and not store.steps(child_id):
+        shutil.rmtree(copy, ignore_errors=True)
+    os.makedirs(workspace, mode=0o700, exist_ok=True)
+
+
+def _answered_since(store: Store, child: RunRecord) -> bool:
+    """A `blocked` child whose last question was decided after it stopped."""
+    if child.status != RunStatus.BLOCKED or child.finished_at is None:
+        return False
+    asked = store.approvals(child.id)
+    last = asked[-1] if asked else None
+    return (
+        last is not None
+        and last.decided_at is not None
+        and last.used_at is None
+        and last.decided_at >= child.finished_at
+    )
 
 
 class _Linked(threading.Event):
@@ -439,6 +484,10 @@ class InProcessChildren:
         tree_start = recorder.at_creation(
             p.settings, p.store.engine, p.store_policy, redactor=redactor
         )
+        # In the workers' queue a child goes as its parent: its batch's workers claim it
+        # (`batch submit --run`), at its priority. (Not a task of the batch: batch_tasks.)
+        made_by = p.store.get_run(parent_id)
+        queue = {"batch_id": made_by.batch_id, "priority": made_by.priority}
 
         def statements(seq: int) -> list[Any]:
             return new_run_statements(
@@ -450,6 +499,10 @@ class InProcessChildren:
                 first_messages=first,
                 tree_start=tree_start,
                 parent=(parent_id, seq),
+                # The release that made it, as for any run: a worker of another version
+                # key claims it only with consent (docs/versions.md).
+                version_key=versions.version_key(),
+                queue=queue,
             )
 
         return statements
@@ -486,12 +539,19 @@ class InProcessChildren:
             model_for=p.model_for,
         )
         runner.release = p.release
-        copy = delegate_step.copy_folder(p.env, child_id)
-        if Path(settings.workspace) == copy and not store.steps(child_id):
-            # A `copy` child that has not begun: its folder is made again from the snapshot
-            # (one a crash cut off while it was being filled is not taken as it stands).
-            shutil.rmtree(copy, ignore_errors=True)
-        os.makedirs(settings.workspace, mode=0o700, exist_ok=True)  # (a `copy`: filled on start)
+        if p.children_wait:
+            # Made (never emptied: a worker may be filling it) so a worker finds it; the
+            # worker that claims the child prepares it under the child's lease.
+            os.makedirs(settings.workspace, mode=0o700, exist_ok=True)
+            if _answered_since(store, child):
+                # Blocked, and a person answered its question since (`approve PARENT`,
+                # then `resume --detach PARENT`): the workers' queue goes on with it.
+                store.requeue(child_id)
+            elif RunStatus(child.status) in (RunStatus.BLOCKED, RunStatus.CANCELLED):
+                return child  # stopped: its outcome (the parent blocked, or told it ended)
+            # Not ended: the workers' queue has it; the parent stops `waiting` for it.
+            raise ChildrenGoing([child_id])
+        prepare_folder(store, p.env, child_id, Path(settings.workspace))
         try:
             runner.execute(child_id)
         except errors.RunBusy:
@@ -499,7 +559,11 @@ class InProcessChildren:
             # not run out yet): wait until it ends or its lease can be taken.
             while not p.cancel.is_set():
                 child = store.get_run(child_id)
-                if RunStatus(child.status) not in (RunStatus.PENDING, RunStatus.RUNNING):
+                if RunStatus(child.status) not in (
+                    RunStatus.PENDING,
+                    RunStatus.RUNNING,
+                    RunStatus.WAITING,
+                ):
                     return child
                 p.sleep(0.2)
                 try:

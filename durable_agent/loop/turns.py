@@ -183,6 +183,11 @@ def refusal(run: RunRecord, store: Store, message: str) -> str | None:
             f"run {rid} is pending (queued, not run yet): run it with `durable-agent resume "
             f"{rid}` (or a worker), then continue it"
         )
+    if run.status == RunStatus.WAITING:
+        return (
+            f"run {rid} is waiting for its child runs: a worker goes on with it once they "
+            f"ended (`durable-agent resume {rid}` runs them here); continue it once it has ended"
+        )
     if run.status not in TAKEN_FROM:
         return f"run {rid} is {run.status}; it cannot be continued"
     return None

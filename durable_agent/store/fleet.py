@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from msgspec import Struct
-from sqlalchemy import Connection, Engine, case, func, insert, select, update
+from sqlalchemy import Connection, Engine, case, func, insert, or_, select, update
 
 from durable_agent.status import RunStatus, StepKind, StopReason
 from durable_agent.store import leases, outbox, retrying
@@ -90,7 +90,7 @@ def queue_overview(
                 runs.c.lease_expires_at,
                 runs.c.error,
             )
-            .where(runs.c.status.in_((RunStatus.PENDING.value, RunStatus.RUNNING.value)))
+            .where(runs.c.status.in_(OPEN))
             .order_by(runs.c.priority.desc(), runs.c.created_at, runs.c.id)
         ).all()
         limits = {r.key: r.max_running for r in conn.execute(select(queue_keys)).all()}
@@ -111,6 +111,7 @@ def queue_overview(
     running = [r for r in rows if live(r)]
     orphans = [r for r in rows if r.status == RunStatus.RUNNING.value and not live(r)]
     pending = [r for r in rows if r.status == RunStatus.PENDING.value]
+    waiting = [r for r in rows if r.status == RunStatus.WAITING.value]
     per_key: dict[str, int] = {}
     per_batch: dict[str, int] = {}
     for r in running:
@@ -141,6 +142,19 @@ def queue_overview(
         out.append(
             QueuedRun(
                 r.id, r.status, r.priority, r.queue_key, name(r), r.created_at, r.lease_owner, why
+            )
+        )
+    for r in waiting:  # claimable again once their children ended (store/waiting.py)
+        out.append(
+            QueuedRun(
+                r.id,
+                r.status,
+                r.priority,
+                r.queue_key,
+                name(r),
+                r.created_at,
+                None,
+                "waiting for its child runs: queued again when they ended",
             )
         )
     return out
@@ -357,7 +371,8 @@ def task_rows(engine: Engine, batch_id: str) -> list[TaskRow]:
     return _read(engine, read)
 
 
-OPEN = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+# Not ended: queued, running, or waiting for its child runs (store/waiting.py).
+OPEN = (RunStatus.PENDING.value, RunStatus.RUNNING.value, RunStatus.WAITING.value)
 BATCH_CANCELLED = "cancelled"
 
 
@@ -373,9 +388,13 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
             .values(status=BATCH_CANCELLED, updated_at=now)
         )
         ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
+        # Queued ones and ones waiting for their child runs hold no lease: ended at once
+        # (their children too: nobody would read their answers).
+        stopped = (RunStatus.PENDING.value, RunStatus.WAITING.value)
+        family = or_(runs.c.id.in_(ids), runs.c.parent_id.in_(ids))
         queued = conn.execute(
             update(runs)
-            .where(runs.c.id.in_(ids), runs.c.status == RunStatus.PENDING.value)
+            .where(family, runs.c.status.in_(stopped))
             .values(
                 status=RunStatus.CANCELLED.value,
                 stop_reason=StopReason.CANCELLED.value,
@@ -386,7 +405,7 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
         ).rowcount
         asked = conn.execute(
             update(runs)
-            .where(runs.c.id.in_(ids), runs.c.status == RunStatus.RUNNING.value)
+            .where(family, runs.c.status == RunStatus.RUNNING.value)
             .values(cancel_requested=True, updated_at=now)
         ).rowcount
         return int(queued), int(asked)

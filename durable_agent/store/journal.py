@@ -38,7 +38,7 @@ from durable_agent.context.view import HEAD
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
 from durable_agent.messages import Message, ToolCall
 from durable_agent.status import RunStatus, StepKind
-from durable_agent.store import outbox, prepared, retrying
+from durable_agent.store import outbox, prepared, retrying, waiting
 from durable_agent.store.payloads import StepOutput, decode_output
 from durable_agent.store.prepared import Prepared
 from durable_agent.store.records import ApprovalRecord, Decision, RunRecord, StepRecord, StepState
@@ -297,6 +297,9 @@ class Journal:
         self.open_steps: dict[str, StepRecord] = {}
         self.failed_keys: set[str] = set()
         self.user_turns: list[StepRecord] = []  # the run's user_message steps, as loaded
+        # Has the run a parent (loop/delegate_step.py)? None until loaded: its end then
+        # wakes a waiting parent as a child's would (store/waiting.py).
+        self.is_child: bool | None = None
 
     # -- steps ---------------------------------------------------------------------------------
     def find(
@@ -604,6 +607,7 @@ class Journal:
         }
         self.message_count = len(loaded.messages)  # (GONE included: every seq has its place)
         self.cancel_seen = bool(loaded.run.cancel_requested)  # a worker keeps a cancel it took over
+        self.is_child = loaded.run.parent_id is not None
         self.discard_deferred()
         return loaded
 
@@ -849,8 +853,26 @@ class Journal:
                     ),
                     {},
                 ),
+                # A child's end wakes its waiting parent in the same write, after its own
+                # status (the wake counts its siblings still going): store/waiting.py.
+                *(waiting.wake_parent(self.run_id, now) if self.is_child is not False else []),
             ],
             counters=counters,
+        )
+
+    def wait_for_children(self) -> str:
+        """A worker's run stops for its child runs (store/waiting.py): `waiting`, its lease
+        released in the same write; `pending` at once when every child ended meanwhile.
+        Returns the status it was left in."""
+        self.commit(
+            [(update(runs).where(runs.c.id == self.run_id).values(**waiting.wait_values()), {})]
+        )
+        return str(
+            self._read(
+                lambda conn: conn.execute(
+                    select(runs.c.status).where(runs.c.id == self.run_id)
+                ).scalar()
+            )
         )
 
     def hand_to_queue(self) -> None:

@@ -37,7 +37,7 @@ from msgspec import Struct, field
 from sqlalchemy import Connection, Engine, and_, func, or_, select, text, update
 
 from durable_agent.status import RunStatus
-from durable_agent.store import leases, retrying
+from durable_agent.store import leases, retrying, waiting
 from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import runs
 from durable_agent.store.storable import storable
@@ -171,6 +171,9 @@ class Queue:
         rejected: list[Rejected] = []
         controls = _Controls(batch)  # 0010: concurrency keys, max_parallel, one batch only
         with self.engine.begin() as conn:
+            # Parents whose children all ended become claimable (`pending`), whatever
+            # crashed between a child's end and its parent's wake (store/waiting.py).
+            waiting.sweep(conn, now)
             live = self._live_leases(conn, now) if max_running is not None else 0
             orphans = self._orphans(conn, now, self._mine, batch)
             # A dead owner's lease is counted live until it expires, yet taking it over adds

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from durable_agent.errors import RunBusy, RunNotFound, UsageError
 from durable_agent.messages import Message
 from durable_agent.status import RESUMABLE, RunStatus
-from durable_agent.store import leases, retrying
+from durable_agent.store import leases, retrying, waiting
 from durable_agent.store.records import (
     ApprovalRecord,
     Decision,
@@ -195,6 +195,19 @@ class Store:
         with self._read() as conn:
             return [RunRecord.from_row(r) for r in conn.execute(query)]
 
+    def cancel_children(self, run_id: str) -> list[str]:
+        """Cancel the run's descendants that have not ended, depth first (one executing stops
+        at its next step; one that is not is marked cancelled at once): `cancel` of a parent,
+        in the CLI and the web view (docs/delegation.md)."""
+        going = {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.BLOCKED}
+        done = []
+        for child in self.children(run_id):
+            if RunStatus(child.status) in going:
+                self.cancel(child.id)
+                done.append(child.id)
+            done.extend(self.cancel_children(child.id))
+        return done
+
     @_retried
     def depth(self, run_id: str) -> int:
         """How many parents `run_id` has (0: a run nobody delegated), from the view run_tree."""
@@ -268,6 +281,9 @@ class Store:
                     lease_expires_at=None,
                 )
             )
+            # A child cancelled before a worker ran it: its waiting parent goes on (waiting.py).
+            for statement, _ in waiting.wake_parent(run_id, now):
+                conn.execute(statement)
             return "cancelled"
 
     @_retried

@@ -133,7 +133,10 @@ def continue_run(store: Store, run_id: str, message: str) -> Done:
 
 
 def cancel(store: Store, run_id: str) -> Done:
-    return Done(run_id, store.cancel(run_id))
+    """As `durable-agent cancel`: the run and its children that have not ended."""
+    done = Done(run_id, store.cancel(run_id))
+    store.cancel_children(run_id)
+    return done
 
 
 def resume(store: Store, run_id: str) -> Done:

@@ -316,7 +316,10 @@ class _Stream:
                 self.known[s.seq] = s
         run = self.store.get_run(self.run_id)
         now = utcnow()
-        live = leases.is_executing(run, now) or run.status == RunStatus.PENDING
+        live = leases.is_executing(run, now) or run.status in (
+            RunStatus.PENDING,
+            RunStatus.WAITING,
+        )
         changed = [
             s for seq, s in sorted(self.known.items()) if self.sent.get(seq) != _signature(s)
         ]

@@ -204,13 +204,17 @@ def actions(view: RunView, csrf: str, now: datetime) -> str:
             + _form(run.id, "deny", "deny and resume", csrf, by=True)
             + "</div>"
         )
-    if leases.is_executing(run, now) or run.status == RunStatus.PENDING:
+    if leases.is_executing(run, now) or run.status in (RunStatus.PENDING, RunStatus.WAITING):
         out.append(_form(run.id, "cancel", "cancel", csrf))
     elif run.status in RESUMABLE and pending is None:
         out.append(_form(run.id, "resume", "resume on the worker queue", csrf))
     if run.status == RunStatus.PENDING:
         out.append(
             '<p class="muted">pending: a worker (`durable-agent worker`) will continue it</p>'
+        )
+    if run.status == RunStatus.WAITING:
+        out.append(
+            '<p class="muted">waiting for its child runs: a worker continues it once they ended</p>'
         )
     if run.status in ENDED:  # a follow-up: a new turn of the history (`durable-agent continue`)
         out.append(
