@@ -315,9 +315,16 @@ _KEY_AS = st.sampled_from(["same", "racy", "ctime", "size", "inode", "absent", "
 
 def test_the_stat_cache_loop_is_built_in_c() -> None:
     # Without it every command's step pays an os.stat_result per file (1.5× `git status` at
-    # 50,000 files): a build that fell back to Python must not go unnoticed.
-    from durable_agent.workspace import _statcache
+    # 50,000 files): a build that fell back to Python must not go unnoticed in CI. Elsewhere
+    # (a machine with no C compiler) the Python loop is the one there is: said, not failed.
+    from scale_helpers import in_ci
 
+    try:
+        from durable_agent.workspace import _statcache
+    except ImportError as exc:
+        if in_ci():
+            raise
+        pytest.skip(f"the C loop is not built here ({exc}): the scanner takes its Python loop")
     assert scan._changed is _statcache.changed
 
 
@@ -330,7 +337,7 @@ def test_the_stat_cache_loop_is_built_in_c() -> None:
     )
 )
 def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]) -> None:
-    from durable_agent.workspace import _statcache
+    _statcache = pytest.importorskip("durable_agent.workspace._statcache")
 
     with tempfile.TemporaryDirectory() as tmp:
         names: list[bytes] = []
