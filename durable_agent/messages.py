@@ -213,6 +213,11 @@ class ToolCall(Struct, frozen=True):
         return cls(call_id, name, arguments), problem
 
 
+# The history's first messages, the system prompt and the task: never elided, never
+# summarized (context/view.py), never dropped from a long run's memory (store/journal.py).
+HEAD = 2
+
+
 class Message(Struct, frozen=True):
     role: str  # system | user | assistant | tool
     content: str | None = None

@@ -21,9 +21,8 @@ from typing import Any
 from msgspec import Struct, field
 
 from durable_agent.context.memory import is_memory
-from durable_agent.messages import HistoryHash, Message
+from durable_agent.messages import HEAD, HistoryHash, Message
 
-HEAD = 2  # the system prompt and the task: never elided, never summarized
 SUMMARY_HEADER = (
     "[Summary of the earlier conversation, written when the context was compacted. "
     "Tool results it mentions can be read again with read_output(call_id).]\n"

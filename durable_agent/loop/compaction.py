@@ -35,13 +35,13 @@ from durable_agent.context.budget import (
     text_counter,
 )
 from durable_agent.context.memory import is_memory
-from durable_agent.context.view import HEAD, SUMMARY_HEADER, stub, tool_names
+from durable_agent.context.view import SUMMARY_HEADER, stub, tool_names
 from durable_agent.errors import ModelError
 from durable_agent.loop import costs
 from durable_agent.loop.replay import RunState
 from durable_agent.loop.step import EndThenRaise, StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
-from durable_agent.messages import Message, ModelTurn, Usage, sha256_text, without_reasoning
+from durable_agent.messages import HEAD, Message, ModelTurn, Usage, sha256_text, without_reasoning
 from durable_agent.status import StepKind
 from durable_agent.store.payloads import CompactInput
 from durable_agent.store.step import Step

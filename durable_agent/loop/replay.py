@@ -20,8 +20,15 @@ from typing import Any
 from msgspec import UNSET, Struct, field
 
 from durable_agent.context.budget import calibrate, count_message
-from durable_agent.context.view import HEAD, ContextView, request_hash
-from durable_agent.messages import CUT_NUDGE, HistoryHash, Message, ToolCall, without_reasoning
+from durable_agent.context.view import ContextView, request_hash
+from durable_agent.messages import (
+    CUT_NUDGE,
+    HEAD,
+    HistoryHash,
+    Message,
+    ToolCall,
+    without_reasoning,
+)
 from durable_agent.store.payloads import ModelOutput, StepOutput, Window
 from durable_agent.store.rows import GONE, Older, droppable
 from durable_agent.store.storable import storable

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 
 from durable_agent.config.policy import Verdict
 from durable_agent.config.settings import validation_text
-from durable_agent.context.view import HEAD
 from durable_agent.errors import (
     LeaseLost,
     LoopExit,
@@ -35,7 +34,7 @@ from durable_agent.loop import approvals, guard, hooks, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
 from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
-from durable_agent.messages import UNNAMED_TOOL, Message, ToolCall, sha256_text
+from durable_agent.messages import HEAD, UNNAMED_TOOL, Message, ToolCall, sha256_text
 from durable_agent.status import EffectClass, StepKind
 from durable_agent.store.payloads import ToolInput
 from durable_agent.store.records import ApprovalKind, StepRecord, StepState

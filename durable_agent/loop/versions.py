@@ -36,10 +36,10 @@ from msgspec.structs import asdict
 
 from durable_agent.config.settings import BUDGET_FIELDS
 from durable_agent.context.prompts import SYSTEM_PROMPT
-from durable_agent.context.view import HEAD
 from durable_agent.errors import LoopExit, VersionRefused
 from durable_agent.loop.step import StepOutcome, StepSpec, invoke
 from durable_agent.loop.step_context import StepContext
+from durable_agent.messages import HEAD
 from durable_agent.status import StepKind, StopReason
 from durable_agent.store import versions as rows
 from durable_agent.store.records import Decision, StepState

@@ -34,9 +34,8 @@ from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, not_, 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
-from durable_agent.context.view import HEAD
 from durable_agent.errors import LeaseLost, RunNotFound, StepMismatch
-from durable_agent.messages import Message, ToolCall
+from durable_agent.messages import HEAD, Message, ToolCall
 from durable_agent.status import RunStatus, StepKind
 from durable_agent.store import outbox, prepared, retrying, waiting
 from durable_agent.store.payloads import StepOutput, decode_output
