@@ -193,3 +193,57 @@ def test_every_number_setting_refuses_true_and_false_and_only_those_are_listed()
     for name in NUMBER_FIELDS:
         with pytest.raises(ValidationError, match="must be a number, not true or false"):
             Settings(**{name: True})
+
+
+def test_the_tables_a_config_gives_are_validated_and_recorded_as_their_models() -> None:
+    """rules, hooks, MCP servers, prices, models, notify and otel are validated by their
+    models' validators, built only when a value is given (settings._WhenGiven): their errors
+    name the entry and field, and the recorded settings hold what the models dump."""
+    cfg = {
+        "rules": [{"decision": "deny", "tool": "write_file", "reason": "no"}],
+        "hooks": [{"event": "stop", "command": "true"}],
+        "mcp_servers": {"t": {"command": "srv", "startup_timeout_sec": 5}},
+        "prices": {"m": {"input_per_mtok": 1, "output_per_mtok": 2}},
+        "models": {"m": {"context_window": 4096}},
+        "notify": [{"url": "https://example.com/hook"}],
+        "otel": {"enabled": True},
+    }
+    s = Settings(**cfg)  # type: ignore[arg-type]
+    assert s.rules[0].decision == "deny" and s.hooks[0].event == "stop"
+    assert s.mcp_servers["t"].startup_timeout_s == 5  # the model's own before-validator
+    assert s.price("m") is not None and s.models["m"].context_window == 4096
+    assert s.notify[0].events[0] == "blocked" and s.otel.enabled
+    recorded = s.redacted_dict()
+    assert recorded["rules"][0]["decision"] == "deny" and recorded["hooks"][0]["timeout_s"] == 60.0
+    assert recorded["mcp_servers"]["t"]["command"] == "srv" and "otel" not in recorded
+    assert Settings(**recorded).rules == s.rules  # a resume rebuilds the same
+    s.rules = [{"decision": "ask", "tool": "*"}]  # type: ignore[list-item]  (validate_assignment)
+    assert s.rules[0].decision == "ask"
+    bad = {
+        "rules": (
+            [{"decision": "maybe"}],
+            "rules.0.decision: Input should be 'allow', 'ask' or 'deny'",
+        ),
+        "hooks": ([{"event": "stop"}], "hooks.0.command: Field required"),
+        "mcp_servers": ({"t": {"args": []}}, "mcp_servers.t: give either `command`"),
+        "prices": ({"m": {"input_per_mtok": -1, "output_per_mtok": 1}}, "prices.m.input_per_mtok"),
+        "notify": ([{"url": "ftp://x"}], "notify.0: a [[notify]] url must be http://"),
+        "otel": ({"enabled": True, "x": 1}, "otel.x: Extra inputs are not permitted"),
+    }
+    for name, (value, needle) in bad.items():
+        with pytest.raises(ConfigError) as caught:
+            load_settings({name: value}, {"HOME": "/nonexistent"})
+        assert needle in str(caught.value), (name, str(caught.value))
+
+
+def test_settings_without_those_tables_build_none_of_their_models() -> None:
+    code = (
+        "from durable_agent.config.settings import Settings, ModelPrice, NotifyTarget, ModelInfo\n"
+        "from durable_agent.config.policy import Rule, Hook\n"
+        "from durable_agent.config.mcp_servers import McpServerConfig\n"
+        "Settings().redacted_dict()\n"
+        "print([m.__name__ for m in (ModelPrice, NotifyTarget, ModelInfo, Rule, Hook, McpServerConfig)"
+        " if m.__pydantic_complete__])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,26 +5,30 @@ Validated once, here. Nothing else in the package reads the environment for sett
 `load_settings` is given the environment by the CLI.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: the Settings model's annotations, read as
+# strings, were each compiled again by typing.ForwardRef on every start (a fifth of building
+# the model); evaluated where they are written they cost nothing more.
 import functools
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     PrivateAttr,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import CoreSchema, core_schema
 
 from durable_agent.config.layers import (  # noqa: F401  (ENV_VARS, default_db_url: the settings' layers)
     ENV_VARS,
@@ -45,10 +49,36 @@ from durable_agent.encoding import name_from_arg
 from durable_agent.errors import ConfigError
 
 
+class _WhenGiven:
+    """Marks a setting whose type is validated by a validator built the first time a value is
+    given for it (a config's [[rules]], [[hooks]], [mcp_servers.NAME]...), and their models
+    (defer_build) on first use: built with the Settings model, they cost every start about 2%
+    of its instructions, for settings most configs never give. The validation and its errors
+    (their locations too) are the type's own; a value dumps as what it is (its models'
+    serializers)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(functools.partial(_validate, source))
+
+
+WhenGiven = _WhenGiven()
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def _validate(kind: Any, value: Any) -> Any:
+    return _adapter(kind).validate_python(value)
+
+
 class ModelPrice(BaseModel):
     """What one model costs, per million tokens (any currency; USD for the hosted APIs)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     input_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million prompt tokens."""
@@ -93,7 +123,7 @@ class NotifyTarget(BaseModel):
     """One `[[notify]]` entry: a webhook (`url`) or a local program (`command`), and the
     events it is sent (docs/observability.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     url: str | None = None
     """POSTed the event as JSON, with Idempotency-Key and a signature header."""
@@ -104,7 +134,7 @@ class NotifyTarget(BaseModel):
     """Key of the HMAC-SHA256 signature header (webhooks)."""
 
     @model_validator(mode="after")
-    def _one_target(self) -> NotifyTarget:
+    def _one_target(self) -> "NotifyTarget":
         if (self.url is None) == (self.command is None):
             raise ValueError("a [[notify]] entry needs either url or command, not both")
         if self.command is not None and not self.command:
@@ -126,7 +156,7 @@ class NotifyTarget(BaseModel):
 class OtelSettings(BaseModel):
     """`[otel]`: OpenTelemetry traces and metrics (the `otel` extra; docs/observability.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     enabled: bool = False
     """Export even without OTEL_EXPORTER_OTLP_ENDPOINT (to the OTLP default, localhost:4318)."""
@@ -137,7 +167,7 @@ class OtelSettings(BaseModel):
 class ModelInfo(BaseModel):
     """What the harness knows of one model beyond its price (`[models."NAME"]` in the config)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     context_window: int | None = Field(None, ge=256)
     """Tokens the model accepts per request (prompt + answer); the built-in table when unset."""
@@ -198,6 +228,9 @@ class Settings(BaseModel):
     # The docstring under each field documents it for config/default.toml
     # (scripts/gen_default_config.py reads them); pydantic's use_attribute_docstrings would
     # parse this file's source on every start, a sixth of a one-step run's start-up.
+    # Empty lists and tables are plain defaults (pydantic copies them for each instance):
+    # `default_factory=list` had pydantic read the signature of `list`, parsed from its text
+    # by the tokenize module, on every start.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     workspace: Path = Field(default_factory=Path.cwd)
@@ -240,7 +273,7 @@ class Settings(BaseModel):
     sent; false for trusted repositories. The harness's own secrets are always redacted."""
     shell_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWLIST))
     """Command prefixes that run without approval under `--shell ask` (replaces the default list)."""
-    shell_always_ask: list[str] = Field(default_factory=list)
+    shell_always_ask: list[str] = []
     """Extra regular expressions: a matching command always asks under `--shell ask`, on top of
     the built-in destructive patterns (`rm -rf`, `git reset --hard`, `git clean`, force-push…)."""
     on_uncertain_exec: Literal["block", "tell_model"] = "block"
@@ -249,7 +282,7 @@ class Settings(BaseModel):
     """Finish gate: a command that must exit 0 before a final answer is accepted."""
     command_timeout_s: float = Field(300.0, gt=0)
     """Default timeout of one run_command."""
-    command_env: list[str] = Field(default_factory=list)
+    command_env: list[str] = []
     """Host variables commands and MCP servers get beyond PATH, HOME, TERM, TMPDIR, TZ and LANG/LC_*: names or patterns ("GIT_*"); a credential-like name (*PASS*, *PWD*, *TOKEN*, *SECRET*, *KEY*, *CREDENTIAL*, *AUTH*) passes only when named exactly."""
     output_cap: int = Field(20_000, ge=200)
     """Characters of one tool result sent to the model; the rest is marked as truncated."""
@@ -307,10 +340,10 @@ class Settings(BaseModel):
     """A provider's Retry-After is honoured up to this many seconds."""
     max_cost: float | None = Field(None, gt=0)
     """Spend allowed in the run, in the currency of `prices` (needs a price for the model)."""
-    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    prices: Annotated[dict[str, ModelPrice], WhenGiven] = {}
     """Per-model prices per million tokens, e.g. {"gpt-4.1-mini" = {input_per_mtok = 0.4, ...}};
     over the shipped table of common models (docs/observability.md)."""
-    models: dict[str, ModelInfo] = Field(default_factory=dict)
+    models: Annotated[dict[str, ModelInfo], WhenGiven] = {}
     """Per-model facts, e.g. [models."gpt-4.1-mini"] context_window = 1047576 (the built-in table
     of well-known families, then a conservative 32768 tokens, when a model is not listed)."""
     compact_at: float = Field(0.8, gt=0, le=1)
@@ -326,10 +359,10 @@ class Settings(BaseModel):
     """native function calling, or TOOL_CALL lines in text for models without it."""
     temperature: float | None = None
     """Sampling temperature passed to the model (provider default when unset)."""
-    tools: list[str] = Field(default_factory=list)
+    tools: list[str] = []
     """Extra tools by import path, e.g. ["package.module:ToolClass"] (a Tool, its class or a
     zero-argument factory); installed plugins (entry points `durable_agent.tools`) load by themselves."""
-    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    mcp_servers: Annotated[dict[str, McpServerConfig], WhenGiven] = {}
     """MCP servers whose tools are offered as NAME__TOOL: [mcp_servers.NAME] with command, args,
     env, cwd (stdio) or url (streamable HTTP); needs the `durable-agent[mcp]` extra."""
     mcp_config: str | None = None
@@ -353,14 +386,14 @@ class Settings(BaseModel):
     """The task's folder, relative to the workspace root: memory files are read from the root
     down to it. `start` sets it to the current directory when that is inside the workspace."""
     # -- policy: rules and hooks (config/policy.py, docs/policy.md) ------------------------
-    rules: list[Rule] = Field(default_factory=list)
+    rules: Annotated[list[Rule], WhenGiven] = []
     """[[rules]]: allow, ask or deny calls by tool, command prefix, path or arguments; they add
     up over the config layers and `--rules FILE`; the strictest matching decision wins."""
-    hooks: list[Hook] = Field(default_factory=list)
+    hooks: Annotated[list[Hook], WhenGiven] = []
     """[[hooks]]: commands run (in the sandbox, as durable steps) at session_start, pre_tool,
     post_tool, pre_compact, stop and resume; exit 2 blocks with stderr as the reason."""
     # -- watched from elsewhere (docs/observability.md) ----------------------------------------
-    notify: list[NotifyTarget] = Field(default_factory=list)
+    notify: Annotated[list[NotifyTarget], WhenGiven] = []
     """[[notify]] entries: url (webhook) or command, events (blocked, completed, failed,
     budget_exceeded, changed_since_checkpoint, batch_done), optional secret. Each event is
     sent once per entry, also across crashes (the outbox)."""
@@ -374,7 +407,7 @@ class Settings(BaseModel):
     """Longest wait between two tries of a delivery."""
     notify_link_ttl_s: float = Field(86400.0, gt=0)
     """How long the approve/deny links of a `blocked` notification stay valid."""
-    otel: OtelSettings = Field(default_factory=OtelSettings)
+    otel: Annotated[OtelSettings, WhenGiven] = Field(default_factory=OtelSettings)
     """[otel] enabled, capture_content: OpenTelemetry traces and metrics, on when
     OTEL_EXPORTER_OTLP_ENDPOINT is set or enabled = true (needs durable-agent[otel])."""
     # -- fleets (docs/fleets.md) ---------------------------------------------------------------
@@ -481,7 +514,7 @@ class Settings(BaseModel):
         return names
 
     @model_validator(mode="after")
-    def _cost_budget_needs_a_price(self) -> Settings:
+    def _cost_budget_needs_a_price(self) -> "Settings":
         if self.max_cost is not None and self.model and self.price(self.model) is None:
             raise ValueError(
                 f"--max-cost needs a price for model {self.model!r}: add "
