@@ -6,6 +6,11 @@ uncompressed bytes, written once whatever number of runs and steps hold them. Tr
 earlier tree (`base`, at most MAX_DEPTH deltas deep), so a one-line edit costs one blob and
 a few paths of manifest, not a copy of the workspace's file list.
 
+With `snapshot_baseline = "git"` a tree also records a git commit (`workspace_trees.git`)
+whose files its snapshot did not store: reads of a blob the store lacks then ask the
+repository (workspace/git_baseline.py) for the trees loaded through this BlobStore
+(`add_git_source`, called by snapshot.load).
+
 Both are immutable and written with "insert unless present", so a transaction that is
 retried, or two runs that store the same content at once, never conflict. This module
 speaks bytes only; the manifest format is workspace/manifest.py's.
@@ -36,6 +41,7 @@ class TreeRow(Struct, frozen=True):
     depth: int
     entries: int
     data: bytes
+    git: str | None = None  # the git baseline's JSON (workspace/git_baseline.py)
 
 
 class WorkspaceWrite(Struct):
@@ -72,11 +78,40 @@ class BlobStore:
             run_id,
         )  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
+        # tree id -> (its git baseline, sha256 -> the paths holding it) of the trees loaded
+        # that record one
+        self._git_trees: dict[str, tuple[Any, dict[str, list[bytes]]]] = {}
+
+    def add_git_source(self, tree: str, baseline: Any, by_ref: dict[str, list[bytes]]) -> None:
+        """Blobs of a loaded tree that its git baseline holds instead of the store."""
+        self._git_trees[tree] = (baseline, by_ref)
+
+    def has_git_source(self, tree: str) -> bool:
+        return tree in self._git_trees
 
     def _read(self, query: Callable[[Connection], T]) -> T:
         return _read(self.engine, query, self.policy, self.run_id)
 
     def present_blobs(self, hashes: Iterable[str]) -> set[str]:
+        """The blobs a restore can read: stored, or held by the git baseline of a loaded
+        tree (its repository found first: GitBaselineUnreachable, one line, if none has it)."""
+        wanted = list(hashes)
+        found = self.stored_blobs(wanted)
+        rest = [h for h in wanted if h not in found]
+        if rest and self._git_trees:
+            from durable_agent.workspace.git_baseline import source
+
+            for baseline, by_ref in self._git_trees.values():
+                needed = [h for h in rest if h in by_ref]
+                if not needed:
+                    continue
+                src = source(baseline)
+                src.open()
+                found.update(h for h in needed if any(src.has_path(p) for p in by_ref[h]))
+        return found
+
+    def stored_blobs(self, hashes: Iterable[str]) -> set[str]:
+        """The blobs `workspace_blobs` holds (what a snapshot need not write again)."""
         wanted = list(hashes)
 
         def query(conn: Connection) -> set[str]:
@@ -124,6 +159,7 @@ class BlobStore:
                     "depth": row.depth,
                     "entries": row.entries,
                     "data": row.data,
+                    "git": row.git,
                 }
             ],
         )
@@ -156,8 +192,29 @@ class BlobStore:
             ).scalar()
         )
         if data is None:
-            raise KeyError(f"workspace blob {digest} is not in the store")
+            got = self._from_git(digest)
+            if got is None:
+                raise KeyError(f"workspace blob {digest} is not in the store")
+            return got
         return zlib.decompress(bytes(data))
+
+    def _from_git(self, digest: str) -> bytes | None:
+        from durable_agent.workspace.git_baseline import source
+
+        for baseline, by_ref in self._git_trees.values():
+            for path in by_ref.get(digest, ()):
+                data = source(baseline).read(path, digest)  # None unless its sha256 matches
+                if data is not None:
+                    return data
+        return None
+
+    def tree_git(self, tree: str) -> str | None:
+        """The git baseline recorded with a stored tree (None: its blobs are all stored)."""
+        return self._read(
+            lambda conn: conn.execute(
+                select(workspace_trees.c.git).where(workspace_trees.c.id == tree)
+            ).scalar()
+        )
 
 
 class TreeAt(Struct, frozen=True):

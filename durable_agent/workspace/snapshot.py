@@ -5,6 +5,10 @@ it read until a later snapshot finds them in the store (`pending`): a transactio
 failed after the scan must not leave a tree that names a blob nobody wrote. A tree is
 written unless its id is already stored (an unchanged workspace writes nothing), as a
 delta on the scanner's previous tree when that one is stored and the delta is small.
+
+With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a content the
+checkout's HEAD commit holds at its path is not written: the tree records the commit
+(workspace/git_baseline.py) and a rebuild reads those files from the repository.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from msgspec import Struct
 
 from durable_agent.errors import StoreError
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
+from durable_agent.workspace import git_baseline
 from durable_agent.workspace.manifest import (
+    FILE,
     Manifest,
     apply_stored,
     blob_refs,
@@ -42,9 +48,18 @@ _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snaps
 _stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
 
 
-def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = None) -> Snapshot:
-    """`paths`: only these changed since the scanner's previous scan (Scanner.scan)."""
+def take(
+    scanner: Scanner,
+    blobs: BlobStore,
+    paths: Collection[bytes] | None = None,
+    *,
+    git: bool = False,
+) -> Snapshot:
+    """`paths`: only these changed since the scanner's previous scan (Scanner.scan). `git`:
+    leave to the checkout's HEAD commit the files it holds (git_baseline.py)."""
+    head_found = git_baseline.head_meanwhile(scanner.root) if git else None
     scan = scanner.scan(paths)
+    head = head_found() if head_found is not None else None
     manifest = scan.manifest
     with scanner.lock:
         # What this scan read, and any plain scan since the last snapshot (a resume's drift
@@ -60,7 +75,7 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
     tid = scan.tree_id
     with scanner.lock:
         check = set(pending)
-    present = blobs.present_blobs(check) if check else set()
+    present = blobs.stored_blobs(check) if check else set()
     statements: list[Statement] = []
     with scanner.lock:
         for digest in present:
@@ -70,6 +85,13 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
             for digest in [h for h in pending if h not in refs]:
                 del pending[digest]  # no longer in the workspace: nothing will name it
         missing = dict(pending)
+    if missing and head is not None:
+        # Not stored, and not pending either: the tree written below names the commit.
+        held = git_baseline.covered(head, manifest, missing)
+        with scanner.lock:
+            for digest in held:
+                pending.pop(digest, None)
+                del missing[digest]
     if missing:
         statements.append(blobs.blob_statement(missing))
     depths = blobs.tree_depths([tid, last[0] if last else ""])
@@ -83,7 +105,13 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
         if row is None:
             row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+        if head is not None:
+            row = TreeRow(
+                row.id, row.base, row.depth, row.entries, row.data, head.baseline.encoded()
+            )
         statements.append(blobs.tree_statement(row))
+        # What the row says: a later load need not ask (one query a step).
+        _note_git((str(blobs.engine.url), tid), head.baseline if head is not None else None)
     with scanner.lock:
         _last[id(scanner)] = (tid, manifest)
     return Snapshot(tid, manifest, statements, scan.skipped, scan)
@@ -102,10 +130,46 @@ def remember(tid: str, manifest: Manifest) -> None:
 
 
 def load(blobs: BlobStore, tid: str) -> Manifest:
-    """The manifest of a stored tree (trees are immutable: a small cache keeps recent ones)."""
+    """The manifest of a stored tree (trees are immutable: a small cache keeps recent ones).
+    A tree that records a git baseline tells `blobs` where its unstored files are."""
     with _trees_lock:
-        if tid in _trees:
-            return _trees[tid]
+        cached = _trees.get(tid)
+    if cached is not None:
+        _add_git(blobs, tid, cached)
+        return cached
+    manifest = _load(blobs, tid)
+    _add_git(blobs, tid, manifest)
+    return manifest
+
+
+def _add_git(blobs: BlobStore, tid: str, manifest: Manifest) -> None:
+    key = (str(blobs.engine.url), tid)
+    with _trees_lock:
+        known = _git_of.get(key, False)
+    if known is False:
+        known = git_baseline.decoded(blobs.tree_git(tid))
+        _note_git(key, known)
+    if not isinstance(known, git_baseline.Baseline) or blobs.has_git_source(tid):
+        return
+    by_ref: dict[str, list[bytes]] = {}
+    for path, entry in manifest.items():
+        if entry.kind == FILE:
+            by_ref.setdefault(entry.ref, []).append(path)
+    blobs.add_git_source(tid, known, by_ref)
+
+
+# (store URL, tree id) -> the tree's git baseline, None without one (trees are immutable)
+_git_of: dict[tuple[str, str], git_baseline.Baseline | None | bool] = {}
+
+
+def _note_git(key: tuple[str, str], baseline: git_baseline.Baseline | None) -> None:
+    with _trees_lock:
+        _git_of[key] = baseline
+        while len(_git_of) > 4096:  # the oldest first (a worker runs for weeks)
+            del _git_of[next(iter(_git_of))]
+
+
+def _load(blobs: BlobStore, tid: str) -> Manifest:
     manifest: Manifest | None = None
     try:
         for data in blobs.tree_chain(tid):

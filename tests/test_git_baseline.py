@@ -1,0 +1,359 @@
+"""`snapshot_baseline = "git"`: a clean checkout's files are left to its HEAD commit.
+
+Real git, real processes (the CLI). A checkout of several MB of incompressible files is
+committed; a run in it stores only what differs from HEAD (the store stays under 1 MB);
+`restore` and `fork` into a fresh folder (another host: the repository reachable by its
+path, or only by its remote) give every file back byte for byte with its mode; with the
+commit nowhere to be found they say so in one line (exit 2, no traceback); a run SIGKILLed
+mid-way resumes in a fresh folder; a dirty checkout stores its modified and untracked files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from workspace_support import da, picture
+
+from durable_agent.store.blobs import BlobStore, save_statements
+from durable_agent.store.engine import open_store_engine
+from durable_agent.workspace import snapshot
+from durable_agent.workspace.materialize import materialize
+from durable_agent.workspace.scan import DEFAULT_EXCLUDE, Scanner
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+FILES, SIZE = 240, 25_000  # 6 MB of random bytes: nothing compresses it below 1 MB
+
+TURNS: list[dict[str, Any]] = [
+    {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "notes/new.txt", "content": "new\n"}}
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {
+                    "command": "printf 'edited\\n' >> src/f0.bin && chmod +x src/f1.bin "
+                    "&& rm src/f2.bin && mkdir -p out && echo built > out/x.txt"
+                },
+            }
+        ]
+    },
+    {"content": "done"},
+]
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        [*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_checkout(root: Path, files: int = FILES, size: int = SIZE, seed: int = 1) -> Path:
+    """A committed checkout of `files` random files, with `origin` a bare clone of it."""
+    rnd = random.Random(seed)
+    ws = root / "ws"
+    (ws / "src").mkdir(parents=True)
+    for i in range(files):
+        (ws / "src" / f"f{i}.bin").write_bytes(rnd.randbytes(size))
+    (ws / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (ws / "run.sh").chmod(0o755)
+    os.symlink("run.sh", ws / "link")
+    (ws / ".gitignore").write_text("*.log\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(ws), str(root / "remote.git")],
+        check=True,
+        capture_output=True,
+    )
+    git(ws, "remote", "add", "origin", str(root / "remote.git"))
+    return ws
+
+
+@pytest.fixture
+def genv(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {
+        **env,
+        "DURABLE_AGENT_SNAPSHOT_BASELINE": "git",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def _start(env: dict[str, str], ws: Path, model: str, run_id: str, *extra: str) -> Any:
+    return da(
+        ["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow"]
+        + ["--run-id", run_id, "--quiet", *extra],
+        env,
+        ws,
+    )
+
+
+def stored_bytes(env: dict[str, str]) -> int:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    blobs = db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM workspace_blobs").fetchone()[0]
+    trees = db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM workspace_trees").fetchone()[0]
+    db.close()
+    return int(blobs) + int(trees)
+
+
+def stored_hashes(env: dict[str, str]) -> set[str]:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    found = {r[0] for r in db.execute("SELECT hash FROM workspace_blobs")}
+    db.close()
+    return found
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def last_seq(env: dict[str, str], run_id: str) -> int:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    seq = db.execute(
+        "SELECT MAX(seq) FROM steps WHERE run_id=? AND tree_id IS NOT NULL", (run_id,)
+    ).fetchone()[0]
+    db.close()
+    return int(seq)
+
+
+WITHOUT_GIT = (b".git",)
+
+
+@pytest.mark.slow
+def test_a_clean_checkout_stores_under_1_mb_and_restore_and_fork_rebuild_it(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path)
+    assert sum(f.stat().st_size for f in (ws / "src").iterdir()) >= 6_000_000
+    proc = _start(genv, ws, write_script(TURNS), "g1")
+    assert proc.returncode == 0, proc.stderr
+    assert (ws / "notes/new.txt").read_text() == "new\n" and (ws / "out/x.txt").exists()
+    assert stored_bytes(genv) <= 1_000_000, stored_bytes(genv)
+    # What the run wrote and changed is stored as today; what HEAD holds is not.
+    hashes = stored_hashes(genv)
+    assert {sha256(ws / "notes/new.txt"), sha256(ws / "src/f0.bin")} <= hashes
+    assert sha256(ws / "src/f3.bin") not in hashes
+    db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    commit = git(ws, "rev-parse", "HEAD")
+    recorded = {r[0] for r in db.execute("SELECT git FROM workspace_trees")}
+    assert all(commit in (r or "") for r in recorded), recorded
+    expected = picture(ws, skip=WITHOUT_GIT)
+    seq = last_seq(genv, "g1")
+    other = tmp_path / "host2"
+    other.mkdir()
+    out = other / "restored"
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(out)], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(out) == expected  # every file's bytes and mode, links, folders
+    fork = other / "forked"
+    proc = da(
+        ["fork", "g1", "--at", str(seq), "--workspace", str(fork), "--run-id", "g2"], genv, other
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert picture(fork) == expected
+    # The step before the command: f0 as committed, f2 still there.
+    proc = da(["restore", "g1", "--at", "1", "--to", str(other / "at1")], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert (other / "at1/src/f0.bin").read_bytes() == subprocess.run(
+        ["git", "show", "HEAD:src/f0.bin"], cwd=ws, capture_output=True, check=True
+    ).stdout
+    assert (other / "at1/src/f2.bin").exists() and not (other / "at1/out").exists()
+
+    # The repository gone from its path: its remote (a bare repository) is cloned instead.
+    shutil.move(ws, tmp_path / "moved")
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(other / "via-remote")], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(other / "via-remote") == expected
+
+    # Neither the repository nor its remote: one line, exit 2, nothing written.
+    shutil.rmtree(tmp_path / "remote.git")
+    shutil.rmtree(tmp_path / "cache")
+    target = other / "nowhere"
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(target)], genv, other)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert commit[:12] in proc.stderr and "not reachable" in proc.stderr
+    assert not target.exists() or not any(target.iterdir())
+    proc = da(["fork", "g1", "--at", str(seq), "--workspace", str(other / "f3")], genv, other)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "not reachable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_commit_gone_from_the_repository_is_said_in_one_line(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    shutil.rmtree(tmp_path / "remote.git")
+    git(ws, "remote", "remove", "origin")
+    proc = _start(genv, ws, write_script(TURNS), "gone")
+    assert proc.returncode == 0, proc.stderr
+    old = git(ws, "rev-parse", "HEAD")
+    # History rewritten and the old commit pruned: the path holds a repository, not the commit.
+    git(ws, "checkout", "-q", "--orphan", "other")
+    git(ws, "commit", "-q", "-m", "rewritten")
+    git(ws, "branch", "-D", "main")
+    git(ws, "reflog", "expire", "--expire=now", "--all")
+    git(ws, "gc", "-q", "--prune=now")
+    assert subprocess.run(["git", "cat-file", "-e", old], cwd=ws).returncode != 0
+    proc = da(["restore", "gone", "--at", "1", "--to", str(tmp_path / "out")], genv, tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert old[:12] in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_dirty_checkout_stores_its_changes_and_references_the_rest(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=40, size=20_000)
+    (ws / "src/f5.bin").write_bytes(b"modified before the run\n")
+    (ws / "src/f6.bin").chmod(0o700)  # a mode changed only: its bytes are still HEAD's
+    (ws / "untracked.txt").write_text("not in git\n")
+    (ws / "build.log").write_text("ignored by .gitignore: not in snapshots\n")
+    os.remove(ws / "src/f7.bin")
+    proc = _start(genv, ws, write_script([{"content": "nothing to do"}]), "dirty")
+    assert proc.returncode == 0, proc.stderr
+    hashes = stored_hashes(genv)
+    assert sha256(ws / "src/f5.bin") in hashes and sha256(ws / "untracked.txt") in hashes
+    tracked = [p for p in (ws / "src").iterdir() if p.name != "f5.bin"]
+    assert not {sha256(p) for p in tracked} & hashes  # f6.bin too: same bytes as HEAD's
+    out = tmp_path / "out"
+    proc = da(
+        ["restore", "dirty", "--tree", _start_tree(genv, "dirty"), "--to", str(out)], genv, tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert picture(out) == picture(ws, skip=(b".git", b"build.log"))
+
+
+def _start_tree(env: dict[str, str], run_id: str) -> str:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    tree = db.execute("SELECT tree_start FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+    db.close()
+    return str(tree)
+
+
+@pytest.mark.slow
+def test_a_run_sigkilled_mid_way_resumes_in_a_fresh_folder_from_store_and_git(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=60, size=10_000)
+    model = write_script(TURNS)
+    ref = tmp_path / "ref"
+    shutil.copytree(ws, ref, symlinks=True)
+    ref_env = {**genv, "DURABLE_AGENT_DB": f"sqlite:///{tmp_path / 'ref.db'}"}
+    assert _start(ref_env, ref, model, "ref").returncode == 0
+    proc = da(
+        ["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow"]
+        + ["--run-id", "k", "--quiet"],
+        genv,
+        ws,
+        extra={"DURABLE_AGENT_CRASH_AFTER": "4"},
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    # Another host: an empty folder, the repository reachable at its recorded path.
+    elsewhere = tmp_path / "elsewhere"
+    for _ in range(20):
+        proc = da(["resume", "k", "--workspace", str(elsewhere), "--quiet"], genv, tmp_path)
+        if proc.returncode == 5:  # the command cut off by the kill: a person says run it again
+            assert da(["approve", "k"], genv, tmp_path).returncode == 0
+            continue
+        break
+    assert proc.returncode == 0, proc.stderr
+    assert picture(elsewhere) == picture(ref, skip=WITHOUT_GIT)
+    assert stored_bytes(genv) <= 1_000_000
+
+
+def _scan_take_rebuild(ws: Path, db_url: str, out: Path) -> tuple[int, int]:
+    engine = open_store_engine(db_url)
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        snap = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, snap.statements)
+        stored = sum(len(rows) for stmt, rows in snap.statements if "workspace_blobs" in str(stmt))
+        reader = BlobStore(engine)
+        manifest = snapshot.load(reader, snap.tree_id)
+        materialize(
+            manifest,
+            out,
+            Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000),
+            reader.blob,
+            present=reader.present_blobs,
+        )
+        return stored, len(manifest)
+    finally:
+        engine.dispose()
+
+
+_names = st.sampled_from(["a", "b", "c.txt", "d/e", "d/f.bin", "g/h/i", "x y", "n\udcff"])
+_bytes = st.binary(max_size=300)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    tree=st.dictionaries(_names, _bytes, min_size=1, max_size=6),
+    edits=st.dictionaries(_names, st.one_of(st.none(), _bytes), max_size=4),
+)
+def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
+    tree, edits, tmp_path_factory
+) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("prop")
+    ws = root / "ws"
+    ws.mkdir()
+
+    def put(name: str, data: bytes) -> None:
+        p = os.path.join(str(ws), name)  # (a name not UTF-8: surrogateescape, as fsencode)
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        parent = os.path.dirname(p)
+        if os.path.isfile(parent):
+            os.remove(parent)
+        os.makedirs(parent, exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+    for name, data in tree.items():
+        try:
+            put(name, data)
+        except OSError:
+            continue
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "--allow-empty", "-m", "base")
+    for name, data in edits.items():
+        p = os.path.join(str(ws), name)
+        try:
+            if data is None:
+                if os.path.isfile(p):
+                    os.remove(p)
+            else:
+                put(name, data)
+        except OSError:
+            continue
+    out = root / "out"
+    stored, _ = _scan_take_rebuild(ws, f"sqlite:///{root / 'store.db'}", out)
+    if not edits:  # a clean checkout: every file is HEAD's, none is stored
+        assert stored == 0
+    assert picture(out) == picture(ws, skip=WITHOUT_GIT)
