@@ -357,3 +357,38 @@ def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
     if not edits:  # a clean checkout: every file is HEAD's, none is stored
         assert stored == 0
     assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_host_without_the_commit_stops_in_one_line(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    model = write_script(TURNS)
+    assert _start(genv, ws, model, "far", "--max-steps", "1").returncode == 3
+    shutil.move(ws, tmp_path / "elsewhere-repo")
+    shutil.rmtree(tmp_path / "remote.git")
+    fresh = tmp_path / "fresh"
+    proc = da(["resume", "far", "--workspace", str(fresh), "--quiet"], genv, tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr  # (and the resume's notes)
+    assert "not reachable" in errors[0] and "Traceback" not in proc.stderr
+    assert not fresh.exists() or not any(fresh.iterdir())
+    # The repository back where it was recorded: the same resume rebuilds and finishes.
+    shutil.move(tmp_path / "elsewhere-repo", ws)
+    proc = da(
+        ["resume", "far", "--workspace", str(fresh), "--max-steps", "10", "--quiet"],
+        genv,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (fresh / "out/x.txt").read_text() == "built\n"
+
+
+def test_take_and_rebuild_on_each_backend(store_url: str, tmp_path: Path) -> None:
+    ws = make_checkout(tmp_path, files=30, size=2000)
+    (ws / "src/f1.bin").write_bytes(b"changed\n")
+    (ws / "new.txt").write_text("untracked\n")
+    stored, entries = _scan_take_rebuild(ws, store_url, tmp_path / "out")
+    assert entries == 34 and stored == 2  # the changed file and the untracked one
+    assert picture(tmp_path / "out") == picture(ws, skip=WITHOUT_GIT)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from durable_agent.errors import UsageError
+from durable_agent.errors import WorkspaceUnreachable
 from durable_agent.workspace.manifest import FILE, Manifest
 
 _ENV = {
@@ -46,7 +46,7 @@ _SAFE = ["-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never"]
 FILE_MODES = (b"100644", b"100755")
 
 
-class GitBaselineUnreachable(UsageError):
+class GitBaselineUnreachable(WorkspaceUnreachable):
     """The commit a snapshot takes files from is in no repository this host can reach."""
 
 
