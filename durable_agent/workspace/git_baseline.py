@@ -44,6 +44,7 @@ _ENV = {
 }
 _SAFE = ["-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never"]
 FILE_MODES = (b"100644", b"100755")
+CLONE_SECONDS = 3600  # a bare clone of a large remote takes a while; a hung one, not forever
 
 
 class GitBaselineUnreachable(WorkspaceUnreachable):
@@ -257,22 +258,28 @@ class Source:
             yield b.repo
         if not b.remote:
             return
-        tried.append(f"remote {b.remote}")
         cache = _cache_dir() / (hashlib.sha256(b.remote.encode()).hexdigest()[:24] + ".git")
         try:
             if not cache.is_dir():
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
-                _git(str(cache.parent), "clone", "--bare", "--quiet", "--", b.remote, str(tmp))
+                _git(
+                    str(cache.parent),
+                    *("clone", "--bare", "--quiet", "--", b.remote, str(tmp)),
+                    timeout=CLONE_SECONDS,
+                )
                 os.replace(tmp, cache)
             else:
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     _git(str(cache), "cat-file", "-e", f"{b.commit}^{{commit}}")
                     yield str(cache)
                     return
-                _git(str(cache), "fetch", "--quiet", "origin", b.commit)
-        except (OSError, subprocess.SubprocessError):
+                _git(str(cache), "fetch", "--quiet", "origin", b.commit, timeout=CLONE_SECONDS)
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__
+            tried.append(f"remote {b.remote}: {why}")
             return
+        tried.append(f"remote {b.remote}")
         yield str(cache)
 
     def read(self, path: bytes, digest: str) -> bytes | None:
