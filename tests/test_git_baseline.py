@@ -151,6 +151,14 @@ def test_a_clean_checkout_stores_under_1_mb_and_restore_and_fork_rebuild_it(
     assert {sha256(ws / "notes/new.txt"), sha256(ws / "src/f0.bin")} <= hashes
     assert sha256(ws / "src/f3.bin") not in hashes
     db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    changed = set(db.execute("SELECT path, change FROM workspace_changes WHERE run_id='g1'"))
+    assert changed == {
+        ("notes/new.txt", "added"),
+        ("src/f0.bin", "modified"),
+        ("src/f1.bin", "mode"),
+        ("src/f2.bin", "deleted"),
+        ("out/x.txt", "added"),
+    }
     commit = git(ws, "rev-parse", "HEAD")
     recorded = {r[0] for r in db.execute("SELECT git FROM workspace_trees")}
     assert all(commit in (r or "") for r in recorded), recorded
