@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 from sqlalchemy import Connection, Engine, insert, select
@@ -33,6 +33,16 @@ T = TypeVar("T")
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
 _CHANGES = insert(workspace_changes)
+
+
+class GitSource(Protocol):
+    """A git baseline's repository on this host (workspace/git_baseline.Source)."""
+
+    def open(self) -> None: ...  # WorkspaceUnreachable when no repository has the commit
+
+    def has_path(self, path: bytes) -> bool: ...
+
+    def read(self, path: bytes, digest: str) -> bytes | None: ...  # None: not that content
 
 
 class TreeRow(Struct, frozen=True):
@@ -78,13 +88,13 @@ class BlobStore:
             run_id,
         )  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
-        # tree id -> (its git baseline, sha256 -> the paths holding it) of the trees loaded
-        # that record one
-        self._git_trees: dict[str, tuple[Any, dict[str, list[bytes]]]] = {}
+        # tree id -> (its git baseline's repository, sha256 -> the paths holding it) of the
+        # trees loaded that record one
+        self._git_trees: dict[str, tuple[GitSource, dict[str, list[bytes]]]] = {}
 
-    def add_git_source(self, tree: str, baseline: Any, by_ref: dict[str, list[bytes]]) -> None:
+    def add_git_source(self, tree: str, source: GitSource, by_ref: dict[str, list[bytes]]) -> None:
         """Blobs of a loaded tree that its git baseline holds instead of the store."""
-        self._git_trees[tree] = (baseline, by_ref)
+        self._git_trees[tree] = (source, by_ref)
 
     def has_git_source(self, tree: str) -> bool:
         return tree in self._git_trees
@@ -99,13 +109,10 @@ class BlobStore:
         found = self.stored_blobs(wanted)
         rest = [h for h in wanted if h not in found]
         if rest and self._git_trees:
-            from durable_agent.workspace.git_baseline import source
-
-            for baseline, by_ref in self._git_trees.values():
+            for src, by_ref in self._git_trees.values():
                 needed = [h for h in rest if h in by_ref]
                 if not needed:
                     continue
-                src = source(baseline)
                 src.open()
                 found.update(h for h in needed if any(src.has_path(p) for p in by_ref[h]))
         return found
@@ -199,11 +206,9 @@ class BlobStore:
         return zlib.decompress(bytes(data))
 
     def _from_git(self, digest: str) -> bytes | None:
-        from durable_agent.workspace.git_baseline import source
-
-        for baseline, by_ref in self._git_trees.values():
+        for src, by_ref in self._git_trees.values():
             for path in by_ref.get(digest, ()):
-                data = source(baseline).read(path, digest)  # None unless its sha256 matches
+                data = src.read(path, digest)  # None unless its sha256 matches
                 if data is not None:
                     return data
         return None

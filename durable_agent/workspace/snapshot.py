@@ -155,7 +155,7 @@ def _add_git(blobs: BlobStore, tid: str, manifest: Manifest) -> None:
     for path, entry in manifest.items():
         if entry.kind == FILE:
             by_ref.setdefault(entry.ref, []).append(path)
-    blobs.add_git_source(tid, known, by_ref)
+    blobs.add_git_source(tid, git_baseline.source(known), by_ref)
 
 
 # (store URL, tree id) -> the tree's git baseline, None without one (trees are immutable)
