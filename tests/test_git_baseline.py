@@ -16,8 +16,11 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,9 +29,11 @@ from workspace_support import da, picture
 
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
+from durable_agent.workspace import scan as scan_module
 from durable_agent.workspace import snapshot
+from durable_agent.workspace.manifest import changes
 from durable_agent.workspace.materialize import materialize
-from durable_agent.workspace.scan import DEFAULT_EXCLUDE, Scanner
+from durable_agent.workspace.scan import DEFAULT_EXCLUDE, RACY_NS, Scanner
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
 FILES, SIZE = 240, 25_000  # 6 MB of random bytes: nothing compresses it below 1 MB
@@ -288,7 +293,12 @@ def test_a_run_sigkilled_mid_way_resumes_in_a_fresh_folder_from_store_and_git(
     assert stored_bytes(genv) <= 1_000_000
 
 
-def _scan_take_rebuild(ws: Path, db_url: str, out: Path) -> tuple[int, int]:
+def _scan_take_rebuild(
+    ws: Path, db_url: str, out: Path, then: Callable[[], None] | None = None
+) -> tuple[int, int]:
+    """The first snapshot (git baseline) of `ws`, rebuilt into `out`. `then`: edits after
+    it, snapshotted by the same scanner, and that second one is rebuilt; a fresh scanner
+    seeded with it (a resume's drift check) sees the same tree."""
     engine = open_store_engine(db_url)
     try:
         blobs = BlobStore(engine)
@@ -296,6 +306,10 @@ def _scan_take_rebuild(ws: Path, db_url: str, out: Path) -> tuple[int, int]:
         snap = snapshot.take(scanner, blobs, git=True)
         save_statements(engine, snap.statements)
         stored = sum(len(rows) for stmt, rows in snap.statements if "workspace_blobs" in str(stmt))
+        if then is not None:
+            then()
+            snap = snapshot.take(scanner, blobs, git=True)
+            save_statements(engine, snap.statements)
         reader = BlobStore(engine)
         manifest = snapshot.load(reader, snap.tree_id)
         materialize(
@@ -305,6 +319,11 @@ def _scan_take_rebuild(ws: Path, db_url: str, out: Path) -> tuple[int, int]:
             reader.blob,
             present=reader.present_blobs,
         )
+        if then is not None:
+            fresh = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+            fresh.seed(manifest)
+            snapshot.use_git(fresh)
+            assert not changes(manifest, fresh.scan().manifest)
         return stored, len(manifest)
     finally:
         engine.dispose()
@@ -323,10 +342,25 @@ _bytes = st.binary(max_size=300)
 @given(
     tree=st.dictionaries(_names, _bytes, min_size=1, max_size=6),
     edits=st.dictionaries(_names, st.one_of(st.none(), _bytes), max_size=4),
+    later=st.dictionaries(_names, st.one_of(st.none(), st.just(b"same"), _bytes), max_size=4),
+    vouched=st.booleans(),
 )
 def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
-    tree, edits, tmp_path_factory
+    tree, edits, later, vouched, tmp_path_factory
 ) -> None:  # type: ignore[no-untyped-def]
+    # `vouched`: no margin before git looks, so the files written just before (all of them,
+    # here) are taken on git's word unread; else they are read, as files written within
+    # 100 ms of a snapshot are.
+    with mock.patch.object(scan_module, "VOUCH_MARGIN_NS", 0 if vouched else RACY_NS):
+        _committed_tree_with_edits(tree, edits, later, tmp_path_factory)
+
+
+def _committed_tree_with_edits(
+    tree: dict[str, bytes],
+    edits: dict[str, bytes | None],
+    later: dict[str, bytes | None],
+    tmp_path_factory: Any,
+) -> None:
     root = tmp_path_factory.mktemp("prop")
     ws = root / "ws"
     ws.mkdir()
@@ -350,21 +384,32 @@ def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
     git(ws, "init", "-q")
     git(ws, "add", "-A")
     git(ws, "commit", "-q", "--allow-empty", "-m", "base")
-    for name, data in edits.items():
-        p = os.path.join(str(ws), name)
-        try:
-            if data is None:
-                if os.path.isfile(p):
-                    os.remove(p)
-            else:
-                put(name, data)
-        except OSError:
-            continue
+
+    def edit(changes: dict[str, bytes | None]) -> None:
+        # Within the same second as the commit and the snapshots (git's racy entries).
+        for name, data in changes.items():
+            p = os.path.join(str(ws), name)
+            try:
+                if data is None:
+                    if os.path.isfile(p):
+                        os.remove(p)
+                elif data == b"same":  # the same bytes written again: a new ctime only
+                    if os.path.isfile(p):
+                        put(name, Path(p).read_bytes())
+                else:
+                    put(name, data)
+            except OSError:
+                continue
+
+    edit(edits)
     out = root / "out"
     stored, _ = _scan_take_rebuild(ws, f"sqlite:///{root / 'store.db'}", out)
     if not edits:  # a clean checkout: every file is HEAD's, none is stored
         assert stored == 0
     assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+    out2 = root / "out2"
+    _scan_take_rebuild(ws, f"sqlite:///{root / 'store2.db'}", out2, lambda: edit(later))
+    assert picture(out2) == picture(ws, skip=WITHOUT_GIT)
 
 
 @pytest.mark.slow
@@ -400,3 +445,103 @@ def test_take_and_rebuild_on_each_backend(store_url: str, tmp_path: Path) -> Non
     stored, entries = _scan_take_rebuild(ws, store_url, tmp_path / "out")
     assert entries == 34 and stored == 2  # the changed file and the untracked one
     assert picture(tmp_path / "out") == picture(ws, skip=WITHOUT_GIT)
+
+
+def _aged(ws: Path) -> None:
+    """Every file's change time before the scan's racy window (scan.RACY_NS): a file written
+    within it is read whatever git says, so a test of what is not read waits it out."""
+    newest = max(p.lstat().st_ctime_ns for p in ws.rglob("*") if ".git" not in p.parts)
+    while time.time_ns() - newest <= 2 * RACY_NS:
+        time.sleep(0.05)
+
+
+def test_files_git_vouches_for_are_not_read_and_rebuild_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = make_checkout(tmp_path, files=30, size=2000)
+    (ws / "src/f1.bin").write_bytes(b"changed\n")  # dirty: read, stored
+    (ws / "src/f2.bin").write_bytes(b"staged, not committed\n")
+    git(ws, "add", "src/f2.bin")  # its index blob is in no commit: read, stored
+    (ws / "new.txt").write_text("untracked\n")
+    os.utime(ws / "src/f3.bin")  # touched: read if git's index stat says so; its git id
+    _aged(ws)
+    read: list[bytes] = []
+    real = scan_module._regular_bytes
+
+    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
+        read.append(name)
+        return real(name, cap, dir_fd)
+
+    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        snap = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, snap.statements)
+        # .gitignore is read for its rules, as always; no other clean file is opened (f3
+        # when git's index does not vouch for it without reading it, which git leaves open).
+        must = {b".gitignore", b"f1.bin", b"f2.bin", b"new.txt"}
+        assert must <= set(read) <= must | {b"f3.bin"} and len(read) == len(set(read)), read
+        m = snap.manifest
+        for name in (b"src/f0.bin", b"src/f3.bin", b"run.sh"):
+            assert m[name].ref == "git:" + git(ws, "rev-parse", f"HEAD:{name.decode()}")
+        for name in (b"src/f1.bin", b"src/f2.bin", b"new.txt"):
+            assert m[name].ref == sha256(ws / name.decode())
+        assert stored_blob_refs(engine) == {
+            m[b"src/f1.bin"].ref,
+            m[b"src/f2.bin"].ref,
+            m[b"new.txt"].ref,
+        }
+
+        # Another folder (another host), from the store and the repository by its path.
+        reader = BlobStore(engine)
+        manifest = snapshot.load(reader, snap.tree_id)
+        out = tmp_path / "out"
+        materialize(
+            manifest,
+            out,
+            Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000),
+            reader.blob,
+            present=reader.present_blobs,
+        )
+        assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+
+        # Touched after the snapshot (same bytes, a new ctime): the same ids, no drift,
+        # whether the same scanner looks again or a fresh one seeded as resume does.
+        os.utime(ws / "src/f0.bin", ns=(1, 1))
+        (ws / "src/f4.bin").write_bytes((ws / "src/f4.bin").read_bytes())
+        again = snapshot.take(scanner, blobs, git=True)
+        assert again.tree_id == snap.tree_id
+        fresh = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        fresh.seed(manifest)
+        snapshot.use_git(fresh)
+        assert fresh.scan().tree_id == snap.tree_id
+        assert not changes(manifest, fresh.scan().manifest)
+
+        # Changed after the snapshot: its sha256, stored.
+        (ws / "src/f5.bin").write_bytes(b"edited by the run\n")
+        later = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, later.statements)
+        assert later.manifest[b"src/f5.bin"].ref == sha256(ws / "src/f5.bin")
+        assert later.manifest[b"src/f5.bin"].ref in stored_blob_refs(engine)
+        assert [c.path for c in changes(manifest, later.manifest)] == [b"src/f5.bin"]
+    finally:
+        engine.dispose()
+
+
+def stored_blob_refs(engine: Any) -> set[str]:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.exec_driver_sql("SELECT hash FROM workspace_blobs")}
+
+
+@pytest.mark.slow
+def test_a_touched_file_is_not_drift_on_resume(tmp_path, genv, write_script) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    model = write_script(TURNS)
+    assert _start(genv, ws, model, "touch", "--max-steps", "1").returncode == 3
+    os.utime(ws / "src/f5.bin", ns=(1, 1))  # its stat changed, not its bytes
+    (ws / "run.sh").write_bytes((ws / "run.sh").read_bytes())
+    proc = da(["resume", "touch", "--max-steps", "10", "--quiet"], genv, tmp_path)
+    assert proc.returncode == 0, proc.stderr  # (drift would stop it: exit 5, a question)
+    assert (ws / "out/x.txt").read_text() == "built\n"

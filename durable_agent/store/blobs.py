@@ -7,9 +7,9 @@ earlier tree (`base`, at most MAX_DEPTH deltas deep), so a one-line edit costs o
 a few paths of manifest, not a copy of the workspace's file list.
 
 With `snapshot_baseline = "git"` a tree also records a git commit (`workspace_trees.git`)
-whose files its snapshot did not store: reads of a blob the store lacks then ask the
-repository (workspace/git_baseline.py) for the trees loaded through this BlobStore
-(`add_git_source`, called by snapshot.load).
+whose files its snapshot did not store: their content ids are `git:` and a git blob id,
+read from that commit's repository (workspace/git_baseline.py) for the trees loaded through
+this BlobStore (`add_git_source`, called by snapshot.load).
 
 Both are immutable and written with "insert unless present", so a transaction that is
 retried, or two runs that store the same content at once, never conflict. This module
@@ -33,6 +33,7 @@ T = TypeVar("T")
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
 _CHANGES = insert(workspace_changes)
+GIT_REF = "git:"  # a content id read from a git baseline (workspace/git_baseline.GIT_REF)
 
 
 class GitSource(Protocol):
@@ -40,9 +41,9 @@ class GitSource(Protocol):
 
     def open(self) -> None: ...  # WorkspaceUnreachable when no repository has the commit
 
-    def has_path(self, path: bytes) -> bool: ...
+    def has(self, blob_id: str) -> bool: ...
 
-    def read(self, path: bytes, digest: str) -> bytes | None: ...  # None: not that content
+    def read(self, blob_id: str) -> bytes | None: ...  # None: the commit has no such file
 
 
 class TreeRow(Struct, frozen=True):
@@ -88,13 +89,12 @@ class BlobStore:
             run_id,
         )  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
-        # tree id -> (its git baseline's repository, sha256 -> the paths holding it) of the
-        # trees loaded that record one
-        self._git_trees: dict[str, tuple[GitSource, dict[str, list[bytes]]]] = {}
+        # tree id -> its git baseline's repository, of the trees loaded that record one
+        self._git_trees: dict[str, GitSource] = {}
 
-    def add_git_source(self, tree: str, source: GitSource, by_ref: dict[str, list[bytes]]) -> None:
-        """Blobs of a loaded tree that its git baseline holds instead of the store."""
-        self._git_trees[tree] = (source, by_ref)
+    def add_git_source(self, tree: str, source: GitSource) -> None:
+        """Where the `git:` content ids of a loaded tree are read."""
+        self._git_trees[tree] = source
 
     def has_git_source(self, tree: str) -> bool:
         return tree in self._git_trees
@@ -103,18 +103,15 @@ class BlobStore:
         return _read(self.engine, query, self.policy, self.run_id)
 
     def present_blobs(self, hashes: Iterable[str]) -> set[str]:
-        """The blobs a restore can read: stored, or held by the git baseline of a loaded
-        tree (its repository found first: GitBaselineUnreachable, one line, if none has it)."""
+        """The blobs a restore can read: stored (a sha256), or (a `git:` id) held by the git
+        baseline of a loaded tree (its repository found first: GitBaselineUnreachable, one
+        line, if none has it)."""
         wanted = list(hashes)
-        found = self.stored_blobs(wanted)
-        rest = [h for h in wanted if h not in found]
-        if rest and self._git_trees:
-            for src, by_ref in self._git_trees.values():
-                needed = [h for h in rest if h in by_ref]
-                if not needed:
-                    continue
-                src.open()
-                found.update(h for h in needed if any(src.has_path(p) for p in by_ref[h]))
+        found = self.stored_blobs([h for h in wanted if not h.startswith(GIT_REF)])
+        rest = [h for h in wanted if h.startswith(GIT_REF)]
+        for src in self._git_trees.values() if rest else ():
+            src.open()
+            found.update(h for h in rest if src.has(h[len(GIT_REF) :]))
         return found
 
     def stored_blobs(self, hashes: Iterable[str]) -> set[str]:
@@ -193,24 +190,27 @@ class BlobStore:
         return self._read(query)
 
     def blob(self, digest: str) -> bytes:
+        """The bytes of a content id: a sha256 from `workspace_blobs`, a `git:` id from the
+        repository of a loaded tree's git baseline."""
+        if digest.startswith(GIT_REF):
+            got = self._from_git(digest)
+            if got is None:
+                raise KeyError(f"workspace blob {digest} is in no git baseline loaded")
+            return got
         data = self._read(
             lambda conn: conn.execute(
                 select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)
             ).scalar()
         )
         if data is None:
-            got = self._from_git(digest)
-            if got is None:
-                raise KeyError(f"workspace blob {digest} is not in the store")
-            return got
+            raise KeyError(f"workspace blob {digest} is not in the store")
         return zlib.decompress(bytes(data))
 
-    def _from_git(self, digest: str) -> bytes | None:
-        for src, by_ref in self._git_trees.values():
-            for path in by_ref.get(digest, ()):
-                data = src.read(path, digest)  # None unless its sha256 matches
-                if data is not None:
-                    return data
+    def _from_git(self, ref: str) -> bytes | None:
+        for src in self._git_trees.values():
+            data = src.read(ref[len(GIT_REF) :])  # None unless git's hash of it matches
+            if data is not None:
+                return data
         return None
 
     def tree_git(self, tree: str) -> str | None:

@@ -2,20 +2,26 @@
 
 In a git checkout, a snapshot records its repository's HEAD commit (`Baseline`: the
 commit, the repository's path, its `origin` remote without credentials, the workspace's
-folder in it) with the tree (`workspace_trees.git`). A file whose bytes equal the blob
-its path has at that commit (git's blob id of the bytes, compared with `git ls-tree`'s) is
-not written to `workspace_blobs`: the commit holds it. Everything else (modified and
-untracked files, ignored ones the snapshot keeps) is stored as with the default ("store").
+folder in it) with the tree (`workspace_trees.git`). A file whose bytes are the blob its
+path has at that commit is named in the manifest by `git:` and that blob id (GIT_REF), not
+by a sha256, and is not written to `workspace_blobs`: the commit holds it. The scanner
+(scan.py) takes those ids on git's word for the tracked files git says are clean (as `git
+status` does: `ls-files -s`, `diff-files`; head_and_clean) without reading them, and by
+git's blob id of the bytes for a file it reads. Everything else (modified, untracked and
+staged-but-uncommitted files, ignored ones the snapshot keeps) is stored as with the
+default ("store").
 
-Rebuilding (`restore`, `fork`, resume into an empty folder) reads those files from the
-repository at that commit: the recorded path when it holds the commit, else a bare clone
-of the recorded remote in the user's cache (`$XDG_CACHE_HOME/durable-agent/git/`), then
-checks each file's sha256 as for a stored blob. Where neither has the commit, it says so
-in one line (GitBaselineUnreachable, exit 2) before anything is written. `.git` is left out
-of snapshots as always: a rebuilt folder holds the files, not a repository.
+Rebuilding (`restore`, `fork`, resume into an empty folder) reads the `git:` files by id
+(`cat-file --batch`) from the repository at its recorded path when it holds the commit,
+else a bare clone of the recorded remote in the user's cache
+(`$XDG_CACHE_HOME/durable-agent/git/`), and checks git's hash of each. Where neither has
+the commit, it says so in one line (GitBaselineUnreachable, exit 2) before anything is
+written. `.git` is left out of snapshots as always: a rebuilt folder holds the files, not a
+repository.
 
-git is run only with commands that read objects (rev-parse, ls-tree, cat-file, config) and
-never touch the work tree or the index, so no fsmonitor or hook of the workspace's runs.
+git is run only with commands that read (rev-parse, config, ls-tree, ls-files, diff-files,
+cat-file), with fsmonitor and optional locks off: the work tree and the index are never
+written, and no fsmonitor or hook of the workspace's runs.
 """
 
 from __future__ import annotations
@@ -28,13 +34,12 @@ import os
 import subprocess
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from msgspec import Struct
 
 from durable_agent.errors import WorkspaceUnreachable
-from durable_agent.workspace.manifest import FILE, Manifest
 
 _ENV = {
     "GIT_OPTIONAL_LOCKS": "0",  # a read never takes the index lock
@@ -118,19 +123,39 @@ def git_blob_id(data: bytes, fmt: str = "sha1") -> str:
     return h.hexdigest()
 
 
-def _tree(repo: str | bytes, commit: str, prefix: str) -> dict[bytes, tuple[str, int]]:
-    """Path (relative to `prefix`) -> (blob id, size) of the regular files at `commit`."""
+GIT_REF = "git:"  # a manifest's content id that is a git blob id (the commit holds the bytes)
+
+
+def git_ref(blob_id: str) -> str:
+    return GIT_REF + blob_id
+
+
+def blob_id_of(ref: str) -> str | None:
+    """The git blob id a manifest's content id names (None: a sha256, the store holds it)."""
+    return ref[len(GIT_REF) :] if ref.startswith(GIT_REF) else None
+
+
+def ref_format(ref: str) -> str:
+    """The hash a `git:` content id was made with (its length tells)."""
+    return "sha256" if len(ref) == len(GIT_REF) + 64 else "sha1"
+
+
+def _tree(repo: str | bytes, commit: str, prefix: str) -> dict[bytes, str]:
+    """Path (relative to `prefix`) -> blob id of the regular files at `commit`."""
     spec = f"{commit}:{prefix}" if prefix else commit
-    out = _git(repo, "ls-tree", "-r", "-z", "-l", spec)
-    found: dict[bytes, tuple[str, int]] = {}
+    return _tree_of(_git(repo, "ls-tree", "-r", "-z", spec))
+
+
+def _tree_of(out: bytes) -> dict[bytes, str]:
+    found: dict[bytes, str] = {}
     for record in out.split(b"\0"):
         if not record:
             continue
         meta, _, path = record.partition(b"\t")
         fields = meta.split()
-        if len(fields) != 4 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
+        if len(fields) != 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
             continue  # links, submodules: recorded by the manifest as they are, not from here
-        found[path] = (fields[2].decode(), int(fields[3]))
+        found[path] = fields[2].decode()
     return found
 
 
@@ -138,7 +163,7 @@ class Head(Struct):
     """A checkout's baseline and its files, found once per process and workspace."""
 
     baseline: Baseline
-    files: dict[bytes, tuple[str, int]]
+    files: dict[bytes, str]  # path (relative to the workspace) -> blob id at the commit
 
 
 _heads: dict[bytes, Head | None] = {}
@@ -152,6 +177,68 @@ def head_of(root: bytes) -> Head | None:
     with _heads_lock:
         if root in _heads:
             return _heads[root]
+    found = _look(root, False)[0]
+    with _heads_lock:
+        _heads[root] = found
+    return found
+
+
+def head_and_clean(root: bytes) -> tuple[Head | None, dict[bytes, str]]:
+    """head_of, and the tracked files git vouches for now (_clean), git's commands run
+    side by side (a fresh scanner's first scan waits for them)."""
+    with _heads_lock:
+        known = _heads.get(root, False)
+    if known is None:
+        return None, {}
+    head, clean = _look(root, True, known if isinstance(known, Head) else None)
+    with _heads_lock:
+        _heads.setdefault(root, head)
+        head = _heads[root]
+    return head, clean if head is not None else {}
+
+
+def _run(root: bytes, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["git", *_SAFE, *args],
+        cwd=root,
+        env={**os.environ, **_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _out(proc: subprocess.Popen[bytes], check: bool = True) -> bytes:
+    out = proc.communicate(timeout=600)[0]
+    if check and proc.returncode != 0:
+        raise OSError(f"git {proc.args[len(_SAFE) + 1]!r} failed")  # type: ignore[index]
+    return out
+
+
+def _look(
+    root: bytes, clean: bool, head: Head | None = None
+) -> tuple[Head | None, dict[bytes, str]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        if clean:  # (started first: they take longest)
+            procs.append(_run(root, "ls-files", "-s", "-z"))
+            procs.append(_run(root, "diff-files", "--name-only", "-z", "--relative"))
+        if head is None:
+            head = _head(root)
+        if head is None or not clean:
+            return head, {}
+        return head, _clean(head, _out(procs[0]), _out(procs[1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
+        return head, {}
+    finally:
+        for proc in procs:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+
+
+def _head(root: bytes) -> Head | None:
     try:
         lines = (
             _git(
@@ -166,8 +253,12 @@ def head_of(root: bytes) -> Head | None:
             .split("\n")
         )
         top, prefix, fmt, commit = lines[0], lines[1].rstrip("/"), lines[2], lines[3]
-        remote = _git(root, "config", "--get", "remote.origin.url", check=False).strip()
-        found: Head | None = Head(
+        remote_proc = _run(root, "config", "--get", "remote.origin.url")
+        # Paths relative to `root`, below it alone (ls-tree's, run there).
+        tree = _run(root, "ls-tree", "-r", "-z", commit)
+        files = _tree_of(_out(tree))
+        remote = _out(remote_proc, check=False).strip()
+        return Head(
             Baseline(
                 commit,
                 top,
@@ -175,47 +266,30 @@ def head_of(root: bytes) -> Head | None:
                 prefix,
                 fmt or "sha1",
             ),
-            _tree(root, commit, prefix),
+            files,
         )
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
-        found = None
-    with _heads_lock:
-        _heads[root] = found
-    return found
+        return None
 
 
-def head_meanwhile(root: bytes) -> Callable[[], Head | None]:
-    """head_of in a thread (git's processes run while the scan reads the files); the
-    returned call waits for it. The first snapshot of a process alone pays for it."""
-    with _heads_lock:
-        if root in _heads:
-            known = _heads[root]
-            return lambda: known
-    box: list[Head | None] = []
-    thread = threading.Thread(target=lambda: box.append(head_of(root)), daemon=True)
-    thread.start()
-
-    def wait() -> Head | None:
-        thread.join()
-        return box[0] if box else None
-
-    return wait
-
-
-def covered(head: Head, manifest: Manifest, missing: Mapping[str, bytes]) -> set[str]:
-    """The contents of `missing` (sha256 -> bytes) that the baseline commit holds at a path
-    the manifest has them at: those need not be stored."""
-    out: set[str] = set()
-    files, fmt = head.files, head.baseline.format
-    for path, entry in manifest.items():
-        if entry.kind != FILE or entry.ref in out:
-            continue
-        data = missing.get(entry.ref)
-        at = files.get(path)
-        if data is None or at is None or at[1] != len(data):
-            continue
-        if git_blob_id(data, fmt) == at[0]:
-            out.add(entry.ref)
+def _clean(head: Head, listed: bytes, dirty: bytes) -> dict[bytes, str]:
+    """The tracked files git vouches for, as `git status` does (its index's stat data; a
+    racily clean entry's content): path (relative to the workspace) -> blob id, for those
+    whose index entry is the commit's blob at that path and that `git diff-files` does not
+    report. Their bytes are the commit's: a scan need not read them (while their change
+    time says they were not touched since git looked: Scanner.use_git)."""
+    files = head.files
+    out: dict[bytes, str] = {}
+    for record in listed.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        fields = meta.split()
+        if len(fields) != 3 or fields[2] != b"0" or fields[0] not in FILE_MODES:
+            continue  # a conflict's stages, links, submodules: read as any file
+        blob = fields[1].decode()
+        if files.get(path) == blob:  # else staged, not committed: its blob may be nowhere else
+            out[path] = blob
+    for path in dirty.split(b"\0"):
+        out.pop(path, None)
     return out
 
 
@@ -226,7 +300,7 @@ class Source:
         self.baseline = baseline
         self.lock = threading.Lock()
         self.repo: str | None = None
-        self.files: dict[bytes, tuple[str, int]] = {}
+        self.ids: frozenset[str] = frozenset()  # the blob ids of the commit's files
         self._proc: subprocess.Popen[bytes] | None = None
 
     def open(self) -> None:
@@ -239,7 +313,7 @@ class Source:
             for repo in self._candidates(tried):
                 try:
                     _git(repo, "cat-file", "-e", f"{b.commit}^{{commit}}")
-                    self.files = _tree(repo, b.commit, b.prefix)
+                    self.ids = frozenset(_tree(repo, b.commit, b.prefix).values())
                 except (OSError, subprocess.SubprocessError):
                     continue
                 self.repo = repo
@@ -282,12 +356,12 @@ class Source:
         tried.append(f"remote {b.remote}")
         yield str(cache)
 
-    def read(self, path: bytes, digest: str) -> bytes | None:
-        """The bytes the commit has at `path` if their sha256 is `digest`, else None."""
+    def read(self, blob_id: str) -> bytes | None:
+        """The bytes of the commit's blob `blob_id` (None: the commit has no such file),
+        checked against git's hash of them."""
         self.open()
         with self.lock:
-            at = self.files.get(path)
-            if at is None:
+            if blob_id not in self.ids:
                 return None
             if self._proc is None or self._proc.poll() is not None:
                 assert self.repo is not None
@@ -302,19 +376,19 @@ class Source:
                 _open_procs.append(self._proc)
             proc = self._proc
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(at[0].encode() + b"\n")
+            proc.stdin.write(blob_id.encode() + b"\n")
             proc.stdin.flush()
             header = proc.stdout.readline().split()
             if len(header) != 3 or header[1] != b"blob":
                 return None
             data = proc.stdout.read(int(header[2]))
             proc.stdout.read(1)  # the newline after the object
-        return data if hashlib.sha256(data).hexdigest() == digest else None
+        return data if git_blob_id(data, self.baseline.format) == blob_id else None
 
-    def has_path(self, path: bytes) -> bool:
-        """The commit has a file at `path` (its bytes are checked when read)."""
+    def has(self, blob_id: str) -> bool:
+        """The commit has a file of that blob (its bytes are checked when read)."""
         self.open()
-        return path in self.files
+        return blob_id in self.ids
 
 
 def _cache_dir() -> Path:

@@ -6,16 +6,18 @@ failed after the scan must not leave a tree that names a blob nobody wrote. A tr
 written unless its id is already stored (an unchanged workspace writes nothing), as a
 delta on the scanner's previous tree when that one is stored and the delta is small.
 
-With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a content the
-checkout's HEAD commit holds at its path is not written: the tree records the commit
-(workspace/git_baseline.py) and a rebuild reads those files from the repository.
+With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a file the
+checkout's HEAD commit holds at its path is named by its git blob id (`git:`) and not
+written: the tree records the commit (workspace/git_baseline.py) and a rebuild reads those
+files from the repository. A fresh scanner does not read the files git says are clean.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from msgspec import Struct
 
@@ -23,14 +25,13 @@ from durable_agent.errors import StoreError
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
 from durable_agent.workspace import git_baseline
 from durable_agent.workspace.manifest import (
-    FILE,
     Manifest,
     apply_stored,
     blob_refs,
     encode_delta,
     encode_full,
 )
-from durable_agent.workspace.scan import Scan, Scanner
+from durable_agent.workspace.scan import GitView, Scan, Scanner
 
 
 class Snapshot(Struct):
@@ -57,7 +58,7 @@ def take(
 ) -> Snapshot:
     """`paths`: only these changed since the scanner's previous scan (Scanner.scan). `git`:
     leave to the checkout's HEAD commit the files it holds (git_baseline.py)."""
-    head_found = git_baseline.head_meanwhile(scanner.root) if git else None
+    head_found = use_git(scanner) if git else None
     scan = scanner.scan(paths)
     head = head_found() if head_found is not None else None
     manifest = scan.manifest
@@ -85,13 +86,6 @@ def take(
             for digest in [h for h in pending if h not in refs]:
                 del pending[digest]  # no longer in the workspace: nothing will name it
         missing = dict(pending)
-    if missing and head is not None:
-        # Not stored, and not pending either: the tree written below names the commit.
-        held = git_baseline.covered(head, manifest, missing)
-        with scanner.lock:
-            for digest in held:
-                pending.pop(digest, None)
-                del missing[digest]
     if missing:
         statements.append(blobs.blob_statement(missing))
     depths = blobs.tree_depths([tid, last[0] if last else ""])
@@ -119,6 +113,38 @@ def take(
 
 _trees: OrderedDict[str, Manifest] = OrderedDict()
 _trees_lock = threading.Lock()
+
+
+def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
+    """Let `scanner` take content ids from the checkout's HEAD commit; the returned call
+    gives the commit's Head once the scan is done (None: not in a checkout with a commit).
+    A fresh scanner's first scan lists the files while git says which tracked files are
+    clean (git_baseline.head_and_clean, in a thread): those are not read."""
+    if scanner.fresh:
+        since = time.time_ns()  # before git looks: a file changed after has a later ctime
+        box: list[tuple[git_baseline.Head | None, dict[bytes, str]]] = []
+        root = scanner.root
+        thread = threading.Thread(
+            target=lambda: box.append(git_baseline.head_and_clean(root)), daemon=True
+        )
+        thread.start()
+
+        def found() -> tuple[git_baseline.Head | None, dict[bytes, str]]:
+            thread.join()
+            return box[0] if box else (None, {})
+
+        def view() -> GitView | None:
+            head, clean = found()
+            if head is None:
+                return None
+            return head.files, clean, since, head.baseline.format
+
+        scanner.use_git_later(view)
+        return lambda: found()[0]
+    head = git_baseline.head_of(scanner.root)
+    if head is not None:
+        scanner.use_git(head.files, {}, 0, head.baseline.format)
+    return lambda: head
 
 
 def remember(tid: str, manifest: Manifest) -> None:
@@ -151,11 +177,7 @@ def _add_git(blobs: BlobStore, tid: str, manifest: Manifest) -> None:
         _note_git(key, known)
     if not isinstance(known, git_baseline.Baseline) or blobs.has_git_source(tid):
         return
-    by_ref: dict[str, list[bytes]] = {}
-    for path, entry in manifest.items():
-        if entry.kind == FILE:
-            by_ref.setdefault(entry.ref, []).append(path)
-    blobs.add_git_source(tid, git_baseline.source(known), by_ref)
+    blobs.add_git_source(tid, git_baseline.source(known))
 
 
 # (store URL, tree id) -> the tree's git baseline, None without one (trees are immutable)
