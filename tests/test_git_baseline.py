@@ -545,3 +545,26 @@ def test_a_touched_file_is_not_drift_on_resume(tmp_path, genv, write_script) -> 
     proc = da(["resume", "touch", "--max-steps", "10", "--quiet"], genv, tmp_path)
     assert proc.returncode == 0, proc.stderr  # (drift would stop it: exit 5, a question)
     assert (ws / "out/x.txt").read_text() == "built\n"
+
+
+def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(
+    tmp_path: Path,
+) -> None:
+    """One scanner per workspace and process (a worker's runs share it): a run with the
+    default baseline must not carry the other run's `git:` ids into trees naming no commit."""
+    ws = make_checkout(tmp_path, files=10, size=500)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        first = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, first.statements)
+        assert any(e.ref.startswith("git:") for e in first.manifest.values())
+        plain = snapshot.take(scanner, blobs)
+        save_statements(engine, plain.statements)
+        refs = {e.ref for e in plain.manifest.values() if e.kind == "file"}
+        assert refs and not any(r.startswith("git:") for r in refs)
+        assert refs <= stored_blob_refs(engine)
+        assert BlobStore(engine).tree_git(plain.tree_id) is None
+    finally:
+        engine.dispose()

@@ -212,6 +212,7 @@ class Scanner:
         # listed, and read (or not) once git has said which are clean (_settle).
         self._git_wait: Callable[[], GitView | None] | None = None
         self._deferred: list[tuple[bytes, os.stat_result, Entry | None]] = []
+        self._git_used = False  # some entry may hold a `git:` id (drop_git)
 
     def scan(self, paths: Collection[bytes] | None = None) -> Scan:
         """The workspace's manifest. `paths` (relative): only these may have changed since
@@ -462,11 +463,23 @@ class Scanner:
         self._vouched, self._git_format = clean, fmt
         self._vouched_before = since - VOUCH_MARGIN_NS
 
+    def drop_git(self) -> None:
+        """No `git:` ids from now on (a run with the default baseline in a process where one
+        with "git" scanned the same workspace): the cache that holds them is dropped, so the
+        next scan reads every file and its snapshot's store holds them all."""
+        with self.lock:
+            if not self._git_used:
+                return
+            self._git_used = False
+            self._head, self._head_ids, self._vouched = {}, frozenset(), {}
+            self._git_wait, self._deferred = None, []
+        self.forget()
+
     def use_git_later(self, wait: Callable[[], GitView | None]) -> None:
         """use_git with what `wait` returns, once the next scan has listed the files (git's
         commands run meanwhile); None: no commit to take ids from."""
         with self.lock:
-            self._git_wait = wait
+            self._git_wait, self._git_used = wait, True
 
     def seed(self, manifest: Manifest) -> None:
         """What the store last recorded of this workspace, for a fresh scanner to keep below

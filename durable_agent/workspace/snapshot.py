@@ -58,6 +58,8 @@ def take(
 ) -> Snapshot:
     """`paths`: only these changed since the scanner's previous scan (Scanner.scan). `git`:
     leave to the checkout's HEAD commit the files it holds (git_baseline.py)."""
+    if not git:
+        scanner.drop_git()  # its tree names no commit: every file in the store
     head_found = use_git(scanner) if git else None
     scan = scanner.scan(paths)
     head = head_found() if head_found is not None else None
