@@ -4,7 +4,8 @@
     ├── UsageError               bad flag, bad config, unknown run id (exit 2)
     │   ├── ConfigError
     │   ├── RunNotFound
-    │   └── VersionRefused       a change since the checkpoint no consent can cover
+    │   ├── VersionRefused       a change since the checkpoint no consent can cover
+    │   └── WorkspaceUnreachable  a snapshot's files are in no git repository reachable here
     ├── RunBusy                  another live process holds the run's lease (exit 6)
     │   └── WorkspaceBusy        ... or the workspace's (workspace/lease.py)
     ├── LeaseLost                our lease was taken over: write nothing more
@@ -50,6 +51,12 @@ class VersionRefused(UsageError):
     """The run cannot continue under this durable-agent at all (loop/versions.py): a store
     schema newer than this code, or an unfinished call to a tool that is gone. Exit 2, the
     run left as it was."""
+
+
+class WorkspaceUnreachable(UsageError):
+    """A snapshot taken with `snapshot_baseline = "git"` names a commit no repository here
+    holds (workspace/git_baseline.py): exit 2 before anything is written, the run left as
+    it was (resumable once the repository is back)."""
 
 
 class RunNotFound(UsageError):

@@ -94,6 +94,8 @@ NOT_FROM_PROJECT = (
     "command_env",
     "redact_observations",
     "snapshot_withhold_credential_files",
+    # the user's promise: a repository's file must not move its files out of the store
+    "snapshot_baseline",
     "tools",
     "mcp_servers",
     "mcp_config",

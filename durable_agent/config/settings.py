@@ -307,6 +307,10 @@ class Settings(BaseModel):
     .tox, .mypy_cache, .pytest_cache, .ruff_cache) spares the files git tracks in it."""
     snapshot_max_file_bytes: int = Field(10_000_000, ge=0)
     """Files larger than this are left out of snapshots (noted on the step)."""
+    snapshot_baseline: Literal["store", "git"] = "store"
+    """store: snapshots hold every file in the database. git: in a git checkout, files equal
+    to HEAD's are recorded as a reference to that commit, not stored; restore, fork and
+    resume read them from the repository (its path, else its remote) (docs/workspace.md)."""
     snapshot_withhold_credential_files: bool = True
     """Withhold files named like secrets (.env*, *.pem, *.key, id_rsa*, .netrc...) from snapshots."""
     durability: Literal["full", "fast"] = "full"

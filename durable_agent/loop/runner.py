@@ -161,6 +161,7 @@ class Runner:
                     errors.StoreError,
                     errors.ConfigError,
                     errors.VersionRefused,
+                    errors.WorkspaceUnreachable,
                 ):  # the store, a server that will not start, a change nothing can cover
                     journal.release_lease()  # let a resume in at once, if the store allows it
                     raise
@@ -189,7 +190,7 @@ class Runner:
             self.record_version(ctx, "continue")
             turns.open_turn(ctx, message, stood=stood)
             journal.hand_to_queue()
-        except errors.StoreError:
+        except (errors.StoreError, errors.WorkspaceUnreachable):
             journal.release_lease()  # the run stays as it was left: `continue` again
             raise
         except errors.LoopExit as stop:  # (the workspace is not the run's folder)
@@ -366,7 +367,13 @@ class Runner:
             )
         except ChildrenGoing as going:
             return self._wait(ctx, going.children)
-        except (errors.LeaseLost, RunReleased, errors.StoreError, errors.VersionRefused):
+        except (
+            errors.LeaseLost,
+            RunReleased,
+            errors.StoreError,
+            errors.VersionRefused,
+            errors.WorkspaceUnreachable,  # before any file was written: resumable as it was
+        ):
             raise  # nothing more may be written by this session
         except Exception as exc:
             # A bug or an unexpected failure of a tool: the run ends failed and resumable,

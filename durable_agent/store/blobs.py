@@ -6,6 +6,11 @@ uncompressed bytes, written once whatever number of runs and steps hold them. Tr
 earlier tree (`base`, at most MAX_DEPTH deltas deep), so a one-line edit costs one blob and
 a few paths of manifest, not a copy of the workspace's file list.
 
+With `snapshot_baseline = "git"` a tree also records a git commit (`workspace_trees.git`)
+whose files its snapshot did not store: their content ids are `git:` and a git blob id,
+read from that commit's repository (workspace/git_baseline.py) for the trees loaded through
+this BlobStore (`add_git_source`, called by snapshot.load).
+
 Both are immutable and written with "insert unless present", so a transaction that is
 retried, or two runs that store the same content at once, never conflict. This module
 speaks bytes only; the manifest format is workspace/manifest.py's.
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 from sqlalchemy import Connection, Engine, insert, select
@@ -28,6 +33,17 @@ T = TypeVar("T")
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
 _CHANGES = insert(workspace_changes)
+GIT_REF = "git:"  # a content id read from a git baseline (workspace/git_baseline.GIT_REF)
+
+
+class GitSource(Protocol):
+    """A git baseline's repository on this host (workspace/git_baseline.Source)."""
+
+    def open(self) -> None: ...  # WorkspaceUnreachable when no repository has the commit
+
+    def has(self, blob_id: str) -> bool: ...
+
+    def read(self, blob_id: str) -> bytes | None: ...  # None: the commit has no such file
 
 
 class TreeRow(Struct, frozen=True):
@@ -36,6 +52,7 @@ class TreeRow(Struct, frozen=True):
     depth: int
     entries: int
     data: bytes
+    git: str | None = None  # the git baseline's JSON (workspace/git_baseline.py)
 
 
 class WorkspaceWrite(Struct):
@@ -72,11 +89,33 @@ class BlobStore:
             run_id,
         )  # run_id: named by a StoreUnavailable (resume hint)
         self.policy = policy or retrying.StorePolicy()
+        # tree id -> its git baseline's repository, of the trees loaded that record one
+        self._git_trees: dict[str, GitSource] = {}
+
+    def add_git_source(self, tree: str, source: GitSource) -> None:
+        """Where the `git:` content ids of a loaded tree are read."""
+        self._git_trees[tree] = source
+
+    def has_git_source(self, tree: str) -> bool:
+        return tree in self._git_trees
 
     def _read(self, query: Callable[[Connection], T]) -> T:
         return _read(self.engine, query, self.policy, self.run_id)
 
     def present_blobs(self, hashes: Iterable[str]) -> set[str]:
+        """The blobs a restore can read: stored (a sha256), or (a `git:` id) held by the git
+        baseline of a loaded tree (its repository found first: GitBaselineUnreachable, one
+        line, if none has it)."""
+        wanted = list(hashes)
+        found = self.stored_blobs([h for h in wanted if not h.startswith(GIT_REF)])
+        rest = [h for h in wanted if h.startswith(GIT_REF)]
+        for src in self._git_trees.values() if rest else ():
+            src.open()
+            found.update(h for h in rest if src.has(h[len(GIT_REF) :]))
+        return found
+
+    def stored_blobs(self, hashes: Iterable[str]) -> set[str]:
+        """The blobs `workspace_blobs` holds (what a snapshot need not write again)."""
         wanted = list(hashes)
 
         def query(conn: Connection) -> set[str]:
@@ -124,6 +163,7 @@ class BlobStore:
                     "depth": row.depth,
                     "entries": row.entries,
                     "data": row.data,
+                    "git": row.git,
                 }
             ],
         )
@@ -150,6 +190,13 @@ class BlobStore:
         return self._read(query)
 
     def blob(self, digest: str) -> bytes:
+        """The bytes of a content id: a sha256 from `workspace_blobs`, a `git:` id from the
+        repository of a loaded tree's git baseline."""
+        if digest.startswith(GIT_REF):
+            got = self._from_git(digest)
+            if got is None:
+                raise KeyError(f"workspace blob {digest} is in no git baseline loaded")
+            return got
         data = self._read(
             lambda conn: conn.execute(
                 select(workspace_blobs.c.data).where(workspace_blobs.c.hash == digest)
@@ -158,6 +205,21 @@ class BlobStore:
         if data is None:
             raise KeyError(f"workspace blob {digest} is not in the store")
         return zlib.decompress(bytes(data))
+
+    def _from_git(self, ref: str) -> bytes | None:
+        for src in self._git_trees.values():
+            data = src.read(ref[len(GIT_REF) :])  # None unless git's hash of it matches
+            if data is not None:
+                return data
+        return None
+
+    def tree_git(self, tree: str) -> str | None:
+        """The git baseline recorded with a stored tree (None: its blobs are all stored)."""
+        return self._read(
+            lambda conn: conn.execute(
+                select(workspace_trees.c.git).where(workspace_trees.c.id == tree)
+            ).scalar()
+        )
 
 
 class TreeAt(Struct, frozen=True):

@@ -4,7 +4,7 @@ scripts/gen_head_schema.py from alembic/ (do not edit; run the script after a mi
 store/engine.py makes a new SQLite store from it in one transaction, without Alembic.
 """
 
-REVISION = '0014'
+REVISION = '0015'
 
 STATEMENTS = (
     'CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)',
@@ -21,7 +21,7 @@ STATEMENTS = (
     'CREATE INDEX ix_runs_created_id ON runs (created_at, id)',
     'CREATE INDEX ix_runs_status_created_id ON runs (status, created_at, id)',
     'CREATE TABLE workspace_blobs (\n\thash VARCHAR(64) NOT NULL, \n\tsize BIGINT NOT NULL, \n\tdata BLOB NOT NULL, \n\tPRIMARY KEY (hash)\n)',
-    'CREATE TABLE workspace_trees (\n\tid VARCHAR(64) NOT NULL, \n\tbase VARCHAR(64), \n\tdepth INTEGER NOT NULL, \n\tentries INTEGER NOT NULL, \n\tdata BLOB NOT NULL, \n\tPRIMARY KEY (id)\n)',
+    'CREATE TABLE workspace_trees (\n\tid VARCHAR(64) NOT NULL, \n\tbase VARCHAR(64), \n\tdepth INTEGER NOT NULL, \n\tentries INTEGER NOT NULL, \n\tdata BLOB NOT NULL, git TEXT, \n\tPRIMARY KEY (id)\n)',
     'CREATE TABLE workspace_changes (\n\tid INTEGER NOT NULL, \n\trun_id VARCHAR(64) NOT NULL, \n\tseq INTEGER NOT NULL, \n\tpath TEXT NOT NULL, \n\tchange VARCHAR(8) NOT NULL, \n\tbytes BIGINT, \n\tPRIMARY KEY (id), \n\tFOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE\n)',
     'CREATE INDEX ix_workspace_changes_run_seq ON workspace_changes (run_id, seq)',
     'CREATE VIEW step_changes AS\nSELECT c.run_id, c.seq, c.path, c.change, c.bytes\nFROM workspace_changes c',

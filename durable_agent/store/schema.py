@@ -193,6 +193,9 @@ workspace_trees = Table(
     Column("depth", Integer, nullable=False),  # deltas to walk down to a full manifest
     Column("entries", Integer, nullable=False),  # paths in the full manifest
     Column("data", LargeBinary, nullable=False),  # zlib of JSON (workspace/manifest.py)
+    # 0015: JSON of the git commit whose files this tree's snapshot did not store (its
+    # commit, repo, remote, prefix: workspace/git_baseline.py); NULL: every blob is stored
+    Column("git", Text),
 )
 
 workspace_changes = Table(

@@ -25,6 +25,7 @@ from pathlib import Path
 from durable_agent.errors import DurableAgentError, UsageError
 from durable_agent.tools import beneath
 from durable_agent.tools.tree import walk
+from durable_agent.workspace import git_baseline
 from durable_agent.workspace.manifest import (
     BIG,
     DIR,
@@ -172,7 +173,11 @@ def _in_the_way(
         if entry.kind != FILE or not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
             return False
         flags = os.O_RDONLY | os.O_NONBLOCK
+        blob = git_baseline.blob_id_of(entry.ref)
         with os.fdopen(beneath.open_at(root_fd, rel, flags), "rb") as f:
+            if blob is not None:  # a `git:` content id: git's hash of the bytes
+                data = f.read(entry.size + 1)
+                return git_baseline.git_blob_id(data, git_baseline.ref_format(entry.ref)) == blob
             return hashlib.file_digest(f, "sha256").hexdigest() == entry.ref
 
     folders: set[bytes] = set()  # parents already seen to be folders

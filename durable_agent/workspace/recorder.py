@@ -58,6 +58,11 @@ def scanner(ctx: Site) -> Scanner:
     )
 
 
+def _git(settings: Settings) -> bool:
+    """Files the checkout's HEAD commit holds are left to git (`snapshot_baseline`)."""
+    return settings.snapshot_baseline == "git"
+
+
 def before(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> WorkspaceWrite | None:
     """`writes`: the paths the step will write (a file tool's plan), all it may change; the
     files between steps are as the last snapshot left them (a command's is a full scan), so
@@ -65,7 +70,10 @@ def before(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wo
     if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
     snap = snapshot.take(
-        scanner(ctx), BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id), writes
+        scanner(ctx),
+        BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id),
+        writes,
+        git=_git(ctx.settings),
     )
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
@@ -91,7 +99,7 @@ def at_creation(
         raise ConfigError(
             f"exclude: the rule {rule!r} cannot be used ({why}); write it another way"
         )
-    snap = snapshot.take(scanner, blobs)
+    snap = snapshot.take(scanner, blobs, git=_git(settings))
     save_statements(engine, snap.statements, policy)
     snapshot.remember(snap.tree_id, snap.manifest)
     return snap.tree_id
@@ -164,7 +172,7 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0 or ctx.workspace_moved():
         return None
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
-    snap = snapshot.take(scanner(ctx), blobs, writes)
+    snap = snapshot.take(scanner(ctx), blobs, writes, git=_git(ctx.settings))
     snapshot.remember(snap.tree_id, snap.manifest)
     old: Manifest = {}
     if step.tree_before:

@@ -84,6 +84,8 @@ def check(ctx: Site) -> None:
     recorded = snapshot.load(blobs, last.tree)
     scanner = recorder.scanner(ctx)
     scanner.seed(recorded)  # a folder it may not list is as recorded, not drift
+    if ctx.settings.snapshot_baseline == "git":
+        snapshot.use_git(scanner)  # a file the commit holds keeps its `git:` id: no drift
     current = scanner.scan().manifest
     if tree_id(current) == last.tree:
         return

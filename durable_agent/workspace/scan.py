@@ -20,7 +20,10 @@ root) and by every `.gitignore` in the tree (a deeper file wins, as in git), soc
 other special files. A file over the size cap is an entry of kind `big` (size only); one
 that holds a secret, of kind `secret` (its hash: its bytes are never kept, secrets.py). The
 walk only reads: it never runs git and never writes, so the user's repository (index,
-HEAD, refs, config, hooks) cannot change and no git identity is needed.
+HEAD, refs, config, hooks) cannot change and no git identity is needed. With
+`snapshot_baseline = "git"`, snapshot.use_git hands it git's word (git_baseline.py): the
+HEAD commit's blob ids, and the tracked files git says are clean, which a fresh scanner
+records as `git:` ids without reading them (Scanner.use_git).
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from msgspec import Struct, field
 
+from durable_agent.tools import beneath
 from durable_agent.tools.limits import read_capped
+from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
 from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
 from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
 from durable_agent.workspace.manifest import (
@@ -56,6 +61,9 @@ from durable_agent.workspace.secrets import SecretCheck
 PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
+# A file git vouched for is trusted unread only if its change time is this much before git
+# looked (snapshot.use_git): a coarse file system clock lags time_ns().
+VOUCH_MARGIN_NS = RACY_NS
 # Folders that tools generate (virtualenvs, packages, caches): named by a plain `NAME/` rule
 # of the `exclude` setting (as its default does), they are left out unless git tracks
 # files in them, which stay in (git_index.py). A model's `python -m venv venv` added 9.6 MB
@@ -78,7 +86,11 @@ StatKey = tuple[int, int, int]  # ctime_ns, size, inode
 
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
-_UNREADABLE = Entry(FILE, 0, "unreadable")  # _entry's answer for a file the harness may not read
+_UNREADABLE = Entry(FILE, 0, "unreadable")
+_LATER = "later"  # the content id of a file listed while git looks (Scanner._settle)
+GitView = tuple[
+    dict[bytes, str], dict[bytes, str], int, str
+]  # Scanner.use_git's arguments  # _entry's answer for a file the harness may not read
 
 
 def _changed_py(
@@ -218,6 +230,19 @@ class Scanner:
         # Contents read by scans since a snapshot last took them (snapshot.take stores them):
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
+        # `snapshot_baseline = "git"` (snapshot.use_git): the HEAD commit's blob ids by path,
+        # the tracked files git said were clean (not read while their change time is before
+        # `_vouched_before`), the commit's object format.
+        self._head: dict[bytes, str] = {}
+        self._head_ids: frozenset[str] = frozenset()
+        self._vouched: dict[bytes, str] = {}
+        self._vouched_before = 0
+        self._git_format = "sha1"
+        # A fresh scanner's first scan runs while git looks (use_git_later): its files are
+        # listed, and read (or not) once git has said which are clean (_settle).
+        self._git_wait: Callable[[], GitView | None] | None = None
+        self._deferred: list[tuple[bytes, os.stat_result, Entry | None]] = []
+        self._git_used = False  # some entry may hold a `git:` id (drop_git)
 
     def scan(self, paths: Collection[bytes] | None = None) -> Scan:
         """The workspace's manifest. `paths` (relative): only these may have changed since
@@ -240,6 +265,7 @@ class Scanner:
 
     def _walk_all(self) -> _Walk:
         w = _Walk(Scan({}), time.time_ns())
+        self._deferred = []
         if os.path.isdir(self.root):
             self._walk(b"", [], w, None)
         visited = set(w.visited)
@@ -249,7 +275,48 @@ class Scanner:
             self._listing.pop(rel_dir, None)
         w.empty_after = set(w.empty)
         w.deleted += [d for d in self._empty if d not in w.empty_after]
+        self._settle(w)
         return w
+
+    def _settle(self, w: _Walk) -> None:
+        """The files the walk listed while git looked: each recorded by its git blob id if
+        git vouches for it (use_git), else read now as the walk would have."""
+        wait, self._git_wait = self._git_wait, None
+        deferred, self._deferred = self._deferred, []
+        if wait is None:
+            return
+        got = wait()
+        if got is not None:
+            self._set_git(*got)
+        if not deferred:
+            return
+        root_fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for rel, st, prior in deferred:
+                parent, _, name = rel.rpartition(b"/")
+                cached = self._cache.setdefault(parent, {})
+                entry = self._vouch(rel, st, prior)
+                if entry is None:
+                    try:
+                        with beneath.parent_of(root_fd, rel) as (fd, _leaf):
+                            entry = self._entry(fd, name, st, w.out, rel, prior)
+                    except (FileNotFoundError, NotADirectoryError):
+                        entry = None
+                    except OSError:
+                        entry = _UNREADABLE
+                key = cached[name][0] if name in cached else None
+                if entry is _UNREADABLE:  # kept as last stored, read again next time
+                    w.out.unreadable.append(rel)
+                    entry, key = self._last_seen.get(rel), None
+                if entry is None:  # gone since it was listed
+                    cached.pop(name, None)
+                    w.entries.pop(rel, None)
+                    continue
+                cached[name] = (key, entry)
+                w.entries.pop(rel, None)
+                self._note(rel, entry, w)
+        finally:
+            os.close(root_fd)
 
     def _finish(self, w: _Walk, first: bool) -> Scan:
         """The new manifest: the previous one with what the walk (or the look) found."""
@@ -389,7 +456,7 @@ class Scanner:
                 entry = (
                     old[1]
                     if old is not None and old[0] == key
-                    else self._entry(fd, name, st, w.out, rel)
+                    else self._entry(fd, name, st, w.out, rel, old[1] if old is not None else None)
                 )
                 if entry is None or entry is _UNREADABLE:
                     return None  # changed under the look, or unreadable: the walk decides
@@ -400,6 +467,49 @@ class Scanner:
         if entry is None and (new_dirs or (gone and len(gone) >= len(cached))):
             return None  # a folder that may be empty now (an entry of its own): the walk decides
         return _Found(rel, rel_dir, name, entry, key, gone, new_dirs)
+
+    @property
+    def fresh(self) -> bool:
+        """No scan yet (or forgotten): the next one reads every file it is not told about."""
+        with self.lock:
+            return self._cache_epoch < 0
+
+    def use_git(
+        self, head: dict[bytes, str], clean: dict[bytes, str], since: int, fmt: str = "sha1"
+    ) -> None:
+        """Content ids from a git commit (snapshot_baseline = "git"): `head` (path -> blob id
+        at the commit) names a file read whose bytes are that blob by `git:` and its id,
+        not by a sha256; `clean` (git's word at `since`, time_ns before git looked) are
+        files the next scan records so without reading them, unless their change time is
+        later (changed since git looked: read as any file)."""
+        with self.lock:
+            self._set_git(head, clean, since, fmt)
+
+    def _set_git(
+        self, head: dict[bytes, str], clean: dict[bytes, str], since: int, fmt: str
+    ) -> None:
+        if head is not self._head:
+            self._head, self._head_ids = head, frozenset(head.values())
+        self._vouched, self._git_format = clean, fmt
+        self._vouched_before = since - VOUCH_MARGIN_NS
+
+    def drop_git(self) -> None:
+        """No `git:` ids from now on (a run with the default baseline in a process where one
+        with "git" scanned the same workspace): the cache that holds them is dropped, so the
+        next scan reads every file and its snapshot's store holds them all."""
+        with self.lock:
+            if not self._git_used:
+                return
+            self._git_used = False
+            self._head, self._head_ids, self._vouched = {}, frozenset(), {}
+            self._git_wait, self._deferred = None, []
+        self.forget()
+
+    def use_git_later(self, wait: Callable[[], GitView | None]) -> None:
+        """use_git with what `wait` returns, once the next scan has listed the files (git's
+        commands run meanwhile); None: no commit to take ids from."""
+        with self.lock:
+            self._git_wait, self._git_used = wait, True
 
     def seed(self, manifest: Manifest) -> None:
         """What the store last recorded of this workspace, for a fresh scanner to keep below
@@ -629,7 +739,7 @@ class Scanner:
             entry = (
                 old[1]
                 if old is not None and old[0] == key
-                else self._entry(fd, name, st, w.out, rel)
+                else self._entry(fd, name, st, w.out, rel, old[1] if old is not None else None)
             )
             unread = entry is _UNREADABLE
             if unread:  # kept as last seen (not deleted), and tried again at the next scan
@@ -710,12 +820,27 @@ class Scanner:
             w.entries[rel] = entry
 
     def _entry(
-        self, dir_fd: int, name: bytes, st: os.stat_result, out: Scan, rel: bytes
+        self,
+        dir_fd: int,
+        name: bytes,
+        st: os.stat_result,
+        out: Scan,
+        rel: bytes,
+        prior: Entry | None = None,
     ) -> Entry | None:
         """The entry for a listed name in the folder `dir_fd` holds; None if it is gone or no
-        longer what was listed, _UNREADABLE if the harness may not read it."""
+        longer what was listed, _UNREADABLE if the harness may not read it. `prior`: the
+        cached entry at `rel`, if any (else the previous or last stored manifest's)."""
         if len(self.root) + len(rel) >= PATH_MAX - 1:
             return _UNREADABLE  # no one can open it by its path (see _walk)
+        if prior is None:
+            prior = self._previous.get(rel) or self._last_seen.get(rel)
+        if self._git_wait is not None and stat.S_ISREG(st.st_mode) and st.st_size <= self.size_cap:
+            self._deferred.append((rel, st, prior))  # decided once git has said (_settle)
+            return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, _LATER, size=st.st_size)
+        vouched = self._vouch(rel, st, prior)
+        if vouched is not None:
+            return vouched
         try:
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
@@ -735,9 +860,54 @@ class Scanner:
         if self.secrets is not None and self.secrets.holds(rel, data):
             # Its bytes never reach `contents`, so no snapshot can store them.
             return _withheld(data, stat.S_IMODE(st.st_mode) & 0o777)
+        mode = stat.S_IMODE(st.st_mode) & 0o777
+        ref = self._git_ref(rel, data, prior)
+        if ref is not None:  # the commit holds these bytes: nothing to store
+            return Entry(FILE, mode, ref, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
         out.contents[digest] = data
-        return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, digest, size=len(data))
+        return Entry(FILE, mode, digest, size=len(data))
+
+    def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
+        """The entry of a file git vouches for (use_git), not read; None: read it."""
+        blob = self._vouched.get(rel) if self._vouched else None
+        if (
+            blob is not None
+            and stat.S_ISREG(st.st_mode)
+            and st.st_ctime_ns < self._vouched_before
+            and st.st_size <= self.size_cap
+            and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
+            and not (self.secrets is not None and self.secrets.named(rel))
+        ):
+            # git's index says these are the commit's bytes, and nothing changed the file
+            # since git looked (its change time): not read, as `git status` reads none.
+            return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, GIT_REF + blob, size=st.st_size)
+        return None
+
+    def _git_ref(self, rel: bytes, data: bytes, prior: Entry | None) -> str | None:
+        """The `git:` content id of bytes read at `rel`, when the commit holds them there: the
+        same id as `prior`'s (a touched file is no change), or HEAD's blob at the path.
+        None: a sha256 (a content the store holds, or will)."""
+        was = prior.ref if prior is not None and prior.kind == FILE else ""
+        at = self._head.get(rel)
+        if not was.startswith(GIT_REF) and at is None:
+            return None
+        same_size = prior is not None and prior.size == len(data)
+        if was and not was.startswith(GIT_REF) and same_size and _sha256(data) == was:
+            return None  # unchanged, and stored: it keeps its sha256
+        if was.startswith(GIT_REF) and same_size:
+            fmt = "sha256" if len(was) == len(GIT_REF) + 64 else "sha1"
+            blob = git_blob_id(data, fmt)
+            # The same bytes as recorded; still a commit's (else its bytes are stored).
+            if was == GIT_REF + blob and blob in self._head_ids:
+                return was
+        if at is not None and git_blob_id(data, self._git_format) == at:
+            return GIT_REF + at
+        return None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _withheld(data: bytes, mode: int) -> Entry:

@@ -66,6 +66,11 @@ class SecretCheck:
             return True
         return self.redactor.finds(data.decode("utf-8", "surrogateescape"))
 
+    def named(self, rel: bytes) -> bool:
+        """`rel` may be withheld by its name alone (a file not read is then read after all)."""
+        name = rel.rsplit(b"/", 1)[-1].lower()
+        return self.by_name and (_SECRET_NAME.match(name) is not None or name in TOKEN_FILES)
+
     def link_holds(self, target: bytes) -> bool:
         return self.redactor.finds(target.decode("utf-8", "surrogateescape"))
 

@@ -5,18 +5,25 @@ it read until a later snapshot finds them in the store (`pending`): a transactio
 failed after the scan must not leave a tree that names a blob nobody wrote. A tree is
 written unless its id is already stored (an unchanged workspace writes nothing), as a
 delta on the scanner's previous tree when that one is stored and the delta is small.
+
+With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a file the
+checkout's HEAD commit holds at its path is named by its git blob id (`git:`) and not
+written: the tree records the commit (workspace/git_baseline.py) and a rebuild reads those
+files from the repository. A fresh scanner does not read the files git says are clean.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from msgspec import Struct
 
 from durable_agent.errors import StoreError
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
+from durable_agent.workspace import git_baseline
 from durable_agent.workspace.manifest import (
     Manifest,
     apply_stored,
@@ -24,7 +31,7 @@ from durable_agent.workspace.manifest import (
     encode_delta,
     encode_full,
 )
-from durable_agent.workspace.scan import Scan, Scanner
+from durable_agent.workspace.scan import GitView, Scan, Scanner
 
 
 class Snapshot(Struct):
@@ -42,9 +49,20 @@ _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snaps
 _stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
 
 
-def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = None) -> Snapshot:
-    """`paths`: only these changed since the scanner's previous scan (Scanner.scan)."""
+def take(
+    scanner: Scanner,
+    blobs: BlobStore,
+    paths: Collection[bytes] | None = None,
+    *,
+    git: bool = False,
+) -> Snapshot:
+    """`paths`: only these changed since the scanner's previous scan (Scanner.scan). `git`:
+    leave to the checkout's HEAD commit the files it holds (git_baseline.py)."""
+    if not git:
+        scanner.drop_git()  # its tree names no commit: every file in the store
+    head_found = use_git(scanner) if git else None
     scan = scanner.scan(paths)
+    head = head_found() if head_found is not None else None
     manifest = scan.manifest
     with scanner.lock:
         # What this scan read, and any plain scan since the last snapshot (a resume's drift
@@ -60,7 +78,7 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
     tid = scan.tree_id
     with scanner.lock:
         check = set(pending)
-    present = blobs.present_blobs(check) if check else set()
+    present = blobs.stored_blobs(check) if check else set()
     statements: list[Statement] = []
     with scanner.lock:
         for digest in present:
@@ -83,7 +101,13 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
         if row is None:
             row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+        if head is not None:
+            row = TreeRow(
+                row.id, row.base, row.depth, row.entries, row.data, head.baseline.encoded()
+            )
         statements.append(blobs.tree_statement(row))
+        # What the row says: a later load need not ask (one query a step).
+        _note_git((str(blobs.engine.url), tid), head.baseline if head is not None else None)
     with scanner.lock:
         _last[id(scanner)] = (tid, manifest)
     return Snapshot(tid, manifest, statements, scan.skipped, scan)
@@ -91,6 +115,38 @@ def take(scanner: Scanner, blobs: BlobStore, paths: Collection[bytes] | None = N
 
 _trees: OrderedDict[str, Manifest] = OrderedDict()
 _trees_lock = threading.Lock()
+
+
+def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
+    """Let `scanner` take content ids from the checkout's HEAD commit; the returned call
+    gives the commit's Head once the scan is done (None: not in a checkout with a commit).
+    A fresh scanner's first scan lists the files while git says which tracked files are
+    clean (git_baseline.head_and_clean, in a thread): those are not read."""
+    if scanner.fresh:
+        since = time.time_ns()  # before git looks: a file changed after has a later ctime
+        box: list[tuple[git_baseline.Head | None, dict[bytes, str]]] = []
+        root = scanner.root
+        thread = threading.Thread(
+            target=lambda: box.append(git_baseline.head_and_clean(root)), daemon=True
+        )
+        thread.start()
+
+        def found() -> tuple[git_baseline.Head | None, dict[bytes, str]]:
+            thread.join()
+            return box[0] if box else (None, {})
+
+        def view() -> GitView | None:
+            head, clean = found()
+            if head is None:
+                return None
+            return head.files, clean, since, head.baseline.format
+
+        scanner.use_git_later(view)
+        return lambda: found()[0]
+    head = git_baseline.head_of(scanner.root)
+    if head is not None:
+        scanner.use_git(head.files, {}, 0, head.baseline.format)
+    return lambda: head
 
 
 def remember(tid: str, manifest: Manifest) -> None:
@@ -102,10 +158,42 @@ def remember(tid: str, manifest: Manifest) -> None:
 
 
 def load(blobs: BlobStore, tid: str) -> Manifest:
-    """The manifest of a stored tree (trees are immutable: a small cache keeps recent ones)."""
+    """The manifest of a stored tree (trees are immutable: a small cache keeps recent ones).
+    A tree that records a git baseline tells `blobs` where its unstored files are."""
     with _trees_lock:
-        if tid in _trees:
-            return _trees[tid]
+        cached = _trees.get(tid)
+    if cached is not None:
+        _add_git(blobs, tid, cached)
+        return cached
+    manifest = _load(blobs, tid)
+    _add_git(blobs, tid, manifest)
+    return manifest
+
+
+def _add_git(blobs: BlobStore, tid: str, manifest: Manifest) -> None:
+    key = (str(blobs.engine.url), tid)
+    with _trees_lock:
+        known = _git_of.get(key, False)
+    if known is False:
+        known = git_baseline.decoded(blobs.tree_git(tid))
+        _note_git(key, known)
+    if not isinstance(known, git_baseline.Baseline) or blobs.has_git_source(tid):
+        return
+    blobs.add_git_source(tid, git_baseline.source(known))
+
+
+# (store URL, tree id) -> the tree's git baseline, None without one (trees are immutable)
+_git_of: dict[tuple[str, str], git_baseline.Baseline | None | bool] = {}
+
+
+def _note_git(key: tuple[str, str], baseline: git_baseline.Baseline | None) -> None:
+    with _trees_lock:
+        _git_of[key] = baseline
+        while len(_git_of) > 4096:  # the oldest first (a worker runs for weeks)
+            del _git_of[next(iter(_git_of))]
+
+
+def _load(blobs: BlobStore, tid: str) -> Manifest:
     manifest: Manifest | None = None
     try:
         for data in blobs.tree_chain(tid):

@@ -38,7 +38,7 @@ from durable_agent.workspace.manifest import (
 )
 from durable_agent.workspace.scan import Scanner
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"[0-9a-f]{64}|git:(?:[0-9a-f]{40}|[0-9a-f]{64})")  # sha256, git blob id
 NAME_MAX = 255  # bytes of one file name (Linux, every common file system)
 SIZE_MAX = 1 << 62
 

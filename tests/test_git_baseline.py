@@ -1,0 +1,570 @@
+"""`snapshot_baseline = "git"`: a clean checkout's files are left to its HEAD commit.
+
+Real git, real processes (the CLI). A checkout of several MB of incompressible files is
+committed; a run in it stores only what differs from HEAD (the store stays under 1 MB);
+`restore` and `fork` into a fresh folder (another host: the repository reachable by its
+path, or only by its remote) give every file back byte for byte with its mode; with the
+commit nowhere to be found they say so in one line (exit 2, no traceback); a run SIGKILLed
+mid-way resumes in a fresh folder; a dirty checkout stores its modified and untracked files.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from workspace_support import da, picture
+
+from durable_agent.store.blobs import BlobStore, save_statements
+from durable_agent.store.engine import open_store_engine
+from durable_agent.workspace import scan as scan_module
+from durable_agent.workspace import snapshot
+from durable_agent.workspace.manifest import changes
+from durable_agent.workspace.materialize import materialize
+from durable_agent.workspace.scan import DEFAULT_EXCLUDE, RACY_NS, Scanner
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+FILES, SIZE = 240, 25_000  # 6 MB of random bytes: nothing compresses it below 1 MB
+
+TURNS: list[dict[str, Any]] = [
+    {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "notes/new.txt", "content": "new\n"}}
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "run_command",
+                "arguments": {
+                    "command": "printf 'edited\\n' >> src/f0.bin && chmod +x src/f1.bin "
+                    "&& rm src/f2.bin && mkdir -p out && echo built > out/x.txt"
+                },
+            }
+        ]
+    },
+    {"content": "done"},
+]
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        [*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_checkout(root: Path, files: int = FILES, size: int = SIZE, seed: int = 1) -> Path:
+    """A committed checkout of `files` random files, with `origin` a bare clone of it."""
+    rnd = random.Random(seed)
+    ws = root / "ws"
+    (ws / "src").mkdir(parents=True)
+    for i in range(files):
+        (ws / "src" / f"f{i}.bin").write_bytes(rnd.randbytes(size))
+    (ws / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (ws / "run.sh").chmod(0o755)
+    os.symlink("run.sh", ws / "link")
+    (ws / ".gitignore").write_text("*.log\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(ws), str(root / "remote.git")],
+        check=True,
+        capture_output=True,
+    )
+    git(ws, "remote", "add", "origin", str(root / "remote.git"))
+    return ws
+
+
+@pytest.fixture
+def genv(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {
+        **env,
+        "DURABLE_AGENT_SNAPSHOT_BASELINE": "git",
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def _start(env: dict[str, str], ws: Path, model: str, run_id: str, *extra: str) -> Any:
+    return da(
+        ["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow"]
+        + ["--run-id", run_id, "--quiet", *extra],
+        env,
+        ws,
+    )
+
+
+def stored_bytes(env: dict[str, str]) -> int:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    blobs = db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM workspace_blobs").fetchone()[0]
+    trees = db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM workspace_trees").fetchone()[0]
+    db.close()
+    return int(blobs) + int(trees)
+
+
+def stored_hashes(env: dict[str, str]) -> set[str]:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    found = {r[0] for r in db.execute("SELECT hash FROM workspace_blobs")}
+    db.close()
+    return found
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def last_seq(env: dict[str, str], run_id: str) -> int:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    seq = db.execute(
+        "SELECT MAX(seq) FROM steps WHERE run_id=? AND tree_id IS NOT NULL", (run_id,)
+    ).fetchone()[0]
+    db.close()
+    return int(seq)
+
+
+WITHOUT_GIT = (b".git",)
+
+
+@pytest.mark.slow
+def test_a_clean_checkout_stores_under_1_mb_and_restore_and_fork_rebuild_it(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path)
+    assert sum(f.stat().st_size for f in (ws / "src").iterdir()) >= 6_000_000
+    proc = _start(genv, ws, write_script(TURNS), "g1")
+    assert proc.returncode == 0, proc.stderr
+    assert (ws / "notes/new.txt").read_text() == "new\n" and (ws / "out/x.txt").exists()
+    assert stored_bytes(genv) <= 1_000_000, stored_bytes(genv)
+    # What the run wrote and changed is stored as today; what HEAD holds is not.
+    hashes = stored_hashes(genv)
+    assert {sha256(ws / "notes/new.txt"), sha256(ws / "src/f0.bin")} <= hashes
+    assert sha256(ws / "src/f3.bin") not in hashes
+    db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    changed = set(db.execute("SELECT path, change FROM workspace_changes WHERE run_id='g1'"))
+    assert changed == {
+        ("notes/new.txt", "added"),
+        ("src/f0.bin", "modified"),
+        ("src/f1.bin", "mode"),
+        ("src/f2.bin", "deleted"),
+        ("out/x.txt", "added"),
+    }
+    commit = git(ws, "rev-parse", "HEAD")
+    recorded = {r[0] for r in db.execute("SELECT git FROM workspace_trees")}
+    assert all(commit in (r or "") for r in recorded), recorded
+    expected = picture(ws, skip=WITHOUT_GIT)
+    seq = last_seq(genv, "g1")
+    other = tmp_path / "host2"
+    other.mkdir()
+    out = other / "restored"
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(out)], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(out) == expected  # every file's bytes and mode, links, folders
+    fork = other / "forked"
+    proc = da(
+        ["fork", "g1", "--at", str(seq), "--workspace", str(fork), "--run-id", "g2"], genv, other
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert picture(fork) == expected
+    # The step before the command: f0 as committed, f2 still there.
+    proc = da(["restore", "g1", "--at", "1", "--to", str(other / "at1")], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert (other / "at1/src/f0.bin").read_bytes() == subprocess.run(
+        ["git", "show", "HEAD:src/f0.bin"], cwd=ws, capture_output=True, check=True
+    ).stdout
+    assert (other / "at1/src/f2.bin").exists() and not (other / "at1/out").exists()
+
+    # The repository gone from its path: its remote (a bare repository) is cloned instead.
+    shutil.move(ws, tmp_path / "moved")
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(other / "via-remote")], genv, other)
+    assert proc.returncode == 0, proc.stderr
+    assert picture(other / "via-remote") == expected
+
+    # Neither the repository nor its remote: one line, exit 2, nothing written.
+    shutil.rmtree(tmp_path / "remote.git")
+    shutil.rmtree(tmp_path / "cache")
+    target = other / "nowhere"
+    proc = da(["restore", "g1", "--at", str(seq), "--to", str(target)], genv, other)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert commit[:12] in proc.stderr and "not reachable" in proc.stderr
+    assert not target.exists() or not any(target.iterdir())
+    proc = da(["fork", "g1", "--at", str(seq), "--workspace", str(other / "f3")], genv, other)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "not reachable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_commit_gone_from_the_repository_is_said_in_one_line(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    shutil.rmtree(tmp_path / "remote.git")
+    git(ws, "remote", "remove", "origin")
+    proc = _start(genv, ws, write_script(TURNS), "gone")
+    assert proc.returncode == 0, proc.stderr
+    old = git(ws, "rev-parse", "HEAD")
+    # History rewritten and the old commit pruned: the path holds a repository, not the commit.
+    git(ws, "checkout", "-q", "--orphan", "other")
+    git(ws, "commit", "-q", "-m", "rewritten")
+    git(ws, "branch", "-D", "main")
+    git(ws, "reflog", "expire", "--expire=now", "--all")
+    git(ws, "gc", "-q", "--prune=now")
+    assert subprocess.run(["git", "cat-file", "-e", old], cwd=ws).returncode != 0
+    proc = da(["restore", "gone", "--at", "1", "--to", str(tmp_path / "out")], genv, tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert old[:12] in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_dirty_checkout_stores_its_changes_and_references_the_rest(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=40, size=20_000)
+    (ws / "src/f5.bin").write_bytes(b"modified before the run\n")
+    (ws / "src/f6.bin").chmod(0o700)  # a mode changed only: its bytes are still HEAD's
+    (ws / "untracked.txt").write_text("not in git\n")
+    (ws / "build.log").write_text("ignored by .gitignore: not in snapshots\n")
+    os.remove(ws / "src/f7.bin")
+    proc = _start(genv, ws, write_script([{"content": "nothing to do"}]), "dirty")
+    assert proc.returncode == 0, proc.stderr
+    hashes = stored_hashes(genv)
+    assert sha256(ws / "src/f5.bin") in hashes and sha256(ws / "untracked.txt") in hashes
+    tracked = [p for p in (ws / "src").iterdir() if p.name != "f5.bin"]
+    assert not {sha256(p) for p in tracked} & hashes  # f6.bin too: same bytes as HEAD's
+    out = tmp_path / "out"
+    proc = da(
+        ["restore", "dirty", "--tree", _start_tree(genv, "dirty"), "--to", str(out)], genv, tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert picture(out) == picture(ws, skip=(b".git", b"build.log"))
+
+
+def _start_tree(env: dict[str, str], run_id: str) -> str:
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    tree = db.execute("SELECT tree_start FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+    db.close()
+    return str(tree)
+
+
+@pytest.mark.slow
+def test_a_run_sigkilled_mid_way_resumes_in_a_fresh_folder_from_store_and_git(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=60, size=10_000)
+    model = write_script(TURNS)
+    ref = tmp_path / "ref"
+    shutil.copytree(ws, ref, symlinks=True)
+    ref_env = {**genv, "DURABLE_AGENT_DB": f"sqlite:///{tmp_path / 'ref.db'}"}
+    assert _start(ref_env, ref, model, "ref").returncode == 0
+    proc = da(
+        ["start", "t", "--workspace", str(ws), "--model", model, "--shell", "allow"]
+        + ["--run-id", "k", "--quiet"],
+        genv,
+        ws,
+        extra={"DURABLE_AGENT_CRASH_AFTER": "4"},
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    # Another host: an empty folder, the repository reachable at its recorded path.
+    elsewhere = tmp_path / "elsewhere"
+    for _ in range(20):
+        proc = da(["resume", "k", "--workspace", str(elsewhere), "--quiet"], genv, tmp_path)
+        if proc.returncode == 5:  # the command cut off by the kill: a person says run it again
+            assert da(["approve", "k"], genv, tmp_path).returncode == 0
+            continue
+        break
+    assert proc.returncode == 0, proc.stderr
+    assert picture(elsewhere) == picture(ref, skip=WITHOUT_GIT)
+    assert stored_bytes(genv) <= 1_000_000
+
+
+def _scan_take_rebuild(
+    ws: Path, db_url: str, out: Path, then: Callable[[], None] | None = None
+) -> tuple[int, int]:
+    """The first snapshot (git baseline) of `ws`, rebuilt into `out`. `then`: edits after
+    it, snapshotted by the same scanner, and that second one is rebuilt; a fresh scanner
+    seeded with it (a resume's drift check) sees the same tree."""
+    engine = open_store_engine(db_url)
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        snap = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, snap.statements)
+        stored = sum(len(rows) for stmt, rows in snap.statements if "workspace_blobs" in str(stmt))
+        if then is not None:
+            then()
+            snap = snapshot.take(scanner, blobs, git=True)
+            save_statements(engine, snap.statements)
+        reader = BlobStore(engine)
+        manifest = snapshot.load(reader, snap.tree_id)
+        materialize(
+            manifest,
+            out,
+            Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000),
+            reader.blob,
+            present=reader.present_blobs,
+        )
+        if then is not None:
+            fresh = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+            fresh.seed(manifest)
+            snapshot.use_git(fresh)
+            assert not changes(manifest, fresh.scan().manifest)
+        return stored, len(manifest)
+    finally:
+        engine.dispose()
+
+
+_names = st.sampled_from(["a", "b", "c.txt", "d/e", "d/f.bin", "g/h/i", "x y", "n\udcff"])
+_bytes = st.binary(max_size=300)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    tree=st.dictionaries(_names, _bytes, min_size=1, max_size=6),
+    edits=st.dictionaries(_names, st.one_of(st.none(), _bytes), max_size=4),
+    later=st.dictionaries(_names, st.one_of(st.none(), st.just(b"same"), _bytes), max_size=4),
+    vouched=st.booleans(),
+)
+def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
+    tree, edits, later, vouched, tmp_path_factory
+) -> None:  # type: ignore[no-untyped-def]
+    # `vouched`: no margin before git looks, so the files written just before (all of them,
+    # here) are taken on git's word unread; else they are read, as files written within
+    # 100 ms of a snapshot are.
+    with mock.patch.object(scan_module, "VOUCH_MARGIN_NS", 0 if vouched else RACY_NS):
+        _committed_tree_with_edits(tree, edits, later, tmp_path_factory)
+
+
+def _committed_tree_with_edits(
+    tree: dict[str, bytes],
+    edits: dict[str, bytes | None],
+    later: dict[str, bytes | None],
+    tmp_path_factory: Any,
+) -> None:
+    root = tmp_path_factory.mktemp("prop")
+    ws = root / "ws"
+    ws.mkdir()
+
+    def put(name: str, data: bytes) -> None:
+        p = os.path.join(str(ws), name)  # (a name not UTF-8: surrogateescape, as fsencode)
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        parent = os.path.dirname(p)
+        if os.path.isfile(parent):
+            os.remove(parent)
+        os.makedirs(parent, exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+    for name, data in tree.items():
+        try:
+            put(name, data)
+        except OSError:
+            continue
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "--allow-empty", "-m", "base")
+
+    def edit(changes: dict[str, bytes | None]) -> None:
+        # Within the same second as the commit and the snapshots (git's racy entries).
+        for name, data in changes.items():
+            p = os.path.join(str(ws), name)
+            try:
+                if data is None:
+                    if os.path.isfile(p):
+                        os.remove(p)
+                elif data == b"same":  # the same bytes written again: a new ctime only
+                    if os.path.isfile(p):
+                        put(name, Path(p).read_bytes())
+                else:
+                    put(name, data)
+            except OSError:
+                continue
+
+    edit(edits)
+    out = root / "out"
+    stored, _ = _scan_take_rebuild(ws, f"sqlite:///{root / 'store.db'}", out)
+    if not edits:  # a clean checkout: every file is HEAD's, none is stored
+        assert stored == 0
+    assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+    out2 = root / "out2"
+    _scan_take_rebuild(ws, f"sqlite:///{root / 'store2.db'}", out2, lambda: edit(later))
+    assert picture(out2) == picture(ws, skip=WITHOUT_GIT)
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_host_without_the_commit_stops_in_one_line(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    model = write_script(TURNS)
+    assert _start(genv, ws, model, "far", "--max-steps", "1").returncode == 3
+    shutil.move(ws, tmp_path / "elsewhere-repo")
+    shutil.rmtree(tmp_path / "remote.git")
+    fresh = tmp_path / "fresh"
+    proc = da(["resume", "far", "--workspace", str(fresh), "--quiet"], genv, tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr  # (and the resume's notes)
+    assert "not reachable" in errors[0] and "Traceback" not in proc.stderr
+    assert not fresh.exists() or not any(fresh.iterdir())
+    # The repository back where it was recorded: the same resume rebuilds and finishes.
+    shutil.move(tmp_path / "elsewhere-repo", ws)
+    proc = da(
+        ["resume", "far", "--workspace", str(fresh), "--max-steps", "10", "--quiet"],
+        genv,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (fresh / "out/x.txt").read_text() == "built\n"
+
+
+def test_take_and_rebuild_on_each_backend(store_url: str, tmp_path: Path) -> None:
+    ws = make_checkout(tmp_path, files=30, size=2000)
+    (ws / "src/f1.bin").write_bytes(b"changed\n")
+    (ws / "new.txt").write_text("untracked\n")
+    stored, entries = _scan_take_rebuild(ws, store_url, tmp_path / "out")
+    assert entries == 34 and stored == 2  # the changed file and the untracked one
+    assert picture(tmp_path / "out") == picture(ws, skip=WITHOUT_GIT)
+
+
+def _aged(ws: Path) -> None:
+    """Every file's change time before the scan's racy window (scan.RACY_NS): a file written
+    within it is read whatever git says, so a test of what is not read waits it out."""
+    newest = max(p.lstat().st_ctime_ns for p in ws.rglob("*") if ".git" not in p.parts)
+    while time.time_ns() - newest <= 2 * RACY_NS:
+        time.sleep(0.05)
+
+
+def test_files_git_vouches_for_are_not_read_and_rebuild_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = make_checkout(tmp_path, files=30, size=2000)
+    (ws / "src/f1.bin").write_bytes(b"changed\n")  # dirty: read, stored
+    (ws / "src/f2.bin").write_bytes(b"staged, not committed\n")
+    git(ws, "add", "src/f2.bin")  # its index blob is in no commit: read, stored
+    (ws / "new.txt").write_text("untracked\n")
+    os.utime(ws / "src/f3.bin")  # touched: read if git's index stat says so; its git id
+    _aged(ws)
+    read: list[bytes] = []
+    real = scan_module._regular_bytes
+
+    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
+        read.append(name)
+        return real(name, cap, dir_fd)
+
+    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        snap = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, snap.statements)
+        # .gitignore is read for its rules, as always; no other clean file is opened (f3
+        # when git's index does not vouch for it without reading it, which git leaves open).
+        must = {b".gitignore", b"f1.bin", b"f2.bin", b"new.txt"}
+        assert must <= set(read) <= must | {b"f3.bin"} and len(read) == len(set(read)), read
+        m = snap.manifest
+        for name in (b"src/f0.bin", b"src/f3.bin", b"run.sh"):
+            assert m[name].ref == "git:" + git(ws, "rev-parse", f"HEAD:{name.decode()}")
+        for name in (b"src/f1.bin", b"src/f2.bin", b"new.txt"):
+            assert m[name].ref == sha256(ws / name.decode())
+        assert stored_blob_refs(engine) == {
+            m[b"src/f1.bin"].ref,
+            m[b"src/f2.bin"].ref,
+            m[b"new.txt"].ref,
+        }
+
+        # Another folder (another host), from the store and the repository by its path.
+        reader = BlobStore(engine)
+        manifest = snapshot.load(reader, snap.tree_id)
+        out = tmp_path / "out"
+        materialize(
+            manifest,
+            out,
+            Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000),
+            reader.blob,
+            present=reader.present_blobs,
+        )
+        assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+
+        # Touched after the snapshot (same bytes, a new ctime): the same ids, no drift,
+        # whether the same scanner looks again or a fresh one seeded as resume does.
+        os.utime(ws / "src/f0.bin", ns=(1, 1))
+        (ws / "src/f4.bin").write_bytes((ws / "src/f4.bin").read_bytes())
+        again = snapshot.take(scanner, blobs, git=True)
+        assert again.tree_id == snap.tree_id
+        fresh = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        fresh.seed(manifest)
+        snapshot.use_git(fresh)
+        assert fresh.scan().tree_id == snap.tree_id
+        assert not changes(manifest, fresh.scan().manifest)
+
+        # Changed after the snapshot: its sha256, stored.
+        (ws / "src/f5.bin").write_bytes(b"edited by the run\n")
+        later = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, later.statements)
+        assert later.manifest[b"src/f5.bin"].ref == sha256(ws / "src/f5.bin")
+        assert later.manifest[b"src/f5.bin"].ref in stored_blob_refs(engine)
+        assert [c.path for c in changes(manifest, later.manifest)] == [b"src/f5.bin"]
+    finally:
+        engine.dispose()
+
+
+def stored_blob_refs(engine: Any) -> set[str]:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.exec_driver_sql("SELECT hash FROM workspace_blobs")}
+
+
+@pytest.mark.slow
+def test_a_touched_file_is_not_drift_on_resume(tmp_path, genv, write_script) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    model = write_script(TURNS)
+    assert _start(genv, ws, model, "touch", "--max-steps", "1").returncode == 3
+    os.utime(ws / "src/f5.bin", ns=(1, 1))  # its stat changed, not its bytes
+    (ws / "run.sh").write_bytes((ws / "run.sh").read_bytes())
+    proc = da(["resume", "touch", "--max-steps", "10", "--quiet"], genv, tmp_path)
+    assert proc.returncode == 0, proc.stderr  # (drift would stop it: exit 5, a question)
+    assert (ws / "out/x.txt").read_text() == "built\n"
+
+
+def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(
+    tmp_path: Path,
+) -> None:
+    """One scanner per workspace and process (a worker's runs share it): a run with the
+    default baseline must not carry the other run's `git:` ids into trees naming no commit."""
+    ws = make_checkout(tmp_path, files=10, size=500)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        first = snapshot.take(scanner, blobs, git=True)
+        save_statements(engine, first.statements)
+        assert any(e.ref.startswith("git:") for e in first.manifest.values())
+        plain = snapshot.take(scanner, blobs)
+        save_statements(engine, plain.statements)
+        refs = {e.ref for e in plain.manifest.values() if e.kind == "file"}
+        assert refs and not any(r.startswith("git:") for r in refs)
+        assert refs <= stored_blob_refs(engine)
+        assert BlobStore(engine).tree_git(plain.tree_id) is None
+    finally:
+        engine.dispose()
