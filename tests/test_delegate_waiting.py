@@ -479,7 +479,14 @@ def test_workspace_root_children_run_in_their_parents_folder_or_copy(
     assert json.loads(out[0][0])["result"].startswith("alpha"), out
     assert sorted(p.name for p in root.iterdir()) == ["p"]  # no ROOT/CHILD_ID
     copy = tmp_path / "data" / "durable-agent" / "copies" / kids["edit a copy"]
-    assert (copy / "beta.txt").read_text() == "B"
+    # The copy child wrote in its copy: its change came back as a diff in the parent's
+    # observation, and the copy was removed once that was recorded.
+    (observed,) = query(
+        db, "SELECT output FROM steps WHERE run_id = 'p' AND kind = 'delegate' AND input LIKE ?",
+        "%edit a copy%",
+    )  # fmt: skip
+    assert "+B" in json.loads(observed[0])["result"] and "beta.txt" in observed[0], observed
+    assert not copy.exists()
     assert (root / "p" / "beta.txt").read_text() == "beta"  # the parent's files untouched
     assert query(db, "SELECT workspace FROM runs WHERE id = ?", kids["edit a copy"]) == [
         (str(copy),)
