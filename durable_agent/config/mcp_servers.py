@@ -23,7 +23,7 @@ CODEX_ALIASES = {"startup_timeout_sec": "startup_timeout_s", "tool_timeout_sec":
 class McpToolOverride(BaseModel):
     """`[mcp_servers.NAME.tools.TOOL]`: what the harness believes about one tool."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     effect: Literal["read", "write", "exec"]
     """Effect class instead of the one from the tool's annotations (write = idempotent)."""
@@ -32,7 +32,7 @@ class McpToolOverride(BaseModel):
 class McpServerConfig(BaseModel):
     """One MCP server: a command speaking stdio, or the URL of a streamable-HTTP server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     command: str | None = None
     """Program to start (stdio transport)."""

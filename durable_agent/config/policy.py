@@ -60,7 +60,7 @@ def strictest(decisions: Sequence[Verdict]) -> Verdict:
 class Rule(BaseModel):
     """One `[[rules]]` entry (docs/policy.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     decision: Verdict
     """allow: runs without asking; ask: a person approves it first; deny: refused."""
@@ -299,7 +299,7 @@ class HookEvent(StrEnum):
 class Hook(BaseModel):
     """One `[[hooks]]` entry: a command run in the sandbox at an event (docs/policy.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     event: HookEvent
     """session_start, pre_tool, post_tool, pre_compact, stop or resume."""

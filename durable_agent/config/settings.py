@@ -51,11 +51,12 @@ from durable_agent.errors import ConfigError
 
 class _WhenGiven:
     """Marks a setting whose type is validated by a validator built the first time a value is
-    given for it (a config's [[rules]], [[hooks]], [mcp_servers.NAME]...), and their models
-    (defer_build) on first use: built with the Settings model, they cost every start about 2%
-    of its instructions, for settings most configs never give. The validation and its errors
-    (their locations too) are the type's own; a value dumps as what it is (its models'
-    serializers)."""
+    given for it (a config's [[rules]], [[hooks]], [mcp_servers.NAME]...): built with the
+    Settings model, they cost every start about 1% of its instructions, for settings most
+    configs never give. (Their models are built when defined: pydantic 2.7 to 2.10, within
+    the declared floor, cannot dump a model whose build was deferred from such a field.)
+    The validation and its errors (their locations too) are the type's own; a value dumps
+    as what it is (its models' serializers)."""
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -78,7 +79,7 @@ def _validate(kind: Any, value: Any) -> Any:
 class ModelPrice(BaseModel):
     """What one model costs, per million tokens (any currency; USD for the hosted APIs)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     input_per_mtok: float = Field(ge=0, le=1e6)
     """Price of one million prompt tokens."""
@@ -123,7 +124,7 @@ class NotifyTarget(BaseModel):
     """One `[[notify]]` entry: a webhook (`url`) or a local program (`command`), and the
     events it is sent (docs/observability.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str | None = None
     """POSTed the event as JSON, with Idempotency-Key and a signature header."""
@@ -156,7 +157,7 @@ class NotifyTarget(BaseModel):
 class OtelSettings(BaseModel):
     """`[otel]`: OpenTelemetry traces and metrics (the `otel` extra; docs/observability.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = False
     """Export even without OTEL_EXPORTER_OTLP_ENDPOINT (to the OTLP default, localhost:4318)."""
@@ -167,7 +168,7 @@ class OtelSettings(BaseModel):
 class ModelInfo(BaseModel):
     """What the harness knows of one model beyond its price (`[models."NAME"]` in the config)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     context_window: int | None = Field(None, ge=256)
     """Tokens the model accepts per request (prompt + answer); the built-in table when unset."""
