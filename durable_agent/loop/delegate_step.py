@@ -33,14 +33,14 @@ from durable_agent.config.policy import Verdict
 from durable_agent.config.settings import Settings, validation_text
 from durable_agent.errors import LoopExit
 from durable_agent.loop import approvals, hooks
+from durable_agent.loop.observation import observed, refuse
 from durable_agent.loop.step import StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
-from durable_agent.messages import Message, ToolCall
+from durable_agent.messages import ToolCall
 from durable_agent.status import EffectClass, RunStatus, StepKind, StopReason
 from durable_agent.store.records import ApprovalKind, RunRecord
 from durable_agent.tools.base import Tool, ToolResult
 from durable_agent.tools.delegate import NAME, DelegateArgs
-from durable_agent.tools.limits import cap_text
 
 # A child in these states is run (again) when its parent's step runs: it has not ended, or
 # it stopped for a person (an approval, a cancel) and the parent is resumed.
@@ -213,21 +213,21 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
     blocked = hooks.pre_tool(ctx, call)
     step = open_step(ctx, spec)
     if blocked is not None and step.prior is None:
-        _refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
+        refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
         return None
     kid = child_id(s.run_id, key)
     try:
         args = DelegateArgs.model_validate(call.parsed_arguments())
     except ValueError as exc:
         detail = validation_text(exc, "arguments") if isinstance(exc, ValidationError) else str(exc)
-        _refuse(ctx, call, step, f"invalid arguments for delegate: {detail}")
+        refuse(ctx, call, step, f"invalid arguments for delegate: {detail}")
         return None
     if children is None:
-        _refuse(ctx, call, step, "delegation is not available in this session")
+        refuse(ctx, call, step, "delegation is not available in this session")
         return None
     made = tools_for(ctx.tools, args)
     if isinstance(made, str):
-        _refuse(ctx, call, step, made)
+        refuse(ctx, call, step, made)
         return None
     settings = child_settings(ctx, args, kid, share).model_copy(
         update={"child_tools": sorted(made)}
@@ -236,13 +236,13 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
     if step.prior is None:  # a new call: the limits and rules decide; a child made is gone on with
         problem = _over_limits(ctx, children)
         if problem is not None:
-            _refuse(ctx, call, step, problem)
+            refuse(ctx, call, step, problem)
             return None
         # The rules, as for any tool (by name, and by arguments: the task, the workspace
         # mode). No rule matched: it runs (the child's own calls face the rules in turn).
         decision = approvals.decide_call(ctx, call, exec_tool=False, asks=False)
         if decision.verdict is Verdict.DENY:
-            _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+            refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
             return None
         if decision.verdict is Verdict.ASK:
             # Blocked here, before the child is made; a decided approval is used in the
@@ -251,7 +251,7 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
                 ctx, call, ApprovalKind.APPROVAL_REQUIRED, call.arguments, decision.reason
             )
             if approvals.denied(approval):
-                _refuse(
+                refuse(
                     ctx,
                     call,
                     step,
@@ -382,37 +382,10 @@ def _answered(ctx: StepContext, call: ToolCall, child: RunRecord) -> StepOutcome
     s = ctx.state
     s.prompt_tokens += tokens[0]
     s.completion_tokens += tokens[1]
-    observed = _observe(ctx, call, result)
-    return StepOutcome(
-        {**observed[0], "status": child.status}, None, messages=[observed[1]], tokens=tokens
-    )
-
-
-def _refuse(
-    ctx: StepContext,
-    call: ToolCall,
-    step: StepCall,
-    error: str,
-    *,
-    use_approval: int | None = None,
-) -> None:
-    output, message = _observe(ctx, call, ToolResult(error=error))
-    step.record(StepOutcome(output, error, messages=[message], use_approval=use_approval))
-
-
-def _observe(
-    ctx: StepContext, call: ToolCall, result: ToolResult
-) -> tuple[dict[str, Any], Message]:
-    s = ctx.state
-    redact = ctx.redactor.redact
-    text = cap_text(redact(result.for_model()), ctx.settings.output_cap)
-    if note := s.hook_notes.pop(call.id, None):  # a pre_tool hook's, before the result
-        text = f"{cap_text(redact(note), ctx.settings.output_cap // 4)}\n\n{text}"
-    message = Message("tool", text, tool_call_id=call.id)
-    s.tool_call_count += 1
-    s.note_tool_call(call)
-    s.append(message)
-    return {"result": text, "data": result.data}, message
+    seen = observed(ctx, call, result)
+    # The step completes whatever the child's end: its error is the observation's, not the step's.
+    output = {**seen.output, "status": child.status}
+    return StepOutcome(output, None, messages=seen.messages, tokens=tokens)
 
 
 def _brief(call: ToolCall) -> str:

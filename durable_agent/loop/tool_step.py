@@ -32,9 +32,10 @@ from durable_agent.errors import (
 )
 from durable_agent.loop import approvals, guard, hooks, stored_once
 from durable_agent.loop.heartbeat import watch_cancel
+from durable_agent.loop.observation import observed, refuse
 from durable_agent.loop.step import EndThenRaise, StepCall, StepOutcome, StepSpec, open_step
 from durable_agent.loop.step_context import StepContext
-from durable_agent.messages import HEAD, UNNAMED_TOOL, Message, ToolCall, sha256_text
+from durable_agent.messages import HEAD, UNNAMED_TOOL, ToolCall, sha256_text
 from durable_agent.status import EffectClass, StepKind
 from durable_agent.store.payloads import ToolInput
 from durable_agent.store.records import ApprovalKind, StepRecord, StepState
@@ -51,7 +52,6 @@ from durable_agent.tools.base import (
     declared,
 )
 from durable_agent.tools.delegate import Delegate
-from durable_agent.tools.limits import cap_text
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.sandbox import resolve
 
@@ -92,7 +92,7 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     # is reconciled below, as ever).
     opened = open_step(ctx, spec) if over_cap is not None else None
     if opened is not None and over_cap is not None and opened.prior is None:
-        return _refuse(ctx, call, opened, over_cap)
+        return refuse(ctx, call, opened, over_cap)
     streak = s.repeat_streak + 1 if call.fingerprint() == s.last_fingerprint else 1
     w = s.window  # budgets count from the turn's start (`continue`); the totals go on
     stop = guard.before_tool_call(
@@ -112,10 +112,10 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     step = opened or open_step(ctx, spec)
     prior = step.prior
     if blocked is not None and prior is None:
-        return _refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
+        return refuse(ctx, call, step, f"blocked by a pre_tool hook: {blocked}")
     if tool is None and prior is not None and prior.effect == EffectClass.EXEC:
         # A command cut off by a crash, resumed where the tool is not offered (--shell deny).
-        return _refuse(
+        return refuse(
             ctx,
             call,
             step,
@@ -125,14 +125,14 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     if tool is None:
         known = ", ".join(sorted(ctx.tools))
         if call.name == UNNAMED_TOOL:  # say what happened, not the placeholder's name
-            return _refuse(
+            return refuse(
                 ctx,
                 call,
                 step,
                 f"the tool call had no function name (`function` was missing, null or without a "
                 f"`name`), so nothing was run; name one of the available tools: {known}",
             )
-        return _refuse(ctx, call, step, f"unknown tool {call.name!r}; available tools: {known}")
+        return refuse(ctx, call, step, f"unknown tool {call.name!r}; available tools: {known}")
     try:
         args = tool.args_model.model_validate(call.parsed_arguments())
     except ValueError as exc:  # bad JSON (json.JSONDecodeError is a ValueError) or not an object
@@ -143,7 +143,7 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
             if isinstance(exc, json.JSONDecodeError)
             else str(exc)
         )
-        return _refuse(ctx, call, step, f"invalid arguments for {call.name}: {detail}")
+        return refuse(ctx, call, step, f"invalid arguments for {call.name}: {detail}")
     protocol = declared(tool)
     if tool.effect is EffectClass.EXEC:
         return _exec(ctx, call, step, tool, args, protocol)
@@ -151,13 +151,13 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     if prior is None:  # the rules decide a fresh call; an interrupted one was decided
         decision = approvals.decide_call(ctx, call, exec_tool=False, asks=protocol.asks)
         if decision.verdict is Verdict.DENY:
-            return _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+            return refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
         if decision.verdict is Verdict.ASK:
             approval = approvals.decided(
                 ctx, call, ApprovalKind.APPROVAL_REQUIRED, call.arguments, decision.reason
             )
             if approvals.denied(approval):
-                return _refuse(
+                return refuse(
                     ctx,
                     call,
                     step,
@@ -170,7 +170,7 @@ def run_tool(ctx: StepContext, call: ToolCall, *, over_cap: str | None = None) -
     # A read, or an idempotent write without a postcondition to check (an MCP tool annotated
     # idempotent, a plugin's): an interrupted one is simply run again.
     step.run(
-        lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call), use_approval=use),
+        lambda _step: observed(ctx, call, _invoke(ctx, tool, args, call), use_approval=use),
         use_approval=use,
     )
 
@@ -184,13 +184,13 @@ def _write(
     use: int | None = None,
 ) -> None:
     prior = step.prior
-    run = lambda _step: _observed(ctx, call, _invoke(ctx, tool, args, call))  # noqa: E731
+    run = lambda _step: observed(ctx, call, _invoke(ctx, tool, args, call))  # noqa: E731
     if prior is None:
         try:
             planned = tool.plan(args, _tool_ctx(ctx, call))
         except (ToolFailure, OSError, ValueError) as exc:  # nothing was written: an observation
             message = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
-            return _refuse(ctx, call, step, message)
+            return refuse(ctx, call, step, message)
         # Its fields, not the object: a plugin's plan may be any object that has them.
         recorded = {
             "path": planned.path,
@@ -217,7 +217,7 @@ def _write(
             current = f"unreadable: {exc}"
         if current == plan.after_sha:
             step.record(
-                _observed(
+                observed(
                     ctx,
                     call,
                     ToolResult(
@@ -240,7 +240,7 @@ def _write(
             step_seq=prior.seq,
         )
         if approvals.denied(approval):
-            return _refuse(
+            return refuse(
                 ctx,
                 call,
                 step,
@@ -289,7 +289,7 @@ def _exec(
     if prior is not None and prior.state == StepState.STARTED and not _never_began(ctx, call, step):
         # The crash hit while it ran: its outcome is unknown and it is not idempotent.
         if ctx.settings.on_uncertain_exec == "tell_model":
-            return _refuse(
+            return refuse(
                 ctx,
                 call,
                 step,
@@ -306,7 +306,7 @@ def _exec(
             step_seq=prior.seq,
         )
         if approvals.denied(approval):
-            return _refuse(
+            return refuse(
                 ctx,
                 call,
                 step,
@@ -320,7 +320,7 @@ def _exec(
     else:
         decision = approvals.decide_call(ctx, call, exec_tool=True, asks=protocol.asks)
         if decision.verdict is Verdict.DENY:
-            return _refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
+            return refuse(ctx, call, step, f"not allowed by the policy: {decision.reason}")
         if (
             decision.verdict is Verdict.ASK
         ):  # (an approval the attempt that never began used still stands)
@@ -333,7 +333,7 @@ def _exec(
                 used_too=prior is not None,
             )
             if approvals.denied(approval):
-                return _refuse(
+                return refuse(
                     ctx,
                     call,
                     step,
@@ -358,46 +358,11 @@ def _exec(
             cut = ToolResult(
                 error="interrupted by the user (Ctrl-C): the command was killed and may have partly run"
             )
-            raise EndThenRaise(_observed(ctx, call, cut), exc) from None
-        return _observed(ctx, call, result)
+            raise EndThenRaise(observed(ctx, call, cut), exc) from None
+        return observed(ctx, call, result)
 
     step.run(run, input=intent, use_approval=use)
     return None
-
-
-def _refuse(
-    ctx: StepContext,
-    call: ToolCall,
-    step: StepCall,
-    error: str,
-    *,
-    use_approval: int | None = None,
-) -> None:
-    """Nothing was run: the call's error observation is its outcome."""
-    step.record(_observed(ctx, call, ToolResult(error=error), use_approval=use_approval))
-
-
-def _observed(
-    ctx: StepContext,
-    call: ToolCall,
-    result: ToolResult,
-    *,
-    use_approval: int | None = None,
-) -> StepOutcome:
-    """The call's one tool message, in the history, and the step's outcome."""
-    s = ctx.state
-    redact = ctx.redactor.redact
-    # Redact first, then cap: a cut through the middle of a secret would leave half of it.
-    text = cap_text(redact(result.for_model()), ctx.settings.output_cap)
-    if note := s.hook_notes.pop(call.id, None):  # a pre_tool hook's, before the result
-        text = f"{cap_text(redact(note), ctx.settings.output_cap // 4)}\n\n{text}"
-    message = Message("tool", text, tool_call_id=call.id)
-    s.tool_call_count += 1
-    s.note_tool_call(call)
-    s.append(message)
-    output = {"result": text, "data": ctx.redactor.redact_json(result.data)}
-    error = redact(result.error) if result.error is not None else None
-    return StepOutcome(output, error, messages=[message], use_approval=use_approval)
 
 
 def _tool_ctx(ctx: StepContext, call: ToolCall, step: Step | None = None) -> ToolContext:
