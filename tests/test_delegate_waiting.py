@@ -586,3 +586,49 @@ def test_a_persons_resume_of_a_waiting_parent_runs_its_children_here(
     check_once(db, "p")
     assert ledger(db, "p") == ref["ledger"]
     assert tokens(db) == ref["tokens"]
+
+
+def test_batch_cancel_reaches_the_tasks_grandchildren(
+    tmp_path: Path, env: dict[str, str], store_url: str
+) -> None:
+    """`batch cancel` ends a task's whole tree: its children's children too, not only the
+    runs it delegated to directly; a run outside the batch is left as it was."""
+    from sqlalchemy import text
+
+    from durable_agent.store import fleet
+    from durable_agent.store.engine import open_store_engine
+
+    e = {**env, "DURABLE_AGENT_DB": store_url}
+    ws = folder(tmp_path, "ws")
+    model = readers_script(tmp_path / "s.json")
+    for rid in ("t", "c", "g", "g2", "u"):
+        r = forked_cli.run(
+            ["start", rid, "--model", model, "--run-id", rid, "--detach"], env=e, cwd=ws
+        )
+        assert r.returncode == 0, r.stderr
+    engine = open_store_engine(store_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET status = 'waiting' WHERE id IN ('t', 'c')"))
+            conn.execute(text("UPDATE runs SET parent_id = 't', parent_step = 1 WHERE id = 'c'"))
+            conn.execute(
+                text("UPDATE runs SET parent_id = 'c', parent_step = 1 WHERE id IN ('g', 'g2')")
+            )
+            conn.execute(text("UPDATE runs SET status = 'running' WHERE id = 'g2'"))
+        batch, made = fleet.open_batch(engine, "b1", "b", str(tmp_path), None)
+        assert made
+        fleet.add_task(engine, batch.id, "task", "t", 0, {})
+        assert fleet.cancel_batch(engine, batch.id) == (3, 1)
+        with engine.connect() as conn:
+            got = dict(conn.execute(text("SELECT id, status FROM runs")).all())
+            asked = conn.execute(text("SELECT id FROM runs WHERE cancel_requested")).all()
+        assert got == {
+            "t": "cancelled",
+            "c": "cancelled",
+            "g": "cancelled",
+            "g2": "running",
+            "u": "pending",
+        }
+        assert asked == [("g2",)]
+    finally:
+        engine.dispose()

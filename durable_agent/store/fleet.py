@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from msgspec import Struct
-from sqlalchemy import Connection, Engine, case, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, case, func, insert, select, update
 
 from durable_agent.status import RunStatus, StepKind, StopReason
 from durable_agent.store import leases, outbox, retrying
@@ -387,28 +387,39 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
             .where(batches.c.id == batch_id)
             .values(status=BATCH_CANCELLED, updated_at=now)
         )
-        ids = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
+        # The tasks' runs and every run they delegated to, at any depth (docs/delegation.md).
+        tree = (
+            select(batch_tasks.c.run_id.label("id"))
+            .where(batch_tasks.c.batch_id == batch_id)
+            .cte("family", recursive=True)
+        )
+        tree = tree.union_all(select(runs.c.id).where(runs.c.parent_id == tree.c.id))
+        # Read first, then updated by id (an UPDATE led by WITH has no row count in Python's
+        # sqlite3 before 3.12), a slice at a time (SQLite's limit on bound values).
+        family = conn.execute(select(tree.c.id)).scalars().all()
         # Queued ones and ones waiting for their child runs hold no lease: ended at once
         # (their children too: nobody would read their answers).
         stopped = (RunStatus.PENDING.value, RunStatus.WAITING.value)
-        family = or_(runs.c.id.in_(ids), runs.c.parent_id.in_(ids))
-        queued = conn.execute(
-            update(runs)
-            .where(family, runs.c.status.in_(stopped))
-            .values(
-                status=RunStatus.CANCELLED.value,
-                stop_reason=StopReason.CANCELLED.value,
-                error="batch cancelled",
-                finished_at=now,
-                updated_at=now,
-            )
-        ).rowcount
-        asked = conn.execute(
-            update(runs)
-            .where(family, runs.c.status == RunStatus.RUNNING.value)
-            .values(cancel_requested=True, updated_at=now)
-        ).rowcount
-        return int(queued), int(asked)
+        queued = asked = 0
+        for start in range(0, len(family), 500):
+            some = runs.c.id.in_(family[start : start + 500])
+            queued += conn.execute(
+                update(runs)
+                .where(some, runs.c.status.in_(stopped))
+                .values(
+                    status=RunStatus.CANCELLED.value,
+                    stop_reason=StopReason.CANCELLED.value,
+                    error="batch cancelled",
+                    finished_at=now,
+                    updated_at=now,
+                )
+            ).rowcount
+            asked += conn.execute(
+                update(runs)
+                .where(some, runs.c.status == RunStatus.RUNNING.value)
+                .values(cancel_requested=True, updated_at=now)
+            ).rowcount
+        return queued, asked
 
     return _write(engine, write)
 
