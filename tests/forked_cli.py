@@ -134,16 +134,18 @@ def run(
     cwd: Path | str,
     timeout: float = 120,
     input: str | None = None,
-) -> subprocess.CompletedProcess[str]:
+    text: bool = True,
+) -> subprocess.CompletedProcess[Any]:
     """`subprocess.run([sys.executable, "-m", "durable_agent", *args], capture_output=True,
-    text=True, stdin=DEVNULL or `input`)`, in a forked process when it can be."""
+    text=text, stdin=DEVNULL or `input`)`, in a forked process when it can be (text=False:
+    the output's bytes as they were written)."""
     argv = [sys.executable, "-m", "durable_agent", *args]
     if not usable(env):
         kwargs: dict[str, Any] = (
             {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
         )
         return subprocess.run(
-            argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout, **kwargs
+            argv, cwd=cwd, env=dict(env), capture_output=True, text=text, timeout=timeout, **kwargs
         )
     if not os.path.isdir(cwd):
         raise FileNotFoundError(
@@ -188,10 +190,12 @@ def run(
             code = json.loads(line)["code"]
         out.seek(0)
         err.seek(0)
-        stdout = io.TextIOWrapper(
-            out
-        ).read()  # as text=True decodes: locale encoding, universal newlines
-        stderr = io.TextIOWrapper(err).read()
+        stdout: Any
+        stderr: Any
+        if text:  # as text=True decodes: locale encoding, universal newlines
+            stdout, stderr = io.TextIOWrapper(out).read(), io.TextIOWrapper(err).read()
+        else:
+            stdout, stderr = out.read(), err.read()
     if timed_out:
         raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
     return subprocess.CompletedProcess(argv, code, stdout, stderr)

@@ -18,6 +18,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -160,15 +161,7 @@ PRELUDE = (
 
 
 def _da(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "durable_agent", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-        check=False,
-    )
+    return forked_cli.run(args, env=env, cwd=cwd, text=False)
 
 
 def _applied(root: Path, patch: bytes) -> None:
