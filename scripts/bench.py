@@ -559,7 +559,12 @@ def start_breakdown(argv: list[str], cwd: Path, env: dict[str, str], root: Path)
         for m in noted["modules"]
         if m.startswith("durable_agent") and m != "durable_agent.__main__"
     ]
-    imports = f"import importlib\nfor m in {own!r}:\n    importlib.import_module(m)\n"
+    # As the CLI imports them and ends: the collector paused, everything frozen at the end
+    # (durable_agent/cli/collector.py), so "running the command" is the rest.
+    imports = (
+        f"import gc, importlib\ngc.disable()\nfor m in {own!r}:\n    importlib.import_module(m)\n"
+        "gc.freeze()\n"
+    )
     n = noted["records"]
 
     def records(kind: str) -> int:

@@ -7,11 +7,17 @@ the rest is memory traffic). So `cli.main` pauses the collector for the command,
 loop starts it again with everything made so far frozen out of later collections (which
 then also pass over it every time), and `main` leaves the collector as it found it for a
 caller in the same process (the tests, a program).
+
+When the command is the process's own, the process ends with it: Python's finalization
+would then collect twice over everything start-up made, only to free what the OS frees
+anyway (110M instructions of a one-step `start`, 7% of it). `process_ends` closes what must
+be closed (the stores' connections) and freezes everything out of those collections.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 
 # One entry for each `main` under way: was the collector on, and was nothing frozen (then
 # what is frozen later is ours to unfreeze)?
@@ -42,3 +48,13 @@ def restore() -> None:
         gc.enable()
     else:
         gc.disable()
+
+
+def process_ends() -> None:
+    """The process's own command is over: close the stores' connections (SQLite checkpoints
+    its WAL on the last close), then leave every object to the process's exit (nothing made
+    so far is collected again: the finalizer's collections found nothing worth their cost)."""
+    engines = sys.modules.get("durable_agent.store.engine")  # not loaded: no store was opened
+    if engines is not None:
+        engines.dispose_all()
+    gc.freeze()

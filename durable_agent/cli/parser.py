@@ -797,6 +797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # threading._shutdown or an atexit handler.
         if argv is None and (signal := sys.modules.get("signal")) is not None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if argv is None:
+            collector.process_ends()
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -3,8 +3,6 @@
 Pure pydantic, no `mcp` import: settings validate without the extra installed.
 """
 
-from __future__ import annotations
-
 import re
 import shlex
 from pathlib import Path
@@ -36,9 +34,9 @@ class McpServerConfig(BaseModel):
 
     command: str | None = None
     """Program to start (stdio transport)."""
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = []
     """Its arguments."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = {}
     """Variables added to its environment (the harness's credentials are never passed on)."""
     cwd: str | None = None
     """Directory it starts in (default: the workspace)."""
@@ -46,7 +44,7 @@ class McpServerConfig(BaseModel):
     """Streamable-HTTP endpoint instead of a command."""
     timeout_s: float | None = Field(None, gt=0)
     """Seconds one tool call may take (default: mcp_timeout_s)."""
-    tools: dict[str, McpToolOverride] = Field(default_factory=dict)
+    tools: dict[str, McpToolOverride] = {}
     """Per-tool overrides, by the server's tool name."""
     startup_timeout_s: float | None = Field(None, gt=0)
     """Seconds it may take to start and list its tools (default: mcp_startup_timeout_s)."""
@@ -57,7 +55,7 @@ class McpServerConfig(BaseModel):
     """A folder it may write, given to it as npm_config_cache, UV_CACHE_DIR, XDG_CACHE_HOME
     and PIP_CACHE_DIR (default: mcp-cache/NAME in the harness's data folder), writable
     under bubblewrap."""
-    env_vars: list[str] = Field(default_factory=list)
+    env_vars: list[str] = []
     """Names of the harness's environment variables passed on to it as they are."""
     enabled: bool = True
     """false: configured but not started, its tools not offered."""
@@ -80,7 +78,7 @@ class McpServerConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
+    def _one_transport(self) -> "McpServerConfig":
         if (self.command is None) == (self.url is None):
             raise ValueError("give either `command` (stdio) or `url` (streamable HTTP)")
         return self

@@ -23,8 +23,6 @@ Rules are policy, not containment: they decide who is asked. Every command runs 
 sandbox (os_sandbox.py) whatever the rules say.
 """
 
-from __future__ import annotations
-
 import fnmatch
 import json
 import os
@@ -76,9 +74,9 @@ class Rule(BaseModel):
     """Dotted paths into the call's arguments and the value (or, for text, glob) each must have."""
     reason: str | None = None
     """Said to the model (deny) or the person (ask) with the decision."""
-    examples_match: list[Example] = Field(default_factory=list)
+    examples_match: list[Example] = []
     """Calls the rule must match, checked when the config loads."""
-    examples_not_match: list[Example] = Field(default_factory=list)
+    examples_not_match: list[Example] = []
     """Calls the rule must not match, checked when the config loads."""
     source: str = ""
     """Where the rule was read (a file), filled in by the loader."""
@@ -101,7 +99,7 @@ class Rule(BaseModel):
         return words
 
     @model_validator(mode="after")
-    def _examples_hold(self) -> Rule:
+    def _examples_hold(self) -> "Rule":
         for example in self.examples_match:
             if self.why(self.example_tool(), _example_arguments(self, example)) is None:
                 raise ValueError(

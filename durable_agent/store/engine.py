@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,17 @@ from durable_agent.store.revision import HEAD_REVISION
 from durable_agent.store.storable import is_utf8, lenient_text, read_json
 
 BUSY_TIMEOUT_MS = 30_000
+
+# Every engine made here, for `dispose_all` at the end of the process's own command.
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def dispose_all() -> None:
+    """Close the connections of every engine still open: the CLI's process ends without the
+    collections that would otherwise close them (cli/collector.py), and SQLite checkpoints its
+    WAL into the store when its last connection closes (no `-wal` file is left behind)."""
+    for engine in list(_ENGINES):
+        engine.dispose()
 
 
 def normalize_url(url: str) -> str:
@@ -49,6 +61,12 @@ def make_engine(
     """`pool_size`: connections kept open; a worker running N runs at once (each with a
     heartbeat thread) needs about 2N + 2, more than the default 5 + 10 overflow.
     `lease_seconds`: the runs' lease; on PostgreSQL no transaction of ours stays idle longer."""
+    engine = _make_engine(url, durability, pool_size, lease_seconds)
+    _ENGINES.add(engine)
+    return engine
+
+
+def _make_engine(url: str, durability: str, pool_size: int | None, lease_seconds: float) -> Engine:
     url = normalize_url(url)
     pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": pool_size}
     try:
