@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 DONE = {"content": "done"}
 
 
@@ -93,6 +95,7 @@ def test_the_json_result_names_model_calls(
     assert (out["model_calls"], out["steps"], out["tool_calls"]) == (2, 2, 1)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_run_the_store_is_lost_under_still_prints_one_json_object(
     cli: Callable[..., Any], write_script: Callable[..., str], tmp_path: Any
 ) -> None:

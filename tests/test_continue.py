@@ -245,6 +245,7 @@ def test_a_relative_workspace_flag_is_recorded_as_a_full_path(
     assert ledger_lines(ws) == CALLS
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_running_blocked_or_queued_run_is_refused_with_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -642,6 +643,7 @@ def test_the_python_api_continues_a_run(
         agent.continue_run(first.run_id, "  ")
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_on_each_backend_detach_then_worker_and_a_crashed_continue_again(
     env: dict[str, str], tmp_path: Path, store_url: str
 ) -> None:

@@ -4,6 +4,7 @@ without pathspec: held here to pathspec's own answer for any such rules and any 
 from __future__ import annotations
 
 import pathspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ PATHS = st.tuples(
 ).map(lambda t: "/".join(t[0]) + ("/" if t[1] else ""))
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @settings(max_examples=400, deadline=None)
 @given(rules=RULES, paths=st.lists(PATHS, min_size=1, max_size=8))
 def test_plain_directory_rules_match_as_pathspec_matches_them(

@@ -415,6 +415,7 @@ def test_live_lease_makes_resume_exit_6_and_a_dead_owner_is_taken_over(
     assert len(epochs) == 2  # first session's steps, then the takeover's
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_cancel_a_pending_run_and_a_live_one(cli, write_script, env, sql) -> None:
     r = cli("start", "t", "--model", write_script([DONE]), "--detach")
     run_id = r.stdout.strip()

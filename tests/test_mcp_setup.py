@@ -92,6 +92,7 @@ def test_an_npm_server_installed_under_tmp_runs_in_the_default_sandbox(
     assert state == "completed" and "entities" in result, result
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_missing_program_is_one_line_naming_it(cli: Callable[..., Any], tmp_path: Path) -> None:
     gone = tmp_path / "node_modules" / ".bin" / "mcp-gone"
     r = cli("tools", "--json", "--mcp", f"gone={gone}", "--mcp", f"time={TIME}")

@@ -123,6 +123,7 @@ def test_nested_files_are_read_nearest_last_from_the_task_folder(
     "crash_after",
     [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(6, marks=pytest.mark.slow)],
 )
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_resume_keeps_the_recorded_text_when_the_files_changed(
     env: dict[str, str],
     workspace: Path,
@@ -453,6 +454,7 @@ def test_a_continue_killed_after_its_message_then_resumed_reads_the_files_too(
     assert len(texts) == 3 and "NEWER text" in texts[2], texts
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_project_cannot_read_the_users_config_as_memory(
     env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
 ) -> None:

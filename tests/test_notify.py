@@ -224,6 +224,7 @@ def test_notify_settings_are_not_recorded_on_the_run(
     assert SECRET not in settings
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_each_store_queues_and_delivers_an_end_once(
     cli: Callable[..., Any],
     write_script: Callable[..., str],

@@ -176,6 +176,7 @@ def bash_commands(line: str, tmp: Path) -> list[list[str]]:
     return [[w for w in rec.split("\0")[:-1] if w != ""] for rec in records]
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=command_line())
 def test_the_parser_splits_words_as_bash_does(

@@ -267,6 +267,7 @@ def test_a_server_that_keeps_sending_cannot_hold_a_call_past_request_timeout_s(
     assert took < 5, took
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_through_a_proxy_the_deadline_still_holds(
     server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -133,6 +133,7 @@ def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
     return True
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @pytest.mark.parametrize("loop", ["c", "python"])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(_command, _tool, _tool), min_size=1, max_size=14))

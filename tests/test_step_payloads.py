@@ -159,6 +159,7 @@ KINDS = (
 )
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @given(kind=KINDS, value=JSON)
 @settings(max_examples=400, deadline=None)
 def test_decoding_any_json_never_raises(kind: Any, value: Any) -> None:
@@ -213,6 +214,7 @@ def near_misses(draw: st.DrawFn) -> tuple[str, Any, Any]:
     return kind, draw(_mutations(given_in)), draw(_mutations(given_out))
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @given(case=near_misses())
 @settings(max_examples=300, deadline=None)
 def test_a_payload_with_a_key_missing_or_of_another_type_decodes(
@@ -245,6 +247,7 @@ def test_the_valid_examples_are_typed() -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_show_and_export_read_any_payload_through_the_cli(
     recorded: list[Any],
     db_path: Path,
@@ -292,6 +295,7 @@ def test_show_and_export_read_an_unknown_shape_in_a_real_process(
     assert shown["steps"][0]["output"] == {"usage": "lots"}  # shown as stored
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_an_interrupted_write_whose_plan_is_unreadable_asks_instead_of_crashing(
     cli: Callable[..., Any], write_script: Callable[..., str], workspace: Path, db_path: Path
 ) -> None:

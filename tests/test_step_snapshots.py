@@ -108,6 +108,7 @@ def check_step(
         assert "diff --durable-agent" not in diff.stdout, (tool, diff.stdout)
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_each_effect_class_records_only_what_its_step_changed(
     cli: Callable[..., Any],
     existing: Path,

@@ -235,6 +235,7 @@ def popen(api: Endpoint, *args: str) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_text_and_tool_names_appear_while_the_answer_is_still_coming(
     make_api: Callable[..., Endpoint], sql: Callable[..., list[Any]]
 ) -> None:
@@ -401,6 +402,7 @@ def test_the_client_hands_each_try_a_start(tmp_path: Path) -> None:
     assert model.streams  # a cut stream is no reason to stop streaming
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_jsonl_prints_the_export_events_live(
     make_api: Callable[..., Endpoint], cli: Callable[..., Any]
 ) -> None:

@@ -100,6 +100,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_no_import_cycle_inside_the_package() -> None:
     graph = _graph()
     # A package imports its own submodules only for re-export; that is not a dependency back.

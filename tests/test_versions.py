@@ -163,6 +163,7 @@ def _consent_flow(lab: Lab, resume: Result, what: str) -> None:
     assert lab.da("list", "--needs-consent").stdout == ""
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 def test_a_used_tool_removed_needs_consent(lab: Lab) -> None:
     lab.plugin()
     lab.start_and_crash()

@@ -663,6 +663,7 @@ def _apply(root: Path, op: tuple[Any, ...]) -> None:
         (path / ".gitignore").write_text(op[2])
 
 
+@pytest.mark.slow  # over 2 s on 2 cores
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_ops, min_size=1, max_size=12))
 def test_an_incremental_scan_equals_a_scan_from_scratch(ops: list[tuple[Any, ...]]) -> None:
