@@ -44,7 +44,12 @@ from durable_agent.tools import beneath
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
 from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
-from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
+from durable_agent.workspace.ignore_rules import (
+    DirectoryNames,
+    compile_checked,
+    compile_rules,
+    matchable,
+)
 from durable_agent.workspace.manifest import (
     BIG,
     DIR,
@@ -201,6 +206,7 @@ class Scanner:
         # Its `NAME/` rules of GENERATED folders are matched apart: they yield to git's index.
         generated = [r for r in exclude if r.endswith("/") and r[:-1] in GENERATED]
         self.generated = frozenset(r[:-1] for r in generated)
+        self._generated_names = frozenset(os.fsencode(n) for n in self.generated)
         self.exclude, self.exclude_refused = compile_checked(
             [r for r in exclude if r not in generated]
         )
@@ -230,6 +236,11 @@ class Scanner:
         # Contents read by scans since a snapshot last took them (snapshot.take stores them):
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
+        # sha256 -> the `git:` id of the same bytes, for files read that a snapshot recorded
+        # by a commit HEAD no longer is: content ids of one content, so resume's drift check
+        # does not call an untouched file changed after HEAD moved (a fact about bytes:
+        # never stale).
+        self.same_bytes: dict[str, str] = {}
         # `snapshot_baseline = "git"` (snapshot.use_git): the HEAD commit's blob ids by path,
         # the tracked files git said were clean (not read while their change time is before
         # `_vouched_before`), the commit's object format.
@@ -683,6 +694,16 @@ class Scanner:
         self._stale.discard(rel_dir)
         fast = cached if trusted else {}
         prefix = rel_dir + b"/" if rel_dir else b""
+        # Rules that are all plain `NAME/` (the `exclude` setting's default, such a
+        # .gitignore) decide a file by its folders alone, as they decided this folder, which
+        # the walk entered: none leaves out a file here, unless a GENERATED folder is on the
+        # way (a file in it is left out unless git tracks it: _excluded). Matching every file
+        # of a first scan against them took a third of its walk.
+        by_folder = (
+            isinstance(self.exclude, DirectoryNames)
+            and all(isinstance(rules, DirectoryNames) for _, rules in specs)
+            and self._generated_names.isdisjoint(rel_dir.split(b"/"))
+        )
         # The hot path of an unchanged workspace: the names whose cached key the lstat
         # confirms are counted, nothing is built for them. The change time moves with every
         # change to a file (content, mode, times, a rename) and no program can set it; size
@@ -727,7 +748,7 @@ class Scanner:
                 continue
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
-            if old is None or not trusted:
+            if (old is None or not trusted) and not by_folder:
                 ignored = self._decisions.get((rel, False))
                 if ignored is None:
                     ignored = self._ignored(rel, False, specs)
@@ -861,10 +882,12 @@ class Scanner:
             # Its bytes never reach `contents`, so no snapshot can store them.
             return _withheld(data, stat.S_IMODE(st.st_mode) & 0o777)
         mode = stat.S_IMODE(st.st_mode) & 0o777
-        ref = self._git_ref(rel, data, prior)
+        ref, recorded = self._git_ref(rel, data, prior)
         if ref is not None:  # the commit holds these bytes: nothing to store
             return Entry(FILE, mode, ref, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
+        if recorded is not None:
+            self.same_bytes[digest] = recorded
         out.contents[digest] = data
         return Entry(FILE, mode, digest, size=len(data))
 
@@ -884,26 +907,31 @@ class Scanner:
             return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, GIT_REF + blob, size=st.st_size)
         return None
 
-    def _git_ref(self, rel: bytes, data: bytes, prior: Entry | None) -> str | None:
+    def _git_ref(
+        self, rel: bytes, data: bytes, prior: Entry | None
+    ) -> tuple[str | None, str | None]:
         """The `git:` content id of bytes read at `rel`, when the commit holds them there: the
         same id as `prior`'s (a touched file is no change), or HEAD's blob at the path.
-        None: a sha256 (a content the store holds, or will)."""
+        None: a sha256 (a content the store holds, or will); then, second, `prior`'s `git:`
+        id when these are its bytes still, of a commit HEAD no longer is (same_bytes)."""
         was = prior.ref if prior is not None and prior.kind == FILE else ""
         at = self._head.get(rel)
         if not was.startswith(GIT_REF) and at is None:
-            return None
+            return None, None
         same_size = prior is not None and prior.size == len(data)
         if was and not was.startswith(GIT_REF) and same_size and _sha256(data) == was:
-            return None  # unchanged, and stored: it keeps its sha256
+            return None, None  # unchanged, and stored: it keeps its sha256
+        recorded = None
         if was.startswith(GIT_REF) and same_size:
             fmt = "sha256" if len(was) == len(GIT_REF) + 64 else "sha1"
             blob = git_blob_id(data, fmt)
-            # The same bytes as recorded; still a commit's (else its bytes are stored).
-            if was == GIT_REF + blob and blob in self._head_ids:
-                return was
+            if was == GIT_REF + blob:  # the same bytes as recorded; still a commit's?
+                if blob in self._head_ids:
+                    return was, None
+                recorded = was
         if at is not None and git_blob_id(data, self._git_format) == at:
-            return GIT_REF + at
-        return None
+            return GIT_REF + at, None
+        return None, recorded
 
 
 def _sha256(data: bytes) -> str:
