@@ -210,8 +210,11 @@ class Scanner:
         self.exclude, self.exclude_refused = compile_checked(
             [r for r in exclude if r not in generated]
         )
-        self._tracked = Tracked()  # files git tracks in those folders (git_index.py)
+        # Files git tracks in those folders (git_index.py); None: not read since the index
+        # last changed, as no decision needed it yet (_tracked_now).
+        self._tracked: Tracked | None = None
         self._index_key: tuple[object, ...] | None = None
+        self._index: tuple[bytes, bytes] | None = None  # the index and the workspace's prefix
         # Paths the `exclude` setting left out, as last told (report_excluded).
         self._excluded_told: set[bytes] | None = None
         self.lock = threading.Lock()
@@ -302,11 +305,14 @@ class Scanner:
         if not deferred:
             return
         root_fd = os.open(self.root, _DIR_FLAGS)
+        vouch, cache = self._vouch, self._cache
         try:
             for rel, st, prior in deferred:
                 parent, _, name = rel.rpartition(b"/")
-                cached = self._cache.setdefault(parent, {})
-                entry = self._vouch(rel, st, prior)
+                cached = cache.get(parent)
+                if cached is None:
+                    cached = cache[parent] = {}
+                entry = vouch(rel, st, prior)
                 if entry is None:
                     try:
                         with beneath.parent_of(root_fd, rel) as (fd, _leaf):
@@ -315,7 +321,8 @@ class Scanner:
                         entry = None
                     except OSError:
                         entry = _UNREADABLE
-                key = cached[name][0] if name in cached else None
+                row = cached.get(name)
+                key = row[0] if row is not None else None
                 if entry is _UNREADABLE:  # kept as last stored, read again next time
                     w.out.unreadable.append(rel)
                     entry, key = self._last_seen.get(rel), None
@@ -564,14 +571,28 @@ class Scanner:
                 key = None
         if key == self._index_key:
             return
-        self._index_key = key
-        names = frozenset(os.fsencode(n) for n in self.generated)
-        tracked = Tracked() if found is None or key is None else tracked_files(*found, names)
+        self._index_key, self._index = key, (found if key is not None else None)
+        if self._tracked is None:
+            return  # no decision was made on it: read when one needs it
+        tracked = self._read_tracked()
         if tracked != self._tracked:
             self._tracked = tracked
             self._decisions.clear()
             self._by_setting.clear()
             self._ignore_epoch += 1
+
+    def _read_tracked(self) -> Tracked:
+        if self._index is None:
+            return Tracked()
+        return tracked_files(*self._index, self._generated_names)
+
+    def _tracked_now(self) -> Tracked:
+        """The tracked files in GENERATED folders, read from the index when first needed (a
+        walk that meets no such folder never parses it: 50,000 entries cost a third of
+        `git status`)."""
+        if self._tracked is None:
+            self._tracked = self._read_tracked()
+        return self._tracked
 
     def _gitignore(self, rel_dir: bytes, dir_fd: int, names: list[bytes]) -> Any:
         """The rules of the .gitignore in the folder `dir_fd` holds, whose `names` are
@@ -639,7 +660,8 @@ class Scanner:
             return True
         if self.generated.isdisjoint(text.split("/")[:-1]):
             return False
-        return rel not in (self._tracked.dirs if is_dir else self._tracked.files)
+        tracked = self._tracked_now()
+        return rel not in (tracked.dirs if is_dir else tracked.files)
 
     # -- walking -------------------------------------------------------------------------------
     def _walk(
@@ -893,18 +915,18 @@ class Scanner:
 
     def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
         """The entry of a file git vouches for (use_git), not read; None: read it."""
-        blob = self._vouched.get(rel) if self._vouched else None
+        blob = self._vouched.get(rel)
         if (
             blob is not None
-            and stat.S_ISREG(st.st_mode)
             and st.st_ctime_ns < self._vouched_before
             and st.st_size <= self.size_cap
+            and stat.S_ISREG(st.st_mode)
             and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
             and not (self.secrets is not None and self.secrets.named(rel))
         ):
             # git's index says these are the commit's bytes, and nothing changed the file
             # since git looked (its change time): not read, as `git status` reads none.
-            return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, GIT_REF + blob, size=st.st_size)
+            return Entry(FILE, st.st_mode & 0o777, GIT_REF + blob, b"", st.st_size)
         return None
 
     def _git_ref(
