@@ -29,9 +29,11 @@ records as `git:` ids without reading them (Scanner.use_git).
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -88,6 +90,9 @@ GENERATED = frozenset(
 DEFAULT_EXCLUDE = (".git/", *(f"{name}/" for name in sorted(GENERATED)))
 
 StatKey = tuple[int, int, int]  # ctime_ns, size, inode
+_FS_ENCODED = functools.partial(
+    str.encode, encoding=sys.getfilesystemencoding(), errors=sys.getfilesystemencodeerrors()
+)  # os.fsencode of many names at once (a name holds no NUL)
 
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
@@ -821,7 +826,8 @@ class Scanner:
         known = self._listing.get(rel_dir)
         if known is not None and known[0] == key:
             return known[1]
-        names = [os.fsencode(n) for n in os.listdir(fd)]
+        listed = os.listdir(fd)  # (by its fd: names as str, encoded back in one call)
+        names = _FS_ENCODED("\0".join(listed)).split(b"\0") if listed else []
         if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
             self._listing[rel_dir] = (key, names)
         else:
