@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import subprocess
 import threading
 import urllib.parse
@@ -49,6 +48,7 @@ _ENV = {
     "LC_ALL": "C",
 }
 _SAFE = ["-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never"]
+FILE_MODES = (b"100644", b"100755")
 CLONE_SECONDS = 3600  # a bare clone of a large remote takes a while; a hung one, not forever
 
 
@@ -146,17 +146,17 @@ def _tree(repo: str | bytes, commit: str, prefix: str) -> dict[bytes, str]:
     return _tree_of(_git(repo, "ls-tree", "-r", "-z", spec))
 
 
-# One record of `ls-tree -r -z` / `ls-files -s -z` for a regular file: mode, (type,) blob
-# id, (stage,) path. Found by one regex over the whole output: a split and a partition a
-# record in Python cost a tenth of `git status` at 50,000 files, under the scan's GIL.
-_TREE_FILE = re.compile(rb"(?:^|(?<=\0))100(?:644|755) blob ([0-9a-f]+)\t([^\0]*)\0")
-_INDEX_FILE = re.compile(rb"(?:^|(?<=\0))100(?:644|755) ([0-9a-f]+) 0\t([^\0]*)\0")
-
-
 def _tree_of(out: bytes) -> dict[bytes, str]:
-    """Regular files only: links and submodules are recorded by the manifest as they are,
-    not from here."""
-    return {path: blob.decode() for blob, path in _TREE_FILE.findall(out)}
+    found: dict[bytes, str] = {}
+    for record in out.split(b"\0"):
+        if not record:
+            continue
+        meta, _, path = record.partition(b"\t")
+        fields = meta.split()
+        if len(fields) != 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
+            continue  # links, submodules: recorded by the manifest as they are, not from here
+        found[path] = fields[2].decode()
+    return found
 
 
 class Head(Struct):
@@ -279,13 +279,15 @@ def _clean(head: Head, listed: bytes, dirty: bytes) -> dict[bytes, str]:
     report. Their bytes are the commit's: a scan need not read them (while their change
     time says they were not touched since git looked: Scanner.use_git)."""
     files = head.files
-    # A conflict's stages, links, submodules: read as any file. A blob not the commit's at
-    # its path is staged, not committed: it may be nowhere else.
-    out = {
-        path: id
-        for blob, path in _INDEX_FILE.findall(listed)
-        if files.get(path) == (id := blob.decode())
-    }
+    out: dict[bytes, str] = {}
+    for record in listed.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        fields = meta.split()
+        if len(fields) != 3 or fields[2] != b"0" or fields[0] not in FILE_MODES:
+            continue  # a conflict's stages, links, submodules: read as any file
+        blob = fields[1].decode()
+        if files.get(path) == blob:  # else staged, not committed: its blob may be nowhere else
+            out[path] = blob
     for path in dirty.split(b"\0"):
         out.pop(path, None)
     return out
