@@ -27,13 +27,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from workspace_support import da, picture
 
+from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
+from durable_agent.workspace import git_baseline, snapshot
 from durable_agent.workspace import scan as scan_module
-from durable_agent.workspace import snapshot
 from durable_agent.workspace.manifest import changes
 from durable_agent.workspace.materialize import materialize
 from durable_agent.workspace.scan import DEFAULT_EXCLUDE, RACY_NS, Scanner
+from durable_agent.workspace.secrets import SecretCheck
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
 FILES, SIZE = 240, 25_000  # 6 MB of random bytes: nothing compresses it below 1 MB
@@ -547,6 +549,33 @@ def test_a_touched_file_is_not_drift_on_resume(tmp_path, genv, write_script) -> 
     assert (ws / "out/x.txt").read_text() == "built\n"
 
 
+@pytest.mark.slow
+def test_an_untouched_file_is_not_drift_after_head_moved(tmp_path, genv, write_script) -> None:  # type: ignore[no-untyped-def]
+    ws = make_checkout(tmp_path, files=20, size=1000)
+    model = write_script(TURNS)
+    assert _start(genv, ws, model, "moved", "--max-steps", "1").returncode == 3
+    # HEAD moves between the sessions to a commit whose src/f5.bin is other bytes; the file
+    # in the folder is not touched (a partial commit does this: `git add -p`).
+    blob = (
+        subprocess.run(
+            ["git", "hash-object", "-w", "--stdin"],
+            cwd=ws,
+            input=b"committed elsewhere\n",
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    before = (ws / "src/f5.bin").lstat()
+    git(ws, "update-index", "--cacheinfo", f"100644,{blob},src/f5.bin")
+    git(ws, "commit", "-q", "-m", "moved")
+    assert (ws / "src/f5.bin").lstat().st_ctime_ns == before.st_ctime_ns
+    proc = da(["resume", "moved", "--max-steps", "10", "--quiet"], genv, tmp_path)
+    assert proc.returncode == 0, proc.stderr  # (drift would stop it: exit 5, a question)
+    assert (ws / "out/x.txt").read_text() == "built\n"
+
+
 def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(
     tmp_path: Path,
 ) -> None:
@@ -568,3 +597,80 @@ def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(
         assert BlobStore(engine).tree_git(plain.tree_id) is None
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """A fresh scanner's first snapshot takes the files git vouches for unread; it must give
+    the manifest a scan that reads every file gives, whatever the checkout holds."""
+    if loop == "python":
+        monkeypatch.setattr(scan_module, "_changed", scan_module._changed_py)
+    ws = tmp_path / "ws"
+    for name in ("a/clean.txt", "a/b/deep.txt", "mod.txt", "gone.txt", "exec.sh", "perm.txt"):
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(f"{name}\n")
+    (ws / "racy.txt").write_text("aaaa\n")
+    (ws / "kept.log").write_text("tracked, but ignored by .gitignore\n")
+    (ws / "node_modules/pkg").mkdir(parents=True)
+    (ws / "node_modules/pkg/tracked.js").write_text("tracked in a generated folder\n")
+    (ws / ".gitignore").write_text("*.log\n")
+    (ws / ".env").write_text("TOKEN=committed\n")  # withheld by its name, read or not
+    os.symlink("a/clean.txt", ws / "link")
+    os.symlink("mod.txt", ws / "relinked")
+    os.symlink("exec.sh", ws / "was-link")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "add", "-f", "kept.log")
+    git(ws, "commit", "-q", "-m", "base")
+    (ws / "racy.txt").write_text("bbbb\n")  # same size, same second as the index: racy
+    (ws / "mod.txt").write_text("modified\n")
+    (ws / "gone.txt").unlink()
+    (ws / "exec.sh").chmod(0o755)  # a mode git records
+    (ws / "perm.txt").chmod(0o600)  # a mode git does not: clean to git, not to the manifest
+    (ws / "relinked").unlink()
+    os.symlink("a/b/deep.txt", ws / "relinked")
+    (ws / "was-link").unlink()
+    (ws / "was-link").write_text("a file now\n")
+    (ws / "untracked.txt").write_text("new\n")
+    (ws / "u/v").mkdir(parents=True)
+    (ws / "u/v/new.bin").write_bytes(b"\x00\x01")
+    os.symlink("untracked.txt", ws / "u/link")
+    (ws / "empty/dir").mkdir(parents=True)
+    (ws / "node_modules/pkg/untracked.js").write_text("left out\n")
+    (ws / "other.log").write_text("ignored\n")
+    read: list[bytes] = []
+    real = scan_module._regular_bytes
+
+    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
+        read.append(name)
+        return real(name, cap, dir_fd)
+
+    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    # No margin before git looks: the files written just now are taken on git's word (the
+    # racy one included), as a checkout's older files are.
+    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)
+    check = SecretCheck(Redactor({"API_KEY": "sk-not-in-any-file"}))
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        fast = snapshot.take(
+            Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000, check), BlobStore(engine), git=True
+        )
+    finally:
+        engine.dispose()
+    assert b"clean.txt" not in read and b"perm.txt" not in read  # git's word, unread
+    head = git_baseline.head_of(os.fsencode(str(ws)))
+    assert head is not None
+    full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000, check)
+    full.use_git(head.files, {}, 0, head.baseline.format)  # no file vouched for: all read
+    rescan = full.scan().manifest
+    assert fast.manifest == rescan
+    m = rescan
+    assert m[b"perm.txt"].mode == 0o600 and m[b"exec.sh"].mode & 0o111
+    assert m[b"racy.txt"].ref == sha256(ws / "racy.txt")
+    assert m[b"relinked"].target == b"a/b/deep.txt" and m[b"was-link"].kind == "file"
+    assert m[b"empty/dir"].kind == "dir" and m[b".env"].kind == "secret"
+    assert b"gone.txt" not in m and b"kept.log" not in m and b"other.log" not in m
+    assert b"node_modules/pkg/tracked.js" in m and b"node_modules/pkg/untracked.js" not in m
+    assert m[b"a/clean.txt"].ref.startswith("git:")

@@ -97,6 +97,11 @@ def tracked_files(index: bytes, prefix: bytes, wanted: frozenset[bytes]) -> Trac
         return Tracked()
     if len(data) > MAX_INDEX_BYTES:
         return Tracked()
+    if data[4:8] in (b"\0\0\0\2", b"\0\0\0\3") and not any(name + b"/" in data for name in wanted):
+        # Versions 2 and 3 hold each path whole: no `NAME/` of a wanted folder anywhere in the
+        # file, no tracked path goes through one. Parsing 50,000 entries in Python to learn
+        # that took as long as a third of `git status`.
+        return Tracked()
     try:
         paths = _paths(data, 32 if _sha256(os.path.dirname(index)) else 20)
     except (struct.error, ValueError, IndexError):

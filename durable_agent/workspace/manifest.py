@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 from msgspec import Struct
 
 from durable_agent.encoding import show_name
@@ -195,8 +196,21 @@ _EMPTY = hashlib.sha256(b"").digest()
 
 
 def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
-    rows = [_entry_json(p, manifest[p]) for p in sorted(manifest)]
-    return zlib.compress(json.dumps({"full": rows}, separators=(",", ":")).encode(), 6)
+    # A whole manifest (a first snapshot: 50,000 rows) is encoded by msgspec, its paths
+    # decoded in one call when all are UTF-8: json.dumps and two calls a row took a fifth of
+    # the git baseline's first snapshot. The same JSON but for non-ASCII text, written as
+    # UTF-8 rather than `\u` escapes (the reader takes both); level 1 of zlib, 2.5 times
+    # faster than 6 on a manifest, 5% larger.
+    paths = sorted(manifest)
+    try:
+        names: list[Any] = b"\0".join(paths).decode("utf-8").split("\0") if paths else []
+    except UnicodeDecodeError:
+        names = [_enc(p) for p in paths]
+    rows = [
+        (name, e.kind, e.mode, e.ref, _enc(e.target) if e.target else "", e.size)
+        for name, e in zip(names, map(manifest.__getitem__, paths), strict=True)
+    ]
+    return zlib.compress(msgspec.json.encode({"full": rows}), 1)
 
 
 Known = tuple[Iterable[bytes], Iterable[bytes]]  # (set, deleted) paths from one manifest to another

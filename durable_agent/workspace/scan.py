@@ -29,9 +29,11 @@ records as `git:` ids without reading them (Scanner.use_git).
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -44,7 +46,12 @@ from durable_agent.tools import beneath
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
 from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
-from durable_agent.workspace.ignore_rules import compile_checked, compile_rules, matchable
+from durable_agent.workspace.ignore_rules import (
+    DirectoryNames,
+    compile_checked,
+    compile_rules,
+    matchable,
+)
 from durable_agent.workspace.manifest import (
     BIG,
     DIR,
@@ -83,6 +90,9 @@ GENERATED = frozenset(
 DEFAULT_EXCLUDE = (".git/", *(f"{name}/" for name in sorted(GENERATED)))
 
 StatKey = tuple[int, int, int]  # ctime_ns, size, inode
+_FS_ENCODED = functools.partial(
+    str.encode, encoding=sys.getfilesystemencoding(), errors=sys.getfilesystemencodeerrors()
+)  # os.fsencode of many names at once (a name holds no NUL)
 
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
@@ -201,11 +211,15 @@ class Scanner:
         # Its `NAME/` rules of GENERATED folders are matched apart: they yield to git's index.
         generated = [r for r in exclude if r.endswith("/") and r[:-1] in GENERATED]
         self.generated = frozenset(r[:-1] for r in generated)
+        self._generated_names = frozenset(os.fsencode(n) for n in self.generated)
         self.exclude, self.exclude_refused = compile_checked(
             [r for r in exclude if r not in generated]
         )
-        self._tracked = Tracked()  # files git tracks in those folders (git_index.py)
+        # Files git tracks in those folders (git_index.py); None: not read since the index
+        # last changed, as no decision needed it yet (_tracked_now).
+        self._tracked: Tracked | None = None
         self._index_key: tuple[object, ...] | None = None
+        self._index: tuple[bytes, bytes] | None = None  # the index and the workspace's prefix
         # Paths the `exclude` setting left out, as last told (report_excluded).
         self._excluded_told: set[bytes] | None = None
         self.lock = threading.Lock()
@@ -230,6 +244,11 @@ class Scanner:
         # Contents read by scans since a snapshot last took them (snapshot.take stores them):
         # a plain scan reads a changed file once, and the next scan finds it unchanged.
         self.unsaved: dict[str, bytes] = {}
+        # sha256 -> the `git:` id of the same bytes, for files read that a snapshot recorded
+        # by a commit HEAD no longer is: content ids of one content, so resume's drift check
+        # does not call an untouched file changed after HEAD moved (a fact about bytes:
+        # never stale).
+        self.same_bytes: dict[str, str] = {}
         # `snapshot_baseline = "git"` (snapshot.use_git): the HEAD commit's blob ids by path,
         # the tracked files git said were clean (not read while their change time is before
         # `_vouched_before`), the commit's object format.
@@ -291,11 +310,14 @@ class Scanner:
         if not deferred:
             return
         root_fd = os.open(self.root, _DIR_FLAGS)
+        vouch, cache = self._vouch, self._cache
         try:
             for rel, st, prior in deferred:
                 parent, _, name = rel.rpartition(b"/")
-                cached = self._cache.setdefault(parent, {})
-                entry = self._vouch(rel, st, prior)
+                cached = cache.get(parent)
+                if cached is None:
+                    cached = cache[parent] = {}
+                entry = vouch(rel, st, prior)
                 if entry is None:
                     try:
                         with beneath.parent_of(root_fd, rel) as (fd, _leaf):
@@ -304,7 +326,8 @@ class Scanner:
                         entry = None
                     except OSError:
                         entry = _UNREADABLE
-                key = cached[name][0] if name in cached else None
+                row = cached.get(name)
+                key = row[0] if row is not None else None
                 if entry is _UNREADABLE:  # kept as last stored, read again next time
                     w.out.unreadable.append(rel)
                     entry, key = self._last_seen.get(rel), None
@@ -553,14 +576,28 @@ class Scanner:
                 key = None
         if key == self._index_key:
             return
-        self._index_key = key
-        names = frozenset(os.fsencode(n) for n in self.generated)
-        tracked = Tracked() if found is None or key is None else tracked_files(*found, names)
+        self._index_key, self._index = key, (found if key is not None else None)
+        if self._tracked is None:
+            return  # no decision was made on it: read when one needs it
+        tracked = self._read_tracked()
         if tracked != self._tracked:
             self._tracked = tracked
             self._decisions.clear()
             self._by_setting.clear()
             self._ignore_epoch += 1
+
+    def _read_tracked(self) -> Tracked:
+        if self._index is None:
+            return Tracked()
+        return tracked_files(*self._index, self._generated_names)
+
+    def _tracked_now(self) -> Tracked:
+        """The tracked files in GENERATED folders, read from the index when first needed (a
+        walk that meets no such folder never parses it: 50,000 entries cost a third of
+        `git status`)."""
+        if self._tracked is None:
+            self._tracked = self._read_tracked()
+        return self._tracked
 
     def _gitignore(self, rel_dir: bytes, dir_fd: int, names: list[bytes]) -> Any:
         """The rules of the .gitignore in the folder `dir_fd` holds, whose `names` are
@@ -628,7 +665,8 @@ class Scanner:
             return True
         if self.generated.isdisjoint(text.split("/")[:-1]):
             return False
-        return rel not in (self._tracked.dirs if is_dir else self._tracked.files)
+        tracked = self._tracked_now()
+        return rel not in (tracked.dirs if is_dir else tracked.files)
 
     # -- walking -------------------------------------------------------------------------------
     def _walk(
@@ -683,6 +721,16 @@ class Scanner:
         self._stale.discard(rel_dir)
         fast = cached if trusted else {}
         prefix = rel_dir + b"/" if rel_dir else b""
+        # Rules that are all plain `NAME/` (the `exclude` setting's default, such a
+        # .gitignore) decide a file by its folders alone, as they decided this folder, which
+        # the walk entered: none leaves out a file here, unless a GENERATED folder is on the
+        # way (a file in it is left out unless git tracks it: _excluded). Matching every file
+        # of a first scan against them took a third of its walk.
+        by_folder = (
+            isinstance(self.exclude, DirectoryNames)
+            and all(isinstance(rules, DirectoryNames) for _, rules in specs)
+            and self._generated_names.isdisjoint(rel_dir.split(b"/"))
+        )
         # The hot path of an unchanged workspace: the names whose cached key the lstat
         # confirms are counted, nothing is built for them. The change time moves with every
         # change to a file (content, mode, times, a rename) and no program can set it; size
@@ -727,7 +775,7 @@ class Scanner:
                 continue
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 continue
-            if old is None or not trusted:
+            if (old is None or not trusted) and not by_folder:
                 ignored = self._decisions.get((rel, False))
                 if ignored is None:
                     ignored = self._ignored(rel, False, specs)
@@ -778,7 +826,8 @@ class Scanner:
         known = self._listing.get(rel_dir)
         if known is not None and known[0] == key:
             return known[1]
-        names = [os.fsencode(n) for n in os.listdir(fd)]
+        listed = os.listdir(fd)  # (by its fd: names as str, encoded back in one call)
+        names = _FS_ENCODED("\0".join(listed)).split(b"\0") if listed else []
         if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
             self._listing[rel_dir] = (key, names)
         else:
@@ -861,49 +910,56 @@ class Scanner:
             # Its bytes never reach `contents`, so no snapshot can store them.
             return _withheld(data, stat.S_IMODE(st.st_mode) & 0o777)
         mode = stat.S_IMODE(st.st_mode) & 0o777
-        ref = self._git_ref(rel, data, prior)
+        ref, recorded = self._git_ref(rel, data, prior)
         if ref is not None:  # the commit holds these bytes: nothing to store
             return Entry(FILE, mode, ref, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
+        if recorded is not None:
+            self.same_bytes[digest] = recorded
         out.contents[digest] = data
         return Entry(FILE, mode, digest, size=len(data))
 
     def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
         """The entry of a file git vouches for (use_git), not read; None: read it."""
-        blob = self._vouched.get(rel) if self._vouched else None
+        blob = self._vouched.get(rel)
         if (
             blob is not None
-            and stat.S_ISREG(st.st_mode)
             and st.st_ctime_ns < self._vouched_before
             and st.st_size <= self.size_cap
+            and stat.S_ISREG(st.st_mode)
             and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
             and not (self.secrets is not None and self.secrets.named(rel))
         ):
             # git's index says these are the commit's bytes, and nothing changed the file
             # since git looked (its change time): not read, as `git status` reads none.
-            return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, GIT_REF + blob, size=st.st_size)
+            return Entry(FILE, st.st_mode & 0o777, GIT_REF + blob, b"", st.st_size)
         return None
 
-    def _git_ref(self, rel: bytes, data: bytes, prior: Entry | None) -> str | None:
+    def _git_ref(
+        self, rel: bytes, data: bytes, prior: Entry | None
+    ) -> tuple[str | None, str | None]:
         """The `git:` content id of bytes read at `rel`, when the commit holds them there: the
         same id as `prior`'s (a touched file is no change), or HEAD's blob at the path.
-        None: a sha256 (a content the store holds, or will)."""
+        None: a sha256 (a content the store holds, or will); then, second, `prior`'s `git:`
+        id when these are its bytes still, of a commit HEAD no longer is (same_bytes)."""
         was = prior.ref if prior is not None and prior.kind == FILE else ""
         at = self._head.get(rel)
         if not was.startswith(GIT_REF) and at is None:
-            return None
+            return None, None
         same_size = prior is not None and prior.size == len(data)
         if was and not was.startswith(GIT_REF) and same_size and _sha256(data) == was:
-            return None  # unchanged, and stored: it keeps its sha256
+            return None, None  # unchanged, and stored: it keeps its sha256
+        recorded = None
         if was.startswith(GIT_REF) and same_size:
             fmt = "sha256" if len(was) == len(GIT_REF) + 64 else "sha1"
             blob = git_blob_id(data, fmt)
-            # The same bytes as recorded; still a commit's (else its bytes are stored).
-            if was == GIT_REF + blob and blob in self._head_ids:
-                return was
+            if was == GIT_REF + blob:  # the same bytes as recorded; still a commit's?
+                if blob in self._head_ids:
+                    return was, None
+                recorded = was
         if at is not None and git_blob_id(data, self._git_format) == at:
-            return GIT_REF + at
-        return None
+            return GIT_REF + at, None
+        return None, recorded
 
 
 def _sha256(data: bytes) -> str:
