@@ -108,14 +108,15 @@ def test_a_resume_reads_the_view_and_rebuilds_the_same_state(
         state_of(loaded, loaded.messages, partial=True),
         state_of(loaded, every, partial=False),
     )
-    for name in (
-        "step_count",
-        "tool_call_count",
-        "used_call_ids",
-        "last_fingerprint",
-        "repeat_streak",
-    ):
+    for name in ("step_count", "tool_call_count", "last_fingerprint", "repeat_streak"):
         assert getattr(part, name) == getattr(whole, name), name
+    # The ids of the calls answered below the start stay in the store, looked up there.
+    journal = Journal(engine, run_id, "nobody", 0, 30)
+    assert part.ids_below == older.start and whole.ids_below == HEAD
+    below = whole.used_call_ids - part.used_call_ids
+    assert below and all(journal.answered_before(i, older.start) for i in below)
+    assert not any(journal.answered_before(i, older.start) for i in part.used_call_ids - below)
+    assert part.used_call_ids <= whole.used_call_ids
     assert whole.repeat_streak == REPEATS
     assert part.history.digest == whole.history.digest
     assert part.request() == whole.request()

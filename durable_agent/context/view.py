@@ -71,7 +71,9 @@ class ContextView(Struct):
             out = list(messages[:HEAD])
             # Project memory (context/memory.py) is never summarized: the messages a summary
             # replaced keep theirs, before it, verbatim.
-            out.extend(m for m in messages[HEAD : self.start] if is_memory(m))
+            # (The role first: a long run's resume has tens of thousands of places below.)
+            below = [m for m in messages[HEAD : self.start] if m.role == "system"]
+            out.extend(m for m in below if is_memory(m))
             if self.summary is not None:
                 out.append(Message("user", SUMMARY_HEADER + self.summary))
             elided = self.elided

@@ -26,6 +26,7 @@ from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import (
     CUT_NUDGE,
     EMPTY_NUDGE,
+    HEAD,
     Message,
     ModelTurn,
     ToolCall,
@@ -374,13 +375,18 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
     string the model writes (a test fixture) is an effect, written and run byte for byte.
     """
     used = ctx.state.used_call_ids
+    below = ctx.state.ids_below  # ids answered before it are in the store only (a resume)
+
+    def taken(cid: str) -> bool:
+        return cid in used or (below > HEAD and ctx.journal.answered_before(cid, below))
+
     known = ctx.redactor
     fixed = []
     for i, call in enumerate(calls):
         cid = known.redact_known(call.id)  # the name and id too: both are stored and sent back
-        if not cid or cid in used:
+        if not cid or taken(cid):
             cid = f"call_{turn}_{i}"
-            while cid in used:
+            while taken(cid):
                 cid += "_"
         used.add(cid)
         fixed.append(

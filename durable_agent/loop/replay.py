@@ -48,6 +48,9 @@ class RunState(Struct):
     last_fingerprint: str | None = None
     repeat_streak: int = 0
     used_call_ids: set[str] = field(default_factory=set)
+    # The ids of the calls answered before this seq are not in used_call_ids: a resume left
+    # them in the store (Older), where a new call's id is looked up (model_step._call_ids).
+    ids_below: int = HEAD
     # pre_tool hooks' notes (stdout) for calls about to run: put before their results
     hook_notes: dict[str, str] = field(default_factory=dict)
     hooks_done: set[str] = field(default_factory=set)  # hook steps seen completed this session
@@ -214,12 +217,18 @@ def rebuild(
         cost=paid[1],
     )
     older = older or Older()
-    answered: set[str] = {m.tool_call_id for m in messages if m.role == "tool" and m.tool_call_id}
-    answered.update(older.answered)
-    state.used_call_ids.update(older.answered)
+    answered: set[str] = {
+        m.tool_call_id for m in messages if m is not GONE and m.role == "tool" and m.tool_call_id
+    }
+    state.ids_below = max(HEAD, older.start)
     state.step_count = older.assistants
     kept = state.messages
-    for i, m in enumerate(messages):
+    kept.extend(messages)  # every seq in its place; those read are made storable below
+    # Only the places that hold a message, and where the window or the view starts: a long
+    # run's resume has tens of thousands of GONE places and reads a few thousand messages.
+    marks = {i for i in (state.window.messages, older.start) if i < len(messages)}
+    for i in sorted(marks.union(i for i, m in enumerate(messages) if m is not GONE)):
+        m = messages[i]
         if i == state.window.messages and i:  # a person spoke: "in a row" starts over
             state.last_fingerprint, state.repeat_streak = None, 0
         if i == older.start and older.start > HEAD:
@@ -228,16 +237,16 @@ def rebuild(
             state.last_fingerprint = older.streak_fingerprint if streak else None
             state.repeat_streak = streak
         if m is GONE:
-            kept.append(m)
             continue
-        kept.append(storable_message(m))
+        kept[i] = storable_message(m)
         if m.role == "assistant":
             state.step_count += 1  # one model call per assistant message
             for call in m.tool_calls:
                 state.used_call_ids.add(call.id)
                 if call.id in answered:
                     state.note_tool_call(call)
-    state.tool_call_count = len(answered)
+    # The calls the results not read answer, counted by the store apart from these.
+    state.tool_call_count = len(answered) + older.answered
     for output in compactions:
         if isinstance(output, dict):
             state.view.apply(output, state.messages)

@@ -4,7 +4,7 @@ scripts/gen_head_schema.py from alembic/ (do not edit; run the script after a mi
 store/engine.py makes a new SQLite store from it in one transaction, without Alembic.
 """
 
-REVISION = '0015'
+REVISION = '0016'
 
 STATEMENTS = (
     'CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)',
@@ -42,4 +42,9 @@ STATEMENTS = (
     'CREATE TABLE web_links (\n\tid INTEGER NOT NULL, \n\tpublic_url TEXT, \n\tsecret VARCHAR(64) NOT NULL, \n\tupdated_at DATETIME NOT NULL, \n\tPRIMARY KEY (id)\n)',
     'CREATE INDEX ix_runs_parent ON runs (parent_id)',
     'CREATE VIEW run_tree AS\nWITH RECURSIVE tree(root_id, run_id, parent_id, depth) AS (\n    SELECT r.id, r.id, r.parent_id, 0 FROM runs r WHERE r.parent_id IS NULL\n    UNION ALL\n    SELECT t.root_id, c.id, c.parent_id, t.depth + 1\n    FROM runs c JOIN tree t ON c.parent_id = t.run_id\n)\nSELECT root_id, run_id, parent_id, depth FROM tree',
+    "CREATE INDEX ix_steps_open ON steps (run_id, seq) WHERE state != 'completed'",
+    "CREATE INDEX ix_steps_turns ON steps (run_id, seq) WHERE kind = 'compact' OR kind = 'user_message'",
+    "CREATE INDEX ix_steps_paid ON steps (run_id, kind, prompt_tokens, completion_tokens, cached_tokens, cost) WHERE kind IN ('model', 'compact', 'delegate')",
+    'CREATE INDEX ix_steps_counted ON steps (run_id, seq) WHERE kind = \'model\' AND output LIKE \'%"context"%\'',
+    "CREATE INDEX ix_messages_tool_call ON messages (run_id, tool_call_id, role) WHERE role = 'tool'",
 )

@@ -25,12 +25,25 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from msgspec import Struct
-from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, not_, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    distinct,
+    func,
+    insert,
+    not_,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
@@ -49,7 +62,13 @@ from durable_agent.store.rows import (
     utcnow,
 )
 from durable_agent.store.schema import approvals, messages, runs, steps
-from durable_agent.store.step import COUNTERS, STEP_COLUMNS, Counters, Step, calibrating_output
+from durable_agent.store.step import (
+    COUNTERS,
+    STEP_COLUMNS,
+    Counters,
+    Step,
+    calibrating_output,
+)
 from durable_agent.store.storable import storable
 
 START_WITHIN = 0.8  # of the lease: see Journal.start_deadline
@@ -90,11 +109,9 @@ _FENCE_COUNTERS = Prepared(
     .returning(runs.c.cancel_requested)
 )
 _INSERT_STEP = Prepared(insert(steps), keys=STEP_COLUMNS)
-_PAID_KINDS = (
-    StepKind.MODEL.value,
-    StepKind.COMPACT.value,
-    StepKind.DELEGATE.value,
-)  # steps whose tokens the run paid for (a summary is a model call; a child's, rolled up)
+# Steps whose tokens the run paid for (a summary is a model call; a child's, rolled up):
+# the WHERE of ix_steps_paid (0016), which holds their counts, written out as it is there.
+PAID = text("kind IN ('model', 'compact', 'delegate')")
 _INSERT_MESSAGES = Prepared(insert(messages), keys=MESSAGE_COLUMNS)
 
 KEEP_CONNECTION_S = 5.0  # how long the writer keeps its connection between transactions
@@ -157,27 +174,28 @@ _DROPPABLE = or_(
     messages.c.role == "tool",
     and_(messages.c.role == "assistant", messages.c.tool_calls.is_not(None)),
 )
+# ix_messages_tool_call's WHERE (0016), as it is written there.
+_TOOL = text("role = 'tool'")
+# A tool result with a call id.
+_ANSWER = and_(
+    _TOOL,
+    messages.c.tool_call_id.is_not(None),
+    messages.c.tool_call_id != "",
+)
 
 
 def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], Older]:
     """The run's messages as a rebuild needs them: all of them from `start` on, and before it
     those `droppable` does not hold (GONE in their places); what the rebuild needs of the
-    rest, counted here (loop/replay.py). A resume of a long run reads what its requests
-    send, not its whole history."""
+    rest, counted here in the database (loop/replay.py). A resume of a long run reads what
+    its requests send, not its whole history, and counts the rest in two index-only passes
+    (the primary key's, and ix_messages_tool_call's: 0016), not reading the rows."""
     of_run = messages.c.run_id == run_id
-    below_start = and_(messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
-    total, last, assistants = conn.execute(
-        select(
-            func.count(),
-            func.max(messages.c.seq),
-            func.count().filter(below_start, messages.c.role == "assistant"),
-        ).where(of_run)
-    ).one()
+    total, last = conn.execute(select(func.count(), func.max(messages.c.seq)).where(of_run)).one()
     if last is not None and last + 1 != total:
         start = HEAD  # seqs with gaps (rows deleted by hand): read in order, as they are
     elif start > total:
-        start, assistants = HEAD, 0  # (a start past the history: no view to read from)
-    below = and_(of_run, messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
+        start = HEAD  # (a start past the history: no view to read from)
     if start <= HEAD:
         every = [
             message_from_row(r)
@@ -201,29 +219,47 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
         messages.c.tool_calls,
         messages.c.tool_call_id,
     ).where(of_run, or_(messages.c.seq >= start, messages.c.seq < HEAD, not_(_DROPPABLE)))
+    kept_below = 0  # messages read in [HEAD, start): those droppable does not hold
     for row in conn.execute(read.order_by(messages.c.seq)):
         history[row.seq] = message_from_row(row)
-    answered = list(
-        conn.execute(
-            select(messages.c.tool_call_id).where(
-                below,
-                messages.c.role == "tool",
-                messages.c.tool_call_id.is_not(None),
-                messages.c.tool_call_id != "",
-            )
-        ).scalars()
-    )
-    fingerprint, seqs = _older_streak(conn, below, set(answered))
+        kept_below += HEAD <= row.seq < start
+    results, answered = conn.execute(
+        select(
+            func.count(),
+            func.count(distinct(messages.c.tool_call_id)).filter(messages.c.tool_call_id != ""),
+        ).where(of_run, _TOOL)
+    ).one()
+    read_results = [m for m in history if m is not GONE and m.role == "tool"]
+    # Every place in [HEAD, start) not read holds a droppable message: a tool result (all of
+    # them but the ones read) or an assistant message that asked for tools.
+    assistants = (start - HEAD) - kept_below - (results - len(read_results))
+    read_ids = {m.tool_call_id for m in read_results if m.tool_call_id}
+    below = and_(of_run, messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
+    fingerprint, seqs = _older_streak(conn, run_id, below, start)
     return history, Older(
         start=start,
-        assistants=int(assistants or 0),
-        answered=answered,
+        assistants=assistants,
+        answered=int(answered or 0) - len(read_ids),
         streak_fingerprint=fingerprint,
         streak_seqs=seqs,
     )
 
 
-def _older_streak(conn: Connection, below: Any, answered: set[str]) -> tuple[str | None, list[int]]:
+def _answered_among(conn: Connection, run_id: str, ids: Collection[str], end: int) -> set[str]:
+    """Which of `ids` tool results among messages [HEAD, end) answer. Looked up by call id
+    (ix_messages_tool_call, 0016); the seqs are checked here, as a bound on them in the
+    query could make SQLite walk the run's messages by seq instead."""
+    if not ids:
+        return set()
+    query = select(messages.c.tool_call_id, messages.c.seq).where(
+        messages.c.run_id == run_id, _ANSWER, messages.c.tool_call_id.in_(sorted(ids))
+    )
+    return {cid for cid, seq in conn.execute(query) if HEAD <= seq < end}
+
+
+def _older_streak(
+    conn: Connection, run_id: str, below: Any, start: int
+) -> tuple[str | None, list[int]]:
     """The answered calls the messages below the start end with that share one fingerprint,
     by the seq of the message that asked for each: newest first, a page at a time until a
     call differs (one or two messages, unless the model repeated itself)."""
@@ -240,19 +276,24 @@ def _older_streak(conn: Connection, below: Any, answered: set[str]) -> tuple[str
         ).where(below, messages.c.role == "assistant")
         if before is not None:
             query = query.where(messages.c.seq < before)
-        page = conn.execute(query.order_by(messages.c.seq.desc()).limit(16)).all()
-        for row in page:
-            for call in reversed(message_from_row(row).tool_calls):
+        page = [
+            (row.seq, message_from_row(row))
+            for row in conn.execute(query.order_by(messages.c.seq.desc()).limit(16))
+        ]
+        ids = {c.id for _, m in page for c in m.tool_calls}
+        answered = _answered_among(conn, run_id, ids, start)
+        for seq, message in page:
+            for call in reversed(message.tool_calls):
                 if call.id not in answered:
                     continue
                 fp = call.fingerprint()
                 if fingerprint is not None and fp != fingerprint:
                     return fingerprint, seqs
                 fingerprint = fp
-                seqs.append(row.seq)
+                seqs.append(seq)
         if len(page) < 16:
             return fingerprint, seqs
-        before = page[-1].seq
+        before = page[-1][0]
 
 
 class Journal:
@@ -556,15 +597,18 @@ class Journal:
                     )
                 )
             ]
-            paid = steps.c.kind.in_(_PAID_KINDS)
+            # The totals, derived from the rows (never trusted from the run row:
+            # loop/replay.py), summed in the database from ix_steps_paid alone; the last
+            # seq from the (run_id, seq) index.
+            last_seq = select(func.max(steps.c.seq)).where(steps.c.run_id == self.run_id)
             max_seq, prompt, completion, cached, cost = conn.execute(
                 select(
-                    func.max(steps.c.seq),
-                    func.sum(steps.c.prompt_tokens).filter(paid),
-                    func.sum(steps.c.completion_tokens).filter(paid),
-                    func.sum(steps.c.cached_tokens).filter(paid),
-                    func.sum(steps.c.cost).filter(paid),
-                ).where(steps.c.run_id == self.run_id)
+                    last_seq.scalar_subquery(),
+                    func.sum(steps.c.prompt_tokens),
+                    func.sum(steps.c.completion_tokens),
+                    func.sum(steps.c.cached_tokens),
+                    func.sum(steps.c.cost),
+                ).where(steps.c.run_id == self.run_id, PAID)
             ).one()
             last_model = calibrating_output(conn, done)
             user_turns = [
@@ -654,6 +698,11 @@ class Journal:
             .order_by(messages.c.seq.desc())
         )
         return list(self._read(lambda conn: conn.execute(query).scalars().all()))
+
+    def answered_before(self, call_id: str, end: int) -> bool:
+        """Did a tool result among messages [HEAD, end) answer `call_id`? (The ids a resume
+        did not read: loop/replay.py `RunState.ids_below`.)"""
+        return bool(self._read(lambda conn: _answered_among(conn, self.run_id, [call_id], end)))
 
     def tool_names_below(self, start: int) -> set[str]:
         """The names of the tools the messages before `start` called (those no longer in

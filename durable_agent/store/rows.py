@@ -70,7 +70,10 @@ class Older(Struct, frozen=True):
 
     start: int = 0
     assistants: int = 0  # assistant messages with tool calls: one model call each
-    answered: list[str] = []  # the call ids of their tool results
+    # How many distinct call ids their tool results answer that no result read answers. The
+    # ids stay in the store (9,000 at 10,000 steps): a new call's id is looked up there
+    # (RunState.ids_below).
+    answered: int = 0
     # The answered calls the history ended with before `start` that share one fingerprint,
     # by the seq of the message that asked for each (the repeat streak, window by window).
     streak_fingerprint: str | None = None

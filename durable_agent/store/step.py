@@ -13,16 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 from sqlalchemy import (
-    ColumnElement,
     Connection,
-    String,
-    Text,
     bindparam,
-    case,
-    func,
-    literal,
     select,
-    type_coerce,
+    text,
     update,
 )
 
@@ -329,22 +323,24 @@ class Step:
             raise RuntimeError(f"step {self.key} left without complete() or fail()")
 
 
+# A model step's output that holds a count to calibrate by (a script's never do), told in
+# the database: the WHERE of the partial index ix_steps_counted (0016), written out the same
+# way (a partial index serves a query whose WHERE has its terms as constants, not as bound
+# parameters), so a resume finds the newest without reading every model step.
+COUNTED_SQLITE = "output LIKE '%\"context\"%'"  # JSON text (a match is checked below)
+COUNTED_POSTGRESQL = "jsonb_typeof(output -> 'context') = 'object'"
+
+
 def calibrating_output(conn: Connection, done: tuple[Any, ...]) -> Any:
     """The output of the last completed model step whose prompt count the provider reported
     (the one a live run calibrates by): a step with estimated counts, or a script's, leaves
-    the calibration as it was, live and on resume alike. Newest first, a page at a time."""
+    the calibration as it was, live and on resume alike. Newest first, a page at a time
+    (one row, unless its counts were estimated)."""
     before: int | None = None
-    # Only outputs that hold a count to calibrate by (a script's never do): read in the
-    # database, or a long scripted run's resume decoded every model step's output.
-    counted: ColumnElement[Any]
-    if conn.dialect.name == "postgresql":
-        counted = func.jsonb_typeof(steps.c.output.op("->")(literal("context", String)))
-    else:  # JSON text: a match is checked below (LIKE costs a tenth of parsing each output)
-        text = type_coerce(steps.c.output, Text)
-        counted = case((text.like('%"context"%'), literal("object", String)))
+    counted = text(COUNTED_POSTGRESQL if conn.dialect.name == "postgresql" else COUNTED_SQLITE)
     while True:
         query = select(steps.c.seq, steps.c.output).where(
-            *done, steps.c.kind == StepKind.MODEL.value, counted == "object"
+            *done, steps.c.kind == StepKind.MODEL.value, counted
         )
         if before is not None:
             query = query.where(steps.c.seq < before)
