@@ -54,6 +54,8 @@ def process_ends() -> None:
     """The process's own command is over: close the stores' connections (SQLite checkpoints
     its WAL on the last close), then leave every object to the process's exit (nothing made
     so far is collected again: the finalizer's collections found nothing worth their cost)."""
+    # After the freeze no finalizer of an object in a reference cycle runs: a buffered file
+    # must be closed (or written with `with`) before this, not left to the collector.
     engines = sys.modules.get("durable_agent.store.engine")  # not loaded: no store was opened
     if engines is not None:
         engines.dispose_all()

@@ -38,7 +38,9 @@ def dispose_all() -> None:
     collections that would otherwise close them (cli/collector.py), and SQLite checkpoints its
     WAL into the store when its last connection closes (no `-wal` file is left behind)."""
     for engine in list(_ENGINES):
-        engine.dispose()
+        # The command's exit code is decided: a failure to close must not replace it.
+        with contextlib.suppress(Exception):
+            engine.dispose()
 
 
 def normalize_url(url: str) -> str:

@@ -393,7 +393,8 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
             .where(batch_tasks.c.batch_id == batch_id)
             .cte("family", recursive=True)
         )
-        tree = tree.union_all(select(runs.c.id).where(runs.c.parent_id == tree.c.id))
+        # UNION, not UNION ALL: a parent_id cycle made by hand ends the recursion.
+        tree = tree.union(select(runs.c.id).where(runs.c.parent_id == tree.c.id))
         # Read first, then updated by id (an UPDATE led by WITH has no row count in Python's
         # sqlite3 before 3.12), a slice at a time (SQLite's limit on bound values).
         family = conn.execute(select(tree.c.id)).scalars().all()

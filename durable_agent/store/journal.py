@@ -249,12 +249,16 @@ def _answered_among(conn: Connection, run_id: str, ids: Collection[str], end: in
     """Which of `ids` tool results among messages [HEAD, end) answer. Looked up by call id
     (ix_messages_tool_call, 0016); the seqs are checked here, as a bound on them in the
     query could make SQLite walk the run's messages by seq instead."""
-    if not ids:
-        return set()
-    query = select(messages.c.tool_call_id, messages.c.seq).where(
-        messages.c.run_id == run_id, _ANSWER, messages.c.tool_call_id.in_(sorted(ids))
-    )
-    return {cid for cid, seq in conn.execute(query) if HEAD <= seq < end}
+    found: set[str] = set()
+    wanted = sorted(ids)
+    for start in range(0, len(wanted), 500):  # SQLite's bound on a statement's values
+        query = select(messages.c.tool_call_id, messages.c.seq).where(
+            messages.c.run_id == run_id,
+            _ANSWER,
+            messages.c.tool_call_id.in_(wanted[start : start + 500]),
+        )
+        found.update(cid for cid, seq in conn.execute(query) if HEAD <= seq < end)
+    return found
 
 
 def _older_streak(
