@@ -756,3 +756,66 @@ def test_a_postgres_connection_cut_at_every_statement_of_a_delegating_run(
     asked = sum(1 for codes in results.values() if 5 in codes)
     print(f"delegate on PostgreSQL: {count} statements cut, {stopped} exit 7, {asked} asked")
     assert stopped > 0 and asked <= 2
+
+
+@pytest.mark.slow  # a 60-step child on a 1 MiB disk, then its resume
+def test_a_full_disk_inside_a_child_stops_the_run_and_it_resumes_once_there_is_room(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The store's disk fills while the child runs (its reads' outputs): the whole process
+    stops with exit 7, resumable; with room again, `resume` of the parent finishes the same
+    child, and its command runs once."""
+    import subprocess
+
+    from mounts import mount_tmpfs
+
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "1m")
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        for i in range(60):  # outputs that fill 1 MiB long before the child's script ends
+            (ws / f"big{i}.txt").write_text(f"{i} " + "x" * 15_000)
+        reads = [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]}
+            for i in range(60)
+        ]
+        log = {"name": "run_command", "arguments": {"command": "echo x >> log.txt"}}
+        script = {
+            "*": [
+                {"tool_calls": [_delegate("read them all", workspace="shared-write")]},
+                {"content": "the child read them"},
+            ],
+            "read them all": [*reads, {"tool_calls": [log]}, {"content": "read and logged"}],
+        }
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps(script))
+        db = disk / "store.db"
+        e = {**env, "DURABLE_AGENT_DB": f"sqlite:///{db}"}
+        start = ["start", "top", "--delegate", "--model", f"scripted:{path}", "--run-id", "p"]
+        r = run(e, ws, *start, "--shell", "allow", "--max-steps", "80")
+        assert r.returncode == 7, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in r.stderr and "full" in last, last
+        assert query(db, "SELECT COUNT(*) FROM runs WHERE parent_id = 'p'") == [(1,)]
+        assert not (ws / "log.txt").exists()  # stopped among the reads
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        r = run(e, ws, "resume", "p")
+        assert r.returncode == 0, r.stderr
+        assert query(db, "SELECT status, answer FROM runs ORDER BY parent_id IS NOT NULL") == [
+            ("completed", "the child read them"),
+            ("completed", "read and logged"),
+        ]
+        child_models = query(
+            db,
+            "SELECT COUNT(*) FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.parent_id = 'p' "
+            "AND s.kind = 'model' AND s.state = 'completed'",
+        )
+        assert child_models == [(62,)]  # each of the child's model turns paid for once
+        assert (ws / "log.txt").read_text() == "x\n"
+        assert (
+            query(db, "SELECT run_id, idempotency_key FROM steps GROUP BY 1, 2 HAVING COUNT(*) > 1")
+            == []
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
