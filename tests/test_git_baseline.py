@@ -574,6 +574,16 @@ def test_an_untouched_file_is_not_drift_after_head_moved(tmp_path, genv, write_s
     proc = da(["resume", "moved", "--max-steps", "10", "--quiet"], genv, tmp_path)
     assert proc.returncode == 0, proc.stderr  # (drift would stop it: exit 5, a question)
     assert (ws / "out/x.txt").read_text() == "built\n"
+    # Nor is it a change of the steps after: its sha256 names the bytes its `git:` id did.
+    db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with db:
+        changed = db.execute("SELECT path, change FROM step_changes WHERE run_id = 'moved'")
+        paths = dict(changed.fetchall())
+    db.close()
+    assert "src/f0.bin" in paths and "src/f5.bin" not in paths, paths
+    whole = da(["diff", "moved"], genv, tmp_path)
+    assert whole.returncode == 0 and "src/f0.bin" in whole.stdout, whole.stderr
+    assert "src/f5.bin" not in whole.stdout, whole.stdout
 
 
 def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(

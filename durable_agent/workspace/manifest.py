@@ -276,9 +276,14 @@ def apply_stored(base: Manifest | None, data: bytes) -> Manifest:
 
 
 def changes(
-    old: Mapping[bytes, Entry], new: Mapping[bytes, Entry], known: Known | None = None
+    old: Mapping[bytes, Entry],
+    new: Mapping[bytes, Entry],
+    known: Known | None = None,
+    same: Mapping[str, str] | None = None,
 ) -> list[Change]:
-    """What differs from `old` to `new`, by path: added, modified, deleted, or mode only."""
+    """What differs from `old` to `new`, by path: added, modified, deleted, or mode only.
+    `same`: new ids that name the bytes of an old one (`Scanner.same_bytes`: a file its
+    `git:` id named, of a commit HEAD no longer is, now stored by its sha256): no change."""
     out: list[Change] = []
     set_paths, deleted = _delta_paths(old, new, known)
     for path in sorted([*set_paths, *deleted]):
@@ -289,7 +294,7 @@ def changes(
             out.append(Change(path, "added", b.size, secret))
         elif b is None:
             out.append(Change(path, "deleted", a.size, secret))
-        elif not same_content(a, b):
+        elif not same_content(a, b) and not (same and same.get(b.ref) == a.ref):
             out.append(Change(path, "modified", b.size, secret))
         elif a.mode != b.mode:
             out.append(Change(path, "mode", b.size, secret))

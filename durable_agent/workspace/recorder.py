@@ -188,7 +188,8 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
             "change": c.change,
             "bytes": c.bytes,
         }
-        for c in changes(old, snap.manifest, snap.scan.delta_from(old))
+        # (a file re-identified by its sha256 after HEAD moved is not the step's change)
+        for c in changes(old, snap.manifest, snap.scan.delta_from(old), scanner(ctx).same_bytes)
     ]
     statements = [*snap.statements, *([changes_statement(rows)] if rows else [])]
     note = None

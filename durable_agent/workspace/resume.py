@@ -91,18 +91,7 @@ def check(ctx: Site) -> None:
         return
     # A file read whose bytes are those its `git:` id named, of a commit HEAD no longer is
     # (moved between sessions): stored by its sha256 from now on, and no change.
-    same = scanner.same_bytes
-    differing = [
-        c
-        for c in changes(recorded, current)
-        if not (
-            c.change == "modified"
-            and c.path in recorded
-            and c.path in current
-            and same.get(current[c.path].ref) == recorded[c.path].ref
-            and current[c.path].mode == recorded[c.path].mode
-        )
-    ]
+    differing = changes(recorded, current, same=scanner.same_bytes)
     if not differing:  # the same files, one withheld for a secret by one side only
         return
     approval = journal.approval_for(CALL, DRIFT)
