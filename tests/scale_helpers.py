@@ -59,6 +59,19 @@ def pg_schema() -> Iterator[str]:
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def pg_rows(url: str, statement: str) -> list[Any]:
+    """The rows of one statement on the store at `url` (a test's own look, on a connection
+    of its own that no fault injection aims at)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(statement))]
+    finally:
+        engine.dispose()
+
+
 def _unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(

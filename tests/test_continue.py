@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scale_helpers import pg_rows
 from side_effects_support import (
     assert_history_valid,
     ledger_lines,
@@ -810,17 +811,6 @@ def test_a_store_fault_at_every_statement_of_a_continue(
     assert asked <= 2  # only a store lost while the command ran leaves its outcome unknown
 
 
-def _pg_rows(url: str, statement: str) -> list[Any]:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(text(statement))]
-    finally:
-        engine.dispose()
-
-
 PG_HISTORY = (
     "SELECT seq, role, content, tool_calls, tool_call_id FROM messages WHERE run_id='r' "
     "ORDER BY seq"
@@ -851,7 +841,7 @@ def _pg_continue_under_a_cut(env: dict[str, str], root: Path, at: int) -> tuple[
             assert run_cli(senv, ws, "approve", "r", "--deny", "--by", "tester").code == 0
             codes.append(run_cli(senv, ws, "resume", "r", "--quiet").code)
         assert codes[-1] == 0, (at, codes)
-        said = _pg_rows(
+        said = pg_rows(
             url,
             "SELECT (SELECT COUNT(*) FROM messages WHERE role='user' AND content="
             f"'{MESSAGE}'), (SELECT COUNT(*) FROM steps WHERE kind='user_message' AND "
@@ -861,7 +851,7 @@ def _pg_continue_under_a_cut(env: dict[str, str], root: Path, at: int) -> tuple[
         lines = ledger_lines(ws)
         assert len(lines) == len(set(lines)) and set(lines) <= set(CALLS), (at, lines)
         if 5 not in codes:
-            history = _pg_rows(url, PG_HISTORY)
+            history = pg_rows(url, PG_HISTORY)
             (root / "history.json").write_text(json.dumps(history, default=str))
     return at, codes
 
@@ -887,7 +877,7 @@ def test_a_postgres_connection_cut_at_every_statement_of_a_continue(
                    "DURABLE_AGENT_FAULT_LOG": str(log)}  # fmt: skip
         r = run_cli({**senv, **counted}, ref / "ws", "continue", "r", MESSAGE, "--quiet")
         assert r.code == 0, r.stderr
-        reference = json.loads(json.dumps(_pg_rows(url, PG_HISTORY), default=str))
+        reference = json.loads(json.dumps(pg_rows(url, PG_HISTORY), default=str))
     (count,) = [
         int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith("statements")
     ]

@@ -18,6 +18,7 @@ from typing import Any
 
 import forked_cli
 import pytest
+from scale_helpers import pg_rows
 
 CHILDREN = {
     f"write {name}": [
@@ -660,24 +661,13 @@ CUT_SCRIPT = {
 
 def _cut_ledger(url: str, parent: str) -> list[Any]:
     """The parent's and its child's status, answer, completed steps and messages."""
-    return _pg_rows(
+    return pg_rows(
         url,
         "SELECT t.depth, r.status, r.answer, (SELECT COUNT(*) FROM steps s WHERE s.run_id = "
         "r.id AND s.state = 'completed'), (SELECT COUNT(*) FROM messages m WHERE m.run_id = "
         f"r.id) FROM run_tree t JOIN runs r ON r.id = t.run_id WHERE t.root_id = '{parent}' "
         "ORDER BY t.depth",
     )
-
-
-def _pg_rows(url: str, statement: str) -> list[Any]:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with engine.connect() as conn:
-            return [tuple(row) for row in conn.execute(text(statement))]
-    finally:
-        engine.dispose()
 
 
 def _delegate_under_a_cut(env: dict[str, str], root: Path, url: str, at: int | None) -> list[int]:
@@ -700,17 +690,17 @@ def _delegate_under_a_cut(env: dict[str, str], root: Path, url: str, at: int | N
     codes = [run({**e, **fault}, ws, *start).returncode]
     while codes[-1] == 7 and len(codes) < 5:
         # (cut before the run row was committed: start it again)
-        made = _pg_rows(url, f"SELECT COUNT(*) FROM runs WHERE id = '{parent}'") == [(1,)]
+        made = pg_rows(url, f"SELECT COUNT(*) FROM runs WHERE id = '{parent}'") == [(1,)]
         codes.append(run(e, ws, *(["resume", parent] if made else start)).returncode)
     if codes[-1] == 5:  # the server went away while the command ran: its outcome is unknown
-        child = _pg_rows(url, f"SELECT id FROM runs WHERE parent_id = '{parent}'")[0][0]
+        child = pg_rows(url, f"SELECT id FROM runs WHERE parent_id = '{parent}'")[0][0]
         deny = ["approve", child, "--deny", "--by", "tester"]
         assert forked_cli.run(deny, env=e, cwd=ws).returncode == 0
         codes.append(run(e, ws, "resume", parent).returncode)
     assert codes[-1] == 0, (at, codes)
-    made = _pg_rows(url, f"SELECT parent_step FROM runs WHERE parent_id = '{parent}'")
+    made = pg_rows(url, f"SELECT parent_step FROM runs WHERE parent_id = '{parent}'")
     delegates = f"SELECT seq FROM steps WHERE run_id = '{parent}' AND kind = 'delegate'"
-    assert made == _pg_rows(url, delegates) and len(made) == 1, (at, made)
+    assert made == pg_rows(url, delegates) and len(made) == 1, (at, made)
     assert (ws / "a.txt").read_text() == "a"
     lines = (ws / "log.txt").read_text().splitlines() if (ws / "log.txt").exists() else []
     assert lines in ([], ["x"]) if 5 in codes else lines == ["x"], (at, lines)
@@ -747,7 +737,7 @@ def test_a_postgres_connection_cut_at_every_statement_of_a_delegating_run(
             )
             results = dict(zip(range(1, count + 1), codes, strict=True))
         once = "SELECT run_id, idempotency_key FROM steps GROUP BY 1, 2 HAVING COUNT(*) > 1"
-        assert _pg_rows(url, once) == []
+        assert pg_rows(url, once) == []
     for at, codes in results.items():
         if 5 not in codes:
             got = json.loads((tmp_path / f"p{at:03}" / "ledger.json").read_text())

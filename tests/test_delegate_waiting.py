@@ -83,6 +83,18 @@ def worker(env: dict[str, str], cwd: Path, *flags: str, crash_after: int | None 
 
 
 @pytest.mark.slow
+def queued(tmp_path: Path, env: dict[str, str], *run_ids: str) -> None:
+    """Runs queued (`start --detach`) under these ids, each its id as its task; the tests
+    then shape their rows into a tree by hand."""
+    ws = folder(tmp_path, "ws")
+    model = readers_script(tmp_path / "s.json")
+    for rid in run_ids:
+        r = forked_cli.run(
+            ["start", rid, "--model", model, "--run-id", rid, "--detach"], env=env, cwd=ws
+        )
+        assert r.returncode == 0, r.stderr
+
+
 def test_a_claim_wakes_a_waiting_parent_whose_childs_wake_was_lost(
     tmp_path: Path, env: dict[str, str], store_url: str
 ) -> None:
@@ -94,14 +106,7 @@ def test_a_claim_wakes_a_waiting_parent_whose_childs_wake_was_lost(
     from durable_agent.store.leases import new_owner
     from durable_agent.store.queue import Queue
 
-    e = {**env, "DURABLE_AGENT_DB": store_url}
-    ws = folder(tmp_path, "ws")
-    model = readers_script(tmp_path / "s.json")
-    for rid in ("p", "c"):
-        r = forked_cli.run(
-            ["start", rid, "--model", model, "--run-id", rid, "--detach"], env=e, cwd=ws
-        )
-        assert r.returncode == 0, r.stderr
+    queued(tmp_path, {**env, "DURABLE_AGENT_DB": store_url}, *("p", "c"))
     engine = open_store_engine(store_url)
     try:
         with engine.begin() as conn:
@@ -598,14 +603,7 @@ def test_batch_cancel_reaches_the_tasks_grandchildren(
     from durable_agent.store import fleet
     from durable_agent.store.engine import open_store_engine
 
-    e = {**env, "DURABLE_AGENT_DB": store_url}
-    ws = folder(tmp_path, "ws")
-    model = readers_script(tmp_path / "s.json")
-    for rid in ("t", "c", "g", "g2", "u"):
-        r = forked_cli.run(
-            ["start", rid, "--model", model, "--run-id", rid, "--detach"], env=e, cwd=ws
-        )
-        assert r.returncode == 0, r.stderr
+    queued(tmp_path, {**env, "DURABLE_AGENT_DB": store_url}, *("t", "c", "g", "g2", "u"))
     engine = open_store_engine(store_url)
     try:
         with engine.begin() as conn:
