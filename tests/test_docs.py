@@ -90,15 +90,9 @@ FOREIGN_FLAGS = {
     "--bare",
     "--porcelain",  # git status --porcelain
 }
-# The benchmarks' own flags (scripts/bench.py, bench_workspace.py), which exist there.
-BENCH_SOURCE = "".join(
-    (ROOT / "scripts" / name).read_text() for name in ("bench.py", "bench_workspace.py")
-)
-FOREIGN_FLAGS |= {
-    f
-    for f in ("--pg", "--instructions", "--json", "--steps", "--repeat", "--files", "--size")
-    if re.search(rf'add_argument\(\s*"{f}"', BENCH_SOURCE)
-}
+# The benchmarks' own flags (scripts/bench*.py), which exist there.
+BENCH_SOURCE = "".join(p.read_text() for p in sorted((ROOT / "scripts").glob("bench*.py")))
+FOREIGN_FLAGS |= set(re.findall(r'add_argument\(\s*"(--[a-z][a-z-]*)"', BENCH_SOURCE))
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
