@@ -152,6 +152,11 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
         return any(owner_pid(o) == victim.pid and o.startswith(host + ":") for (o,) in found)
 
     wait_for(victim_mid_command, 60, "the victim worker to be in the middle of a command", 0.01)
+    # The survivors are frozen while the victim dies and what it held is read: one of them
+    # takes a dead worker's run over at once (same host, pid gone), and would otherwise race
+    # the reads below.
+    for p in survivors:
+        p.send_signal(signal.SIGSTOP)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     # What the victim held when it died (it can write nothing more, so this is final).
@@ -169,6 +174,8 @@ def test_three_workers_drain_30_runs_and_take_over_from_a_killed_one(
         )
         if r.run_id in held
     }
+    for p in survivors:
+        p.send_signal(signal.SIGCONT)
     assert held and cut_off
 
     def all_done() -> bool:
