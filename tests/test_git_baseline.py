@@ -144,6 +144,19 @@ WITHOUT_GIT = (b".git",)
 
 
 @pytest.mark.slow
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The names of the files the scanner reads from now on, in order."""
+    read: list[bytes] = []
+    real = scan_module._regular_bytes
+
+    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
+        read.append(name)
+        return real(name, cap, dir_fd)
+
+    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    return read
+
+
 def test_a_clean_checkout_stores_under_1_mb_and_restore_and_fork_rebuild_it(
     tmp_path, genv, write_script
 ) -> None:  # type: ignore[no-untyped-def]
@@ -467,14 +480,7 @@ def test_files_git_vouches_for_are_not_read_and_rebuild_byte_for_byte(
     (ws / "new.txt").write_text("untracked\n")
     os.utime(ws / "src/f3.bin")  # touched: read if git's index stat says so; its git id
     _aged(ws)
-    read: list[bytes] = []
-    real = scan_module._regular_bytes
-
-    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
-        read.append(name)
-        return real(name, cap, dir_fd)
-
-    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    read = _count_reads(monkeypatch)
     engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
     try:
         blobs = BlobStore(engine)
@@ -650,14 +656,7 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     (ws / "empty/dir").mkdir(parents=True)
     (ws / "node_modules/pkg/untracked.js").write_text("left out\n")
     (ws / "other.log").write_text("ignored\n")
-    read: list[bytes] = []
-    real = scan_module._regular_bytes
-
-    def counting(name: bytes, cap: int, dir_fd: int) -> bytes | None:
-        read.append(name)
-        return real(name, cap, dir_fd)
-
-    monkeypatch.setattr(scan_module, "_regular_bytes", counting)
+    read = _count_reads(monkeypatch)
     # No margin before git looks: the files written just now are taken on git's word (the
     # racy one included), as a checkout's older files are.
     monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)

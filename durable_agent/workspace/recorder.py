@@ -172,7 +172,8 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
     if not ctx.settings.snapshots or not step.has_row or step.seq < 0 or ctx.workspace_moved():
         return None
     blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
-    snap = snapshot.take(scanner(ctx), blobs, writes, git=_git(ctx.settings))
+    scan = scanner(ctx)
+    snap = snapshot.take(scan, blobs, writes, git=_git(ctx.settings))
     snapshot.remember(snap.tree_id, snap.manifest)
     old: Manifest = {}
     if step.tree_before:
@@ -189,7 +190,7 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
             "bytes": c.bytes,
         }
         # (a file re-identified by its sha256 after HEAD moved is not the step's change)
-        for c in changes(old, snap.manifest, snap.scan.delta_from(old), scanner(ctx).same_bytes)
+        for c in changes(old, snap.manifest, snap.scan.delta_from(old), scan.same_bytes)
     ]
     statements = [*snap.statements, *([changes_statement(rows)] if rows else [])]
     note = None
@@ -212,7 +213,7 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
                 ],
             )
         )
-    left = scanner(ctx).report_excluded(snap.scan)
+    left = scan.report_excluded(snap.scan)
     if left:
         names = ", ".join(p.decode("utf-8", "backslashreplace")[:200] for p in left[:5])
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
