@@ -636,6 +636,10 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     os.symlink("a/clean.txt", ws / "link")
     os.symlink("mod.txt", ws / "relinked")
     os.symlink("exec.sh", ws / "was-link")
+    # A mode git does not record: clean to git, not to the manifest. Set before `git add`:
+    # a chmod after it changes the change time, which git compares by the second, so git
+    # calls the file dirty (and it is read) whenever the two straddle a second.
+    (ws / "perm.txt").chmod(0o600)
     git(ws, "init", "-q")
     git(ws, "add", "-A")
     git(ws, "add", "-f", "kept.log")
@@ -644,7 +648,6 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     (ws / "mod.txt").write_text("modified\n")
     (ws / "gone.txt").unlink()
     (ws / "exec.sh").chmod(0o755)  # a mode git records
-    (ws / "perm.txt").chmod(0o600)  # a mode git does not: clean to git, not to the manifest
     (ws / "relinked").unlink()
     os.symlink("a/b/deep.txt", ws / "relinked")
     (ws / "was-link").unlink()

@@ -54,14 +54,14 @@ deadline = time.monotonic() + float(seconds)
 print("ready", flush=True)
 done = failed = 0
 while done < count:
-    if done % 512 == 0 and (os.path.exists(stop) or time.monotonic() > deadline):
+    # Checked by attempts, not by swaps: once a restore has removed one of the names for
+    # good, every exchange fails and `done` stays where it was.
+    if (done + failed) % 512 == 0 and (os.path.exists(stop) or time.monotonic() > deadline):
         break
     if exchange():
         done += 1
     else:
         failed += 1
-        if failed > 10 * count:
-            break
 if done % 2 and exchange():
     done += 1
 print(done, failed, flush=True)
