@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import pty
+import re
 import subprocess
 import sys
 import threading
@@ -15,8 +16,10 @@ from types import SimpleNamespace
 
 from scale_helpers import wait_for
 
+from durable_agent.cli import render
 from durable_agent.cli.render import StatusLine, Timeline, summary
 from durable_agent.observer import StepEvent
+from durable_agent.workspace import progress
 
 ERASE = StatusLine.ERASE
 
@@ -247,3 +250,124 @@ def test_cli_on_a_terminal_shows_what_runs_and_erases_it(
         if "Step " in line:
             assert (ERASE + "Step ") in line and line.rsplit(ERASE, 1)[1].startswith("Step ")
     assert "completed (finished)\r\ndone\r\n" in text
+
+
+def test_workspace_work_between_steps_is_shown_then_erased(monkeypatch) -> None:
+    """A long first snapshot or drift check (no step under way) shows in the status line
+    with what it has listed so far; a step's own line takes precedence; once the work is
+    over its line is erased."""
+    monkeypatch.setattr(render, "WORK_SHOWN_AFTER", 0)
+    out = Locked()
+    t = Timeline(out, live=True, interval=0.005)
+    with progress.working("snapshotting the workspace"):
+        progress.listed(1234)
+        wait_for(
+            lambda: (
+                "snapshotting the workspace" in out.text() and "1,234 paths listed" in out.text()
+            ),
+            10,
+            "the work to be shown",
+        )
+        t.step(StepEvent(-1, 1, "tool", "run_command", detail="make"))
+        drawn = len(out.text())
+        wait_for(lambda: len(out.text()) > drawn + 200, 10, "redraws")
+        assert "snapshotting" not in out.text()[drawn:]  # the step's label, not the work's
+        t.step(StepEvent(1, 1, "tool", "run_command", detail="make", state="completed"))
+        drawn = len(out.text())
+        wait_for(lambda: "snapshotting" in out.text()[drawn:], 10, "the work again")
+    drawn = len(out.text())
+    wait_for(lambda: out.text().endswith(ERASE), 10, "the work's line to be erased")
+    t.close()
+    assert "snapshotting" not in out.text()[drawn:]
+
+
+def test_a_scan_counts_what_it_lists_in_the_work_of_its_thread(tmp_path: Path) -> None:
+    from durable_agent.workspace.scan import DEFAULT_EXCLUDE, Scanner
+
+    for d in range(3):
+        for f in range(5):
+            (tmp_path / f"d{d}" / f"f{f}").parent.mkdir(exist_ok=True)
+            (tmp_path / f"d{d}" / f"f{f}").write_text("x")
+    seen: list[int] = []
+    with progress.working("checking") as work:
+        other = threading.Thread(target=lambda: seen.append(progress.under_way() is work))
+        other.start()
+        other.join()
+        Scanner(tmp_path, list(DEFAULT_EXCLUDE), 1 << 20).scan()
+        with progress.working("inner") as inner:  # the outermost work counts
+            assert inner is work
+    assert work.listed == 3 + 15 and seen == [True]  # the root's 3 names, each folder's 5
+    assert progress.under_way() is None
+    progress.listed(5)  # outside any work: counted nowhere, no error
+
+
+# Runs the CLI with the work shown at once (not after half a second), and each work's first
+# folder held until the status line has asked for it: a small workspace's snapshot shows.
+_SHOWN_AT_ONCE = """
+import sys, threading
+from durable_agent.cli import render
+from durable_agent.cli.parser import main
+from durable_agent.workspace import progress
+render.WORK_SHOWN_AFTER = 0
+asked, real_work, real_listed = threading.Event(), render.workspace_work, progress.listed
+def work():
+    shown = real_work()
+    if shown is not None:
+        asked.set()
+    return shown
+def listed(n):
+    real_listed(n)
+    if not asked.wait(30):
+        raise SystemExit("the status line never asked")
+render.workspace_work = work
+progress.listed = listed
+sys.argv = ["durable-agent", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def _on_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SHOWN_AT_ONCE, *argv],
+        cwd=cwd,
+        env=env,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    return proc.wait(timeout=60), b"".join(chunks).decode()
+
+
+def test_cli_shows_the_first_snapshot_and_the_drift_check_on_a_terminal(
+    env, workspace: Path, write_script
+) -> None:
+    for i in range(20):
+        (workspace / f"f{i}.txt").write_text(f"{i}\n")
+    script = write_script([{"content": "done"}])
+    code, text = _on_a_terminal(
+        ["start", "t", "--model", script, "--detach", "--run-id", "w1"], env, workspace
+    )
+    assert code == 0, text
+    assert re.search(
+        re.escape(ERASE) + r"⠋ snapshotting the workspace [\d.]+ s · 20 paths listed", text
+    )
+    last = text.split("\r\n")[-2]  # the run id, on a line of its own: erased before it
+    assert last.rsplit(ERASE, 1)[-1] == "w1", text
+    code, text = _on_a_terminal(["resume", "w1"], env, workspace)
+    assert code == 0, text
+    assert "checking the workspace against its last snapshot" in text
+    for line in text.split("\r\n"):  # no line of the timeline is written after the work's
+        if "Step " in line or "completed (finished)" in line:
+            assert "checking" not in line.rsplit(ERASE, 1)[-1]

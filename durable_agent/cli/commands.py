@@ -246,9 +246,9 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         runner.tool_source.prepare()  # MCP servers start now: one that cannot fails before the run exists
         if args.detach:
             runner.tool_source.close()
-            _print_queued(
-                runner.create(args.task, args.run_id, queue=_queue_fields(args)), args.json
-            )
+            run_id = runner.create(args.task, args.run_id, queue=_queue_fields(args))
+            render.clear_status(observer)  # (what the first snapshot showed)
+            _print_queued(run_id, args.json)
             return 0
         # Created already leased to us: a worker sharing the database cannot claim it first.
         from durable_agent.store.leases import new_owner
@@ -256,6 +256,7 @@ def cmd_start(args: Namespace, env: dict[str, str]) -> int:
         owner = new_owner()
         run_id = runner.create(args.task, args.run_id, lease_owner=owner, queue=_queue_fields(args))
         name_holder(run_id)
+        render.clear_status(observer)  # (what the first snapshot showed)
         if not args.json:
             err = streams.forgiving(sys.stderr)
             print(f"run {run_id} · {runner.model.name} · {runner.settings.workspace}", file=err)

@@ -34,6 +34,7 @@ from durable_agent.store import leases
 from durable_agent.store.records import ApprovalRecord, RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.visible import visible
+from durable_agent.workspace import progress
 
 
 def is_tty(out: TextIO) -> bool:
@@ -64,6 +65,8 @@ class Timeline(Observer):
         live = is_tty(out) if live is None else live
         out = self.out = forgiving(out)
         self.status = StatusLine(out, interval=interval, clock=clock) if live else None
+        if self.status is not None:
+            self.status.watch(workspace_work)
         self.tokens = 0  # used by this process; a resume starts from 0
         # A streamed answer as it arrives (delta): its kind ("text" | "reasoning"), the line
         # not yet ended, and whether it is open on the output (written without a status line).
@@ -181,6 +184,27 @@ class Timeline(Observer):
             self.status.print(text)
         else:
             print(text, file=self.out, flush=True)
+
+
+WORK_SHOWN_AFTER = 0.5  # s: a snapshot of a small tree comes and goes unseen
+
+
+def workspace_work() -> tuple[str, str, float] | None:
+    """The workspace work this process has under way between steps (workspace/progress.py:
+    a new run's first snapshot, a resume's drift check), once it has lasted a moment."""
+    work = progress.under_way()
+    elapsed = time.monotonic() - work.since if work is not None else 0.0
+    if work is None or elapsed < WORK_SHOWN_AFTER:
+        return None
+    return work.label, f"{work.listed:,} paths listed" if work.listed else "", elapsed
+
+
+def clear_status(observer: Observer | None) -> None:
+    """Erase the live status line before a line printed beside the timeline (start's first
+    lines, after the first snapshot): it would be written at the end of the status line."""
+    timeline = getattr(observer, "inner", observer)
+    if isinstance(timeline, Timeline) and timeline.status is not None:
+        timeline.status.clear()
 
 
 def step_line(e: StepEvent) -> str:

@@ -34,6 +34,7 @@ class StatusLine:
         self._shown = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._idle: Callable[[], tuple[str, str, float] | None] | None = None
 
     def show(
         self, label: str, detail: str = "", *, restart_clock: bool = True, draw: bool = True
@@ -47,9 +48,20 @@ class StatusLine:
                 self._since = self.clock()
             if draw:
                 self._draw()
+        self._start()
+
+    def _start(self) -> None:
         if self._thread is None:  # started on first use: a run with no steps costs no thread
             self._thread = threading.Thread(target=self._loop, name="status-line", daemon=True)
             self._thread.start()
+
+    def watch(self, idle: Callable[[], tuple[str, str, float] | None]) -> None:
+        """Between labels, show what `idle` says is under way (label, detail, seconds it has
+        taken; None: nothing), asked at each redraw: work that is not a step, such as the
+        first snapshot of a big workspace, which shows nothing else for seconds."""
+        with self._lock:
+            self._idle = idle
+        self._start()
 
     def clear(self) -> None:
         with self._lock:
@@ -72,20 +84,27 @@ class StatusLine:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
-                self._tick += 1
+                if self._shown:  # the spinner turns while a line is shown, from its first frame
+                    self._tick += 1
                 self._draw()
 
     def _draw(self) -> None:
-        if self._label is None:
+        label, detail = self._label, self._detail
+        elapsed = self.clock() - self._since
+        if label is None and self._idle is not None:
+            shown = self._idle()
+            if shown is not None:
+                label, detail, elapsed = shown
+            elif self._shown:  # the idle work is over: its line goes
+                self._erase()
+        if label is None:
             self.out.flush()
             return
         head = self.frames[self._tick % len(self.frames)] + " "
-        tail = f" {self.clock() - self._since:.1f} s" + (
-            f" · {self._detail}" if self._detail else ""
-        )
+        tail = f" {elapsed:.1f} s" + (f" · {detail}" if detail else "")
         width = shutil.get_terminal_size((100, 20)).columns - 1
         # Shorten the label, not the elapsed time: on a narrow terminal the time matters most.
-        label = short(self._label, max(width - len(head) - len(tail), 12))
+        label = short(label, max(width - len(head) - len(tail), 12))
         self.out.write(self.ERASE + short(head + label + tail, width))
         self.out.flush()
         self._shown = True

@@ -25,7 +25,7 @@ from durable_agent.store.blobs import BlobStore, WorkspaceWrite, changes_stateme
 from durable_agent.store.journal import Journal
 from durable_agent.store.retrying import StorePolicy
 from durable_agent.store.step import Step
-from durable_agent.workspace import secrets, snapshot
+from durable_agent.workspace import progress, secrets, snapshot
 from durable_agent.workspace.manifest import Change, Manifest, changes
 from durable_agent.workspace.scan import MAX_DEPTH, Scanner, scanner_for
 
@@ -99,8 +99,9 @@ def at_creation(
         raise ConfigError(
             f"exclude: the rule {rule!r} cannot be used ({why}); write it another way"
         )
-    snap = snapshot.take(scanner, blobs, git=_git(settings))
-    save_statements(engine, snap.statements, policy)
+    with progress.working("snapshotting the workspace"):
+        snap = snapshot.take(scanner, blobs, git=_git(settings))
+        save_statements(engine, snap.statements, policy)
     snapshot.remember(snap.tree_id, snap.manifest)
     return snap.tree_id
 

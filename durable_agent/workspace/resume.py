@@ -22,7 +22,7 @@ from durable_agent.store.blobs import BlobStore, TreeAt, save_statements, tree_a
 from durable_agent.store.records import ApprovalKind, Decision, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.step import USE_APPROVAL
-from durable_agent.workspace import recorder, snapshot
+from durable_agent.workspace import progress, recorder, snapshot
 from durable_agent.workspace.manifest import changes, tree_id
 from durable_agent.workspace.materialize import RestoreStopped, materialize
 from durable_agent.workspace.recorder import Site
@@ -86,7 +86,8 @@ def check(ctx: Site) -> None:
     scanner.seed(recorded)  # a folder it may not list is as recorded, not drift
     if ctx.settings.snapshot_baseline == "git":
         snapshot.use_git(scanner)  # a file the commit holds keeps its `git:` id: no drift
-    current = scanner.scan().manifest
+    with progress.working("checking the workspace against its last snapshot"):
+        current = scanner.scan().manifest
     if tree_id(current) == last.tree:
         return
     # A file read whose bytes are those its `git:` id named, of a commit HEAD no longer is

@@ -44,6 +44,7 @@ from msgspec import Struct, field
 
 from durable_agent.tools import beneath
 from durable_agent.tools.limits import read_capped
+from durable_agent.workspace import progress
 from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
 from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
 from durable_agent.workspace.ignore_rules import (
@@ -707,6 +708,7 @@ class Scanner:
             return 0  # gone since its parent was listed
         except OSError:  # not ours to list: never "emptied"
             return self._unlisted(rel_dir, w)
+        progress.listed(len(names))  # (for a live display of a long first walk)
         spec = self._gitignore(rel_dir, fd, names)
         if spec is not None:
             specs = [*specs, (rel_dir, spec)]
