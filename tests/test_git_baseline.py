@@ -765,3 +765,32 @@ def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
         assert picture(out) == picture(ws, skip=WITHOUT_GIT)
     finally:
         engine.dispose()
+
+
+def test_no_filter_the_repository_config_names_is_run(tmp_path: Path) -> None:
+    """A run can write the repository's config: a clean filter planted there (git runs it
+    on a racily clean entry's bytes) must not run when the harness asks git which files
+    are clean, as a planted fsmonitor does not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("committed\n")
+    (ws / "b.bin").write_bytes(b"\x00lfs\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    ran = tmp_path / "ran"
+    for name in ("evil", "lfs"):  # (one named like a driver a user has for real)
+        git(ws, "config", f"filter.{name}.clean", f"echo {name} >> '{ran}'; cat")
+        git(ws, "config", f"filter.{name}.process", f"sh -c 'echo {name} >> {ran}'")
+    (ws / ".git/info/attributes").write_text("a.txt filter=evil\n*.bin filter=lfs\n")
+    # Every entry racily clean (the index older than the files): git reads each through
+    # its filter to compare it.
+    os.utime(ws / ".git/index", (1, 1))
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        snap = snapshot.take(Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), blobs, git=True)
+    finally:
+        engine.dispose()
+    assert not ran.exists(), ran.read_text()
+    assert snap.manifest[b"a.txt"].ref.startswith("git:")  # read: its bytes are the blob's

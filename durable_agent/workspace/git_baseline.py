@@ -227,7 +227,11 @@ def _look(
         if clean:  # (started first: they take longest)
             # -v: a tag per entry, which tells the ones git does not compare (see _clean)
             procs.append(_run(root, "ls-files", "-s", "-v", "-z"))
-            procs.append(_run(root, "diff-files", "--name-only", "-z", "--relative"))
+            unfiltered = _without_filters(root)
+            if unfiltered is not None:
+                procs.append(
+                    _run(root, *unfiltered, "diff-files", "--name-only", "-z", "--relative")
+                )
             procs.append(_run(root, "config", "--get", "core.autocrlf"))
             names = _run(root, "ls-files", "-z")
             procs.append(names)
@@ -236,7 +240,7 @@ def _look(
             names.stdout.close()  # check-attr's now: a failed one ends ls-files too
         if head is None:
             head = _head(root)
-        if head is None or not clean:
+        if head is None or not clean or unfiltered is None:
             return head, {}
         listed, dirty = _out(procs[0]), _out(procs[1])
         crlf = _out(procs[2], check=False)
@@ -254,6 +258,23 @@ def _look(
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
+
+
+def _without_filters(root: bytes) -> list[str] | None:
+    """`-c` options that turn off every filter driver the repository's config names: git
+    compares a racily clean entry's bytes through its clean filter, a command of the
+    config's choosing (a run may have written it), which is never run here, as no
+    fsmonitor is. None: a driver whose name `-c` cannot take (then git is not asked)."""
+    out = _git(root, "config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
+    names = os.fsdecode(out).split("\0")
+    drivers = {name.partition(".")[2].rpartition(".")[0] for name in names} - {""}
+    if any("=" in d for d in drivers):
+        return None
+    options = []
+    for d in sorted(drivers):
+        options += ["-c", f"filter.{d}.clean=", "-c", f"filter.{d}.process="]
+        options += ["-c", f"filter.{d}.required=false"]
+    return options
 
 
 def _head(root: bytes) -> Head | None:
