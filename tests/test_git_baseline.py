@@ -10,6 +10,7 @@ mid-way resumes in a fresh folder; a dirty checkout stores its modified and untr
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -794,3 +795,30 @@ def test_no_filter_the_repository_config_names_is_run(tmp_path: Path) -> None:
         engine.dispose()
     assert not ran.exists(), ran.read_text()
     assert snap.manifest[b"a.txt"].ref.startswith("git:")  # read: its bytes are the blob's
+
+
+@pytest.mark.slow
+def test_a_commit_edited_in_the_store_is_never_an_option_to_git(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """The recorded commit is handed to `git fetch` when the cached clone of the remote
+    lacks it: one edited to read `--upload-pack=...` would run a command. It is refused as
+    damage, in one line."""
+    ws = make_checkout(tmp_path, files=5, size=100)
+    assert _start(genv, ws, write_script(TURNS), "edit").returncode == 0
+    seq = last_seq(genv, "edit")
+    shutil.move(ws, tmp_path / "moved")  # restored from the remote: its clone is cached
+    proc = da(["restore", "edit", "--at", str(seq), "--to", str(tmp_path / "a")], genv, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ran = tmp_path / "ran"
+    db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with db:
+        for tid, text in db.execute("SELECT id, git FROM workspace_trees").fetchall():
+            doc = json.loads(text)
+            doc["commit"] = f"--upload-pack=touch {ran}; git-upload-pack"
+            db.execute("UPDATE workspace_trees SET git = ? WHERE id = ?", (json.dumps(doc), tid))
+    db.close()
+    proc = da(["restore", "edit", "--at", str(seq), "--to", str(tmp_path / "b")], genv, tmp_path)
+    assert not ran.exists()
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr

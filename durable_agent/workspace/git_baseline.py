@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import urllib.parse
@@ -80,12 +81,15 @@ class Baseline(Struct, frozen=True):
         )
 
 
+_COMMIT = {"sha1": re.compile("[0-9a-f]{40}"), "sha256": re.compile("[0-9a-f]{64}")}
+
+
 def decoded(text: str | None) -> Baseline | None:
     if not text:
         return None
     try:
         doc = json.loads(text)
-        return Baseline(
+        found = Baseline(
             str(doc["commit"]),
             str(doc["repo"]),
             str(doc.get("remote", "")),
@@ -94,6 +98,11 @@ def decoded(text: str | None) -> Baseline | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
+    # Only an object id: the commit is an argument of `git fetch`, where a row edited to
+    # `--upload-pack=...` would run a command.
+    if _COMMIT.get(found.format) is None or not _COMMIT[found.format].fullmatch(found.commit):
+        return None
+    return found
 
 
 def _git(cwd: str | bytes, *args: str, check: bool = True, timeout: float = 120) -> bytes:
