@@ -10,6 +10,7 @@ mid-way resumes in a fresh folder; a dirty checkout stores its modified and untr
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -686,3 +687,138 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     assert b"gone.txt" not in m and b"kept.log" not in m and b"other.log" not in m
     assert b"node_modules/pkg/tracked.js" in m and b"node_modules/pkg/untracked.js" not in m
     assert m[b"a/clean.txt"].ref.startswith("git:")
+
+
+def _converted_on_checkout(ws: Path, attributes: str, config: tuple[str, ...] = ()) -> None:
+    """a.txt committed, then checked out again: its bytes on disk are what `attributes` (and
+    `config`) make of its blob, and git calls it clean."""
+    for item in config:
+        git(ws, "config", *item.split("=", 1))
+    (ws / ".gitattributes").write_text(attributes)
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "attributes")
+    (ws / "a.txt").unlink()
+    git(ws, "checkout", "--", "a.txt")
+
+
+_GIT_CALLS_CLEAN: dict[str, Callable[[Path], None]] = {
+    "eol=crlf": lambda ws: _converted_on_checkout(ws, "*.txt text eol=crlf\n"),
+    "ident": lambda ws: _converted_on_checkout(ws, "*.txt ident\n"),
+    "filter": lambda ws: _converted_on_checkout(
+        ws,
+        "*.txt filter=up\n",
+        ("filter.up.smudge=tr a-z A-Z", "filter.up.clean=tr A-Z a-z"),
+    ),
+    "autocrlf=true": lambda ws: _converted_on_checkout(ws, "", ("core.autocrlf=true",)),
+    "assume-unchanged": lambda ws: (
+        git(ws, "update-index", "--assume-unchanged", "a.txt"),
+        (ws / "a.txt").write_text("edited, and git told not to look\n"),
+    ),
+    "skip-worktree": lambda ws: (
+        git(ws, "update-index", "--skip-worktree", "a.txt"),
+        (ws / "a.txt").write_text("a local edit git is told to skip\n"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_GIT_CALLS_CLEAN))
+def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """git calls a file clean when its bytes are what checking its blob out gives (CRLF line
+    ends, a smudge filter, `$Id$` expanded), or when told not to look (assume-unchanged,
+    skip-worktree): its bytes are not the blob's, so it is read and stored, and a rebuild
+    gives it back as it was on disk."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("$Id$\nline one\nline two\n")
+    (ws / "b.txt").write_text("untouched\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    _GIT_CALLS_CLEAN[case](ws)
+    assert (ws / "a.txt").read_bytes() != subprocess.run(
+        ["git", "cat-file", "blob", "HEAD:a.txt"], cwd=ws, capture_output=True, check=True
+    ).stdout
+    assert "a.txt" not in git(ws, "status", "--porcelain")
+    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)  # all taken on git's word if it can
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        snap = snapshot.take(Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), blobs, git=True)
+        save_statements(engine, snap.statements)
+        head = git_baseline.head_of(os.fsencode(str(ws)))
+        assert head is not None
+        full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        full.use_git(head.files, {}, 0, head.baseline.format)  # every file read
+        assert snap.manifest == full.scan().manifest
+        assert snap.manifest[b"a.txt"].ref == sha256(ws / "a.txt")
+        reader = BlobStore(engine)
+        manifest = snapshot.load(reader, snap.tree_id)
+        out = tmp_path / "out"
+        materialize(
+            manifest,
+            out,
+            Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000),
+            reader.blob,
+            present=reader.present_blobs,
+        )
+        assert picture(out) == picture(ws, skip=WITHOUT_GIT)
+    finally:
+        engine.dispose()
+
+
+def test_no_filter_the_repository_config_names_is_run(tmp_path: Path) -> None:
+    """A run can write the repository's config: a clean filter planted there (git runs it
+    on a racily clean entry's bytes) must not run when the harness asks git which files
+    are clean, as a planted fsmonitor does not."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("committed\n")
+    (ws / "b.bin").write_bytes(b"\x00lfs\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    ran = tmp_path / "ran"
+    for name in ("evil", "lfs"):  # (one named like a driver a user has for real)
+        git(ws, "config", f"filter.{name}.clean", f"echo {name} >> '{ran}'; cat")
+        git(ws, "config", f"filter.{name}.process", f"sh -c 'echo {name} >> {ran}'")
+    (ws / ".git/info/attributes").write_text("a.txt filter=evil\n*.bin filter=lfs\n")
+    # Every entry racily clean (the index older than the files): git reads each through
+    # its filter to compare it.
+    os.utime(ws / ".git/index", (1, 1))
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        snap = snapshot.take(Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), blobs, git=True)
+    finally:
+        engine.dispose()
+    assert not ran.exists(), ran.read_text()
+    assert snap.manifest[b"a.txt"].ref.startswith("git:")  # read: its bytes are the blob's
+
+
+@pytest.mark.slow
+def test_a_commit_edited_in_the_store_is_never_an_option_to_git(
+    tmp_path, genv, write_script
+) -> None:  # type: ignore[no-untyped-def]
+    """The recorded commit is handed to `git fetch` when the cached clone of the remote
+    lacks it: one edited to read `--upload-pack=...` would run a command. It is refused as
+    damage, in one line."""
+    ws = make_checkout(tmp_path, files=5, size=100)
+    assert _start(genv, ws, write_script(TURNS), "edit").returncode == 0
+    seq = last_seq(genv, "edit")
+    shutil.move(ws, tmp_path / "moved")  # restored from the remote: its clone is cached
+    proc = da(["restore", "edit", "--at", str(seq), "--to", str(tmp_path / "a")], genv, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ran = tmp_path / "ran"
+    db = sqlite3.connect(genv["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with db:
+        for tid, text in db.execute("SELECT id, git FROM workspace_trees").fetchall():
+            doc = json.loads(text)
+            doc["commit"] = f"--upload-pack=touch {ran}; git-upload-pack"
+            db.execute("UPDATE workspace_trees SET git = ? WHERE id = ?", (json.dumps(doc), tid))
+    db.close()
+    proc = da(["restore", "edit", "--at", str(seq), "--to", str(tmp_path / "b")], genv, tmp_path)
+    assert not ran.exists()
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr

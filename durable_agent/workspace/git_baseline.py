@@ -31,11 +31,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
+from typing import Any
 
 from msgspec import Struct
 
@@ -49,6 +51,9 @@ _ENV = {
 }
 _SAFE = ["-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never"]
 FILE_MODES = (b"100644", b"100755")
+# The attributes by which a file's bytes on disk may differ from its blob's while git calls
+# it clean (convert.c): such a file is read, not vouched for.
+CONVERTING = ("text", "crlf", "eol", "ident", "filter", "working-tree-encoding")
 CLONE_SECONDS = 3600  # a bare clone of a large remote takes a while; a hung one, not forever
 
 
@@ -76,12 +81,15 @@ class Baseline(Struct, frozen=True):
         )
 
 
+_COMMIT = {"sha1": re.compile("[0-9a-f]{40}"), "sha256": re.compile("[0-9a-f]{64}")}
+
+
 def decoded(text: str | None) -> Baseline | None:
     if not text:
         return None
     try:
         doc = json.loads(text)
-        return Baseline(
+        found = Baseline(
             str(doc["commit"]),
             str(doc["repo"]),
             str(doc.get("remote", "")),
@@ -90,6 +98,11 @@ def decoded(text: str | None) -> Baseline | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
+    # Only an object id: the commit is an argument of `git fetch`, where a row edited to
+    # `--upload-pack=...` would run a command.
+    if _COMMIT.get(found.format) is None or not _COMMIT[found.format].fullmatch(found.commit):
+        return None
+    return found
 
 
 def _git(cwd: str | bytes, *args: str, check: bool = True, timeout: float = 120) -> bytes:
@@ -197,14 +210,14 @@ def head_and_clean(root: bytes) -> tuple[Head | None, dict[bytes, str]]:
     return head, clean if head is not None else {}
 
 
-def _run(root: bytes, *args: str) -> subprocess.Popen[bytes]:
+def _run(root: bytes, *args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["git", *_SAFE, *args],
         cwd=root,
         env={**os.environ, **_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
     )
 
 
@@ -221,13 +234,31 @@ def _look(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         if clean:  # (started first: they take longest)
-            procs.append(_run(root, "ls-files", "-s", "-z"))
-            procs.append(_run(root, "diff-files", "--name-only", "-z", "--relative"))
+            # -v: a tag per entry, which tells the ones git does not compare (see _clean)
+            procs.append(_run(root, "ls-files", "-s", "-v", "-z"))
+            unfiltered = _without_filters(root)
+            if unfiltered is not None:
+                procs.append(
+                    _run(root, *unfiltered, "diff-files", "--name-only", "-z", "--relative")
+                )
+            procs.append(_run(root, "config", "--get", "core.autocrlf"))
+            names = _run(root, "ls-files", "-z")
+            procs.append(names)
+            assert names.stdout is not None
+            procs.append(_run(root, "check-attr", "-z", "--stdin", *CONVERTING, stdin=names.stdout))
+            names.stdout.close()  # check-attr's now: a failed one ends ls-files too
         if head is None:
             head = _head(root)
-        if head is None or not clean:
+        if head is None or not clean or unfiltered is None:
             return head, {}
-        return head, _clean(head, _out(procs[0]), _out(procs[1]))
+        listed, dirty = _out(procs[0]), _out(procs[1])
+        crlf = _out(procs[2], check=False)
+        if procs[2].returncode == 0 and crlf.strip().lower() not in (b"false", b"no", b"off", b"0"):
+            return head, {}  # every text file may be converted: none is vouched for
+        attrs = _out(procs[4])
+        if names.wait(timeout=600) != 0:
+            raise OSError("git 'ls-files' failed")  # check-attr was told of no file
+        return head, _clean(head, listed, dirty, _converted(attrs))
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
         return head, {}
     finally:
@@ -236,6 +267,23 @@ def _look(
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
+
+
+def _without_filters(root: bytes) -> list[str] | None:
+    """`-c` options that turn off every filter driver the repository's config names: git
+    compares a racily clean entry's bytes through its clean filter, a command of the
+    config's choosing (a run may have written it), which is never run here, as no
+    fsmonitor is. None: a driver whose name `-c` cannot take (then git is not asked)."""
+    out = _git(root, "config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
+    names = os.fsdecode(out).split("\0")
+    drivers = {name.partition(".")[2].rpartition(".")[0] for name in names} - {""}
+    if any("=" in d for d in drivers):
+        return None
+    options = []
+    for d in sorted(drivers):
+        options += ["-c", f"filter.{d}.clean=", "-c", f"filter.{d}.process="]
+        options += ["-c", f"filter.{d}.required=false"]
+    return options
 
 
 def _head(root: bytes) -> Head | None:
@@ -272,20 +320,37 @@ def _head(root: bytes) -> Head | None:
         return None
 
 
-def _clean(head: Head, listed: bytes, dirty: bytes) -> dict[bytes, str]:
+def _converted(attrs: bytes) -> set[bytes]:
+    """The paths `git check-attr -z` (of CONVERTING) gives an attribute that converts."""
+    fields = attrs.split(b"\0")
+    return {
+        fields[i]
+        for i in range(0, len(fields) - 2, 3)
+        if fields[i + 2] not in (b"unspecified", b"unset")
+    }
+
+
+def _clean(
+    head: Head, listed: bytes, dirty: bytes, converted: Collection[bytes] = ()
+) -> dict[bytes, str]:
     """The tracked files git vouches for, as `git status` does (its index's stat data; a
     racily clean entry's content): path (relative to the workspace) -> blob id, for those
     whose index entry is the commit's blob at that path and that `git diff-files` does not
     report. Their bytes are the commit's: a scan need not read them (while their change
-    time says they were not touched since git looked: Scanner.use_git)."""
+    time says they were not touched since git looked: Scanner.use_git). Not those git
+    calls clean whatever their bytes: an entry marked assume-unchanged or skip-worktree
+    (`ls-files -v` tags it other than `H`; diff-files skips it), or one whose attributes
+    (`converted`) make its bytes on disk other than its blob's (CRLF, a filter...)."""
     files = head.files
     out: dict[bytes, str] = {}
     for record in listed.split(b"\0"):
         meta, _, path = record.partition(b"\t")
         fields = meta.split()
-        if len(fields) != 3 or fields[2] != b"0" or fields[0] not in FILE_MODES:
-            continue  # a conflict's stages, links, submodules: read as any file
-        blob = fields[1].decode()
+        if len(fields) != 4 or fields[0] != b"H" or fields[3] != b"0":
+            continue  # a conflict's stages, a file git does not compare: read as any file
+        if fields[1] not in FILE_MODES or path in converted:
+            continue  # links, submodules; bytes git converts on checkout
+        blob = fields[2].decode()
         if files.get(path) == blob:  # else staged, not committed: its blob may be nowhere else
             out[path] = blob
     for path in dirty.split(b"\0"):
