@@ -296,31 +296,35 @@ def test_a_scan_counts_what_it_lists_in_the_work_of_its_thread(tmp_path: Path) -
         Scanner(tmp_path, list(DEFAULT_EXCLUDE), 1 << 20).scan()
         with progress.working("inner") as inner:  # the outermost work counts
             assert inner is work
-    assert work.listed == 3 + 15 and seen == [True]  # the root's 3 names, each folder's 5
+    assert work.done == 3 + 15 and seen == [True]  # the root's 3 names, each folder's 5
     assert progress.under_way() is None
     progress.listed(5)  # outside any work: counted nowhere, no error
 
 
-# Runs the CLI with the work shown at once (not after half a second), and each work's first
-# folder held until the status line has asked for it: a small workspace's snapshot shows.
+# Runs the CLI with the work shown at once (not after half a second), and each count a work
+# advances by held until the status line has asked for the work twice since (the second
+# draw shows the count): a small workspace's work shows.
 _SHOWN_AT_ONCE = """
 import sys, threading
 from durable_agent.cli import render
 from durable_agent.cli.parser import main
 from durable_agent.workspace import progress
 render.WORK_SHOWN_AFTER = 0
-asked, real_work, real_listed = threading.Event(), render.workspace_work, progress.listed
+asked, real_work, real_advanced = threading.Event(), render.workspace_work, progress.advanced
 def work():
     shown = real_work()
     if shown is not None:
         asked.set()
     return shown
-def listed(n):
-    real_listed(n)
-    if not asked.wait(30):
-        raise SystemExit("the status line never asked")
+def advanced(n, unit):
+    real_advanced(n, unit)
+    if progress.under_way() is not None:
+        for _ in range(2):
+            asked.clear()
+            if not asked.wait(30):
+                raise SystemExit("the status line never asked")
 render.workspace_work = work
-progress.listed = listed
+progress.advanced = advanced
 sys.argv = ["durable-agent", *sys.argv[1:]]
 sys.exit(main())
 """
@@ -371,3 +375,29 @@ def test_cli_shows_the_first_snapshot_and_the_drift_check_on_a_terminal(
     for line in text.split("\r\n"):  # no line of the timeline is written after the work's
         if "Step " in line or "completed (finished)" in line:
             assert "checking" not in line.rsplit(ERASE, 1)[-1]
+
+
+def test_cli_restore_shows_what_it_has_written_on_a_terminal(
+    env, workspace: Path, write_script, tmp_path: Path
+) -> None:
+    for i in range(20):
+        (workspace / f"f{i}.txt").write_text(f"{i}\n")
+    script = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "n.txt", "content": "x"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    code, text = _on_a_terminal(["start", "t", "--model", script, "--run-id", "r1"], env, workspace)
+    assert code == 0, text
+    out = tmp_path / "restored"
+    code, text = _on_a_terminal(["restore", "r1", "--at", "1", "--to", str(out)], env, workspace)
+    assert code == 0, text
+    assert re.search(r"restoring the workspace [\d.]+ s · 21 of 21 paths written", text), text
+    last = text.split("\r\n")[-2]  # what it says at the end: on an erased line
+    assert last.rsplit(ERASE, 1)[-1].startswith(f"restored {out} to the snapshot after step 1")
+    assert (out / "n.txt").read_text() == "x" and (out / "f7.txt").read_text() == "7\n"

@@ -196,7 +196,22 @@ def workspace_work() -> tuple[str, str, float] | None:
     elapsed = time.monotonic() - work.since if work is not None else 0.0
     if work is None or elapsed < WORK_SHOWN_AFTER:
         return None
-    return work.label, f"{work.listed:,} paths listed" if work.listed else "", elapsed
+    return work.label, work.detail(), elapsed
+
+
+@contextlib.contextmanager
+def work_status(out: TextIO) -> Iterator[None]:
+    """For a command with no timeline (restore, fork): on a terminal, its long workspace
+    work in a status line for the block."""
+    if not is_tty(out):
+        yield
+        return
+    status = StatusLine(forgiving(out))
+    status.watch(workspace_work)
+    try:
+        yield
+    finally:
+        status.close()
 
 
 def clear_status(observer: Observer | None) -> None:

@@ -136,9 +136,10 @@ def cmd_diff(args: Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
+    from durable_agent.cli import render
     from durable_agent.encoding import show_name
     from durable_agent.store.blobs import BlobStore, save_statements
-    from durable_agent.workspace import snapshot
+    from durable_agent.workspace import progress, snapshot
     from durable_agent.workspace.materialize import RestoreStopped, materialize
     from durable_agent.workspace.validation import check_manifest
 
@@ -174,17 +175,25 @@ def cmd_restore(args: Namespace, env: dict[str, str]) -> int:
                 f"{target} is not empty; restore into it only with --force (its current "
                 "files are snapshotted first, so it can be undone)"
             )
-        kept = snapshot.take(scanner, blobs)
-        save_statements(store.engine, kept.statements)
+        with render.work_status(sys.stderr), progress.working("snapshotting it first (undo)"):
+            kept = snapshot.take(scanner, blobs)
+            save_statements(store.engine, kept.statements)
         undo = kept.tree_id
     again = f"durable-agent restore {run_id} --tree {undo} --to {target} --force" if undo else None
     if again is not None:  # first: a restore that fails halfway (a full disk) can still be undone
         print(f"undo with: {again}", flush=True)
     held: list[bytes] = []
     try:
-        done = materialize(
-            manifest, target, scanner, blobs.blob, present=blobs.present_blobs, held=held
-        )
+        with render.work_status(sys.stderr):
+            done = materialize(
+                manifest,
+                target,
+                scanner,
+                blobs.blob,
+                present=blobs.present_blobs,
+                fetch=blobs.blobs,
+                held=held,
+            )
     except RestoreStopped as exc:
         raise DurableAgentError(
             f"the restore {exc}" + (f"; undo with: {again}" if again else "")
@@ -262,6 +271,7 @@ def fork_into(
     """The fork itself (`fork`, `continue --fork`): run `new_id`, pending, with `run`'s
     history up to step `seq` and its files as after that step written into `target` (an
     empty folder, or one to make)."""
+    from durable_agent.cli import render
     from durable_agent.store.blobs import BlobStore, tree_at
     from durable_agent.store.forks import fork_run
     from durable_agent.workspace import snapshot
@@ -287,9 +297,16 @@ def fork_into(
     try:
         target.mkdir(parents=True, exist_ok=True)
         if manifest is not None:
-            materialize(
-                manifest, target, scanner, blobs.blob, present=blobs.present_blobs, held=held
-            )
+            with render.work_status(sys.stderr):
+                materialize(
+                    manifest,
+                    target,
+                    scanner,
+                    blobs.blob,
+                    present=blobs.present_blobs,
+                    fetch=blobs.blobs,
+                    held=held,
+                )
     except (OSError, RestoreStopped) as exc:  # (mkdir's OSError names no more than the target)
         why = exc if isinstance(exc, RestoreStopped) else f"{exc.strerror or exc} at {target}"
         raise DurableAgentError(f"cannot make the fork's workspace: {why}") from None

@@ -19,13 +19,13 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from durable_agent.errors import DurableAgentError, UsageError
 from durable_agent.tools import beneath
 from durable_agent.tools.tree import walk
-from durable_agent.workspace import git_baseline
+from durable_agent.workspace import git_baseline, progress
 from durable_agent.workspace.manifest import (
     BIG,
     DIR,
@@ -42,6 +42,7 @@ from durable_agent.workspace.scan import Scanner
 from durable_agent.workspace.validation import Present, check_manifest
 
 KEPT = (BIG, SECRET)  # never stored: what is on disk at their paths is left as it is
+Fetch = Callable[[Sequence[str]], dict[str, bytes]]  # content ids -> the bytes of those found
 
 
 class RestoreStopped(DurableAgentError):
@@ -234,9 +235,11 @@ def materialize(
     *,
     present: Present | None = None,
     held: list[bytes] | None = None,
+    fetch: Fetch | None = None,
 ) -> list[Change]:
     """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s;
-    `present` (BlobStore.present_blobs) tells which blobs the store has. Raises StoreError
+    `present` (BlobStore.present_blobs) tells which blobs the store has, `fetch`
+    (BlobStore.blobs) gives many at once (`blob` gives one, and those `fetch` does not). Raises StoreError
     for a target entry no scan records, and UsageError when making it would destroy what
     snapshots leave out (`_in_the_way`), both having changed nothing; RestoreStopped when
     it stops partway. `held` receives the paths left as they are because they held a
@@ -248,12 +251,39 @@ def materialize(
     try:
         os.makedirs(broot, exist_ok=True)
         with beneath.root(broot) as root_fd:
-            return _materialize(target, root, broot, root_fd, scanner, blob, held)
+            return _materialize(target, root, broot, root_fd, scanner, blob, held, fetch)
     except OSError as exc:
         where = os.fsdecode(exc.filename) if exc.filename else str(root)
         raise RestoreStopped(f"stopped at {where}: {exc.strerror or exc}") from None
     except KeyError as exc:  # a store written by hand, or by a version that lost a blob
         raise RestoreStopped(f"stopped: {exc.args[0] if exc.args else exc}") from None
+
+
+CHUNK_FILES, CHUNK_BYTES = 500, 16 << 20  # a restore's contents read at a time, at most
+
+
+def _chunks(paths: list[bytes], target: Manifest) -> Iterator[list[bytes]]:
+    """`paths` in order, in runs of at most CHUNK_FILES whose files' sizes add up to at
+    most CHUNK_BYTES (or one file, if bigger): what is read ahead of the writes at once."""
+    chunk: list[bytes] = []
+    size = 0
+    for rel in paths:
+        size += target[rel].size
+        if chunk and (len(chunk) == CHUNK_FILES or size > CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], target[rel].size
+        chunk.append(rel)
+    if chunk:
+        yield chunk
+
+
+def _needs_bytes(entry: Entry, have: Entry | None) -> bool:
+    """Writing `entry` over `have` reads its content (not a mode change alone: _write_in)."""
+    return entry.kind == FILE and (
+        have is None
+        or (have.kind, have.ref, have.target, have.size)
+        != (entry.kind, entry.ref, entry.target, entry.size)
+    )
 
 
 def _differ(a: Entry | None, b: Entry | None) -> bool:
@@ -268,6 +298,7 @@ def _materialize(
     scanner: Scanner,
     blob: Callable[[str], bytes],
     left: list[bytes] | None,
+    fetch: Fetch | None,
 ) -> list[Change]:
     current = scanner.scan().manifest
     # A path that held a secret, in the target or on disk now: its bytes are in no snapshot,
@@ -304,14 +335,27 @@ def _materialize(
             with contextlib.suppress(OSError):
                 _rmdir(root_fd, parent)
             parent = os.path.dirname(parent)
-    for rel in sorted(target):
-        entry = target[rel]
-        have = current.get(rel)
-        if entry.kind in KEPT or have == entry or rel in held:
-            continue
-        if entry.kind in (FILE, LINK, DIR):
-            with _at(broot, rel):
-                _write(root_fd, rel, entry, have, blob)
+    todo = [
+        rel
+        for rel in sorted(target)
+        if target[rel].kind in (FILE, LINK, DIR)
+        and current.get(rel) != target[rel]
+        and rel not in held
+    ]
+    with progress.working("restoring the workspace", progress.WRITTEN, len(todo)):
+        for chunk in _chunks(todo, target):
+            # The chunk's stored contents in one read (500 to a statement), not one each.
+            wanted = [target[r].ref for r in chunk if _needs_bytes(target[r], current.get(r))]
+            read = fetch(wanted) if fetch is not None and wanted else {}
+
+            def content(ref: str, read: dict[str, bytes] = read) -> bytes:
+                found = read.get(ref)
+                return found if found is not None else blob(ref)
+
+            for rel in chunk:
+                with _at(broot, rel):
+                    _write(root_fd, rel, target[rel], current.get(rel), content)
+            progress.advanced(len(chunk), progress.WRITTEN)
     # Our writes happened within the racy window: hash them again next time. What is below a
     # folder the harness may not list is kept as this manifest has it.
     scanner.forget(seen=target)

@@ -17,24 +17,37 @@ from contextlib import contextmanager
 
 
 class Work:
-    __slots__ = ("label", "since", "listed")
+    """`label` under way since `since` (time.monotonic()): `done` of `total` (None: not
+    known) `unit` so far."""
 
-    def __init__(self, label: str) -> None:
-        self.label, self.since, self.listed = label, time.monotonic(), 0
+    __slots__ = ("label", "unit", "total", "since", "done")
+
+    def __init__(self, label: str, unit: str, total: int | None) -> None:
+        self.label, self.unit, self.total = label, unit, total
+        self.since, self.done = time.monotonic(), 0
+
+    def detail(self) -> str:
+        """`12,000 paths listed`, `12,000 of 50,001 files written`; "" before the first."""
+        if not self.done:
+            return ""
+        of = f" of {self.total:,}" if self.total is not None else ""
+        return f"{self.done:,}{of} {self.unit}"
 
 
+LISTED, WRITTEN = "paths listed", "paths written"  # the units counted here
 _local = threading.local()
 _lock = threading.Lock()
 _active: list[Work] = []
 
 
 @contextmanager
-def working(label: str) -> Iterator[Work]:
-    """`label` is under way in this thread for the block (the outermost one counts)."""
+def working(label: str, unit: str = LISTED, total: int | None = None) -> Iterator[Work]:
+    """`label` is under way in this thread for the block (the outermost one counts): what
+    a scan lists is counted, unless `unit` says what the block counts itself (`Work.done`)."""
     if getattr(_local, "work", None) is not None:
         yield _local.work
         return
-    work = _local.work = Work(label)
+    work = _local.work = Work(label, unit, total)
     with _lock:
         _active.append(work)
     try:
@@ -45,11 +58,16 @@ def working(label: str) -> Iterator[Work]:
             _active.remove(work)
 
 
-def listed(names: int) -> None:
-    """A scan listed `names` more names (in this thread's work, if any)."""
+def advanced(n: int, unit: str) -> None:
+    """`n` more `unit` done (counted by this thread's work, if it counts those)."""
     work = getattr(_local, "work", None)
-    if work is not None:
-        work.listed += names
+    if work is not None and work.unit == unit:
+        work.done += n
+
+
+def listed(names: int) -> None:
+    """A scan listed `names` more names."""
+    advanced(names, LISTED)
 
 
 def under_way() -> Work | None:

@@ -152,6 +152,7 @@ def put_back(ctx: Site, tree: str) -> None:
         scanner(ctx),
         blobs.blob,
         present=blobs.present_blobs,
+        fetch=blobs.blobs,
         held=held,
     )
     ctx.observer.note(

@@ -54,6 +54,7 @@ def rebuild_if_missing(ctx: Site) -> TreeAt | None:
                 recorder.scanner(ctx),
                 blobs.blob,
                 present=blobs.present_blobs,
+                fetch=blobs.blobs,
                 held=held,
             )
             when = f"of step {last.seq}" if last.seq >= 0 else "taken when the run was created"
@@ -108,7 +109,14 @@ def check(ctx: Site) -> None:
                 f"the files it replaces: {undo}"
             )  # first: said even if it stops halfway
             try:
-                materialize(recorded, root, scanner, blobs.blob, present=blobs.present_blobs)
+                materialize(
+                    recorded,
+                    root,
+                    scanner,
+                    blobs.blob,
+                    present=blobs.present_blobs,
+                    fetch=blobs.blobs,
+                )
             except (RestoreStopped, UsageError) as exc:  # a full disk; an ignored file in the way
                 raise LoopExit(
                     StopReason.WORKSPACE_DRIFT,
