@@ -37,6 +37,7 @@ from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
 from durable_agent.store.step import Step
+from durable_agent.store.storable import storable
 
 if TYPE_CHECKING:
     from durable_agent.models.failures import Failure
@@ -384,6 +385,10 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
     fixed = []
     for i, call in enumerate(calls):
         cid = known.redact_known(call.id)  # the name and id too: both are stored and sent back
+        # As the store will hold it (a NUL as the text \x00): that is the id every later
+        # call is checked against, in memory and in the store (PostgreSQL refuses a NUL
+        # in a statement), and an id reused as its stored spelling is reused.
+        cid = storable(cid)
         if not cid or taken(cid):
             cid = f"call_{turn}_{i}"
             while taken(cid):
