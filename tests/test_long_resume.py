@@ -197,3 +197,77 @@ def test_killed_at_every_kth_checkpoint_of_a_compacting_run_it_ends_as_one_never
     assert status_of(db) == "completed"
     assert history_of(db, "long") == history_of(reference_db, "long")
     assert any(len(r) == 2 and '"summarize"' in r[1] for r in history_of(db, "long"))
+
+
+def compacted_run(store_url: str, ws: Path) -> tuple[Any, str]:
+    """A finished run of script() whose summaries moved its view past most of it."""
+    ws.mkdir()
+    (ws / "a.txt").write_text(
+        "".join(f"line {i} of a file read again and again\n" for i in range(60))
+    )
+    settings = Settings(
+        workspace=ws,
+        model="scripted:long",
+        db=store_url,
+        max_steps=100,
+        max_repeats=REPEATS + 5,
+        shell="deny",
+        sandbox="off",
+        max_context_tokens=3000,
+    )
+    engine = open_store_engine(store_url)
+    runner = Runner(
+        store=Store(engine),
+        settings=settings,
+        model=ScriptedModel(script(), "scripted:long"),
+        tools=build_tools("deny"),
+        env={},
+        redactor=Redactor.from_env({}),
+    )
+    run_id = runner.create("read it")
+    assert runner.execute(run_id).status == "completed"
+    return engine, run_id
+
+
+def assert_resume_state_is_the_whole_one(engine: Any, run_id: str) -> Loaded:
+    """The state rebuilt from what a resume reads is the one rebuilt from every message."""
+    with engine.connect() as conn:
+        every = [
+            message_from_row(r)
+            for r in conn.execute(
+                select(messages).where(messages.c.run_id == run_id).order_by(messages.c.seq)
+            )
+        ]
+    loaded = Journal(engine, run_id, "nobody", 0, 30).load()
+    part = state_of(loaded, loaded.messages, partial=True)
+    whole = state_of(loaded, every, partial=False)
+    for name in ("step_count", "tool_call_count", "last_fingerprint", "repeat_streak"):
+        assert getattr(part, name) == getattr(whole, name), name
+    assert part.used_call_ids <= whole.used_call_ids
+    assert part.history.digest == whole.history.digest
+    assert part.request() == whole.request()
+    assert part.pending_calls() == whole.pending_calls()
+    return loaded
+
+
+@pytest.mark.slow
+def test_messages_deleted_by_hand_from_the_end_leave_the_same_state(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A person rolls a compacted run back by deleting its last messages (no gap in the
+    seqs is left): up to the view's start and past it, a resume rebuilds the state every
+    message gives, the repeat streak below the start included (it was lost when nothing
+    from the start on was left)."""
+    from sqlalchemy import delete
+
+    engine, run_id = compacted_run(store_url, tmp_path / "ws")
+    start = Journal(engine, run_id, "nobody", 0, 30).load().older.start
+    assert start > HEAD + 40
+    for first in range(start + 3, start - 4, -1):  # each deletes one more
+        with engine.begin() as conn:
+            conn.execute(
+                delete(messages).where(messages.c.run_id == run_id, messages.c.seq >= first)
+            )
+        loaded = assert_resume_state_is_the_whole_one(engine, run_id)
+        assert len(loaded.messages) == first
+    engine.dispose()

@@ -194,8 +194,11 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
     total, last = conn.execute(select(func.count(), func.max(messages.c.seq)).where(of_run)).one()
     if last is not None and last + 1 != total:
         start = HEAD  # seqs with gaps (rows deleted by hand): read in order, as they are
-    elif start > total:
-        start = HEAD  # (a start past the history: no view to read from)
+    elif start >= total:
+        # (a start at or past the history's end, its last messages deleted by hand: no view
+        # to read from, and no message at the start for the rebuild to begin the calls
+        # below it at: loop/replay.py)
+        start = HEAD
     if start <= HEAD:
         every = [
             message_from_row(r)
