@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from durable_agent.config.settings import Settings
@@ -271,3 +273,70 @@ def test_messages_deleted_by_hand_from_the_end_leave_the_same_state(
         loaded = assert_resume_state_is_the_whole_one(engine, run_id)
         assert len(loaded.messages) == first
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def finished_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
+    """An SQLite store holding one compacted run: (its file, the run, the view's start)."""
+    where = tmp_path_factory.mktemp("finished")
+    engine, run_id = compacted_run(f"sqlite:///{where / 'store.db'}", where / "ws")
+    start = Journal(engine, run_id, "nobody", 0, 30).load().older.start
+    engine.dispose()
+    return where / "store.db", run_id, start
+
+
+IDS = st.sampled_from([None, "", "call_0_0", "call_45_0", "call_50_0", "x"])
+EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["delete from", "delete one", "id", "calls", "role"]),
+        st.integers(-8, 8),  # the message's seq, from the view's start
+        st.integers(0, 5),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=EDITS, ids=st.lists(IDS, min_size=4, max_size=4))
+def test_messages_edited_by_hand_leave_the_same_state(
+    finished_store: tuple[Path, str, int],
+    edits: list[tuple[str, int, int]],
+    ids: list[str | None],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Rows deleted (the tail, or one: a gap) and call ids, calls and roles changed with
+    SQL around the view's start: a resume rebuilds the state every message gives."""
+    import shutil
+
+    from sqlalchemy import delete, update
+
+    db, run_id, start = finished_store
+    copy = tmp_path_factory.mktemp("edited") / "store.db"
+    shutil.copy(db, copy)
+    engine = open_store_engine(f"sqlite:///{copy}")
+    calls = [None, [], [{"id": "call_44_0", "type": "function", "function": {"name": "x"}}]]
+    roles = ["user", "tool", "assistant", "system"]
+    of_run = messages.c.run_id == run_id
+    with engine.begin() as conn:
+        for kind, offset, value in edits:
+            seq = messages.c.seq == start + offset
+            if kind == "delete from":
+                conn.execute(delete(messages).where(of_run, messages.c.seq >= start + offset))
+            elif kind == "delete one":
+                conn.execute(delete(messages).where(of_run, seq))
+            elif kind == "id":
+                conn.execute(
+                    update(messages).where(of_run, seq).values(tool_call_id=ids[value % 4])
+                )
+            elif kind == "calls":
+                conn.execute(
+                    update(messages).where(of_run, seq).values(tool_calls=calls[value % 3])
+                )
+            else:
+                conn.execute(update(messages).where(of_run, seq).values(role=roles[value % 4]))
+    try:
+        assert_resume_state_is_the_whole_one(engine, run_id)
+    finally:
+        engine.dispose()
