@@ -340,3 +340,50 @@ def test_messages_edited_by_hand_leave_the_same_state(
         assert_resume_state_is_the_whole_one(engine, run_id)
     finally:
         engine.dispose()
+
+
+@pytest.mark.slow
+def test_read_output_of_an_id_with_a_nul_or_a_surrogate_after_a_summary(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A result a summary replaced is read back from the store (tool_step._stored_output):
+    a call id the model wrote with a NUL or a lone surrogate in it is looked up as the
+    store would hold it. PostgreSQL refused the NUL (the run failed, and every resume on
+    the same call), SQLite's driver the surrogate (an encoding error as the result)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text(
+        "".join(f"line {i} of a file read again and again\n" for i in range(60))
+    )
+    odd = ["call_0_0\x00", "call_0_0\ud800"]
+    turns = [
+        *script()[:40],
+        *({"tool_calls": [{"name": "read_output", "arguments": {"call_id": i}}]} for i in odd),
+        {"content": "done"},
+    ]
+    settings = Settings(
+        workspace=ws,
+        model="scripted:odd",
+        db=store_url,
+        max_steps=100,
+        shell="deny",
+        sandbox="off",
+        max_context_tokens=3000,
+    )
+    engine = open_store_engine(store_url)
+    runner = Runner(
+        store=Store(engine),
+        settings=settings,
+        model=ScriptedModel(turns, "scripted:odd"),
+        tools=build_tools("deny"),
+        env={},
+        redactor=Redactor.from_env({}),
+    )
+    run_id = runner.create("read it")
+    assert runner.execute(run_id).status == "completed"
+    loaded = assert_resume_state_is_the_whole_one(engine, run_id)
+    assert loaded.older.start > HEAD + 20  # the results were no longer in memory
+    results = [m.content or "" for m in loaded.messages if m is not GONE and m.role == "tool"]
+    assert len(results) >= 2
+    assert all("no recorded tool result" in r for r in results[-2:]), results[-2:]
+    engine.dispose()
