@@ -288,7 +288,7 @@ def finished_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str,
 IDS = st.sampled_from([None, "", "call_0_0", "call_45_0", "call_50_0", "x"])
 EDITS = st.lists(
     st.tuples(
-        st.sampled_from(["delete from", "delete one", "id", "calls", "role"]),
+        st.sampled_from(["delete from", "delete one", "move", "id", "calls", "role"]),
         st.integers(-8, 8),  # the message's seq, from the view's start
         st.integers(0, 5),
     ),
@@ -306,11 +306,11 @@ def test_messages_edited_by_hand_leave_the_same_state(
     ids: list[str | None],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """Rows deleted (the tail, or one: a gap) and call ids, calls and roles changed with
-    SQL around the view's start: a resume rebuilds the state every message gives."""
+    """Rows deleted (the tail, or one: a gap) or moved, and call ids, calls and roles changed
+    with SQL around the view's start: a resume rebuilds the state every message gives."""
     import shutil
 
-    from sqlalchemy import delete, update
+    from sqlalchemy import delete, func, update
 
     db, run_id, start = finished_store
     copy = tmp_path_factory.mktemp("edited") / "store.db"
@@ -326,6 +326,9 @@ def test_messages_edited_by_hand_leave_the_same_state(
                 conn.execute(delete(messages).where(of_run, messages.c.seq >= start + offset))
             elif kind == "delete one":
                 conn.execute(delete(messages).where(of_run, seq))
+            elif kind == "move":  # below 0: a gap, yet as many rows as seqs up to the last
+                low = conn.execute(select(func.min(messages.c.seq)).where(of_run)).scalar()
+                conn.execute(update(messages).where(of_run, seq).values(seq=min(low, 0) - 1))
             elif kind == "id":
                 conn.execute(
                     update(messages).where(of_run, seq).values(tool_call_id=ids[value % 4])
