@@ -1078,3 +1078,81 @@ def test_compact_by_hand_pays_no_summary_that_would_not_shrink_the_request(
         again = endpoint.resume("small", "--json", "--max-steps", "10")
         assert again.code == 0, again.stderr
         assert [r["kind"] for r in server.requests].count("summary") == 0  # nor on resume
+
+
+def raw_call(call_id: str, path: str) -> dict[str, Any]:
+    """An assistant message as a provider sends it, with this tool-call id."""
+    arguments = json.dumps({"path": path})
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "read_file", "arguments": arguments},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [40], indirect=True)
+def test_call_ids_with_a_nul_after_a_compacted_resume_are_looked_up_as_stored(
+    windowed: Endpoint, store_url: str
+) -> None:
+    """A resume of a compacted run looks a new call's id up among the results it did not
+    read (model_step._call_ids, `Journal.answered_before`): a provider's id with a NUL in it
+    (JSON "\\u0000") is looked up as the store holds it, not as sent (PostgreSQL refuses a
+    NUL in a statement's text: the resumed run failed on it). And an id that is a NUL id's
+    stored spelling is a reused id, given another (it was kept: two calls with one id)."""
+    from sqlalchemy import select
+
+    from durable_agent.loop import turns
+    from durable_agent.loop.replay import rebuild
+    from durable_agent.messages import HEAD
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.journal import Journal
+    from durable_agent.store.rows import message_from_row
+    from durable_agent.store.schema import messages
+
+    window = 6000
+    windowed.server.window = window
+    windowed.configure(keep_recent_outputs=1, models={MODEL: {"context_window": window}})
+    windowed.env["DURABLE_AGENT_DB"] = store_url
+    first = windowed.start("--json", "--max-steps", "25", "--run-id", "ids")
+    assert first.code == 3, first.stderr
+    engine = open_store_engine(store_url)
+    assert Journal(engine, "ids", "nobody", 0, 30).load().older.start > HEAD  # compacted
+    # The fake takes a call's turn from ids shaped call_T_i: the two odd ids are both its 25.
+    windowed.server.add_faults(
+        [
+            {"turn": 25, "message": raw_call("x\u0000y", "f000.txt")},
+            {"turn": 25, "message": raw_call("x\\x00y", "f001.txt")},
+        ]
+    )
+    done = windowed.resume("ids", "--json", "--max-steps", "100")
+    assert done.code == 0, done.stderr
+    with engine.connect() as conn:
+        every = [
+            message_from_row(r)
+            for r in conn.execute(
+                select(messages).where(messages.c.run_id == "ids").order_by(messages.c.seq)
+            )
+        ]
+    ids = [c.id for m in every for c in m.tool_calls]
+    assert "x\\x00y" in ids and len(ids) == len(set(ids))  # stored as storable; none twice
+    assert {m.tool_call_id for m in every if m.role == "tool"} == set(ids)
+    loaded = Journal(engine, "ids", "nobody", 0, 30).load()
+    states = [
+        rebuild(
+            "ids",
+            history,
+            active_ms=0,
+            model_tokens=loaded.model_tokens,
+            compactions=loaded.compactions,
+            window=turns.window_of(loaded.user_turns),
+            older=older,
+        )
+        for history, older in ((loaded.messages, loaded.older), (every, None))
+    ]
+    part, whole = states
+    for name in ("step_count", "tool_call_count", "last_fingerprint", "repeat_streak"):
+        assert getattr(part, name) == getattr(whole, name), name
+    assert part.request() == whole.request()
+    engine.dispose()

@@ -102,6 +102,33 @@ def test_arguments_sent_as_an_object_are_used_as_the_object(
     )
 
 
+def test_a_tool_call_id_longer_than_the_store_holds_is_replaced(
+    api: Endpoint, store_url: str
+) -> None:
+    """The stores hold a call id of up to 200 characters (PostgreSQL enforces it): a longer
+    one from the provider failed the call's checkpoint, and every resume with it."""
+    from sqlalchemy import text
+
+    from durable_agent.store.engine import open_store_engine
+
+    call = {"id": "c" * 300, "type": "function"}
+    call["function"] = {"name": "read_file", "arguments": '{"path": "notes.txt"}'}
+    api.server.add_faults(
+        [{"turn": 1, "message": {"role": "assistant", "content": None, "tool_calls": [call]}}]
+    )
+    api.env["DURABLE_AGENT_DB"] = store_url
+    result = api.start("--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["status"] == "completed"
+    engine = open_store_engine(store_url)
+    with engine.connect() as conn:
+        (observation,) = conn.execute(
+            text("SELECT content FROM messages WHERE tool_call_id = 'call_1_0'")
+        ).all()
+    engine.dispose()
+    assert "remember the milk" in observation[0]  # run, under an id derived from its place
+
+
 UNNAMED = [
     pytest.param(
         {"name": None, "arguments": '{"path": "notes.txt"}'}, "no function name", id="name-null"

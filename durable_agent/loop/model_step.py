@@ -36,7 +36,9 @@ from durable_agent.models import deadline
 from durable_agent.models.estimate import estimate_usage
 from durable_agent.observer import StepEvent
 from durable_agent.status import StepKind, StopReason
+from durable_agent.store.schema import messages as message_rows
 from durable_agent.store.step import Step
+from durable_agent.store.storable import storable
 
 if TYPE_CHECKING:
     from durable_agent.models.failures import Failure
@@ -367,8 +369,14 @@ def _check_budgets(ctx: StepContext) -> None:
     raise LoopExit(reason, detail)
 
 
+# The longest call id the stores hold (PostgreSQL refuses a longer one: the call's checkpoint,
+# and every resume's, would fail on it).
+ID_CHARS: int = message_rows.c.tool_call_id.type.length  # type: ignore[attr-defined]
+
+
 def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
-    """Keep the provider's ids; derive one from turn and position where it is missing or reused.
+    """Keep the provider's ids; derive one from turn and position where it is missing, reused
+    or too long for the store.
 
     The harness's own secrets are replaced here, once: what is stored, what runs and what
     the model sees again are then the same text. Only those exact values: a key-shaped
@@ -384,7 +392,11 @@ def _call_ids(ctx: StepContext, calls: tuple[ToolCall, ...], turn: int) -> tuple
     fixed = []
     for i, call in enumerate(calls):
         cid = known.redact_known(call.id)  # the name and id too: both are stored and sent back
-        if not cid or taken(cid):
+        # As the store will hold it (a NUL as the text \x00): that is the id every later
+        # call is checked against, in memory and in the store (PostgreSQL refuses a NUL
+        # in a statement), and an id reused as its stored spelling is reused.
+        cid = storable(cid)
+        if not cid or len(cid) > ID_CHARS or taken(cid):
             cid = f"call_{turn}_{i}"
             while taken(cid):
                 cid += "_"

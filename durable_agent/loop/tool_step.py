@@ -395,7 +395,10 @@ def _still_ours(ctx: StepContext) -> None:
 
 def _stored_output(ctx: StepContext, call_id: str) -> str | None:
     """The result recorded for `call_id` (as stored: what the model saw before any elision);
-    one a summary replaced is no longer in memory (loop/replay.py): read from the store."""
+    one a summary replaced is no longer in memory (loop/replay.py): read from the store.
+    The model's `call_id` is looked up as the ids are held, storable (PostgreSQL refuses a
+    NUL in a statement, either driver a lone surrogate: the call would fail on each resume)."""
+    call_id = storable(call_id)
     for m in reversed(ctx.state.messages):
         if m.role == "tool" and m.tool_call_id == call_id:
             return m.content or ""

@@ -191,11 +191,18 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
     its requests send, not its whole history, and counts the rest in two index-only passes
     (the primary key's, and ix_messages_tool_call's: 0016), not reading the rows."""
     of_run = messages.c.run_id == run_id
-    total, last = conn.execute(select(func.count(), func.max(messages.c.seq)).where(of_run)).one()
-    if last is not None and last + 1 != total:
-        start = HEAD  # seqs with gaps (rows deleted by hand): read in order, as they are
-    elif start > total:
-        start = HEAD  # (a start past the history: no view to read from)
+    total, first, last = conn.execute(
+        select(func.count(), func.min(messages.c.seq), func.max(messages.c.seq)).where(of_run)
+    ).one()
+    if last is not None and (first != 0 or last + 1 != total):
+        # Seqs with gaps (rows deleted by hand; a row moved below 0 leaves one too, with as
+        # many rows as seqs up to the last): read in order, as they are.
+        start = HEAD
+    elif start >= total:
+        # (a start at or past the history's end, its last messages deleted by hand: no view
+        # to read from, and no message at the start for the rebuild to begin the calls
+        # below it at: loop/replay.py)
+        start = HEAD
     if start <= HEAD:
         every = [
             message_from_row(r)
