@@ -251,6 +251,11 @@ def open_batch(
     return _write(engine, write)
 
 
+def batch_named(engine: Engine, name: str) -> BatchRecord | None:
+    row = _read(engine, lambda c: c.execute(select(batches).where(batches.c.name == name)).first())
+    return None if row is None else _batch(row)
+
+
 def find_batch(engine: Engine, id_or_name: str) -> BatchRecord | None:
     """A batch by id, by name, or by a unique id prefix."""
 
