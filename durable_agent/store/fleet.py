@@ -393,9 +393,14 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
             .values(status=BATCH_CANCELLED, updated_at=now)
         )
         # The tasks' runs and every run they delegated to, at any depth (docs/delegation.md).
+        # The runs too that name the batch but have no task row yet: a submit killed between
+        # making a task's run and recording the task left one, queued for the workers.
+        tasks = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
         tree = (
-            select(batch_tasks.c.run_id.label("id"))
-            .where(batch_tasks.c.batch_id == batch_id)
+            select(runs.c.id)
+            .where(
+                runs.c.id.in_(tasks) | ((runs.c.batch_id == batch_id) & runs.c.parent_id.is_(None))
+            )
             .cte("family", recursive=True)
         )
         # UNION, not UNION ALL: a parent_id cycle made by hand ends the recursion.
