@@ -6,6 +6,7 @@ batch is still finished (its status, its `batch_done`) by the next worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import Result
-from scale_helpers import pg_rows, pg_schema, wait_for
+from scale_helpers import Workers, pg_rows, pg_schema, wait_for
 from test_batch import SCRIPT, make_repos, write_tasks
 
 pytestmark = pytest.mark.postgres
@@ -90,3 +91,36 @@ def test_cancel_reaches_a_run_whose_submit_was_killed_before_its_task_row(
         left = pg_rows(db, f"SELECT id FROM runs WHERE batch_id = '{batch_id}' AND "
                        "status <> 'cancelled'")  # fmt: skip
         assert left == [], "batch cancel left a run of the batch queued"
+
+
+def test_a_batch_whose_last_run_ended_on_a_killed_worker_is_finished(
+    cli: Callable[..., Result],
+    env: dict[str, str],
+    tmp_path: Path,
+    write_script: Callable[..., str],
+) -> None:
+    with pg_schema() as db:
+        repos = make_repos(tmp_path / "src", 1)
+        tasks = tmp_path / "tasks.jsonl"
+        write_tasks(tasks, repos, 1, write_script(SCRIPT))
+        args = ("--workdir", str(tmp_path / "wd"), "--shell", "allow", "--name", "f", "--db", db)
+        assert cli("batch", "submit", str(tasks), *args).code == 0
+        workers = Workers(env, db, tmp_path / "logs")
+        try:
+            with admin(db) as conn, conn.transaction():
+                # The batch's row is the test's: the worker's finish waits on it, its run's
+                # end committed already; it is killed there.
+                conn.execute("SELECT * FROM batches FOR UPDATE")
+                first = workers.start("--poll", "0.2")
+                wait_for(lambda: waiting_on(db, "UPDATE batches"), 60, "the worker's finish")
+                first.kill()
+                first.wait()
+            state = cli("batch", "show", "f", "--db", db, "--json").json()
+            assert state["by_status"] == {"completed": 1} and state["status"] == "active"
+            after = workers.start("--once", "--poll", "0.2")
+            assert after.wait(timeout=60) == 0, workers.log(after)
+        finally:
+            workers.kill_all()
+        state = cli("batch", "show", "f", "--db", db, "--json").json()
+        assert state["status"] == "finished", json.dumps(state)
+        assert "batch " in workers.log(after) and " finished" in workers.log(after)

@@ -468,6 +468,32 @@ def resume_batch(engine: Engine, batch_id: str) -> int:
     return _write(engine, write)
 
 
+def done_unfinished(engine: Engine) -> list[str]:
+    """The batches not marked finished none of whose runs is open any more: their last run
+    ended where nobody asked `finish_if_done` (a worker killed right after the run's end, a
+    task's run cancelled or resumed on its own)."""
+
+    def read(conn: Connection) -> list[str]:
+        still = (
+            select(batch_tasks.c.batch_id)
+            .select_from(batch_tasks.join(runs, runs.c.id == batch_tasks.c.run_id))
+            .where(runs.c.status.in_(OPEN))
+        )
+        return list(
+            conn.execute(
+                select(batches.c.id).where(
+                    batches.c.finished_at.is_(None),
+                    batches.c.id.in_(select(batch_tasks.c.batch_id)),  # (one being submitted: not)
+                    batches.c.id.not_in(still),
+                )
+            )
+            .scalars()
+            .all()
+        )
+
+    return _read(engine, read)
+
+
 def finish_if_done(engine: Engine, batch_id: str, targets: Sequence[tuple[int, str]] = ()) -> bool:
     """Mark the batch finished when none of its runs is pending or running. True exactly
     once per batch (a compare-and-set on finished_at): the one place a batch finishes.
