@@ -67,6 +67,10 @@ def check_cron(expr: str) -> None:
         )
     if not _croniter().is_valid(expr):
         raise UsageError(f"--cron {expr!r} is not a valid cron expression")
+    try:  # valid, yet a date that never comes (the 30th of February): no tick at all
+        next_tick(expr, "UTC", utcnow())
+    except ValueError as exc:  # (croniter's CroniterBadDateError)
+        raise UsageError(f"--cron {expr!r} never fires: {exc}") from None
 
 
 def next_tick(expr: str, tz: str, after: datetime) -> datetime:

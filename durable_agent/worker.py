@@ -290,6 +290,19 @@ class Worker:
             )
         except (StoreError, DurableAgentError, OSError, ValueError) as exc:
             self.log.line(f"cannot start scheduled runs: {exc}")
+        self._finish_batches()
+
+    def _finish_batches(self) -> None:
+        """Finish the batches whose last run ended where nobody finished them (a worker killed
+        between the run's end and `finish_if_done`): else such a batch stays `active`, its
+        `batch_done` never sent. Looked at with the schedules, once a poll interval."""
+        from durable_agent.store import fleet
+
+        try:
+            for batch_id in fleet.done_unfinished(self.store.engine):
+                self._batch_progress(batch_id)
+        except StoreError as exc:
+            self.log.line(f"cannot look at the batches: {exc}")
 
     def _still_ours(self) -> bool:
         """Is a lease of a run this worker was interrupted in still to expire?"""

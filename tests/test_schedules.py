@@ -16,6 +16,7 @@ from conftest import Result
 from scale_helpers import Workers, pg_schema, wait_for
 
 from durable_agent import schedules
+from durable_agent.errors import UsageError
 from durable_agent.store import fleet
 from durable_agent.store.engine import open_store_engine
 from durable_agent.store.runs import Store
@@ -32,6 +33,8 @@ def test_next_tick_in_a_time_zone_across_dst() -> None:
         schedules.check_cron("0 3 * *")
     with pytest.raises(Exception, match="not a valid cron"):
         schedules.check_cron("0 25 * * *")
+    with pytest.raises(UsageError, match="never fires"):  # the 30th of February
+        schedules.check_cron("0 0 30 2 *")
     with pytest.raises(Exception, match="unknown time zone"):
         schedules.zone("Mars/Olympus")
 

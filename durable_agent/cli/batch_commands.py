@@ -49,13 +49,14 @@ def _batch(store: Any, given: str) -> Any:
 
 
 # -- submit ---------------------------------------------------------------------------------
-def read_tasks(path: Path) -> list[dict[str, Any]]:
-    """The lines of TASKS.jsonl, checked: a bad line is one error naming its line."""
+def read_tasks(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The lines of TASKS.jsonl with their numbers, checked: a bad line is one error naming
+    its line."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    tasks: list[dict[str, Any]] = []
+    tasks: list[tuple[int, dict[str, Any]]] = []
     seen: set[str] = set()
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -82,8 +83,27 @@ def read_tasks(path: Path) -> list[dict[str, Any]]:
         for name in ("ref", "verify", "model", "queue_key"):
             if task.get(name) is not None and not isinstance(task[name], str):
                 raise UsageError(f"{path}:{n}: {name!r} must be a string")
+        for name in ("id", "repo", "ref", "model", "queue_key"):
+            # Names, paths and keys: a NUL or a lone surrogate cannot be stored or hashed,
+            # a control character hides in every listing.
+            if isinstance(task.get(name), str) and not _plain(task[name]):
+                raise UsageError(
+                    f"{path}:{n}: {name!r} holds a control character or a lone surrogate"
+                )
+        for name in ("repo", "ref"):
+            # Given to git as an argument: one starting with '-' would be read as an option
+            # (`--upload-pack=...`).
+            if isinstance(task.get(name), str) and task[name].startswith("-"):
+                raise UsageError(f"{path}:{n}: {name!r} must not start with '-'")
+        if _credentials(task["repo"]):
+            raise UsageError(
+                f"{path}:{n}: 'repo' carries credentials, which would be stored with the "
+                "run: give them to git instead (a credential helper, ~/.netrc, an SSH key)"
+            )
         if task.get("priority") is not None and type(task["priority"]) is not int:
             raise UsageError(f"{path}:{n}: 'priority' must be an integer")
+        if task.get("priority") is not None and not -(2**31) <= task["priority"] < 2**31:
+            raise UsageError(f"{path}:{n}: 'priority' is out of range (a 32-bit integer)")
         if task.get("metadata") is not None and not isinstance(task["metadata"], dict):
             raise UsageError(f"{path}:{n}: 'metadata' must be an object")
         for name in BUDGETS:
@@ -92,17 +112,36 @@ def read_tasks(path: Path) -> list[dict[str, Any]]:
                 isinstance(value, bool) or not isinstance(value, int | float)
             ):
                 raise UsageError(f"{path}:{n}: {name!r} must be a number")
-        tasks.append(task)
+        tasks.append((n, task))
     if not tasks:
         raise UsageError(f"{path}: no tasks (one JSON object a line)")
     return tasks
 
 
-def folder_name(task_id: str) -> str:
-    """The task's workspace folder under --workdir: readable, and distinct for distinct ids
-    (the hash: `a/b` and `a_b` would read the same)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def _plain(text: str) -> bool:
+    return _CONTROL.search(text) is None
+
+
+def _credentials(repo: str) -> bool:
+    """Does the URL carry a password (`https://user:token@host/...`) or, over HTTP, a user
+    (a token in the user's place: `https://ghp_...@github.com/...`)?"""
+    if "://" not in repo:
+        return False
+    scheme, rest = repo.split("://", 1)
+    userinfo, at, _host = rest.split("/", 1)[0].rpartition("@")
+    return bool(at) and (":" in userinfo or scheme.lower() in ("http", "https"))
+
+
+def folder_name(task_id: str, run_id: str) -> str:
+    """The task's workspace folder under --workdir: readable, and distinct for distinct runs:
+    the hash is the run's (its batch's and its task's), so two batches sharing a --workdir,
+    or ids that read the same (`a/b` and `a_b`, two long ids cut at one length), never
+    share a folder."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", task_id).lstrip(".")[:80] or "task"
-    return f"{safe}-{hashlib.sha256(task_id.encode()).hexdigest()[:8]}"
+    return f"{safe}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
 
 
 def run_id_for(batch_id: str, task_id: str) -> str:
@@ -123,7 +162,6 @@ def cmd_batch(args: Namespace, env: dict[str, str]) -> int:
 
 
 def _submit(args: Namespace, env: dict[str, str]) -> int:
-    from durable_agent.config.settings import load_settings
     from durable_agent.store import fleet
     from durable_agent.wiring import build_runner
 
@@ -137,6 +175,7 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError("--concurrency must be at least 1")
     path = Path(args.target)
     tasks = read_tasks(path)
+    seqs = {task["id"]: seq for seq, (_n, task) in enumerate(tasks)}
     workdir = Path(args.workdir).expanduser().resolve()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -144,37 +183,37 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
         raise ConfigError(f"--workdir {args.workdir}: {exc.strerror or exc}") from None
     name = args.name or path.stem
     store = _open(args, env)
-    batch, made = fleet.open_batch(
-        store.engine, uuid.uuid4().hex[:16], name, str(workdir), args.max_parallel
-    )
-    have = fleet.task_runs(store.engine, batch.id)
-    added = 0
-    for seq, task in enumerate(tasks):
+    # Every new task's settings are made (and so checked) before the batch or any run is:
+    # a bad line is refused before anything is queued.
+    there = fleet.batch_named(store.engine, name)
+    batch_id = there.id if there is not None else uuid.uuid4().hex[:16]
+    folder = Path(there.workdir) if there is not None else workdir
+    have = fleet.task_runs(store.engine, batch_id) if there is not None else {}
+    todo: list[tuple[dict[str, Any], str, Any]] = []
+    models: set[Any] = set()
+    for n, task in tasks:
         if task["id"] in have:
             continue  # dedup: batch name + task id
-        run_id = run_id_for(batch.id, task["id"])
-        if not store.run_exists(run_id):
-            repo = task["repo"]
-            if "://" not in repo and not repo.startswith("git@"):
-                local = (path.parent / repo).expanduser().resolve()
-                if not local.is_dir():
-                    raise UsageError(f"task {task['id']!r}: repo {repo!r} is not a directory")
-                repo = str(local)
-            ws = Path(batch.workdir) / folder_name(task["id"])
-            ws.mkdir(exist_ok=True)  # the empty placeholder its first step fills
-            flags: dict[str, Any] = {
-                "workspace": ws,
-                "db": args.db,
-                "model": task.get("model") or args.model,
-                "base_url": args.base_url,
-                "verify": task.get("verify"),
-                "shell": args.shell,
-                "sandbox": args.sandbox,
-                "workspace_repo": repo,
-                "workspace_ref": task.get("ref"),
-                **{b: task.get(b) for b in BUDGETS},
-            }
-            settings = load_settings({k: v for k, v in flags.items() if v is not None}, env)
+        run_id = run_id_for(batch_id, task["id"])
+        settings = None
+        if not store.run_exists(run_id):  # (a submit that died after making it: recorded below)
+            settings = _task_settings(args, env, path, n, task, folder, run_id)
+            if settings.model not in models:  # the model can be built here (once per model)
+                models.add(settings.model)
+                try:  # (in --workdir: the task's placeholder is not made yet)
+                    build_runner(
+                        settings.model_copy(update={"workspace": folder}), env=env, store=store
+                    )
+                except UsageError as exc:  # (ConfigError too: its exit code is kept)
+                    raise type(exc)(f"{path}:{n}: {exc}") from None
+        todo.append((task, run_id, settings))
+    batch, made = fleet.open_batch(store.engine, batch_id, name, str(folder), args.max_parallel)
+    if batch.id != batch_id:
+        raise UsageError(f"batch {name!r} was made by another submit just now: submit again")
+    added = 0
+    for task, run_id, settings in todo:
+        if settings is not None and not store.run_exists(run_id):
+            Path(settings.workspace).mkdir(exist_ok=True)  # the placeholder its step fills
             runner = build_runner(settings, env=env, store=store)
             runner.create(
                 task["task"],
@@ -185,7 +224,7 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
                     "queue_key": task.get("queue_key"),
                 },
             )
-        fleet.add_task(store.engine, batch.id, task["id"], run_id, seq, task)
+        fleet.add_task(store.engine, batch.id, task["id"], run_id, seqs[task["id"]], task)
         added += 1
     skipped = len(tasks) - added
     print(
@@ -198,6 +237,42 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
     if args.run:
         return _drain(store, batch, args, env)
     return 0
+
+
+def _task_settings(
+    args: Namespace,
+    env: dict[str, str],
+    path: Path,
+    n: int,
+    task: dict[str, Any],
+    workdir: Path,
+    run_id: str,
+) -> Any:
+    """The settings of a task's run, or one error naming its line."""
+    from durable_agent.config.settings import load_settings
+
+    repo = task["repo"]
+    if "://" not in repo and not repo.startswith("git@"):
+        local = (path.parent / repo).expanduser().resolve()
+        if not local.is_dir():
+            raise UsageError(f"{path}:{n}: task {task['id']!r}: repo {repo!r} is not a directory")
+        repo = str(local)
+    flags: dict[str, Any] = {
+        "workspace": workdir / folder_name(task["id"], run_id),
+        "db": args.db,
+        "model": task.get("model") or args.model,
+        "base_url": args.base_url,
+        "verify": task.get("verify"),
+        "shell": args.shell,
+        "sandbox": args.sandbox,
+        "workspace_repo": repo,
+        "workspace_ref": task.get("ref"),
+        **{b: task.get(b) for b in BUDGETS},
+    }
+    try:
+        return load_settings({k: v for k, v in flags.items() if v is not None}, env)
+    except UsageError as exc:  # (ConfigError too: its exit code is kept)
+        raise type(exc)(f"{path}:{n}: {exc}") from None
 
 
 def _drain(store: Any, batch: Any, args: Namespace, env: dict[str, str]) -> int:

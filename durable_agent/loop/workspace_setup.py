@@ -103,7 +103,7 @@ def _make_locked(ctx: StepContext, target: Path, local: bool, repo: str, ref: st
         if local:
             _git(["-C", repo, "worktree", "add", "--detach", str(partial), ref])
         else:
-            _git(["clone", "--quiet", "--no-checkout", repo, str(partial)])
+            _git(["clone", "--quiet", "--no-checkout", "--", repo, str(partial)])  # no option
             _git(["-C", str(partial), "checkout", "--quiet", "--detach", ref])
     except _GitFailed as exc:
         return StepOutcome(error=str(exc))

@@ -251,6 +251,11 @@ def open_batch(
     return _write(engine, write)
 
 
+def batch_named(engine: Engine, name: str) -> BatchRecord | None:
+    row = _read(engine, lambda c: c.execute(select(batches).where(batches.c.name == name)).first())
+    return None if row is None else _batch(row)
+
+
 def find_batch(engine: Engine, id_or_name: str) -> BatchRecord | None:
     """A batch by id, by name, or by a unique id prefix."""
 
@@ -388,9 +393,14 @@ def cancel_batch(engine: Engine, batch_id: str) -> tuple[int, int]:
             .values(status=BATCH_CANCELLED, updated_at=now)
         )
         # The tasks' runs and every run they delegated to, at any depth (docs/delegation.md).
+        # The runs too that name the batch but have no task row yet: a submit killed between
+        # making a task's run and recording the task left one, queued for the workers.
+        tasks = select(batch_tasks.c.run_id).where(batch_tasks.c.batch_id == batch_id)
         tree = (
-            select(batch_tasks.c.run_id.label("id"))
-            .where(batch_tasks.c.batch_id == batch_id)
+            select(runs.c.id)
+            .where(
+                runs.c.id.in_(tasks) | ((runs.c.batch_id == batch_id) & runs.c.parent_id.is_(None))
+            )
             .cte("family", recursive=True)
         )
         # UNION, not UNION ALL: a parent_id cycle made by hand ends the recursion.
@@ -456,6 +466,32 @@ def resume_batch(engine: Engine, batch_id: str) -> int:
         return queued
 
     return _write(engine, write)
+
+
+def done_unfinished(engine: Engine) -> list[str]:
+    """The batches not marked finished none of whose runs is open any more: their last run
+    ended where nobody asked `finish_if_done` (a worker killed right after the run's end, a
+    task's run cancelled or resumed on its own)."""
+
+    def read(conn: Connection) -> list[str]:
+        still = (
+            select(batch_tasks.c.batch_id)
+            .select_from(batch_tasks.join(runs, runs.c.id == batch_tasks.c.run_id))
+            .where(runs.c.status.in_(OPEN))
+        )
+        return list(
+            conn.execute(
+                select(batches.c.id).where(
+                    batches.c.finished_at.is_(None),
+                    batches.c.id.in_(select(batch_tasks.c.batch_id)),  # (one being submitted: not)
+                    batches.c.id.not_in(still),
+                )
+            )
+            .scalars()
+            .all()
+        )
+
+    return _read(engine, read)
 
 
 def finish_if_done(engine: Engine, batch_id: str, targets: Sequence[tuple[int, str]] = ()) -> bool:

@@ -1,0 +1,126 @@
+"""Batches across crashes on PostgreSQL (docs/fleets.md): a process SIGKILLed at a chosen
+point, held there by a lock the test owns (no sleep-and-hope): a submit killed between
+making a task's run and recording the task, and a worker killed between a batch's last run
+ending and the batch's finish. `batch cancel` still reaches every run of the batch, and the
+batch is still finished (its status, its `batch_done`) by the next worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Result
+from scale_helpers import Workers, pg_rows, pg_schema, wait_for
+from test_batch import SCRIPT, make_repos, write_tasks
+
+pytestmark = pytest.mark.postgres
+
+LOCK = 73_4211
+
+
+@contextmanager
+def admin(db: str) -> Iterator[Any]:
+    import psycopg
+
+    conn = psycopg.connect(db, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def waiting_on(db: str, what: str) -> bool:
+    """Is some session of the store blocked on a lock while running `what`?"""
+    found = pg_rows(
+        db,
+        "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()",
+    )
+    return any(what in q for (q,) in found)
+
+
+def test_cancel_reaches_a_run_whose_submit_was_killed_before_its_task_row(
+    cli: Callable[..., Result],
+    env: dict[str, str],
+    tmp_path: Path,
+    write_script: Callable[..., str],
+) -> None:
+    with pg_schema() as db:
+        assert cli("db", "upgrade", "--db", db).code == 0
+        repos = make_repos(tmp_path / "src", 1)
+        tasks = tmp_path / "tasks.jsonl"
+        write_tasks(tasks, repos, 3, write_script(SCRIPT))
+        with admin(db) as conn:
+            # The first task row waits for the test's lock: its run is made, its row not yet.
+            conn.execute(
+                "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER hold BEFORE INSERT ON batch_tasks "
+                "FOR EACH ROW EXECUTE FUNCTION hold()"
+            )
+            conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+            submit = subprocess.Popen(
+                [sys.executable, "-m", "durable_agent", "batch", "submit", str(tasks),
+                 "--workdir", str(tmp_path / "wd"), "--name", "k", "--db", db],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd=tmp_path,
+            )  # fmt: skip
+            try:
+                wait_for(lambda: waiting_on(db, "batch_tasks"), 60, "the submit at its task row")
+            finally:
+                os.kill(submit.pid, signal.SIGKILL)
+                submit.wait()
+            conn.execute("DROP TRIGGER hold ON batch_tasks")
+            conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+        (batch_id,) = pg_rows(db, "SELECT id FROM batches WHERE name = 'k'")[0]
+        made = pg_rows(db, f"SELECT id, status FROM runs WHERE batch_id = '{batch_id}'")
+        assert [status for _, status in made] == ["pending"]  # queued, no task row
+        assert pg_rows(db, "SELECT count(*) FROM batch_tasks") == [(0,)]
+        cancelled = cli("batch", "cancel", "k", "--db", db)
+        assert cancelled.code == 0, cancelled.stderr
+        left = pg_rows(db, f"SELECT id FROM runs WHERE batch_id = '{batch_id}' AND "
+                       "status <> 'cancelled'")  # fmt: skip
+        assert left == [], "batch cancel left a run of the batch queued"
+
+
+def test_a_batch_whose_last_run_ended_on_a_killed_worker_is_finished(
+    cli: Callable[..., Result],
+    env: dict[str, str],
+    tmp_path: Path,
+    write_script: Callable[..., str],
+) -> None:
+    with pg_schema() as db:
+        repos = make_repos(tmp_path / "src", 1)
+        tasks = tmp_path / "tasks.jsonl"
+        write_tasks(tasks, repos, 1, write_script(SCRIPT))
+        args = ("--workdir", str(tmp_path / "wd"), "--shell", "allow", "--name", "f", "--db", db)
+        assert cli("batch", "submit", str(tasks), *args).code == 0
+        workers = Workers(env, db, tmp_path / "logs")
+        try:
+            with admin(db) as conn, conn.transaction():
+                # The batch's row is the test's: the worker's finish waits on it, its run's
+                # end committed already; it is killed there.
+                conn.execute("SELECT * FROM batches FOR UPDATE")
+                first = workers.start("--poll", "0.2")
+                wait_for(lambda: waiting_on(db, "UPDATE batches"), 60, "the worker's finish")
+                first.kill()
+                first.wait()
+            state = cli("batch", "show", "f", "--db", db, "--json").json()
+            assert state["by_status"] == {"completed": 1} and state["status"] == "active"
+            after = workers.start("--once", "--poll", "0.2")
+            assert after.wait(timeout=60) == 0, workers.log(after)
+        finally:
+            workers.kill_all()
+        state = cli("batch", "show", "f", "--db", db, "--json").json()
+        assert state["status"] == "finished", json.dumps(state)
+        assert "batch " in workers.log(after) and " finished" in workers.log(after)
