@@ -92,7 +92,17 @@ def test_commands_and_missed_ticks(
     assert schedules.fire_due(
         store, env, env["DURABLE_AGENT_DB"], later + timedelta(minutes=9)
     ) == [schedules.run_id_for("none", datetime(2026, 3, 29, 0, 40))]
-    assert cli("schedule", "resume", "one").code == 0
+    # Resumed at 00:40:30 by the schedules' clock: the next tick is 00:45, not the wall's.
+    clock.write_text((later + timedelta(minutes=9)).isoformat())
+    resumed = cli("schedule", "resume", "one", extra_env=cenv)
+    assert resumed.code == 0 and "next tick 2026-03-29 00:45 UTC" in resumed.stdout, resumed.stdout
+    # "none" is not paused and its 00:45 tick is due: a resume says so and skips nothing.
+    clock.write_text((later + timedelta(minutes=14)).isoformat())
+    again = cli("schedule", "resume", "none", extra_env=cenv)
+    assert again.code == 0 and "is not paused" in again.stdout, again.stdout
+    assert schedules.fire_due(
+        store, env, env["DURABLE_AGENT_DB"], later + timedelta(minutes=14)
+    ) == [schedules.run_id_for(n, datetime(2026, 3, 29, 0, 45)) for n in ("none", "one")]
     assert cli("schedule", "remove", "none").code == 0
     assert cli("schedule", "remove", "none").code == 2
     assert [s["name"] for s in cli("schedule", "list", "--json").json()] == ["one"]

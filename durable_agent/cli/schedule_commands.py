@@ -63,10 +63,14 @@ def cmd_schedule(outer: Namespace, env: dict[str, str]) -> int:
         print(f"schedule {args.name} paused")
         return 0
     from durable_agent import schedules
-    from durable_agent.store.rows import utcnow
 
+    if not found.paused:  # its next tick stays: moved past now, a tick due would be skipped
+        print(
+            f"schedule {args.name} is not paused · next tick {found.next_tick:%Y-%m-%d %H:%M} UTC"
+        )
+        return 0
     # Resumed: the ticks that came while paused are not caught up; the next one runs.
-    nxt = schedules.next_tick(found.cron, found.tz, utcnow())
+    nxt = schedules.next_tick(found.cron, found.tz, schedules.clock(env))
     fleet.update_schedule(store.engine, args.name, paused=False, next_tick=nxt)
     print(f"schedule {args.name} resumed · next tick {nxt:%Y-%m-%d %H:%M} UTC")
     return 0
