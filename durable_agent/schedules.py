@@ -74,10 +74,30 @@ def check_cron(expr: str) -> None:
 
 
 def next_tick(expr: str, tz: str, after: datetime) -> datetime:
-    """The first tick of `expr` in zone `tz` strictly after `after` (naive UTC, as stored)."""
-    local = after.replace(tzinfo=UTC).astimezone(zone(tz))
-    found = _croniter()(expr, local).get_next(datetime)
-    return found.astimezone(UTC).replace(tzinfo=None)  # type: ignore[no-any-return]
+    """The first tick of `expr` in zone `tz` strictly after `after` (naive UTC, as stored).
+
+    When the clocks go back, a wall time comes twice: a schedule of fixed hours ("30 2 * *
+    *") fires at its first coming only, as cron does; one of every hour ("30 * * * *")
+    fires at both, an hour apart."""
+    where = zone(tz)
+    fixed_hours = expr.split()[1] != "*"
+    while True:
+        local = after.replace(tzinfo=UTC).astimezone(where)
+        found: datetime = _croniter()(expr, local).get_next(datetime)
+        tick = found.astimezone(UTC).replace(tzinfo=None)
+        if not (fixed_hours and _second_coming(found, where)):
+            return tick
+        after = tick
+
+
+def _second_coming(moment: datetime, where: Any) -> bool:
+    """`moment`'s wall time in zone `where` came once already, an offset earlier (the hour
+    the clocks went back repeats)."""
+    wall = moment.astimezone(where).replace(tzinfo=None)
+    first, second = wall.replace(tzinfo=where, fold=0), wall.replace(tzinfo=where, fold=1)
+    return first.utcoffset() != second.utcoffset() and moment.astimezone(UTC) == second.astimezone(
+        UTC
+    )
 
 
 def run_id_for(name: str, tick: datetime) -> str:

@@ -29,6 +29,23 @@ def test_next_tick_in_a_time_zone_across_dst() -> None:
     assert schedules.next_tick("0 3 * * *", "Europe/Paris", T0) == datetime(2026, 3, 29, 1, 0)
     assert schedules.next_tick("0 3 * * *", "UTC", T0) == datetime(2026, 3, 29, 3, 0)
     assert schedules.next_tick("*/15 * * * *", "UTC", T0) == datetime(2026, 3, 28, 23, 45)
+
+    # The 25th of October 2026, Paris: 03:00 CEST becomes 02:00 CET, 02:00-02:59 comes twice.
+    # A fixed hour fires at the first coming only; an every-hour one at both.
+    def ticks(expr: str, n: int) -> list[datetime]:
+        out, t = [], datetime(2026, 10, 24, 22, 0)
+        for _ in range(n):
+            t = schedules.next_tick(expr, "Europe/Paris", t)
+            out.append(t)
+        return out
+
+    assert ticks("30 2 * * *", 2) == [datetime(2026, 10, 25, 0, 30), datetime(2026, 10, 26, 1, 30)]
+    assert ticks("15 1-3 * * *", 3) == [
+        datetime(2026, 10, 24, 23, 15),  # 01:15 CEST
+        datetime(2026, 10, 25, 0, 15),  # 02:15 CEST (not 02:15 CET again)
+        datetime(2026, 10, 25, 2, 15),  # 03:15 CET
+    ]
+    assert ticks("30 * * * *", 5)[2:] == [datetime(2026, 10, 25, h, 30) for h in (0, 1, 2)]
     with pytest.raises(Exception, match="five fields"):
         schedules.check_cron("0 3 * *")
     with pytest.raises(Exception, match="not a valid cron"):
