@@ -701,8 +701,28 @@ def _converted_on_checkout(ws: Path, attributes: str, config: tuple[str, ...] = 
     git(ws, "checkout", "--", "a.txt")
 
 
+def _normalized_when_added(ws: Path, attributes: str, config: tuple[str, ...] = ()) -> None:
+    """a.txt written with CRLF line ends and committed: git stores it with LF (`attributes`,
+    `config`), leaves the file as it is, and calls it clean."""
+    for item in config:
+        git(ws, "config", *item.split("=", 1))
+    if attributes:
+        (ws / ".gitattributes").write_text(attributes)
+    (ws / "a.txt").write_bytes(b"line one\r\nline two\r\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "CRLF, stored as LF")
+
+
 _GIT_CALLS_CLEAN: dict[str, Callable[[Path], None]] = {
     "eol=crlf": lambda ws: _converted_on_checkout(ws, "*.txt text eol=crlf\n"),
+    "text=auto, core.eol=crlf": lambda ws: _converted_on_checkout(
+        ws, "* text=auto\n", ("core.eol=crlf",)
+    ),
+    "text=auto, added with CRLF": lambda ws: _normalized_when_added(ws, "* text=auto\n"),
+    "eol=lf, added with CRLF": lambda ws: _normalized_when_added(ws, "*.txt eol=lf\n"),
+    "autocrlf=input, added with CRLF": lambda ws: _normalized_when_added(
+        ws, "", ("core.autocrlf=input",)
+    ),
     "ident": lambda ws: _converted_on_checkout(ws, "*.txt ident\n"),
     "filter": lambda ws: _converted_on_checkout(
         ws,
@@ -766,6 +786,44 @@ def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
         assert picture(out) == picture(ws, skip=WITHOUT_GIT)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "attributes, config",
+    [("* text=auto\n", ()), ("*.txt text eol=lf\n", ()), ("", ("core.autocrlf=input",))],
+)
+def test_files_git_only_normalizes_when_added_are_taken_on_its_word_at_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attributes: str, config: tuple[str, ...]
+) -> None:
+    """`text=auto` (a common .gitattributes), `eol=lf`, `core.autocrlf = input`: checking
+    a blob out writes its bytes as they are, so a clean file of the blob's size is the
+    blob and is not read; one git made LF when it was added (CRLF on disk, a larger size)
+    is read."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    for item in config:
+        git(ws, "config", *item.split("=", 1))
+    if attributes:
+        (ws / ".gitattributes").write_text(attributes)
+    for i in range(5):
+        (ws / f"plain{i}.txt").write_text(f"line {i}\nanother\n")
+    (ws / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    assert git(ws, "status", "--porcelain").strip() == ""
+    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)
+    read = _count_reads(monkeypatch)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        snap = snapshot.take(
+            Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), BlobStore(engine), git=True
+        )
+    finally:
+        engine.dispose()
+    assert b"crlf.txt" in read and not any(name.startswith(b"plain") for name in read), read
+    assert snap.manifest[b"crlf.txt"].ref == sha256(ws / "crlf.txt")
+    assert snap.manifest[b"plain3.txt"].ref == "git:" + git(ws, "rev-parse", "HEAD:plain3.txt")
 
 
 def test_no_filter_the_repository_config_names_is_run(tmp_path: Path) -> None:

@@ -159,16 +159,19 @@ def _tree(repo: str | bytes, commit: str, prefix: str) -> dict[bytes, str]:
     return _tree_of(_git(repo, "ls-tree", "-r", "-z", spec))
 
 
-def _tree_of(out: bytes) -> dict[bytes, str]:
+def _tree_of(out: bytes, sizes: dict[bytes, int] | None = None) -> dict[bytes, str]:
+    """`ls-tree -r -z`'s files; with `sizes`, of `ls-tree -r -l -z`, their sizes there."""
     found: dict[bytes, str] = {}
     for record in out.split(b"\0"):
         if not record:
             continue
         meta, _, path = record.partition(b"\t")
         fields = meta.split()
-        if len(fields) != 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
+        if len(fields) < 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
             continue  # links, submodules: recorded by the manifest as they are, not from here
         found[path] = fields[2].decode()
+        if sizes is not None:
+            sizes[path] = int(fields[3])
     return found
 
 
@@ -177,6 +180,7 @@ class Head(Struct):
 
     baseline: Baseline
     files: dict[bytes, str]  # path (relative to the workspace) -> blob id at the commit
+    sizes: dict[bytes, int]  # path -> that blob's size
 
 
 _heads: dict[bytes, Head | None] = {}
@@ -196,18 +200,29 @@ def head_of(root: bytes) -> Head | None:
     return found
 
 
-def head_and_clean(root: bytes) -> tuple[Head | None, dict[bytes, str]]:
+class Clean(Struct):
+    """The tracked files git vouches for (_clean): path -> blob id; of those, the ones
+    whose bytes are the blob's only if the file on disk has the blob's size (`sized`)."""
+
+    files: dict[bytes, str]
+    sized: dict[bytes, int]
+
+
+NOT_CLEAN = Clean({}, {})
+
+
+def head_and_clean(root: bytes) -> tuple[Head | None, Clean]:
     """head_of, and the tracked files git vouches for now (_clean), git's commands run
     side by side (a fresh scanner's first scan waits for them)."""
     with _heads_lock:
         known = _heads.get(root, False)
     if known is None:
-        return None, {}
+        return None, NOT_CLEAN
     head, clean = _look(root, True, known if isinstance(known, Head) else None)
     with _heads_lock:
         _heads.setdefault(root, head)
         head = _heads[root]
-    return head, clean if head is not None else {}
+    return head, clean if head is not None else NOT_CLEAN
 
 
 def _run(root: bytes, *args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
@@ -228,9 +243,7 @@ def _out(proc: subprocess.Popen[bytes], check: bool = True) -> bytes:
     return out
 
 
-def _look(
-    root: bytes, clean: bool, head: Head | None = None
-) -> tuple[Head | None, dict[bytes, str]]:
+def _look(root: bytes, clean: bool, head: Head | None = None) -> tuple[Head | None, Clean]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         if clean:  # (started first: they take longest)
@@ -241,7 +254,7 @@ def _look(
                 procs.append(
                     _run(root, *unfiltered, "diff-files", "--name-only", "-z", "--relative")
                 )
-            procs.append(_run(root, "config", "--get", "core.autocrlf"))
+            procs.append(_run(root, "config", "-z", "--get-regexp", r"^core\.(autocrlf|eol)$"))
             names = _run(root, "ls-files", "-z")
             procs.append(names)
             assert names.stdout is not None
@@ -250,17 +263,23 @@ def _look(
         if head is None:
             head = _head(root)
         if head is None or not clean or unfiltered is None:
-            return head, {}
+            return head, NOT_CLEAN
         listed, dirty = _out(procs[0]), _out(procs[1])
-        crlf = _out(procs[2], check=False)
-        if procs[2].returncode == 0 and crlf.strip().lower() not in (b"false", b"no", b"off", b"0"):
-            return head, {}  # every text file may be converted: none is vouched for
+        config = dict(
+            (key.lower(), value.strip().lower())
+            for key, _, value in (
+                item.partition(b"\n") for item in _out(procs[2], check=False).split(b"\0") if item
+            )
+        )  # (the last one given wins, as in git)
         attrs = _out(procs[4])
         if names.wait(timeout=600) != 0:
             raise OSError("git 'ls-files' failed")  # check-attr was told of no file
-        return head, _clean(head, listed, dirty, _converted(attrs))
+        converts = _conversions(attrs, config)
+        if converts is None:
+            return head, NOT_CLEAN  # every text file may be converted: none is vouched for
+        return head, _clean(head, listed, dirty, *converts)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
-        return head, {}
+        return head, NOT_CLEAN
     finally:
         for proc in procs:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -303,8 +322,9 @@ def _head(root: bytes) -> Head | None:
         top, prefix, fmt, commit = lines[0], lines[1].rstrip("/"), lines[2], lines[3]
         remote_proc = _run(root, "config", "--get", "remote.origin.url")
         # Paths relative to `root`, below it alone (ls-tree's, run there).
-        tree = _run(root, "ls-tree", "-r", "-z", commit)
-        files = _tree_of(_out(tree))
+        tree = _run(root, "ls-tree", "-r", "-l", "-z", commit)
+        sizes: dict[bytes, int] = {}
+        files = _tree_of(_out(tree), sizes)
         remote = _out(remote_proc, check=False).strip()
         return Head(
             Baseline(
@@ -315,24 +335,57 @@ def _head(root: bytes) -> Head | None:
                 fmt or "sha1",
             ),
             files,
+            sizes,
         )
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
         return None
 
 
-def _converted(attrs: bytes) -> set[bytes]:
-    """The paths `git check-attr -z` (of CONVERTING) gives an attribute that converts."""
+_FALSE = (b"false", b"no", b"off", b"0")
+_NO_SAY = (b"unspecified", b"unset")
+
+
+def _conversions(attrs: bytes, config: dict[bytes, bytes]) -> tuple[set[bytes], set[bytes]] | None:
+    """From `git check-attr -z` (of CONVERTING) and the `core.autocrlf`/`core.eol` config:
+    the paths whose bytes on disk git's checkout makes other than their blob's (`ident`,
+    a filter, an encoding, CRLF endings), and the paths git only normalizes when they are
+    added (`text`, `text=auto`, `eol=lf`: CRLF to LF), whose bytes are the blob's exactly
+    when their size is (every CRLF made LF takes a byte off). None: every text file may
+    be converted on checkout (`core.autocrlf = true`)."""
+    autocrlf = config.get(b"core.autocrlf", b"false")
+    if autocrlf not in _FALSE and autocrlf != b"input":
+        return None
+    crlf_out = config.get(b"core.eol") == b"crlf"  # text written with CRLF on checkout
+    converted: set[bytes] = set()
+    normalized: set[bytes] = set()
     fields = attrs.split(b"\0")
-    return {
-        fields[i]
-        for i in range(0, len(fields) - 2, 3)
-        if fields[i + 2] not in (b"unspecified", b"unset")
-    }
+    for i in range(0, len(fields) - 2, 3):
+        path, attr, value = fields[i], fields[i + 1], fields[i + 2]
+        if value in _NO_SAY:
+            continue
+        if (
+            attr in (b"text", b"crlf")
+            and value in (b"set", b"auto", b"input")
+            or (attr == b"eol" and value == b"lf")
+        ):
+            (converted if crlf_out and attr != b"eol" else normalized).add(path)
+        else:  # eol=crlf, ident, filter, working-tree-encoding, a value git may read otherwise
+            converted.add(path)
+    if autocrlf == b"input":  # CRLF to LF when added, for any file git takes for text
+        normalized.add(_EVERY)
+    return converted, normalized - converted
+
+
+_EVERY = b"\0"  # (in `normalized`: every path is; no path holds a NUL)
 
 
 def _clean(
-    head: Head, listed: bytes, dirty: bytes, converted: Collection[bytes] = ()
-) -> dict[bytes, str]:
+    head: Head,
+    listed: bytes,
+    dirty: bytes,
+    converted: Collection[bytes] = (),
+    normalized: Collection[bytes] = (),
+) -> Clean:
     """The tracked files git vouches for, as `git status` does (its index's stat data; a
     racily clean entry's content): path (relative to the workspace) -> blob id, for those
     whose index entry is the commit's blob at that path and that `git diff-files` does not
@@ -340,7 +393,8 @@ def _clean(
     time says they were not touched since git looked: Scanner.use_git). Not those git
     calls clean whatever their bytes: an entry marked assume-unchanged or skip-worktree
     (`ls-files -v` tags it other than `H`; diff-files skips it), or one whose attributes
-    (`converted`) make its bytes on disk other than its blob's (CRLF, a filter...)."""
+    (`converted`) make its bytes on disk other than its blob's (CRLF, a filter...). One
+    git normalizes when it is added (`normalized`) is vouched for at its blob's size."""
     files = head.files
     out: dict[bytes, str] = {}
     for record in listed.split(b"\0"):
@@ -355,7 +409,15 @@ def _clean(
             out[path] = blob
     for path in dirty.split(b"\0"):
         out.pop(path, None)
-    return out
+    every = _EVERY in normalized
+    sized: dict[bytes, int] = {}
+    for path in [p for p in out if every or p in normalized]:
+        size = head.sizes.get(path)
+        if size is None:
+            del out[path]
+        else:
+            sized[path] = size
+    return Clean(out, sized)
 
 
 class Source:

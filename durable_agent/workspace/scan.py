@@ -36,8 +36,9 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from msgspec import Struct, field
@@ -99,9 +100,10 @@ _FS_ENCODED = functools.partial(
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
 _UNREADABLE = Entry(FILE, 0, "unreadable")
 _LATER = "later"  # the content id of a file listed while git looks (Scanner._settle)
+_NONE_SIZED: Mapping[bytes, int] = MappingProxyType({})
 GitView = tuple[
-    dict[bytes, str], dict[bytes, str], int, str
-]  # Scanner.use_git's arguments  # _entry's answer for a file the harness may not read
+    dict[bytes, str], dict[bytes, str], int, str, dict[bytes, int]
+]  # Scanner.use_git's arguments
 
 
 def _changed_py(
@@ -256,6 +258,7 @@ class Scanner:
         self._head: dict[bytes, str] = {}
         self._head_ids: frozenset[str] = frozenset()
         self._vouched: dict[bytes, str] = {}
+        self._sized: Mapping[bytes, int] = _NONE_SIZED
         self._vouched_before = 0
         self._git_format = "sha1"
         # A fresh scanner's first scan runs while git looks (use_git_later): its files are
@@ -499,22 +502,33 @@ class Scanner:
             return self._cache_epoch < 0
 
     def use_git(
-        self, head: dict[bytes, str], clean: dict[bytes, str], since: int, fmt: str = "sha1"
+        self,
+        head: dict[bytes, str],
+        clean: dict[bytes, str],
+        since: int,
+        fmt: str = "sha1",
+        sized: Mapping[bytes, int] = _NONE_SIZED,
     ) -> None:
         """Content ids from a git commit (snapshot_baseline = "git"): `head` (path -> blob id
         at the commit) names a file read whose bytes are that blob by `git:` and its id,
         not by a sha256; `clean` (git's word at `since`, time_ns before git looked) are
         files the next scan records so without reading them, unless their change time is
-        later (changed since git looked: read as any file)."""
+        later (changed since git looked: read as any file), or, for those in `sized`, their
+        size is not that (git_baseline.Clean)."""
         with self.lock:
-            self._set_git(head, clean, since, fmt)
+            self._set_git(head, clean, since, fmt, sized)
 
     def _set_git(
-        self, head: dict[bytes, str], clean: dict[bytes, str], since: int, fmt: str
+        self,
+        head: dict[bytes, str],
+        clean: dict[bytes, str],
+        since: int,
+        fmt: str,
+        sized: Mapping[bytes, int] = _NONE_SIZED,
     ) -> None:
         if head is not self._head:
             self._head, self._head_ids = head, frozenset(head.values())
-        self._vouched, self._git_format = clean, fmt
+        self._vouched, self._git_format, self._sized = clean, fmt, sized
         self._vouched_before = since - VOUCH_MARGIN_NS
 
     def drop_git(self) -> None:
@@ -928,6 +942,7 @@ class Scanner:
             blob is not None
             and st.st_ctime_ns < self._vouched_before
             and st.st_size <= self.size_cap
+            and self._sized.get(rel, st.st_size) == st.st_size
             and stat.S_ISREG(st.st_mode)
             and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
             and not (self.secrets is not None and self.secrets.named(rel))

@@ -124,22 +124,22 @@ def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
     clean (git_baseline.head_and_clean, in a thread): those are not read."""
     if scanner.fresh:
         since = time.time_ns()  # before git looks: a file changed after has a later ctime
-        box: list[tuple[git_baseline.Head | None, dict[bytes, str]]] = []
+        box: list[tuple[git_baseline.Head | None, git_baseline.Clean]] = []
         root = scanner.root
         thread = threading.Thread(
             target=lambda: box.append(git_baseline.head_and_clean(root)), daemon=True
         )
         thread.start()
 
-        def found() -> tuple[git_baseline.Head | None, dict[bytes, str]]:
+        def found() -> tuple[git_baseline.Head | None, git_baseline.Clean]:
             thread.join()
-            return box[0] if box else (None, {})
+            return box[0] if box else (None, git_baseline.NOT_CLEAN)
 
         def view() -> GitView | None:
             head, clean = found()
             if head is None:
                 return None
-            return head.files, clean, since, head.baseline.format
+            return head.files, clean.files, since, head.baseline.format, clean.sized
 
         scanner.use_git_later(view)
         return lambda: found()[0]
