@@ -51,7 +51,7 @@ class StatusLine:
         self._start()
 
     def _start(self) -> None:
-        if self._thread is None:  # started on first use: a run with no steps costs no thread
+        if self._thread is None:  # started on first use (or watch): a pipe's timeline has none
             self._thread = threading.Thread(target=self._loop, name="status-line", daemon=True)
             self._thread.start()
 

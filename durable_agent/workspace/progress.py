@@ -2,10 +2,11 @@
 
 The first snapshot of a big workspace (a run's creation) and the drift check of a resume
 walk the whole tree before any step begins: 36 s at 500,000 files with the default
-baseline, and nothing else on the screen. The work is wrapped in `working(label)`; the
-scanner adds the names it lists (`listed`), and the terminal's status line asks
-`under_way()` at each redraw (cli/status_line.py). Nothing here is stored or waited on: a
-display that never asks costs a thread-local lookup per folder walked.
+baseline, and nothing else on the screen; a restore or a fork writes every file. The work
+is wrapped in `working(label)`; the scanner adds the names it lists (`listed`), a restore
+what it has written (`advanced`), and the terminal's status line asks `under_way()` at
+each redraw (cli/status_line.py). Nothing here is stored or waited on: a display that
+never asks costs a thread-local lookup per folder walked.
 """
 
 from __future__ import annotations
