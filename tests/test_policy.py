@@ -36,6 +36,11 @@ TABLE: list[tuple[str, Any, str, bool, Verdict]] = [
     ("run_command", {"command": "echo $(git push)"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "bash -c 'cd x; git push -f'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "sudo git push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash -lc 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "sh -euo pipefail -c 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash --norc -c -- 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash -c -e 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash -e 'git push'"}, "allow", True, Verdict.ALLOW),  # a file
     ("run_command", {"command": "git pushy"}, "allow", True, Verdict.ALLOW),
     ("run_command", {"command": "'git push'"}, "allow", True, Verdict.ALLOW),  # one word
     ("run_command", {"command": "make build"}, "ask", True, Verdict.ALLOW),
@@ -143,7 +148,9 @@ def command_line(draw: Any, depth: int = 0) -> tuple[str, list[list[str]]]:
         if depth < 1 and draw(st.booleans()) and len(written) > 1:
             body = " ".join(written)
             shell = draw(st.sampled_from(["bash", "/bin/bash"]))
-            parts.append(f"{shell} -c {shlex.quote(body)} {op}")
+            # the body is the first word after the options, wherever -c is among them
+            flags = draw(st.sampled_from(["-c", "-ec", "-c -e", "-o pipefail -c", "--norc -c --"]))
+            parts.append(f"{shell} {flags} {shlex.quote(body)} {op}")
         else:
             parts.append(" ".join(written) + f" {op}")
         expected.append(words)

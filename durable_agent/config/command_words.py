@@ -247,11 +247,29 @@ def _matching(text: str, start: int, opening: str, closing: str) -> int:
 
 
 def _shell_body(words: list[str]) -> str | None:
-    """BODY of `bash -c BODY [ARGS…]` (also after `env`, `sudo`…), else None."""
+    """BODY of `bash -c BODY [ARGS…]` (also after `env`, `sudo`…), else None. The shell takes
+    the first word after its options as BODY wherever `-c` is among them: `bash -lc BODY`,
+    `sh -euo pipefail -c BODY`, `bash -c -e BODY`, `bash --norc -c -- BODY`."""
     rest = strip_wrappers(words)
-    if len(rest) >= 3 and rest[0].rsplit("/", 1)[-1] in _SHELLS and rest[1] == "-c":
-        return rest[2]
-    return None
+    if not rest or rest[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    i, command = 1, False
+    while i < len(rest):
+        option = rest[i]
+        if option in ("-", "--"):  # the end of the options
+            i += 1
+            break
+        if option.startswith("--"):
+            i += 2 if option in _SHELL_LONG_WITH_VALUE else 1
+        elif len(option) > 1 and option[0] in "-+":
+            command = command or (option[0] == "-" and "c" in option)
+            i += 1 + sum(flag in "oO" for flag in option[1:])  # -o NAME, -O NAME
+        else:
+            break
+    return rest[i] if command and i < len(rest) else None
+
+
+_SHELL_LONG_WITH_VALUE = frozenset({"--rcfile", "--init-file"})
 
 
 _WRAPPERS = frozenset({"sudo", "doas", "env", "nice", "nohup", "time", "command", "exec"})
