@@ -47,6 +47,18 @@ class DeliveryFailed(Exception):
     pass
 
 
+class _NotFollowed(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer that did not accept the event: following it would send a GET, with
+    the key and signature and without the event, to wherever it points (a cloud's metadata
+    address...), and that address's 200 would mark the event sent."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NotFollowed)
+
+
 def body_of(row: Notification) -> bytes:
     return json.dumps(row.payload, sort_keys=True, separators=(",", ":")).encode()
 
@@ -141,8 +153,10 @@ class Deliverer:
             )
         request = urllib.request.Request(target.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.notify_timeout_s) as resp:
-                resp.read()
+            # The status is the answer: the body is not read, so a receiver that sends one
+            # without end, or a byte at a time, cannot hold the deliverer.
+            with _OPENER.open(request, timeout=self.settings.notify_timeout_s):
+                pass
         except urllib.error.HTTPError as exc:
             raise DeliveryFailed(f"HTTP {exc.code}") from None
         except urllib.error.URLError as exc:
