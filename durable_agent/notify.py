@@ -34,8 +34,10 @@ from collections.abc import Callable
 from typing import Any
 
 from durable_agent.config.settings import NotifyTarget, Settings
+from durable_agent.redact import is_secret_name
 from durable_agent.store.outbox import NOTIFY_HOOKS, Notification, Outbox
 from durable_agent.store.retrying import StorePolicy
+from durable_agent.tools.process import has_url_password
 
 KEY_HEADER = "Idempotency-Key"
 EVENT_HEADER = "X-Durable-Agent-Event"
@@ -164,8 +166,14 @@ class Deliverer:
 
     def _run(self, row: Notification, target: NotifyTarget) -> None:
         assert target.command is not None
+        # The process's environment (notify-send needs its DISPLAY and D-Bus address), but
+        # for its credentials: the model's API key is no business of a notification program.
         env = {
-            **os.environ,
+            **{
+                name: value
+                for name, value in os.environ.items()
+                if not is_secret_name(name) and not has_url_password(value)
+            },
             "DURABLE_AGENT_EVENT": row.event,
             "DURABLE_AGENT_IDEMPOTENCY_KEY": row.idempotency_key,
             "DURABLE_AGENT_RUN_ID": row.run_id or "",

@@ -347,3 +347,24 @@ def test_a_receiver_that_trickles_its_answer_does_not_hold_the_deliverer(
         assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(0,)]
     finally:
         receiver.close()
+
+
+def test_a_command_target_gets_no_credential_of_the_process(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    seen = tmp_path / "env.json"
+    program = f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))"
+    extra = config(tmp_path, [{"command": ["python3", "-c", program]}])
+    extra |= {
+        "OPENAI_API_KEY": "sk-proj-0123456789abcdef0123456789",
+        "SLACK_BOT_TOKEN": "xoxb-0123456789-abcdef",
+        "MIRROR_URL": "https://ci:hunter2hunter2@mirror.example/simple",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1000/bus",  # notify-send needs it
+    }
+    result = cli("notify", "test", extra_env=extra)
+    assert result.code == 0, result.stderr
+    got = json.loads(seen.read_text())
+    assert not {"OPENAI_API_KEY", "SLACK_BOT_TOKEN", "MIRROR_URL"} & set(got)
+    assert "hunter2hunter2" not in seen.read_text()
+    assert got["DBUS_SESSION_BUS_ADDRESS"] == extra["DBUS_SESSION_BUS_ADDRESS"]
+    assert got["DURABLE_AGENT_EVENT"] == "test"
