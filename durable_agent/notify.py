@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from durable_agent.config.settings import NotifyTarget, Settings
 from durable_agent.redact import is_secret_name
@@ -208,6 +209,12 @@ class Deliverer:
 
 
 def _shown(target: str) -> str:
+    """A target as an error line names it. A webhook by its scheme and host only: its path
+    or query is often its credential (a Slack or Discord hook's URL, `?token=`)."""
+    if target.startswith(("http://", "https://")):
+        parts = urlsplit(target)
+        host = parts.netloc.rpartition("@")[2]
+        return f"{parts.scheme}://{host}/" + ("..." if parts.path.strip("/") or parts.query else "")
     return target if len(target) < 80 else target[:77] + "..."
 
 

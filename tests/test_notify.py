@@ -368,3 +368,19 @@ def test_a_command_target_gets_no_credential_of_the_process(
     assert "hunter2hunter2" not in seen.read_text()
     assert got["DBUS_SESSION_BUS_ADDRESS"] == extra["DBUS_SESSION_BUS_ADDRESS"]
     assert got["DURABLE_AGENT_EVENT"] == "test"
+
+
+def test_an_undelivered_webhook_is_named_without_its_path_or_query(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    # A Slack or Discord hook's URL is its credential, in the path; others take ?token=.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing answers there
+    url = f"http://127.0.0.1:{port}/services/T0/B0/capabilitypath0123?token=querysecret0123"
+    result = cli("notify", "test", extra_env=config(tmp_path, [{"url": url}]))
+    assert result.code == 1
+    assert f"to http://127.0.0.1:{port}/" in result.stderr
+    assert "capabilitypath0123" not in result.stderr and "querysecret0123" not in result.stderr
