@@ -155,7 +155,14 @@ def test_content_is_exported_only_when_asked_and_redacted_as_stored(
     assert (
         "use the key" in chat["gen_ai.input.messages"] and key not in chat["gen_ai.input.messages"]
     )
-    assert "gen_ai.output.messages" in chat
+    sent = json.loads(chat["gen_ai.input.messages"])  # messages, not their Python spelling
+    assert [m["role"] for m in sent] == ["system", "user"]
+    assert sent[1]["content"] == "use the key [REDACTED:OPENAI_API_KEY]"
+    (answer,) = json.loads(chat["gen_ai.output.messages"])
+    assert (
+        answer["role"] == "assistant"
+        and answer["tool_calls"][0]["function"]["name"] == "write_file"
+    )
     tool = [s for s in spans if s.name == "execute_tool write_file"][0].attributes
     assert "a.txt" in tool["gen_ai.tool.call.arguments"]
     assert all(key not in json.dumps(dict(s.attributes)) for s in spans)

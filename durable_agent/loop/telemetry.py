@@ -29,6 +29,7 @@ from typing import Any
 
 from durable_agent.config.settings import Settings
 from durable_agent.loop.step_context import StepContext
+from durable_agent.messages import Message
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.status import StepKind
 from durable_agent.store.records import StepState
@@ -383,7 +384,7 @@ class Session:
         """Messages and arguments as the store keeps them (redacted the same way)."""
 
         def shown(m: Any) -> dict[str, Any]:
-            d = m.to_dict() if hasattr(m, "to_dict") else m
+            d = m.to_api() if isinstance(m, Message) else m  # role, content, tool_calls
             return d if isinstance(d, dict) else {"content": str(d)}
 
         if isinstance(facts.get("input"), list):
