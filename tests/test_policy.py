@@ -40,6 +40,8 @@ TABLE: list[tuple[str, Any, str, bool, Verdict]] = [
     ("run_command", {"command": "sh -euo pipefail -c 'git push'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "bash --norc -c -- 'git push'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "bash -c -e 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "$'\\x67it' $'\\160\\u0075sh'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": '$"git" push'}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "bash -e 'git push'"}, "allow", True, Verdict.ALLOW),  # a file
     ("run_command", {"command": "git pushy"}, "allow", True, Verdict.ALLOW),
     ("run_command", {"command": "'git push'"}, "allow", True, Verdict.ALLOW),  # one word
@@ -99,6 +101,18 @@ def _backslashed(w: str) -> str:
     return "".join(c if c.isalnum() else "\\" + c for c in w)
 
 
+def _ansi_c(w: str) -> str:
+    """`$'…'` with every character but letters in one of C's escapes (hex, octal, \\u)."""
+    spelled = (r"\x%02x", r"\%03o", r"\u%04x")
+    return (
+        "$'" + "".join(c if c.isalpha() else spelled[i % 3] % ord(c) for i, c in enumerate(w)) + "'"
+    )
+
+
+def _locale(w: str) -> str:
+    return "$" + _double(w)  # $"…": translated by the locale's catalog, of which bash has none
+
+
 @st.composite
 def word(draw: Any) -> tuple[str, str]:
     """(the word, as written in one of bash's quotings, or pieces of several)."""
@@ -111,7 +125,7 @@ def word(draw: Any) -> tuple[str, str]:
     )
     out = []
     for text, kind in pieces:
-        styles = [_double, _backslashed] + ([_single] if "'" not in text else [])
+        styles = [_double, _backslashed, _ansi_c, _locale] + ([_single] if "'" not in text else [])
         if kind == "plain" and text[0] not in "=":
             styles.append(lambda w: w)
         out.append(draw(st.sampled_from(styles))(text))

@@ -14,6 +14,9 @@ functions, `eval`, variables holding commands). The OS sandbox contains every co
 
 from __future__ import annotations
 
+import string
+import sys
+
 _SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh"})
 _OPERATORS = ("&&", "||", "|&", ";;", ";", "|", "&", "\n", "(", ")")
 _REDIRECTIONS = ("&>>", "&>", ">>", ">|", ">&", "<<<", "<<-", "<<", "<&", "<>", ">", "<")
@@ -126,6 +129,8 @@ class _Parser:
                     self.i += 2
             elif c == "$" and text.startswith("$'", self.i):
                 out.append(self._ansi_c())
+            elif c == "$" and text.startswith('$"', self.i):
+                self.i += 1  # $"…": "…" translated by the locale, none of it a command name
             elif c == "$" or c == "`":
                 out.append(self._substitution())
             else:
@@ -154,14 +159,14 @@ class _Parser:
                 self.i += 1
 
     def _ansi_c(self) -> str:
-        """`$'…'`: backslash escapes of C (the common ones; the rest kept as written)."""
+        """`$'…'`: the backslash escapes bash decodes there, numbers too (`$'\\x67it'` is
+        `git`); an escape it does not know is kept as written."""
         text, i = self.text, self.i + 2
         out: list[str] = []
-        escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a"}
         while i < len(text) and text[i] != "'":
             if text[i] == "\\" and i + 1 < len(text):
-                out.append(escapes.get(text[i + 1], "\\" + text[i + 1]))
-                i += 2
+                decoded, i = _ansi_c_escape(text, i + 1)
+                out.append(decoded)
             else:
                 out.append(text[i])
                 i += 1
@@ -212,6 +217,47 @@ class _Parser:
         self.inner.extend(simple_commands(body, depth=self.depth + 1))
         self.i = end + 1
         return f"({body})"
+
+
+_C_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "e": "\x1b",
+    "E": "\x1b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "?": "?",
+}
+_C_HEX = {"x": 2, "u": 4, "U": 8}  # \xHH, \uHHHH, \UHHHHHHHH: at most this many digits
+
+
+def _ansi_c_escape(text: str, i: int) -> tuple[str, int]:
+    """The escape of `$'…'` whose letter is at `i` (after the backslash), decoded, and
+    where the text goes on."""
+    c = text[i]
+    if c in _C_ESCAPES:
+        return _C_ESCAPES[c], i + 1
+    if c in "01234567":  # \N, \NN, \NNN: octal
+        j = i
+        while j < len(text) and j < i + 3 and text[j] in "01234567":
+            j += 1
+        return chr(int(text[i:j], 8) & 0xFF), j
+    if c in _C_HEX:
+        j = i + 1
+        while j < len(text) and j <= i + _C_HEX[c] and text[j] in string.hexdigits:
+            j += 1
+        code = int(text[i + 1 : j] or "-1", 16)
+        if 0 <= code <= sys.maxunicode:  # no digit: bash keeps it as written
+            return chr(code), j
+    if c == "c" and i + 1 < len(text):  # \cX: the control character of X
+        return chr(ord(text[i + 1]) & 0x1F), i + 2
+    return "\\" + c, i + 1
 
 
 def _matching(text: str, start: int, opening: str, closing: str) -> int:
