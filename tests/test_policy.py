@@ -42,6 +42,12 @@ TABLE: list[tuple[str, Any, str, bool, Verdict]] = [
     ("run_command", {"command": "bash -c -e 'git push'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "$'\\x67it' $'\\160\\u0075sh'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": '$"git" push'}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{git,push}"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "git pu{s,}h"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{g..g}it push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{,git} push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{" + "," * 5000 + "git} push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "'{git,push}'"}, "allow", True, Verdict.ALLOW),  # quoted
     ("run_command", {"command": "bash -e 'git push'"}, "allow", True, Verdict.ALLOW),  # a file
     ("run_command", {"command": "git pushy"}, "allow", True, Verdict.ALLOW),
     ("run_command", {"command": "'git push'"}, "allow", True, Verdict.ALLOW),  # one word
@@ -128,6 +134,8 @@ def word(draw: Any) -> tuple[str, str]:
         styles = [_double, _backslashed, _ansi_c, _locale] + ([_single] if "'" not in text else [])
         if kind == "plain" and text[0] not in "=":
             styles.append(lambda w: w)
+            styles.append(lambda w: f"{{{w},{w[::-1]}}}")  # brace expansion: two words
+            styles.append(lambda w: f"{w[:1]}{{{w[1:]},}}{{1..{len(w)}}}")
         out.append(draw(st.sampled_from(styles))(text))
     return "".join(t for t, _ in pieces), "".join(out)
 
