@@ -32,10 +32,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from durable_agent.config.settings import NotifyTarget, Settings
+from durable_agent.redact import is_secret_name
 from durable_agent.store.outbox import NOTIFY_HOOKS, Notification, Outbox
 from durable_agent.store.retrying import StorePolicy
+from durable_agent.tools.process import has_url_password
 
 KEY_HEADER = "Idempotency-Key"
 EVENT_HEADER = "X-Durable-Agent-Event"
@@ -45,6 +48,18 @@ SIGNATURE_HEADER = "X-Durable-Agent-Signature"
 
 class DeliveryFailed(Exception):
     pass
+
+
+class _NotFollowed(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer that did not accept the event: following it would send a GET, with
+    the key and signature and without the event, to wherever it points (a cloud's metadata
+    address...), and that address's 200 would mark the event sent."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
+_OPENER = urllib.request.build_opener(_NotFollowed)
 
 
 def body_of(row: Notification) -> bytes:
@@ -141,8 +156,10 @@ class Deliverer:
             )
         request = urllib.request.Request(target.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.notify_timeout_s) as resp:
-                resp.read()
+            # The status is the answer: the body is not read, so a receiver that sends one
+            # without end, or a byte at a time, cannot hold the deliverer.
+            with _OPENER.open(request, timeout=self.settings.notify_timeout_s):
+                pass
         except urllib.error.HTTPError as exc:
             raise DeliveryFailed(f"HTTP {exc.code}") from None
         except urllib.error.URLError as exc:
@@ -150,8 +167,14 @@ class Deliverer:
 
     def _run(self, row: Notification, target: NotifyTarget) -> None:
         assert target.command is not None
+        # The process's environment (notify-send needs its DISPLAY and D-Bus address), but
+        # for its credentials: the model's API key is no business of a notification program.
         env = {
-            **os.environ,
+            **{
+                name: value
+                for name, value in os.environ.items()
+                if not is_secret_name(name) and not has_url_password(value)
+            },
             "DURABLE_AGENT_EVENT": row.event,
             "DURABLE_AGENT_IDEMPOTENCY_KEY": row.idempotency_key,
             "DURABLE_AGENT_RUN_ID": row.run_id or "",
@@ -186,6 +209,12 @@ class Deliverer:
 
 
 def _shown(target: str) -> str:
+    """A target as an error line names it. A webhook by its scheme and host only: its path
+    or query is often its credential (a Slack or Discord hook's URL, `?token=`)."""
+    if target.startswith(("http://", "https://")):
+        parts = urlsplit(target)
+        host = parts.netloc.rpartition("@")[2]
+        return f"{parts.scheme}://{host}/" + ("..." if parts.path.strip("/") or parts.query else "")
     return target if len(target) < 80 else target[:77] + "..."
 
 

@@ -317,3 +317,36 @@ def test_session_start_resume_and_pre_compact_hooks(
         "hook:session_start:s2:0",
         "hook:resume:s2:1",
     ]
+
+
+def test_a_hook_gets_its_whole_document_however_large_the_call(
+    env: dict[str, str], workspace: Path, write_script: Any
+) -> None:
+    # One exec string holds at most 128 KiB, and JSON spells each non-ASCII character in
+    # six bytes: a file written whole, or a result of accented text, is a larger document.
+    content = "é'\"$(x)`\\\n" * 20_000
+    seen = (
+        "python3 -c 'import json,sys; d=json.load(sys.stdin); "
+        'open(".seen","a").write(d["event"]+" "+str(len(d["arguments"].get("content","")))'
+        '+" "+str(len(d.get("result","")))+"\\n")\''
+    )
+    _config(env, [{"event": "pre_tool", "command": seen}, {"event": "post_tool", "command": seen}])
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "a", "content": content}}
+                ]
+            },
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": "cat a"}}]},
+            {"content": "done"},
+        ]
+    )
+    args = ["start", "t", "--model", model, "--shell", "allow", "--run-id", "h1", "--json"]
+    proc = forked_cli.run(args, env=env, cwd=workspace)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (workspace / "a").read_text() == content
+    lines = (workspace / ".seen").read_text().splitlines()
+    assert lines[0] == f"pre_tool {len(content)} 0"
+    assert lines[2].startswith("pre_tool 0 0") and lines[3].startswith("post_tool 0 ")
+    assert int(lines[3].split()[2]) > 5_000  # the command's output, as the model saw it

@@ -7,7 +7,10 @@ receiver would, and checks every signature."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +263,124 @@ def test_each_store_queues_and_delivers_an_end_once(
         ]
     finally:
         receiver.close()
+
+
+class _Hostile:
+    """A receiver that answers every POST with `answer(handler)`; the paths it was asked."""
+
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler], None]) -> None:
+        self.asked: list[str] = []
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hostile.asked.append(f"POST {self.path}")
+                answer(self)
+
+            def do_GET(self) -> None:  # noqa: N802
+                hostile.asked.append(f"GET {self.path}")
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_redirect_is_not_followed_and_the_event_stays_pending(
+    cli: Callable[..., Any], tmp_path: Path, sql: Callable[..., list[Any]]
+) -> None:
+    # Followed, the POST became a GET of the other address (a cloud's metadata service,
+    # say) with the key and signature and without the event, and its 200 marked it sent.
+    elsewhere = _Hostile(lambda h: None)
+
+    def moved(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(302)
+        h.send_header("Location", elsewhere.url.replace("/hook", "/latest/meta-data/"))
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    receiver = _Hostile(moved)
+    try:
+        result = cli("notify", "test", extra_env=config(tmp_path, [{"url": receiver.url}]))
+        assert result.code != 0 and "HTTP 302" in result.stdout + result.stderr
+        assert receiver.asked == ["POST /hook"] * FAST["notify_retry_attempts"]
+        assert elsewhere.asked == []
+        assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(1,)]
+    finally:
+        receiver.close()
+        elsewhere.close()
+
+
+def test_a_receiver_that_trickles_its_answer_does_not_hold_the_deliverer(
+    cli: Callable[..., Any], tmp_path: Path, sql: Callable[..., list[Any]]
+) -> None:
+    # Each byte within notify_timeout_s of the last: reading the body never timed out.
+    def trickle(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(1 << 30))
+        h.end_headers()
+        try:
+            while True:
+                h.wfile.write(b"x")
+                h.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the deliverer hung up
+
+    receiver = _Hostile(trickle)
+    try:
+        extra = config(tmp_path, [{"url": receiver.url}])
+        result = cli("notify", "test", extra_env=extra, timeout=60)
+        assert result.code == 0, result.stderr
+        assert receiver.asked == ["POST /hook"]
+        assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(0,)]
+    finally:
+        receiver.close()
+
+
+def test_a_command_target_gets_no_credential_of_the_process(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    seen = tmp_path / "env.json"
+    program = f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))"
+    extra = config(tmp_path, [{"command": ["python3", "-c", program]}])
+    extra |= {
+        "OPENAI_API_KEY": "sk-proj-0123456789abcdef0123456789",
+        "SLACK_BOT_TOKEN": "xoxb-0123456789-abcdef",
+        "MIRROR_URL": "https://ci:hunter2hunter2@mirror.example/simple",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/1000/bus",  # notify-send needs it
+    }
+    result = cli("notify", "test", extra_env=extra)
+    assert result.code == 0, result.stderr
+    got = json.loads(seen.read_text())
+    assert not {"OPENAI_API_KEY", "SLACK_BOT_TOKEN", "MIRROR_URL"} & set(got)
+    assert "hunter2hunter2" not in seen.read_text()
+    assert got["DBUS_SESSION_BUS_ADDRESS"] == extra["DBUS_SESSION_BUS_ADDRESS"]
+    assert got["DURABLE_AGENT_EVENT"] == "test"
+
+
+def test_an_undelivered_webhook_is_named_without_its_path_or_query(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    # A Slack or Discord hook's URL is its credential, in the path; others take ?token=.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing answers there
+    url = f"http://127.0.0.1:{port}/services/T0/B0/capabilitypath0123?token=querysecret0123"
+    result = cli("notify", "test", extra_env=config(tmp_path, [{"url": url}]))
+    assert result.code == 1
+    assert f"to http://127.0.0.1:{port}/" in result.stderr
+    assert "capabilitypath0123" not in result.stderr and "querysecret0123" not in result.stderr

@@ -36,6 +36,19 @@ TABLE: list[tuple[str, Any, str, bool, Verdict]] = [
     ("run_command", {"command": "echo $(git push)"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "bash -c 'cd x; git push -f'"}, "allow", True, Verdict.DENY),
     ("run_command", {"command": "sudo git push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash -lc 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "sh -euo pipefail -c 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash --norc -c -- 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "bash -c -e 'git push'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "$'\\x67it' $'\\160\\u0075sh'"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": '$"git" push'}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{git,push}"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "git pu{s,}h"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{g..g}it push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{,git} push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "{" + "," * 5000 + "git} push"}, "allow", True, Verdict.DENY),
+    ("run_command", {"command": "'{git,push}'"}, "allow", True, Verdict.ALLOW),  # quoted
+    ("run_command", {"command": "bash -e 'git push'"}, "allow", True, Verdict.ALLOW),  # a file
     ("run_command", {"command": "git pushy"}, "allow", True, Verdict.ALLOW),
     ("run_command", {"command": "'git push'"}, "allow", True, Verdict.ALLOW),  # one word
     ("run_command", {"command": "make build"}, "ask", True, Verdict.ALLOW),
@@ -94,6 +107,18 @@ def _backslashed(w: str) -> str:
     return "".join(c if c.isalnum() else "\\" + c for c in w)
 
 
+def _ansi_c(w: str) -> str:
+    """`$'…'` with every character but letters in one of C's escapes (hex, octal, \\u)."""
+    spelled = (r"\x%02x", r"\%03o", r"\u%04x")
+    return (
+        "$'" + "".join(c if c.isalpha() else spelled[i % 3] % ord(c) for i, c in enumerate(w)) + "'"
+    )
+
+
+def _locale(w: str) -> str:
+    return "$" + _double(w)  # $"…": translated by the locale's catalog, of which bash has none
+
+
 @st.composite
 def word(draw: Any) -> tuple[str, str]:
     """(the word, as written in one of bash's quotings, or pieces of several)."""
@@ -106,9 +131,11 @@ def word(draw: Any) -> tuple[str, str]:
     )
     out = []
     for text, kind in pieces:
-        styles = [_double, _backslashed] + ([_single] if "'" not in text else [])
+        styles = [_double, _backslashed, _ansi_c, _locale] + ([_single] if "'" not in text else [])
         if kind == "plain" and text[0] not in "=":
             styles.append(lambda w: w)
+            styles.append(lambda w: f"{{{w},{w[::-1]}}}")  # brace expansion: two words
+            styles.append(lambda w: f"{w[:1]}{{{w[1:]},}}{{1..{len(w)}}}")
         out.append(draw(st.sampled_from(styles))(text))
     return "".join(t for t, _ in pieces), "".join(out)
 
@@ -143,7 +170,9 @@ def command_line(draw: Any, depth: int = 0) -> tuple[str, list[list[str]]]:
         if depth < 1 and draw(st.booleans()) and len(written) > 1:
             body = " ".join(written)
             shell = draw(st.sampled_from(["bash", "/bin/bash"]))
-            parts.append(f"{shell} -c {shlex.quote(body)} {op}")
+            # the body is the first word after the options, wherever -c is among them
+            flags = draw(st.sampled_from(["-c", "-ec", "-c -e", "-o pipefail -c", "--norc -c --"]))
+            parts.append(f"{shell} {flags} {shlex.quote(body)} {op}")
         else:
             parts.append(" ".join(written) + f" {op}")
         expected.append(words)

@@ -155,7 +155,14 @@ def test_content_is_exported_only_when_asked_and_redacted_as_stored(
     assert (
         "use the key" in chat["gen_ai.input.messages"] and key not in chat["gen_ai.input.messages"]
     )
-    assert "gen_ai.output.messages" in chat
+    sent = json.loads(chat["gen_ai.input.messages"])  # messages, not their Python spelling
+    assert [m["role"] for m in sent] == ["system", "user"]
+    assert sent[1]["content"] == "use the key [REDACTED:OPENAI_API_KEY]"
+    (answer,) = json.loads(chat["gen_ai.output.messages"])
+    assert (
+        answer["role"] == "assistant"
+        and answer["tool_calls"][0]["function"]["name"] == "write_file"
+    )
     tool = [s for s in spans if s.name == "execute_tool write_file"][0].attributes
     assert "a.txt" in tool["gen_ai.tool.call.arguments"]
     assert all(key not in json.dumps(dict(s.attributes)) for s in spans)
@@ -264,3 +271,52 @@ def test_an_approval_wait_is_a_span_in_the_session_that_acts_on_it(
     assert len(sessions) == 2 and wait.parent.span_id == sessions[1].context.span_id
     assert sessions[1].links[0].context.span_id == sessions[0].context.span_id
     assert wait.start_time < wait.end_time <= sessions[1].start_time
+
+
+def test_a_collector_that_trickles_its_answer_does_not_hold_the_run(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    sql: Callable[..., list[Any]],
+) -> None:
+    # Spans are exported as each ends, in the run's thread; the exporter's timeout is per
+    # read, and this collector sends a byte of its answer every 0.2 s, without end.
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts: list[str] = []
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            posts.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"\0")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass  # the exporter hung up
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        otel = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        }
+        result = cli("start", "t", "--model", write_script(SCRIPT), extra_env=otel, timeout=90)
+        assert result.code == 0, result.stderr
+        assert sql("SELECT status FROM runs") == [("completed",)]
+        assert posts  # it was asked
+    finally:
+        server.shutdown()
+        server.server_close()

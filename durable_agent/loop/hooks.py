@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import shlex
 from typing import Any
 
 from durable_agent.config.policy import Hook, HookEvent
@@ -36,7 +37,6 @@ from durable_agent.store.records import ApprovalKind, StepState
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.process import command_env, run_process
 
-INPUT_VAR = "DURABLE_AGENT_HOOK_INPUT"  # the document, piped to the hook's stdin
 MAX_INPUT = 64_000  # characters of a tool's arguments or result in the document
 BLOCK = 2
 
@@ -179,9 +179,10 @@ def _execute(
     env = command_env(
         ctx.env, run_id=ctx.state.run_id, call_id=key, passthrough=settings.command_env
     )
-    env[INPUT_VAR] = json.dumps(document)
     # The document on stdin: run_process gives commands /dev/null there, so it is piped in.
-    line = f"printf '%s' \"${INPUT_VAR}\" | (\n{hook.command}\n)"
+    # It is part of the command line, not a variable: one exec string holds 128 KiB, less
+    # than a file written whole, while a long line goes to the shell in a sealed file.
+    line = f"printf '%s' {shlex.quote(json.dumps(document))} | (\n{hook.command}\n)"
     with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
         out = run_process(
             line,

@@ -29,6 +29,7 @@ from typing import Any
 
 from durable_agent.config.settings import Settings
 from durable_agent.loop.step_context import StepContext
+from durable_agent.messages import Message
 from durable_agent.observer import Observer, StepEvent
 from durable_agent.status import StepKind
 from durable_agent.store.records import StepState
@@ -102,14 +103,66 @@ def _setup() -> None:
         resource = Resource.create({"service.name": "durable-agent"})
         tracer_provider = TracerProvider(resource=resource, id_generator=_ids())
         # Exported as each span ends: a process that is killed loses only its open spans.
-        tracer_provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+        tracer_provider.add_span_processor(SimpleSpanProcessor(_bounded(OTLPSpanExporter())))
         meter_provider = MeterProvider(
             resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
         )
-        atexit.register(meter_provider.shutdown)  # the last metrics, at the end of a command
+        # The last metrics, at the end of a command: waited for as long as an export may take
+        # (the SDK's default, 30 s, kept a command whose collector hangs from exiting).
+        atexit.register(meter_provider.shutdown, timeout_millis=_export_limit("METRICS") * 1000)
         _Process.tracer = tracer_provider.get_tracer(SCOPE)
         _Process.meter = meter_provider.get_meter(SCOPE)
         _make_instruments()
+
+
+def _bounded(exporter: Any) -> Any:
+    """`exporter`, waited for at most its timeout (OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT) and a
+    second: spans are exported in the run's thread, and the OTLP exporter's timeout bounds
+    each read, not the answer, so a collector that sends it a byte at a time held the run
+    for good (SIGTERM too waits for the step). An export still hanging after that goes on in
+    its own thread; the spans that end meanwhile are dropped, not waited for."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    limit = _export_limit("TRACES")
+
+    class Bounded(SpanExporter):
+        def __init__(self) -> None:
+            self.hanging: threading.Thread | None = None
+
+        def export(self, spans: Any) -> SpanExportResult:
+            if self.hanging is not None and self.hanging.is_alive():
+                return SpanExportResult.FAILURE
+            result = [SpanExportResult.FAILURE]
+
+            def send() -> None:
+                result[0] = exporter.export(spans)
+
+            thread = threading.Thread(target=send, name="otlp-export", daemon=True)
+            thread.start()
+            thread.join(limit)
+            if thread.is_alive():
+                self.hanging = thread
+            return result[0]
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Bounded()
+
+
+def _export_limit(signal: str) -> float:
+    """Seconds an export may take: the OTLP exporter's timeout for `signal` (the SDK reads
+    the same variables, in seconds, default 10) and one more."""
+    raw = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TIMEOUT"
+    )
+    try:
+        return float(raw or 10) + 1
+    except ValueError:
+        return 11.0
 
 
 def _ids() -> Any:
@@ -383,7 +436,7 @@ class Session:
         """Messages and arguments as the store keeps them (redacted the same way)."""
 
         def shown(m: Any) -> dict[str, Any]:
-            d = m.to_dict() if hasattr(m, "to_dict") else m
+            d = m.to_api() if isinstance(m, Message) else m  # role, content, tool_calls
             return d if isinstance(d, dict) else {"content": str(d)}
 
         if isinstance(facts.get("input"), list):

@@ -148,7 +148,7 @@ def command_env(
                 patterns
                 and any(fnmatchcase(name, p) for p in patterns)
                 and not is_secret_name(name)
-                and not _has_url_password(value)
+                and not has_url_password(value)
                 and name not in _DROPPED_ENV
                 and not name.startswith("DURABLE_AGENT_")
             ):
@@ -163,7 +163,7 @@ def _is_pattern(entry: str) -> bool:
     return any(c in entry for c in "*?[")
 
 
-def _has_url_password(value: str) -> bool:
+def has_url_password(value: str) -> bool:
     """`postgresql://user:pw@host/db` in DATABASE_URL-like variables."""
     scheme_end = value.find("://")
     if scheme_end < 0:
