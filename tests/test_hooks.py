@@ -350,3 +350,41 @@ def test_a_hook_gets_its_whole_document_however_large_the_call(
     assert lines[0] == f"pre_tool {len(content)} 0"
     assert lines[2].startswith("pre_tool 0 0") and lines[3].startswith("post_tool 0 ")
     assert int(lines[3].split()[2]) > 5_000  # the command's output, as the model saw it
+
+
+PROBE = """import json, os, sys
+doc = json.load(sys.stdin)
+lines, pid = [], os.getppid()
+while pid > 1:  # the shell and its subshell above this hook, up to the sandbox's init
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        lines.append(f.read())
+    with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+with open(".probe", "wb") as f:
+    f.write(doc["arguments"]["content"].encode() + b"\\n" + b"\\n".join(lines))
+"""
+
+
+def test_a_hooks_document_is_in_no_command_line(
+    env: dict[str, str], workspace: Path, write_script: Any
+) -> None:
+    """The document (a tool's arguments) reaches the hook on stdin, and is on no command
+    line of the processes that run it: `ps` shows those to every user of the host."""
+    (workspace / "probe.py").write_text(PROBE)
+    _config(env, [{"event": "pre_tool", "tool": "write_file", "command": "python3 probe.py"}])
+    model = write_script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "a", "content": "MARK-7f1c"}}
+                ]
+            },
+            {"content": "done"},
+        ]
+    )
+    args = ["start", "t", "--model", model, "--shell", "allow", "--run-id", "h2", "--json"]
+    proc = forked_cli.run(args, env=env, cwd=workspace)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got, *cmdlines = (workspace / ".probe").read_bytes().split(b"\n")
+    assert got == b"MARK-7f1c" and cmdlines  # the document came, and its shells were seen
+    assert not any(b"MARK-7f1c" in line for line in cmdlines), cmdlines

@@ -180,8 +180,9 @@ def _execute(
         ctx.env, run_id=ctx.state.run_id, call_id=key, passthrough=settings.command_env
     )
     # The document on stdin: run_process gives commands /dev/null there, so it is piped in.
-    # It is part of the command line, not a variable: one exec string holds 128 KiB, less
-    # than a file written whole, while a long line goes to the shell in a sealed file.
+    # It is part of the command, not a variable (one exec string holds 128 KiB), and the
+    # command goes to the shell in a sealed file: the tool's arguments and result are in
+    # no command line another user of the host could list.
     line = f"printf '%s' {shlex.quote(json.dumps(document))} | (\n{hook.command}\n)"
     with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
         out = run_process(
@@ -192,6 +193,7 @@ def _execute(
             output_cap=settings.output_cap // 2,
             cancel=ctx.cancel,
             sandbox=for_run(settings.sandbox, settings.network, ctx.env, settings.db),
+            private=True,
         )
     redact = ctx.redactor.redact
     output: dict[str, Any] = {

@@ -198,6 +198,7 @@ def run_process(
     kill_grace_s: float = KILL_GRACE_S,
     sandbox: Sandbox | None,
     workspace: Path | None = None,
+    private: bool = False,
 ) -> ProcessOutcome:
     """Run `command` with the shell in `cwd` under exactly `env`, stdin from /dev/null.
 
@@ -208,7 +209,9 @@ def run_process(
     Raises OSError if the command cannot be started (e.g. `cwd` does not exist),
     SandboxUnavailable if its sandbox cannot be had, whatever `on_start` raises, and
     StartTooLate if the time `on_start` returned (CLOCK_BOOTTIME) passed before the command
-    could start; in all these cases the command has not run.
+    could start; in all these cases the command has not run. `private`: the command goes to
+    the shell in a sealed file whatever its length, never on a command line other users of
+    the host can read (`ps`).
     """
     line = os.fsencode(command)
     if b"\0" in line:  # exec cannot carry it, and bash takes a file holding one for a binary
@@ -227,6 +230,7 @@ def run_process(
             line,
             guard=_guard_argv(2**31 - 1, 2**31 - 1),
             mounts=sandbox is not None and sandbox.mechanism is Mechanism.BUBBLEWRAP,
+            always=private,
         )
         outcome = _run(
             argv,

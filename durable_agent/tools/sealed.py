@@ -82,14 +82,21 @@ def exec_size(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
 
 def fitted(
-    argv: list[str], env: Mapping[str, str], command: bytes, *, guard: Sequence[str], mounts: bool
+    argv: list[str],
+    env: Mapping[str, str],
+    command: bytes,
+    *,
+    guard: Sequence[str],
+    mounts: bool,
+    always: bool = False,
 ) -> tuple[list[str], int | None]:
     """`argv` (ending `SHELL -c COMMAND`, started behind `guard`'s arguments) as it can start,
     and the descriptor to pass along (the caller closes it): the command in a sealed file
     when it is too long for exec, read by the shell byte for byte. Only `$0` (/dev/fd/N), an
     empty $BASH_EXECUTION_STRING, a last command killed by a signal (exit 128+N: bash no
     longer execs it in its place) and the descriptor its processes inherit (read-only) tell
-    the two apart. ToolFailure, in one line, when even that cannot start."""
+    the two apart. ToolFailure, in one line, when even that cannot start. `always`: in a
+    sealed file whatever its length."""
     for name, value in env.items():
         if len(os.fsencode(f"{name}={value}")) > MAX_ARGUMENT:
             raise ToolFailure(
@@ -97,7 +104,7 @@ def fitted(
                 f"than one string may be ({MAX_ARGUMENT} bytes)"
             )
     limit, script = exec_limit(), None
-    if len(command) > MAX_ARGUMENT or exec_size([*guard, *argv], env) > limit:
+    if always or len(command) > MAX_ARGUMENT or exec_size([*guard, *argv], env) > limit:
         script = sealed(command, "durable-agent-command")
         argv = [*argv[:-2], f"/dev/fd/{script}"]
     size = exec_size([*guard, *argv], env)
