@@ -388,3 +388,29 @@ def test_a_hooks_document_is_in_no_command_line(
     got, *cmdlines = (workspace / ".probe").read_bytes().split(b"\n")
     assert got == b"MARK-7f1c" and cmdlines  # the document came, and its shells were seen
     assert not any(b"MARK-7f1c" in line for line in cmdlines), cmdlines
+
+
+def test_a_hook_that_cannot_start_is_the_hooks_failure_not_the_runs(
+    env: dict[str, str], workspace: Path, write_script: Any
+) -> None:
+    """A hook whose process cannot start (here an environment variable passed to commands
+    longer than one exec string may be) is recorded as failed, exit 127 and why, and the
+    run goes on: a failing hook never ends the run it watches."""
+    env = {**env, "HUGE_SETTING": "x" * 200_000}
+    _config(env, [{"event": "pre_tool", "tool": "write_file", "command": "true"}])
+    path = Path(env["XDG_CONFIG_HOME"]) / "durable-agent" / "config.toml"
+    path.write_text('command_env = ["HUGE_SETTING"]\n' + path.read_text())
+    model = write_script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a", "content": "x"}}]},
+            {"content": "done"},
+        ]
+    )
+    args = ["start", "t", "--model", model, "--run-id", "h3", "--json", "--sandbox", "off"]
+    proc = forked_cli.run(args, env=env, cwd=workspace)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (workspace / "a").read_text() == "x"
+    ((_key, state, output),) = _steps(env, "h3")
+    got = json.loads(output) if isinstance(output, str) else output
+    assert state == "completed" and got["exit_code"] == 127, got
+    assert "could not start" in got["stderr"] and "HUGE_SETTING" in got["stderr"]

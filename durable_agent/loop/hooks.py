@@ -34,6 +34,7 @@ from durable_agent.loop.step_context import StepContext
 from durable_agent.messages import Message, ToolCall
 from durable_agent.status import StepKind
 from durable_agent.store.records import ApprovalKind, StepState
+from durable_agent.tools.base import ToolFailure
 from durable_agent.tools.os_sandbox import for_run
 from durable_agent.tools.process import command_env, run_process
 
@@ -184,27 +185,51 @@ def _execute(
     # command goes to the shell in a sealed file: the tool's arguments and result are in
     # no command line another user of the host could list.
     line = f"printf '%s' {shlex.quote(json.dumps(document))} | (\n{hook.command}\n)"
-    with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
-        out = run_process(
-            line,
-            cwd=settings.workspace,
-            timeout_s=hook.timeout_s,
-            env=env,
-            output_cap=settings.output_cap // 2,
-            cancel=ctx.cancel,
-            sandbox=for_run(settings.sandbox, settings.network, ctx.env, settings.db),
-            private=True,
-        )
-    redact = ctx.redactor.redact
-    output: dict[str, Any] = {
-        "event": event.value,
-        "command": hook.command,
-        "exit_code": out.exit_code,
-        "stdout": redact(out.stdout.strip()),
-        "stderr": redact(out.stderr.strip()),
-    }
+    try:
+        with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
+            out = run_process(
+                line,
+                cwd=settings.workspace,
+                timeout_s=hook.timeout_s,
+                env=env,
+                output_cap=settings.output_cap // 2,
+                cancel=ctx.cancel,
+                sandbox=for_run(settings.sandbox, settings.network, ctx.env, settings.db),
+                private=True,
+            )
+    except (ToolFailure, OSError) as exc:
+        # Not started (no sandbox, an environment too large, the workspace gone): the hook
+        # failed, as a command that cannot start is the model's error result, not the end
+        # of the run. 127: the shell's "cannot run it".
+        why = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
+        output = _output(ctx, hook, event, CANNOT_START, "", f"the hook could not start: {why}")
+        return StepOutcome(output, messages=_tell(ctx, event, hook, output), duration_ms=0)
+    output = _output(ctx, hook, event, out.exit_code, out.stdout, out.stderr)
     if out.timed_out:
         output["timed_out"] = True
+    return StepOutcome(
+        output, messages=_tell(ctx, event, hook, output), duration_ms=out.duration_ms
+    )
+
+
+CANNOT_START = 127
+
+
+def _output(
+    ctx: StepContext, hook: Hook, event: HookEvent, code: int | None, stdout: str, stderr: str
+) -> dict[str, Any]:
+    redact = ctx.redactor.redact
+    return {
+        "event": event.value,
+        "command": hook.command,
+        "exit_code": code,
+        "stdout": redact(stdout.strip()),
+        "stderr": redact(stderr.strip()),
+    }
+
+
+def _tell(ctx: StepContext, event: HookEvent, hook: Hook, output: dict[str, Any]) -> list[Message]:
+    """The note the model gets of a hook's run, appended to the history (none: [])."""
     messages: list[Message] = []
     text = _for_model(event, hook, Fired(output))
     quiet = (HookEvent.PRE_TOOL, HookEvent.PRE_COMPACT)  # a result's note; mid-compaction
@@ -212,7 +237,7 @@ def _execute(
         # A note after the calls' results (never between them: the history stays valid).
         messages.append(Message("user", text))
         ctx.state.append(messages[0])
-    return StepOutcome(output, messages=messages, duration_ms=out.duration_ms)
+    return messages
 
 
 def _for_model(event: HookEvent, hook: Hook, fired: Fired) -> str | None:
