@@ -23,14 +23,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,7 +61,62 @@ class _NotFollowed(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises the 3xx as an HTTPError
 
 
-_OPENER = urllib.request.build_opener(_NotFollowed)
+class _Timed:
+    """A handler whose connections register their sockets with the delivery under way in
+    this thread (_deadline): urllib's timeout bounds each read, not the exchange, and a
+    receiver that sends its status line a byte at a time would hold the deliverer for ever."""
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        def connection(*args: Any, **kw: Any) -> Any:
+            conn = http_class(*args, **kw)
+            conn._create_connection = _registered  # (http.client's hook for making the socket)
+            return conn
+
+        return super().do_open(connection, req, **kwargs)  # type: ignore[misc]
+
+
+class _TimedHTTP(_Timed, urllib.request.HTTPHandler):
+    pass
+
+
+class _TimedHTTPS(_Timed, urllib.request.HTTPSHandler):
+    pass
+
+
+_local = threading.local()
+
+
+def _registered(address: Any, *args: Any) -> socket.socket:
+    sock = socket.create_connection(address, *args)
+    sockets = getattr(_local, "sockets", None)
+    if sockets is not None:
+        sockets.append(sock)
+    return sock
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """The sockets the block opens are shut down `seconds` after it began, if it is still
+    under way: a read waiting on them ends (an OSError, a failed delivery)."""
+    sockets: list[socket.socket] = []
+    _local.sockets = sockets
+
+    def expire() -> None:
+        for sock in list(sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        _local.sockets = None
+
+
+_OPENER = urllib.request.build_opener(_NotFollowed, _TimedHTTP, _TimedHTTPS)
 
 
 def body_of(row: Notification) -> bytes:
@@ -157,13 +214,20 @@ class Deliverer:
         request = urllib.request.Request(target.url, data=body, headers=headers, method="POST")
         try:
             # The status is the answer: the body is not read, so a receiver that sends one
-            # without end, or a byte at a time, cannot hold the deliverer.
-            with _OPENER.open(request, timeout=self.settings.notify_timeout_s):
+            # without end, or a byte at a time, cannot hold the deliverer; nor one that
+            # sends its status and headers so (_deadline).
+            seconds = self.settings.notify_timeout_s
+            with _deadline(seconds), _OPENER.open(request, timeout=seconds):
                 pass
         except urllib.error.HTTPError as exc:
             raise DeliveryFailed(f"HTTP {exc.code}") from None
         except urllib.error.URLError as exc:
             raise DeliveryFailed(str(exc.reason)) from None
+        except (OSError, http.client.HTTPException) as exc:  # cut off at the deadline
+            raise DeliveryFailed(
+                f"no answer within notify_timeout_s ({self.settings.notify_timeout_s:g} s)"
+                f": {type(exc).__name__}"
+            ) from None
 
     def _run(self, row: Notification, target: NotifyTarget) -> None:
         assert target.command is not None

@@ -349,6 +349,34 @@ def test_a_receiver_that_trickles_its_answer_does_not_hold_the_deliverer(
         receiver.close()
 
 
+@pytest.mark.slow  # three tries of 2 s
+def test_a_receiver_that_trickles_its_status_line_is_cut_off_at_notify_timeout_s(
+    cli: Callable[..., Any], tmp_path: Path, sql: Callable[..., list[Any]]
+) -> None:
+    # Each byte within notify_timeout_s (2 s) of the last, 40 s to a whole answer: urllib's
+    # timeout is per read, so only a deadline on the exchange ends each try.
+    def trickle(h: BaseHTTPRequestHandler) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200 + b"\r\nContent-Length: 0\r\n\r\n"
+        try:
+            for byte in answer:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the deliverer hung up
+
+    receiver = _Hostile(trickle)
+    try:
+        extra = config(tmp_path, [{"url": receiver.url}])
+        result = cli("notify", "test", extra_env=extra, timeout=60)
+        assert result.code == 1, result.stdout + result.stderr
+        assert "no answer within notify_timeout_s (2 s)" in result.stderr, result.stderr
+        assert receiver.asked == ["POST /hook"] * 3  # each try cut off, then tried again
+        assert sql("SELECT count(*) FROM notifications WHERE delivered_at IS NULL") == [(1,)]
+    finally:
+        receiver.close()
+
+
 def test_a_command_target_gets_no_credential_of_the_process(
     cli: Callable[..., Any], tmp_path: Path
 ) -> None:
