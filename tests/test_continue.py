@@ -803,12 +803,18 @@ def test_a_store_fault_at_every_statement_of_a_continue(
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = dict(pool.map(one, range(1, count + 1)))
     stopped = sum(1 for codes in results.values() if codes[0] == 7)
-    asked = sum(1 for codes in results.values() if 5 in codes)
+    asked = sorted(at for at, codes in results.items() if 5 in codes)
     print(
-        f"continue: {count} statements, {count} faults, {stopped} stopped with exit 7, {asked} asked"
+        f"continue: {count} statements, {count} faults, {stopped} stopped with exit 7, "
+        f"asked at {asked}"
     )
     assert len(results) == count and stopped > 0
-    assert asked <= 2  # only a store lost while the command ran leaves its outcome unknown
+    # Only a store lost for good (every third fault) between the command's start and its
+    # outcome's commit (whose statements hold the snapshot after it: a few, their number
+    # depending on which files the snapshot finds changed) leaves its outcome unknown: the
+    # faults that asked are every third statement of one stretch, never a blip.
+    assert asked and all(at % 3 == 1 for at in asked), asked
+    assert asked == list(range(asked[0], asked[-1] + 1, 3)) and len(asked) <= 4, asked
 
 
 PG_HISTORY = (
