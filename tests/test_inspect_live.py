@@ -209,38 +209,9 @@ def test_cli_on_a_terminal_shows_what_runs_and_erases_it(
     env, workspace: Path, write_script
 ) -> None:
     script = write_script(SLOW)
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "durable_agent",
-            "start",
-            "t",
-            "--model",
-            script,
-            "--shell",
-            "allow",
-        ],
-        cwd=workspace,
-        env=env,
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-    )
-    os.close(follower)
-    chunks = []
-    while True:  # until the child closes its end of the terminal
-        try:
-            data = os.read(leader, 4096)
-        except OSError:  # EIO: the child is gone
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
-    assert proc.wait(timeout=60) == 0
-    text = b"".join(chunks).decode()
+    program = ["-m", "durable_agent", "start", "t", "--model", script, "--shell", "allow"]
+    code, text = on_a_terminal(program, env, workspace)
+    assert code == 0
     assert (
         ERASE + "⠋ model " in text and " thinking 0.0 s" in text
     )  # the label is cut, never the time
@@ -330,10 +301,12 @@ sys.exit(main())
 """
 
 
-def _on_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+def on_a_terminal(program: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """`python PROGRAM...` with a pty for its stdin, stdout and stderr: its exit code, and
+    all it wrote there."""
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SHOWN_AT_ONCE, *argv],
+        [sys.executable, *program],
         cwd=cwd,
         env=env,
         stdin=follower,
@@ -342,16 +315,20 @@ def _on_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int
     )
     os.close(follower)
     chunks = []
-    while True:
+    while True:  # until the child closes its end of the terminal
         try:
             data = os.read(leader, 4096)
-        except OSError:
+        except OSError:  # EIO: the child is gone
             break
         if not data:
             break
         chunks.append(data)
     os.close(leader)
     return proc.wait(timeout=60), b"".join(chunks).decode()
+
+
+def _on_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    return on_a_terminal(["-c", _SHOWN_AT_ONCE, *argv], env, cwd)
 
 
 def test_cli_shows_the_first_snapshot_and_the_drift_check_on_a_terminal(
