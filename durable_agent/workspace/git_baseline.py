@@ -159,8 +159,7 @@ def _tree(repo: str | bytes, commit: str, prefix: str) -> dict[bytes, str]:
     return _tree_of(_git(repo, "ls-tree", "-r", "-z", spec))
 
 
-def _tree_of(out: bytes, sizes: dict[bytes, int] | None = None) -> dict[bytes, str]:
-    """`ls-tree -r -z`'s files; with `sizes`, of `ls-tree -r -l -z`, their sizes there."""
+def _tree_of(out: bytes) -> dict[bytes, str]:
     found: dict[bytes, str] = {}
     for record in out.split(b"\0"):
         if not record:
@@ -170,8 +169,6 @@ def _tree_of(out: bytes, sizes: dict[bytes, int] | None = None) -> dict[bytes, s
         if len(fields) < 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
             continue  # links, submodules: recorded by the manifest as they are, not from here
         found[path] = fields[2].decode()
-        if sizes is not None:
-            sizes[path] = int(fields[3])
     return found
 
 
@@ -180,7 +177,6 @@ class Head(Struct):
 
     baseline: Baseline
     files: dict[bytes, str]  # path (relative to the workspace) -> blob id at the commit
-    sizes: dict[bytes, int]  # path -> that blob's size
 
 
 _heads: dict[bytes, Head | None] = {}
@@ -277,7 +273,8 @@ def _look(root: bytes, clean: bool, head: Head | None = None) -> tuple[Head | No
         converts = _conversions(attrs, config)
         if converts is None:
             return head, NOT_CLEAN  # every text file may be converted: none is vouched for
-        return head, _clean(head, listed, dirty, *converts)
+        vouched = _clean(head, listed, dirty, *converts)
+        return head, _sized(root, vouched) if vouched.sized else vouched
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
         return head, NOT_CLEAN
     finally:
@@ -322,9 +319,8 @@ def _head(root: bytes) -> Head | None:
         top, prefix, fmt, commit = lines[0], lines[1].rstrip("/"), lines[2], lines[3]
         remote_proc = _run(root, "config", "--get", "remote.origin.url")
         # Paths relative to `root`, below it alone (ls-tree's, run there).
-        tree = _run(root, "ls-tree", "-r", "-l", "-z", commit)
-        sizes: dict[bytes, int] = {}
-        files = _tree_of(_out(tree), sizes)
+        tree = _run(root, "ls-tree", "-r", "-z", commit)
+        files = _tree_of(_out(tree))
         remote = _out(remote_proc, check=False).strip()
         return Head(
             Baseline(
@@ -335,7 +331,6 @@ def _head(root: bytes) -> Head | None:
                 fmt or "sha1",
             ),
             files,
-            sizes,
         )
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
         return None
@@ -410,14 +405,36 @@ def _clean(
     for path in dirty.split(b"\0"):
         out.pop(path, None)
     every = _EVERY in normalized
-    sized: dict[bytes, int] = {}
-    for path in [p for p in out if every or p in normalized]:
-        size = head.sizes.get(path)
+    return Clean(out, {p: -1 for p in out if every or p in normalized})
+
+
+def _sized(root: bytes, clean: Clean) -> Clean:
+    """`clean` with its `sized` files' blob sizes (`cat-file --batch-check`: asked only for
+    those, as reading a loose object's header costs a file each); one git cannot size is
+    not vouched for."""
+    ids = {clean.files[p] for p in clean.sized}
+    proc = subprocess.run(
+        ["git", *_SAFE, "cat-file", "--batch-check=%(objectname) %(objectsize)"],
+        cwd=root,
+        env={**os.environ, **_ENV},
+        input=b"".join(i.encode() + b"\n" for i in ids),
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    sizes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            sizes[parts[0].decode()] = int(parts[1])
+    files, sized = dict(clean.files), {}
+    for path in clean.sized:
+        size = sizes.get(files[path])
         if size is None:
-            del out[path]
+            del files[path]
         else:
             sized[path] = size
-    return Clean(out, sized)
+    return Clean(files, sized)
 
 
 class Source:
