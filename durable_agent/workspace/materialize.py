@@ -109,12 +109,7 @@ def _write(
 def _write_in(
     dir_fd: int, name: str, entry: Entry, have: Entry | None, blob: Callable[[str], bytes]
 ) -> None:
-    same = have is not None and (have.kind, have.ref, have.target, have.size) == (
-        entry.kind,
-        entry.ref,
-        entry.target,
-        entry.size,
-    )
+    same = _same_but_mode(entry, have)
     mode = _kind(dir_fd, name)
     if same and entry.kind != LINK and mode is not None and not stat.S_ISLNK(mode):
         beneath.chmod_at(dir_fd, name, entry.mode)  # the permission bits alone differ
@@ -239,11 +234,11 @@ def materialize(
 ) -> list[Change]:
     """Make `root` hold `target`; returns what was changed. `scanner` must be `root`'s;
     `present` (BlobStore.present_blobs) tells which blobs the store has, `fetch`
-    (BlobStore.blobs) gives many at once (`blob` gives one, and those `fetch` does not). Raises StoreError
-    for a target entry no scan records, and UsageError when making it would destroy what
-    snapshots leave out (`_in_the_way`), both having changed nothing; RestoreStopped when
-    it stops partway. `held` receives the paths left as they are because they held a
-    secret (in the target or on disk) where the target and the disk differ."""
+    (BlobStore.blobs) gives many at once (`blob` gives one, and those `fetch` does not).
+    Raises StoreError for a target entry no scan records, and UsageError when making it
+    would destroy what snapshots leave out (`_in_the_way`), both having changed nothing;
+    RestoreStopped when it stops partway. `held` receives the paths left as they are because
+    they held a secret (in the target or on disk) where the target and the disk differ."""
     # Before the disk is touched: a row edited by hand must not write outside `root`, nor
     # set a set-uid bit, nor delete what it cannot write back.
     check_manifest(target, scanner, present, blob)
@@ -277,13 +272,19 @@ def _chunks(paths: list[bytes], target: Manifest) -> Iterator[list[bytes]]:
         yield chunk
 
 
-def _needs_bytes(entry: Entry, have: Entry | None) -> bool:
-    """Writing `entry` over `have` reads its content (not a mode change alone: _write_in)."""
-    return entry.kind == FILE and (
-        have is None
-        or (have.kind, have.ref, have.target, have.size)
-        != (entry.kind, entry.ref, entry.target, entry.size)
+def _same_but_mode(entry: Entry, have: Entry | None) -> bool:
+    """`have` is `entry` but perhaps for its mode: writing it is a chmod (_write_in)."""
+    return have is not None and (have.kind, have.ref, have.target, have.size) == (
+        entry.kind,
+        entry.ref,
+        entry.target,
+        entry.size,
     )
+
+
+def _needs_bytes(entry: Entry, have: Entry | None) -> bool:
+    """Writing `entry` over `have` reads its content."""
+    return entry.kind == FILE and not _same_but_mode(entry, have)
 
 
 def _differ(a: Entry | None, b: Entry | None) -> bool:
