@@ -141,6 +141,9 @@ class Deliverer:
         self.settings = settings
         self.sleep = sleep
         self.targets: dict[str, NotifyTarget] = {t.target: t for t in settings.notify}
+        # A row a process of a version before 0017 queued after the store was upgraded
+        # names its webhook by the whole URL: still this process's to send.
+        self.targets.update((t.url, t) for t in settings.notify if t.url is not None)
 
     def claim_seconds(self) -> float:
         s = self.settings

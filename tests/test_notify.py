@@ -6,6 +6,7 @@ receiver would, and checks every signature."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -412,3 +413,98 @@ def test_an_undelivered_webhook_is_named_without_its_path_or_query(
     assert result.code == 1
     assert f"to http://127.0.0.1:{port}/" in result.stderr
     assert "capabilitypath0123" not in result.stderr and "querysecret0123" not in result.stderr
+
+
+TOKEN_PATH, TOKEN_QUERY = "capabilitypath0123", "querysecret0123"
+
+
+def test_the_store_names_a_webhook_without_its_path_or_query(
+    cli: Callable[..., Any],
+    write_script: Callable[..., str],
+    tmp_path: Path,
+    receiver: Receiver,
+    sql: Callable[..., list[Any]],
+    db_path: Path,
+) -> None:
+    # The outbox row is the store's: a Slack hook's path, a ?token= never reach it. The
+    # deliverer still posts to the whole URL, found by the name in its config.
+    url = f"{receiver.url}/T0/B0/{TOKEN_PATH}?token={TOKEN_QUERY}"
+    extra = config(tmp_path, [hook(receiver, url=url)])
+    assert cli("start", "t", "--model", write_script(DONE), extra_env=extra).code == 0
+    (request,) = receiver.requests
+    assert request["path"] == f"/hook/T0/B0/{TOKEN_PATH}?token={TOKEN_QUERY}"
+    ((target, delivered),) = sql("SELECT target, delivered_at IS NOT NULL FROM notifications")
+    assert delivered == 1
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    assert target == f"http://127.0.0.1:{receiver.port}/... sha256:{digest}"
+    # Nowhere in the store's files, its write-ahead log included.
+    for path in db_path.parent.glob(db_path.name + "*"):
+        data = path.read_bytes()
+        assert TOKEN_PATH.encode() not in data and TOKEN_QUERY.encode() not in data, path
+    # Two hooks on one host are told apart.
+    other = hook(receiver, url=f"{receiver.url}/T0/B0/another")
+    result = cli("notify", "test", extra_env=config(tmp_path, [hook(receiver, url=url), other]))
+    assert result.code == 0 and "delivered 2" in result.stdout, result.stderr
+    assert {r["path"] for r in receiver.requests[1:]} == {
+        f"/hook/T0/B0/{TOKEN_PATH}?token={TOKEN_QUERY}",
+        "/hook/T0/B0/another",
+    }
+
+
+def test_rows_stored_with_the_whole_url_are_renamed_by_the_upgrade_and_still_sent(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    # 0017 rewrites the outbox rows an earlier version stored; a pending one is delivered
+    # once to its whole URL, and a row queued in the old form after the upgrade (by a
+    # process of the earlier version) is sent too.
+    import sqlite3
+
+    from durable_agent.config.settings import Settings
+    from durable_agent.notify import Deliverer
+    from durable_agent.store.engine import make_engine, upgrade
+
+    url = f"{receiver.url}/T0/B0/{TOKEN_PATH}?token={TOKEN_QUERY}"
+    db = tmp_path / "old.db"
+    engine = make_engine(f"sqlite:///{db}")
+    upgrade(engine, "0016")
+    engine.dispose()
+    command = json.dumps(["notify-send", "done"])
+    with sqlite3.connect(db) as conn:
+        for key, target, delivered in [
+            ("k-pending", url, None),
+            ("k-sent", url, "2026-12-01 00:00:00"),
+            ("k-command", command, "2026-12-01 00:00:00"),
+        ]:
+            conn.execute(
+                "INSERT INTO notifications (idempotency_key, run_id, event, target, payload,"
+                " created_at, attempts, delivered_at) VALUES (?, NULL, 'test', ?, ?,"
+                " '2026-12-01 00:00:00', 0, ?)",
+                (key, target, json.dumps({"event": "test", "idempotency_key": key}), delivered),
+            )
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        upgrade(engine)
+        with sqlite3.connect(db) as conn:
+            rows = dict(conn.execute("SELECT idempotency_key, target FROM notifications"))
+            digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+            named = f"http://127.0.0.1:{receiver.port}/... sha256:{digest}"
+            assert rows == {"k-pending": named, "k-sent": named, "k-command": command}
+            conn.execute(
+                "INSERT INTO notifications (idempotency_key, run_id, event, target, payload,"
+                " created_at, attempts) VALUES ('k-late', NULL, 'test', ?, '{}',"
+                " '2026-12-01 00:00:01', 0)",
+                (url,),
+            )
+        settings = Settings(notify=[{"url": url, "secret": SECRET}], **FAST)
+        done, errors = Deliverer(engine, settings).deliver_due()
+        assert (done, errors) == (2, [])
+        assert sorted(r["headers"]["idempotency-key"] for r in receiver.requests) == [
+            "k-late",
+            "k-pending",
+        ]
+        assert {r["path"] for r in receiver.requests} == {
+            f"/hook/T0/B0/{TOKEN_PATH}?token={TOKEN_QUERY}"
+        }
+        assert Deliverer(engine, settings).deliver_due() == (0, [])
+    finally:
+        engine.dispose()

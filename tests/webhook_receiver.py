@@ -37,7 +37,11 @@ class Receiver:
                 with receiver.lock:
                     n = len(receiver.requests)
                     receiver.requests.append(
-                        {"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                        {
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                            "path": self.path,
+                        }
                     )
                     failing = n < receiver.fail_first
                 self.send_response(503 if failing else 200)

@@ -148,10 +148,24 @@ class NotifyTarget(BaseModel):
 
     @property
     def target(self) -> str:
-        """How the outbox names it: the URL, or the command as a JSON list."""
+        """How the outbox names it: a webhook by webhook_name (never its path or query),
+        the command as a JSON list."""
         import json
 
-        return self.url if self.url is not None else json.dumps(self.command)
+        return webhook_name(self.url) if self.url is not None else json.dumps(self.command)
+
+
+def webhook_name(url: str) -> str:
+    """A webhook as the store names it (`notifications.target`): its scheme and host, and
+    a digest of the whole URL that tells targets apart. A Slack or Discord hook's path is
+    its credential, others take `?token=`: the store never holds them. The same words as
+    alembic/versions/0017, which rewrote the rows stored before."""
+    import hashlib
+
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{parts.scheme}://{host}/... sha256:{digest}"
 
 
 class OtelSettings(BaseModel):
