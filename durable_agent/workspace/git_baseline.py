@@ -53,7 +53,7 @@ _SAFE = ["-c", "core.fsmonitor=false", "-c", "protocol.ext.allow=never"]
 FILE_MODES = (b"100644", b"100755")
 # The attributes by which a file's bytes on disk may differ from its blob's while git calls
 # it clean (convert.c): such a file is read, not vouched for.
-CONVERTING = ("text", "crlf", "eol", "ident", "filter", "working-tree-encoding")
+CONVERTING = frozenset((b"text", b"crlf", b"eol", b"ident", b"filter", b"working-tree-encoding"))
 CLONE_SECONDS = 3600  # a bare clone of a large remote takes a while; a hung one, not forever
 
 
@@ -254,7 +254,9 @@ def _look(root: bytes, clean: bool, head: Head | None = None) -> tuple[Head | No
             names = _run(root, "ls-files", "-z")
             procs.append(names)
             assert names.stdout is not None
-            procs.append(_run(root, "check-attr", "-z", "--stdin", *CONVERTING, stdin=names.stdout))
+            # --all: only the attributes a path has (asking for CONVERTING by name printed
+            # six "unspecified" lines a file, 14 MB at 50,000 files, three times slower)
+            procs.append(_run(root, "check-attr", "-z", "--all", "--stdin", stdin=names.stdout))
             names.stdout.close()  # check-attr's now: a failed one ends ls-files too
         if head is None:
             head = _head(root)
@@ -341,7 +343,7 @@ _NO_SAY = (b"unspecified", b"unset")
 
 
 def _conversions(attrs: bytes, config: dict[bytes, bytes]) -> tuple[set[bytes], set[bytes]] | None:
-    """From `git check-attr -z` (of CONVERTING) and the `core.autocrlf`/`core.eol` config:
+    """From `git check-attr -z --all` (its CONVERTING attributes) and the `core.autocrlf`/`core.eol` config:
     the paths whose bytes on disk git's checkout makes other than their blob's (`ident`,
     a filter, an encoding, CRLF endings), and the paths git only normalizes when they are
     added (`text`, `text=auto`, `eol=lf`: CRLF to LF), whose bytes are the blob's exactly
@@ -356,7 +358,7 @@ def _conversions(attrs: bytes, config: dict[bytes, bytes]) -> tuple[set[bytes], 
     fields = attrs.split(b"\0")
     for i in range(0, len(fields) - 2, 3):
         path, attr, value = fields[i], fields[i + 1], fields[i + 2]
-        if value in _NO_SAY:
+        if value in _NO_SAY or attr not in CONVERTING:
             continue
         if (
             attr in (b"text", b"crlf")

@@ -99,7 +99,6 @@ _FS_ENCODED = functools.partial(
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
 _UNREADABLE = Entry(FILE, 0, "unreadable")
-_LATER = "later"  # the content id of a file listed while git looks (Scanner._settle)
 _NONE_SIZED: Mapping[bytes, int] = MappingProxyType({})
 GitView = tuple[
     dict[bytes, str], dict[bytes, str], int, str, dict[bytes, int]
@@ -264,7 +263,8 @@ class Scanner:
         # A fresh scanner's first scan runs while git looks (use_git_later): its files are
         # listed, and read (or not) once git has said which are clean (_settle).
         self._git_wait: Callable[[], GitView | None] | None = None
-        self._deferred: list[tuple[bytes, os.stat_result, Entry | None]] = []
+        # (path, lstat, its folder's cache rows, name) of each file listed meanwhile
+        self._deferred: list[tuple[bytes, os.stat_result, dict[bytes, Any], bytes]] = []
         self._git_used = False  # some entry may hold a `git:` id (drop_git)
 
     def scan(self, paths: Collection[bytes] | None = None) -> Scan:
@@ -302,8 +302,9 @@ class Scanner:
         return w
 
     def _settle(self, w: _Walk) -> None:
-        """The files the walk listed while git looked: each recorded by its git blob id if
-        git vouches for it (use_git), else read now as the walk would have."""
+        """The files the walk listed while git looked (_walk_in left them to this, their
+        rows and entries unmade): each recorded by its git blob id if git vouches for it
+        (use_git), else read now as the walk would have."""
         wait, self._git_wait = self._git_wait, None
         deferred, self._deferred = self._deferred, []
         if wait is None:
@@ -314,13 +315,11 @@ class Scanner:
         if not deferred:
             return
         root_fd = os.open(self.root, _DIR_FLAGS)
-        vouch, cache = self._vouch, self._cache
+        vouch, previous, last_seen = self._vouch, self._previous, self._last_seen
+        racy_after = w.racy_after
         try:
-            for rel, st, prior in deferred:
-                parent, _, name = rel.rpartition(b"/")
-                cached = cache.get(parent)
-                if cached is None:
-                    cached = cache[parent] = {}
+            for rel, st, cached, name in deferred:
+                prior = previous.get(rel) or last_seen.get(rel)
                 entry = vouch(rel, st, prior)
                 if entry is None:
                     try:
@@ -330,17 +329,14 @@ class Scanner:
                         entry = None
                     except OSError:
                         entry = _UNREADABLE
-                row = cached.get(name)
-                key = row[0] if row is not None else None
+                ctime = st.st_ctime_ns
+                key = None if ctime >= racy_after else (ctime, st.st_size, st.st_ino)
                 if entry is _UNREADABLE:  # kept as last stored, read again next time
                     w.out.unreadable.append(rel)
-                    entry, key = self._last_seen.get(rel), None
+                    entry, key = last_seen.get(rel), None
                 if entry is None:  # gone since it was listed
-                    cached.pop(name, None)
-                    w.entries.pop(rel, None)
                     continue
                 cached[name] = (key, entry)
-                w.entries.pop(rel, None)
                 self._note(rel, entry, w)
         finally:
             os.close(root_fd)
@@ -752,6 +748,10 @@ class Scanner:
         # change to a file (content, mode, times, a rename) and no program can set it; size
         # and inode catch the rest. The others are looked at one by one.
         todo = _changed(fd, names, fast) if fast else names
+        # A fresh scanner's first scan while git looks (use_git_later): its new files under
+        # the cap are listed here and decided once git has said (_settle), their rows made
+        # there, once.
+        defer = self._git_wait is not None and len(self.root) + len(prefix) < PATH_MAX - 256
         hits, found = len(names) - len(todo), 0
         dropped: list[bytes] = []  # cached names still listed but no longer entries
         vanished: list[bytes] = []  # listed, gone since
@@ -799,6 +799,10 @@ class Scanner:
                     if (rel, False) in self._by_setting:
                         w.out.excluded.append(rel)
                     continue
+            if defer and old is None and stat.S_ISREG(mode) and st.st_size <= self.size_cap:
+                self._deferred.append((rel, st, cached, name))
+                found += 1
+                continue
             key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
             entry = (
                 old[1]
@@ -900,9 +904,6 @@ class Scanner:
             return _UNREADABLE  # no one can open it by its path (see _walk)
         if prior is None:
             prior = self._previous.get(rel) or self._last_seen.get(rel)
-        if self._git_wait is not None and stat.S_ISREG(st.st_mode) and st.st_size <= self.size_cap:
-            self._deferred.append((rel, st, prior))  # decided once git has said (_settle)
-            return Entry(FILE, stat.S_IMODE(st.st_mode) & 0o777, _LATER, size=st.st_size)
         vouched = self._vouch(rel, st, prior)
         if vouched is not None:
             return vouched
