@@ -223,8 +223,12 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
                     "priority": task.get("priority"),
                     "queue_key": task.get("queue_key"),
                 },
+                # In the run's own transaction: a submit killed anywhere leaves no run its
+                # batch does not list (batch show, the batch's finish, resume, cancel).
+                batch_task={"task_id": task["id"], "seq": seqs[task["id"]], "spec": task},
             )
-        fleet.add_task(store.engine, batch.id, task["id"], run_id, seqs[task["id"]], task)
+        else:  # a run made by a submit of an earlier version killed before its task row
+            fleet.add_task(store.engine, batch.id, task["id"], run_id, seqs[task["id"]], task)
         added += 1
     skipped = len(tasks) - added
     print(

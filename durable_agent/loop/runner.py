@@ -89,9 +89,11 @@ class Runner:
         *,
         lease_owner: str | None = None,
         queue: Mapping[str, Any] | None = None,
+        batch_task: Mapping[str, Any] | None = None,
     ) -> str:
         """Record a new run with its first messages; returns its id. Without `lease_owner` it
-        is `pending` (for workers); with one it is created leased to that owner at epoch 1."""
+        is `pending` (for workers); with one it is created leased to that owner at epoch 1.
+        `batch_task`: its row of batch_tasks (task_id, seq, spec), made with it."""
         run_id = new_run_id() if run_id is None else errors.checked_run_id(run_id)
         if self.store.run_exists(run_id):
             raise errors.UsageError(
@@ -108,6 +110,7 @@ class Runner:
             first_messages=first,
             lease=lease,
             queue=queue,  # batch_id, priority, queue_key (docs/fleets.md)
+            batch_task=batch_task,
             # A batch task's workspace is an empty placeholder until its first step makes it
             # (loop/workspace_setup.py): its first snapshot is taken after that, not now.
             tree_start=None

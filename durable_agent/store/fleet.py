@@ -290,8 +290,9 @@ def task_runs(engine: Engine, batch_id: str) -> dict[str, str]:
 def add_task(
     engine: Engine, batch_id: str, task_id: str, run_id: str, seq: int, spec: dict[str, Any]
 ) -> None:
-    """Record a task whose run exists (made first: a crash between the two leaves a run the
-    next submit finds by its id, never a task without a run)."""
+    """Record a task whose run exists and has none: a run made by a submit of a version
+    before the two were one transaction (runner.create's `batch_task`), killed between
+    them, is adopted by the next submit of its file."""
 
     def write(conn: Connection) -> None:
         there = conn.execute(

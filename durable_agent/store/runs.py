@@ -29,7 +29,7 @@ from durable_agent.store.records import (
 )
 from durable_agent.store.revision import MAX_RUN_ID_PREFIX
 from durable_agent.store.rows import message_values, utcnow
-from durable_agent.store.schema import approvals, messages, runs, steps
+from durable_agent.store.schema import approvals, batch_tasks, messages, runs, steps
 from durable_agent.store.storable import is_utf8, storable
 
 P = ParamSpec("P")
@@ -97,11 +97,13 @@ class Store:
         tree_start: str | None = None,
         version_key: str | None = None,
         queue: Mapping[str, Any] | None = None,
+        batch_task: Mapping[str, Any] | None = None,
     ) -> None:
         """A new run: `pending` for the workers' queue, or with `lease` (owner, seconds)
         already `running` under that owner at epoch 1, so no worker can claim a run that a
         foreground `start` is about to execute. `queue`: its batch_id, priority, queue_key
-        (0010), set in the same transaction so no claim sees the run without them."""
+        (0010), set in the same transaction so no claim sees the run without them; and so
+        is its task of the batch (`batch_task`), so no batch has a run it does not list."""
         with self.engine.begin() as conn:
             for statement, params in new_run_statements(
                 run_id,
@@ -114,6 +116,7 @@ class Store:
                 tree_start=tree_start,
                 version_key=version_key,
                 queue=queue,
+                batch_task=batch_task,
             ):
                 conn.execute(statement, params)
 
@@ -577,9 +580,11 @@ def new_run_statements(
     parent: tuple[str, int] | None = None,
     version_key: str | None = None,
     queue: Mapping[str, Any] | None = None,
+    batch_task: Mapping[str, Any] | None = None,
 ) -> list[tuple[Any, Any]]:
     """The statements that create a run (`create_run`), or a child run in its parent's
-    `delegate` intent (`parent`: the parent's id and step seq; loop/delegate_step.py)."""
+    `delegate` intent (`parent`: the parent's id and step seq; loop/delegate_step.py).
+    `batch_task`: the batch_tasks row (task_id, seq, spec) of the run of `queue`'s batch."""
     task, workspace, model, settings = storable((task, workspace, model, settings))
     now = utcnow()
     leased: dict[str, Any] = {"status": RunStatus.PENDING.value, "lease_epoch": 0}
@@ -614,7 +619,7 @@ def new_run_statements(
         **leased,
     )
     row.update({k: v for k, v in (queue or {}).items() if v is not None})
-    return [
+    made = [
         (insert(runs), row),
         (
             insert(messages),
@@ -624,3 +629,8 @@ def new_run_statements(
             ],
         ),
     ]
+    if batch_task is not None:
+        task_row = {**batch_task, "spec": storable(batch_task.get("spec"))}
+        task_row.update(batch_id=row["batch_id"], run_id=run_id, created_at=now)
+        made.append((insert(batch_tasks), task_row))
+    return made
