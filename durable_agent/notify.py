@@ -278,8 +278,12 @@ class Deliverer:
 def _shown(target: str) -> str:
     """A target as an error line names it. A webhook by its scheme and host only: its path
     or query is often its credential (a Slack or Discord hook's URL, `?token=`)."""
-    if target.startswith(("http://", "https://")):
+    try:
         parts = urlsplit(target)
+    except ValueError:
+        parts = None
+    # (`HTTPS://`, ` https://`: a webhook too, to urllib; a row an earlier version queued)
+    if parts is not None and parts.scheme in ("http", "https"):
         host = parts.netloc.rpartition("@")[2]
         return f"{parts.scheme}://{host}/" + ("..." if parts.path.strip("/") or parts.query else "")
     return target if len(target) < 80 else target[:77] + "..."

@@ -508,3 +508,80 @@ def test_rows_stored_with_the_whole_url_are_renamed_by_the_upgrade_and_still_sen
         assert Deliverer(engine, settings).deliver_due() == (0, [])
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_upgrade_renames_a_webhook_url_whatever_its_spelling(
+    tmp_path: Path, receiver: Receiver, backend: str
+) -> None:
+    # urlsplit (the config's check) and urllib take `HTTPS://`, ` https://` (a space pasted
+    # before it) as webhooks: rows an earlier version queued for them are renamed too, on
+    # PostgreSQL (whose LIKE minds the case) as on SQLite, and still sent.
+    import contextlib
+
+    from scale_helpers import pg_rows, pg_schema
+
+    from durable_agent.config.settings import Settings
+    from durable_agent.notify import Deliverer
+    from durable_agent.store.engine import make_engine, upgrade
+
+    base = receiver.url.removeprefix("http://")
+    urls = [
+        f"HTTP://{base}/T0/{TOKEN_PATH}upper",
+        f"Http://{base}/T0/{TOKEN_PATH}mixed",
+        f" http://{base}/T0/{TOKEN_PATH}space",
+        f"\thttp://{base}/T0/{TOKEN_PATH}tab",
+    ]
+    with contextlib.ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'old.db'}"
+        else:
+            url = stack.enter_context(pg_schema())
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        upgrade(engine, "0016")
+        from sqlalchemy import text
+
+        with engine.begin() as conn:
+            for n, target in enumerate(urls):
+                conn.execute(
+                    text(
+                        "INSERT INTO notifications (idempotency_key, run_id, event, target,"
+                        " payload, created_at, attempts) VALUES (:key, NULL, 'test', :target,"
+                        " :payload, '2026-12-01 00:00:00', 0)"
+                    ),
+                    {"key": f"k{n}", "target": target, "payload": json.dumps({"n": n})},
+                )
+        upgrade(engine)
+        with engine.connect() as conn:
+            targets = [r[0] for r in conn.execute(text("SELECT target FROM notifications"))]
+        assert len(targets) == len(urls)
+        assert not [t for t in targets if TOKEN_PATH in t], targets
+        settings = Settings(notify=[{"url": u, "secret": SECRET} for u in urls], **FAST)
+        assert Deliverer(engine, settings).deliver_due() == (len(urls), [])
+        assert sorted(r["path"] for r in receiver.requests) == sorted(
+            "/hook/T0/" + u.rpartition("/")[2] for u in urls
+        )
+        if backend == "postgresql":
+            assert pg_rows(url, "SELECT count(*) FROM notifications") == [(len(urls),)]
+        # A row an earlier version queued so after the upgrade, not delivered: its error
+        # line names the host alone.
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]  # nothing listens there once closed
+        dead = f" HTTP://127.0.0.1:{closed}/T0/{TOKEN_PATH}dead"
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO notifications (idempotency_key, run_id, event, target,"
+                    " payload, created_at, attempts) VALUES ('late', NULL, 'test', :target,"
+                    " '{}', '2026-12-01 00:00:01', 0)"
+                ),
+                {"target": dead},
+            )
+        done, errors = Deliverer(engine, Settings(notify=[{"url": dead}], **FAST)).deliver_due()
+        assert done == 0 and len(errors) == 1
+        assert f"to http://127.0.0.1:{closed}/..." in errors[0]
+        assert TOKEN_PATH not in errors[0], errors

@@ -15,6 +15,7 @@ Create Date: 2026-12-06
 """
 
 import hashlib
+import re
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -29,6 +30,9 @@ depends_on = None
 notifications = sa.table("notifications", sa.column("id", sa.Integer), sa.column("target", sa.Text))
 
 
+_NAMED = re.compile(r"https?://[^/]*/\.\.\. sha256:[0-9a-f]{16}")
+
+
 def webhook_name(url: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
@@ -37,20 +41,24 @@ def webhook_name(url: str) -> str:
 
 
 def upgrade() -> None:
+    # Every target that is not a command (a JSON list) is looked at in Python: the config's
+    # check (urlsplit) and urllib take `HTTPS://...` and ` https://...` (blanks before it)
+    # for webhooks too, and PostgreSQL's LIKE minds the case. One UPDATE a target, not a row:
+    # an outbox holds many rows for few targets.
     conn = op.get_bind()
-    rows = conn.execute(
-        sa.select(notifications.c.id, notifications.c.target).where(
-            sa.or_(
-                notifications.c.target.like("http://%"), notifications.c.target.like("https://%")
-            )
-        )
-    ).all()
-    for row_id, target in rows:
-        if "/... sha256:" in target:
-            continue  # named so already
+    targets = conn.execute(
+        sa.select(notifications.c.target).distinct().where(~notifications.c.target.like("[%"))
+    ).scalars()
+    for target in list(targets):
+        try:
+            webhook = urlsplit(target).scheme in ("http", "https")
+        except ValueError:  # (no config's url: the check refuses it)
+            webhook = False
+        if not webhook or _NAMED.fullmatch(target):
+            continue  # not a webhook, or named so already
         conn.execute(
             notifications.update()
-            .where(notifications.c.id == row_id)
+            .where(notifications.c.target == target)
             .values(target=webhook_name(target))
         )
 
