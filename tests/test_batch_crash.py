@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,3 +156,65 @@ def test_a_batch_whose_last_run_ended_on_a_killed_worker_is_finished(
         state = cli("batch", "show", "f", "--db", db, "--json").json()
         assert state["status"] == "finished", json.dumps(state)
         assert "batch " in workers.log(after) and " finished" in workers.log(after)
+
+
+def test_two_submits_of_one_file_at_once_queue_each_task_once(
+    cli: Callable[..., Result],
+    env: dict[str, str],
+    tmp_path: Path,
+    write_script: Callable[..., str],
+) -> None:
+    # The first submit holds its first task's run and row, uncommitted; the second, started
+    # meanwhile, finds no run yet and makes the same one. It must not die of the key that
+    # the first commits: the task is the batch's, queued once.
+    with pg_schema() as db:
+        assert cli("db", "upgrade", "--db", db).code == 0
+        repos = make_repos(tmp_path / "src", 1)
+        tasks = tmp_path / "tasks.jsonl"
+        write_tasks(tasks, repos, 2, write_script(SCRIPT))
+        argv = [sys.executable, "-m", "durable_agent", "batch", "submit", str(tasks),
+                "--workdir", str(tmp_path / "wd"), "--name", "k", "--db", db]  # fmt: skip
+        with admin(db) as conn:
+            conn.execute(
+                "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER hold BEFORE INSERT ON batch_tasks "
+                "FOR EACH ROW EXECUTE FUNCTION hold()"
+            )
+            conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+            first = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, cwd=tmp_path,
+            )  # fmt: skip
+            try:
+                wait_for(lambda: waiting_on(db, "batch_tasks"), 60, "the first at its task row")
+                second = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=tmp_path,
+                )  # fmt: skip
+                try:
+                    wait_for(
+                        lambda: waiting_on(db, "INSERT INTO runs") or second.poll() is not None,
+                        60,
+                        "the second at the first's run",
+                    )
+                finally:
+                    conn.execute("DROP TRIGGER hold ON batch_tasks")
+                    conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+                    out2, err2 = second.communicate(timeout=120)
+            finally:
+                out1, err1 = first.communicate(timeout=120)
+        assert first.returncode == 0, err1.decode()
+        assert "Traceback" not in err2.decode(), err2.decode()
+        assert second.returncode == 0, err2.decode()
+        assert out1 == out2  # the one batch's id
+        queued = [re.search(r"(\d+) task\(s\) queued", e.decode()) for e in (err1, err2)]
+        assert sum(int(m.group(1)) for m in queued if m) == 2, (err1, err2)
+        (batch_id,) = pg_rows(db, "SELECT id FROM batches WHERE name = 'k'")[0]
+        shown = cli("batch", "show", "k", "--json", "--db", db)
+        assert shown.code == 0, shown.stderr
+        listed = {t["run_id"] for t in json.loads(shown.stdout)["task_rows"]}
+        made = {r for (r,) in pg_rows(db, f"SELECT id FROM runs WHERE batch_id = '{batch_id}'")}
+        assert listed == made and len(made) == 2

@@ -212,24 +212,34 @@ def _submit(args: Namespace, env: dict[str, str]) -> int:
         raise UsageError(f"batch {name!r} was made by another submit just now: submit again")
     added = 0
     for task, run_id, settings in todo:
+        made_here = False
         if settings is not None and not store.run_exists(run_id):
             Path(settings.workspace).mkdir(exist_ok=True)  # the placeholder its step fills
             runner = build_runner(settings, env=env, store=store)
-            runner.create(
-                task["task"],
-                run_id,
-                queue={
-                    "batch_id": batch.id,
-                    "priority": task.get("priority"),
-                    "queue_key": task.get("queue_key"),
-                },
-                # In the run's own transaction: a submit killed anywhere leaves no run its
-                # batch does not list (batch show, the batch's finish, resume, cancel).
-                batch_task={"task_id": task["id"], "seq": seqs[task["id"]], "spec": task},
-            )
-        else:  # a run made by a submit of an earlier version killed before its task row
-            fleet.add_task(store.engine, batch.id, task["id"], run_id, seqs[task["id"]], task)
-        added += 1
+            try:
+                runner.create(
+                    task["task"],
+                    run_id,
+                    queue={
+                        "batch_id": batch.id,
+                        "priority": task.get("priority"),
+                        "queue_key": task.get("queue_key"),
+                    },
+                    # In the run's own transaction: a submit killed anywhere leaves no run
+                    # its batch does not list (batch show, the batch's finish, resume,
+                    # cancel).
+                    batch_task={"task_id": task["id"], "seq": seqs[task["id"]], "spec": task},
+                )
+                made_here = True
+            except Exception:
+                # Another submit of the file made it since this one looked (its key, or
+                # the id taken): that submit's, with its task row, unless gone again.
+                if not store.run_exists(run_id):
+                    raise
+        if made_here or fleet.add_task(
+            store.engine, batch.id, task["id"], run_id, seqs[task["id"]], task
+        ):  # (a run made by a submit of an earlier version killed before its task row)
+            added += 1
     skipped = len(tasks) - added
     print(
         f"batch {batch.id} ({batch.name}) · {added} task(s) queued"

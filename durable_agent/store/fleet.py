@@ -289,12 +289,13 @@ def task_runs(engine: Engine, batch_id: str) -> dict[str, str]:
 
 def add_task(
     engine: Engine, batch_id: str, task_id: str, run_id: str, seq: int, spec: dict[str, Any]
-) -> None:
+) -> bool:
     """Record a task whose run exists and has none: a run made by a submit of a version
     before the two were one transaction (runner.create's `batch_task`), killed between
-    them, is adopted by the next submit of its file."""
+    them, is adopted by the next submit of its file. False: the task had its row (made by
+    another submit of the file meanwhile)."""
 
-    def write(conn: Connection) -> None:
+    def write(conn: Connection) -> bool:
         there = conn.execute(
             select(batch_tasks.c.run_id).where(
                 batch_tasks.c.batch_id == batch_id, batch_tasks.c.task_id == task_id
@@ -311,8 +312,15 @@ def add_task(
                     created_at=utcnow(),
                 )
             )
+            return True
+        return False
 
-    _write(engine, write)
+    try:
+        return _write(engine, write)
+    except Exception:
+        if task_id in task_runs(engine, batch_id):  # another submit's insert came first
+            return False
+        raise
 
 
 def task_rows(engine: Engine, batch_id: str) -> list[TaskRow]:
