@@ -880,3 +880,33 @@ def test_a_commit_edited_in_the_store_is_never_an_option_to_git(
     assert not ran.exists()
     assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_file_that_changes_kind_while_git_looks_is_what_a_rescan_finds(tmp_path: Path) -> None:
+    # A fresh scanner's first scan lists a file while git looks and reads it once git
+    # answered (_settle). One made a link or grown past the cap meanwhile is what a full
+    # rescan finds there then, not left out of the snapshot.
+    cap = 1000
+    ws = make_checkout(tmp_path, files=3, size=100)
+    for name in ("u-link", "u-big", "u-same"):
+        (ws / name).write_bytes(b"untracked\n")  # not git's: read, never vouched for
+    scanner = Scanner(ws, list(DEFAULT_EXCLUDE), cap)
+    snapshot.use_git(scanner)
+    inner = scanner._git_wait
+    assert inner is not None
+
+    def meanwhile() -> Any:
+        (ws / "u-link").unlink()
+        os.symlink("run.sh", ws / "u-link")
+        (ws / "u-big").write_bytes(b"x" * (cap + 1))
+        return inner()
+
+    scanner.use_git_later(meanwhile)
+    got = scanner.scan().manifest
+    rescan = Scanner(ws, list(DEFAULT_EXCLUDE), cap).scan().manifest
+
+    def shape(m: Any) -> dict[bytes, Any]:
+        return {p: (e.kind, e.mode, e.size, e.target) for p, e in m.items()}
+
+    assert shape(got) == shape(rescan)
+    assert got[b"u-same"] == rescan[b"u-same"]

@@ -325,6 +325,14 @@ class Scanner:
                     try:
                         with beneath.parent_of(root_fd, rel) as (fd, _leaf):
                             entry = self._entry(fd, name, st, w.out, rel, prior)
+                            if entry is None:
+                                # No longer the file listed (a link now, past the cap):
+                                # what is there now, as a walk now would find it. (A
+                                # folder now is left to the next scan: its rules and
+                                # walk are not at hand here.)
+                                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                                    entry = self._entry(fd, name, st, w.out, rel, prior)
                     except (FileNotFoundError, NotADirectoryError):
                         entry = None
                     except OSError:
