@@ -701,6 +701,17 @@ def _converted_on_checkout(ws: Path, attributes: str, config: tuple[str, ...] = 
     git(ws, "checkout", "--", "a.txt")
 
 
+def _converted_outside(ws: Path, path: Path) -> None:
+    """As _converted_on_checkout with `ident`, named in $GIT_DIR/info/attributes or in the
+    file core.attributesFile names (by `path`), not in a .gitattributes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("*.txt ident\n")
+    if path.parent != ws / ".git" / "info":
+        git(ws, "config", "core.attributesFile", str(path))
+    (ws / "a.txt").unlink()
+    git(ws, "checkout", "--", "a.txt")
+
+
 def _normalized_when_added(ws: Path, attributes: str, config: tuple[str, ...] = ()) -> None:
     """a.txt written with CRLF line ends and committed: git stores it with LF (`attributes`,
     `config`), leaves the file as it is, and calls it clean."""
@@ -730,6 +741,21 @@ _GIT_CALLS_CLEAN: dict[str, Callable[[Path], None]] = {
         ("filter.up.smudge=tr a-z A-Z", "filter.up.clean=tr A-Z a-z"),
     ),
     "autocrlf=true": lambda ws: _converted_on_checkout(ws, "", ("core.autocrlf=true",)),
+    "a macro of eol=crlf": lambda ws: _converted_on_checkout(
+        ws, "[attr]windows text eol=crlf\n*.txt windows\n"
+    ),
+    "legacy crlf, core.eol=crlf": lambda ws: _converted_on_checkout(
+        ws, "*.txt crlf\n", ("core.eol=crlf",)
+    ),
+    "working-tree-encoding": lambda ws: (
+        (ws / ".gitattributes").write_text("*.txt working-tree-encoding=UTF-16LE\n"),
+        git(ws, "add", ".gitattributes"),  # (a.txt is UTF-8 on disk until checked out again)
+        git(ws, "commit", "-q", "-m", "attributes"),
+        (ws / "a.txt").unlink(),
+        git(ws, "checkout", "--", "a.txt"),
+    ),
+    "info/attributes": lambda ws: _converted_outside(ws, ws / ".git" / "info" / "attributes"),
+    "core.attributesFile": lambda ws: _converted_outside(ws, ws.parent / "attrs"),
     "assume-unchanged": lambda ws: (
         git(ws, "update-index", "--assume-unchanged", "a.txt"),
         (ws / "a.txt").write_text("edited, and git told not to look\n"),
