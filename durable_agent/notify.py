@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from durable_agent.config.settings import NotifyTarget, Settings
+from durable_agent.config.settings import NotifyTarget, Settings, webhook_name
 from durable_agent.redact import is_secret_name
 from durable_agent.store.outbox import NOTIFY_HOOKS, Notification, Outbox
 from durable_agent.store.retrying import StorePolicy
@@ -226,6 +226,8 @@ class Deliverer:
             raise DeliveryFailed(f"HTTP {exc.code}") from None
         except urllib.error.URLError as exc:
             raise DeliveryFailed(str(exc.reason)) from None
+        except ValueError as exc:  # a url urllib cannot send (InvalidURL, not ASCII)
+            raise DeliveryFailed(f"the url cannot be sent: {type(exc).__name__}") from None
         except (OSError, http.client.HTTPException) as exc:  # cut off at the deadline
             raise DeliveryFailed(
                 f"no answer within notify_timeout_s ({self.settings.notify_timeout_s:g} s)"
@@ -284,8 +286,7 @@ def _shown(target: str) -> str:
         parts = None
     # (`HTTPS://`, ` https://`: a webhook too, to urllib; a row an earlier version queued)
     if parts is not None and parts.scheme in ("http", "https"):
-        host = parts.netloc.rpartition("@")[2]
-        return f"{parts.scheme}://{host}/" + ("..." if parts.path.strip("/") or parts.query else "")
+        return webhook_name(target).partition(" sha256:")[0]  # scheme://host[:port]/...
     return target if len(target) < 80 else target[:77] + "..."
 
 

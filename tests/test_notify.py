@@ -585,3 +585,77 @@ def test_the_upgrade_renames_a_webhook_url_whatever_its_spelling(
         assert done == 0 and len(errors) == 1
         assert f"to http://127.0.0.1:{closed}/..." in errors[0]
         assert TOKEN_PATH not in errors[0], errors
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("https://user:pw0123@Hooks.Example.com/T/B/x", "https://hooks.example.com/..."),
+        ("http://[::1]:8080/hook?token=t0123", "http://[::1]:8080/..."),
+        ("https://user:pa/ss0123@host/x", "https://?/..."),  # (refused by the config)
+        ("HTTPS://h.example:443/x", "https://h.example:443/..."),
+    ],
+)
+def test_a_webhook_name_holds_no_userinfo_path_or_query(url: str, name: str) -> None:
+    from durable_agent.config.settings import webhook_name
+
+    named = webhook_name(url)
+    assert named.startswith(name + " sha256:"), named
+    assert len(named.rpartition("sha256:")[2]) == 16
+    for secret in ("pw0123", "t0123", "ss0123", "pa", "/T/B/x"):
+        assert secret not in named.partition(" ")[0].replace("https", "")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://user:pa/ss0123@host.example/x", "port is not a number"),
+        ("https://hooks.example.com/caf\u00e9/x", "ASCII"),
+        ("ftp://hooks.example.com/x0123", "http:// or https://"),
+    ],
+)
+def test_a_webhook_url_the_config_refuses_is_one_line_without_the_url(
+    cli: Callable[..., Any], tmp_path: Path, url: str, why: str
+) -> None:
+    result = cli("notify", "test", extra_env=config(tmp_path, [{"url": url}]))
+    assert result.code == 2 and why in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "0123" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_url_urllib_cannot_send_fails_its_row_and_not_the_pass(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    # A target the config's check let through that urllib refuses (here made past the
+    # check) is one row's error; the rows after it in the pass are still delivered.
+    from durable_agent.config.settings import NotifyTarget, Settings
+    from durable_agent.notify import Deliverer
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.outbox import Outbox
+
+    engine = open_store_engine(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        bad = NotifyTarget.model_construct(
+            url=f"http://127.0.0.1:{receiver.port}/caf\u00e9", command=None, secret=None
+        )
+        good = NotifyTarget(url=receiver.url)
+        settings = Settings(**FAST)
+        deliverer = Deliverer(engine, settings)
+        deliverer.targets = {bad.target: bad, good.target: good}
+        Outbox(engine).add(
+            [
+                {
+                    "idempotency_key": key,
+                    "run_id": None,
+                    "event": "test",
+                    "target": t.target,
+                    "payload": {"event": "test", "idempotency_key": key},
+                }
+                for key, t in (("k-bad", bad), ("k-good", good))
+            ]
+        )
+        done, errors = deliverer.deliver_due()
+        assert done == 1 and len(errors) == 1 and "cannot be sent" in errors[0], errors
+        assert [r["headers"]["idempotency-key"] for r in receiver.requests] == ["k-good"]
+    finally:
+        engine.dispose()

@@ -35,9 +35,16 @@ _NAMED = re.compile(r"https?://[^/]*/\.\.\. sha256:[0-9a-f]{16}")
 
 def webhook_name(url: str) -> str:
     parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
+    try:
+        port = parts.port
+    except ValueError:  # `https://user:pa/ss@host`: the "port" may end a password
+        port, host = None, "?"
+    else:
+        host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
     digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{parts.scheme}://{host}/... sha256:{digest}"
+    return f"{parts.scheme}://{host}{'' if port is None else f':{port}'}/... sha256:{digest}"
 
 
 def upgrade() -> None:

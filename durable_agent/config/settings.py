@@ -141,9 +141,21 @@ class NotifyTarget(BaseModel):
         if self.command is not None and not self.command:
             raise ValueError("a [[notify]] command needs a program")
         if self.url is not None:
+            # (The url is not repeated in these errors: its path or query may be a secret.)
             parts = urlsplit(self.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"a [[notify]] url must be http:// or https://; got {self.url!r}")
+                raise ValueError("a [[notify]] url must be http:// or https:// and name a host")
+            try:
+                parts.port  # noqa: B018  (urllib's own parse: a "port" that holds a password's end)
+            except ValueError:
+                raise ValueError(
+                    "a [[notify]] url has a host:port whose port is not a number (a password "
+                    "goes before the host: https://user:password@host/...)"
+                ) from None
+            if not self.url.isascii():
+                raise ValueError(
+                    "a [[notify]] url must be ASCII: percent-encode its path and query"
+                )
         return self
 
     @property
@@ -156,16 +168,23 @@ class NotifyTarget(BaseModel):
 
 
 def webhook_name(url: str) -> str:
-    """A webhook as the store names it (`notifications.target`): its scheme and host, and
-    a digest of the whole URL that tells targets apart. A Slack or Discord hook's path is
-    its credential, others take `?token=`: the store never holds them. The same words as
-    alembic/versions/0017, which rewrote the rows stored before."""
+    """A webhook as the store names it (`notifications.target`): its scheme, host and port,
+    and a digest of the whole URL that tells targets apart. A Slack or Discord hook's path
+    is its credential, others take `?token=`, some a user:password@: the store never holds
+    them. The same words as alembic/versions/0017, which renamed the rows stored before."""
     import hashlib
 
     parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
+    try:
+        port = parts.port
+    except ValueError:  # `https://user:pa/ss@host`: the "port" may end a password
+        port, host = None, "?"
+    else:
+        host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
     digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{parts.scheme}://{host}/... sha256:{digest}"
+    return f"{parts.scheme}://{host}{'' if port is None else f':{port}'}/... sha256:{digest}"
 
 
 class OtelSettings(BaseModel):
