@@ -568,8 +568,12 @@ def _crash_then_continue_again(env: dict[str, str], root: Path, n: int) -> dict[
     assert r.code == -signal.SIGKILL, (n, r.code, r.stderr)
     codes = []
     for _ in range(4):
-        if query(db, "SELECT status FROM runs") == [("completed",)]:
+        said = query(
+            db, "SELECT COUNT(*) FROM steps WHERE kind='user_message' AND state='completed'"
+        ) == [(1,)]
+        if said and query(db, "SELECT status FROM runs") == [("completed",)]:
             break  # killed after its last commit: nothing left to do
+        # (killed before its message was recorded, the run is as the continue found it)
         r = run_cli(senv, ws, "continue", "r", MESSAGE, "--quiet")  # the same continue again
         codes.append(r.code)
         if r.code == 5:  # a command whose outcome is unknown: the person says do not re-run

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 from msgspec import UNSET, to_builtins
+from sqlalchemy import update
 
 from durable_agent.loop import stored_once
 from durable_agent.loop.step import StepOutcome, StepSpec, open_step
@@ -40,7 +42,8 @@ from durable_agent.store.blobs import tree_at
 from durable_agent.store.payloads import UserMessageInput, UserMessageOutput, Window
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
-from durable_agent.store.runs import Store
+from durable_agent.store.runs import ENDED, Store
+from durable_agent.store.schema import runs
 from durable_agent.store.step import Step
 
 NOT_RUN = "not run: the run was continued with a new message from the user instead"
@@ -52,9 +55,6 @@ CUT_OFF = (
 # What `continue` takes a run from (read again under the run's lock when it is taken):
 # an ended run; an interrupted one (`running`, its process gone); a queued one only for
 # the same message again (a `continue --detach` not yet run by a worker).
-ENDED = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BUDGET_EXCEEDED, RunStatus.CANCELLED}
-)
 TAKEN_FROM = ENDED | {RunStatus.RUNNING, RunStatus.PENDING}
 
 
@@ -106,6 +106,8 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     )
     call = open_step(ctx, spec)
     if call.reused is not None:
+        if stood in ENDED:  # (taken with its status kept: store.take_over)
+            ctx.journal.commit([_running_again(ctx)])
         return call.reused
     if ctx.journal.open_approvals():
         ctx.journal.retire_approvals(by="continue")  # the person answered with a message
@@ -138,10 +140,24 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
         )
         s.window = window
         out = UserMessageOutput(window=window, message_seq=seq, closed_calls=closed or UNSET)
-        return StepOutcome(to_builtins(out), messages=written, duration_ms=None)
+        return StepOutcome(
+            to_builtins(out),
+            messages=written,
+            duration_ms=None,
+            # The run was taken with its status kept (store.take_over): it runs again from
+            # the commit that holds its message, not before.
+            statements=[_running_again(ctx)],
+        )
 
     call.run(add, input=spec.input)
     return None
+
+
+def _running_again(ctx: StepContext) -> tuple[Any, dict[str, Any]]:
+    return (
+        update(runs).where(runs.c.id == ctx.journal.run_id).values(**leases.RUNNING_AGAIN),
+        {},
+    )
 
 
 def opened_by_message(ctx: StepContext) -> int | None:

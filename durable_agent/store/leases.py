@@ -98,6 +98,15 @@ def is_executing(run: Any, now: datetime) -> bool:
     return run.status == RunStatus.RUNNING and is_live(run.lease_owner, run.lease_expires_at, now)
 
 
+# What taking a run to execute it sets (and what a `continue`'s message commit sets).
+RUNNING_AGAIN: dict[str, Any] = {
+    "status": RunStatus.RUNNING.value,
+    "stop_reason": None,
+    "error": None,
+    "finished_at": None,
+}
+
+
 def take(
     conn: Connection,
     run_id: str,
@@ -107,12 +116,15 @@ def take(
     lease_seconds: float,
     now: datetime,
     clear_cancel: bool,
+    keep_status: bool = False,
 ) -> int:
     """Take the lease of a run whose row the caller has locked; returns the new epoch.
 
     The new epoch fences out the previous holder, should it still live: every Journal write
     checks (owner, epoch). `clear_cancel`: a person asked the run to go on (`resume`); a
-    worker keeps a cancel that reached a worker which then died.
+    worker keeps a cancel that reached a worker which then died. `keep_status`: only the
+    lease changes hands; the run stays as it ended (`continue`, until its message is recorded:
+    a crash before that leaves the run as it was, not `running`).
     """
     # Imported here: `list` and `show` ask whether a run is live without SQLAlchemy.
     from sqlalchemy import update
@@ -121,17 +133,15 @@ def take(
 
     epoch = previous_epoch + 1
     extra: dict[str, Any] = {"cancel_requested": False} if clear_cancel else {}
+    if not keep_status:
+        extra.update(RUNNING_AGAIN)
     res = conn.execute(
         update(runs)
         .where(runs.c.id == run_id, runs.c.lease_epoch == previous_epoch)
         .values(
-            status=RunStatus.RUNNING.value,
             lease_owner=owner,
             lease_epoch=epoch,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
-            stop_reason=None,
-            error=None,
-            finished_at=None,
             updated_at=now,
             resume_count=runs.c.resume_count + (1 if previous_epoch > 0 else 0),
             **extra,

@@ -508,6 +508,11 @@ class Store:
                 lease_seconds=lease_seconds,
                 now=now,
                 clear_cancel=True,
+                # `continue` of an ended run: it stays ended until its message is recorded
+                # (turns.open_turn sets `running` in that commit), so a crash before that
+                # leaves it as it was, and the same `continue` again knows a new turn from
+                # an unfinished one by it.
+                keep_status=statuses is not None and row.status in ENDED,
             ), stood
 
     # -- SQL written for people --------------------------------------------------------------
@@ -521,6 +526,12 @@ class Store:
         with self._read() as conn:
             result = conn.execute(text(statement), params or {})
             return list(result.keys()), [tuple(row) for row in result]
+
+
+# The ends a `continue` takes a run from (loop/turns.py).
+ENDED = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BUDGET_EXCEEDED, RunStatus.CANCELLED}
+)
 
 
 def _like(needle: str) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.loop.turns import ENDED
 from durable_agent.presentation import (
     approval_subject,
     counts,
@@ -32,6 +31,7 @@ from durable_agent.store.records import (
     StepState,
 )
 from durable_agent.store.rows import utcnow
+from durable_agent.store.runs import ENDED
 from durable_agent.transcript import iso_utc
 from durable_agent.ui.pages import e, frame, owner_state, status_badge, u
 from durable_agent.ui.queries import FileChange
