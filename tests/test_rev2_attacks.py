@@ -45,3 +45,33 @@ def test_the_same_message_again_killed_before_it_is_recorded_is_not_lost(
     said = query(db, "SELECT COUNT(*) FROM messages WHERE role='user' AND content=?", SAME)
     assert said == [(2,)]
     assert query(db, "SELECT step_count, answer FROM runs") == [(3, "a3")]
+
+
+def test_memory_written_after_a_crash_in_the_first_model_call_does_not_stop_the_run(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """No AGENTS.md when the run began (no memory step), killed inside its first model call;
+    then the person adds AGENTS.md. The resume goes on (the files are read for the run, or
+    not), it does not end in a "history diverged" failure."""
+    senv, ws, script = _scenario(env, tmp_path / "s", [{"content": "a1"}])
+    db = tmp_path / "s" / "store.db"
+    r = run_cli(
+        {**senv, "DURABLE_AGENT_CRASH_AFTER": "2"},
+        ws,
+        "start",
+        "t",
+        "--model",
+        f"scripted:{script}",
+        "--run-id",
+        "r",
+        "--quiet",
+    )
+    assert r.code == -signal.SIGKILL, (r.code, r.stderr)
+    assert query(db, "SELECT kind, state FROM steps") == [("model", "started")]
+    (ws / "AGENTS.md").write_text("always say please\n")
+    r = run_cli(senv, ws, "resume", "r", "--quiet")
+    assert r.code == 5, r.stderr  # (the new file is drift: the person says go on with it)
+    assert run_cli(senv, ws, "approve", "r").code == 0
+    r = run_cli(senv, ws, "resume", "r", "--quiet")
+    assert r.code == 0, r.stderr
+    assert query(db, "SELECT status, answer FROM runs") == [("completed", "a1")]

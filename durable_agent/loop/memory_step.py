@@ -55,7 +55,7 @@ def load_memory(ctx: StepContext, *, new_turn: int | None = None) -> None:
         used = _memory_step(
             ctx, f"memory:fork:{ctx.forked_at}", ctx.state.turn, memory, only_if_changed=True
         )
-    elif ctx.state.step_count == 0:
+    elif ctx.state.step_count == 0 and not _first_call_begun(ctx):
         used = _memory_step(ctx, FIRST_KEY, 0, memory, only_if_changed=False)
     else:
         used = None
@@ -63,7 +63,7 @@ def load_memory(ctx: StepContext, *, new_turn: int | None = None) -> None:
         recorded = _in_effect(ctx)
         if recorded is None:
             done = ctx.journal.completed(FIRST_KEY)
-            if done is None:
+            if done is None and not fresh:
                 return  # a run without memory (recorded by an older version)
             recorded = ""
         used = recorded
@@ -73,6 +73,14 @@ def load_memory(ctx: StepContext, *, new_turn: int | None = None) -> None:
             f" ({', '.join(f.path for f in memory.files) or 'none found now'}): it goes on with the recorded text; "
             "`continue` or a fork reads the files again"
         )
+
+
+def _first_call_begun(ctx: StepContext) -> bool:
+    """The run's first model call was made (cut off by a crash: its step is `started`)
+    without a memory message: none was found then (no step is recorded for that), or an older
+    version made the call. The request it was sent is the run's: a memory message read now
+    would change it, and the call's step would no longer match (`step_mismatch`)."""
+    return any(st.kind == StepKind.MODEL for st in ctx.journal.open_steps.values())
 
 
 def reload_memory(ctx: StepContext, turn: int, *, key: str | None = None) -> None:
