@@ -77,6 +77,8 @@ Actions, combinable in this order:
                                                 (e.g. a Content-Encoding the body does not have)
     {"finish_reason": "length"}                 the normal answer with this finish_reason
     {"no_usage": true}                          the normal answer without a `usage` field
+    {"same_index": true}                        streamed: every tool-call piece at `index` 0
+                                                (Ollama streams parallel calls so), ids kept
     {"usage": {...}}                            the normal answer with this `usage` (odd counts)
 
 Log. Every request is appended to `server.requests` (and, with `log_path`, to a JSONL
@@ -458,7 +460,13 @@ class _Handler(BaseHTTPRequestHandler):
             completion["usage"] = fault["usage"]
         if body.get("stream") and fake.streaming == "sse":
             include = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._send_stream(stream_chunks(completion, include), fault)
+            chunks = stream_chunks(completion, include)
+            if fault.get("same_index"):  # Ollama's habit: every parallel call at index 0
+                for c in chunks:
+                    for choice in c.get("choices") or []:
+                        for piece in choice["delta"].get("tool_calls") or []:
+                            piece["index"] = 0
+            self._send_stream(chunks, fault)
             return
         self._send(
             200,

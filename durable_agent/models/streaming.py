@@ -8,8 +8,10 @@ SDK does (`ChatCompletionStreamState`), with the habits of compatible servers al
     delta.reasoning_content / reasoning     thinking, concatenated (kept apart from the text)
     delta.tool_calls[i]                     by `index`: the first `id` wins, the name is set
                                             once (a server repeating it whole is not doubled),
-                                            `arguments` concatenated; no `index`: a new `id`
-                                            starts a new call, none continues the last
+                                            `arguments` concatenated; an index taken by a
+                                            call of another id, given with a name (Ollama sends
+                                            every call at 0), starts a new call; no `index`: a
+                                            new `id` starts a new call, none continues the last
     choices[0].finish_reason                the last one given
     usage (a last chunk with `choices: []`) stream_options.include_usage
     {"error": {...}}                        a failure, classified as an error body is
@@ -180,6 +182,13 @@ class Assembler:
         index = piece.get("index")
         new_id = piece.get("id") if isinstance(piece.get("id"), str) and piece["id"] else None
         call = self._by_index.get(index) if index is not None else None
+        fn = piece.get("function")
+        named = isinstance(fn, dict) and isinstance(fn.get("name"), str) and bool(fn["name"])
+        if call is not None and named and new_id is not None and call["id"] not in (None, new_id):
+            # Another id and a name at an index already taken: the next call of a parallel
+            # batch that a server streams all at index 0 (Ollama), not more of the first one.
+            # (An id alone, a server's fresh id on every piece, continues the call.)
+            call = None
         if index is None:  # no index: a new id starts a call, none continues the last one
             last = self._calls[-1] if self._calls else None
             if last is not None and (new_id is None or new_id == last.get("id")):
