@@ -121,3 +121,23 @@ def test_a_fresh_id_on_every_piece_of_one_call_is_still_one_call() -> None:
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("x1", "read_file", '{"path": "a"}')
     ]
+
+
+def test_a_compact_killed_then_the_same_message_again_is_a_new_turn(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """`compact` takes the run (it reads `running` while it works) and puts it back; killed
+    before it put it back, the run must not pass for a `continue` cut off in its turn."""
+    call = {"tool_calls": [{"name": "list_files", "arguments": {}}]}
+    senv, ws, script = _scenario(env, tmp_path / "s", [call, call, {"content": "a3"}])
+    db = tmp_path / "s" / "store.db"
+    start = ("--model", f"scripted:{script}", "--run-id", "r", "--max-steps", "1", "--quiet")
+    assert run_cli(senv, ws, "start", "t", *start).code == 3
+    assert run_cli(senv, ws, "continue", "r", SAME, "--quiet").code == 3
+    r = run_cli({**senv, "DURABLE_AGENT_CRASH_AFTER": "1"}, ws, "compact", "r")
+    assert r.code == -signal.SIGKILL, (r.code, r.stderr)
+    r = run_cli(senv, ws, "continue", "r", SAME, "--quiet")
+    assert r.code == 0, r.stderr
+    assert r.stdout.strip() == "a3"
+    said = query(db, "SELECT COUNT(*) FROM messages WHERE role='user' AND content=?", SAME)
+    assert said == [(2,)]

@@ -40,8 +40,10 @@ def compact_run(runner: Runner, run_id: str) -> Compacted:
     owner = leases.new_owner()
     # How the run stands when the lease is ours (a session may have ended since the read above):
     # what is put back when the compaction is done.
+    # Its status kept while it works: a kill before it is put back leaves the run as it was
+    # (a `running` run with a dead owner would pass for one cut off in its turn).
     epoch, (status, stop_reason, answer, error) = store.take_over(
-        run_id, owner, runner.settings.lease_seconds
+        run_id, owner, runner.settings.lease_seconds, keep_status=True
     )
     journal = Journal(
         store.engine,

@@ -481,10 +481,13 @@ class Store:
         lease_seconds: float,
         *,
         statuses: frozenset[str] | None = None,
+        keep_status: bool = False,
     ) -> tuple[int, tuple[str, str | None, str | None, str | None]]:
         """`acquire_lease`, also returning how the run stood just before, read under the same
         lock (status, stop_reason, answer, error): what a `compact` puts back when it is done,
-        and what `continue` decides its turn by."""
+        and what `continue` decides its turn by. `keep_status`: only the lease is taken, the
+        run keeps its status (`compact`, which puts it back as it found it: killed half way,
+        the run is still as it was, not `running`)."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
@@ -512,7 +515,7 @@ class Store:
                 # (turns.open_turn sets `running` in that commit), so a crash before that
                 # leaves it as it was, and the same `continue` again knows a new turn from
                 # an unfinished one by it.
-                keep_status=statuses is not None and row.status in ENDED,
+                keep_status=keep_status or (statuses is not None and row.status in ENDED),
             ), stood
 
     # -- SQL written for people --------------------------------------------------------------
