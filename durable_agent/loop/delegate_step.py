@@ -266,6 +266,13 @@ def _prepare(ctx: StepContext, call: ToolCall, key: str, *, share: int = 1) -> _
                 StopReason.MAX_TOKENS,
                 f"cost budget: max_cost={ctx.settings.max_cost:g} is spent, no child is started",
             )
+        if settings.max_tokens is not None and settings.max_tokens <= 0:
+            # As for cost: a child made with no tokens could never run (max_tokens >= 1 is
+            # every run's setting: a worker or `resume CHILD` would refuse its settings).
+            raise LoopExit(
+                StopReason.MAX_TOKENS,
+                f"token budget: max_tokens={ctx.settings.max_tokens} is spent, no child is started",
+            )
     step.step.input = {**spec.input, "child": kid}
     ctx.observer.note(f"delegating to run {kid}: {_short(args.task)}")
     return _Delegation(call, step, kid, args.task, settings, made, use)
@@ -340,7 +347,10 @@ def child_settings(ctx: StepContext, args: DelegateArgs, kid: str, share: int = 
     if costs:
         update["max_cost"] = min(costs)
     if parent.max_tokens is not None:
-        update["max_tokens"] = max(parent.max_tokens - prompt - completion, 0) // share
+        # What is left, shared out; at least 1 each while anything is left (0: spent, no
+        # child is started), as a child's cost share is never 0 while any is left.
+        left = max(parent.max_tokens - prompt - completion, 0)
+        update["max_tokens"] = max(left // share, 1) if left else 0
     return parent.model_copy(update=update)
 
 
