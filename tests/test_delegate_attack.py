@@ -68,3 +68,86 @@ def test_a_parent_with_few_tokens_left_makes_children_a_worker_can_run(
             f"token budget: max_tokens={first} is spent, no child is started",
         )
     ]
+
+
+HOSTILE = {
+    "nul": "read\x00 this\x00",
+    "surrogate": "lone \ud800 and \udfff surrogates",
+    "huge": "x" * 1_500_000,
+    "controls": "\x1b[31mred\x1b[0m \x7f\x08\r\n",
+}
+
+
+def test_hostile_task_text_makes_each_child_once(
+    tmp_path: Path, env: dict[str, str], store_url: str
+) -> None:
+    """NUL, lone surrogates, a task of 1.5 MB, control bytes: each child made once, its
+    answer the parent's observation once, on both backends. (A NUL is stored as `\\x00`,
+    as in any message: the child's task, and its script's key, say so. Lone surrogates are
+    refused by the arguments' validation: an error observation, no child.)"""
+    from scale_helpers import pg_rows
+
+    calls = [[_delegate(t)] for t in HOSTILE.values()]
+    keys = {**HOSTILE, "nul": HOSTILE["nul"].replace("\x00", "\\x00")}
+    script = {
+        "*": [*({"tool_calls": c} for c in calls), {"content": "parent done"}],
+        **{t: [{"content": f"{name} answered"}] for name, t in keys.items()},
+    }
+    model = _script(tmp_path, script)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    e = {**env, "DURABLE_AGENT_DB": store_url}
+    r = forked_cli.run(
+        ["start", "top", "--delegate", "--model", model, "--run-id", "p", "--quiet"],
+        env=e,
+        cwd=ws,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "parent done"
+
+    def q(sql: str) -> list[Any]:
+        if store_url.startswith("postgresql"):
+            return [tuple(x) for x in pg_rows(store_url, sql)]
+        return query(tmp_path / "store.db", sql)
+
+    made = [n for n in HOSTILE if n != "surrogate"]
+    kids = q("SELECT status, answer FROM runs WHERE parent_id = 'p' ORDER BY parent_step")
+    assert kids == [("completed", f"{n} answered") for n in made], kids
+    seen = [
+        s[0]
+        for s in q("SELECT content FROM messages WHERE run_id = 'p' AND role = 'tool' ORDER BY seq")
+    ]
+    assert seen[0] == "nul answered" and seen[2:] == ["huge answered", "controls answered"]
+    assert seen[1].startswith("Error: invalid arguments for delegate: task:"), seen[1]
+    assert q("SELECT COUNT(*) FROM runs") == [(4,)]
+
+
+def test_a_chain_of_children_deeper_than_the_pool_completes(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path
+) -> None:
+    """A child that delegates its own task again (a cycle), max_depth 20: each level waits
+    in the same process for the one below. A waiting parent held its writing connection, so
+    past 15 levels (the pool) the deepest one waited 30 s for one and failed, leaving a run
+    `running`; now every level completes."""
+    again = {"name": "delegate", "arguments": {"task": "again", "workspace": "shared-write"}}
+    model = _script(
+        tmp_path,
+        {
+            "*": [{"tool_calls": [again]}, {"content": "top done"}],
+            "again": [{"tool_calls": [again]}, {"content": "level done"}],
+        },
+    )
+    (tmp_path / "xdg-config" / "durable-agent").mkdir(parents=True)
+    (tmp_path / "xdg-config" / "durable-agent" / "config.toml").write_text("max_depth = 20\n")
+    r = forked_cli.run(
+        ["start", "top", "--delegate", "--model", model, "--run-id", "p", "--quiet"],
+        env=env,
+        cwd=workspace,
+        timeout=300,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "top done", r.stderr[-2000:]
+    assert query(db_path, "SELECT status, COUNT(*) FROM runs GROUP BY status") == [
+        ("completed", 21)
+    ]
+    assert query(db_path, "SELECT MAX(depth) FROM run_tree WHERE root_id = 'p'") == [(20,)]

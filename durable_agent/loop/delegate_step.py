@@ -143,13 +143,26 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
     if d is None:
         return
     children: Children = ctx.children
+
+    def effect(_step: Any) -> StepOutcome:
+        _let_go(ctx)
+        return _outcome(ctx, d, children.run(d.kid, d.settings, d.tools))
+
     d.step.run(
-        lambda _step: _outcome(ctx, d, children.run(d.kid, d.settings, d.tools)),
+        effect,
         input=d.step.input,
         use_approval=d.use,
         also=_made_with(ctx, d),
     )
     drop_copy(ctx, d.kid, str(d.settings.workspace))  # after the outcome's commit
+
+
+def _let_go(ctx: StepContext) -> None:
+    """Before the children run (their intents committed): give the parent's writing
+    connection back to the pool. A parent waits for its children in this process, and each
+    of them for its own: kept, a chain deeper than the pool (or more waiting parents than
+    it has connections) held every connection while the deepest run waited for one."""
+    ctx.journal.close()
 
 
 def side_by_side(ctx: StepContext, calls: list[ToolCall]) -> bool:
@@ -184,6 +197,7 @@ def delegate_together(ctx: StepContext, calls: list[tuple[ToolCall, str]]) -> No
         if d is not None:
             d.step.begin(input=d.step.input, use_approval=d.use, also=_made_with(ctx, d))
             started.append(d)
+    _let_go(ctx)
     with ThreadPoolExecutor(max_workers=ctx.settings.max_children) as pool:
         running = [pool.submit(children.run, d.kid, d.settings, d.tools) for d in started]
         ended = [f.result() for f in running]  # (a store fault in one: raised, all waited for)
