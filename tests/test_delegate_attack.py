@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import forked_cli
+import pytest
 from test_delegate import query
 
 
@@ -151,3 +152,60 @@ def test_a_chain_of_children_deeper_than_the_pool_completes(
         ("completed", 21)
     ]
     assert query(db_path, "SELECT MAX(depth) FROM run_tree WHERE root_id = 'p'") == [(20,)]
+
+
+@pytest.mark.parametrize("where", ["worker", "foreground"])
+def test_a_cancel_just_before_a_delegate_intent_reaches_the_child(
+    tmp_path: Path, env: dict[str, str], workspace: Path, db_path: Path, where: str
+) -> None:
+    """`cancel PARENT` lands while a worker's parent is between its check and its delegate
+    intent (a pre_tool hook runs the cancel there: the walk of the children finds none yet).
+    The child the intent then makes must not run: the parent does not go `waiting` for it."""
+    import sys
+
+    env = {**env, "DURABLE_AGENT_SANDBOX": "off"}  # the hook writes the store
+    (tmp_path / "xdg-config" / "durable-agent").mkdir(parents=True)
+    (tmp_path / "xdg-config" / "durable-agent" / "config.toml").write_text(
+        "[[hooks]]\n"
+        'event = "pre_tool"\n'
+        'tool = "delegate"\n'
+        f'command = "{sys.executable} -m durable_agent cancel $DURABLE_AGENT_RUN_ID '
+        f'--db {env["DURABLE_AGENT_DB"]}"\n'
+    )
+    model = _script(
+        tmp_path,
+        {
+            "*": [{"tool_calls": [_delegate("work")]}, {"content": "parent done"}],
+            "work": [
+                {"tool_calls": [{"name": "list_files", "arguments": {}}]},
+                {"content": "worked"},
+            ],
+        },
+    )
+    if where == "worker":
+        r = forked_cli.run(
+            ["start", "t", "--delegate", "--model", model, "--run-id", "p", "--detach"],
+            env=env,
+            cwd=workspace,
+        )
+        assert r.returncode == 0, r.stderr
+        w = forked_cli.run(
+            ["worker", "--once", "--poll", "0.05"], env=env, cwd=workspace, timeout=120
+        )
+        assert w.returncode == 0, w.stderr
+    else:
+        w = forked_cli.run(
+            ["start", "t", "--delegate", "--model", model, "--run-id", "p", "--quiet"],
+            env=env,
+            cwd=workspace,
+            timeout=120,
+        )
+        assert w.returncode == 4, w.stderr
+    hook = query(db_path, "SELECT state FROM steps WHERE run_id = 'p' AND kind = 'hook'")
+    assert hook == [("completed",)], w.stdout
+    assert query(db_path, "SELECT status FROM runs WHERE id = 'p'") == [("cancelled",)]
+    kids = query(db_path, "SELECT id, status FROM runs WHERE parent_id = 'p'")
+    assert len(kids) == 1, kids
+    for kid, status in kids:
+        assert status == "cancelled", (kids, w.stdout)
+        assert query(db_path, "SELECT COUNT(*) FROM steps WHERE run_id = ?", kid) == [(0,)]

@@ -74,6 +74,9 @@ class Children(Protocol):
     def changes(self, child_id: str) -> str:
         """The child's changes to its files, as a unified diff ("" when none)."""
 
+    def cancel_children(self, run_id: str) -> list[str]:
+        """Cancel the run's children (and theirs) that have not ended, as `cancel` does."""
+
 
 def child_id(parent_id: str, key: str) -> str:
     """The child's run id: the parent's, and a digest of the parent's id and the step key."""
@@ -145,6 +148,7 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
     children: Children = ctx.children
 
     def effect(_step: Any) -> StepOutcome:
+        _not_cancelled(ctx)
         _let_go(ctx)
         return _outcome(ctx, d, children.run(d.kid, d.settings, d.tools))
 
@@ -155,6 +159,16 @@ def delegate_call(ctx: StepContext, call: ToolCall, key: str) -> None:
         also=_made_with(ctx, d),
     )
     drop_copy(ctx, d.kid, str(d.settings.workspace))  # after the outcome's commit
+
+
+def _not_cancelled(ctx: StepContext) -> None:
+    """Right after the intents' commit, before any child runs: a cancel of this run seen
+    there came before the children were made, and the walk of `cancel` over the children
+    may have come before them too (it found none). They are cancelled here, unrun, and the
+    run stops with them (a resume makes no other: the intents name them)."""
+    if ctx.cancel.is_set() or ctx.journal.cancel_seen:
+        ctx.children.cancel_children(ctx.state.run_id)
+        raise LoopExit(StopReason.CANCELLED, "cancelled by request (with its child runs)")
 
 
 def _let_go(ctx: StepContext) -> None:
@@ -197,6 +211,8 @@ def delegate_together(ctx: StepContext, calls: list[tuple[ToolCall, str]]) -> No
         if d is not None:
             d.step.begin(input=d.step.input, use_approval=d.use, also=_made_with(ctx, d))
             started.append(d)
+    if started:
+        _not_cancelled(ctx)
     _let_go(ctx)
     with ThreadPoolExecutor(max_workers=ctx.settings.max_children) as pool:
         running = [pool.submit(children.run, d.kid, d.settings, d.tools) for d in started]

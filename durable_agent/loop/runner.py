@@ -471,6 +471,9 @@ class InProcessChildren:
     def cancelled(self, run_id: str) -> bool:
         return bool(self.parent.store.get_run(run_id).cancel_requested)
 
+    def cancel_children(self, run_id: str) -> list[str]:
+        return self.parent.store.cancel_children(run_id)
+
     def changes(self, child_id: str) -> str:
         from durable_agent.store.blobs import first_tree, tree_at
         from durable_agent.workspace import diffing
