@@ -559,3 +559,51 @@ def test_only_a_refusal_of_streaming_turns_it_off(status: int, message: str, ref
     from durable_agent.models.openai_chat import refuses_streaming
 
     assert refuses_streaming(failure_for_status(status, message)) is refused
+
+
+def test_parallel_calls_streamed_all_at_index_0_stay_apart(
+    cli: Any, env: dict[str, str], workspace: Path, tmp_path: Path
+) -> None:
+    """Ollama (and gateways in front of Gemini) stream each call of a parallel batch at
+    `index` 0, each with its own id: two calls, not one named twice with its arguments glued
+    together (`{"path": "a.txt", ...}{"path": "b.txt", ...}`, an observation of bad JSON)."""
+    two = {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "a.txt", "content": "A"}},
+            {"name": "write_file", "arguments": {"path": "b.txt", "content": "B"}},
+        ]
+    }
+    server = FakeOpenAI(script=[two, {"content": "done"}], streaming="sse").start()
+    try:
+        server.add_faults([{"turn": 0, "same_index": True}])
+        api = Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
+        r = api.start("--run-id", "p", "--json", "-y")
+        assert r.code == 0, r.stderr
+    finally:
+        server.stop()
+    assert (workspace / "a.txt").read_text() == "A"
+    assert (workspace / "b.txt").read_text() == "B"
+    db = Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    [(calls,)] = _query(db, "SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL")
+    assert [c["id"] for c in json.loads(calls)] == ["call_0_0", "call_0_1"]
+
+
+def test_a_fresh_id_on_every_piece_of_one_call_is_still_one_call() -> None:
+    done = feed(
+        delta({"tool_calls": [{"index": 0, "id": "x1", "function": {"name": "read_file"}}]}),
+        delta({"tool_calls": [{"index": 0, "id": "x2", "function": {"arguments": '{"pa'}}]}),
+        delta({"tool_calls": [{"index": 0, "id": "x3", "function": {"arguments": 'th": "a"}'}}]}),
+        delta({}, "tool_calls"),
+        "[DONE]",
+    )
+    calls = done["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("x1", "read_file", '{"path": "a"}')
+    ]
+
+
+def _query(db: Path, sql: str) -> list[Any]:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()

@@ -1,4 +1,5 @@
-"""Attacks on delegation: budgets at their edges, hostile task text, cancels at depth."""
+"""Delegation at its edges: a token budget nearly spent, a chain of children deeper than the
+connection pool, a cancel just before a delegate intent commits, hostile task text."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Review attacks on continue, memory, streaming and versioned resume (rev2)."""
+"""Turns cut off by a crash before their first commit: a `continue` or a `compact` killed
+after taking the run leaves it as it ended (the same message again is a new turn, never taken
+for the last one), and a run whose first model call was cut off is not given project memory
+written after it (its call's request must stay what it was)."""
 
 from __future__ import annotations
 
@@ -75,52 +78,6 @@ def test_memory_written_after_a_crash_in_the_first_model_call_does_not_stop_the_
     r = run_cli(senv, ws, "resume", "r", "--quiet")
     assert r.code == 0, r.stderr
     assert query(db, "SELECT status, answer FROM runs") == [("completed", "a1")]
-
-
-def test_parallel_calls_streamed_all_at_index_0_stay_apart(
-    cli: Any, env: dict[str, str], workspace: Path, tmp_path: Path
-) -> None:
-    """Ollama (and gateways in front of Gemini) stream each call of a parallel batch at
-    `index` 0, each with its own id: two calls, not one named twice with its arguments glued
-    together (`{"path": "a.txt", ...}{"path": "b.txt", ...}`, an observation of bad JSON)."""
-    from fake_openai import FakeOpenAI
-    from provider_support import Endpoint
-
-    two = {
-        "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "a.txt", "content": "A"}},
-            {"name": "write_file", "arguments": {"path": "b.txt", "content": "B"}},
-        ]
-    }
-    server = FakeOpenAI(script=[two, {"content": "done"}], streaming="sse").start()
-    try:
-        server.add_faults([{"turn": 0, "same_index": True}])
-        api = Endpoint(cli, server, env, workspace, tmp_path / "config.toml")
-        r = api.start("--run-id", "p", "--json", "-y")
-        assert r.code == 0, r.stderr
-    finally:
-        server.stop()
-    assert (workspace / "a.txt").read_text() == "A"
-    assert (workspace / "b.txt").read_text() == "B"
-    db = Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
-    [(calls,)] = query(db, "SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL")
-    assert [c["id"] for c in json.loads(calls)] == ["call_0_0", "call_0_1"]
-
-
-def test_a_fresh_id_on_every_piece_of_one_call_is_still_one_call() -> None:
-    from test_streaming import delta, feed
-
-    done = feed(
-        delta({"tool_calls": [{"index": 0, "id": "x1", "function": {"name": "read_file"}}]}),
-        delta({"tool_calls": [{"index": 0, "id": "x2", "function": {"arguments": '{"pa'}}]}),
-        delta({"tool_calls": [{"index": 0, "id": "x3", "function": {"arguments": 'th": "a"}'}}]}),
-        delta({}, "tool_calls"),
-        "[DONE]",
-    )
-    calls = done["choices"][0]["message"]["tool_calls"]
-    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
-        ("x1", "read_file", '{"path": "a"}')
-    ]
 
 
 def test_a_compact_killed_then_the_same_message_again_is_a_new_turn(
