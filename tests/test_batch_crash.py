@@ -82,8 +82,11 @@ def test_a_submit_killed_at_a_task_row_leaves_no_run_its_batch_does_not_list(
             finally:
                 os.kill(submit.pid, signal.SIGKILL)
                 submit.wait()
-            conn.execute("DROP TRIGGER hold ON batch_tasks")
+            # The lock first (the killed submit's server process still waits in the trigger,
+            # holding batch_tasks; DROP TRIGGER waits for batch_tasks): then that process goes
+            # on, finds its client gone and rolls back.
             conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+            conn.execute("DROP TRIGGER hold ON batch_tasks")
         (batch_id,) = pg_rows(db, "SELECT id FROM batches WHERE name = 'k'")[0]
         # The run and its task row are one transaction: neither is there.
         assert pg_rows(db, f"SELECT id FROM runs WHERE batch_id = '{batch_id}'") == []
@@ -201,8 +204,11 @@ def test_two_submits_of_one_file_at_once_queue_each_task_once(
                         "the second at the first's run",
                     )
                 finally:
-                    conn.execute("DROP TRIGGER hold ON batch_tasks")
+                    # The lock first: the first submit, in the trigger, holds batch_tasks
+                    # until it has it, and DROP TRIGGER waits for batch_tasks (the other
+                    # order is a deadlock, which PostgreSQL breaks by failing either side).
                     conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+                    conn.execute("DROP TRIGGER hold ON batch_tasks")
                     out2, err2 = second.communicate(timeout=120)
             finally:
                 out1, err1 = first.communicate(timeout=120)

@@ -331,7 +331,7 @@ def test_compact_puts_back_the_status_the_run_has_under_its_lease_not_the_one_it
     )
     real = Store.take_over
 
-    def another_session_first(self, run_id, owner, lease_seconds):  # type: ignore[no-untyped-def]
+    def another_session_first(self, run_id, owner, lease_seconds, **kw):  # type: ignore[no-untyped-def]
         db = sqlite3.connect(self.engine.url.database)
         db.execute(
             "UPDATE runs SET status = 'blocked', stop_reason = 'approval_required' WHERE id = ?",
@@ -339,7 +339,7 @@ def test_compact_puts_back_the_status_the_run_has_under_its_lease_not_the_one_it
         )
         db.commit()
         db.close()
-        return real(self, run_id, owner, lease_seconds)
+        return real(self, run_id, owner, lease_seconds, **kw)
 
     monkeypatch.setattr(Store, "take_over", another_session_first)
     assert cli_inproc("compact", "C").code == 0

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 from msgspec import UNSET, to_builtins
-from sqlalchemy import update
 
 from durable_agent.loop import stored_once
 from durable_agent.loop.step import StepOutcome, StepSpec, open_step
@@ -43,7 +41,6 @@ from durable_agent.store.payloads import UserMessageInput, UserMessageOutput, Wi
 from durable_agent.store.records import RunRecord, StepRecord, StepState
 from durable_agent.store.rows import utcnow
 from durable_agent.store.runs import ENDED, Store
-from durable_agent.store.schema import runs
 from durable_agent.store.step import Step
 
 NOT_RUN = "not run: the run was continued with a new message from the user instead"
@@ -107,7 +104,7 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
     call = open_step(ctx, spec)
     if call.reused is not None:
         if stood in ENDED:  # (taken with its status kept: store.take_over)
-            ctx.journal.commit([_running_again(ctx)])
+            ctx.journal.commit([leases.running_again(ctx.journal.run_id)])
         return call.reused
     if ctx.journal.open_approvals():
         ctx.journal.retire_approvals(by="continue")  # the person answered with a message
@@ -146,18 +143,11 @@ def open_turn(ctx: StepContext, message: str, *, stood: str) -> StepRecord | Non
             duration_ms=None,
             # The run was taken with its status kept (store.take_over): it runs again from
             # the commit that holds its message, not before.
-            statements=[_running_again(ctx)],
+            statements=[leases.running_again(ctx.journal.run_id)],
         )
 
     call.run(add, input=spec.input)
     return None
-
-
-def _running_again(ctx: StepContext) -> tuple[Any, dict[str, Any]]:
-    return (
-        update(runs).where(runs.c.id == ctx.journal.run_id).values(**leases.RUNNING_AGAIN),
-        {},
-    )
 
 
 def opened_by_message(ctx: StepContext) -> int | None:

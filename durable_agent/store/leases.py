@@ -107,6 +107,16 @@ RUNNING_AGAIN: dict[str, Any] = {
 }
 
 
+def running_again(run_id: str) -> tuple[Any, dict[str, Any]]:
+    """The statement that sets a run taken with its status kept `running` (a `continue`'s
+    message commit: loop/turns.py), as a Journal commit takes statements."""
+    from sqlalchemy import update
+
+    from durable_agent.store.schema import runs
+
+    return update(runs).where(runs.c.id == run_id).values(**RUNNING_AGAIN), {}
+
+
 def take(
     conn: Connection,
     run_id: str,
