@@ -39,6 +39,30 @@ def admin(db: str) -> Iterator[Any]:
         conn.close()
 
 
+@contextmanager
+def task_rows_held(db: str) -> Iterator[None]:
+    """Every insert into batch_tasks waits, inside its transaction, until the block ends: a
+    trigger takes an advisory lock that the test holds meanwhile."""
+    with admin(db) as conn:
+        conn.execute(
+            "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER hold BEFORE INSERT ON batch_tasks FOR EACH ROW EXECUTE FUNCTION hold()"
+        )
+        conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+        try:
+            yield
+        finally:
+            # The lock first: a process waiting in the trigger holds batch_tasks, for which
+            # DROP TRIGGER waits (the other order is a deadlock, which PostgreSQL breaks by
+            # failing either side). A killed submit's server process then goes on, finds
+            # its client gone and rolls back.
+            conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+            conn.execute("DROP TRIGGER hold ON batch_tasks")
+
+
 def waiting_on(db: str, what: str) -> bool:
     """Is some session of the store blocked on a lock while running `what`?"""
     found = pg_rows(
@@ -60,17 +84,7 @@ def test_a_submit_killed_at_a_task_row_leaves_no_run_its_batch_does_not_list(
         repos = make_repos(tmp_path / "src", 1)
         tasks = tmp_path / "tasks.jsonl"
         write_tasks(tasks, repos, 3, write_script(SCRIPT))
-        with admin(db) as conn:
-            # The first task row waits for the test's lock, its run's row made before it.
-            conn.execute(
-                "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                f"PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$"
-            )
-            conn.execute(
-                "CREATE TRIGGER hold BEFORE INSERT ON batch_tasks "
-                "FOR EACH ROW EXECUTE FUNCTION hold()"
-            )
-            conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+        with task_rows_held(db):  # the first task's row waits, its run's row made before it
             submit = subprocess.Popen(
                 [sys.executable, "-m", "durable_agent", "batch", "submit", str(tasks),
                  "--workdir", str(tmp_path / "wd"), "--name", "k", "--db", db],
@@ -82,11 +96,6 @@ def test_a_submit_killed_at_a_task_row_leaves_no_run_its_batch_does_not_list(
             finally:
                 os.kill(submit.pid, signal.SIGKILL)
                 submit.wait()
-            # The lock first (the killed submit's server process still waits in the trigger,
-            # holding batch_tasks; DROP TRIGGER waits for batch_tasks): then that process goes
-            # on, finds its client gone and rolls back.
-            conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
-            conn.execute("DROP TRIGGER hold ON batch_tasks")
         (batch_id,) = pg_rows(db, "SELECT id FROM batches WHERE name = 'k'")[0]
         # The run and its task row are one transaction: neither is there.
         assert pg_rows(db, f"SELECT id FROM runs WHERE batch_id = '{batch_id}'") == []
@@ -177,41 +186,24 @@ def test_two_submits_of_one_file_at_once_queue_each_task_once(
         write_tasks(tasks, repos, 2, write_script(SCRIPT))
         argv = [sys.executable, "-m", "durable_agent", "batch", "submit", str(tasks),
                 "--workdir", str(tmp_path / "wd"), "--name", "k", "--db", db]  # fmt: skip
-        with admin(db) as conn:
-            conn.execute(
-                "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                f"PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$"
-            )
-            conn.execute(
-                "CREATE TRIGGER hold BEFORE INSERT ON batch_tasks "
-                "FOR EACH ROW EXECUTE FUNCTION hold()"
-            )
-            conn.execute(f"SELECT pg_advisory_lock({LOCK})")
-            first = subprocess.Popen(
+
+        def submit() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=tmp_path,
             )  # fmt: skip
-            try:
-                wait_for(lambda: waiting_on(db, "batch_tasks"), 60, "the first at its task row")
-                second = subprocess.Popen(
-                    argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, cwd=tmp_path,
-                )  # fmt: skip
-                try:
-                    wait_for(
-                        lambda: waiting_on(db, "INSERT INTO runs") or second.poll() is not None,
-                        60,
-                        "the second at the first's run",
-                    )
-                finally:
-                    # The lock first: the first submit, in the trigger, holds batch_tasks
-                    # until it has it, and DROP TRIGGER waits for batch_tasks (the other
-                    # order is a deadlock, which PostgreSQL breaks by failing either side).
-                    conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
-                    conn.execute("DROP TRIGGER hold ON batch_tasks")
-                    out2, err2 = second.communicate(timeout=120)
-            finally:
-                out1, err1 = first.communicate(timeout=120)
+
+        with task_rows_held(db):
+            first = submit()
+            wait_for(lambda: waiting_on(db, "batch_tasks"), 60, "the first at its task row")
+            second = submit()
+            wait_for(
+                lambda: waiting_on(db, "INSERT INTO runs") or second.poll() is not None,
+                60,
+                "the second at the first's run",
+            )
+        out2, err2 = second.communicate(timeout=120)
+        out1, err1 = first.communicate(timeout=120)
         assert first.returncode == 0, err1.decode()
         assert "Traceback" not in err2.decode(), err2.decode()
         assert second.returncode == 0, err2.decode()
