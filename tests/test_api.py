@@ -120,3 +120,117 @@ def test_import_stays_cheap() -> None:
     code = "import sys, durable_agent; print(sorted(m for m in ('pydantic', 'sqlalchemy', 'openai') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]"
+
+
+KILLED_PROGRAM = """
+import json, sys
+from pathlib import Path
+from typing import ClassVar
+from pydantic import BaseModel
+from durable_agent import Agent, EffectClass, ToolContext, ToolResult
+
+class CountArgs(BaseModel):
+    label: str
+
+class Counted:
+    name: ClassVar[str] = "count"
+    description: ClassVar[str] = "Count a call."
+    args_model: ClassVar[type[BaseModel]] = CountArgs
+    effect: ClassVar[EffectClass] = EffectClass.EXEC
+
+    def run(self, args: CountArgs, ctx: ToolContext) -> ToolResult:
+        with (ctx.workspace / "count.txt").open("a") as f:
+            f.write(args.label + "\\n")
+        if args.label == "hang":  # mid-call: the test kills this process now
+            Path(sys.argv[4]).write_text("in the tool")
+            Path(sys.argv[4] + ".fifo").read_text()  # blocks: nobody ever writes it
+        return ToolResult(output="counted " + args.label)
+
+agent = Agent(model="gpt-4.1-mini", base_url=sys.argv[1], workspace=sys.argv[2], db=sys.argv[3],
+              tools=[Counted()], shell="allow", retry_max_attempts=1)
+agent.start("count", run_id="killed")
+"""
+
+
+@pytest.mark.parametrize("where", ["model", "tool"])
+def test_a_run_killed_mid_call_through_the_api_resumes_with_nothing_paid_twice(
+    tmp_path: Path, workspace: Path, env: dict[str, str], where: str
+) -> None:
+    """SIGKILL of a program in the middle of `Agent.start` (inside a model call, or inside
+    an exec tool): `Agent.resume` pays no finished model call again and runs no finished
+    tool again; the tool cut off is not run again unasked (an exec's effect is uncertain)."""
+    import os
+    import signal
+
+    from fake_openai import spawn_fake_openai
+    from scale_helpers import wait_for
+
+    calls = [{"name": "count", "arguments": {"label": "a"}}]
+    script = [
+        {"tool_calls": calls},
+        {"tool_calls": [{"name": "count", "arguments": {"label": "hang"}}]},
+        {"content": "done"},
+    ]
+    if where == "model":
+        script[1] = {"tool_calls": [{"name": "count", "arguments": {"label": "b"}}]}
+    faults = [{"turn": 2, "attempt": 1, "stall": "headers", "every": 0.2}]
+    marker = tmp_path / "in-tool"
+    os.mkfifo(str(marker) + ".fifo")
+    db = f"sqlite:///{tmp_path / 'killed.db'}"
+    (tmp_path / "program.py").write_text(KILLED_PROGRAM)
+    with spawn_fake_openai(tmp_path / "fake", script, faults if where == "model" else []) as server:
+        child_env = {**env, "OPENAI_API_KEY": "sk-test"}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(tmp_path / "program.py"),
+                server.url,
+                str(workspace),
+                db,
+                str(marker),
+            ],
+            env=child_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            if where == "model":  # the third model call is under way (and stalls)
+                wait_for(
+                    lambda: (
+                        proc.poll() is not None or any(r["turn"] == 2 for r in server.requests())
+                    ),
+                    60,
+                    "turn 2",
+                )
+            else:
+                wait_for(lambda: marker.exists() or proc.poll() is not None, 60, "the tool")
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait()
+        agent = Agent(
+            model="gpt-4.1-mini",
+            base_url=server.url,
+            workspace=workspace,
+            db=db,
+            tools=[Counted()],
+            shell="allow",
+            retry_max_attempts=1,
+            env=child_env,
+        )
+        resumed = agent.resume("killed")
+        turns = [r["turn"] for r in server.requests() if r.get("kind") == "turn"]
+    if where == "model":
+        assert (resumed.status, resumed.answer) == ("completed", "done")
+        assert (workspace / "count.txt").read_text() == "a\nb\n"  # each tool ran once
+        assert turns == [0, 1, 2, 2]  # only the call cut off is made again
+    else:
+        # The exec cut off is not run again unasked: the run asks, as the CLI's does.
+        assert (resumed.status, resumed.stop_reason) == ("blocked", "uncertain_side_effect")
+        assert (workspace / "count.txt").read_text() == "a\nhang\n"
+        assert turns == [0, 1]
+    steps = agent.show("killed").steps
+    keys = [s.idempotency_key for s in steps]
+    assert len(keys) == len(set(keys))
+    paid = [s for s in steps if s.kind == "model" and s.state == "completed"]
+    assert sorted(s.turn for s in paid) == sorted(set(s.turn for s in paid))
