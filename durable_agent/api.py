@@ -183,14 +183,16 @@ class Agent:
         return RunView(store.get_run(run_id), store.steps(run_id), store.approvals(run_id))
 
     def approve(self, run_id: str, *, deny: bool = False, by: str = "python") -> ApprovalRecord:
-        """Answer the pending approval of a `blocked` run (then `resume` it)."""
+        """Answer the pending approval of a `blocked` run (then `resume` it); the answered
+        record. UsageError when another answer (a link, the view, the CLI) came first."""
         store = self.store
         run_id = store.find_run_id(run_id)
         pending = store.pending_approval(run_id)
         if pending is None:
             raise UsageError(f"run {run_id} has no pending approval")
-        store.decide_approval(pending.id, approved=not deny, by=by)
-        return pending
+        if not store.decide_once(run_id, pending.id, approved=not deny, by=by):
+            raise UsageError(store.answered_meanwhile(run_id, pending.id))
+        return next(a for a in store.approvals(run_id) if a.id == pending.id)
 
     def tools(self) -> list[ToolInfo]:
         """Every tool a run started now would be offered (as `durable-agent tools`)."""

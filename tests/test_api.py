@@ -234,3 +234,23 @@ def test_a_run_killed_mid_call_through_the_api_resumes_with_nothing_paid_twice(
     assert len(keys) == len(set(keys))
     paid = [s for s in steps if s.kind == "model" and s.state == "completed"]
     assert sorted(s.turn for s in paid) == sorted(set(s.turn for s in paid))
+
+
+def test_approve_returns_the_answer_and_refuses_one_answered_meanwhile(
+    tmp_path: Path, workspace: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ui_support import answered_meanwhile, blocked_run
+
+    db = f"sqlite:///{tmp_path / 'approve.db'}"
+    blocked_run(db, "asked")
+    blocked_run(db, "race")
+    agent = Agent(model="demo", workspace=workspace, db=db, env=env)
+    answer = agent.approve("asked", deny=True, by="carol")
+    assert (answer.decision, answer.decided_by) == ("denied", "carol")
+    assert answer.decided_at is not None and answer == agent.show("asked").approvals[0]
+    answered_meanwhile(monkeypatch, db, approved=True)
+    with pytest.raises(UsageError, match="already approved"):
+        agent.approve("race", deny=True)
+    assert [(a.decision, a.decided_by) for a in agent.show("race").approvals] == [
+        ("approved", "ui:link")
+    ]

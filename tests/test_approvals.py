@@ -250,3 +250,17 @@ def test_a_long_argument_is_cut_with_a_marker_and_a_command_is_named_by_its_tool
     assert len(long) <= 80
     assert approval_subject("run_command", "ls -la") == "run_command `ls -la`"
     assert approval_subject("write_file", None) == "write_file"
+
+
+def test_approve_racing_a_link_is_refused_not_written_over(cli_inproc, env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A notification's link answers between `approve`'s look and its write: the command
+    says so (exit 2) and the link's decision stays: a question is answered once."""
+    from ui_support import answered_meanwhile, blocked_run, open_store
+
+    url = env["DURABLE_AGENT_DB"]
+    blocked_run(url, "race")
+    answered_meanwhile(monkeypatch, url, approved=False)
+    r = cli_inproc("approve", "race", "--by", "bob")
+    assert r.code == 2 and "already denied" in r.stderr and "Traceback" not in r.stderr, r
+    (decision,) = open_store(url).approvals("race")
+    assert (decision.decision, decision.decided_by) == ("denied", "ui:link")

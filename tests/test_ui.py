@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 from scale_helpers import Workers, wait_for
 from side_effects_support import ledger_lines
-from ui_support import client, csrf_of, make_runs, open_store, printed_link, start_ui, stop
+from ui_support import (
+    answered_meanwhile,
+    blocked_run,
+    client,
+    csrf_of,
+    make_runs,
+    open_store,
+    printed_link,
+    start_ui,
+    stop,
+)
 
 from durable_agent.messages import Message  # noqa: E402
 
@@ -662,3 +672,17 @@ def test_stopping_the_view_with_a_page_open_ends_its_stream_without_a_traceback(
         reader.join(15)
         text = log.read_text()
         assert "Traceback" not in text and "graceful shutdown exceeded" not in text, text
+
+
+def test_a_form_decision_racing_a_link_is_refused_not_written_over(store_url, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A link answers the question between the form's look and its write: the form is told
+    (409) and the link's decision stays, as one-time promises; nothing is resumed twice."""
+    blocked_run(store_url, "race")
+    c = client(store_url)
+    token = csrf_of(c.get("/runs/race").text)
+    answered_meanwhile(monkeypatch, store_url, approved=True)
+    r = c.post("/runs/race/deny", data={"csrf": token, "by": "bob"}, follow_redirects=False)
+    assert r.status_code == 409 and "already" in r.text, r.text
+    (decision,) = open_store(store_url).approvals("race")
+    assert (decision.decision, decision.decided_by) == ("approved", "ui:link")
+    assert open_store(store_url).get_run("race").status == "blocked"  # the link's own page goes on

@@ -211,3 +211,59 @@ def synthetic_run(url: str, run_id: str, n_steps: int) -> None:
                 lease_epoch=2,
             )
         )
+
+
+def blocked_run(url: str, run_id: str, command: str = UNLISTED) -> int:
+    """A `blocked` run with one pending question about `command`, written straight into the
+    store (no process holds it); the question's id."""
+    from sqlalchemy import insert, update
+
+    from durable_agent.messages import Message
+    from durable_agent.store.rows import utcnow
+    from durable_agent.store.schema import approvals, runs
+
+    store = open_store(url)
+    store.create_run(
+        run_id,
+        task="needs a person",
+        workspace="/nonexistent",
+        model="m",
+        settings={},
+        first_messages=[Message("user", "t")],
+    )
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(status="blocked", stop_reason="approval_required")
+        )
+        done = conn.execute(
+            insert(approvals).values(
+                run_id=run_id,
+                call_id="call_0_0",
+                kind="approval_required",
+                tool_name="run_command",
+                command=command,
+                reason="not in the allowlist",
+                requested_at=utcnow(),
+            )
+        )
+    return int(done.inserted_primary_key[0])
+
+
+def answered_meanwhile(monkeypatch: Any, url: str, *, approved: bool, by: str = "ui:link") -> None:
+    """Every `Store.pending_approval` from now on finds the question still open, and right
+    after it someone else (a notification's link, in another process) answers it: a
+    decision racing another, without timing."""
+    from durable_agent.store.runs import Store
+
+    original = Store.pending_approval
+    other = open_store(url)
+
+    def racing(self: Any, run_id: str) -> Any:
+        found = original(self, run_id)
+        if found is not None:
+            assert other.decide_once(run_id, found.id, approved=approved, by=by)
+        return found
+
+    monkeypatch.setattr(Store, "pending_approval", racing)

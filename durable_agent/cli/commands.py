@@ -535,7 +535,10 @@ def cmd_approve(args: Namespace, env: dict[str, str]) -> int:
             "--restore answers a command cut off by a crash (uncertain_side_effect): it puts the "
             "workspace back as before the command, then runs it again; it cannot be combined with --deny"
         )
-    store.decide_approval(pending.id, approved=not args.deny, by=who, restore=args.restore)
+    if not store.decide_once(
+        run_id, pending.id, approved=not args.deny, by=who, restore=args.restore
+    ):
+        raise UsageError(store.answered_meanwhile(run_id, pending.id))
     what = presentation.approval_subject(pending.tool_name, pending.command)
     verb = "denied" if args.deny else "approved"
     print(streams.visible(f"{verb} {what} (call {pending.call_id}, {pending.kind}) by {who}"))

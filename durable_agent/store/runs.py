@@ -326,9 +326,12 @@ class Store:
         return None if row is None else ApprovalRecord.from_row(row)
 
     @_retried
-    def decide_once(self, run_id: str, approval_id: int, *, approved: bool, by: str) -> bool:
+    def decide_once(
+        self, run_id: str, approval_id: int, *, approved: bool, by: str, restore: bool = False
+    ) -> bool:
         """Decide the run's approval if nobody has (False: it was answered already): a
-        one-time link used twice at once decides it once."""
+        one-time link used twice at once decides it once, and a person's answer (the
+        command line, the view's form, the API) never writes over one made meanwhile."""
         with self.engine.begin() as conn:
             done = conn.execute(
                 update(approvals)
@@ -341,9 +344,23 @@ class Store:
                     decision=(Decision.APPROVED if approved else Decision.DENIED).value,
                     decided_by=storable(by),
                     decided_at=utcnow(),
+                    restore_workspace=restore or None,
                 )
             )
             return bool(done.rowcount == 1)
+
+    def answered_meanwhile(self, run_id: str, approval_id: int) -> str:
+        """What to say when `decide_once` lost: who answered the question instead."""
+        from durable_agent.visible import approval_subject
+
+        found = [a for a in self.approvals(run_id) if a.id == approval_id]
+        if not found or found[0].decision is None:
+            return f"run {run_id}: its question was answered meanwhile"
+        a = found[0]
+        return (
+            f"run {run_id}: {approval_subject(a.tool_name, a.command)} (call {a.call_id}) is "
+            f"already {a.decision} by {a.decided_by or 'someone'}; a question is answered once"
+        )
 
     @_retried
     def decide_approval(

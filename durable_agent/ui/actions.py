@@ -52,7 +52,8 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     pending = store.pending_approval(run_id)
     if pending is None:
         raise UsageError(f"run {run_id} has no pending approval")
-    store.decide_approval(pending.id, approved=approved, by=by)
+    if not store.decide_once(run_id, pending.id, approved=approved, by=by):
+        raise UsageError(store.answered_meanwhile(run_id, pending.id))
     notice = "approved" if approved else "denied"
     run = store.get_run(run_id)
     if run.status != RunStatus.BLOCKED:  # (already on its way: nothing to start)
