@@ -207,3 +207,61 @@ def test_a_link_in_the_browser(cli: Any, write_script: Any, setup: Setup, sql: A
     assert [(a.decision, a.decided_by) for a in store.approvals("wait")] == [
         ("approved", "ui:link")
     ]
+
+
+def _link_client(url: str, key: str, token: str | None = None) -> Any:
+    from starlette.testclient import TestClient
+
+    from durable_agent.ui.app import UiConfig, build_app
+    from durable_agent.ui.security import Access
+
+    app = build_app(
+        UiConfig(store=open_store(url), access=Access(token=token), user="u", link_key=key)
+    )
+    return TestClient(app, base_url="http://127.0.0.1:8765")
+
+
+def test_a_link_to_a_run_that_moved_on_is_refused_and_decides_nothing(env: dict[str, str]) -> None:
+    """The run was cancelled after its notification: the link's question no longer stops
+    it, so the link is refused (409) with the run's state, rather than recording an answer
+    and saying the run was queued when nothing was."""
+    from ui_support import blocked_run
+
+    from durable_agent.store.links import approval_links
+
+    url, key = env["DURABLE_AGENT_DB"], "ab" * 32
+    approval = blocked_run(url, "moved")
+    links = approval_links("http://127.0.0.1:8765", key, "moved", approval, 600)
+    store = open_store(url)
+    assert store.cancel("moved") == "cancelled"
+    c = _link_client(url, key)
+    for method in ("GET", "POST"):
+        r = c.request(method, links["approve"])
+        assert r.status_code == 409 and "cancelled" in r.text and "queued" not in r.text, r.text
+        assert 'method="post"' not in r.text
+    assert store.approvals("moved")[0].decision is None
+    assert store.get_run("moved").status == "cancelled"
+
+
+def test_a_link_page_holds_no_csrf_token_of_the_view(env: dict[str, str]) -> None:
+    """A link needs no view token, so whoever holds one (a chat channel) reads its pages:
+    they carry no CSRF token of the view, which only the token's holders are to have."""
+    import re
+
+    from ui_support import blocked_run
+
+    from durable_agent.store.links import approval_links
+
+    url, key, token = env["DURABLE_AGENT_DB"], "cd" * 32, "t" * 24
+    approval = blocked_run(url, "asked")
+    links = approval_links("http://127.0.0.1:8765", key, "asked", approval, 600)
+    c = _link_client(url, key, token=token)
+    owner = c.get("/runs/asked", headers={"Authorization": f"Bearer {token}"}).text
+    (csrf,) = re.findall(r'data-csrf="([^"]+)"', owner)
+    for page in (
+        c.get(links["deny"]),
+        c.get("http://127.0.0.1:8765/link/not-a-token"),
+        c.post(links["deny"]),
+        c.post(links["deny"]),
+    ):
+        assert page.status_code in (200, 403, 409) and csrf not in page.text, page.text

@@ -686,3 +686,18 @@ def test_a_form_decision_racing_a_link_is_refused_not_written_over(store_url, mo
     (decision,) = open_store(store_url).approvals("race")
     assert (decision.decision, decision.decided_by) == ("approved", "ui:link")
     assert open_store(store_url).get_run("race").status == "blocked"  # the link's own page goes on
+
+
+def test_an_answer_from_a_stale_page_of_a_run_that_moved_on_is_refused(store_url) -> None:  # type: ignore[no-untyped-def]
+    """The page showed the question, then the run was cancelled: its approve is refused
+    (409, naming the run's state) rather than recorded with a notice of a resume that
+    never happens."""
+    blocked_run(store_url, "moved")
+    c = client(store_url)
+    token = csrf_of(c.get("/runs/moved").text)
+    store = open_store(store_url)
+    assert store.cancel("moved") == "cancelled"
+    r = c.post("/runs/moved/approve", data={"csrf": token}, follow_redirects=False)
+    assert r.status_code == 409 and "cancelled" in r.text, r.text
+    assert store.approvals("moved")[0].decision is None
+    assert store.get_run("moved").status == "cancelled"

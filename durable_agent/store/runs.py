@@ -327,11 +327,24 @@ class Store:
 
     @_retried
     def decide_once(
-        self, run_id: str, approval_id: int, *, approved: bool, by: str, restore: bool = False
+        self,
+        run_id: str,
+        approval_id: int,
+        *,
+        approved: bool,
+        by: str,
+        restore: bool = False,
+        while_blocked: bool = False,
     ) -> bool:
         """Decide the run's approval if nobody has (False: it was answered already): a
         one-time link used twice at once decides it once, and a person's answer (the
-        command line, the view's form, the API) never writes over one made meanwhile."""
+        command line, the view's form, the API) never writes over one made meanwhile.
+        `while_blocked`: only while the run is `blocked` (False once it moved on)."""
+        blocked = (
+            select(runs.c.id)
+            .where(runs.c.id == run_id, runs.c.status == RunStatus.BLOCKED.value)
+            .exists()
+        )
         with self.engine.begin() as conn:
             done = conn.execute(
                 update(approvals)
@@ -339,6 +352,7 @@ class Store:
                     approvals.c.id == approval_id,
                     approvals.c.run_id == run_id,
                     approvals.c.decision.is_(None),
+                    *([blocked] if while_blocked else []),
                 )
                 .values(
                     decision=(Decision.APPROVED if approved else Decision.DENIED).value,
@@ -350,11 +364,15 @@ class Store:
             return bool(done.rowcount == 1)
 
     def answered_meanwhile(self, run_id: str, approval_id: int) -> str:
-        """What to say when `decide_once` lost: who answered the question instead."""
+        """What to say when `decide_once` lost: who answered the question instead, or
+        that the run no longer waits for it (`while_blocked`)."""
         from durable_agent.visible import approval_subject
 
         found = [a for a in self.approvals(run_id) if a.id == approval_id]
         if not found or found[0].decision is None:
+            status = self.get_run(run_id).status
+            if status != RunStatus.BLOCKED:
+                return moved_on(run_id, status)
             return f"run {run_id}: its question was answered meanwhile"
         a = found[0]
         return (
@@ -665,3 +683,11 @@ def new_run_statements(
         task_row.update(batch_id=row["batch_id"], run_id=run_id, created_at=now)
         made.append((insert(batch_tasks), task_row))
     return made
+
+
+def moved_on(run_id: str, status: str) -> str:
+    """Why an answer to a question of a run that is no longer `blocked` is refused."""
+    return (
+        f"run {run_id} is {status}: it no longer waits for this answer "
+        "(`durable-agent approve` still records one for a later resume)"
+    )

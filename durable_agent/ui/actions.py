@@ -52,7 +52,9 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     pending = store.pending_approval(run_id)
     if pending is None:
         raise UsageError(f"run {run_id} has no pending approval")
-    if not store.decide_once(run_id, pending.id, approved=approved, by=by):
+    # Only while the run waits for it: a page shown before a cancel offers the question
+    # still, and answering it there would promise a resume that the view does not start.
+    if not store.decide_once(run_id, pending.id, approved=approved, by=by, while_blocked=True):
         raise UsageError(store.answered_meanwhile(run_id, pending.id))
     notice = "approved" if approved else "denied"
     run = store.get_run(run_id)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from msgspec import Struct
 
 from durable_agent.presentation import approval_subject
+from durable_agent.status import RunStatus
 from durable_agent.store.links import LinkClaim, read_token
 from durable_agent.store.records import ApprovalRecord, Decision
-from durable_agent.store.runs import Store
+from durable_agent.store.runs import Store, moved_on
 from durable_agent.ui import actions
 from durable_agent.ui.pages import e, frame, u
 
@@ -31,7 +32,9 @@ class Page(Struct, frozen=True):
 
 
 def _page(status: int, title: str, body: str, csrf: str) -> Page:
-    return Page(status, frame(title, body, csrf=csrf))
+    # No CSRF token of the view: a link's pages are read without the view's token, by
+    # whoever the notification reached, and its form is the link (no token to carry).
+    return Page(status, frame(title, body, csrf=""))
 
 
 def _refused(why: str, csrf: str) -> Page:
@@ -66,7 +69,17 @@ def _resolve(
         return _refused("tampered", csrf)
     if found[0].decision is not None:
         return _used(found[0], csrf)
+    status = store.get_run(claim.run_id).status
+    if status != RunStatus.BLOCKED:
+        return _moved_on(claim.run_id, status, csrf)
     return claim, found[0]
+
+
+def _moved_on(run_id: str, status: str, csrf: str) -> Page:
+    text = f"{moved_on(run_id, status)}. Answer from the run's page or the command line."
+    return _page(
+        409, "link outdated", f'<h1>Link outdated</h1><p class="refused">{e(text)}</p>', csrf
+    )
 
 
 def show(store: Store, key: str | None, token: str, csrf: str) -> Page:
@@ -90,8 +103,12 @@ def decide(store: Store, key: str | None, token: str, csrf: str) -> Page:
         return got
     claim, approval = got
     approved = claim.decision == Decision.APPROVED.value
-    if not store.decide_once(claim.run_id, approval.id, approved=approved, by=BY):
+    if not store.decide_once(
+        claim.run_id, approval.id, approved=approved, by=BY, while_blocked=True
+    ):
         again = [a for a in store.approvals(claim.run_id) if a.id == approval.id]
+        if again[0].decision is None:  # the run moved on meanwhile
+            return _moved_on(claim.run_id, store.get_run(claim.run_id).status, csrf)
         return _used(again[0], csrf)
     done = actions.continue_answered(store, claim.run_id, claim.decision)
     notice = actions.NOTICES[done.notice]
