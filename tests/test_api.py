@@ -254,3 +254,19 @@ def test_approve_returns_the_answer_and_refuses_one_answered_meanwhile(
     assert [(a.decision, a.decided_by) for a in agent.show("race").approvals] == [
         ("approved", "ui:link")
     ]
+
+
+def test_a_run_id_with_nul_is_run_not_found_on_either_store(
+    store_url: str, workspace: Path, env: dict[str, str]
+) -> None:
+    from durable_agent.errors import RunNotFound
+
+    agent = Agent(model="demo", workspace=workspace, db=store_url, env=env)
+    for call in (
+        lambda: agent.show("a\x00b"),
+        lambda: agent.approve("a\x00b"),
+        lambda: agent.resume("a\x00b"),
+        lambda: agent.continue_run("a\x00b", "more"),
+    ):
+        with pytest.raises(RunNotFound):
+            call()

@@ -61,3 +61,49 @@ def test_step_numbers_beyond_64_bits_are_a_404_not_a_500(  # type: ignore[no-unt
                 assert r.status_code == 200, (first[:30], r.status_code, r.text[:200])
     finally:
         stop(proc)
+
+
+def test_a_nul_in_a_run_id_or_a_search_is_a_404_or_no_match_on_either_store(store_url) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL refuses NUL in a text parameter; the view said the store was unavailable
+    (503) for `/runs/a%00b` or `?q=%00`. A run id with NUL names no run (404, as on
+    SQLite); a search with one finds the text as the store keeps it (NUL written `\\x00`)."""
+    from ui_support import blocked_run, client
+
+    blocked_run(store_url, "here")
+    store = open_store(store_url)
+    from durable_agent.messages import Message
+
+    store.create_run(
+        "nul",
+        task="a\x00b",
+        workspace="/w",
+        model="m",
+        settings={},
+        first_messages=[Message("user", "t")],
+    )
+    c = client(store_url)
+    csrf = csrf_of(c.get("/runs/here").text)
+    for path in (
+        "/runs/a%00b",
+        "/runs/a%00b/steps/1",
+        "/runs/a%00b/steps/1/diff",
+        "/api/runs/a%00b",
+        "/api/runs/a%00b/steps",
+        "/api/runs/a%00b/events",
+    ):
+        r = c.get(path)
+        assert r.status_code == 404, (path, r.status_code, r.text[:200])
+    assert "no run" in c.get("/api/runs/a%00b").json()["error"]
+    for action in ("approve", "deny", "cancel", "resume", "continue"):
+        r = c.post(f"/runs/a%00b/{action}", data={"csrf": csrf, "message": "m"})
+        assert r.status_code == 404, (action, r.status_code, r.text[:200])
+    for q in ("\x00", "a\x00b"):
+        found = c.get("/api/runs", params={"q": q})
+        assert found.status_code == 200, found.text
+        assert [r["id"] for r in found.json()["runs"]] == ["nul"]
+        assert c.get("/", params={"q": q}).status_code == 200
+    import base64
+
+    forged = base64.urlsafe_b64encode(b"2099-01-01T00:00:00|a\x00").decode().rstrip("=")
+    paged = c.get("/api/runs", params={"after": forged})  # a cursor not ours: page 1
+    assert paged.status_code == 200 and len(paged.json()["runs"]) == 2, paged.text

@@ -30,7 +30,7 @@ from durable_agent.store.records import (
 from durable_agent.store.revision import MAX_RUN_ID_PREFIX
 from durable_agent.store.rows import message_values, utcnow
 from durable_agent.store.schema import approvals, batch_tasks, messages, runs, steps
-from durable_agent.store.storable import is_utf8, storable
+from durable_agent.store.storable import is_utf8, storable, storable_text
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -127,6 +127,8 @@ class Store:
 
     @_retried
     def get_run(self, run_id: str) -> RunRecord:
+        if "\x00" in run_id:  # no id holds one, and PostgreSQL refuses it in a parameter
+            raise RunNotFound(run_id)
         with self._read() as conn:
             row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
         if row is None:
@@ -141,7 +143,9 @@ class Store:
         would otherwise be the prefix of every run) and one that is not UTF-8 (argv bytes);
         one longer than any prefix a person types is matched whole (SQLite refuses a long
         LIKE pattern)."""
-        if not isinstance(prefix, str) or not prefix or not is_utf8(prefix):  # (None from the API)
+        if (
+            not isinstance(prefix, str) or not prefix or not is_utf8(prefix) or "\x00" in prefix
+        ):  # (None from the API; PostgreSQL refuses NUL in a parameter: no id holds one)
             raise RunNotFound(prefix if isinstance(prefix, str) else repr(prefix))
         with self._read() as conn:
             if conn.execute(select(runs.c.id).where(runs.c.id == prefix)).first():
@@ -444,8 +448,8 @@ class Store:
         query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
         if status:
             query = query.where(runs.c.status == status)
-        if needle:
-            pattern = _like(needle.lower())
+        if needle:  # as the store keeps text: NUL written `\x00` (storable.py)
+            pattern = _like(storable_text(needle).lower())
             query = query.where(
                 or_(runs.c.id.ilike(pattern, escape="\\"), runs.c.task.ilike(pattern, escape="\\"))
             )

@@ -49,6 +49,7 @@ def decided_by(name: str | None, *, default: str) -> str:
 
 
 def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
+    store.get_run(run_id)  # 404 for no such run, not "no pending approval"
     pending = store.pending_approval(run_id)
     if pending is None:
         raise UsageError(f"run {run_id} has no pending approval")

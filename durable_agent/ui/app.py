@@ -113,12 +113,10 @@ def build_app(cfg: UiConfig) -> Any:
 
     def run_html(request: Request) -> Response:
         notice = actions.NOTICES.get(request.query_params.get("done", ""))
-        return HTMLResponse(
-            run_page.page(view(request.path_params["run_id"]), csrf=access.csrf, notice=notice)
-        )
+        return HTMLResponse(run_page.page(view(_run_id(request)), csrf=access.csrf, notice=notice))
 
     def step_html(request: Request) -> Response:
-        run_id, seq = request.path_params["run_id"], _number(request.path_params["seq"])
+        run_id, seq = _run_id(request), _number(request.path_params["seq"])
         if seq is None or seq > MAX_SEQ:
             store.get_run(run_id)
             return HTMLResponse("no such step", status_code=404)
@@ -132,7 +130,7 @@ def build_app(cfg: UiConfig) -> Any:
         """What one step changed in the workspace, as `durable-agent diff --step` prints it."""
         from durable_agent.workspace.diffing import step_diff as diff_lines
 
-        run_id, seq = request.path_params["run_id"], _number(request.path_params["seq"])
+        run_id, seq = _run_id(request), _number(request.path_params["seq"])
         store.get_run(run_id)  # 404 naming the run when it is the run that is missing
         if seq is None or seq > MAX_SEQ:
             return HTMLResponse("no such step", status_code=404)
@@ -154,12 +152,12 @@ def build_app(cfg: UiConfig) -> Any:
         )
 
     def api_run(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_id(request)
         run, steps, approvals = store.get_run(run_id), store.steps(run_id), store.approvals(run_id)
         return _json(presentation.show_json(run, steps, approvals))  # what `show --json` prints
 
     def api_steps(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_id(request)
         store.get_run(run_id)  # 404 for an unknown run, not an empty list
         first, limit = request.query_params.get("from", "0"), request.query_params.get("limit", "")
         found = queries.steps_from(
@@ -171,7 +169,7 @@ def build_app(cfg: UiConfig) -> Any:
         return _json([presentation.row_json(s) for s in found])
 
     async def events(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_id(request)
         await run_in_threadpool(store.get_run, run_id)
         first = request.query_params.get("from", "0")
         stream = _Stream(store, extras, run_id, min(_number(first) or 0, MAX_SEQ), cfg)
@@ -199,7 +197,7 @@ def build_app(cfg: UiConfig) -> Any:
                     status_code=403,
                     media_type="text/plain",
                 )
-            run_id = request.path_params["run_id"]
+            run_id = _run_id(request)
             by = form.get("by")
             who = actions.decided_by(by if isinstance(by, str) else None, default=cfg.user)
             if name in ("approve", "deny"):
@@ -253,6 +251,15 @@ def build_app(cfg: UiConfig) -> Any:
         routes=routes, exception_handlers={DurableAgentError: fail, UnknownStatus: bad_status}
     )
     return Guard(app, access)
+
+
+def _run_id(request: Request) -> str:
+    """The run an address names. One with NUL names none (no run id holds it) and is not
+    looked up: PostgreSQL refuses NUL in a parameter, which would read as the store failing."""
+    run_id: str = request.path_params["run_id"]
+    if "\x00" in run_id:
+        raise RunNotFound(run_id)
+    return run_id
 
 
 class UnknownStatus(Exception):

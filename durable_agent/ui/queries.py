@@ -40,6 +40,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, str] | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         when, _, run_id = raw.partition("|")
+        if "\x00" in run_id:  # no id holds one (and PostgreSQL refuses it in a parameter)
+            return None
         return datetime.fromisoformat(when), run_id
     except (ValueError, binascii.Error, UnicodeDecodeError):
         return None
