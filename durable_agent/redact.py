@@ -287,6 +287,12 @@ class Redactor:
         )  # a string holding JSON in turn
         return token if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
 
+    def redact_known_json(self, obj: T) -> T:
+        """A copy of a JSON-like value with the harness's own secrets replaced in every
+        string (keys included): for what the user configured (settings, commands of hooks
+        and verification), which only those values must leave."""
+        return self._walk(obj, self.redact_known)  # type: ignore[no-any-return]
+
     def redact_json(self, obj: T) -> T:
         """A copy of a JSON-like value with every string (keys included) redacted."""
         return self._redact_any(obj)  # type: ignore[no-any-return]

@@ -122,7 +122,9 @@ class ToolSet:
         if recorded is None:
             self.prepare()
             assert self.catalog is not None
-            recorded = store.record_tool_sources(run_id, {"mcp_servers": self.catalog})
+            # Its launch lines as the settings record them: no credential's value.
+            catalog = self.settings.known_secrets().redact_known_json(self.catalog)
+            recorded = store.record_tool_sources(run_id, {"mcp_servers": catalog})
         servers = (recorded or {}).get("mcp_servers") or {}
         if servers:
             from durable_agent.mcp.tools import make_tools

@@ -343,3 +343,35 @@ def test_the_text_protocols_content_keeps_no_escaped_spelling_of_the_secret(  # 
     for args in (["show", "txtsecret"], ["export", "txtsecret"]):
         shown = cli(*args)
         assert shown.code == 0 and own[1:] not in shown.stdout
+
+
+def test_the_runs_settings_hold_no_value_of_a_credential_variable(  # type: ignore[no-untyped-def]
+    cli, workspace, db_path, write_script
+) -> None:
+    """A credential's value given in a setting (the key in the endpoint's query, a token on
+    an MCP server's command line or in the verify command, as a shell expands `$TOKEN`) is
+    recorded as `[REDACTED:NAME]`: in runs.settings, the tool catalog, the version
+    fingerprint and the verify step alike."""
+    token = "tok-" + secrets.token_hex(16)
+    api_key = "sk-" + secrets.token_hex(20)
+    r = cli(
+        "start",
+        "t",
+        "--model",
+        write_script([{"content": "done"}]),
+        "--base-url",
+        f"http://127.0.0.1:9/v1?api-key={api_key}",
+        "--verify",
+        f"test -n {token}",
+        "--mcp",
+        f"gh=/bin/false --token {token}",
+        "--run-id",
+        "s",
+        extra_env={"MY_SERVICE_TOKEN": token, "OPENAI_API_KEY": api_key},
+    )
+    assert r.code == 0, r.stderr  # the verify command ran with what it was given
+    stored = _db_bytes(db_path)
+    assert stored, "no database file to check"
+    for secret in (token, api_key):
+        assert secret.encode() not in stored
+    assert b"[REDACTED:MY_SERVICE_TOKEN]" in stored and b"[REDACTED:OPENAI_API_KEY]" in stored

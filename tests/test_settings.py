@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -234,3 +235,36 @@ def test_the_tables_a_config_gives_are_validated_and_recorded_as_their_models() 
         with pytest.raises(ConfigError) as caught:
             load_settings({name: value}, {"HOME": "/nonexistent"})
         assert needle in str(caught.value), (name, str(caught.value))
+
+
+def test_a_credential_value_in_a_setting_is_recorded_by_name_and_resupplied_on_resume(
+    tmp_path: Path,
+) -> None:
+    """The recorded settings name a credential (`[REDACTED:NAME]`), never hold its value;
+    a resume takes such a setting from the layers again (as a masked base_url), never
+    runs the marker."""
+    from durable_agent.config.mcp_servers import parse_cli_server
+    from durable_agent.config.settings import recorded_settings
+
+    token, key = "tok-0123456789abcdef", "sk-config-key-0123456789"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'api_key = "{key}"\nverify = "check {token}"\n'
+        f'[mcp_servers.a]\ncommand = "srv-a"\nargs = ["--token", "{token}"]\n'
+    )
+    env = {"DURABLE_AGENT_CONFIG": str(cfg), "HOME": str(tmp_path), "GH_TOKEN": token}
+    name, spec = parse_cli_server(f"c=srv-c --key {key}")
+    flags = {"base_url": f"http://h/v1?k={key}", "mcp_servers": {name: spec}}
+    settings = load_settings(flags, env)
+    recorded = settings.redacted_dict()
+    text = json.dumps(recorded)
+    assert token not in text and key not in text
+    assert recorded["verify"] == "check [REDACTED:GH_TOKEN]"
+    assert recorded["mcp_servers"]["a"]["args"] == ["--token", "[REDACTED:GH_TOKEN]"]
+    assert recorded["base_url"] == "http://h/v1?k=[REDACTED:api_key]"
+    again = load_settings({}, env, base=recorded_settings(recorded))
+    assert "[REDACTED" not in json.dumps(again.model_dump(mode="json"))
+    assert again.verify == f"check {token}"  # from the config again
+    assert again.mcp_servers["a"].args == ["--token", token]
+    assert "c" not in again.mcp_servers  # given by a flag: the resume's flags give it again
+    assert again.base_url is None

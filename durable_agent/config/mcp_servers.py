@@ -119,13 +119,20 @@ def recorded_env(env: dict[str, str]) -> dict[str, str]:
 
 def merge_recorded(recorded: dict[str, Any], configured: dict[str, Any]) -> dict[str, Any]:
     """Servers recorded with a run, masked env values filled in again from the configured
-    server of the same name (a value that is not configured any more is left out)."""
+    server of the same name (a value that is not configured any more is left out). A server
+    recorded with a credential's value taken out of its command line or URL
+    (`[REDACTED:NAME]`, Settings.redacted_dict) is the configured one of its name, or left
+    out: a `--mcp` flag of the resume gives it again."""
     merged: dict[str, Any] = {}
     for name, server in recorded.items():
         if not isinstance(server, dict):
             merged[name] = server
             continue
         now = configured.get(name)
+        if holds_redacted({k: v for k, v in server.items() if k != "env"}):
+            if now is not None:
+                merged[name] = now
+            continue
         now_env = (
             now.env
             if isinstance(now, McpServerConfig)
@@ -134,12 +141,27 @@ def merge_recorded(recorded: dict[str, Any], configured: dict[str, Any]) -> dict
             else {}
         )
         env = {
-            k: (now_env[k] if v == MASK else v)
+            k: (now_env[k] if _masked(v) else v)
             for k, v in dict(server.get("env") or {}).items()
-            if v != MASK or k in now_env
+            if not _masked(v) or k in now_env
         }
         merged[name] = {**server, "env": env}
     return merged
+
+
+def _masked(value: Any) -> bool:
+    return value == MASK or holds_redacted(value)
+
+
+def holds_redacted(value: Any) -> bool:
+    """A recorded value that held a credential's value (`[REDACTED:NAME]` in a string)."""
+    if isinstance(value, str):
+        return "[REDACTED:" in value
+    if isinstance(value, dict):
+        return any(holds_redacted(k) or holds_redacted(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_redacted(v) for v in value)
+    return False
 
 
 def read_mcp_json(path: Path) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from durable_agent.config.layers import (  # noqa: F401  (ENV_VARS, default_db_u
 from durable_agent.config.mcp_servers import (
     McpServerConfig,
     check_server_names,
+    holds_redacted,
     merge_recorded,
     recorded_env,
 )
@@ -47,6 +48,7 @@ from durable_agent.config.policy import Hook, Rule
 from durable_agent.config.shell_policy import DEFAULT_ALLOWLIST  # one list, kept with its parser
 from durable_agent.encoding import name_from_arg
 from durable_agent.errors import ConfigError
+from durable_agent.redact import Redactor, is_secret_name
 
 
 class _WhenGiven:
@@ -472,8 +474,18 @@ class Settings(BaseModel):
     # Found, not configured: the mechanism that contained the commands (recorded on the run).
     _sandbox_mechanism: str | None = PrivateAttr(default=None)
 
+    # The values of the credential-named variables of the environment the settings were
+    # loaded from (`load_settings`): recorded as `[REDACTED:NAME]`, never as themselves.
+    _env_secrets: dict[str, str] = PrivateAttr(default_factory=dict)
+
     def set_sandbox_mechanism(self, mechanism: str) -> None:
         self._sandbox_mechanism = mechanism
+
+    def known_secrets(self) -> Redactor:
+        """What replaces the harness's own secrets (the key, credential variables' values)
+        in what is recorded of the settings, and of the commands they name."""
+        key = {"api_key": self.api_key.get_secret_value()} if self.api_key else {}
+        return Redactor.from_env(self._env_secrets, shapes=False, extra=key)
 
     @field_validator(*NUMBER_FIELDS, mode="before")
     @classmethod
@@ -597,7 +609,10 @@ class Settings(BaseModel):
                 server["url"] = mask_url_password(server["url"])
         if self._sandbox_mechanism is not None:
             d["sandbox_mechanism"] = self._sandbox_mechanism
-        return d
+        # A credential's value given in any setting (`?api-key=` in base_url, a token among
+        # an MCP server's args or in the verify command, as a shell expands `$TOKEN`) is
+        # recorded by its name: recorded_settings leaves such a setting to the layers again.
+        return self.known_secrets().redact_known_json(d)
 
 
 @functools.cache
@@ -667,6 +682,8 @@ def recorded_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
     never recorded in full (the store URL; a base URL whose password was masked), so the
     environment or the flags supply those again."""
     recorded = dict(stored or {})
+    for name in [k for k, v in recorded.items() if k != "mcp_servers" and holds_redacted(v)]:
+        recorded.pop(name)  # recorded without a credential's value: the layers give it again
     recorded.pop("db", None)
     recorded.pop("sandbox_mechanism", None)  # found again on the host that resumes
     if ":***@" in str(recorded.get("base_url") or ""):
@@ -699,6 +716,7 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(f"invalid settings: {validation_text(exc, 'settings')}") from None
     check_server_names(settings.mcp_servers)
+    settings._env_secrets = {k: v for k, v in env.items() if is_secret_name(k)}
     return settings
 
 

@@ -24,6 +24,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
     if not command:
         return True
     turn = ctx.state.turn
+    shown = ctx.redactor.redact_known(command)  # recorded without a credential's value
     # A check, not a side effect: a started one is simply run again; a passed one stands
     # (it passed before a crash hit the finish). It can change files (build output, caches):
     # snapshots before and after it.
@@ -31,9 +32,9 @@ def verify(ctx: StepContext, answer: str) -> bool:
         StepKind.VERIFY,
         f"verify:{turn}",
         turn,
-        {"command": command},
+        {"command": shown},
         tool_name="verify",
-        label=command,
+        label=shown,
         reuse=True,
     )
     outcome = invoke(ctx, spec, lambda _step: _check(ctx, command, spec.key))
@@ -71,7 +72,7 @@ def _check(ctx: StepContext, command: str, key: str) -> StepOutcome:
     else:
         failure = f"exit code {out.exit_code}"
     output = {
-        "command": command,
+        "command": ctx.redactor.redact_known(command),
         "exit_code": out.exit_code,
         "timed_out": out.timed_out,
         "output_tail": tail,

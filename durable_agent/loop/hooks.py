@@ -89,9 +89,10 @@ def _run_hook(
 ) -> Fired:
     key = f"hook:{event.value}:{where}:{index}"
     state = ctx.state
+    shown = ctx.redactor.redact_known(hook.command)  # recorded without a credential's value
     recorded_input: dict[str, Any] = {
         "event": event.value,
-        "command": hook.command,
+        "command": shown,
         "idempotent": hook.idempotent,
     }
     if call is not None:
@@ -104,7 +105,7 @@ def _run_hook(
         call_id=key,  # its own place: hooks of one turn are not each other's attempts
         tool_name="hook",
         label=f"hook {event.value}",
-        detail=hook.command,
+        detail=shown,
         reuse=True,
     )
     step = open_step(ctx, spec)
@@ -115,12 +116,12 @@ def _run_hook(
     prior = step.prior
     if prior is not None and prior.state == StepState.STARTED and not hook.idempotent:
         # Cut off while it ran: it may have done part of its work. Not run again unasked.
-        asked = ToolCall(key, "hook", json.dumps({"event": event.value, "command": hook.command}))
+        asked = ToolCall(key, "hook", json.dumps({"event": event.value, "command": shown}))
         approval = approvals.decided(
             ctx,
             asked,
             ApprovalKind.UNCERTAIN_SIDE_EFFECT,
-            hook.command,
+            shown,
             f"the {event.value} hook was interrupted by a crash and may have partly run; "
             "it is not declared idempotent, so running it again may repeat its effects",
             step_seq=prior.seq,
@@ -135,7 +136,9 @@ def _run_hook(
             }
             del output["idempotent"]
             step.record(StepOutcome(output, use_approval=approval.id))
-            ctx.observer.note(f"hook {event.value} `{hook.command}` was not run again (denied)")
+            ctx.observer.note(
+                f"hook {event.value} `{ctx.redactor.redact_known(hook.command)}` was not run again (denied)"
+            )
             state.hooks_done.add(key)
             return Fired(output)
         use = approval.id
@@ -221,7 +224,7 @@ def _output(
     redact = ctx.redactor.redact
     return {
         "event": event.value,
-        "command": hook.command,
+        "command": ctx.redactor.redact_known(hook.command),
         "exit_code": code,
         "stdout": redact(stdout.strip()),
         "stderr": redact(stderr.strip()),
@@ -260,7 +263,7 @@ def _report(ctx: StepContext, event: HookEvent, hook: Hook, fired: Fired) -> Non
     how = "timed out" if fired.get("timed_out") else f"exit code {code}"
     tail = str(fired.get("stderr") or "")[-300:]
     ctx.observer.note(
-        f"hook {event.value} `{hook.command}` failed ({how}){': ' + tail if tail else ''}"
+        f"hook {event.value} `{ctx.redactor.redact_known(hook.command)}` failed ({how}){': ' + tail if tail else ''}"
     )
 
 
