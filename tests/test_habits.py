@@ -300,6 +300,57 @@ def test_a_sandboxed_command_cannot_make_a_project_config(
     assert "removed .durable-agent, which this command created" in output  # the model is told
 
 
+@pytest.mark.parametrize("before", ["file", "dangling link", "link to a folder"])
+def test_a_command_cannot_turn_what_was_there_into_a_project_config(
+    env: dict[str, str],
+    workspace: Path,
+    write_script: Callable[[list[dict[str, Any]]], str],
+    before: str,
+) -> None:
+    """A `.durable-agent` that is not a folder (nothing bubblewrap could bind read-only) was
+    no reason to keep the folder a command put in its place."""
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    entry = workspace / ".durable-agent"
+    if before == "file":
+        entry.write_text("the user's notes\n")
+    elif before == "dangling link":
+        entry.symlink_to("nowhere")
+    else:
+        (workspace / "cfg").mkdir()
+        entry.symlink_to("cfg")
+    make = (
+        "rm .durable-agent && mkdir .durable-agent && "
+        "echo 'max_steps = 99' > .durable-agent/config.toml"
+    )
+    turns = [{"tool_calls": [{"name": "run_command", "arguments": {"command": make}}]}]
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}
+    r = _run(safe, workspace, "start", "x", "-m", write_script([*turns, {"content": "done"}]),
+             "-y", "--sandbox", "workspace-write")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not os.path.lexists(entry)
+    db = Path(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    with sqlite3.connect(db) as conn:
+        (output,) = conn.execute("SELECT output FROM steps WHERE kind = 'tool'").fetchone()
+    assert "removed .durable-agent, which this command created" in output
+
+
+def test_a_command_leaves_a_project_file_it_did_not_touch(
+    env: dict[str, str], workspace: Path, write_script: Callable[[list[dict[str, Any]]], str]
+) -> None:
+    from sandbox_support import need_bwrap
+
+    need_bwrap()
+    (workspace / ".durable-agent").write_text("the user's notes\n")
+    turns = [{"tool_calls": [{"name": "run_command", "arguments": {"command": "true"}}]}]
+    safe = {k: v for k, v in env.items() if k != "DURABLE_AGENT_SANDBOX"}
+    r = _run(safe, workspace, "start", "x", "-m", write_script([*turns, {"content": "done"}]),
+             "-y", "--sandbox", "workspace-write")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (workspace / ".durable-agent").read_text() == "the user's notes\n"
+
+
 def test_a_project_config_link_made_by_a_command_goes_not_what_it_points_at(
     tmp_path: Path,
 ) -> None:

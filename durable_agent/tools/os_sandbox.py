@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -401,13 +402,13 @@ def prepare(
         else []
     )
     before = git_state(ws) if writable else {}
-    project_before = os.path.lexists(ws / PROJECT_DIR)
+    project_before = _entry_identity(ws / PROJECT_DIR)
 
     def notes() -> list[str]:
         if not writable:
             return []
         planted = remove_planted(before, ws)
-        if not project_before:
+        if _made_in_place(project_before, _entry_identity(ws / PROJECT_DIR)):
             planted += remove_project_config(ws)
         after = git_state(ws)
         disarmed = gitdisarm.disarm(gitdisarm.created(before, after, ws), ws)
@@ -451,6 +452,23 @@ def prepare(
         _remove_group(group)
 
     return Launch(_limited(group, wrapped), {**env, "TMPDIR": tmp}, cleanup=cleanup, notes=notes)
+
+
+def _entry_identity(path: Path) -> tuple[int, int, int] | None:
+    """What is at `path` itself (a link is not followed): device, inode and file type; None
+    when nothing is."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
+
+
+def _made_in_place(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> bool:
+    """The command put a `.durable-agent` the project's settings could be read from (a folder,
+    a link) where there was none, or in place of what was there: a file, a link, anything
+    bubblewrap could not bind read-only (a real folder is a mount point, not replaceable)."""
+    return after is not None and after != before and not stat.S_ISREG(after[2])
 
 
 def remove_project_config(workspace: Path) -> list[str]:
