@@ -53,6 +53,20 @@ def test_writes_refuse_git_internals_and_directories(workspace: Path) -> None:
     assert "directory" in (call(workspace, "write_file", path=".", content="x").error or "")
 
 
+@pytest.mark.parametrize("path", ["newdir/", "sub/newdir/", "file.txt/", "file.txt/."])
+def test_a_path_that_names_a_folder_is_never_written_as_a_file(workspace: Path, path: str) -> None:
+    """`newdir/` names a folder (open(2) says EISDIR): no file `newdir` is made, nor is an
+    existing file `file.txt` overwritten by a write to `file.txt/`."""
+    (workspace / "file.txt").write_text("kept\n")
+    result = call(workspace, "write_file", path=path, content="x")
+    assert result.error and "directory" in result.error, result
+    assert not (workspace / "newdir").exists() and not (workspace / "sub").exists()
+    assert (workspace / "file.txt").read_text() == "kept\n"
+    edit = call(workspace, "edit_file", path="file.txt/", old_string="kept", new_string="gone")
+    assert edit.error, edit
+    assert (workspace / "file.txt").read_text() == "kept\n"
+
+
 def test_write_is_atomic_keeps_mode_and_leaves_no_temp_files(workspace: Path) -> None:
     target = workspace / "bin" / "run.sh"
     assert call(workspace, "write_file", path="bin/run.sh", content="#!/bin/sh\n").error is None

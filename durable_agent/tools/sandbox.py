@@ -57,7 +57,9 @@ def resolve(
                 f"refusing to write {path!r}: .durable-agent/ holds the project's own "
                 "settings for durable-agent, which a run may not change"
             )
-        if target == root or target.is_dir():
+        # `new/`, `file.txt/.`: a name for a folder, as open(2) takes it (EISDIR), never
+        # a file written (or overwritten) at what realpath makes of it.
+        if target == root or target.is_dir() or path.rsplit("/", 1)[-1] in ("", ".", ".."):
             raise ToolFailure(f"{path!r} is a directory")
         if store and _is_store_file(real, store):
             raise ToolFailure(
