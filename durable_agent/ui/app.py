@@ -221,7 +221,7 @@ def build_app(cfg: UiConfig) -> Any:
     async def link(request: Request) -> Response:
         token = request.path_params["token"]
         handler = link_page.decide if request.method == "POST" else link_page.show
-        page = await run_in_threadpool(handler, store, cfg.link_key, token, access.csrf)
+        page = await run_in_threadpool(handler, store, cfg.link_key, token)
         return HTMLResponse(page.html, status_code=page.status)
 
     def bad_status(request: Request, exc: Exception) -> Response:

@@ -31,59 +31,51 @@ class Page(Struct, frozen=True):
     html: str
 
 
-def _page(status: int, title: str, body: str, csrf: str) -> Page:
+def _page(status: int, title: str, body: str) -> Page:
     # No CSRF token of the view: a link's pages are read without the view's token, by
     # whoever the notification reached, and its form is the link (no token to carry).
     return Page(status, frame(title, body, csrf=""))
 
 
-def _refused(why: str, csrf: str) -> Page:
+def _refused(why: str) -> Page:
     status, text = REFUSED[why]
-    return _page(
-        status, "link refused", f'<h1>Link refused</h1><p class="refused">{e(text)}</p>', csrf
-    )
+    return _page(status, "link refused", f'<h1>Link refused</h1><p class="refused">{e(text)}</p>')
 
 
-def _used(approval: ApprovalRecord, csrf: str) -> Page:
+def _used(approval: ApprovalRecord) -> Page:
     text = (
         f"This link was already used: the question was answered ({approval.decision} by "
         f"{approval.decided_by or 'someone'}). A link decides once."
     )
-    return _page(
-        409, "link used", f'<h1>Link already used</h1><p class="refused">{e(text)}</p>', csrf
-    )
+    return _page(409, "link used", f'<h1>Link already used</h1><p class="refused">{e(text)}</p>')
 
 
-def _resolve(
-    store: Store, key: str | None, token: str, csrf: str
-) -> tuple[LinkClaim, ApprovalRecord] | Page:
+def _resolve(store: Store, key: str | None, token: str) -> tuple[LinkClaim, ApprovalRecord] | Page:
     if not key:
-        return _refused("nokey", csrf)
+        return _refused("nokey")
     claim = read_token(key, token)
     if isinstance(claim, str):
-        return _refused(claim, csrf)
+        return _refused(claim)
     if claim.decision not in VERB:
-        return _refused("tampered", csrf)
+        return _refused("tampered")
     found = [a for a in store.approvals(claim.run_id) if a.id == claim.approval_id]
     if not found:
-        return _refused("tampered", csrf)
+        return _refused("tampered")
     if found[0].decision is not None:
-        return _used(found[0], csrf)
+        return _used(found[0])
     status = store.get_run(claim.run_id).status
     if status != RunStatus.BLOCKED:
-        return _moved_on(claim.run_id, status, csrf)
+        return _moved_on(claim.run_id, status)
     return claim, found[0]
 
 
-def _moved_on(run_id: str, status: str, csrf: str) -> Page:
+def _moved_on(run_id: str, status: str) -> Page:
     text = f"{moved_on(run_id, status)}. Answer from the run's page or the command line."
-    return _page(
-        409, "link outdated", f'<h1>Link outdated</h1><p class="refused">{e(text)}</p>', csrf
-    )
+    return _page(409, "link outdated", f'<h1>Link outdated</h1><p class="refused">{e(text)}</p>')
 
 
-def show(store: Store, key: str | None, token: str, csrf: str) -> Page:
-    got = _resolve(store, key, token, csrf)
+def show(store: Store, key: str | None, token: str) -> Page:
+    got = _resolve(store, key, token)
     if isinstance(got, Page):
         return got
     claim, approval = got
@@ -94,11 +86,11 @@ def show(store: Store, key: str | None, token: str, csrf: str) -> Page:
         f'<p class="reason">{e(approval.reason)}</p>'
         f'<form method="post"><button type="submit" id="decide" class="act">{verb}</button></form>'
     )
-    return _page(200, f"{verb.lower()} {claim.run_id}", body, csrf)
+    return _page(200, f"{verb.lower()} {claim.run_id}", body)
 
 
-def decide(store: Store, key: str | None, token: str, csrf: str) -> Page:
-    got = _resolve(store, key, token, csrf)
+def decide(store: Store, key: str | None, token: str) -> Page:
+    got = _resolve(store, key, token)
     if isinstance(got, Page):
         return got
     claim, approval = got
@@ -108,12 +100,12 @@ def decide(store: Store, key: str | None, token: str, csrf: str) -> Page:
     ):
         again = [a for a in store.approvals(claim.run_id) if a.id == approval.id]
         if again[0].decision is None:  # the run moved on meanwhile
-            return _moved_on(claim.run_id, store.get_run(claim.run_id).status, csrf)
-        return _used(again[0], csrf)
+            return _moved_on(claim.run_id, store.get_run(claim.run_id).status)
+        return _used(again[0])
     done = actions.continue_answered(store, claim.run_id, claim.decision)
     notice = actions.NOTICES[done.notice]
     body = (
         f'<h1>{e(claim.decision.capitalize())}</h1><p class="notice">{e(notice)}</p>'
         f'<p><a href="/runs/{u(claim.run_id)}">follow run {e(claim.run_id)}</a></p>'
     )
-    return _page(200, claim.decision, body, csrf)
+    return _page(200, claim.decision, body)
