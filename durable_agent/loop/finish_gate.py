@@ -37,7 +37,7 @@ def verify(ctx: StepContext, answer: str) -> bool:
         label=shown,
         reuse=True,
     )
-    outcome = invoke(ctx, spec, lambda _step: _check(ctx, command, spec.key))
+    outcome = invoke(ctx, spec, lambda _step: _check(ctx, command, shown, spec.key))
     if outcome.result is None:
         return True  # reused: passed before
     if outcome.result.cancelled:
@@ -45,7 +45,8 @@ def verify(ctx: StepContext, answer: str) -> bool:
     return outcome.error is None
 
 
-def _check(ctx: StepContext, command: str, key: str) -> StepOutcome:
+def _check(ctx: StepContext, command: str, shown: str, key: str) -> StepOutcome:
+    """Run `command`; what is recorded names it as `shown` (no credential's value)."""
     with watch_cancel(ctx.cancel, ctx.journal, ctx.beat):
         out = run_process(
             command,
@@ -72,7 +73,7 @@ def _check(ctx: StepContext, command: str, key: str) -> StepOutcome:
     else:
         failure = f"exit code {out.exit_code}"
     output = {
-        "command": ctx.redactor.redact_known(command),
+        "command": shown,
         "exit_code": out.exit_code,
         "timed_out": out.timed_out,
         "output_tail": tail,

@@ -136,9 +136,7 @@ def _run_hook(
             }
             del output["idempotent"]
             step.record(StepOutcome(output, use_approval=approval.id))
-            ctx.observer.note(
-                f"hook {event.value} `{ctx.redactor.redact_known(hook.command)}` was not run again (denied)"
-            )
+            ctx.observer.note(f"hook {event.value} `{shown}` was not run again (denied)")
             state.hooks_done.add(key)
             return Fired(output)
         use = approval.id

@@ -28,15 +28,17 @@ def u(run_id: str) -> str:
 
 
 def frame(title: str, body: str, *, csrf: str, run_id: str | None = None) -> str:
-    live = f' data-run="{e(run_id)}"' if run_id else ""
-    live = (f' data-csrf="{e(csrf)}"' if csrf else "") + live
+    # (No CSRF token on a page that must not carry one: a link's, read without the view's.)
+    attrs = (f' data-csrf="{e(csrf)}"' if csrf else "") + (
+        f' data-run="{e(run_id)}"' if run_id else ""
+    )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{e(title)} · durable-agent</title>"
         '<link rel="stylesheet" href="/static/ui.css">'
         '<script defer src="/static/ui.js"></script></head>'
-        f'<body{live}><header class="top"><a href="/">durable-agent</a></header>'
+        f'<body{attrs}><header class="top"><a href="/">durable-agent</a></header>'
         f"<main>{body}</main></body></html>"
     )
 
