@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -300,6 +300,7 @@ EDITS = st.lists(
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=EDITS, ids=st.lists(IDS, min_size=4, max_size=4))
+@example(edits=[("calls", 0, 2)], ids=[None] * 4)  # a call at the start answered below it
 def test_messages_edited_by_hand_leave_the_same_state(
     finished_store: tuple[Path, str, int],
     edits: list[tuple[str, int, int]],

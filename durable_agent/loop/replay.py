@@ -243,7 +243,7 @@ def rebuild(
             state.step_count += 1  # one model call per assistant message
             for call in m.tool_calls:
                 state.used_call_ids.add(call.id)
-                if call.id in answered:
+                if call.id in answered or call.id in older.answered_below:
                     state.note_tool_call(call)
     # The calls the results not read answer, counted by the store apart from these.
     state.tool_call_count = len(answered) + older.answered

@@ -243,7 +243,14 @@ def _history(conn: Connection, run_id: str, start: int) -> tuple[list[Message], 
     read_ids = {m.tool_call_id for m in read_results if m.tool_call_id}
     below = and_(of_run, messages.c.seq < start, messages.c.seq >= HEAD, _DROPPABLE)
     fingerprint, seqs = _older_streak(conn, run_id, below, start)
+    asked = {
+        c.id
+        for m in history[start:]
+        if m is not GONE and m.role == "assistant"
+        for c in m.tool_calls
+    }
     return history, Older(
+        answered_below=frozenset(_answered_among(conn, run_id, asked - read_ids, start)),
         start=start,
         assistants=assistants,
         answered=int(answered or 0) - len(read_ids),

@@ -78,3 +78,6 @@ class Older(Struct, frozen=True):
     # by the seq of the message that asked for each (the repeat streak, window by window).
     streak_fingerprint: str | None = None
     streak_seqs: list[int] = []
+    # Calls asked at or after `start` whose result is below it (an order only a hand edit
+    # makes): answered, as a resume that read every message would find them.
+    answered_below: frozenset[str] = frozenset()
