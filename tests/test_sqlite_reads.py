@@ -427,6 +427,7 @@ def test_a_store_missing_a_column_is_refused_both_ways(
     url, ids = store_with_runs
     with copy_store(url, tmp_path / "dropped.db") as conn:
         conn.execute("DROP VIEW IF EXISTS run_timeline")  # (a view that names the columns)
+        conn.execute("DROP INDEX IF EXISTS ix_steps_trees")  # (an index that names tree_id)
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.close()
     for args in (["list"], ["show", ids[0]], ["show", ids[0], "--json"]):

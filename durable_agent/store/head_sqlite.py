@@ -4,7 +4,7 @@ scripts/gen_head_schema.py from alembic/ (do not edit; run the script after a mi
 store/engine.py makes a new SQLite store from it in one transaction, without Alembic.
 """
 
-REVISION = '0017'
+REVISION = '0018'
 
 STATEMENTS = (
     'CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)',
@@ -47,4 +47,5 @@ STATEMENTS = (
     "CREATE INDEX ix_steps_paid ON steps (run_id, kind, prompt_tokens, completion_tokens, cached_tokens, cost) WHERE kind IN ('model', 'compact', 'delegate')",
     'CREATE INDEX ix_steps_counted ON steps (run_id, seq) WHERE kind = \'model\' AND output LIKE \'%"context"%\'',
     "CREATE INDEX ix_messages_tool_call ON messages (run_id, tool_call_id, role) WHERE role = 'tool'",
+    'CREATE INDEX ix_steps_trees ON steps (run_id, seq) WHERE tree_id IS NOT NULL OR tree_before IS NOT NULL',
 )
