@@ -117,34 +117,19 @@ class BlobStore:
     def stored_blobs(self, hashes: Iterable[str]) -> set[str]:
         """The blobs `workspace_blobs` holds (what a snapshot need not write again)."""
         wanted = list(hashes)
-
-        def query(conn: Connection) -> set[str]:
-            found: set[str] = set()
-            for i in range(0, len(wanted), 500):
-                chunk = wanted[i : i + 500]
-                found.update(
-                    conn.execute(
-                        select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(chunk))
-                    ).scalars()
-                )
-            return found
-
-        return self._read(query)
+        return self._read(lambda conn: _blobs_among(conn, wanted))
 
     def tree_depths(self, ids: Iterable[str]) -> dict[str, int]:
         wanted = [i for i in ids if i]
-        if not wanted:
-            return {}
-        return self._read(
-            lambda conn: {
-                r.id: int(r.depth)
-                for r in conn.execute(
-                    select(workspace_trees.c.id, workspace_trees.c.depth).where(
-                        workspace_trees.c.id.in_(wanted)
-                    )
-                )
-            }
-        )
+        return self._read(lambda conn: _depths_among(conn, wanted)) if wanted else {}
+
+    def stored(
+        self, hashes: Iterable[str], trees: Iterable[str]
+    ) -> tuple[set[str], dict[str, int]]:
+        """stored_blobs and tree_depths in one read: a snapshot asks both at every step
+        that changed a file, and each read is a connection's transaction of its own."""
+        wanted, ids = list(hashes), [i for i in trees if i]
+        return self._read(lambda conn: (_blobs_among(conn, wanted), _depths_among(conn, ids)))
 
     def blob_statement(self, contents: dict[str, bytes]) -> Statement:
         rows = [
@@ -334,6 +319,31 @@ def save_statements(
                 conn.execute(statement, params)
 
     retrying.run(write, policy or retrying.StorePolicy())
+
+
+def _blobs_among(conn: Connection, wanted: list[str]) -> set[str]:
+    found: set[str] = set()
+    for i in range(0, len(wanted), 500):  # SQLite's bound on a statement's values
+        chunk = wanted[i : i + 500]
+        found.update(
+            conn.execute(
+                select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(chunk))
+            ).scalars()
+        )
+    return found
+
+
+def _depths_among(conn: Connection, wanted: list[str]) -> dict[str, int]:
+    if not wanted:
+        return {}
+    return {
+        r.id: int(r.depth)
+        for r in conn.execute(
+            select(workspace_trees.c.id, workspace_trees.c.depth).where(
+                workspace_trees.c.id.in_(wanted)
+            )
+        )
+    }
 
 
 def _read(

@@ -78,7 +78,7 @@ def take(
     tid = scan.tree_id
     with scanner.lock:
         check = set(pending)
-    present = blobs.stored_blobs(check) if check else set()
+    present, depths = blobs.stored(check, [tid, last[0] if last else ""])
     statements: list[Statement] = []
     with scanner.lock:
         for digest in present:
@@ -90,7 +90,6 @@ def take(
         missing = dict(pending)
     if missing:
         statements.append(blobs.blob_statement(missing))
-    depths = blobs.tree_depths([tid, last[0] if last else ""])
     with scanner.lock:
         stored.update(depths)
     if tid not in depths:
