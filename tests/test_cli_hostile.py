@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_agent.models.scripted import _parsed
 
 DONE = {"content": "done"}
 
@@ -135,6 +139,12 @@ def test_a_config_file_that_never_ends_is_refused(cli) -> None:
         ('[{"delay_s": NaN, "content": "x"}]', 'a "delay_s" of nan'),
         ('[{"delay_s": Infinity, "content": "x"}]', 'a "delay_s" of inf'),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('[{"delay_s": 1e400, "content": "x"}]', 'a "delay_s" of inf'),
+        ('[{"tool_calls": [{"name": "x", "arguments": null}]}]', '"arguments" is null'),
+        ('[{"tool_calls": [{"name": "x", "arguments": 3}]}]', '"arguments" is a number'),
+        ('[{"delay_s": true, "content": "x"}]', '"delay_s" that is a boolean'),
+        ('[{"content": "x"}] and more', "is not valid JSON"),
+        ('[{"content": "x", "tool_calls": []}, {}]', 'turn 1 needs "content" or "tool_calls"'),
     ],
 )
 def test_a_bad_script_is_a_usage_error_before_the_run(cli, tmp_path, sql, turns, says) -> None:
@@ -599,3 +609,26 @@ def test_a_ctrl_c_while_the_process_ends_changes_nothing_and_prints_no_traceback
     )
     assert r.returncode == 0 and r.stdout.strip() == "done", (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(alphabet=st.characters(codec="utf-8")),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values, st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_a_script_reads_as_json_reads_it(value: object, ascii_only: bool) -> None:
+    # models/scripted.py reads a script with msgspec, and with json what msgspec refuses:
+    # the values are json's either way (a lone surrogate, NaN and 1e400 included).
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    for raw in (text, text.replace("0.0", "1e400"), '["\\ud800", NaN, ' + text + "]"):
+        expected = json.loads(raw)
+        got = _parsed(raw.encode("utf-8", "surrogatepass"))
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
