@@ -290,6 +290,33 @@ def test_a_link_out_of_the_workspace_is_not_read(
     assert _rows(env, "SELECT count(*) FROM steps WHERE kind = 'memory'") == [(0,)]
 
 
+def test_a_link_swapped_in_after_the_check_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The path is checked (realpath inside the workspace), then opened: a link put in the
+    # file's place between the two is caught on the open file. The check is made to see
+    # the file as it was before the swap.
+    from durable_agent.workspace import memory
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY MATERIAL\n")
+    (workspace / "AGENTS.md").symlink_to(secret)
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "AGENTS.md").write_text("rule: in the workspace\n")
+    real = memory.os.path.realpath
+
+    def as_before_the_swap(path: Any) -> str:
+        found = real(path)
+        return str(workspace / "AGENTS.md") if found == str(secret) else found
+
+    monkeypatch.setattr(memory.os.path, "realpath", as_before_the_swap)
+    found = memory.read_memory(workspace, "sub", ["AGENTS.md"], {"HOME": str(tmp_path)})
+    assert "PRIVATE KEY" not in found.text
+    assert "rule: in the workspace" in found.text  # a file in the workspace is still read
+
+
 def test_a_summary_keeps_the_memory_messages_verbatim() -> None:
     """The compacted request: system prompt, task, then every memory message the summary
     replaced the turns around, then the summary and the recent turns."""

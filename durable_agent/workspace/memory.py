@@ -47,7 +47,7 @@ def read_memory(
     cut at a byte, and a key cut in two there is no key shape any more (its tail went out)."""
     root = Path(os.path.realpath(workspace))
     names = list(dict.fromkeys(names))  # a name given twice is one file, read once
-    where: list[tuple[Path, str]] = []  # farthest first
+    where: list[tuple[Path, str, str | None]] = []  # farthest first; the folder it must be in
     user = user_memory_dir(env)
     home = env.get("HOME") or str(Path.home())
     for name in names:
@@ -59,7 +59,7 @@ def read_memory(
         shown = str(path)
         if home and shown.startswith(os.path.join(home, "")):
             shown = "~/" + shown[len(os.path.join(home, "")) :]
-        where.append((path, shown))
+        where.append((path, shown, None))
     for folder in folders(root, task_dir):
         for name in names:
             path = folder / name
@@ -68,16 +68,16 @@ def read_memory(
             real = os.path.realpath(path)
             if real != str(root) and not real.startswith(os.path.join(str(root), "")):
                 continue
-            where.append((path, path.relative_to(root).as_posix()))
+            where.append((path, path.relative_to(root).as_posix(), str(root)))
     # Nearest first, and no further once the cap is passed: compose cuts the farthest text
     # first, so what lies beyond is only counted. Reading them all held every file whole (a
     # project's memory_files with a name 400 times, or 400 links to one big file: 1.3 GB).
     found: list[MemoryFile] = []
     kept = left_out = 0
-    for path, shown in reversed(where):
+    for path, shown, beneath in reversed(where):
         if kept > MEMORY_CAP:
             left_out += _size(path)
-        elif (f := _read(path, shown, redact)) is not None:
+        elif (f := _read(path, shown, redact, beneath)) is not None:
             found.append(f)
             kept += len(f.text.encode("utf-8", "surrogatepass"))
     return compose(found[::-1], left_out=left_out)
@@ -92,13 +92,17 @@ def _size(path: Path) -> int:
     return min(st.st_size, MAX_FILE_BYTES) if stat.S_ISREG(st.st_mode) else 0
 
 
-def _read(path: Path, shown: str, redact: Callable[[str], str]) -> MemoryFile | None:
+def _read(
+    path: Path, shown: str, redact: Callable[[str], str], beneath: str | None = None
+) -> MemoryFile | None:
     try:
         # Without blocking: a FIFO named AGENTS.md (no writer) would hang the run.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     with open(fd, "rb") as f:
+        if beneath is not None and not _opened_in(fd, beneath):
+            return None
         try:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None
@@ -109,3 +113,15 @@ def _read(path: Path, shown: str, redact: Callable[[str], str]) -> MemoryFile | 
     if not text.strip():
         return None
     return MemoryFile(shown, hashlib.sha256(raw).hexdigest(), len(raw), redact(text))
+
+
+def _opened_in(fd: int, root: str) -> bool:
+    """The file `fd` is open on lies in `root`. read_memory checks the path before it opens
+    it; a link put in its place between the two (by a process the run left behind, or
+    another run in the same folder) would be followed out of the workspace. Linux names an
+    open file in /proc/self/fd; where that cannot be read, the check before stands alone."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return True
+    return real == root or real.startswith(os.path.join(root, ""))
