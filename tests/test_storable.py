@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec.json  # noqa: F401  (read_json reads by msgspec where it is loaded)
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from durable_agent.store.engine import open_store_engine
 from durable_agent.store.prepared import json_text
 from durable_agent.store.rows import utcnow
 from durable_agent.store.schema import messages, runs, steps
-from durable_agent.store.storable import storable, storable_text
+from durable_agent.store.storable import read_json, storable, storable_text
 
 # Every code point, surrogates and NUL included (hypothesis leaves out surrogates by default).
 ANY_CHAR = st.characters(exclude_categories=())
@@ -82,6 +83,29 @@ def same_json(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+# -- read_json: msgspec first, json for what it refuses -----------------------------------------
+def _read_json_by_json(text: str) -> object:
+    """read_json as it was, json alone."""
+    try:
+        return storable(json.loads(text))
+    except (ValueError, RecursionError):
+        return text
+
+
+@settings(max_examples=400, deadline=None)
+@given(VALUES, st.booleans(), st.sampled_from(["", "NaN", "1e400", '"\\ud800"', '"\\u0000"']))
+def test_read_json_gives_what_json_gave(value: Any, ascii_only: bool, odd: str) -> None:
+    # Any JSON text, surrogates, NUL, NaN and numbers past a float's range spelt in it, and
+    # text that is not JSON: the value read is the one json read (then made storable).
+    text = json.dumps(value, ensure_ascii=ascii_only, default=repr)
+    for raw in (text, f"[{odd}, {text}]" if odd else text, text[:-1] or "x"):
+        got, expected = read_json(raw), _read_json_by_json(raw)
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True), raw
+        for piece in strings_in(got) if got is not raw else ():  # (not JSON: as written)
+            piece.encode("utf-8")  # no surrogate reaches a row's reader
+            assert "\x00" not in piece
 
 
 # -- storable ----------------------------------------------------------------------------------
