@@ -81,6 +81,22 @@ def test_write_is_atomic_keeps_mode_and_leaves_no_temp_files(workspace: Path) ->
     assert sorted(p.name for p in target.parent.iterdir()) == ["run.sh"]
 
 
+@pytest.mark.parametrize("tool", ["write_file", "edit_file"])
+def test_a_rewritten_file_loses_its_setuid_and_setgid_bits(workspace: Path, tool: str) -> None:
+    # Replaced, not written: the kernel's clearing of these bits on a write does not apply,
+    # and new bytes under an old setuid bit would run as the file's owner.
+    target = workspace / "tool"
+    target.write_text("#!/bin/sh\necho old\n")
+    os.chmod(target, 0o6755)
+    assert target.stat().st_mode & 0o7777 == 0o6755
+    args = {"path": "tool", "content": "#!/bin/sh\necho new\n"}
+    if tool == "edit_file":
+        args = {"path": "tool", "old_string": "old", "new_string": "new"}
+    assert call(workspace, tool, **args).error is None
+    assert target.read_text() == "#!/bin/sh\necho new\n"
+    assert target.stat().st_mode & 0o7777 == 0o755  # the permission bits kept, no more
+
+
 def test_write_plan_records_before_and_after_hashes(workspace: Path) -> None:
     (workspace / "a.txt").write_text("old")
     ctx = ToolContext(workspace=workspace, run_id="r", call_id="c")

@@ -172,7 +172,10 @@ def _write_in(
 ) -> None:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+        # The permission bits, not setuid, setgid or sticky: new bytes under an old setuid
+        # bit would run as its owner (the kernel clears the bit on a write for this reason,
+        # and here the file is replaced, not written).
+        mode = stat.S_IMODE(st.st_mode) & 0o777 if stat.S_ISREG(st.st_mode) else None
     except FileNotFoundError:
         mode = None
     prefix = f".{name}.da-"
