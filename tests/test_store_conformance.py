@@ -457,6 +457,22 @@ def test_cancel_and_requeue_a_run_not_executing(backend: Backend) -> None:
     assert_reads_agree(b, [run_id, live])
 
 
+def test_a_requeue_checks_the_status_it_was_asked_for(backend: Backend) -> None:
+    # `resume --detach` and the view check a run, then queue it: a run cancelled (or
+    # completed) by another process between the two is not queued, its cancel undone.
+    b = backend
+    run_id = b.create()
+    with b.engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == run_id).values(status="failed"))
+    assert b.store.cancel(run_id) == "cancelled"  # meanwhile, after the check saw `failed`
+    with pytest.raises(UsageError, match="is cancelled now .failed when it was checked"):
+        b.store.requeue(run_id, if_status="failed")
+    run = b.store.get_run(run_id)
+    assert (run.status, run.stop_reason) == ("cancelled", "cancelled")
+    b.store.requeue(run_id, if_status="cancelled")  # what was checked: queued
+    assert b.store.get_run(run_id).status == "pending"
+
+
 def test_the_queue_claims_releases_and_takes_over(backend: Backend) -> None:
     b = backend
     queue = Queue(b.engine, POLICY)

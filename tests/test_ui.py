@@ -274,6 +274,31 @@ def test_cancel_and_resume_through_the_ui(store_url) -> None:  # type: ignore[no
     assert c.post("/runs/nope/cancel", data={"csrf": token}).status_code == 404
 
 
+def test_a_run_cancelled_while_the_view_resumes_it_stays_cancelled(store_url, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The view checks the run, then queues it: a `durable-agent cancel` landing between
+    # the two (here: while the view asks for the run's open question) is not undone.
+    from durable_agent.store.runs import Store
+
+    store = open_store(store_url)
+    store.create_run("r", task="t", workspace="/w", model="m", settings={}, first_messages=FIRST)
+    with store.engine.begin() as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE runs SET status = 'failed' WHERE id = 'r'"))
+    asked = Store.pending_approval
+
+    def cancelled_meanwhile(self: Store, run_id: str) -> Any:
+        open_store(store_url).cancel(run_id)  # another process
+        return asked(self, run_id)
+
+    c = client(store_url)
+    token = csrf_of(c.get("/runs/r").text)
+    monkeypatch.setattr(Store, "pending_approval", cancelled_meanwhile)
+    refused = c.post("/runs/r/resume", data={"csrf": token})
+    assert refused.status_code == 409 and "it was not queued" in refused.text, refused.text
+    assert store.get_run("r").status == "cancelled"
+
+
 @pytest.mark.parametrize(
     "secret", ["t0ken-" + "x" * 20, "t0ken+/=~." + "x" * 20]
 )  # every character --token takes

@@ -353,7 +353,9 @@ def cmd_resume(args: Namespace, env: dict[str, str]) -> int:
             from durable_agent.cli.versions_command import consent_for_queue
 
             consent_for_queue(store, run_id)
-        store.requeue(run_id, settings=settings.redacted_dict() if changes else None)
+        store.requeue(
+            run_id, settings=settings.redacted_dict() if changes else None, if_status=run.status
+        )
         _print_queued(run_id, args.json)
         return 0
     _missing_workspace(store, run_id, settings)

@@ -294,14 +294,24 @@ class Store:
             return "cancelled"
 
     @_retried
-    def requeue(self, run_id: str, *, settings: dict[str, Any] | None = None) -> None:
+    def requeue(
+        self, run_id: str, *, settings: dict[str, Any] | None = None, if_status: str | None = None
+    ) -> None:
         """Put a stopped run back in the workers' queue (`pending`, no lease), with new
-        recorded `settings` if given (written only once the run is known not to be live)."""
+        recorded `settings` if given (written only once the run is known not to be live).
+        `if_status`: only if the run is still what the caller checked it was (UsageError
+        otherwise): a run completed or cancelled meanwhile by another process is not
+        queued again, its cancel undone."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
+            if if_status is not None and row.status != if_status:
+                raise UsageError(
+                    f"run {run_id} is {row.status} now ({if_status} when it was checked): "
+                    "it was not queued"
+                )
             extra = {} if settings is None else {"settings": storable(settings)}
             conn.execute(
                 update(runs)

@@ -64,7 +64,7 @@ def answer(store: Store, run_id: str, *, approved: bool, by: str) -> Done:
     # Pending first, in both cases: the run page then follows it live from the redirect on
     # (a blocked run's page ends its stream at once), and a worker may take it as well: the
     # run's lease lets one of them execute it, the other is refused.
-    store.requeue(run_id)
+    store.requeue(run_id, if_status=RunStatus.BLOCKED.value)
     if not resumes_here(store):
         return Done(run_id, notice)
     _start_resume(store, run_id, run.workspace)
@@ -77,7 +77,7 @@ def continue_answered(store: Store, run_id: str, notice: str) -> Done:
     run = store.get_run(run_id)
     if run.status != RunStatus.BLOCKED or store.pending_approval(run_id) is not None:
         return Done(run_id, notice)  # on its way already, or another question still open
-    store.requeue(run_id)
+    store.requeue(run_id, if_status=RunStatus.BLOCKED.value)
     if not resumes_here(store):
         return Done(run_id, notice)
     _start_resume(store, run_id, run.workspace)
@@ -152,5 +152,5 @@ def resume(store: Store, run_id: str) -> Done:
         raise UsageError(f"run {run_id} is {run.status}; it cannot be resumed")
     if store.pending_approval(run_id) is not None:
         raise UsageError(f"run {run_id} waits for an answer: approve or deny it first")
-    store.requeue(run_id)
+    store.requeue(run_id, if_status=run.status)
     return Done(run_id, "queued")
