@@ -23,6 +23,7 @@ from durable_agent.workspace.manifest import (
     FILE,
     LINK,
     Entry,
+    Manifest,
     apply_stored,
     changes,
     encode_delta,
@@ -393,6 +394,66 @@ def test_manifests_round_trip_any_names(old: dict[bytes, Entry], new: dict[bytes
     assert {c.path for c in changes(old, new)} == {
         p for p in set(old) | set(new) if old.get(p) != new.get(p)
     }
+
+
+def test_a_long_chain_of_small_changes_goes_on_from_the_last_whole_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every MAX_DEPTH deltas the chain went on from a whole manifest written again (1.5 MB
+    # at 50,000 files); now from the last whole one, with the changes since. Each tree
+    # still loads back as the manifest its snapshot took.
+    from durable_agent.store.blobs import MAX_DEPTH, BlobStore, save_statements
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.workspace import scan, snapshot
+    from durable_agent.workspace.scan import Scanner
+
+    monkeypatch.setattr(scan, "RACY_NS", 0)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(200):
+        (ws / f"f{i:03d}.txt").write_text(f"file {i}\n")
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    blobs = BlobStore(engine)
+    scanner = Scanner(ws, [], 10_000)
+    taken: dict[str, Manifest] = {}
+
+    def take(paths: list[bytes] | None, saved: bool = True) -> str:
+        snap = snapshot.take(scanner, blobs, paths)
+        if saved:
+            save_statements(engine, snap.statements)
+            taken[snap.tree_id] = dict(snap.manifest)
+        return snap.tree_id
+
+    first = take(None)
+    for step in range(2 * MAX_DEPTH + 10):
+        name = f"f{step % 7:03d}.txt"  # a few files, edited over and over
+        (ws / name).write_text(f"edit {step}\n")
+        take([name.encode()])
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        rows = conn.execute("SELECT id, base, depth FROM workspace_trees").fetchall()
+    assert [tid for tid, base, _ in rows if base is None] == [first]  # one whole manifest
+    assert max(depth for _, _, depth in rows) == MAX_DEPTH
+    assert sum(1 for _, base, depth in rows if base == first and depth == 1) == 3
+    snapshot._trees.clear()  # read back from the store, not the cache
+    for tid, manifest in taken.items():
+        assert snapshot.load(blobs, tid) == manifest, tid
+
+    # A whole manifest whose transaction failed is not gone on from; a change of more than
+    # a quarter of the files is written whole.
+    for i in range(60):
+        (ws / f"f{i:03d}.txt").write_text(f"rewritten {i}\n")
+    lost = take(None, saved=False)
+    (ws / "f100.txt").write_text("one more\n")
+    for _ in range(MAX_DEPTH + 1):  # to the chain's end, so the next goes on from a whole
+        (ws / "f101.txt").write_text(f"{_}\n")
+        take([b"f101.txt"])
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        bases = {base for (base,) in conn.execute("SELECT base FROM workspace_trees")}
+    assert lost not in bases
+    snapshot._trees.clear()
+    for tid, manifest in taken.items():
+        assert snapshot.load(blobs, tid) == manifest, tid
+    engine.dispose()
 
 
 def test_unchanged_workspace_is_not_hashed_again(

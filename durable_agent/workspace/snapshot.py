@@ -44,6 +44,10 @@ class Snapshot(Struct):
 
 _pending: dict[int, dict[str, bytes]] = {}  # id(scanner) -> contents not yet seen stored
 _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snapshot
+# id(scanner) -> its last tree stored whole (depth 0): where a chain MAX_DEPTH deltas deep
+# goes on from, with the changes since (a whole manifest every MAX_DEPTH changed steps was
+# 1.5 MB and 110 ms at 50,000 files: 2 ms a step, and 30 KB, on average)
+_whole: dict[int, tuple[str, Manifest]] = {}
 
 
 _stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
@@ -71,6 +75,7 @@ def take(
         pending.update(scanner.unsaved)
         scanner.unsaved.clear()
         last = _last.get(id(scanner))
+        whole = _whole.get(id(scanner))
         stored = _stored.setdefault(str(blobs.engine.url), set())
         if last is not None and last[0] == scan.tree_id and last[0] in stored and not pending:
             # Unchanged since a snapshot the store has: nothing to hash, query or write.
@@ -78,7 +83,8 @@ def take(
     tid = scan.tree_id
     with scanner.lock:
         check = set(pending)
-    present, depths = blobs.stored(check, [tid, last[0] if last else ""])
+    trees = [tid, last[0] if last else "", whole[0] if whole else ""]
+    present, depths = blobs.stored(check, trees)
     statements: list[Statement] = []
     with scanner.lock:
         for digest in present:
@@ -92,14 +98,24 @@ def take(
         statements.append(blobs.blob_statement(missing))
     with scanner.lock:
         stored.update(depths)
-    if tid not in depths:
+    if depths.get(tid) == 0:
+        whole = (tid, manifest)  # (stored whole before: a new process's first snapshot)
+    elif tid not in depths:
         row = None
-        if last is not None and last[0] in depths and depths[last[0]] < MAX_DEPTH:
+        if last is not None and depths.get(last[0], MAX_DEPTH) < MAX_DEPTH:
             data, size = encode_delta(last[1], manifest, scan.delta_from(last[1]))
             if size * 4 <= len(manifest) + 4:  # small change: a delta; else a new full manifest
                 row = TreeRow(tid, last[0], depths[last[0]] + 1, len(manifest), data)
+        elif whole is not None and depths.get(whole[0]) == 0:
+            # The chain is MAX_DEPTH deep (or its last tree was never stored): the changes
+            # since the last whole manifest, on it. Every entry is compared (most are the
+            # same objects: `is` settles them), a few ms at 50,000 files.
+            data, size = encode_delta(whole[1], manifest)
+            if size * 4 <= len(manifest) + 4:
+                row = TreeRow(tid, whole[0], 1, len(manifest), data)
         if row is None:
             row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+            whole = (tid, manifest)
         if head is not None:
             row = TreeRow(
                 row.id, row.base, row.depth, row.entries, row.data, head.baseline.encoded()
@@ -109,6 +125,8 @@ def take(
         _note_git((str(blobs.engine.url), tid), head.baseline if head is not None else None)
     with scanner.lock:
         _last[id(scanner)] = (tid, manifest)
+        if whole is not None:
+            _whole[id(scanner)] = whole
     return Snapshot(tid, manifest, statements, scan.skipped, scan)
 
 
