@@ -965,3 +965,39 @@ def test_a_broken_fast_write_is_caught(backend: Backend, monkeypatch: pytest.Mon
             slip
         )
         monkeypatch.undo()
+
+
+def test_a_requeue_whose_commit_answer_was_lost_is_not_refused_on_its_retry(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The COMMIT that queued the run lands, then the connection fails before its answer is
+    # read: the retry finds the run `pending`, queued by that very commit, and is done (not
+    # "is pending now (failed when it was checked): it was not queued", exit 2).
+    import sqlite3
+
+    b = backend
+    run_id = b.create()
+    with b.engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == run_id).values(status="failed"))
+    dialect = b.engine.dialect
+    real_commit = dialect.do_commit
+    lost = [0]
+
+    def commit_then_lose(dbapi_conn: Any) -> None:
+        real_commit(dbapi_conn)
+        if lost[0]:
+            return
+        lost[0] += 1
+        if dialect.name == "postgresql":
+            import psycopg
+
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        error = sqlite3.OperationalError("disk I/O error")
+        error.sqlite_errorname = "SQLITE_IOERR"
+        raise error
+
+    monkeypatch.setattr(dialect, "do_commit", commit_then_lose)
+    b.store.requeue(run_id, if_status="failed")
+    monkeypatch.undo()
+    assert lost == [1]
+    assert b.store.get_run(run_id).status == "pending"

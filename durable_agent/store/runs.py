@@ -301,13 +301,15 @@ class Store:
         recorded `settings` if given (written only once the run is known not to be live).
         `if_status`: only if the run is still what the caller checked it was (UsageError
         otherwise): a run completed or cancelled meanwhile by another process is not
-        queued again, its cancel undone."""
+        queued again, its cancel undone. A run found `pending` is queued already (by
+        another process, or by this call's own commit whose answer was lost and which is
+        tried again): that is what was asked, not a refusal."""
         now = utcnow()
         with self.engine.begin() as conn:
             row = _locked_run(conn, run_id)
             if leases.is_live(row.lease_owner, row.lease_expires_at, now):
                 raise RunBusy(run_id, row.lease_owner)
-            if if_status is not None and row.status != if_status:
+            if if_status is not None and row.status not in (if_status, RunStatus.PENDING):
                 raise UsageError(
                     f"run {run_id} is {row.status} now ({if_status} when it was checked): "
                     "it was not queued"
