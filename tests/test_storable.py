@@ -86,7 +86,7 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 # -- read_json: msgspec first, json for what it refuses -----------------------------------------
-def _read_json_by_json(text: str) -> object:
+def _read_json_by_json(text: str | bytes) -> object:
     """read_json as it was, json alone."""
     try:
         return storable(json.loads(text))
@@ -106,6 +106,23 @@ def test_read_json_gives_what_json_gave(value: Any, ascii_only: bool, odd: str) 
         for piece in strings_in(got) if got is not raw else ():  # (not JSON: as written)
             piece.encode("utf-8")  # no surrogate reaches a row's reader
             assert "\x00" not in piece
+
+
+@pytest.mark.parametrize("depth", [300, 600, 900])
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["str", "bytes"])
+def test_read_json_of_a_value_nested_past_the_walk_is_as_json_read_it(
+    depth: int, as_bytes: bool
+) -> None:
+    # A hand-edited row nested deeper than storable's walk recurses (json reads it, the
+    # walk raises RecursionError) was shown as written; msgspec reads far deeper, and its
+    # value, not walked, must not come back where json's reading gave the text.
+    for opening, closing in (("[", "]"), ('{"k": ', "}")):
+        text = opening * depth + "1" + closing * depth
+        raw: str | bytes = text.encode() if as_bytes else text
+        got, expected = read_json(raw), _read_json_by_json(raw)  # (the same stack depth)
+        assert type(got) is type(expected), (depth, opening, type(got), type(expected))
+        if expected is raw:
+            assert got is raw
 
 
 # -- storable ----------------------------------------------------------------------------------
