@@ -144,6 +144,8 @@ def test_a_config_file_that_never_ends_is_refused(cli) -> None:
         ('[{"tool_calls": [{"name": "x", "arguments": 3}]}]', '"arguments" is a number'),
         ('[{"delay_s": true, "content": "x"}]', '"delay_s" that is a boolean'),
         ('[{"content": "x"}] and more', "is not valid JSON"),
+        # More digits than Python converts to an int (4300): json's ValueError, not a traceback.
+        ('[{"delay_s": ' + "1" * 5000 + ', "content": "x"}]', "is not valid JSON"),
         ('[{"content": "x", "tool_calls": []}, {}]', 'turn 1 needs "content" or "tool_calls"'),
     ],
 )

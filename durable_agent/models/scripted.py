@@ -45,7 +45,7 @@ def load_script(path: Path) -> Script | dict[str, Script]:
         raise ConfigError(f"script file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read script file {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or json's refusal of an int of 4,301 digits
         raise ConfigError(f"script file {path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ConfigError(f"script file {path} is nested too deeply to be a script") from None
