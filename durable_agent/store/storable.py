@@ -115,9 +115,9 @@ def _storable_other(value: Any) -> Any:
 lenient_text = functools.partial(str, encoding="utf-8", errors="replace")
 
 
-# Values nested fewer levels than this are walked by storable well within Python's recursion
-# limit (the caller's frames and all); a deeper one may not be, and json's reading shows it
-# as written then.
+# A value this many levels deep is walked by storable well within Python's recursion limit
+# (the caller's frames and all); a text that may nest deeper is read by json, as before,
+# and shown as written where storable's walk cannot go.
 _SHALLOW = 100
 
 
@@ -126,47 +126,25 @@ def _may_nest(text: Any, bracket: Any, brace: Any) -> bool:
     return len(text) >= 2 * _SHALLOW and text.count(bracket) + text.count(brace) >= _SHALLOW
 
 
-def _deep(value: Any) -> bool:
-    """`value` nests lists and objects _SHALLOW levels or more (level by level: no recursion)."""
-    level = [value]
-    for _ in range(_SHALLOW):
-        level = [
-            v
-            for item in level
-            if type(item) is dict or type(item) is list
-            for v in (item.values() if type(item) is dict else item)
-        ]
-        if not level:
-            return False
-    return True
-
-
 def read_json(text: str | bytes) -> object:
     # msgspec, where the process has loaded it (a run's does: the workspace's manifests),
     # reads 7 times faster than json (a resume reads thousands of values); `list` and `show`
     # do not load it for this (16 ms of their start). What it refuses (NaN, a lone
     # surrogate, 1e400, text that is not JSON) json reads, or shows as written, as before.
     # A value it gives holds no surrogate and no NaN, and a NUL only where the text spells
-    # `\u0000`: only then is it made storable. It also reads values nested deeper than
-    # storable's walk recurses (about half as deep as json reads): a value _SHALLOW levels
-    # deep is walked as before, and shown as written where the walk cannot go.
+    # `\u0000`, and it reads values nested deeper than storable's walk recurses: a text
+    # that spells a NUL or may nest that deep is read by json, as before.
     fast = sys.modules.get("msgspec.json")
     if fast is not None:
-        try:
-            value = fast.decode(text)
-        except (ValueError, RecursionError):  # (msgspec's DecodeError is a ValueError)
-            pass
+        if isinstance(text, bytes):  # (psycopg gives bytes)
+            odd = b"\\u0000" in text or _may_nest(text, b"[", b"{")
         else:
-            if isinstance(text, bytes):  # (psycopg gives bytes)
-                nul, nest = b"\\u0000" in text, _may_nest(text, b"[", b"{")
-            else:
-                nul, nest = "\\u0000" in text, _may_nest(text, "[", "{")
-            if not nul and not (nest and _deep(value)):
-                return value
+            odd = "\\u0000" in text or _may_nest(text, "[", "{")
+        if not odd:
             try:
-                return storable(value)
-            except RecursionError:
-                return text
+                return fast.decode(text)
+            except (ValueError, RecursionError):  # (msgspec's DecodeError is a ValueError)
+                pass
     try:
         # storable: JSON text can spell what a str must not carry further (`"\ud800"`).
         return storable(json.loads(text))
