@@ -616,6 +616,36 @@ def test_a_default_run_after_a_git_one_in_the_same_process_stores_every_file(
         engine.dispose()
 
 
+def test_default_runs_between_git_ones_in_the_same_process_store_every_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git, default, git, default on one scanner: the second git run's scanner is not
+    fresh, yet the ids it took from HEAD are dropped for the default run after it, whose
+    tree (naming no commit) must rebuild from the store alone."""
+    monkeypatch.setattr(scan_module, "RACY_NS", 0)
+    ws = make_checkout(tmp_path, files=4, size=200)
+    committed = (ws / "run.sh").read_bytes()
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        for git_baseline_on, edit in ((True, None), (False, b"#!/bin/sh\n"), (True, committed)):
+            if edit is not None:
+                (ws / "run.sh").write_bytes(edit)  # back to HEAD's bytes: a `git:` id again
+            snap = snapshot.take(scanner, blobs, git=git_baseline_on)
+            save_statements(engine, snap.statements)
+        assert snap.manifest[b"run.sh"].ref.startswith("git:")
+        (ws / "new.txt").write_text("made by the default run\n")
+        plain = snapshot.take(scanner, blobs)
+        save_statements(engine, plain.statements)
+        refs = {e.ref for e in plain.manifest.values() if e.kind == "file"}
+        assert not any(r.startswith("git:") for r in refs), refs
+        assert refs <= stored_blob_refs(engine)
+        assert BlobStore(engine).tree_git(plain.tree_id) is None
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("loop", ["c", "python"])
 def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str

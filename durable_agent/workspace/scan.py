@@ -521,6 +521,7 @@ class Scanner:
         size is not that (git_baseline.Clean)."""
         with self.lock:
             self._set_git(head, clean, since, fmt, sized)
+            self._git_used = True  # entries may hold `git:` ids now (drop_git)
 
     def _set_git(
         self,
