@@ -542,7 +542,7 @@ def test_snapshots_blobs_trees_and_step_changes(backend: Backend) -> None:
             [blobs.tree_statement(delta), changes_statement(rows)], {"tree_id": "t1"}
         ),
     )
-    assert blobs.tree_depths(["t0", "t1", "t9", ""]) == {"t0": 0, "t1": 1}
+    assert blobs.stored([], ["t0", "t1", "t9", ""])[1] == {"t0": 0, "t1": 1}
     assert blobs.tree_chain("t1") == [b"\x00manifest", b"delta"]
     with pytest.raises(KeyError):
         blobs.tree_chain("t9")

@@ -164,7 +164,7 @@ def _run_hook(
     )
     state.hooks_done.add(key)
     fired = Fired(outcome.output)
-    _report(ctx, event, hook, fired)
+    _report(ctx, event, fired)
     return fired
 
 
@@ -254,14 +254,14 @@ def _for_model(event: HookEvent, hook: Hook, fired: Fired) -> str | None:
     return None
 
 
-def _report(ctx: StepContext, event: HookEvent, hook: Hook, fired: Fired) -> None:
+def _report(ctx: StepContext, event: HookEvent, fired: Fired) -> None:
     code = fired.exit_code
     if code in (0, BLOCK) and not fired.get("timed_out"):
         return
     how = "timed out" if fired.get("timed_out") else f"exit code {code}"
     tail = str(fired.get("stderr") or "")[-300:]
     ctx.observer.note(
-        f"hook {event.value} `{ctx.redactor.redact_known(hook.command)}` failed ({how}){': ' + tail if tail else ''}"
+        f"hook {event.value} `{fired.get('command')}` failed ({how}){': ' + tail if tail else ''}"
     )
 
 

@@ -70,7 +70,6 @@ def _parsed(raw: bytes) -> Any:
 
 TURN_KEYS = frozenset({"content", "tool_calls", "delay_s"})
 CALL_KEYS = frozenset({"name", "arguments"})
-_NO_ARGUMENTS: dict[str, Any] = {}  # (never changed: a call without "arguments")
 
 
 def validate_script(data: Any, where: str) -> list[dict[str, Any]]:
@@ -120,9 +119,8 @@ def _turn_problem(turn: Any) -> str | None:
         if not call.keys() <= CALL_KEYS:
             unknown = sorted(call.keys() - CALL_KEYS)
             return f'has a tool call ({j}) with an unknown key "{unknown[0]}" (a call has "name", "arguments")'
-        args = call.get("arguments", _NO_ARGUMENTS)
-        if not isinstance(args, (dict, str)):
-            return f'has a tool call ({j}) whose "arguments" is {_kind(args)}: give an object (or a string, sent raw)'
+        if "arguments" in call and not isinstance(call["arguments"], (dict, str)):
+            return f'has a tool call ({j}) whose "arguments" is {_kind(call["arguments"])}: give an object (or a string, sent raw)'
     return None
 
 

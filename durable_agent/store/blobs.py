@@ -119,15 +119,12 @@ class BlobStore:
         wanted = list(hashes)
         return self._read(lambda conn: _blobs_among(conn, wanted))
 
-    def tree_depths(self, ids: Iterable[str]) -> dict[str, int]:
-        wanted = [i for i in ids if i]
-        return self._read(lambda conn: _depths_among(conn, wanted)) if wanted else {}
-
     def stored(
         self, hashes: Iterable[str], trees: Iterable[str]
     ) -> tuple[set[str], dict[str, int]]:
-        """stored_blobs and tree_depths in one read: a snapshot asks both at every step
-        that changed a file, and each read is a connection's transaction of its own."""
+        """Of `hashes`, the blobs stored; of `trees`, the stored ones and their depths. One
+        read: a snapshot asks both at every step that changed a file, and each read is a
+        connection's transaction of its own."""
         wanted, ids = list(hashes), [i for i in trees if i]
         return self._read(lambda conn: (_blobs_among(conn, wanted), _depths_among(conn, ids)))
 

@@ -93,7 +93,7 @@ def _size(path: Path) -> int:
 
 
 def _read(
-    path: Path, shown: str, redact: Callable[[str], str], beneath: str | None = None
+    path: Path, shown: str, redact: Callable[[str], str], beneath: str | None
 ) -> MemoryFile | None:
     try:
         # Without blocking: a FIFO named AGENTS.md (no writer) would hang the run.
