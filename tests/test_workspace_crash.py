@@ -239,3 +239,83 @@ def test_worker_on_another_root_rebuilds_the_workspace_after_a_sigkill(tmp_path,
         finally:
             workers.kill_all()
             engine.dispose()
+
+
+def _files_after(writes: int) -> dict[str, str]:
+    """deep_turns' files after its first `writes` write_file steps."""
+    files: dict[str, str] = {}
+    for i in range(writes):
+        files[f"f{i % 5}.txt"] = f"step {i}\n"
+    return files
+
+
+def deep_turns(writes: int) -> list[dict[str, Any]]:
+    """One write_file a turn over five files: more changed snapshots than MAX_DEPTH."""
+    turns: list[dict[str, Any]] = [
+        {
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {"path": f"f{i % 5}.txt", "content": f"step {i}\n"},
+                }
+            ]
+        }
+        for i in range(writes)
+    ]
+    return [*turns, {"content": "written"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("every", [37, 483, 1000])  # 483: killed past MAX_DEPTH; 1000: never
+def test_a_chain_past_max_depth_restores_every_step_after_sigkills(
+    every, tmp_path, env, workspace
+) -> None:  # type: ignore[no-untyped-def]
+    # Past MAX_DEPTH changed snapshots a chain goes on from the last whole manifest (its
+    # changes since, at depth 1). Killed at commit boundaries and resumed, the run ends with
+    # the files an uninterrupted run has, every completed step's tree loads whole, and a
+    # restore at a step gives the files as they were right after it.
+    writes = 70
+    for i in range(40):  # files no step changes: a few changed paths are a small delta
+        (workspace / f"kept{i}.txt").write_text(f"kept {i}\n")
+    script = tmp_path / "deep.json"
+    script.write_text(json.dumps(deep_turns(writes)))
+    args = ["--model", f"scripted:{script}", "--quiet", "--max-steps", "200"]
+    proc = da(
+        ["start", "deep", "--run-id", "deep", *args],
+        env,
+        workspace,
+        extra={"DURABLE_AGENT_CRASH_AFTER": str(every)},
+    )
+    if every < 1000:
+        assert proc.returncode == -signal.SIGKILL
+        assert _resume_until_done("deep", env, workspace, every) >= 0
+    else:
+        assert proc.returncode == 0, proc.stderr
+    files = {p.name: p.read_text() for p in workspace.glob("f*.txt")}
+    assert files == _files_after(writes)
+    assert len(list(workspace.glob("kept*.txt"))) == 40
+    assert _check_snapshots_whole(env["DURABLE_AGENT_DB"], "deep") >= writes
+    db = sqlite3.connect(env["DURABLE_AGENT_DB"].removeprefix("sqlite:///"))
+    # Some whole manifest is the base of more than one tree at depth 1: the chain went on
+    # from it once it was MAX_DEPTH deep, rather than writing the manifest again. (Killed
+    # every 37 commits, about 5 steps, no process takes 50 snapshots in a row: each new
+    # process goes on from the last tree, and writes a whole manifest at MAX_DEPTH.)
+    (most,) = db.execute(
+        "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM workspace_trees WHERE depth = 1 "
+        "GROUP BY base)"
+    ).fetchone()
+    assert most >= (2 if every > 400 else 1)
+    tools = [
+        seq
+        for (seq,) in db.execute(
+            "SELECT seq FROM steps WHERE run_id='deep' AND kind='tool' ORDER BY seq"
+        )
+    ]
+    assert len(tools) == writes
+    for k in [*range(0, writes, 9), writes - 2, writes - 1]:
+        target = tmp_path / f"at{k}"
+        proc = da(["restore", "deep", "--at", str(tools[k]), "--to", str(target)], env, workspace)
+        assert proc.returncode == 0, proc.stderr
+        got = {p.name: p.read_text() for p in target.glob("f*.txt")}
+        assert got == _files_after(k + 1), f"after write {k}"
+        assert len(list(target.glob("kept*.txt"))) == 40
