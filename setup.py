@@ -1,8 +1,8 @@
-"""The one compiled part: the stat cache's hot loop (durable_agent/workspace/_statcache.c).
+"""The one compiled part: the workspace scanner's hot loops (durable_agent/workspace/_speedups.c).
 
-Optional: where it cannot be built (no C compiler), the scanner takes its Python loop,
-which gives the same answers (tests/test_snapshot_paths.py checks them against each other).
-Everything else is in pyproject.toml.
+Optional: where it cannot be built (no C compiler), each loop's Python twin runs instead,
+with the same answers (tests/test_speedups.py and tests/test_snapshot_paths.py check them
+against each other). Everything else is in pyproject.toml.
 """
 
 from setuptools import Extension, setup
@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "durable_agent.workspace._statcache",
-            ["durable_agent/workspace/_statcache.c"],
+            "durable_agent.workspace._speedups",
+            ["durable_agent/workspace/_speedups.c"],
             optional=True,
         )
     ]

@@ -89,6 +89,7 @@ FOREIGN_FLAGS = {
     "--fast",
     "--bare",
     "--porcelain",  # git status --porcelain
+    "--cached",  # git diff-index --cached
 }
 # The benchmarks' own flags (scripts/bench*.py), which exist there.
 BENCH_SOURCE = "".join(p.read_text() for p in sorted((ROOT / "scripts").glob("bench*.py")))

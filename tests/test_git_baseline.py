@@ -31,7 +31,7 @@ from workspace_support import da, picture
 from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
-from durable_agent.workspace import git_baseline, snapshot
+from durable_agent.workspace import git_baseline, git_index, snapshot
 from durable_agent.workspace import scan as scan_module
 from durable_agent.workspace.manifest import changes
 from durable_agent.workspace.materialize import materialize
@@ -367,7 +367,7 @@ def test_any_committed_tree_with_any_edits_is_rebuilt_as_it_was(
     # `vouched`: no margin before git looks, so the files written just before (all of them,
     # here) are taken on git's word unread; else they are read, as files written within
     # 100 ms of a snapshot are.
-    with mock.patch.object(scan_module, "VOUCH_MARGIN_NS", 0 if vouched else RACY_NS):
+    with mock.patch.object(git_index, "VOUCH_MARGIN_NS", 0 if vouched else RACY_NS):
         _committed_tree_with_edits(tree, edits, later, tmp_path_factory)
 
 
@@ -464,23 +464,26 @@ def test_take_and_rebuild_on_each_backend(store_url: str, tmp_path: Path) -> Non
 
 
 def _aged(ws: Path) -> None:
-    """Every file's change time before the scan's racy window (scan.RACY_NS): a file written
-    within it is read whatever git says, so a test of what is not read waits it out."""
+    """git's index written well after every file's last change, as a checkout's is when git
+    refreshed it later: a file its index recorded within VOUCH_MARGIN_NS of writing it is
+    racy, and read whatever the index says, so a test of what is not read waits it out."""
     newest = max(p.lstat().st_ctime_ns for p in ws.rglob("*") if ".git" not in p.parts)
-    while time.time_ns() - newest <= 2 * RACY_NS:
+    while time.time_ns() - newest <= 2 * git_index.VOUCH_MARGIN_NS:
         time.sleep(0.05)
+    git(ws, "read-tree", "HEAD")  # (its entries without stat data, so that git writes them)
+    git(ws, "update-index", "-q", "--refresh")
 
 
 def test_files_git_vouches_for_are_not_read_and_rebuild_byte_for_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ws = make_checkout(tmp_path, files=30, size=2000)
+    _aged(ws)
     (ws / "src/f1.bin").write_bytes(b"changed\n")  # dirty: read, stored
     (ws / "src/f2.bin").write_bytes(b"staged, not committed\n")
     git(ws, "add", "src/f2.bin")  # its index blob is in no commit: read, stored
     (ws / "new.txt").write_text("untracked\n")
-    os.utime(ws / "src/f3.bin")  # touched: read if git's index stat says so; its git id
-    _aged(ws)
+    os.utime(ws / "src/f3.bin")  # touched: read, its git id
     read = _count_reads(monkeypatch)
     engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
     try:
@@ -654,6 +657,8 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     the manifest a scan that reads every file gives, whatever the checkout holds."""
     if loop == "python":
         monkeypatch.setattr(scan_module, "_changed", scan_module._changed_py)
+        monkeypatch.setattr(scan_module, "_seeded", scan_module._seeded_py)
+        monkeypatch.setattr(git_index, "_index_files", git_index._index_files_py)
     ws = tmp_path / "ws"
     for name in ("a/clean.txt", "a/b/deep.txt", "mod.txt", "gone.txt", "exec.sh", "perm.txt"):
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
@@ -693,7 +698,7 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     read = _count_reads(monkeypatch)
     # No margin before git looks: the files written just now are taken on git's word (the
     # racy one included), as a checkout's older files are.
-    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)
+    monkeypatch.setattr(git_index, "VOUCH_MARGIN_NS", 0)
     check = SecretCheck(Redactor({"API_KEY": "sk-not-in-any-file"}))
     engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
     try:
@@ -706,7 +711,7 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     head = git_baseline.head_of(os.fsencode(str(ws)))
     assert head is not None
     full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000, check)
-    full.use_git(head.files, {}, 0, head.baseline.format)  # no file vouched for: all read
+    full.use_git(head.files, {}, head.baseline.format)  # no file vouched for: all read
     rescan = full.scan().manifest
     assert fast.manifest == rescan
     m = rescan
@@ -819,7 +824,7 @@ def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
         ["git", "cat-file", "blob", "HEAD:a.txt"], cwd=ws, capture_output=True, check=True
     ).stdout
     assert "a.txt" not in git(ws, "status", "--porcelain")
-    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)  # all taken on git's word if it can
+    monkeypatch.setattr(git_index, "VOUCH_MARGIN_NS", 0)  # all taken on git's word if it can
     engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
     try:
         blobs = BlobStore(engine)
@@ -828,7 +833,7 @@ def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
         head = git_baseline.head_of(os.fsencode(str(ws)))
         assert head is not None
         full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
-        full.use_git(head.files, {}, 0, head.baseline.format)  # every file read
+        full.use_git(head.files, {}, head.baseline.format)  # every file read
         assert snap.manifest == full.scan().manifest
         assert snap.manifest[b"a.txt"].ref == sha256(ws / "a.txt")
         reader = BlobStore(engine)
@@ -870,7 +875,7 @@ def test_files_git_only_normalizes_when_added_are_taken_on_its_word_at_their_siz
     git(ws, "add", "-A")
     git(ws, "commit", "-q", "-m", "base")
     assert git(ws, "status", "--porcelain").strip() == ""
-    monkeypatch.setattr(scan_module, "VOUCH_MARGIN_NS", 0)
+    monkeypatch.setattr(git_index, "VOUCH_MARGIN_NS", 0)
     read = _count_reads(monkeypatch)
     engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
     try:
@@ -940,31 +945,53 @@ def test_a_commit_edited_in_the_store_is_never_an_option_to_git(
     assert "Traceback" not in proc.stderr
 
 
-def test_a_file_that_changes_kind_while_git_looks_is_what_a_rescan_finds(tmp_path: Path) -> None:
-    # A fresh scanner's first scan lists a file while git looks and reads it once git
-    # answered (_settle). One made a link or grown past the cap meanwhile is what a full
-    # rescan finds there then, not left out of the snapshot.
-    cap = 1000
-    ws = make_checkout(tmp_path, files=3, size=100)
-    for name in ("u-link", "u-big", "u-same"):
-        (ws / name).write_bytes(b"untracked\n")  # not git's: read, never vouched for
-    scanner = Scanner(ws, list(DEFAULT_EXCLUDE), cap)
-    snapshot.use_git(scanner)
-    inner = scanner._git_wait
-    assert inner is not None
+_STAGED: dict[str, Callable[[Path], None]] = {
+    "clean": lambda ws: None,
+    "added": lambda ws: ((ws / "new.txt").write_text("new\n"), git(ws, "add", "new.txt")),
+    "removed": lambda ws: git(ws, "rm", "-q", "--cached", "src/f0.bin"),
+    "modified": lambda ws: (
+        (ws / "src/f1.bin").write_bytes(b"staged\n"),
+        git(ws, "add", "src/f1.bin"),
+    ),
+    "a link now": lambda ws: (
+        (ws / "src/f2.bin").unlink(),
+        os.symlink("run.sh", ws / "src/f2.bin"),
+        git(ws, "add", "src/f2.bin"),
+    ),
+    "a file now": lambda ws: (
+        (ws / "link").unlink(),
+        (ws / "link").write_text("a file\n"),
+        git(ws, "add", "link"),
+    ),
+    "executable": lambda ws: git(ws, "update-index", "--chmod=+x", "src/f3.bin"),
+    "skip-worktree": lambda ws: git(ws, "update-index", "--skip-worktree", "src/f4.bin"),
+    "index version 4": lambda ws: git(ws, "update-index", "--index-version=4"),
+    "conflict": lambda ws: subprocess.run(
+        ["git", "update-index", "--index-info"],
+        cwd=ws,
+        input=f"100644 {git(ws, 'rev-parse', 'HEAD:run.sh')} 1\tsrc/c.txt\n",
+        text=True,
+        check=True,
+    ),
+}
 
-    def meanwhile() -> Any:
-        (ws / "u-link").unlink()
-        os.symlink("run.sh", ws / "u-link")
-        (ws / "u-big").write_bytes(b"x" * (cap + 1))
-        return inner()
 
-    scanner.use_git_later(meanwhile)
-    got = scanner.scan().manifest
-    rescan = Scanner(ws, list(DEFAULT_EXCLUDE), cap).scan().manifest
-
-    def shape(m: Any) -> dict[bytes, Any]:
-        return {p: (e.kind, e.mode, e.size, e.target) for p, e in m.items()}
-
-    assert shape(got) == shape(rescan)
-    assert got[b"u-same"] == rescan[b"u-same"]
+@pytest.mark.parametrize("state", sorted(_STAGED))
+@pytest.mark.parametrize("where", ["top", "src"])
+def test_the_commits_files_read_from_the_index_are_what_ls_tree_lists(
+    tmp_path: Path, state: str, where: str
+) -> None:
+    """The commit's files are git's index's, corrected by what `git diff-index --cached`
+    says differs (git_baseline._at_commit), or `git ls-tree`'s where the index is not one
+    index_files reads (a conflict): either way the tree `ls-tree` lists, below the
+    workspace's folder when it is one of the repository's."""
+    ws = make_checkout(tmp_path, files=6, size=100)
+    _STAGED[state](ws)
+    root = ws if where == "top" else ws / "src"
+    got = git_baseline.head_and_seeds(os.fsencode(str(root)))[0]
+    assert got is not None
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "HEAD"], cwd=root, capture_output=True, check=True
+    ).stdout
+    assert got.files == git_baseline._tree_of(listed)
+    assert got.baseline.prefix == ("" if where == "top" else "src")

@@ -309,7 +309,7 @@ def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
     }
 
 
-# -- the stat cache's loop: in C (_statcache.c), and in Python where it cannot be built ---------
+# -- the stat cache's loop: in C (_speedups.c), and in Python where it cannot be built ---------
 
 _KEY_AS = st.sampled_from(["same", "racy", "ctime", "size", "inode", "absent", "huge"])
 
@@ -321,12 +321,12 @@ def test_the_stat_cache_loop_is_built_in_c() -> None:
     from scale_helpers import in_ci
 
     try:
-        from durable_agent.workspace import _statcache
+        from durable_agent.workspace import _speedups
     except ImportError as exc:
         if in_ci():
             raise
         pytest.skip(f"the C loop is not built here ({exc}): the scanner takes its Python loop")
-    assert scan._changed is _statcache.changed
+    assert scan._changed is _speedups.changed
 
 
 @settings(max_examples=80, deadline=None)
@@ -338,7 +338,7 @@ def test_the_stat_cache_loop_is_built_in_c() -> None:
     )
 )
 def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]) -> None:
-    _statcache = pytest.importorskip("durable_agent.workspace._statcache")
+    _speedups = pytest.importorskip("durable_agent.workspace._speedups")
 
     with tempfile.TemporaryDirectory() as tmp:
         names: list[bytes] = []
@@ -372,7 +372,7 @@ def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]
             cached[name] = (key, object())
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            got = _statcache.changed(fd, names, cached)
+            got = _speedups.changed(fd, names, cached)
             assert got == scan._changed_py(fd, names, cached)
         finally:
             os.close(fd)

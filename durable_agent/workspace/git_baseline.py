@@ -5,9 +5,9 @@ commit, the repository's path, its `origin` remote without credentials, the work
 folder in it) with the tree (`workspace_trees.git`). A file whose bytes are the blob its
 path has at that commit is named in the manifest by `git:` and that blob id (GIT_REF), not
 by a sha256, and is not written to `workspace_blobs`: the commit holds it. The scanner
-(scan.py) takes those ids on git's word for the tracked files git says are clean (as `git
-status` does: `ls-files -s`, `diff-files`; head_and_clean) without reading them, and by
-git's blob id of the bytes for a file it reads. Everything else (modified, untracked and
+(scan.py) takes those ids on git's word, without reading them, for the tracked files whose
+lstat is what git's index recorded for them (as `git status` does: git_index.index_files,
+head_and_seeds), and by git's blob id of the bytes for a file it reads. Everything else (modified, untracked and
 staged-but-uncommitted files, ignored ones the snapshot keeps) is stored as with the
 default ("store").
 
@@ -19,9 +19,10 @@ the commit, it says so in one line (GitBaselineUnreachable, exit 2) before anyth
 written. `.git` is left out of snapshots as always: a rebuilt folder holds the files, not a
 repository.
 
-git is run only with commands that read (rev-parse, config, ls-tree, ls-files, diff-files,
-cat-file), with fsmonitor and optional locks off: the work tree and the index are never
-written, and no fsmonitor or hook of the workspace's runs.
+git is run only with commands that read (rev-parse, config, diff-index, ls-tree, ls-files,
+check-attr, cat-file), with fsmonitor and optional locks off: the work tree and the index
+are never written, and no fsmonitor, hook or filter of the workspace's runs (none of these
+commands reads a work tree file's bytes).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 from msgspec import Struct
 
 from durable_agent.errors import WorkspaceUnreachable
+from durable_agent.workspace.git_index import IndexFiles, index_files
 
 _ENV = {
     "GIT_OPTIONAL_LOCKS": "0",  # a read never takes the index lock
@@ -187,38 +189,23 @@ def head_of(root: bytes) -> Head | None:
     """The baseline of the checkout `root` is in (None: not in one, or no commit yet). Found
     at the first snapshot of this process and kept: the run's later snapshots refer to
     the same commit whatever the run commits meanwhile."""
-    with _heads_lock:
-        if root in _heads:
-            return _heads[root]
-    found = _look(root, False)[0]
-    with _heads_lock:
-        _heads[root] = found
-    return found
+    return head_and_seeds(root, seeds=False)[0]
 
 
-class Clean(Struct):
-    """The tracked files git vouches for (_clean): path -> blob id; of those, the ones
-    whose bytes are the blob's only if the file on disk has the blob's size (`sized`)."""
-
-    files: dict[bytes, str]
-    sized: dict[bytes, int]
-
-
-NOT_CLEAN = Clean({}, {})
-
-
-def head_and_clean(root: bytes) -> tuple[Head | None, Clean]:
-    """head_of, and the tracked files git vouches for now (_clean), git's commands run
-    side by side (a fresh scanner's first scan waits for them)."""
+def head_and_seeds(root: bytes, *, seeds: bool = True) -> tuple[Head | None, dict[bytes, bytes]]:
+    """head_of, and the seeds of a fresh scan: path -> the stat data git's index recorded for
+    a tracked file whose index entry is the commit's blob at its path and whose bytes on
+    disk git does not convert (its attributes, `core.autocrlf`...). A file whose lstat is
+    that now is the blob, as `git status` holds without reading it (Scanner.use_git)."""
     with _heads_lock:
         known = _heads.get(root, False)
     if known is None:
-        return None, NOT_CLEAN
-    head, clean = _look(root, True, known if isinstance(known, Head) else None)
+        return None, {}
+    found = _look(root, known if isinstance(known, Head) else None, seeds)
     with _heads_lock:
-        _heads.setdefault(root, head)
+        _heads.setdefault(root, found[0])
         head = _heads[root]
-    return head, clean if head is not None else NOT_CLEAN
+    return (head, found[1]) if head is not None else (None, {})
 
 
 def _run(root: bytes, *args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
@@ -239,72 +226,15 @@ def _out(proc: subprocess.Popen[bytes], check: bool = True) -> bytes:
     return out
 
 
-def _look(root: bytes, clean: bool, head: Head | None = None) -> tuple[Head | None, Clean]:
+_CONFIG = r"^(core\.(autocrlf|eol)|remote\.origin\.url)$"
+
+
+def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, dict[bytes, bytes]]:
+    """(the Head: `known`, else the checkout's now; the seeds, when asked for). The files at
+    HEAD are read from git's index, with what `git diff-index --cached` says differs from
+    the commit (the tree is not listed: 50,000 paths cost git and Python 100 ms), or from
+    `git ls-tree` where the index is not one index_files reads."""
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        if clean:  # (started first: they take longest)
-            # -v: a tag per entry, which tells the ones git does not compare (see _clean)
-            procs.append(_run(root, "ls-files", "-s", "-v", "-z"))
-            unfiltered = _without_filters(root)
-            if unfiltered is not None:
-                procs.append(
-                    _run(root, *unfiltered, "diff-files", "--name-only", "-z", "--relative")
-                )
-            procs.append(_run(root, "config", "-z", "--get-regexp", r"^core\.(autocrlf|eol)$"))
-            names = _run(root, "ls-files", "-z")
-            procs.append(names)
-            assert names.stdout is not None
-            # --all: only the attributes a path has (asking for CONVERTING by name printed
-            # six "unspecified" lines a file, 14 MB at 50,000 files, three times slower)
-            procs.append(_run(root, "check-attr", "-z", "--all", "--stdin", stdin=names.stdout))
-            names.stdout.close()  # check-attr's now: a failed one ends ls-files too
-        if head is None:
-            head = _head(root)
-        if head is None or not clean or unfiltered is None:
-            return head, NOT_CLEAN
-        listed, dirty = _out(procs[0]), _out(procs[1])
-        config = dict(
-            (key.lower(), value.strip().lower())
-            for key, _, value in (
-                item.partition(b"\n") for item in _out(procs[2], check=False).split(b"\0") if item
-            )
-        )  # (the last one given wins, as in git)
-        attrs = _out(procs[4])
-        if names.wait(timeout=600) != 0:
-            raise OSError("git 'ls-files' failed")  # check-attr was told of no file
-        converts = _conversions(attrs, config)
-        if converts is None:
-            return head, NOT_CLEAN  # every text file may be converted: none is vouched for
-        vouched = _clean(head, listed, dirty, *converts)
-        return head, _sized(root, vouched) if vouched.sized else vouched
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
-        return head, NOT_CLEAN
-    finally:
-        for proc in procs:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-
-
-def _without_filters(root: bytes) -> list[str] | None:
-    """`-c` options that turn off every filter driver the repository's config names: git
-    compares a racily clean entry's bytes through its clean filter, a command of the
-    config's choosing (a run may have written it), which is never run here, as no
-    fsmonitor is. None: a driver whose name `-c` cannot take (then git is not asked)."""
-    out = _git(root, "config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
-    names = os.fsdecode(out).split("\0")
-    drivers = {name.partition(".")[2].rpartition(".")[0] for name in names} - {""}
-    if any("=" in d for d in drivers):
-        return None
-    options = []
-    for d in sorted(drivers):
-        options += ["-c", f"filter.{d}.clean=", "-c", f"filter.{d}.process="]
-        options += ["-c", f"filter.{d}.required=false"]
-    return options
-
-
-def _head(root: bytes) -> Head | None:
     try:
         lines = (
             _git(
@@ -313,29 +243,154 @@ def _head(root: bytes) -> Head | None:
                 "--show-toplevel",
                 "--show-prefix",
                 "--show-object-format",
+                "--git-path",
+                "index",
                 "HEAD^{commit}",
             )
             .decode()
             .split("\n")
         )
-        top, prefix, fmt, commit = lines[0], lines[1].rstrip("/"), lines[2], lines[3]
-        remote_proc = _run(root, "config", "--get", "remote.origin.url")
-        # Paths relative to `root`, below it alone (ls-tree's, run there).
-        tree = _run(root, "ls-tree", "-r", "-z", commit)
-        files = _tree_of(_out(tree))
-        remote = _out(remote_proc, check=False).strip()
-        return Head(
+        top, prefix, fmt, index, commit = (
+            lines[0],
+            lines[1].rstrip("/"),
+            lines[2],
+            lines[3],
+            lines[4],
+        )
+        fmt = fmt or "sha1"
+        differ = _run(
+            root, "diff-index", "--cached", "--raw", "-z", "--no-renames", "--relative", commit
+        )
+        procs.append(differ)
+        config = _run(root, "config", "-z", "--get-regexp", _CONFIG)
+        procs.append(config)
+        if seeds:
+            names = _run(root, "ls-files", "-z")
+            procs.append(names)
+            assert names.stdout is not None
+            # --all: only the attributes a path has (asking for CONVERTING by name printed
+            # six "unspecified" lines a file, 14 MB at 50,000 files, three times slower)
+            attrs = _run(root, "check-attr", "-z", "--all", "--stdin", stdin=names.stdout)
+            procs.append(attrs)
+            names.stdout.close()  # check-attr's now: a failed one ends ls-files too
+        indexed = index_files(
+            os.path.join(root, os.fsencode(index)),
+            os.fsencode(prefix),
+            32 if fmt == "sha256" else 20,
+        )
+        settings = dict(
+            (key.lower(), value.strip())
+            for key, _, value in (
+                item.partition(b"\n") for item in _out(config, check=False).split(b"\0") if item
+            )
+        )  # (the last one given wins, as in git)
+        if indexed is None:  # the tree as git lists it; nothing taken unread
+            files = _tree_of(_git(root, "ls-tree", "-r", "-z", commit))
+            staged: set[bytes] = set()
+        else:
+            files, staged = _at_commit(indexed.files, _out(differ))
+        head = known or Head(
             Baseline(
                 commit,
                 top,
-                without_credentials(remote.decode("utf-8", "replace")),
+                without_credentials(
+                    settings.get(b"remote.origin.url", b"").decode("utf-8", "replace")
+                ),
                 prefix,
-                fmt or "sha1",
+                fmt,
             ),
             files,
         )
+        if not seeds or indexed is None:
+            return head, {}
+        if names.wait(timeout=600) != 0:
+            raise OSError("git 'ls-files' failed")  # check-attr was told of no file
+        converts = _conversions(
+            _out(attrs), {k: v.lower() for k, v in settings.items() if k.startswith(b"core.")}
+        )
+        if converts is None:
+            return head, {}  # every text file may be converted: none is taken unread
+        return head, _seeds(root, head, indexed, staged, *converts)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
-        return None
+        return known, {}
+    finally:
+        for proc in procs:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+
+
+def _at_commit(indexed: dict[bytes, str], raw: bytes) -> tuple[dict[bytes, str], set[bytes]]:
+    """The commit's regular files (path -> blob id), from the index's and what `git
+    diff-index --cached --raw -z` (`raw`) says differs from the commit; and those paths."""
+    fields = raw.split(b"\0")
+    if len(fields) < 2:
+        return indexed, set()
+    files = dict(indexed)
+    staged = set()
+    for i in range(0, len(fields) - 1, 2):
+        meta, path = fields[i], fields[i + 1]
+        parts = meta.lstrip(b":").split()
+        if len(parts) != 5:
+            raise ValueError(f"git diff-index said {meta[:80]!r}")
+        staged.add(path)
+        if parts[0] in FILE_MODES:  # what the commit has there
+            files[path] = parts[2].decode()
+        else:
+            files.pop(path, None)
+    return files, staged
+
+
+def _seeds(
+    root: bytes,
+    head: Head,
+    indexed: IndexFiles,
+    staged: set[bytes],
+    converted: Collection[bytes],
+    normalized: Collection[bytes],
+) -> dict[bytes, bytes]:
+    """The index's stat data of the files whose bytes are the blob `head` names at their path
+    when their lstat is that: the index's blob is the commit's (not `staged`), and git does
+    not convert their bytes on checkout (`converted`). One git normalizes when it is added
+    (`normalized`: CRLF to LF) only if its blob has the size the index recorded."""
+    stats = indexed.stats
+    if head.files is not indexed.files or staged or converted:
+        at, blobs = head.files, indexed.files
+        stats = {
+            p: s
+            for p, s in stats.items()
+            if p not in staged and p not in converted and at.get(p) == blobs[p]
+        }
+    if normalized:
+        every = _EVERY in normalized
+        sized = [p for p in stats if every or p in normalized]
+        sizes = _blob_sizes(root, {indexed.files[p] for p in sized})
+        stats = dict(stats)
+        for p in sized:
+            if sizes.get(indexed.files[p]) != int.from_bytes(stats[p][36:40], "big"):
+                del stats[p]
+    return stats
+
+
+def _blob_sizes(root: bytes, ids: set[str]) -> dict[str, int]:
+    """The sizes of blobs (`cat-file --batch-check`: asked only for those that need it, as
+    reading a loose object's header costs a file each)."""
+    proc = subprocess.run(
+        ["git", *_SAFE, "cat-file", "--batch-check=%(objectname) %(objectsize)"],
+        cwd=root,
+        env={**os.environ, **_ENV},
+        input=b"".join(i.encode() + b"\n" for i in ids),
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    sizes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            sizes[parts[0].decode()] = int(parts[1])
+    return sizes
 
 
 _FALSE = (b"false", b"no", b"off", b"0")
@@ -374,69 +429,6 @@ def _conversions(attrs: bytes, config: dict[bytes, bytes]) -> tuple[set[bytes], 
 
 
 _EVERY = b"\0"  # (in `normalized`: every path is; no path holds a NUL)
-
-
-def _clean(
-    head: Head,
-    listed: bytes,
-    dirty: bytes,
-    converted: Collection[bytes] = (),
-    normalized: Collection[bytes] = (),
-) -> Clean:
-    """The tracked files git vouches for, as `git status` does (its index's stat data; a
-    racily clean entry's content): path (relative to the workspace) -> blob id, for those
-    whose index entry is the commit's blob at that path and that `git diff-files` does not
-    report. Their bytes are the commit's: a scan need not read them (while their change
-    time says they were not touched since git looked: Scanner.use_git). Not those git
-    calls clean whatever their bytes: an entry marked assume-unchanged or skip-worktree
-    (`ls-files -v` tags it other than `H`; diff-files skips it), or one whose attributes
-    (`converted`) make its bytes on disk other than its blob's (CRLF, a filter...). One
-    git normalizes when it is added (`normalized`) is vouched for at its blob's size."""
-    files = head.files
-    out: dict[bytes, str] = {}
-    for record in listed.split(b"\0"):
-        meta, _, path = record.partition(b"\t")
-        fields = meta.split()
-        if len(fields) != 4 or fields[0] != b"H" or fields[3] != b"0":
-            continue  # a conflict's stages, a file git does not compare: read as any file
-        if fields[1] not in FILE_MODES or path in converted:
-            continue  # links, submodules; bytes git converts on checkout
-        blob = fields[2].decode()
-        if files.get(path) == blob:  # else staged, not committed: its blob may be nowhere else
-            out[path] = blob
-    for path in dirty.split(b"\0"):
-        out.pop(path, None)
-    every = _EVERY in normalized
-    return Clean(out, {p: -1 for p in out if every or p in normalized})
-
-
-def _sized(root: bytes, clean: Clean) -> Clean:
-    """`clean` with its `sized` files' blob sizes (`cat-file --batch-check`: asked only for
-    those, as reading a loose object's header costs a file each); one git cannot size is
-    not vouched for."""
-    ids = {clean.files[p] for p in clean.sized}
-    proc = subprocess.run(
-        ["git", *_SAFE, "cat-file", "--batch-check=%(objectname) %(objectsize)"],
-        cwd=root,
-        env={**os.environ, **_ENV},
-        input=b"".join(i.encode() + b"\n" for i in ids),
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
-    sizes: dict[str, int] = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            sizes[parts[0].decode()] = int(parts[1])
-    files, sized = dict(clean.files), {}
-    for path in clean.sized:
-        size = sizes.get(files[path])
-        if size is None:
-            del files[path]
-        else:
-            sized[path] = size
-    return Clean(files, sized)
 
 
 class Source:

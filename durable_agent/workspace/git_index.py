@@ -1,4 +1,5 @@
-"""Which files git tracks, read from the repository's index file, without running git.
+"""git's index file, read without running git: which files git tracks, and what it last saw
+of each (index_files).
 
 The `exclude` setting's default leaves out the folders tools generate (`venv/`,
 `node_modules/`, `__pycache__/`…), but a file git tracks in one is the user's and stays in
@@ -7,16 +8,26 @@ would run a command of the workspace's choosing, and the user's index must not c
 the index is parsed here, versions 2 to 4, SHA-1 and SHA-256 repositories, only far enough
 to list paths. An index that cannot be read lists nothing: those folders are left out, as
 an untracked one is.
+
+With `snapshot_baseline = "git"`, a fresh scanner takes the blob id of a tracked file whose
+lstat is the one git's index recorded for it, as `git status` does, without reading it
+(index_files: the stat cache seeded from git's index).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
 import struct
 
+from msgspec import Struct
+
 MAX_INDEX_BYTES = 256 << 20  # far above the index of any repository a run works in
+# A file git's index recorded within this much before the index was written is racy: a
+# coarse file system clock may not have ticked since (index_files).
+VOUCH_MARGIN_NS = 100_000_000
 _SHA256 = re.compile(rb"objectformat\s*=\s*sha256", re.IGNORECASE)
 
 
@@ -118,14 +129,34 @@ def tracked_files(index: bytes, prefix: bytes, wanted: frozenset[bytes]) -> Trac
 
 
 def _paths(data: bytes, hash_size: int) -> list[bytes]:
+    return [entry[0] for entry in _entries(data, hash_size)[0]]
+
+
+# An entry: its path, where it starts, its flags and extended flags.
+_Entry = tuple[bytes, int, int, int]
+_FLAGS = struct.Struct(">H")
+_STAGE = 0x3000
+_ASSUME_VALID, _EXTENDED = 0x8000, 0x4000
+_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000  # (of the extended flags)
+
+
+def _entries(data: bytes, hash_size: int) -> tuple[list[_Entry], int]:
+    """The index's entries, and where its extensions start."""
     signature, version, count = struct.unpack_from(">4sII", data, 0)
     if signature != b"DIRC" or version not in (2, 3, 4):
         raise ValueError("not a git index of version 2, 3 or 4")
     fixed = 40 + hash_size  # ctime, mtime, dev, ino, mode, uid, gid, size; the object id
-    pos, previous, paths = 12, b"", []
+    pos, previous, entries = 12, b"", []
     for _ in range(count):
-        (flags,) = struct.unpack_from(">H", data, pos + fixed)
-        name_at = pos + fixed + 2 + (2 if version >= 3 and flags & 0x4000 else 0)
+        (flags,) = _FLAGS.unpack_from(data, pos + fixed)
+        extended = 0
+        name_at = pos + fixed + 2
+        if flags & _EXTENDED:
+            if version < 3:
+                raise ValueError("extended flags in a version 2 index")
+            (extended,) = _FLAGS.unpack_from(data, name_at)
+            name_at += 2
+        start = pos
         if version == 4:  # the name is the previous one, less N bytes, plus a suffix
             strip, name_at = _varint(data, name_at)
             end = data.index(b"\0", name_at)
@@ -137,9 +168,118 @@ def _paths(data: bytes, hash_size: int) -> list[bytes]:
             end = data.index(b"\0", name_at)
             path = data[name_at:end]
             pos += (name_at - pos + len(path) + 8) & ~7  # 1 to 8 NULs pad to 8 bytes
-        paths.append(path)
+        entries.append((path, start, flags, extended))
         previous = path
-    return paths
+    return entries, pos
+
+
+class IndexFiles(Struct):
+    """What git's index says of the files below a workspace (paths relative to it): `files`,
+    the blob id of each regular file (stage 0); `stats`, for those git may call clean by
+    their lstat alone, the stat data it recorded (git's 40 bytes: stat_data)."""
+
+    files: dict[bytes, str]
+    stats: dict[bytes, bytes]
+
+
+_STAT = struct.Struct(">10I")
+_U32 = 0xFFFFFFFF
+_REGULAR = (0o100644, 0o100755)
+_SPARSE_DIR = 0o040000
+
+
+def stat_data(st: os.stat_result) -> bytes:
+    """A regular file's lstat as git's index records it (cache.h's stat_data, each field cut
+    to 32 bits; the mode as git makes it of a file: 100644 or, executable, 100755)."""
+    c, cn = divmod(st.st_ctime_ns, 1_000_000_000)
+    m, mn = divmod(st.st_mtime_ns, 1_000_000_000)
+    mode = _REGULAR[1] if st.st_mode & stat.S_IXUSR else _REGULAR[0]
+    return _STAT.pack(
+        c & _U32,
+        cn,
+        m & _U32,
+        mn,
+        st.st_dev & _U32,
+        st.st_ino & _U32,
+        mode,
+        st.st_uid & _U32,
+        st.st_gid & _U32,
+        st.st_size & _U32,
+    )
+
+
+def index_files(
+    index: bytes, prefix: bytes, hash_size: int, margin_ns: int | None = None
+) -> IndexFiles | None:
+    """The regular files git's index (the file `index`) tracks below `prefix`, with the stat
+    data of those it may call clean unread: an entry neither marked assume-unchanged nor
+    skip-worktree, nor *racy* (changed or created within `margin_ns` before git wrote the
+    index, when a change in the same clock tick would leave its stat data as recorded:
+    git's "racily clean" rule, by both times). None: an index this does not read (not
+    there, damaged, its checksum wrong; a merge's stages, an intent-to-add, a split or
+    sparse index): then git is asked (git_baseline.py), and no file is taken unread.
+    `margin_ns`: VOUCH_MARGIN_NS unless given."""
+    if margin_ns is None:
+        margin_ns = VOUCH_MARGIN_NS
+    try:
+        with open(index, "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime_ns
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_INDEX_BYTES or len(data) < 12 + hash_size:
+        return None
+    body, checksum = data[:-hash_size], data[-hash_size:]
+    if (
+        any(checksum)
+        and hashlib.new("sha256" if hash_size == 32 else "sha1", body).digest() != checksum
+    ):
+        return None  # (all zero: written with index.skipHash)
+    lead = prefix + b"/" if prefix else b""
+    try:
+        found = _index_files(body, hash_size, lead, written - margin_ns)
+    except (struct.error, ValueError, IndexError, OverflowError):
+        return None
+    return IndexFiles(*found) if found is not None else None
+
+
+def _index_files_py(
+    body: bytes, hash_size: int, lead: bytes, racy_from: int
+) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None:
+    """index_files's parse, of the index without its checksum; what _speedups.index_files
+    answers in C (the same answers: tests/test_git_index.py)."""
+    entries, pos = _entries(body, hash_size)
+    files: dict[bytes, str] = {}
+    stats: dict[bytes, bytes] = {}
+    skip = len(lead)
+    for path, start, flags, extended in entries:
+        mode = int.from_bytes(body[start + 24 : start + 28], "big")
+        if flags & _STAGE or extended & _INTENT_TO_ADD or mode == _SPARSE_DIR:
+            return None
+        if mode not in _REGULAR or not path.startswith(lead):
+            continue
+        rel = path[skip:]
+        files[rel] = body[start + 40 : start + 40 + hash_size].hex()
+        if flags & _ASSUME_VALID or extended & _SKIP_WORKTREE:
+            continue
+        c, cn, m, mn = struct.unpack_from(">4I", body, start)
+        if c * 1_000_000_000 + cn >= racy_from or m * 1_000_000_000 + mn >= racy_from:
+            continue
+        stats[rel] = body[start : start + 40]
+    while pos < len(body):  # the extensions
+        signature, size = struct.unpack_from(">4sI", body, pos)
+        if signature in (b"link", b"sdir"):  # split index; sparse directories
+            return None
+        pos += 8 + size
+    if pos != len(body):
+        raise ValueError("an extension past the end of the index")
+    return files, stats
+
+
+try:
+    from durable_agent.workspace._speedups import index_files as _index_files
+except ImportError:  # built without a C compiler: the same answers, slower
+    _index_files = _index_files_py
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

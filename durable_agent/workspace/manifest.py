@@ -34,7 +34,7 @@ FILE, LINK, DIR, BIG, SECRET = "file", "link", "dir", "big", "secret"
 KINDS = frozenset({FILE, LINK, DIR, BIG, SECRET})
 
 
-class Entry(Struct, frozen=True):
+class Entry(Struct, frozen=True, gc=False):
     kind: str
     mode: int = 0  # permission bits (st_mode & 0o777) of files and directories
     ref: str = ""  # file: sha256 hex of the content
@@ -136,23 +136,21 @@ class TreeIds:
     """`tree_id` of a manifest that changes a few paths at a time. The id is the sha256 of
     the sha256s of BUCKETS buckets, each the canonical lines of its paths in order: a
     one-file edit hashes its bucket's lines again, not those of all 50,000 files (5 MB).
-    Equal manifests have equal ids, whatever delta chain stored them."""
+    Equal manifests have equal ids, whatever delta chain stored them. A bucket's lines are
+    made when it is hashed, not kept (5 MB at 50,000 files)."""
 
     REBUILD_AT = 256  # more changes than this: sort and serialise everything again
 
     def __init__(self) -> None:
         self.paths: list[list[bytes]] = [[] for _ in range(BUCKETS)]
-        self.lines: list[list[bytes]] = [[] for _ in range(BUCKETS)]
         self.digests = [_EMPTY] * BUCKETS
         self.id = self._digest()
 
     def rebuild(self, manifest: Mapping[bytes, Entry]) -> str:
-        self.paths = [[] for _ in range(BUCKETS)]
-        for path in sorted(manifest):
-            self.paths[zlib.crc32(path) % BUCKETS].append(path)
-        self.lines = [[_line(p, manifest[p]) for p in paths] for paths in self.paths]
+        self.paths = _bucketed(sorted(manifest))
         self.digests = [
-            hashlib.sha256(b"".join(lines)).digest() if lines else _EMPTY for lines in self.lines
+            hashlib.sha256(joined(paths, manifest)).digest() if paths else _EMPTY
+            for paths in self.paths
         ]
         return self._digest()
 
@@ -168,28 +166,56 @@ class TreeIds:
         touched: set[int] = set()
         for path in deleted:
             b = zlib.crc32(path) % BUCKETS
-            paths, lines = self.paths[b], self.lines[b]
+            paths = self.paths[b]
             i = bisect.bisect_left(paths, path)
             if i < len(paths) and paths[i] == path:
-                del paths[i], lines[i]
+                del paths[i]
                 touched.add(b)
-        for path, entry in entries.items():
+        for path in entries:
             b = zlib.crc32(path) % BUCKETS
-            paths, lines = self.paths[b], self.lines[b]
+            paths = self.paths[b]
             i = bisect.bisect_left(paths, path)
-            if i < len(paths) and paths[i] == path:
-                lines[i] = _line(path, entry)
-            else:
+            if i == len(paths) or paths[i] != path:
                 paths.insert(i, path)
-                lines.insert(i, _line(path, entry))
             touched.add(b)
         for b in touched:
-            self.digests[b] = hashlib.sha256(b"".join(self.lines[b])).digest()
+            paths = self.paths[b]
+            self.digests[b] = hashlib.sha256(joined(paths, manifest)).digest() if paths else _EMPTY
         return self._digest()
 
     def _digest(self) -> str:
         self.id = hashlib.sha256(b"".join(self.digests)).hexdigest()
         return self.id
+
+
+def _bucketed_py(paths: list[bytes]) -> list[list[bytes]]:
+    """`paths` in BUCKETS lists, each those (in order) of zlib.crc32(path) % BUCKETS; what
+    _speedups.bucketed answers in C, this where it could not be built."""
+    out: list[list[bytes]] = [[] for _ in range(BUCKETS)]
+    for path in paths:
+        out[zlib.crc32(path) % BUCKETS].append(path)
+    return out
+
+
+def _joined_py(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes:
+    """The canonical lines of `paths` in `manifest`, joined; _speedups.joined in C."""
+    return b"".join([_line(p, manifest[p]) for p in paths])
+
+
+def joined(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes:
+    if type(manifest) is dict:
+        try:
+            return _joined(paths, manifest)
+        except OverflowError:  # a mode or size past 64 bits (a store edited by hand)
+            pass
+    return _joined_py(paths, manifest)
+
+
+try:
+    from durable_agent.workspace._speedups import bucketed as _bucketed
+    from durable_agent.workspace._speedups import joined as _joined
+except ImportError:  # built without a C compiler: the same answers, slower
+    _bucketed, _joined = _bucketed_py, _joined_py
 
 
 _EMPTY = hashlib.sha256(b"").digest()

@@ -7,7 +7,7 @@ is hashed again (git's "racily clean" rule). An unchanged workspace costs one ls
 lookup and one comparison per file, and builds nothing: the previous manifest stands. A
 folder is not listed again while its change time says no name in it was added, removed or
 renamed (git's untracked cache; the same racy rule for the listing). The lstat of a
-folder's cached files and the comparison of their keys is one call in C (_statcache.c,
+folder's cached files and the comparison of their keys is one call in C (_speedups.c,
 built with the package; _changed_py where it could not be).
 
 A file tool's step knows what it wrote: `scan(paths)` looks at those paths alone and updates
@@ -22,8 +22,9 @@ that holds a secret, of kind `secret` (its hash: its bytes are never kept, secre
 walk only reads: it never runs git and never writes, so the user's repository (index,
 HEAD, refs, config, hooks) cannot change and no git identity is needed. With
 `snapshot_baseline = "git"`, snapshot.use_git hands it git's word (git_baseline.py): the
-HEAD commit's blob ids, and the tracked files git says are clean, which a fresh scanner
-records as `git:` ids without reading them (Scanner.use_git).
+HEAD commit's blob ids, and the stat data git's index recorded for the tracked files that
+are the commit's, which a fresh scanner records as `git:` ids without reading them when
+their lstat is that (Scanner.use_git: git's index seeds the stat cache).
 """
 
 from __future__ import annotations
@@ -36,18 +37,16 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from msgspec import Struct, field
 
-from durable_agent.tools import beneath
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace import progress
 from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
-from durable_agent.workspace.git_index import Tracked, find_index, tracked_files
+from durable_agent.workspace.git_index import Tracked, find_index, stat_data, tracked_files
 from durable_agent.workspace.ignore_rules import (
     DirectoryNames,
     compile_checked,
@@ -65,14 +64,11 @@ from durable_agent.workspace.manifest import (
     TreeIds,
     updated,
 )
-from durable_agent.workspace.secrets import SecretCheck
+from durable_agent.workspace.secrets import NAME_SHAPES, SecretCheck
 
 PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 RACY_NS = 100_000_000  # 100 ms: coarse file system clocks tick slower than time_ns()
-# A file git vouched for is trusted unread only if its change time is this much before git
-# looked (snapshot.use_git): a coarse file system clock lags time_ns().
-VOUCH_MARGIN_NS = RACY_NS
 # Folders that tools generate (virtualenvs, packages, caches): named by a plain `NAME/` rule
 # of the `exclude` setting (as its default does), they are left out unless git tracks
 # files in them, which stay in (git_index.py). A model's `python -m venv venv` added 9.6 MB
@@ -99,10 +95,6 @@ _FS_ENCODED = functools.partial(
 
 MAX_DEPTH = 200  # folder levels walked: the walk recurses a level a call, below Python's limit
 _UNREADABLE = Entry(FILE, 0, "unreadable")
-_NONE_SIZED: Mapping[bytes, int] = MappingProxyType({})
-GitView = tuple[
-    dict[bytes, str], dict[bytes, str], int, str, dict[bytes, int]
-]  # Scanner.use_git's arguments
 
 
 def _changed_py(
@@ -110,7 +102,7 @@ def _changed_py(
 ) -> list[bytes]:
     """The `names` (in order) that `cached` does not vouch for: not cached as a file whose
     stat key is its lstat's now (not cached, racy, not lstat'able, or changed). What
-    _statcache.changed answers in C; this is where it could not be built."""
+    _speedups.changed answers in C; this is where it could not be built."""
     out = []
     lstat = os.stat
     for name in names:
@@ -127,10 +119,72 @@ def _changed_py(
     return out
 
 
+def _seeded_py(
+    dir_fd: int,
+    names: list[bytes],
+    lead: bytes,
+    stats: dict[bytes, bytes],
+    files: dict[bytes, str],
+    cached: dict[bytes, tuple[StatKey | None, Entry]],
+    entries: Manifest,
+    entry: type[Entry],
+    kind: str,
+    size_cap: int,
+    racy_after: int,
+    shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
+) -> list[bytes]:
+    """A fresh scanner's folder on git's word: each of `names` (in the folder `dir_fd`
+    holds; `lead`, its path and a `/`) that is a regular file under the cap whose lstat is
+    the stat data git's index recorded for it (`stats`: Scanner.use_git) is recorded by its
+    blob at the commit (`files`), unread: its row in `cached`, its entry in `entries`. The
+    others are returned, in order, for the walk to look at, and so is a name that may be a
+    secret's (`shapes`: secrets.NAME_SHAPES; None: none is withheld by its name). What
+    _speedups.seeded answers in C; this is where it could not be built."""
+    todo = []
+    lstat = os.stat
+    for name in names:
+        rel = lead + name
+        recorded = stats.get(rel)
+        if recorded is not None and not _may_be_secret(name, shapes):
+            try:
+                st = lstat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                todo.append(name)
+                continue
+            if (
+                stat.S_ISREG(st.st_mode)
+                and st.st_size <= size_cap
+                and stat_data(st) == recorded
+                and rel in files
+            ):
+                found = entry(kind, st.st_mode & 0o777, GIT_REF + files[rel], b"", st.st_size)
+                ctime = st.st_ctime_ns
+                cached[name] = (
+                    None if ctime >= racy_after else (ctime, st.st_size, st.st_ino),
+                    found,
+                )
+                entries[rel] = found
+                continue
+        todo.append(name)
+    return todo
+
+
+def _may_be_secret(
+    name: bytes, shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None
+) -> bool:
+    if shapes is None:
+        return False
+    low = name.lower()
+    return (
+        len(name) >= 256 or low.startswith(shapes[0]) or low.endswith(shapes[1]) or low in shapes[2]
+    )
+
+
 try:
-    from durable_agent.workspace._statcache import changed as _changed
+    from durable_agent.workspace._speedups import changed as _changed
+    from durable_agent.workspace._speedups import seeded as _seeded
 except ImportError:  # built without a C compiler: the same answers, slower
-    _changed = _changed_py
+    _changed, _seeded = _changed_py, _seeded_py
 
 
 class Scan(Struct):
@@ -208,6 +262,7 @@ class Scanner:
         self.root = os.fsencode(str(root))
         self.size_cap = size_cap
         self.secrets = secrets  # what is withheld from snapshots (None: nothing)
+        self._secret_shapes = NAME_SHAPES if secrets is not None and secrets.by_name else None
         # The `exclude` setting's rules the matcher cannot take: a new run refuses them
         # (recorder.at_creation); in a .gitignore they are left out (compile_checked).
         # Its `NAME/` rules of GENERATED folders are matched apart: they yield to git's index.
@@ -252,19 +307,12 @@ class Scanner:
         # never stale).
         self.same_bytes: dict[str, str] = {}
         # `snapshot_baseline = "git"` (snapshot.use_git): the HEAD commit's blob ids by path,
-        # the tracked files git said were clean (not read while their change time is before
-        # `_vouched_before`), the commit's object format.
+        # the stat data git's index recorded for the files a fresh scan takes unread when
+        # their lstat is that (git_baseline.head_and_seeds), the commit's object format.
         self._head: dict[bytes, str] = {}
-        self._head_ids: frozenset[str] = frozenset()
-        self._vouched: dict[bytes, str] = {}
-        self._sized: Mapping[bytes, int] = _NONE_SIZED
-        self._vouched_before = 0
+        self._head_ids: frozenset[str] | None = frozenset()  # (None: not yet made of _head)
+        self._seeds: dict[bytes, bytes] = {}
         self._git_format = "sha1"
-        # A fresh scanner's first scan runs while git looks (use_git_later): its files are
-        # listed, and read (or not) once git has said which are clean (_settle).
-        self._git_wait: Callable[[], GitView | None] | None = None
-        # (path, lstat, its folder's cache rows, name) of each file listed meanwhile
-        self._deferred: list[tuple[bytes, os.stat_result, dict[bytes, Any], bytes]] = []
         self._git_used = False  # some entry may hold a `git:` id (drop_git)
 
     def scan(self, paths: Collection[bytes] | None = None) -> Scan:
@@ -284,11 +332,16 @@ class Scanner:
                 and self._ignore_epoch == self._cache_epoch
             ):
                 w = self._look_at(paths)
-            return self._finish(self._walk_all() if w is None else w, first)
+            if first and self._seeds and self._last_seen:
+                self._seeds = _kept_by_id(self._seeds, self._last_seen)
+            try:
+                return self._finish(self._walk_all() if w is None else w, first)
+            finally:
+                if first:
+                    self._seeds = {}  # (they seed a fresh scanner's first walk alone)
 
     def _walk_all(self) -> _Walk:
         w = _Walk(Scan({}), time.time_ns())
-        self._deferred = []
         if os.path.isdir(self.root):
             self._walk(b"", [], w, None)
         visited = set(w.visited)
@@ -298,56 +351,7 @@ class Scanner:
             self._listing.pop(rel_dir, None)
         w.empty_after = set(w.empty)
         w.deleted += [d for d in self._empty if d not in w.empty_after]
-        self._settle(w)
         return w
-
-    def _settle(self, w: _Walk) -> None:
-        """The files the walk listed while git looked (_walk_in left them to this, their
-        rows and entries unmade): each recorded by its git blob id if git vouches for it
-        (use_git), else read now as the walk would have."""
-        wait, self._git_wait = self._git_wait, None
-        deferred, self._deferred = self._deferred, []
-        if wait is None:
-            return
-        got = wait()
-        if got is not None:
-            self._set_git(*got)
-        if not deferred:
-            return
-        root_fd = os.open(self.root, _DIR_FLAGS)
-        vouch, previous, last_seen = self._vouch, self._previous, self._last_seen
-        racy_after = w.racy_after
-        try:
-            for rel, st, cached, name in deferred:
-                prior = previous.get(rel) or last_seen.get(rel)
-                entry = vouch(rel, st, prior)
-                if entry is None:
-                    try:
-                        with beneath.parent_of(root_fd, rel) as (fd, _leaf):
-                            entry = self._entry(fd, name, st, w.out, rel, prior)
-                            if entry is None:
-                                # No longer the file listed (a link now, past the cap):
-                                # what is there now, as a walk now would find it. (A
-                                # folder now is left to the next scan: its rules and
-                                # walk are not at hand here.)
-                                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                                    entry = self._entry(fd, name, st, w.out, rel, prior)
-                    except (FileNotFoundError, NotADirectoryError):
-                        entry = None
-                    except OSError:
-                        entry = _UNREADABLE
-                ctime = st.st_ctime_ns
-                key = None if ctime >= racy_after else (ctime, st.st_size, st.st_ino)
-                if entry is _UNREADABLE:  # kept as last stored, read again next time
-                    w.out.unreadable.append(rel)
-                    entry, key = last_seen.get(rel), None
-                if entry is None:  # gone since it was listed
-                    continue
-                cached[name] = (key, entry)
-                self._note(rel, entry, w)
-        finally:
-            os.close(root_fd)
 
     def _finish(self, w: _Walk, first: bool) -> Scan:
         """The new manifest: the previous one with what the walk (or the look) found."""
@@ -505,36 +509,19 @@ class Scanner:
         with self.lock:
             return self._cache_epoch < 0
 
-    def use_git(
-        self,
-        head: dict[bytes, str],
-        clean: dict[bytes, str],
-        since: int,
-        fmt: str = "sha1",
-        sized: Mapping[bytes, int] = _NONE_SIZED,
-    ) -> None:
+    def use_git(self, head: dict[bytes, str], seeds: dict[bytes, bytes], fmt: str = "sha1") -> None:
         """Content ids from a git commit (snapshot_baseline = "git"): `head` (path -> blob id
         at the commit) names a file read whose bytes are that blob by `git:` and its id,
-        not by a sha256; `clean` (git's word at `since`, time_ns before git looked) are
-        files the next scan records so without reading them, unless their change time is
-        later (changed since git looked: read as any file), or, for those in `sized`, their
-        size is not that (git_baseline.Clean)."""
+        not by a sha256. `seeds` (path -> the stat data git's index recorded for a file
+        whose bytes are its blob in `head` while its lstat is that: head_and_seeds) are the
+        files the next full scan of a fresh scanner records so without reading them, as
+        `git status` does, unless their lstat is other now (changed since: read as any
+        file), their name may be a secret's, or the store keeps them by their sha256."""
         with self.lock:
-            self._set_git(head, clean, since, fmt, sized)
+            if head is not self._head:
+                self._head, self._head_ids = head, None
+            self._seeds, self._git_format = seeds, fmt
             self._git_used = True  # entries may hold `git:` ids now (drop_git)
-
-    def _set_git(
-        self,
-        head: dict[bytes, str],
-        clean: dict[bytes, str],
-        since: int,
-        fmt: str,
-        sized: Mapping[bytes, int] = _NONE_SIZED,
-    ) -> None:
-        if head is not self._head:
-            self._head, self._head_ids = head, frozenset(head.values())
-        self._vouched, self._git_format, self._sized = clean, fmt, sized
-        self._vouched_before = since - VOUCH_MARGIN_NS
 
     def drop_git(self) -> None:
         """No `git:` ids from now on (a run with the default baseline in a process where one
@@ -544,15 +531,8 @@ class Scanner:
             if not self._git_used:
                 return
             self._git_used = False
-            self._head, self._head_ids, self._vouched = {}, frozenset(), {}
-            self._git_wait, self._deferred = None, []
+            self._head, self._head_ids, self._seeds = {}, frozenset(), {}
         self.forget()
-
-    def use_git_later(self, wait: Callable[[], GitView | None]) -> None:
-        """use_git with what `wait` returns, once the next scan has listed the files (git's
-        commands run meanwhile); None: no commit to take ids from."""
-        with self.lock:
-            self._git_wait, self._git_used = wait, True
 
     def seed(self, manifest: Manifest) -> None:
         """What the store last recorded of this workspace, for a fresh scanner to keep below
@@ -757,11 +737,31 @@ class Scanner:
         # change to a file (content, mode, times, a rename) and no program can set it; size
         # and inode catch the rest. The others are looked at one by one.
         todo = _changed(fd, names, fast) if fast else names
-        # A fresh scanner's first scan while git looks (use_git_later): its new files under
-        # the cap are listed here and decided once git has said (_settle), their rows made
-        # there, once.
-        defer = self._git_wait is not None and len(self.root) + len(prefix) < PATH_MAX - 256
         hits, found = len(names) - len(todo), 0
+        if (
+            self._seeds
+            and by_folder
+            and not before
+            and not self._previous
+            and len(self.root) + len(prefix) < PATH_MAX - 256
+        ):
+            # A fresh scanner on git's word (use_git): the files whose lstat is what git's
+            # index recorded are made entries in one call, unread; the rest as below.
+            left = _seeded(
+                fd,
+                todo,
+                prefix,
+                self._seeds,
+                self._head,
+                cached,
+                w.entries,
+                Entry,
+                FILE,
+                self.size_cap,
+                w.racy_after,
+                self._secret_shapes,
+            )
+            found, todo = len(todo) - len(left), left
         dropped: list[bytes] = []  # cached names still listed but no longer entries
         vanished: list[bytes] = []  # listed, gone since
         lstat = os.stat
@@ -808,10 +808,6 @@ class Scanner:
                     if (rel, False) in self._by_setting:
                         w.out.excluded.append(rel)
                     continue
-            if defer and old is None and stat.S_ISREG(mode) and st.st_size <= self.size_cap:
-                self._deferred.append((rel, st, cached, name))
-                found += 1
-                continue
             key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
             entry = (
                 old[1]
@@ -946,20 +942,21 @@ class Scanner:
         return Entry(FILE, mode, digest, size=len(data))
 
     def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
-        """The entry of a file git vouches for (use_git), not read; None: read it."""
-        blob = self._vouched.get(rel)
+        """The entry of a file git's index vouches for (use_git), not read; None: read it."""
+        recorded = self._seeds.get(rel)
         if (
-            blob is not None
-            and st.st_ctime_ns < self._vouched_before
+            recorded is not None
             and st.st_size <= self.size_cap
-            and self._sized.get(rel, st.st_size) == st.st_size
             and stat.S_ISREG(st.st_mode)
+            and stat_data(st) == recorded
+            and rel in self._head
             and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
             and not (self.secrets is not None and self.secrets.named(rel))
         ):
-            # git's index says these are the commit's bytes, and nothing changed the file
-            # since git looked (its change time): not read, as `git status` reads none.
-            return Entry(FILE, st.st_mode & 0o777, GIT_REF + blob, b"", st.st_size)
+            # git's index says these are the commit's bytes while the file's lstat is what
+            # it recorded (the change time moves with any change): not read, as `git
+            # status` reads none.
+            return Entry(FILE, st.st_mode & 0o777, GIT_REF + self._head[rel], b"", st.st_size)
         return None
 
     def _git_ref(
@@ -981,12 +978,24 @@ class Scanner:
             fmt = "sha256" if len(was) == len(GIT_REF) + 64 else "sha1"
             blob = git_blob_id(data, fmt)
             if was == GIT_REF + blob:  # the same bytes as recorded; still a commit's?
+                if self._head_ids is None:
+                    self._head_ids = frozenset(self._head.values())
                 if blob in self._head_ids:
                     return was, None
                 recorded = was
         if at is not None and git_blob_id(data, self._git_format) == at:
             return GIT_REF + at, None
         return None, recorded
+
+
+def _kept_by_id(seeds: dict[bytes, bytes], last_seen: Manifest) -> dict[bytes, bytes]:
+    """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
+    (Scanner._vouch)."""
+    out = dict(seeds)
+    for path, entry in last_seen.items():
+        if not entry.ref.startswith(GIT_REF):
+            out.pop(path, None)
+    return out
 
 
 def _sha256(data: bytes) -> str:

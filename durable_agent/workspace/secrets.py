@@ -47,6 +47,27 @@ _TOKEN_LINE = re.compile(
     rb"(?im)^[ \t]*[^#;\r\n]*?(?:auth|password|token)[\w\"']*[ \t]*[:=][ \t]*[^\s#;]"
 )
 
+
+def _shapes() -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+    """SECRET_NAMES and TOKEN_FILES as the (prefixes, suffixes, whole names) a name has in
+    lower case to be `named`: a fast test for a scan's C loop (_speedups.seeded), which
+    leaves such a name to `named`."""
+    prefixes, suffixes, names = [], [], []
+    for pattern in SECRET_NAMES:
+        stars = pattern.count(b"*")
+        if stars == 0 and not any(c in pattern for c in b"?["):
+            names.append(pattern)
+        elif stars == 1 and pattern.endswith(b"*") and not any(c in pattern for c in b"?["):
+            prefixes.append(pattern[:-1])
+        elif stars == 1 and pattern.startswith(b"*") and not any(c in pattern for c in b"?["):
+            suffixes.append(pattern[1:])
+        else:  # (a shape the C loop cannot test: held to by tests/test_secrets.py)
+            raise ValueError(f"a secret name of no known shape: {pattern!r}")
+    return tuple(prefixes), tuple(suffixes), (*names, *TOKEN_FILES)
+
+
+NAME_SHAPES = _shapes()
+
 HELD = "held a secret; not stored"  # how diff, the web view and restore say it
 
 

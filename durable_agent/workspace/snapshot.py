@@ -9,13 +9,13 @@ delta on the scanner's previous tree when that one is stored and the delta is sm
 With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a file the
 checkout's HEAD commit holds at its path is named by its git blob id (`git:`) and not
 written: the tree records the commit (workspace/git_baseline.py) and a rebuild reads those
-files from the repository. A fresh scanner does not read the files git says are clean.
+files from the repository. A fresh scanner does not read the files whose lstat is what
+git's index recorded for them, as `git status` does not.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 
@@ -31,7 +31,7 @@ from durable_agent.workspace.manifest import (
     encode_delta,
     encode_full,
 )
-from durable_agent.workspace.scan import GitView, Scan, Scanner
+from durable_agent.workspace.scan import Scan, Scanner
 
 
 class Snapshot(Struct):
@@ -136,33 +136,14 @@ _trees_lock = threading.Lock()
 
 def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
     """Let `scanner` take content ids from the checkout's HEAD commit; the returned call
-    gives the commit's Head once the scan is done (None: not in a checkout with a commit).
-    A fresh scanner's first scan lists the files while git says which tracked files are
-    clean (git_baseline.head_and_clean, in a thread): those are not read."""
+    gives the commit's Head (None: not in a checkout with a commit). A fresh scanner's
+    first scan takes the files git's index vouches for unread (git_baseline.head_and_seeds)."""
     if scanner.fresh:
-        since = time.time_ns()  # before git looks: a file changed after has a later ctime
-        box: list[tuple[git_baseline.Head | None, git_baseline.Clean]] = []
-        root = scanner.root
-        thread = threading.Thread(
-            target=lambda: box.append(git_baseline.head_and_clean(root)), daemon=True
-        )
-        thread.start()
-
-        def found() -> tuple[git_baseline.Head | None, git_baseline.Clean]:
-            thread.join()
-            return box[0] if box else (None, git_baseline.NOT_CLEAN)
-
-        def view() -> GitView | None:
-            head, clean = found()
-            if head is None:
-                return None
-            return head.files, clean.files, since, head.baseline.format, clean.sized
-
-        scanner.use_git_later(view)
-        return lambda: found()[0]
-    head = git_baseline.head_of(scanner.root)
+        head, seeds = git_baseline.head_and_seeds(scanner.root)
+    else:
+        head, seeds = git_baseline.head_of(scanner.root), {}
     if head is not None:
-        scanner.use_git(head.files, {}, 0, head.baseline.format)
+        scanner.use_git(head.files, seeds, head.baseline.format)
     return lambda: head
 
 

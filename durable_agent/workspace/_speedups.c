@@ -1,0 +1,702 @@
+/* The stat cache's hot loops, each the same answer as a Python twin (used where this cannot
+   be built), in C because a Python loop of a few operations per file costs a microsecond or
+   more, and a workspace has 50,000 files or more:
+
+   - changed: which of a folder's listed names the cached stat keys do not vouch for (scan.py,
+     _changed_py);
+   - index_files: git's index parsed (git_index.py, _index_files_py);
+   - seeded: a fresh scanner's folder, its files git's index vouches for made entries
+     (scan.py, Scanner._seeded_py).
+
+   changed: which of a folder's listed names
+   its cached stat keys do not vouch for. The same answer as scan.py's _changed_py; in C
+   because building an os.stat_result per file (three float and three nanosecond times) and
+   the bytecode around it cost as much as the fstatat calls themselves: a command's step
+   after one changed file in 50,000 took more than `git status`, which lstats in C.
+
+   changed(dir_fd, names, cached) -> the names, in order, that are not cached as a file
+   whose key (ctime_ns, size, inode) is this lstat's: not cached, cached racy (key None),
+   not lstat'able, or different. The GIL is held (a release per call costs more than the
+   call), and let go every 1,024 names so that a huge folder does not stall the process's
+   other threads (a lease's heartbeat). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* 1: `name` (in the folder `fd` holds) lstats to `key` (ctime_ns, size, inode: plain ints);
+   0: not, or no lstat; -1: an error of Python's (none is expected). */
+static int
+same_key(long fd, const char *name, PyObject *key)
+{
+    struct stat st;
+    if (fstatat((int)fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return 0;
+    /* os.stat's st_ctime_ns: seconds * 10^9 + nanoseconds, in 64 bits until 2262. */
+    if (st.st_ctim.tv_sec > 9000000000LL || st.st_ctim.tv_sec < -9000000000LL)
+        return 0;
+    long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+    int overflow = 0;
+    long long c = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(key, 0), &overflow);
+    if (overflow || (c == -1 && PyErr_Occurred()) || c != ctime_ns)
+        return PyErr_Occurred() ? -1 : 0;
+    long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(key, 1), &overflow);
+    if (overflow || (size == -1 && PyErr_Occurred()) || size != (long long)st.st_size)
+        return PyErr_Occurred() ? -1 : 0;
+    unsigned long long i = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(key, 2));
+    if (i == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear(); /* negative, or over 64 bits: no inode */
+        return 0;
+    }
+    return i == (unsigned long long)st.st_ino;
+}
+
+static PyObject *
+changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, names, cached)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
+    PyObject *names = args[1], *cached = args[2];
+    if (!PyList_Check(names) || !PyDict_Check(cached)) {
+        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, list, dict)");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+        if ((i & 1023) == 1023) {
+            /* No borrowed reference is held here: the list and dict are read afresh. */
+            Py_BEGIN_ALLOW_THREADS
+            Py_END_ALLOW_THREADS
+        }
+        PyObject *name = PyList_GET_ITEM(names, i);
+        PyObject *row = PyDict_GetItemWithError(cached, name);
+        int same = 0;
+        if (row == NULL && PyErr_Occurred())
+            goto fail;
+        /* A name with a NUL in it (none is listed) would be cut short by fstatat. */
+        if (row != NULL && PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 2 &&
+            PyBytes_Check(name) &&
+            strlen(PyBytes_AS_STRING(name)) == (size_t)PyBytes_GET_SIZE(name)) {
+            PyObject *key = PyTuple_GET_ITEM(row, 0);
+            /* Plain ints only: converting anything else could run Python code. */
+            if (PyTuple_Check(key) && PyTuple_GET_SIZE(key) == 3 &&
+                PyLong_CheckExact(PyTuple_GET_ITEM(key, 0)) &&
+                PyLong_CheckExact(PyTuple_GET_ITEM(key, 1)) &&
+                PyLong_CheckExact(PyTuple_GET_ITEM(key, 2))) {
+                same = same_key(fd, PyBytes_AS_STRING(name), key);
+                if (same < 0)
+                    goto fail;
+            }
+        }
+        if (!same && PyList_Append(out, name) < 0)
+            goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+
+/* -- git's index (git_index.py, _index_files_py) ------------------------------------------ */
+
+static unsigned int
+be32(const unsigned char *p)
+{
+    return ((unsigned int)p[0] << 24) | ((unsigned int)p[1] << 16) | ((unsigned int)p[2] << 8) |
+           (unsigned int)p[3];
+}
+
+static unsigned int
+be16(const unsigned char *p)
+{
+    return ((unsigned int)p[0] << 8) | (unsigned int)p[1];
+}
+
+static PyObject *
+bad_index(const char *why)
+{
+    PyErr_SetString(PyExc_ValueError, why);
+    return NULL;
+}
+
+/* index_files(body, hash_size, lead, racy_from) -> (files, stats) or None, as
+   git_index._index_files_py: `body` is the index without its checksum. */
+static PyObject *
+index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "index_files(body, hash_size, lead, racy_from)");
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    long hash_size = PyLong_AsLong(args[1]);
+    if (hash_size == -1 && PyErr_Occurred())
+        return NULL;
+    if (hash_size != 20 && hash_size != 32)
+        return bad_index("an object id of 20 or 32 bytes");
+    const char *lead = PyBytes_AS_STRING(args[2]);
+    Py_ssize_t lead_len = PyBytes_GET_SIZE(args[2]);
+    long long racy_from = PyLong_AsLongLong(args[3]);
+    if (racy_from == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 12 || memcmp(d, "DIRC", 4) != 0)
+        return bad_index("not a git index of version 2, 3 or 4");
+    unsigned int version = be32(d + 4), count = be32(d + 8);
+    if (version < 2 || version > 4)
+        return bad_index("not a git index of version 2, 3 or 4");
+    Py_ssize_t fixed = 40 + hash_size, pos = 12;
+    char *previous = NULL; /* version 4: the previous path */
+    Py_ssize_t previous_len = 0, previous_cap = 0;
+    PyObject *files = PyDict_New(), *stats = PyDict_New(), *out = NULL;
+    if (files == NULL || stats == NULL)
+        goto done;
+    static const char hex[] = "0123456789abcdef";
+    for (unsigned int i = 0; i < count; i++) {
+        Py_ssize_t start = pos;
+        if (pos + fixed + 2 > n) {
+            bad_index("an entry past the end of the index");
+            goto done;
+        }
+        unsigned int flags = be16(d + pos + fixed), extended = 0;
+        Py_ssize_t name_at = pos + fixed + 2;
+        if (flags & 0x4000) {
+            if (version < 3) {
+                bad_index("extended flags in a version 2 index");
+                goto done;
+            }
+            if (name_at + 2 > n) {
+                bad_index("an entry past the end of the index");
+                goto done;
+            }
+            extended = be16(d + name_at);
+            name_at += 2;
+        }
+        const char *path;
+        Py_ssize_t path_len;
+        if (version == 4) { /* the previous name, less N bytes, plus a suffix (varint.c) */
+            if (name_at >= n) {
+                bad_index("an entry past the end of the index");
+                goto done;
+            }
+            unsigned char byte = d[name_at++];
+            unsigned long long strip = byte & 0x7f;
+            while (byte & 0x80) {
+                if (name_at >= n || strip > ((unsigned long long)1 << 40)) {
+                    bad_index("an entry past the end of the index");
+                    goto done;
+                }
+                byte = d[name_at++];
+                strip = ((strip + 1) << 7) | (byte & 0x7f);
+            }
+            const unsigned char *end = memchr(d + name_at, 0, n - name_at);
+            if (end == NULL) {
+                bad_index("a name past the end of the index");
+                goto done;
+            }
+            if (strip > (unsigned long long)previous_len) {
+                bad_index("a prefix longer than the previous name");
+                goto done;
+            }
+            Py_ssize_t suffix = end - (d + name_at);
+            Py_ssize_t keep = previous_len - (Py_ssize_t)strip;
+            if (keep + suffix + 1 > previous_cap) {
+                Py_ssize_t cap = (keep + suffix + 1) * 2;
+                char *grown = PyMem_Realloc(previous, cap);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                previous = grown;
+                previous_cap = cap;
+            }
+            memcpy(previous + keep, d + name_at, suffix);
+            previous_len = keep + suffix;
+            path = previous;
+            path_len = previous_len;
+            pos = (end - d) + 1;
+        }
+        else {
+            const unsigned char *end = memchr(d + name_at, 0, n - name_at);
+            if (end == NULL) {
+                bad_index("a name past the end of the index");
+                goto done;
+            }
+            path = (const char *)d + name_at;
+            path_len = end - (d + name_at);
+            pos += (name_at - pos + path_len + 8) & ~(Py_ssize_t)7; /* 1 to 8 NULs pad */
+        }
+        unsigned int mode = be32(d + start + 24);
+        if ((flags & 0x3000) || (extended & 0x2000) || mode == 040000) {
+            out = Py_None; /* a merge's stages, an intent-to-add, a sparse directory */
+            Py_INCREF(out);
+            goto done;
+        }
+        if ((mode != 0100644 && mode != 0100755) || path_len < lead_len ||
+            memcmp(path, lead, lead_len) != 0)
+            continue;
+        PyObject *rel = PyBytes_FromStringAndSize(path + lead_len, path_len - lead_len);
+        if (rel == NULL)
+            goto done;
+        char oid[64];
+        for (long k = 0; k < hash_size; k++) {
+            oid[2 * k] = hex[d[start + 40 + k] >> 4];
+            oid[2 * k + 1] = hex[d[start + 40 + k] & 15];
+        }
+        PyObject *blob = PyUnicode_FromStringAndSize(oid, 2 * hash_size);
+        int failed = blob == NULL || PyDict_SetItem(files, rel, blob) < 0;
+        Py_XDECREF(blob);
+        if (!failed && !(flags & 0x8000) && !(extended & 0x4000)) {
+            long long c = (long long)be32(d + start) * 1000000000LL + be32(d + start + 4);
+            long long m = (long long)be32(d + start + 8) * 1000000000LL + be32(d + start + 12);
+            if (c < racy_from && m < racy_from) {
+                PyObject *data = PyBytes_FromStringAndSize((const char *)d + start, 40);
+                failed = data == NULL || PyDict_SetItem(stats, rel, data) < 0;
+                Py_XDECREF(data);
+            }
+        }
+        Py_DECREF(rel);
+        if (failed)
+            goto done;
+    }
+    while (pos < n) { /* the extensions */
+        if (pos + 8 > n) {
+            bad_index("an extension past the end of the index");
+            goto done;
+        }
+        if (memcmp(d + pos, "link", 4) == 0 || memcmp(d + pos, "sdir", 4) == 0) {
+            out = Py_None; /* a split index; sparse directories */
+            Py_INCREF(out);
+            goto done;
+        }
+        pos += 8 + (Py_ssize_t)be32(d + pos + 4);
+    }
+    if (pos != n) {
+        bad_index("an extension past the end of the index");
+        goto done;
+    }
+    out = PyTuple_Pack(2, files, stats);
+done:
+    PyMem_Free(previous);
+    Py_XDECREF(files);
+    Py_XDECREF(stats);
+    return out;
+}
+
+/* -- a fresh scanner's folder, on git's word (scan.py, Scanner._seeded_py) ---------------- */
+
+static PyObject *git_ref_prefix; /* "git:" */
+
+/* 1: `name` may be a secret's by its name (secrets.NAME_SHAPES: prefixes, suffixes, whole
+   names, in lower case); such a name is left to the caller, which decides. */
+static int
+may_be_secret(const char *name, Py_ssize_t len, PyObject *shapes)
+{
+    if (shapes == Py_None)
+        return 0;
+    char low[256];
+    if (len >= (Py_ssize_t)sizeof(low))
+        return 1;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        char c = name[i];
+        low[i] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+    }
+    for (int kind = 0; kind < 3; kind++) {
+        PyObject *each = PyTuple_GET_ITEM(shapes, kind);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(each); k++) {
+            PyObject *shape = PyTuple_GET_ITEM(each, k);
+            Py_ssize_t n = PyBytes_GET_SIZE(shape);
+            const char *s = PyBytes_AS_STRING(shape);
+            if (n > len)
+                continue;
+            if ((kind == 0 && memcmp(low, s, n) == 0) ||
+                (kind == 1 && memcmp(low + len - n, s, n) == 0) ||
+                (kind == 2 && n == len && memcmp(low, s, n) == 0))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static int
+valid_shapes(PyObject *shapes)
+{
+    if (shapes == Py_None)
+        return 1;
+    if (!PyTuple_Check(shapes) || PyTuple_GET_SIZE(shapes) != 3)
+        return 0;
+    for (int kind = 0; kind < 3; kind++) {
+        PyObject *each = PyTuple_GET_ITEM(shapes, kind);
+        if (!PyTuple_Check(each))
+            return 0;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(each); k++)
+            if (!PyBytes_Check(PyTuple_GET_ITEM(each, k)))
+                return 0;
+    }
+    return 1;
+}
+
+/* seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap,
+   racy_after, shapes) -> the names left to the caller, as Scanner._seeded_py. */
+static PyObject *
+seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "seeded() takes 12 arguments");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
+    PyObject *names = args[1], *lead = args[2], *stats = args[3], *files = args[4];
+    PyObject *cached = args[5], *entries = args[6], *entry_type = args[7], *kind = args[8];
+    PyObject *shapes = args[11];
+    if (!PyList_Check(names) || !PyBytes_Check(lead) || !PyDict_Check(stats) ||
+        !PyDict_Check(files) || !PyDict_Check(cached) || !PyDict_Check(entries) ||
+        !valid_shapes(shapes)) {
+        PyErr_SetString(PyExc_TypeError, "seeded(): a list, bytes, four dicts, shapes");
+        return NULL;
+    }
+    long long size_cap = PyLong_AsLongLong(args[9]);
+    if (size_cap == -1 && PyErr_Occurred())
+        return NULL;
+    long long racy_after = PyLong_AsLongLong(args[10]);
+    if (racy_after == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *todo = PyList_New(0), *empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (todo == NULL || empty == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        Py_INCREF(name);
+        PyObject *rel = NULL, *recorded = NULL, *entry = NULL;
+        int vouched = 0;
+        if (!PyBytes_Check(name) ||
+            strlen(PyBytes_AS_STRING(name)) != (size_t)PyBytes_GET_SIZE(name) ||
+            may_be_secret(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), shapes))
+            goto next;
+        rel = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(lead) + PyBytes_GET_SIZE(name));
+        if (rel == NULL)
+            goto fail_name;
+        memcpy(PyBytes_AS_STRING(rel), PyBytes_AS_STRING(lead), PyBytes_GET_SIZE(lead));
+        memcpy(PyBytes_AS_STRING(rel) + PyBytes_GET_SIZE(lead), PyBytes_AS_STRING(name),
+               PyBytes_GET_SIZE(name));
+        recorded = PyDict_GetItemWithError(stats, rel);
+        if (recorded == NULL) {
+            if (PyErr_Occurred())
+                goto fail_name;
+            goto next;
+        }
+        Py_INCREF(recorded);
+        if (!PyBytes_Check(recorded) || PyBytes_GET_SIZE(recorded) != 40)
+            goto next;
+        struct stat st;
+        if (fstatat((int)fd, PyBytes_AS_STRING(name), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode) || (long long)st.st_size > size_cap)
+            goto next;
+        unsigned int now[10] = {
+            (unsigned int)st.st_ctim.tv_sec, (unsigned int)st.st_ctim.tv_nsec,
+            (unsigned int)st.st_mtim.tv_sec, (unsigned int)st.st_mtim.tv_nsec,
+            (unsigned int)st.st_dev,         (unsigned int)st.st_ino,
+            (st.st_mode & S_IXUSR) ? 0100755u : 0100644u,
+            (unsigned int)st.st_uid,         (unsigned int)st.st_gid,
+            (unsigned int)st.st_size,
+        };
+        const unsigned char *was = (const unsigned char *)PyBytes_AS_STRING(recorded);
+        int same = 1;
+        for (int k = 0; k < 10 && same; k++)
+            same = be32(was + 4 * k) == now[k];
+        if (!same)
+            goto next;
+        PyObject *blob = PyDict_GetItemWithError(files, rel);
+        if (blob == NULL) {
+            if (PyErr_Occurred())
+                goto fail_name;
+            goto next;
+        }
+        if (!PyUnicode_Check(blob))
+            goto next;
+        PyObject *ref = PyUnicode_Concat(git_ref_prefix, blob);
+        PyObject *mode = PyLong_FromLong(st.st_mode & 0777);
+        PyObject *size = PyLong_FromLongLong((long long)st.st_size);
+        if (ref != NULL && mode != NULL && size != NULL) {
+            PyObject *fields[5] = {kind, mode, ref, empty, size};
+            entry = PyObject_Vectorcall(entry_type, fields, 5, NULL);
+        }
+        Py_XDECREF(ref);
+        Py_XDECREF(mode);
+        Py_XDECREF(size);
+        if (entry == NULL)
+            goto fail_name;
+        /* The stat cache's row: its key, None while racy (read again by the next scan). */
+        PyObject *key;
+        if (st.st_ctim.tv_sec > 9000000000LL || st.st_ctim.tv_sec < -9000000000LL)
+            goto next; /* (no such ctime in 64 bits of nanoseconds: the caller decides) */
+        long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+        if (ctime_ns >= racy_after) {
+            key = Py_None;
+            Py_INCREF(key);
+        }
+        else
+            key = Py_BuildValue("(LLK)", ctime_ns, (long long)st.st_size,
+                                (unsigned long long)st.st_ino);
+        PyObject *row = key != NULL ? PyTuple_Pack(2, key, entry) : NULL;
+        Py_XDECREF(key);
+        int failed = row == NULL || PyDict_SetItem(cached, name, row) < 0 ||
+                     PyDict_SetItem(entries, rel, entry) < 0;
+        Py_XDECREF(row);
+        if (failed)
+            goto fail_name;
+        vouched = 1;
+    next:
+        if (!vouched && PyList_Append(todo, name) < 0)
+            goto fail_name;
+        Py_DECREF(name);
+        Py_XDECREF(rel);
+        Py_XDECREF(recorded);
+        Py_XDECREF(entry);
+        continue;
+    fail_name:
+        Py_DECREF(name);
+        Py_XDECREF(rel);
+        Py_XDECREF(recorded);
+        Py_XDECREF(entry);
+        goto fail;
+    }
+    Py_DECREF(empty);
+    return todo;
+fail:
+    Py_XDECREF(todo);
+    Py_XDECREF(empty);
+    return NULL;
+}
+
+/* -- a tree id's buckets and lines (manifest.py, TreeIds: _bucketed_py, _joined_py) ------- */
+
+#define BUCKETS 1024 /* manifest.BUCKETS */
+
+static unsigned int crc_table[256];
+
+static void
+make_crc_table(void) /* zlib's crc32 (IEEE 802.3, reflected) */
+{
+    for (unsigned int n = 0; n < 256; n++) {
+        unsigned int c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+static unsigned int
+crc32_of(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned int c = 0xFFFFFFFFu;
+    while (n-- > 0)
+        c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* bucketed(paths) -> BUCKETS lists, each the paths (in their order) whose
+   zlib.crc32(path) % BUCKETS is its number. */
+static PyObject *
+bucketed(PyObject *module, PyObject *paths)
+{
+    if (!PyList_Check(paths)) {
+        PyErr_SetString(PyExc_TypeError, "bucketed(list of bytes)");
+        return NULL;
+    }
+    PyObject *out = PyList_New(BUCKETS);
+    if (out == NULL)
+        return NULL;
+    for (int b = 0; b < BUCKETS; b++) {
+        PyObject *each = PyList_New(0);
+        if (each == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, each);
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "bucketed(list of bytes)");
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned int b = crc32_of((const unsigned char *)PyBytes_AS_STRING(path),
+                                  PyBytes_GET_SIZE(path)) % BUCKETS;
+        if (PyList_Append(PyList_GET_ITEM(out, b), path) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} buffer;
+
+static int
+put(buffer *buf, const char *s, Py_ssize_t n)
+{
+    if (buf->len + n > buf->cap) {
+        Py_ssize_t cap = (buf->len + n) * 2 + 256;
+        char *grown = PyMem_Realloc(buf->data, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        buf->data = grown;
+        buf->cap = cap;
+    }
+    memcpy(buf->data + buf->len, s, n);
+    buf->len += n;
+    return 0;
+}
+
+/* `text` as UTF-8 (a str: kind, ref), then a NUL. */
+static int
+put_text(buffer *buf, PyObject *text)
+{
+    Py_ssize_t n;
+    const char *s = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    if (s == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "an entry's kind and ref are str");
+        return -1;
+    }
+    return put(buf, s, n) < 0 || put(buf, "\0", 1) < 0 ? -1 : 0;
+}
+
+/* An int as Python's b"%o" or b"%d" writes it (`octal` or not), then `end`. */
+static int
+put_int(buffer *buf, PyObject *value, int octal, char end)
+{
+    if (!PyLong_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "an entry's mode and size are int");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v == LLONG_MIN) {
+        if (!PyErr_Occurred()) /* (the caller takes the Python twin) */
+            PyErr_SetString(PyExc_OverflowError, "an entry's mode or size past 64 bits");
+        return -1;
+    }
+    char text[32];
+    int n = snprintf(text, sizeof(text), octal ? "%s%llo" : "%s%llu", v < 0 ? "-" : "",
+                     (unsigned long long)(v < 0 ? -v : v));
+    text[n] = end;
+    return put(buf, text, n + 1);
+}
+
+static PyObject *s_kind, *s_mode, *s_ref, *s_target, *s_size;
+
+/* joined(paths, manifest) -> the lines of manifest._line for `paths`, joined:
+   path NUL kind NUL mode (octal) NUL ref NUL target NUL size (decimal) LF. */
+static PyObject *
+joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "joined(list of paths, manifest)");
+        return NULL;
+    }
+    PyObject *paths = args[0], *manifest = args[1];
+    buffer buf = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        PyObject *entry = PyBytes_Check(path) ? PyDict_GetItemWithError(manifest, path) : NULL;
+        if (entry == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, path);
+            goto fail;
+        }
+        Py_INCREF(path);
+        Py_INCREF(entry);
+        PyObject *kind = PyObject_GetAttr(entry, s_kind);
+        PyObject *mode = PyObject_GetAttr(entry, s_mode);
+        PyObject *ref = PyObject_GetAttr(entry, s_ref);
+        PyObject *target = PyObject_GetAttr(entry, s_target);
+        PyObject *size = PyObject_GetAttr(entry, s_size);
+        int failed = kind == NULL || mode == NULL || ref == NULL || target == NULL ||
+                     size == NULL || !PyBytes_Check(target) ||
+                     put(&buf, PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path)) < 0 ||
+                     put(&buf, "\0", 1) < 0 || put_text(&buf, kind) < 0 ||
+                     put_int(&buf, mode, 1, '\0') < 0 || put_text(&buf, ref) < 0 ||
+                     put(&buf, PyBytes_AS_STRING(target), PyBytes_GET_SIZE(target)) < 0 ||
+                     put(&buf, "\0", 1) < 0 || put_int(&buf, size, 0, '\n') < 0;
+        if (failed && !PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "an entry's target is bytes");
+        Py_XDECREF(kind);
+        Py_XDECREF(mode);
+        Py_XDECREF(ref);
+        Py_XDECREF(target);
+        Py_XDECREF(size);
+        Py_DECREF(entry);
+        Py_DECREF(path);
+        if (failed)
+            goto fail;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(buf.data ? buf.data : "", buf.len);
+    PyMem_Free(buf.data);
+    return out;
+fail:
+    PyMem_Free(buf.data);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"changed", (PyCFunction)(void (*)(void))changed, METH_FASTCALL,
+     "changed(dir_fd, names, cached) -> the names whose lstat key is not cached[name][0]"},
+    {"bucketed", (PyCFunction)bucketed, METH_O,
+     "bucketed(paths) -> BUCKETS lists: each path in that of zlib.crc32(path) % BUCKETS"},
+    {"joined", (PyCFunction)(void (*)(void))joined, METH_FASTCALL,
+     "joined(paths, manifest) -> the manifest's lines of those paths, joined"},
+    {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
+     "index_files(body, hash_size, lead, racy_from) -> (files, stats) or None"},
+    {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
+     "seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap, "
+     "racy_after, shapes) -> the names left"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, 0, methods};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    git_ref_prefix = PyUnicode_InternFromString("git:");
+    s_kind = PyUnicode_InternFromString("kind");
+    s_mode = PyUnicode_InternFromString("mode");
+    s_ref = PyUnicode_InternFromString("ref");
+    s_target = PyUnicode_InternFromString("target");
+    s_size = PyUnicode_InternFromString("size");
+    if (git_ref_prefix == NULL || s_kind == NULL || s_mode == NULL || s_ref == NULL ||
+        s_target == NULL || s_size == NULL)
+        return NULL;
+    make_crc_table();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,25 @@
+# The types of the one compiled module (_speedups.c); each function's Python twin is named
+# in its docstring there.
+from typing import Any
+
+def changed(dir_fd: int, names: list[bytes], cached: dict[bytes, Any]) -> list[bytes]: ...
+def index_files(
+    body: bytes, hash_size: int, lead: bytes, racy_from: int
+) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None: ...
+def seeded(
+    dir_fd: int,
+    names: list[bytes],
+    lead: bytes,
+    stats: dict[bytes, bytes],
+    files: dict[bytes, str],
+    cached: dict[bytes, Any],
+    entries: dict[bytes, Any],
+    entry: type[Any],
+    kind: str,
+    size_cap: int,
+    racy_after: int,
+    shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
+    /,
+) -> list[bytes]: ...
+def bucketed(paths: list[bytes], /) -> list[list[bytes]]: ...
+def joined(paths: list[bytes], manifest: dict[bytes, Any], /) -> bytes: ...

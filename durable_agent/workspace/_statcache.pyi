@@ -1,3 +1,0 @@
-from typing import Any
-
-def changed(dir_fd: int, names: list[bytes], cached: dict[bytes, Any]) -> list[bytes]: ...

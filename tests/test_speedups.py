@@ -1,0 +1,377 @@
+"""The compiled loops (_speedups.c) against their Python twins: the same answers for what a
+workspace and git's index can hold, hostile bytes included (the C parser reads an index a
+command may have written), and the twins against what they stand for (git, zlib, the
+secret names)."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import subprocess
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
+
+from durable_agent.redact import Redactor
+from durable_agent.workspace import git_index, manifest, scan
+from durable_agent.workspace.manifest import FILE, Entry
+from durable_agent.workspace.secrets import NAME_SHAPES, SECRET_NAMES, TOKEN_FILES, SecretCheck
+
+_speedups = pytest.importorskip("durable_agent.workspace._speedups")
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        [*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_every_loop_is_built_in_c() -> None:
+    from scale_helpers import in_ci
+
+    try:
+        from durable_agent.workspace import _speedups as built
+    except ImportError as exc:  # pragma: no cover - a machine with no C compiler
+        if in_ci():
+            raise
+        pytest.skip(f"not built here ({exc}): the Python twins run")
+    assert scan._seeded is built.seeded
+    assert git_index._index_files is built.index_files
+    assert manifest._bucketed is built.bucketed and manifest._joined is built.joined
+
+
+# -- git's index ---------------------------------------------------------------------------
+
+
+def _repo(root: Path, version: int, object_format: str) -> Path:
+    repo = root / f"r{version}{object_format}"
+    repo.mkdir()
+    git(repo, "init", "-q", f"--object-format={object_format}")
+    names = ["a.txt", "run.sh", "sub/b.txt", "sub/deep/é c.txt", "sub/skip.txt", "same.txt"]
+    names += [f"sub/{'n' * i}" for i in range(1, 10)]  # every padding, shared prefixes
+    for name in names:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(name)
+    (repo / "run.sh").chmod(0o755)
+    os.symlink("a.txt", repo / "link")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    git(repo, "update-index", "--assume-unchanged", "same.txt")
+    git(repo, "update-index", "--skip-worktree", "sub/skip.txt")
+    git(repo, "update-index", f"--index-version={version}")
+    return repo
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_the_index_is_read_as_git_lists_it(
+    tmp_path: Path, version: int, object_format: str
+) -> None:
+    repo = _repo(tmp_path, version, object_format)
+    index = os.fsencode(repo / ".git" / "index")
+    size = 32 if object_format == "sha256" else 20
+    for prefix in (b"", b"sub"):
+        got = git_index.index_files(index, prefix, size, margin_ns=0)
+        assert got is not None
+        listed = subprocess.run(
+            ["git", "ls-files", "-s", "-z", "--", prefix.decode() or "."],
+            cwd=repo,
+            capture_output=True,
+            check=True,
+        ).stdout
+        expected = {}
+        for record in listed.split(b"\0"):
+            if record:
+                meta, _, path = record.partition(b"\t")
+                mode, blob, _stage = meta.split()
+                if mode in (b"100644", b"100755"):
+                    rel = path[len(prefix) + 1 :] if prefix else path
+                    expected[rel] = blob.decode()
+        assert got.files == expected
+        # git's word for those it may call clean by their lstat: not the assume-unchanged
+        # and skip-worktree ones, and their stat data is what an lstat of them gives now
+        unread = set(expected) - {b"same.txt", b"skip.txt", b"sub/skip.txt"}
+        assert set(got.stats) == unread
+        for rel, recorded in got.stats.items():
+            at = repo / os.fsdecode(prefix) / os.fsdecode(rel)
+            assert recorded == git_index.stat_data(os.lstat(at))
+        body = Path(os.fsdecode(index)).read_bytes()[:-size]
+        lead = prefix + b"/" if prefix else b""
+        assert _speedups.index_files(body, size, lead, 2**62) == git_index._index_files_py(
+            body, size, lead, 2**62
+        )
+
+
+def test_an_entry_written_just_before_the_index_is_racy(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, 2, "sha1")
+    index = os.fsencode(repo / ".git" / "index")
+    written = os.stat(index).st_mtime_ns
+    changed = os.lstat(repo / "a.txt").st_ctime_ns
+    got = git_index.index_files(index, b"", 20, margin_ns=written - changed)
+    assert got is not None and b"a.txt" in got.files and b"a.txt" not in got.stats
+    got = git_index.index_files(index, b"", 20, margin_ns=written - changed - 1)
+    assert got is not None and b"a.txt" in got.stats
+    os.utime(index, ns=(1, 1))  # an index older than its entries: every one is racy
+    got = git_index.index_files(index, b"", 20, margin_ns=0)
+    assert got is not None and got.files and not got.stats
+
+
+@pytest.mark.parametrize(
+    "state", ["conflict", "intent-to-add", "split", "sparse", "checksum", "truncated"]
+)
+def test_an_index_this_does_not_read_is_none(tmp_path: Path, state: str) -> None:
+    repo = _repo(tmp_path, 2, "sha1")
+    index = repo / ".git" / "index"
+    if state == "conflict":
+        blob = git(repo, "rev-parse", "HEAD:a.txt")
+        info = f"100644 {blob} 1\tc.txt\n100644 {blob} 2\tc.txt\n"
+        subprocess.run(
+            ["git", "update-index", "--index-info"], cwd=repo, input=info, text=True, check=True
+        )
+    elif state == "intent-to-add":
+        (repo / "new.txt").write_text("new\n")
+        git(repo, "add", "-N", "new.txt")
+    elif state == "split":
+        git(repo, "update-index", "--split-index")
+    elif state == "sparse":
+        git(repo, "sparse-checkout", "init", "--cone", "--sparse-index")
+        git(repo, "sparse-checkout", "set", "sub/deep")
+        assert (
+            b"sdir" in index.read_bytes()
+            or b"040000"
+            in subprocess.run(
+                ["git", "ls-files", "-s", "--sparse"], cwd=repo, capture_output=True
+            ).stdout
+        )
+    elif state == "checksum":
+        data = bytearray(index.read_bytes())
+        data[-1] ^= 1
+        index.write_bytes(bytes(data))
+    elif state == "truncated":
+        index.write_bytes(index.read_bytes()[:-30])
+    assert git_index.index_files(os.fsencode(index), b"", 20, margin_ns=0) is None
+
+
+def _refused_or(call: Any) -> Any:
+    try:
+        return call()
+    except (ValueError, IndexError, OverflowError, struct.error):
+        return ("refused",)
+
+
+_BODIES: dict[tuple[int, int], bytes] = {}
+
+
+def _body(version: int, size: int) -> bytes:
+    """A real index's bytes (no checksum), made once per version and object format."""
+    key = (version, size)
+    if key not in _BODIES:
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = _repo(Path(tmp), version, "sha256" if size == 32 else "sha1")
+            _BODIES[key] = (repo / ".git" / "index").read_bytes()[:-size]
+    return _BODIES[key]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    version=st.sampled_from([2, 3, 4]),
+    size=st.sampled_from([20, 32]),
+    edits=st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=6),
+    cut=st.one_of(st.none(), st.integers(0, 2000)),
+    lead=st.sampled_from([b"", b"sub/", b"s", b"sub/deep/"]),
+    racy_from=st.integers(-(2**63), 2**63 - 1),
+)
+def test_any_bytes_of_an_index_give_the_same_answer_in_c_and_python(
+    version: int,
+    size: int,
+    edits: list[tuple[int, int]],
+    cut: int | None,
+    lead: bytes,
+    racy_from: int,
+) -> None:
+    """The C parser reads a file a command may have written: any bytes are parsed as the
+    Python twin parses them, or refused as it refuses them, and never read past the end."""
+    data = bytearray(_body(version, size))
+    for at, byte in edits:
+        if at < len(data):
+            data[at] = byte
+    body = bytes(data[:cut] if cut is not None else data)
+    c = _refused_or(lambda: _speedups.index_files(body, size, lead, racy_from))
+    py = _refused_or(lambda: git_index._index_files_py(body, size, lead, racy_from))
+    # (None and refused are one answer, "not read": each loop may meet the entry that makes
+    # it None or the bytes that refuse it first)
+    assert (c if c is not None else ("refused",)) == (py if py is not None else ("refused",))
+
+
+# -- a fresh scanner's folder on git's word ----------------------------------------------
+
+
+_SEEDED_AS = st.sampled_from(["same", "racy", "other", "absent", "no blob"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["file", "exec", "big", "link", "dir", "gone", "secret"]), _SEEDED_AS
+        ),
+        max_size=10,
+    ),
+    st.booleans(),
+)
+def test_the_c_and_python_seeded_loops_agree(kinds: list[tuple[str, str]], withhold: bool) -> None:
+    cap = 64
+    shapes = NAME_SHAPES if withhold else None
+    with tempfile.TemporaryDirectory() as tmp:
+        names: list[bytes] = []
+        stats: dict[bytes, bytes] = {}
+        files: dict[bytes, str] = {}
+        for i, (kind, seeded_as) in enumerate(kinds):
+            name = f"n{i}" if kind != "secret" else f"id_RSA{i}.pub"
+            path = Path(tmp) / name
+            if kind in ("file", "exec", "secret"):
+                path.write_bytes(b"x" * i)
+                if kind == "exec":
+                    path.chmod(0o751)
+            elif kind == "big":
+                path.write_bytes(b"x" * (cap + 1))
+            elif kind == "link":
+                path.symlink_to("nowhere")
+            elif kind == "dir":
+                path.mkdir()
+            rel = b"d/" + name.encode()
+            names.append(name.encode())
+            if seeded_as == "absent":
+                continue
+            if seeded_as != "no blob":
+                files[rel] = f"{i:040x}"
+            recorded = git_index.stat_data(os.lstat(path)) if kind != "gone" else b"\0" * 40
+            if seeded_as == "other":
+                recorded = recorded[:36] + (int.from_bytes(recorded[36:], "big") + 1).to_bytes(
+                    4, "big"
+                )
+            stats[rel] = recorded
+        racy_after = 1 + max((os.lstat(p).st_ctime_ns for p in Path(tmp).iterdir()), default=0)
+        if any(s == "racy" for _, s in kinds):
+            racy_after = 0  # every entry's stat key None: read again by the next scan
+        out = []
+        for loop in (_speedups.seeded, scan._seeded_py):
+            cached: dict[bytes, Any] = {}
+            entries: dict[bytes, Any] = {}
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                left = loop(
+                    fd,
+                    list(names),
+                    b"d/",
+                    stats,
+                    files,
+                    cached,
+                    entries,
+                    Entry,
+                    FILE,
+                    cap,
+                    racy_after,
+                    shapes,
+                )
+            finally:
+                os.close(fd)
+            out.append((left, cached, entries))
+        assert out[0] == out[1]
+        left, cached, entries = out[0]
+        for i, (kind, seeded_as) in enumerate(kinds):
+            name = names[i]
+            taken = (
+                kind in ("file", "exec") or (kind == "secret" and not withhold)
+            ) and seeded_as in ("same", "racy")
+            assert (name not in left) == taken, (kind, seeded_as)
+            if taken:
+                entry = entries[b"d/" + name]
+                assert entry.ref == "git:" + files[b"d/" + name]
+                assert entry.mode == (
+                    0o751
+                    if kind == "exec"
+                    else os.lstat(Path(tmp) / os.fsdecode(name)).st_mode & 0o777
+                )
+                assert cached[name][1] is entry
+                assert (cached[name][0] is None) == (racy_after == 0)
+
+
+_NAME_PART = st.one_of(
+    st.sampled_from(
+        [p.replace(b"*", b"") for p in SECRET_NAMES + TOKEN_FILES] + [b"ENV", b".Env", b"ID_"]
+    ),
+    st.binary(min_size=0, max_size=4).filter(lambda b: b"/" not in b and b"\0" not in b),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_NAME_PART, min_size=1, max_size=3).map(b"".join))
+@example(b".ENV.local")
+@example(b"Server.PEM")
+def test_a_name_withheld_by_its_name_is_always_left_to_the_check(name: bytes) -> None:
+    assume(name and b"/" not in name and b"\0" not in name)
+    check = SecretCheck(Redactor({}))
+    if check.named(b"some/dir/" + name):
+        assert scan._may_be_secret(name, NAME_SHAPES)
+
+
+# -- a tree id's buckets and lines ----------------------------------------------------------
+
+_paths = st.binary(min_size=0, max_size=20)
+_entries = st.builds(
+    Entry,
+    st.sampled_from(["file", "link", "dir", "big", "secret", "é", ""]),
+    st.one_of(st.integers(0, 0o777), st.integers(-(2**70), 2**70)),
+    st.text(max_size=10),
+    st.binary(max_size=8),
+    st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_paths, max_size=40))
+def test_buckets_are_zlibs_crc32(paths: list[bytes]) -> None:
+    got = _speedups.bucketed(paths)
+    assert got == manifest._bucketed_py(paths)
+    for b, each in enumerate(got):
+        assert all(zlib.crc32(p) % manifest.BUCKETS == b for p in each)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_paths, _entries, max_size=12))
+@example({b"a": Entry("file", -5, "x", b"", -(2**63) + 1)})
+@example({b"a": Entry("file", 0, "\udc80", b"", 0)})
+def test_lines_are_joined_as_python_writes_them(m: dict[bytes, Entry]) -> None:
+    paths = sorted(m)
+    py = _refused_or(lambda: manifest._joined_py(paths, m))
+    assert _refused_or(lambda: manifest.joined(paths, m)) == py
+    try:
+        c = _speedups.joined(paths, m)
+    except OverflowError:
+        assert any(abs(e.mode) >= 2**63 or abs(e.size) >= 2**63 for e in m.values())
+        return
+    except UnicodeEncodeError:
+        assert isinstance(py, tuple)
+        return
+    assert c == py
+
+
+def test_a_tree_id_is_the_same_with_the_twins(monkeypatch: pytest.MonkeyPatch) -> None:
+    rnd = random.Random(3)
+    m = {
+        os.urandom(rnd.randint(1, 30)): Entry("file", 0o644, f"{i:064x}", b"", i)
+        for i in range(3000)
+    }
+    fast = manifest.tree_id(m)
+    monkeypatch.setattr(manifest, "_joined", manifest._joined_py)
+    monkeypatch.setattr(manifest, "_bucketed", manifest._bucketed_py)
+    assert manifest.tree_id(m) == fast
