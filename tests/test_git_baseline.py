@@ -711,7 +711,7 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     head = git_baseline.head_of(os.fsencode(str(ws)))
     assert head is not None
     full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000, check)
-    full.use_git(head.files, {}, head.baseline.format)  # no file vouched for: all read
+    full.use_git(head.files, fmt=head.baseline.format)  # no file vouched for: all read
     rescan = full.scan().manifest
     assert fast.manifest == rescan
     m = rescan
@@ -833,7 +833,7 @@ def test_a_file_git_calls_clean_with_other_bytes_than_its_blob_is_read(
         head = git_baseline.head_of(os.fsencode(str(ws)))
         assert head is not None
         full = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
-        full.use_git(head.files, {}, head.baseline.format)  # every file read
+        full.use_git(head.files, fmt=head.baseline.format)  # every file read
         assert snap.manifest == full.scan().manifest
         assert snap.manifest[b"a.txt"].ref == sha256(ws / "a.txt")
         reader = BlobStore(engine)

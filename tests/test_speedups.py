@@ -44,7 +44,7 @@ def test_every_loop_is_built_in_c() -> None:
             raise
         pytest.skip(f"not built here ({exc}): the Python twins run")
     assert scan._seeded is built.seeded
-    assert git_index._index_files is built.index_files
+    assert git_index._index_files is built.index_files and git_index._lstat_all is built.lstat_all
     assert manifest._bucketed is built.bucketed and manifest._joined is built.joined
 
 
@@ -226,8 +226,11 @@ _SEEDED_AS = st.sampled_from(["same", "racy", "other", "absent", "no blob"])
         max_size=10,
     ),
     st.booleans(),
+    st.booleans(),
 )
-def test_the_c_and_python_seeded_loops_agree(kinds: list[tuple[str, str]], withhold: bool) -> None:
+def test_the_c_and_python_seeded_loops_agree(
+    kinds: list[tuple[str, str]], withhold: bool, preloaded: bool
+) -> None:
     cap = 64
     shapes = NAME_SHAPES if withhold else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,11 +266,17 @@ def test_the_c_and_python_seeded_loops_agree(kinds: list[tuple[str, str]], withh
         if any(s == "racy" for _, s in kinds):
             racy_after = 0  # every entry's stat key None: read again by the next scan
         out = []
-        for loop in (_speedups.seeded, scan._seeded_py):
-            cached: dict[bytes, Any] = {}
-            entries: dict[bytes, Any] = {}
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-            try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            lstats = None
+            if preloaded:  # taken before, as the walk takes them (git_index.lstat_all)
+                lstats = {b"d/" + k: v for k, v in _speedups.lstat_all(fd, names, 2).items()}
+                assert lstats == {
+                    b"d/" + k: v for k, v in git_index._lstat_all_py(fd, names, 2).items()
+                }
+            for loop in (_speedups.seeded, scan._seeded_py):
+                cached: dict[bytes, Any] = {}
+                entries: dict[bytes, Any] = {}
                 left = loop(
                     fd,
                     list(names),
@@ -281,10 +290,11 @@ def test_the_c_and_python_seeded_loops_agree(kinds: list[tuple[str, str]], withh
                     cap,
                     racy_after,
                     shapes,
+                    lstats,
                 )
-            finally:
-                os.close(fd)
-            out.append((left, cached, entries))
+                out.append((left, cached, entries))
+        finally:
+            os.close(fd)
         assert out[0] == out[1]
         left, cached, entries = out[0]
         for i, (kind, seeded_as) in enumerate(kinds):
@@ -375,3 +385,46 @@ def test_a_tree_id_is_the_same_with_the_twins(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(manifest, "_joined", manifest._joined_py)
     monkeypatch.setattr(manifest, "_bucketed", manifest._bucketed_py)
     assert manifest.tree_id(m) == fast
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 3000), st.integers(1, 8))
+def test_lstat_in_threads_gives_what_one_loop_gives(count: int, threads: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "sub").mkdir()
+        paths = []
+        for i in range(count % 40):
+            path = root / ("sub" if i % 2 else ".") / f"f{i}"
+            path.write_bytes(b"x" * i)
+            paths.append(os.fsencode(path.relative_to(root)))
+        os.symlink("sub", root / "link")
+        paths += [b"link", b"sub", b"gone", b"link/f1", b"a\0b"] * (count // 40 + 1)
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            got = _speedups.lstat_all(fd, paths, threads)
+            assert got == git_index._lstat_all_py(fd, paths, threads)
+        finally:
+            os.close(fd)
+        assert b"link" not in got and b"sub" not in got and b"gone" not in got
+        for path, record in got.items():
+            st = os.lstat(root / os.fsdecode(path))
+            assert record[:40] == git_index.stat_data(st)
+            assert git_index.RECORD_TAIL.unpack_from(record, 40) == (
+                st.st_ctime_ns,
+                st.st_size,
+                st.st_ino,
+                st.st_mode & 0o777,
+            )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=5000), st.integers(1, 6), st.booleans())
+def test_a_manifest_compressed_in_parts_is_one_zlib_stream(
+    data: bytes, parts: int, repeat: bool
+) -> None:
+    if repeat:  # (text that compresses, and back-references a part cannot make)
+        data = data * 40
+    out = manifest.compressed(data, parts)
+    assert zlib.decompress(out) == data
+    assert zlib.decompressobj().decompress(out) == data  # (a stream, read as one)

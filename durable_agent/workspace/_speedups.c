@@ -22,9 +22,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <structmember.h>
 
 /* 1: `name` (in the folder `fd` holds) lstats to `key` (ctime_ns, size, inode: plain ints);
    0: not, or no lstat; -1: an error of Python's (none is expected). */
@@ -164,7 +166,9 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t fixed = 40 + hash_size, pos = 12;
     char *previous = NULL; /* version 4: the previous path */
     Py_ssize_t previous_len = 0, previous_cap = 0;
-    PyObject *files = PyDict_New(), *stats = PyDict_New(), *out = NULL;
+    /* (sized for every entry at once: growing a dict of 50,000 costs a third of the parse) */
+    PyObject *files = _PyDict_NewPresized(count < 1000000 ? count : 1000000);
+    PyObject *stats = _PyDict_NewPresized(count < 1000000 ? count : 1000000), *out = NULL;
     if (files == NULL || stats == NULL)
         goto done;
     static const char hex[] = "0123456789abcdef";
@@ -299,6 +303,149 @@ done:
     return out;
 }
 
+/* -- the lstat of the files git's index names, in threads (scan.py, _lstat_all_py) -------- */
+
+#define LSTAT_RECORD 68 /* git's 40 bytes; ctime_ns, size, inode (64 bits each); mode bits */
+
+typedef struct {
+    int root_fd;
+    const char **paths;
+    unsigned char *out; /* LSTAT_RECORD + 1 bytes a path: a flag, then the record */
+    Py_ssize_t from, to;
+} lstat_part;
+
+static void
+put_be32(unsigned char *p, unsigned int v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void *
+lstat_some(void *arg)
+{
+    lstat_part *part = arg;
+    for (Py_ssize_t i = part->from; i < part->to; i++) {
+        unsigned char *rec = part->out + i * (LSTAT_RECORD + 1);
+        struct stat st;
+        rec[0] = 0;
+        if (fstatat(part->root_fd, part->paths[i], &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_ctim.tv_sec > 9000000000LL ||
+            st.st_ctim.tv_sec < -9000000000LL)
+            continue;
+        unsigned int git[10] = {
+            (unsigned int)st.st_ctim.tv_sec, (unsigned int)st.st_ctim.tv_nsec,
+            (unsigned int)st.st_mtim.tv_sec, (unsigned int)st.st_mtim.tv_nsec,
+            (unsigned int)st.st_dev,         (unsigned int)st.st_ino,
+            (st.st_mode & S_IXUSR) ? 0100755u : 0100644u,
+            (unsigned int)st.st_uid,         (unsigned int)st.st_gid,
+            (unsigned int)st.st_size,
+        };
+        for (int k = 0; k < 10; k++)
+            put_be32(rec + 1 + 4 * k, git[k]);
+        long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+        long long size = (long long)st.st_size;
+        unsigned long long ino = (unsigned long long)st.st_ino;
+        unsigned int mode = st.st_mode & 0777;
+        memcpy(rec + 41, &ctime_ns, 8);
+        memcpy(rec + 49, &size, 8);
+        memcpy(rec + 57, &ino, 8);
+        memcpy(rec + 65, &mode, 4);
+        rec[0] = 1;
+    }
+    return NULL;
+}
+
+/* lstat_all(root_fd, paths, threads) -> {path: record} of the regular files among `paths`
+   (relative to the folder `root_fd` holds), as scan._lstat_all_py. The lstat calls are
+   spread over `threads` threads with the GIL let go, as git's preload-index spreads them:
+   on a virtual disk an lstat is a few microseconds of the kernel's time. */
+static PyObject *
+lstat_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "lstat_all(root_fd, paths, threads)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    long threads = PyLong_AsLong(args[2]);
+    if (threads == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
+    PyObject *paths = PyList_GetSlice(args[1], 0, PyList_GET_SIZE(args[1])); /* (ours alone) */
+    if (paths == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(paths);
+    const char **names = PyMem_Calloc(n ? n : 1, sizeof(char *));
+    unsigned char *out = PyMem_Calloc(n ? n : 1, LSTAT_RECORD + 1);
+    PyObject *found = NULL;
+    if (names == NULL || out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "lstat_all(): paths are bytes");
+            goto done;
+        }
+        /* A path with a NUL in it (git's index holds none) would be cut short: "" fails. */
+        names[i] = strlen(PyBytes_AS_STRING(path)) == (size_t)PyBytes_GET_SIZE(path)
+                       ? PyBytes_AS_STRING(path)
+                       : "";
+    }
+    if (threads < 1)
+        threads = 1;
+    if (threads > 16)
+        threads = 16;
+    if (threads > n / 256 + 1) /* a thread's start costs about as much as 10 lstat calls */
+        threads = n / 256 + 1;
+    lstat_part parts[16];
+    pthread_t ids[16];
+    int started[16] = {0};
+    Py_BEGIN_ALLOW_THREADS
+    for (long t = 0; t < threads; t++) {
+        parts[t] = (lstat_part){(int)fd, names, out, n * t / threads, n * (t + 1) / threads};
+        if (t > 0)
+            started[t] = pthread_create(&ids[t], NULL, lstat_some, &parts[t]) == 0;
+    }
+    lstat_some(&parts[0]);
+    for (long t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            lstat_some(&parts[t]); /* (no thread to be had: here) */
+    }
+    Py_END_ALLOW_THREADS
+    found = PyDict_New();
+    if (found == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *rec = out + i * (LSTAT_RECORD + 1);
+        if (!rec[0])
+            continue;
+        PyObject *data = PyBytes_FromStringAndSize((const char *)rec + 1, LSTAT_RECORD);
+        if (data == NULL || PyDict_SetItem(found, PyList_GET_ITEM(paths, i), data) < 0) {
+            Py_XDECREF(data);
+            Py_CLEAR(found);
+            goto done;
+        }
+        Py_DECREF(data);
+    }
+done:
+    PyMem_Free(names);
+    PyMem_Free(out);
+    Py_DECREF(paths);
+    return found;
+}
+
 /* -- a fresh scanner's folder, on git's word (scan.py, Scanner._seeded_py) ---------------- */
 
 static PyObject *git_ref_prefix; /* "git:" */
@@ -353,12 +500,12 @@ valid_shapes(PyObject *shapes)
 }
 
 /* seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap,
-   racy_after, shapes) -> the names left to the caller, as Scanner._seeded_py. */
+   racy_after, shapes, lstats) -> the names left to the caller, as scan._seeded_py. */
 static PyObject *
 seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "seeded() takes 12 arguments");
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "seeded() takes 13 arguments");
         return NULL;
     }
     long fd = PyLong_AsLong(args[0]);
@@ -370,10 +517,10 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *names = args[1], *lead = args[2], *stats = args[3], *files = args[4];
     PyObject *cached = args[5], *entries = args[6], *entry_type = args[7], *kind = args[8];
-    PyObject *shapes = args[11];
+    PyObject *shapes = args[11], *lstats = args[12];
     if (!PyList_Check(names) || !PyBytes_Check(lead) || !PyDict_Check(stats) ||
         !PyDict_Check(files) || !PyDict_Check(cached) || !PyDict_Check(entries) ||
-        !valid_shapes(shapes)) {
+        !valid_shapes(shapes) || (lstats != Py_None && !PyDict_Check(lstats))) {
         PyErr_SetString(PyExc_TypeError, "seeded(): a list, bytes, four dicts, shapes");
         return NULL;
     }
@@ -410,23 +557,40 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(recorded);
         if (!PyBytes_Check(recorded) || PyBytes_GET_SIZE(recorded) != 40)
             goto next;
-        struct stat st;
-        if (fstatat((int)fd, PyBytes_AS_STRING(name), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(st.st_mode) || (long long)st.st_size > size_cap)
+        /* What is there now: the lstat taken before the walk (lstat_all), or one now. */
+        unsigned char now[LSTAT_RECORD];
+        if (lstats != Py_None) {
+            PyObject *rec = PyDict_GetItemWithError(lstats, rel);
+            if (rec == NULL) {
+                if (PyErr_Occurred())
+                    goto fail_name;
+                goto next; /* not a regular file then: the caller looks */
+            }
+            if (!PyBytes_Check(rec) || PyBytes_GET_SIZE(rec) != LSTAT_RECORD)
+                goto next;
+            memcpy(now, PyBytes_AS_STRING(rec), LSTAT_RECORD);
+        }
+        else {
+            lstat_part one = {(int)fd, NULL, NULL, 0, 1};
+            const char *leaf = PyBytes_AS_STRING(name);
+            unsigned char rec[LSTAT_RECORD + 1];
+            one.paths = &leaf;
+            one.out = rec;
+            lstat_some(&one);
+            if (!rec[0])
+                goto next;
+            memcpy(now, rec + 1, LSTAT_RECORD);
+        }
+        if (memcmp(now, PyBytes_AS_STRING(recorded), 40) != 0)
             goto next;
-        unsigned int now[10] = {
-            (unsigned int)st.st_ctim.tv_sec, (unsigned int)st.st_ctim.tv_nsec,
-            (unsigned int)st.st_mtim.tv_sec, (unsigned int)st.st_mtim.tv_nsec,
-            (unsigned int)st.st_dev,         (unsigned int)st.st_ino,
-            (st.st_mode & S_IXUSR) ? 0100755u : 0100644u,
-            (unsigned int)st.st_uid,         (unsigned int)st.st_gid,
-            (unsigned int)st.st_size,
-        };
-        const unsigned char *was = (const unsigned char *)PyBytes_AS_STRING(recorded);
-        int same = 1;
-        for (int k = 0; k < 10 && same; k++)
-            same = be32(was + 4 * k) == now[k];
-        if (!same)
+        long long ctime_ns, st_size;
+        unsigned long long st_ino;
+        unsigned int st_mode;
+        memcpy(&ctime_ns, now + 40, 8);
+        memcpy(&st_size, now + 48, 8);
+        memcpy(&st_ino, now + 56, 8);
+        memcpy(&st_mode, now + 64, 4);
+        if (st_size > size_cap)
             goto next;
         PyObject *blob = PyDict_GetItemWithError(files, rel);
         if (blob == NULL) {
@@ -437,8 +601,8 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (!PyUnicode_Check(blob))
             goto next;
         PyObject *ref = PyUnicode_Concat(git_ref_prefix, blob);
-        PyObject *mode = PyLong_FromLong(st.st_mode & 0777);
-        PyObject *size = PyLong_FromLongLong((long long)st.st_size);
+        PyObject *mode = PyLong_FromLong(st_mode & 0777);
+        PyObject *size = PyLong_FromLongLong(st_size);
         if (ref != NULL && mode != NULL && size != NULL) {
             PyObject *fields[5] = {kind, mode, ref, empty, size};
             entry = PyObject_Vectorcall(entry_type, fields, 5, NULL);
@@ -449,18 +613,27 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (entry == NULL)
             goto fail_name;
         /* The stat cache's row: its key, None while racy (read again by the next scan). */
-        PyObject *key;
-        if (st.st_ctim.tv_sec > 9000000000LL || st.st_ctim.tv_sec < -9000000000LL)
-            goto next; /* (no such ctime in 64 bits of nanoseconds: the caller decides) */
-        long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+        PyObject *key = NULL;
         if (ctime_ns >= racy_after) {
             key = Py_None;
             Py_INCREF(key);
         }
-        else
-            key = Py_BuildValue("(LLK)", ctime_ns, (long long)st.st_size,
-                                (unsigned long long)st.st_ino);
+        else {
+            PyObject *c = PyLong_FromLongLong(ctime_ns), *z = PyLong_FromLongLong(st_size);
+            PyObject *i = PyLong_FromUnsignedLongLong(st_ino);
+            if (c != NULL && z != NULL && i != NULL)
+                key = PyTuple_Pack(3, c, z, i);
+            Py_XDECREF(c);
+            Py_XDECREF(z);
+            Py_XDECREF(i);
+        }
         PyObject *row = key != NULL ? PyTuple_Pack(2, key, entry) : NULL;
+        /* Of ints, None and an Entry (a Struct the collector does not track): no cycle can
+           go through them, so the collector need not walk them (as it would find itself). */
+        if (row != NULL && PyTuple_CheckExact(key))
+            PyObject_GC_UnTrack(key);
+        if (row != NULL && !PyObject_IS_GC(entry))
+            PyObject_GC_UnTrack(row);
         Py_XDECREF(key);
         int failed = row == NULL || PyDict_SetItem(cached, name, row) < 0 ||
                      PyDict_SetItem(entries, rel, entry) < 0;
@@ -606,14 +779,64 @@ put_int(buffer *buf, PyObject *value, int octal, char end)
             PyErr_SetString(PyExc_OverflowError, "an entry's mode or size past 64 bits");
         return -1;
     }
-    char text[32];
-    int n = snprintf(text, sizeof(text), octal ? "%s%llo" : "%s%llu", v < 0 ? "-" : "",
-                     (unsigned long long)(v < 0 ? -v : v));
-    text[n] = end;
-    return put(buf, text, n + 1);
+    char text[32], *end_at = text + sizeof(text), *p = end_at; /* digits from the right */
+    unsigned long long u = (unsigned long long)(v < 0 ? -v : v);
+    unsigned int base = octal ? 8 : 10;
+    *--p = end;
+    do {
+        *--p = (char)('0' + u % base);
+        u /= base;
+    } while (u);
+    if (v < 0)
+        *--p = '-';
+    return put(buf, p, end_at - p);
 }
 
 static PyObject *s_kind, *s_mode, *s_ref, *s_target, *s_size;
+
+/* An entry's five fields (kind, mode, ref, target, size) as new references. A msgspec
+   Struct keeps its fields in slots: their offsets are read once per type from its member
+   descriptors (an attribute lookup each cost as much as the rest of the line). */
+static PyTypeObject *slots_of; /* the type the offsets are of (a strong reference) */
+static Py_ssize_t slot_at[5];
+
+static int
+fields_of(PyObject *entry, PyObject **out)
+{
+    PyObject *names[5] = {s_kind, s_mode, s_ref, s_target, s_size};
+    PyTypeObject *type = Py_TYPE(entry);
+    if (type != slots_of) {
+        Py_ssize_t at[5];
+        int ok = 1;
+        for (int k = 0; k < 5 && ok; k++) {
+            PyObject *d = _PyType_Lookup(type, names[k]);
+            ok = d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+            if (ok)
+                at[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+        }
+        if (ok) {
+            Py_INCREF(type);
+            Py_XSETREF(slots_of, type);
+            memcpy(slot_at, at, sizeof(at));
+        }
+    }
+    for (int k = 0; k < 5; k++) {
+        out[k] = NULL;
+        if (type == slots_of) {
+            out[k] = *(PyObject **)((char *)entry + slot_at[k]);
+            Py_XINCREF(out[k]);
+        }
+        if (out[k] == NULL)
+            out[k] = PyObject_GetAttr(entry, names[k]);
+        if (out[k] == NULL) {
+            for (int j = 0; j < k; j++)
+                Py_DECREF(out[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 /* joined(paths, manifest) -> the lines of manifest._line for `paths`, joined:
    path NUL kind NUL mode (octal) NUL ref NUL target NUL size (decimal) LF. */
@@ -636,31 +859,130 @@ joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_INCREF(path);
         Py_INCREF(entry);
-        PyObject *kind = PyObject_GetAttr(entry, s_kind);
-        PyObject *mode = PyObject_GetAttr(entry, s_mode);
-        PyObject *ref = PyObject_GetAttr(entry, s_ref);
-        PyObject *target = PyObject_GetAttr(entry, s_target);
-        PyObject *size = PyObject_GetAttr(entry, s_size);
-        int failed = kind == NULL || mode == NULL || ref == NULL || target == NULL ||
-                     size == NULL || !PyBytes_Check(target) ||
+        PyObject *f[5];
+        int failed = fields_of(entry, f) < 0;
+        if (!failed) {
+            PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
+            failed = !PyBytes_Check(target) ||
                      put(&buf, PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path)) < 0 ||
                      put(&buf, "\0", 1) < 0 || put_text(&buf, kind) < 0 ||
                      put_int(&buf, mode, 1, '\0') < 0 || put_text(&buf, ref) < 0 ||
                      put(&buf, PyBytes_AS_STRING(target), PyBytes_GET_SIZE(target)) < 0 ||
                      put(&buf, "\0", 1) < 0 || put_int(&buf, size, 0, '\n') < 0;
-        if (failed && !PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "an entry's target is bytes");
-        Py_XDECREF(kind);
-        Py_XDECREF(mode);
-        Py_XDECREF(ref);
-        Py_XDECREF(target);
-        Py_XDECREF(size);
+            if (failed && !PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "an entry's target is bytes");
+            for (int k = 0; k < 5; k++)
+                Py_DECREF(f[k]);
+        }
         Py_DECREF(entry);
         Py_DECREF(path);
         if (failed)
             goto fail;
     }
     PyObject *out = PyBytes_FromStringAndSize(buf.data ? buf.data : "", buf.len);
+    PyMem_Free(buf.data);
+    return out;
+fail:
+    PyMem_Free(buf.data);
+    return NULL;
+}
+
+/* -- a whole manifest's stored rows (manifest.py, encode_full) ------------------------------ */
+
+/* `s` as a JSON string's text needing no escape (printable ASCII but `"` and `\`). */
+static int
+plain(const char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+static int
+put_json_text(buffer *buf, const char *s, Py_ssize_t n, char end)
+{
+    return put(buf, "\"", 1) < 0 || put(buf, s, n) < 0 || put(buf, "\"", 1) < 0 ||
+                   put(buf, &end, 1) < 0
+               ? -1
+               : 0;
+}
+
+/* json_rows(paths, manifest) -> the JSON array of encode_full's rows, [path, kind, mode,
+   ref, target, size] each, as msgspec writes it; None where a text is not plain (printable
+   ASCII but `"` and `\`) or a number past 64 bits: encode_full's own way then. */
+static PyObject *
+json_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "json_rows(list of paths, manifest)");
+        return NULL;
+    }
+    PyObject *paths = args[0], *manifest = args[1];
+    buffer buf = {NULL, 0, 0};
+    int other = 0; /* a row this does not write */
+    if (put(&buf, "[", 1) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths) && !other; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        PyObject *entry = PyBytes_Check(path) ? PyDict_GetItemWithError(manifest, path) : NULL;
+        if (entry == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, path);
+            goto fail;
+        }
+        Py_INCREF(path);
+        Py_INCREF(entry);
+        PyObject *f[5];
+        int failed = fields_of(entry, f) < 0;
+        if (!failed) {
+            PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
+            Py_ssize_t kn = 0, rn = 0;
+            const char *k = PyUnicode_Check(kind) && PyUnicode_IS_ASCII(kind)
+                                ? PyUnicode_AsUTF8AndSize(kind, &kn)
+                                : NULL;
+            const char *r = PyUnicode_Check(ref) && PyUnicode_IS_ASCII(ref)
+                                ? PyUnicode_AsUTF8AndSize(ref, &rn)
+                                : NULL;
+            if (k == NULL || r == NULL || !PyBytes_Check(target) || !PyLong_CheckExact(mode) ||
+                !PyLong_CheckExact(size) ||
+                !plain(PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path)) || !plain(k, kn) ||
+                !plain(r, rn) || !plain(PyBytes_AS_STRING(target), PyBytes_GET_SIZE(target)))
+                other = 1;
+            else {
+                int overflow = 0;
+                long long m = PyLong_AsLongLongAndOverflow(mode, &overflow);
+                long long z = overflow ? 0 : PyLong_AsLongLongAndOverflow(size, &overflow);
+                if (overflow || m == LLONG_MIN || z == LLONG_MIN)
+                    other = 1;
+                else
+                    failed = (i > 0 && put(&buf, ",", 1) < 0) || put(&buf, "[", 1) < 0 ||
+                             put_json_text(&buf, PyBytes_AS_STRING(path),
+                                           PyBytes_GET_SIZE(path), ',') < 0 ||
+                             put_json_text(&buf, k, kn, ',') < 0 ||
+                             put_int(&buf, mode, 0, ',') < 0 ||
+                             put_json_text(&buf, r, rn, ',') < 0 ||
+                             put_json_text(&buf, PyBytes_AS_STRING(target),
+                                           PyBytes_GET_SIZE(target), ',') < 0 ||
+                             put_int(&buf, size, 0, ']') < 0;
+            }
+            for (int j = 0; j < 5; j++)
+                Py_DECREF(f[j]);
+        }
+        Py_DECREF(entry);
+        Py_DECREF(path);
+        if (failed)
+            goto fail;
+    }
+    if (other) {
+        PyMem_Free(buf.data);
+        Py_RETURN_NONE;
+    }
+    if (put(&buf, "]", 1) < 0)
+        goto fail;
+    PyObject *out = PyBytes_FromStringAndSize(buf.data, buf.len);
     PyMem_Free(buf.data);
     return out;
 fail:
@@ -675,11 +997,15 @@ static PyMethodDef methods[] = {
      "bucketed(paths) -> BUCKETS lists: each path in that of zlib.crc32(path) % BUCKETS"},
     {"joined", (PyCFunction)(void (*)(void))joined, METH_FASTCALL,
      "joined(paths, manifest) -> the manifest's lines of those paths, joined"},
+    {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
+     "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
      "index_files(body, hash_size, lead, racy_from) -> (files, stats) or None"},
+    {"lstat_all", (PyCFunction)(void (*)(void))lstat_all, METH_FASTCALL,
+     "lstat_all(root_fd, paths, threads) -> {path: record} of the regular files"},
     {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
      "seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap, "
-     "racy_after, shapes) -> the names left"},
+     "racy_after, shapes, lstats) -> the names left"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -43,7 +44,7 @@ from typing import Any
 from msgspec import Struct
 
 from durable_agent.errors import WorkspaceUnreachable
-from durable_agent.workspace.git_index import IndexFiles, index_files
+from durable_agent.workspace.git_index import NO_SEEDS, IndexFiles, Seeds, index_files, lstat_all
 
 _ENV = {
     "GIT_OPTIONAL_LOCKS": "0",  # a read never takes the index lock
@@ -192,20 +193,21 @@ def head_of(root: bytes) -> Head | None:
     return head_and_seeds(root, seeds=False)[0]
 
 
-def head_and_seeds(root: bytes, *, seeds: bool = True) -> tuple[Head | None, dict[bytes, bytes]]:
-    """head_of, and the seeds of a fresh scan: path -> the stat data git's index recorded for
-    a tracked file whose index entry is the commit's blob at its path and whose bytes on
-    disk git does not convert (its attributes, `core.autocrlf`...). A file whose lstat is
-    that now is the blob, as `git status` holds without reading it (Scanner.use_git)."""
+def head_and_seeds(root: bytes, *, seeds: bool = True) -> tuple[Head | None, Seeds]:
+    """head_of, and the seeds of a fresh scan (git_index.Seeds): path -> the stat data git's
+    index recorded for a tracked file whose index entry is the commit's blob at its path and
+    whose bytes on disk git does not convert (its attributes, `core.autocrlf`...), with
+    those files' lstat taken while git's commands run. A file whose lstat is that is the
+    blob, as `git status` holds without reading it (Scanner.use_git)."""
     with _heads_lock:
         known = _heads.get(root, False)
     if known is None:
-        return None, {}
+        return None, NO_SEEDS
     found = _look(root, known if isinstance(known, Head) else None, seeds)
     with _heads_lock:
         _heads.setdefault(root, found[0])
         head = _heads[root]
-    return (head, found[1]) if head is not None else (None, {})
+    return (head, found[1]) if head is not None else (None, NO_SEEDS)
 
 
 def _run(root: bytes, *args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
@@ -229,7 +231,7 @@ def _out(proc: subprocess.Popen[bytes], check: bool = True) -> bytes:
 _CONFIG = r"^(core\.(autocrlf|eol)|remote\.origin\.url)$"
 
 
-def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, dict[bytes, bytes]]:
+def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Seeds]:
     """(the Head: `known`, else the checkout's now; the seeds, when asked for). The files at
     HEAD are read from git's index, with what `git diff-index --cached` says differs from
     the commit (the tree is not listed: 50,000 paths cost git and Python 100 ms), or from
@@ -278,6 +280,14 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, di
             os.fsencode(prefix),
             32 if fmt == "sha256" else 20,
         )
+        if seeds and indexed is not None:  # the walk's lstat calls, while git looks
+            taken = time.time_ns()
+            box: list[dict[bytes, bytes]] = []
+            paths = list(indexed.stats)
+            lstats = threading.Thread(
+                target=lambda: box.append(lstat_all(root, paths)), daemon=True
+            )
+            lstats.start()
         settings = dict(
             (key.lower(), value.strip())
             for key, _, value in (
@@ -302,17 +312,19 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, di
             files,
         )
         if not seeds or indexed is None:
-            return head, {}
+            return head, NO_SEEDS
         if names.wait(timeout=600) != 0:
             raise OSError("git 'ls-files' failed")  # check-attr was told of no file
         converts = _conversions(
             _out(attrs), {k: v.lower() for k, v in settings.items() if k.startswith(b"core.")}
         )
         if converts is None:
-            return head, {}  # every text file may be converted: none is taken unread
-        return head, _seeds(root, head, indexed, staged, *converts)
+            return head, NO_SEEDS  # every text file may be converted: none is taken unread
+        stats = _seeds(root, head, indexed, staged, *converts)
+        lstats.join()
+        return head, Seeds(stats, box[0] if box else None, taken)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
-        return known, {}
+        return known, NO_SEEDS
     finally:
         for proc in procs:
             with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -46,7 +46,16 @@ from msgspec import Struct, field
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace import progress
 from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
-from durable_agent.workspace.git_index import Tracked, find_index, stat_data, tracked_files
+from durable_agent.workspace.git_index import (
+    NO_SEEDS,
+    RECORD_TAIL,
+    Seeds,
+    Tracked,
+    find_index,
+    lstat_record,
+    stat_data,
+    tracked_files,
+)
 from durable_agent.workspace.ignore_rules import (
     DirectoryNames,
     compile_checked,
@@ -132,39 +141,30 @@ def _seeded_py(
     size_cap: int,
     racy_after: int,
     shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
+    lstats: dict[bytes, bytes] | None,
 ) -> list[bytes]:
     """A fresh scanner's folder on git's word: each of `names` (in the folder `dir_fd`
     holds; `lead`, its path and a `/`) that is a regular file under the cap whose lstat is
     the stat data git's index recorded for it (`stats`: Scanner.use_git) is recorded by its
     blob at the commit (`files`), unread: its row in `cached`, its entry in `entries`. The
     others are returned, in order, for the walk to look at, and so is a name that may be a
-    secret's (`shapes`: secrets.NAME_SHAPES; None: none is withheld by its name). What
-    _speedups.seeded answers in C; this is where it could not be built."""
+    secret's (`shapes`: secrets.NAME_SHAPES; None: none is withheld by its name). `lstats`:
+    the files' lstat records taken before the walk (git_index.lstat_all), else each is taken
+    now.
+    What _speedups.seeded answers in C; this is where it could not be built."""
     todo = []
-    lstat = os.stat
     for name in names:
         rel = lead + name
         recorded = stats.get(rel)
         if recorded is not None and not _may_be_secret(name, shapes):
-            try:
-                st = lstat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                todo.append(name)
-                continue
-            if (
-                stat.S_ISREG(st.st_mode)
-                and st.st_size <= size_cap
-                and stat_data(st) == recorded
-                and rel in files
-            ):
-                found = entry(kind, st.st_mode & 0o777, GIT_REF + files[rel], b"", st.st_size)
-                ctime = st.st_ctime_ns
-                cached[name] = (
-                    None if ctime >= racy_after else (ctime, st.st_size, st.st_ino),
-                    found,
-                )
-                entries[rel] = found
-                continue
+            now = lstats.get(rel) if lstats is not None else lstat_record(dir_fd, name)
+            if now is not None and now[:40] == recorded and rel in files:
+                ctime, size, ino, mode = RECORD_TAIL.unpack_from(now, 40)
+                if size <= size_cap:
+                    found = entry(kind, mode, GIT_REF + files[rel], b"", size)
+                    cached[name] = (None if ctime >= racy_after else (ctime, size, ino), found)
+                    entries[rel] = found
+                    continue
         todo.append(name)
     return todo
 
@@ -311,7 +311,7 @@ class Scanner:
         # their lstat is that (git_baseline.head_and_seeds), the commit's object format.
         self._head: dict[bytes, str] = {}
         self._head_ids: frozenset[str] | None = frozenset()  # (None: not yet made of _head)
-        self._seeds: dict[bytes, bytes] = {}
+        self._seeds: Seeds = NO_SEEDS
         self._git_format = "sha1"
         self._git_used = False  # some entry may hold a `git:` id (drop_git)
 
@@ -332,16 +332,18 @@ class Scanner:
                 and self._ignore_epoch == self._cache_epoch
             ):
                 w = self._look_at(paths)
-            if first and self._seeds and self._last_seen:
+            if first and self._seeds.stats and self._last_seen:
                 self._seeds = _kept_by_id(self._seeds, self._last_seen)
             try:
                 return self._finish(self._walk_all() if w is None else w, first)
             finally:
-                if first:
-                    self._seeds = {}  # (they seed a fresh scanner's first walk alone)
+                if first:  # (they seed a fresh scanner's first walk alone)
+                    self._seeds = NO_SEEDS
 
     def _walk_all(self) -> _Walk:
         w = _Walk(Scan({}), time.time_ns())
+        if self._seeds.lstats is not None:  # taken before the walk: racy from then on
+            w.racy_after = min(w.racy_after, self._seeds.taken - RACY_NS)
         if os.path.isdir(self.root):
             self._walk(b"", [], w, None)
         visited = set(w.visited)
@@ -509,14 +511,15 @@ class Scanner:
         with self.lock:
             return self._cache_epoch < 0
 
-    def use_git(self, head: dict[bytes, str], seeds: dict[bytes, bytes], fmt: str = "sha1") -> None:
+    def use_git(self, head: dict[bytes, str], seeds: Seeds = NO_SEEDS, fmt: str = "sha1") -> None:
         """Content ids from a git commit (snapshot_baseline = "git"): `head` (path -> blob id
         at the commit) names a file read whose bytes are that blob by `git:` and its id,
-        not by a sha256. `seeds` (path -> the stat data git's index recorded for a file
-        whose bytes are its blob in `head` while its lstat is that: head_and_seeds) are the
-        files the next full scan of a fresh scanner records so without reading them, as
-        `git status` does, unless their lstat is other now (changed since: read as any
-        file), their name may be a secret's, or the store keeps them by their sha256."""
+        not by a sha256. `seeds` (git_index.Seeds: path -> the stat data git's index
+        recorded for a file whose bytes are its blob in `head` while its lstat is that, from
+        git_baseline.head_and_seeds) are the files the next full scan of a fresh scanner
+        records so without reading them, as `git status` does, unless their lstat is other
+        (changed since: read as any file), their name may be a secret's, or the store keeps
+        them by their sha256."""
         with self.lock:
             if head is not self._head:
                 self._head, self._head_ids = head, None
@@ -531,7 +534,7 @@ class Scanner:
             if not self._git_used:
                 return
             self._git_used = False
-            self._head, self._head_ids, self._seeds = {}, frozenset(), {}
+            self._head, self._head_ids, self._seeds = {}, frozenset(), NO_SEEDS
         self.forget()
 
     def seed(self, manifest: Manifest) -> None:
@@ -739,7 +742,7 @@ class Scanner:
         todo = _changed(fd, names, fast) if fast else names
         hits, found = len(names) - len(todo), 0
         if (
-            self._seeds
+            self._seeds.stats
             and by_folder
             and not before
             and not self._previous
@@ -751,7 +754,7 @@ class Scanner:
                 fd,
                 todo,
                 prefix,
-                self._seeds,
+                self._seeds.stats,
                 self._head,
                 cached,
                 w.entries,
@@ -760,6 +763,7 @@ class Scanner:
                 self.size_cap,
                 w.racy_after,
                 self._secret_shapes,
+                self._seeds.lstats,
             )
             found, todo = len(todo) - len(left), left
         dropped: list[bytes] = []  # cached names still listed but no longer entries
@@ -852,7 +856,7 @@ class Scanner:
         if known is not None and known[0] == key:
             return known[1]
         listed = os.listdir(fd)  # (by its fd: names as str, encoded back in one call)
-        names = _FS_ENCODED("\0".join(listed)).split(b"\0") if listed else []
+        names = sorted(_FS_ENCODED("\0".join(listed)).split(b"\0")) if listed else []
         if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
             self._listing[rel_dir] = (key, names)
         else:
@@ -943,7 +947,7 @@ class Scanner:
 
     def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
         """The entry of a file git's index vouches for (use_git), not read; None: read it."""
-        recorded = self._seeds.get(rel)
+        recorded = self._seeds.stats.get(rel)
         if (
             recorded is not None
             and st.st_size <= self.size_cap
@@ -988,14 +992,14 @@ class Scanner:
         return None, recorded
 
 
-def _kept_by_id(seeds: dict[bytes, bytes], last_seen: Manifest) -> dict[bytes, bytes]:
+def _kept_by_id(seeds: Seeds, last_seen: Manifest) -> Seeds:
     """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
     (Scanner._vouch)."""
-    out = dict(seeds)
+    out = dict(seeds.stats)
     for path, entry in last_seen.items():
         if not entry.ref.startswith(GIT_REF):
             out.pop(path, None)
-    return out
+    return Seeds(out, seeds.lstats, seeds.taken)
 
 
 def _sha256(data: bytes) -> str:

@@ -24,6 +24,7 @@ from msgspec import Struct
 from durable_agent.errors import StoreError
 from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
 from durable_agent.workspace import git_baseline
+from durable_agent.workspace.git_index import NO_SEEDS
 from durable_agent.workspace.manifest import (
     Manifest,
     apply_stored,
@@ -141,7 +142,7 @@ def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
     if scanner.fresh:
         head, seeds = git_baseline.head_and_seeds(scanner.root)
     else:
-        head, seeds = git_baseline.head_of(scanner.root), {}
+        head, seeds = git_baseline.head_of(scanner.root), NO_SEEDS
     if head is not None:
         scanner.use_git(head.files, seeds, head.baseline.format)
     return lambda: head
