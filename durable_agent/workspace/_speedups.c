@@ -166,9 +166,11 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t fixed = 40 + hash_size, pos = 12;
     char *previous = NULL; /* version 4: the previous path */
     Py_ssize_t previous_len = 0, previous_cap = 0;
-    /* (sized for every entry at once: growing a dict of 50,000 costs a third of the parse) */
-    PyObject *files = _PyDict_NewPresized(count < 1000000 ? count : 1000000);
-    PyObject *stats = _PyDict_NewPresized(count < 1000000 ? count : 1000000), *out = NULL;
+    /* (sized for every entry at once: growing a dict of 50,000 costs a third of the parse;
+       no more entries than the bytes hold, whatever the count says) */
+    Py_ssize_t most = (Py_ssize_t)count < n / (fixed + 3) ? (Py_ssize_t)count : n / (fixed + 3);
+    PyObject *files = _PyDict_NewPresized(most);
+    PyObject *stats = _PyDict_NewPresized(most), *out = NULL;
     if (files == NULL || stats == NULL)
         goto done;
     static const char hex[] = "0123456789abcdef";
