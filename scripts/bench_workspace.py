@@ -255,7 +255,8 @@ def git_first(
             plain_stored.append(stored_bytes(blobs))
             engine.dispose()
             os.remove(f"{tmp}/store{i}.db")
-        # git's own commands alone (what the scan waits for at most), then the snapshot.
+        # What the scan waits for before its walk (git's commands, the index read, the
+        # tracked files' lstat calls in threads: head_and_seeds), then the snapshot.
         git_baseline._heads.clear()
         t = time.perf_counter()
         git_baseline.head_and_seeds(os.fsencode(str(root)))

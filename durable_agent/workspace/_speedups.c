@@ -811,11 +811,14 @@ fields_of(PyObject *entry, PyObject **out)
         Py_ssize_t at[5];
         int ok = 1;
         for (int k = 0; k < 5 && ok; k++) {
-            PyObject *d = _PyType_Lookup(type, names[k]);
+            PyObject *d = PyObject_GetAttr((PyObject *)type, names[k]); /* (the descriptor) */
             ok = d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
                  ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
             if (ok)
                 at[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+            if (d == NULL)
+                PyErr_Clear(); /* (read by name below, which says what is missing) */
+            Py_XDECREF(d);
         }
         if (ok) {
             Py_INCREF(type);
