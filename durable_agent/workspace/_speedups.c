@@ -31,10 +31,10 @@
 /* 1: `name` (in the folder `fd` holds) lstats to `key` (ctime_ns, size, inode: plain ints);
    0: not, or no lstat; -1: an error of Python's (none is expected). */
 static int
-same_key(long fd, const char *name, PyObject *key)
+same_key(int fd, const char *name, PyObject *key)
 {
     struct stat st;
-    if (fstatat((int)fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
         return 0;
     /* os.stat's st_ctime_ns: seconds * 10^9 + nanoseconds, in 64 bits until 2262. */
     if (st.st_ctim.tv_sec > 9000000000LL || st.st_ctim.tv_sec < -9000000000LL)
@@ -57,6 +57,20 @@ same_key(long fd, const char *name, PyObject *key)
     return i == (unsigned long long)st.st_ino;
 }
 
+/* A folder's fd given from Python; -1 with the exception set when it cannot be one. */
+static int
+fd_arg(PyObject *value)
+{
+    long fd = PyLong_AsLong(value);
+    if (fd == -1 && PyErr_Occurred())
+        return -1;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return -1;
+    }
+    return fd;
+}
+
 static PyObject *
 changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -64,13 +78,9 @@ changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "changed(dir_fd, names, cached)");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(args[0]);
+    if (fd < 0)
         return NULL;
-    if (fd < 0 || fd > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
-        return NULL;
-    }
     PyObject *names = args[1], *cached = args[2];
     if (!PyList_Check(names) || !PyDict_Check(cached)) {
         PyErr_SetString(PyExc_TypeError, "changed(dir_fd, list, dict)");
@@ -371,16 +381,12 @@ lstat_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "lstat_all(root_fd, paths, threads)");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(args[0]);
+    if (fd < 0)
         return NULL;
     long threads = PyLong_AsLong(args[2]);
     if (threads == -1 && PyErr_Occurred())
         return NULL;
-    if (fd < 0 || fd > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
-        return NULL;
-    }
     PyObject *paths = PyList_GetSlice(args[1], 0, PyList_GET_SIZE(args[1])); /* (ours alone) */
     if (paths == NULL)
         return NULL;
@@ -414,7 +420,7 @@ lstat_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int started[16] = {0};
     Py_BEGIN_ALLOW_THREADS
     for (long t = 0; t < threads; t++) {
-        parts[t] = (lstat_part){(int)fd, names, out, n * t / threads, n * (t + 1) / threads};
+        parts[t] = (lstat_part){fd, names, out, n * t / threads, n * (t + 1) / threads};
         if (t > 0)
             started[t] = pthread_create(&ids[t], NULL, lstat_some, &parts[t]) == 0;
     }
@@ -510,13 +516,9 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "seeded() takes 13 arguments");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(args[0]);
+    if (fd < 0)
         return NULL;
-    if (fd < 0 || fd > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
-        return NULL;
-    }
     PyObject *names = args[1], *lead = args[2], *stats = args[3], *files = args[4];
     PyObject *cached = args[5], *entries = args[6], *entry_type = args[7], *kind = args[8];
     PyObject *shapes = args[11], *lstats = args[12];
@@ -573,7 +575,7 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             memcpy(now, PyBytes_AS_STRING(rec), LSTAT_RECORD);
         }
         else {
-            lstat_part one = {(int)fd, NULL, NULL, 0, 1};
+            lstat_part one = {fd, NULL, NULL, 0, 1};
             const char *leaf = PyBytes_AS_STRING(name);
             unsigned char rec[LSTAT_RECORD + 1];
             one.paths = &leaf;
