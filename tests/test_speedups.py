@@ -113,8 +113,9 @@ def test_the_index_is_read_as_git_lists_it(
 def test_an_entry_written_just_before_the_index_is_racy(tmp_path: Path) -> None:
     repo = _repo(tmp_path, 2, "sha1")
     index = os.fsencode(repo / ".git" / "index")
-    written = os.stat(index).st_mtime_ns
     changed = os.lstat(repo / "a.txt").st_ctime_ns
+    written = changed + 1_500_000_000  # in a later second (that one's is racy too)
+    os.utime(index, ns=(written, written))
     got = git_index.index_files(index, b"", 20, margin_ns=written - changed)
     assert got is not None and b"a.txt" in got.files and b"a.txt" not in got.stats
     got = git_index.index_files(index, b"", 20, margin_ns=written - changed - 1)
@@ -122,6 +123,31 @@ def test_an_entry_written_just_before_the_index_is_racy(tmp_path: Path) -> None:
     os.utime(index, ns=(1, 1))  # an index older than its entries: every one is racy
     got = git_index.index_files(index, b"", 20, margin_ns=0)
     assert got is not None and got.files and not got.stats
+
+
+def test_an_entry_of_the_second_the_index_was_written_in_is_racy(tmp_path: Path) -> None:
+    """A work tree whose file system keeps whole seconds, its git folder on one that keeps
+    nanoseconds: a file written, added and written again (same size) in one second has
+    the stat data git recorded, 150 ms or more before the index was written. git (by the
+    second) calls it racy and reads it; so must index_files, or its old blob is taken."""
+    repo = _repo(tmp_path, 2, "sha1")
+    index = os.fsencode(repo / ".git" / "index")
+    st = os.lstat(repo / "a.txt")
+    second = st.st_ctime_ns - st.st_ctime_ns % 1_000_000_000 + 1_000_000_000
+    os.utime(repo / "a.txt", ns=(second, second))  # a whole second, as such a file system has
+    git(repo, "update-index", "-q", "--really-refresh")
+    parsed = git_index._index_files_py(Path(os.fsdecode(index)).read_bytes()[:-20], 20, b"", 0)
+    assert parsed is not None  # (its mtime as recorded: the whole second)
+    assert parsed[0][b"a.txt"] and Path(os.fsdecode(index)).read_bytes().count(
+        (second // 1_000_000_000).to_bytes(4, "big") + bytes(4)
+    )
+    written = max(second, os.lstat(repo / "a.txt").st_ctime_ns) + 300_000_000
+    if written // 1_000_000_000 != second // 1_000_000_000:
+        pytest.skip("the change time is in the next second")
+    os.utime(index, ns=(written, written))  # the index written in that second, 300 ms later
+    got = git_index.index_files(index, b"", 20)
+    assert got is not None and b"a.txt" in got.files and b"a.txt" not in got.stats
+    assert b"sub/b.txt" in got.stats
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,13 @@ from msgspec import Struct
 
 MAX_INDEX_BYTES = 256 << 20  # far above the index of any repository a run works in
 # A file git's index recorded within this much before the index was written is racy: a
-# coarse file system clock may not have ticked since (index_files).
+# coarse file system clock may not have ticked since (index_files). So is one recorded in
+# the second the index was written in, as git (built without USE_NSEC, its default) has
+# it: a work tree on a file system that keeps whole seconds (ext3, 128-byte-inode ext4,
+# some network ones) with its git folder on one that keeps nanoseconds (a worktree, a
+# `--separate-git-dir`) records a file changed in that second as it was.
 VOUCH_MARGIN_NS = 100_000_000
+_SECOND = 1_000_000_000
 _SHA256 = re.compile(rb"objectformat\s*=\s*sha256", re.IGNORECASE)
 
 
@@ -215,8 +220,9 @@ def index_files(
     """The regular files git's index (the file `index`) tracks below `prefix`, with the stat
     data of those it may call clean unread: an entry neither marked assume-unchanged nor
     skip-worktree, nor *racy* (changed or created within `margin_ns` before git wrote the
-    index, when a change in the same clock tick would leave its stat data as recorded:
-    git's "racily clean" rule, by both times). None: an index this does not read (not
+    index, or in the second it wrote it in when `margin_ns` is not 0, when a change in the
+    same clock tick would leave its stat data as recorded: git's "racily clean" rule, by
+    both times). None: an index this does not read (not
     there, damaged, its checksum wrong; a merge's stages, an intent-to-add, a split or
     sparse index): then git is asked (git_baseline.py), and no file is taken unread.
     `margin_ns`: VOUCH_MARGIN_NS unless given."""
@@ -241,8 +247,11 @@ def index_files(
     if any(checksum):  # (all zero: written with index.skipHash)
         hashing.start()
     lead = prefix + b"/" if prefix else b""
+    racy_from = written - margin_ns
+    if margin_ns > 0:
+        racy_from = min(racy_from, written - written % _SECOND)
     try:
-        found = _index_files(body, hash_size, lead, written - margin_ns)
+        found = _index_files(body, hash_size, lead, racy_from)
     except (struct.error, ValueError, IndexError, OverflowError):
         found = None
     finally:
