@@ -739,6 +739,8 @@ typedef struct {
 static int
 put(buffer *buf, const char *s, Py_ssize_t n)
 {
+    if (n == 0) /* (no memcpy to a buffer not yet allocated: undefined even of 0 bytes) */
+        return 0;
     if (buf->len + n > buf->cap) {
         Py_ssize_t cap = (buf->len + n) * 2 + 256;
         char *grown = PyMem_Realloc(buf->data, cap);
