@@ -847,6 +847,23 @@ fields_of(PyObject *entry, PyObject **out)
     return 0;
 }
 
+/* The fields of the entry of `path` in `manifest` (new references); -1 with the exception
+   set (a KeyError: no such path). */
+static int
+fields_at(PyObject *manifest, PyObject *path, PyObject **f)
+{
+    PyObject *entry = PyBytes_Check(path) ? PyDict_GetItemWithError(manifest, path) : NULL;
+    if (entry == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, path);
+        return -1;
+    }
+    Py_INCREF(entry);
+    int got = fields_of(entry, f);
+    Py_DECREF(entry);
+    return got;
+}
+
 /* joined(paths, manifest) -> the lines of manifest._line for `paths`, joined:
    path NUL kind NUL mode (octal) NUL ref NUL target NUL size (decimal) LF. */
 static PyObject *
@@ -859,17 +876,9 @@ joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *paths = args[0], *manifest = args[1];
     buffer buf = {NULL, 0, 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
-        PyObject *entry = PyBytes_Check(path) ? PyDict_GetItemWithError(manifest, path) : NULL;
-        if (entry == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetObject(PyExc_KeyError, path);
-            goto fail;
-        }
+        PyObject *path = PyList_GET_ITEM(paths, i), *f[5];
         Py_INCREF(path);
-        Py_INCREF(entry);
-        PyObject *f[5];
-        int failed = fields_of(entry, f) < 0;
+        int failed = fields_at(manifest, path, f) < 0;
         if (!failed) {
             PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
             failed = !PyBytes_Check(target) ||
@@ -883,7 +892,6 @@ joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             for (int k = 0; k < 5; k++)
                 Py_DECREF(f[k]);
         }
-        Py_DECREF(entry);
         Py_DECREF(path);
         if (failed)
             goto fail;
@@ -935,17 +943,9 @@ json_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (put(&buf, "[", 1) < 0)
         goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths) && !other; i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
-        PyObject *entry = PyBytes_Check(path) ? PyDict_GetItemWithError(manifest, path) : NULL;
-        if (entry == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetObject(PyExc_KeyError, path);
-            goto fail;
-        }
+        PyObject *path = PyList_GET_ITEM(paths, i), *f[5];
         Py_INCREF(path);
-        Py_INCREF(entry);
-        PyObject *f[5];
-        int failed = fields_of(entry, f) < 0;
+        int failed = fields_at(manifest, path, f) < 0;
         if (!failed) {
             PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
             Py_ssize_t kn = 0, rn = 0;
@@ -980,7 +980,6 @@ json_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             for (int j = 0; j < 5; j++)
                 Py_DECREF(f[j]);
         }
-        Py_DECREF(entry);
         Py_DECREF(path);
         if (failed)
             goto fail;
