@@ -743,16 +743,25 @@ class Scanner:
         hits, found = len(names) - len(todo), 0
         if (
             self._seeds.stats
-            and by_folder
             and not before
             and not self._previous
             and len(self.root) + len(prefix) < PATH_MAX - 256
         ):
             # A fresh scanner on git's word (use_git): the files whose lstat is what git's
-            # index recorded are made entries in one call, unread; the rest as below.
+            # index recorded are made entries in one call, unread; the rest as below. Under
+            # rules that decide a file by more than its folders (`*.log`), those the rules
+            # leave out stay for the loop below, which leaves them out.
+            offered = todo
+            if not by_folder:
+                seeds = self._seeds.stats
+                offered = [
+                    n
+                    for n in todo
+                    if prefix + n in seeds and not self._ignored(prefix + n, False, specs)
+                ]
             left = _seeded(
                 fd,
-                todo,
+                offered,
                 prefix,
                 self._seeds.stats,
                 self._head,
@@ -765,7 +774,12 @@ class Scanner:
                 self._secret_shapes,
                 self._seeds.lstats,
             )
-            found, todo = len(todo) - len(left), left
+            if len(left) < len(offered):
+                found = len(offered) - len(left)
+                if offered is not todo:
+                    taken = set(offered).difference(left)
+                    left = [n for n in todo if n not in taken]
+                todo = left
         dropped: list[bytes] = []  # cached names still listed but no longer entries
         vanished: list[bytes] = []  # listed, gone since
         lstat = os.stat
