@@ -1038,3 +1038,32 @@ def test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change(
         "git:" + git_baseline.git_blob_id(data),
         sha256(ws / "a.txt"),
     )
+
+
+def test_a_later_snapshot_of_a_process_runs_no_git_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HEAD is found once a process (the run's later snapshots keep its commit): a step's
+    snapshot after the first runs no git command and reads no index."""
+    ws = make_checkout(tmp_path, files=5, size=100)
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        scanner = Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000)
+        save_statements(engine, snapshot.take(scanner, blobs, git=True).statements)
+        ran: list[Any] = []
+        real_popen, real_run = subprocess.Popen, subprocess.run
+        monkeypatch.setattr(
+            git_baseline.subprocess, "Popen", lambda *a, **k: ran.append(a) or real_popen(*a, **k)
+        )
+        monkeypatch.setattr(
+            git_baseline.subprocess, "run", lambda *a, **k: ran.append(a) or real_run(*a, **k)
+        )
+        monkeypatch.setattr(git_baseline, "index_files", lambda *a, **k: ran.append(a) or None)
+        (ws / "src/f1.bin").write_bytes(b"a step's edit\n")
+        later = snapshot.take(scanner, blobs, git=True)
+        assert later.manifest[b"src/f1.bin"].ref == sha256(ws / "src/f1.bin")
+        assert later.manifest[b"src/f0.bin"].ref.startswith("git:")
+        assert ran == []
+    finally:
+        engine.dispose()

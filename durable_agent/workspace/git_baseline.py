@@ -190,6 +190,9 @@ def head_of(root: bytes) -> Head | None:
     """The baseline of the checkout `root` is in (None: not in one, or no commit yet). Found
     at the first snapshot of this process and kept: the run's later snapshots refer to
     the same commit whatever the run commits meanwhile."""
+    with _heads_lock:
+        if root in _heads:  # (every later snapshot of a run asks: no git command then)
+            return _heads[root]
     return head_and_seeds(root, seeds=False)[0]
 
 
