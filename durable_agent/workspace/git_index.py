@@ -266,7 +266,7 @@ def _index_files_py(
     body: bytes, hash_size: int, lead: bytes, racy_from: int
 ) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None:
     """index_files's parse, of the index without its checksum; what _speedups.index_files
-    answers in C (the same answers: tests/test_git_index.py)."""
+    answers in C (the same answers: tests/test_speedups.py)."""
     entries, pos = _entries(body, hash_size)
     files: dict[bytes, str] = {}
     stats: dict[bytes, bytes] = {}

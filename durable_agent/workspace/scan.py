@@ -53,7 +53,6 @@ from durable_agent.workspace.git_index import (
     Tracked,
     find_index,
     lstat_record,
-    stat_data,
     tracked_files,
 )
 from durable_agent.workspace.ignore_rules import (
@@ -927,9 +926,6 @@ class Scanner:
             return _UNREADABLE  # no one can open it by its path (see _walk)
         if prior is None:
             prior = self._previous.get(rel) or self._last_seen.get(rel)
-        vouched = self._vouch(rel, st, prior)
-        if vouched is not None:
-            return vouched
         try:
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
@@ -958,24 +954,6 @@ class Scanner:
             self.same_bytes[digest] = recorded
         out.contents[digest] = data
         return Entry(FILE, mode, digest, size=len(data))
-
-    def _vouch(self, rel: bytes, st: os.stat_result, prior: Entry | None) -> Entry | None:
-        """The entry of a file git's index vouches for (use_git), not read; None: read it."""
-        recorded = self._seeds.stats.get(rel)
-        if (
-            recorded is not None
-            and st.st_size <= self.size_cap
-            and stat.S_ISREG(st.st_mode)
-            and stat_data(st) == recorded
-            and rel in self._head
-            and (prior is None or prior.ref.startswith(GIT_REF))  # a stored one keeps its id
-            and not (self.secrets is not None and self.secrets.named(rel))
-        ):
-            # git's index says these are the commit's bytes while the file's lstat is what
-            # it recorded (the change time moves with any change): not read, as `git
-            # status` reads none.
-            return Entry(FILE, st.st_mode & 0o777, GIT_REF + self._head[rel], b"", st.st_size)
-        return None
 
     def _git_ref(
         self, rel: bytes, data: bytes, prior: Entry | None
@@ -1008,7 +986,7 @@ class Scanner:
 
 def _kept_by_id(seeds: Seeds, last_seen: Manifest) -> Seeds:
     """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
-    (Scanner._vouch)."""
+    (read again, it is the same bytes: Scanner._git_ref)."""
     out = dict(seeds.stats)
     for path, entry in last_seen.items():
         if not entry.ref.startswith(GIT_REF):

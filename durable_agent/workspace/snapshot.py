@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from msgspec import Struct
 
@@ -65,9 +65,8 @@ def take(
     leave to the checkout's HEAD commit the files it holds (git_baseline.py)."""
     if not git:
         scanner.drop_git()  # its tree names no commit: every file in the store
-    head_found = use_git(scanner) if git else None
+    head = use_git(scanner) if git else None
     scan = scanner.scan(paths)
-    head = head_found() if head_found is not None else None
     manifest = scan.manifest
     with scanner.lock:
         # What this scan read, and any plain scan since the last snapshot (a resume's drift
@@ -135,17 +134,17 @@ _trees: OrderedDict[str, Manifest] = OrderedDict()
 _trees_lock = threading.Lock()
 
 
-def use_git(scanner: Scanner) -> Callable[[], git_baseline.Head | None]:
-    """Let `scanner` take content ids from the checkout's HEAD commit; the returned call
-    gives the commit's Head (None: not in a checkout with a commit). A fresh scanner's
-    first scan takes the files git's index vouches for unread (git_baseline.head_and_seeds)."""
+def use_git(scanner: Scanner) -> git_baseline.Head | None:
+    """Let `scanner` take content ids from the checkout's HEAD commit, and give its Head
+    (None: not in a checkout with a commit). A fresh scanner's first scan takes the files
+    git's index vouches for unread (git_baseline.head_and_seeds)."""
     if scanner.fresh:
         head, seeds = git_baseline.head_and_seeds(scanner.root)
     else:
         head, seeds = git_baseline.head_of(scanner.root), NO_SEEDS
     if head is not None:
         scanner.use_git(head.files, seeds, head.baseline.format)
-    return lambda: head
+    return head
 
 
 def remember(tid: str, manifest: Manifest) -> None:
