@@ -22,6 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from durable_agent.workspace import scan
+from durable_agent.workspace.git_index import RECORD_TAIL
 from durable_agent.workspace.manifest import TreeIds, changes, tree_id
 from durable_agent.workspace.scan import Scanner
 
@@ -311,7 +312,9 @@ def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
 
 # -- the stat cache's loop: in C (_speedups.c), and in Python where it cannot be built ---------
 
-_KEY_AS = st.sampled_from(["same", "racy", "ctime", "size", "inode", "absent", "huge"])
+_KEY_AS = st.sampled_from(
+    ["same", "racy", "ctime", "size", "inode", "mode", "absent", "huge", "short", "tuple"]
+)
 
 
 def test_the_stat_cache_loop_is_built_in_c() -> None:
@@ -358,17 +361,21 @@ def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]
             if key_as == "absent":
                 continue
             if kind == "gone":
-                key: Any = (1, 2, 3)
+                ctime, size, ino, mode = 1, 2, 3, 0o644
             else:
                 s = os.lstat(path)
-                key = (s.st_ctime_ns, s.st_size, s.st_ino)
-            key = {
+                ctime, size, ino, mode = s.st_ctime_ns, s.st_size, s.st_ino, s.st_mode & 0o777
+            pack = RECORD_TAIL.pack
+            key: Any = {
                 "racy": None,
-                "ctime": (key[0] + 1, *key[1:]),
-                "size": (key[0], key[1] + 1, key[2]),
-                "inode": (*key[:2], key[2] ^ 1),
-                "huge": (-(2**63), 2**63 - 1, 2**64 - 1),
-            }.get(key_as, key)
+                "ctime": pack(ctime + 1, size, ino, mode),
+                "size": pack(ctime, size + 1, ino, mode),
+                "inode": pack(ctime, size, ino ^ 1, mode),
+                "mode": pack(ctime, size, ino, mode ^ 1),
+                "huge": pack(-(2**63), 2**63 - 1, 2**64 - 1, 2**32 - 1),
+                "short": pack(ctime, size, ino, mode)[:-1],
+                "tuple": (ctime, size, ino),  # the key of an older version: not trusted
+            }.get(key_as, pack(ctime, size, ino, mode))
             cached[name] = (key, object())
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -4,21 +4,21 @@
 
    - changed: which of a folder's listed names the cached stat keys do not vouch for (scan.py,
      _changed_py);
-   - index_files: git's index parsed (git_index.py, _index_files_py);
+   - index_files: git's index parsed, and the lstat of its files in threads compared with
+     what it recorded (git_index.py, _index_files_py);
    - seeded: a fresh scanner's folder, its files git's index vouches for made entries
-     (scan.py, Scanner._seeded_py).
-
-   changed: which of a folder's listed names
-   its cached stat keys do not vouch for. The same answer as scan.py's _changed_py; in C
-   because building an os.stat_result per file (three float and three nanosecond times) and
-   the bytecode around it cost as much as the fstatat calls themselves: a command's step
-   after one changed file in 50,000 took more than `git status`, which lstats in C.
+     (scan.py, _seeded_py);
+   - bucketed, bucket_lines, joined: a tree id's buckets and lines (manifest.py);
+   - json_rows: a whole manifest's stored rows (manifest.py, encode_full).
 
    changed(dir_fd, names, cached) -> the names, in order, that are not cached as a file
-   whose key (ctime_ns, size, inode) is this lstat's: not cached, cached racy (key None),
-   not lstat'able, or different. The GIL is held (a release per call costs more than the
-   call), and let go every 1,024 names so that a huge folder does not stall the process's
-   other threads (a lease's heartbeat). */
+   whose stat key (TAIL bytes: ctime_ns, size, inode, permission bits) is this lstat's: not
+   cached, cached racy (key None), not lstat'able, or different. In C because building an
+   os.stat_result per file (three float and three nanosecond times) and the bytecode around
+   it cost as much as the fstatat calls themselves: a command's step after one changed file
+   in 50,000 took more than `git status`, which lstats in C. The GIL is held (a release per
+   call costs more than the call), and let go every 1,024 names so that a huge folder does
+   not stall the process's other threads (a lease's heartbeat). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <fcntl.h>
@@ -28,33 +28,36 @@
 #include <sys/stat.h>
 #include <structmember.h>
 
-/* 1: `name` (in the folder `fd` holds) lstats to `key` (ctime_ns, size, inode: plain ints);
-   0: not, or no lstat; -1: an error of Python's (none is expected). */
+#define TAIL 28 /* a stat key, git_index.RECORD_TAIL: ctime_ns, size, inode (64 bits each);
+                   permission bits, in the machine's byte order */
+
+/* `st`'s stat key into `out`; 0 where its change time is past what 64 bits of nanoseconds
+   hold (os.stat's st_ctime_ns then is no plain int: such a file has none). */
+static int
+stat_key(const struct stat *st, unsigned char *out)
+{
+    if (st->st_ctim.tv_sec > 9000000000LL || st->st_ctim.tv_sec < -9000000000LL)
+        return 0;
+    long long ctime_ns = (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec;
+    long long size = (long long)st->st_size;
+    unsigned long long ino = (unsigned long long)st->st_ino;
+    unsigned int mode = st->st_mode & 0777;
+    memcpy(out, &ctime_ns, 8);
+    memcpy(out + 8, &size, 8);
+    memcpy(out + 16, &ino, 8);
+    memcpy(out + 24, &mode, 4);
+    return 1;
+}
+
+/* 1: `name` (in the folder `fd` holds) lstats to `key` (a stat key: bytes of TAIL); 0: not,
+   or no lstat. */
 static int
 same_key(int fd, const char *name, PyObject *key)
 {
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
-        return 0;
-    /* os.stat's st_ctime_ns: seconds * 10^9 + nanoseconds, in 64 bits until 2262. */
-    if (st.st_ctim.tv_sec > 9000000000LL || st.st_ctim.tv_sec < -9000000000LL)
-        return 0;
-    long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
-    int overflow = 0;
-    long long c = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(key, 0), &overflow);
-    if (overflow || (c == -1 && PyErr_Occurred()) || c != ctime_ns)
-        return PyErr_Occurred() ? -1 : 0;
-    long long size = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(key, 1), &overflow);
-    if (overflow || (size == -1 && PyErr_Occurred()) || size != (long long)st.st_size)
-        return PyErr_Occurred() ? -1 : 0;
-    unsigned long long i = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(key, 2));
-    if (i == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear(); /* negative, or over 64 bits: no inode */
-        return 0;
-    }
-    return i == (unsigned long long)st.st_ino;
+    unsigned char now[TAIL];
+    return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && stat_key(&st, now) &&
+           memcmp(now, PyBytes_AS_STRING(key), TAIL) == 0;
 }
 
 /* A folder's fd given from Python; -1 with the exception set when it cannot be one. */
@@ -105,15 +108,8 @@ changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyBytes_Check(name) &&
             strlen(PyBytes_AS_STRING(name)) == (size_t)PyBytes_GET_SIZE(name)) {
             PyObject *key = PyTuple_GET_ITEM(row, 0);
-            /* Plain ints only: converting anything else could run Python code. */
-            if (PyTuple_Check(key) && PyTuple_GET_SIZE(key) == 3 &&
-                PyLong_CheckExact(PyTuple_GET_ITEM(key, 0)) &&
-                PyLong_CheckExact(PyTuple_GET_ITEM(key, 1)) &&
-                PyLong_CheckExact(PyTuple_GET_ITEM(key, 2))) {
+            if (PyBytes_Check(key) && PyBytes_GET_SIZE(key) == TAIL)
                 same = same_key(fd, PyBytes_AS_STRING(name), key);
-                if (same < 0)
-                    goto fail;
-            }
         }
         if (!same && PyList_Append(out, name) < 0)
             goto fail;
@@ -125,7 +121,7 @@ fail:
 }
 
 
-/* -- git's index (git_index.py, _index_files_py) ------------------------------------------ */
+/* -- git's index, and the lstat of its files in threads (git_index.py, _index_files_py) --- */
 
 static unsigned int
 be32(const unsigned char *p)
@@ -140,6 +136,79 @@ be16(const unsigned char *p)
     return ((unsigned int)p[0] << 8) | (unsigned int)p[1];
 }
 
+static void
+put_be32(unsigned char *p, unsigned int v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* One regular file of the index below the workspace. */
+typedef struct {
+    Py_ssize_t start;    /* the entry's offset in the index: git's 40 bytes of stat data */
+    Py_ssize_t rel_at;   /* its path relative to the workspace: in the names, NUL-ended */
+    Py_ssize_t rel_len;
+    int ask;             /* its lstat may vouch for it: not marked, not racy */
+    int vouched;         /* (set by lstat_some) its lstat is the stat data recorded */
+    unsigned char tail[TAIL]; /* (set by lstat_some) its stat key */
+} index_entry;
+
+typedef struct {
+    int root_fd;
+    const unsigned char *body;
+    const char *names;
+    index_entry *entries;
+    Py_ssize_t count;
+    Py_ssize_t next; /* the next entry no thread took yet (taken CHUNK at a time, atomically) */
+} lstat_job;
+
+#define CHUNK 256 /* entries a thread takes at a time: about as much as starting one costs */
+
+/* `st` as git's index records it (cache.h's stat_data: each field cut to 32 bits, the mode
+   as git makes it of a file), as git_index.stat_data. */
+static void
+stat_data(const struct stat *st, unsigned char *out)
+{
+    unsigned int git[10] = {
+        (unsigned int)st->st_ctim.tv_sec, (unsigned int)st->st_ctim.tv_nsec,
+        (unsigned int)st->st_mtim.tv_sec, (unsigned int)st->st_mtim.tv_nsec,
+        (unsigned int)st->st_dev,         (unsigned int)st->st_ino,
+        (st->st_mode & S_IXUSR) ? 0100755u : 0100644u,
+        (unsigned int)st->st_uid,         (unsigned int)st->st_gid,
+        (unsigned int)st->st_size,
+    };
+    for (int k = 0; k < 10; k++)
+        put_be32(out + 4 * k, git[k]);
+}
+
+/* A thread's share: entries taken CHUNK at a time until none is left, each lstat'ed and
+   compared with what the index recorded. Touches nothing of Python's. */
+static void *
+lstat_some(void *arg)
+{
+    lstat_job *job = arg;
+    for (;;) {
+        Py_ssize_t from = __atomic_fetch_add(&job->next, CHUNK, __ATOMIC_RELAXED);
+        if (from >= job->count)
+            return NULL;
+        Py_ssize_t to = from + CHUNK < job->count ? from + CHUNK : job->count;
+        for (Py_ssize_t i = from; i < to; i++) {
+            index_entry *e = &job->entries[i];
+            struct stat st;
+            unsigned char now[40];
+            if (!e->ask ||
+                fstatat(job->root_fd, job->names + e->rel_at, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(st.st_mode))
+                continue;
+            stat_data(&st, now);
+            if (memcmp(now, job->body + e->start, 40) == 0 && stat_key(&st, e->tail))
+                e->vouched = 1;
+        }
+    }
+}
+
 static PyObject *
 bad_index(const char *why)
 {
@@ -147,44 +216,37 @@ bad_index(const char *why)
     return NULL;
 }
 
-/* index_files(body, hash_size, lead, racy_from) -> (files, stats) or None, as
-   git_index._index_files_py: `body` is the index without its checksum. */
-static PyObject *
-index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The entries of the index `d` (`n` bytes, no checksum): the regular files below `lead`
+   into `*out` (`*count` of them), their relative paths into `*names`, NUL-ended. 1: read;
+   0: an index this does not read (a merge's stages, an intent-to-add, a split or sparse
+   index); -1: damaged, ValueError set. Nothing of Python's is made but memory. */
+static int
+parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *lead,
+            Py_ssize_t lead_len, long long racy_from, index_entry **out, Py_ssize_t *count,
+            char **names)
 {
-    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "index_files(body, hash_size, lead, racy_from)");
-        return NULL;
-    }
-    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
-    long hash_size = PyLong_AsLong(args[1]);
-    if (hash_size == -1 && PyErr_Occurred())
-        return NULL;
-    if (hash_size != 20 && hash_size != 32)
-        return bad_index("an object id of 20 or 32 bytes");
-    const char *lead = PyBytes_AS_STRING(args[2]);
-    Py_ssize_t lead_len = PyBytes_GET_SIZE(args[2]);
-    long long racy_from = PyLong_AsLongLong(args[3]);
-    if (racy_from == -1 && PyErr_Occurred())
-        return NULL;
+    *out = NULL;
+    *names = NULL;
+    *count = 0;
     if (n < 12 || memcmp(d, "DIRC", 4) != 0)
-        return bad_index("not a git index of version 2, 3 or 4");
-    unsigned int version = be32(d + 4), count = be32(d + 8);
+        return bad_index("not a git index of version 2, 3 or 4"), -1;
+    unsigned int version = be32(d + 4), listed = be32(d + 8);
     if (version < 2 || version > 4)
-        return bad_index("not a git index of version 2, 3 or 4");
+        return bad_index("not a git index of version 2, 3 or 4"), -1;
     Py_ssize_t fixed = 40 + hash_size, pos = 12;
+    /* (no more entries than the bytes hold, whatever the count says) */
+    Py_ssize_t most = (Py_ssize_t)listed < n / (fixed + 3) ? (Py_ssize_t)listed : n / (fixed + 3);
+    index_entry *entries = PyMem_Malloc((most ? most : 1) * sizeof(index_entry));
+    Py_ssize_t names_cap = n + 1, names_len = 0;
+    char *text = PyMem_Malloc(names_cap);
     char *previous = NULL; /* version 4: the previous path */
-    Py_ssize_t previous_len = 0, previous_cap = 0;
-    /* (sized for every entry at once: growing a dict of 50,000 costs a third of the parse;
-       no more entries than the bytes hold, whatever the count says) */
-    Py_ssize_t most = (Py_ssize_t)count < n / (fixed + 3) ? (Py_ssize_t)count : n / (fixed + 3);
-    PyObject *files = _PyDict_NewPresized(most);
-    PyObject *stats = _PyDict_NewPresized(most), *out = NULL;
-    if (files == NULL || stats == NULL)
+    Py_ssize_t previous_len = 0, previous_cap = 0, found = 0;
+    int result = -1;
+    if (entries == NULL || text == NULL) {
+        PyErr_NoMemory();
         goto done;
-    static const char hex[] = "0123456789abcdef";
-    for (unsigned int i = 0; i < count; i++) {
+    }
+    for (unsigned int i = 0; i < listed; i++) {
         Py_ssize_t start = pos;
         if (pos + fixed + 2 > n) {
             bad_index("an entry past the end of the index");
@@ -260,36 +322,39 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         unsigned int mode = be32(d + start + 24);
         if ((flags & 0x3000) || (extended & 0x2000) || mode == 040000) {
-            out = Py_None; /* a merge's stages, an intent-to-add, a sparse directory */
-            Py_INCREF(out);
+            result = 0; /* a merge's stages, an intent-to-add, a sparse directory */
             goto done;
         }
         if ((mode != 0100644 && mode != 0100755) || path_len < lead_len ||
             memcmp(path, lead, lead_len) != 0)
             continue;
-        PyObject *rel = PyBytes_FromStringAndSize(path + lead_len, path_len - lead_len);
-        if (rel == NULL)
+        Py_ssize_t rel_len = path_len - lead_len;
+        if (found == most) { /* (cannot be: each entry takes fixed + 3 bytes or more) */
+            bad_index("more entries than the index holds");
             goto done;
-        char oid[64];
-        for (long k = 0; k < hash_size; k++) {
-            oid[2 * k] = hex[d[start + 40 + k] >> 4];
-            oid[2 * k + 1] = hex[d[start + 40 + k] & 15];
         }
-        PyObject *blob = PyUnicode_FromStringAndSize(oid, 2 * hash_size);
-        int failed = blob == NULL || PyDict_SetItem(files, rel, blob) < 0;
-        Py_XDECREF(blob);
-        if (!failed && !(flags & 0x8000) && !(extended & 0x4000)) {
-            long long c = (long long)be32(d + start) * 1000000000LL + be32(d + start + 4);
-            long long m = (long long)be32(d + start + 8) * 1000000000LL + be32(d + start + 12);
-            if (c < racy_from && m < racy_from) {
-                PyObject *data = PyBytes_FromStringAndSize((const char *)d + start, 40);
-                failed = data == NULL || PyDict_SetItem(stats, rel, data) < 0;
-                Py_XDECREF(data);
+        if (names_len + rel_len + 1 > names_cap) { /* (version 4's names share prefixes) */
+            Py_ssize_t cap = (names_len + rel_len + 1) * 2;
+            char *grown = PyMem_Realloc(text, cap);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
             }
+            text = grown;
+            names_cap = cap;
         }
-        Py_DECREF(rel);
-        if (failed)
-            goto done;
+        index_entry *e = &entries[found++];
+        e->start = start;
+        e->rel_at = names_len;
+        e->rel_len = rel_len;
+        memcpy(text + names_len, path + lead_len, rel_len);
+        text[names_len + rel_len] = '\0';
+        names_len += rel_len + 1;
+        long long c = (long long)be32(d + start) * 1000000000LL + be32(d + start + 4);
+        long long m = (long long)be32(d + start + 8) * 1000000000LL + be32(d + start + 12);
+        /* Marked assume-unchanged or skip-worktree, or racy: never vouched for by an lstat. */
+        e->ask = !(flags & 0x8000) && !(extended & 0x4000) && c < racy_from && m < racy_from;
+        e->vouched = 0;
     }
     while (pos < n) { /* the extensions */
         if (pos + 8 > n) {
@@ -297,8 +362,7 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         if (memcmp(d + pos, "link", 4) == 0 || memcmp(d + pos, "sdir", 4) == 0) {
-            out = Py_None; /* a split index; sparse directories */
-            Py_INCREF(out);
+            result = 0; /* a split index; sparse directories */
             goto done;
         }
         pos += 8 + (Py_ssize_t)be32(d + pos + 4);
@@ -307,151 +371,115 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         bad_index("an extension past the end of the index");
         goto done;
     }
-    out = PyTuple_Pack(2, files, stats);
+    result = 1;
 done:
     PyMem_Free(previous);
-    Py_XDECREF(files);
-    Py_XDECREF(stats);
-    return out;
-}
-
-/* -- the lstat of the files git's index names, in threads (scan.py, _lstat_all_py) -------- */
-
-#define LSTAT_RECORD 68 /* git's 40 bytes; ctime_ns, size, inode (64 bits each); mode bits */
-
-typedef struct {
-    int root_fd;
-    const char **paths;
-    unsigned char *out; /* LSTAT_RECORD + 1 bytes a path: a flag, then the record */
-    Py_ssize_t from, to;
-} lstat_part;
-
-static void
-put_be32(unsigned char *p, unsigned int v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static void *
-lstat_some(void *arg)
-{
-    lstat_part *part = arg;
-    for (Py_ssize_t i = part->from; i < part->to; i++) {
-        unsigned char *rec = part->out + i * (LSTAT_RECORD + 1);
-        struct stat st;
-        rec[0] = 0;
-        if (fstatat(part->root_fd, part->paths[i], &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(st.st_mode) || st.st_ctim.tv_sec > 9000000000LL ||
-            st.st_ctim.tv_sec < -9000000000LL)
-            continue;
-        unsigned int git[10] = {
-            (unsigned int)st.st_ctim.tv_sec, (unsigned int)st.st_ctim.tv_nsec,
-            (unsigned int)st.st_mtim.tv_sec, (unsigned int)st.st_mtim.tv_nsec,
-            (unsigned int)st.st_dev,         (unsigned int)st.st_ino,
-            (st.st_mode & S_IXUSR) ? 0100755u : 0100644u,
-            (unsigned int)st.st_uid,         (unsigned int)st.st_gid,
-            (unsigned int)st.st_size,
-        };
-        for (int k = 0; k < 10; k++)
-            put_be32(rec + 1 + 4 * k, git[k]);
-        long long ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
-        long long size = (long long)st.st_size;
-        unsigned long long ino = (unsigned long long)st.st_ino;
-        unsigned int mode = st.st_mode & 0777;
-        memcpy(rec + 41, &ctime_ns, 8);
-        memcpy(rec + 49, &size, 8);
-        memcpy(rec + 57, &ino, 8);
-        memcpy(rec + 65, &mode, 4);
-        rec[0] = 1;
+    if (result == 1) {
+        *out = entries;
+        *names = text;
+        *count = found;
     }
-    return NULL;
+    else {
+        PyMem_Free(entries);
+        PyMem_Free(text);
+    }
+    return result;
 }
 
-/* lstat_all(root_fd, paths, threads) -> {path: record} of the regular files among `paths`
-   (relative to the folder `root_fd` holds), as scan._lstat_all_py. The lstat calls are
-   spread over `threads` threads with the GIL let go, as git's preload-index spreads them:
-   on a virtual disk an lstat is a few microseconds of the kernel's time. */
+/* index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouched) or
+   None, as git_index._index_files_py: `body` is the index without its checksum. The lstat
+   calls (none when `root_fd` is -1) run in `threads` threads started as soon as the
+   entries are known, while this one makes `files`, then joins them with the GIL let go,
+   as git's preload-index spreads them: on a virtual disk an lstat is a few microseconds of
+   the kernel's. */
 static PyObject *
-lstat_all(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "lstat_all(root_fd, paths, threads)");
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "index_files(body, hash_size, lead, racy_from, root_fd, threads)");
         return NULL;
     }
-    int fd = fd_arg(args[0]);
-    if (fd < 0)
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    long hash_size = PyLong_AsLong(args[1]);
+    if (hash_size == -1 && PyErr_Occurred())
         return NULL;
-    long threads = PyLong_AsLong(args[2]);
-    if (threads == -1 && PyErr_Occurred())
+    if (hash_size != 20 && hash_size != 32)
+        return bad_index("an object id of 20 or 32 bytes");
+    long long racy_from = PyLong_AsLongLong(args[3]);
+    if (racy_from == -1 && PyErr_Occurred())
         return NULL;
-    PyObject *paths = PyList_GetSlice(args[1], 0, PyList_GET_SIZE(args[1])); /* (ours alone) */
-    if (paths == NULL)
+    long root_fd = PyLong_AsLong(args[4]), threads = PyLong_AsLong(args[5]);
+    if ((root_fd == -1 || threads == -1) && PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(paths);
-    const char **names = PyMem_Calloc(n ? n : 1, sizeof(char *));
-    unsigned char *out = PyMem_Calloc(n ? n : 1, LSTAT_RECORD + 1);
-    PyObject *found = NULL;
-    if (names == NULL || out == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (root_fd < -1 || root_fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i);
-        if (!PyBytes_Check(path)) {
-            PyErr_SetString(PyExc_TypeError, "lstat_all(): paths are bytes");
-            goto done;
-        }
-        /* A path with a NUL in it (git's index holds none) would be cut short: "" fails. */
-        names[i] = strlen(PyBytes_AS_STRING(path)) == (size_t)PyBytes_GET_SIZE(path)
-                       ? PyBytes_AS_STRING(path)
-                       : "";
-    }
-    if (threads < 1)
-        threads = 1;
+    index_entry *entries;
+    Py_ssize_t count;
+    char *names;
+    int read = parse_index(d, PyBytes_GET_SIZE(args[0]), hash_size, PyBytes_AS_STRING(args[2]),
+                           PyBytes_GET_SIZE(args[2]), racy_from, &entries, &count, &names);
+    if (read <= 0)
+        return read == 0 ? Py_NewRef(Py_None) : NULL;
+    lstat_job job = {(int)root_fd, d, names, entries, count, 0};
+    if (root_fd < 0)
+        job.next = count; /* nothing to lstat */
+    if (threads > count / CHUNK + 1)
+        threads = count / CHUNK + 1;
     if (threads > 16)
         threads = 16;
-    if (threads > n / 256 + 1) /* a thread's start costs about as much as 10 lstat calls */
-        threads = n / 256 + 1;
-    lstat_part parts[16];
     pthread_t ids[16];
-    int started[16] = {0};
-    Py_BEGIN_ALLOW_THREADS
-    for (long t = 0; t < threads; t++) {
-        parts[t] = (lstat_part){fd, names, out, n * t / threads, n * (t + 1) / threads};
-        if (t > 0)
-            started[t] = pthread_create(&ids[t], NULL, lstat_some, &parts[t]) == 0;
+    int started = 0;
+    for (long t = 1; t < threads && job.next < count; t++) { /* (this one is the first) */
+        if (pthread_create(&ids[started], NULL, lstat_some, &job) != 0)
+            break; /* no thread to be had: fewer do it */
+        started++;
     }
-    lstat_some(&parts[0]);
-    for (long t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(ids[t], NULL);
-        else
-            lstat_some(&parts[t]); /* (no thread to be had: here) */
-    }
-    Py_END_ALLOW_THREADS
-    found = PyDict_New();
-    if (found == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const unsigned char *rec = out + i * (LSTAT_RECORD + 1);
-        if (!rec[0])
-            continue;
-        PyObject *data = PyBytes_FromStringAndSize((const char *)rec + 1, LSTAT_RECORD);
-        if (data == NULL || PyDict_SetItem(found, PyList_GET_ITEM(paths, i), data) < 0) {
-            Py_XDECREF(data);
-            Py_CLEAR(found);
-            goto done;
+    PyObject **rels = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
+    PyObject *files = _PyDict_NewPresized(count), *vouched = NULL, *out = NULL;
+    int failed = rels == NULL || files == NULL;
+    if (rels == NULL)
+        PyErr_NoMemory();
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        index_entry *e = &entries[i];
+        rels[i] = PyBytes_FromStringAndSize(names + e->rel_at, e->rel_len);
+        char oid[64];
+        for (long k = 0; k < hash_size; k++) {
+            oid[2 * k] = hex[d[e->start + 40 + k] >> 4];
+            oid[2 * k + 1] = hex[d[e->start + 40 + k] & 15];
         }
-        Py_DECREF(data);
+        PyObject *blob = rels[i] ? PyUnicode_FromStringAndSize(oid, 2 * hash_size) : NULL;
+        failed = blob == NULL || PyDict_SetItem(files, rels[i], blob) < 0;
+        Py_XDECREF(blob);
     }
-done:
+    Py_BEGIN_ALLOW_THREADS
+    lstat_some(&job); /* (what the threads left: all of it when there are none) */
+    for (int t = 0; t < started; t++)
+        pthread_join(ids[t], NULL);
+    Py_END_ALLOW_THREADS
+    if (!failed)
+        vouched = PyDict_New();
+    failed = vouched == NULL;
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        if (!entries[i].vouched)
+            continue;
+        PyObject *tail = PyBytes_FromStringAndSize((const char *)entries[i].tail, TAIL);
+        failed = tail == NULL || PyDict_SetItem(vouched, rels[i], tail) < 0;
+        Py_XDECREF(tail);
+    }
+    if (!failed)
+        out = PyTuple_Pack(2, files, vouched);
+    for (Py_ssize_t i = 0; rels != NULL && i < count; i++)
+        Py_XDECREF(rels[i]);
+    PyMem_Free(rels);
+    PyMem_Free(entries);
     PyMem_Free(names);
-    PyMem_Free(out);
-    Py_DECREF(paths);
-    return found;
+    Py_XDECREF(files);
+    Py_XDECREF(vouched);
+    return out;
 }
 
 /* -- a fresh scanner's folder, on git's word (scan.py, Scanner._seeded_py) ---------------- */
@@ -507,31 +535,28 @@ valid_shapes(PyObject *shapes)
     return 1;
 }
 
-/* seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap,
-   racy_after, shapes, lstats) -> the names left to the caller, as scan._seeded_py. */
+/* seeded(names, lead, vouched, files, cached, entries, entry, kind, size_cap, racy_after,
+   shapes) -> the names left to the caller, as scan._seeded_py. */
 static PyObject *
 seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "seeded() takes 13 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "seeded() takes 11 arguments");
         return NULL;
     }
-    int fd = fd_arg(args[0]);
-    if (fd < 0)
-        return NULL;
-    PyObject *names = args[1], *lead = args[2], *stats = args[3], *files = args[4];
-    PyObject *cached = args[5], *entries = args[6], *entry_type = args[7], *kind = args[8];
-    PyObject *shapes = args[11], *lstats = args[12];
-    if (!PyList_Check(names) || !PyBytes_Check(lead) || !PyDict_Check(stats) ||
+    PyObject *names = args[0], *lead = args[1], *vouched = args[2], *files = args[3];
+    PyObject *cached = args[4], *entries = args[5], *entry_type = args[6], *kind = args[7];
+    PyObject *shapes = args[10];
+    if (!PyList_Check(names) || !PyBytes_Check(lead) || !PyDict_Check(vouched) ||
         !PyDict_Check(files) || !PyDict_Check(cached) || !PyDict_Check(entries) ||
-        !valid_shapes(shapes) || (lstats != Py_None && !PyDict_Check(lstats))) {
+        !valid_shapes(shapes)) {
         PyErr_SetString(PyExc_TypeError, "seeded(): a list, bytes, four dicts, shapes");
         return NULL;
     }
-    long long size_cap = PyLong_AsLongLong(args[9]);
+    long long size_cap = PyLong_AsLongLong(args[8]);
     if (size_cap == -1 && PyErr_Occurred())
         return NULL;
-    long long racy_after = PyLong_AsLongLong(args[10]);
+    long long racy_after = PyLong_AsLongLong(args[9]);
     if (racy_after == -1 && PyErr_Occurred())
         return NULL;
     PyObject *todo = PyList_New(0), *empty = PyBytes_FromStringAndSize(NULL, 0);
@@ -540,10 +565,9 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
         PyObject *name = PyList_GET_ITEM(names, i);
         Py_INCREF(name);
-        PyObject *rel = NULL, *recorded = NULL, *entry = NULL;
-        int vouched = 0;
+        PyObject *rel = NULL, *entry = NULL;
+        int vouched_for = 0;
         if (!PyBytes_Check(name) ||
-            strlen(PyBytes_AS_STRING(name)) != (size_t)PyBytes_GET_SIZE(name) ||
             may_be_secret(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), shapes))
             goto next;
         rel = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(lead) + PyBytes_GET_SIZE(name));
@@ -552,48 +576,20 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         memcpy(PyBytes_AS_STRING(rel), PyBytes_AS_STRING(lead), PyBytes_GET_SIZE(lead));
         memcpy(PyBytes_AS_STRING(rel) + PyBytes_GET_SIZE(lead), PyBytes_AS_STRING(name),
                PyBytes_GET_SIZE(name));
-        recorded = PyDict_GetItemWithError(stats, rel);
-        if (recorded == NULL) {
+        /* Its lstat, taken while git's commands ran, where it is what the index recorded. */
+        PyObject *tail = PyDict_GetItemWithError(vouched, rel);
+        if (tail == NULL) {
             if (PyErr_Occurred())
                 goto fail_name;
             goto next;
         }
-        Py_INCREF(recorded);
-        if (!PyBytes_Check(recorded) || PyBytes_GET_SIZE(recorded) != 40)
-            goto next;
-        /* What is there now: the lstat taken before the walk (lstat_all), or one now. */
-        unsigned char now[LSTAT_RECORD];
-        if (lstats != Py_None) {
-            PyObject *rec = PyDict_GetItemWithError(lstats, rel);
-            if (rec == NULL) {
-                if (PyErr_Occurred())
-                    goto fail_name;
-                goto next; /* not a regular file then: the caller looks */
-            }
-            if (!PyBytes_Check(rec) || PyBytes_GET_SIZE(rec) != LSTAT_RECORD)
-                goto next;
-            memcpy(now, PyBytes_AS_STRING(rec), LSTAT_RECORD);
-        }
-        else {
-            lstat_part one = {fd, NULL, NULL, 0, 1};
-            const char *leaf = PyBytes_AS_STRING(name);
-            unsigned char rec[LSTAT_RECORD + 1];
-            one.paths = &leaf;
-            one.out = rec;
-            lstat_some(&one);
-            if (!rec[0])
-                goto next;
-            memcpy(now, rec + 1, LSTAT_RECORD);
-        }
-        if (memcmp(now, PyBytes_AS_STRING(recorded), 40) != 0)
+        if (!PyBytes_Check(tail) || PyBytes_GET_SIZE(tail) != TAIL)
             goto next;
         long long ctime_ns, st_size;
-        unsigned long long st_ino;
         unsigned int st_mode;
-        memcpy(&ctime_ns, now + 40, 8);
-        memcpy(&st_size, now + 48, 8);
-        memcpy(&st_ino, now + 56, 8);
-        memcpy(&st_mode, now + 64, 4);
+        memcpy(&ctime_ns, PyBytes_AS_STRING(tail), 8);
+        memcpy(&st_size, PyBytes_AS_STRING(tail) + 8, 8);
+        memcpy(&st_mode, PyBytes_AS_STRING(tail) + 24, 4);
         if (st_size > size_cap)
             goto next;
         PyObject *blob = PyDict_GetItemWithError(files, rel);
@@ -616,47 +612,29 @@ seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(size);
         if (entry == NULL)
             goto fail_name;
-        /* The stat cache's row: its key, None while racy (read again by the next scan). */
-        PyObject *key = NULL;
-        if (ctime_ns >= racy_after) {
-            key = Py_None;
-            Py_INCREF(key);
-        }
-        else {
-            PyObject *c = PyLong_FromLongLong(ctime_ns), *z = PyLong_FromLongLong(st_size);
-            PyObject *i = PyLong_FromUnsignedLongLong(st_ino);
-            if (c != NULL && z != NULL && i != NULL)
-                key = PyTuple_Pack(3, c, z, i);
-            Py_XDECREF(c);
-            Py_XDECREF(z);
-            Py_XDECREF(i);
-        }
-        PyObject *row = key != NULL ? PyTuple_Pack(2, key, entry) : NULL;
-        /* Of ints, None and an Entry (a Struct the collector does not track): no cycle can
-           go through them, so the collector need not walk them (as it would find itself). */
-        if (row != NULL && PyTuple_CheckExact(key))
-            PyObject_GC_UnTrack(key);
+        /* The stat cache's row: its stat key (the lstat's), None while racy (read again by
+           the next scan). */
+        PyObject *row = PyTuple_Pack(2, ctime_ns >= racy_after ? Py_None : tail, entry);
+        /* Of bytes, None and an Entry (a Struct the collector does not track): no cycle can
+           go through it, so the collector need not walk it (as it would find itself). */
         if (row != NULL && !PyObject_IS_GC(entry))
             PyObject_GC_UnTrack(row);
-        Py_XDECREF(key);
         int failed = row == NULL || PyDict_SetItem(cached, name, row) < 0 ||
                      PyDict_SetItem(entries, rel, entry) < 0;
         Py_XDECREF(row);
         if (failed)
             goto fail_name;
-        vouched = 1;
+        vouched_for = 1;
     next:
-        if (!vouched && PyList_Append(todo, name) < 0)
+        if (!vouched_for && PyList_Append(todo, name) < 0)
             goto fail_name;
         Py_DECREF(name);
         Py_XDECREF(rel);
-        Py_XDECREF(recorded);
         Py_XDECREF(entry);
         continue;
     fail_name:
         Py_DECREF(name);
         Py_XDECREF(rel);
-        Py_XDECREF(recorded);
         Py_XDECREF(entry);
         goto fail;
     }
@@ -864,8 +842,29 @@ fields_at(PyObject *manifest, PyObject *path, PyObject **f)
     return got;
 }
 
-/* joined(paths, manifest) -> the lines of manifest._line for `paths`, joined:
-   path NUL kind NUL mode (octal) NUL ref NUL target NUL size (decimal) LF. */
+/* The line of `path` in `manifest` (manifest._line): path NUL kind NUL mode (octal) NUL ref
+   NUL target NUL size (decimal) LF. */
+static int
+put_line(buffer *buf, PyObject *manifest, PyObject *path)
+{
+    PyObject *f[5];
+    if (fields_at(manifest, path, f) < 0)
+        return -1;
+    PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
+    int failed = !PyBytes_Check(target) ||
+                 put(buf, PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path)) < 0 ||
+                 put(buf, "\0", 1) < 0 || put_text(buf, kind) < 0 ||
+                 put_int(buf, mode, 1, '\0') < 0 || put_text(buf, ref) < 0 ||
+                 put(buf, PyBytes_AS_STRING(target), PyBytes_GET_SIZE(target)) < 0 ||
+                 put(buf, "\0", 1) < 0 || put_int(buf, size, 0, '\n') < 0;
+    if (failed && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "an entry's target is bytes");
+    for (int k = 0; k < 5; k++)
+        Py_DECREF(f[k]);
+    return failed ? -1 : 0;
+}
+
+/* joined(paths, manifest) -> the lines of `paths` in `manifest`, joined. */
 static PyObject *
 joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -876,32 +875,63 @@ joined(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *paths = args[0], *manifest = args[1];
     buffer buf = {NULL, 0, 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
-        PyObject *path = PyList_GET_ITEM(paths, i), *f[5];
+        PyObject *path = PyList_GET_ITEM(paths, i);
         Py_INCREF(path);
-        int failed = fields_at(manifest, path, f) < 0;
-        if (!failed) {
-            PyObject *kind = f[0], *mode = f[1], *ref = f[2], *target = f[3], *size = f[4];
-            failed = !PyBytes_Check(target) ||
-                     put(&buf, PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path)) < 0 ||
-                     put(&buf, "\0", 1) < 0 || put_text(&buf, kind) < 0 ||
-                     put_int(&buf, mode, 1, '\0') < 0 || put_text(&buf, ref) < 0 ||
-                     put(&buf, PyBytes_AS_STRING(target), PyBytes_GET_SIZE(target)) < 0 ||
-                     put(&buf, "\0", 1) < 0 || put_int(&buf, size, 0, '\n') < 0;
-            if (failed && !PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "an entry's target is bytes");
-            for (int k = 0; k < 5; k++)
-                Py_DECREF(f[k]);
-        }
+        int failed = put_line(&buf, manifest, path) < 0;
         Py_DECREF(path);
-        if (failed)
-            goto fail;
+        if (failed) {
+            PyMem_Free(buf.data);
+            return NULL;
+        }
     }
     PyObject *out = PyBytes_FromStringAndSize(buf.data ? buf.data : "", buf.len);
     PyMem_Free(buf.data);
     return out;
-fail:
-    PyMem_Free(buf.data);
-    return NULL;
+}
+
+/* bucket_lines(paths, manifest) -> BUCKETS bytes: each the lines (put_line) of the `paths`
+   in that bucket (bucketed), in their order. The same as joined() of each of bucketed()'s
+   lists, made in one pass over `paths`: in sorted order the entries are met in about the
+   order they were made, where a bucket's paths are scattered over the heap (at 50,000
+   files joined() bucket by bucket waited on memory three times as long). */
+static PyObject *
+bucket_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "bucket_lines(list of paths, manifest)");
+        return NULL;
+    }
+    PyObject *paths = args[0], *manifest = args[1], *out = NULL;
+    buffer *bufs = PyMem_Calloc(BUCKETS, sizeof(buffer));
+    if (bufs == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(paths); i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "bucket_lines(list of bytes, manifest)");
+            goto done;
+        }
+        unsigned int b = crc32_of((const unsigned char *)PyBytes_AS_STRING(path),
+                                  PyBytes_GET_SIZE(path)) % BUCKETS;
+        Py_INCREF(path);
+        int failed = put_line(&bufs[b], manifest, path) < 0;
+        Py_DECREF(path);
+        if (failed)
+            goto done;
+    }
+    out = PyList_New(BUCKETS);
+    for (int b = 0; b < BUCKETS && out != NULL; b++) {
+        PyObject *lines = PyBytes_FromStringAndSize(bufs[b].data ? bufs[b].data : "", bufs[b].len);
+        if (lines == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, b, lines);
+    }
+done:
+    for (int b = 0; b < BUCKETS; b++)
+        PyMem_Free(bufs[b].data);
+    PyMem_Free(bufs);
+    return out;
 }
 
 /* -- a whole manifest's stored rows (manifest.py, encode_full) ------------------------------ */
@@ -1005,15 +1035,16 @@ static PyMethodDef methods[] = {
      "bucketed(paths) -> BUCKETS lists: each path in that of zlib.crc32(path) % BUCKETS"},
     {"joined", (PyCFunction)(void (*)(void))joined, METH_FASTCALL,
      "joined(paths, manifest) -> the manifest's lines of those paths, joined"},
+    {"bucket_lines", (PyCFunction)(void (*)(void))bucket_lines, METH_FASTCALL,
+     "bucket_lines(paths, manifest) -> BUCKETS bytes: the lines of each bucket's paths"},
     {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
      "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
-     "index_files(body, hash_size, lead, racy_from) -> (files, stats) or None"},
-    {"lstat_all", (PyCFunction)(void (*)(void))lstat_all, METH_FASTCALL,
-     "lstat_all(root_fd, paths, threads) -> {path: record} of the regular files"},
+     "index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouched) "
+     "or None"},
     {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
-     "seeded(dir_fd, names, lead, stats, files, cached, entries, entry, kind, size_cap, "
-     "racy_after, shapes, lstats) -> the names left"},
+     "seeded(names, lead, vouched, files, cached, entries, entry, kind, size_cap, "
+     "racy_after, shapes) -> the names left"},
     {NULL, NULL, 0, NULL},
 };
 

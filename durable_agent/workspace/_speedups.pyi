@@ -4,13 +4,12 @@ from typing import Any
 
 def changed(dir_fd: int, names: list[bytes], cached: dict[bytes, Any]) -> list[bytes]: ...
 def index_files(
-    body: bytes, hash_size: int, lead: bytes, racy_from: int
+    body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int, /
 ) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None: ...
 def seeded(
-    dir_fd: int,
     names: list[bytes],
     lead: bytes,
-    stats: dict[bytes, bytes],
+    vouched: dict[bytes, bytes],
     files: dict[bytes, str],
     cached: dict[bytes, Any],
     entries: dict[bytes, Any],
@@ -19,10 +18,9 @@ def seeded(
     size_cap: int,
     racy_after: int,
     shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
-    lstats: dict[bytes, bytes] | None,
     /,
 ) -> list[bytes]: ...
-def lstat_all(root_fd: int, paths: list[bytes], threads: int, /) -> dict[bytes, bytes]: ...
 def json_rows(paths: list[bytes], manifest: dict[bytes, Any], /) -> bytes | None: ...
 def bucketed(paths: list[bytes], /) -> list[list[bytes]]: ...
 def joined(paths: list[bytes], manifest: dict[bytes, Any], /) -> bytes: ...
+def bucket_lines(paths: list[bytes], manifest: dict[bytes, Any], /) -> list[bytes]: ...

@@ -44,7 +44,13 @@ from typing import Any
 from msgspec import Struct
 
 from durable_agent.errors import WorkspaceUnreachable
-from durable_agent.workspace.git_index import NO_SEEDS, IndexFiles, Seeds, index_files, lstat_all
+from durable_agent.workspace.git_index import (
+    NO_SEEDS,
+    RECORD_TAIL,
+    IndexFiles,
+    Seeds,
+    index_files,
+)
 
 _ENV = {
     "GIT_OPTIONAL_LOCKS": "0",  # a read never takes the index lock
@@ -278,19 +284,13 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
             attrs = _run(root, "check-attr", "-z", "--all", "--stdin", stdin=names.stdout)
             procs.append(attrs)
             names.stdout.close()  # check-attr's now: a failed one ends ls-files too
+        taken = time.time_ns()  # (the lstat calls' start: racy from then on)
         indexed = index_files(
             os.path.join(root, os.fsencode(index)),
             os.fsencode(prefix),
             32 if fmt == "sha256" else 20,
+            root=root if seeds else None,
         )
-        if seeds and indexed is not None:  # the walk's lstat calls, while git looks
-            taken = time.time_ns()
-            box: list[dict[bytes, bytes]] = []
-            paths = list(indexed.stats)
-            lstats = threading.Thread(
-                target=lambda: box.append(lstat_all(root, paths)), daemon=True
-            )
-            lstats.start()
         settings = dict(
             (key.lower(), value.strip())
             for key, _, value in (
@@ -323,9 +323,7 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
         )
         if converts is None:
             return head, NO_SEEDS  # every text file may be converted: none is taken unread
-        stats = _seeds(root, head, indexed, staged, *converts)
-        lstats.join()
-        return head, Seeds(stats, box[0] if box else None, taken)
+        return head, Seeds(_seeds(root, head, indexed, staged, *converts), taken)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError, UnicodeDecodeError):
         return known, NO_SEEDS
     finally:
@@ -365,27 +363,27 @@ def _seeds(
     converted: Collection[bytes],
     normalized: Collection[bytes],
 ) -> dict[bytes, bytes]:
-    """The index's stat data of the files whose bytes are the blob `head` names at their path
-    when their lstat is that: the index's blob is the commit's (not `staged`), and git does
-    not convert their bytes on checkout (`converted`). One git normalizes when it is added
-    (`normalized`: CRLF to LF) only if its blob has the size the index recorded."""
-    stats = indexed.stats
+    """The files the index's stat data vouches for (IndexFiles.vouched) whose bytes are the
+    blob `head` names at their path: the index's blob is the commit's (not `staged`), and
+    git does not convert their bytes on checkout (`converted`). One git normalizes when it
+    is added (`normalized`: CRLF to LF) only if its blob has the size it has on disk."""
+    vouched = indexed.vouched
     if head.files is not indexed.files or staged or converted:
         at, blobs = head.files, indexed.files
-        stats = {
+        vouched = {
             p: s
-            for p, s in stats.items()
+            for p, s in vouched.items()
             if p not in staged and p not in converted and at.get(p) == blobs[p]
         }
     if normalized:
         every = _EVERY in normalized
-        sized = [p for p in stats if every or p in normalized]
+        sized = [p for p in vouched if every or p in normalized]
         sizes = _blob_sizes(root, {indexed.files[p] for p in sized})
-        stats = dict(stats)
+        vouched = dict(vouched)
         for p in sized:
-            if sizes.get(indexed.files[p]) != int.from_bytes(stats[p][36:40], "big"):
-                del stats[p]
-    return stats
+            if sizes.get(indexed.files[p]) != RECORD_TAIL.unpack(vouched[p])[1]:
+                del vouched[p]
+    return vouched
 
 
 def _blob_sizes(root: bytes, ids: set[str]) -> dict[str, int]:

@@ -181,11 +181,12 @@ def _entries(data: bytes, hash_size: int) -> tuple[list[_Entry], int]:
 
 class IndexFiles(Struct):
     """What git's index says of the files below a workspace (paths relative to it): `files`,
-    the blob id of each regular file (stage 0); `stats`, for those git may call clean by
-    their lstat alone, the stat data it recorded (git's 40 bytes: stat_data)."""
+    the blob id of each regular file (stage 0); `vouched`, for those git may call clean by
+    their lstat alone and whose lstat now is the stat data it recorded, that lstat's
+    RECORD_TAIL (what a scan makes their entry and stat cache row of)."""
 
     files: dict[bytes, str]
-    stats: dict[bytes, bytes]
+    vouched: dict[bytes, bytes]
 
 
 _STAT = struct.Struct(">10I")
@@ -215,17 +216,28 @@ def stat_data(st: os.stat_result) -> bytes:
 
 
 def index_files(
-    index: bytes, prefix: bytes, hash_size: int, margin_ns: int | None = None
+    index: bytes,
+    prefix: bytes,
+    hash_size: int,
+    margin_ns: int | None = None,
+    root: bytes | None = None,
 ) -> IndexFiles | None:
-    """The regular files git's index (the file `index`) tracks below `prefix`, with the stat
-    data of those it may call clean unread: an entry neither marked assume-unchanged nor
+    """The regular files git's index (the file `index`) tracks below `prefix`, and those of
+    them an lstat vouches for (the workspace `root`; none without it): its stat data is the
+    one the index recorded, and the entry is neither marked assume-unchanged nor
     skip-worktree, nor *racy* (changed or created within `margin_ns` before git wrote the
     index, or in the second it wrote it in when `margin_ns` is not 0, when a change in the
     same clock tick would leave its stat data as recorded: git's "racily clean" rule, by
-    both times). None: an index this does not read (not
-    there, damaged, its checksum wrong; a merge's stages, an intent-to-add, a split or
-    sparse index): then git is asked (git_baseline.py), and no file is taken unread.
-    `margin_ns`: VOUCH_MARGIN_NS unless given."""
+    both times). None: an index this does not read (not there, damaged, its checksum wrong;
+    a merge's stages, an intent-to-add, a split or sparse index): then git is asked
+    (git_baseline.py), and no file is taken unread. `margin_ns`: VOUCH_MARGIN_NS unless
+    given.
+
+    The lstat calls are spread over the cores, as git's preload-index spreads them (on a
+    virtual disk an lstat is a few microseconds of the kernel's: 50,000 of them take more
+    than the rest of `git status`), and start as soon as the entries are known. A folder on
+    a path that is a link is followed (the walk that uses them never enters one: it finds
+    no name there to look up)."""
     if margin_ns is None:
         margin_ns = VOUCH_MARGIN_NS
     try:
@@ -250,11 +262,16 @@ def index_files(
     racy_from = written - margin_ns
     if margin_ns > 0:
         racy_from = min(racy_from, written - written % _SECOND)
+    root_fd = -1
     try:
-        found = _index_files(body, hash_size, lead, racy_from)
-    except (struct.error, ValueError, IndexError, OverflowError):
+        if root is not None:
+            root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        found = _index_files(body, hash_size, lead, racy_from, root_fd, os.cpu_count() or 1)
+    except (OSError, struct.error, ValueError, IndexError, OverflowError):
         found = None
     finally:
+        if root_fd >= 0:
+            os.close(root_fd)
         if any(checksum):
             hashing.join()
     if found is None or (any(checksum) and digest != [checksum]):
@@ -263,13 +280,14 @@ def index_files(
 
 
 def _index_files_py(
-    body: bytes, hash_size: int, lead: bytes, racy_from: int
+    body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int
 ) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None:
-    """index_files's parse, of the index without its checksum; what _speedups.index_files
-    answers in C (the same answers: tests/test_speedups.py)."""
+    """index_files's parse and lstat calls, of the index without its checksum, in one
+    thread; what _speedups.index_files answers in C, its lstat calls in `threads` threads
+    (the same answers: tests/test_speedups.py)."""
     entries, pos = _entries(body, hash_size)
     files: dict[bytes, str] = {}
-    stats: dict[bytes, bytes] = {}
+    asked: list[tuple[bytes, int]] = []
     skip = len(lead)
     for path, start, flags, extended in entries:
         mode = int.from_bytes(body[start + 24 : start + 28], "big")
@@ -282,9 +300,8 @@ def _index_files_py(
         if flags & _ASSUME_VALID or extended & _SKIP_WORKTREE:
             continue
         c, cn, m, mn = struct.unpack_from(">4I", body, start)
-        if c * 1_000_000_000 + cn >= racy_from or m * 1_000_000_000 + mn >= racy_from:
-            continue
-        stats[rel] = body[start : start + 40]
+        if c * 1_000_000_000 + cn < racy_from and m * 1_000_000_000 + mn < racy_from:
+            asked.append((rel, start))
     while pos < len(body):  # the extensions
         signature, size = struct.unpack_from(">4sI", body, pos)
         if signature in (b"link", b"sdir"):  # split index; sparse directories
@@ -292,72 +309,47 @@ def _index_files_py(
         pos += 8 + size
     if pos != len(body):
         raise ValueError("an extension past the end of the index")
-    return files, stats
+    vouched: dict[bytes, bytes] = {}
+    for rel, start in asked if root_fd >= 0 else ():
+        tail = _lstat_tail(root_fd, rel, body[start : start + 40])
+        if tail is not None:
+            vouched[rel] = tail
+    return files, vouched
 
 
-RECORD_TAIL = struct.Struct("=qqQI")  # after git's 40 bytes: ctime_ns, size, inode, mode bits
+RECORD_TAIL = struct.Struct("=qqQI")  # an lstat's ctime_ns, size, inode, permission bits
 
 
-def lstat_record(dir_fd: int, rel: bytes) -> bytes | None:
-    """`rel`'s lstat (in the folder `dir_fd` holds) if it is a regular file: git's stat data
-    (stat_data), then its change time in nanoseconds, size, inode and permission bits
-    (RECORD_TAIL), what a scan makes its entry and stat cache row of."""
+def _lstat_tail(root_fd: int, rel: bytes, recorded: bytes) -> bytes | None:
+    """`rel`'s lstat (below the folder `root_fd` holds) as RECORD_TAIL, if it is a regular
+    file whose stat data is `recorded`."""
     try:
-        st = os.stat(rel, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
     except (OSError, ValueError):
         return None
     if not stat.S_ISREG(st.st_mode) or abs(st.st_ctime_ns) >= 9_000_000_000 * 10**9:
         return None
-    tail = RECORD_TAIL.pack(st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode & 0o777)
-    return stat_data(st) + tail
-
-
-def _lstat_all_py(root_fd: int, paths: list[bytes], threads: int) -> dict[bytes, bytes]:
-    """{path: lstat_record} of the regular files among `paths` (relative to the folder
-    `root_fd` holds); _speedups.lstat_all spreads them over `threads` threads."""
-    found = {}
-    for path in paths:
-        record = lstat_record(root_fd, path)
-        if record is not None:
-            found[path] = record
-    return found
+    if stat_data(st) != recorded:
+        return None
+    return RECORD_TAIL.pack(st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode & 0o777)
 
 
 class Seeds(Struct, frozen=True):
-    """What a fresh scan takes on git's word (git_baseline.head_and_seeds): `stats`, path ->
-    the stat data git's index recorded for a file whose bytes are the commit's blob while
-    its lstat is that; `lstats`, path -> lstat_record of those taken while git's commands
-    ran (None: not taken), from `taken` (time_ns before the first)."""
+    """What a fresh scan takes on git's word (git_baseline.head_and_seeds): `vouched`, path
+    -> the RECORD_TAIL of a file whose lstat, taken from `taken` (time_ns before the first),
+    was the stat data git's index recorded for it, its bytes the commit's blob."""
 
-    stats: dict[bytes, bytes] = {}
-    lstats: dict[bytes, bytes] | None = None
+    vouched: dict[bytes, bytes] = {}
     taken: int = 0
 
 
 NO_SEEDS = Seeds()
 
 
-def lstat_all(root: bytes, paths: list[bytes]) -> dict[bytes, bytes]:
-    """{path: lstat_record} of the regular files among `paths` (relative to `root`), their
-    lstat calls spread over the cores, as git's preload-index spreads them: on a virtual
-    disk an lstat is a few microseconds of the kernel's, 50,000 of them more than `git
-    status` takes. A folder on a path that is a link is followed here (the walk that uses
-    the records never enters one: it finds no name there to look up)."""
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        return _lstat_all(fd, paths, os.cpu_count() or 1)
-    finally:
-        os.close(fd)
-
-
 try:
     from durable_agent.workspace._speedups import index_files as _index_files
-    from durable_agent.workspace._speedups import lstat_all as _lstat_all
 except ImportError:  # built without a C compiler: the same answers, slower
-    _index_files, _lstat_all = _index_files_py, _lstat_all_py
+    _index_files = _index_files_py
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -32,8 +32,10 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import itertools
 import os
 import stat
+import struct
 import sys
 import threading
 import time
@@ -52,7 +54,6 @@ from durable_agent.workspace.git_index import (
     Seeds,
     Tracked,
     find_index,
-    lstat_record,
     tracked_files,
 )
 from durable_agent.workspace.ignore_rules import (
@@ -95,7 +96,20 @@ GENERATED = frozenset(
 )
 DEFAULT_EXCLUDE = (".git/", *(f"{name}/" for name in sorted(GENERATED)))
 
-StatKey = tuple[int, int, int]  # ctime_ns, size, inode
+# A file's stat key: its lstat's change time (ns), size, inode and permission bits, packed
+# (git_index.RECORD_TAIL: one bytes object a file, compared in C by memcmp; a tuple of
+# three ints cost four objects a file, a tenth of a first scan on git's word).
+StatKey = bytes
+
+
+def _stat_key(st: os.stat_result) -> StatKey:
+    try:
+        return RECORD_TAIL.pack(st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode & 0o777)
+    except struct.error:  # a change time past 2262: a key no other equals (read every scan)
+        return RECORD_TAIL.pack(0, -1, next(_NO_KEY), 0)
+
+
+_NO_KEY = itertools.count()
 _FS_ENCODED = functools.partial(
     str.encode, encoding=sys.getfilesystemencoding(), errors=sys.getfilesystemencodeerrors()
 )  # os.fsencode of many names at once (a name holds no NUL)
@@ -121,17 +135,16 @@ def _changed_py(
             except OSError:
                 out.append(name)
                 continue
-            if old[0] == (st.st_ctime_ns, st.st_size, st.st_ino):
+            if old[0] == _stat_key(st):
                 continue
         out.append(name)
     return out
 
 
 def _seeded_py(
-    dir_fd: int,
     names: list[bytes],
     lead: bytes,
-    stats: dict[bytes, bytes],
+    vouched: dict[bytes, bytes],
     files: dict[bytes, str],
     cached: dict[bytes, tuple[StatKey | None, Entry]],
     entries: Manifest,
@@ -140,30 +153,26 @@ def _seeded_py(
     size_cap: int,
     racy_after: int,
     shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
-    lstats: dict[bytes, bytes] | None,
 ) -> list[bytes]:
-    """A fresh scanner's folder on git's word: each of `names` (in the folder `dir_fd`
-    holds; `lead`, its path and a `/`) that is a regular file under the cap whose lstat is
-    the stat data git's index recorded for it (`stats`: Scanner.use_git) is recorded by its
-    blob at the commit (`files`), unread: its row in `cached`, its entry in `entries`. The
-    others are returned, in order, for the walk to look at, and so is a name that may be a
-    secret's (`shapes`: secrets.NAME_SHAPES; None: none is withheld by its name). `lstats`:
-    the files' lstat records taken before the walk (git_index.lstat_all), else each is taken
-    now.
+    """A fresh scanner's folder on git's word: each of `names` (in the folder whose path and
+    a `/` is `lead`) that git's index vouches for (`vouched`: its lstat, taken while git's
+    commands ran, was the stat data the index recorded; Scanner.use_git) and is under the
+    cap is recorded by its blob at the commit (`files`), unread: its row in `cached`, its
+    entry in `entries`. The others are returned, in order, for the walk to look at, and so
+    is a name that may be a secret's (`shapes`: secrets.NAME_SHAPES; None: none is
+    withheld by its name).
     What _speedups.seeded answers in C; this is where it could not be built."""
     todo = []
     for name in names:
         rel = lead + name
-        recorded = stats.get(rel)
-        if recorded is not None and not _may_be_secret(name, shapes):
-            now = lstats.get(rel) if lstats is not None else lstat_record(dir_fd, name)
-            if now is not None and now[:40] == recorded and rel in files:
-                ctime, size, ino, mode = RECORD_TAIL.unpack_from(now, 40)
-                if size <= size_cap:
-                    found = entry(kind, mode, GIT_REF + files[rel], b"", size)
-                    cached[name] = (None if ctime >= racy_after else (ctime, size, ino), found)
-                    entries[rel] = found
-                    continue
+        tail = vouched.get(rel, b"")
+        if len(tail) == RECORD_TAIL.size and not _may_be_secret(name, shapes) and rel in files:
+            ctime, size, _, mode = RECORD_TAIL.unpack(tail)
+            if size <= size_cap:
+                found = entry(kind, mode, GIT_REF + files[rel], b"", size)
+                cached[name] = (None if ctime >= racy_after else tail, found)
+                entries[rel] = found
+                continue
         todo.append(name)
     return todo
 
@@ -331,7 +340,7 @@ class Scanner:
                 and self._ignore_epoch == self._cache_epoch
             ):
                 w = self._look_at(paths)
-            if first and self._seeds.stats and self._last_seen:
+            if first and self._seeds.vouched and self._last_seen:
                 self._seeds = _kept_by_id(self._seeds, self._last_seen)
             try:
                 return self._finish(self._walk_all() if w is None else w, first)
@@ -341,7 +350,7 @@ class Scanner:
 
     def _walk_all(self) -> _Walk:
         w = _Walk(Scan({}), time.time_ns())
-        if self._seeds.lstats is not None:  # taken before the walk: racy from then on
+        if self._seeds.vouched:  # lstat'ed before the walk: racy from then on
             w.racy_after = min(w.racy_after, self._seeds.taken - RACY_NS)
         if os.path.isdir(self.root):
             self._walk(b"", [], w, None)
@@ -487,7 +496,7 @@ class Scanner:
                 if (rel, False) in self._by_setting:
                     w.out.excluded.append(rel)
             else:
-                key = (st.st_ctime_ns, st.st_size, st.st_ino)
+                key = _stat_key(st)
                 old = cached.get(name)
                 entry = (
                     old[1]
@@ -513,12 +522,12 @@ class Scanner:
     def use_git(self, head: dict[bytes, str], seeds: Seeds = NO_SEEDS, fmt: str = "sha1") -> None:
         """Content ids from a git commit (snapshot_baseline = "git"): `head` (path -> blob id
         at the commit) names a file read whose bytes are that blob by `git:` and its id,
-        not by a sha256. `seeds` (git_index.Seeds: path -> the stat data git's index
-        recorded for a file whose bytes are its blob in `head` while its lstat is that, from
-        git_baseline.head_and_seeds) are the files the next full scan of a fresh scanner
-        records so without reading them, as `git status` does, unless their lstat is other
-        (changed since: read as any file), their name may be a secret's, or the store keeps
-        them by their sha256."""
+        not by a sha256. `seeds` (git_index.Seeds, from git_baseline.head_and_seeds: the
+        files whose lstat, taken while git's commands ran, was the stat data git's index
+        recorded for them, their bytes the blob `head` names) are the files the next full
+        scan of a fresh scanner records so without reading them, as `git status` does,
+        unless their name may be a secret's or the store keeps them by their sha256. One
+        changed since that lstat is racy (its stat cache row is read again next time)."""
         with self.lock:
             if head is not self._head:
                 self._head, self._head_ids = head, None
@@ -741,28 +750,27 @@ class Scanner:
         todo = _changed(fd, names, fast) if fast else names
         hits, found = len(names) - len(todo), 0
         if (
-            self._seeds.stats
+            self._seeds.vouched
             and not before
             and not self._previous
             and len(self.root) + len(prefix) < PATH_MAX - 256
         ):
-            # A fresh scanner on git's word (use_git): the files whose lstat is what git's
-            # index recorded are made entries in one call, unread; the rest as below. Under
-            # rules that decide a file by more than its folders (`*.log`), those the rules
-            # leave out stay for the loop below, which leaves them out.
+            # A fresh scanner on git's word (use_git): the files git's index vouches for
+            # are made entries in one call, unread; the rest as below. Under rules that
+            # decide a file by more than its folders (`*.log`), those the rules leave out
+            # stay for the loop below, which leaves them out.
+            vouched = self._seeds.vouched
             offered = todo
             if not by_folder:
-                seeds = self._seeds.stats
                 offered = [
                     n
                     for n in todo
-                    if prefix + n in seeds and not self._ignored(prefix + n, False, specs)
+                    if prefix + n in vouched and not self._ignored(prefix + n, False, specs)
                 ]
             left = _seeded(
-                fd,
                 offered,
                 prefix,
-                self._seeds.stats,
+                vouched,
                 self._head,
                 cached,
                 w.entries,
@@ -771,7 +779,6 @@ class Scanner:
                 self.size_cap,
                 w.racy_after,
                 self._secret_shapes,
-                self._seeds.lstats,
             )
             if len(left) < len(offered):
                 found = len(offered) - len(left)
@@ -791,7 +798,7 @@ class Scanner:
             except OSError:  # listable, not searchable (chmod 644 d): none of it can be read
                 return self._unlisted(rel_dir, w)
             old = fast.get(name)
-            if old is not None and old[0] == (st.st_ctime_ns, st.st_size, st.st_ino):
+            if old is not None and old[0] == _stat_key(st):
                 hits += 1  # an lstat that failed in _changed (EINTR, ENOMEM) and works now
                 continue
             rel, mode = prefix + name, st.st_mode
@@ -825,7 +832,7 @@ class Scanner:
                     if (rel, False) in self._by_setting:
                         w.out.excluded.append(rel)
                     continue
-            key: StatKey = (st.st_ctime_ns, st.st_size, st.st_ino)
+            key = _stat_key(st)
             entry = (
                 old[1]
                 if old is not None and old[0] == key
@@ -987,11 +994,11 @@ class Scanner:
 def _kept_by_id(seeds: Seeds, last_seen: Manifest) -> Seeds:
     """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
     (read again, it is the same bytes: Scanner._git_ref)."""
-    out = dict(seeds.stats)
+    out = dict(seeds.vouched)
     for path, entry in last_seen.items():
         if not entry.ref.startswith(GIT_REF):
             out.pop(path, None)
-    return Seeds(out, seeds.lstats, seeds.taken)
+    return Seeds(out, seeds.taken)
 
 
 def _sha256(data: bytes) -> str:
