@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <limits.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <structmember.h>
 
@@ -147,24 +148,17 @@ put_be32(unsigned char *p, unsigned int v)
 
 /* One regular file of the index below the workspace. */
 typedef struct {
-    Py_ssize_t start;    /* the entry's offset in the index: git's 40 bytes of stat data */
-    Py_ssize_t rel_at;   /* its path relative to the workspace: in the names, NUL-ended */
+    Py_ssize_t start;  /* the entry's offset in the index: git's 40 bytes of stat data, then
+                          its object id */
+    Py_ssize_t rel_at; /* its path relative to the workspace: in the names, NUL-ended */
     Py_ssize_t rel_len;
-    int ask;             /* its lstat may vouch for it: not marked, not racy */
-    int vouched;         /* (set by lstat_some) its lstat is the stat data recorded */
-    unsigned char tail[TAIL]; /* (set by lstat_some) its stat key */
+    int ask;           /* its lstat may vouch for it: not marked, not racy */
+    int excluded;      /* not to be taken unread after all (Vouching.exclude) */
+    int vouched;       /* (once its chunk is done) its lstat is the stat data recorded */
+    unsigned char tail[TAIL]; /* (then) its stat key */
 } index_entry;
 
-typedef struct {
-    int root_fd;
-    const unsigned char *body;
-    const char *names;
-    index_entry *entries;
-    Py_ssize_t count;
-    Py_ssize_t next; /* the next entry no thread took yet (taken CHUNK at a time, atomically) */
-} lstat_job;
-
-#define CHUNK 256 /* entries a thread takes at a time: about as much as starting one costs */
+#define CHUNK 256 /* entries an lstat thread takes at a time */
 
 /* `st` as git's index records it (cache.h's stat_data: each field cut to 32 bits, the mode
    as git makes it of a file), as git_index.stat_data. */
@@ -183,31 +177,287 @@ stat_data(const struct stat *st, unsigned char *out)
         put_be32(out + 4 * k, git[k]);
 }
 
-/* A thread's share: entries taken CHUNK at a time until none is left, each lstat'ed and
-   compared with what the index recorded. Touches nothing of Python's. */
-static void *
-lstat_some(void *arg)
+/* The files git's index vouches for by their lstat (git_index.Vouched): made by index_files,
+   read by seeded. The lstat calls run in threads from the moment the entries are known, a
+   chunk of CHUNK entries at a time in the index's order, while Python goes on (the rest of
+   git_baseline's look, then the walk): the walk, which meets the folders in about the same
+   order, waits only for a chunk not done yet, and takes one itself when no thread has. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *body;        /* the index (bytes), whose stat data and ids the entries point at */
+    long hash_size;        /* of an object id: 20 or 32 */
+    index_entry *entries;  /* in the index's order: by path */
+    Py_ssize_t count;
+    char *names;           /* their relative paths, NUL-ended */
+    PyObject **rels;       /* each one's path (bytes): the key of its entry in a manifest */
+    int root_fd;           /* the workspace (a duplicate, owned); -1: nothing is lstat'ed */
+    Py_ssize_t chunks;
+    Py_ssize_t next;       /* the next chunk no one took yet (atomic) */
+    unsigned char *done;   /* per chunk: 1 once its lstat calls are made (atomic) */
+    pthread_mutex_t lock;  /* (with `ready`: a chunk done) */
+    pthread_cond_t ready;
+    pthread_t ids[16];
+    int started;
+    Py_ssize_t candidates; /* entries asked and not excluded */
+} Vouching;
+
+static void
+do_chunk(Vouching *v, Py_ssize_t c)
 {
-    lstat_job *job = arg;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
+    Py_ssize_t to = (c + 1) * CHUNK < v->count ? (c + 1) * CHUNK : v->count;
+    for (Py_ssize_t i = c * CHUNK; i < to; i++) {
+        index_entry *e = &v->entries[i];
+        struct stat st;
+        unsigned char now[40];
+        if (!e->ask || v->root_fd < 0 ||
+            fstatat(v->root_fd, v->names + e->rel_at, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode))
+            continue;
+        stat_data(&st, now);
+        if (memcmp(now, d + e->start, 40) == 0 && stat_key(&st, e->tail))
+            e->vouched = 1;
+    }
+    pthread_mutex_lock(&v->lock);
+    __atomic_store_n(&v->done[c], 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&v->ready);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* A thread: chunks, until none is left. Touches nothing of Python's. */
+static void *
+lstat_chunks(void *arg)
+{
+    Vouching *v = arg;
     for (;;) {
-        Py_ssize_t from = __atomic_fetch_add(&job->next, CHUNK, __ATOMIC_RELAXED);
-        if (from >= job->count)
+        Py_ssize_t c = __atomic_fetch_add(&v->next, 1, __ATOMIC_RELAXED);
+        if (c >= v->chunks)
             return NULL;
-        Py_ssize_t to = from + CHUNK < job->count ? from + CHUNK : job->count;
-        for (Py_ssize_t i = from; i < to; i++) {
-            index_entry *e = &job->entries[i];
-            struct stat st;
-            unsigned char now[40];
-            if (!e->ask ||
-                fstatat(job->root_fd, job->names + e->rel_at, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-                !S_ISREG(st.st_mode))
-                continue;
-            stat_data(&st, now);
-            if (memcmp(now, job->body + e->start, 40) == 0 && stat_key(&st, e->tail))
-                e->vouched = 1;
-        }
+        do_chunk(v, c);
     }
 }
+
+/* Until chunk `c` is done: taking chunks no one took meanwhile (with no thread to be had,
+   the caller makes every lstat call itself). Called with the GIL let go. */
+static void
+wait_chunk(Vouching *v, Py_ssize_t c)
+{
+    while (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE)) {
+        Py_ssize_t mine = __atomic_fetch_add(&v->next, 1, __ATOMIC_RELAXED);
+        if (mine < v->chunks) {
+            do_chunk(v, mine);
+            continue;
+        }
+        pthread_mutex_lock(&v->lock);
+        while (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&v->ready, &v->lock);
+        pthread_mutex_unlock(&v->lock);
+    }
+}
+
+/* Entry `i` with its lstat made (the GIL let go while it waits). */
+static index_entry *
+lstat_made(Vouching *v, Py_ssize_t i)
+{
+    Py_ssize_t c = i / CHUNK;
+    if (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE)) {
+        Py_BEGIN_ALLOW_THREADS
+        wait_chunk(v, c);
+        Py_END_ALLOW_THREADS
+    }
+    return &v->entries[i];
+}
+
+static void
+Vouching_dealloc(Vouching *v)
+{
+    if (v->started) { /* no chunk is taken any more; those under way end */
+        __atomic_store_n(&v->next, v->chunks, __ATOMIC_RELAXED);
+        Py_BEGIN_ALLOW_THREADS
+        for (int t = 0; t < v->started; t++)
+            pthread_join(v->ids[t], NULL);
+        Py_END_ALLOW_THREADS
+    }
+    if (v->done != NULL) {
+        pthread_mutex_destroy(&v->lock);
+        pthread_cond_destroy(&v->ready);
+    }
+    if (v->root_fd >= 0)
+        close(v->root_fd);
+    for (Py_ssize_t i = 0; v->rels != NULL && i < v->count; i++)
+        Py_XDECREF(v->rels[i]);
+    PyMem_Free(v->rels);
+    PyMem_Free(v->entries);
+    PyMem_Free(v->names);
+    PyMem_Free(v->done);
+    Py_XDECREF(v->body);
+    Py_TYPE(v)->tp_free((PyObject *)v);
+}
+
+/* bytes order (memcmp, then the shorter first), as git sorts its index. */
+static int
+compare_rel(const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn)
+{
+    int c = memcmp(a, b, an < bn ? an : bn);
+    return c != 0 ? c : (an < bn ? -1 : an > bn ? 1 : 0);
+}
+
+/* The first entry whose path is not before `key` (`count` when none). */
+static Py_ssize_t
+lower_bound(Vouching *v, const char *key, Py_ssize_t len)
+{
+    Py_ssize_t lo = 0, hi = v->count;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        index_entry *e = &v->entries[mid];
+        if (compare_rel(v->names + e->rel_at, e->rel_len, key, len) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The entry of the path `rel` (bytes), -1 for none; -2 with TypeError for one not bytes. */
+static Py_ssize_t
+find_rel(Vouching *v, PyObject *rel)
+{
+    if (!PyBytes_Check(rel)) {
+        PyErr_SetString(PyExc_TypeError, "a path is bytes");
+        return -2;
+    }
+    Py_ssize_t i = lower_bound(v, PyBytes_AS_STRING(rel), PyBytes_GET_SIZE(rel));
+    if (i < v->count && compare_rel(v->names + v->entries[i].rel_at, v->entries[i].rel_len,
+                                    PyBytes_AS_STRING(rel), PyBytes_GET_SIZE(rel)) == 0)
+        return i;
+    return -1;
+}
+
+static PyObject *
+Vouching_exclude(Vouching *v, PyObject *paths)
+{
+    PyObject *items = PySequence_Fast(paths, "exclude(paths): an iterable of bytes");
+    if (items == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(items); k++) {
+        Py_ssize_t i = find_rel(v, PySequence_Fast_GET_ITEM(items, k));
+        if (i == -2) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        if (i >= 0 && !v->entries[i].excluded) {
+            v->entries[i].excluded = 1;
+            v->candidates -= v->entries[i].ask;
+        }
+    }
+    Py_DECREF(items);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Vouching_recorded_sizes(Vouching *v, PyObject *paths)
+{
+    PyObject *items = PySequence_Fast(paths, "recorded_sizes(paths): an iterable of bytes");
+    PyObject *out = items != NULL ? PyDict_New() : NULL;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
+    for (Py_ssize_t k = 0; out != NULL && k < PySequence_Fast_GET_SIZE(items); k++) {
+        PyObject *path = PySequence_Fast_GET_ITEM(items, k);
+        Py_ssize_t i = find_rel(v, path);
+        if (i == -2) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (i < 0)
+            continue;
+        PyObject *size = PyLong_FromUnsignedLong(be32(d + v->entries[i].start + 36));
+        if (size == NULL || PyDict_SetItem(out, path, size) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(size);
+    }
+    Py_XDECREF(items);
+    return out;
+}
+
+/* `git:` and the hex of the object id at `oid` (GIT_REF + blob id). */
+static PyObject *
+git_ref_of(const unsigned char *oid, long hash_size)
+{
+    static const char hex[] = "0123456789abcdef";
+    PyObject *ref = PyUnicode_New(4 + 2 * hash_size, 127);
+    if (ref == NULL)
+        return NULL;
+    char *out = (char *)PyUnicode_DATA(ref);
+    memcpy(out, "git:", 4);
+    for (long k = 0; k < hash_size; k++) {
+        out[4 + 2 * k] = hex[oid[k] >> 4];
+        out[5 + 2 * k] = hex[oid[k] & 15];
+    }
+    return ref;
+}
+
+static PyObject *
+Vouching_taken(Vouching *v, PyObject *unused)
+{
+    PyObject *out = PyDict_New();
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
+    for (Py_ssize_t i = 0; out != NULL && i < v->count; i++) {
+        index_entry *e = lstat_made(v, i);
+        if (!e->vouched || e->excluded)
+            continue;
+        PyObject *tail = PyBytes_FromStringAndSize((const char *)e->tail, TAIL);
+        PyObject *ref = git_ref_of(d + e->start + 40, v->hash_size);
+        PyObject *pair = tail != NULL && ref != NULL ? PyTuple_Pack(2, tail, ref) : NULL;
+        if (pair == NULL || PyDict_SetItem(out, v->rels[i], pair) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(tail);
+        Py_XDECREF(ref);
+        Py_XDECREF(pair);
+    }
+    return out;
+}
+
+static Py_ssize_t
+Vouching_len(Vouching *v)
+{
+    return v->candidates;
+}
+
+static int
+Vouching_contains(Vouching *v, PyObject *rel)
+{
+    Py_ssize_t i = find_rel(v, rel);
+    if (i == -2) {
+        PyErr_Clear(); /* (not a path: not in it, as a dict says of a key it cannot hold) */
+        return 0;
+    }
+    return i >= 0 && v->entries[i].ask && !v->entries[i].excluded;
+}
+
+static PyMethodDef Vouching_methods[] = {
+    {"exclude", (PyCFunction)Vouching_exclude, METH_O,
+     "exclude(paths): not to be taken unread after all"},
+    {"recorded_sizes", (PyCFunction)Vouching_recorded_sizes, METH_O,
+     "recorded_sizes(paths) -> {path: the size git's index recorded (32 bits)}"},
+    {"taken", (PyCFunction)Vouching_taken, METH_NOARGS,
+     "taken() -> {path: (stat key, git: id)} of every file vouched for (waits for all)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Vouching_as_sequence = {
+    .sq_length = (lenfunc)Vouching_len,
+    .sq_contains = (objobjproc)Vouching_contains,
+};
+
+static PyTypeObject VouchingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_agent.workspace._speedups.Vouching",
+    .tp_basicsize = sizeof(Vouching),
+    .tp_dealloc = (destructor)Vouching_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The files git's index vouches for by their lstat, made in threads "
+              "(index_files): len() the entries that may be, `in` one that may be.",
+    .tp_methods = Vouching_methods,
+    .tp_as_sequence = &Vouching_as_sequence,
+};
 
 static PyObject *
 bad_index(const char *why)
@@ -355,6 +605,7 @@ parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *le
         /* Marked assume-unchanged or skip-worktree, or racy: never vouched for by an lstat. */
         e->ask = !(flags & 0x8000) && !(extended & 0x4000) && c < racy_from && m < racy_from;
         e->vouched = 0;
+        e->excluded = 0;
     }
     while (pos < n) { /* the extensions */
         if (pos + 8 > n) {
@@ -386,12 +637,10 @@ done:
     return result;
 }
 
-/* index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouched) or
-   None, as git_index._index_files_py: `body` is the index without its checksum. The lstat
-   calls (none when `root_fd` is -1) run in `threads` threads started as soon as the
-   entries are known, while this one makes `files`, then joins them with the GIL let go,
-   as git's preload-index spreads them: on a virtual disk an lstat is a few microseconds of
-   the kernel's. */
+/* index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouching) or
+   None, as git_index._index_files_py: `body` is the index without its checksum; `files`
+   path -> blob id; `vouching` a Vouching, whose lstat calls (none when `root_fd` is -1)
+   run in `threads` threads from now on. */
 static PyObject *
 index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -423,68 +672,77 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                            PyBytes_GET_SIZE(args[2]), racy_from, &entries, &count, &names);
     if (read <= 0)
         return read == 0 ? Py_NewRef(Py_None) : NULL;
-    lstat_job job = {(int)root_fd, d, names, entries, count, 0};
-    if (root_fd < 0)
-        job.next = count; /* nothing to lstat */
-    if (threads > count / CHUNK + 1)
-        threads = count / CHUNK + 1;
+    Vouching *v = PyObject_New(Vouching, &VouchingType);
+    if (v == NULL) {
+        PyMem_Free(entries);
+        PyMem_Free(names);
+        return NULL;
+    }
+    v->body = Py_NewRef(args[0]);
+    v->hash_size = hash_size;
+    v->entries = entries;
+    v->count = count;
+    v->names = names;
+    v->rels = NULL;
+    v->root_fd = -1;
+    v->chunks = (count + CHUNK - 1) / CHUNK;
+    v->next = 0;
+    v->started = 0;
+    v->candidates = 0;
+    v->done = PyMem_Calloc(v->chunks ? v->chunks : 1, 1);
+    if (v->done == NULL) {
+        Py_DECREF(v);
+        return PyErr_NoMemory();
+    }
+    pthread_mutex_init(&v->lock, NULL);
+    pthread_cond_init(&v->ready, NULL);
+    for (Py_ssize_t i = 0; i < count; i++)
+        v->candidates += entries[i].ask;
+    if (root_fd >= 0) {
+        v->root_fd = fcntl((int)root_fd, F_DUPFD_CLOEXEC, 0); /* (the caller closes its own) */
+        if (v->root_fd < 0) {
+            Py_DECREF(v);
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    else {
+        v->candidates = 0; /* nothing lstat'ed: none vouched for */
+    }
+    if (threads > v->chunks)
+        threads = v->chunks;
     if (threads > 16)
         threads = 16;
-    pthread_t ids[16];
-    int started = 0;
-    for (long t = 1; t < threads && job.next < count; t++) { /* (this one is the first) */
-        if (pthread_create(&ids[started], NULL, lstat_some, &job) != 0)
-            break; /* no thread to be had: fewer do it */
-        started++;
+    for (long t = 0; t < threads && v->root_fd >= 0; t++) {
+        if (pthread_create(&v->ids[v->started], NULL, lstat_chunks, v) != 0)
+            break; /* no thread to be had: fewer do it (and the walk, what is left) */
+        v->started++;
     }
-    PyObject **rels = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
-    PyObject *files = _PyDict_NewPresized(count), *vouched = NULL, *out = NULL;
-    int failed = rels == NULL || files == NULL;
-    if (rels == NULL)
+    PyObject *files = _PyDict_NewPresized(count), *out = NULL;
+    v->rels = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
+    int failed = v->rels == NULL || files == NULL;
+    if (v->rels == NULL)
         PyErr_NoMemory();
     static const char hex[] = "0123456789abcdef";
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
         index_entry *e = &entries[i];
-        rels[i] = PyBytes_FromStringAndSize(names + e->rel_at, e->rel_len);
+        v->rels[i] = PyBytes_FromStringAndSize(names + e->rel_at, e->rel_len);
         char oid[64];
         for (long k = 0; k < hash_size; k++) {
             oid[2 * k] = hex[d[e->start + 40 + k] >> 4];
             oid[2 * k + 1] = hex[d[e->start + 40 + k] & 15];
         }
-        PyObject *blob = rels[i] ? PyUnicode_FromStringAndSize(oid, 2 * hash_size) : NULL;
-        failed = blob == NULL || PyDict_SetItem(files, rels[i], blob) < 0;
+        PyObject *blob = v->rels[i] ? PyUnicode_FromStringAndSize(oid, 2 * hash_size) : NULL;
+        failed = blob == NULL || PyDict_SetItem(files, v->rels[i], blob) < 0;
         Py_XDECREF(blob);
     }
-    Py_BEGIN_ALLOW_THREADS
-    lstat_some(&job); /* (what the threads left: all of it when there are none) */
-    for (int t = 0; t < started; t++)
-        pthread_join(ids[t], NULL);
-    Py_END_ALLOW_THREADS
     if (!failed)
-        vouched = PyDict_New();
-    failed = vouched == NULL;
-    for (Py_ssize_t i = 0; i < count && !failed; i++) {
-        if (!entries[i].vouched)
-            continue;
-        PyObject *tail = PyBytes_FromStringAndSize((const char *)entries[i].tail, TAIL);
-        failed = tail == NULL || PyDict_SetItem(vouched, rels[i], tail) < 0;
-        Py_XDECREF(tail);
-    }
-    if (!failed)
-        out = PyTuple_Pack(2, files, vouched);
-    for (Py_ssize_t i = 0; rels != NULL && i < count; i++)
-        Py_XDECREF(rels[i]);
-    PyMem_Free(rels);
-    PyMem_Free(entries);
-    PyMem_Free(names);
+        out = PyTuple_Pack(2, files, (PyObject *)v);
     Py_XDECREF(files);
-    Py_XDECREF(vouched);
+    Py_DECREF(v);
     return out;
 }
 
-/* -- a fresh scanner's folder, on git's word (scan.py, Scanner._seeded_py) ---------------- */
-
-static PyObject *git_ref_prefix; /* "git:" */
+/* -- a fresh scanner's folder, on git's word (scan.py, _seeded_py) ------------------------ */
 
 /* 1: `name` may be a secret's by its name (secrets.NAME_SHAPES: prefixes, suffixes, whole
    names, in lower case); such a name is left to the caller, which decides. */
@@ -535,114 +793,163 @@ valid_shapes(PyObject *shapes)
     return 1;
 }
 
-/* seeded(names, lead, vouched, files, cached, entries, entry, kind, size_cap, racy_after,
-   shapes) -> the names left to the caller, as scan._seeded_py. */
+/* The entry of the next path at or after entry `i` that is in the folder `lead` itself (not
+   below a folder in it), `count` when none: git's index holds a folder's paths together,
+   its own files in order among those of its folders, which are skipped whole. */
+static Py_ssize_t
+next_in_folder(Vouching *v, Py_ssize_t i, const char *lead, Py_ssize_t lead_len)
+{
+    while (i < v->count) {
+        index_entry *e = &v->entries[i];
+        const char *rel = v->names + e->rel_at;
+        if (e->rel_len <= lead_len || memcmp(rel, lead, lead_len) != 0)
+            return v->count; /* past the folder */
+        const char *slash = memchr(rel + lead_len, '/', e->rel_len - lead_len);
+        if (slash == NULL)
+            return i;
+        /* A folder's paths: past all of them, to the first not before its name and a `0`
+           (the byte after `/`). */
+        Py_ssize_t len = slash - rel + 1;
+        char *key = PyMem_Malloc(len);
+        if (key == NULL)
+            return -1;
+        memcpy(key, rel, len);
+        key[len - 1] = '0';
+        Py_ssize_t past = lower_bound(v, key, len);
+        PyMem_Free(key);
+        i = past > i ? past : i + 1; /* (an index out of order: one at a time) */
+    }
+    return v->count;
+}
+
+static PyObject *mode_ints[01000]; /* permission bits as ints, made once */
+
+/* seeded(names, lead, vouching, cached, entries, entry, kind, size_cap, racy_after, shapes)
+   -> the names left to the caller, as scan._seeded_py. `names` in order (as listed): the
+   folder's own entries of the index are met in the same order. */
 static PyObject *
 seeded(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "seeded() takes 11 arguments");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "seeded() takes 10 arguments");
         return NULL;
     }
-    PyObject *names = args[0], *lead = args[1], *vouched = args[2], *files = args[3];
-    PyObject *cached = args[4], *entries = args[5], *entry_type = args[6], *kind = args[7];
-    PyObject *shapes = args[10];
-    if (!PyList_Check(names) || !PyBytes_Check(lead) || !PyDict_Check(vouched) ||
-        !PyDict_Check(files) || !PyDict_Check(cached) || !PyDict_Check(entries) ||
-        !valid_shapes(shapes)) {
-        PyErr_SetString(PyExc_TypeError, "seeded(): a list, bytes, four dicts, shapes");
+    PyObject *names = args[0], *lead = args[1], *cached = args[3], *entries = args[4];
+    PyObject *entry_type = args[5], *kind = args[6], *shapes = args[9];
+    if (!PyList_Check(names) || !PyBytes_Check(lead) || !Py_IS_TYPE(args[2], &VouchingType) ||
+        !PyDict_Check(cached) || !PyDict_Check(entries) || !valid_shapes(shapes)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "seeded(): a list, bytes, a Vouching, two dicts, ..., shapes");
         return NULL;
     }
-    long long size_cap = PyLong_AsLongLong(args[8]);
+    Vouching *v = (Vouching *)args[2];
+    long long size_cap = PyLong_AsLongLong(args[7]);
     if (size_cap == -1 && PyErr_Occurred())
         return NULL;
-    long long racy_after = PyLong_AsLongLong(args[9]);
+    long long racy_after = PyLong_AsLongLong(args[8]);
     if (racy_after == -1 && PyErr_Occurred())
         return NULL;
+    Py_INCREF(v);
+    Py_INCREF(lead); /* (ours while the GIL is let go, as the walk's lists are) */
+    const char *lead_s = PyBytes_AS_STRING(lead);
+    Py_ssize_t lead_len = PyBytes_GET_SIZE(lead);
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
     PyObject *todo = PyList_New(0), *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (todo == NULL || empty == NULL)
         goto fail;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
-        PyObject *name = PyList_GET_ITEM(names, i);
-        Py_INCREF(name);
-        PyObject *rel = NULL, *entry = NULL;
-        int vouched_for = 0;
-        if (!PyBytes_Check(name) ||
+    Py_ssize_t first = lower_bound(v, lead_s, lead_len), at = first;
+    PyObject *before = NULL; /* the name before (borrowed from `names`' copy) */
+    PyObject *listed = PyList_GetSlice(names, 0, PyList_GET_SIZE(names)); /* (ours alone) */
+    if (listed == NULL)
+        goto fail;
+    for (Py_ssize_t n = 0; n < PyList_GET_SIZE(listed); n++) {
+        PyObject *name = PyList_GET_ITEM(listed, n), *entry = NULL;
+        int taken = 0;
+        if (!PyBytes_Check(name) || v->candidates == 0 ||
             may_be_secret(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), shapes))
             goto next;
-        rel = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(lead) + PyBytes_GET_SIZE(name));
-        if (rel == NULL)
-            goto fail_name;
-        memcpy(PyBytes_AS_STRING(rel), PyBytes_AS_STRING(lead), PyBytes_GET_SIZE(lead));
-        memcpy(PyBytes_AS_STRING(rel) + PyBytes_GET_SIZE(lead), PyBytes_AS_STRING(name),
-               PyBytes_GET_SIZE(name));
-        /* Its lstat, taken while git's commands ran, where it is what the index recorded. */
-        PyObject *tail = PyDict_GetItemWithError(vouched, rel);
-        if (tail == NULL) {
-            if (PyErr_Occurred())
-                goto fail_name;
-            goto next;
+        const char *s = PyBytes_AS_STRING(name);
+        Py_ssize_t len = PyBytes_GET_SIZE(name);
+        if (before != NULL && compare_rel(s, len, PyBytes_AS_STRING(before),
+                                          PyBytes_GET_SIZE(before)) < 0)
+            at = first; /* (names out of order: from the folder's start again) */
+        before = name;
+        int c = 1;
+        while ((at = next_in_folder(v, at, lead_s, lead_len)) >= 0 && at < v->count) {
+            index_entry *e = &v->entries[at];
+            c = compare_rel(v->names + e->rel_at + lead_len, e->rel_len - lead_len, s, len);
+            if (c >= 0)
+                break;
+            at++;
         }
-        if (!PyBytes_Check(tail) || PyBytes_GET_SIZE(tail) != TAIL)
+        if (at < 0) {
+            PyErr_NoMemory();
+            Py_DECREF(listed);
+            goto fail;
+        }
+        if (at >= v->count || c != 0 || !v->entries[at].ask || v->entries[at].excluded)
+            goto next;
+        index_entry *e = lstat_made(v, at);
+        if (!e->vouched || e->excluded)
             goto next;
         long long ctime_ns, st_size;
         unsigned int st_mode;
-        memcpy(&ctime_ns, PyBytes_AS_STRING(tail), 8);
-        memcpy(&st_size, PyBytes_AS_STRING(tail) + 8, 8);
-        memcpy(&st_mode, PyBytes_AS_STRING(tail) + 24, 4);
+        memcpy(&ctime_ns, e->tail, 8);
+        memcpy(&st_size, e->tail + 8, 8);
+        memcpy(&st_mode, e->tail + 24, 4);
         if (st_size > size_cap)
             goto next;
-        PyObject *blob = PyDict_GetItemWithError(files, rel);
-        if (blob == NULL) {
-            if (PyErr_Occurred())
-                goto fail_name;
-            goto next;
-        }
-        if (!PyUnicode_Check(blob))
-            goto next;
-        PyObject *ref = PyUnicode_Concat(git_ref_prefix, blob);
-        PyObject *mode = PyLong_FromLong(st_mode & 0777);
+        st_mode &= 0777;
+        if (mode_ints[st_mode] == NULL)
+            mode_ints[st_mode] = PyLong_FromLong(st_mode); /* (kept for good) */
+        PyObject *ref = git_ref_of(d + e->start + 40, v->hash_size);
         PyObject *size = PyLong_FromLongLong(st_size);
-        if (ref != NULL && mode != NULL && size != NULL) {
-            PyObject *fields[5] = {kind, mode, ref, empty, size};
+        if (ref != NULL && size != NULL && mode_ints[st_mode] != NULL) {
+            PyObject *fields[5] = {kind, mode_ints[st_mode], ref, empty, size};
             entry = PyObject_Vectorcall(entry_type, fields, 5, NULL);
         }
         Py_XDECREF(ref);
-        Py_XDECREF(mode);
         Py_XDECREF(size);
-        if (entry == NULL)
-            goto fail_name;
-        /* The stat cache's row: its stat key (the lstat's), None while racy (read again by
-           the next scan). */
-        PyObject *row = PyTuple_Pack(2, ctime_ns >= racy_after ? Py_None : tail, entry);
-        /* Of bytes, None and an Entry (a Struct the collector does not track): no cycle can
-           go through it, so the collector need not walk it (as it would find itself). */
+        if (entry == NULL) {
+            Py_DECREF(listed);
+            goto fail;
+        }
+        /* The stat cache's row: the lstat's stat key, None while racy (read again by the
+           next scan). Of bytes, None and an Entry (a Struct the collector does not track):
+           no cycle can go through it, so the collector need not walk it. */
+        PyObject *key = ctime_ns >= racy_after
+                            ? Py_NewRef(Py_None)
+                            : PyBytes_FromStringAndSize((const char *)e->tail, TAIL);
+        PyObject *row = key != NULL ? PyTuple_Pack(2, key, entry) : NULL;
+        Py_XDECREF(key);
         if (row != NULL && !PyObject_IS_GC(entry))
             PyObject_GC_UnTrack(row);
         int failed = row == NULL || PyDict_SetItem(cached, name, row) < 0 ||
-                     PyDict_SetItem(entries, rel, entry) < 0;
+                     PyDict_SetItem(entries, v->rels[at], entry) < 0;
         Py_XDECREF(row);
-        if (failed)
-            goto fail_name;
-        vouched_for = 1;
+        Py_DECREF(entry);
+        if (failed) {
+            Py_DECREF(listed);
+            goto fail;
+        }
+        taken = 1;
+        at++;
     next:
-        if (!vouched_for && PyList_Append(todo, name) < 0)
-            goto fail_name;
-        Py_DECREF(name);
-        Py_XDECREF(rel);
-        Py_XDECREF(entry);
-        continue;
-    fail_name:
-        Py_DECREF(name);
-        Py_XDECREF(rel);
-        Py_XDECREF(entry);
-        goto fail;
+        if (!taken && PyList_Append(todo, name) < 0) {
+            Py_DECREF(listed);
+            goto fail;
+        }
     }
+    Py_DECREF(listed);
     Py_DECREF(empty);
+    Py_DECREF(lead);
+    Py_DECREF(v);
     return todo;
 fail:
     Py_XDECREF(todo);
     Py_XDECREF(empty);
+    Py_DECREF(lead);
+    Py_DECREF(v);
     return NULL;
 }
 
@@ -1040,11 +1347,11 @@ static PyMethodDef methods[] = {
     {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
      "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
-     "index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouched) "
+     "index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouching) "
      "or None"},
     {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
-     "seeded(names, lead, vouched, files, cached, entries, entry, kind, size_cap, "
-     "racy_after, shapes) -> the names left"},
+     "seeded(names, lead, vouching, cached, entries, entry, kind, size_cap, racy_after, "
+     "shapes) -> the names left"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1053,15 +1360,19 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, 0,
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    git_ref_prefix = PyUnicode_InternFromString("git:");
     s_kind = PyUnicode_InternFromString("kind");
     s_mode = PyUnicode_InternFromString("mode");
     s_ref = PyUnicode_InternFromString("ref");
     s_target = PyUnicode_InternFromString("target");
     s_size = PyUnicode_InternFromString("size");
-    if (git_ref_prefix == NULL || s_kind == NULL || s_mode == NULL || s_ref == NULL ||
+    if (s_kind == NULL || s_mode == NULL || s_ref == NULL ||
         s_target == NULL || s_size == NULL)
         return NULL;
     make_crc_table();
-    return PyModule_Create(&module);
+    if (PyType_Ready(&VouchingType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Vouching", (PyObject *)&VouchingType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -1,16 +1,26 @@
 # The types of the one compiled module (_speedups.c); each function's Python twin is named
 # in its docstring there.
+from collections.abc import Iterable
 from typing import Any
 
+from durable_agent.workspace.git_index import Vouched
+
 def changed(dir_fd: int, names: list[bytes], cached: dict[bytes, Any]) -> list[bytes]: ...
+
+class Vouching:
+    def __len__(self) -> int: ...
+    def __contains__(self, path: object, /) -> bool: ...
+    def exclude(self, paths: Iterable[bytes], /) -> None: ...
+    def recorded_sizes(self, paths: Iterable[bytes], /) -> dict[bytes, int]: ...
+    def taken(self) -> dict[bytes, tuple[bytes, str]]: ...
+
 def index_files(
     body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int, /
-) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None: ...
+) -> tuple[dict[bytes, str], Vouching] | None: ...
 def seeded(
     names: list[bytes],
     lead: bytes,
-    vouched: dict[bytes, bytes],
-    files: dict[bytes, str],
+    vouching: Vouched,  # a Vouching (TypeError otherwise: its twin takes a _Vouched)
     cached: dict[bytes, Any],
     entries: dict[bytes, Any],
     entry: type[Any],

@@ -46,9 +46,9 @@ from msgspec import Struct
 from durable_agent.errors import WorkspaceUnreachable
 from durable_agent.workspace.git_index import (
     NO_SEEDS,
-    RECORD_TAIL,
     IndexFiles,
     Seeds,
+    Vouched,
     index_files,
 )
 
@@ -362,28 +362,25 @@ def _seeds(
     staged: set[bytes],
     converted: Collection[bytes],
     normalized: Collection[bytes],
-) -> dict[bytes, bytes]:
+) -> Vouched:
     """The files the index's stat data vouches for (IndexFiles.vouched) whose bytes are the
-    blob `head` names at their path: the index's blob is the commit's (not `staged`), and
-    git does not convert their bytes on checkout (`converted`). One git normalizes when it
-    is added (`normalized`: CRLF to LF) only if its blob has the size it has on disk."""
-    vouched = indexed.vouched
-    if head.files is not indexed.files or staged or converted:
-        at, blobs = head.files, indexed.files
-        vouched = {
-            p: s
-            for p, s in vouched.items()
-            if p not in staged and p not in converted and at.get(p) == blobs[p]
-        }
+    blob `head` names at their path: the index's blob is the commit's (not `staged`, nor of
+    another commit than `head`'s), and git does not convert their bytes on checkout
+    (`converted`). One git normalizes when it is added (`normalized`: CRLF to LF) only if
+    its blob has the size the index recorded for it."""
+    drop = set(staged).union(converted)
+    if head.files is not indexed.files:  # (corrected by diff-index, or a Head found before)
+        at = head.files
+        drop.update(p for p, blob in indexed.files.items() if at.get(p) != blob)
     if normalized:
         every = _EVERY in normalized
-        sized = [p for p in vouched if every or p in normalized]
-        sizes = _blob_sizes(root, {indexed.files[p] for p in sized})
-        vouched = dict(vouched)
-        for p in sized:
-            if sizes.get(indexed.files[p]) != RECORD_TAIL.unpack(vouched[p])[1]:
-                del vouched[p]
-    return vouched
+        recorded = indexed.vouched.recorded_sizes(
+            [p for p in indexed.files if (every or p in normalized) and p not in drop]
+        )
+        sizes = _blob_sizes(root, {indexed.files[p] for p in recorded})
+        drop.update(p for p, size in recorded.items() if sizes.get(indexed.files[p]) != size)
+    indexed.vouched.exclude(drop)
+    return indexed.vouched
 
 
 def _blob_sizes(root: bytes, ids: set[str]) -> dict[str, int]:

@@ -22,8 +22,10 @@ import re
 import stat
 import struct
 import threading
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from msgspec import Struct
+from msgspec import Struct, field
 
 MAX_INDEX_BYTES = 256 << 20  # far above the index of any repository a run works in
 # A file git's index recorded within this much before the index was written is racy: a
@@ -179,14 +181,50 @@ def _entries(data: bytes, hash_size: int) -> tuple[list[_Entry], int]:
     return entries, pos
 
 
+class Vouched(Protocol):
+    """The files git's index vouches for by their lstat: their stat data is what the index
+    recorded (index_files). In C (_speedups.Vouching) the lstat calls go on in threads while
+    the caller does other work, and a question about a file waits for its own; the Python
+    twin (_Vouched) has them all made."""
+
+    def __len__(self) -> int:
+        """How many files it may vouch for (0: none)."""
+
+    def __contains__(self, path: object, /) -> bool:
+        """It may vouch for `path` (its lstat decides)."""
+
+    def exclude(self, paths: Iterable[bytes], /) -> None:
+        """Not to be taken unread after all (staged, converted on checkout...)."""
+
+    def recorded_sizes(self, paths: Iterable[bytes], /) -> dict[bytes, int]:
+        """The sizes git's index recorded for `paths` (cut to 32 bits)."""
+
+    def taken(self) -> dict[bytes, tuple[bytes, str]]:
+        """path -> (its stat key, its `git:` id) of every file vouched for."""
+
+
+class _Vouched(dict[bytes, tuple[bytes, str]]):
+    """Vouched, in Python: path -> (stat key, `git:` id)."""
+
+    def exclude(self, paths: Iterable[bytes]) -> None:
+        for path in paths:
+            self.pop(path, None)
+
+    def recorded_sizes(self, paths: Iterable[bytes]) -> dict[bytes, int]:
+        # (a file's lstat is what the index recorded, its size too)
+        return {p: RECORD_TAIL.unpack(self[p][0])[1] & _U32 for p in paths if p in self}
+
+    def taken(self) -> dict[bytes, tuple[bytes, str]]:
+        return dict(self)
+
+
 class IndexFiles(Struct):
     """What git's index says of the files below a workspace (paths relative to it): `files`,
-    the blob id of each regular file (stage 0); `vouched`, for those git may call clean by
-    their lstat alone and whose lstat now is the stat data it recorded, that lstat's
-    RECORD_TAIL (what a scan makes their entry and stat cache row of)."""
+    the blob id of each regular file (stage 0); `vouched`, those git may call clean by their
+    lstat alone whose lstat is the stat data it recorded."""
 
     files: dict[bytes, str]
-    vouched: dict[bytes, bytes]
+    vouched: Vouched
 
 
 _STAT = struct.Struct(">10I")
@@ -235,9 +273,10 @@ def index_files(
 
     The lstat calls are spread over the cores, as git's preload-index spreads them (on a
     virtual disk an lstat is a few microseconds of the kernel's: 50,000 of them take more
-    than the rest of `git status`), and start as soon as the entries are known. A folder on
-    a path that is a link is followed (the walk that uses them never enters one: it finds
-    no name there to look up)."""
+    than the rest of `git status`). In C they start as soon as the entries are known and go
+    on after this returns, while git's commands are read and the walk begins (Vouched). A
+    folder on a path that is a link is followed (the walk that uses them never enters one:
+    it finds no name there to look up)."""
     if margin_ns is None:
         margin_ns = VOUCH_MARGIN_NS
     try:
@@ -281,10 +320,10 @@ def index_files(
 
 def _index_files_py(
     body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int
-) -> tuple[dict[bytes, str], dict[bytes, bytes]] | None:
+) -> tuple[dict[bytes, str], Vouched] | None:
     """index_files's parse and lstat calls, of the index without its checksum, in one
-    thread; what _speedups.index_files answers in C, its lstat calls in `threads` threads
-    (the same answers: tests/test_speedups.py)."""
+    thread, all made before it returns; what _speedups.index_files answers in C, its lstat
+    calls in `threads` threads (the same answers: tests/test_speedups.py)."""
     entries, pos = _entries(body, hash_size)
     files: dict[bytes, str] = {}
     asked: list[tuple[bytes, int]] = []
@@ -309,11 +348,11 @@ def _index_files_py(
         pos += 8 + size
     if pos != len(body):
         raise ValueError("an extension past the end of the index")
-    vouched: dict[bytes, bytes] = {}
+    vouched = _Vouched()
     for rel, start in asked if root_fd >= 0 else ():
         tail = _lstat_tail(root_fd, rel, body[start : start + 40])
         if tail is not None:
-            vouched[rel] = tail
+            vouched[rel] = (tail, "git:" + files[rel])
     return files, vouched
 
 
@@ -335,17 +374,18 @@ def _lstat_tail(root_fd: int, rel: bytes, recorded: bytes) -> bytes | None:
 
 
 class Seeds(Struct, frozen=True):
-    """What a fresh scan takes on git's word (git_baseline.head_and_seeds): `vouched`, path
-    -> the RECORD_TAIL of a file whose lstat, taken from `taken` (time_ns before the first),
-    was the stat data git's index recorded for it, its bytes the commit's blob."""
+    """What a fresh scan takes on git's word (git_baseline.head_and_seeds): `vouched`, the
+    files whose lstat, taken from `taken` (time_ns before the first) on, is the stat data
+    git's index recorded for them, their bytes the commit's blob."""
 
-    vouched: dict[bytes, bytes] = {}
+    vouched: Vouched = field(default_factory=_Vouched)
     taken: int = 0
 
 
 NO_SEEDS = Seeds()
 
 
+_index_files: Callable[[bytes, int, bytes, int, int, int], tuple[dict[bytes, str], Vouched] | None]
 try:
     from durable_agent.workspace._speedups import index_files as _index_files
 except ImportError:  # built without a C compiler: the same answers, slower

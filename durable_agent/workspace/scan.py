@@ -53,6 +53,7 @@ from durable_agent.workspace.git_index import (
     RECORD_TAIL,
     Seeds,
     Tracked,
+    Vouched,
     find_index,
     tracked_files,
 )
@@ -144,8 +145,7 @@ def _changed_py(
 def _seeded_py(
     names: list[bytes],
     lead: bytes,
-    vouched: dict[bytes, bytes],
-    files: dict[bytes, str],
+    vouched: Vouched,
     cached: dict[bytes, tuple[StatKey | None, Entry]],
     entries: Manifest,
     entry: type[Entry],
@@ -155,23 +155,25 @@ def _seeded_py(
     shapes: tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]] | None,
 ) -> list[bytes]:
     """A fresh scanner's folder on git's word: each of `names` (in the folder whose path and
-    a `/` is `lead`) that git's index vouches for (`vouched`: its lstat, taken while git's
-    commands ran, was the stat data the index recorded; Scanner.use_git) and is under the
-    cap is recorded by its blob at the commit (`files`), unread: its row in `cached`, its
-    entry in `entries`. The others are returned, in order, for the walk to look at, and so
-    is a name that may be a secret's (`shapes`: secrets.NAME_SHAPES; None: none is
-    withheld by its name).
-    What _speedups.seeded answers in C; this is where it could not be built."""
+    a `/` is `lead`) that git's index vouches for (`vouched`: its lstat is the stat data the
+    index recorded; Scanner.use_git) and is under the cap is recorded by its `git:` id,
+    unread: its row in `cached`, its entry in `entries`. The others are returned, in order,
+    for the walk to look at, and so is a name that may be a secret's (`shapes`:
+    secrets.NAME_SHAPES; None: none is withheld by its name).
+    What _speedups.seeded answers in C (of a _speedups.Vouching, which index_files makes
+    there); this is where it could not be built (of a git_index._Vouched)."""
     todo = []
+    assert isinstance(vouched, dict)
     for name in names:
         rel = lead + name
-        tail = vouched.get(rel, b"")
-        if len(tail) == RECORD_TAIL.size and not _may_be_secret(name, shapes) and rel in files:
+        found = vouched.get(rel)
+        if found is not None and not _may_be_secret(name, shapes):
+            tail, ref = found
             ctime, size, _, mode = RECORD_TAIL.unpack(tail)
             if size <= size_cap:
-                found = entry(kind, mode, GIT_REF + files[rel], b"", size)
-                cached[name] = (None if ctime >= racy_after else tail, found)
-                entries[rel] = found
+                made = entry(kind, mode, ref, b"", size)
+                cached[name] = (None if ctime >= racy_after else tail, made)
+                entries[rel] = made
                 continue
         todo.append(name)
     return todo
@@ -771,7 +773,6 @@ class Scanner:
                 offered,
                 prefix,
                 vouched,
-                self._head,
                 cached,
                 w.entries,
                 Entry,
@@ -994,11 +995,8 @@ class Scanner:
 def _kept_by_id(seeds: Seeds, last_seen: Manifest) -> Seeds:
     """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
     (read again, it is the same bytes: Scanner._git_ref)."""
-    out = dict(seeds.vouched)
-    for path, entry in last_seen.items():
-        if not entry.ref.startswith(GIT_REF):
-            out.pop(path, None)
-    return Seeds(out, seeds.taken)
+    seeds.vouched.exclude([p for p, e in last_seen.items() if not e.ref.startswith(GIT_REF)])
+    return seeds
 
 
 def _sha256(data: bytes) -> str:
