@@ -286,9 +286,9 @@ def test_a_folder_listed_before_is_not_listed_again_until_a_name_in_it_changes(
     scanner.scan()
     assert set(scanner._listing) == {b"", b"p0", b"p1", b"p2"}
     listed: list[int] = []
-    real = os.listdir
+    real = scan._listing
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(os, "listdir", lambda fd: listed.append(fd) or real(fd))
+        mp.setattr(scan, "_listing", lambda fd: listed.append(fd) or real(fd))
         # A file's content changes, its folder's names do not: found by its lstat alone.
         (tmp_path / "p1" / "f1.py").write_text("edited in place\n")
         got = scanner.scan()
@@ -417,3 +417,34 @@ def test_commands_over_files_cached_long_ago_give_the_manifest_of_a_full_scan(
             _command_writes(root, op)
             got = scanner.scan()
             assert got.manifest == Scanner(root, EXCLUDE, 4).scan().manifest, op
+
+
+def test_walks_pause_the_collector_and_leave_it_as_they_found_it() -> None:
+    import gc
+    import threading
+
+    assert gc.isenabled()
+    inside = threading.Event()
+    release = threading.Event()
+
+    def walk() -> None:
+        with scan.collector_paused():
+            inside.set()
+            release.wait(10)
+
+    other = threading.Thread(target=walk)
+    other.start()
+    inside.wait(10)
+    with scan.collector_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # (the other walk is still under way)
+    release.set()
+    other.join()
+    assert gc.isenabled()
+    gc.disable()  # one who turned it off keeps it off
+    try:
+        with scan.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

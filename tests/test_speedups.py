@@ -47,6 +47,7 @@ def test_every_loop_is_built_in_c() -> None:
     assert git_index._index_files is built.index_files
     assert manifest._bucketed is built.bucketed and manifest._joined is built.joined
     assert manifest._bucket_lines is built.bucket_lines and manifest._json_rows is built.json_rows
+    assert scan._listing is built.listing and scan._changed is built.changed
 
 
 # -- git's index ---------------------------------------------------------------------------
@@ -553,3 +554,61 @@ def test_a_manifest_compressed_in_parts_is_one_zlib_stream(
     out = manifest.compressed(data, parts)
     assert zlib.decompress(out) == data
     assert zlib.decompressobj().decompress(out) == data  # (a stream, read as one)
+
+
+# -- a folder's names ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sets(
+        st.binary(min_size=1, max_size=12).filter(
+            lambda b: b"/" not in b and b"\0" not in b and b not in (b".", b"..")
+        ),
+        max_size=30,
+    )
+)
+def test_a_folder_is_listed_in_c_as_in_python(names: set[bytes]) -> None:
+    """Any bytes a name can hold (not UTF-8 included), sorted as bytes; the fd's offset left
+    where os.listdir leaves it, so a listing after it sees every name too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            path = os.path.join(os.fsencode(tmp), name)
+            if len(name) % 3 == 0:
+                os.mkdir(path)
+            else:
+                with open(path, "wb"):
+                    pass
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            got = _speedups.listing(fd)
+            assert got == scan._listing_py(fd) == sorted(names)
+            assert _speedups.listing(fd) == got and sorted(os.listdir(fd)) == sorted(
+                os.fsdecode(n) for n in names
+            )
+        finally:
+            os.close(fd)
+
+
+def test_a_folder_removed_under_its_fd_lists_as_os_listdir_lists_it() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "d"
+        folder.mkdir()
+        (folder / "a").write_text("a")
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert _speedups.listing(fd) == scan._listing_py(fd) == [b"a"]
+            (folder / "a").unlink()
+            folder.rmdir()
+            assert _speedups.listing(fd) == scan._listing_py(fd) == []
+        finally:
+            os.close(fd)
+        (Path(tmp) / "f").write_text("f")
+        fd = os.open(Path(tmp) / "f", os.O_RDONLY)
+        try:
+            with pytest.raises(NotADirectoryError):  # (as os.listdir says of a file's fd)
+                _speedups.listing(fd)
+            with pytest.raises(NotADirectoryError):
+                scan._listing_py(fd)
+        finally:
+            os.close(fd)

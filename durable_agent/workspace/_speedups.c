@@ -2,6 +2,7 @@
    be built), in C because a Python loop of a few operations per file costs a microsecond or
    more, and a workspace has 50,000 files or more:
 
+   - listing: a folder's names, sorted (scan.py, _listing_py);
    - changed: which of a folder's listed names the cached stat keys do not vouch for (scan.py,
      _changed_py);
    - index_files: git's index parsed, and the lstat of its files in threads compared with
@@ -21,7 +22,10 @@
    not stall the process's other threads (a lease's heartbeat). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <limits.h>
 #include <string.h>
@@ -121,6 +125,99 @@ fail:
     return NULL;
 }
 
+
+/* -- a folder's names (scan.py, _listing_py) ------------------------------------------------ */
+
+static int
+by_bytes(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* listing(dir_fd) -> the names in the folder `dir_fd` holds (but `.` and `..`), as bytes,
+   sorted: what os.listdir gives of the fd, encoded back and sorted (scan._listing_py),
+   without a str made and encoded again per name. Read through a duplicate of the fd, as
+   os.listdir reads it (a folder that may be listed but not searched is listed). */
+static PyObject *
+listing(PyObject *module, PyObject *arg)
+{
+    int fd = fd_arg(arg);
+    if (fd < 0)
+        return NULL;
+    char *text = NULL, **names = NULL;
+    Py_ssize_t len = 0, cap = 0, count = 0, slots = 0;
+    int failed = 0, error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    DIR *dir = copy >= 0 ? fdopendir(copy) : NULL;
+    if (dir == NULL) {
+        error = errno;
+        if (copy >= 0)
+            close(copy);
+    }
+    else {
+        rewinddir(dir);
+        for (;;) {
+            errno = 0;
+            struct dirent *ent = readdir(dir);
+            if (ent == NULL) {
+                error = errno;
+                break;
+            }
+            const char *name = ent->d_name;
+            if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+                continue;
+            size_t n = strlen(name) + 1;
+            if (len + (Py_ssize_t)n > cap) {
+                Py_ssize_t grown = (len + (Py_ssize_t)n) * 2 + 4096;
+                char *more = realloc(text, grown);
+                if (more == NULL) {
+                    failed = 1;
+                    break;
+                }
+                text = more;
+                cap = grown;
+            }
+            memcpy(text + len, name, n);
+            len += (Py_ssize_t)n;
+            count++;
+        }
+        rewinddir(dir); /* (the offset is the fd's too: left as os.listdir leaves it) */
+        closedir(dir);
+        if (!failed && !error && count > 0) {
+            names = malloc(count * sizeof(char *));
+            failed = names == NULL;
+            for (Py_ssize_t i = 0, at = 0; !failed && i < count; i++) {
+                names[i] = text + at;
+                at += (Py_ssize_t)strlen(text + at) + 1;
+            }
+            if (!failed)
+                qsort(names, count, sizeof(char *), by_bytes);
+            slots = count;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (failed)
+        PyErr_NoMemory();
+    else if (error) {
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+    }
+    else {
+        out = PyList_New(slots);
+        for (Py_ssize_t i = 0; out != NULL && i < slots; i++) {
+            PyObject *name = PyBytes_FromString(names[i]);
+            if (name == NULL)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, name);
+        }
+    }
+    free(names);
+    free(text);
+    return out;
+}
 
 /* -- git's index, and the lstat of its files in threads (git_index.py, _index_files_py) --- */
 
@@ -1338,6 +1435,8 @@ fail:
 static PyMethodDef methods[] = {
     {"changed", (PyCFunction)(void (*)(void))changed, METH_FASTCALL,
      "changed(dir_fd, names, cached) -> the names whose lstat key is not cached[name][0]"},
+    {"listing", (PyCFunction)listing, METH_O,
+     "listing(dir_fd) -> the names in the folder, as bytes, sorted"},
     {"bucketed", (PyCFunction)bucketed, METH_O,
      "bucketed(paths) -> BUCKETS lists: each path in that of zlib.crc32(path) % BUCKETS"},
     {"joined", (PyCFunction)(void (*)(void))joined, METH_FASTCALL,

@@ -5,6 +5,7 @@ from typing import Any
 
 from durable_agent.workspace.git_index import Vouched
 
+def listing(dir_fd: int, /) -> list[bytes]: ...
 def changed(dir_fd: int, names: list[bytes], cached: dict[bytes, Any]) -> list[bytes]: ...
 
 class Vouching:
