@@ -263,9 +263,12 @@ class Redactor:
         out = _JSON_STRING.sub(self._known_in_any_string, text)
         if not self._escaped_secret(out):
             return out
-        *_, decoded = _spellings(text)
+        # Decoded as far as the secret shows, and redacted there: decoding on would eat its
+        # first letter into an escape (`\\` then `\u0074ok-...` is `\tok-...`, then a tab
+        # and `ok-...`, which no longer matches). A spelling deeper still would come out one
+        # level nearer.
+        decoded = next(spelt for spelt in _spellings(text) if self._known.search(spelt))
         out = self._known.sub(self._replace, decoded)
-        # Decoded as far as we look, a spelling deeper still would come out one level nearer.
         return _UNCLEANABLE if self._escaped_secret(out) else out
 
     def _escaped_secret(self, text: str) -> bool:
