@@ -966,6 +966,12 @@ _STAGED: dict[str, Callable[[Path], None]] = {
         (ws / "link").write_text("a file\n"),
         git(ws, "add", "link"),
     ),
+    "modified, its tree written": lambda ws: (
+        (ws / "src/f1.bin").write_bytes(b"staged\n"),
+        git(ws, "add", "src/f1.bin"),
+        git(ws, "write-tree"),  # (the index's cache-tree whole again: not HEAD's tree)
+    ),
+    "clean, its tree written": lambda ws: git(ws, "write-tree"),
     "executable": lambda ws: git(ws, "update-index", "--chmod=+x", "src/f3.bin"),
     "skip-worktree": lambda ws: git(ws, "update-index", "--skip-worktree", "src/f4.bin"),
     "index version 4": lambda ws: git(ws, "update-index", "--index-version=4"),
@@ -998,6 +1004,28 @@ def test_the_commits_files_read_from_the_index_are_what_ls_tree_lists(
     ).stdout
     assert got.files == git_baseline._tree_of(listed)
     assert got.baseline.prefix == ("" if where == "top" else "src")
+
+
+def test_diff_index_runs_only_when_the_index_is_not_heads_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = make_checkout(tmp_path, files=6, size=100)
+    _aged(ws)  # (read-tree leaves the cache-tree whole, as a commit or a checkout does)
+    ran: list[str] = []
+    real = git_baseline._git
+    monkeypatch.setattr(
+        git_baseline,
+        "_git",
+        lambda root, *args, **kw: ran.append(args[0]) or real(root, *args, **kw),
+    )
+    head, seeds = git_baseline.head_and_seeds(os.fsencode(str(ws)))
+    assert head is not None and "diff-index" not in ran and len(seeds.vouched) > 0
+    (ws / "src/f1.bin").write_bytes(b"staged\n")
+    git(ws, "add", "src/f1.bin")
+    git_baseline._heads.clear()
+    head, seeds = git_baseline.head_and_seeds(os.fsencode(str(ws)))
+    assert head is not None and "diff-index" in ran
+    assert b"src/f1.bin" not in seeds.vouched.taken()  # staged: its blob is not HEAD's
 
 
 @pytest.mark.xfail(strict=True, reason="attributes are read as they are now, not as of checkout")

@@ -118,8 +118,8 @@ def test_the_index_is_read_as_git_lists_it(
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for threads in (0, 1, 3):
-                assert _answer(_speedups.index_files(body, size, lead, 2**62, fd, threads)) == (
-                    _answer(git_index._index_files_py(body, size, lead, 2**62, fd, threads))
+                assert _answer(_speedups.index_files(body, size, lead, 2**62, fd, threads, -1)) == (
+                    _answer(git_index._index_files_py(body, size, lead, 2**62, fd, threads, -1))
                 )
         finally:
             os.close(fd)
@@ -127,7 +127,9 @@ def test_the_index_is_read_as_git_lists_it(
 
 def _answer(found: Any) -> Any:
     """index_files's answer, its Vouched as the dict it takes (C's and Python's compared)."""
-    return found if not isinstance(found, tuple) else (found[0], found[1].taken())
+    if not isinstance(found, tuple):
+        return found
+    return (found[0], found[1].taken(), found[2])
 
 
 def test_an_entry_written_just_before_the_index_is_racy(tmp_path: Path) -> None:
@@ -158,7 +160,7 @@ def test_an_entry_of_the_second_the_index_was_written_in_is_racy(tmp_path: Path)
     os.utime(repo / "a.txt", ns=(second, second))  # a whole second, as such a file system has
     git(repo, "update-index", "-q", "--really-refresh")
     body = Path(os.fsdecode(index)).read_bytes()[:-20]
-    parsed = git_index._index_files_py(body, 20, b"", 0, -1, 1)
+    parsed = git_index._index_files_py(body, 20, b"", 0, -1, 1, -1)
     assert parsed is not None  # (its mtime as recorded: the whole second)
     assert parsed[0][b"a.txt"] and Path(os.fsdecode(index)).read_bytes().count(
         (second // 1_000_000_000).to_bytes(4, "big") + bytes(4)
@@ -252,8 +254,10 @@ def test_any_bytes_of_an_index_give_the_same_answer_in_c_and_python(
         if at < len(data):
             data[at] = byte
     body = bytes(data[:cut] if cut is not None else data)
-    c = _refused_or(lambda: _answer(_speedups.index_files(body, size, lead, racy_from, -1, 2)))
-    py = _refused_or(lambda: _answer(git_index._index_files_py(body, size, lead, racy_from, -1, 2)))
+    c = _refused_or(lambda: _answer(_speedups.index_files(body, size, lead, racy_from, -1, 2, -1)))
+    py = _refused_or(
+        lambda: _answer(git_index._index_files_py(body, size, lead, racy_from, -1, 2, -1))
+    )
     # (None and refused are one answer, "not read": each loop may meet the entry that makes
     # it None or the bytes that refuse it first)
     assert (c if c is not None else ("refused",)) == (py if py is not None else ("refused",))
@@ -327,7 +331,7 @@ def test_the_c_and_python_seeded_loops_agree(
                 (_speedups.index_files, _speedups.seeded),
                 (git_index._index_files_py, scan._seeded_py),
             ):
-                found = make(body, 20, b"", 2**62, fd, 2)
+                found = make(body, 20, b"", 2**62, fd, 2, -1)
                 assert found is not None
                 vouched = found[1]
                 vouched.exclude(excluded)
@@ -383,10 +387,10 @@ def test_a_vouching_dropped_while_its_threads_run_waits_for_them() -> None:
         fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for threads in (0, 1, 4, 16):
-                found = _speedups.index_files(body, 20, b"", 2**62, fd, threads)
+                found = _speedups.index_files(body, 20, b"", 2**62, fd, threads, -1)
                 assert found is not None
                 del found  # (at once: its threads are under way)
-            files, vouching = _speedups.index_files(body, 20, b"", 2**62, fd, 4)
+            files, vouching, _ = _speedups.index_files(body, 20, b"", 2**62, fd, 4, -1)
         finally:
             os.close(fd)  # (it keeps its own copy of the folder's descriptor)
         last = [f"f{i:04d}".encode() for i in range(2990, 3000)]
@@ -534,12 +538,12 @@ def test_the_index_files_lstat_calls_in_threads_give_what_one_loop_gives(
                 changed.add(os.fsencode(at.relative_to(repo)))
         fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            got = _answer(_speedups.index_files(body, 20, b"", 2**62, fd, threads))
-            assert got == _answer(git_index._index_files_py(body, 20, b"", 2**62, fd, threads))
+            got = _answer(_speedups.index_files(body, 20, b"", 2**62, fd, threads, -1))
+            assert got == _answer(git_index._index_files_py(body, 20, b"", 2**62, fd, threads, -1))
         finally:
             os.close(fd)
         assert got is not None
-        files, vouched = got
+        files, vouched, _ = got
         assert len(files) == count
         assert set(vouched) == set(files) - changed
 
@@ -612,3 +616,104 @@ def test_a_folder_removed_under_its_fd_lists_as_os_listdir_lists_it() -> None:
                 scan._listing_py(fd)
         finally:
             os.close(fd)
+
+
+# -- what index_files gives beside the files: the whole tree's id, the paths fed to git, the
+# folders listed ahead -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [2, 4])
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_the_index_s_cache_tree_gives_head_s_tree_until_something_is_staged(
+    tmp_path: Path, version: int, object_format: str
+) -> None:
+    repo = _repo(tmp_path, version, object_format)
+    size = 32 if object_format == "sha256" else 20
+    index = os.fsencode(repo / ".git" / "index")
+    git(repo, "write-tree")  # (its cache-tree whole, as a commit or a checkout leaves it)
+    got = git_index.index_files(index, b"", size, margin_ns=0)
+    assert got is not None and got.tree == git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "a.txt").write_text("staged\n")
+    git(repo, "add", "a.txt")  # (its folders' cache-tree entries, the root's too, go)
+    got = git_index.index_files(index, b"", size, margin_ns=0)
+    assert got is not None and got.tree is None
+    git(repo, "write-tree")  # the cache-tree made whole again: the staged tree, not HEAD's
+    got = git_index.index_files(index, b"", size, margin_ns=0)
+    assert got is not None and got.tree not in (None, git(repo, "rev-parse", "HEAD^{tree}"))
+    body = Path(os.fsdecode(index)).read_bytes()[:-size]
+    assert _answer(_speedups.index_files(body, size, b"", 0, -1, 1, -1)) == _answer(
+        git_index._index_files_py(body, size, b"", 0, -1, 1, -1)
+    )
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+@pytest.mark.parametrize("state", ["read", "conflict", "damaged"])
+def test_the_paths_are_fed_to_git_and_the_feed_closed_whatever_the_answer(
+    tmp_path: Path, loop: str, state: str
+) -> None:
+    """What check-attr is told: every path, NUL-ended, then the end (it would wait for
+    more), and nothing where the index is not one this reads."""
+    repo = _repo(tmp_path, 2, "sha1")
+    if state == "conflict":
+        blob = git(repo, "rev-parse", "HEAD:a.txt")
+        info = f"100644 {blob} 1\tc.txt\n100644 {blob} 2\tc.txt\n"
+        subprocess.run(
+            ["git", "update-index", "--index-info"], cwd=repo, input=info, text=True, check=True
+        )
+    body = (repo / ".git" / "index").read_bytes()[:-20]
+    if state == "damaged":
+        body = body[:100]
+    make = _speedups.index_files if loop == "c" else git_index._index_files_py
+    read, write = os.pipe()
+    try:
+        found = _refused_or(lambda: make(body, 20, b"sub/", 2**62, -1, 2, write))
+        told = b""
+        while chunk := os.read(read, 65536):  # (ends: the feed was closed)
+            told += chunk
+    finally:
+        os.close(read)
+    if state == "read":
+        assert isinstance(found, tuple) and found[1].fed()
+        assert told == b"".join(p + b"\0" for p in found[0]) and told.count(b"\0") == 12
+    else:
+        assert found in (None, ("refused",)) and told == b""
+    with pytest.raises(OSError):  # (closed by index_files, not left to the caller)
+        os.close(write)
+
+
+def test_a_folder_listed_beside_the_lstat_calls_is_taken_only_as_it_still_is(
+    tmp_path: Path,
+) -> None:
+    repo = _repo(tmp_path, 2, "sha1")
+    (repo / "sub" / "untracked.txt").write_text("listed too")
+    body = (repo / ".git" / "index").read_bytes()[:-20]
+    fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = _speedups.index_files(body, 20, b"", 2**62, fd, 1, -1)
+        assert found is not None
+        vouching = found[1]
+        python = git_index._index_files_py(body, 20, b"", 2**62, fd, 1, -1)
+        assert python is not None
+    finally:
+        os.close(fd)
+
+    def asked(rel: str, racy_after: int = 2**62) -> list[bytes] | None:
+        st = os.stat(repo / rel) if rel else os.stat(repo)
+        key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino, st.st_dev)
+        assert python[1].listing(os.fsencode(rel), *key, racy_after) is None  # (lists itself)
+        return vouching.listing(os.fsencode(rel), *key, racy_after)
+
+    for rel in ("", "sub", "sub/deep"):
+        folder = os.open(repo / rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert asked(rel) == scan._listing_py(folder)
+        finally:
+            os.close(folder)
+    (repo / "sub" / "new").mkdir()
+    assert asked("sub/new") is None  # not a folder of the index: listed by the walk
+    assert asked("sub", racy_after=0) is None  # changed within the racy margin: listed again
+    (repo / "sub" / "added.txt").write_text("after")
+    assert asked("sub") is None  # changed since: listed again
+    st = os.stat(repo / "sub" / "deep")  # another inode: another folder
+    key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino + 1, st.st_dev)
+    assert vouching.listing(b"sub/deep", *key, 2**62) is None

@@ -21,6 +21,7 @@
    call costs more than the call), and let go every 1,024 names so that a huge folder does
    not stall the process's other threads (a lease's heartbeat). */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* memrchr, O_PATH */
 #include <Python.h>
 #include <dirent.h>
 #include <errno.h>
@@ -134,6 +135,80 @@ by_bytes(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* The names in the folder `dir` (closed here, its offset left at the start), but `.` and
+   `..`: `*text_out` holds them NUL-ended, `*names_out` points at each, sorted as bytes, and
+   `*count_out` says how many (both free()d by the caller). 0, or an errno. Touches nothing
+   of Python's. */
+static int
+read_names(DIR *dir, char **text_out, char ***names_out, Py_ssize_t *count_out)
+{
+    char *text = NULL, **names = NULL;
+    Py_ssize_t len = 0, cap = 0, count = 0;
+    int error = 0;
+    rewinddir(dir);
+    for (;;) {
+        errno = 0;
+        struct dirent *ent = readdir(dir);
+        if (ent == NULL) {
+            error = errno;
+            break;
+        }
+        const char *name = ent->d_name;
+        if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+            continue;
+        size_t n = strlen(name) + 1;
+        if (len + (Py_ssize_t)n > cap) {
+            Py_ssize_t grown = (len + (Py_ssize_t)n) * 2 + 4096;
+            char *more = realloc(text, grown);
+            if (more == NULL) {
+                error = ENOMEM;
+                break;
+            }
+            text = more;
+            cap = grown;
+        }
+        memcpy(text + len, name, n);
+        len += (Py_ssize_t)n;
+        count++;
+    }
+    rewinddir(dir); /* (the offset is the fd's too: left as os.listdir leaves it) */
+    closedir(dir);
+    if (!error && count > 0) {
+        names = malloc(count * sizeof(char *));
+        if (names == NULL)
+            error = ENOMEM;
+        for (Py_ssize_t i = 0, at = 0; names != NULL && i < count; i++) {
+            names[i] = text + at;
+            at += (Py_ssize_t)strlen(text + at) + 1;
+        }
+        if (names != NULL)
+            qsort(names, count, sizeof(char *), by_bytes);
+    }
+    if (error) {
+        free(names);
+        free(text);
+        return error;
+    }
+    *text_out = text;
+    *names_out = names;
+    *count_out = count;
+    return 0;
+}
+
+static PyObject *
+names_list(char **names, Py_ssize_t count)
+{
+    PyObject *out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *name = PyBytes_FromString(names[i]);
+        if (name == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, name);
+    }
+    return out;
+}
+
 /* listing(dir_fd) -> the names in the folder `dir_fd` holds (but `.` and `..`), as bytes,
    sorted: what os.listdir gives of the fd, encoded back and sorted (scan._listing_py),
    without a str made and encoded again per name. Read through a duplicate of the fd, as
@@ -145,8 +220,8 @@ listing(PyObject *module, PyObject *arg)
     if (fd < 0)
         return NULL;
     char *text = NULL, **names = NULL;
-    Py_ssize_t len = 0, cap = 0, count = 0, slots = 0;
-    int failed = 0, error = 0;
+    Py_ssize_t count = 0;
+    int error = 0;
     Py_BEGIN_ALLOW_THREADS
     int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     DIR *dir = copy >= 0 ? fdopendir(copy) : NULL;
@@ -155,65 +230,16 @@ listing(PyObject *module, PyObject *arg)
         if (copy >= 0)
             close(copy);
     }
-    else {
-        rewinddir(dir);
-        for (;;) {
-            errno = 0;
-            struct dirent *ent = readdir(dir);
-            if (ent == NULL) {
-                error = errno;
-                break;
-            }
-            const char *name = ent->d_name;
-            if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
-                continue;
-            size_t n = strlen(name) + 1;
-            if (len + (Py_ssize_t)n > cap) {
-                Py_ssize_t grown = (len + (Py_ssize_t)n) * 2 + 4096;
-                char *more = realloc(text, grown);
-                if (more == NULL) {
-                    failed = 1;
-                    break;
-                }
-                text = more;
-                cap = grown;
-            }
-            memcpy(text + len, name, n);
-            len += (Py_ssize_t)n;
-            count++;
-        }
-        rewinddir(dir); /* (the offset is the fd's too: left as os.listdir leaves it) */
-        closedir(dir);
-        if (!failed && !error && count > 0) {
-            names = malloc(count * sizeof(char *));
-            failed = names == NULL;
-            for (Py_ssize_t i = 0, at = 0; !failed && i < count; i++) {
-                names[i] = text + at;
-                at += (Py_ssize_t)strlen(text + at) + 1;
-            }
-            if (!failed)
-                qsort(names, count, sizeof(char *), by_bytes);
-            slots = count;
-        }
-    }
+    else
+        error = read_names(dir, &text, &names, &count);
     Py_END_ALLOW_THREADS
     PyObject *out = NULL;
-    if (failed)
-        PyErr_NoMemory();
-    else if (error) {
+    if (error) {
         errno = error;
         PyErr_SetFromErrno(PyExc_OSError);
     }
-    else {
-        out = PyList_New(slots);
-        for (Py_ssize_t i = 0; out != NULL && i < slots; i++) {
-            PyObject *name = PyBytes_FromString(names[i]);
-            if (name == NULL)
-                Py_CLEAR(out);
-            else
-                PyList_SET_ITEM(out, i, name);
-        }
-    }
+    else
+        out = names_list(names, count);
     free(names);
     free(text);
     return out;
@@ -274,6 +300,18 @@ stat_data(const struct stat *st, unsigned char *out)
         put_be32(out + 4 * k, git[k]);
 }
 
+/* A folder of the index (one its paths are in), listed beside the lstat calls. */
+typedef struct {
+    const char *path;    /* its path relative to the workspace: the first `len` bytes */
+    Py_ssize_t len;      /* (0: the workspace) */
+    Py_ssize_t chunk;    /* listed with this chunk, before its lstat calls */
+    int listed;          /* (once its chunk is done) 1: `names` as of the key below */
+    long long ctime_ns, mtime_ns;
+    unsigned long long ino, dev;
+    char *text, **names; /* (read_names) */
+    Py_ssize_t count;
+} index_folder;
+
 /* The files git's index vouches for by their lstat (git_index.Vouched): made by index_files,
    read by seeded. The lstat calls run in threads from the moment the entries are known, a
    chunk of CHUNK entries at a time in the index's order, while Python goes on (the rest of
@@ -295,26 +333,106 @@ typedef struct {
     pthread_cond_t ready;
     pthread_t ids[16];
     int started;
+    int feed_fd;           /* (the feeder's, until it is done) */
+    pthread_t feeder;      /* writes the paths to feed_fd (index_files), when `feeding` */
+    int feeding;
+    int fed;               /* (the feeder's) 1: every path was written */
+    Py_ssize_t names_size; /* bytes of `names` */
     Py_ssize_t candidates; /* entries asked and not excluded */
+    index_folder *folders; /* every folder of the entries, in the index's order (by chunk) */
+    Py_ssize_t nfolders;
+    index_folder **by_path; /* the same, by path */
 } Vouching;
+
+/* Folder `f` listed as of its change time, modification time and inode (taken before its
+   names are read: a name added meanwhile moves them). Opened below the workspace without
+   following a link at its own name; one on the way is followed, as fstatat follows it for
+   the lstat calls: the walk, which follows none, takes a listing only of the folder it
+   opened itself (the same inode and device). */
+static void
+list_folder(Vouching *v, index_folder *f)
+{
+    char small[512], *path = f->len < (Py_ssize_t)sizeof(small) ? small : malloc(f->len + 1);
+    if (path == NULL)
+        return;
+    if (f->len == 0)
+        strcpy(path, ".");
+    else {
+        memcpy(path, f->path, f->len);
+        path[f->len] = '\0';
+    }
+    int fd = openat(v->root_fd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (path != small)
+        free(path);
+    struct stat st;
+    if (fd < 0)
+        return;
+    DIR *dir = fstat(fd, &st) == 0 ? fdopendir(fd) : NULL;
+    if (dir == NULL) {
+        close(fd);
+        return;
+    }
+    if (read_names(dir, &f->text, &f->names, &f->count) != 0)
+        return;
+    f->ctime_ns = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+    f->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    f->ino = (unsigned long long)st.st_ino;
+    f->dev = (unsigned long long)st.st_dev;
+    f->listed = 1;
+}
 
 static void
 do_chunk(Vouching *v, Py_ssize_t c)
 {
     const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
+    Py_ssize_t lo = 0, hi = v->nfolders; /* (the first folder of chunk `c`) */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (v->folders[mid].chunk < c)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; v->root_fd >= 0 && lo < v->nfolders && v->folders[lo].chunk == c; lo++)
+        list_folder(v, &v->folders[lo]);
+    /* Each file by its name in its folder, opened once for its files in the chunk: the
+       kernel then resolves one name, not the whole path (a third of an lstat's time). */
+    const char *folder = NULL;
+    Py_ssize_t folder_len = -1;
+    int folder_fd = -1;
     Py_ssize_t to = (c + 1) * CHUNK < v->count ? (c + 1) * CHUNK : v->count;
     for (Py_ssize_t i = c * CHUNK; i < to; i++) {
         index_entry *e = &v->entries[i];
         struct stat st;
         unsigned char now[40];
-        if (!e->ask || v->root_fd < 0 ||
-            fstatat(v->root_fd, v->names + e->rel_at, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        if (!e->ask || v->root_fd < 0)
+            continue;
+        const char *rel = v->names + e->rel_at, *slash = memrchr(rel, '/', e->rel_len);
+        Py_ssize_t len = slash != NULL ? slash - rel : 0;
+        if (len != folder_len || memcmp(rel, folder, len) != 0) {
+            if (folder_fd >= 0)
+                close(folder_fd);
+            folder_fd = -1;
+            if (len > 0 && len < PATH_MAX) {
+                char path[PATH_MAX];
+                memcpy(path, rel, len);
+                path[len] = '\0';
+                folder_fd = openat(v->root_fd, path,
+                                   O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            }
+            folder = rel;
+            folder_len = len;
+        }
+        int at = folder_fd >= 0 ? folder_fd : v->root_fd;
+        if (fstatat(at, folder_fd >= 0 ? slash + 1 : rel, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             !S_ISREG(st.st_mode))
             continue;
         stat_data(&st, now);
         if (memcmp(now, d + e->start, 40) == 0 && stat_key(&st, e->tail))
             e->vouched = 1;
     }
+    if (folder_fd >= 0)
+        close(folder_fd);
     pthread_mutex_lock(&v->lock);
     __atomic_store_n(&v->done[c], 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&v->ready);
@@ -352,22 +470,70 @@ wait_chunk(Vouching *v, Py_ssize_t c)
     }
 }
 
-/* Entry `i` with its lstat made (the GIL let go while it waits). */
-static index_entry *
-lstat_made(Vouching *v, Py_ssize_t i)
+/* Chunk `c` done (the GIL let go while it waits). */
+static void
+chunk_done(Vouching *v, Py_ssize_t c)
 {
-    Py_ssize_t c = i / CHUNK;
     if (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE)) {
         Py_BEGIN_ALLOW_THREADS
         wait_chunk(v, c);
         Py_END_ALLOW_THREADS
     }
+}
+
+/* Entry `i` with its lstat made. */
+static index_entry *
+lstat_made(Vouching *v, Py_ssize_t i)
+{
+    chunk_done(v, i / CHUNK);
     return &v->entries[i];
+}
+
+/* The paths, each NUL-ended, to `feed_fd` (a pipe to `git check-attr -z --stdin`), which
+   is then closed: the caller reads what git answers meanwhile. Touches nothing of
+   Python's. */
+static void *
+feed_paths(void *arg)
+{
+    Vouching *v = arg;
+    for (Py_ssize_t at = 0; at < v->names_size;) {
+        ssize_t n = write(v->feed_fd, v->names + at, v->names_size - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break; /* (git gone: EPIPE; it failed, and says so) */
+        at += n;
+        if (at == v->names_size)
+            v->fed = 1;
+    }
+    if (v->names_size == 0)
+        v->fed = 1;
+    close(v->feed_fd);
+    return NULL;
+}
+
+static void
+feed_joined(Vouching *v)
+{
+    if (v->feeding) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(v->feeder, NULL);
+        Py_END_ALLOW_THREADS
+        v->feeding = 0;
+    }
+}
+
+static PyObject *
+Vouching_fed(Vouching *v, PyObject *unused)
+{
+    feed_joined(v);
+    return PyBool_FromLong(v->fed);
 }
 
 static void
 Vouching_dealloc(Vouching *v)
 {
+    feed_joined(v);
     if (v->started) { /* no chunk is taken any more; those under way end */
         __atomic_store_n(&v->next, v->chunks, __ATOMIC_RELAXED);
         Py_BEGIN_ALLOW_THREADS
@@ -387,6 +553,12 @@ Vouching_dealloc(Vouching *v)
     PyMem_Free(v->entries);
     PyMem_Free(v->names);
     PyMem_Free(v->done);
+    for (Py_ssize_t k = 0; v->folders != NULL && k < v->nfolders; k++) {
+        free(v->folders[k].names);
+        free(v->folders[k].text);
+    }
+    PyMem_Free(v->folders);
+    PyMem_Free(v->by_path);
     Py_XDECREF(v->body);
     Py_TYPE(v)->tp_free((PyObject *)v);
 }
@@ -530,7 +702,51 @@ Vouching_contains(Vouching *v, PyObject *rel)
     return i >= 0 && v->entries[i].ask && !v->entries[i].excluded;
 }
 
+static int
+by_folder_path(const void *a, const void *b)
+{
+    const index_folder *x = *(index_folder *const *)a, *y = *(index_folder *const *)b;
+    return compare_rel(x->path, x->len, y->path, y->len);
+}
+
+static PyObject *
+Vouching_listing(Vouching *v, PyObject *args)
+{
+    const char *path;
+    Py_ssize_t len;
+    long long ctime_ns, mtime_ns, racy_after;
+    unsigned long long ino, dev;
+    if (!PyArg_ParseTuple(args, "y#LLKKL:listing", &path, &len, &ctime_ns, &mtime_ns, &ino,
+                          &dev, &racy_after))
+        return NULL;
+    Py_ssize_t lo = 0, hi = v->nfolders;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (compare_rel(v->by_path[mid]->path, v->by_path[mid]->len, path, len) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == v->nfolders ||
+        compare_rel(v->by_path[lo]->path, v->by_path[lo]->len, path, len) != 0)
+        Py_RETURN_NONE;
+    index_folder *f = v->by_path[lo];
+    chunk_done(v, f->chunk);
+    /* As the scanner's listings (Scanner._names): of the folder it opened, unchanged since,
+       and not changed within the racy margin (a name added in the same clock tick would
+       leave its times as they were). */
+    if (!f->listed || f->ctime_ns != ctime_ns || f->mtime_ns != mtime_ns || f->ino != ino ||
+        f->dev != dev || f->ctime_ns >= racy_after || f->mtime_ns >= racy_after)
+        Py_RETURN_NONE;
+    return names_list(f->names, f->count);
+}
+
 static PyMethodDef Vouching_methods[] = {
+    {"fed", (PyCFunction)Vouching_fed, METH_NOARGS,
+     "fed() -> True once every path was written to the feed (waits for it)"},
+    {"listing", (PyCFunction)Vouching_listing, METH_VARARGS,
+     "listing(path, ctime_ns, mtime_ns, ino, dev, racy_after) -> the folder's names, sorted, "
+     "as listed beside the lstat calls; None where that listing cannot stand"},
     {"exclude", (PyCFunction)Vouching_exclude, METH_O,
      "exclude(paths): not to be taken unread after all"},
     {"recorded_sizes", (PyCFunction)Vouching_recorded_sizes, METH_O,
@@ -563,6 +779,34 @@ bad_index(const char *why)
     return NULL;
 }
 
+/* The object id of the whole tree git's cache-tree extension (TREE, `size` bytes at `p`)
+   records, into `oid`: 1; 0 where it records none (not valid: git writes -1 entries). */
+static int
+tree_root(const unsigned char *p, Py_ssize_t size, long hash_size, unsigned char *oid)
+{
+    Py_ssize_t i = 1, digits = 0;
+    int negative = 0;
+    if (size < 1 || p[0] != 0) /* (the root's path: empty) */
+        return 0;
+    if (i < size && p[i] == '-') {
+        negative = 1;
+        i++;
+    }
+    for (; i < size && p[i] >= '0' && p[i] <= '9'; i++)
+        digits++;
+    if (!digits || i >= size || p[i] != ' ')
+        return 0;
+    for (i++, digits = 0; i < size && p[i] >= '0' && p[i] <= '9'; i++)
+        digits++;
+    if (!digits || i >= size || p[i] != '\n')
+        return 0;
+    i++;
+    if (negative || i + hash_size > size)
+        return 0;
+    memcpy(oid, p + i, hash_size);
+    return 1;
+}
+
 /* The entries of the index `d` (`n` bytes, no checksum): the regular files below `lead`
    into `*out` (`*count` of them), their relative paths into `*names`, NUL-ended. 1: read;
    0: an index this does not read (a merge's stages, an intent-to-add, a split or sparse
@@ -570,8 +814,9 @@ bad_index(const char *why)
 static int
 parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *lead,
             Py_ssize_t lead_len, long long racy_from, index_entry **out, Py_ssize_t *count,
-            char **names)
+            char **names, Py_ssize_t *names_size, unsigned char *tree, int *has_tree)
 {
+    *has_tree = 0;
     *out = NULL;
     *names = NULL;
     *count = 0;
@@ -713,7 +958,10 @@ parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *le
             result = 0; /* a split index; sparse directories */
             goto done;
         }
-        pos += 8 + (Py_ssize_t)be32(d + pos + 4);
+        Py_ssize_t size = (Py_ssize_t)be32(d + pos + 4);
+        if (memcmp(d + pos, "TREE", 4) == 0 && !*has_tree && pos + 8 + size <= n)
+            *has_tree = tree_root(d + pos + 8, size, hash_size, tree);
+        pos += 8 + size;
     }
     if (pos != n) {
         bad_index("an extension past the end of the index");
@@ -725,6 +973,7 @@ done:
     if (result == 1) {
         *out = entries;
         *names = text;
+        *names_size = names_len;
         *count = found;
     }
     else {
@@ -734,16 +983,40 @@ done:
     return result;
 }
 
-/* index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouching) or
-   None, as git_index._index_files_py: `body` is the index without its checksum; `files`
-   path -> blob id; `vouching` a Vouching, whose lstat calls (none when `root_fd` is -1)
-   run in `threads` threads from now on. */
+/* index_files(body, hash_size, lead, racy_from, root_fd, threads, feed_fd) -> (files,
+   vouching, tree) or None, as git_index._index_files_py: `body` is the index without its
+   checksum; `files` path -> blob id; `vouching` a Vouching, whose lstat calls (none when
+   `root_fd` is -1) run in `threads` threads from now on; `tree` the id of the whole tree
+   the index's cache-tree records, None where it records none. `feed_fd` (-1: none) is
+   written the paths, each NUL-ended, by a thread of its own, and closed, whatever the
+   answer: the input of `git check-attr -z --stdin`, which starts on them as soon as they
+   are known. */
+static PyObject *index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed);
+
 static PyObject *
 index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "index_files(body, hash_size, lead, racy_from, root_fd, threads)");
+    long feed_fd = nargs == 7 ? PyLong_AsLong(args[6]) : -1;
+    if (feed_fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (feed_fd < -1 || feed_fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
+    int fed = 0;
+    PyObject *out = index_files_fed(args, nargs, (int)feed_fd, &fed);
+    if (feed_fd >= 0 && !fed)
+        close((int)feed_fd); /* (else the feeder closes it) */
+    return out;
+}
+
+/* index_files, but `feed_fd`, which is the caller's unless a feeder took it (`*fed`). */
+static PyObject *
+index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
+{
+    if (nargs != 7 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "index_files(body, hash_size, lead, racy_from, "
+                                         "root_fd, threads, feed_fd)");
         return NULL;
     }
     const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
@@ -765,8 +1038,12 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     index_entry *entries;
     Py_ssize_t count;
     char *names;
+    Py_ssize_t names_size = 0;
+    unsigned char tree[32];
+    int has_tree;
     int read = parse_index(d, PyBytes_GET_SIZE(args[0]), hash_size, PyBytes_AS_STRING(args[2]),
-                           PyBytes_GET_SIZE(args[2]), racy_from, &entries, &count, &names);
+                           PyBytes_GET_SIZE(args[2]), racy_from, &entries, &count, &names,
+                           &names_size, tree, &has_tree);
     if (read <= 0)
         return read == 0 ? Py_NewRef(Py_None) : NULL;
     Vouching *v = PyObject_New(Vouching, &VouchingType);
@@ -785,7 +1062,14 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     v->chunks = (count + CHUNK - 1) / CHUNK;
     v->next = 0;
     v->started = 0;
+    v->feeding = 0;
+    v->fed = 0;
+    v->feed_fd = -1;
+    v->names_size = names_size;
     v->candidates = 0;
+    v->folders = NULL;
+    v->by_path = NULL;
+    v->nfolders = 0;
     v->done = PyMem_Calloc(v->chunks ? v->chunks : 1, 1);
     if (v->done == NULL) {
         Py_DECREF(v);
@@ -795,6 +1079,47 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     pthread_cond_init(&v->ready, NULL);
     for (Py_ssize_t i = 0; i < count; i++)
         v->candidates += entries[i].ask;
+    /* The folders, in the order the entries enter them: each path's folders that the path
+       before it is not in (a folder's paths are together in the index). */
+    Py_ssize_t folders_cap = 64;
+    v->folders = PyMem_Calloc(folders_cap, sizeof(index_folder));
+    if (v->folders == NULL) {
+        Py_DECREF(v);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *cur = names + entries[i].rel_at, *prev = "";
+        Py_ssize_t cur_len = entries[i].rel_len, prev_len = 0, common = 0;
+        if (i > 0) {
+            prev = names + entries[i - 1].rel_at;
+            prev_len = entries[i - 1].rel_len;
+        }
+        while (common < cur_len && common < prev_len && cur[common] == prev[common])
+            common++;
+        for (Py_ssize_t p = i == 0 ? -1 : common; p < cur_len; p++) {
+            if (p >= 0 && cur[p] != '/')
+                continue; /* (-1: the workspace itself, entered by the first path) */
+            if (v->nfolders == folders_cap) {
+                index_folder *more = PyMem_Realloc(v->folders, 2 * folders_cap * sizeof(index_folder));
+                if (more == NULL) {
+                    Py_DECREF(v);
+                    return PyErr_NoMemory();
+                }
+                memset(more + folders_cap, 0, folders_cap * sizeof(index_folder));
+                v->folders = more;
+                folders_cap *= 2;
+            }
+            v->folders[v->nfolders++] = (index_folder){cur, p < 0 ? 0 : p, i / CHUNK};
+        }
+    }
+    v->by_path = PyMem_Calloc(v->nfolders ? v->nfolders : 1, sizeof(index_folder *));
+    if (v->by_path == NULL) {
+        Py_DECREF(v);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < v->nfolders; k++)
+        v->by_path[k] = &v->folders[k];
+    qsort(v->by_path, v->nfolders, sizeof(index_folder *), by_folder_path);
     if (root_fd >= 0) {
         v->root_fd = fcntl((int)root_fd, F_DUPFD_CLOEXEC, 0); /* (the caller closes its own) */
         if (v->root_fd < 0) {
@@ -804,6 +1129,16 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     else {
         v->candidates = 0; /* nothing lstat'ed: none vouched for */
+    }
+    if (feed_fd >= 0) {
+        v->feed_fd = feed_fd;
+        int failed = pthread_create(&v->feeder, NULL, feed_paths, v);
+        if (failed) {
+            Py_DECREF(v);
+            errno = failed;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        v->feeding = *fed = 1;
     }
     if (threads > v->chunks)
         threads = v->chunks;
@@ -832,8 +1167,19 @@ index_files(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         failed = blob == NULL || PyDict_SetItem(files, v->rels[i], blob) < 0;
         Py_XDECREF(blob);
     }
-    if (!failed)
-        out = PyTuple_Pack(2, files, (PyObject *)v);
+    if (!failed) {
+        PyObject *root = Py_NewRef(Py_None);
+        if (has_tree) {
+            char text[64];
+            for (long k = 0; k < hash_size; k++) {
+                text[2 * k] = hex[tree[k] >> 4];
+                text[2 * k + 1] = hex[tree[k] & 15];
+            }
+            Py_SETREF(root, PyUnicode_FromStringAndSize(text, 2 * hash_size));
+        }
+        out = root != NULL ? PyTuple_Pack(3, files, (PyObject *)v, root) : NULL;
+        Py_XDECREF(root);
+    }
     Py_XDECREF(files);
     Py_DECREF(v);
     return out;
@@ -1446,8 +1792,8 @@ static PyMethodDef methods[] = {
     {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
      "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
-     "index_files(body, hash_size, lead, racy_from, root_fd, threads) -> (files, vouching) "
-     "or None"},
+     "index_files(body, hash_size, lead, racy_from, root_fd, threads, feed_fd) -> (files, "
+     "vouching, tree) or None"},
     {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
      "seeded(names, lead, vouching, cached, entries, entry, kind, size_cap, racy_after, "
      "shapes) -> the names left"},

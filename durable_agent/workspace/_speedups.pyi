@@ -14,10 +14,21 @@ class Vouching:
     def exclude(self, paths: Iterable[bytes], /) -> None: ...
     def recorded_sizes(self, paths: Iterable[bytes], /) -> dict[bytes, int]: ...
     def taken(self) -> dict[bytes, tuple[bytes, str]]: ...
+    def fed(self) -> bool: ...
+    def listing(
+        self, path: bytes, ctime_ns: int, mtime_ns: int, ino: int, dev: int, racy_after: int, /
+    ) -> list[bytes] | None: ...
 
 def index_files(
-    body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int, /
-) -> tuple[dict[bytes, str], Vouching] | None: ...
+    body: bytes,
+    hash_size: int,
+    lead: bytes,
+    racy_from: int,
+    root_fd: int,
+    threads: int,
+    feed_fd: int,
+    /,
+) -> tuple[dict[bytes, str], Vouching, str | None] | None: ...
 def seeded(
     names: list[bytes],
     lead: bytes,

@@ -19,8 +19,8 @@ the commit, it says so in one line (GitBaselineUnreachable, exit 2) before anyth
 written. `.git` is left out of snapshots as always: a rebuilt folder holds the files, not a
 repository.
 
-git is run only with commands that read (rev-parse, config, diff-index, ls-tree, ls-files,
-check-attr, cat-file), with fsmonitor and optional locks off: the work tree and the index
+git is run only with commands that read (rev-parse, config, check-attr, diff-index,
+ls-tree, cat-file), with fsmonitor and optional locks off: the work tree and the index
 are never written, and no fsmonitor, hook or filter of the workspace's runs (none of these
 commands reads a work tree file's bytes).
 """
@@ -242,9 +242,10 @@ _CONFIG = r"^(core\.(autocrlf|eol)|remote\.origin\.url)$"
 
 def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Seeds]:
     """(the Head: `known`, else the checkout's now; the seeds, when asked for). The files at
-    HEAD are read from git's index, with what `git diff-index --cached` says differs from
-    the commit (the tree is not listed: 50,000 paths cost git and Python 100 ms), or from
-    `git ls-tree` where the index is not one index_files reads."""
+    HEAD are read from git's index: as they are where its cache-tree says the index is
+    HEAD's tree, else with what `git diff-index --cached` says differs from the commit (the
+    tree is not listed: 50,000 paths cost git and Python 100 ms); from `git ls-tree` where
+    the index is not one index_files reads."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         lines = (
@@ -257,51 +258,61 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
                 "--git-path",
                 "index",
                 "HEAD^{commit}",
+                "HEAD^{tree}",
             )
             .decode()
             .split("\n")
         )
-        top, prefix, fmt, index, commit = (
+        top, prefix, fmt, index, commit, tree = (
             lines[0],
             lines[1].rstrip("/"),
             lines[2],
             lines[3],
             lines[4],
+            lines[5],
         )
         fmt = fmt or "sha1"
-        differ = _run(
-            root, "diff-index", "--cached", "--raw", "-z", "--no-renames", "--relative", commit
-        )
-        procs.append(differ)
         config = _run(root, "config", "-z", "--get-regexp", _CONFIG)
         procs.append(config)
+        feed = -1
         if seeds:
-            names = _run(root, "ls-files", "-z")
-            procs.append(names)
-            assert names.stdout is not None
             # --all: only the attributes a path has (asking for CONVERTING by name printed
-            # six "unspecified" lines a file, 14 MB at 50,000 files, three times slower)
-            attrs = _run(root, "check-attr", "-z", "--all", "--stdin", stdin=names.stdout)
+            # six "unspecified" lines a file, 14 MB at 50,000 files, three times slower).
+            # Told the paths by index_files as soon as it has read them (`git ls-files`
+            # cost a process and 8 ms of a core more).
+            told, feed = os.pipe()
+            try:
+                attrs = _run(root, "check-attr", "-z", "--all", "--stdin", stdin=told)
+            except BaseException:
+                os.close(feed)
+                raise
+            finally:
+                os.close(told)
             procs.append(attrs)
-            names.stdout.close()  # check-attr's now: a failed one ends ls-files too
         taken = time.time_ns()  # (the lstat calls' start: racy from then on)
         indexed = index_files(
             os.path.join(root, os.fsencode(index)),
             os.fsencode(prefix),
             32 if fmt == "sha256" else 20,
             root=root if seeds else None,
+            feed=feed,  # (closed by it)
         )
+        staged: set[bytes] = set()
+        if indexed is None:  # the tree as git lists it; nothing taken unread
+            files = _tree_of(_git(root, "ls-tree", "-r", "-z", commit))
+        elif indexed.tree == tree:  # the index is HEAD's tree: nothing staged
+            files = indexed.files
+        else:
+            raw = _git(
+                root, "diff-index", "--cached", "--raw", "-z", "--no-renames", "--relative", commit
+            )
+            files, staged = _at_commit(indexed.files, raw)
         settings = dict(
             (key.lower(), value.strip())
             for key, _, value in (
                 item.partition(b"\n") for item in _out(config, check=False).split(b"\0") if item
             )
         )  # (the last one given wins, as in git)
-        if indexed is None:  # the tree as git lists it; nothing taken unread
-            files = _tree_of(_git(root, "ls-tree", "-r", "-z", commit))
-            staged: set[bytes] = set()
-        else:
-            files, staged = _at_commit(indexed.files, _out(differ))
         head = known or Head(
             Baseline(
                 commit,
@@ -316,10 +327,11 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
         )
         if not seeds or indexed is None:
             return head, NO_SEEDS
-        if names.wait(timeout=600) != 0:
-            raise OSError("git 'ls-files' failed")  # check-attr was told of no file
+        told_all = _out(attrs)
+        if not indexed.vouched.fed():
+            raise OSError("git 'check-attr' was not told every path")
         converts = _conversions(
-            _out(attrs), {k: v.lower() for k, v in settings.items() if k.startswith(b"core.")}
+            told_all, {k: v.lower() for k, v in settings.items() if k.startswith(b"core.")}
         )
         if converts is None:
             return head, NO_SEEDS  # every text file may be converted: none is taken unread

@@ -16,6 +16,7 @@ lstat is the one git's index recorded for it, as `git status` does, without read
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -202,9 +203,27 @@ class Vouched(Protocol):
     def taken(self) -> dict[bytes, tuple[bytes, str]]:
         """path -> (its stat key, its `git:` id) of every file vouched for."""
 
+    def fed(self) -> bool:
+        """Every path was written to the feed index_files was given (waits for it)."""
+
+    def listing(
+        self, path: bytes, ctime_ns: int, mtime_ns: int, ino: int, dev: int, racy_after: int, /
+    ) -> list[bytes] | None:
+        """The names in the folder `path` of the index, sorted, as listed beside the lstat
+        calls, where that folder had these times, inode and device then, older than
+        `racy_after`; None otherwise (the caller lists it)."""
+
 
 class _Vouched(dict[bytes, tuple[bytes, str]]):
     """Vouched, in Python: path -> (stat key, `git:` id)."""
+
+    feeding: threading.Thread | None = None
+    feed_done = False
+
+    def fed(self) -> bool:
+        if self.feeding is not None:
+            self.feeding.join()
+        return self.feed_done
 
     def exclude(self, paths: Iterable[bytes]) -> None:
         for path in paths:
@@ -217,14 +236,22 @@ class _Vouched(dict[bytes, tuple[bytes, str]]):
     def taken(self) -> dict[bytes, tuple[bytes, str]]:
         return dict(self)
 
+    def listing(
+        self, path: bytes, ctime_ns: int, mtime_ns: int, ino: int, dev: int, racy_after: int
+    ) -> list[bytes] | None:
+        return None  # (no folder is listed ahead here: the walk lists each)
+
 
 class IndexFiles(Struct):
     """What git's index says of the files below a workspace (paths relative to it): `files`,
     the blob id of each regular file (stage 0); `vouched`, those git may call clean by their
-    lstat alone whose lstat is the stat data it recorded."""
+    lstat alone whose lstat is the stat data it recorded; `tree`, the id of the tree the
+    whole index is, where its cache-tree extension records it (HEAD's tree: nothing is
+    staged)."""
 
     files: dict[bytes, str]
     vouched: Vouched
+    tree: str | None = None  # the whole tree's id, as the index's cache-tree records it
 
 
 _STAT = struct.Struct(">10I")
@@ -259,6 +286,7 @@ def index_files(
     hash_size: int,
     margin_ns: int | None = None,
     root: bytes | None = None,
+    feed: int = -1,
 ) -> IndexFiles | None:
     """The regular files git's index (the file `index`) tracks below `prefix`, and those of
     them an lstat vouches for (the workspace `root`; none without it): its stat data is the
@@ -276,7 +304,11 @@ def index_files(
     than the rest of `git status`). In C they start as soon as the entries are known and go
     on after this returns, while git's commands are read and the walk begins (Vouched). A
     folder on a path that is a link is followed (the walk that uses them never enters one:
-    it finds no name there to look up)."""
+    it finds no name there to look up).
+
+    `feed` (a pipe's fd; -1: none) is written the paths, each NUL-ended, on a thread, and
+    closed whatever the answer: the input of `git check-attr -z --stdin`, which then starts
+    as soon as they are known rather than after a `git ls-files` of its own."""
     if margin_ns is None:
         margin_ns = VOUCH_MARGIN_NS
     try:
@@ -284,8 +316,10 @@ def index_files(
             written = os.fstat(f.fileno()).st_mtime_ns
             data = f.read(MAX_INDEX_BYTES + 1)
     except OSError:
-        return None
+        data = b""
     if len(data) > MAX_INDEX_BYTES or len(data) < 12 + hash_size:
+        if feed >= 0:
+            os.close(feed)  # (check-attr told of no path)
         return None
     body, checksum = data[:-hash_size], data[-hash_size:]
     digest: list[bytes] = []  # (hashed on a thread while the parse runs: hashlib lets go
@@ -304,11 +338,16 @@ def index_files(
     root_fd = -1
     try:
         if root is not None:
-            root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                if feed >= 0:
+                    os.close(feed)
+                raise
         # (one core left to the caller, which walks meanwhile: on 2 cores, 2 lstat threads
         # beside the walk made the whole first snapshot 8% slower than one)
         threads = max(1, (os.cpu_count() or 1) - 1)
-        found = _index_files(body, hash_size, lead, racy_from, root_fd, threads)
+        found = _index_files(body, hash_size, lead, racy_from, root_fd, threads, feed)
     except (OSError, struct.error, ValueError, IndexError, OverflowError):
         found = None
     finally:
@@ -322,11 +361,53 @@ def index_files(
 
 
 def _index_files_py(
-    body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int, threads: int
-) -> tuple[dict[bytes, str], Vouched] | None:
+    body: bytes,
+    hash_size: int,
+    lead: bytes,
+    racy_from: int,
+    root_fd: int,
+    threads: int,
+    feed_fd: int = -1,
+) -> tuple[dict[bytes, str], Vouched, str | None] | None:
     """index_files's parse and lstat calls, of the index without its checksum, in one
     thread, all made before it returns; what _speedups.index_files answers in C, its lstat
-    calls in `threads` threads (the same answers: tests/test_speedups.py)."""
+    calls in `threads` threads (the same answers: tests/test_speedups.py). `feed_fd` (-1:
+    none) is written the paths, each NUL-ended, on a thread, and closed, whatever the
+    answer."""
+    try:
+        found = _parsed(body, hash_size, lead, racy_from, root_fd)
+    except BaseException:
+        if feed_fd >= 0:
+            os.close(feed_fd)
+        raise
+    if feed_fd < 0:
+        return found
+    if found is None:
+        os.close(feed_fd)
+    else:
+        vouched = found[1]
+        assert isinstance(vouched, _Vouched)
+        paths = b"".join(p + b"\0" for p in found[0])
+        vouched.feeding = threading.Thread(
+            target=_feed, args=(feed_fd, paths, vouched), daemon=True
+        )
+        vouched.feeding.start()
+    return found
+
+
+def _feed(fd: int, data: bytes, vouched: _Vouched) -> None:
+    try:
+        with contextlib.suppress(OSError):  # (git gone: it failed, and says so)
+            while data:
+                data = data[os.write(fd, data) :]
+            vouched.feed_done = True
+    finally:
+        os.close(fd)
+
+
+def _parsed(
+    body: bytes, hash_size: int, lead: bytes, racy_from: int, root_fd: int
+) -> tuple[dict[bytes, str], Vouched, str | None] | None:
     entries, pos = _entries(body, hash_size)
     files: dict[bytes, str] = {}
     asked: list[tuple[bytes, int]] = []
@@ -344,10 +425,13 @@ def _index_files_py(
         c, cn, m, mn = struct.unpack_from(">4I", body, start)
         if c * 1_000_000_000 + cn < racy_from and m * 1_000_000_000 + mn < racy_from:
             asked.append((rel, start))
+    tree = None
     while pos < len(body):  # the extensions
         signature, size = struct.unpack_from(">4sI", body, pos)
         if signature in (b"link", b"sdir"):  # split index; sparse directories
             return None
+        if signature == b"TREE" and tree is None and pos + 8 + size <= len(body):
+            tree = _tree_root(body[pos + 8 : pos + 8 + size], hash_size)
         pos += 8 + size
     if pos != len(body):
         raise ValueError("an extension past the end of the index")
@@ -356,7 +440,20 @@ def _index_files_py(
         tail = _lstat_tail(root_fd, rel, body[start : start + 40])
         if tail is not None:
             vouched[rel] = (tail, "git:" + files[rel])
-    return files, vouched
+    return files, vouched, tree
+
+
+_TREE_ROOT = re.compile(rb"\0(-?[0-9]+) [0-9]+\n")
+
+
+def _tree_root(extension: bytes, hash_size: int) -> str | None:
+    """The id of the whole tree git's cache-tree extension records (its first entry, whose
+    path is empty), None where it records none (git writes -1 entries for one not valid)."""
+    found = _TREE_ROOT.match(extension)
+    if found is None or found.group(1).startswith(b"-"):
+        return None
+    oid = extension[found.end() : found.end() + hash_size]
+    return oid.hex() if len(oid) == hash_size else None
 
 
 RECORD_TAIL = struct.Struct("=qqQI")  # an lstat's ctime_ns, size, inode, permission bits
@@ -388,7 +485,10 @@ class Seeds(Struct, frozen=True):
 NO_SEEDS = Seeds()
 
 
-_index_files: Callable[[bytes, int, bytes, int, int, int], tuple[dict[bytes, str], Vouched] | None]
+_index_files: Callable[
+    [bytes, int, bytes, int, int, int, int],
+    tuple[dict[bytes, str], Vouched, str | None] | None,
+]
 try:
     from durable_agent.workspace._speedups import index_files as _index_files
 except ImportError:  # built without a C compiler: the same answers, slower

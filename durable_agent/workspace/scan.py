@@ -917,7 +917,13 @@ class Scanner:
         known = self._listing.get(rel_dir)
         if known is not None and known[0] == key:
             return known[1]
-        names = _listing(fd)
+        names = None
+        if self._seeds.vouched:  # a fresh scan's folders, listed beside the lstat calls
+            names = self._seeds.vouched.listing(
+                rel_dir, st.st_ctime_ns, st.st_mtime_ns, st.st_ino, st.st_dev, racy_after
+            )
+        if names is None:
+            names = _listing(fd)
         if st.st_ctime_ns < racy_after and st.st_mtime_ns < racy_after:
             self._listing[rel_dir] = (key, names)
         else:
