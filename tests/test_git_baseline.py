@@ -1028,6 +1028,52 @@ def test_diff_index_runs_only_when_the_index_is_not_heads_tree(
     assert b"src/f1.bin" not in seeds.vouched.taken()  # staged: its blob is not HEAD's
 
 
+def test_an_index_git_is_told_of_elsewhere_vouches_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index is read while `git rev-parse` runs, found as git finds it; where git's
+    environment names another (GIT_INDEX_FILE), git's word stands: the commit's files as
+    `ls-tree` lists them, and every file read."""
+    ws = make_checkout(tmp_path, files=6, size=100)
+    _aged(ws)
+    head, seeds = git_baseline.head_and_seeds(os.fsencode(str(ws)))
+    assert head is not None and len(seeds.vouched) > 0
+    other = tmp_path / "other-index"
+    shutil.copy(ws / ".git" / "index", other)
+    monkeypatch.setenv("GIT_INDEX_FILE", str(other))
+    git_baseline._heads.clear()
+    head, seeds = git_baseline.head_and_seeds(os.fsencode(str(ws)))
+    assert head is not None and seeds is git_index.NO_SEEDS
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "HEAD"], cwd=ws, capture_output=True, check=True
+    ).stdout
+    assert head.files == git_baseline._tree_of(listed)
+
+
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_a_linked_worktree_s_index_is_the_one_read(tmp_path: Path, object_format: str) -> None:
+    """`.git` a file naming the worktree's git folder, its config the common one's: the
+    index found there is git's, and vouches for the worktree's files."""
+    main = tmp_path / "main"
+    main.mkdir()
+    git(main, "init", "-q", f"--object-format={object_format}")
+    for i in range(5):
+        (main / f"f{i}.txt").write_text(f"file {i}\n")
+    git(main, "add", "-A")
+    git(main, "commit", "-q", "-m", "base")
+    linked = tmp_path / "linked"
+    git(main, "worktree", "add", "-q", str(linked))
+    assert (linked / ".git").is_file()
+    _aged(linked)
+    head, seeds = git_baseline.head_and_seeds(os.fsencode(str(linked)))
+    assert head is not None and head.baseline.format == object_format
+    assert set(seeds.vouched.taken()) == {f"f{i}.txt".encode() for i in range(5)}
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "HEAD"], cwd=linked, capture_output=True, check=True
+    ).stdout
+    assert head.files == git_baseline._tree_of(listed)
+
+
 @pytest.mark.xfail(strict=True, reason="attributes are read as they are now, not as of checkout")
 @pytest.mark.parametrize("change", ["gitattributes", "autocrlf"])
 def test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change(

@@ -49,7 +49,9 @@ from durable_agent.workspace.git_index import (
     IndexFiles,
     Seeds,
     Vouched,
+    find_index,
     index_files,
+    sha256_repository,
 )
 
 _ENV = {
@@ -245,33 +247,26 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
     HEAD are read from git's index: as they are where its cache-tree says the index is
     HEAD's tree, else with what `git diff-index --cached` says differs from the commit (the
     tree is not listed: 50,000 paths cost git and Python 100 ms); from `git ls-tree` where
-    the index is not one index_files reads."""
+    the index is not one index_files reads.
+
+    The index is the one found as git finds it (git_index.find_index), read while `git
+    rev-parse` runs; where rev-parse names another (GIT_INDEX_FILE, GIT_DIR, core.worktree
+    in the environment or the config), git's word stands and no file is taken unread."""
     procs: list[subprocess.Popen[bytes]] = []
+    indexed: IndexFiles | None = None
     try:
-        lines = (
-            _git(
-                root,
-                "rev-parse",
-                "--show-toplevel",
-                "--show-prefix",
-                "--show-object-format",
-                "--git-path",
-                "index",
-                "HEAD^{commit}",
-                "HEAD^{tree}",
-            )
-            .decode()
-            .split("\n")
+        asked = _run(
+            root,
+            "rev-parse",
+            "--show-toplevel",
+            "--show-prefix",
+            "--show-object-format",
+            "--git-path",
+            "index",
+            "HEAD^{commit}",
+            "HEAD^{tree}",
         )
-        top, prefix, fmt, index, commit, tree = (
-            lines[0],
-            lines[1].rstrip("/"),
-            lines[2],
-            lines[3],
-            lines[4],
-            lines[5],
-        )
-        fmt = fmt or "sha1"
+        procs.append(asked)
         config = _run(root, "config", "-z", "--get-regexp", _CONFIG)
         procs.append(config)
         feed = -1
@@ -290,13 +285,37 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
                 os.close(told)
             procs.append(attrs)
         taken = time.time_ns()  # (the lstat calls' start: racy from then on)
-        indexed = index_files(
-            os.path.join(root, os.fsencode(index)),
-            os.fsencode(prefix),
-            32 if fmt == "sha256" else 20,
-            root=root if seeds else None,
-            feed=feed,  # (closed by it)
+        found = find_index(root)
+        if found is None:
+            if feed >= 0:
+                os.close(feed)
+        else:
+            index_path, found_prefix = found
+            sha256 = sha256_repository(os.path.dirname(index_path))
+            indexed = index_files(
+                index_path,
+                found_prefix,
+                32 if sha256 else 20,
+                root=root if seeds else None,
+                feed=feed,  # (closed by it)
+            )
+        lines = _out(asked).decode().split("\n")
+        top, prefix, fmt, index, commit, tree = (
+            lines[0],
+            lines[1].rstrip("/"),
+            lines[2],
+            lines[3],
+            lines[4],
+            lines[5],
         )
+        fmt = fmt or "sha1"
+        if found is not None and (
+            os.fsencode(prefix) != found[1]
+            or (fmt == "sha256") != sha256
+            or os.path.realpath(os.path.join(root, os.fsencode(index)))
+            != os.path.realpath(found[0])
+        ):
+            indexed = None  # not the index git reads (its lstat threads end with it)
         staged: set[bytes] = set()
         if indexed is None:  # the tree as git lists it; nothing taken unread
             files = _tree_of(_git(root, "ls-tree", "-r", "-z", commit))

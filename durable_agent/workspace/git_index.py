@@ -89,7 +89,7 @@ def find_index(root: bytes) -> tuple[bytes, bytes] | None:
         here = parent
 
 
-def _sha256(gitdir: bytes) -> bool:
+def sha256_repository(gitdir: bytes) -> bool:
     """Whether the repository names objects by SHA-256 (a worktree's config is the common one)."""
     dirs = [gitdir]
     try:
@@ -123,7 +123,7 @@ def tracked_files(index: bytes, prefix: bytes, wanted: frozenset[bytes]) -> Trac
         # that took as long as a third of `git status`.
         return Tracked()
     try:
-        paths = _paths(data, 32 if _sha256(os.path.dirname(index)) else 20)
+        paths = _paths(data, 32 if sha256_repository(os.path.dirname(index)) else 20)
     except (struct.error, ValueError, IndexError):
         return Tracked()
     lead = prefix + b"/" if prefix else b""

@@ -257,7 +257,9 @@ def encode_full(manifest: Mapping[bytes, Entry]) -> bytes:
     return compressed(b'{"full":' + rows + b"}")
 
 
-PARALLEL_FROM = 1 << 20  # bytes of JSON from which compressed() spreads the work
+# Bytes of JSON from which compressed() spreads the work: a thread costs about 0.1 ms; a
+# 10,000-file manifest's 970 KB took 6.6 ms in one part, 3.8 ms in two.
+PARALLEL_FROM = 256 << 10
 
 
 def compressed(data: bytes, parts: int | None = None) -> bytes:
