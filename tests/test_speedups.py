@@ -10,6 +10,7 @@ import random
 import struct
 import subprocess
 import tempfile
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -679,6 +680,35 @@ def test_the_paths_are_fed_to_git_and_the_feed_closed_whatever_the_answer(
         assert found in (None, ("refused",)) and told == b""
     with pytest.raises(OSError):  # (closed by index_files, not left to the caller)
         os.close(write)
+
+
+def _index_of(paths: list[bytes]) -> bytes:
+    """A version-2 index (no checksum) of `paths`, sorted: no stat data, no object ids."""
+    body = b"DIRC" + struct.pack(">II", 2, len(paths))
+    for path in sorted(paths):
+        fixed = struct.pack(">10I", 0, 0, 0, 0, 0, 0, 0o100644, 0, 0, 0) + bytes(20)
+        body += fixed + struct.pack(">H", len(path)) + path
+        body += b"\0" * (8 - (len(fixed) + 2 + len(path)) % 8)
+    return body
+
+
+def test_a_vouching_freed_before_git_reads_its_feed_does_not_wait_for_git() -> None:
+    """An index whose checksum is wrong is dropped before git's answer is read: git, whose
+    answer fills its pipe, no longer reads its input, and the feed's end must not wait."""
+    body = _index_of([b"%05d-" % i + b"p" * 100 for i in range(2000)])  # (past a pipe's 64 KiB)
+    assert git_index._index_files_py(body, 20, b"", 0, -1, 1, -1) is not None
+    read, write = os.pipe()
+    try:
+        found = _speedups.index_files(body, 20, b"", 0, -1, 1, write)
+        assert found is not None and len(found[0]) == 2000
+        box = [found]
+        del found
+        dropped = threading.Thread(target=box.clear, daemon=True)  # (joined with a timeout)
+        dropped.start()
+        dropped.join(10)
+        assert not dropped.is_alive()
+    finally:
+        os.close(read)  # (the feed's end then fails: the feeder ends)
 
 
 def test_a_folder_listed_beside_the_lstat_calls_is_taken_only_as_it_still_is(

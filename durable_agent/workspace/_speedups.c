@@ -26,6 +26,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <pthread.h>
 #include <limits.h>
@@ -337,6 +338,7 @@ typedef struct {
     pthread_t feeder;      /* writes the paths to feed_fd (index_files), when `feeding` */
     int feeding;
     int fed;               /* (the feeder's) 1: every path was written */
+    int unfed;             /* (atomic) 1: the feeder stops writing (the Vouching is freed) */
     Py_ssize_t names_size; /* bytes of `names` */
     Py_ssize_t candidates; /* entries asked and not excluded */
     index_folder *folders; /* every folder of the entries, in the index's order (by chunk) */
@@ -490,16 +492,28 @@ lstat_made(Vouching *v, Py_ssize_t i)
 }
 
 /* The paths, each NUL-ended, to `feed_fd` (a pipe to `git check-attr -z --stdin`), which
-   is then closed: the caller reads what git answers meanwhile. Touches nothing of
-   Python's. */
+   is then closed: the caller reads what git answers meanwhile. Written without blocking
+   for good: a Vouching freed before its caller read git's answer (an index whose checksum
+   is wrong) would wait forever for git, which waits for its answer to be read; `unfed`
+   stops the writing then. Touches nothing of Python's. */
 static void *
 feed_paths(void *arg)
 {
     Vouching *v = arg;
+    int flags = fcntl(v->feed_fd, F_GETFL);
+    if (flags >= 0)
+        fcntl(v->feed_fd, F_SETFL, flags | O_NONBLOCK);
     for (Py_ssize_t at = 0; at < v->names_size;) {
+        if (__atomic_load_n(&v->unfed, __ATOMIC_RELAXED))
+            break;
         ssize_t n = write(v->feed_fd, v->names + at, v->names_size - at);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd out = {v->feed_fd, POLLOUT, 0};
+            poll(&out, 1, 50); /* (git reads on, or unfed is looked at again) */
+            continue;
+        }
         if (n <= 0)
             break; /* (git gone: EPIPE; it failed, and says so) */
         at += n;
@@ -533,6 +547,7 @@ Vouching_fed(Vouching *v, PyObject *unused)
 static void
 Vouching_dealloc(Vouching *v)
 {
+    __atomic_store_n(&v->unfed, 1, __ATOMIC_RELAXED); /* (no one reads git's answer now) */
     feed_joined(v);
     if (v->started) { /* no chunk is taken any more; those under way end */
         __atomic_store_n(&v->next, v->chunks, __ATOMIC_RELAXED);
@@ -1064,6 +1079,7 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     v->started = 0;
     v->feeding = 0;
     v->fed = 0;
+    v->unfed = 0;
     v->feed_fd = -1;
     v->names_size = names_size;
     v->candidates = 0;
