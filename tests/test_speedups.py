@@ -711,6 +711,17 @@ def test_a_vouching_freed_before_git_reads_its_feed_does_not_wait_for_git() -> N
         os.close(read)  # (the feed's end then fails: the feeder ends)
 
 
+def test_a_vouching_with_no_folder_to_lstat_in_vouches_for_none() -> None:
+    body = _body(2, 20)
+    found = _speedups.index_files(body, 20, b"", 2**62, -1, 1, -1)
+    python = git_index._index_files_py(body, 20, b"", 2**62, -1, 1, -1)
+    assert found is not None and python is not None
+    files, vouching = found[0], found[1]
+    vouching.exclude([b"a.txt", b"sub/b.txt"])
+    assert len(vouching) == len(python[1]) == 0
+    assert [p for p in files if p in vouching] == [p for p in files if p in python[1]] == []
+
+
 def test_a_folder_listed_beside_the_lstat_calls_is_taken_only_as_it_still_is(
     tmp_path: Path,
 ) -> None:

@@ -1144,7 +1144,9 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
         }
     }
     else {
-        v->candidates = 0; /* nothing lstat'ed: none vouched for */
+        v->candidates = 0; /* nothing lstat'ed: none vouched for, none asked */
+        for (Py_ssize_t i = 0; i < count; i++)
+            entries[i].ask = 0;
     }
     if (feed_fd >= 0) {
         v->feed_fd = feed_fd;
