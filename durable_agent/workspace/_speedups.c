@@ -825,7 +825,7 @@ tree_root(const unsigned char *p, Py_ssize_t size, long hash_size, unsigned char
 /* The entries of the index `d` (`n` bytes, no checksum): the regular files below `lead`
    into `*out` (`*count` of them), their relative paths into `*names`, NUL-ended. 1: read;
    0: an index this does not read (a merge's stages, an intent-to-add, a split or sparse
-   index); -1: damaged, ValueError set. Nothing of Python's is made but memory. */
+   index, paths out of order or twice); -1: damaged, ValueError set. Nothing of Python's is made but memory. */
 static int
 parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *lead,
             Py_ssize_t lead_len, long long racy_from, index_entry **out, Py_ssize_t *count,
@@ -848,6 +848,8 @@ parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *le
     char *text = PyMem_Malloc(names_cap);
     char *previous = NULL; /* version 4: the previous path */
     Py_ssize_t previous_len = 0, previous_cap = 0, found = 0;
+    const char *last = NULL; /* versions 2 and 3: the previous path */
+    Py_ssize_t last_len = 0;
     int result = -1;
     if (entries == NULL || text == NULL) {
         PyErr_NoMemory();
@@ -901,6 +903,11 @@ parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *le
             }
             Py_ssize_t suffix = end - (d + name_at);
             Py_ssize_t keep = previous_len - (Py_ssize_t)strip;
+            if (i > 0 && compare_rel(previous + keep, previous_len - keep,
+                                     (const char *)d + name_at, suffix) >= 0) {
+                result = 0; /* out of order (see below) */
+                goto done;
+            }
             if (keep + suffix + 1 > previous_cap) {
                 Py_ssize_t cap = (keep + suffix + 1) * 2;
                 char *grown = PyMem_Realloc(previous, cap);
@@ -925,6 +932,14 @@ parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *le
             }
             path = (const char *)d + name_at;
             path_len = end - (d + name_at);
+            /* Each path after the one before, as git writes them: in an index out of
+               order a folder's paths are apart, and each return to it lists it again. */
+            if (i > 0 && compare_rel(last, last_len, path, path_len) >= 0) {
+                result = 0;
+                goto done;
+            }
+            last = path;
+            last_len = path_len;
             pos += (name_at - pos + path_len + 8) & ~(Py_ssize_t)7; /* 1 to 8 NULs pad */
         }
         unsigned int mode = be32(d + start + 24);

@@ -295,7 +295,7 @@ def index_files(
     index, or in the second it wrote it in when `margin_ns` is not 0, when a change in the
     same clock tick would leave its stat data as recorded: git's "racily clean" rule, by
     both times). None: an index this does not read (not there, damaged, its checksum wrong;
-    a merge's stages, an intent-to-add, a split or sparse index): then git is asked
+    a merge's stages, an intent-to-add, a split or sparse index, paths out of order): then git is asked
     (git_baseline.py), and no file is taken unread. `margin_ns`: VOUCH_MARGIN_NS unless
     given.
 
@@ -412,7 +412,11 @@ def _parsed(
     files: dict[bytes, str] = {}
     asked: list[tuple[bytes, int]] = []
     skip = len(lead)
+    last = None
     for path, start, flags, extended in entries:
+        if last is not None and path <= last:
+            return None  # out of order or twice: not as git writes it (_speedups.c)
+        last = path
         mode = int.from_bytes(body[start + 24 : start + 28], "big")
         if flags & _STAGE or extended & _INTENT_TO_ADD or mode == _SPARSE_DIR:
             return None
