@@ -744,6 +744,26 @@ def test_an_index_out_of_order_is_not_read(version: int, order: str) -> None:
     assert git_index._index_files_py(body, 20, b"", 0, -1, 1, -1) is None
 
 
+def test_a_folder_is_listed_once_whatever_path_of_the_index_reaches_it(tmp_path: Path) -> None:
+    """An index may name a folder by many paths (through links, `./`): each would list it
+    again (a link to a folder of 20,000 files for each entry of an index). The first lists
+    it; the walk, which never goes through a link, lists itself what no one listed."""
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "x").write_text("x")
+    (tmp_path / "l").symlink_to(".")
+    paths = [b"./big/x", b"big/x", b"l/big/x", b"l/l/big/x"]
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        found = _speedups.index_files(_index_of(paths), 20, b"", 0, fd, 1, -1)
+    finally:
+        os.close(fd)
+    assert found is not None
+    st = os.stat(tmp_path / "big")
+    key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino, st.st_dev, 2**62)
+    listed = [found[1].listing(p.rsplit(b"/", 1)[0], *key) for p in paths]
+    assert listed == [[b"x"], None, None, None]
+
+
 def test_a_folder_listed_beside_the_lstat_calls_is_taken_only_as_it_still_is(
     tmp_path: Path,
 ) -> None:

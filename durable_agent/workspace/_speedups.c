@@ -344,6 +344,8 @@ typedef struct {
     index_folder *folders; /* every folder of the entries, in the index's order (by chunk) */
     Py_ssize_t nfolders;
     index_folder **by_path; /* the same, by path */
+    unsigned long long *seen; /* (with `lock`) the folders listed: device and inode, +1 */
+    Py_ssize_t seen_size;     /* (pairs: a power of two, twice the folders or more) */
 } Vouching;
 
 /* Folder `f` listed as of its change time, modification time and inode (taken before its
@@ -351,6 +353,29 @@ typedef struct {
    following a link at its own name; one on the way is followed, as fstatat follows it for
    the lstat calls: the walk, which follows none, takes a listing only of the folder it
    opened itself (the same inode and device). */
+/* 1: the folder of device `dev` and inode `ino` was not listed yet (it is now taken). */
+static int
+first_listing(Vouching *v, unsigned long long dev, unsigned long long ino)
+{
+    Py_ssize_t at = (Py_ssize_t)((ino * 0x9E3779B97F4A7C15ull) ^ dev) & (v->seen_size - 1);
+    int first = 1;
+    pthread_mutex_lock(&v->lock);
+    for (;; at = (at + 1) & (v->seen_size - 1)) {
+        unsigned long long *slot = v->seen + 2 * at;
+        if (slot[0] == 0) { /* (at most one folder a slot: never full) */
+            slot[0] = dev + 1;
+            slot[1] = ino;
+            break;
+        }
+        if (slot[0] == dev + 1 && slot[1] == ino) {
+            first = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&v->lock);
+    return first;
+}
+
 static void
 list_folder(Vouching *v, index_folder *f)
 {
@@ -369,7 +394,10 @@ list_folder(Vouching *v, index_folder *f)
     struct stat st;
     if (fd < 0)
         return;
-    DIR *dir = fstat(fd, &st) == 0 ? fdopendir(fd) : NULL;
+    /* Each folder listed once, whatever path reaches it: an index may name one by many
+       (through links, `./`), each of which would list it again. */
+    DIR *dir = fstat(fd, &st) == 0 && first_listing(v, st.st_dev, st.st_ino) ? fdopendir(fd)
+                                                                             : NULL;
     if (dir == NULL) {
         close(fd);
         return;
@@ -574,6 +602,7 @@ Vouching_dealloc(Vouching *v)
     }
     PyMem_Free(v->folders);
     PyMem_Free(v->by_path);
+    PyMem_Free(v->seen);
     Py_XDECREF(v->body);
     Py_TYPE(v)->tp_free((PyObject *)v);
 }
@@ -1100,6 +1129,7 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     v->candidates = 0;
     v->folders = NULL;
     v->by_path = NULL;
+    v->seen = NULL;
     v->nfolders = 0;
     v->done = PyMem_Calloc(v->chunks ? v->chunks : 1, 1);
     if (v->done == NULL) {
@@ -1151,6 +1181,13 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     for (Py_ssize_t k = 0; k < v->nfolders; k++)
         v->by_path[k] = &v->folders[k];
     qsort(v->by_path, v->nfolders, sizeof(index_folder *), by_folder_path);
+    for (v->seen_size = 1; v->seen_size < 2 * v->nfolders;)
+        v->seen_size *= 2;
+    v->seen = PyMem_Calloc(v->seen_size, 2 * sizeof(unsigned long long));
+    if (v->seen == NULL) {
+        Py_DECREF(v);
+        return PyErr_NoMemory();
+    }
     if (root_fd >= 0) {
         v->root_fd = fcntl((int)root_fd, F_DUPFD_CLOEXEC, 0); /* (the caller closes its own) */
         if (v->root_fd < 0) {
