@@ -348,11 +348,6 @@ typedef struct {
     Py_ssize_t seen_size;     /* (pairs: a power of two, twice the folders or more) */
 } Vouching;
 
-/* Folder `f` listed as of its change time, modification time and inode (taken before its
-   names are read: a name added meanwhile moves them). Opened below the workspace without
-   following a link at its own name; one on the way is followed, as fstatat follows it for
-   the lstat calls: the walk, which follows none, takes a listing only of the folder it
-   opened itself (the same inode and device). */
 /* 1: the folder of device `dev` and inode `ino` was not listed yet (it is now taken). */
 static int
 first_listing(Vouching *v, unsigned long long dev, unsigned long long ino)
@@ -376,6 +371,11 @@ first_listing(Vouching *v, unsigned long long dev, unsigned long long ino)
     return first;
 }
 
+/* Folder `f` listed as of its change time, modification time and inode (taken before its
+   names are read: a name added meanwhile moves them). Opened below the workspace without
+   following a link at its own name; one on the way is followed, as fstatat follows it for
+   the lstat calls: the walk, which follows none, takes a listing only of the folder it
+   opened itself (the same inode and device). */
 static void
 list_folder(Vouching *v, index_folder *f)
 {
@@ -854,7 +854,8 @@ tree_root(const unsigned char *p, Py_ssize_t size, long hash_size, unsigned char
 /* The entries of the index `d` (`n` bytes, no checksum): the regular files below `lead`
    into `*out` (`*count` of them), their relative paths into `*names`, NUL-ended. 1: read;
    0: an index this does not read (a merge's stages, an intent-to-add, a split or sparse
-   index, paths out of order or twice); -1: damaged, ValueError set. Nothing of Python's is made but memory. */
+   index, paths out of order or twice); -1: damaged, ValueError set. Nothing of Python's is
+   made but memory. */
 static int
 parse_index(const unsigned char *d, Py_ssize_t n, long hash_size, const char *lead,
             Py_ssize_t lead_len, long long racy_from, index_entry **out, Py_ssize_t *count,
@@ -1161,7 +1162,8 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
             if (p >= 0 && cur[p] != '/')
                 continue; /* (-1: the workspace itself, entered by the first path) */
             if (v->nfolders == folders_cap) {
-                index_folder *more = PyMem_Realloc(v->folders, 2 * folders_cap * sizeof(index_folder));
+                index_folder *more =
+                    PyMem_Realloc(v->folders, 2 * folders_cap * sizeof(index_folder));
                 if (more == NULL) {
                     Py_DECREF(v);
                     return PyErr_NoMemory();

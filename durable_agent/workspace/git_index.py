@@ -295,9 +295,9 @@ def index_files(
     index, or in the second it wrote it in when `margin_ns` is not 0, when a change in the
     same clock tick would leave its stat data as recorded: git's "racily clean" rule, by
     both times). None: an index this does not read (not there, damaged, its checksum wrong;
-    a merge's stages, an intent-to-add, a split or sparse index, paths out of order): then git is asked
-    (git_baseline.py), and no file is taken unread. `margin_ns`: VOUCH_MARGIN_NS unless
-    given.
+    a merge's stages, an intent-to-add, a split or sparse index, paths out of order): then
+    git is asked (git_baseline.py), and no file is taken unread. `margin_ns`:
+    VOUCH_MARGIN_NS unless given.
 
     The lstat calls are spread over the cores, as git's preload-index spreads them (on a
     virtual disk an lstat is a few microseconds of the kernel's: 50,000 of them take more
