@@ -24,8 +24,8 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -206,12 +206,7 @@ def _joined_py(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes:
 
 
 def joined(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes:
-    if type(manifest) is dict:
-        try:
-            return _joined(paths, manifest)
-        except OverflowError:  # a mode or size past 64 bits (a store edited by hand)
-            pass
-    return _joined_py(paths, manifest)
+    return _in_c(_joined, _joined_py, paths, manifest)
 
 
 def _bucket_lines_py(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> list[bytes]:
@@ -221,12 +216,26 @@ def _bucket_lines_py(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> lis
 
 
 def bucket_lines(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> list[bytes]:
+    return _in_c(_bucket_lines, _bucket_lines_py, paths, manifest)
+
+
+Out = TypeVar("Out")
+
+
+def _in_c(
+    c: Callable[[list[bytes], dict[bytes, Entry]], Out],
+    python: Callable[[list[bytes], Mapping[bytes, Entry]], Out],
+    paths: list[bytes],
+    manifest: Mapping[bytes, Entry],
+) -> Out:
+    """`c`'s answer of a plain dict, `python`'s of anything else or where C says a mode or
+    size is past 64 bits (a store edited by hand)."""
     if type(manifest) is dict:
         try:
-            return _bucket_lines(paths, manifest)
-        except OverflowError:  # a mode or size past 64 bits (a store edited by hand)
+            return c(paths, manifest)
+        except OverflowError:
             pass
-    return _bucket_lines_py(paths, manifest)
+    return python(paths, manifest)
 
 
 def _no_json_rows(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes | None:
