@@ -255,8 +255,9 @@ def git_first(
             plain_stored.append(stored_bytes(blobs))
             engine.dispose()
             os.remove(f"{tmp}/store{i}.db")
-        # What the scan waits for before its walk (git's commands, the index read, the
-        # tracked files' lstat calls in threads: head_and_seeds), then the snapshot.
+        # What the scan waits for before its walk (git's commands and the index read:
+        # head_and_seeds; the tracked files' lstat calls go on in threads after it), then
+        # the snapshot.
         git_baseline._heads.clear()
         t = time.perf_counter()
         git_baseline.head_and_seeds(os.fsencode(str(root)))

@@ -463,6 +463,17 @@ def test_take_and_rebuild_on_each_backend(store_url: str, tmp_path: Path) -> Non
     assert picture(tmp_path / "out") == picture(ws, skip=WITHOUT_GIT)
 
 
+def _first_git_snapshot(ws: Path, tmp_path: Path) -> snapshot.Snapshot:
+    """A fresh scanner's first snapshot of `ws` with the git baseline, into a new store."""
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        return snapshot.take(
+            Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), BlobStore(engine), git=True
+        )
+    finally:
+        engine.dispose()
+
+
 def _aged(ws: Path) -> None:
     """git's index written well after every file's last change, as a checkout's is when git
     refreshed it later: a file its index recorded within VOUCH_MARGIN_NS of writing it is
@@ -880,13 +891,7 @@ def test_files_git_only_normalizes_when_added_are_taken_on_its_word_at_their_siz
     assert git(ws, "status", "--porcelain").strip() == ""
     monkeypatch.setattr(git_index, "VOUCH_MARGIN_NS", 0)
     read = _count_reads(monkeypatch)
-    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
-    try:
-        snap = snapshot.take(
-            Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), BlobStore(engine), git=True
-        )
-    finally:
-        engine.dispose()
+    snap = _first_git_snapshot(ws, tmp_path)
     assert b"crlf.txt" in read and not any(name.startswith(b"plain") for name in read), read
     assert snap.manifest[b"crlf.txt"].ref == sha256(ws / "crlf.txt")
     assert snap.manifest[b"plain3.txt"].ref == "git:" + git(ws, "rev-parse", "HEAD:plain3.txt")
@@ -1100,13 +1105,7 @@ def test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change(
         (ws / ".gitattributes").write_text("")
     else:
         git(ws, "config", "core.autocrlf", "false")
-    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
-    try:
-        snap = snapshot.take(
-            Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), BlobStore(engine), git=True
-        )
-    finally:
-        engine.dispose()
+    snap = _first_git_snapshot(ws, tmp_path)
     data = (ws / "a.txt").read_bytes()
     assert snap.manifest[b"a.txt"].ref in (
         "git:" + git_baseline.git_blob_id(data),

@@ -691,21 +691,28 @@ Vouching_recorded_sizes(Vouching *v, PyObject *paths)
     return out;
 }
 
-/* `git:` and the hex of the object id at `oid` (GIT_REF + blob id). */
+/* `lead` (`lead_len` bytes of ASCII), then the hex of the object id at `oid`, as a str: a
+   blob id, a tree id, `git:` and a blob id (GIT_REF). */
+static PyObject *
+hex_text(const char *lead, Py_ssize_t lead_len, const unsigned char *oid, long hash_size)
+{
+    static const char hex[] = "0123456789abcdef";
+    PyObject *text = PyUnicode_New(lead_len + 2 * hash_size, 127);
+    if (text == NULL)
+        return NULL;
+    char *out = (char *)PyUnicode_DATA(text) + lead_len;
+    memcpy(PyUnicode_DATA(text), lead, lead_len);
+    for (long k = 0; k < hash_size; k++) {
+        out[2 * k] = hex[oid[k] >> 4];
+        out[2 * k + 1] = hex[oid[k] & 15];
+    }
+    return text;
+}
+
 static PyObject *
 git_ref_of(const unsigned char *oid, long hash_size)
 {
-    static const char hex[] = "0123456789abcdef";
-    PyObject *ref = PyUnicode_New(4 + 2 * hash_size, 127);
-    if (ref == NULL)
-        return NULL;
-    char *out = (char *)PyUnicode_DATA(ref);
-    memcpy(out, "git:", 4);
-    for (long k = 0; k < hash_size; k++) {
-        out[4 + 2 * k] = hex[oid[k] >> 4];
-        out[5 + 2 * k] = hex[oid[k] & 15];
-    }
-    return ref;
+    return hex_text("git:", 4, oid, hash_size);
 }
 
 static PyObject *
@@ -1226,29 +1233,15 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     int failed = v->rels == NULL || files == NULL;
     if (v->rels == NULL)
         PyErr_NoMemory();
-    static const char hex[] = "0123456789abcdef";
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
         index_entry *e = &entries[i];
         v->rels[i] = PyBytes_FromStringAndSize(names + e->rel_at, e->rel_len);
-        char oid[64];
-        for (long k = 0; k < hash_size; k++) {
-            oid[2 * k] = hex[d[e->start + 40 + k] >> 4];
-            oid[2 * k + 1] = hex[d[e->start + 40 + k] & 15];
-        }
-        PyObject *blob = v->rels[i] ? PyUnicode_FromStringAndSize(oid, 2 * hash_size) : NULL;
+        PyObject *blob = v->rels[i] ? hex_text("", 0, d + e->start + 40, hash_size) : NULL;
         failed = blob == NULL || PyDict_SetItem(files, v->rels[i], blob) < 0;
         Py_XDECREF(blob);
     }
     if (!failed) {
-        PyObject *root = Py_NewRef(Py_None);
-        if (has_tree) {
-            char text[64];
-            for (long k = 0; k < hash_size; k++) {
-                text[2 * k] = hex[tree[k] >> 4];
-                text[2 * k + 1] = hex[tree[k] & 15];
-            }
-            Py_SETREF(root, PyUnicode_FromStringAndSize(text, 2 * hash_size));
-        }
+        PyObject *root = has_tree ? hex_text("", 0, tree, hash_size) : Py_NewRef(Py_None);
         out = root != NULL ? PyTuple_Pack(3, files, (PyObject *)v, root) : NULL;
         Py_XDECREF(root);
     }

@@ -150,10 +150,6 @@ def git_blob_id(data: bytes, fmt: str = "sha1") -> str:
 GIT_REF = "git:"  # a manifest's content id that is a git blob id (the commit holds the bytes)
 
 
-def git_ref(blob_id: str) -> str:
-    return GIT_REF + blob_id
-
-
 def blob_id_of(ref: str) -> str | None:
     """The git blob id a manifest's content id names (None: a sha256, the store holds it)."""
     return ref[len(GIT_REF) :] if ref.startswith(GIT_REF) else None

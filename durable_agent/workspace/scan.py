@@ -378,7 +378,7 @@ class Scanner:
             ):
                 w = self._look_at(paths)
             if first and self._seeds.vouched and self._last_seen:
-                self._seeds = _kept_by_id(self._seeds, self._last_seen)
+                _keep_stored_ids(self._seeds, self._last_seen)
             try:
                 if w is not None:
                     return self._finish(w, first)
@@ -1038,11 +1038,10 @@ class Scanner:
         return None, recorded
 
 
-def _kept_by_id(seeds: Seeds, last_seen: Manifest) -> Seeds:
-    """`seeds` less the files the store last recorded by a sha256: a stored file keeps its id
-    (read again, it is the same bytes: Scanner._git_ref)."""
+def _keep_stored_ids(seeds: Seeds, last_seen: Manifest) -> None:
+    """Take out of `seeds` the files the store last recorded by a sha256: a stored file keeps
+    its id (read again, it is the same bytes: Scanner._git_ref)."""
     seeds.vouched.exclude([p for p, e in last_seen.items() if not e.ref.startswith(GIT_REF)])
-    return seeds
 
 
 def _sha256(data: bytes) -> str:
