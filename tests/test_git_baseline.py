@@ -671,6 +671,7 @@ def test_the_first_snapshot_on_gits_word_equals_a_full_rescan(
     the manifest a scan that reads every file gives, whatever the checkout holds."""
     if loop == "python":
         monkeypatch.setattr(scan_module, "_changed", scan_module._changed_py)
+        monkeypatch.setattr(scan_module, "_preload", scan_module._preload_py)
         monkeypatch.setattr(scan_module, "_seeded", scan_module._seeded_py)
         monkeypatch.setattr(git_index, "_index_files", git_index._index_files_py)
     ws = tmp_path / "ws"

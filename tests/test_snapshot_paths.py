@@ -135,7 +135,7 @@ def _tool_writes(root: Path, op: tuple[Any, ...]) -> bool:
 
 
 @pytest.mark.slow  # over 2 s on 2 cores
-@pytest.mark.parametrize("loop", ["c", "python"])
+@pytest.mark.parametrize("loop", ["c", "ahead", "python"])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(_command, _tool, _tool), min_size=1, max_size=14))
 @example([("mkdir", "e1"), ("tool", "e1/k", b"k", False, False)])  # an empty folder filled
@@ -149,9 +149,11 @@ def test_file_tool_writes_looked_at_alone_give_the_manifest_of_a_full_scan(
     with contextlib.ExitStack() as stack:
         stack.callback(setattr, TreeIds, "REBUILD_AT", saved)
         if loop == "python":  # the stat cache's loop where the C one could not be built
-            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
-                scan, "_changed", scan._changed_py
-            )
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            patch.setattr(scan, "_changed", scan._changed_py)
+            patch.setattr(scan, "_preload", scan._preload_py)
+        elif loop == "ahead":  # the lstat calls made ahead in threads, however few the files
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(scan, "PRELOAD_FROM", 0)
         root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         (root / "d").mkdir()
         (root / "d" / "c").write_bytes(b"c")
@@ -329,7 +331,7 @@ def test_the_stat_cache_loop_is_built_in_c() -> None:
         if in_ci():
             raise
         pytest.skip(f"the C loop is not built here ({exc}): the scanner takes its Python loop")
-    assert scan._changed is _speedups.changed
+    assert scan._changed is _speedups.changed and scan._preload is _speedups.preload
 
 
 @settings(max_examples=80, deadline=None)
@@ -388,8 +390,161 @@ def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]
         assert got == [n for n, ok in zip(names, vouched, strict=True) if not ok]
 
 
+def _key_of(path: Path) -> bytes:
+    s = os.lstat(path)
+    return RECORD_TAIL.pack(s.st_ctime_ns, s.st_size, s.st_ino, s.st_mode & 0o777)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["", "d", "d/e", "f"]),
+            st.sampled_from(["file", "link", "dir", "gone"]),
+            _KEY_AS,
+            st.sampled_from(["kept", "written", "replaced", "removed", "new row"]),
+        ),
+        min_size=0,
+        max_size=16,
+    ),
+    st.sampled_from([0, 1, 4, 16]),
+)
+def test_the_lstat_calls_made_ahead_give_the_loops_answer(
+    files: list[tuple[str, str, str, str]], threads: int
+) -> None:
+    """A walk's lstat calls made ahead in threads (_speedups.preload), whatever changed
+    between the cache and them or between them and the walk's question (a row made anew, a
+    file written or gone since), answer what the loop answers when asked then."""
+    _speedups = pytest.importorskip("durable_agent.workspace._speedups")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for folder in ("d", "d/e", "f"):
+            (root / folder).mkdir(parents=True)
+        cache: dict[bytes, dict[bytes, Any]] = {}
+        after: list[tuple[Path, str, bytes, bytes]] = []
+        for i, (folder, kind, key_as, then) in enumerate(files):
+            name = f"n{i}".encode()
+            path = root / folder / os.fsdecode(name)
+            if kind == "file":
+                path.write_bytes(b"x" * i)
+            elif kind == "link":
+                path.symlink_to("nowhere")
+            elif kind == "dir":
+                path.mkdir()
+            rows = cache.setdefault(os.fsencode(folder), {})
+            if key_as == "absent":
+                continue
+            key: Any = _key_of(path) if kind != "gone" else RECORD_TAIL.pack(1, 2, 3, 0o644)
+            ctime, size, ino, mode = RECORD_TAIL.unpack(key)
+            key = {
+                "racy": None,
+                "ctime": RECORD_TAIL.pack(ctime + 1, size, ino, mode),
+                "size": RECORD_TAIL.pack(ctime, size + 1, ino, mode),
+                "short": key[:-1],
+                "tuple": (ctime, size, ino),
+            }.get(key_as, key)
+            rows[name] = (key, object())
+            after.append((path, then, os.fsencode(folder), name))
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            pre = _speedups.preload(fd, cache, threads)
+        finally:
+            os.close(fd)  # (it keeps its own)
+        for path, then, folder, name in after:  # changes since its lstat calls
+            if then == "written" and path.is_file() and not path.is_symlink():
+                with path.open("ab") as f:
+                    f.write(b"more")
+            elif then == "replaced" and not path.is_dir():
+                path.unlink(missing_ok=True)
+                path.write_bytes(b"new")
+            elif then == "removed" and not path.is_dir():
+                path.unlink(missing_ok=True)
+            elif then == "new row" and lexists(path):
+                cache[folder][name] = (_key_of(path), object())  # made by the walk since
+        for folder, rows in cache.items():
+            fd = os.open(root / os.fsdecode(folder), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                names = sorted(rows) + [b"unknown"]
+                want = scan._changed_py(fd, names, rows)
+                got = pre.changed(fd, folder, names, rows)
+                # A verdict made before the change stands for its row (a change during a
+                # walk is the next walk's); any other is the loop's answer now.
+                stale = {
+                    n
+                    for p, then, f, n in after
+                    if f == folder and then in ("written", "replaced", "removed")
+                }
+                assert [n for n in got if n not in stale] == [n for n in want if n not in stale]
+                assert set(got) - stale <= set(want)
+            finally:
+                os.close(fd)
+
+
+def lexists(path: Path) -> bool:
+    return os.path.lexists(path)
+
+
+def test_lstat_calls_made_in_another_folder_are_not_taken(tmp_path: Path) -> None:
+    """A folder swapped for another since the lstat calls (the same names, the same files by
+    hard links: the same stat keys) is lstat'ed again by the walk, as is one asked of under
+    a path the cache did not have."""
+    _speedups = pytest.importorskip("durable_agent.workspace._speedups")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"a")
+    cache = {b"d": {b"a": (_key_of(tmp_path / "d" / "a"), object())}}
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pre = _speedups.preload(fd, cache, 1)
+    finally:
+        os.close(fd)
+    fd = os.open(tmp_path / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:  # (its lstat calls made: the answer waits for them)
+        assert pre.changed(fd, b"d", [b"a"], cache[b"d"]) == []
+    finally:
+        os.close(fd)
+    os.rename(tmp_path / "d", tmp_path / "old")
+    (tmp_path / "d").mkdir()
+    os.link(tmp_path / "old" / "a", tmp_path / "d" / "a")
+    os.unlink(tmp_path / "old" / "a")
+    fd = os.open(tmp_path / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (tmp_path / "d" / "a").chmod(0o600)  # the walk's own lstat sees this
+        assert pre.changed(fd, b"d", [b"a"], cache[b"d"]) == [b"a"]
+        assert pre.changed(fd, b"elsewhere", [b"a"], cache[b"d"]) == [b"a"]
+    finally:
+        os.close(fd)
+
+
+def test_a_preload_dropped_while_its_threads_run_waits_for_them(tmp_path: Path) -> None:
+    """Its threads read its memory: freeing it joins them first (no use after free)."""
+    _speedups = pytest.importorskip("durable_agent.workspace._speedups")
+    cache: dict[bytes, dict[bytes, Any]] = {}
+    for d in range(40):
+        folder = tmp_path / f"d{d}"
+        folder.mkdir()
+        rows = cache[os.fsencode(folder.name)] = {}
+        for i in range(100):
+            (folder / f"f{i}").write_bytes(b"x")
+            rows[f"f{i}".encode()] = (_key_of(folder / f"f{i}"), object())
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for threads in (0, 1, 4, 16):
+            pre = _speedups.preload(fd, cache, threads)
+            del pre  # (at once: its threads are under way)
+        pre = _speedups.preload(fd, cache, 4)
+    finally:
+        os.close(fd)
+    last = tmp_path / "d39"
+    fd = os.open(last, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert pre.changed(fd, b"d39", sorted(cache[b"d39"]), cache[b"d39"]) == []
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["c", "python"])
+@pytest.mark.parametrize("loop", ["c", "ahead", "python"])
 @settings(max_examples=12, deadline=None)
 @given(st.lists(_command, min_size=1, max_size=8))
 def test_commands_over_files_cached_long_ago_give_the_manifest_of_a_full_scan(
@@ -400,9 +555,11 @@ def test_commands_over_files_cached_long_ago_give_the_manifest_of_a_full_scan(
     # so each command's changes are found by comparing stat keys alone.
     with contextlib.ExitStack() as stack:
         if loop == "python":
-            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
-                scan, "_changed", scan._changed_py
-            )
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            patch.setattr(scan, "_changed", scan._changed_py)
+            patch.setattr(scan, "_preload", scan._preload_py)
+        elif loop == "ahead":  # the lstat calls made ahead in threads, however few the files
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(scan, "PRELOAD_FROM", 0)
         root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         for rel in ["a", "b", "d/c", "d/e", "d/f/g", "n/m/k", "x.log"]:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ def test_every_loop_is_built_in_c() -> None:
     assert manifest._bucketed is built.bucketed and manifest._joined is built.joined
     assert manifest._bucket_lines is built.bucket_lines and manifest._json_rows is built.json_rows
     assert scan._listing is built.listing and scan._changed is built.changed
+    assert scan._preload is built.preload
 
 
 # -- git's index ---------------------------------------------------------------------------

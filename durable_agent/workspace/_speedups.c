@@ -81,21 +81,14 @@ fd_arg(PyObject *value)
     return fd;
 }
 
+typedef struct Preload Preload;
+static int preloaded(Preload *pre, Py_ssize_t folder, PyObject *name, PyObject *row);
+
+/* changed's answer for the folder `fd` holds; where `pre` is given, its verdicts on the
+   rows it checked (in its folder `folder`) stand for their lstat calls. */
 static PyObject *
-changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+unvouched(int fd, PyObject *names, PyObject *cached, Preload *pre, Py_ssize_t folder)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, names, cached)");
-        return NULL;
-    }
-    int fd = fd_arg(args[0]);
-    if (fd < 0)
-        return NULL;
-    PyObject *names = args[1], *cached = args[2];
-    if (!PyList_Check(names) || !PyDict_Check(cached)) {
-        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, list, dict)");
-        return NULL;
-    }
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
@@ -115,8 +108,11 @@ changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyBytes_Check(name) &&
             strlen(PyBytes_AS_STRING(name)) == (size_t)PyBytes_GET_SIZE(name)) {
             PyObject *key = PyTuple_GET_ITEM(row, 0);
-            if (PyBytes_Check(key) && PyBytes_GET_SIZE(key) == TAIL)
-                same = same_key(fd, PyBytes_AS_STRING(name), key);
+            if (PyBytes_Check(key) && PyBytes_GET_SIZE(key) == TAIL) {
+                same = pre != NULL ? preloaded(pre, folder, name, row) : -1;
+                if (same < 0) /* (not among the rows `pre` checked) */
+                    same = same_key(fd, PyBytes_AS_STRING(name), key);
+            }
         }
         if (!same && PyList_Append(out, name) < 0)
             goto fail;
@@ -125,6 +121,23 @@ changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+static PyObject *
+changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, names, cached)");
+        return NULL;
+    }
+    int fd = fd_arg(args[0]);
+    if (fd < 0)
+        return NULL;
+    if (!PyList_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, list, dict)");
+        return NULL;
+    }
+    return unvouched(fd, args[1], args[2], NULL, -1);
 }
 
 
@@ -270,6 +283,415 @@ put_be32(unsigned char *p, unsigned int v)
     p[3] = (unsigned char)v;
 }
 
+/* -- chunks of work in threads (index_files, preload) --------------------------------------- */
+
+/* Work cut into chunks, done in order by threads from the moment it is known while Python
+   goes on, and by the caller: it waits only for a chunk not done yet, and takes one itself
+   when no thread has (with no thread to be had, it does every chunk). Embedded in its
+   owner, whose `work` finds it by offset; `work` touches nothing of Python's. */
+typedef struct chunk_pool {
+    void (*work)(struct chunk_pool *pool, Py_ssize_t c);
+    Py_ssize_t chunks;
+    Py_ssize_t next;      /* the next chunk no one took yet (atomic) */
+    unsigned char *done;  /* per chunk: 1 once done (atomic); NULL: not made */
+    pthread_mutex_t lock; /* (with `ready`: a chunk done; the owner's too) */
+    pthread_cond_t ready;
+    pthread_t ids[16];
+    int started;
+} chunk_pool;
+
+/* 0, or -1 with MemoryError set. Once this is called, pool_end may be. */
+static int
+pool_init(chunk_pool *pool, Py_ssize_t chunks, void (*work)(chunk_pool *, Py_ssize_t))
+{
+    pool->work = work;
+    pool->chunks = chunks;
+    pool->next = 0;
+    pool->started = 0;
+    pool->done = PyMem_Calloc(chunks ? chunks : 1, 1);
+    if (pool->done == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->ready, NULL);
+    return 0;
+}
+
+static void
+pool_do(chunk_pool *pool, Py_ssize_t c)
+{
+    pool->work(pool, c);
+    pthread_mutex_lock(&pool->lock);
+    __atomic_store_n(&pool->done[c], 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pool->ready);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* A thread: chunks, until none is left. */
+static void *
+pool_thread(void *arg)
+{
+    chunk_pool *pool = arg;
+    for (;;) {
+        Py_ssize_t c = __atomic_fetch_add(&pool->next, 1, __ATOMIC_RELAXED);
+        if (c >= pool->chunks)
+            return NULL;
+        pool_do(pool, c);
+    }
+}
+
+/* Up to `threads` threads (at most 16, no more than the chunks); fewer where no more can
+   be had. */
+static void
+pool_start(chunk_pool *pool, long threads)
+{
+    if (threads > pool->chunks)
+        threads = pool->chunks;
+    if (threads > 16)
+        threads = 16;
+    for (long t = 0; t < threads; t++) {
+        if (pthread_create(&pool->ids[pool->started], NULL, pool_thread, pool) != 0)
+            break;
+        pool->started++;
+    }
+}
+
+/* Until chunk `c` is done, taking chunks no one took meanwhile (the GIL let go while it
+   waits or works). */
+static void
+pool_wait(chunk_pool *pool, Py_ssize_t c)
+{
+    if (__atomic_load_n(&pool->done[c], __ATOMIC_ACQUIRE))
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    while (!__atomic_load_n(&pool->done[c], __ATOMIC_ACQUIRE)) {
+        Py_ssize_t mine = __atomic_fetch_add(&pool->next, 1, __ATOMIC_RELAXED);
+        if (mine < pool->chunks) {
+            pool_do(pool, mine);
+            continue;
+        }
+        pthread_mutex_lock(&pool->lock);
+        while (!__atomic_load_n(&pool->done[c], __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&pool->ready, &pool->lock);
+        pthread_mutex_unlock(&pool->lock);
+    }
+    Py_END_ALLOW_THREADS
+}
+
+/* No chunk is taken any more; those under way end, their threads joined (the GIL let go). */
+static void
+pool_end(chunk_pool *pool)
+{
+    if (pool->done == NULL)
+        return;
+    if (pool->started) {
+        __atomic_store_n(&pool->next, pool->chunks, __ATOMIC_RELAXED);
+        Py_BEGIN_ALLOW_THREADS
+        for (int t = 0; t < pool->started; t++)
+            pthread_join(pool->ids[t], NULL);
+        Py_END_ALLOW_THREADS
+        pool->started = 0;
+    }
+    pthread_mutex_destroy(&pool->lock);
+    pthread_cond_destroy(&pool->ready);
+    PyMem_Free(pool->done);
+    pool->done = NULL;
+}
+
+/* -- the stat cache's lstat calls, ahead of a walk in threads (scan.py, Scanner._walk_all) - */
+
+/* A cached file whose stat key a Preload checks. */
+typedef struct {
+    PyObject *row;         /* its cached row, (key, entry): a strong reference, so that its
+                              address names it as long as the Preload lives */
+    PyObject *name;        /* (a strong reference) */
+    Py_ssize_t folder;
+    unsigned char key[TAIL];
+    int same;              /* (once its chunk is done) 1: its lstat is `key` */
+} preload_entry;
+
+typedef struct {
+    char *path;            /* relative to the workspace, NUL-ended ("." for it) */
+    Py_ssize_t first, count; /* its entries */
+    Py_ssize_t chunk;
+    int opened;            /* (once its chunk is done) 1: the folder of `dev` and `ino` had
+                              the lstat calls */
+    unsigned long long dev, ino;
+} preload_folder;
+
+/* The stat cache's lstat calls and key comparisons for a whole walk (git's preload-index),
+   made in threads from the moment the walk starts, folder by folder in the cache's order,
+   which is the walk's: the walk's `changed` for a folder then waits only for a chunk not
+   done yet. A verdict is used only for the row it was made for (the same object, at the
+   same name), in the folder the walk opened itself (the same device and inode): a folder
+   swapped since, or reached through a link, is lstat'ed by the walk. */
+struct Preload {
+    PyObject_HEAD
+    preload_entry *entries;
+    Py_ssize_t count;
+    preload_folder *folders;
+    Py_ssize_t nfolders;
+    Py_ssize_t *chunk_from; /* per chunk: its first folder; then nfolders */
+    Py_ssize_t *slots;      /* a row's address -> its entry + 1 (open addressing; 0: free) */
+    Py_ssize_t nslots;      /* a power of two, twice the entries or more */
+    PyObject *by_path;      /* a folder's path (bytes) -> its index (int) */
+    int root_fd;            /* the workspace (a duplicate, owned) */
+    chunk_pool pool;
+};
+
+static Py_ssize_t
+slot_of(Preload *pre, PyObject *row)
+{
+    return (Py_ssize_t)(((uintptr_t)row >> 4) * 0x9E3779B97F4A7C15ull >> 7) & (pre->nslots - 1);
+}
+
+static void
+preload_chunk(chunk_pool *pool, Py_ssize_t c)
+{
+    Preload *pre = (Preload *)((char *)pool - offsetof(Preload, pool));
+    for (Py_ssize_t k = pre->chunk_from[c]; k < pre->chunk_from[c + 1]; k++) {
+        preload_folder *f = &pre->folders[k];
+        struct stat st;
+        int fd = openat(pre->root_fd, f->path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        if (fstat(fd, &st) == 0) {
+            f->dev = (unsigned long long)st.st_dev;
+            f->ino = (unsigned long long)st.st_ino;
+            f->opened = 1;
+            for (Py_ssize_t i = f->first; i < f->first + f->count; i++) {
+                preload_entry *e = &pre->entries[i];
+                unsigned char now[TAIL];
+                e->same = fstatat(fd, PyBytes_AS_STRING(e->name), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                          stat_key(&st, now) && memcmp(now, e->key, TAIL) == 0;
+            }
+        }
+        close(fd);
+    }
+}
+
+/* 1 or 0: `pre`'s verdict on `row` at `name` in its folder `folder`; -1: it has none. */
+static int
+preloaded(Preload *pre, Py_ssize_t folder, PyObject *name, PyObject *row)
+{
+    for (Py_ssize_t at = slot_of(pre, row);; at = (at + 1) & (pre->nslots - 1)) {
+        Py_ssize_t i = pre->slots[at] - 1;
+        if (i < 0)
+            return -1;
+        preload_entry *e = &pre->entries[i];
+        if (e->row != row)
+            continue;
+        Py_ssize_t len = PyBytes_GET_SIZE(name);
+        if (e->folder != folder ||
+            (e->name != name && (PyBytes_GET_SIZE(e->name) != len ||
+                                 memcmp(PyBytes_AS_STRING(e->name), PyBytes_AS_STRING(name),
+                                        len) != 0)))
+            return -1;
+        return e->same;
+    }
+}
+
+/* A folder a Preload can list: its path (bytes) with no NUL in it, its rows a dict. */
+static int
+listable(PyObject *path, PyObject *rows)
+{
+    return PyBytes_Check(path) && PyDict_Check(rows) &&
+           memchr(PyBytes_AS_STRING(path), '\0', PyBytes_GET_SIZE(path)) == NULL;
+}
+
+/* A row a Preload can check: (key, entry) with a key of TAIL bytes, at a name with no NUL
+   or slash in it. */
+static int
+checkable(PyObject *name, PyObject *row)
+{
+    if (!PyBytes_Check(name) || PyBytes_GET_SIZE(name) == 0 ||
+        memchr(PyBytes_AS_STRING(name), '\0', PyBytes_GET_SIZE(name)) != NULL ||
+        memchr(PyBytes_AS_STRING(name), '/', PyBytes_GET_SIZE(name)) != NULL ||
+        !PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2)
+        return 0;
+    PyObject *key = PyTuple_GET_ITEM(row, 0);
+    return PyBytes_Check(key) && PyBytes_GET_SIZE(key) == TAIL;
+}
+
+static void
+Preload_dealloc(Preload *pre)
+{
+    pool_end(&pre->pool);
+    if (pre->root_fd >= 0)
+        close(pre->root_fd);
+    for (Py_ssize_t i = 0; pre->entries != NULL && i < pre->count; i++) {
+        Py_XDECREF(pre->entries[i].row);
+        Py_XDECREF(pre->entries[i].name);
+    }
+    for (Py_ssize_t k = 0; pre->folders != NULL && k < pre->nfolders; k++)
+        PyMem_Free(pre->folders[k].path);
+    PyMem_Free(pre->entries);
+    PyMem_Free(pre->folders);
+    PyMem_Free(pre->chunk_from);
+    PyMem_Free(pre->slots);
+    Py_XDECREF(pre->by_path);
+    Py_TYPE(pre)->tp_free((PyObject *)pre);
+}
+
+/* changed(dir_fd, rel_dir, names, cached): _speedups.changed's answer for the folder
+   `dir_fd` holds, at `rel_dir`, with the lstat calls made ahead where they were. */
+static PyObject *
+Preload_changed(Preload *pre, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyBytes_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "changed(dir_fd, rel_dir: bytes, names: list, "
+                                         "cached: dict)");
+        return NULL;
+    }
+    int fd = fd_arg(args[0]);
+    if (fd < 0)
+        return NULL;
+    PyObject *index = PyDict_GetItemWithError(pre->by_path, args[1]);
+    if (index == NULL && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t k = index != NULL ? PyLong_AsSsize_t(index) : -1;
+    struct stat st;
+    if (k >= 0) {
+        pool_wait(&pre->pool, pre->folders[k].chunk);
+        preload_folder *f = &pre->folders[k];
+        if (!f->opened || fstat(fd, &st) != 0 || (unsigned long long)st.st_dev != f->dev ||
+            (unsigned long long)st.st_ino != f->ino)
+            k = -1; /* not the folder the lstat calls were made in: the walk makes its own */
+    }
+    return unvouched(fd, args[2], args[3], k >= 0 ? pre : NULL, k);
+}
+
+static PyMethodDef Preload_methods[] = {
+    {"changed", (PyCFunction)(void (*)(void))Preload_changed, METH_FASTCALL,
+     "changed(dir_fd, rel_dir, names, cached) -> _speedups.changed's answer, of the lstat "
+     "calls made ahead"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PreloadType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_agent.workspace._speedups.Preload",
+    .tp_basicsize = sizeof(Preload),
+    .tp_dealloc = (destructor)Preload_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The stat cache's lstat calls for a walk, made in threads (preload).",
+    .tp_methods = Preload_methods,
+};
+
+#define PRELOAD_CHUNK 512 /* cached files a chunk (whole folders): a few hundred µs of lstat */
+
+/* preload(root_fd, cache, threads) -> a Preload: the lstat calls of every row of `cache`
+   (folder path -> name -> (key, entry), Scanner._cache) with a key, in `threads` threads
+   and the caller's. */
+static PyObject *
+preload(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "preload(root_fd, cache: dict, threads)");
+        return NULL;
+    }
+    int root_fd = fd_arg(args[0]);
+    long threads = PyLong_AsLong(args[2]);
+    if (root_fd < 0 || (threads == -1 && PyErr_Occurred()))
+        return NULL;
+    PyObject *cache = args[1], *path, *rows, *name, *row;
+    Py_ssize_t pos = 0, count = 0, nfolders = 0;
+    while (PyDict_Next(cache, &pos, &path, &rows)) {
+        if (!listable(path, rows))
+            continue;
+        Py_ssize_t inner = 0, n = 0;
+        while (PyDict_Next(rows, &inner, &name, &row))
+            n += checkable(name, row);
+        count += n;
+        nfolders += n > 0;
+    }
+    Preload *pre = PyObject_New(Preload, &PreloadType);
+    if (pre == NULL)
+        return NULL;
+    pre->count = pre->nfolders = 0;
+    pre->folders = NULL;
+    pre->chunk_from = pre->slots = NULL;
+    pre->by_path = PyDict_New();
+    pre->pool.done = NULL;
+    pre->root_fd = -1;
+    for (pre->nslots = 16; pre->nslots < 2 * count;)
+        pre->nslots *= 2;
+    pre->entries = PyMem_Calloc(count ? count : 1, sizeof(preload_entry));
+    pre->folders = PyMem_Calloc(nfolders ? nfolders : 1, sizeof(preload_folder));
+    pre->chunk_from = PyMem_Calloc(nfolders + 1, sizeof(Py_ssize_t));
+    pre->slots = PyMem_Calloc(pre->nslots, sizeof(Py_ssize_t));
+    if (pre->by_path == NULL || pre->entries == NULL || pre->folders == NULL ||
+        pre->chunk_from == NULL || pre->slots == NULL) {
+        Py_DECREF(pre);
+        return PyErr_NoMemory();
+    }
+    /* The same pass again (nothing of Python's runs between them: the dicts are as they
+       were), the folders cut into chunks of whole folders. */
+    Py_ssize_t chunks = 0, in_chunk = 0;
+    pos = 0;
+    while (PyDict_Next(cache, &pos, &path, &rows) && pre->nfolders < nfolders) {
+        if (!listable(path, rows))
+            continue;
+        Py_ssize_t inner = 0, first = pre->count;
+        while (PyDict_Next(rows, &inner, &name, &row)) {
+            if (!checkable(name, row) || pre->count == count)
+                continue;
+            preload_entry *e = &pre->entries[pre->count];
+            e->row = Py_NewRef(row);
+            e->name = Py_NewRef(name);
+            e->folder = pre->nfolders;
+            memcpy(e->key, PyBytes_AS_STRING(PyTuple_GET_ITEM(row, 0)), TAIL);
+            Py_ssize_t at = slot_of(pre, row);
+            while (pre->slots[at] != 0)
+                at = (at + 1) & (pre->nslots - 1);
+            pre->slots[at] = ++pre->count;
+        }
+        if (pre->count == first)
+            continue;
+        Py_ssize_t len = PyBytes_GET_SIZE(path);
+        preload_folder *f = &pre->folders[pre->nfolders];
+        f->path = PyMem_Malloc(len + 2);
+        if (f->path == NULL) {
+            Py_DECREF(pre);
+            return PyErr_NoMemory();
+        }
+        if (len == 0)
+            strcpy(f->path, ".");
+        else {
+            memcpy(f->path, PyBytes_AS_STRING(path), len);
+            f->path[len] = '\0';
+        }
+        f->first = first;
+        f->count = pre->count - first;
+        if (in_chunk == 0)
+            pre->chunk_from[chunks++] = pre->nfolders;
+        f->chunk = chunks - 1;
+        in_chunk += f->count;
+        if (in_chunk >= PRELOAD_CHUNK)
+            in_chunk = 0;
+        PyObject *index = PyLong_FromSsize_t(pre->nfolders++);
+        int failed = index == NULL || PyDict_SetItem(pre->by_path, path, index) < 0;
+        Py_XDECREF(index);
+        if (failed) {
+            Py_DECREF(pre);
+            return NULL;
+        }
+    }
+    pre->chunk_from[chunks] = pre->nfolders;
+    pre->root_fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 0); /* (the caller closes its own) */
+    if (pre->root_fd < 0) {
+        Py_DECREF(pre);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (pool_init(&pre->pool, chunks, preload_chunk) < 0) {
+        Py_DECREF(pre);
+        return NULL;
+    }
+    pool_start(&pre->pool, threads);
+    return (PyObject *)pre;
+}
+
 /* One regular file of the index below the workspace. */
 typedef struct {
     Py_ssize_t start;  /* the entry's offset in the index: git's 40 bytes of stat data, then
@@ -327,13 +749,7 @@ typedef struct {
     char *names;           /* their relative paths, NUL-ended */
     PyObject **rels;       /* each one's path (bytes): the key of its entry in a manifest */
     int root_fd;           /* the workspace (a duplicate, owned); -1: nothing is lstat'ed */
-    Py_ssize_t chunks;
-    Py_ssize_t next;       /* the next chunk no one took yet (atomic) */
-    unsigned char *done;   /* per chunk: 1 once its lstat calls are made (atomic) */
-    pthread_mutex_t lock;  /* (with `ready`: a chunk done) */
-    pthread_cond_t ready;
-    pthread_t ids[16];
-    int started;
+    chunk_pool pool;       /* the lstat calls, CHUNK entries a chunk (its lock guards `seen`) */
     int feed_fd;           /* (the feeder's, until it is done) */
     pthread_t feeder;      /* writes the paths to feed_fd (index_files), when `feeding` */
     int feeding;
@@ -344,7 +760,7 @@ typedef struct {
     index_folder *folders; /* every folder of the entries, in the index's order (by chunk) */
     Py_ssize_t nfolders;
     index_folder **by_path; /* the same, by path */
-    unsigned long long *seen; /* (with `lock`) the folders listed: device and inode, +1 */
+    unsigned long long *seen; /* (with pool.lock) the folders listed: device and inode, +1 */
     Py_ssize_t seen_size;     /* (pairs: a power of two, twice the folders or more) */
 } Vouching;
 
@@ -354,7 +770,7 @@ first_listing(Vouching *v, unsigned long long dev, unsigned long long ino)
 {
     Py_ssize_t at = (Py_ssize_t)((ino * 0x9E3779B97F4A7C15ull) ^ dev) & (v->seen_size - 1);
     int first = 1;
-    pthread_mutex_lock(&v->lock);
+    pthread_mutex_lock(&v->pool.lock);
     for (;; at = (at + 1) & (v->seen_size - 1)) {
         unsigned long long *slot = v->seen + 2 * at;
         if (slot[0] == 0) { /* (at most one folder a slot: never full) */
@@ -367,7 +783,7 @@ first_listing(Vouching *v, unsigned long long dev, unsigned long long ino)
             break;
         }
     }
-    pthread_mutex_unlock(&v->lock);
+    pthread_mutex_unlock(&v->pool.lock);
     return first;
 }
 
@@ -412,8 +828,9 @@ list_folder(Vouching *v, index_folder *f)
 }
 
 static void
-do_chunk(Vouching *v, Py_ssize_t c)
+do_chunk(chunk_pool *pool, Py_ssize_t c)
 {
+    Vouching *v = (Vouching *)((char *)pool - offsetof(Vouching, pool));
     const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(v->body);
     Py_ssize_t lo = 0, hi = v->nfolders; /* (the first folder of chunk `c`) */
     while (lo < hi) {
@@ -463,59 +880,13 @@ do_chunk(Vouching *v, Py_ssize_t c)
     }
     if (folder_fd >= 0)
         close(folder_fd);
-    pthread_mutex_lock(&v->lock);
-    __atomic_store_n(&v->done[c], 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&v->ready);
-    pthread_mutex_unlock(&v->lock);
-}
-
-/* A thread: chunks, until none is left. Touches nothing of Python's. */
-static void *
-lstat_chunks(void *arg)
-{
-    Vouching *v = arg;
-    for (;;) {
-        Py_ssize_t c = __atomic_fetch_add(&v->next, 1, __ATOMIC_RELAXED);
-        if (c >= v->chunks)
-            return NULL;
-        do_chunk(v, c);
-    }
-}
-
-/* Until chunk `c` is done: taking chunks no one took meanwhile (with no thread to be had,
-   the caller makes every lstat call itself). Called with the GIL let go. */
-static void
-wait_chunk(Vouching *v, Py_ssize_t c)
-{
-    while (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE)) {
-        Py_ssize_t mine = __atomic_fetch_add(&v->next, 1, __ATOMIC_RELAXED);
-        if (mine < v->chunks) {
-            do_chunk(v, mine);
-            continue;
-        }
-        pthread_mutex_lock(&v->lock);
-        while (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE))
-            pthread_cond_wait(&v->ready, &v->lock);
-        pthread_mutex_unlock(&v->lock);
-    }
-}
-
-/* Chunk `c` done (the GIL let go while it waits). */
-static void
-chunk_done(Vouching *v, Py_ssize_t c)
-{
-    if (!__atomic_load_n(&v->done[c], __ATOMIC_ACQUIRE)) {
-        Py_BEGIN_ALLOW_THREADS
-        wait_chunk(v, c);
-        Py_END_ALLOW_THREADS
-    }
 }
 
 /* Entry `i` with its lstat made. */
 static index_entry *
 lstat_made(Vouching *v, Py_ssize_t i)
 {
-    chunk_done(v, i / CHUNK);
+    pool_wait(&v->pool, i / CHUNK);
     return &v->entries[i];
 }
 
@@ -577,17 +948,7 @@ Vouching_dealloc(Vouching *v)
 {
     __atomic_store_n(&v->unfed, 1, __ATOMIC_RELAXED); /* (no one reads git's answer now) */
     feed_joined(v);
-    if (v->started) { /* no chunk is taken any more; those under way end */
-        __atomic_store_n(&v->next, v->chunks, __ATOMIC_RELAXED);
-        Py_BEGIN_ALLOW_THREADS
-        for (int t = 0; t < v->started; t++)
-            pthread_join(v->ids[t], NULL);
-        Py_END_ALLOW_THREADS
-    }
-    if (v->done != NULL) {
-        pthread_mutex_destroy(&v->lock);
-        pthread_cond_destroy(&v->ready);
-    }
+    pool_end(&v->pool);
     if (v->root_fd >= 0)
         close(v->root_fd);
     for (Py_ssize_t i = 0; v->rels != NULL && i < v->count; i++)
@@ -595,7 +956,6 @@ Vouching_dealloc(Vouching *v)
     PyMem_Free(v->rels);
     PyMem_Free(v->entries);
     PyMem_Free(v->names);
-    PyMem_Free(v->done);
     for (Py_ssize_t k = 0; v->folders != NULL && k < v->nfolders; k++) {
         free(v->folders[k].names);
         free(v->folders[k].text);
@@ -782,7 +1142,7 @@ Vouching_listing(Vouching *v, PyObject *args)
         compare_rel(v->by_path[lo]->path, v->by_path[lo]->len, path, len) != 0)
         Py_RETURN_NONE;
     index_folder *f = v->by_path[lo];
-    chunk_done(v, f->chunk);
+    pool_wait(&v->pool, f->chunk);
     /* As the scanner's listings (Scanner._names): of the folder it opened, unchanged since,
        and not changed within the racy margin (a name added in the same clock tick would
        leave its times as they were). */
@@ -1126,9 +1486,7 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     v->names = names;
     v->rels = NULL;
     v->root_fd = -1;
-    v->chunks = (count + CHUNK - 1) / CHUNK;
-    v->next = 0;
-    v->started = 0;
+    v->pool.done = NULL;
     v->feeding = 0;
     v->fed = 0;
     v->unfed = 0;
@@ -1139,13 +1497,10 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
     v->by_path = NULL;
     v->seen = NULL;
     v->nfolders = 0;
-    v->done = PyMem_Calloc(v->chunks ? v->chunks : 1, 1);
-    if (v->done == NULL) {
+    if (pool_init(&v->pool, (count + CHUNK - 1) / CHUNK, do_chunk) < 0) {
         Py_DECREF(v);
-        return PyErr_NoMemory();
+        return NULL;
     }
-    pthread_mutex_init(&v->lock, NULL);
-    pthread_cond_init(&v->ready, NULL);
     for (Py_ssize_t i = 0; i < count; i++)
         v->candidates += entries[i].ask;
     /* The folders, in the order the entries enter them: each path's folders that the path
@@ -1219,15 +1574,8 @@ index_files_fed(PyObject *const *args, Py_ssize_t nargs, int feed_fd, int *fed)
         }
         v->feeding = *fed = 1;
     }
-    if (threads > v->chunks)
-        threads = v->chunks;
-    if (threads > 16)
-        threads = 16;
-    for (long t = 0; t < threads && v->root_fd >= 0; t++) {
-        if (pthread_create(&v->ids[v->started], NULL, lstat_chunks, v) != 0)
-            break; /* no thread to be had: fewer do it (and the walk, what is left) */
-        v->started++;
-    }
+    if (v->root_fd >= 0)
+        pool_start(&v->pool, threads);
     PyObject *files = _PyDict_NewPresized(count), *out = NULL;
     v->rels = PyMem_Calloc(count ? count : 1, sizeof(PyObject *));
     int failed = v->rels == NULL || files == NULL;
@@ -1859,6 +2207,9 @@ static PyMethodDef methods[] = {
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
      "index_files(body, hash_size, lead, racy_from, root_fd, threads, feed_fd) -> (files, "
      "vouching, tree) or None"},
+    {"preload", (PyCFunction)(void (*)(void))preload, METH_FASTCALL,
+     "preload(root_fd, cache, threads) -> a Preload: the stat cache's lstat calls, in "
+     "threads"},
     {"seeded", (PyCFunction)(void (*)(void))seeded, METH_FASTCALL,
      "seeded(names, lead, vouching, cached, entries, entry, kind, size_cap, racy_after, "
      "shapes) -> the names left"},
@@ -1879,10 +2230,11 @@ PyInit__speedups(void)
         s_target == NULL || s_size == NULL)
         return NULL;
     make_crc_table();
-    if (PyType_Ready(&VouchingType) < 0)
+    if (PyType_Ready(&VouchingType) < 0 || PyType_Ready(&PreloadType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "Vouching", (PyObject *)&VouchingType) < 0)
+    if (m != NULL && (PyModule_AddObjectRef(m, "Vouching", (PyObject *)&VouchingType) < 0 ||
+                      PyModule_AddObjectRef(m, "Preload", (PyObject *)&PreloadType) < 0))
         Py_CLEAR(m);
     return m;
 }
