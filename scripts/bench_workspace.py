@@ -161,10 +161,15 @@ def stored_bytes(blobs: BlobStore) -> int:
     return int(b or 0) + int(t or 0)
 
 
-def commit(blobs: BlobStore, snap: snapshot.Snapshot) -> None:
+def commit(blobs: BlobStore, snap: snapshot.Snapshot, scanner: Scanner | None = None) -> None:
+    """`snap`'s statements, in one transaction; then, as a step does, the scanner told that
+    they are in the store (snapshot.committed; the code before it asked the store again)."""
     with blobs.engine.begin() as conn:
         for statement, params in snap.statements:
             conn.execute(statement, params)
+    told = getattr(snapshot, "committed", None)
+    if scanner is not None and told is not None:
+        told(scanner, blobs, snap)
 
 
 def steps(
@@ -182,7 +187,7 @@ def steps(
         return snapshot.take(scanner, blobs, paths) if looks else snapshot.take(scanner, blobs)
 
     snapshot.take(scanner, blobs)  # the tree as git left it (its index read once)
-    commit(blobs, snapshot.take(scanner, blobs))
+    commit(blobs, snapshot.take(scanner, blobs), scanner)
     git, tool, tool_commit, command, ratio = [], [], [], [], []
     git_cpu: list[float] = []
     command_cpu: list[float] = []
@@ -200,10 +205,10 @@ def steps(
         after = take(rel)
         tool.append((took + time.perf_counter() - t) * 1000)
         t = time.perf_counter()
-        commit(blobs, before)
-        commit(blobs, after)
+        commit(blobs, before, scanner)
+        commit(blobs, after, scanner)
         tool_commit.append((time.perf_counter() - t) * 1000)
-        commit(blobs, snapshot.take(scanner, blobs))  # a command's before snapshot
+        commit(blobs, snapshot.take(scanner, blobs), scanner)  # a command's before snapshot
         with paths[(i * 104729 + 1) % len(paths)].open("a") as f:
             f.write(f"a command's line {i}\n")
         used = resource.getrusage(resource.RUSAGE_SELF)
@@ -211,7 +216,7 @@ def steps(
         after = snapshot.take(scanner, blobs)
         command.append((time.perf_counter() - t) * 1000)
         command_cpu.append(cpu_ms(used, resource.getrusage(resource.RUSAGE_SELF)))
-        commit(blobs, after)
+        commit(blobs, after, scanner)
         ratio.append(command[-1] / git[-1])
     return {
         "git_status_ms": git,

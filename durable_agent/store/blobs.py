@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import Connection, Engine, bindparam, insert, select
 
 from durable_agent.store import retrying
+from durable_agent.store.prepared import Prepared, fetch_all
 from durable_agent.store.schema import runs, workspace_blobs, workspace_changes, workspace_trees
 
 T = TypeVar("T")
@@ -62,6 +63,9 @@ class WorkspaceWrite(Struct):
     statements: list[Statement] = field(default_factory=list)
     columns: dict[str, Any] = field(default_factory=dict)
     note: str | None = None  # e.g. files over the size cap, for the step's output
+    # Called once the step's transaction committed them (snapshot.committed: the next
+    # snapshot of an unchanged workspace then asks the store nothing).
+    committed: Callable[[], None] | None = None
 
 
 def _insert_ignore(engine: Engine, table: Any) -> Any:
@@ -318,29 +322,33 @@ def save_statements(
     retrying.run(write, policy or retrying.StorePolicy())
 
 
+# Values a lookup of stored blobs or trees sends at once. A statement of that many values,
+# the last ones repeated where there are fewer, is rendered once (Prepared): a file tool's
+# step asks of one blob and three trees, and Core's IN, compiled at each call, cost 0.3 ms
+# of it warm and up to 1.5 ms cold (a tenth of a millisecond each now).
+_AMONG = 64
+_VALUES: list[Any] = [bindparam(f"v{i}") for i in range(_AMONG)]
+_BLOBS_AMONG = Prepared(select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(_VALUES)))
+_TREES_AMONG = Prepared(
+    select(workspace_trees.c.id, workspace_trees.c.depth).where(workspace_trees.c.id.in_(_VALUES))
+)
+
+
+def _among(conn: Connection, statement: Prepared, wanted: list[str]) -> list[Any]:
+    rows: list[Any] = []
+    for i in range(0, len(wanted), _AMONG):
+        chunk = wanted[i : i + _AMONG]
+        values = {f"v{k}": chunk[min(k, len(chunk) - 1)] for k in range(_AMONG)}
+        rows += fetch_all(conn, statement.run(conn, values))
+    return rows
+
+
 def _blobs_among(conn: Connection, wanted: list[str]) -> set[str]:
-    found: set[str] = set()
-    for i in range(0, len(wanted), 500):  # SQLite's bound on a statement's values
-        chunk = wanted[i : i + 500]
-        found.update(
-            conn.execute(
-                select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(chunk))
-            ).scalars()
-        )
-    return found
+    return {row[0] for row in _among(conn, _BLOBS_AMONG, wanted)}
 
 
 def _depths_among(conn: Connection, wanted: list[str]) -> dict[str, int]:
-    if not wanted:
-        return {}
-    return {
-        r.id: int(r.depth)
-        for r in conn.execute(
-            select(workspace_trees.c.id, workspace_trees.c.depth).where(
-                workspace_trees.c.id.in_(wanted)
-            )
-        )
-    }
+    return {row[0]: int(row[1]) for row in _among(conn, _TREES_AMONG, wanted)}
 
 
 def _read(

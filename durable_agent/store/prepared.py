@@ -129,6 +129,18 @@ def fetch_one(conn: Connection, cursor: Any) -> Any:
     return _driver_call(conn, "FETCH", call, cursor=cursor)
 
 
+def fetch_all(conn: Connection, cursor: Any) -> list[Any]:
+    """Every row of the answer, as fetch_one reads one."""
+
+    def call() -> Any:
+        waiting = _WAITING.get(id(cursor.connection))
+        if waiting is not None and waiting.texts:
+            _send(conn, cursor.connection, cursor)
+        return cursor.fetchall()
+
+    return list(_driver_call(conn, "FETCH", call, cursor=cursor))
+
+
 def run_core(
     conn: Connection, statement: Executable, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
 ) -> Any:

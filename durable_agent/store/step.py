@@ -146,6 +146,8 @@ class Step:
             statements, step_rows=rows, raw=workspace.statements if workspace is not None else ()
         )
         self._has_row = True
+        if workspace is not None and workspace.committed is not None:
+            workspace.committed()
         return self
 
     def defer(self) -> Step:
@@ -289,6 +291,8 @@ class Step:
         j.commit(
             statements, step_rows=step_rows, message_rows=message_rows, counters=counters, raw=raw
         )
+        if workspace is not None and workspace.committed is not None:
+            workspace.committed()
 
     def _row(self, **values: Any) -> dict[str, Any]:
         j = self.journal

@@ -14,6 +14,7 @@ the loop.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Protocol
 
@@ -69,15 +70,16 @@ def before(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wo
     only these are looked at. Drift from outside is caught by the next full scan (resume's)."""
     if not ctx.settings.snapshots:  # (a moved workspace stopped the run before: check_workspace)
         return None
-    snap = snapshot.take(
-        scanner(ctx),
-        BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id),
-        writes,
-        git=_git(ctx.settings),
-    )
+    scan = scanner(ctx)
+    blobs = BlobStore(ctx.journal.engine, ctx.journal.policy, ctx.journal.run_id)
+    snap = snapshot.take(scan, blobs, writes, git=_git(ctx.settings))
     snapshot.remember(snap.tree_id, snap.manifest)
     step.tree_before = snap.tree_id
-    return WorkspaceWrite(snap.statements, {"tree_before": snap.tree_id})
+    return WorkspaceWrite(
+        snap.statements,
+        {"tree_before": snap.tree_id},
+        committed=functools.partial(snapshot.committed, scan, blobs, snap),
+    )
 
 
 def at_creation(
@@ -102,6 +104,7 @@ def at_creation(
     with progress.working("snapshotting the workspace"):
         snap = snapshot.take(scanner, blobs, git=_git(settings))
         save_statements(engine, snap.statements, policy)
+        snapshot.committed(scanner, blobs, snap)
     snapshot.remember(snap.tree_id, snap.manifest)
     return snap.tree_id
 
@@ -245,4 +248,9 @@ def after(ctx: Site, step: Step, writes: Collection[bytes] | None = None) -> Wor
                 ],
             )
         )
-    return WorkspaceWrite(statements, {"tree_id": snap.tree_id}, note)
+    return WorkspaceWrite(
+        statements,
+        {"tree_id": snap.tree_id},
+        note,
+        functools.partial(snapshot.committed, scan, blobs, snap),
+    )

@@ -41,6 +41,7 @@ class Snapshot(Struct):
     statements: list[Statement]
     skipped: list[bytes]
     scan: Scan  # what changed since the scanner's previous scan (Scan.delta_from)
+    written: list[str] = []  # the contents (sha256) its statements write
 
 
 _pending: dict[int, dict[str, bytes]] = {}  # id(scanner) -> contents not yet seen stored
@@ -127,7 +128,20 @@ def take(
         _last[id(scanner)] = (tid, manifest)
         if whole is not None:
             _whole[id(scanner)] = whole
-    return Snapshot(tid, manifest, statements, scan.skipped, scan)
+    return Snapshot(tid, manifest, statements, scan.skipped, scan, list(missing))
+
+
+def committed(scanner: Scanner, blobs: BlobStore, snap: Snapshot) -> None:
+    """`snap`'s statements were committed: its tree and the contents it wrote are in the
+    store. The next snapshot of a workspace unchanged since then (a file tool's before, after
+    the last step's after) asks the store nothing (trees and blobs are never deleted)."""
+    if not snap.statements:
+        return
+    with scanner.lock:
+        pending = _pending.get(id(scanner), {})
+        for digest in snap.written:
+            pending.pop(digest, None)
+        _stored.setdefault(str(blobs.engine.url), set()).add(snap.tree_id)
 
 
 _trees: OrderedDict[str, Manifest] = OrderedDict()
