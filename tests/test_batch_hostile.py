@@ -167,6 +167,7 @@ def _submit_in_process(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+@pytest.mark.slow  # over 3 s on 2 cores
 @settings(
     max_examples=100,
     deadline=None,

@@ -56,6 +56,7 @@ def test_answers_as_a_fresh_process(args: list[str], env: dict[str, str], worksp
     )
 
 
+@pytest.mark.slow  # about 3 s on 2 cores
 def test_a_run_its_store_its_directory_and_a_sigkill(
     env: dict[str, str], workspace: Path, tmp_path: Path
 ) -> None:

@@ -273,6 +273,7 @@ def test_an_approval_wait_is_a_span_in_the_session_that_acts_on_it(
     assert wait.start_time < wait.end_time <= sessions[1].start_time
 
 
+@pytest.mark.slow  # about 5 s: waits out the exporter's timeout
 def test_a_collector_that_trickles_its_answer_does_not_hold_the_run(
     cli: Callable[..., Any],
     write_script: Callable[..., str],

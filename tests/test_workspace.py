@@ -1742,6 +1742,7 @@ def test_one_step_number_from_the_tables_to_every_command(
     assert f'<span class="seq">#{seqs[-1] + 1}</span>' not in page
 
 
+@pytest.mark.slow  # about 3 s on 2 cores
 def test_a_restore_reads_its_contents_500_to_a_statement_and_writes_them_exactly(
     store_url: str, tmp_path: Path
 ) -> None:

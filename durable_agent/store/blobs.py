@@ -18,6 +18,7 @@ speaks bytes only; the manifest format is workspace/manifest.py's.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -327,28 +328,37 @@ def save_statements(
 # step asks of one blob and three trees, and Core's IN, compiled at each call, cost 0.3 ms
 # of it warm and up to 1.5 ms cold (a tenth of a millisecond each now).
 _AMONG = 64
-_VALUES: list[Any] = [bindparam(f"v{i}") for i in range(_AMONG)]
-_BLOBS_AMONG = Prepared(select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(_VALUES)))
-_TREES_AMONG = Prepared(
-    select(workspace_trees.c.id, workspace_trees.c.depth).where(workspace_trees.c.id.in_(_VALUES))
-)
 
 
-def _among(conn: Connection, statement: Prepared, wanted: list[str]) -> list[Any]:
+@functools.cache
+def _lookup(table: str) -> Prepared:
+    """The blobs' or the trees' lookup statement, made at its first use (not at import: a
+    start pays for what it runs)."""
+    values: list[Any] = [bindparam(f"v{i}") for i in range(_AMONG)]
+    if table == "blobs":
+        return Prepared(select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(values)))
+    return Prepared(
+        select(workspace_trees.c.id, workspace_trees.c.depth).where(
+            workspace_trees.c.id.in_(values)
+        )
+    )
+
+
+def _among(conn: Connection, table: str, wanted: list[str]) -> list[Any]:
     rows: list[Any] = []
     for i in range(0, len(wanted), _AMONG):
         chunk = wanted[i : i + _AMONG]
         values = {f"v{k}": chunk[min(k, len(chunk) - 1)] for k in range(_AMONG)}
-        rows += fetch_all(conn, statement.run(conn, values))
+        rows += fetch_all(conn, _lookup(table).run(conn, values))
     return rows
 
 
 def _blobs_among(conn: Connection, wanted: list[str]) -> set[str]:
-    return {row[0] for row in _among(conn, _BLOBS_AMONG, wanted)}
+    return {row[0] for row in _among(conn, "blobs", wanted)}
 
 
 def _depths_among(conn: Connection, wanted: list[str]) -> dict[str, int]:
-    return {row[0]: int(row[1]) for row in _among(conn, _TREES_AMONG, wanted)}
+    return {row[0]: int(row[1]) for row in _among(conn, "trees", wanted)}
 
 
 def _read(

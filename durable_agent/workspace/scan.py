@@ -8,7 +8,9 @@ lookup and one comparison per file, and builds nothing: the previous manifest st
 folder is not listed again while its change time says no name in it was added, removed or
 renamed (git's untracked cache; the same racy rule for the listing). The lstat of a
 folder's cached files and the comparison of their keys is one call in C (_speedups.c,
-built with the package; _changed_py where it could not be).
+built with the package; _changed_py where it could not be); in a walk of a big tree those
+calls are made ahead, in threads, from the moment it starts (git's preload-index:
+_speedups.preload), and the walk waits only for a folder not done yet.
 
 A file tool's step knows what it wrote: `scan(paths)` looks at those paths alone and updates
 the previous manifest (manifest.updated, as the walk does), since the tree between steps is
@@ -1073,7 +1075,7 @@ class Scanner:
 
 def _preloaded(root: bytes, cache: dict[bytes, Any]) -> Any:
     """The lstat calls of the cached files, under way in threads (_speedups.preload); None
-    where there is none to have (no C, one core, the root not opened)."""
+    where there is none to have (no C, one core, no descriptor for the root)."""
     if PRELOAD_THREADS < 1:
         return None
     try:
@@ -1082,6 +1084,8 @@ def _preloaded(root: bytes, cache: dict[bytes, Any]) -> Any:
         return None
     try:
         return _preload(fd, cache, PRELOAD_THREADS)
+    except OSError:  # (no descriptor to spare for it: the walk makes its own calls)
+        return None
     finally:
         os.close(fd)
 
