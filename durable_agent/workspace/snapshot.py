@@ -2,7 +2,8 @@
 
 A blob is written when the store does not have it yet. The scanner remembers the contents
 it read until a later snapshot finds them in the store (`pending`): a transaction that
-failed after the scan must not leave a tree that names a blob nobody wrote. A tree is
+failed after the scan must not leave a tree that names a blob nobody wrote (nor a
+snapshot for another store than the last one's: it asks that store for them all). A tree is
 written unless its id is already stored (an unchanged workspace writes nothing), as a
 delta on the scanner's previous tree when that one is stored and the delta is small.
 
@@ -16,13 +17,15 @@ git's index recorded for them, as `git status` does not.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection
 
 from msgspec import Struct
+from sqlalchemy import Engine
 
 from durable_agent.errors import StoreError
-from durable_agent.store.blobs import MAX_DEPTH, BlobStore, Statement, TreeRow
+from durable_agent.store.blobs import GIT_REF, MAX_DEPTH, BlobStore, Statement, TreeRow
 from durable_agent.workspace import git_baseline
 from durable_agent.workspace.git_index import NO_SEEDS
 from durable_agent.workspace.manifest import (
@@ -52,7 +55,14 @@ _last: dict[int, tuple[str, Manifest]] = {}  # id(scanner) -> its previous snaps
 _whole: dict[int, tuple[str, Manifest]] = {}
 
 
-_stored: dict[str, set[str]] = {}  # store URL -> tree ids seen stored (trees are immutable)
+# store -> tree ids seen stored (trees are immutable). By the store's engine, not its URL:
+# the same URL text may name another store later in the process (a file deleted and made
+# anew at its path, a schema made again, a relative path after a chdir), whose trees a
+# snapshot that returns early would name unwritten. A new engine asks the store once.
+_stored: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()
+# id(scanner) -> the engine of the store its last snapshot was taken for: `_pending` lets go
+# of the contents one store holds, which another store may lack (_held_by).
+_store_of: dict[int, weakref.ref[Engine]] = {}
 
 
 def take(
@@ -68,6 +78,9 @@ def take(
         scanner.drop_git()  # its tree names no commit: every file in the store
     head = use_git(scanner) if git else None
     scan = scanner.scan(paths)
+    if not _held_by(scanner, blobs, scan):
+        scanner.forget()  # read every file again: its contents go to this store too
+        scan = scanner.scan()
     manifest = scan.manifest
     with scanner.lock:
         # What this scan read, and any plain scan since the last snapshot (a resume's drift
@@ -77,7 +90,7 @@ def take(
         scanner.unsaved.clear()
         last = _last.get(id(scanner))
         whole = _whole.get(id(scanner))
-        stored = _stored.setdefault(str(blobs.engine.url), set())
+        stored = _stored.setdefault(blobs.engine, set())
         if last is not None and last[0] == scan.tree_id and last[0] in stored and not pending:
             # Unchanged since a snapshot the store has: nothing to hash, query or write.
             return Snapshot(last[0], manifest, [], scan.skipped, scan)
@@ -141,7 +154,26 @@ def committed(scanner: Scanner, blobs: BlobStore, snap: Snapshot) -> None:
         pending = _pending.get(id(scanner), {})
         for digest in snap.written:
             pending.pop(digest, None)
-        _stored.setdefault(str(blobs.engine.url), set()).add(snap.tree_id)
+        _stored.setdefault(blobs.engine, set()).add(snap.tree_id)
+
+
+def _held_by(scanner: Scanner, blobs: BlobStore, scan: Scan) -> bool:
+    """False where `scan`'s files name contents the store of `blobs` lacks and no one holds
+    their bytes to write: the scanner's previous snapshots were taken for another store,
+    which was written them (and `_pending` let go of them once it held them). Asked once
+    each time a scanner's snapshots go to another store than its last one's."""
+    with scanner.lock:
+        known = _store_of.get(id(scanner))
+        if known is not None and known() is blobs.engine:
+            return True
+        held = set(_pending.get(id(scanner), {})).union(scanner.unsaved)
+    refs = [
+        h for h in blob_refs(scan.manifest.values()) if h not in held and not h.startswith(GIT_REF)
+    ]
+    found = not refs or len(blobs.stored_blobs(refs)) == len(refs)  # (a fault: asked again)
+    with scanner.lock:
+        _store_of[id(scanner)] = weakref.ref(blobs.engine)
+    return found
 
 
 _trees: OrderedDict[str, Manifest] = OrderedDict()
