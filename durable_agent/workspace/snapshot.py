@@ -164,7 +164,10 @@ def _held_by(scanner: Scanner, blobs: BlobStore, scan: Scan) -> bool:
     each time a scanner's snapshots go to another store than its last one's."""
     with scanner.lock:
         known = _store_of.get(id(scanner))
-        if known is not None and known() is blobs.engine:
+        if known is None:  # its first: no snapshot let go of a content yet (nothing to ask)
+            _store_of[id(scanner)] = weakref.ref(blobs.engine)
+            return True
+        if known() is blobs.engine:
             return True
         held = set(_pending.get(id(scanner), {})).union(scanner.unsaved)
     refs = [
