@@ -20,9 +20,9 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from msgspec import Struct
-from sqlalchemy import Engine
 
 from durable_agent.errors import StoreError
 from durable_agent.store.blobs import GIT_REF, MAX_DEPTH, BlobStore, Statement, TreeRow
@@ -36,6 +36,9 @@ from durable_agent.workspace.manifest import (
     encode_full,
 )
 from durable_agent.workspace.scan import Scan, Scanner
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine  # (the store speaks SQL: this layer only holds its engine)
 
 
 class Snapshot(Struct):
