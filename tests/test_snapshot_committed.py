@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from durable_agent.store import blobs as blobs_module
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
 from durable_agent.workspace import scan, snapshot
@@ -174,8 +175,9 @@ def test_a_store_that_failed_the_question_is_asked_again(
 def test_the_lookup_of_stored_blobs_and_trees_answers_any_number_of_values(
     store_url: str,
 ) -> None:
-    """The lookups run 64 values a statement, the last repeated (blobs._among): none, 64,
-    65, 50,000 and repeated values answer as the rows are, on both stores."""
+    """The lookups run blobs._AMONG values a statement, the last repeated (blobs._among):
+    none, one, a statement's worth and one more, 50,000 and repeated values answer as the
+    rows are, on both stores."""
     from durable_agent.store.blobs import TreeRow
 
     with _engine(store_url) as engine:
@@ -193,7 +195,8 @@ def test_the_lookup_of_stored_blobs_and_trees_answers_any_number_of_values(
             ],
         )
         depth = {t: i % 5 for i, t in enumerate(trees)}
-        for n in (0, 1, 63, 64, 65, 128, 129, 50_000):
+        width = blobs_module._AMONG
+        for n in (0, 1, width - 1, width, width + 1, 2 * width, 2 * width + 1, 63, 65, 50_000):
             asked = [f"{i:064x}" for i in range(n)]
             assert blobs.stored_blobs(asked) == set(have).intersection(asked), n
             named = [f"t{i:063x}" for i in range(min(n, 200))]
