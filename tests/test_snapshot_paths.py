@@ -334,6 +334,18 @@ def test_the_stat_cache_loop_is_built_in_c() -> None:
     assert scan._changed is _speedups.changed and scan._preload is _speedups.preload
 
 
+def _make(path: Path, kind: str, i: int) -> None:
+    """A `kind` at `path` (`gone`: nothing), a file of `i` bytes."""
+    if kind == "file":
+        path.write_bytes(b"x" * i)
+    elif kind == "link":
+        path.symlink_to("nowhere")
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
@@ -351,14 +363,7 @@ def test_the_c_and_python_loops_give_the_same_names(kinds: list[tuple[str, str]]
         for i, (kind, key_as) in enumerate(kinds):
             name = f"n{i}".encode()
             path = Path(tmp) / os.fsdecode(name)
-            if kind == "file":
-                path.write_bytes(b"x" * i)
-            elif kind == "link":
-                path.symlink_to("nowhere")
-            elif kind == "dir":
-                path.mkdir()
-            elif kind == "fifo":
-                os.mkfifo(path)
+            _make(path, kind, i)
             names.append(name)
             if key_as == "absent":
                 continue
@@ -426,12 +431,7 @@ def test_the_lstat_calls_made_ahead_give_the_loops_answer(
         for i, (folder, kind, key_as, then) in enumerate(files):
             name = f"n{i}".encode()
             path = root / folder / os.fsdecode(name)
-            if kind == "file":
-                path.write_bytes(b"x" * i)
-            elif kind == "link":
-                path.symlink_to("nowhere")
-            elif kind == "dir":
-                path.mkdir()
+            _make(path, kind, i)
             rows = cache.setdefault(os.fsencode(folder), {})
             if key_as == "absent":
                 continue
