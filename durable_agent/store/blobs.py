@@ -323,20 +323,21 @@ def save_statements(
     retrying.run(write, policy or retrying.StorePolicy())
 
 
-# Values a lookup of stored blobs or trees sends at once. A statement of that many values,
-# the last ones repeated where there are fewer, is rendered once (Prepared): a file tool's
-# step asks of one blob and three trees, and Core's IN, compiled at each call, cost 0.3 ms
-# of it warm and up to 1.5 ms cold (60 µs warm now). 16: a wider statement costs more to
-# bind each time and to render once (64: 106 µs warm, and a start paid 5 M instructions
-# more), for a lookup of 50,000 blobs that 16 makes in 110 ms (64: 87, Core's: 130).
-_AMONG = 16
+# Values a lookup of stored blobs or trees sends in one statement, the last repeated where
+# there are fewer: statements of these widths are rendered once each (Prepared). A file
+# tool's step asks of one blob and three trees, and Core's IN, compiled at each call, cost
+# 0.3 ms of it warm and up to 1.5 ms cold (60 µs warm at 16; 64 values took 106 µs, and a
+# start 5 M instructions more to render). A first snapshot asks of every blob it read
+# (50,000: Core's IN of 500 took 130 ms on SQLite, about 1 s on PostgreSQL): 250 takes
+# 92-103 ms and 0.7-0.8 s; 64 took 89 ms and 1.8-2.5 s (round trips), 500 148 ms and 0.5-0.7 s.
+_NARROW, _WIDE = 16, 250
 
 
 @functools.cache
-def _lookup(table: str) -> Prepared:
-    """The blobs' or the trees' lookup statement, made at its first use (not at import: a
-    start pays for what it runs)."""
-    values: list[Any] = [bindparam(f"v{i}") for i in range(_AMONG)]
+def _lookup(table: str, width: int) -> Prepared:
+    """The blobs' or the trees' lookup statement of `width` values, made at its first use
+    (not at import: a start pays for what it runs)."""
+    values: list[Any] = [bindparam(f"v{i}") for i in range(width)]
     if table == "blobs":
         return Prepared(select(workspace_blobs.c.hash).where(workspace_blobs.c.hash.in_(values)))
     return Prepared(
@@ -348,10 +349,11 @@ def _lookup(table: str) -> Prepared:
 
 def _among(conn: Connection, table: str, wanted: list[str]) -> list[Any]:
     rows: list[Any] = []
-    for i in range(0, len(wanted), _AMONG):
-        chunk = wanted[i : i + _AMONG]
-        values = {f"v{k}": chunk[min(k, len(chunk) - 1)] for k in range(_AMONG)}
-        rows += fetch_all(conn, _lookup(table).run(conn, values))
+    width = _NARROW if len(wanted) <= _NARROW else _WIDE
+    for i in range(0, len(wanted), width):
+        chunk = wanted[i : i + width]
+        values = {f"v{k}": chunk[min(k, len(chunk) - 1)] for k in range(width)}
+        rows += fetch_all(conn, _lookup(table, width).run(conn, values))
     return rows
 
 
