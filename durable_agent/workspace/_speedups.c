@@ -56,15 +56,15 @@ stat_key(const struct stat *st, unsigned char *out)
     return 1;
 }
 
-/* 1: `name` (in the folder `fd` holds) lstats to `key` (a stat key: bytes of TAIL); 0: not,
-   or no lstat. */
+/* 1: `name` (in the folder `fd` holds) lstats to `key` (a stat key: TAIL bytes); 0: not,
+   or no lstat. Touches nothing of Python's (a Preload's threads call it). */
 static int
-same_key(int fd, const char *name, PyObject *key)
+same_key(int fd, const char *name, const unsigned char *key)
 {
     struct stat st;
     unsigned char now[TAIL];
     return fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && stat_key(&st, now) &&
-           memcmp(now, PyBytes_AS_STRING(key), TAIL) == 0;
+           memcmp(now, key, TAIL) == 0;
 }
 
 /* A folder's fd given from Python; -1 with the exception set when it cannot be one. */
@@ -111,7 +111,8 @@ unvouched(int fd, PyObject *names, PyObject *cached, Preload *pre, Py_ssize_t fo
             if (PyBytes_Check(key) && PyBytes_GET_SIZE(key) == TAIL) {
                 same = pre != NULL ? preloaded(pre, folder, name, row) : -1;
                 if (same < 0) /* (not among the rows `pre` checked) */
-                    same = same_key(fd, PyBytes_AS_STRING(name), key);
+                    same = same_key(fd, PyBytes_AS_STRING(name),
+                                    (const unsigned char *)PyBytes_AS_STRING(key));
             }
         }
         if (!same && PyList_Append(out, name) < 0)
@@ -462,9 +463,7 @@ preload_chunk(chunk_pool *pool, Py_ssize_t c)
             f->opened = 1;
             for (Py_ssize_t i = f->first; i < f->first + f->count; i++) {
                 preload_entry *e = &pre->entries[i];
-                unsigned char now[TAIL];
-                e->same = fstatat(fd, PyBytes_AS_STRING(e->name), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                          stat_key(&st, now) && memcmp(now, e->key, TAIL) == 0;
+                e->same = same_key(fd, PyBytes_AS_STRING(e->name), e->key);
             }
         }
         close(fd);

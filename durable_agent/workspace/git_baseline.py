@@ -295,21 +295,13 @@ def _look(root: bytes, known: Head | None, seeds: bool) -> tuple[Head | None, Se
                 root=root if seeds else None,
                 feed=feed,  # (closed by it)
             )
-        lines = _out(asked).decode().split("\n")
-        top, prefix, fmt, index, commit, tree = (
-            lines[0],
-            lines[1].rstrip("/"),
-            lines[2],
-            lines[3],
-            lines[4],
-            lines[5],
-        )
-        fmt = fmt or "sha1"
+        top, prefix, fmt, index, commit, tree = _out(asked).decode().split("\n")[:6]
+        prefix, fmt = prefix.rstrip("/"), fmt or "sha1"
         if found is not None and (
-            os.fsencode(prefix) != found[1]
+            os.fsencode(prefix) != found_prefix
             or (fmt == "sha256") != sha256
             or os.path.realpath(os.path.join(root, os.fsencode(index)))
-            != os.path.realpath(found[0])
+            != os.path.realpath(index_path)
         ):
             indexed = None  # not the index git reads (its lstat threads end with it)
         staged: set[bytes] = set()
