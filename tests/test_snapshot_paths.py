@@ -605,3 +605,94 @@ def test_walks_pause_the_collector_and_leave_it_as_they_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+_KILLED_SCANNER = r"""
+import os, sys
+from pathlib import Path
+from durable_agent.store.blobs import BlobStore
+from durable_agent.store.engine import open_store_engine
+from durable_agent.workspace import scan, snapshot
+from durable_agent.workspace.scan import Scanner
+
+root, url = Path(sys.argv[1]), sys.argv[2]
+engine = open_store_engine(url)
+blobs = BlobStore(engine)
+scanner = Scanner(root, [], 10_000_000)
+real = scan._preload
+
+
+def preload(fd, cache, threads):  # the parent is told once the threads are under way
+    made = real(fd, cache, threads)
+    os.write(1, b"walking\n")
+    return made
+
+
+scan._preload = preload
+for i in range(10_000):  # commands' steps: a file changed, a full walk, committed
+    (root / "d0" / f"f{i % 50}").write_bytes(b"changed %d" % i)
+    snap = snapshot.take(scanner, blobs)
+    with engine.begin() as conn:
+        for statement, params in snap.statements:
+            conn.execute(statement, params)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_its_lstat_threads_run_leaves_every_named_tree_whole(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL once a walk's lstat calls are under way in threads (preload, over 1,024 files),
+    among snapshots committed to a real store: the threads only read, so every tree the store
+    holds is whole, and a new process's snapshot of the files as they are is taken and
+    stored."""
+    import signal
+    import subprocess
+    import sys
+
+    from durable_agent.store.blobs import BlobStore
+    from durable_agent.store.engine import open_store_engine
+    from durable_agent.store.schema import workspace_trees
+    from durable_agent.workspace import snapshot
+    from durable_agent.workspace.manifest import blob_refs
+
+    root = tmp_path / "ws"
+    for d in range(30):
+        (root / f"d{d}").mkdir(parents=True)
+        for i in range(50):
+            (root / f"d{d}" / f"f{i}").write_bytes(b"%d/%d" % (d, i))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    for kill_at in (1, 3, 7):  # the kill comes once the k-th walk's threads are under way
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_SCANNER, str(root), url], stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        for _ in range(kill_at):
+            assert proc.stdout.readline() == b"walking\n"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+        engine = open_store_engine(url)
+        try:
+            blobs = BlobStore(engine)
+            with engine.connect() as conn:
+                trees = [
+                    r[0]
+                    for r in conn.execute(
+                        workspace_trees.select().with_only_columns(workspace_trees.c.id)
+                    )
+                ]
+            assert trees
+            for tid in trees:
+                with snapshot._trees_lock:
+                    snapshot._trees.clear()
+                refs = blob_refs(snapshot.load(blobs, tid).values())
+                assert blobs.stored_blobs(refs) == refs, tid
+            fresh = Scanner(root, [], 10_000_000)
+            snap = snapshot.take(fresh, blobs)
+            with engine.begin() as conn:
+                for statement, params in snap.statements:
+                    conn.execute(statement, params)
+            assert snap.manifest == Scanner(root, [], 10_000_000).scan().manifest
+            assert snap.tree_id in blobs.stored([], [snap.tree_id])[1]
+        finally:
+            engine.dispose()
