@@ -18,20 +18,24 @@ import signal
 import sqlite3
 import subprocess
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from workspace_support import da, picture
 
+from durable_agent.errors import StoreError
 from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
 from durable_agent.workspace import git_baseline, git_index, snapshot
+from durable_agent.workspace import manifest as manifest_module
 from durable_agent.workspace import scan as scan_module
 from durable_agent.workspace.manifest import changes
 from durable_agent.workspace.materialize import materialize
@@ -1141,3 +1145,180 @@ def test_a_later_snapshot_of_a_process_runs_no_git_command(
         assert ran == []
     finally:
         engine.dispose()
+
+
+# -- a whole manifest kept as the differences from the commit ---------------------------------
+
+
+def _forget_process() -> None:
+    """What a new process knows: no tree, baseline or repository found yet."""
+    snapshot._trees.clear()
+    snapshot._git_of.clear()
+    git_baseline._heads.clear()
+    git_baseline._sources.clear()
+
+
+def _stored_tree(engine: Any, tid: str) -> tuple[dict[str, Any], str | None]:
+    with engine.connect() as conn:
+        data, recorded = conn.execute(
+            sa.text("SELECT data, git FROM workspace_trees WHERE id = :i"), {"i": tid}
+        ).one()
+    return json.loads(zlib.decompress(bytes(data))), recorded
+
+
+def _commit_listing(repo: Path, spec: str) -> dict[bytes, tuple[str, int]]:
+    out = subprocess.run(
+        ["git", "ls-tree", "-r", "-l", "-z", spec], cwd=repo, capture_output=True, check=True
+    ).stdout
+    listed = {}
+    for record in filter(None, out.split(b"\0")):
+        meta, _, path = record.partition(b"\t")
+        mode, kind, blob, size = meta.split()
+        if kind == b"blob" and mode in (b"100644", b"100755"):
+            listed[path] = (blob.decode(), int(size))
+    return listed
+
+
+def _take_and_read_back(root: Path, tmp_path: Path) -> tuple[snapshot.Snapshot, dict[str, Any]]:
+    """A fresh process's first snapshot (git baseline) of `root`, stored; its tree read back
+    by a new process. (the snapshot, the stored tree's JSON)"""
+    _forget_process()
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        snap = snapshot.take(Scanner(root, list(DEFAULT_EXCLUDE), 10_000_000), blobs, git=True)
+        save_statements(engine, snap.statements)
+        doc, _ = _stored_tree(engine, snap.tree_id)
+        _forget_process()
+        assert snapshot.load(BlobStore(engine), snap.tree_id) == snap.manifest
+    finally:
+        engine.dispose()
+    return snap, doc
+
+
+def _paths_of(items: list[Any]) -> set[bytes]:
+    return {manifest_module._dec(item) for item in items}
+
+
+@pytest.mark.parametrize("state", sorted(_STAGED))
+@pytest.mark.parametrize("where", ["top", "src"])
+def test_a_whole_manifest_is_stored_as_what_differs_from_the_commit(
+    tmp_path: Path, state: str, where: str
+) -> None:
+    """Whatever the index holds (read, corrected by `diff-index`, or `ls-tree`'s where it is
+    not read) and whatever the work tree holds beside it, the tree names exactly the
+    entries that are not the commit's files as `git ls-tree -r -l` lists them (blob, size,
+    the commonest permission bits), and the paths of those gone; read back in a new
+    process from that listing, it is the manifest the snapshot took."""
+    ws = make_checkout(tmp_path, files=6, size=100)
+    _STAGED[state](ws)
+    (ws / "src/f5.bin").unlink()  # gone from the work tree only
+    (ws / "src/new.txt").write_text("untracked\n")
+    (ws / "src/f4.bin").chmod(0o600)
+    (ws / "src/empty").mkdir()
+    os.symlink("f4.bin", ws / "src/to-f4")
+    root = ws if where == "top" else ws / "src"
+    snap, doc = _take_and_read_back(root, tmp_path)
+    assert set(doc) == {"head"}
+    listed = _commit_listing(ws, "HEAD" if where == "top" else "HEAD:src")
+    mode = doc["head"]["mode"]
+    assert mode == 0o644
+    differing = {
+        p
+        for p, e in snap.manifest.items()
+        if p not in listed
+        or e != manifest_module.Entry("file", mode, "git:" + listed[p][0], size=listed[p][1])
+    }
+    assert _paths_of([row[0] for row in doc["head"]["set"]]) == differing
+    assert _paths_of(doc["head"]["del"]) == set(listed) - set(snap.manifest)
+    lead = b"src/" if where == "top" else b""  # (the edits above, as the manifest names them)
+    assert {lead + name for name in (b"new.txt", b"f4.bin", b"to-f4", b"empty")} <= differing
+    assert lead + b"f5.bin" in _paths_of(doc["head"]["del"])
+
+
+def test_a_clean_checkout_s_manifest_is_a_few_bytes_in_the_commit_s_permission_bits(
+    tmp_path: Path,
+) -> None:
+    ws = make_checkout(tmp_path, files=200, size=100)
+    for path in ws.rglob("*"):  # as checked out under a 002 umask
+        if ".git" not in path.parts and path.is_file() and not path.is_symlink():
+            path.chmod(0o775 if os.access(path, os.X_OK) else 0o664)
+    snap, doc = _take_and_read_back(ws, tmp_path)
+    assert doc["head"]["mode"] == 0o664 and doc["head"]["del"] == []
+    assert _paths_of([row[0] for row in doc["head"]["set"]]) == {b"run.sh", b"link"}
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT SUM(LENGTH(data)) FROM workspace_trees")).scalar()
+    engine.dispose()
+    whole = len(manifest_module.encode_full(snap.manifest))
+    assert len(snap.manifest) == 203 and stored < 200 and whole > 20 * stored, (stored, whole)
+
+
+def test_a_folder_the_commit_lacks_keeps_its_whole_manifest(tmp_path: Path) -> None:
+    """A workspace in a folder of the checkout that no commit holds: nothing to take from
+    the commit (its listing of that folder would fail where the repository is there)."""
+    ws = make_checkout(tmp_path, files=3, size=100)
+    (ws / "fresh").mkdir()
+    (ws / "fresh/a.txt").write_text("a\n")
+    snap, doc = _take_and_read_back(ws / "fresh", tmp_path)
+    assert set(doc) == {"full"} and set(snap.manifest) == {b"a.txt"}
+
+
+def test_a_commit_that_lists_other_files_is_never_taken_for_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The tree read back from a commit's listing must have the tree's id: a row pointed at
+    another commit of the same repository is refused as damage, in one line, never read
+    as a workspace it was not."""
+    ws = make_checkout(tmp_path, files=6, size=100)
+    snap, _ = _take_and_read_back(ws, tmp_path)
+    (ws / "extra.txt").write_text("in the next commit only\n")
+    git(ws, "add", "extra.txt")
+    git(ws, "commit", "-q", "-m", "next")
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        _, recorded = _stored_tree(engine, snap.tree_id)
+        assert recorded is not None
+        doc = json.loads(recorded)
+        doc["commit"] = git(ws, "rev-parse", "HEAD")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE workspace_trees SET git = :g WHERE id = :i"),
+                {"g": json.dumps(doc), "i": snap.tree_id},
+            )
+        _forget_process()
+        with pytest.raises(StoreError, match="damaged in the store") as raised:
+            snapshot.load(BlobStore(engine), snap.tree_id)
+        assert "\n" not in str(raised.value)
+    finally:
+        engine.dispose()
+
+
+def test_the_commit_s_listing_is_read_whatever_its_names_hold(tmp_path: Path) -> None:
+    """Names holding a tab, a newline, or the text of another record (after a link's tab):
+    the listing with sizes names the regular files `ls-tree` names, each with its blob's
+    size as `cat-file -s` gives it."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    fake = "100644 blob " + "a" * 40 + " 5\tforged"
+    names = ["plain", "tab\there", "new\nline", fake, "d/" + fake, "é"]
+    for i, name in enumerate(names):
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_bytes(b"x" * i)
+    os.symlink("plain", ws / ("link " + fake))
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "run.sh").chmod(0o755)
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "odd names")
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "-l", "HEAD"], cwd=ws, capture_output=True, check=True
+    ).stdout
+    got = git_baseline._sized_tree_of(listed)
+    plain = git_baseline._tree_of(
+        subprocess.run(["git", "ls-tree", "-r", "-z", "HEAD"], cwd=ws, capture_output=True).stdout
+    )
+    assert {p: blob for p, (blob, _) in got.items()} == plain
+    assert set(got) == {os.fsencode(n) for n in [*names, "run.sh"]}
+    for path, (blob, size) in got.items():
+        assert size == int(git(ws, "cat-file", "-s", blob)), path

@@ -48,6 +48,7 @@ def test_every_loop_is_built_in_c() -> None:
     assert git_index._index_files is built.index_files
     assert manifest._bucketed is built.bucketed and manifest._joined is built.joined
     assert manifest._bucket_lines is built.bucket_lines and manifest._json_rows is built.json_rows
+    assert manifest._git_delta is built.git_delta
     assert scan._listing is built.listing and scan._changed is built.changed
     assert scan._preload is built.preload
 
@@ -473,6 +474,68 @@ def test_lines_are_joined_as_python_writes_them(m: dict[bytes, Entry]) -> None:
         assert isinstance(py, tuple)
         return
     assert c == py
+
+
+_blob_ids = st.sampled_from(["a" * 40, "b" * 40, "c" * 64, "é", ""])
+_near = st.sampled_from([b"a", b"b", b"d/c", b"d/e", b"\xff", b""])  # (shared by both sides)
+_git_entries = st.builds(
+    Entry,
+    st.sampled_from(["file", "file", "link", "big", "secret", "fil"]),
+    st.one_of(st.sampled_from([0o644, 0o664, 0o755]), st.integers(-(2**70), 2**70)),
+    st.one_of(_blob_ids.map("git:".__add__), _blob_ids, st.text(max_size=6)),
+    st.one_of(st.just(b""), st.binary(max_size=4)),
+    st.integers(0, 2**40),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(st.one_of(_near, _paths), _git_entries, max_size=10),
+    st.dictionaries(st.one_of(_near, _paths), _blob_ids, max_size=10),
+)
+def test_the_differences_from_a_commit_are_the_same_in_c_and_python(
+    m: dict[bytes, Entry], files: dict[bytes, str]
+) -> None:
+    assert _speedups.git_delta(m, files) == manifest._git_delta_py(m, files)
+
+
+_plain_entries = st.builds(
+    Entry,
+    st.sampled_from(["file", "file", "file", "link", "dir", "big", "secret"]),
+    st.sampled_from([0o644, 0o644, 0o664, 0o755, 0o600]),
+    st.one_of(_blob_ids.map("git:".__add__), st.sampled_from(["f" * 64, ""])),
+    st.one_of(st.just(b""), st.just(b"t\xff")),
+    st.integers(0, 2**40),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.one_of(_near, _paths), _plain_entries, max_size=12),
+    st.dictionaries(st.one_of(_near, _paths), st.sampled_from(["a" * 40, "c" * 64]), max_size=12),
+    st.booleans(),
+)
+def test_a_manifest_stored_as_its_differences_from_a_commit_reads_back_whole(
+    m: dict[bytes, Entry], files: dict[bytes, str], in_c: bool
+) -> None:
+    """encode_head, then apply_stored on the commit's listing (blob id and size of each of
+    its files; a file the manifest has as the commit's has that size): the same manifest."""
+    if not in_c:
+        m = _NotADict(m)  # type: ignore[assignment]
+    listing = {p: (blob, m[p].size if p in m else 3) for p, blob in files.items()}
+    asked = []
+    data = manifest.encode_head(m, files)
+    back = manifest.apply_stored(None, data, lambda: asked.append(1) or listing)
+    assert back == dict(m) and asked == [1]
+    mode, differing, gone = manifest._git_delta_py(m, files)
+    assert sorted(gone) == sorted(set(files) - set(m))
+    for path, e in m.items():  # each entry the commit's, or written out
+        ours = e == Entry(FILE, mode, "git:" + files.get(path, "?"), size=e.size)
+        assert ours == (path not in differing)
+
+
+class _NotADict(dict):  # type: ignore[type-arg]
+    """A manifest that is not a plain dict: the Python twins answer for it."""
 
 
 def test_a_tree_id_is_the_same_with_the_twins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,6 +32,7 @@ from durable_agent.store import prepared, sqlite_reads
 from durable_agent.store.blobs import (
     BlobStore,
     TreeAt,
+    TreeLink,
     TreeRow,
     WorkspaceWrite,
     changes_statement,
@@ -513,7 +514,7 @@ def test_snapshots_blobs_trees_and_step_changes(backend: Backend) -> None:
     run_id = b.create()
     blobs = BlobStore(b.engine, POLICY, run_id)
     data = bytes(range(256)) * 3
-    base = TreeRow("t0", None, 0, 1, b"\x00manifest")
+    base = TreeRow("t0", None, 0, 1, b"\x00manifest", '{"commit": "c"}')
     save_statements(
         b.engine,
         [blobs.blob_statement({"h1": data, "h2": b""}), blobs.tree_statement(base)],
@@ -543,7 +544,10 @@ def test_snapshots_blobs_trees_and_step_changes(backend: Backend) -> None:
         ),
     )
     assert blobs.stored([], ["t0", "t1", "t9", ""])[1] == {"t0": 0, "t1": 1}
-    assert blobs.tree_chain("t1") == [b"\x00manifest", b"delta"]
+    assert blobs.tree_chain("t1") == [
+        TreeLink("t0", b"\x00manifest", '{"commit": "c"}'),
+        TreeLink("t1", b"delta", None),
+    ]
     with pytest.raises(KeyError):
         blobs.tree_chain("t9")
     assert step_trees(b.engine, run_id, 0) == ("t0", "t1")

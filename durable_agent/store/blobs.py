@@ -35,7 +35,7 @@ T = TypeVar("T")
 MAX_DEPTH = 50  # deltas walked to rebuild a tree, at most
 Statement = tuple[Any, Any]
 _CHANGES = insert(workspace_changes)
-GIT_REF = "git:"  # a content id read from a git baseline (workspace/git_baseline.GIT_REF)
+GIT_REF = "git:"  # a content id read from a git baseline (workspace/manifest.GIT_REF)
 
 
 class GitSource(Protocol):
@@ -55,6 +55,14 @@ class TreeRow(Struct, frozen=True):
     entries: int
     data: bytes
     git: str | None = None  # the git baseline's JSON (workspace/git_baseline.py)
+
+
+class TreeLink(Struct, frozen=True):
+    """One stored tree of a chain (BlobStore.tree_chain)."""
+
+    id: str
+    data: bytes
+    git: str | None
 
 
 class WorkspaceWrite(Struct):
@@ -155,21 +163,21 @@ class BlobStore:
             ],
         )
 
-    def tree_chain(self, tree: str) -> list[bytes]:
-        """The stored data of `tree` and its bases, the full manifest first."""
+    def tree_chain(self, tree: str) -> list[TreeLink]:
+        """The stored data of `tree` and its bases, the whole manifest first."""
 
-        def query(conn: Connection) -> list[bytes]:
-            chain: list[bytes] = []
+        def query(conn: Connection) -> list[TreeLink]:
+            chain: list[TreeLink] = []
             current: str | None = tree
             while current is not None:
                 row = conn.execute(
-                    select(workspace_trees.c.base, workspace_trees.c.data).where(
-                        workspace_trees.c.id == current
-                    )
+                    select(
+                        workspace_trees.c.base, workspace_trees.c.data, workspace_trees.c.git
+                    ).where(workspace_trees.c.id == current)
                 ).first()
                 if row is None:
                     raise KeyError(f"workspace tree {current} is not in the store")
-                chain.append(bytes(row.data))
+                chain.append(TreeLink(current, bytes(row.data), row.git))
                 current = row.base
             chain.reverse()
             return chain

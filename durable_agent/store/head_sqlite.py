@@ -4,7 +4,7 @@ scripts/gen_head_schema.py from alembic/ (do not edit; run the script after a mi
 store/engine.py makes a new SQLite store from it in one transaction, without Alembic.
 """
 
-REVISION = '0018'
+REVISION = '0019'
 
 STATEMENTS = (
     'CREATE TABLE alembic_version (\n\tversion_num VARCHAR(32) NOT NULL, \n\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n)',

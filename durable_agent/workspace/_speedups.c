@@ -2190,6 +2190,111 @@ fail:
     return NULL;
 }
 
+/* Whether `ref` (a str) is "git:" followed by `blob` (a str): without making the text. */
+static int
+is_git_ref(PyObject *ref, PyObject *blob)
+{
+    if (!PyUnicode_Check(ref) || !PyUnicode_Check(blob) || !PyUnicode_IS_ASCII(ref) ||
+        !PyUnicode_IS_ASCII(blob) ||
+        PyUnicode_GET_LENGTH(ref) != 4 + PyUnicode_GET_LENGTH(blob))
+        return 0;
+    const char *r = (const char *)PyUnicode_DATA(ref);
+    return memcmp(r, "git:", 4) == 0 &&
+           memcmp(r + 4, PyUnicode_DATA(blob), PyUnicode_GET_LENGTH(blob)) == 0;
+}
+
+/* git_delta(manifest, files) -> (mode, differing, gone): what a tree stored as the
+   differences from a git commit holds (manifest.encode_head). `files`: path -> blob id of
+   the commit's regular files. An entry is the commit's when it is a file named "git:" and
+   the blob at its path, of permission bits `mode`: the commonest bits among such files
+   (the lowest of a tie; 0o644 when there is none). `differing`: the manifest's other
+   paths, in its order; `gone`: the paths of `files` the manifest lacks, in their order.
+   Twin: manifest._git_delta_py. */
+static PyObject *
+git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "git_delta(manifest, files)");
+        return NULL;
+    }
+    PyObject *manifest = args[0], *files = args[1];
+    Py_ssize_t n = PyDict_GET_SIZE(manifest), at = 0, k = 0;
+    /* each entry's permission bits when it is the commit's file, else -1 */
+    int *modes = PyMem_Malloc((n ? n : 1) * sizeof(int));
+    Py_ssize_t counts[01000] = {0}, in_files = 0;
+    PyObject *path, *entry, *differing = NULL, *gone = NULL;
+    if (modes == NULL)
+        return PyErr_NoMemory();
+    while (PyDict_Next(manifest, &at, &path, &entry)) {
+        PyObject *f[5];
+        if (k >= n || !PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "git_delta: a manifest of bytes, unchanged");
+            goto fail;
+        }
+        modes[k] = -1;
+        if (fields_of(entry, f) < 0)
+            goto fail;
+        PyObject *blob = PyDict_GetItemWithError(files, path); /* (borrowed) */
+        if (blob == NULL && PyErr_Occurred()) {
+            for (int j = 0; j < 5; j++)
+                Py_DECREF(f[j]);
+            goto fail;
+        }
+        in_files += blob != NULL;
+        if (blob != NULL && PyUnicode_Check(f[0]) &&
+            PyUnicode_CompareWithASCIIString(f[0], "file") == 0 && PyLong_CheckExact(f[1]) &&
+            is_git_ref(f[2], blob) && PyBytes_Check(f[3]) && PyBytes_GET_SIZE(f[3]) == 0) {
+            int overflow = 0;
+            long m = PyLong_AsLongAndOverflow(f[1], &overflow);
+            if (!overflow && m >= 0 && m < 01000) {
+                modes[k] = (int)m;
+                counts[m]++;
+            }
+        }
+        for (int j = 0; j < 5; j++)
+            Py_DECREF(f[j]);
+        k++;
+    }
+    if (k != n || PyDict_GET_SIZE(manifest) != n) { /* (an attribute read changed it) */
+        PyErr_SetString(PyExc_RuntimeError, "git_delta: the manifest changed");
+        goto fail;
+    }
+    int mode = 0644;
+    for (int m = 0; m < 01000; m++)
+        if (counts[m] > counts[mode])
+            mode = m;
+    differing = PyList_New(0);
+    gone = PyList_New(0);
+    if (differing == NULL || gone == NULL)
+        goto fail;
+    at = 0, k = 0;
+    while (PyDict_Next(manifest, &at, &path, &entry)) {
+        if (k >= n) {
+            PyErr_SetString(PyExc_RuntimeError, "git_delta: the manifest changed");
+            goto fail;
+        }
+        if (modes[k++] != mode && PyList_Append(differing, path) < 0)
+            goto fail;
+    }
+    if (in_files < PyDict_GET_SIZE(files)) {
+        PyObject *blob;
+        at = 0;
+        while (PyDict_Next(files, &at, &path, &blob)) {
+            int has = PyDict_Contains(manifest, path);
+            if (has < 0 || (!has && PyList_Append(gone, path) < 0))
+                goto fail;
+        }
+    }
+    PyMem_Free(modes);
+    PyObject *out = Py_BuildValue("(iNN)", mode, differing, gone);
+    return out;
+fail:
+    PyMem_Free(modes);
+    Py_XDECREF(differing);
+    Py_XDECREF(gone);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"changed", (PyCFunction)(void (*)(void))changed, METH_FASTCALL,
      "changed(dir_fd, names, cached) -> the names whose lstat key is not cached[name][0]"},
@@ -2203,6 +2308,8 @@ static PyMethodDef methods[] = {
      "bucket_lines(paths, manifest) -> BUCKETS bytes: the lines of each bucket's paths"},
     {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
      "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
+    {"git_delta", (PyCFunction)(void (*)(void))git_delta, METH_FASTCALL,
+     "git_delta(manifest, files) -> (mode, differing paths, paths gone): encode_head's"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
      "index_files(body, hash_size, lead, racy_from, root_fd, threads, feed_fd) -> (files, "
      "vouching, tree) or None"},

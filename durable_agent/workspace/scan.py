@@ -51,7 +51,7 @@ from msgspec import Struct, field
 
 from durable_agent.tools.limits import read_capped
 from durable_agent.workspace import progress
-from durable_agent.workspace.git_baseline import GIT_REF, git_blob_id
+from durable_agent.workspace.git_baseline import git_blob_id
 from durable_agent.workspace.git_index import (
     NO_SEEDS,
     RECORD_TAIL,
@@ -71,6 +71,7 @@ from durable_agent.workspace.manifest import (
     BIG,
     DIR,
     FILE,
+    GIT_REF,
     LINK,
     SECRET,
     Entry,

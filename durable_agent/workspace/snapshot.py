@@ -10,7 +10,8 @@ delta on the scanner's previous tree when that one is stored and the delta is sm
 With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a file the
 checkout's HEAD commit holds at its path is named by its git blob id (`git:`) and not
 written: the tree records the commit (workspace/git_baseline.py) and a rebuild reads those
-files from the repository. A fresh scanner does not read the files whose lstat is what
+files from the repository. A whole manifest is then stored as what differs from the
+commit's files (manifest.encode_head), and read back on the commit's listing. A fresh scanner does not read the files whose lstat is what
 git's index recorded for them, as `git status` does not.
 """
 
@@ -20,12 +21,20 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection
+from functools import partial
 from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
 from durable_agent.errors import StoreError
-from durable_agent.store.blobs import GIT_REF, MAX_DEPTH, BlobStore, Statement, TreeRow
+from durable_agent.store.blobs import (
+    GIT_REF,
+    MAX_DEPTH,
+    BlobStore,
+    Statement,
+    TreeLink,
+    TreeRow,
+)
 from durable_agent.workspace import git_baseline
 from durable_agent.workspace.git_index import NO_SEEDS
 from durable_agent.workspace.manifest import (
@@ -34,6 +43,8 @@ from durable_agent.workspace.manifest import (
     blob_refs,
     encode_delta,
     encode_full,
+    encode_head,
+    tree_id,
 )
 from durable_agent.workspace.scan import Scan, Scanner
 
@@ -131,7 +142,14 @@ def take(
             if size * 4 <= len(manifest) + 4:
                 row = TreeRow(tid, whole[0], 1, len(manifest), data)
         if row is None:
-            row = TreeRow(tid, None, 0, len(manifest), encode_full(manifest))
+            # In a checkout with a commit: what differs from the commit's files (a clean
+            # checkout's is a few bytes). Not of a folder the commit lacks: its listing
+            # would fail where the repository is there.
+            if head is not None and head.files:
+                data = encode_head(manifest, head.files)
+            else:
+                data = encode_full(manifest)
+            row = TreeRow(tid, None, 0, len(manifest), data)
             whole = (tid, manifest)
         if head is not None:
             row = TreeRow(
@@ -245,11 +263,26 @@ def _note_git(key: tuple[str, str], baseline: git_baseline.Baseline | None) -> N
 
 def _load(blobs: BlobStore, tid: str) -> Manifest:
     manifest: Manifest | None = None
+    chain = blobs.tree_chain(tid)
     try:
-        for data in blobs.tree_chain(tid):
-            manifest = apply_stored(manifest, data)
+        for link in chain:
+            asked: list[str] = []
+            manifest = apply_stored(manifest, link.data, partial(_commit_files, link, asked))
+            if asked and tree_id(manifest) != link.id:
+                # Stored as the differences from a commit, which lists other files than the
+                # snapshot saw: never a wrong workspace in its place.
+                raise ValueError(f"the files of git commit {asked[0][:12]} are not its own")
     except ValueError as exc:  # edited by hand: one line, not a traceback
         raise StoreError(f"workspace snapshot {tid} is damaged in the store: {exc}") from None
     assert manifest is not None
     remember(tid, manifest)
     return manifest
+
+
+def _commit_files(link: TreeLink, asked: list[str]) -> dict[bytes, tuple[str, int]]:
+    """The regular files of the commit a tree stored as differences from it records."""
+    baseline = git_baseline.decoded(link.git)
+    if baseline is None:
+        raise ValueError("a tree stored as the differences from a git commit names none")
+    asked.append(baseline.commit)
+    return git_baseline.source(baseline).files()
