@@ -570,7 +570,7 @@ class Source:
         the base of a tree stored as the differences from the commit
         (manifest.encode_head). (`-l` reads each blob's header: a pack's are fast; 50,000
         loose objects, which git's automatic packing leaves no repository holding for
-        long, cost git about 0.6 s.)"""
+        long, cost git 0.6–2.5 s.)"""
         self.open()
         return self._files
 
