@@ -1322,3 +1322,26 @@ def test_the_commit_s_listing_is_read_whatever_its_names_hold(tmp_path: Path) ->
     assert set(got) == {os.fsencode(n) for n in [*names, "run.sh"]}
     for path, (blob, size) in got.items():
         assert size == int(git(ws, "cat-file", "-s", blob)), path
+
+
+def test_the_repositories_found_are_let_go_of_past_a_few(tmp_path: Path) -> None:
+    """A worker goes through many repositories: each source found holds its commit's listing
+    and a `cat-file` process. Past SOURCES_KEPT the oldest is let go of, its process ended;
+    a store that still holds it reads on, with a new process."""
+    ws = make_checkout(tmp_path, files=2, size=100)
+    commit = git(ws, "rev-parse", "HEAD")
+    git_baseline._sources.clear()
+    first = git_baseline.source(git_baseline.Baseline(commit, str(ws), "", ""))
+    blob = git(ws, "rev-parse", "HEAD:src/f0.bin")
+    assert first.read(blob) == (ws / "src/f0.bin").read_bytes()
+    proc = first._proc
+    assert proc is not None and proc.poll() is None
+    others = [
+        git_baseline.source(git_baseline.Baseline(commit, str(ws), "", "", f"other{i}"))
+        for i in range(git_baseline.SOURCES_KEPT)
+    ]
+    assert list(git_baseline._sources.values()) == others  # the first one let go of
+    assert proc.poll() is not None and proc not in git_baseline._open_procs
+    assert first.read(blob) == (ws / "src/f0.bin").read_bytes()  # (a new process)
+    assert first._proc is not None and first._proc is not proc
+    first.close()

@@ -37,6 +37,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
@@ -564,6 +565,15 @@ class Source:
         self.open()
         return blob_id in self.ids
 
+    def close(self) -> None:
+        """Its `cat-file` process ended (a later read starts another)."""
+        with self.lock:
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            _ended(proc)
+            with contextlib.suppress(ValueError):
+                _open_procs.remove(proc)
+
     def files(self) -> dict[bytes, tuple[str, int]]:
         """The commit's regular files below the workspace's folder: path (relative to it) ->
         (blob id, size), as `git ls-tree -r -l` lists them (when the repository is found):
@@ -580,7 +590,11 @@ def _cache_dir() -> Path:
     return Path(base) / "durable-agent" / "git"
 
 
-_sources: dict[Baseline, Source] = {}
+# The repositories found, the most recently asked last. A worker goes through many: each
+# holds its commit's listing (about 10 MB at 50,000 files) and a `cat-file` process, let go
+# of past SOURCES_KEPT (a store that still holds one starts its process again if it reads).
+SOURCES_KEPT = 16
+_sources: OrderedDict[Baseline, Source] = OrderedDict()
 _sources_lock = threading.Lock()
 _open_procs: list[subprocess.Popen[bytes]] = []
 
@@ -590,13 +604,21 @@ def source(baseline: Baseline) -> Source:
         found = _sources.get(baseline)
         if found is None:
             found = _sources[baseline] = Source(baseline)
-        return found
+        _sources.move_to_end(baseline)
+        dropped = [_sources.popitem(last=False)[1] for _ in range(len(_sources) - SOURCES_KEPT)]
+    for old in dropped:
+        old.close()
+    return found
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=5)
 
 
 @atexit.register
 def _close() -> None:
     for proc in _open_procs:
-        with contextlib.suppress(OSError, ValueError):
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(timeout=5)
+        _ended(proc)
