@@ -1345,3 +1345,27 @@ def test_the_repositories_found_are_let_go_of_past_a_few(tmp_path: Path) -> None
     assert first.read(blob) == (ws / "src/f0.bin").read_bytes()  # (a new process)
     assert first._proc is not None and first._proc is not proc
     first.close()
+
+
+def test_a_tree_taken_with_git_dir_in_the_environment_is_read_back_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GIT_DIR set (as a git hook has it) makes git take the current folder for the work
+    tree's top: the commit is listed whole, from the workspace's folder. Read back where
+    GIT_DIR is not set (a restore, a resume in another shell), git finds the repository
+    above that folder, and its listing must not then be cut to that folder."""
+    ws = make_checkout(tmp_path, files=6, size=100)
+    (ws / "src/f5.bin").unlink()  # gone from the work tree: the tree lists it as deleted
+    _forget_process()
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        with monkeypatch.context() as env:
+            env.setenv("GIT_DIR", str(ws / ".git"))
+            scanner = Scanner(ws / "src", list(DEFAULT_EXCLUDE), 10_000_000)
+            snap = snapshot.take(scanner, BlobStore(engine), git=True)
+        save_statements(engine, snap.statements)
+        assert set(_stored_tree(engine, snap.tree_id)[0]) == {"head"}
+        _forget_process()
+        assert snapshot.load(BlobStore(engine), snap.tree_id) == snap.manifest
+    finally:
+        engine.dispose()

@@ -486,7 +486,12 @@ class Source:
                 try:
                     _git(repo, "cat-file", "-e", f"{b.commit}^{{commit}}")
                     spec = f"{b.commit}:{b.prefix}" if b.prefix else b.commit
-                    files = _sized_tree_of(_git(repo, "ls-tree", "-r", "-l", "-z", spec))
+                    # --full-tree: the whole of that tree, whatever folder git takes for the
+                    # current one (else cut to it: `GIT_DIR` in the environment when the
+                    # snapshot was taken made the workspace's folder the work tree's top).
+                    files = _sized_tree_of(
+                        _git(repo, "ls-tree", "--full-tree", "-r", "-l", "-z", spec)
+                    )
                 except (OSError, subprocess.SubprocessError):
                     continue
                 self._files = files
