@@ -493,6 +493,9 @@ _git_entries = st.builds(
     st.dictionaries(st.one_of(_near, _paths), _git_entries, max_size=10),
     st.dictionaries(st.one_of(_near, _paths), _blob_ids, max_size=10),
 )
+@example(  # a blob id not ASCII (none git writes): the commit's file in Python, and in C
+    {b"d/e": Entry("file", 0o644, "git:\u00e9")}, {b"d/e": "\u00e9"}
+)
 def test_the_differences_from_a_commit_are_the_same_in_c_and_python(
     m: dict[bytes, Entry], files: dict[bytes, str]
 ) -> None:

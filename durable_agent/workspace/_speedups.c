@@ -2194,13 +2194,21 @@ fail:
 static int
 is_git_ref(PyObject *ref, PyObject *blob)
 {
-    if (!PyUnicode_Check(ref) || !PyUnicode_Check(blob) || !PyUnicode_IS_ASCII(ref) ||
-        !PyUnicode_IS_ASCII(blob) ||
-        PyUnicode_GET_LENGTH(ref) != 4 + PyUnicode_GET_LENGTH(blob))
+    if (!PyUnicode_Check(ref) || !PyUnicode_Check(blob))
         return 0;
-    const char *r = (const char *)PyUnicode_DATA(ref);
-    return memcmp(r, "git:", 4) == 0 &&
-           memcmp(r + 4, PyUnicode_DATA(blob), PyUnicode_GET_LENGTH(blob)) == 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(blob);
+    if (PyUnicode_GET_LENGTH(ref) != 4 + n)
+        return 0;
+    if (PyUnicode_IS_ASCII(ref) && PyUnicode_IS_ASCII(blob)) {
+        const char *r = (const char *)PyUnicode_DATA(ref);
+        return memcmp(r, "git:", 4) == 0 && memcmp(r + 4, PyUnicode_DATA(blob), n) == 0;
+    }
+    /* Not ASCII (no id git writes): compared as Python compares text, as the twin
+       (manifest._git_delta_py) does, so that both give the same answer. */
+    for (int i = 0; i < 4; i++)
+        if (PyUnicode_READ_CHAR(ref, i) != (Py_UCS4) "git:"[i])
+            return 0;
+    return PyUnicode_Tailmatch(ref, blob, 4, 4 + n, 1) == 1;
 }
 
 /* git_delta(manifest, files) -> (mode, differing, gone): what a tree stored as the
