@@ -1296,11 +1296,11 @@ def test_a_commit_that_lists_other_files_is_never_taken_for_the_snapshot(
 
 def test_the_commit_s_listing_is_read_whatever_its_names_hold(tmp_path: Path) -> None:
     """Names holding a tab, a newline, or the text of another record (after a link's tab):
-    the listing with sizes names the regular files `ls-tree` names, each with its blob's
-    size as `cat-file -s` gives it."""
+    the listing names the regular files the commit holds, each with its blob as
+    `rev-parse` names it, and nothing else."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    fake = "100644 blob " + "a" * 40 + " 5\tforged"
+    fake = "100644 blob " + "a" * 40 + "\tforged"
     names = ["plain", "tab\there", "new\nline", fake, "d/" + fake, "é"]
     for i, name in enumerate(names):
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
@@ -1312,16 +1312,12 @@ def test_the_commit_s_listing_is_read_whatever_its_names_hold(tmp_path: Path) ->
     git(ws, "add", "-A")
     git(ws, "commit", "-q", "-m", "odd names")
     listed = subprocess.run(
-        ["git", "ls-tree", "-r", "-z", "-l", "HEAD"], cwd=ws, capture_output=True, check=True
+        ["git", "ls-tree", "-r", "-z", "HEAD"], cwd=ws, capture_output=True, check=True
     ).stdout
-    got = git_baseline._sized_tree_of(listed)
-    plain = git_baseline._tree_of(
-        subprocess.run(["git", "ls-tree", "-r", "-z", "HEAD"], cwd=ws, capture_output=True).stdout
-    )
-    assert {p: blob for p, (blob, _) in got.items()} == plain
+    got = git_baseline._tree_of(listed)
     assert set(got) == {os.fsencode(n) for n in [*names, "run.sh"]}
-    for path, (blob, size) in got.items():
-        assert size == int(git(ws, "cat-file", "-s", blob)), path
+    for path, blob in got.items():
+        assert blob == git(ws, "rev-parse", f"HEAD:{os.fsdecode(path)}"), path
 
 
 def test_the_repositories_found_are_let_go_of_past_a_few(tmp_path: Path) -> None:
@@ -1369,3 +1365,35 @@ def test_a_tree_taken_with_git_dir_in_the_environment_is_read_back_without_it(
         assert snapshot.load(BlobStore(engine), snap.tree_id) == snap.manifest
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("change", ["gitattributes", "autocrlf"])
+def test_a_file_git_vouches_for_at_another_size_than_its_blob_s_leaves_the_tree_readable(
+    tmp_path: Path, change: str
+) -> None:
+    """a.txt checked out converted, then the rule that converted it gone (as in
+    test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change): git's index
+    vouches for it at its size on disk, which is not its blob's. The commit's listing gives
+    the blob's size: the tree stored as the differences from it must still be read back as
+    the snapshot took it, never refused as damaged (the run's workspace lost)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    (ws / "a.txt").write_text("id: $Id$\nline two\n")
+    (ws / "b.txt").write_text("b\n")
+    if change == "gitattributes":
+        (ws / ".gitattributes").write_text("*.txt ident\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "base")
+    if change == "autocrlf":
+        git(ws, "config", "core.autocrlf", "true")
+    (ws / "a.txt").unlink()
+    git(ws, "checkout", "--", "a.txt")
+    _aged(ws)
+    if change == "gitattributes":
+        (ws / ".gitattributes").write_text("")
+    else:
+        git(ws, "config", "core.autocrlf", "false")
+    snap, doc = _take_and_read_back(ws, tmp_path)
+    assert set(doc) == {"head"}
+    assert snap.manifest[b"a.txt"].size == (ws / "a.txt").stat().st_size

@@ -521,20 +521,27 @@ _plain_entries = st.builds(
 def test_a_manifest_stored_as_its_differences_from_a_commit_reads_back_whole(
     m: dict[bytes, Entry], files: dict[bytes, str], in_c: bool
 ) -> None:
-    """encode_head, then apply_stored on the commit's listing (blob id and size of each of
-    its files; a file the manifest has as the commit's has that size): the same manifest."""
+    """encode_head, then apply_stored on the commit's listing (path -> blob id): the same
+    manifest, whatever the sizes (the snapshot's are kept)."""
     if not in_c:
         m = _NotADict(m)  # type: ignore[assignment]
-    listing = {p: (blob, m[p].size if p in m else 3) for p, blob in files.items()}
     asked = []
     data = manifest.encode_head(m, files)
-    back = manifest.apply_stored(None, data, lambda: asked.append(1) or listing)
+    back = manifest.apply_stored(None, data, lambda: asked.append(1) or files)
     assert back == dict(m) and asked == [1]
-    mode, differing, gone = manifest._git_delta_py(m, files)
+    mode, differing, gone, ours = manifest._git_delta_py(m, files)
     assert sorted(gone) == sorted(set(files) - set(m))
+    assert sorted(differing + ours) == sorted(m)
     for path, e in m.items():  # each entry the commit's, or written out
-        ours = e == Entry(FILE, mode, "git:" + files.get(path, "?"), size=e.size)
-        assert ours == (path not in differing)
+        commits = e == Entry(FILE, mode, "git:" + files.get(path, "?"), size=e.size)
+        assert commits == (path in ours) != (path in differing)
+    if ours:  # another commit's listing (a file more or fewer) is never taken for it
+        with pytest.raises(ValueError):
+            manifest.apply_stored(None, data, lambda: {**files, b"\0more": "a" * 40})
+        with pytest.raises(ValueError):
+            manifest.apply_stored(
+                None, data, lambda: {p: b for p, b in files.items() if p != ours[0]}
+            )
 
 
 class _NotADict(dict):  # type: ignore[type-arg]

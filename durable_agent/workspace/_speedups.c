@@ -2211,13 +2211,13 @@ is_git_ref(PyObject *ref, PyObject *blob)
     return PyUnicode_Tailmatch(ref, blob, 4, 4 + n, 1) == 1;
 }
 
-/* git_delta(manifest, files) -> (mode, differing, gone): what a tree stored as the
+/* git_delta(manifest, files) -> (mode, differing, gone, ours): what a tree stored as the
    differences from a git commit holds (manifest.encode_head). `files`: path -> blob id of
    the commit's regular files. An entry is the commit's when it is a file named "git:" and
    the blob at its path, of permission bits `mode`: the commonest bits among such files
-   (the lowest of a tie; 0o644 when there is none). `differing`: the manifest's other
-   paths, in its order; `gone`: the paths of `files` the manifest lacks, in their order.
-   Twin: manifest._git_delta_py. */
+   (0o644 where it is among the commonest, else the lowest of them). `ours`: the paths of
+   those, `differing`: the manifest's other paths, each in the manifest's order; `gone`:
+   the paths of `files` the manifest lacks, in their order. Twin: manifest._git_delta_py. */
 static PyObject *
 git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2230,7 +2230,7 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* each entry's permission bits when it is the commit's file, else -1 */
     int *modes = PyMem_Malloc((n ? n : 1) * sizeof(int));
     Py_ssize_t counts[01000] = {0}, in_files = 0;
-    PyObject *path, *entry, *differing = NULL, *gone = NULL;
+    PyObject *path, *entry, *differing = NULL, *gone = NULL, *ours = NULL;
     if (modes == NULL)
         return PyErr_NoMemory();
     while (PyDict_Next(manifest, &at, &path, &entry)) {
@@ -2240,9 +2240,18 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         modes[k] = -1;
-        if (fields_of(entry, f) < 0)
+        /* (held: an entry of another type is read by attribute, which may run code) */
+        Py_INCREF(path);
+        Py_INCREF(entry);
+        int got = fields_of(entry, f);
+        Py_DECREF(entry);
+        if (got < 0) {
+            Py_DECREF(path);
             goto fail;
+        }
         PyObject *blob = PyDict_GetItemWithError(files, path); /* (borrowed) */
+        Py_XINCREF(blob);
+        Py_DECREF(path);
         if (blob == NULL && PyErr_Occurred()) {
             for (int j = 0; j < 5; j++)
                 Py_DECREF(f[j]);
@@ -2259,6 +2268,7 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 counts[m]++;
             }
         }
+        Py_XDECREF(blob);
         for (int j = 0; j < 5; j++)
             Py_DECREF(f[j]);
         k++;
@@ -2273,7 +2283,8 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             mode = m;
     differing = PyList_New(0);
     gone = PyList_New(0);
-    if (differing == NULL || gone == NULL)
+    ours = PyList_New(0);
+    if (differing == NULL || gone == NULL || ours == NULL)
         goto fail;
     at = 0, k = 0;
     while (PyDict_Next(manifest, &at, &path, &entry)) {
@@ -2281,7 +2292,7 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_RuntimeError, "git_delta: the manifest changed");
             goto fail;
         }
-        if (modes[k++] != mode && PyList_Append(differing, path) < 0)
+        if (PyList_Append(modes[k++] == mode ? ours : differing, path) < 0)
             goto fail;
     }
     if (in_files < PyDict_GET_SIZE(files)) {
@@ -2294,12 +2305,12 @@ git_delta(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     PyMem_Free(modes);
-    PyObject *out = Py_BuildValue("(iNN)", mode, differing, gone);
-    return out;
+    return Py_BuildValue("(iNNN)", mode, differing, gone, ours);
 fail:
     PyMem_Free(modes);
     Py_XDECREF(differing);
     Py_XDECREF(gone);
+    Py_XDECREF(ours);
     return NULL;
 }
 
@@ -2317,7 +2328,7 @@ static PyMethodDef methods[] = {
     {"json_rows", (PyCFunction)(void (*)(void))json_rows, METH_FASTCALL,
      "json_rows(paths, manifest) -> encode_full's rows as JSON, or None"},
     {"git_delta", (PyCFunction)(void (*)(void))git_delta, METH_FASTCALL,
-     "git_delta(manifest, files) -> (mode, differing paths, paths gone): encode_head's"},
+     "git_delta(manifest, files) -> (mode, differing, gone, ours): encode_head's paths"},
     {"index_files", (PyCFunction)(void (*)(void))index_files, METH_FASTCALL,
      "index_files(body, hash_size, lead, racy_from, root_fd, threads, feed_fd) -> (files, "
      "vouching, tree) or None"},

@@ -159,28 +159,16 @@ def ref_format(ref: str) -> str:
     return "sha256" if len(ref) == len(GIT_REF) + 64 else "sha1"
 
 
-# A regular file's record of `git ls-tree -r -l -z`, matched where a record starts: never
+# A regular file's record of `git ls-tree -r -z`, matched where a record starts: never
 # within a path (one may hold that text after its tab), which runs to the record's NUL.
-_SIZED_FILE = re.compile(rb"(?:^|(?<=\0))(?:100644|100755) blob ([0-9a-f]+) +([0-9]+)\t([^\0]*)\0")
-
-
-def _sized_tree_of(out: bytes) -> dict[bytes, tuple[str, int]]:
-    """`git ls-tree -r -l -z`'s regular files: path -> (blob id, size). (One expression over
-    the whole listing: a split and a parse per record took twice as long.)"""
-    return {path: (blob.decode(), int(size)) for blob, size, path in _SIZED_FILE.findall(out)}
+_FILE_RECORD = re.compile(rb"(?:^|(?<=\0))(?:100644|100755) blob ([0-9a-f]+)\t([^\0]*)\0")
 
 
 def _tree_of(out: bytes) -> dict[bytes, str]:
-    found: dict[bytes, str] = {}
-    for record in out.split(b"\0"):
-        if not record:
-            continue
-        meta, _, path = record.partition(b"\t")
-        fields = meta.split()
-        if len(fields) < 3 or fields[1] != b"blob" or fields[0] not in FILE_MODES:
-            continue  # links, submodules: recorded by the manifest as they are, not from here
-        found[path] = fields[2].decode()
-    return found
+    """`git ls-tree -r -z`'s regular files: path -> blob id (links and submodules are
+    recorded by the manifest as they are, not from here). One expression over the whole
+    listing: a split and a parse a record took twice as long."""
+    return {path: blob.decode() for blob, path in _FILE_RECORD.findall(out)}
 
 
 class Head(Struct):
@@ -473,7 +461,7 @@ class Source:
         self.repo: str | None = None
         self.ids: frozenset[str] = frozenset()  # the blob ids of the commit's files
         self._proc: subprocess.Popen[bytes] | None = None
-        self._files: dict[bytes, tuple[str, int]] = {}
+        self._files: dict[bytes, str] = {}
 
     def open(self) -> None:
         """Find a repository that holds the commit, else GitBaselineUnreachable."""
@@ -489,13 +477,11 @@ class Source:
                     # --full-tree: the whole of that tree, whatever folder git takes for the
                     # current one (else cut to it: `GIT_DIR` in the environment when the
                     # snapshot was taken made the workspace's folder the work tree's top).
-                    files = _sized_tree_of(
-                        _git(repo, "ls-tree", "--full-tree", "-r", "-l", "-z", spec)
-                    )
+                    files = _tree_of(_git(repo, "ls-tree", "--full-tree", "-r", "-z", spec))
                 except (OSError, subprocess.SubprocessError):
                     continue
                 self._files = files
-                self.ids = frozenset(blob for blob, _ in files.values())
+                self.ids = frozenset(files.values())
                 self.repo = repo
                 return
             where = " or ".join(tried) or "no repository"
@@ -579,13 +565,10 @@ class Source:
             with contextlib.suppress(ValueError):
                 _open_procs.remove(proc)
 
-    def files(self) -> dict[bytes, tuple[str, int]]:
+    def files(self) -> dict[bytes, str]:
         """The commit's regular files below the workspace's folder: path (relative to it) ->
-        (blob id, size), as `git ls-tree -r -l` lists them (when the repository is found):
-        the base of a tree stored as the differences from the commit
-        (manifest.encode_head). (`-l` reads each blob's header: a pack's are fast; 50,000
-        loose objects, which git's automatic packing leaves no repository holding for
-        long, cost git 0.6–2.5 s.)"""
+        blob id, as `git ls-tree -r` lists them (the repository found): the base of a tree
+        stored as the differences from the commit (manifest.encode_head)."""
         self.open()
         return self._files
 

@@ -245,19 +245,20 @@ def _no_json_rows(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes 
 
 def _git_delta_py(
     manifest: Mapping[bytes, Entry], files: Mapping[bytes, str]
-) -> tuple[int, list[bytes], list[bytes]]:
-    """(mode, differing, gone): what encode_head stores of `manifest` beside the commit's
-    regular files `files` (path -> blob id). An entry is the commit's when it is a file
-    named `git:` and the blob at its path, of permission bits `mode`: the commonest bits
-    among such files (the lowest of a tie; 0o644 when there is none). `differing`: the
-    manifest's other paths, in its order; `gone`: the paths of `files` it lacks, in their
-    order. What _speedups.git_delta answers in C."""
+) -> tuple[int, list[bytes], list[bytes], list[bytes]]:
+    """(mode, differing, gone, ours): what encode_head stores of `manifest` beside the
+    commit's regular files `files` (path -> blob id). An entry is the commit's when it is a
+    file named `git:` and the blob at its path, of permission bits `mode`: the commonest
+    bits among such files (0o644 where it is among the commonest, else the lowest of them).
+    `ours`: the paths of those, `differing`: the manifest's other paths, each in the
+    manifest's order; `gone`: the paths of `files` it lacks, in their order. What
+    _speedups.git_delta answers in C."""
     modes: list[int] = []
     counts = [0] * 0o1000
     for path, e in manifest.items():
         blob = files.get(path)
         m = e.mode
-        ours = (
+        commits = (
             blob is not None
             and e.kind == FILE
             and type(m) is int
@@ -265,16 +266,19 @@ def _git_delta_py(
             and e.ref == GIT_REF + blob
             and e.target == b""
         )
-        modes.append(m if ours else -1)
-        if ours:
+        modes.append(m if commits else -1)
+        if commits:
             counts[m] += 1
     mode = 0o644
     for m in range(0o1000):
         if counts[m] > counts[mode]:
             mode = m
-    differing = [p for p, m in zip(manifest, modes, strict=True) if m != mode]
+    differing: list[bytes] = []
+    ours: list[bytes] = []
+    for p, m in zip(manifest, modes, strict=True):
+        (ours if m == mode else differing).append(p)
     gone = [p for p in files if p not in manifest]
-    return mode, differing, gone
+    return mode, differing, gone, ours
 
 
 try:
@@ -306,17 +310,24 @@ def _rows(paths: list[bytes], manifest: Mapping[bytes, Entry]) -> bytes:
 def encode_head(manifest: Mapping[bytes, Entry], files: Mapping[bytes, str]) -> bytes:
     """A whole manifest stored as what differs from a git commit's files (`files`: path ->
     blob id of its regular files, relative to the workspace): `{"head": {"mode": bits,
-    "set": rows, "del": paths}}`. Read back (apply_stored) on the listing of the commit's
-    files (`git ls-tree -r -l`), each a file named `git:` and its blob id, of its size and
-    the permission bits `mode`; then `set` and `del` as a delta's. A clean checkout of
-    50,000 files is a few bytes where its whole manifest was 1.5 MB and 30 ms to write."""
+    "sizes": [...], "set": rows, "del": paths}}`. Read back (apply_stored) on the listing
+    of the commit's files (`git ls-tree -r`): those neither set nor deleted, in the order of
+    their paths' bytes, are each a file named `git:` and its blob id, of the permission
+    bits `mode` and of its size in `sizes` (the size the snapshot saw: a file git's index
+    vouches for at another size than its blob's reads back as it was taken); then `set`
+    and `del` as a delta's. A clean checkout of 50,000 files is a few KB where its whole
+    manifest was 1.5 MB and 30 ms to write."""
     if type(manifest) is dict and type(files) is dict:
-        mode, differing, gone = _git_delta(manifest, files)
+        mode, differing, gone, ours = _git_delta(manifest, files)
     else:
-        mode, differing, gone = _git_delta_py(manifest, files)
+        mode, differing, gone, ours = _git_delta_py(manifest, files)
+    ours.sort()
+    sizes = msgspec.json.encode([manifest[p].size for p in ours])
     rows = _rows(sorted(differing), manifest)
     drop = msgspec.json.encode([_enc(p) for p in sorted(gone)])
-    return compressed(b'{"head":{"mode":%d,"set":%s,"del":%s}}' % (mode, rows, drop))
+    return compressed(
+        b'{"head":{"mode":%d,"sizes":%s,"set":%s,"del":%s}}' % (mode, sizes, rows, drop)
+    )
 
 
 # Bytes of JSON from which compressed() spreads the work: a thread costs about 0.1 ms; a
@@ -405,13 +416,13 @@ def _differing(old: Mapping[bytes, Entry], new: Mapping[bytes, Entry]) -> list[b
 def apply_stored(
     base: Manifest | None,
     data: bytes,
-    commit_files: Callable[[], Mapping[bytes, tuple[str, int]]] | None = None,
+    commit_files: Callable[[], Mapping[bytes, str]] | None = None,
 ) -> Manifest:
     """A stored tree's data (full, a delta on `base`, or the differences from a git
     commit: encode_head) as a manifest; ValueError for data no version writes
     (snapshot.load says which tree). `commit_files`: the regular files of the commit the
-    tree records (path -> (blob id, size)), asked only of a tree stored as differences
-    from it (GitBaselineUnreachable from it when no repository here holds it)."""
+    tree records (path -> blob id), asked only of a tree stored as differences from it
+    (GitBaselineUnreachable from it when no repository here holds it)."""
     try:
         doc = json.loads(zlib.decompress(data))
     except (zlib.error, ValueError, RecursionError) as exc:
@@ -424,15 +435,7 @@ def apply_stored(
         return dict(_entry_from(row) for row in doc["full"])
     if "head" in doc:
         doc = doc["head"]
-        mode = doc.get("mode") if isinstance(doc, dict) else None
-        if type(mode) is not int or not 0 <= mode < 0o1000:
-            raise ValueError("not a stored manifest")
-        if commit_files is None:
-            raise ValueError("a tree stored as the differences from a git commit names none")
-        base = {
-            path: Entry(FILE, mode, GIT_REF + blob, size=size)
-            for path, (blob, size) in commit_files().items()
-        }
+        base = _commit_base(doc, commit_files)
     if base is None:
         raise ValueError("a delta tree without its base")
     put, drop = doc.get("set"), doc.get("del")
@@ -448,6 +451,36 @@ def apply_stored(
         except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
             raise ValueError(f"a deleted path no version writes: {_shown_row(path)}") from None
     return out
+
+
+def _commit_base(doc: Any, commit_files: Callable[[], Mapping[bytes, str]] | None) -> Manifest:
+    """The commit's files a tree stored by encode_head keeps as they are."""
+    if not isinstance(doc, dict):
+        raise ValueError("not a stored manifest")
+    mode, sizes, put, drop = doc.get("mode"), doc.get("sizes"), doc.get("set"), doc.get("del")
+    if (
+        type(mode) is not int
+        or not 0 <= mode < 0o1000
+        or not isinstance(sizes, list)
+        or not all(type(n) is int and n >= 0 for n in sizes)
+        or not isinstance(put, list)
+        or not isinstance(drop, list)
+    ):
+        raise ValueError("not a stored manifest")
+    if commit_files is None:
+        raise ValueError("a tree stored as the differences from a git commit names none")
+    listed = commit_files()
+    try:
+        named = {_entry_from(row)[0] for row in put}.union(_dec(p) for p in drop)
+    except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
+        raise ValueError("not a stored manifest") from None
+    ours = sorted(p for p in listed if p not in named)
+    if len(ours) != len(sizes):  # (another commit's listing: the tree id would say so too)
+        raise ValueError(f"{len(sizes)} files of the commit were kept, it lists {len(ours)}")
+    return {
+        path: Entry(FILE, mode, GIT_REF + listed[path], size=size)
+        for path, size in zip(ours, sizes, strict=True)
+    }
 
 
 def changes(

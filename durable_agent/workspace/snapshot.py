@@ -279,7 +279,7 @@ def _load(blobs: BlobStore, tid: str) -> Manifest:
     return manifest
 
 
-def _commit_files(link: TreeLink, asked: list[str]) -> dict[bytes, tuple[str, int]]:
+def _commit_files(link: TreeLink, asked: list[str]) -> dict[bytes, str]:
     """The regular files of the commit a tree stored as differences from it records."""
     baseline = git_baseline.decoded(link.git)
     if baseline is None:
