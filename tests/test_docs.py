@@ -90,6 +90,7 @@ FOREIGN_FLAGS = {
     "--bare",
     "--porcelain",  # git status --porcelain
     "--cached",  # git diff-index --cached
+    "--full-tree",  # git ls-tree --full-tree
 }
 # The benchmarks' own flags (scripts/bench*.py), which exist there.
 BENCH_SOURCE = "".join(p.read_text() for p in sorted((ROOT / "scripts").glob("bench*.py")))
