@@ -34,7 +34,7 @@ from durable_agent.errors import StoreError
 from durable_agent.redact import Redactor
 from durable_agent.store.blobs import BlobStore, save_statements
 from durable_agent.store.engine import open_store_engine
-from durable_agent.workspace import git_baseline, git_index, snapshot
+from durable_agent.workspace import diffing, git_baseline, git_index, snapshot
 from durable_agent.workspace import manifest as manifest_module
 from durable_agent.workspace import scan as scan_module
 from durable_agent.workspace.manifest import changes
@@ -1397,3 +1397,30 @@ def test_a_file_git_vouches_for_at_another_size_than_its_blob_s_leaves_the_tree_
     snap, doc = _take_and_read_back(ws, tmp_path)
     assert set(doc) == {"head"}
     assert snap.manifest[b"a.txt"].size == (ws / "a.txt").stat().st_size
+
+
+def test_a_file_named_by_its_blob_in_one_tree_and_by_its_sha256_in_the_other_is_no_change(
+    tmp_path: Path,
+) -> None:
+    """A run resumed outside the checkout names by sha256 the files its first trees named
+    by the commit's blob (`git:`): `diff` between them (and the web view's) tells the same
+    bytes by git's hash of the stored ones, either way, and shows only what changed."""
+    ws = make_checkout(tmp_path, files=5, size=100)
+    out = tmp_path / "elsewhere"
+    shutil.copytree(ws, out, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    (out / "src/f1.bin").write_bytes(b"changed\n")
+    engine = open_store_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        blobs = BlobStore(engine)
+        at_home = snapshot.take(Scanner(ws, list(DEFAULT_EXCLUDE), 10_000_000), blobs, git=True)
+        save_statements(engine, at_home.statements)
+        away = snapshot.take(Scanner(out, list(DEFAULT_EXCLUDE), 10_000_000), blobs)
+        save_statements(engine, away.statements)
+        assert at_home.manifest[b"src/f0.bin"].ref.startswith("git:")
+        assert not away.manifest[b"src/f0.bin"].ref.startswith("git:")
+        _forget_process()
+        for before, after in ((at_home, away), (away, at_home)):
+            found = diffing.between(engine, before.tree_id, after.tree_id)[2]
+            assert [(c.path, c.change) for c in found] == [(b"src/f1.bin", "modified")]
+    finally:
+        engine.dispose()

@@ -16,13 +16,22 @@ never stored either; directories are not in it (git keeps none).
 from __future__ import annotations
 
 import difflib
-import hashlib
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from durable_agent.encoding import looks_binary
-from durable_agent.workspace.manifest import BIG, DIR, LINK, Change, Entry, Manifest
+from durable_agent.workspace.git_baseline import git_blob_id, ref_format
+from durable_agent.workspace.manifest import (
+    BIG,
+    DIR,
+    FILE,
+    GIT_REF,
+    LINK,
+    Change,
+    Entry,
+    Manifest,
+)
 from durable_agent.workspace.secrets import HELD
 
 Blob = Callable[[str], bytes]
@@ -52,10 +61,6 @@ def git_name(prefix: bytes, path: bytes) -> bytes:
         else:
             out += b"\\%03o" % c
     return bytes(out) + b'"'
-
-
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
 def base85_line(chunk: bytes) -> bytes:
@@ -216,7 +221,30 @@ def between(
     blobs = BlobStore(engine)
     old: Manifest = snapshot.load(blobs, before) if before else {}
     new: Manifest = snapshot.load(blobs, after) if after else old
-    return old, new, changes(old, new), blobs
+    return old, new, changes(old, new, same=same_bytes(old, new, blobs)), blobs
+
+
+def same_bytes(old: Manifest, new: Manifest, blobs: Any) -> dict[str, str]:
+    """New content ids that name the bytes of the old one at their path: a file named by
+    a git commit's blob (`git:`) in one tree and by its sha256 in the other, as a run's
+    trees name it once resumed outside the checkout (the scanner that saw both knew, in its
+    process: Scanner.same_bytes). Told by git's hash of the stored bytes."""
+    pairs = [
+        (a.ref, b.ref)
+        for path, b in new.items()
+        if (a := old.get(path)) is not None
+        and a.kind == b.kind == FILE
+        and a.size == b.size
+        and a.ref.startswith(GIT_REF) != b.ref.startswith(GIT_REF)
+    ]
+    stored = blobs.blobs([r for pair in pairs for r in pair if not r.startswith(GIT_REF)])
+    same: dict[str, str] = {}
+    for was, now in pairs:
+        git_ref, sha = (was, now) if was.startswith(GIT_REF) else (now, was)
+        data = stored.get(sha)
+        if data is not None and GIT_REF + git_blob_id(data, ref_format(git_ref)) == git_ref:
+            same[now] = was
+    return same
 
 
 def step_diff(engine: Any, run_id: str, seq: int) -> Iterator[str] | None:
