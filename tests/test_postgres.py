@@ -476,3 +476,42 @@ def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(
     assert claim is not None and (claim.run_id, claim.epoch, claim.takeover) == ("orphan", 2, True)
     assert claim.previous_owner == dead_owner
     assert queue.claim(OWNER_C, 60).claim is None  # the live owner keeps its run
+
+
+_RESET_ON_A_CLOSED_CONNECTION = """
+import sys
+from sqlalchemy import text
+from durable_agent.store.engine import open_store_engine
+
+engine = open_store_engine(sys.argv[1])
+conn = engine.raw_connection()  # (as the pool hands it: its reset is what runs)
+cursor = conn.cursor()
+cursor.execute("SELECT pg_backend_pid()")
+pid = cursor.fetchone()[0]
+with engine.connect() as other:
+    other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+    other.commit()
+conn.close()  # the pool's reset (a rollback) meets the closed connection
+print("given back")
+engine.dispose()
+"""
+
+
+def test_a_connection_the_server_closed_is_let_go_of_without_a_traceback(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A connection the server ended (a take-over, a restart) is given back to the pool,
+    whose rollback of it fails: SQLAlchemy logs that with its traceback, which logging's
+    last resort printed on a user's terminal under the one line the store's own error
+    says. It is the store's to say, once."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RESET_ON_A_CLOSED_CONNECTION, pg_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "given back" in done.stdout
+    assert "Traceback" not in done.stderr and "Exception during reset" not in done.stderr, (
+        done.stderr
+    )

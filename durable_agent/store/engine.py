@@ -9,6 +9,7 @@ upgrades to a writer late can fail with SQLITE_BUSY regardless of the timeout.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import weakref
@@ -31,6 +32,12 @@ BUSY_TIMEOUT_MS = 30_000
 
 # Every engine made here, for `dispose_all` at the end of the process's own command.
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+# SQLAlchemy's pool logs a connection it could not reset as it took it back (the server
+# closed it: a take-over's fencing, a restart) with its traceback, which logging's last
+# resort printed under the one line the store's own error says. A handler here keeps the
+# record from that last resort; an application's own logging configuration still gets it.
+logging.getLogger("sqlalchemy.pool").addHandler(logging.NullHandler())
 
 
 def dispose_all() -> None:
