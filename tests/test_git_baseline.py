@@ -1092,10 +1092,23 @@ def test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change(
     """a.txt checked out converted (`ident`; CRLF by core.autocrlf), its stat data recorded,
     then the rule that converted it is gone (a .gitattributes edited in the work tree; the
     config changed): its bytes are not its blob's, yet its lstat is what git's index has."""
+    ws = _converted_then_rules_gone(tmp_path, change)
+    snap = _first_git_snapshot(ws, tmp_path)
+    data = (ws / "a.txt").read_bytes()
+    assert snap.manifest[b"a.txt"].ref in (
+        "git:" + git_baseline.git_blob_id(data),
+        sha256(ws / "a.txt"),
+    )
+
+
+def _converted_then_rules_gone(tmp_path: Path, change: str) -> Path:
+    """A checkout whose a.txt git checked out converted (`ident`; CRLF by core.autocrlf),
+    its stat data recorded, then the rule that converted it gone; and a b.txt as it is."""
     ws = tmp_path / "ws"
     ws.mkdir()
     git(ws, "init", "-q")
     (ws / "a.txt").write_text("id: $Id$\nline two\n")
+    (ws / "b.txt").write_text("b\n")
     if change == "gitattributes":
         (ws / ".gitattributes").write_text("*.txt ident\n")
     git(ws, "add", "-A")
@@ -1110,12 +1123,7 @@ def test_a_file_checked_out_converted_is_not_its_blob_after_the_rules_change(
         (ws / ".gitattributes").write_text("")
     else:
         git(ws, "config", "core.autocrlf", "false")
-    snap = _first_git_snapshot(ws, tmp_path)
-    data = (ws / "a.txt").read_bytes()
-    assert snap.manifest[b"a.txt"].ref in (
-        "git:" + git_baseline.git_blob_id(data),
-        sha256(ws / "a.txt"),
-    )
+    return ws
 
 
 def test_a_later_snapshot_of_a_process_runs_no_git_command(
@@ -1376,24 +1384,7 @@ def test_a_file_git_vouches_for_at_another_size_than_its_blob_s_leaves_the_tree_
     vouches for it at its size on disk, which is not its blob's. The commit's listing gives
     the blob's size: the tree stored as the differences from it must still be read back as
     the snapshot took it, never refused as damaged (the run's workspace lost)."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    git(ws, "init", "-q")
-    (ws / "a.txt").write_text("id: $Id$\nline two\n")
-    (ws / "b.txt").write_text("b\n")
-    if change == "gitattributes":
-        (ws / ".gitattributes").write_text("*.txt ident\n")
-    git(ws, "add", "-A")
-    git(ws, "commit", "-q", "-m", "base")
-    if change == "autocrlf":
-        git(ws, "config", "core.autocrlf", "true")
-    (ws / "a.txt").unlink()
-    git(ws, "checkout", "--", "a.txt")
-    _aged(ws)
-    if change == "gitattributes":
-        (ws / ".gitattributes").write_text("")
-    else:
-        git(ws, "config", "core.autocrlf", "false")
+    ws = _converted_then_rules_gone(tmp_path, change)
     snap, doc = _take_and_read_back(ws, tmp_path)
     assert set(doc) == {"head"}
     assert snap.manifest[b"a.txt"].size == (ws / "a.txt").stat().st_size
