@@ -161,7 +161,9 @@ def ref_format(ref: str) -> str:
 
 # A regular file's record of `git ls-tree -r -z`, matched where a record starts: never
 # within a path (one may hold that text after its tab), which runs to the record's NUL.
-_FILE_RECORD = re.compile(rb"(?:^|(?<=\0))(?:100644|100755) blob ([0-9a-f]+)\t([^\0]*)\0")
+_FILE_RECORD = re.compile(
+    rb"(?:^|(?<=\0))(?:%s) blob ([0-9a-f]+)\t([^\0]*)\0" % b"|".join(FILE_MODES)
+)
 
 
 def _tree_of(out: bytes) -> dict[bytes, str]:

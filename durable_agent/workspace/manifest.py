@@ -433,47 +433,53 @@ def apply_stored(
         if not isinstance(doc["full"], list):
             raise ValueError("not a stored manifest")
         return dict(_entry_from(row) for row in doc["full"])
-    if "head" in doc:
+    head = "head" in doc
+    if head:
         doc = doc["head"]
-        base = _commit_base(doc, commit_files)
-    if base is None:
+        if not isinstance(doc, dict):
+            raise ValueError("not a stored manifest")
+    elif base is None:
         raise ValueError("a delta tree without its base")
     put, drop = doc.get("set"), doc.get("del")
     if not isinstance(put, list) or not isinstance(drop, list):
         raise ValueError("not a stored manifest")
+    entries = [_entry_from(row) for row in put]
+    gone = [_deleted(path) for path in drop]
+    if head:
+        base = _commit_base(doc, commit_files, {p for p, _ in entries}.union(gone))
+    assert base is not None
     out = dict(base)
-    for row in put:
-        path, entry = _entry_from(row)
-        out[path] = entry
-    for path in drop:
-        try:
-            out.pop(_dec(path), None)
-        except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
-            raise ValueError(f"a deleted path no version writes: {_shown_row(path)}") from None
+    out.update(entries)
+    for path in gone:
+        out.pop(path, None)
     return out
 
 
-def _commit_base(doc: Any, commit_files: Callable[[], Mapping[bytes, str]] | None) -> Manifest:
-    """The commit's files a tree stored by encode_head keeps as they are."""
-    if not isinstance(doc, dict):
-        raise ValueError("not a stored manifest")
-    mode, sizes, put, drop = doc.get("mode"), doc.get("sizes"), doc.get("set"), doc.get("del")
+def _deleted(path: Any) -> bytes:
+    try:
+        return _dec(path)
+    except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
+        raise ValueError(f"a deleted path no version writes: {_shown_row(path)}") from None
+
+
+def _commit_base(
+    doc: dict[str, Any],
+    commit_files: Callable[[], Mapping[bytes, str]] | None,
+    named: set[bytes],
+) -> Manifest:
+    """The commit's files that a tree stored by encode_head keeps as they are: those its
+    `set` and `del` do not name (`named`), in the order of their paths, with `sizes`."""
+    mode, sizes = doc.get("mode"), doc.get("sizes")
     if (
         type(mode) is not int
         or not 0 <= mode < 0o1000
         or not isinstance(sizes, list)
         or not all(type(n) is int and n >= 0 for n in sizes)
-        or not isinstance(put, list)
-        or not isinstance(drop, list)
     ):
         raise ValueError("not a stored manifest")
     if commit_files is None:
         raise ValueError("a tree stored as the differences from a git commit names none")
     listed = commit_files()
-    try:
-        named = {_entry_from(row)[0] for row in put}.union(_dec(p) for p in drop)
-    except (TypeError, ValueError, KeyError, AttributeError, binascii.Error):
-        raise ValueError("not a stored manifest") from None
     ours = sorted(p for p in listed if p not in named)
     if len(ours) != len(sizes):  # (another commit's listing: the tree id would say so too)
         raise ValueError(f"{len(sizes)} files of the commit were kept, it lists {len(ours)}")

@@ -11,8 +11,9 @@ With `git` (the `snapshot_baseline = "git"` setting) in a git checkout, a file t
 checkout's HEAD commit holds at its path is named by its git blob id (`git:`) and not
 written: the tree records the commit (workspace/git_baseline.py) and a rebuild reads those
 files from the repository. A whole manifest is then stored as what differs from the
-commit's files (manifest.encode_head), and read back on the commit's listing. A fresh scanner does not read the files whose lstat is what
-git's index recorded for them, as `git status` does not.
+commit's files (manifest.encode_head), and read back on the commit's listing. A fresh
+scanner does not read the files whose lstat is what git's index recorded for them, as
+`git status` does not.
 """
 
 from __future__ import annotations
