@@ -5,6 +5,7 @@ secret names)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -874,3 +875,56 @@ def test_a_folder_listed_beside_the_lstat_calls_is_taken_only_as_it_still_is(
     st = os.stat(repo / "sub" / "deep")  # another inode: another folder
     key = (st.st_ctime_ns, st.st_mtime_ns, st.st_ino + 1, st.st_dev)
     assert vouching.listing(b"sub/deep", *key, 2**62) is None
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=12,
+)
+_tree_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "mode": st.one_of(st.integers(-2, 0o1000), _json),
+        "sizes": st.one_of(st.lists(st.integers(-1, 9), max_size=3), _json),
+        "set": st.one_of(
+            st.lists(
+                st.tuples(
+                    st.text(max_size=3),
+                    st.just("file"),
+                    st.just(0o644),
+                    st.text(max_size=3),
+                    st.just(""),
+                    st.integers(0, 9),
+                ).map(list),
+                max_size=3,
+            ),
+            _json,
+        ),
+        "del": st.one_of(st.lists(st.one_of(st.text(max_size=3), _json), max_size=3), _json),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        _tree_docs.map(lambda d: {"head": d}),
+        _tree_docs,
+        st.dictionaries(st.sampled_from(["head", "full", "set", "del"]), _json, max_size=3),
+        _json,
+    ),
+    st.dictionaries(st.binary(max_size=3), st.sampled_from(["a" * 40, "é", ""]), max_size=4),
+)
+def test_a_stored_tree_edited_by_hand_is_read_or_refused_as_damage(
+    doc: Any, listed: dict[bytes, str]
+) -> None:
+    """Any JSON where a tree's data is (its own rows, a delta, the differences from a
+    commit), on any commit's listing: a manifest of entries, or ValueError (snapshot.load
+    says `damaged`, one line), never another exception."""
+    data = zlib.compress(json.dumps(doc).encode())
+    try:
+        got = manifest.apply_stored({b"base": Entry(FILE)}, data, lambda: listed)
+    except ValueError:
+        return
+    assert all(isinstance(p, bytes) and isinstance(e, Entry) for p, e in got.items())
