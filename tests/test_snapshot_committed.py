@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from durable_agent.store import blobs as blobs_module
 from durable_agent.store.blobs import BlobStore, save_statements
@@ -36,13 +38,14 @@ def _take(scanner: Scanner, engine: Engine, paths: list[bytes] | None = None) ->
 
 
 def _holds(engine: Engine, tid: str) -> bool:
-    """`engine`'s store holds the tree `tid` and every blob it names."""
+    """`engine`'s store holds the tree `tid` and every blob it names (but those a git
+    commit holds: `git:`, read back through the commit's listing, its id checked)."""
     blobs = BlobStore(engine)
     if tid not in blobs.stored([], [tid])[1]:
         return False
     with snapshot._trees_lock:
         snapshot._trees.clear()  # read back from this store
-    refs = blob_refs(snapshot.load(blobs, tid).values())
+    refs = {r for r in blob_refs(snapshot.load(blobs, tid).values()) if not r.startswith("git:")}
     return blobs.stored_blobs(refs) == refs
 
 
@@ -224,6 +227,7 @@ def _every_tree_held(url: str) -> None:
             assert _holds(engine, tid), tid
 
 
+@pytest.mark.parametrize("baseline", ["store", "git"])
 @pytest.mark.parametrize("failing", range(1, 13))
 def test_a_checkpoint_that_failed_leaves_no_tree_named_unwritten(
     cli_inproc: Any,
@@ -232,16 +236,21 @@ def test_a_checkpoint_that_failed_leaves_no_tree_named_unwritten(
     env: dict[str, str],
     store_url: str,
     failing: int,
+    baseline: str,
 ) -> None:
     """A run of file tools whose `failing`-th checkpoint fails (the store away: nothing of
     it committed), resumed in the same process (the same scanner): every tree its rows name
-    is in the store with its blobs, however its snapshots returned early."""
+    is in the store with its blobs, however its snapshots returned early. With the git
+    baseline, in a checkout: its first tree is stored as the differences from HEAD."""
     import threading
 
     from durable_agent.errors import StoreUnavailable
     from durable_agent.store.journal import BOUNDARY_HOOKS
 
     env["DURABLE_AGENT_DB"] = store_url
+    if baseline == "git":
+        _committed(workspace)
+        env["DURABLE_AGENT_SNAPSHOT_BASELINE"] = "git"
 
     def write(content: str) -> dict[str, Any]:
         call = {"name": "write_file", "arguments": {"path": "a.txt", "content": content}}
@@ -269,3 +278,18 @@ def test_a_checkpoint_that_failed_leaves_no_tree_named_unwritten(
     assert again.code == 0, again.stderr
     assert (workspace / "a.txt").read_text() == "one\n"
     _every_tree_held(store_url)
+    if baseline == "git":
+        with _engine(store_url) as engine, engine.connect() as conn:
+            whole = [bytes(d) for (d,) in conn.execute(text("SELECT data FROM workspace_trees"))]
+        assert any(b'"head"' in zlib.decompress(d) for d in whole)
+
+
+def _committed(root: Path) -> None:
+    """`root` a git checkout of a few committed files, a.txt among them."""
+    (root / "a.txt").write_text("zero\n")
+    (root / "src").mkdir()
+    for i in range(5):
+        (root / "src" / f"f{i}.txt").write_text(f"file {i}\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
