@@ -136,7 +136,15 @@ def cli_inproc(
             monkeypatch.setenv(k, v)
         monkeypatch.chdir(workspace)
         capsys.readouterr()
-        code = main(list(args))
+        try:
+            code = main(list(args))
+        finally:
+            # As the command's own process does at its end (collector.process_ends): its
+            # stores' connections closed, not left to the collector (a worker of many
+            # PostgreSQL tests held up to 90 of the server's 100 slots).
+            from durable_agent.store.engine import dispose_all
+
+            dispose_all()
         out = capsys.readouterr()
         return Result(code, out.out, out.err)
 
